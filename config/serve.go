@@ -1,0 +1,154 @@
+package config
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+// Serve configures `infera serve`, the router in front of the fleet.
+type Serve struct {
+	Log  Log
+	Etcd Etcd
+
+	// Listen is the host:port of the OpenAI endpoint (port 0 picks one).
+	Listen string
+	// RouterPolicy names the routing policy (see KnownPolicies).
+	RouterPolicy string
+	// MaxBodyBytes bounds a request body; larger bodies get 413.
+	MaxBodyBytes int
+	// ClientReadTimeout bounds reading one request (headers and body) from a
+	// client; ClientIdleTimeout bounds a keep-alive connection between
+	// requests.
+	ClientReadTimeout time.Duration
+	ClientIdleTimeout time.Duration
+	// UpstreamConnectTimeout bounds dialing a worker and waiting for a free
+	// connection to it.
+	UpstreamConnectTimeout time.Duration
+	// UpstreamTimeout is the longest wait for the next byte from a worker:
+	// its response headers, or the next chunk of a stream.
+	UpstreamTimeout time.Duration
+	// UpstreamIdleConnTimeout closes pooled worker connections idle this
+	// long; it must stay below the engines' own keep-alive timeout (uvicorn:
+	// 5s) so that a request never lands on a connection the engine closed.
+	UpstreamIdleConnTimeout time.Duration
+	// MaxConnsPerWorker bounds concurrent connections (= in-flight requests)
+	// to one worker.
+	MaxConnsPerWorker int
+	// ShutdownTimeout bounds the wait for in-flight requests on shutdown;
+	// streams still running then are cut.
+	ShutdownTimeout time.Duration
+
+	// EmbeddedEtcdListen and EmbeddedEtcdDir configure the single-node etcd
+	// started when no --etcd-endpoints are given.
+	EmbeddedEtcdListen string
+	EmbeddedEtcdDir    string
+
+	// KnownPolicies, when set (by main, from the policy registry), is the
+	// set RouterPolicy must belong to. It is not a flag.
+	KnownPolicies []string
+}
+
+// DefaultStateDir returns where Infera keeps local state:
+// $XDG_STATE_HOME/infera, else ~/.local/state/infera, else a directory under
+// the system temporary directory.
+func DefaultStateDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "infera")
+	}
+	if home, err := os.UserHomeDir(); err == nil && home != "" {
+		return filepath.Join(home, ".local", "state", "infera")
+	}
+	return filepath.Join(os.TempDir(), "infera-state")
+}
+
+// Flags returns the serve flags, binding each to its field.
+func (s *Serve) Flags() []cli.Flag {
+	flags := append(s.Log.Flags(), s.Etcd.Flags()...)
+	return append(flags,
+		String("listen", "host:port of the OpenAI endpoint (port 0 picks a free port; the bound address is logged)", &s.Listen, "0.0.0.0:8000"),
+		String("router-policy", "routing policy: round-robin or least-load", &s.RouterPolicy, "round-robin"),
+		Int("max-body-bytes", "largest request body accepted; larger ones get 413", &s.MaxBodyBytes, 32<<20),
+		Duration("client-read-timeout", "longest time to read one request from a client", &s.ClientReadTimeout, 60*time.Second),
+		Duration("client-idle-timeout", "longest time a client keep-alive connection may sit idle", &s.ClientIdleTimeout, 120*time.Second),
+		Duration("upstream-connect-timeout", "longest time to connect to a worker (or wait for a free connection to it)", &s.UpstreamConnectTimeout, 3*time.Second),
+		Duration("upstream-timeout", "longest wait for the next byte from a worker: response headers or the next stream chunk", &s.UpstreamTimeout, 5*time.Minute),
+		Duration("upstream-idle-conn-timeout", "close pooled worker connections idle this long (keep below the engine's keep-alive timeout)", &s.UpstreamIdleConnTimeout, 3*time.Second),
+		Int("max-conns-per-worker", "most concurrent connections (in-flight requests) to one worker", &s.MaxConnsPerWorker, 1024),
+		Duration("shutdown-timeout", "on SIGTERM, longest wait for in-flight requests before cutting them", &s.ShutdownTimeout, 30*time.Second),
+		String("embedded-etcd-listen", "client host:port of the embedded etcd started when no --etcd-endpoints are given", &s.EmbeddedEtcdListen, "127.0.0.1:2379"),
+		String("embedded-etcd-dir", "data directory of the embedded etcd", &s.EmbeddedEtcdDir, filepath.Join(DefaultStateDir(), "etcd")),
+	)
+}
+
+// Finish copies slice flags out of the parsed command line.
+func (s *Serve) Finish(c *cli.Context) {
+	s.Etcd.Finish(c)
+}
+
+// Validate reports every configuration problem at once.
+func (s *Serve) Validate() error {
+	var p Problems
+	s.Log.Validate(&p)
+	s.Etcd.Validate(&p)
+	if err := serveCheckListen(s.Listen); err != "" {
+		p.Addf("--listen %q: %s", s.Listen, err)
+	}
+	switch {
+	case s.RouterPolicy == "":
+		p.Addf("--router-policy must not be empty")
+	case len(s.KnownPolicies) > 0 && !slices.Contains(s.KnownPolicies, s.RouterPolicy):
+		p.Addf("--router-policy %q: want one of %s", s.RouterPolicy, strings.Join(s.KnownPolicies, ", "))
+	}
+	if s.MaxBodyBytes <= 0 {
+		p.Addf("--max-body-bytes must be positive")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"--client-read-timeout", s.ClientReadTimeout},
+		{"--client-idle-timeout", s.ClientIdleTimeout},
+		{"--upstream-connect-timeout", s.UpstreamConnectTimeout},
+		{"--upstream-timeout", s.UpstreamTimeout},
+		{"--upstream-idle-conn-timeout", s.UpstreamIdleConnTimeout},
+		{"--shutdown-timeout", s.ShutdownTimeout},
+	} {
+		if d.v <= 0 {
+			p.Addf("%s must be positive", d.name)
+		}
+	}
+	if s.MaxConnsPerWorker <= 0 {
+		p.Addf("--max-conns-per-worker must be positive")
+	}
+	if len(s.Etcd.Endpoints) == 0 {
+		// Only then is the embedded etcd started.
+		if err := serveCheckListen(s.EmbeddedEtcdListen); err != "" {
+			p.Addf("--embedded-etcd-listen %q: %s", s.EmbeddedEtcdListen, err)
+		}
+		if s.EmbeddedEtcdDir == "" {
+			p.Addf("--embedded-etcd-dir must not be empty when no --etcd-endpoints are given")
+		}
+	}
+	return p.Err()
+}
+
+// serveCheckListen validates a host:port to listen on; it returns what is wrong,
+// or "".
+func serveCheckListen(hostPort string) string {
+	_, port, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return "want host:port"
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return "port must be a number from 0 to 65535"
+	}
+	return ""
+}

@@ -1,0 +1,68 @@
+package config_test
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/infera/infera/config"
+)
+
+// parseServe runs the serve flags over args (and the environment) and
+// returns the finished config.
+func parseServe(t *testing.T, args ...string) config.Serve {
+	t.Helper()
+	var s config.Serve
+	app := &cli.App{Flags: s.Flags(), Action: func(c *cli.Context) error { s.Finish(c); return nil }}
+	if err := app.Run(append([]string{"serve"}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestServeDefaultsValid(t *testing.T) {
+	t.Setenv("XDG_STATE_HOME", "/var/lib/x")
+	s := parseServe(t)
+	s.KnownPolicies = []string{"least-load", "round-robin"}
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Listen != "0.0.0.0:8000" || s.RouterPolicy != "round-robin" || s.MaxBodyBytes != 32<<20 ||
+		s.EmbeddedEtcdListen != "127.0.0.1:2379" || s.EmbeddedEtcdDir != filepath.Join("/var/lib/x", "infera", "etcd") {
+		t.Fatalf("defaults: %+v", s)
+	}
+}
+
+func TestServeEnvAndFlags(t *testing.T) {
+	t.Setenv("INFERA_ROUTER_POLICY", "least-load")
+	t.Setenv("INFERA_LISTEN", "127.0.0.1:9000")
+	s := parseServe(t, "--listen", "127.0.0.1:0", "--etcd-endpoints", "a:2379,b:2379")
+	if s.RouterPolicy != "least-load" || s.Listen != "127.0.0.1:0" || len(s.Etcd.Endpoints) != 2 {
+		t.Fatalf("flag > env > default broken: %+v", s)
+	}
+}
+
+func TestServeValidateReportsEverything(t *testing.T) {
+	s := parseServe(t, "--listen", "nope", "--router-policy", "magic", "--max-body-bytes", "0",
+		"--upstream-timeout", "0s", "--max-conns-per-worker", "-1", "--embedded-etcd-listen", "x:99999",
+		"--embedded-etcd-dir", "", "--log-level", "loud")
+	s.KnownPolicies = []string{"least-load", "round-robin"}
+	err := s.Validate()
+	if !errors.Is(err, config.ErrInvalid) {
+		t.Fatalf("Validate = %v, want ErrInvalid", err)
+	}
+	for _, want := range []string{"--listen", "--router-policy \"magic\"", "--max-body-bytes", "--upstream-timeout",
+		"--max-conns-per-worker", "--embedded-etcd-listen", "--embedded-etcd-dir", "--log-level"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate error lacks %s: %v", want, err)
+		}
+	}
+	// With an etcd cluster given, the embedded etcd settings do not matter.
+	s = parseServe(t, "--etcd-endpoints", "h:2379", "--embedded-etcd-dir", "")
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,134 @@
+package config
+
+import (
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+// WorkerEngines lists the values --engine accepts. The engines package has
+// an adapter for each (a test there keeps the two lists in step); config
+// keeps its own copy because it imports nothing of the project.
+var WorkerEngines = []string{"sim"}
+
+// DefaultWorkerEtcdEndpoint is where a worker looks for etcd without
+// --etcd-endpoints: the embedded etcd that `infera serve` starts by default.
+const DefaultWorkerEtcdEndpoint = "http://127.0.0.1:2379"
+
+// Worker configures `infera worker`: one engine process, registered in etcd.
+type Worker struct {
+	Log  Log
+	Etcd Etcd
+
+	Engine            string        // adapter name, e.g. "sim"
+	EngineBin         string        // engine executable; empty = the adapter's default
+	AdvertiseHost     string        // host put into worker_id/url; empty = the engine's host
+	LeaseTTL          time.Duration // etcd lease TTL of the record
+	KeepAliveInterval time.Duration // how often the lease is refreshed
+	ReadyTimeout      time.Duration // how long the engine may take to answer /health
+	HealthInterval    time.Duration // /health poll period while starting
+	DrainTimeout      time.Duration // longest wait for in-flight requests on shutdown
+	StopGrace         time.Duration // SIGTERM → SIGKILL delay when stopping the engine
+
+	// EngineArgs are the engine's own arguments (everything after "--"),
+	// forwarded verbatim except what the adapter must add.
+	EngineArgs []string
+}
+
+// Flags returns the worker flags.
+func (w *Worker) Flags() []cli.Flag {
+	etcd := w.Etcd.Flags()
+	// A worker without --etcd-endpoints talks to serve's embedded etcd; the
+	// default is set on the flag itself so --help shows it.
+	for _, f := range etcd {
+		if sf, ok := f.(*cli.StringSliceFlag); ok && sf.Name == "etcd-endpoints" {
+			sf.Value = cli.NewStringSlice(DefaultWorkerEtcdEndpoint)
+			sf.DefaultText = DefaultWorkerEtcdEndpoint
+		}
+	}
+	flags := []cli.Flag{
+		withDefaultText(String("engine", "engine to run: "+strings.Join(WorkerEngines, ", ")+" (required)", &w.Engine, ""), "none"),
+		withDefaultText(String("engine-bin", "engine executable", &w.EngineBin, ""), "sim: this infera binary"),
+		withDefaultText(String("advertise-host", "host advertised in the worker record", &w.AdvertiseHost, ""),
+			"the engine's --host; a routable address of this machine if that is 0.0.0.0"),
+		Duration("lease-ttl", "etcd lease TTL of the worker record", &w.LeaseTTL, 10*time.Second),
+		Duration("keepalive-interval", "etcd lease keepalive interval (less than --lease-ttl)", &w.KeepAliveInterval, 3*time.Second),
+		Duration("ready-timeout", "how long the engine may take to become healthy", &w.ReadyTimeout, 10*time.Minute),
+		Duration("health-interval", "engine /health poll interval while starting", &w.HealthInterval, 500*time.Millisecond),
+		Duration("drain-timeout", "on shutdown, longest wait for the engine's running and waiting requests to finish", &w.DrainTimeout, 30*time.Second),
+		Duration("stop-grace", "time between SIGTERM and SIGKILL when stopping the engine", &w.StopGrace, 10*time.Second),
+	}
+	flags = append(flags, etcd...)
+	return append(flags, w.Log.Flags()...)
+}
+
+// withDefaultText says in --help what an empty default means, which says
+// more than "unset".
+func withDefaultText(f *cli.StringFlag, text string) *cli.StringFlag {
+	f.DefaultText = text
+	return f
+}
+
+// Finish copies slice flags and the engine arguments out of the parsed
+// command line.
+func (w *Worker) Finish(c *cli.Context) {
+	w.Etcd.Finish(c)
+	if len(w.Etcd.Endpoints) == 0 {
+		// INFERA_ETCD_ENDPOINTS="" or "--etcd-endpoints ," leaves nothing.
+		w.Etcd.Endpoints = []string{DefaultWorkerEtcdEndpoint}
+	}
+	w.EngineArgs = c.Args().Slice()
+}
+
+// Validate reports every problem of the worker configuration at once.
+func (w *Worker) Validate() error {
+	var p Problems
+	w.Log.Validate(&p)
+	w.Etcd.Validate(&p)
+	switch {
+	case w.Engine == "":
+		p.Addf("--engine is required: one of %s", strings.Join(WorkerEngines, ", "))
+	case !slices.Contains(WorkerEngines, w.Engine):
+		p.Addf("--engine %q: supported engines: %s", w.Engine, strings.Join(WorkerEngines, ", "))
+	}
+	if w.AdvertiseHost != "" && !validHost(w.AdvertiseHost) {
+		p.Addf("--advertise-host %q: want an IP address or host name without port or scheme", w.AdvertiseHost)
+	}
+	// etcd lease TTLs are whole seconds; anything shorter cannot be honoured.
+	if w.LeaseTTL < time.Second {
+		p.Addf("--lease-ttl %v: must be at least 1s", w.LeaseTTL)
+	}
+	if w.KeepAliveInterval <= 0 {
+		p.Addf("--keepalive-interval %v: must be positive", w.KeepAliveInterval)
+	} else if w.KeepAliveInterval >= w.LeaseTTL {
+		p.Addf("--keepalive-interval %v: must be less than --lease-ttl %v", w.KeepAliveInterval, w.LeaseTTL)
+	}
+	if w.ReadyTimeout <= 0 {
+		p.Addf("--ready-timeout %v: must be positive", w.ReadyTimeout)
+	}
+	if w.HealthInterval <= 0 {
+		p.Addf("--health-interval %v: must be positive", w.HealthInterval)
+	}
+	if w.DrainTimeout < 0 {
+		p.Addf("--drain-timeout %v: must not be negative", w.DrainTimeout)
+	}
+	if w.StopGrace < 0 {
+		p.Addf("--stop-grace %v: must not be negative", w.StopGrace)
+	}
+	if len(w.Etcd.Endpoints) == 0 {
+		p.Addf("--etcd-endpoints: at least one endpoint is needed")
+	}
+	return p.Err()
+}
+
+// validHost accepts an IP address or a host name: what can stand before
+// ":port" in a worker id.
+func validHost(h string) bool {
+	if net.ParseIP(h) != nil {
+		return true
+	}
+	return h != "" && !strings.ContainsAny(h, ":/?#[]@ \t")
+}

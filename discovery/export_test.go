@@ -1,0 +1,27 @@
+package discovery
+
+// Test-only access to the watcher's and registrar's internals, for the
+// external test package (which can import etcdtest; this package cannot).
+
+// SetWatcherHooks installs hooks; call before Run.
+func SetWatcherHooks(w *Watcher, beforeList func(n int), afterList func(n int, rev int64)) {
+	w.hooks = watcherHooks{beforeList: beforeList, afterList: afterList}
+}
+
+// CloseWatch closes the running watch stream; false when none is open.
+func CloseWatch(w *Watcher) bool { return w.closeWatch() }
+
+// Lists returns how many lists the watcher has started.
+func Lists(w *Watcher) int64 { return w.lists.Load() }
+
+// RegistrarStale reports whether the registrar considers its lease lost.
+func RegistrarStale(r *Registrar) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stale
+}
+
+// RegistrarInterval returns the effective keepalive interval.
+func RegistrarInterval(r *Registrar) (ttl, interval int64) {
+	return int64(r.ttl), int64(r.interval)
+}

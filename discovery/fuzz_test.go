@@ -1,0 +1,48 @@
+package discovery_test
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/infera/infera/discovery"
+)
+
+// FuzzDecodeRecord: no input panics; every rejection wraps ErrInvalidRecord;
+// every accepted record re-encodes, and decoding that gives the same record.
+func FuzzDecodeRecord(f *testing.F) {
+	for _, s := range []string{
+		`{"worker_id": "192.168.1.20:8000", "url": "http://192.168.1.20:8000", "model_name": "m", "engine": "vllm", "disagg_mode": "mixed", "disagg_meta": {}, "kv_events_endpoint": null, "kv_block_size": null, "dp_rank": null, "dp_size": 1, "request_transport": "http"}`,
+		`{"worker_id":"[::1]:30000","url":"https://[::1]:30000/","model_name":"x","engine":"sglang","disagg_mode":"decode","disagg_meta":{"protocol":"vllm-nixl","params":{"a":[1,{"b":null}],"c":"d"}},"kv_events_endpoint":"tcp://h:1","kv_block_size":16,"dp_rank":0,"dp_size":2,"request_transport":"http","status":"draining"}`,
+		`{"worker_id":"h:1","url":"http://h:1","model_name":"m","engine":"sim","dp_size":0,"kv_events_endpoint":""}`,
+		`{"worker_id":"h:1","url":"http://h:1","model_name":"m","engine":"sim","disagg_meta":{"params":{}}}`,
+		`{"WORKER_ID":"h:1","url":"http://h:1","model_name":"m","engine":"sim","model_name":"n"}`,
+		`{"worker_id":"h:1","url":"http://h:1","model_name":"\ud800","engine":"atom","disagg_meta":{"params":{"n":1e308,"z":-0}}}`,
+		`{"worker_id":"h:1"}`,
+		`null`,
+		`{}`,
+		``,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := discovery.DecodeRecord(data)
+		if err != nil {
+			if !errors.Is(err, discovery.ErrInvalidRecord) {
+				t.Fatalf("error does not wrap ErrInvalidRecord: %v", err)
+			}
+			return
+		}
+		enc, err := r.Encode()
+		if err != nil {
+			t.Fatalf("accepted record does not encode: %v\nrecord %#v", err, r)
+		}
+		again, err := discovery.DecodeRecord(enc)
+		if err != nil {
+			t.Fatalf("re-encoded record rejected: %v\n%s", err, enc)
+		}
+		if !reflect.DeepEqual(r, again) {
+			t.Fatalf("round trip changed the record\nfirst  %#v\nsecond %#v", r, again)
+		}
+	})
+}

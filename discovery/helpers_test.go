@@ -1,0 +1,160 @@
+package discovery_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/infera/infera/discovery"
+)
+
+const testPrefix = "/infera-test/workers/"
+
+// waitDeadline is generous: these tests share two cores with other work, and
+// the conditions they wait for are protocol outcomes, not timings.
+const waitDeadline = 30 * time.Second
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitDeadline)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// logBuffer collects log lines from several goroutines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) count(msg string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), `"message":"`+msg+`"`)
+}
+
+func (b *logBuffer) logger() zerolog.Logger { return zerolog.New(b).Level(zerolog.DebugLevel) }
+
+func record(id string) discovery.Record {
+	return discovery.Record{WorkerID: id, URL: "http://" + id, ModelName: "sim-model", Engine: "sim"}
+}
+
+func encode(t *testing.T, rec discovery.Record) string {
+	t.Helper()
+	b, err := rec.Encode()
+	if err != nil {
+		t.Error(err)
+	}
+	return string(b)
+}
+
+func put(t *testing.T, cli *clientv3.Client, rec discovery.Record) {
+	t.Helper()
+	if _, err := cli.Put(t.Context(), testPrefix+rec.WorkerID, encode(t, rec)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func del(t *testing.T, cli *clientv3.Client, id string) {
+	t.Helper()
+	if _, err := cli.Delete(t.Context(), testPrefix+id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ids lists the worker ids of a snapshot, in order.
+func ids(s *discovery.Snapshot) []string {
+	out := make([]string, 0, len(s.Workers))
+	for _, r := range s.Workers {
+		out = append(out, r.WorkerID)
+	}
+	return out
+}
+
+// waitIDs waits until the watcher's snapshot holds exactly want.
+func waitIDs(t *testing.T, w *discovery.Watcher, want ...string) {
+	t.Helper()
+	waitFor(t, "snapshot "+strings.Join(want, ","), func() bool {
+		return slices.Equal(ids(w.Snapshot()), want)
+	})
+}
+
+// startWatcher runs w until the test ends and checks that Run returned nil.
+func startWatcher(t *testing.T, w *discovery.Watcher) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("watcher Run: %v", err)
+		}
+	})
+}
+
+// startRegistrar runs r.Run until the returned stop is called or the test
+// ends; stop waits for Run to return.
+func startRegistrar(t *testing.T, r *discovery.Registrar) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("registrar Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// freeAddr returns a loopback host:port that was free a moment ago, for
+// tests that restart etcd on the same address.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// leaseOf returns the lease a worker's key is attached to (0: key absent).
+func leaseOf(t *testing.T, cli *clientv3.Client, id string) clientv3.LeaseID {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, testPrefix+id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0
+	}
+	return clientv3.LeaseID(resp.Kvs[0].Lease)
+}

@@ -1,0 +1,349 @@
+package discovery
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// ErrInvalidRecord is wrapped by every error about a worker record that does
+// not satisfy the wire format of DESIGN §4.
+var ErrInvalidRecord = errors.New("invalid worker record")
+
+// Bounds on record fields. A record is outside input (anything that can write
+// to etcd can write one), so every size is capped before the router trusts it.
+const (
+	// MaxRecordBytes caps the encoded JSON value of one record.
+	MaxRecordBytes = 64 << 10
+	// MaxModelNameBytes caps model_name (HF repo ids and local paths fit easily).
+	MaxModelNameBytes = 1024
+	// MaxKVBlockSize caps kv_block_size; engines use 1..1024 tokens per block.
+	MaxKVBlockSize = 1 << 16
+	// MaxDPSize caps dp_size; a worker with dp_size N and no dp_rank becomes N
+	// routing targets, so an absurd value must not reach the router.
+	MaxDPSize = 1024
+
+	maxHostPortBytes = 300
+	maxProtocolBytes = 64
+)
+
+// Status is the routing state a worker advertises.
+type Status string
+
+// Worker states. Readers treat a missing status as active (Infera's Python
+// workers do not write one).
+const (
+	StatusActive   Status = "active"
+	StatusDraining Status = "draining"
+)
+
+// DisaggMode says which phase of prefill/decode disaggregation a worker serves.
+type DisaggMode string
+
+// Disaggregation modes.
+const (
+	DisaggMixed   DisaggMode = "mixed"
+	DisaggPrefill DisaggMode = "prefill"
+	DisaggDecode  DisaggMode = "decode"
+)
+
+// Engines a record may name.
+const (
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+	EngineATOM   = "atom"
+	EngineSim    = "sim"
+)
+
+// TransportHTTP is the only request transport spoken today.
+const TransportHTTP = "http"
+
+// DisaggMeta carries the PD protocol of a prefill or decode worker (§6).
+// The zero value encodes as {} as Infera writes it for mixed workers.
+type DisaggMeta struct {
+	Protocol string         `json:"protocol,omitempty"`
+	Params   map[string]any `json:"params,omitempty"`
+}
+
+// Record is one worker's entry under <prefix><worker_id>, with the JSON keys
+// Infera's workers use so that fleets of either implementation interoperate.
+type Record struct {
+	WorkerID         string     `json:"worker_id"`
+	URL              string     `json:"url"`
+	ModelName        string     `json:"model_name"`
+	Engine           string     `json:"engine"`
+	DisaggMode       DisaggMode `json:"disagg_mode"`
+	DisaggMeta       DisaggMeta `json:"disagg_meta"`
+	KVEventsEndpoint *string    `json:"kv_events_endpoint"`
+	KVBlockSize      *int       `json:"kv_block_size"`
+	DPRank           *int       `json:"dp_rank"`
+	DPSize           int        `json:"dp_size"`
+	RequestTransport string     `json:"request_transport"`
+	Status           Status     `json:"status"`
+}
+
+// DecodeRecord parses and validates an etcd value. Unknown fields are ignored
+// (Infera may add some); defaults are filled in so that every accepted record
+// reads the same whichever implementation wrote it: status → active,
+// dp_size 0 → 1, disagg_mode → mixed, request_transport → http, an empty
+// kv_events_endpoint → null. Every error wraps ErrInvalidRecord.
+func DecodeRecord(value []byte) (Record, error) {
+	if len(value) > MaxRecordBytes {
+		return Record{}, fmt.Errorf("%w: %d bytes exceeds %d", ErrInvalidRecord, len(value), MaxRecordBytes)
+	}
+	var r Record
+	if err := json.Unmarshal(value, &r); err != nil {
+		return Record{}, fmt.Errorf("%w: decode json: %w", ErrInvalidRecord, err)
+	}
+	r.normalize()
+	if err := r.Validate(); err != nil {
+		return Record{}, err
+	}
+	return r, nil
+}
+
+// Encode validates the record and returns its JSON value with defaults filled
+// in (status, dp_size, disagg_mode, request_transport are always written so
+// that Python readers need no defaults of their own).
+func (r *Record) Encode() ([]byte, error) {
+	c := *r
+	c.normalize()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(&c)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode json: %w", ErrInvalidRecord, err)
+	}
+	if len(b) > MaxRecordBytes {
+		return nil, fmt.Errorf("%w: encoded %d bytes exceeds %d", ErrInvalidRecord, len(b), MaxRecordBytes)
+	}
+	return b, nil
+}
+
+// Active reports whether the worker takes new requests.
+func (r *Record) Active() bool {
+	return r.Status == StatusActive || r.Status == ""
+}
+
+// EffectiveDPSize returns dp_size with the wire default applied (0 means 1).
+func (r *Record) EffectiveDPSize() int {
+	if r.DPSize == 0 {
+		return 1
+	}
+	return r.DPSize
+}
+
+// normalize applies the defaults readers of the wire format agree on, so that
+// records decoded from either implementation compare equal.
+func (r *Record) normalize() {
+	if r.Status == "" {
+		r.Status = StatusActive
+	}
+	if r.DPSize == 0 {
+		r.DPSize = 1
+	}
+	if r.DisaggMode == "" {
+		r.DisaggMode = DisaggMixed
+	}
+	if r.RequestTransport == "" {
+		r.RequestTransport = TransportHTTP
+	}
+	if r.KVEventsEndpoint != nil && *r.KVEventsEndpoint == "" {
+		r.KVEventsEndpoint = nil
+	}
+	if len(r.DisaggMeta.Params) == 0 {
+		// {} and absent must read the same, or a decode/encode round trip
+		// would not be stable.
+		r.DisaggMeta.Params = nil
+	}
+}
+
+// Validate checks every field against the wire format. Zero values that have
+// a wire default (status, dp_size, disagg_mode, request_transport) are
+// accepted. Errors wrap ErrInvalidRecord and name the offending field.
+func (r *Record) Validate() error {
+	if err := checkHostPort(r.WorkerID); err != nil {
+		return invalidf("worker_id %q: %v", clip(r.WorkerID), err)
+	}
+	if err := checkURL(r.URL, r.WorkerID); err != nil {
+		return invalidf("url %q: %v", clip(r.URL), err)
+	}
+	if err := checkText(r.ModelName, MaxModelNameBytes); err != nil {
+		return invalidf("model_name: %v", err)
+	}
+	switch r.Engine {
+	case EngineVLLM, EngineSGLang, EngineATOM, EngineSim:
+	default:
+		return invalidf("engine %q: want vllm, sglang, atom or sim", clip(r.Engine))
+	}
+	switch r.DisaggMode {
+	case "", DisaggMixed, DisaggPrefill, DisaggDecode:
+	default:
+		return invalidf("disagg_mode %q: want mixed, prefill or decode", clip(string(r.DisaggMode)))
+	}
+	if p := r.DisaggMeta.Protocol; p != "" && !isToken(p, maxProtocolBytes) {
+		return invalidf("disagg_meta.protocol %q: want up to %d characters of [a-z0-9._-]", clip(p), maxProtocolBytes)
+	}
+	if ep := r.KVEventsEndpoint; ep != nil && *ep != "" {
+		if err := checkTCPEndpoint(*ep); err != nil {
+			return invalidf("kv_events_endpoint %q: %v", clip(*ep), err)
+		}
+	}
+	if bs := r.KVBlockSize; bs != nil && (*bs <= 0 || *bs > MaxKVBlockSize) {
+		return invalidf("kv_block_size %d: want 1..%d", *bs, MaxKVBlockSize)
+	}
+	if r.DPSize < 0 || r.DPSize > MaxDPSize {
+		return invalidf("dp_size %d: want 1..%d", r.DPSize, MaxDPSize)
+	}
+	if rank := r.DPRank; rank != nil && (*rank < 0 || *rank >= r.EffectiveDPSize()) {
+		return invalidf("dp_rank %d: want 0..%d", *rank, r.EffectiveDPSize()-1)
+	}
+	switch r.RequestTransport {
+	case "", TransportHTTP:
+	default:
+		return invalidf("request_transport %q: want http", clip(r.RequestTransport))
+	}
+	switch r.Status {
+	case "", StatusActive, StatusDraining:
+	default:
+		return invalidf("status %q: want active or draining", clip(string(r.Status)))
+	}
+	return nil
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidRecord, fmt.Sprintf(format, args...))
+}
+
+// clip keeps error messages (and the log lines built from them) short when a
+// hostile record carries a huge field.
+func clip(s string) string {
+	const max = 80
+	if len(s) <= max {
+		return s
+	}
+	return s[:max] + "…"
+}
+
+// checkHostPort accepts host:port where host is a DNS name or an IP literal
+// (IPv6 in brackets) and port is 1..65535.
+func checkHostPort(s string) error {
+	if s == "" {
+		return errors.New("empty")
+	}
+	if len(s) > maxHostPortBytes {
+		return fmt.Errorf("longer than %d bytes", maxHostPortBytes)
+	}
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return errors.New("want host:port")
+	}
+	host, port := s[:i], s[i+1:]
+	if err := checkPort(port); err != nil {
+		return err
+	}
+	if strings.HasPrefix(host, "[") {
+		if !strings.HasSuffix(host, "]") {
+			return errors.New("unterminated IPv6 literal")
+		}
+		a, err := netip.ParseAddr(host[1 : len(host)-1])
+		if err != nil || !a.Is6() || a.Is4In6() {
+			return errors.New("bad IPv6 literal")
+		}
+		return nil
+	}
+	if host == "" {
+		return errors.New("empty host")
+	}
+	for i := 0; i < len(host); i++ {
+		c := host[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return fmt.Errorf("bad host character %q", c)
+		}
+	}
+	return nil
+}
+
+func checkPort(p string) error {
+	// ParseUint would accept neither sign nor spaces, but it does accept
+	// leading zeros; those are harmless because worker_id and url are compared
+	// as strings.
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil || n == 0 {
+		return fmt.Errorf("bad port %q", clip(p))
+	}
+	return nil
+}
+
+// checkURL accepts http(s)://<workerID> with an empty or "/" path: the
+// router derives request URLs from it, so anything else would be ambiguous.
+func checkURL(s, workerID string) error {
+	if len(s) > maxHostPortBytes+len("https:///") {
+		return errors.New("too long")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return errors.New("not a URL")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return errors.New("scheme must be http or https")
+	}
+	if u.Opaque != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery {
+		return errors.New("must be scheme://host:port only")
+	}
+	if u.Path != "" && u.Path != "/" {
+		return errors.New("must not have a path")
+	}
+	if u.Host != workerID {
+		return errors.New("host:port differs from worker_id")
+	}
+	return nil
+}
+
+// checkTCPEndpoint accepts the ZMQ publisher address tcp://host:port.
+func checkTCPEndpoint(s string) error {
+	rest, ok := strings.CutPrefix(s, "tcp://")
+	if !ok {
+		return errors.New("want tcp://host:port")
+	}
+	return checkHostPort(rest)
+}
+
+// checkText accepts non-empty valid UTF-8 without control characters (the
+// value lands in logs, headers and metrics labels).
+func checkText(s string, max int) error {
+	if s == "" {
+		return errors.New("empty")
+	}
+	if len(s) > max {
+		return fmt.Errorf("longer than %d bytes", max)
+	}
+	if !utf8.ValidString(s) {
+		return errors.New("not valid UTF-8")
+	}
+	for _, c := range s {
+		if c < 0x20 || c == 0x7f {
+			return errors.New("contains control characters")
+		}
+	}
+	return nil
+}
+
+func isToken(s string, max int) bool {
+	if len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

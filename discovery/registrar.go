@@ -1,0 +1,350 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ErrRevoked is returned by Register after Revoke: a deregistered worker
+// must not come back under the same registrar.
+var ErrRevoked = errors.New("registration revoked")
+
+// Registrar defaults (DESIGN §4).
+const (
+	DefaultLeaseTTL          = 10 * time.Second
+	DefaultKeepAliveInterval = 3 * time.Second
+)
+
+// RegistrarOptions tunes the lease. Zero values take the defaults.
+type RegistrarOptions struct {
+	// TTL of the lease, rounded up to whole seconds (etcd's unit); it is how
+	// long a dead host's record stays visible. Default 10s.
+	TTL time.Duration
+	// KeepAliveInterval between keepalives; kept below TTL/2 so that one
+	// lost keepalive does not expire the lease. Default 3s.
+	KeepAliveInterval time.Duration
+}
+
+type leaseState int
+
+const (
+	leaseOK          leaseState = iota
+	leaseUnreachable            // keepalives fail; the lease may still be alive
+	leaseLost                   // the lease is gone or presumed gone; must re-register
+)
+
+// Registrar keeps one worker record in etcd under a lease. Register writes
+// it, Run keeps the lease alive and re-registers after the lease is lost,
+// SetStatus rewrites it, Revoke removes it at once. All methods may be called
+// concurrently with Run.
+type Registrar struct {
+	cli        *clientv3.Client
+	key        string
+	ttl        time.Duration
+	ttlSeconds int64
+	interval   time.Duration
+	rpcTimeout time.Duration
+	log        zerolog.Logger
+
+	mu      sync.Mutex
+	rec     Record
+	lease   clientv3.LeaseID // 0: none granted yet
+	stale   bool             // lease lost or presumed lost: grant a new one
+	needPut bool             // the record under lease is not (known to be) current
+	revoked bool
+	lastOK  time.Time // last time etcd confirmed the lease
+	state   leaseState
+
+	revokedCh chan struct{} // closed by Revoke so that Run ends at once
+}
+
+// NewRegistrar returns a registrar for rec under prefix+rec.WorkerID. The
+// record is validated by Register.
+func NewRegistrar(cli *clientv3.Client, prefix string, rec Record, opts RegistrarOptions, log zerolog.Logger) *Registrar {
+	ttl := opts.TTL
+	if ttl <= 0 {
+		ttl = DefaultLeaseTTL
+	}
+	secs := int64(math.Ceil(ttl.Seconds()))
+	ttl = time.Duration(secs) * time.Second
+	interval := opts.KeepAliveInterval
+	if interval <= 0 {
+		interval = DefaultKeepAliveInterval
+	}
+	if interval > ttl/2 {
+		interval = ttl / 3
+	}
+	return &Registrar{
+		cli:        cli,
+		key:        prefix + rec.WorkerID,
+		ttl:        ttl,
+		ttlSeconds: secs,
+		interval:   interval,
+		// A keepalive that has not answered within one interval is treated
+		// as failed so that retries start while the lease still has time.
+		rpcTimeout: max(interval, 500*time.Millisecond),
+		log:        log.With().Str("component", "discovery_registrar").Str("worker_id", rec.WorkerID).Logger(),
+		rec:        rec,
+		revokedCh:  make(chan struct{}),
+	}
+}
+
+// Register writes the record under a fresh lease. Call it once the engine is
+// ready. Every etcd call is bounded by the TTL; if Register fails, Run keeps
+// trying.
+func (r *Registrar) Register(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.revoked {
+		return ErrRevoked
+	}
+	if _, err := r.rec.Encode(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.ttl)
+	defer cancel()
+	if err := r.registerLocked(ctx); err != nil {
+		return fmt.Errorf("register %s: %w", r.key, err)
+	}
+	r.log.Debug().Int64("lease_id", int64(r.lease)).Dur("ttl", r.ttl).Msg("worker record written")
+	return nil
+}
+
+// Run keeps the lease alive with one KeepAliveOnce every interval. When the
+// lease is gone (expired, revoked by someone else) or etcd was unreachable
+// for longer than the TTL, it grants a new lease and writes the record again;
+// while etcd is down it retries with backoff. State changes are logged once.
+// Run returns nil when ctx is done (it does not revoke) or after Revoke.
+// If Register was not called or failed, Run registers. Call it once.
+func (r *Registrar) Run(ctx context.Context) error {
+	bo := backoff{min: 200 * time.Millisecond, max: r.interval}
+	timer := time.NewTimer(r.firstDelay())
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.revokedCh:
+			return nil
+		case <-timer.C:
+		}
+		next, done := r.step(ctx, &bo)
+		if done {
+			return nil
+		}
+		timer.Reset(next)
+	}
+}
+
+func (r *Registrar) firstDelay() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lease == 0 || r.stale || r.needPut {
+		return 0
+	}
+	return r.interval
+}
+
+// step does one keepalive or one repair and returns the delay before the next.
+func (r *Registrar) step(ctx context.Context, bo *backoff) (time.Duration, bool) {
+	r.mu.Lock()
+	if r.revoked {
+		r.mu.Unlock()
+		return 0, true
+	}
+	if r.lease == 0 || r.stale || r.needPut {
+		// Repairs hold the lock so that SetStatus and Revoke see either the
+		// old lease or the new one with the record written, never a mix.
+		defer r.mu.Unlock()
+		rctx, cancel := context.WithTimeout(ctx, r.rpcTimeout)
+		err := r.repairLocked(rctx)
+		cancel()
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+			case errors.Is(err, rpctypes.ErrLeaseNotFound):
+				r.markLostLocked("lease not found")
+			default:
+				r.failedLocked(err)
+			}
+			return bo.next(), false
+		}
+		bo.reset()
+		return r.interval, false
+	}
+	id := r.lease
+	r.mu.Unlock()
+
+	// The keepalive itself runs unlocked: SetStatus must not wait behind a
+	// keepalive to an unreachable etcd.
+	kctx, cancel := context.WithTimeout(ctx, r.rpcTimeout)
+	_, err := r.cli.KeepAliveOnce(kctx, id)
+	cancel()
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.revoked || r.lease != id {
+		// Revoke or a re-registration happened meanwhile; look again.
+		return 0, r.revoked
+	}
+	switch {
+	case err == nil:
+		r.lastOK = time.Now()
+		if r.state != leaseOK {
+			r.log.Info().Int64("lease_id", int64(id)).Msg("etcd reachable again, lease kept")
+			r.state = leaseOK
+		}
+		bo.reset()
+		return r.interval, false
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		r.markLostLocked("lease not found")
+		return 0, false
+	case ctx.Err() != nil:
+		return 0, false
+	default:
+		r.failedLocked(err)
+		return bo.next(), false
+	}
+}
+
+// failedLocked records a failed etcd call: the first failure of a streak is
+// logged, and once etcd has not confirmed the lease for a whole TTL the lease
+// is presumed lost (other members may well have expired it; a new lease and
+// a fresh put are right either way).
+func (r *Registrar) failedLocked(err error) {
+	if r.stale {
+		return
+	}
+	if r.lease != 0 && time.Since(r.lastOK) > r.ttl {
+		r.markLostLocked("etcd unreachable for longer than the lease TTL")
+		return
+	}
+	if r.state == leaseOK {
+		r.log.Warn().Err(err).Int64("lease_id", int64(r.lease)).Msg("etcd unreachable, retrying")
+		r.state = leaseUnreachable
+	}
+}
+
+func (r *Registrar) markLostLocked(reason string) {
+	r.stale = true
+	if r.state != leaseLost {
+		r.log.Warn().Int64("lease_id", int64(r.lease)).Str("reason", reason).Msg("etcd lease lost, re-registering")
+		r.state = leaseLost
+	}
+}
+
+// repairLocked brings etcd back to "record current under a live lease".
+func (r *Registrar) repairLocked(ctx context.Context) error {
+	if r.lease != 0 && !r.stale {
+		// Only the put is missing (e.g. SetStatus failed while etcd was away).
+		if err := r.putLocked(ctx); err != nil {
+			return err
+		}
+	} else if err := r.registerLocked(ctx); err != nil {
+		return err
+	}
+	if r.state != leaseOK {
+		r.log.Info().Int64("lease_id", int64(r.lease)).Msg("worker record re-registered")
+		r.state = leaseOK
+	}
+	return nil
+}
+
+// registerLocked grants a new lease and writes the record under it. The old
+// lease, if any, is revoked only after the record moved to the new one, so
+// the record never disappears on the way.
+func (r *Registrar) registerLocked(ctx context.Context) error {
+	old := r.lease
+	g, err := r.cli.Grant(ctx, r.ttlSeconds)
+	if err != nil {
+		return fmt.Errorf("grant lease: %w", err)
+	}
+	r.lease = clientv3.LeaseID(g.ID)
+	r.stale = false
+	r.needPut = true
+	r.lastOK = time.Now()
+	if err := r.putLocked(ctx); err != nil {
+		return err
+	}
+	if old != 0 && old != r.lease {
+		// Best effort: a lease that still exists would only expire later.
+		_, _ = r.cli.Revoke(ctx, old)
+	}
+	return nil
+}
+
+func (r *Registrar) putLocked(ctx context.Context) error {
+	value, err := r.rec.Encode()
+	if err != nil {
+		return err
+	}
+	r.needPut = true
+	if _, err := r.cli.Put(ctx, r.key, string(value), clientv3.WithLease(r.lease)); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			r.stale = true
+		}
+		return fmt.Errorf("put %s: %w", r.key, err)
+	}
+	r.needPut = false
+	r.lastOK = time.Now()
+	return nil
+}
+
+// SetStatus rewrites the record with a new status under the current lease.
+// If etcd cannot take it now, the status is kept and Run writes it once etcd
+// is back (the error is still returned so the caller can log it).
+func (r *Registrar) SetStatus(ctx context.Context, st Status) error {
+	if st != StatusActive && st != StatusDraining {
+		return fmt.Errorf("%w: status %q: want active or draining", ErrInvalidRecord, clip(string(st)))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rec.Status = st
+	if r.revoked || r.lease == 0 || r.stale {
+		// Nothing live to rewrite; a (re-)registration will carry st.
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.ttl)
+	defer cancel()
+	if err := r.putLocked(ctx); err != nil {
+		return fmt.Errorf("set status %s: %w", st, err)
+	}
+	return nil
+}
+
+// Revoke revokes the lease, which deletes the record at once, and stops Run
+// from registering again.
+func (r *Registrar) Revoke(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.revoked {
+		r.revoked = true
+		close(r.revokedCh)
+	}
+	id := r.lease
+	r.lease = 0
+	if id == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.ttl)
+	defer cancel()
+	if _, err := r.cli.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("revoke lease %x of %s: %w", int64(id), r.key, err)
+	}
+	return nil
+}
+
+// Record returns the record as last written or to be written.
+func (r *Registrar) Record() Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rec
+}

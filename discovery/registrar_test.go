@@ -1,0 +1,244 @@
+package discovery_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/discovery/etcdtest"
+)
+
+func TestRegistrarOptionDefaults(t *testing.T) {
+	for _, tt := range []struct {
+		opts          discovery.RegistrarOptions
+		ttl, interval time.Duration
+	}{
+		{discovery.RegistrarOptions{}, 10 * time.Second, 3 * time.Second},
+		{discovery.RegistrarOptions{TTL: 1500 * time.Millisecond, KeepAliveInterval: 500 * time.Millisecond}, 2 * time.Second, 500 * time.Millisecond},
+		// A keepalive slower than TTL/2 could let the lease lapse after one miss.
+		{discovery.RegistrarOptions{TTL: 3 * time.Second, KeepAliveInterval: 5 * time.Second}, 3 * time.Second, time.Second},
+	} {
+		r := discovery.NewRegistrar(nil, testPrefix, record("a:1"), tt.opts, zerolog.Nop())
+		ttl, interval := discovery.RegistrarInterval(r)
+		if time.Duration(ttl) != tt.ttl || time.Duration(interval) != tt.interval {
+			t.Errorf("%+v: ttl %v interval %v, want %v %v", tt.opts, time.Duration(ttl), time.Duration(interval), tt.ttl, tt.interval)
+		}
+	}
+}
+
+// Register puts the record under a lease; the watcher sees it; SetStatus
+// rewrites it under the same lease.
+func TestRegistrarRegisterAndSetStatus(t *testing.T) {
+	eps := etcdtest.Start(t)
+	cli := etcdtest.Client(t, eps)
+	w := discovery.NewWatcher(cli, testPrefix, zerolog.Nop(), nil)
+	startWatcher(t, w)
+
+	r := discovery.NewRegistrar(cli, testPrefix, record("a:1"), discovery.RegistrarOptions{TTL: 5 * time.Second, KeepAliveInterval: 200 * time.Millisecond}, zerolog.Nop())
+	if err := r.Register(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	startRegistrar(t, r)
+	waitIDs(t, w, "a:1")
+	lease := leaseOf(t, cli, "a:1")
+	if lease == 0 {
+		t.Fatal("record not attached to a lease")
+	}
+
+	if err := r.SetStatus(t.Context(), discovery.StatusDraining); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "draining", func() bool {
+		rec, ok := w.Snapshot().Get("a:1")
+		return ok && rec.Status == discovery.StatusDraining && !rec.Active()
+	})
+	if got := leaseOf(t, cli, "a:1"); got != lease {
+		t.Fatalf("SetStatus moved the record to lease %x, want %x", got, lease)
+	}
+	if err := r.SetStatus(t.Context(), discovery.StatusActive); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "active again", func() bool {
+		rec, ok := w.Snapshot().Get("a:1")
+		return ok && rec.Active()
+	})
+	if err := r.SetStatus(t.Context(), "gone"); !errors.Is(err, discovery.ErrInvalidRecord) {
+		t.Fatalf("SetStatus(gone) = %v, want ErrInvalidRecord", err)
+	}
+	if r.Record().Status != discovery.StatusActive {
+		t.Fatal("a rejected status was stored")
+	}
+}
+
+func TestRegistrarRejectsInvalidRecord(t *testing.T) {
+	cli := etcdtest.Client(t, etcdtest.Start(t))
+	bad := record("a:1")
+	bad.URL = "http://elsewhere:1"
+	r := discovery.NewRegistrar(cli, testPrefix, bad, discovery.RegistrarOptions{}, zerolog.Nop())
+	if err := r.Register(t.Context()); !errors.Is(err, discovery.ErrInvalidRecord) {
+		t.Fatalf("Register = %v, want ErrInvalidRecord", err)
+	}
+	leases, err := cli.Leases(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases.Leases) != 0 {
+		t.Fatalf("%d leases granted for an invalid record", len(leases.Leases))
+	}
+}
+
+// Stopping keepalives without revoking (a dead host) lets the lease expire,
+// which removes the record from every watcher.
+func TestRegistrarLeaseExpiry(t *testing.T) {
+	cli := etcdtest.Client(t, etcdtest.Start(t))
+	w := discovery.NewWatcher(cli, testPrefix, zerolog.Nop(), nil)
+	startWatcher(t, w)
+
+	r := discovery.NewRegistrar(cli, testPrefix, record("a:1"), discovery.RegistrarOptions{TTL: 2 * time.Second, KeepAliveInterval: 300 * time.Millisecond}, zerolog.Nop())
+	if err := r.Register(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	stop := startRegistrar(t, r)
+	waitIDs(t, w, "a:1")
+	stop()
+	waitIDs(t, w)
+	if leaseOf(t, cli, "a:1") != 0 {
+		t.Fatal("key survived its lease")
+	}
+}
+
+// Revoke deletes the record at once (no waiting for the TTL), ends Run and
+// forbids registering again.
+func TestRegistrarRevoke(t *testing.T) {
+	cli := etcdtest.Client(t, etcdtest.Start(t))
+	w := discovery.NewWatcher(cli, testPrefix, zerolog.Nop(), nil)
+	startWatcher(t, w)
+
+	r := discovery.NewRegistrar(cli, testPrefix, record("a:1"), discovery.RegistrarOptions{TTL: 30 * time.Second}, zerolog.Nop())
+	if err := r.Register(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(t.Context()) }()
+	waitIDs(t, w, "a:1")
+
+	if err := r.Revoke(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if leaseOf(t, cli, "a:1") != 0 {
+		t.Fatal("record still present right after Revoke")
+	}
+	waitIDs(t, w)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(waitDeadline):
+		t.Fatal("Run did not return after Revoke")
+	}
+	if err := r.Register(t.Context()); !errors.Is(err, discovery.ErrRevoked) {
+		t.Fatalf("Register after Revoke = %v, want ErrRevoked", err)
+	}
+	if err := r.SetStatus(t.Context(), discovery.StatusDraining); err != nil {
+		t.Fatalf("SetStatus after Revoke = %v", err)
+	}
+	if err := r.Revoke(t.Context()); err != nil {
+		t.Fatalf("second Revoke = %v", err)
+	}
+	if leaseOf(t, cli, "a:1") != 0 {
+		t.Fatal("record came back after Revoke")
+	}
+}
+
+// A lease that disappears under the registrar (here revoked by someone
+// else) is noticed at the next keepalive; the record comes back under a new
+// lease and the loss is logged once.
+func TestRegistrarReRegistersAfterLeaseLoss(t *testing.T) {
+	cli := etcdtest.Client(t, etcdtest.Start(t))
+	var logs logBuffer
+	r := discovery.NewRegistrar(cli, testPrefix, record("a:1"), discovery.RegistrarOptions{TTL: 10 * time.Second, KeepAliveInterval: 200 * time.Millisecond}, logs.logger())
+	if err := r.Register(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	startRegistrar(t, r)
+	old := leaseOf(t, cli, "a:1")
+	if _, err := cli.Revoke(t.Context(), old); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "record under a new lease", func() bool {
+		l := leaseOf(t, cli, "a:1")
+		return l != 0 && l != old
+	})
+	// The line is written just after the put that the poll above saw.
+	waitFor(t, "re-registration logged", func() bool { return logs.count("worker record re-registered") == 1 })
+	if n := logs.count("etcd lease lost, re-registering"); n != 1 {
+		t.Fatalf("lease loss logged %d times, want 1", n)
+	}
+}
+
+// etcd down for longer than the TTL: the registrar retries without
+// flooding the log, presumes the lease lost, and once etcd is back writes
+// the record (with the status set meanwhile) under a new lease and revokes
+// the old one.
+func TestRegistrarReGrantsAfterOutageLongerThanTTL(t *testing.T) {
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	start := func() *discovery.Embedded {
+		e, err := discovery.StartEmbedded(discovery.EmbeddedConfig{ClientListen: addr, Dir: dir}, zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	e := start()
+	cli := etcdtest.Client(t, e.Endpoints())
+	var logs logBuffer
+	r := discovery.NewRegistrar(cli, testPrefix, record("a:1"), discovery.RegistrarOptions{TTL: 2 * time.Second, KeepAliveInterval: 300 * time.Millisecond}, logs.logger())
+	if err := r.Register(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	startRegistrar(t, r)
+	old := leaseOf(t, cli, "a:1")
+
+	e.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	err := r.SetStatus(ctx, discovery.StatusDraining)
+	cancel()
+	if err == nil {
+		t.Fatal("SetStatus succeeded with etcd down")
+	}
+	waitFor(t, "lease presumed lost", func() bool { return discovery.RegistrarStale(r) })
+
+	e = start()
+	defer e.Close()
+	waitFor(t, "record under a new lease", func() bool {
+		l := leaseOf(t, cli, "a:1")
+		return l != 0 && l != old
+	})
+	resp, err := cli.Get(t.Context(), testPrefix+"a:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := discovery.DecodeRecord(resp.Kvs[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != discovery.StatusDraining {
+		t.Fatalf("status %q after recovery, want draining", rec.Status)
+	}
+	waitFor(t, "old lease revoked", func() bool {
+		ttl, err := cli.TimeToLive(t.Context(), old)
+		return err == nil && ttl.TTL == -1
+	})
+	waitFor(t, "re-registration logged", func() bool { return logs.count("worker record re-registered") > 0 })
+	for _, msg := range []string{"etcd unreachable, retrying", "etcd lease lost, re-registering", "worker record re-registered"} {
+		if n := logs.count(msg); n != 1 {
+			t.Errorf("%q logged %d times, want 1", msg, n)
+		}
+	}
+}

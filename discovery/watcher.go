@@ -1,0 +1,292 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+const (
+	// listTimeout bounds one list of the prefix, so that an unreachable etcd
+	// shows up as a logged failure and a retry rather than a silent hang.
+	listTimeout = 10 * time.Second
+	// stableWatch is how long a watch must have run for the next failure to
+	// be treated as isolated (backoff restarts from its minimum).
+	stableWatch = 30 * time.Second
+)
+
+var (
+	errWatchClosed   = errors.New("watch channel closed")
+	errWatchCanceled = errors.New("watch canceled by server")
+)
+
+// watcherHooks let tests act at the points where the watcher's correctness
+// matters (between list and watch, and before a re-list). Nil in production.
+type watcherHooks struct {
+	beforeList func(n int)            // n counts lists from 1
+	afterList  func(n int, rev int64) // runs before the watch from rev+1 starts
+}
+
+// Watcher keeps an immutable view of the worker records under one prefix:
+// it lists the prefix at revision R, watches from R+1, and whenever the watch
+// cannot continue exactly (compaction, cancel, lost leader, closed stream)
+// lists again and rebuilds the view from scratch, so a worker deleted while
+// the watch was down cannot survive as a phantom.
+type Watcher struct {
+	cli      *clientv3.Client
+	prefix   string
+	log      zerolog.Logger
+	onChange func(*Snapshot)
+
+	snap     atomic.Pointer[Snapshot]
+	synced   chan struct{}
+	syncOnce sync.Once
+	lists    atomic.Int64
+
+	// invalid maps the key of each invalid record to the mod revision that
+	// was reported, so each bad value is logged once, not on every re-list.
+	// Owned by the Run goroutine.
+	invalid map[string]int64
+
+	mu      sync.Mutex
+	current clientv3.Watcher // watch stream of the running session
+
+	hooks watcherHooks
+}
+
+// NewWatcher returns a watcher of prefix. onChange (optional) is called on
+// the Run goroutine after each new snapshot is published; it must return
+// quickly because it delays the next update.
+func NewWatcher(cli *clientv3.Client, prefix string, log zerolog.Logger, onChange func(*Snapshot)) *Watcher {
+	w := &Watcher{
+		cli:      cli,
+		prefix:   prefix,
+		log:      log.With().Str("component", "discovery_watcher").Str("prefix", prefix).Logger(),
+		onChange: onChange,
+		synced:   make(chan struct{}),
+		invalid:  make(map[string]int64),
+	}
+	w.snap.Store(&Snapshot{})
+	return w
+}
+
+// Snapshot returns the latest published view; never nil (empty before the
+// first list).
+func (w *Watcher) Snapshot() *Snapshot { return w.snap.Load() }
+
+// Synced is closed once the first list has been published, so a server can
+// wait for a real fleet view before it answers "no worker".
+func (w *Watcher) Synced() <-chan struct{} { return w.synced }
+
+// Run lists and watches until ctx is done, then returns nil. Failures never
+// end it: it re-lists with a capped, jittered backoff while etcd is away.
+// Call it once, from one goroutine.
+func (w *Watcher) Run(ctx context.Context) error {
+	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	listFailing := false
+	for {
+		watched, err := w.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch {
+		case watched < 0:
+			// The list itself failed: report the first failure of a streak.
+			if !listFailing {
+				w.log.Warn().Err(err).Msg("etcd list failed, retrying")
+				listFailing = true
+			} else {
+				w.log.Debug().Err(err).Msg("etcd list failed again")
+			}
+		case errors.Is(err, rpctypes.ErrCompacted):
+			listFailing = false
+			w.log.Info().Err(err).Msg("etcd watch compacted, re-listing")
+		default:
+			listFailing = false
+			w.log.Warn().Err(err).Msg("etcd watch interrupted, re-listing")
+		}
+		if watched >= stableWatch {
+			bo.reset()
+		}
+		if !sleepCtx(ctx, bo.next()) {
+			return nil
+		}
+	}
+}
+
+// session does one list and the watch that follows it. It returns how long
+// the watch ran (-1 when the list failed) and why it ended.
+func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
+	n := int(w.lists.Add(1))
+	if w.hooks.beforeList != nil {
+		w.hooks.beforeList(n)
+	}
+	lctx, cancel := context.WithTimeout(ctx, listTimeout)
+	resp, err := w.cli.Get(lctx, w.prefix, clientv3.WithPrefix())
+	cancel()
+	if err != nil {
+		return -1, fmt.Errorf("list %s: %w", w.prefix, err)
+	}
+	rev := resp.Header.Revision
+	w.rebuild(resp.Kvs, rev, n)
+	if w.hooks.afterList != nil {
+		w.hooks.afterList(n, rev)
+	}
+
+	// A watcher of our own per session: closing it tears down exactly this
+	// session's stream and goroutines, whatever else shares the client.
+	wc := clientv3.NewWatcher(w.cli)
+	w.mu.Lock()
+	w.current = wc
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.current = nil
+		w.mu.Unlock()
+		_ = wc.Close() // only reports the context error that ended the session
+	}()
+
+	// WithRequireLeader makes a member that lost its leader (partitioned)
+	// cancel the watch instead of silently serving nothing new.
+	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer wcancel()
+	start := time.Now()
+	ch := wc.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	for wr := range ch {
+		if err := wr.Err(); err != nil {
+			return time.Since(start), fmt.Errorf("watch %s from revision %d: %w", w.prefix, rev+1, err)
+		}
+		if wr.Canceled {
+			return time.Since(start), errWatchCanceled
+		}
+		if len(wr.Events) > 0 {
+			w.apply(wr.Events, wr.Header.Revision)
+		}
+	}
+	return time.Since(start), errWatchClosed
+}
+
+// rebuild replaces the view with the listed records.
+func (w *Watcher) rebuild(kvs []*mvccpb.KeyValue, rev int64, n int) {
+	workers := make([]Record, 0, len(kvs))
+	invalid := make(map[string]int64)
+	for _, kv := range kvs {
+		key := string(kv.Key)
+		rec, err := w.decode(key, kv.Value)
+		if err != nil {
+			if w.invalid[key] != kv.ModRevision {
+				w.reportInvalid(key, kv.ModRevision, err)
+			}
+			invalid[key] = kv.ModRevision
+			continue
+		}
+		workers = append(workers, rec)
+	}
+	// Forget reports of keys that are gone or valid now, so the map stays
+	// bounded by the invalid records actually present.
+	w.invalid = invalid
+	sortWorkers(workers)
+	msg := "etcd fleet listed"
+	if n > 1 {
+		msg = "etcd fleet re-listed"
+	}
+	w.log.Info().Int64("revision", rev).Int("workers", len(workers)).Int("invalid", len(invalid)).Msg(msg)
+	w.publish(&Snapshot{Revision: rev, Workers: workers})
+}
+
+// apply applies one watch response to a copy of the current view.
+func (w *Watcher) apply(events []*clientv3.Event, rev int64) {
+	cur := w.snap.Load()
+	workers := slices.Clone(cur.Workers)
+	changed := false
+	for _, ev := range events {
+		key := string(ev.Kv.Key)
+		id := strings.TrimPrefix(key, w.prefix)
+		if ev.Type == clientv3.EventTypeDelete {
+			delete(w.invalid, key)
+			workers, changed = remove(workers, id, changed)
+			continue
+		}
+		rec, err := w.decode(key, ev.Kv.Value)
+		if err != nil {
+			if w.invalid[key] != ev.Kv.ModRevision {
+				w.reportInvalid(key, ev.Kv.ModRevision, err)
+				w.invalid[key] = ev.Kv.ModRevision
+			}
+			// The worker's last valid record no longer describes it.
+			workers, changed = remove(workers, id, changed)
+			continue
+		}
+		delete(w.invalid, key)
+		i, found := slices.BinarySearchFunc(workers, rec.WorkerID, func(r Record, id string) int {
+			return strings.Compare(r.WorkerID, id)
+		})
+		if found {
+			workers[i] = rec
+		} else {
+			workers = slices.Insert(workers, i, rec)
+		}
+		changed = true
+	}
+	if changed {
+		w.publish(&Snapshot{Revision: rev, Workers: workers})
+	}
+}
+
+func remove(workers []Record, id string, changed bool) ([]Record, bool) {
+	i, found := slices.BinarySearchFunc(workers, id, func(r Record, id string) int {
+		return strings.Compare(r.WorkerID, id)
+	})
+	if !found {
+		return workers, changed
+	}
+	return slices.Delete(workers, i, i+1), true
+}
+
+// decode also requires the key to be <prefix><worker_id>: the key is what a
+// delete event names, so a record stored under another key could never be
+// removed from the view.
+func (w *Watcher) decode(key string, value []byte) (Record, error) {
+	rec, err := DecodeRecord(value)
+	if err != nil {
+		return Record{}, err
+	}
+	if key != w.prefix+rec.WorkerID {
+		return Record{}, fmt.Errorf("%w: key does not end in worker_id %q", ErrInvalidRecord, clip(rec.WorkerID))
+	}
+	return rec, nil
+}
+
+func (w *Watcher) reportInvalid(key string, modRev int64, err error) {
+	w.log.Warn().Str("key", clip(key)).Int64("mod_revision", modRev).Err(err).Msg("ignoring invalid worker record")
+}
+
+func (w *Watcher) publish(s *Snapshot) {
+	w.snap.Store(s)
+	w.syncOnce.Do(func() { close(w.synced) })
+	if w.onChange != nil {
+		w.onChange(s)
+	}
+}
+
+// closeWatch closes the running session's watch stream, which ends its
+// watch channel exactly as a server-side cancel does. For tests.
+func (w *Watcher) closeWatch() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.current == nil {
+		return false
+	}
+	_ = w.current.Close()
+	return true
+}

@@ -1,0 +1,237 @@
+package discovery_test
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/discovery/etcdtest"
+)
+
+// Records present before Run and put, updated and deleted afterwards all
+// show in the snapshot; onChange sees every published snapshot; records
+// outside the prefix are not ours.
+func TestWatcherFollowsPrefix(t *testing.T) {
+	eps := etcdtest.Start(t)
+	cli := etcdtest.Client(t, eps)
+	put(t, cli, record("b:1"))
+	if _, err := cli.Put(t.Context(), "/infera-test/other/x:1", "{}"); err != nil {
+		t.Fatal(err)
+	}
+
+	var last atomic.Pointer[discovery.Snapshot]
+	w := discovery.NewWatcher(cli, testPrefix, zerolog.Nop(), func(s *discovery.Snapshot) { last.Store(s) })
+	if s := w.Snapshot(); s == nil || len(s.Workers) != 0 {
+		t.Fatalf("snapshot before Run = %#v, want empty non-nil", s)
+	}
+	startWatcher(t, w)
+	select {
+	case <-w.Synced():
+	case <-time.After(waitDeadline):
+		t.Fatal("not synced")
+	}
+	waitIDs(t, w, "b:1")
+
+	put(t, cli, record("c:1"))
+	put(t, cli, record("a:1"))
+	waitIDs(t, w, "a:1", "b:1", "c:1")
+
+	drain := record("b:1")
+	drain.Status = discovery.StatusDraining
+	put(t, cli, drain)
+	waitFor(t, "b:1 draining", func() bool {
+		r, ok := w.Snapshot().Get("b:1")
+		return ok && !r.Active()
+	})
+
+	del(t, cli, "a:1")
+	waitIDs(t, w, "b:1", "c:1")
+	if last.Load() != w.Snapshot() {
+		t.Fatal("onChange did not receive the published snapshot")
+	}
+	if rev := w.Snapshot().Revision; rev == 0 {
+		t.Fatal("snapshot revision not set")
+	}
+}
+
+// Invalid values are ignored with one log line per key and revision (not
+// again on each re-list); an invalid value over a valid one removes the
+// worker; a record under a key that is not <prefix><worker_id> is invalid.
+func TestWatcherIgnoresInvalidRecords(t *testing.T) {
+	eps := etcdtest.Start(t)
+	cli := etcdtest.Client(t, eps)
+	var logs logBuffer
+	const msg = "ignoring invalid worker record"
+
+	if _, err := cli.Put(t.Context(), testPrefix+"bad:1", `{"worker_id":"bad:1"}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(t.Context(), testPrefix+"y:1", encode(t, record("x:1"))); err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, record("a:1"))
+
+	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), nil)
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1")
+	if n := logs.count(msg); n != 2 {
+		t.Fatalf("%d invalid-record lines after the first list, want 2", n)
+	}
+
+	// A re-list sees the same two values: no new lines.
+	before := w.Snapshot()
+	waitFor(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	waitFor(t, "re-list", func() bool { return discovery.Lists(w) >= 2 && w.Snapshot() != before })
+	if n := logs.count(msg); n != 2 {
+		t.Fatalf("%d invalid-record lines after a re-list, want still 2", n)
+	}
+
+	// A new invalid value (new revision) is reported once, and it takes a
+	// previously valid worker out of the view.
+	if _, err := cli.Put(t.Context(), testPrefix+"a:1", `not json`); err != nil {
+		t.Fatal(err)
+	}
+	waitIDs(t, w)
+	if n := logs.count(msg); n != 3 {
+		t.Fatalf("%d invalid-record lines, want 3", n)
+	}
+
+	// Fixing the value brings the worker back.
+	put(t, cli, record("a:1"))
+	put(t, cli, record("bad:1"))
+	waitIDs(t, w, "a:1", "bad:1")
+	if n := logs.count(msg); n != 3 {
+		t.Fatalf("%d invalid-record lines, want still 3", n)
+	}
+}
+
+// Compaction: changes made between the list at R and the watch from R+1 are
+// compacted away, so the watch fails with ErrCompacted; the watcher re-lists
+// and holds exactly the live records — the worker deleted in the gap is gone.
+func TestWatcherRelistsAfterCompaction(t *testing.T) {
+	eps := etcdtest.Start(t)
+	cli := etcdtest.Client(t, eps)
+	var logs logBuffer
+	for _, id := range []string{"a:1", "b:1", "c:1"} {
+		put(t, cli, record(id))
+	}
+
+	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), nil)
+	discovery.SetWatcherHooks(w, nil, func(n int, rev int64) {
+		if n != 1 {
+			return
+		}
+		// Runs on the watcher's goroutine after the first list at rev and
+		// before its watch from rev+1 starts.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := cli.Delete(ctx, testPrefix+"b:1"); err != nil {
+			t.Error(err)
+		}
+		if _, err := cli.Put(ctx, testPrefix+"d:1", encode(t, record("d:1"))); err != nil {
+			t.Error(err)
+		}
+		var last int64
+		for i := range 20 {
+			resp, err := cli.Put(ctx, "/infera-test/noise", string(rune('a'+i)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			last = resp.Header.Revision
+		}
+		if _, err := cli.Compact(ctx, last, clientv3.WithCompactPhysical()); err != nil {
+			t.Error(err)
+		}
+	})
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1", "c:1", "d:1")
+	if n := discovery.Lists(w); n < 2 {
+		t.Fatalf("%d lists, want a re-list", n)
+	}
+	if logs.count("etcd watch compacted, re-listing") == 0 {
+		t.Fatal("compaction was not the reason of the re-list")
+	}
+
+	// And the new watch works.
+	del(t, cli, "a:1")
+	waitIDs(t, w, "c:1", "d:1")
+}
+
+// Watch cancel: when the watch stream closes, the watcher re-lists; a worker
+// deleted and one added while no watch was open are reflected exactly.
+func TestWatcherRelistsAfterWatchCancel(t *testing.T) {
+	eps := etcdtest.Start(t)
+	cli := etcdtest.Client(t, eps)
+	var logs logBuffer
+	put(t, cli, record("a:1"))
+	put(t, cli, record("b:1"))
+
+	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), nil)
+	discovery.SetWatcherHooks(w, func(n int) {
+		if n != 2 {
+			return
+		}
+		// The old watch is closed and the new list has not run: the gap.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := cli.Delete(ctx, testPrefix+"b:1"); err != nil {
+			t.Error(err)
+		}
+		if _, err := cli.Put(ctx, testPrefix+"c:1", encode(t, record("c:1"))); err != nil {
+			t.Error(err)
+		}
+	}, nil)
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1", "b:1")
+
+	waitFor(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	waitIDs(t, w, "a:1", "c:1")
+	if n := discovery.Lists(w); n < 2 {
+		t.Fatalf("%d lists, want a re-list", n)
+	}
+	if logs.count("etcd watch interrupted, re-listing") == 0 {
+		t.Fatal("no re-list was logged")
+	}
+	put(t, cli, record("d:1"))
+	waitIDs(t, w, "a:1", "c:1", "d:1")
+}
+
+// While etcd is down the watcher keeps its last view and retries; after
+// etcd is back it converges to exactly the live records, and Run still
+// returns nil on cancel.
+func TestWatcherSurvivesEtcdRestart(t *testing.T) {
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	start := func() *discovery.Embedded {
+		e, err := discovery.StartEmbedded(discovery.EmbeddedConfig{ClientListen: addr, Dir: dir}, zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	e := start()
+	cli := etcdtest.Client(t, e.Endpoints())
+	put(t, cli, record("a:1"))
+	put(t, cli, record("b:1"))
+
+	w := discovery.NewWatcher(cli, testPrefix, zerolog.Nop(), nil)
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1", "b:1")
+
+	e.Close()
+	if got := ids(w.Snapshot()); !slices.Equal(got, []string{"a:1", "b:1"}) {
+		t.Fatalf("view changed while etcd was down: %v", got)
+	}
+	e = start()
+	defer e.Close()
+	del(t, cli, "b:1")
+	put(t, cli, record("c:1"))
+	waitIDs(t, w, "a:1", "c:1")
+}

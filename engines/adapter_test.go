@@ -1,0 +1,244 @@
+package engines
+
+import (
+	"errors"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/infera/infera/config"
+)
+
+func TestLookup(t *testing.T) {
+	a, err := Lookup("sim")
+	if err != nil || a.Name() != "sim" {
+		t.Fatalf("Lookup(sim) = %v, %v", a, err)
+	}
+	_, err = Lookup("tgi")
+	if !errors.Is(err, ErrUnknownEngine) || !strings.Contains(err.Error(), "sim") {
+		t.Fatalf("Lookup(tgi) = %v, want ErrUnknownEngine listing the supported engines", err)
+	}
+	// config validates --engine against its own list; the two must agree.
+	if !slices.Equal(Names(), config.WorkerEngines) {
+		t.Fatalf("adapters %v differ from config.WorkerEngines %v", Names(), config.WorkerEngines)
+	}
+}
+
+func TestSimPrepare(t *testing.T) {
+	cases := []struct {
+		name      string
+		args      []string
+		env       map[string]string
+		wantArgs  []string // nil: the sim args are ["sim", "--port", <free>, args...]; "PORT" stands for the picked port
+		want      Endpoint // Port 0: a free port is expected
+		wantError bool
+	}{
+		{name: "defaults", args: nil, want: Endpoint{Host: "127.0.0.1", Model: "sim-model", BlockSize: 16}},
+		{
+			name:     "all given",
+			args:     []string{"--host", "127.0.0.1", "--port", "9100", "--model", "m", "--block-size", "32", "--kv-blocks", "64"},
+			wantArgs: []string{"sim", "--host", "127.0.0.1", "--port", "9100", "--model", "m", "--block-size", "32", "--kv-blocks", "64"},
+			want:     Endpoint{Host: "127.0.0.1", Port: 9100, Model: "m", BlockSize: 32},
+		},
+		{
+			name:     "equals form",
+			args:     []string{"--port=9101", "--model=path/to/m", "--block-size=8", "--host=localhost"},
+			wantArgs: []string{"sim", "--port=9101", "--model=path/to/m", "--block-size=8", "--host=localhost"},
+			want:     Endpoint{Host: "localhost", Port: 9101, Model: "path/to/m", BlockSize: 8},
+		},
+		{
+			name:     "single dash",
+			args:     []string{"-port", "9102", "-model", "x"},
+			wantArgs: []string{"sim", "-port", "9102", "-model", "x"},
+			want:     Endpoint{Host: "127.0.0.1", Port: 9102, Model: "x", BlockSize: 16},
+		},
+		{
+			name: "served name wins over model",
+			args: []string{"--served-model-name", "public", "--model", "/models/llama"},
+			want: Endpoint{Host: "127.0.0.1", Model: "public", BlockSize: 16},
+		},
+		{
+			name: "last occurrence wins",
+			args: []string{"--model", "a", "--model=b"},
+			want: Endpoint{Host: "127.0.0.1", Model: "b", BlockSize: 16},
+		},
+		{
+			name: "after -- is not parsed",
+			args: []string{"--model", "a", "--", "--port", "1"},
+			want: Endpoint{Host: "127.0.0.1", Model: "a", BlockSize: 16},
+		},
+		{
+			name: "value that looks like a flag name",
+			args: []string{"--model", "--port"},
+			want: Endpoint{Host: "127.0.0.1", Model: "--port", BlockSize: 16},
+		},
+		{
+			name:     "environment as the sim reads it",
+			env:      map[string]string{"INFERA_MODEL": "env-model", "INFERA_BLOCK_SIZE": "8", "INFERA_PORT": "9103", "INFERA_HOST": ""},
+			wantArgs: []string{"sim", "--port", "9103"},
+			want:     Endpoint{Host: "127.0.0.1", Port: 9103, Model: "env-model", BlockSize: 8},
+		},
+		{
+			name:     "flags beat the environment",
+			args:     []string{"--model", "flag-model", "--port", "9104"},
+			env:      map[string]string{"INFERA_MODEL": "env-model", "INFERA_PORT": "9103"},
+			wantArgs: []string{"sim", "--model", "flag-model", "--port", "9104"},
+			want:     Endpoint{Host: "127.0.0.1", Port: 9104, Model: "flag-model", BlockSize: 16},
+		},
+		{name: "port 0 in the environment", env: map[string]string{"INFERA_PORT": "0"}, want: Endpoint{Host: "127.0.0.1", Model: "sim-model", BlockSize: 16}},
+		{name: "bad port in the environment", env: map[string]string{"INFERA_PORT": "x"}, wantError: true},
+		{
+			name:     "port 0 replaced",
+			args:     []string{"--model", "m", "--port", "0", "--", "--port", "0"},
+			wantArgs: []string{"sim", "--model", "m", "--port", "PORT", "--", "--port", "0"},
+			want:     Endpoint{Host: "127.0.0.1", Model: "m", BlockSize: 16},
+		},
+		{
+			name:     "port=0 replaced",
+			args:     []string{"-port=0", "--model", "m"},
+			wantArgs: []string{"sim", "-port=PORT", "--model", "m"},
+			want:     Endpoint{Host: "127.0.0.1", Model: "m", BlockSize: 16},
+		},
+		{name: "negative port", args: []string{"--port", "-1"}, wantError: true},
+		{name: "port out of range", args: []string{"--port=70000"}, wantError: true},
+		{name: "port not a number", args: []string{"--port", "http"}, wantError: true},
+		{name: "flag without value", args: []string{"--model", "m", "--host"}, wantError: true},
+		{name: "bad host", args: []string{"--host", "http://x"}, wantError: true},
+		{name: "bad block size", args: []string{"--block-size", "0"}, wantError: true},
+		{name: "empty model", args: []string{"--served-model-name="}, wantError: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+			l, err := simAdapter{}.Prepare(Options{Bin: "/opt/infera", LookupEnv: lookup}, tc.args)
+			if tc.wantError {
+				if !errors.Is(err, ErrEngineArgs) {
+					t.Fatalf("Prepare = %+v, %v; want ErrEngineArgs", l, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Command.Path != "/opt/infera" || l.Command.Name != "sim" {
+				t.Errorf("command %+v: want /opt/infera named sim", l.Command)
+			}
+			want, wantArgs := tc.want, tc.wantArgs
+			if want.Port == 0 {
+				// The worker picked a port and put it before the user's args.
+				if l.Endpoint.Port == 0 {
+					t.Fatal("no port picked")
+				}
+				want.Port = l.Endpoint.Port
+				if wantArgs == nil {
+					wantArgs = append([]string{"sim", "--port", "PORT"}, tc.args...)
+				}
+				wantArgs = slices.Clone(wantArgs)
+				for i, a := range wantArgs {
+					wantArgs[i] = strings.ReplaceAll(a, "PORT", strconv.Itoa(want.Port))
+				}
+				// The picked port is free to bind on the engine host.
+				ln, err := net.Listen("tcp", net.JoinHostPort(want.Host, strconv.Itoa(want.Port)))
+				if err != nil {
+					t.Fatalf("picked port is not bindable: %v", err)
+				}
+				ln.Close()
+			}
+			if l.Endpoint != want {
+				t.Errorf("endpoint %+v, want %+v", l.Endpoint, want)
+			}
+			if !slices.Equal(l.Command.Args, wantArgs) {
+				t.Errorf("args %q, want %q", l.Command.Args, wantArgs)
+			}
+		})
+	}
+}
+
+func TestSimPrepareDefaultBin(t *testing.T) {
+	l, err := simAdapter{}.Prepare(Options{}, []string{"--port", "9100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Command.Path != exe {
+		t.Fatalf("path %q, want this executable %q", l.Command.Path, exe)
+	}
+}
+
+// vllmMetrics is /metrics text in the shape vLLM serves (HELP/TYPE lines,
+// model_name and engine labels, several DP engines, histograms around).
+const vllmMetrics = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-8B"} 2.0
+vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-8B"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 0.0
+vllm:num_requests_waiting{engine="1",model_name="Qwen/Qwen3-8B"} 4.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.25
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-8B"} 1024.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="Qwen/Qwen3-8B"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen3-8B"} 3.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="Qwen/Qwen3-8B"} 3.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="Qwen/Qwen3-8B"} 0.12
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="27008"} 1.0
+`
+
+func TestSimInspect(t *testing.T) {
+	cases := []struct {
+		name      string
+		text      string
+		want      Stats
+		wantError bool
+	}{
+		{name: "vllm busy", text: vllmMetrics, want: Stats{Running: 3, Waiting: 4, BlockSize: 16}},
+		{
+			name: "idle, no cache info",
+			text: "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n",
+			want: Stats{},
+		},
+		{
+			name: "untyped",
+			text: "vllm:num_requests_running{a=\"1\"} 1\nvllm:num_requests_waiting 0\n",
+			want: Stats{Running: 1},
+		},
+		{name: "gauges missing", text: "# TYPE other gauge\nother 1\n", wantError: true},
+		{name: "waiting missing", text: "vllm:num_requests_running 0\n", wantError: true},
+		{name: "not prometheus", text: "<html>oops</html>\n", wantError: true},
+		{name: "empty", text: "", wantError: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := simAdapter{}.Inspect(strings.NewReader(tc.text))
+			if tc.wantError {
+				if !errors.Is(err, ErrMetrics) {
+					t.Fatalf("Inspect = %+v, %v; want ErrMetrics", got, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Fatalf("Inspect = %+v, want %+v", got, tc.want)
+			}
+			if got.Idle() != (tc.want.Running+tc.want.Waiting == 0) {
+				t.Fatalf("Idle() = %v for %+v", got.Idle(), got)
+			}
+		})
+	}
+}

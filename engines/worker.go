@@ -1,0 +1,393 @@
+package engines
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/discovery"
+)
+
+// ErrKeepAlive is wrapped when the registrar stops keeping the record alive
+// on its own, which leaves the engine unreachable for the fleet.
+var ErrKeepAlive = errors.New("worker keepalive stopped")
+
+const (
+	// etcdOpTimeout bounds the etcd calls of shutdown (status, revoke): the
+	// worker must exit even when etcd is gone; the lease then expires.
+	etcdOpTimeout = 3 * time.Second
+	// drainPollInterval is how often the engine's load is read while draining.
+	drainPollInterval = 200 * time.Millisecond
+	// maxMetricsBytes bounds one /metrics body; vLLM's is some hundred KiB.
+	maxMetricsBytes = 16 << 20
+	// stopSlack is added to --stop-grace as the bound of the final stop, for
+	// the SIGKILL and the reap after it.
+	stopSlack = 5 * time.Second
+	// registerRetryMax caps the pause between registration attempts.
+	registerRetryMax = 5 * time.Second
+)
+
+// worker is one run of `infera worker`: one engine, one record.
+type worker struct {
+	cfg     config.Worker
+	base    zerolog.Logger // the caller's logger, for components with their own "component"
+	log     zerolog.Logger
+	adapter Adapter
+	ep      Endpoint
+	local   string // base URL the worker uses to reach the engine itself
+	proc    *Process
+}
+
+// Run runs a worker until ctx is cancelled or the engine exits. It starts the
+// engine, waits until it is healthy, registers it in etcd and keeps the
+// lease alive. When ctx is cancelled (SIGTERM/SIGINT) it marks the record
+// draining, waits until the engine is idle or --drain-timeout passes,
+// deregisters, stops the engine and returns nil. When the engine exits on its
+// own it deregisters at once and returns an error wrapping ErrExited.
+func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
+	base := log
+	log = base.With().Str("component", "worker").Str("engine", cfg.Engine).Logger()
+	adapter, err := Lookup(cfg.Engine)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	launch, err := adapter.Prepare(Options{Bin: cfg.EngineBin}, cfg.EngineArgs)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	adv, err := advertiseHost(cfg.AdvertiseHost, launch.Endpoint.Host)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	warnLoopbackAdvertise(log, adv, cfg.Etcd.Endpoints)
+
+	cli, err := discovery.NewClient(cfg.Etcd, base)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	defer func() {
+		if err := cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
+			log.Debug().Err(err).Msg("close etcd client")
+		}
+	}()
+
+	w := &worker{
+		cfg:     cfg,
+		base:    base,
+		log:     log,
+		adapter: adapter,
+		ep:      launch.Endpoint,
+		local:   "http://" + net.JoinHostPort(localHost(launch.Endpoint.Host), strconv.Itoa(launch.Endpoint.Port)),
+	}
+	// Engine lines get their own component (Start adds engine and pid).
+	w.proc, err = Start(launch.Command, base.With().Str("component", "engine").Logger())
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	// Whatever happens below, the engine does not outlive the worker.
+	defer w.stopEngine()
+	return w.serve(ctx, cli, adv)
+}
+
+func (w *worker) serve(ctx context.Context, cli *clientv3.Client, adv string) error {
+	if err := w.proc.WaitHealthy(ctx, w.local+"/health", w.cfg.HealthInterval, w.cfg.ReadyTimeout); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, ErrExited) {
+			w.log.Info().Msg("stopped before the engine was ready")
+			return nil
+		}
+		return fmt.Errorf("worker: %w", err)
+	}
+	w.log.Info().Str("url", w.local).Msg("engine ready")
+	w.resolveBlockSize(ctx)
+
+	rec := w.record(adv)
+	if err := rec.Validate(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	reg := discovery.NewRegistrar(cli, w.cfg.Etcd.Prefix, rec,
+		discovery.RegistrarOptions{TTL: w.cfg.LeaseTTL, KeepAliveInterval: w.cfg.KeepAliveInterval}, w.base)
+	if err := w.register(ctx, reg); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, ErrExited) {
+			w.log.Info().Msg("stopped before the worker was registered")
+			w.revoke(reg, false) // a registration may have landed as ctx ended
+			return nil
+		}
+		w.revoke(reg, false)
+		return fmt.Errorf("worker: %w", err)
+	}
+	w.log.Info().Str("worker_id", rec.WorkerID).Str("url", rec.URL).Str("model_name", rec.ModelName).
+		Msg("worker registered")
+
+	// The keepalive must outlive ctx: the record has to stay (as draining)
+	// while in-flight requests finish.
+	keepCtx, stopKeep := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopKeep()
+	keepDone := make(chan struct{})
+	var keepErr error
+	go func() {
+		defer close(keepDone)
+		keepErr = reg.Run(keepCtx)
+	}()
+	// Revoke first, so the record is gone as soon as possible (Run then
+	// returns by itself), and wait for Run so no goroutine outlives Run.
+	finish := func() {
+		w.revoke(reg, true)
+		stopKeep()
+		<-keepDone
+	}
+
+	select {
+	case <-w.proc.Done():
+		finish()
+		return fmt.Errorf("worker: %w unexpectedly: %s", ErrExited, exitStatus(w.proc.ExitErr()))
+	case <-keepDone:
+		finish()
+		if keepErr == nil {
+			return fmt.Errorf("worker: %w", ErrKeepAlive)
+		}
+		return fmt.Errorf("worker: %w: %w", ErrKeepAlive, keepErr)
+	case <-ctx.Done():
+	}
+	w.drain(reg)
+	finish()
+	return nil
+}
+
+// register writes the record, retrying while etcd is unreachable: the engine
+// is up (which may have taken minutes), so waiting for etcd beats exiting.
+func (w *worker) register(ctx context.Context, reg *discovery.Registrar) error {
+	pause := 250 * time.Millisecond
+	for {
+		err := reg.Register(ctx)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, discovery.ErrInvalidRecord) || ctx.Err() != nil {
+			return err
+		}
+		w.log.Warn().Err(err).Dur("retry_in", pause).Msg("worker registration failed, retrying")
+		timer := time.NewTimer(pause)
+		select {
+		case <-w.proc.Done():
+			timer.Stop()
+			return fmt.Errorf("%w before registration: %s", ErrExited, exitStatus(w.proc.ExitErr()))
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		case <-timer.C:
+		}
+		pause = min(2*pause, registerRetryMax)
+	}
+}
+
+// drain marks the record draining and waits until the engine reports no
+// running or waiting request, --drain-timeout passes, or the engine exits.
+func (w *worker) drain(reg *discovery.Registrar) {
+	sctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
+	err := reg.SetStatus(sctx, discovery.StatusDraining)
+	cancel()
+	if err != nil {
+		// The registrar keeps the status and writes it when etcd is back.
+		w.log.Warn().Err(err).Msg("set draining status failed")
+	}
+	w.log.Info().Dur("drain_timeout", w.cfg.DrainTimeout).Msg("worker draining")
+
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.DrainTimeout)
+	defer cancel()
+	// The first look is one interval after the status change, which gives
+	// routers a moment to see "draining" before an idle engine is stopped.
+	ticker := time.NewTicker(drainPollInterval)
+	defer ticker.Stop()
+	var last Stats
+	var lastErr error
+	for {
+		select {
+		case <-w.proc.Done():
+			w.log.Warn().Str("exit", exitStatus(w.proc.ExitErr())).Msg("engine exited while draining")
+			return
+		case <-ctx.Done():
+			ev := w.log.Warn().Float64("running", last.Running).Float64("waiting", last.Waiting)
+			if lastErr != nil {
+				ev = ev.AnErr("metrics_error", lastErr)
+			}
+			ev.Msg("drain timeout passed with requests in flight")
+			return
+		case <-ticker.C:
+		}
+		st, err := w.stats(ctx)
+		if err != nil {
+			if lastErr == nil {
+				w.log.Debug().Err(err).Msg("engine metrics unavailable while draining")
+			}
+			lastErr = err
+			continue
+		}
+		last, lastErr = st, nil
+		if st.Idle() {
+			w.log.Info().Msg("engine idle, drain complete")
+			return
+		}
+	}
+}
+
+// resolveBlockSize prefers the block size the engine reports over the one
+// parsed from its arguments: the engine may have chosen its own default.
+func (w *worker) resolveBlockSize(ctx context.Context) {
+	st, err := w.stats(ctx)
+	if err != nil {
+		w.log.Warn().Err(err).Int("block_size", w.ep.BlockSize).Msg("engine metrics unreadable, keeping the block size from its arguments")
+		return
+	}
+	if st.BlockSize > 0 && st.BlockSize != w.ep.BlockSize {
+		w.log.Info().Int("block_size", st.BlockSize).Int("args_block_size", w.ep.BlockSize).Msg("engine reports another block size, using it")
+		w.ep.BlockSize = st.BlockSize
+	}
+}
+
+// stats reads the engine's /metrics once.
+func (w *worker) stats(ctx context.Context) (Stats, error) {
+	ctx, cancel := context.WithTimeout(ctx, maxProbeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.local+"/metrics", nil)
+	if err != nil {
+		return Stats{}, fmt.Errorf("%w: %w", ErrMetrics, err)
+	}
+	resp, err := probeClient.Do(req)
+	if err != nil {
+		return Stats{}, fmt.Errorf("%w: %w", ErrMetrics, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Stats{}, fmt.Errorf("%w: status %d", ErrMetrics, resp.StatusCode)
+	}
+	return w.adapter.Inspect(io.LimitReader(resp.Body, maxMetricsBytes))
+}
+
+// record builds the worker's etcd record.
+func (w *worker) record(adv string) discovery.Record {
+	id := net.JoinHostPort(adv, strconv.Itoa(w.ep.Port))
+	rec := discovery.Record{
+		WorkerID:         id,
+		URL:              "http://" + id,
+		ModelName:        w.ep.Model,
+		Engine:           w.adapter.Name(),
+		DisaggMode:       discovery.DisaggMixed,
+		DPSize:           1,
+		RequestTransport: discovery.TransportHTTP,
+		Status:           discovery.StatusActive,
+	}
+	if w.ep.BlockSize > 0 {
+		bs := w.ep.BlockSize
+		rec.KVBlockSize = &bs
+	}
+	return rec
+}
+
+// revoke deletes the record now, under a fresh bounded context: it runs on
+// the way out, when the caller's context is usually already cancelled.
+// registered says whether the record is known to exist (for the log).
+func (w *worker) revoke(reg *discovery.Registrar, registered bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
+	defer cancel()
+	if err := reg.Revoke(ctx); err != nil {
+		w.log.Warn().Err(err).Msg("revoke worker lease failed; the record expires with the lease")
+		return
+	}
+	if registered {
+		w.log.Info().Msg("worker deregistered")
+	}
+}
+
+func (w *worker) stopEngine() {
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.StopGrace+stopSlack)
+	defer cancel()
+	if err := w.proc.Stop(ctx, w.cfg.StopGrace); err != nil {
+		w.log.Error().Err(err).Msg("engine did not stop")
+	}
+}
+
+// advertiseHost is the host other machines reach the engine at: the flag,
+// else the engine's bind host, else (the engine binds every interface) the
+// machine's first routable address.
+func advertiseHost(flag, bind string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	if ip := net.ParseIP(bind); ip == nil || !ip.IsUnspecified() {
+		return bind, nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", fmt.Errorf("engine binds %s: list interface addresses (set --advertise-host): %w", bind, err)
+	}
+	var v6 string
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok || !n.IP.IsGlobalUnicast() {
+			continue
+		}
+		if n.IP.To4() != nil {
+			return n.IP.String(), nil
+		}
+		if v6 == "" {
+			v6 = n.IP.String()
+		}
+	}
+	if v6 != "" {
+		return v6, nil
+	}
+	return "", fmt.Errorf("engine binds %s and this machine has no routable address: set --advertise-host", bind)
+}
+
+// localHost is the address the worker uses to reach its own engine.
+func localHost(bind string) string {
+	ip := net.ParseIP(bind)
+	switch {
+	case ip == nil || !ip.IsUnspecified():
+		return bind
+	case ip.To4() != nil:
+		return "127.0.0.1"
+	default:
+		return "::1"
+	}
+}
+
+// warnLoopbackAdvertise flags a record other hosts could not use: a loopback
+// address registered in an etcd that lives on another machine.
+func warnLoopbackAdvertise(log zerolog.Logger, adv string, endpoints []string) {
+	if !isLoopback(adv) {
+		return
+	}
+	for _, ep := range endpoints {
+		host := ep
+		if u, err := url.Parse(ep); err == nil && u.Host != "" {
+			host = u.Host
+		}
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if !isLoopback(host) {
+			log.Warn().Str("advertise_host", adv).Str("etcd_endpoint", ep).
+				Msg("advertising a loopback address to a remote etcd; other hosts cannot reach this engine (set --advertise-host)")
+			return
+		}
+	}
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,71 @@
+// Package kvcache owns the router's view of what every engine holds in its
+// KV cache:
+//
+//   - block hashing (hash.go): AppendBlockHashes chains xxh64 over full
+//     blocks of token ids exactly as DESIGN §5 specifies; router and
+//     simulator both use it so their hashes agree.
+//   - the prefix index (index.go): per worker and DP rank, the set of router
+//     block hashes its engine caches, the engine-hash → router-hash map that
+//     resolves removals and parents, bounded by MaxBlocks (the worker with
+//     the most blocks loses its least recently used one). Match answers one
+//     worker; MatchMany answers many in one pass over the prompt's hashes,
+//     with one map lookup and one 64-bit AND per hash while the index has
+//     had at most 64 workers at once.
+//   - the KV-event decoder (event.go): vLLM (map and msgspec array form),
+//     SGLang (array) and ATOM (map) batches, msgpack, zero-allocation with a
+//     reused Batch.
+//   - the subscriber (subscriber.go, zmtp.go): one ZMQ SUB stream per worker
+//     (pure Go ZMTP via go-zeromq/zmq4), sequence-gap detection, recovery
+//     through the engine's replay socket, resync when that is impossible,
+//     reconnect with backoff.
+//
+// # Concurrency
+//
+// Index readers (Match, MatchMany, Worker getters) never block each other and
+// never allocate; they take one shard read lock per hash for the instant it
+// takes to walk that hash's short list. Writers (Apply, Touch, Clear,
+// Register, Unregister) serialise on one index mutex; in practice there is
+// one writer per worker, the subscriber stream that owns it. A Subscriber
+// owns one goroutine per Source and stops and waits for it on Remove/Close.
+// A Decoder and a Batch belong to one goroutine.
+//
+// # Modes
+//
+// A worker is ModePrecise when every event since its engine's cache was last
+// known empty has been applied. It is ModeApproximate before its stream is
+// confirmed (first batch in sequence, or a completed replay), after a
+// resync, and after a malformed batch. After a resync it becomes precise
+// again on AllBlocksCleared or, if SubscriberConfig.RebuildBlocks > 0, after
+// that many blocks have been stored since. Blocks whose parent was lost in a
+// resync cannot be re-derived (router hashes chain from the parent), which
+// is why the index cannot simply declare itself rebuilt.
+//
+// # Wire formats (DESIGN §7)
+//
+// Live stream: ZMQ PUB, multipart [topic, seq (8-byte big-endian), payload].
+// The subscriber subscribes to every topic and expects an engine's sequence
+// to start at 0 with an empty cache. A first batch on a new connection whose
+// seq is below what was applied before means the engine restarted: the
+// worker is cleared.
+//
+// Replay (vLLM ZmqEventPublisher replay socket, a ROUTER): the subscriber
+// connects a DEALER and sends [b"", start_seq (8-byte BE)]; the server
+// replies one message [b"", seq (8-byte BE), payload] per buffered batch
+// with seq >= start_seq, in order, then the terminator [b"", 0xFFFFFFFFFFFFFFFF,
+// b""] (vLLM sends -1 as a signed 8-byte integer; either the all-ones seq or
+// an empty payload ends the replay). A subscriber replays on every connect
+// (to confirm its position even while the engine is idle) and on every gap.
+// If the first replayed seq is beyond the requested one, the engine's buffer
+// no longer covers the gap and the worker is resynced.
+//
+// Payload: msgpack batch [ts, [event…], dp_rank?] or a map with "ts",
+// "events", "data_parallel_rank" (or "dp_rank"). Events are tagged arrays
+// ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+// lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind],
+// ["BlockRemoved", block_hashes, medium, group_idx], ["AllBlocksCleared"],
+// or maps with those field names and "type". Hashes are ints (signed kept as
+// two's complement) or bytes (low 8 bytes, big-endian). Only blocks that the
+// router's token hashes can reproduce are indexed: attention kinds or no kind,
+// no LoRA, no extra keys (multimodal, cache salt), GPU medium or none, and the
+// worker's block size.
+package kvcache

@@ -1,0 +1,784 @@
+package kvcache
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+)
+
+// Key names one prefix cache: a worker (its discovery worker_id) and, for a
+// data-parallel worker, the rank. Workers without data parallelism use rank 0.
+type Key struct {
+	Worker string
+	DPRank int
+}
+
+// Mode says whether a worker's index entry mirrors its engine's cache.
+type Mode uint8
+
+const (
+	// ModeApproximate: the index has missed events (never synced, a sequence
+	// gap without replay, a malformed batch), so it may lack blocks the
+	// engine holds; the router must not trust a miss.
+	ModeApproximate Mode = iota
+	// ModePrecise: every event since the engine's cache was last known empty
+	// has been applied.
+	ModePrecise
+)
+
+func (m Mode) String() string {
+	if m == ModePrecise {
+		return "precise"
+	}
+	return "approximate"
+}
+
+// DefaultMaxBlocks bounds an index built with a zero IndexConfig.MaxBlocks.
+const DefaultMaxBlocks = 1 << 20
+
+// maxSlots is how many workers one index can hold at once (slot is a uint16).
+const maxSlots = math.MaxUint16
+
+const (
+	chunkShift = 14 // 16384 blocks (512 KiB) per slab chunk
+	chunkSize  = 1 << chunkShift
+	chunkMask  = chunkSize - 1
+
+	shardBits  = 8
+	numShards  = 1 << shardBits
+	shardShift = 64 - shardBits
+)
+
+// IndexConfig sizes an Index.
+type IndexConfig struct {
+	// MaxBlocks bounds the (worker, block) entries held across all workers.
+	// At the bound, the worker holding the most blocks loses its least
+	// recently stored or touched one, so pressure is shared max-min fairly
+	// and a quiet worker's cache view is not flushed by a busy one. Size it
+	// at or above the fleet's total engine KV blocks so that eviction is only
+	// a safety valve. 0 means DefaultMaxBlocks.
+	MaxBlocks int
+}
+
+// block is one (worker, router hash) entry. Blocks live in a chunked slab and
+// are addressed by uint32 (0 = none) so the index holds no pointers per
+// block: the GC never scans it and an entry costs 32 bytes.
+type block struct {
+	hash   uint64 // router hash
+	engine uint64 // engine hash that stored it (its engine-map key)
+	same   uint32 // next block with the same router hash (other workers)
+	prev   uint32 // worker LRU neighbour towards the head (more recent)
+	next   uint32 // worker LRU neighbour towards the tail; free-list link when free
+	slot   uint16
+}
+
+// entry is the router-hash map value: the hash's block list and, bit
+// (slot mod 64), which workers hold it. While the index has never had more
+// than 64 workers the mask is exact and lookups never touch the list.
+type entry struct {
+	head uint32
+	mask uint64
+}
+
+// shard guards the part of the router-hash map whose top bits match its index.
+// Readers hold the read lock only for one map lookup (or one list walk).
+type shard struct {
+	mu sync.RWMutex
+	m  map[uint64]entry
+	_  [32]byte // keep neighbouring shard locks off one cache line
+}
+
+// Worker is an index handle for one Key. The router keeps handles in its
+// fleet snapshot and passes them to Match/MatchMany; the event applier
+// passes its handle to Apply. After Unregister a handle matches nothing.
+type Worker struct {
+	key  Key
+	idx  *Index
+	slot uint16
+
+	removed   atomic.Bool
+	precise   atomic.Bool
+	blocks    atomic.Int64
+	blockSize atomic.Int32
+
+	// Guarded by Index.mu.
+	engine      map[uint64]uint64 // engine hash → router hash
+	otherGroups uint64            // group_idx values seen with a non-attention kind
+	lruHead     uint32            // most recently stored/touched block
+	lruTail     uint32
+	livePos     int // position in Index.live
+}
+
+// Key returns the worker and rank this handle indexes.
+func (w *Worker) Key() Key { return w.key }
+
+// Blocks returns how many blocks the index holds for the worker.
+func (w *Worker) Blocks() int { return int(w.blocks.Load()) }
+
+// Mode returns whether the worker's entry mirrors its engine (ModePrecise).
+func (w *Worker) Mode() Mode {
+	if w.precise.Load() {
+		return ModePrecise
+	}
+	return ModeApproximate
+}
+
+// Approximate reports Mode() == ModeApproximate.
+func (w *Worker) Approximate() bool { return !w.precise.Load() }
+
+// SetMode records whether the worker's entry is complete; the event
+// applier (Subscriber) owns this.
+func (w *Worker) SetMode(m Mode) { w.precise.Store(m == ModePrecise) }
+
+// BlockSize returns the engine block size used for the worker's hashes:
+// configured at Register or learned from its first stored event; 0 while
+// unknown.
+func (w *Worker) BlockSize() int { return int(w.blockSize.Load()) }
+
+// Index is the router's prefix index: for every registered worker, the set of
+// router block hashes its engine caches, plus that worker's engine-hash →
+// router-hash map for removals and parent chaining. Memory is bounded by
+// MaxBlocks.
+//
+// Concurrency: any number of goroutines may call Match/MatchMany/Worker
+// methods concurrently with writers. Writers (Apply, Touch, Clear,
+// Register, Unregister) serialise on one mutex and take a shard's write lock
+// only for the instant they relink one hash, so a lookup waits at most for
+// one such update, never for a whole batch.
+type Index struct {
+	mu sync.Mutex
+
+	shards [numShards]shard
+	// chunks is sized once in NewIndex and never re-sliced, so readers may
+	// index it without a lock; an element is set (under mu) before any block
+	// in it is published through a shard lock.
+	chunks [][]block
+
+	maxBlocks int
+	used      int    // blocks allocated, guarded by mu
+	hwm       uint32 // next never-used block index
+	free      uint32 // free-list head
+
+	workers []*Worker // by slot; nil = free
+	minFree int       // no free slot below this
+	live    []*Worker // registered workers, for eviction
+	byKey   map[Key]*Worker
+	slotHWM atomic.Int32 // slots ever allocated; <= 64 keeps masks exact
+
+	scratch []uint64 // router hashes of the event being applied
+
+	pool sync.Pool // *matchScratch, for indexes past 64 slots
+}
+
+// matchScratch maps a slot to its position in a MatchMany call.
+type matchScratch struct {
+	pos []int32
+}
+
+// NewIndex returns an empty index.
+func NewIndex(cfg IndexConfig) *Index {
+	maxBlocks := cfg.MaxBlocks
+	if maxBlocks <= 0 {
+		maxBlocks = DefaultMaxBlocks
+	}
+	if maxBlocks > math.MaxUint32-1 {
+		maxBlocks = math.MaxUint32 - 1
+	}
+	x := &Index{
+		maxBlocks: maxBlocks,
+		// Index 0 is the nil block, so capacity is maxBlocks+1 entries.
+		chunks: make([][]block, (maxBlocks+chunkSize)>>chunkShift),
+		hwm:    1,
+		byKey:  make(map[Key]*Worker),
+	}
+	for i := range x.shards {
+		x.shards[i].m = make(map[uint64]entry)
+	}
+	x.pool.New = func() any { return new(matchScratch) }
+	return x
+}
+
+// MaxBlocks returns the configured bound.
+func (x *Index) MaxBlocks() int { return x.maxBlocks }
+
+// Len returns the number of (worker, block) entries held.
+func (x *Index) Len() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.used
+}
+
+func (x *Index) at(i uint32) *block {
+	return &x.chunks[i>>chunkShift][i&chunkMask]
+}
+
+func (x *Index) shardOf(h uint64) *shard {
+	return &x.shards[h>>shardShift]
+}
+
+func slotBit(slot uint16) uint64 { return 1 << (slot & 63) }
+
+// exact reports whether entry masks identify workers exactly.
+func (x *Index) exact() bool { return x.slotHWM.Load() <= 64 }
+
+// Register returns the handle for k, creating it (approximate, empty) if
+// needed. blockSize is the engine's block size from discovery; 0 means learn
+// it from the first stored event.
+func (x *Index) Register(k Key, blockSize int) (*Worker, error) {
+	if blockSize < 0 || blockSize > maxBlockSize {
+		return nil, fmt.Errorf("%w: block size %d", ErrInvalidConfig, blockSize)
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if w, ok := x.byKey[k]; ok {
+		if blockSize > 0 && w.BlockSize() == 0 {
+			w.blockSize.Store(int32(blockSize))
+		}
+		return w, nil
+	}
+	// Lowest free slot, so that a fleet that never has more than 64
+	// workers at once keeps exact masks however often workers come and go.
+	slot := -1
+	for i := x.minFree; i < len(x.workers); i++ {
+		if x.workers[i] == nil {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		if len(x.workers) >= maxSlots {
+			return nil, fmt.Errorf("%w: %d workers", ErrTooManyWorkers, maxSlots)
+		}
+		slot = len(x.workers)
+		x.workers = append(x.workers, nil)
+		x.slotHWM.Store(int32(len(x.workers)))
+	}
+	x.minFree = slot + 1
+	w := &Worker{key: k, idx: x, slot: uint16(slot), engine: make(map[uint64]uint64), livePos: len(x.live)}
+	w.blockSize.Store(int32(blockSize))
+	x.workers[slot] = w
+	x.live = append(x.live, w)
+	x.byKey[k] = w
+	return w, nil
+}
+
+// Lookup returns the handle registered for k. It takes the writers' mutex:
+// call it when the fleet changes, not per request.
+func (x *Index) Lookup(k Key) (*Worker, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	w, ok := x.byKey[k]
+	return w, ok
+}
+
+// Unregister drops a worker's blocks and frees its slot. A MatchMany racing
+// with it may still see the worker's blocks, or (if the slot is taken again
+// at once) its successor's, for that one call.
+func (x *Index) Unregister(w *Worker) {
+	if w == nil || w.idx != x {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if w.removed.Load() {
+		return
+	}
+	w.removed.Store(true)
+	w.precise.Store(false)
+	x.clearLocked(w)
+	last := x.live[len(x.live)-1]
+	x.live[w.livePos] = last
+	last.livePos = w.livePos
+	x.live = x.live[:len(x.live)-1]
+	x.workers[w.slot] = nil
+	x.minFree = min(x.minFree, int(w.slot))
+	delete(x.byKey, w.key)
+}
+
+// Clear drops every block of w, as on AllBlocksCleared or a resync. It does
+// not change w's mode. It costs O(w's blocks) under the writers' mutex.
+func (x *Index) Clear(w *Worker) {
+	if w == nil || w.idx != x {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if w.removed.Load() {
+		return
+	}
+	x.clearLocked(w)
+}
+
+func (x *Index) clearLocked(w *Worker) {
+	for w.lruHead != 0 {
+		x.freeBlockLocked(w.lruHead)
+	}
+	w.engine = make(map[uint64]uint64)
+	w.otherGroups = 0
+}
+
+// Touch marks hashes as recently used by w, typically the matched prefix of
+// a request just routed to w, so that hot prefixes (which engines do not
+// report on a hit) are not the first evicted.
+func (x *Index) Touch(w *Worker, hashes []uint64) {
+	if w == nil || w.idx != x || len(hashes) == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if w.removed.Load() {
+		return
+	}
+	// Touch from the deepest block up so the root ends up most recent: LRU
+	// then evicts leaves before the prefixes they hang from.
+	for j := len(hashes) - 1; j >= 0; j-- {
+		if i := x.findLocked(hashes[j], w); i != 0 {
+			x.lruMoveFrontLocked(w, i)
+		}
+	}
+}
+
+// Match returns how many leading hashes w caches (the longest cached
+// prefix, in blocks). It does not allocate.
+func (x *Index) Match(w *Worker, hashes []uint64) int {
+	if w == nil || w.idx != x || w.removed.Load() {
+		return 0
+	}
+	exact, slot, bit := x.exact(), w.slot, slotBit(w.slot)
+	for j, h := range hashes {
+		sh := x.shardOf(h)
+		sh.mu.RLock()
+		e := sh.m[h]
+		found := e.mask&bit != 0
+		if found && !exact {
+			found = false
+			for i := e.head; i != 0; {
+				b := x.at(i)
+				if b.slot == slot {
+					found = true
+					break
+				}
+				i = b.same
+			}
+		}
+		sh.mu.RUnlock()
+		if !found {
+			return j
+		}
+	}
+	return len(hashes)
+}
+
+// MatchMany writes to out[k] the longest cached prefix (in blocks) of hashes
+// on ws[k], in one pass over hashes that stops at the first block no worker
+// still matching holds. out must have room for len(ws) results (extra
+// entries are left alone); nil, foreign or unregistered handles get 0. It
+// does not allocate in steady state.
+func (x *Index) MatchMany(ws []*Worker, hashes []uint64, out []int) {
+	if len(out) < len(ws) {
+		ws = ws[:len(out)]
+	}
+	out = out[:len(ws)]
+	for k := range out {
+		out[k] = 0
+	}
+	if len(ws) == 0 || len(hashes) == 0 {
+		return
+	}
+	if x.exact() {
+		x.matchExact(ws, hashes, out)
+		return
+	}
+	x.matchWalk(ws, hashes, out)
+}
+
+// matchExact: with at most 64 slots, one mask AND per hash tracks every
+// queried worker at once.
+func (x *Index) matchExact(ws []*Worker, hashes []uint64, out []int) {
+	var res [64]int32
+	var active uint64
+	for _, w := range ws {
+		if w != nil && w.idx == x && !w.removed.Load() && w.slot < 64 {
+			active |= slotBit(w.slot)
+		}
+	}
+	live := active
+	j := 0
+	for ; j < len(hashes) && active != 0; j++ {
+		h := hashes[j]
+		sh := x.shardOf(h)
+		sh.mu.RLock()
+		mask := sh.m[h].mask
+		sh.mu.RUnlock()
+		for dropped := active &^ mask; dropped != 0; dropped &= dropped - 1 {
+			res[bits.TrailingZeros64(dropped)] = int32(j)
+		}
+		active &= mask
+	}
+	for ; active != 0; active &= active - 1 {
+		res[bits.TrailingZeros64(active)] = int32(j)
+	}
+	for k, w := range ws {
+		if w != nil && w.idx == x && w.slot < 64 && live&slotBit(w.slot) != 0 {
+			out[k] = int(res[w.slot])
+		}
+	}
+}
+
+// matchWalk serves indexes past 64 slots: the mask only filters, and a
+// hash's block list is walked to see which workers really hold it.
+func (x *Index) matchWalk(ws []*Worker, hashes []uint64, out []int) {
+	sc := x.pool.Get().(*matchScratch)
+	if n := int(x.slotHWM.Load()); len(sc.pos) < n {
+		sc.grow(n)
+	}
+	var filter uint64
+	for k, w := range ws {
+		if w == nil || w.idx != x || w.removed.Load() || int(w.slot) >= len(sc.pos) {
+			continue
+		}
+		sc.pos[w.slot] = int32(k)
+		filter |= slotBit(w.slot)
+	}
+	pos := sc.pos
+	for j, h := range hashes {
+		if filter == 0 {
+			break
+		}
+		sh := x.shardOf(h)
+		var next uint64
+		sh.mu.RLock()
+		e := sh.m[h]
+		if e.mask&filter != 0 {
+			for i := e.head; i != 0; {
+				b := x.at(i)
+				// A slot registered after the scratch was sized cannot
+				// be one of ours, hence the bounds check.
+				if int(b.slot) < len(pos) {
+					if p := pos[b.slot]; p >= 0 && out[p] == j {
+						out[p] = j + 1
+						next |= slotBit(b.slot)
+					}
+				}
+				i = b.same
+			}
+		}
+		sh.mu.RUnlock()
+		filter = next
+	}
+	for k, w := range ws {
+		if w != nil && w.idx == x && !w.removed.Load() && int(w.slot) < len(pos) && pos[w.slot] >= 0 {
+			out[k] = out[pos[w.slot]] // a handle listed twice gets its result twice
+		}
+	}
+	for _, w := range ws {
+		if w != nil && w.idx == x && int(w.slot) < len(pos) {
+			pos[w.slot] = -1
+		}
+	}
+	x.pool.Put(sc)
+}
+
+func (s *matchScratch) grow(n int) {
+	pos := make([]int32, n)
+	copy(pos, s.pos)
+	for i := len(s.pos); i < n; i++ {
+		pos[i] = -1
+	}
+	s.pos = pos
+}
+
+// ApplyResult counts what Apply did with a batch.
+type ApplyResult struct {
+	Stored        int // blocks newly indexed
+	Refreshed     int // blocks stored again (already indexed)
+	Removed       int // blocks removed
+	Cleared       int // AllBlocksCleared events
+	UnknownParent int // blocks dropped: parent engine hash unknown
+	Skipped       int // blocks ignored: non-attention group, LoRA, extra keys, medium, block size
+	UnknownRemove int // removals of engine hashes the index does not hold
+}
+
+// Add accumulates r into a.
+func (a *ApplyResult) Add(r ApplyResult) {
+	a.Stored += r.Stored
+	a.Refreshed += r.Refreshed
+	a.Removed += r.Removed
+	a.Cleared += r.Cleared
+	a.UnknownParent += r.UnknownParent
+	a.Skipped += r.Skipped
+	a.UnknownRemove += r.UnknownRemove
+}
+
+// Apply applies a decoded batch to w. Stored blocks get router hashes
+// recomputed from their token ids, chained from the parent's router hash; a
+// stored event whose parent engine hash is unknown is dropped (its hashes
+// could not be computed). Apply does not change w's mode.
+func (x *Index) Apply(w *Worker, b *Batch) ApplyResult {
+	var res ApplyResult
+	if w == nil || w.idx != x {
+		return res
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if w.removed.Load() {
+		return res
+	}
+	for k := range b.Events {
+		ev := &b.Events[k]
+		switch ev.Type {
+		case EventBlockStored:
+			x.applyStoredLocked(w, ev, &res)
+		case EventBlockRemoved:
+			x.applyRemovedLocked(w, ev, &res)
+		case EventAllBlocksCleared:
+			x.clearLocked(w)
+			res.Cleared++
+		}
+	}
+	return res
+}
+
+func (x *Index) applyStoredLocked(w *Worker, ev *Event, res *ApplyResult) {
+	if ev.Ignore != IgnoreNone {
+		if ev.Ignore == IgnoreKind && ev.HasGroup && ev.Group < 64 {
+			w.otherGroups |= 1 << ev.Group
+		}
+		res.Skipped += len(ev.Hashes)
+		return
+	}
+	if len(ev.Hashes) == 0 {
+		return
+	}
+	bs := w.BlockSize()
+	if bs == 0 && ev.BlockSize > 0 {
+		bs = ev.BlockSize
+		w.blockSize.Store(int32(bs))
+	}
+	if ev.BlockSize != bs {
+		res.Skipped += len(ev.Hashes)
+		return
+	}
+	var parent uint64
+	if ev.HasParent {
+		r, ok := w.engine[ev.Parent]
+		if !ok {
+			res.UnknownParent += len(ev.Hashes)
+			return
+		}
+		parent = r
+	}
+	x.scratch = appendChainedHashes(x.scratch[:0], parent, ev.Tokens, bs)
+	if len(x.scratch) != len(ev.Hashes) {
+		// The decoder guarantees len(tokens) == len(hashes)*block_size; a
+		// hand-built batch that breaks it is not applied.
+		res.Skipped += len(ev.Hashes)
+		return
+	}
+	// Store leaf first and touch the parent last, so the LRU order runs
+	// parent, block 0, …, leaf: eviction takes leaves before the prefixes
+	// they hang from, which would otherwise strand whole chains.
+	for j := len(ev.Hashes) - 1; j >= 0; j-- {
+		if x.storeLocked(w, x.scratch[j], ev.Hashes[j]) {
+			res.Stored++
+		} else {
+			res.Refreshed++
+		}
+	}
+	if ev.HasParent {
+		if i := x.findLocked(parent, w); i != 0 {
+			x.lruMoveFrontLocked(w, i)
+		}
+	}
+}
+
+func (x *Index) applyRemovedLocked(w *Worker, ev *Event, res *ApplyResult) {
+	if ev.Ignore != IgnoreNone {
+		res.Skipped += len(ev.Hashes)
+		return
+	}
+	// Removals carry no kind; a group learned to be non-attention (e.g. a
+	// sliding-window group sharing hashes with the full-attention group)
+	// must not remove the attention group's blocks.
+	if ev.HasGroup && ev.Group < 64 && w.otherGroups&(1<<ev.Group) != 0 {
+		res.Skipped += len(ev.Hashes)
+		return
+	}
+	for _, e := range ev.Hashes {
+		r, ok := w.engine[e]
+		if !ok {
+			res.UnknownRemove++
+			continue
+		}
+		delete(w.engine, e)
+		if i := x.findLocked(r, w); i != 0 {
+			x.freeBlockLocked(i)
+			res.Removed++
+		}
+	}
+}
+
+// findLocked returns w's block for router hash h, or 0. Writers read the
+// shard map without its lock: only writers (serialised by mu) modify it.
+func (x *Index) findLocked(h uint64, w *Worker) uint32 {
+	e := x.shardOf(h).m[h]
+	if e.mask&slotBit(w.slot) == 0 {
+		return 0
+	}
+	for i := e.head; i != 0; {
+		b := x.at(i)
+		if b.slot == w.slot {
+			return i
+		}
+		i = b.same
+	}
+	return 0
+}
+
+// storeLocked indexes router hash h (engine hash e) for w; it reports whether
+// the block is new.
+func (x *Index) storeLocked(w *Worker, h, e uint64) bool {
+	if i := x.findLocked(h, w); i != 0 {
+		// Already indexed (re-store, or a second engine hash for the same
+		// tokens): keep both engine hashes resolvable for removals/parents.
+		w.engine[e] = h
+		x.lruMoveFrontLocked(w, i)
+		return false
+	}
+	if len(w.engine) > 2*int(w.blocks.Load())+1024 {
+		x.sweepEngineMapLocked(w)
+	}
+	i := x.allocLocked()
+	b := x.at(i)
+	*b = block{hash: h, engine: e, slot: w.slot}
+	sh := x.shardOf(h)
+	sh.mu.Lock()
+	en := sh.m[h]
+	b.same = en.head
+	sh.m[h] = entry{head: i, mask: en.mask | slotBit(w.slot)}
+	sh.mu.Unlock()
+	x.lruPushFrontLocked(w, i)
+	w.engine[e] = h
+	w.blocks.Add(1)
+	return true
+}
+
+// sweepEngineMapLocked drops engine-map entries whose router block is gone.
+// Such entries arise only when one router block was stored under several
+// engine hashes and then evicted; the sweep keeps the map within a constant
+// factor of the worker's block count.
+func (x *Index) sweepEngineMapLocked(w *Worker) {
+	for e, h := range w.engine {
+		if x.findLocked(h, w) == 0 {
+			delete(w.engine, e)
+		}
+	}
+}
+
+// allocLocked returns a free block index; at the bound it first evicts the
+// least recently used block of the worker holding the most.
+func (x *Index) allocLocked() uint32 {
+	if x.used >= x.maxBlocks {
+		var victim *Worker
+		for _, w := range x.live {
+			if w.lruTail != 0 && (victim == nil || w.blocks.Load() > victim.blocks.Load()) {
+				victim = w
+			}
+		}
+		if victim != nil {
+			x.freeBlockLocked(victim.lruTail)
+		}
+	}
+	x.used++
+	if i := x.free; i != 0 {
+		x.free = x.at(i).next
+		return i
+	}
+	i := x.hwm
+	x.hwm++
+	if c := i >> chunkShift; x.chunks[c] == nil {
+		x.chunks[c] = make([]block, chunkSize)
+	}
+	return i
+}
+
+// freeBlockLocked unlinks block i from its hash list (recomputing the
+// hash's worker mask) and its worker's LRU, fixes the worker's bookkeeping
+// and puts the block on the free list.
+func (x *Index) freeBlockLocked(i uint32) {
+	b := x.at(i)
+	sh := x.shardOf(b.hash)
+	en := sh.m[b.hash]
+	var mask uint64
+	var prev uint32
+	for p := en.head; p != 0; p = x.at(p).same {
+		if p == i {
+			continue
+		}
+		pb := x.at(p)
+		mask |= slotBit(pb.slot)
+		if pb.same == i {
+			prev = p
+		}
+	}
+	head := en.head
+	if head == i {
+		head = b.same
+	}
+	sh.mu.Lock()
+	if prev != 0 {
+		x.at(prev).same = b.same
+	}
+	if head == 0 {
+		delete(sh.m, b.hash)
+	} else {
+		sh.m[b.hash] = entry{head: head, mask: mask}
+	}
+	sh.mu.Unlock()
+	w := x.workers[b.slot]
+	x.lruUnlinkLocked(w, i)
+	if w.engine[b.engine] == b.hash {
+		delete(w.engine, b.engine)
+	}
+	w.blocks.Add(-1)
+	b.next = x.free
+	x.free = i
+	x.used--
+}
+
+func (x *Index) lruPushFrontLocked(w *Worker, i uint32) {
+	b := x.at(i)
+	b.prev = 0
+	b.next = w.lruHead
+	if w.lruHead != 0 {
+		x.at(w.lruHead).prev = i
+	} else {
+		w.lruTail = i
+	}
+	w.lruHead = i
+}
+
+func (x *Index) lruUnlinkLocked(w *Worker, i uint32) {
+	b := x.at(i)
+	if b.prev != 0 {
+		x.at(b.prev).next = b.next
+	} else {
+		w.lruHead = b.next
+	}
+	if b.next != 0 {
+		x.at(b.next).prev = b.prev
+	} else {
+		w.lruTail = b.prev
+	}
+	b.prev, b.next = 0, 0
+}
+
+func (x *Index) lruMoveFrontLocked(w *Worker, i uint32) {
+	if w.lruHead == i {
+		return
+	}
+	x.lruUnlinkLocked(w, i)
+	x.lruPushFrontLocked(w, i)
+}

@@ -1,0 +1,623 @@
+package kvcache
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
+	"github.com/rs/zerolog"
+)
+
+// eventually polls cond until it holds or a generous deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func seqBytes(seq uint64) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], seq)
+	return b[:]
+}
+
+// testPub is an engine-side ZMQ PUB endpoint built on zmq4's ZMTP
+// connection API: it accepts subscribers, waits for their subscription and
+// publishes [topic, seq, payload] to each, like vLLM's publisher. (zmq4's
+// own PUB socket never stops one internal goroutine; see
+// TestSubscriberWithZmq4PubSocket.)
+type testPub struct {
+	ln    net.Listener
+	subs  chan struct{}
+	mu    sync.Mutex
+	conns []*zmq4.Conn
+	raws  []net.Conn
+	wg    sync.WaitGroup
+	once  sync.Once
+}
+
+func newTestPub(t *testing.T, addr string) *testPub {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &testPub{ln: ln, subs: make(chan struct{}, 16)}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.Close)
+	return p
+}
+
+func (p *testPub) endpoint() string { return "tcp://" + p.ln.Addr().String() }
+
+func (p *testPub) accept() {
+	defer p.wg.Done()
+	for {
+		nc, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		zc, err := zmq4.Open(nc, null.Security(), zmq4.Pub, nil, true, nil)
+		if err != nil {
+			nc.Close()
+			continue
+		}
+		msg, err := zc.RecvMsg()
+		if err != nil || len(msg.Frames) != 1 || len(msg.Frames[0]) == 0 || msg.Frames[0][0] != 1 {
+			nc.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, zc)
+		p.raws = append(p.raws, nc)
+		p.mu.Unlock()
+		p.subs <- struct{}{}
+	}
+}
+
+func (p *testPub) waitSubscriber(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.subs:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no subscriber connected")
+	}
+}
+
+func (p *testPub) publish(seq uint64, payload []byte) {
+	p.publishFrames([]byte("kv@w"), seqBytes(seq), payload)
+}
+
+func (p *testPub) publishFrames(frames ...[]byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.SendMsg(zmq4.NewMsgFrom(frames...)) // PUB semantics: drop on error
+	}
+}
+
+func (p *testPub) Close() {
+	p.once.Do(func() {
+		p.ln.Close()
+		p.mu.Lock()
+		for _, nc := range p.raws {
+			nc.Close()
+		}
+		p.conns, p.raws = nil, nil
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+}
+
+// testReplay is a vLLM-style replay server on a real zmq4 ROUTER socket.
+type testReplay struct {
+	sock     zmq4.Socket
+	mu       sync.Mutex
+	buf      map[uint64][]byte
+	requests []uint64
+	wg       sync.WaitGroup
+}
+
+func newTestReplay(t *testing.T) *testReplay {
+	t.Helper()
+	r := &testReplay{sock: zmq4.NewRouter(context.Background()), buf: make(map[uint64][]byte)}
+	if err := r.sock.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	r.wg.Add(1)
+	go r.serve()
+	t.Cleanup(func() {
+		r.sock.Close()
+		r.wg.Wait()
+	})
+	return r
+}
+
+func (r *testReplay) endpoint() string { return "tcp://" + r.sock.Addr().String() }
+
+func (r *testReplay) add(seq uint64, payload []byte) {
+	r.mu.Lock()
+	r.buf[seq] = payload
+	r.mu.Unlock()
+}
+
+func (r *testReplay) starts() []uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.requests)
+}
+
+func (r *testReplay) serve() {
+	defer r.wg.Done()
+	for {
+		msg, err := r.sock.Recv()
+		if err != nil {
+			return
+		}
+		// [identity, "", start_seq]: anything else is ignored, as vLLM does.
+		if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
+			continue
+		}
+		id, start := msg.Frames[0], binary.BigEndian.Uint64(msg.Frames[2])
+		r.mu.Lock()
+		r.requests = append(r.requests, start)
+		var seqs []uint64
+		for s := range r.buf {
+			if s >= start {
+				seqs = append(seqs, s)
+			}
+		}
+		slices.Sort(seqs)
+		out := make([][]byte, len(seqs))
+		for i, s := range seqs {
+			out[i] = r.buf[s]
+		}
+		r.mu.Unlock()
+		for i, s := range seqs {
+			_ = r.sock.Send(zmq4.NewMsgFrom(id, []byte{}, seqBytes(s), out[i]))
+		}
+		_ = r.sock.Send(zmq4.NewMsgFrom(id, []byte{}, seqBytes(replayEndSeq), []byte{}))
+	}
+}
+
+// engineSim produces a consistent stream of vLLM-array batches for one
+// prompt family, remembering what the engine holds.
+type engineSim struct {
+	t      *testing.T
+	bs     int
+	next   uint64 // engine hash counter
+	tokens []uint32
+}
+
+// storeBatch stores blocks [from, to) of the prompt, chained to block from-1.
+func (e *engineSim) storeBatch(from, to int) []byte {
+	hashes := make([]uint64, 0, to-from)
+	for i := from; i < to; i++ {
+		hashes = append(hashes, e.engineHash(i))
+	}
+	var parent any
+	if from > 0 {
+		parent = e.engineHash(from - 1)
+	}
+	return mp(e.t, []any{1.0, []any{arrStored(hashes, parent, e.tokens[from*e.bs:to*e.bs], e.bs, nil, "GPU")}, 0})
+}
+
+// engineHash is a stand-in for the engine's own hash of block i: any
+// stable value distinct from the router's works.
+func (e *engineSim) engineHash(i int) uint64 { return 0xE000_0000 + uint64(i) }
+
+func (e *engineSim) removeBatch(blocks ...int) []byte {
+	hashes := make([]uint64, len(blocks))
+	for i, b := range blocks {
+		hashes[i] = e.engineHash(b)
+	}
+	return mp(e.t, []any{1.0, []any{arrRemoved(hashes, "GPU")}})
+}
+
+func (e *engineSim) routerHashes() []uint64 { return AppendBlockHashes(nil, e.tokens, e.bs) }
+
+func newEngineSim(t *testing.T, blocks int) *engineSim {
+	const bs = 4
+	return &engineSim{t: t, bs: bs, tokens: seqTokens(blocks*bs, func(i int) uint32 { return uint32(1000 + i) })}
+}
+
+func newTestSubscriber(t *testing.T, cfg SubscriberConfig) (*Index, *Subscriber) {
+	t.Helper()
+	idx := NewIndex(IndexConfig{MaxBlocks: 10000})
+	if cfg.BackoffMin == 0 {
+		cfg.BackoffMin, cfg.BackoffMax = 10*time.Millisecond, 50*time.Millisecond
+	}
+	s, err := NewSubscriber(idx, cfg, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return idx, s
+}
+
+func stats(t *testing.T, s *Subscriber, k Key) Stats {
+	t.Helper()
+	st, ok := s.Stats(k)
+	if !ok {
+		t.Fatalf("no stream for %v", k)
+	}
+	return st
+}
+
+func TestSubscriberAppliesBatches(t *testing.T) {
+	pub := newTestPub(t, "127.0.0.1:0")
+	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	key := Key{Worker: "w1:8000"}
+	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.waitSubscriber(t)
+	if !w.Approximate() {
+		t.Fatal("precise before any batch")
+	}
+	e := newEngineSim(t, 40)
+	// 10 batches of 4 chained blocks, then remove the last 2 blocks.
+	for i := range 10 {
+		pub.publish(uint64(i), e.storeBatch(4*i, 4*i+4))
+	}
+	pub.publish(10, e.removeBatch(38, 39))
+	eventually(t, "11 batches applied", func() bool { return stats(t, s, key).NextSeq == 11 })
+	st := stats(t, s, key)
+	if st.Batches != 11 || st.Stored != 40 || st.Removed != 2 || st.Gaps != 0 || st.Mode != ModePrecise ||
+		!st.Connected || st.Blocks != 38 {
+		t.Fatalf("stats %+v", st)
+	}
+	if got := idx.Match(w, e.routerHashes()); got != 38 {
+		t.Fatalf("match %d, want 38", got)
+	}
+	// Messages that are not [topic, seq, payload] are counted, not applied.
+	pub.publishFrames([]byte("only-two"), seqBytes(11))
+	pub.publish(11, e.removeBatch(37))
+	eventually(t, "batch 11", func() bool { return stats(t, s, key).NextSeq == 12 })
+	if st := stats(t, s, key); st.BadMessages != 1 || st.Blocks != 37 || st.Mode != ModePrecise {
+		t.Fatalf("stats %+v", st)
+	}
+	// Remove drops the stream and the worker's index state.
+	s.Remove(key)
+	if _, ok := idx.Lookup(key); ok {
+		t.Fatal("worker still indexed after Remove")
+	}
+	if idx.Match(w, e.routerHashes()) != 0 {
+		t.Fatal("removed worker still matches")
+	}
+}
+
+func TestSubscriberGapRecoveredByReplay(t *testing.T) {
+	pub := newTestPub(t, "127.0.0.1:0")
+	rep := newTestReplay(t)
+	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	key := Key{Worker: "w2:8000", DPRank: 1}
+	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), ReplayEndpoint: rep.endpoint(), BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.waitSubscriber(t)
+	// The replay on connect finds an empty buffer: a fresh engine, precise.
+	eventually(t, "replay on connect", func() bool { return stats(t, s, key).Replays == 1 })
+	if w.Approximate() {
+		t.Fatal("approximate after an empty replay")
+	}
+	e := newEngineSim(t, 12)
+	b0, b1, b2 := e.storeBatch(0, 4), e.storeBatch(4, 8), e.storeBatch(8, 12)
+	rep.add(0, b0)
+	pub.publish(0, b0)
+	eventually(t, "batch 0", func() bool { return stats(t, s, key).NextSeq == 1 })
+	// Batch 1 is lost on the live stream (e.g. the PUB's high-water mark).
+	rep.add(1, b1)
+	rep.add(2, b2)
+	pub.publish(2, b2)
+	eventually(t, "gap recovered", func() bool {
+		st := stats(t, s, key)
+		return st.NextSeq == 3 && st.Replays == 2 && st.Duplicates == 1
+	})
+	st := stats(t, s, key)
+	if st.Gaps != 1 || st.Replays != 2 || st.ReplayFailures != 0 || st.Resyncs != 0 || st.Duplicates != 1 ||
+		st.Mode != ModePrecise || st.Blocks != 12 || st.RankMismatch != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+	if got := idx.Match(w, e.routerHashes()); got != 12 {
+		t.Fatalf("match %d, want 12", got)
+	}
+	if got := rep.starts(); !slices.Equal(got, []uint64{0, 1}) {
+		t.Fatalf("replay requests from %v, want [0 1]", got)
+	}
+}
+
+func TestSubscriberLateJoinReplaysFromZero(t *testing.T) {
+	pub := newTestPub(t, "127.0.0.1:0")
+	rep := newTestReplay(t)
+	e := newEngineSim(t, 8)
+	// The engine published before the router came up.
+	rep.add(0, e.storeBatch(0, 4))
+	rep.add(1, e.storeBatch(4, 8))
+	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	key := Key{Worker: "late:8000"}
+	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), ReplayEndpoint: rep.endpoint()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "replay on connect", func() bool { return stats(t, s, key).NextSeq == 2 })
+	if st := stats(t, s, key); st.Mode != ModePrecise || st.Blocks != 8 || w.BlockSize() != 4 {
+		t.Fatalf("stats %+v block size %d", st, w.BlockSize())
+	}
+	if idx.Match(w, e.routerHashes()) != 8 {
+		t.Fatal("replayed blocks do not match")
+	}
+}
+
+func TestSubscriberReplayBufferTooShortResyncs(t *testing.T) {
+	pub := newTestPub(t, "127.0.0.1:0")
+	rep := newTestReplay(t)
+	e := newEngineSim(t, 8)
+	// The engine is at seq 5; its buffer only reaches back to 4.
+	rep.add(4, e.storeBatch(0, 4))
+	_, s := newTestSubscriber(t, SubscriberConfig{})
+	key := Key{Worker: "old:8000"}
+	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), ReplayEndpoint: rep.endpoint(), BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "resync", func() bool { return stats(t, s, key).NextSeq == 5 })
+	if st := stats(t, s, key); st.Resyncs != 1 || st.Mode != ModeApproximate || st.Blocks != 4 {
+		t.Fatalf("stats %+v", st)
+	}
+	if !w.Approximate() {
+		t.Fatal("not approximate")
+	}
+}
+
+func TestSubscriberGapWithoutReplayGoesApproximate(t *testing.T) {
+	pub := newTestPub(t, "127.0.0.1:0")
+	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	key := Key{Worker: "w3:8000"}
+	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.waitSubscriber(t)
+	e := newEngineSim(t, 12)
+	pub.publish(0, e.storeBatch(0, 4))
+	eventually(t, "batch 0", func() bool { return stats(t, s, key).NextSeq == 1 })
+	if w.Approximate() {
+		t.Fatal("approximate after batch 0")
+	}
+	pub.publish(2, e.storeBatch(8, 12)) // seq 1 lost; its parent (block 7) is unknown
+	eventually(t, "batch 2", func() bool { return stats(t, s, key).NextSeq == 3 })
+	st := stats(t, s, key)
+	if st.Gaps != 1 || st.Resyncs != 1 || st.Mode != ModeApproximate || st.Blocks != 0 || st.UnknownParent != 4 {
+		t.Fatalf("stats %+v", st)
+	}
+	if !w.Approximate() || idx.Match(w, e.routerHashes()) != 0 {
+		t.Fatal("state not dropped")
+	}
+	// The engine's cache is reset: the worker is known again.
+	pub.publish(3, mp(t, []any{2.0, []any{[]any{"AllBlocksCleared"}}}))
+	pub.publish(4, e.storeBatch(0, 4))
+	eventually(t, "rebuilt", func() bool { return stats(t, s, key).NextSeq == 5 })
+	if st := stats(t, s, key); st.Mode != ModePrecise || st.Blocks != 4 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestSubscriberRebuildBlocks(t *testing.T) {
+	pub := newTestPub(t, "127.0.0.1:0")
+	_, s := newTestSubscriber(t, SubscriberConfig{RebuildBlocks: 6})
+	key := Key{Worker: "w:1"}
+	w, _ := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
+	pub.waitSubscriber(t)
+	e := newEngineSim(t, 12)
+	pub.publish(3, e.storeBatch(0, 4)) // joined late, no replay: resync
+	eventually(t, "batch 3", func() bool { return stats(t, s, key).NextSeq == 4 })
+	if !w.Approximate() {
+		t.Fatal("precise after resync")
+	}
+	pub.publish(4, e.storeBatch(4, 8))
+	eventually(t, "batch 4", func() bool { return stats(t, s, key).NextSeq == 5 })
+	if w.Approximate() {
+		t.Fatalf("still approximate after %d stored blocks", stats(t, s, key).Stored)
+	}
+}
+
+func TestSubscriberMalformedBatchResyncs(t *testing.T) {
+	pub := newTestPub(t, "127.0.0.1:0")
+	_, s := newTestSubscriber(t, SubscriberConfig{})
+	key := Key{Worker: "w4:8000"}
+	w, _ := s.Add(Source{Key: key, Endpoint: pub.endpoint()})
+	pub.waitSubscriber(t)
+	e := newEngineSim(t, 4)
+	pub.publish(0, e.storeBatch(0, 4))
+	pub.publish(1, []byte{0xc1}) // never-used msgpack code
+	eventually(t, "bad batch", func() bool { return stats(t, s, key).NextSeq == 2 })
+	if st := stats(t, s, key); st.BadMessages != 1 || st.Resyncs != 1 || st.Blocks != 0 || !w.Approximate() {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestSubscriberReconnectsAndDetectsRestart(t *testing.T) {
+	pub := newTestPub(t, "127.0.0.1:0")
+	addr := pub.ln.Addr().String()
+	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	key := Key{Worker: "w5:8000"}
+	w, _ := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
+	pub.waitSubscriber(t)
+	e := newEngineSim(t, 8)
+	pub.publish(0, e.storeBatch(0, 4))
+	pub.publish(1, e.storeBatch(4, 8))
+	eventually(t, "two batches", func() bool { return stats(t, s, key).NextSeq == 2 })
+
+	// The engine dies and comes back on the same port with an empty cache.
+	pub.Close()
+	eventually(t, "disconnect noticed", func() bool { return !stats(t, s, key).Connected })
+	pub2 := newTestPub(t, addr)
+	pub2.waitSubscriber(t)
+	other := &engineSim{t: t, bs: 4, tokens: seqTokens(8, func(i int) uint32 { return uint32(50 + i) })}
+	pub2.publish(0, other.storeBatch(0, 2))
+	eventually(t, "restart handled", func() bool { st := stats(t, s, key); return st.Connects == 2 && st.NextSeq == 1 })
+	if st := stats(t, s, key); st.Blocks != 2 || st.Mode != ModePrecise {
+		t.Fatalf("stats %+v", st)
+	}
+	if idx.Match(w, e.routerHashes()) != 0 || idx.Match(w, other.routerHashes()) != 2 {
+		t.Fatal("stale blocks survived the restart")
+	}
+}
+
+func TestSubscriberDropsOversizedFrames(t *testing.T) {
+	pub := newTestPub(t, "127.0.0.1:0")
+	_, s := newTestSubscriber(t, SubscriberConfig{MaxMessageBytes: 1024})
+	key := Key{Worker: "w6:8000"}
+	if _, err := s.Add(Source{Key: key, Endpoint: pub.endpoint()}); err != nil {
+		t.Fatal(err)
+	}
+	pub.waitSubscriber(t)
+	pub.publish(0, make([]byte, 4096))
+	// The connection is dropped before the frame is read, then redialled.
+	pub.waitSubscriber(t)
+	eventually(t, "reconnect", func() bool { return stats(t, s, key).Connects == 2 })
+	if st := stats(t, s, key); st.Batches != 0 || st.NextSeq != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestSubscriberWithZmq4PubSocket(t *testing.T) {
+	// Interop with zmq4's own PUB socket type, which the simulator may use.
+	pub := zmq4.NewPub(t.Context())
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	key := Key{Worker: "zmq4:8000"}
+	w, err := s.Add(Source{Key: key, Endpoint: "tcp://" + pub.Addr().String(), BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEngineSim(t, 8)
+	b0 := e.storeBatch(0, 4)
+	// A PUB drops what it sends before the subscription arrives: repeat
+	// batch 0 until it lands (repeats are counted as duplicates).
+	eventually(t, "batch 0", func() bool {
+		if err := pub.Send(zmq4.NewMsgFrom([]byte{}, seqBytes(0), b0)); err != nil {
+			t.Fatal(err)
+		}
+		return stats(t, s, key).NextSeq == 1
+	})
+	if err := pub.Send(zmq4.NewMsgFrom([]byte{}, seqBytes(1), e.storeBatch(4, 8))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "batch 1", func() bool { return stats(t, s, key).NextSeq == 2 })
+	if idx.Match(w, e.routerHashes()) != 8 || w.Approximate() {
+		t.Fatalf("stats %+v", stats(t, s, key))
+	}
+	s.Close() // before the PUB goes away, so no reconnect loop is running
+}
+
+func TestSubscriberValidation(t *testing.T) {
+	idx := NewIndex(IndexConfig{})
+	if _, err := NewSubscriber(nil, SubscriberConfig{}, zerolog.Nop()); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("nil index: %v", err)
+	}
+	for _, cfg := range []SubscriberConfig{
+		{DialTimeout: -1}, {BackoffMin: time.Second, BackoffMax: time.Millisecond},
+		{MaxMessageBytes: -1}, {RebuildBlocks: -1},
+	} {
+		if _, err := NewSubscriber(idx, cfg, zerolog.Nop()); !errors.Is(err, ErrInvalidConfig) {
+			t.Fatalf("%+v: %v", cfg, err)
+		}
+	}
+	s, err := NewSubscriber(idx, SubscriberConfig{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range []string{"", "tcp://*:5557", "ipc:///tmp/x", "tcp://host", "tcp://host:0", "tcp://host:70000", "tcp://:5557"} {
+		if _, err := s.Add(Source{Key: Key{Worker: "w"}, Endpoint: ep}); !errors.Is(err, ErrBadEndpoint) {
+			t.Fatalf("endpoint %q: %v", ep, err)
+		}
+	}
+	if _, err := s.Add(Source{Key: Key{Worker: "w"}, Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: "tcp://*:1"}); !errors.Is(err, ErrBadEndpoint) {
+		t.Fatalf("replay endpoint: %v", err)
+	}
+	if _, err := s.Add(Source{Key: Key{Worker: "w"}, Endpoint: "tcp://127.0.0.1:1", BlockSize: -4}); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("block size: %v", err)
+	}
+	// Sync: duplicates and bad sources are reported, good ones followed;
+	// a later Sync removes what is gone.
+	good := Source{Key: Key{Worker: "a"}, Endpoint: "tcp://127.0.0.1:1"}
+	err = s.Sync([]Source{good, good, {Key: Key{Worker: "b"}, Endpoint: "tcp://*:1"}})
+	if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, ErrBadEndpoint) {
+		t.Fatalf("sync: %v", err)
+	}
+	if keys := s.Keys(); len(keys) != 1 || keys[0] != good.Key {
+		t.Fatalf("keys %v", keys)
+	}
+	w1, _ := s.Add(good)
+	if w2, _ := s.Add(good); w1 != w2 {
+		t.Fatal("re-adding the same source restarted it")
+	}
+	if err := s.Sync(nil); err != nil || len(s.Keys()) != 0 {
+		t.Fatalf("sync to empty: %v %v", err, s.Keys())
+	}
+	s.Close()
+	s.Close()
+	if _, err := s.Add(good); !errors.Is(err, ErrClosed) {
+		t.Fatalf("add after close: %v", err)
+	}
+}
+
+func TestRankEndpoint(t *testing.T) {
+	got, err := RankEndpoint("tcp://10.0.0.5:5557", 3)
+	if err != nil || got != "tcp://10.0.0.5:5560" {
+		t.Fatalf("%q %v", got, err)
+	}
+	got, err = RankEndpoint("tcp://[::1]:5557", 0)
+	if err != nil || got != "tcp://[::1]:5557" {
+		t.Fatalf("%q %v", got, err)
+	}
+	for _, tc := range []struct {
+		ep   string
+		rank int
+	}{{"tcp://h:65535", 1}, {"tcp://h:1", -1}, {"tcp://*:1", 0}} {
+		if _, err := RankEndpoint(tc.ep, tc.rank); !errors.Is(err, ErrBadEndpoint) {
+			t.Fatalf("%v: %v", tc, err)
+		}
+	}
+}
+
+func TestLimitConnScan(t *testing.T) {
+	c := &limitConn{max: 300, greeting: zmtpGreetingLen}
+	stream := make([]byte, zmtpGreetingLen)
+	stream = append(stream, 0x04, 3, 'a', 'b', 'c')          // short command frame
+	stream = append(stream, 0x03, 0, 0, 0, 0, 0, 0, 1, 0x2c) // long frame of 300, more
+	stream = append(stream, make([]byte, 300)...)            //
+	stream = append(stream, 0x00, 0)                         // empty final frame
+	for i := range stream {                                  // byte by byte: worst split
+		if err := c.scan(stream[i : i+1]); err != nil {
+			t.Fatalf("byte %d: %v", i, err)
+		}
+	}
+	if err := c.scan([]byte{0x02, 0, 0, 0, 0, 0, 0, 1, 0x2d}); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("301-byte frame: %v", err)
+	}
+	c = &limitConn{max: 1 << 20}
+	if err := c.scan([]byte{0x02, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("huge frame: %v", err)
+	}
+}

@@ -1,0 +1,240 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/openai"
+)
+
+// Worker is one engine endpoint as the router sees it. A Worker lives as long
+// as its worker_id keeps the same URL across fleet snapshots, so its
+// connection pool, in-flight count and policy state survive status changes
+// (active → draining → active) and unrelated fleet updates.
+type Worker struct {
+	id     string
+	url    string
+	rec    atomic.Pointer[discovery.Record]
+	client *fasthttp.HostClient
+	// uri holds the full upstream URI of each proxied route.
+	uri      [numProxyRoutes]string
+	inflight atomic.Int64
+	picks    prometheus.Counter
+
+	// PolicyState belongs to the policy: a FleetAware policy may set it in
+	// Attach, before the worker is visible to Pick, and read it afterwards.
+	PolicyState any
+}
+
+// ID returns the worker_id (host:port).
+func (w *Worker) ID() string { return w.id }
+
+// Record returns the worker's current record. Callers must not modify it.
+func (w *Worker) Record() *discovery.Record { return w.rec.Load() }
+
+// InFlight returns the number of requests routed to the worker that have not
+// finished yet.
+func (w *Worker) InFlight() int64 { return w.inflight.Load() }
+
+// view is one immutable fleet view, swapped as a whole on every snapshot.
+type view struct {
+	revision int64
+	// models maps every model some worker serves (any status) to its active
+	// candidates, which may be empty: known model, nobody to take it.
+	models  map[string]*Candidates
+	workers []*Worker
+	active  int
+
+	// Bodies of the read-only endpoints, rendered once per view.
+	modelsJSON  []byte
+	workersJSON []byte
+	healthJSON  []byte
+}
+
+// UpdateFleet replaces the fleet view with one built from snap; it is the
+// discovery watcher's onChange callback. Workers whose id and URL did not
+// change keep their Worker (and connections); removed workers are detached
+// from the policy and their idle connections closed. Safe to call from any
+// goroutine; calls are serialised.
+func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
+	if snap == nil {
+		return
+	}
+	r.fleetMu.Lock()
+	defer r.fleetMu.Unlock()
+
+	next := make(map[string]*Worker, len(snap.Workers))
+	all := make([]*Worker, 0, len(snap.Workers))
+	models := make(map[string]*Candidates)
+	active := 0
+	for i := range snap.Workers {
+		rec := snap.Workers[i] // a private copy: the snapshot stays untouched
+		w := r.workers[rec.WorkerID]
+		if w == nil || w.url != rec.URL {
+			if w != nil {
+				// Same id, new URL: a different endpoint, so a fresh pool.
+				r.retire(w)
+				delete(r.workers, w.id)
+			}
+			nw, err := r.newWorker(&rec)
+			if err != nil {
+				r.log.Warn().Str("worker_id", rec.WorkerID).Str("url", rec.URL).Err(err).Msg("ignoring worker with unusable url")
+				continue
+			}
+			w = nw
+			r.log.Info().Str("worker_id", w.id).Str("model", rec.ModelName).Str("status", string(rec.Status)).Msg("worker added")
+		} else if old := w.Record(); old.Status != rec.Status {
+			r.log.Info().Str("worker_id", w.id).Str("status", string(rec.Status)).Msg("worker status changed")
+		}
+		w.rec.Store(&rec)
+		next[w.id] = w
+		all = append(all, w)
+
+		c := models[rec.ModelName]
+		if c == nil {
+			cur := r.cursors[rec.ModelName]
+			if cur == nil {
+				cur = new(atomic.Uint64)
+				r.cursors[rec.ModelName] = cur
+			}
+			c = &Candidates{Model: rec.ModelName, cursor: cur}
+			models[rec.ModelName] = c
+		}
+		// Only mixed workers take whole requests; prefill/decode workers
+		// are reached through the PD path (not built yet), so a model
+		// served only by them is known but has no candidate.
+		if rec.Active() && (rec.DisaggMode == discovery.DisaggMixed || rec.DisaggMode == "") {
+			c.Workers = append(c.Workers, w)
+			active++
+		}
+	}
+	for id, w := range r.workers {
+		if next[id] == nil {
+			r.retire(w)
+			r.log.Info().Str("worker_id", id).Msg("worker removed")
+		}
+	}
+	for name := range r.cursors {
+		if models[name] == nil {
+			delete(r.cursors, name)
+		}
+	}
+	r.workers = next
+
+	v := &view{revision: snap.Revision, models: models, workers: all, active: active}
+	v.render()
+	r.view.Store(v)
+	r.metrics.activeWorkers.Set(float64(active))
+}
+
+// newWorker builds the Worker (and its connection pool) for a record and
+// attaches it to the policy.
+func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
+	u, err := url.Parse(rec.URL)
+	if err != nil {
+		return nil, fmt.Errorf("parse worker url: %w", err)
+	}
+	var tls bool
+	switch u.Scheme {
+	case "http":
+	case "https":
+		tls = true
+	default:
+		return nil, fmt.Errorf("worker url scheme %q: %w", u.Scheme, errBadWorkerURL)
+	}
+	if u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("worker url %q: %w", rec.URL, errBadWorkerURL)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if tls {
+			port = "443"
+		}
+		addr = net.JoinHostPort(u.Hostname(), port)
+	}
+	w := &Worker{
+		id:     rec.WorkerID,
+		url:    rec.URL,
+		client: r.newHostClient(addr, tls),
+		picks:  r.metrics.picks.WithLabelValues(rec.WorkerID),
+	}
+	base := u.Scheme + "://" + u.Host + trimSlash(u.EscapedPath())
+	for rt := range Route(numProxyRoutes) {
+		w.uri[rt] = base + rt.Path()
+	}
+	w.rec.Store(rec)
+	if fa, ok := r.policy.(FleetAware); ok {
+		fa.Attach(w)
+	}
+	return w, nil
+}
+
+// retire takes a worker out of the router: the policy forgets it, its
+// metrics series goes, and its pool stops keeping idle connections.
+// Requests still running on it finish normally.
+func (r *Router) retire(w *Worker) {
+	if fa, ok := r.policy.(FleetAware); ok {
+		fa.Detach(w)
+	}
+	r.metrics.picks.DeleteLabelValues(w.id)
+	w.client.CloseIdleConnections()
+}
+
+func trimSlash(p string) string {
+	for len(p) > 0 && p[len(p)-1] == '/' {
+		p = p[:len(p)-1]
+	}
+	return p
+}
+
+// render precomputes the JSON bodies of /v1/models, /v1/workers and /health.
+func (v *view) render() {
+	names := make([]string, 0, len(v.models))
+	for name, c := range v.models {
+		if len(c.Workers) > 0 {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	b := []byte(`{"object":"list","data":[`)
+	for i, name := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"id":`...)
+		b = openai.AppendQuoted(b, name)
+		b = append(b, `,"object":"model","created":0,"owned_by":"infera"}`...)
+	}
+	v.modelsJSON = append(b, "]}"...)
+
+	recs := make([]*discovery.Record, len(v.workers))
+	for i, w := range v.workers {
+		recs[i] = w.Record()
+	}
+	data, err := json.Marshal(recs)
+	if err != nil {
+		// Records passed discovery's validation and encode by construction.
+		data = []byte("[]")
+	}
+	b = append([]byte(`{"object":"list","revision":`), strconv.FormatInt(v.revision, 10)...)
+	b = append(b, `,"data":`...)
+	b = append(b, data...)
+	v.workersJSON = append(b, '}')
+
+	b = append([]byte(`{"status":"ok","active_workers":`), strconv.Itoa(v.active)...)
+	b = append(b, `,"workers":`...)
+	b = strconv.AppendInt(b, int64(len(v.workers)), 10)
+	b = append(b, `,"revision":`...)
+	b = strconv.AppendInt(b, v.revision, 10)
+	v.healthJSON = append(b, '}')
+}

@@ -1,0 +1,231 @@
+package router
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/discovery"
+)
+
+// chunkReader returns its chunks one per Read, cycling forever.
+type chunkReader struct {
+	chunks [][]byte
+	i      int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	c := r.chunks[r.i%len(r.chunks)]
+	r.i++
+	return copy(p, c), nil
+}
+
+// countWriter counts writes and bytes and keeps nothing.
+type countWriter struct{ writes, bytes int }
+
+func (w *countWriter) Write(p []byte) (int, error) {
+	w.writes++
+	w.bytes += len(p)
+	return len(p), nil
+}
+
+const testEvent = "data: {\"id\":\"chatcmpl-8c1f\",\"object\":\"chat.completion.chunk\",\"created\":1730000000,\"model\":\"Qwen/Qwen3-8B\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+
+func TestEventPumpAllocs(t *testing.T) {
+	ev := []byte(testEvent)
+	// One event per read, and one event split over two reads.
+	src := &chunkReader{chunks: [][]byte{ev, ev[:50], ev[50:]}}
+	dst := &countWriter{}
+	p := eventPump{buf: make([]byte, relayBufSize)}
+	if n := testing.AllocsPerRun(1000, func() {
+		if _, rerr, werr := p.step(dst, src); rerr != nil || werr != nil {
+			t.Fatal(rerr, werr)
+		}
+	}); n != 0 {
+		t.Fatalf("eventPump.step allocates %.2f times per event, want 0", n)
+	}
+	if dst.bytes%len(ev) != 0 || p.n != 0 && p.n != 50 {
+		t.Fatalf("relayed %d bytes (%d buffered), not whole events", dst.bytes, p.n)
+	}
+}
+
+// eofReader serves data in reads of at most size bytes, then io.EOF.
+type eofReader struct {
+	data []byte
+	size int
+}
+
+func (r *eofReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), r.size, len(r.data))
+	copy(p, r.data[:n])
+	r.data = r.data[n:]
+	return n, nil
+}
+
+func TestEventPumpWritesWholeEvents(t *testing.T) {
+	stream := "data: a\n\ndata: b\r\n\r\n: comment\n\nevent: x\rdata: c\r\rdata: [DONE]\n\ntrailing"
+	for size := 1; size <= len(stream); size++ {
+		p := eventPump{buf: make([]byte, 64)}
+		var out bytes.Buffer
+		var writes []string
+		w := writerFunc(func(b []byte) (int, error) {
+			writes = append(writes, string(b))
+			return out.Write(b)
+		})
+		src := &eofReader{data: []byte(stream), size: size}
+		for {
+			_, rerr, werr := p.step(w, src)
+			if werr != nil {
+				t.Fatal(werr)
+			}
+			if rerr == io.EOF {
+				break
+			}
+		}
+		out.Write(p.buf[:p.n])
+		if out.String() != stream {
+			t.Fatalf("read size %d: relayed %q, want %q", size, out.String(), stream)
+		}
+		for _, wr := range writes {
+			// A blank line ends each write ("\r\n\r" counts: a trailing CR
+			// ends its line, see openai.NextEvent).
+			if last := wr[len(wr)-1]; last != '\n' && last != '\r' {
+				t.Fatalf("read size %d: write %q does not end at an event boundary", size, wr)
+			}
+		}
+	}
+}
+
+func TestEventPumpOversizedEvent(t *testing.T) {
+	big := "data: " + string(bytes.Repeat([]byte("x"), 200)) + "\n\ndata: y\n\n"
+	p := eventPump{buf: make([]byte, 64)}
+	var out bytes.Buffer
+	src := &eofReader{data: []byte(big), size: 10}
+	for {
+		_, rerr, werr := p.step(&out, src)
+		if werr != nil {
+			t.Fatal(werr)
+		}
+		if rerr == io.EOF {
+			break
+		}
+	}
+	out.Write(p.buf[:p.n])
+	if out.String() != big {
+		t.Fatalf("relayed %q, want %q", out.String(), big)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// TestRelayWriteToAllocs drives the whole per-stream relay (as fasthttp
+// does) over many events and checks that it allocates nothing per event.
+func TestRelayWriteToAllocs(t *testing.T) {
+	r, err := New(Config{}, RoundRobin{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := []byte(testEvent)
+	const events = 1000
+	stream := bytes.Repeat(ev, events)
+	dst := &countWriter{}
+	src := &eofReader{}
+	rel := &relay{r: r, route: RouteChatCompletions, pump: eventPump{buf: make([]byte, relayBufSize)}, status: 200}
+	run := func() {
+		src.data, src.size = stream, len(ev)
+		rel.src, rel.done, rel.firstByte = src, false, false
+		if _, err := rel.WriteTo(dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run()
+	if n := testing.AllocsPerRun(20, run); n != 0 {
+		t.Fatalf("relaying %d events allocates %.1f times, want 0", events, n)
+	}
+	if dst.writes != 21*events+events {
+		t.Fatalf("%d writes for %d events: not one write per event", dst.writes, 22*events)
+	}
+}
+
+// failWriter fails every write.
+type failWriter struct{}
+
+func (failWriter) Write([]byte) (int, error) { return 0, errors.New("broken pipe") }
+
+func TestRelayWriteFailureEndsStream(t *testing.T) {
+	r, err := New(Config{}, RoundRobin{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := &relay{r: r, pump: eventPump{buf: make([]byte, 1024)}, status: 200}
+	rel.src = &chunkReader{chunks: [][]byte{[]byte(testEvent)}}
+	if _, err := rel.WriteTo(failWriter{}); err == nil {
+		t.Fatal("WriteTo succeeded with a failing client")
+	}
+	if rel.outcome != outcomeClientGone || !rel.done {
+		t.Fatalf("outcome %v, done %v; want client_gone", rel.outcome, rel.done)
+	}
+}
+
+func TestUpdateFleetKeepsWorkers(t *testing.T) {
+	r, err := New(Config{}, RoundRobin{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := func(id, model string, st discovery.Status) discovery.Record {
+		return discovery.Record{WorkerID: id, URL: "http://" + id, ModelName: model, Engine: "sim",
+			DisaggMode: discovery.DisaggMixed, DPSize: 1, RequestTransport: "http", Status: st}
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{
+		rec("127.0.0.1:1", "m", discovery.StatusActive), rec("127.0.0.1:2", "m", discovery.StatusActive)}})
+	v1 := r.view.Load()
+	w1 := v1.models["m"].Workers[0]
+	w1.inflight.Add(3)
+
+	r.UpdateFleet(&discovery.Snapshot{Revision: 2, Workers: []discovery.Record{
+		rec("127.0.0.1:1", "m", discovery.StatusDraining), rec("127.0.0.1:2", "m", discovery.StatusActive)}})
+	v2 := r.view.Load()
+	if got := v2.models["m"].Workers; len(got) != 1 || got[0].ID() != "127.0.0.1:2" {
+		t.Fatalf("candidates after drain = %v, want only 127.0.0.1:2", got)
+	}
+	if v2.workers[0] != w1 || w1.InFlight() != 3 || w1.Record().Status != discovery.StatusDraining {
+		t.Fatal("a worker whose url did not change must keep its Worker (pool, in-flight count)")
+	}
+	if v1.models["m"].cursor != v2.models["m"].cursor {
+		t.Fatal("the model's rotation cursor must survive fleet updates")
+	}
+
+	r.UpdateFleet(&discovery.Snapshot{Revision: 3, Workers: []discovery.Record{
+		rec("127.0.0.1:2", "m", discovery.StatusActive)}})
+	if len(r.workers) != 1 || r.workers["127.0.0.1:1"] != nil {
+		t.Fatalf("removed worker still tracked: %v", r.workers)
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 4})
+	if len(r.cursors) != 0 {
+		t.Fatalf("cursor of a vanished model kept: %v", r.cursors)
+	}
+}
+
+// BenchmarkEventPump is the relay's per-event work alone: one read of one
+// event and its write (one op = one event).
+func BenchmarkEventPump(b *testing.B) {
+	ev := []byte(testEvent)
+	src := &chunkReader{chunks: [][]byte{ev}}
+	dst := &countWriter{}
+	p := eventPump{buf: make([]byte, relayBufSize)}
+	b.SetBytes(int64(len(ev)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, rerr, werr := p.step(dst, src); rerr != nil || werr != nil {
+			b.Fatal(rerr, werr)
+		}
+	}
+}

@@ -1,0 +1,114 @@
+package router
+
+import "strconv"
+
+// Route identifies an endpoint of the router.
+type Route uint8
+
+// Routes. The proxied ones come first so that they index per-worker URI
+// arrays.
+const (
+	RouteChatCompletions Route = iota
+	RouteCompletions
+	RouteModels
+	RouteWorkers
+	RouteHealth
+	RouteMetrics
+	RouteOther
+	numRoutes
+)
+
+// numProxyRoutes counts the routes forwarded to workers.
+const numProxyRoutes = RouteCompletions + 1
+
+var routePaths = [numRoutes]string{
+	RouteChatCompletions: "/v1/chat/completions",
+	RouteCompletions:     "/v1/completions",
+	RouteModels:          "/v1/models",
+	RouteWorkers:         "/v1/workers",
+	RouteHealth:          "/health",
+	RouteMetrics:         "/metrics",
+	RouteOther:           "",
+}
+
+var routeLabels = [numRoutes]string{
+	RouteChatCompletions: "chat_completions",
+	RouteCompletions:     "completions",
+	RouteModels:          "models",
+	RouteWorkers:         "workers",
+	RouteHealth:          "health",
+	RouteMetrics:         "metrics",
+	RouteOther:           "other",
+}
+
+// Path returns the URL path of the route ("" for RouteOther).
+func (rt Route) Path() string {
+	if rt >= numRoutes {
+		return ""
+	}
+	return routePaths[rt]
+}
+
+// String returns the route's metrics label.
+func (rt Route) String() string {
+	if rt >= numRoutes {
+		return "other"
+	}
+	return routeLabels[rt]
+}
+
+func routeOf(path []byte) Route {
+	switch string(path) {
+	case "/v1/chat/completions":
+		return RouteChatCompletions
+	case "/v1/completions":
+		return RouteCompletions
+	case "/v1/models":
+		return RouteModels
+	case "/v1/workers":
+		return RouteWorkers
+	case "/health":
+		return RouteHealth
+	case "/metrics":
+		return RouteMetrics
+	}
+	return RouteOther
+}
+
+// outcome classifies how a request ended, for metrics.
+type outcome uint8
+
+const (
+	outcomeOK               outcome = iota // 2xx relayed or served
+	outcomeUpstreamStatus                  // the worker answered with a non-2xx status, relayed
+	outcomeBadRequest                      // unreadable request or invalid JSON/fields
+	outcomeTooLarge                        // body over --max-body-bytes
+	outcomeMethodNotAllowed                // wrong HTTP method
+	outcomeNotFound                        // unknown path
+	outcomeModelNotFound                   // no worker in the fleet serves the model
+	outcomeNoWorker                        // the model's workers are all draining or unusable
+	outcomeNotReady                        // no fleet snapshot yet
+	outcomeUpstreamError                   // the worker failed before any byte reached the client
+	outcomeStreamError                     // the worker failed in the middle of a stream
+	outcomeClientGone                      // the client went away mid-response
+	numOutcomes
+)
+
+var outcomeLabels = [numOutcomes]string{
+	outcomeOK:               "ok",
+	outcomeUpstreamStatus:   "upstream_status",
+	outcomeBadRequest:       "bad_request",
+	outcomeTooLarge:         "too_large",
+	outcomeMethodNotAllowed: "method_not_allowed",
+	outcomeNotFound:         "not_found",
+	outcomeModelNotFound:    "model_not_found",
+	outcomeNoWorker:         "no_worker",
+	outcomeNotReady:         "not_ready",
+	outcomeUpstreamError:    "upstream_error",
+	outcomeStreamError:      "stream_error",
+	outcomeClientGone:       "client_gone",
+}
+
+func (o outcome) String() string { return outcomeLabels[o] }
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Starts a local Infera fleet in the foreground: `infera serve` with its embedded
+# etcd and two `infera worker --engine sim` (each launching `infera sim`).
+# Ctrl-C stops every process it started. Ports: INFERA_RUN_PORT (8000) for the
+# API, INFERA_RUN_ETCD_PORT (2379) for the embedded etcd.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${INFERA_BIN:-bin/infera}
+port=${INFERA_RUN_PORT:-8000}
+etcd_port=${INFERA_RUN_ETCD_PORT:-2379}
+workers=${INFERA_RUN_WORKERS:-2}
+model=${INFERA_RUN_MODEL:-sim-model}
+state=${INFERA_RUN_STATE:-.run}
+rm -rf "$state/etcd"
+mkdir -p "$state"
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  echo "stopping the local fleet..." >&2
+  # Workers first so they drain and deregister while the server still runs.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap stop INT TERM EXIT
+
+"$bin" serve --listen "127.0.0.1:$port" \
+  --embedded-etcd-listen "127.0.0.1:$etcd_port" --embedded-etcd-dir "$state/etcd" \
+  --log-format console &
+pids+=($!)
+
+for _ in $(seq 1 100); do
+  curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+
+for i in $(seq 1 "$workers"); do
+  "$bin" worker --engine sim --etcd-endpoints "http://127.0.0.1:$etcd_port" --log-format console \
+    -- --model "$model" --time-scale 1 &
+  pids+=($!)
+done
+
+cat >&2 <<MSG
+
+Infera is up on http://127.0.0.1:$port with $workers simulated workers. Try:
+
+  curl -N http://127.0.0.1:$port/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model":"$model","stream":true,"messages":[{"role":"user","content":"Hello!"}]}'
+
+Ctrl-C stops everything.
+MSG
+wait -n "${pids[@]}" || true

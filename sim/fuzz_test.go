@@ -1,0 +1,37 @@
+package sim
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// FuzzParseRequest: the scanner never panics, accepts only valid JSON, and
+// whatever it accepts renders without panicking.
+func FuzzParseRequest(f *testing.F) {
+	for _, seed := range []string{
+		benchChat,
+		`{"prompt":"a\u00e9\ud83d\ude00","max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"prompt":[1,2,3]}`, `{"prompt":[[1,2]]}`, `{"prompt":["x"]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"add_generation_prompt":false}`,
+		`{"messages":[{"role":"a","content":null}],"n":1,"model":null}`,
+		`{"a":[{"b":-0.5e+7}],"c":"\\\"\/\b\f\n\r\t"}`,
+		`{`, `{"a":01}`, `[]`, ``,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var r request
+		if err := parseRequest(body, &r); err != nil {
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		if !r.messages.empty() {
+			_, _ = renderChat(nil, body, r.messages, r.addGenPrompt)
+		}
+		if !r.prompt.empty() {
+			_, _, _ = appendPromptTokens(nil, nil, body, r.prompt)
+		}
+	})
+}

@@ -1,0 +1,436 @@
+package sim
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+const (
+	contentJSON = "application/json"
+	contentSSE  = "text/event-stream; charset=utf-8"
+	contentProm = "text/plain; version=0.0.4; charset=utf-8"
+)
+
+// handle routes a request. Paths and methods follow vLLM's OpenAI server;
+// unknown paths and wrong methods answer like FastAPI does.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/v1/chat/completions":
+		if s.method(ctx, true) {
+			s.completion(ctx, true)
+		}
+	case "/v1/completions":
+		if s.method(ctx, true) {
+			s.completion(ctx, false)
+		}
+	case "/health":
+		if s.method(ctx, false) {
+			if !s.isReady() {
+				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+			}
+		}
+	case "/metrics":
+		if s.method(ctx, false) {
+			s.metrics(ctx)
+		}
+	case "/v1/models":
+		if s.method(ctx, false) {
+			ctx.SetContentType(contentJSON)
+			ctx.SetBody(s.models)
+		}
+	case "/tokenize":
+		if s.method(ctx, true) {
+			s.tokenize(ctx)
+		}
+	case "/reset_prefix_cache":
+		if s.method(ctx, true) {
+			if !s.sched.resetPrefixCache(ctx) {
+				s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
+			}
+		}
+	default:
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+		ctx.SetContentType(contentJSON)
+		ctx.SetBodyString(`{"detail":"Not Found"}`)
+	}
+}
+
+// method checks the request method (POST, or GET/HEAD) and answers 405.
+func (s *Server) method(ctx *fasthttp.RequestCtx, post bool) bool {
+	if post && ctx.IsPost() || !post && (ctx.IsGet() || ctx.IsHead()) {
+		return true
+	}
+	ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+	ctx.SetContentType(contentJSON)
+	ctx.SetBodyString(`{"detail":"Method Not Allowed"}`)
+	return false
+}
+
+// errorType is the vLLM error "type" for an HTTP status.
+func errorType(status int) string {
+	switch status {
+	case fasthttp.StatusBadRequest:
+		return "BadRequestError"
+	case fasthttp.StatusNotFound:
+		return "NotFoundError"
+	case fasthttp.StatusServiceUnavailable:
+		return "ServiceUnavailableError"
+	default:
+		return "InternalServerError"
+	}
+}
+
+// writeError answers in vLLM's OpenAI error envelope:
+// {"error":{"message","type","param","code"}} with the HTTP status as code.
+func (s *Server) writeError(ctx *fasthttp.RequestCtx, status int, message string) {
+	bp := getBuf()
+	b := append((*bp)[:0], `{"error":{"message":`...)
+	b = appendJSONString(b, []byte(message))
+	b = append(b, `,"type":"`...)
+	b = append(b, errorType(status)...)
+	b = append(b, `","param":null,"code":`...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, "}}"...)
+	ctx.SetStatusCode(status)
+	ctx.SetContentType(contentJSON)
+	ctx.SetBody(b)
+	*bp = b
+	putBuf(bp)
+}
+
+// modelOK reports whether the request names the served model (or none).
+func (s *Server) modelOK(body []byte, r *request) bool {
+	if !r.hasModel {
+		return true
+	}
+	raw := body[r.model.start:r.model.end]
+	if !r.modelEsc {
+		return string(raw) == s.name
+	}
+	if len(raw) > 256 {
+		return false
+	}
+	var buf [256]byte
+	return string(unescape(buf[:0], raw)) == s.name
+}
+
+func (s *Server) modelNotFound(ctx *fasthttp.RequestCtx, body []byte, r *request) {
+	s.writeError(ctx, fasthttp.StatusNotFound,
+		"The model `"+string(appendRaw(nil, body[r.model.start:r.model.end], r.modelEsc))+"` does not exist.")
+}
+
+// completion serves /v1/chat/completions (chat) and /v1/completions.
+func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
+	if !s.isReady() {
+		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is starting")
+		return
+	}
+	if s.dead.Load() {
+		dropConn(ctx)
+		return
+	}
+	body := ctx.PostBody()
+	var r request
+	if err := parseRequest(body, &r); err != nil {
+		s.writeError(ctx, fasthttp.StatusBadRequest, clientMessage(err))
+		return
+	}
+	if !s.modelOK(body, &r) {
+		s.modelNotFound(ctx, body, &r)
+		return
+	}
+	if r.hasStreamOpt && !r.stream {
+		s.writeError(ctx, fasthttp.StatusBadRequest, "Stream options can only be defined when `stream=True`.")
+		return
+	}
+	if r.n != 1 {
+		s.writeError(ctx, fasthttp.StatusBadRequest, "the simulator supports only n=1")
+		return
+	}
+
+	q := getSeq()
+	var err error
+	switch {
+	case chat && r.messages.empty():
+		err = badRequest("messages is required")
+	case chat:
+		q.text, err = renderChat(q.text[:0], body, r.messages, r.addGenPrompt)
+		q.tokens = TokenizeBytes(q.tokens[:0], q.text)
+	case r.prompt.empty():
+		err = badRequest("prompt is required")
+	default:
+		q.tokens, q.text, err = appendPromptTokens(q.tokens[:0], q.text, body, r.prompt)
+	}
+	if err == nil {
+		err = s.sizeRequest(q, chat, &r)
+	}
+	if err != nil {
+		putSeq(q)
+		s.writeError(ctx, fasthttp.StatusBadRequest, clientMessage(err))
+		return
+	}
+	if s.cfg.ErrorRate > 0 && s.draw() < s.cfg.ErrorRate {
+		putSeq(q)
+		s.writeError(ctx, fasthttp.StatusInternalServerError, "simulated engine error (--error-rate)")
+		return
+	}
+	prepareSeq(q, s.cfg.BlockSize, s.seed)
+	q.stream = r.stream
+
+	if s.cfg.HangBeforeFirstToken > 0 && s.draw() < s.cfg.HangBeforeFirstToken {
+		s.hang(ctx, q, r.stream)
+		return
+	}
+	if r.stream {
+		s.startStream(ctx, q, chat, r.includeUsage)
+		return
+	}
+	if !s.sched.submit(q) {
+		putSeq(q)
+		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
+		return
+	}
+	if s.sched.wait(q) != seqFinished {
+		// Abandoned by a stopping scheduler: not ours to recycle.
+		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
+		return
+	}
+	if !s.sendTokens(q.maxTokens) {
+		putSeq(q)
+		dropConn(ctx)
+		return
+	}
+	s.writeUnary(ctx, q, chat)
+	putSeq(q)
+}
+
+// sizeRequest checks the prompt against the context length and settles the
+// number of completion tokens, with vLLM's messages.
+func (s *Server) sizeRequest(q *seq, chat bool, r *request) error {
+	p := len(q.tokens)
+	maxLen := s.cfg.MaxModelLen
+	if p == 0 {
+		return badRequest("The prompt cannot be empty.")
+	}
+	if p >= maxLen {
+		return badRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxLen, p)
+	}
+	want := r.maxTokens
+	if chat && r.maxCompl >= 0 {
+		want = r.maxCompl
+	}
+	switch {
+	case want < 0:
+		q.maxTokens = min(s.cfg.MaxTokensDefault, maxLen-p)
+	case want < 1:
+		return badRequest("max_tokens must be at least 1, got %d.", want)
+	case int64(p)+want > int64(maxLen):
+		return badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			maxLen, int64(p)+want, p, want)
+	default:
+		q.maxTokens = int(want)
+	}
+	q.promptLen = p
+	return nil
+}
+
+// prepareSeq generates q's output and hashes its blocks. Handlers run it on
+// their own goroutine so the scheduler only does bookkeeping.
+func prepareSeq(q *seq, blockSize int, seed uint64) {
+	q.hashes, q.scratch = appendBlockHashes(q.hashes[:0], q.tokens, blockSize, q.scratch)
+	parent := rootHash
+	if len(q.hashes) > 0 {
+		parent = q.hashes[len(q.hashes)-1]
+	}
+	var promptHash uint64
+	promptHash, q.scratch = hashTokens(parent, q.tokens[len(q.hashes)*blockSize:], q.scratch)
+	q.out = appendGenerated(q.out[:0], seed, promptHash, q.maxTokens)
+	q.tokens = TokenizeBytes(q.tokens, q.out)
+	q.hashes, q.scratch = appendBlockHashes(q.hashes, q.tokens, blockSize, q.scratch)
+}
+
+// allowTokens accounts n tokens about to be sent for --die-after-tokens and
+// returns how many of them may go out before the engine "crashes".
+func (s *Server) allowTokens(n int) (allowed int, die bool) {
+	limit := s.cfg.DieAfterTokens
+	if limit <= 0 {
+		return n, false
+	}
+	total := s.tokensOK.Add(int64(n))
+	if total < limit {
+		return n, false
+	}
+	over := min(total-limit, int64(n))
+	return n - int(over), true
+}
+
+// sendTokens accounts a unary answer of n tokens; false means the engine
+// dies instead of answering (an answer cannot be cut mid-way, so one that
+// reaches the limit is never sent).
+func (s *Server) sendTokens(n int) bool {
+	if _, die := s.allowTokens(n); die {
+		s.die()
+		return false
+	}
+	return true
+}
+
+// dropConn closes the client connection without an answer, as a crashed
+// engine would.
+func dropConn(ctx *fasthttp.RequestCtx) {
+	ctx.SetConnectionClose()
+	_ = ctx.Conn().Close()
+}
+
+// hang holds a request without ever producing a token until its client goes
+// away (or the server stops). It counts as running, as a stuck request does
+// on a real engine.
+func (s *Server) hang(ctx *fasthttp.RequestCtx, q *seq, stream bool) {
+	s.hung.Add(1)
+	if stream {
+		st := getStream()
+		st.s, st.q, st.hung, st.conn = s, q, true, ctx.Conn()
+		ctx.SetContentType(contentSSE)
+		ctx.Response.ImmediateHeaderFlush = true // headers out, then silence
+		ctx.Response.SetBodyStream(st, -1)
+		return
+	}
+	s.waitGone(ctx.Conn())
+	s.hung.Add(-1)
+	putSeq(q)
+	ctx.SetConnectionClose()
+	s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
+}
+
+// appendID appends a response id: prefix and 32 hex digits, unique per
+// server (random base) and cheap (a counter through a mixer).
+func (s *Server) appendID(b []byte, prefix string) []byte {
+	n := s.ids.Add(1)
+	b = append(b, prefix...)
+	b = appendHex64(b, splitmix64(s.idBase[0]+n))
+	return appendHex64(b, splitmix64(s.idBase[1]^n))
+}
+
+func appendHex64(b []byte, v uint64) []byte {
+	const digits = "0123456789abcdef"
+	for shift := 60; shift >= 0; shift -= 4 {
+		b = append(b, digits[(v>>uint(shift))&0xf])
+	}
+	return b
+}
+
+// appendUsage appends vLLM's usage object.
+func appendUsage(b []byte, q *seq) []byte {
+	p, c := int64(q.promptLen), int64(q.maxTokens)
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, p, 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, p+c, 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, c, 10)
+	b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+	b = strconv.AppendInt(b, int64(q.cached.Load()), 10)
+	return append(b, "}}"...)
+}
+
+// writeUnary writes a finished sequence as one chat.completion or
+// text_completion object.
+func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
+	bp := getBuf()
+	b := append((*bp)[:0], `{"id":"`...)
+	if chat {
+		b = s.appendID(b, "chatcmpl-")
+		b = append(b, `","object":"chat.completion","created":`...)
+	} else {
+		b = s.appendID(b, "cmpl-")
+		b = append(b, `","object":"text_completion","created":`...)
+	}
+	b = strconv.AppendInt(b, time.Now().Unix(), 10)
+	b = append(b, `,"model":`...)
+	b = append(b, s.nameJSON...)
+	if chat {
+		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
+		b = appendJSONString(b, q.out)
+		b = append(b, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"length","stop_reason":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
+		b = appendUsage(b, q)
+		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":null}`...)
+	} else {
+		b = append(b, `,"choices":[{"index":0,"text":`...)
+		b = appendJSONString(b, q.out)
+		b = append(b, `,"logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
+		b = appendUsage(b, q)
+		b = append(b, `,"kv_transfer_params":null}`...)
+	}
+	ctx.SetContentType(contentJSON)
+	ctx.SetBody(b)
+	*bp = b
+	putBuf(bp)
+}
+
+// tokenize serves POST /tokenize: {"prompt"} or {"messages"} →
+// {"count","max_model_len","tokens","token_strs":null}, as vLLM.
+func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
+	body := ctx.PostBody()
+	var r request
+	if err := parseRequest(body, &r); err != nil {
+		s.writeError(ctx, fasthttp.StatusBadRequest, clientMessage(err))
+		return
+	}
+	if !s.modelOK(body, &r) {
+		s.modelNotFound(ctx, body, &r)
+		return
+	}
+	q := getSeq()
+	defer putSeq(q)
+	var err error
+	switch {
+	case !r.messages.empty():
+		q.text, err = renderChat(q.text[:0], body, r.messages, r.addGenPrompt)
+		q.tokens = TokenizeBytes(q.tokens[:0], q.text)
+	case !r.prompt.empty():
+		q.tokens, q.text, err = appendPromptTokens(q.tokens[:0], q.text, body, r.prompt)
+	default:
+		err = badRequest("prompt or messages is required")
+	}
+	if err != nil {
+		s.writeError(ctx, fasthttp.StatusBadRequest, clientMessage(err))
+		return
+	}
+	bp := getBuf()
+	b := append((*bp)[:0], `{"count":`...)
+	b = strconv.AppendInt(b, int64(len(q.tokens)), 10)
+	b = append(b, `,"max_model_len":`...)
+	b = strconv.AppendInt(b, int64(s.cfg.MaxModelLen), 10)
+	b = append(b, `,"tokens":[`...)
+	for i, t := range q.tokens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(t), 10)
+	}
+	b = append(b, `],"token_strs":null}`...)
+	ctx.SetContentType(contentJSON)
+	ctx.SetBody(b)
+	*bp = b
+	putBuf(bp)
+}
+
+// renderModels builds the GET /v1/models body once.
+func (s *Server) renderModels(created int64) []byte {
+	b := []byte(`{"object":"list","data":[{"id":`)
+	b = append(b, s.nameJSON...)
+	b = append(b, `,"object":"model","created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"owned_by":"vllm","root":`...)
+	b = appendJSONString(b, []byte(s.cfg.Model))
+	b = append(b, `,"parent":null,"max_model_len":`...)
+	b = strconv.AppendInt(b, int64(s.cfg.MaxModelLen), 10)
+	b = append(b, `,"permission":[{"id":"`...)
+	b = s.appendID(b, "modelperm-")
+	b = append(b, `","object":"model_permission","created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"allow_create_engine":false,"allow_sampling":true,"allow_logprobs":true,"allow_search_indices":false,"allow_view":true,"allow_fine_tuning":false,"organization":"*","group":null,"is_blocking":false}]}]}`...)
+	return b
+}

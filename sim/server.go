@@ -1,0 +1,271 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/config"
+)
+
+// Server lifecycle errors.
+var (
+	ErrServed = errors.New("sim server already served")
+)
+
+// shutdownGrace bounds how long Serve waits for connections to close after
+// the scheduler stopped (which ends every in-flight request).
+const shutdownGrace = 5 * time.Second
+
+// maxBodyBytes bounds request bodies; fasthttp answers 413 above it.
+const maxBodyBytes = 32 << 20
+
+// Option changes a Server built by New.
+type Option func(*Server)
+
+// WithExit replaces the function called when --die-after-tokens is reached
+// (os.Exit by default), so tests can observe the crash in-process. If it
+// returns, the server behaves like a dead engine: it drops the connection
+// of the stream that crossed the limit and of every later request.
+func WithExit(exit func(code int)) Option {
+	return func(s *Server) { s.exit = exit }
+}
+
+// withCacheObserver attaches an observer to the prefix cache (tests; later
+// the KV-event publisher).
+func withCacheObserver(obs cacheObserver) Option {
+	return func(s *Server) { s.obs = obs }
+}
+
+// Server is one simulated engine. It is usable in-process: New, then Serve
+// on any listener (or Run on the configured address) until ctx ends.
+type Server struct {
+	cfg  config.Sim
+	log  zerolog.Logger
+	exit func(int)
+	obs  cacheObserver
+
+	name     string
+	nameJSON []byte // JSON string literal of the served model name
+	labels   []byte // Prometheus labels: engine="0",model_name="..."
+	models   []byte // GET /v1/models body
+	seed     uint64
+	idBase   [2]uint64
+
+	sched *scheduler
+	http  *fasthttp.Server
+
+	served   atomic.Bool
+	addr     atomic.Pointer[string]
+	readyAt  atomic.Int64 // unix nanos when slow start ends
+	ready    atomic.Bool
+	closing  chan struct{}
+	ids      atomic.Uint64 // response ids
+	draws    atomic.Uint64 // fault-injection draws
+	hung     atomic.Int64  // requests held by --hang-before-first-token
+	tokensOK atomic.Int64  // tokens sent to clients, for --die-after-tokens
+	dead     atomic.Bool   // --die-after-tokens reached
+}
+
+// New builds a sim server from a validated configuration.
+func New(cfg config.Sim, log zerolog.Logger, opts ...Option) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("sim config: %w", err)
+	}
+	s := &Server{
+		cfg:     cfg,
+		log:     log,
+		exit:    os.Exit,
+		name:    cfg.Name(),
+		seed:    uint64(cfg.Seed),
+		idBase:  [2]uint64{rand.Uint64(), rand.Uint64()},
+		closing: make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	s.nameJSON = appendJSONString(nil, []byte(s.name))
+	s.labels = append(append([]byte(`engine="0",model_name="`), promEscape(s.name)...), '"')
+	s.models = s.renderModels(time.Now().Unix())
+
+	ms := 1e6 * cfg.TimeScale // nanoseconds per simulated millisecond
+	t := timing{
+		overhead:     cfg.StepOverheadMs * ms,
+		perPrefill:   1e3 / cfg.PrefillTokensPerS * ms,
+		perDecodeSeq: cfg.DecodeMsPerToken * ms,
+	}
+	cache := newPrefixCache(cfg.KVBlocks, cfg.BlockSize, s.obs)
+	s.sched = newScheduler(cache, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens, t, cfg.TimeScale == 0)
+
+	s.http = &fasthttp.Server{
+		Handler:               s.handle,
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		MaxRequestBodySize:    maxBodyBytes,
+		CloseOnShutdown:       true,
+		IdleTimeout:           2 * time.Minute,
+		Logger:                httpLogger{log},
+	}
+	return s, nil
+}
+
+// Addr is the address Serve listens on ("" before Serve).
+func (s *Server) Addr() string {
+	if a := s.addr.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
+
+// Run listens on the configured --host/--port and serves until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	addr := net.JoinHostPort(s.cfg.Host, strconv.Itoa(s.cfg.Port))
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve serves HTTP on ln until ctx ends, then stops the engine (in-flight
+// requests end without completing), closes ln and waits for connections to
+// close. It logs "sim listening" with the bound address once accepting. A
+// Server serves once.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if !s.served.CompareAndSwap(false, true) {
+		_ = ln.Close()
+		return ErrServed
+	}
+	addr := ln.Addr().String()
+	s.addr.Store(&addr)
+	s.readyAt.Store(time.Now().Add(s.cfg.SlowStart).UnixNano())
+
+	schedCtx, stopSched := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSched()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.sched.run(schedCtx) })
+	serveErr := make(chan error, 1)
+	wg.Go(func() { serveErr <- s.http.Serve(ln) })
+
+	s.log.Info().Str("addr", addr).Str("model", s.name).
+		Int("block_size", s.cfg.BlockSize).Int("kv_blocks", s.cfg.KVBlocks).
+		Float64("time_scale", s.cfg.TimeScale).Msg("sim listening")
+
+	var err error
+	served := false
+	select {
+	case <-ctx.Done():
+	case err = <-serveErr:
+		served = true
+		if err != nil {
+			err = fmt.Errorf("serve http: %w", err)
+		}
+	}
+	close(s.closing)
+	stopSched()
+	<-s.sched.stopped
+	shCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	if e := s.http.ShutdownWithContext(shCtx); e != nil && err == nil {
+		err = fmt.Errorf("shut down http server: %w", e)
+	}
+	cancel()
+	// fasthttp's Shutdown does nothing if its Serve has not registered the
+	// listener yet (ctx ended at once); closing it ourselves ends Serve in
+	// every case.
+	_ = ln.Close()
+	if !served {
+		if e := <-serveErr; e != nil && !errors.Is(e, net.ErrClosed) && err == nil {
+			err = fmt.Errorf("serve http: %w", e)
+		}
+	}
+	wg.Wait()
+	s.log.Info().Str("addr", addr).Msg("sim stopped")
+	return err
+}
+
+// isReady reports whether --slow-start has passed.
+func (s *Server) isReady() bool {
+	if s.ready.Load() {
+		return true
+	}
+	at := s.readyAt.Load()
+	if at == 0 || time.Now().UnixNano() < at {
+		return false
+	}
+	s.ready.Store(true)
+	return true
+}
+
+// draw returns a deterministic pseudo-random number in [0, 1) for fault
+// injection: reproducible for a seed and request order, lock-free.
+func (s *Server) draw() float64 {
+	n := s.draws.Add(1)
+	return float64(splitmix64((s.seed^0x5851f42d4c957f2d)+n*0x9e3779b97f4a7c15)>>11) * 0x1p-53
+}
+
+// die is called when --die-after-tokens is reached.
+func (s *Server) die() {
+	if s.dead.CompareAndSwap(false, true) {
+		s.log.Error().Int64("tokens", s.cfg.DieAfterTokens).Msg("sim crashing on purpose: --die-after-tokens reached")
+		s.exit(1)
+	}
+}
+
+// waitGone blocks until the client of c goes away or the server closes. It
+// is used only by --hang-before-first-token requests, which send nothing
+// and so cannot learn of a disconnect by a failed write. It reads the idle
+// connection with a short deadline; a byte read (a pipelined request, which
+// HTTP clients do not send while a response is pending) also ends the wait,
+// and the connection is closed afterwards either way.
+func (s *Server) waitGone(c net.Conn) {
+	var b [1]byte
+	for {
+		select {
+		case <-s.closing:
+			return
+		default:
+		}
+		if err := c.SetReadDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+			return
+		}
+		_, err := c.Read(b[:])
+		var ne net.Error
+		if err != nil && errors.As(err, &ne) && ne.Timeout() {
+			continue
+		}
+		return
+	}
+}
+
+// httpLogger routes fasthttp's own messages (connection errors) to debug
+// level: a client going away is routine for an engine.
+type httpLogger struct{ log zerolog.Logger }
+
+func (l httpLogger) Printf(format string, args ...any) {
+	l.log.Debug().Msgf(format, args...)
+}
+
+// bufPool holds response buffers so unary answers, errors and metrics do not
+// allocate per request.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
+
+func getBuf() *[]byte { return bufPool.Get().(*[]byte) }
+
+func putBuf(b *[]byte) {
+	if cap(*b) > 1<<20 {
+		return
+	}
+	*b = (*b)[:0]
+	bufPool.Put(b)
+}

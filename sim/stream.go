@@ -1,0 +1,198 @@
+package sim
+
+import (
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Stream endings that drop the connection instead of finishing the body.
+var (
+	errClientGone = errors.New("client went away")
+	errStopping   = errors.New("engine stopping")
+	errCrashed    = errors.New("engine crashed (--die-after-tokens)")
+	errNoRead     = errors.New("sim stream is written with WriteTo, not read")
+)
+
+// sseStream is the body of a streamed answer. fasthttp calls WriteTo on the
+// connection's goroutine after the handler returned, and turns every Write
+// into one HTTP chunk followed by a flush, so no extra goroutine or pipe is
+// involved; a failed Write is how a client disconnect is noticed. Tokens
+// that are ready together go out in one Write (each still its own SSE
+// event), so the zero-latency mode costs one write per answer. Close runs
+// when fasthttp is done with the body, whatever happened, and gives the
+// sequence back.
+type sseStream struct {
+	s            *Server
+	q            *seq
+	chat         bool
+	includeUsage bool
+	hung         bool
+	conn         net.Conn
+	sent         int
+	prefix       []byte // `data: {"id":...,"choices":[`
+	buf          []byte
+}
+
+var streamPool = sync.Pool{New: func() any { return new(sseStream) }}
+
+func getStream() *sseStream { return streamPool.Get().(*sseStream) }
+
+// startStream submits q and installs its stream as the response body.
+func (s *Server) startStream(ctx *fasthttp.RequestCtx, q *seq, chat, includeUsage bool) {
+	if !s.sched.submit(q) {
+		putSeq(q)
+		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
+		return
+	}
+	st := getStream()
+	st.s, st.q, st.chat, st.includeUsage = s, q, chat, includeUsage
+	p := append(st.prefix[:0], `data: {"id":"`...)
+	if chat {
+		p = s.appendID(p, "chatcmpl-")
+		p = append(p, `","object":"chat.completion.chunk","created":`...)
+	} else {
+		p = s.appendID(p, "cmpl-")
+		p = append(p, `","object":"text_completion","created":`...)
+	}
+	p = strconv.AppendInt(p, time.Now().Unix(), 10)
+	p = append(p, `,"model":`...)
+	p = append(p, s.nameJSON...)
+	st.prefix = append(p, `,"choices":[`...)
+	ctx.SetContentType(contentSSE)
+	// Like vLLM, send the headers at once so a client sees the stream
+	// accepted while it waits in the queue; in zero-latency mode the
+	// tokens follow immediately and the headers go out with them.
+	ctx.Response.ImmediateHeaderFlush = !s.sched.instant
+	ctx.Response.SetBodyStream(st, -1)
+}
+
+// Read is never used: SupportsBodyWriteTo makes fasthttp call WriteTo.
+func (st *sseStream) Read([]byte) (int, error) { return 0, errNoRead }
+
+// SupportsBodyWriteTo lets fasthttp frame each Write as a flushed chunk.
+func (st *sseStream) SupportsBodyWriteTo() bool { return true }
+
+// WriteTo streams the answer as tokens become available.
+func (st *sseStream) WriteTo(w io.Writer) (int64, error) {
+	s, q := st.s, st.q
+	if st.hung {
+		s.waitGone(st.conn)
+		return 0, errClientGone
+	}
+	var written int64
+	for {
+		done := q.done.Load() // before generated: finished implies all generated
+		if g := int(q.generated.Load()); g > st.sent {
+			allowed, die := s.allowTokens(g - st.sent)
+			b := st.buf[:0]
+			for i := st.sent; i < st.sent+allowed; i++ {
+				b = st.appendToken(b, i)
+			}
+			st.buf = b
+			if len(b) > 0 {
+				n, err := w.Write(b)
+				written += int64(n)
+				if err != nil {
+					return written, errClientGone
+				}
+			}
+			st.sent += allowed
+			if die {
+				s.die()
+				return written, errCrashed
+			}
+			if st.sent == q.maxTokens {
+				return written, nil
+			}
+		}
+		if done == seqShutdown {
+			return written, errStopping
+		}
+		select {
+		case <-q.notify:
+		case <-s.sched.stopped:
+			if q.done.Load() == seqRunning {
+				return written, errStopping
+			}
+		}
+	}
+}
+
+// appendToken appends the SSE event(s) of output token i: the role chunk
+// before the first chat token, finish_reason on the last token, then the
+// usage chunk (stream_options.include_usage) and [DONE] after it.
+func (st *sseStream) appendToken(b []byte, i int) []byte {
+	q := st.q
+	last := i == q.maxTokens-1
+	tok := q.out[i : i+1]
+	if st.chat {
+		if i == 0 {
+			b = append(b, st.prefix...)
+			b = append(b, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+		}
+		b = append(b, st.prefix...)
+		b = append(b, `{"index":0,"delta":{"content":`...)
+		b = appendJSONString(b, tok)
+		if last {
+			b = append(b, `},"logprobs":null,"finish_reason":"length","stop_reason":null}]}`+"\n\n"...)
+		} else {
+			b = append(b, `},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+		}
+	} else {
+		b = append(b, st.prefix...)
+		b = append(b, `{"index":0,"text":`...)
+		b = appendJSONString(b, tok)
+		if last {
+			b = append(b, `,"logprobs":null,"finish_reason":"length","stop_reason":null}]}`+"\n\n"...)
+		} else {
+			b = append(b, `,"logprobs":null,"finish_reason":null,"stop_reason":null}]}`+"\n\n"...)
+		}
+	}
+	if last {
+		if st.includeUsage {
+			b = append(b, st.prefix...)
+			b = append(b, `],"usage":`...)
+			b = appendUsage(b, q)
+			b = append(b, "}\n\n"...)
+		}
+		b = append(b, "data: [DONE]\n\n"...)
+	}
+	return b
+}
+
+// Close gives the sequence back once fasthttp is done with the body: it
+// recycles a finished sequence, aborts an unfinished one (the client went
+// away or the write failed) so the engine frees its slot and blocks, and
+// leaves an abandoned one alone.
+func (st *sseStream) Close() error {
+	s, q := st.s, st.q
+	switch {
+	case st.hung:
+		s.hung.Add(-1)
+		putSeq(q)
+	case st.sent == q.maxTokens:
+		// Every token was out, so the scheduler has finished or is
+		// finishing q this instant.
+		if s.sched.wait(q) == seqFinished {
+			putSeq(q)
+		}
+	default:
+		switch q.done.Load() {
+		case seqFinished:
+			putSeq(q)
+		case seqRunning:
+			s.sched.abort(q)
+		}
+	}
+	*st = sseStream{prefix: st.prefix[:0], buf: st.buf[:0]}
+	if cap(st.buf) <= 1<<20 {
+		streamPool.Put(st)
+	}
+	return nil
+}

@@ -1,0 +1,96 @@
+package tokenizer
+
+// Tokenizer turns prompt text into the token ids an engine would compute.
+// Implementations are safe for concurrent use.
+type Tokenizer interface {
+	// Name identifies the tokenizer in logs and metrics.
+	Name() string
+	// Encode returns the ids of text without adding special tokens.
+	Encode(text string) []uint32
+	// AppendEncode appends the ids of text to dst: the allocation-free
+	// form of Encode for hot paths.
+	AppendEncode(dst []uint32, text string) []uint32
+	// RenderChat renders an OpenAI-style messages array (raw JSON) into
+	// the prompt text, with add_generation_prompt=true.
+	RenderChat(messages []byte) (string, error)
+	// RenderChatRequest is RenderChat with the request's tools and
+	// chat_template_kwargs, which change the prompt of some templates.
+	RenderChatRequest(c Chat) (string, error)
+}
+
+// Open returns the tokenizer a --tokenizer flag names: "bytes", or a
+// directory holding tokenizer.json (and optionally tokenizer_config.json or
+// chat_template.jinja).
+func Open(spec string) (Tokenizer, error) {
+	if spec == "bytes" {
+		return Bytes{}, nil
+	}
+	return Load(spec)
+}
+
+var (
+	_ Tokenizer = (*HF)(nil)
+	_ Tokenizer = Bytes{}
+)
+
+// Bytes is the tokenizer of tests and simulations: each byte is one token,
+// its id the byte's value.
+type Bytes struct{}
+
+// Name returns "bytes".
+func (Bytes) Name() string { return "bytes" }
+
+// Encode returns one id per byte of text.
+func (b Bytes) Encode(text string) []uint32 {
+	return b.AppendEncode(make([]uint32, 0, len(text)), text)
+}
+
+// AppendEncode appends one id per byte of text to dst.
+func (Bytes) AppendEncode(dst []uint32, text string) []uint32 {
+	for i := 0; i < len(text); i++ {
+		dst = append(dst, uint32(text[i]))
+	}
+	return dst
+}
+
+// Decode returns the bytes of ids; an id above 255 is an error.
+func (Bytes) Decode(ids []uint32) (string, error) {
+	out := make([]byte, len(ids))
+	for i, id := range ids {
+		if id > 0xFF {
+			return "", ErrUnknownID
+		}
+		out[i] = byte(id)
+	}
+	return string(out), nil
+}
+
+// RenderChat renders messages as ChatML, the layout of the Qwen family:
+// "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message, then
+// "<|im_start|>assistant\n". There is no model behind Bytes, so any fixed,
+// documented layout serves; ChatML keeps bytes-mode prompts realistic.
+func (b Bytes) RenderChat(messages []byte) (string, error) {
+	return b.RenderChatRequest(Chat{Messages: messages})
+}
+
+// RenderChatRequest renders c.Messages as RenderChat does; tools and kwargs
+// do not change the bytes layout.
+func (Bytes) RenderChatRequest(c Chat) (string, error) {
+	msgs, err := parseMessages(c.Messages)
+	if err != nil {
+		return "", err
+	}
+	var sb []byte
+	for _, m := range msgs.AsList().Items {
+		d := m.AsDict()
+		role, _ := d.Get("role")
+		content, _ := d.Get("content")
+		sb = append(sb, "<|im_start|>"...)
+		sb = append(sb, valueText(role)...)
+		sb = append(sb, '\n')
+		sb = append(sb, valueText(content)...)
+		sb = append(sb, "<|im_end|>\n"...)
+	}
+	sb = append(sb, "<|im_start|>assistant\n"...)
+	return string(sb), nil
+}
