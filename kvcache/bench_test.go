@@ -99,7 +99,7 @@ func fleet(b *testing.B, nw int) *benchFleet {
 }
 
 func BenchmarkMatchMany(b *testing.B) {
-	for _, nw := range []int{16, 64} {
+	for _, nw := range []int{16, 64, 256} {
 		for _, n := range promptSizes {
 			b.Run(fmt.Sprintf("workers=%d/tokens=%d", nw, n), func(b *testing.B) {
 				f := fleet(b, nw)
@@ -140,6 +140,7 @@ func BenchmarkMatchManyParallel(b *testing.B) {
 	f := fleet(b, 64)
 	hashes := f.hashes[:8192/benchBlockSize]
 	b.ReportAllocs()
+	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		out := make([]int, len(f.ws))
 		for pb.Next() {

@@ -8,9 +8,11 @@
 //     block hashes its engine caches, the engine-hash → router-hash map that
 //     resolves removals and parents, bounded by MaxBlocks (the worker with
 //     the most blocks loses its least recently used one). Match answers one
-//     worker; MatchMany answers many in one pass over the prompt's hashes,
-//     with one map lookup and one 64-bit AND per hash while the index has
-//     had at most 64 workers at once.
+//     worker; MatchMany answers many in one pass over the prompt's hashes.
+//     Workers are packed into groups of 64 slots and each group maps a
+//     router hash to a 64-bit membership mask, so a lookup costs one map
+//     read and one AND per hash per group the query touches (one group for
+//     fleets of up to 64 workers and ranks).
 //   - the KV-event decoder (event.go): vLLM (map and msgspec array form),
 //     SGLang (array) and ATOM (map) batches, msgpack, zero-allocation with a
 //     reused Batch.
@@ -56,7 +58,10 @@
 // an empty payload ends the replay). A subscriber replays on every connect
 // (to confirm its position even while the engine is idle) and on every gap.
 // If the first replayed seq is beyond the requested one, the engine's buffer
-// no longer covers the gap and the worker is resynced.
+// no longer covers the gap and the worker is resynced. A publisher must put
+// a batch in its replay buffer no later than it publishes it (vLLM appends
+// right after sending, on the thread that also serves replays), or a gap
+// whose last batch is not yet replayable forces a needless resync.
 //
 // Payload: msgpack batch [ts, [event…], dp_rank?] or a map with "ts",
 // "events", "data_parallel_rank" (or "dp_rank"). Events are tagged arrays

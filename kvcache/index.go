@@ -49,6 +49,11 @@ const (
 	shardBits  = 8
 	numShards  = 1 << shardBits
 	shardShift = 64 - shardBits
+
+	// Workers are grouped by slot in groups of 64; each group has its own
+	// router-hash map whose values carry a 64-bit membership mask.
+	groupShift = 6
+	maxGroups  = (maxSlots + 63) >> groupShift
 )
 
 // IndexConfig sizes an Index.
@@ -74,21 +79,36 @@ type block struct {
 	slot   uint16
 }
 
-// entry is the router-hash map value: the hash's block list and, bit
-// (slot mod 64), which workers hold it. While the index has never had more
-// than 64 workers the mask is exact and lookups never touch the list.
+// entry is a group's router-hash map value: which of the group's 64
+// workers hold the hash (bit = slot mod 64), which is all a lookup reads,
+// and the list of their blocks, which only writers walk.
 type entry struct {
 	head uint32
 	mask uint64
 }
 
-// shard guards the part of the router-hash map whose top bits match its index.
-// Readers hold the read lock only for one map lookup (or one list walk).
+// shard guards the part of a group's map whose top hash bits match its
+// index. Readers hold the read lock for one map lookup.
 type shard struct {
 	mu sync.RWMutex
 	m  map[uint64]entry
 	_  [32]byte // keep neighbouring shard locks off one cache line
 }
+
+// group indexes the blocks of slots [64g, 64g+64).
+type group struct {
+	shards [numShards]shard
+}
+
+func newGroup() *group {
+	g := new(group)
+	for i := range g.shards {
+		g.shards[i].m = make(map[uint64]entry)
+	}
+	return g
+}
+
+func (g *group) shardOf(h uint64) *shard { return &g.shards[h>>shardShift] }
 
 // Worker is an index handle for one Key. The router keeps handles in its
 // fleet snapshot and passes them to Match/MatchMany; the event applier
@@ -150,7 +170,9 @@ func (w *Worker) BlockSize() int { return int(w.blockSize.Load()) }
 type Index struct {
 	mu sync.Mutex
 
-	shards [numShards]shard
+	// groups[g] is created (under mu) before slot 64g is handed out and
+	// never replaced.
+	groups [maxGroups]atomic.Pointer[group]
 	// chunks is sized once in NewIndex and never re-sliced, so readers may
 	// index it without a lock; an element is set (under mu) before any block
 	// in it is published through a shard lock.
@@ -165,16 +187,24 @@ type Index struct {
 	minFree int       // no free slot below this
 	live    []*Worker // registered workers, for eviction
 	byKey   map[Key]*Worker
-	slotHWM atomic.Int32 // slots ever allocated; <= 64 keeps masks exact
 
 	scratch []uint64 // router hashes of the event being applied
 
-	pool sync.Pool // *matchScratch, for indexes past 64 slots
+	pool sync.Pool // *matchScratch, for queries spanning many groups
 }
 
-// matchScratch maps a slot to its position in a MatchMany call.
+// groupQuery is one group's part of a MatchMany call.
+type groupQuery struct {
+	g      *group
+	gi     uint16
+	active uint64 // workers still matching
+	live   uint64 // workers queried
+	res    [64]int32
+}
+
+// matchScratch holds group queries beyond what fits on the stack.
 type matchScratch struct {
-	pos []int32
+	qs []groupQuery
 }
 
 // NewIndex returns an empty index.
@@ -192,9 +222,6 @@ func NewIndex(cfg IndexConfig) *Index {
 		chunks: make([][]block, (maxBlocks+chunkSize)>>chunkShift),
 		hwm:    1,
 		byKey:  make(map[Key]*Worker),
-	}
-	for i := range x.shards {
-		x.shards[i].m = make(map[uint64]entry)
 	}
 	x.pool.New = func() any { return new(matchScratch) }
 	return x
@@ -214,14 +241,12 @@ func (x *Index) at(i uint32) *block {
 	return &x.chunks[i>>chunkShift][i&chunkMask]
 }
 
-func (x *Index) shardOf(h uint64) *shard {
-	return &x.shards[h>>shardShift]
+// shardOf returns the shard holding router hash h for slot's group.
+func (x *Index) shardOf(slot uint16, h uint64) *shard {
+	return x.groups[slot>>groupShift].Load().shardOf(h)
 }
 
 func slotBit(slot uint16) uint64 { return 1 << (slot & 63) }
-
-// exact reports whether entry masks identify workers exactly.
-func (x *Index) exact() bool { return x.slotHWM.Load() <= 64 }
 
 // Register returns the handle for k, creating it (approximate, empty) if
 // needed. blockSize is the engine's block size from discovery; 0 means learn
@@ -238,8 +263,8 @@ func (x *Index) Register(k Key, blockSize int) (*Worker, error) {
 		}
 		return w, nil
 	}
-	// Lowest free slot, so that a fleet that never has more than 64
-	// workers at once keeps exact masks however often workers come and go.
+	// Lowest free slot, so that workers stay packed into as few groups as
+	// possible however often they come and go.
 	slot := -1
 	for i := x.minFree; i < len(x.workers); i++ {
 		if x.workers[i] == nil {
@@ -253,7 +278,9 @@ func (x *Index) Register(k Key, blockSize int) (*Worker, error) {
 		}
 		slot = len(x.workers)
 		x.workers = append(x.workers, nil)
-		x.slotHWM.Store(int32(len(x.workers)))
+	}
+	if g := &x.groups[slot>>groupShift]; g.Load() == nil {
+		g.Store(newGroup())
 	}
 	x.minFree = slot + 1
 	w := &Worker{key: k, idx: x, slot: uint16(slot), engine: make(map[uint64]uint64), livePos: len(x.live)}
@@ -346,25 +373,13 @@ func (x *Index) Match(w *Worker, hashes []uint64) int {
 	if w == nil || w.idx != x || w.removed.Load() {
 		return 0
 	}
-	exact, slot, bit := x.exact(), w.slot, slotBit(w.slot)
+	g, bit := x.groups[w.slot>>groupShift].Load(), slotBit(w.slot)
 	for j, h := range hashes {
-		sh := x.shardOf(h)
+		sh := g.shardOf(h)
 		sh.mu.RLock()
-		e := sh.m[h]
-		found := e.mask&bit != 0
-		if found && !exact {
-			found = false
-			for i := e.head; i != 0; {
-				b := x.at(i)
-				if b.slot == slot {
-					found = true
-					break
-				}
-				i = b.same
-			}
-		}
+		mask := sh.m[h].mask
 		sh.mu.RUnlock()
-		if !found {
+		if mask&bit == 0 {
 			return j
 		}
 	}
@@ -372,10 +387,12 @@ func (x *Index) Match(w *Worker, hashes []uint64) int {
 }
 
 // MatchMany writes to out[k] the longest cached prefix (in blocks) of hashes
-// on ws[k], in one pass over hashes that stops at the first block no worker
-// still matching holds. out must have room for len(ws) results (extra
-// entries are left alone); nil, foreign or unregistered handles get 0. It
-// does not allocate in steady state.
+// on ws[k], in one pass over hashes that stops at the first block no queried
+// worker still matching holds. Per hash it costs one map lookup and one
+// 64-bit AND for each group of 64 slots the query touches (one, while the
+// index has had at most 64 workers at once). out must have room for len(ws)
+// results (extra entries are left alone); nil, foreign or unregistered
+// handles get 0. It does not allocate in steady state.
 func (x *Index) MatchMany(ws []*Worker, hashes []uint64, out []int) {
 	if len(out) < len(ws) {
 		ws = ws[:len(out)]
@@ -387,107 +404,104 @@ func (x *Index) MatchMany(ws []*Worker, hashes []uint64, out []int) {
 	if len(ws) == 0 || len(hashes) == 0 {
 		return
 	}
-	if x.exact() {
-		x.matchExact(ws, hashes, out)
-		return
-	}
-	x.matchWalk(ws, hashes, out)
-}
-
-// matchExact: with at most 64 slots, one mask AND per hash tracks every
-// queried worker at once.
-func (x *Index) matchExact(ws []*Worker, hashes []uint64, out []int) {
-	var res [64]int32
-	var active uint64
+	// Group queries live on the stack (two groups: fleets up to 128
+	// workers) and move to pooled scratch beyond that. The stack array is
+	// never stored anywhere, so it does not escape.
+	var local [2]groupQuery
+	n := 0
+	var sc *matchScratch
 	for _, w := range ws {
-		if w != nil && w.idx == x && !w.removed.Load() && w.slot < 64 {
-			active |= slotBit(w.slot)
-		}
-	}
-	live := active
-	j := 0
-	for ; j < len(hashes) && active != 0; j++ {
-		h := hashes[j]
-		sh := x.shardOf(h)
-		sh.mu.RLock()
-		mask := sh.m[h].mask
-		sh.mu.RUnlock()
-		for dropped := active &^ mask; dropped != 0; dropped &= dropped - 1 {
-			res[bits.TrailingZeros64(dropped)] = int32(j)
-		}
-		active &= mask
-	}
-	for ; active != 0; active &= active - 1 {
-		res[bits.TrailingZeros64(active)] = int32(j)
-	}
-	for k, w := range ws {
-		if w != nil && w.idx == x && w.slot < 64 && live&slotBit(w.slot) != 0 {
-			out[k] = int(res[w.slot])
-		}
-	}
-}
-
-// matchWalk serves indexes past 64 slots: the mask only filters, and a
-// hash's block list is walked to see which workers really hold it.
-func (x *Index) matchWalk(ws []*Worker, hashes []uint64, out []int) {
-	sc := x.pool.Get().(*matchScratch)
-	if n := int(x.slotHWM.Load()); len(sc.pos) < n {
-		sc.grow(n)
-	}
-	var filter uint64
-	for k, w := range ws {
-		if w == nil || w.idx != x || w.removed.Load() || int(w.slot) >= len(sc.pos) {
+		if w == nil || w.idx != x || w.removed.Load() {
 			continue
 		}
-		sc.pos[w.slot] = int32(k)
-		filter |= slotBit(w.slot)
-	}
-	pos := sc.pos
-	for j, h := range hashes {
-		if filter == 0 {
-			break
+		gi := w.slot >> groupShift
+		var q *groupQuery
+		if sc == nil {
+			q = findGroup(local[:n], gi)
+		} else {
+			q = findGroup(sc.qs, gi)
 		}
-		sh := x.shardOf(h)
-		var next uint64
-		sh.mu.RLock()
-		e := sh.m[h]
-		if e.mask&filter != 0 {
-			for i := e.head; i != 0; {
-				b := x.at(i)
-				// A slot registered after the scratch was sized cannot
-				// be one of ours, hence the bounds check.
-				if int(b.slot) < len(pos) {
-					if p := pos[b.slot]; p >= 0 && out[p] == j {
-						out[p] = j + 1
-						next |= slotBit(b.slot)
-					}
+		if q == nil {
+			gq := groupQuery{g: x.groups[gi].Load(), gi: gi}
+			switch {
+			case sc == nil && n < len(local):
+				local[n] = gq
+				q = &local[n]
+				n++
+			default:
+				if sc == nil {
+					sc = x.pool.Get().(*matchScratch)
+					sc.qs = append(sc.qs[:0], local[:n]...)
 				}
-				i = b.same
+				sc.qs = append(sc.qs, gq)
+				q = &sc.qs[len(sc.qs)-1]
 			}
 		}
-		sh.mu.RUnlock()
-		filter = next
+		q.live |= slotBit(w.slot)
 	}
+	qs := local[:n]
+	if sc != nil {
+		qs = sc.qs
+	}
+	matchGroups(qs, hashes)
 	for k, w := range ws {
-		if w != nil && w.idx == x && !w.removed.Load() && int(w.slot) < len(pos) && pos[w.slot] >= 0 {
-			out[k] = out[pos[w.slot]] // a handle listed twice gets its result twice
+		if w == nil || w.idx != x {
+			continue
+		}
+		if q := findGroup(qs, w.slot>>groupShift); q != nil && q.live&slotBit(w.slot) != 0 {
+			out[k] = int(q.res[w.slot&63])
 		}
 	}
-	for _, w := range ws {
-		if w != nil && w.idx == x && int(w.slot) < len(pos) {
-			pos[w.slot] = -1
-		}
+	if sc != nil {
+		sc.qs = sc.qs[:0]
+		x.pool.Put(sc)
 	}
-	x.pool.Put(sc)
 }
 
-func (s *matchScratch) grow(n int) {
-	pos := make([]int32, n)
-	copy(pos, s.pos)
-	for i := len(s.pos); i < n; i++ {
-		pos[i] = -1
+func findGroup(qs []groupQuery, gi uint16) *groupQuery {
+	for i := range qs {
+		if qs[i].gi == gi {
+			return &qs[i]
+		}
 	}
-	s.pos = pos
+	return nil
+}
+
+// matchGroups walks hashes until no queried worker still matches, recording
+// in res the prefix length at which each worker dropped out.
+func matchGroups(qs []groupQuery, hashes []uint64) {
+	remaining := 0
+	for i := range qs {
+		qs[i].active = qs[i].live
+		if qs[i].active != 0 {
+			remaining++
+		}
+	}
+	j := 0
+	for ; j < len(hashes) && remaining > 0; j++ {
+		h := hashes[j]
+		for i := range qs {
+			q := &qs[i]
+			if q.active == 0 {
+				continue
+			}
+			sh := q.g.shardOf(h)
+			sh.mu.RLock()
+			mask := sh.m[h].mask
+			sh.mu.RUnlock()
+			for dropped := q.active &^ mask; dropped != 0; dropped &= dropped - 1 {
+				q.res[bits.TrailingZeros64(dropped)] = int32(j)
+			}
+			if q.active &= mask; q.active == 0 {
+				remaining--
+			}
+		}
+	}
+	for i := range qs {
+		for a := qs[i].active; a != 0; a &= a - 1 {
+			qs[i].res[bits.TrailingZeros64(a)] = int32(j)
+		}
+	}
 }
 
 // ApplyResult counts what Apply did with a batch.
@@ -623,7 +637,7 @@ func (x *Index) applyRemovedLocked(w *Worker, ev *Event, res *ApplyResult) {
 // findLocked returns w's block for router hash h, or 0. Writers read the
 // shard map without its lock: only writers (serialised by mu) modify it.
 func (x *Index) findLocked(h uint64, w *Worker) uint32 {
-	e := x.shardOf(h).m[h]
+	e := x.shardOf(w.slot, h).m[h]
 	if e.mask&slotBit(w.slot) == 0 {
 		return 0
 	}
@@ -653,7 +667,7 @@ func (x *Index) storeLocked(w *Worker, h, e uint64) bool {
 	i := x.allocLocked()
 	b := x.at(i)
 	*b = block{hash: h, engine: e, slot: w.slot}
-	sh := x.shardOf(h)
+	sh := x.shardOf(w.slot, h)
 	sh.mu.Lock()
 	en := sh.m[h]
 	b.same = en.head
@@ -709,7 +723,7 @@ func (x *Index) allocLocked() uint32 {
 // and puts the block on the free list.
 func (x *Index) freeBlockLocked(i uint32) {
 	b := x.at(i)
-	sh := x.shardOf(b.hash)
+	sh := x.shardOf(b.slot, b.hash)
 	en := sh.m[b.hash]
 	var mask uint64
 	var prev uint32

@@ -177,7 +177,7 @@ func TestIndexMatchMany(t *testing.T) {
 }
 
 func TestIndexMatchManyRandomAgainstMatch(t *testing.T) {
-	for _, nw := range []int{20, 64, 80} {
+	for _, nw := range []int{20, 64, 80, 300} {
 		t.Run(fmt.Sprintf("workers=%d", nw), func(t *testing.T) { testMatchManyRandom(t, nw) })
 	}
 }
@@ -216,12 +216,11 @@ func testMatchManyRandom(t *testing.T, nw int) {
 			x.Clear(w)
 		}
 	}
-	if x.exact() != (nw <= 64) {
-		t.Fatalf("exact = %v with %d workers", x.exact(), nw)
-	}
-	// Query a shuffled subset, with a nil and a duplicate.
-	query := append(slices.Clone(ws[:nw/2]), nil, ws[0])
+	// Query up to 64 workers drawn from every group, plus a nil and a
+	// duplicate.
+	query := slices.Clone(ws)
 	rng.Shuffle(len(query), func(i, j int) { query[i], query[j] = query[j], query[i] })
+	query = append(query[:min(len(query), 64)], nil, query[0])
 	out := make([]int, len(query))
 	hits := 0
 	for _, p := range prompts {
@@ -327,7 +326,7 @@ func TestIndexEvictsFromLargestWorker(t *testing.T) {
 	}
 }
 
-func TestIndexMasksStayExactUnderChurn(t *testing.T) {
+func TestIndexSlotsStayPackedUnderChurn(t *testing.T) {
 	x := NewIndex(IndexConfig{})
 	ws := make([]*Worker, 64)
 	for i := range ws {
@@ -336,13 +335,12 @@ func TestIndexMasksStayExactUnderChurn(t *testing.T) {
 	for range 10 {
 		x.Unregister(ws[7])
 		ws[7] = mustRegister(t, x, "replacement", 1)
-		if !x.exact() {
-			t.Fatal("slot churn pushed the index past 64 slots")
+		if x.groups[1].Load() != nil {
+			t.Fatal("slot churn opened a second group")
 		}
 	}
-	mustRegister(t, x, "65th", 1)
-	if x.exact() {
-		t.Fatal("65 workers still exact")
+	if w := mustRegister(t, x, "65th", 1); w.slot != 64 || x.groups[1].Load() == nil {
+		t.Fatalf("65th worker: slot %d", w.slot)
 	}
 }
 

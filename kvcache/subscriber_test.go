@@ -198,7 +198,6 @@ func (r *testReplay) serve() {
 type engineSim struct {
 	t      *testing.T
 	bs     int
-	next   uint64 // engine hash counter
 	tokens []uint32
 }
 

@@ -119,6 +119,7 @@ func (r *Router) Server() *fasthttp.Server {
 // Serve serves on ln until ctx is done, then shuts down: it stops accepting,
 // waits up to ShutdownTimeout for in-flight requests, cuts the streams still
 // running by closing their upstream connections, and closes idle pools.
+// A Router serves once: after Serve it dials no worker again.
 func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	srv := r.Server()
 	errc := make(chan error, 1)
@@ -245,13 +246,11 @@ func writeError(ctx *fasthttp.RequestCtx, status int, message, errType, code str
 	ctx.SetBody(openai.AppendError(buf[:0], message, errType, code))
 }
 
-// requestID sets X-Request-Id on the response (and returns it): the
-// client's own if it sent a sane one, else a fresh "<random>-<counter>".
-func (r *Router) requestID(ctx *fasthttp.RequestCtx) []byte {
+// requestID sets X-Request-Id on the response: the client's own if it sent
+// a sane one, else a fresh "<random>-<counter>".
+func (r *Router) requestID(ctx *fasthttp.RequestCtx) {
 	var buf [maxRequestIDBytes]byte
-	id := r.appendRequestID(buf[:0], ctx.Request.Header.Peek("X-Request-Id"))
-	ctx.Response.Header.SetBytesV("X-Request-Id", id)
-	return ctx.Response.Header.Peek("X-Request-Id")
+	ctx.Response.Header.SetBytesV("X-Request-Id", r.appendRequestID(buf[:0], ctx.Request.Header.Peek("X-Request-Id")))
 }
 
 const maxRequestIDBytes = 128
