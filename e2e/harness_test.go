@@ -154,18 +154,6 @@ func (p *proc) waitLog(msg string, timeout time.Duration) map[string]any {
 	}
 }
 
-// findLog returns the first line with msg, or nil.
-func (p *proc) findLog(msg string) map[string]any {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, l := range p.lines {
-		if l["message"] == msg {
-			return l
-		}
-	}
-	return nil
-}
-
 // logText returns the whole log so far, for failure messages.
 func (p *proc) logText() string {
 	p.mu.Lock()
