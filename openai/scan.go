@@ -57,6 +57,12 @@ type Request struct {
 	// and the "prompt" value (completions).
 	Messages Span
 	Prompt   Span
+	// Tools is the raw "tools" array and ChatTemplateKwargs the raw
+	// "chat_template_kwargs" object: both change the prompt a chat template
+	// renders, so exact tokenization needs them. A value of another type
+	// leaves the span empty; it is the engine's to reject.
+	Tools              Span
+	ChatTemplateKwargs Span
 
 	scratch []byte
 }
@@ -103,6 +109,8 @@ const (
 	fieldMaxCompletionTokens
 	fieldMessages
 	fieldPrompt
+	fieldTools
+	fieldChatTemplateKwargs
 	numFields
 )
 
@@ -132,6 +140,8 @@ func Scan(body []byte, r *Request) error {
 	r.MaxTokens = -1
 	r.Messages = Span{}
 	r.Prompt = Span{}
+	r.Tools = Span{}
+	r.ChatTemplateKwargs = Span{}
 	r.scratch = r.scratch[:0]
 
 	s := scanner{b: body}
@@ -363,6 +373,21 @@ func (s *scanner) topField(field int, r *Request, st *topState) error {
 			r.Prompt = sp
 		}
 		st.setBad(field, !ok)
+		return nil
+	case fieldTools, fieldChatTemplateKwargs:
+		start := s.i
+		if err := s.value(); err != nil {
+			return err
+		}
+		sp := Span{}
+		if (field == fieldTools && c == '[') || (field == fieldChatTemplateKwargs && c == '{') {
+			sp = Span{start, s.i}
+		}
+		if field == fieldTools {
+			r.Tools = sp
+		} else {
+			r.ChatTemplateKwargs = sp
+		}
 		return nil
 	}
 	return s.value()
@@ -704,7 +729,8 @@ func plain8(x uint64) bool {
 func lookupField(raw []byte, escaped bool) int {
 	if escaped {
 		// Unescaping never grows a string, and known keys are at most 21
-		// bytes, each at most 6 raw bytes as \uXXXX.
+		// bytes (max_completion_tokens, chat_template_kwargs), each at most
+		// 6 raw bytes as \uXXXX.
 		if len(raw) > 6*21 {
 			return fieldOther
 		}
@@ -726,6 +752,10 @@ func lookupField(raw []byte, escaped bool) int {
 		return fieldMessages
 	case "prompt":
 		return fieldPrompt
+	case "tools":
+		return fieldTools
+	case "chat_template_kwargs":
+		return fieldChatTemplateKwargs
 	}
 	return fieldOther
 }

@@ -1,0 +1,305 @@
+package openai
+
+import "errors"
+
+// The helpers below read parts of a request that Scan has already validated
+// (its Messages and Prompt spans), for routing policies that need the prompt
+// itself. They do not allocate. Given input that is not well-formed JSON they
+// return errors or partial results but never panic.
+
+// ErrBadPrompt: a prompt value is not a string, an array of token ids, or an
+// array of those.
+var ErrBadPrompt = errors.New("prompt must be a string, an array of token ids, or an array of those")
+
+// AppendUnescaped appends the decoded form of a JSON string's raw content
+// (the bytes between the quotes, validated) to dst, exactly as
+// encoding/json decodes it.
+func AppendUnescaped(dst, raw []byte) []byte { return appendUnescaped(dst, raw) }
+
+// PromptKind says what a completions prompt holds.
+type PromptKind uint8
+
+const (
+	// PromptNone: no prompt (absent, null, or an empty batch).
+	PromptNone PromptKind = iota
+	// PromptText: a string; Raw is its raw content, Escaped says whether it
+	// holds escape sequences.
+	PromptText
+	// PromptTokens: an array of token ids; Raw is the whole array.
+	PromptTokens
+)
+
+// Prompt is the first prompt of a completions request's "prompt" value. A
+// batch (an array of strings or of token arrays) is routed by its first
+// element, which is the prompt the engine schedules first.
+type Prompt struct {
+	Kind    PromptKind
+	Raw     []byte
+	Escaped bool
+}
+
+// FirstPrompt returns the first prompt of v, the raw "prompt" value.
+func FirstPrompt(v []byte) (Prompt, error) {
+	s := scanner{b: v}
+	s.skipWS()
+	if s.i >= len(v) {
+		return Prompt{}, nil
+	}
+	switch v[s.i] {
+	case 'n':
+		return Prompt{}, nil
+	case '"':
+		st, en, esc, err := s.str()
+		if err != nil {
+			return Prompt{}, err
+		}
+		return Prompt{Kind: PromptText, Raw: v[st:en], Escaped: esc}, nil
+	case '[':
+	default:
+		return Prompt{}, ErrBadPrompt
+	}
+	start := s.i
+	s.i++
+	s.skipWS()
+	if s.i >= len(v) {
+		return Prompt{}, ErrBadPrompt
+	}
+	switch c := v[s.i]; {
+	case c == ']':
+		return Prompt{}, nil
+	case c == '"':
+		st, en, esc, err := s.str()
+		if err != nil {
+			return Prompt{}, err
+		}
+		return Prompt{Kind: PromptText, Raw: v[st:en], Escaped: esc}, nil
+	case c == '[':
+		inner := s.i
+		s.depth = 1
+		if err := s.array(); err != nil {
+			return Prompt{}, err
+		}
+		return Prompt{Kind: PromptTokens, Raw: v[inner:s.i]}, nil
+	case c == '-' || (c >= '0' && c <= '9'):
+		s.i = start
+		if err := s.array(); err != nil {
+			return Prompt{}, err
+		}
+		return Prompt{Kind: PromptTokens, Raw: v[start:s.i]}, nil
+	}
+	return Prompt{}, ErrBadPrompt
+}
+
+// AppendTokenIDs appends the ids of a JSON array of token ids (non-negative
+// integers below 2^32) to dst.
+func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
+	i := 0
+	skip := func() {
+		for i < len(arr) && (arr[i] == ' ' || arr[i] == '\t' || arr[i] == '\n' || arr[i] == '\r') {
+			i++
+		}
+	}
+	skip()
+	if i >= len(arr) || arr[i] != '[' {
+		return dst, ErrBadPrompt
+	}
+	i++
+	skip()
+	if i < len(arr) && arr[i] == ']' {
+		return dst, nil
+	}
+	for {
+		var v uint64
+		digits := 0
+		for i < len(arr) && arr[i] >= '0' && arr[i] <= '9' {
+			v = v*10 + uint64(arr[i]-'0')
+			if v > 1<<32-1 {
+				return dst, ErrBadPrompt
+			}
+			i++
+			digits++
+		}
+		if digits == 0 || (digits > 1 && arr[i-digits] == '0') {
+			return dst, ErrBadPrompt
+		}
+		dst = append(dst, uint32(v))
+		skip()
+		if i >= len(arr) {
+			return dst, ErrBadPrompt
+		}
+		switch arr[i] {
+		case ',':
+			i++
+			skip()
+		case ']':
+			i++
+			skip()
+			if i != len(arr) {
+				return dst, ErrBadPrompt
+			}
+			return dst, nil
+		default:
+			return dst, ErrBadPrompt
+		}
+	}
+}
+
+// VisitImages calls fn with every image reference in a chat messages array
+// and returns how many there were. A reference is the raw (still escaped)
+// content of the URL string of a content part of type "image_url" (its
+// "image_url" value, a string or {"url": ...}) or "input_image" (its
+// "image_url", or failing that its "file_id"). Equal references in equal
+// order mean the same images, which is all an affinity key needs; the bytes
+// passed to fn are valid only during the call.
+func VisitImages(messages []byte, fn func(ref []byte)) int {
+	s := scanner{b: messages}
+	s.skipWS()
+	n := 0
+	s.eachElement(func() bool {
+		if s.b[s.i] != '{' {
+			return s.value() == nil
+		}
+		return s.eachMember(func(key []byte, esc bool) bool {
+			if !keyEquals(key, esc, "content") || s.b[s.i] != '[' {
+				return s.value() == nil
+			}
+			return s.eachElement(func() bool {
+				if s.b[s.i] != '{' {
+					return s.value() == nil
+				}
+				ref, ok := s.imagePart()
+				if ok && ref != nil {
+					fn(ref)
+					n++
+				}
+				return ok
+			})
+		})
+	})
+	return n
+}
+
+// imagePart reads one content part object and returns its image reference
+// (nil when it is not an image part).
+func (s *scanner) imagePart() (ref []byte, ok bool) {
+	var typ, url, fileID []byte
+	ok = s.eachMember(func(key []byte, esc bool) bool {
+		c := s.b[s.i]
+		switch {
+		case keyEquals(key, esc, "type") && c == '"':
+			st, en, _, err := s.str()
+			typ = s.b[st:en]
+			return err == nil
+		case keyEquals(key, esc, "image_url") && c == '"':
+			st, en, _, err := s.str()
+			url = s.b[st:en]
+			return err == nil
+		case keyEquals(key, esc, "image_url") && c == '{':
+			return s.eachMember(func(k []byte, kesc bool) bool {
+				if keyEquals(k, kesc, "url") && s.b[s.i] == '"' {
+					st, en, _, err := s.str()
+					url = s.b[st:en]
+					return err == nil
+				}
+				return s.value() == nil
+			})
+		case keyEquals(key, esc, "file_id") && c == '"':
+			st, en, _, err := s.str()
+			fileID = s.b[st:en]
+			return err == nil
+		}
+		return s.value() == nil
+	})
+	if !ok {
+		return nil, false
+	}
+	switch string(typ) {
+	case "image_url":
+		return url, true
+	case "input_image":
+		if url != nil {
+			return url, true
+		}
+		return fileID, true
+	}
+	return nil, true
+}
+
+// eachElement walks the array at s.i, calling fn with s.i on each element;
+// fn must consume the element. It reports whether the walk completed.
+func (s *scanner) eachElement(fn func() bool) bool {
+	if s.i >= len(s.b) || s.b[s.i] != '[' {
+		return false
+	}
+	s.i++
+	s.skipWS()
+	if s.i < len(s.b) && s.b[s.i] == ']' {
+		s.i++
+		return true
+	}
+	for {
+		if s.i >= len(s.b) || !fn() {
+			return false
+		}
+		s.skipWS()
+		if s.i >= len(s.b) {
+			return false
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+			s.skipWS()
+		case ']':
+			s.i++
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// eachMember walks the object at s.i, calling fn with each key's raw
+// content and s.i on its value; fn must consume the value.
+func (s *scanner) eachMember(fn func(key []byte, escaped bool) bool) bool {
+	if s.i >= len(s.b) || s.b[s.i] != '{' {
+		return false
+	}
+	s.i++
+	s.skipWS()
+	if s.i < len(s.b) && s.b[s.i] == '}' {
+		s.i++
+		return true
+	}
+	for {
+		if s.i >= len(s.b) || s.b[s.i] != '"' {
+			return false
+		}
+		ks, ke, kesc, err := s.str()
+		if err != nil {
+			return false
+		}
+		s.skipWS()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return false
+		}
+		s.i++
+		s.skipWS()
+		if s.i >= len(s.b) || !fn(s.b[ks:ke], kesc) {
+			return false
+		}
+		s.skipWS()
+		if s.i >= len(s.b) {
+			return false
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+			s.skipWS()
+		case '}':
+			s.i++
+			return true
+		default:
+			return false
+		}
+	}
+}
