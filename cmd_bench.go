@@ -72,7 +72,7 @@ func runBench(c *cli.Context, cfg *config.Bench) error {
 		Workload: cfg.Workload, InputLen: cfg.InputLen, OutputLen: cfg.OutputLen, LenSpread: cfg.LenSpread,
 		PrefixGroups: cfg.PrefixGroups, PrefixLen: cfg.PrefixLen, SuffixLen: cfg.SuffixLen,
 		Sessions: cfg.Sessions, Turns: cfg.Turns,
-		TracePath: cfg.Trace, TraceTimeScale: cfg.TraceTimeScale, TraceLimit: cfg.TraceLimit, IgnoreEOS: cfg.IgnoreEOS,
+		TracePath: cfg.Trace, TraceTimeScale: cfg.TraceTimeScale, TraceLimit: cfg.TraceLimit, TraceBlockWords: cfg.TraceBlockWords, IgnoreEOS: cfg.IgnoreEOS,
 		Label: cfg.Label,
 	}
 	if cfg.Progress {

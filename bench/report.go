@@ -60,30 +60,31 @@ type Throughput struct {
 type ConfigEcho struct {
 	Label string `json:"label"`
 	// URL lists the base URLs, comma-separated when there are several.
-	URL            string  `json:"url"`
-	Model          string  `json:"model"`
-	Endpoint       string  `json:"endpoint"`
-	Stream         bool    `json:"stream"`
-	Seed           int64   `json:"seed"`
-	Workload       string  `json:"workload"`
-	Requests       int     `json:"requests"`
-	DurationS      float64 `json:"duration_s"`
-	Concurrency    int     `json:"concurrency"`
-	Rate           float64 `json:"rate"`
-	MaxInflight    int     `json:"max_inflight"`
-	TimeoutS       float64 `json:"timeout_s"`
-	InputLen       int     `json:"input_len"`
-	OutputLen      int     `json:"output_len"`
-	LenSpread      float64 `json:"len_spread"`
-	PrefixGroups   int     `json:"prefix_groups"`
-	PrefixLen      int     `json:"prefix_len"`
-	SuffixLen      int     `json:"suffix_len"`
-	Sessions       int     `json:"sessions"`
-	Turns          int     `json:"turns"`
-	Trace          string  `json:"trace"`
-	TraceTimeScale float64 `json:"trace_time_scale"`
-	TraceLimit     int     `json:"trace_limit"`
-	IgnoreEOS      bool    `json:"ignore_eos"`
+	URL             string  `json:"url"`
+	Model           string  `json:"model"`
+	Endpoint        string  `json:"endpoint"`
+	Stream          bool    `json:"stream"`
+	Seed            int64   `json:"seed"`
+	Workload        string  `json:"workload"`
+	Requests        int     `json:"requests"`
+	DurationS       float64 `json:"duration_s"`
+	Concurrency     int     `json:"concurrency"`
+	Rate            float64 `json:"rate"`
+	MaxInflight     int     `json:"max_inflight"`
+	TimeoutS        float64 `json:"timeout_s"`
+	InputLen        int     `json:"input_len"`
+	OutputLen       int     `json:"output_len"`
+	LenSpread       float64 `json:"len_spread"`
+	PrefixGroups    int     `json:"prefix_groups"`
+	PrefixLen       int     `json:"prefix_len"`
+	SuffixLen       int     `json:"suffix_len"`
+	Sessions        int     `json:"sessions"`
+	Turns           int     `json:"turns"`
+	Trace           string  `json:"trace"`
+	TraceTimeScale  float64 `json:"trace_time_scale"`
+	TraceLimit      int     `json:"trace_limit"`
+	TraceBlockWords int     `json:"trace_block_words"`
+	IgnoreEOS       bool    `json:"ignore_eos"`
 }
 
 func echo(o *Options) ConfigEcho {
@@ -102,7 +103,7 @@ func echo(o *Options) ConfigEcho {
 		Rate: o.Rate, MaxInflight: o.MaxInflight, TimeoutS: o.Timeout.Seconds(), InputLen: o.InputLen,
 		OutputLen: o.OutputLen, LenSpread: o.LenSpread, PrefixGroups: o.PrefixGroups, PrefixLen: o.PrefixLen,
 		SuffixLen: o.SuffixLen, Sessions: o.Sessions, Turns: o.Turns, Trace: o.TracePath,
-		TraceTimeScale: o.TraceTimeScale, TraceLimit: o.TraceLimit, IgnoreEOS: o.IgnoreEOS,
+		TraceTimeScale: o.TraceTimeScale, TraceLimit: o.TraceLimit, TraceBlockWords: o.TraceBlockWords, IgnoreEOS: o.IgnoreEOS,
 	}
 }
 

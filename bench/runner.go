@@ -80,7 +80,11 @@ type Options struct {
 	// loop or --rate instead).
 	TraceTimeScale float64
 	TraceLimit     int
-	IgnoreEOS      bool
+	// TraceBlockWords is the number of words a trace hash id stands for
+	// (0 = 512, the trace's own block size); smaller values replay the
+	// trace's sharing pattern at a smaller scale, input lengths scaled alike.
+	TraceBlockWords int
+	IgnoreEOS       bool
 
 	// Label names the run in plots; empty derives one from workload and URL.
 	Label string
@@ -166,6 +170,9 @@ func (o *Options) Validate() error {
 		if o.TraceLimit < 0 {
 			add("trace-limit %d is negative", o.TraceLimit)
 		}
+		if o.TraceBlockWords < 0 || o.TraceBlockWords > traceBlockTokens {
+			add("trace-block-words %d: want 0..%d", o.TraceBlockWords, traceBlockTokens)
+		}
 	default:
 		add("workload %q: want random, shared-prefix, multi-turn or trace", o.Workload)
 	}
@@ -223,7 +230,7 @@ func (o *Options) newWorkload() (workload, error) {
 		} else if o.TraceLimit > 0 && len(recs) > o.TraceLimit {
 			recs = recs[:o.TraceLimit]
 		}
-		return &traceWorkload{seed: o.Seed, records: recs, timeScale: o.TraceTimeScale}, nil
+		return &traceWorkload{seed: o.Seed, records: recs, timeScale: o.TraceTimeScale, blockWords: o.TraceBlockWords}, nil
 	}
 	return nil, fmt.Errorf("%w: workload %q", ErrInvalidOptions, o.Workload)
 }

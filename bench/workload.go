@@ -275,13 +275,14 @@ func (w *multiTurnWorkload) build(it *item) {
 // maps to the same blockWords words, so equal ids give equal text; the last
 // block is cut to the record's input length.
 type traceWorkload struct {
-	seed      int64
-	records   []TraceRecord
-	timeScale float64
+	seed       int64
+	records    []TraceRecord
+	timeScale  float64
+	blockWords int // words per hash id; 0 means traceBlockTokens
 }
 
-// blockWords is the size of a trace block: Mooncake hash ids name 512-token blocks.
-const blockWords = 512
+// traceBlockTokens is the size of a trace block: Mooncake hash ids name 512-token blocks.
+const traceBlockTokens = 512
 
 func (w *traceWorkload) next(i int) (item, bool) {
 	if i >= len(w.records) {
@@ -296,9 +297,16 @@ func (w *traceWorkload) next(i int) (item, bool) {
 
 func (w *traceWorkload) build(it *item) {
 	rec := w.records[it.index]
+	blockWords := w.blockWords
+	if blockWords <= 0 {
+		blockWords = traceBlockTokens
+	}
+	// Scale the input length with the block size, rounding up so that a
+	// record keeps at least one word per started block.
+	inputWords := (rec.InputLength*blockWords + traceBlockTokens - 1) / traceBlockTokens
 	var b strings.Builder
-	b.Grow(rec.InputLength * 7)
-	left := rec.InputLength
+	b.Grow(inputWords * 7)
+	left := inputWords
 	for _, h := range rec.HashIDs {
 		if left <= 0 {
 			break
@@ -315,7 +323,7 @@ func (w *traceWorkload) build(it *item) {
 	}
 	it.messages = []message{{role: "user", content: b.String()}}
 	it.maxTokens = max(rec.OutputLength, 1)
-	it.words = rec.InputLength
+	it.words = inputWords
 }
 
 // renderPrompt flattens messages into one completions prompt. Joining with

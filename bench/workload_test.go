@@ -247,11 +247,11 @@ func TestTraceWorkloadBlocks(t *testing.T) {
 	}
 	block := func(p string, k int) string {
 		f := strings.Fields(p)
-		return strings.Join(f[k*blockWords:min((k+1)*blockWords, len(f))], " ")
+		return strings.Join(f[k*traceBlockTokens:min((k+1)*traceBlockTokens, len(f))], " ")
 	}
 	// Records 0 and 2 share hash ids 0 and 1: their first 1024 words are the
 	// same text; their third blocks (2 vs 5) differ.
-	shared := strings.Join(strings.Fields(ps[0])[:2*blockWords], " ")
+	shared := strings.Join(strings.Fields(ps[0])[:2*traceBlockTokens], " ")
 	if !sharesTokens(ps[2], shared) {
 		t.Fatal("records with equal leading hash ids do not share their leading text")
 	}

@@ -26,19 +26,20 @@ type Bench struct {
 	MaxInflight int
 	Timeout     time.Duration
 
-	Workload       string
-	InputLen       int
-	OutputLen      int
-	LenSpread      float64
-	PrefixGroups   int
-	PrefixLen      int
-	SuffixLen      int
-	Sessions       int
-	Turns          int
-	Trace          string
-	TraceTimeScale float64
-	TraceLimit     int
-	IgnoreEOS      bool
+	Workload        string
+	InputLen        int
+	OutputLen       int
+	LenSpread       float64
+	PrefixGroups    int
+	PrefixLen       int
+	SuffixLen       int
+	Sessions        int
+	Turns           int
+	Trace           string
+	TraceTimeScale  float64
+	TraceLimit      int
+	TraceBlockWords int
+	IgnoreEOS       bool
 
 	JSON     string
 	Plot     string
@@ -73,6 +74,7 @@ func (b *Bench) Flags() []cli.Flag {
 		String("trace", "trace: Mooncake jsonl file (timestamp ms, input_length, output_length, hash_ids)", &b.Trace, ""),
 		Float("trace-time-scale", "trace: multiply timestamps by this (0.5 = twice as fast; 0 = ignore them and use --concurrency or --rate)", &b.TraceTimeScale, 1),
 		Int("trace-limit", "trace: use only the first N records (0: all)", &b.TraceLimit, 0),
+		Int("trace-block-words", "trace: words per hash id block (0: 512, the trace's own size); smaller replays the sharing pattern at a smaller scale", &b.TraceBlockWords, 0),
 		Bool("ignore-eos", "send ignore_eos so vLLM-like engines generate exactly max_tokens", &b.IgnoreEOS, false),
 		String("json", "write the report as JSON to this file", &b.JSON, ""),
 		String("plot", "write the TTFT CDF as SVG to this file", &b.Plot, ""),
@@ -162,6 +164,9 @@ func (b *Bench) Validate() error {
 	}
 	if !finiteAtLeast(b.TraceTimeScale, 0) {
 		p.Addf("--trace-time-scale %v: want a finite number >= 0", b.TraceTimeScale)
+	}
+	if b.TraceBlockWords < 0 || b.TraceBlockWords > 512 {
+		p.Addf("--trace-block-words %d: want 0..512", b.TraceBlockWords)
 	}
 	if b.TraceLimit < 0 {
 		p.Addf("--trace-limit must be >= 0")
