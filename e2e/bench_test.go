@@ -26,7 +26,12 @@ type benchReport struct {
 // runBench runs `infera bench` to completion and decodes its --json report.
 func runBench(t *testing.T, timeout time.Duration, args ...string) (benchReport, error) {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "report.json")
+	return runBenchTo(t, timeout, filepath.Join(t.TempDir(), "report.json"), args...)
+}
+
+// runBenchTo is runBench writing its --json report to out.
+func runBenchTo(t *testing.T, timeout time.Duration, out string, args ...string) (benchReport, error) {
+	t.Helper()
 	cmd := exec.CommandContext(t.Context(), binary, append([]string{"bench", "--json", out, "--progress=false"}, args...)...)
 	cmd.Env = cleanEnv()
 	done := make(chan struct{})

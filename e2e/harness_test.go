@@ -372,3 +372,31 @@ func checkStream(body string) error {
 	}
 	return nil
 }
+
+// cacheViewResponse is GET /v1/admin/cache-view/{worker_id}.
+type cacheViewResponse struct {
+	WorkerID   string `json:"worker_id"`
+	DPRank     int    `json:"dp_rank"`
+	BlockCount int    `json:"block_count"`
+	Mode       string `json:"mode"`
+}
+
+func (f *fleet) cacheView(workerID string) (cacheViewResponse, error) {
+	var view cacheViewResponse
+	resp, err := http.Get(f.base + "/v1/admin/cache-view/" + workerID)
+	if err != nil {
+		return view, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return view, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return view, fmt.Errorf("cache-view %s: %d %s", workerID, resp.StatusCode, body)
+	}
+	if err := json.Unmarshal(body, &view); err != nil {
+		return view, fmt.Errorf("decode cache-view %q: %w", body, err)
+	}
+	return view, nil
+}

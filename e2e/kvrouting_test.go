@@ -1,0 +1,155 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// kvFleet describes one measured fleet: a policy in front of N simulated
+// workers whose caches each hold kvBlocks blocks.
+type kvFleet struct {
+	policy   string
+	workers  int
+	kvBlocks int
+}
+
+// kvWorkload is one `infera bench` invocation (without URL and output).
+type kvWorkload struct {
+	name string
+	args []string
+}
+
+// simTiming makes prefill dominate TTFT, as on a GPU with long prompts, so
+// that a cache hit is visible in TTFT.
+var simTiming = []string{"--time-scale", "1", "--prefill-tokens-per-s", "20000", "--step-overhead-ms", "2",
+	"--decode-ms-per-token", "0.2", "--max-model-len", "32768"}
+
+// runKVFleet starts serve with the fleet's policy and workers, runs every
+// workload against it and returns the reports by workload name.
+func runKVFleet(t *testing.T, fl kvFleet, workloads []kvWorkload, outDir string) map[string]benchReport {
+	t.Helper()
+	f := startServe(t, "--router-policy", fl.policy, "--tokenizer", "bytes")
+	ids := map[string]bool{}
+	var procs []*proc
+	for i := 0; i < fl.workers; i++ {
+		args := append([]string{"--kv-blocks", fmt.Sprint(fl.kvBlocks)}, simTiming...)
+		p, id := f.startWorker(fmt.Sprintf("%s-worker-%d", fl.policy, i), args...)
+		procs = append(procs, p)
+		ids[id] = true
+	}
+	f.waitWorkers("all workers", 20*time.Second, func(w map[string]string) bool {
+		for id := range ids {
+			if w[id] != "active" {
+				return false
+			}
+		}
+		return true
+	})
+	if fl.policy == "kv-aware" {
+		f.waitPrecise(ids, 20*time.Second)
+	}
+	out := map[string]benchReport{}
+	for _, wl := range workloads {
+		args := append([]string{"--url", f.base, "--model", "sim-model", "--label", fl.label()}, wl.args...)
+		report := filepath.Join(t.TempDir(), "report.json")
+		if outDir != "" {
+			report = filepath.Join(outDir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(fl.label(), " ", "-")))
+		}
+		rep, err := runBenchTo(t, 15*time.Minute, report, args...)
+		if err != nil {
+			t.Fatalf("%s on %s: %v", wl.name, fl.policy, err)
+		}
+		out[wl.name] = rep
+	}
+	for _, p := range procs {
+		p.stop(syscall.SIGTERM)
+	}
+	f.serve.stop(syscall.SIGTERM)
+	return out
+}
+
+// label names the fleet in tables and plots.
+func (fl kvFleet) label() string {
+	if fl.workers == 1 {
+		return "one big cache"
+	}
+	return fl.policy
+}
+
+// waitPrecise waits until the server's cache view says every worker's KV-event
+// stream is live, so that a comparison does not start in approximate mode.
+func (f *fleet) waitPrecise(ids map[string]bool, timeout time.Duration) {
+	f.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		all := true
+		for id := range ids {
+			view, err := f.cacheView(id)
+			if err != nil || view.Mode != "precise" {
+				all = false
+				break
+			}
+		}
+		if all {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.t.Fatalf("workers did not reach precise mode within %v", timeout)
+}
+
+// sharedPrefix is the acceptance workload: 16 groups whose shared prefixes
+// together need about 2.5× one worker's cache.
+func sharedPrefix(requests int) kvWorkload {
+	return kvWorkload{name: "shared-prefix", args: []string{"--workload", "shared-prefix", "--prefix-groups", "16",
+		"--prefix-len", "150", "--suffix-len", "10", "--output-len", "8", "--requests", fmt.Sprint(requests),
+		"--concurrency", "8", "--seed", "1"}}
+}
+
+// fairShareRatio is the largest per-worker count over the fair share.
+func fairShareRatio(rep benchReport, workers int) float64 {
+	total, most := 0, 0
+	for _, n := range rep.PerWorker {
+		total += n
+		most = max(most, n)
+	}
+	if total == 0 {
+		return math.Inf(1)
+	}
+	return float64(most) / (float64(total) / float64(workers))
+}
+
+func hitRatio(rep benchReport) float64 {
+	if rep.CacheHitRatio == nil {
+		return 0
+	}
+	return *rep.CacheHitRatio
+}
+
+// TestKVAwareRoutingHitsCache is the CI-sized check of cache-aware routing on
+// real processes: with four workers whose caches cannot each hold the shared
+// prefixes, kv-aware keeps each group on a worker that caches it. Only cache
+// hit ratios and request spread are asserted — they do not depend on timing.
+func TestKVAwareRoutingHitsCache(t *testing.T) {
+	const workers, kvBlocks = 4, 400
+	wl := []kvWorkload{sharedPrefix(192)}
+	kv := runKVFleet(t, kvFleet{"kv-aware", workers, kvBlocks}, wl, "")["shared-prefix"]
+	rr := runKVFleet(t, kvFleet{"round-robin", workers, kvBlocks}, wl, "")["shared-prefix"]
+	oracle := runKVFleet(t, kvFleet{"round-robin", 1, workers * kvBlocks}, wl, "")["shared-prefix"]
+	t.Logf("hit ratio: kv-aware %.3f, round-robin %.3f, one big cache %.3f; kv-aware spread %v",
+		hitRatio(kv), hitRatio(rr), hitRatio(oracle), kv.PerWorker)
+	if hitRatio(kv) < hitRatio(rr)+0.2 {
+		t.Errorf("kv-aware hit ratio %.3f is not clearly above round-robin's %.3f", hitRatio(kv), hitRatio(rr))
+	}
+	if hitRatio(kv) < 0.9*hitRatio(oracle) {
+		t.Errorf("kv-aware hit ratio %.3f is not within 10%% of one cache holding everything (%.3f)", hitRatio(kv), hitRatio(oracle))
+	}
+	if r := fairShareRatio(kv, workers); r > 2 {
+		t.Errorf("a worker got %.2f× its fair share (%v)", r, kv.PerWorker)
+	}
+}
