@@ -18,7 +18,19 @@ func workerCommand() *cli.Command {
 			"in etcd under a lease. SIGTERM or SIGINT marks it draining, waits for in-flight requests\n" +
 			"(up to --drain-timeout), deregisters and stops it. If the engine exits on its own the\n" +
 			"record is revoked at once and the worker exits non-zero.\n\n" +
-			"Example: infera worker --engine sim -- --model demo --block-size 16",
+			"The engine arguments are the engine's own command line without its program: what follows\n" +
+			"`vllm serve`, `python -m sglang.launch_server` or `python -m atom.entrypoints.openai_server`.\n" +
+			"They are forwarded verbatim; the worker only adds a free --port (ATOM: --server-port and its\n" +
+			"internal --port) when none is given, a KV-event publisher on free ports (--kv-events-config\n" +
+			"for vLLM and SGLang, --kv-events-endpoint for the sim; not with --no-kv-events), SGLang's\n" +
+			"--enable-metrics and, for a vLLM prefill/decode engine without one, a kv-transfer engine_id.\n" +
+			"It advertises the served model, block size, data-parallel layout and disaggregation role\n" +
+			"it reads from them.\n\n" +
+			"Examples:\n" +
+			"  infera worker --engine sim -- --model demo --block-size 16\n" +
+			"  infera worker --engine vllm -- Qwen/Qwen3-8B --tensor-parallel-size 8 --port 8000\n" +
+			"  infera worker --engine sglang -- --model-path deepseek-ai/DeepSeek-V3 --tp 8 --dp 8 --enable-dp-attention\n" +
+			"  infera worker --engine atom -- --model deepseek-ai/DeepSeek-R1 -tp 8 --server-port 8000",
 		Flags: cfg.Flags(),
 		Action: func(c *cli.Context) error {
 			cfg.Finish(c)

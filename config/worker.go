@@ -12,7 +12,7 @@ import (
 // WorkerEngines lists the values --engine accepts. The engines package has
 // an adapter for each (a test there keeps the two lists in step); config
 // keeps its own copy because it imports nothing of the project.
-var WorkerEngines = []string{"sim"}
+var WorkerEngines = []string{"sim", "vllm", "sglang", "atom"}
 
 // DefaultWorkerEtcdEndpoint is where a worker looks for etcd without
 // --etcd-endpoints: the embedded etcd that `infera serve` starts by default.
@@ -25,7 +25,9 @@ type Worker struct {
 
 	Engine            string        // adapter name, e.g. "sim"
 	EngineBin         string        // engine executable; empty = the adapter's default
+	Python            string        // interpreter for sglang/atom (python -m ...)
 	AdvertiseHost     string        // host put into worker_id/url; empty = the engine's host
+	NoKVEvents        bool          // do not configure or advertise a KV-event publisher
 	LeaseTTL          time.Duration // etcd lease TTL of the record
 	KeepAliveInterval time.Duration // how often the lease is refreshed
 	ReadyTimeout      time.Duration // how long the engine may take to answer /health
@@ -51,9 +53,12 @@ func (w *Worker) Flags() []cli.Flag {
 	}
 	flags := []cli.Flag{
 		withDefaultText(String("engine", "engine to run: "+strings.Join(WorkerEngines, ", ")+" (required)", &w.Engine, ""), "none"),
-		withDefaultText(String("engine-bin", "engine executable", &w.EngineBin, ""), "sim: this infera binary"),
+		withDefaultText(String("engine-bin", "engine executable, run with the engine args (sglang/atom: instead of --python -m MODULE)", &w.EngineBin, ""),
+			"sim: this infera binary; vllm: vllm; sglang, atom: --python -m the engine's module"),
+		String("python", "Python interpreter that runs sglang and atom (-m sglang.launch_server, -m atom.entrypoints.openai_server)", &w.Python, "python3"),
 		withDefaultText(String("advertise-host", "host advertised in the worker record", &w.AdvertiseHost, ""),
-			"the engine's --host; a routable address of this machine if that is 0.0.0.0"),
+			"the engine's --host; the first non-loopback IPv4 address of this machine if the engine binds 0.0.0.0"),
+		Bool("no-kv-events", "do not configure the engine's KV-event publisher nor advertise one", &w.NoKVEvents, false),
 		Duration("lease-ttl", "etcd lease TTL of the worker record", &w.LeaseTTL, 10*time.Second),
 		Duration("keepalive-interval", "etcd lease keepalive interval (less than --lease-ttl)", &w.KeepAliveInterval, 3*time.Second),
 		Duration("ready-timeout", "how long the engine may take to become healthy", &w.ReadyTimeout, 10*time.Minute),
@@ -94,6 +99,9 @@ func (w *Worker) Validate() error {
 	case !slices.Contains(WorkerEngines, w.Engine):
 		p.Addf("--engine %q: supported engines: %s", w.Engine, strings.Join(WorkerEngines, ", "))
 	}
+	if w.Python == "" {
+		p.Addf("--python must not be empty")
+	}
 	if w.AdvertiseHost != "" && !validHost(w.AdvertiseHost) {
 		p.Addf("--advertise-host %q: want an IP address or host name without port or scheme", w.AdvertiseHost)
 	}
@@ -130,5 +138,6 @@ func validHost(h string) bool {
 	if net.ParseIP(h) != nil {
 		return true
 	}
-	return h != "" && !strings.ContainsAny(h, ":/?#[]@ \t")
+	// The characters a worker record accepts in a host name.
+	return h != "" && len(h) <= 253 && strings.Trim(h, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") == ""
 }

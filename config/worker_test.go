@@ -38,6 +38,9 @@ func TestWorkerDefaults(t *testing.T) {
 	if !slices.Equal(w.Etcd.Endpoints, []string{DefaultWorkerEtcdEndpoint}) {
 		t.Errorf("etcd endpoints %q, want the embedded etcd default", w.Etcd.Endpoints)
 	}
+	if w.Python != "python3" || w.NoKVEvents || w.EngineBin != "" || w.AdvertiseHost != "" {
+		t.Errorf("python %q no-kv-events %v engine-bin %q advertise-host %q", w.Python, w.NoKVEvents, w.EngineBin, w.AdvertiseHost)
+	}
 	want := map[string][2]time.Duration{
 		"lease-ttl":          {w.LeaseTTL, 10 * time.Second},
 		"keepalive-interval": {w.KeepAliveInterval, 3 * time.Second},
@@ -57,7 +60,12 @@ func TestWorkerEnvAndFlags(t *testing.T) {
 	t.Setenv("INFERA_ENGINE", "sim")
 	t.Setenv("INFERA_DRAIN_TIMEOUT", "5s")
 	t.Setenv("INFERA_ETCD_ENDPOINTS", "http://10.0.0.1:2379,http://10.0.0.2:2379")
+	t.Setenv("INFERA_NO_KV_EVENTS", "true")
+	t.Setenv("INFERA_PYTHON", "/opt/venv/bin/python")
 	w := parseWorker(t, "--drain-timeout", "7s", "--advertise-host", "node-1")
+	if !w.NoKVEvents || w.Python != "/opt/venv/bin/python" {
+		t.Errorf("no-kv-events %v python %q from the environment", w.NoKVEvents, w.Python)
+	}
 	if w.Engine != "sim" || w.DrainTimeout != 7*time.Second || w.AdvertiseHost != "node-1" {
 		t.Errorf("engine %q drain %v advertise %q", w.Engine, w.DrainTimeout, w.AdvertiseHost)
 	}
@@ -81,6 +89,7 @@ func TestWorkerValidateReportsAll(t *testing.T) {
 		"--drain-timeout", "-1s",
 		"--stop-grace", "-1s",
 		"--advertise-host", "http://x:1",
+		"--python", "",
 		"--log-level", "loud",
 	)
 	err := w.Validate()
@@ -89,7 +98,7 @@ func TestWorkerValidateReportsAll(t *testing.T) {
 	}
 	for _, want := range []string{
 		"--engine is required", "--lease-ttl", "--keepalive-interval", "--ready-timeout", "--health-interval",
-		"--drain-timeout", "--stop-grace", "--advertise-host", "--log-level",
+		"--drain-timeout", "--stop-grace", "--advertise-host", "--python", "--log-level",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not report %s", err, want)
@@ -98,10 +107,16 @@ func TestWorkerValidateReportsAll(t *testing.T) {
 }
 
 func TestWorkerValidateEngine(t *testing.T) {
-	w := parseWorker(t, "--engine", "vllm")
+	w := parseWorker(t, "--engine", "tgi")
 	err := w.Validate()
-	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "supported engines: sim") {
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "supported engines: sim, vllm, sglang, atom") {
 		t.Fatalf("Validate = %v, want the supported engines listed", err)
+	}
+	for _, engine := range WorkerEngines {
+		w := parseWorker(t, "--engine", engine)
+		if err := w.Validate(); err != nil {
+			t.Errorf("--engine %s: %v", engine, err)
+		}
 	}
 	w = parseWorker(t, "--engine", "sim", "--keepalive-interval", "10s")
 	if err := w.Validate(); err == nil || !strings.Contains(err.Error(), "less than --lease-ttl") {

@@ -80,18 +80,23 @@ type Record struct {
 	DisaggMode       DisaggMode `json:"disagg_mode"`
 	DisaggMeta       DisaggMeta `json:"disagg_meta"`
 	KVEventsEndpoint *string    `json:"kv_events_endpoint"`
-	KVBlockSize      *int       `json:"kv_block_size"`
-	DPRank           *int       `json:"dp_rank"`
-	DPSize           int        `json:"dp_size"`
-	RequestTransport string     `json:"request_transport"`
-	Status           Status     `json:"status"`
+	// KVEventsReplayEndpoint is ours, not Infera's: tcp://host:port of the
+	// engine's replay (ROUTER) socket, or null. Python readers ignore it;
+	// our readers treat it as absent when missing.
+	KVEventsReplayEndpoint *string `json:"kv_events_replay_endpoint"`
+	KVBlockSize            *int    `json:"kv_block_size"`
+	DPRank                 *int    `json:"dp_rank"`
+	DPSize                 int     `json:"dp_size"`
+	RequestTransport       string  `json:"request_transport"`
+	Status                 Status  `json:"status"`
 }
 
 // DecodeRecord parses and validates an etcd value. Unknown fields are ignored
 // (Infera may add some); defaults are filled in so that every accepted record
 // reads the same whichever implementation wrote it: status → active,
 // dp_size 0 → 1, disagg_mode → mixed, request_transport → http, an empty
-// kv_events_endpoint → null. Every error wraps ErrInvalidRecord.
+// kv_events_endpoint or kv_events_replay_endpoint → null. Every error wraps
+// ErrInvalidRecord.
 func DecodeRecord(value []byte) (Record, error) {
 	if len(value) > MaxRecordBytes {
 		return Record{}, fmt.Errorf("%w: %d bytes exceeds %d", ErrInvalidRecord, len(value), MaxRecordBytes)
@@ -157,6 +162,9 @@ func (r *Record) normalize() {
 	if r.KVEventsEndpoint != nil && *r.KVEventsEndpoint == "" {
 		r.KVEventsEndpoint = nil
 	}
+	if r.KVEventsReplayEndpoint != nil && *r.KVEventsReplayEndpoint == "" {
+		r.KVEventsReplayEndpoint = nil
+	}
 	if len(r.DisaggMeta.Params) == 0 {
 		// {} and absent must read the same, or a decode/encode round trip
 		// would not be stable.
@@ -193,6 +201,11 @@ func (r *Record) Validate() error {
 	if ep := r.KVEventsEndpoint; ep != nil && *ep != "" {
 		if err := checkTCPEndpoint(*ep); err != nil {
 			return invalidf("kv_events_endpoint %q: %v", clip(*ep), err)
+		}
+	}
+	if ep := r.KVEventsReplayEndpoint; ep != nil && *ep != "" {
+		if err := checkTCPEndpoint(*ep); err != nil {
+			return invalidf("kv_events_replay_endpoint %q: %v", clip(*ep), err)
 		}
 	}
 	if bs := r.KVBlockSize; bs != nil && (*bs <= 0 || *bs > MaxKVBlockSize) {

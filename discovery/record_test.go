@@ -34,7 +34,7 @@ func TestRecordEncodeWritesDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `{"worker_id":"h:1","url":"http://h:1","model_name":"m","engine":"vllm","disagg_mode":"mixed",` +
-		`"disagg_meta":{},"kv_events_endpoint":null,"kv_block_size":null,"dp_rank":null,"dp_size":1,` +
+		`"disagg_meta":{},"kv_events_endpoint":null,"kv_events_replay_endpoint":null,"kv_block_size":null,"dp_rank":null,"dp_size":1,` +
 		`"request_transport":"http","status":"active"}`
 	if string(b) != want {
 		t.Fatalf("encoded\n got %s\nwant %s", b, want)
@@ -44,18 +44,19 @@ func TestRecordEncodeWritesDefaults(t *testing.T) {
 // Every field survives Encode → DecodeRecord.
 func TestRecordRoundTrip(t *testing.T) {
 	full := discovery.Record{
-		WorkerID:         "[fd00::7]:30001",
-		URL:              "https://[fd00::7]:30001",
-		ModelName:        "/models/DeepSeek-R1",
-		Engine:           "sglang",
-		DisaggMode:       discovery.DisaggPrefill,
-		DisaggMeta:       discovery.DisaggMeta{Protocol: "sglang-bootstrap", Params: map[string]any{"bootstrap_port": float64(8998), "hosts": []any{"a", "b"}}},
-		KVEventsEndpoint: ptr("tcp://10.0.0.7:5557"),
-		KVBlockSize:      ptr(64),
-		DPRank:           ptr(3),
-		DPSize:           8,
-		RequestTransport: "http",
-		Status:           discovery.StatusDraining,
+		WorkerID:               "[fd00::7]:30001",
+		URL:                    "https://[fd00::7]:30001",
+		ModelName:              "/models/DeepSeek-R1",
+		Engine:                 "sglang",
+		DisaggMode:             discovery.DisaggPrefill,
+		DisaggMeta:             discovery.DisaggMeta{Protocol: "sglang-bootstrap", Params: map[string]any{"bootstrap_port": float64(8998), "hosts": []any{"a", "b"}}},
+		KVEventsEndpoint:       ptr("tcp://10.0.0.7:5557"),
+		KVEventsReplayEndpoint: ptr("tcp://10.0.0.7:5558"),
+		KVBlockSize:            ptr(64),
+		DPRank:                 ptr(3),
+		DPSize:                 8,
+		RequestTransport:       "http",
+		Status:                 discovery.StatusDraining,
 	}
 	for _, r := range []discovery.Record{validRecord(), full} {
 		b, err := r.Encode()
@@ -109,6 +110,7 @@ func TestDecodeInferaPythonRecord(t *testing.T) {
 	for _, v := range []string{
 		`{"worker_id":"h:1","url":"http://h:1","model_name":"m","engine":"atom"}`,
 		`{"worker_id":"h:1","url":"http://h:1","model_name":"m","engine":"atom","dp_size":0,"kv_events_endpoint":"","disagg_meta":null}`,
+		`{"worker_id":"h:1","url":"http://h:1","model_name":"m","engine":"atom","kv_events_replay_endpoint":"","disagg_meta":{}}`,
 		`{"worker_id":"h:1","url":"http://h:1/","model_name":"m","engine":"atom","dp_size":null,"disagg_meta":{"params":{}}}`,
 	} {
 		r, err := discovery.DecodeRecord([]byte(v))
@@ -116,7 +118,8 @@ func TestDecodeInferaPythonRecord(t *testing.T) {
 			t.Fatalf("%s: %v", v, err)
 		}
 		if r.DPSize != 1 || r.Status != discovery.StatusActive || r.DisaggMode != discovery.DisaggMixed ||
-			r.RequestTransport != "http" || r.KVEventsEndpoint != nil || r.DisaggMeta.Params != nil {
+			r.RequestTransport != "http" || r.KVEventsEndpoint != nil || r.KVEventsReplayEndpoint != nil ||
+			r.DisaggMeta.Params != nil {
 			t.Fatalf("%s: defaults not applied: %#v", v, r)
 		}
 	}
@@ -127,7 +130,8 @@ func TestDecodeRecordRejects(t *testing.T) {
 		m := map[string]any{
 			"worker_id": "h:8000", "url": "http://h:8000", "model_name": "m", "engine": "vllm",
 			"disagg_mode": "mixed", "disagg_meta": map[string]any{}, "dp_size": 2, "dp_rank": 1,
-			"kv_block_size": 16, "kv_events_endpoint": "tcp://h:5557", "request_transport": "http", "status": "active",
+			"kv_block_size": 16, "kv_events_endpoint": "tcp://h:5557", "kv_events_replay_endpoint": "tcp://h:5558",
+			"request_transport": "http", "status": "active",
 		}
 		mod(m)
 		b, err := json.Marshal(m)
@@ -168,6 +172,9 @@ func TestDecodeRecordRejects(t *testing.T) {
 		{"protocol bad", set("disagg_meta", map[string]any{"protocol": "Bad Proto"}), "protocol"},
 		{"kv endpoint scheme", set("kv_events_endpoint", "udp://h:1"), "kv_events_endpoint"},
 		{"kv endpoint no port", set("kv_events_endpoint", "tcp://h"), "kv_events_endpoint"},
+		{"replay endpoint scheme", set("kv_events_replay_endpoint", "ipc:///tmp/x"), "kv_events_replay_endpoint"},
+		{"replay endpoint bad port", set("kv_events_replay_endpoint", "tcp://h:0"), "kv_events_replay_endpoint"},
+		{"replay endpoint wrong type", set("kv_events_replay_endpoint", 5558), "json"},
 		{"kv_block_size zero", set("kv_block_size", 0), "kv_block_size"},
 		{"kv_block_size negative", set("kv_block_size", -16), "kv_block_size"},
 		{"kv_block_size huge", set("kv_block_size", discovery.MaxKVBlockSize+1), "kv_block_size"},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -113,7 +114,8 @@ func TestSimPrepare(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
-			l, err := simAdapter{}.Prepare(Options{Bin: "/opt/infera", LookupEnv: lookup}, tc.args)
+			// The KV-event flags the worker adds are TestSimEvents's business.
+			l, err := simAdapter{}.Prepare(Options{Bin: "/opt/infera", LookupEnv: lookup, NoKVEvents: true}, tc.args)
 			if tc.wantError {
 				if !errors.Is(err, ErrEngineArgs) {
 					t.Fatalf("Prepare = %+v, %v; want ErrEngineArgs", l, err)
@@ -147,7 +149,8 @@ func TestSimPrepare(t *testing.T) {
 				}
 				ln.Close()
 			}
-			if l.Endpoint != want {
+			want.AdvertiseHost, want.DPSize = want.Host, 1
+			if !reflect.DeepEqual(l.Endpoint, want) {
 				t.Errorf("endpoint %+v, want %+v", l.Endpoint, want)
 			}
 			if !slices.Equal(l.Command.Args, wantArgs) {
@@ -240,5 +243,86 @@ func TestSimInspect(t *testing.T) {
 				t.Fatalf("Idle() = %v for %+v", got.Idle(), got)
 			}
 		})
+	}
+}
+
+const sglangMetrics = `# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="deepseek-ai/DeepSeek-V3",tp_rank="0",dp_rank="0"} 3.0
+sglang:num_running_reqs{engine_type="unified",model_name="deepseek-ai/DeepSeek-V3",tp_rank="0",dp_rank="1"} 1.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="deepseek-ai/DeepSeek-V3",tp_rank="0",dp_rank="0"} 2.0
+# HELP sglang:num_prefill_inflight_queue_reqs The number of requests in the prefill inflight queue.
+# TYPE sglang:num_prefill_inflight_queue_reqs gauge
+sglang:num_prefill_inflight_queue_reqs{engine_type="prefill",model_name="deepseek-ai/DeepSeek-V3",tp_rank="0"} 5.0
+# HELP sglang:gen_throughput The generation throughput (token/s).
+# TYPE sglang:gen_throughput gauge
+sglang:gen_throughput{model_name="deepseek-ai/DeepSeek-V3"} 1234.5
+`
+
+const atomMetrics = `# HELP atom:requests_running Number of requests currently running across data-parallel ranks.
+# TYPE atom:requests_running gauge
+atom:requests_running 2.0
+# HELP atom:requests_waiting Number of requests waiting across data-parallel ranks.
+# TYPE atom:requests_waiting gauge
+atom:requests_waiting 1.0
+# HELP atom:cache_config_info KV-cache geometry of this engine.
+# TYPE atom:cache_config_info gauge
+atom:cache_config_info{block_size="16",num_gpu_blocks="40000"} 1.0
+`
+
+func TestEngineInspect(t *testing.T) {
+	cases := []struct {
+		engine, text string
+		want         Stats
+		wantError    bool
+	}{
+		{engine: "sglang", text: sglangMetrics, want: Stats{Running: 4, Waiting: 7}},
+		{engine: "sglang", text: "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\n", wantError: true},
+		{engine: "sglang", text: vllmMetrics, wantError: true},
+		{engine: "atom", text: atomMetrics, want: Stats{Running: 2, Waiting: 1, BlockSize: 16}},
+		// The simulator's ATOM facade (and older ATOM builds) speak vLLM's names.
+		{engine: "atom", text: vllmMetrics, want: Stats{Running: 3, Waiting: 4, BlockSize: 16}},
+		{engine: "atom", text: "atom:requests_running 1\n", wantError: true},
+		{engine: "vllm", text: vllmMetrics, want: Stats{Running: 3, Waiting: 4, BlockSize: 16}},
+		{engine: "vllm", text: "vllm:num_requests_running 0\n", wantError: true},
+	}
+	for _, tc := range cases {
+		a, err := Lookup(tc.engine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := a.Inspect(strings.NewReader(tc.text))
+		if tc.wantError {
+			if !errors.Is(err, ErrMetrics) {
+				t.Errorf("%s: Inspect = %+v, %v; want ErrMetrics", tc.engine, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: Inspect = %+v, %v; want %+v", tc.engine, got, err, tc.want)
+		}
+	}
+}
+
+func TestSGLangServerInfoPageSize(t *testing.T) {
+	p := sglangAdapter{}
+	for body, want := range map[string]int{
+		`{"page_size": 64, "model_path": "m"}`:               64,
+		`{"server_args": {"page_size": 1}, "version": "x"}`:  1,
+		`{"page_size": 32, "server_args": {"page_size": 1}}`: 32,
+	} {
+		if got, err := p.parseBlockSize(strings.NewReader(body)); err != nil || got != want {
+			t.Errorf("parseBlockSize(%s) = %d, %v; want %d", body, got, err, want)
+		}
+	}
+	for _, body := range []string{`{"page_size": null}`, `{"page_size": 0}`, `{}`, `<html>`, `{"page_size": "64"}`} {
+		if got, err := p.parseBlockSize(strings.NewReader(body)); err == nil {
+			t.Errorf("parseBlockSize(%s) = %d, want an error", body, got)
+		}
+	}
+	if p.blockSizePath() != "/get_server_info" {
+		t.Errorf("path %q", p.blockSizePath())
 	}
 }

@@ -1,9 +1,17 @@
 // Package engines owns engine processes: the adapters that turn a worker's
-// command line into an engine launch, the process supervisor (process group,
-// log capture, readiness, graceful stop, one reaper), and the worker lifecycle
-// (launch, register, drain, deregister).
+// command line into an engine launch and a worker record (sim, vllm,
+// sglang, atom: served model, ports, block size, data-parallel layout,
+// disaggregation role, the KV-event publisher the worker adds), the process
+// supervisor (process group, log capture, readiness, graceful stop, one
+// reaper), and the worker lifecycle (launch, register, drain, deregister).
+//
+// Adapters read only the engine flags they need and forward the rest
+// verbatim; what they add is listed in `infera worker --help`, and
+// testdata/golden holds the launches of representative real invocations
+// (go test ./engines -run Golden -update rewrites them).
 //
 // Concurrency: a Process is reaped by exactly one goroutine it owns; its
 // methods are safe for concurrent use. Run runs one worker in the calling
-// goroutine and stops everything it started before it returns.
+// goroutine and stops everything it started before it returns. Adapters are
+// stateless.
 package engines

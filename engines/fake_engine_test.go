@@ -22,12 +22,21 @@ const fakeEngineEnv = "INFERA_ENGINES_TEST_FAKE_ENGINE"
 // integer in "running" as vllm:num_requests_running and prints one stdout
 // line per scrape (which the worker captures into its log). Its
 // vllm:cache_config_info reports --metrics-block-size, else --block-size.
-func runFakeEngine(args []string) int {
-	if len(args) == 0 || args[0] != "sim" {
-		fmt.Fprintln(os.Stderr, "fake engine: want `sim` as the first argument")
-		return 2
+// The mode (the value of fakeEngineEnv) says how it is invoked: "1" as the
+// sim (`sim` first), "vllm" as `vllm serve`, "sglang" with SGLang's
+// arguments only; in that mode it reports SGLang's metric names and answers
+// /get_server_info with page_size --metrics-block-size (else 1).
+func runFakeEngine(mode string, args []string) int {
+	sglang := mode == "sglang"
+	first := map[string]string{"1": "sim", "vllm": "serve"}[mode]
+	if first != "" {
+		if len(args) == 0 || args[0] != first {
+			fmt.Fprintf(os.Stderr, "fake engine: want %q as the first argument\n", first)
+			return 2
+		}
+		args = args[1:]
 	}
-	flags, err := parseEngineFlags(args[1:], "host", "port", "state-dir", "block-size", "metrics-block-size")
+	flags, err := parseEngineFlags(args, "host", "port", "state-dir", "block-size", "metrics-block-size")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fake engine:", err)
 		return 2
@@ -63,12 +72,28 @@ func runFakeEngine(args []string) int {
 		}
 		w.WriteHeader(http.StatusOK)
 	})
+	mux.HandleFunc("/get_server_info", func(w http.ResponseWriter, _ *http.Request) {
+		page := flags["metrics-block-size"]
+		if page == "" {
+			page = "1"
+		}
+		fmt.Fprintf(w, `{"model_path":"m","server_args":{"page_size":%s},"version":"fake"}`, page)
+	})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
 		running := 0
 		if b, err := os.ReadFile(filepath.Join(dir, "running")); err == nil {
 			running, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 		}
 		fmt.Printf("metrics scraped running=%d\n", running)
+		if sglang {
+			fmt.Fprintf(w, "# HELP sglang:num_running_reqs The number of running requests.\n"+
+				"# TYPE sglang:num_running_reqs gauge\n"+
+				"sglang:num_running_reqs{model_name=\"fake\",engine_type=\"unified\",tp_rank=\"0\"} %d\n"+
+				"# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"+
+				"# TYPE sglang:num_queue_reqs gauge\n"+
+				"sglang:num_queue_reqs{model_name=\"fake\",engine_type=\"unified\",tp_rank=\"0\"} 0\n", running)
+			return
+		}
 		fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"+
 			"# TYPE vllm:num_requests_running gauge\n"+
 			"vllm:num_requests_running{engine=\"0\",model_name=\"fake\"} %d\n"+

@@ -3,6 +3,7 @@ package engines
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -17,8 +18,8 @@ func TestMain(m *testing.M) {
 	// The test binary doubles as a tiny engine for the worker tests: the sim
 	// adapter runs `<engine-bin> sim <args>`, and with this variable set the
 	// binary serves /health and /metrics instead of running tests.
-	if os.Getenv(fakeEngineEnv) == "1" {
-		os.Exit(runFakeEngine(os.Args[1:]))
+	if mode := os.Getenv(fakeEngineEnv); mode != "" {
+		os.Exit(runFakeEngine(mode, os.Args[1:]))
 	}
 	goleak.VerifyTestMain(m)
 }
@@ -65,6 +66,17 @@ func (b *logBuffer) find(t testing.TB, msg string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// messages lists the message and component of every entry, for failure
+// reports.
+func (b *logBuffer) messages(t testing.TB) string {
+	t.Helper()
+	var sb strings.Builder
+	for _, e := range b.entries(t) {
+		fmt.Fprintf(&sb, "%v %v: %v\n", e["component"], e["level"], e["message"])
+	}
+	return sb.String()
 }
 
 func newTestLogger(t testing.TB) (zerolog.Logger, *logBuffer) {

@@ -4,10 +4,8 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"os"
 	"strconv"
-	"strings"
 
 	"github.com/infera/infera/config"
 )
@@ -35,7 +33,7 @@ func (simAdapter) Prepare(opts Options, args []string) (Launch, error) {
 		}
 		bin = exe
 	}
-	names := []string{"host", "port", "model", "served-model-name", "block-size"}
+	names := []string{"host", "port", "model", "served-model-name", "block-size", "kv-events-endpoint", "kv-events-replay-endpoint"}
 	argFlags, err := parseEngineFlags(args, names...)
 	if err != nil {
 		return Launch{}, err
@@ -52,7 +50,7 @@ func (simAdapter) Prepare(opts Options, args []string) (Launch, error) {
 			flags[name] = v
 		}
 	}
-	ep := Endpoint{Host: simDefaultHost, Model: simDefaultModel, BlockSize: simDefaultBlockSize}
+	ep := Endpoint{Host: simDefaultHost, Model: simDefaultModel, BlockSize: simDefaultBlockSize, DPSize: 1}
 	if v, ok := flags["host"]; ok {
 		if err := checkHost(v); err != nil {
 			return Launch{}, err
@@ -67,15 +65,16 @@ func (simAdapter) Prepare(opts Options, args []string) (Launch, error) {
 	if v, ok := flags["served-model-name"]; ok {
 		ep.Model = v
 	}
-	if strings.TrimSpace(ep.Model) == "" {
-		return Launch{}, fmt.Errorf("%w: empty --model/--served-model-name", ErrEngineArgs)
+	if err := checkModel(ep.Model); err != nil {
+		return Launch{}, err
 	}
 	if v, ok := flags["block-size"]; ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return Launch{}, fmt.Errorf("%w: --block-size %q: want a positive integer", ErrEngineArgs, v)
+		if ep.BlockSize, err = parseBlockSizeFlag("block-size", v); err != nil {
+			return Launch{}, err
 		}
-		ep.BlockSize = n
+	}
+	if ep.AdvertiseHost, err = advertiseHost(opts.AdvertiseHost, ep.Host, opts.interfaces); err != nil {
+		return Launch{}, err
 	}
 
 	// The worker must know the port to advertise it, so it picks a free one
@@ -88,14 +87,16 @@ func (simAdapter) Prepare(opts Options, args []string) (Launch, error) {
 		}
 	}
 	if port == 0 {
-		if port, err = freePort(ep.Host); err != nil {
+		if port, err = opts.freePorts(portCheckHost(ep.Host), 1); err != nil {
 			return Launch{}, err
 		}
 	}
 	ep.Port = port
 
-	engineArgs := make([]string, 0, len(args)+3)
-	engineArgs = append(engineArgs, "sim")
+	// Added before the user's arguments rather than after: Go's flag
+	// parsing stops at the first positional argument or "--", and a flag
+	// placed after one would be silently ignored.
+	var added []string
 	if argPort, ok := argFlags["port"]; ok {
 		if argPort != strconv.Itoa(port) {
 			// --port 0 in the arguments: put the chosen port in its place.
@@ -105,28 +106,63 @@ func (simAdapter) Prepare(opts Options, args []string) (Launch, error) {
 		}
 	} else {
 		// Absent, or from INFERA_PORT: said explicitly so the sim cannot
-		// disagree. Added before the user's arguments rather than after: Go's
-		// flag parsing stops at the first positional argument or "--", and a
-		// port placed after one would be silently ignored.
-		engineArgs = append(engineArgs, "--port", strconv.Itoa(port))
+		// disagree.
+		added = append(added, "--port", strconv.Itoa(port))
 	}
+	evArgs, warnings, err := simEvents(opts, flags, &ep)
+	if err != nil {
+		return Launch{}, err
+	}
+	added = append(added, evArgs...)
+
+	engineArgs := make([]string, 0, 1+len(added)+len(args))
+	engineArgs = append(engineArgs, "sim")
+	engineArgs = append(engineArgs, added...)
 	engineArgs = append(engineArgs, args...)
 	return Launch{
 		Command:  Command{Name: "sim", Path: bin, Args: engineArgs},
 		Endpoint: ep,
+		Warnings: warnings,
 	}, nil
 }
 
-func (simAdapter) Inspect(metrics io.Reader) (Stats, error) { return vllmStats(metrics) }
-
-// checkHost accepts an IP address or a host name; anything that could not
-// be put into a URL as a host is refused.
-func checkHost(h string) error {
-	if net.ParseIP(h) != nil {
-		return nil
+// simEvents sets up the sim's KV-event publisher and replay socket: the
+// ones given (flags or INFERA_KV_EVENTS_*), or free ports on the sim's own
+// host, which the sim binds (it always binds, whatever the address).
+func simEvents(opts Options, flags map[string]string, ep *Endpoint) (args, warnings []string, err error) {
+	if opts.NoKVEvents {
+		return nil, nil, nil
 	}
-	if h == "" || strings.ContainsAny(h, ":/?#[]@ \t") {
-		return fmt.Errorf("%w: --host %q: want an IP address or host name", ErrEngineArgs, h)
+	socket := func(flag string) (string, error) {
+		v, given := flags[flag]
+		if !given {
+			p, err := opts.freePorts(portCheckHost(ep.Host), 1)
+			if err != nil {
+				return "", err
+			}
+			args = append(args, "--"+flag, tcpEndpoint(ep.Host, p))
+			return tcpEndpoint(ep.AdvertiseHost, p), nil
+		}
+		if v == "" {
+			return "", nil // explicitly off
+		}
+		zep, err := parseZMQ("--"+flag, v)
+		if err != nil {
+			return "", err
+		}
+		if !zep.tcp {
+			warnings = append(warnings, fmt.Sprintf("--%s %q is not tcp: other hosts cannot subscribe, not advertised", flag, v))
+			return "", nil
+		}
+		return advertisedEvents("--"+flag, zep, ep, 0)
 	}
-	return nil
+	if ep.KVEvents, err = socket("kv-events-endpoint"); err != nil || ep.KVEvents == "" {
+		return nil, warnings, err
+	}
+	if ep.KVEventsReplay, err = socket("kv-events-replay-endpoint"); err != nil {
+		return nil, nil, err
+	}
+	return args, warnings, nil
 }
+
+func (simAdapter) Inspect(metrics io.Reader) (Stats, error) { return vllmStats(metrics) }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"time"
 
@@ -35,6 +34,9 @@ const (
 	stopSlack = 5 * time.Second
 	// registerRetryMax caps the pause between registration attempts.
 	registerRetryMax = 5 * time.Second
+	// blockSizeAttempts bounds how often the engine's block size is asked
+	// for after readiness.
+	blockSizeAttempts = 4
 )
 
 // worker is one run of `infera worker`: one engine, one record.
@@ -61,15 +63,15 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	launch, err := adapter.Prepare(Options{Bin: cfg.EngineBin}, cfg.EngineArgs)
+	opts := Options{Bin: cfg.EngineBin, Python: cfg.Python, AdvertiseHost: cfg.AdvertiseHost, NoKVEvents: cfg.NoKVEvents}
+	launch, err := adapter.Prepare(opts, cfg.EngineArgs)
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	adv, err := advertiseHost(cfg.AdvertiseHost, launch.Endpoint.Host)
-	if err != nil {
-		return fmt.Errorf("worker: %w", err)
+	for _, w := range launch.Warnings {
+		log.Warn().Msg(w)
 	}
-	warnLoopbackAdvertise(log, adv, cfg.Etcd.Endpoints)
+	warnLoopbackAdvertise(log, launch.Endpoint.AdvertiseHost, cfg.Etcd.Endpoints)
 
 	cli, err := discovery.NewClient(cfg.Etcd, base)
 	if err != nil {
@@ -96,10 +98,10 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 	}
 	// Whatever happens below, the engine does not outlive the worker.
 	defer w.stopEngine()
-	return w.serve(ctx, cli, adv)
+	return w.serve(ctx, cli)
 }
 
-func (w *worker) serve(ctx context.Context, cli *clientv3.Client, adv string) error {
+func (w *worker) serve(ctx context.Context, cli *clientv3.Client) error {
 	if err := w.proc.WaitHealthy(ctx, w.local+"/health", w.cfg.HealthInterval, w.cfg.ReadyTimeout); err != nil {
 		if ctx.Err() != nil && !errors.Is(err, ErrExited) {
 			w.log.Info().Msg("stopped before the engine was ready")
@@ -110,7 +112,7 @@ func (w *worker) serve(ctx context.Context, cli *clientv3.Client, adv string) er
 	w.log.Info().Str("url", w.local).Msg("engine ready")
 	w.resolveBlockSize(ctx)
 
-	rec := w.record(adv)
+	rec := w.ep.Record(w.adapter.Name())
 	if err := rec.Validate(); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -125,8 +127,18 @@ func (w *worker) serve(ctx context.Context, cli *clientv3.Client, adv string) er
 		w.revoke(reg, false)
 		return fmt.Errorf("worker: %w", err)
 	}
-	w.log.Info().Str("worker_id", rec.WorkerID).Str("url", rec.URL).Str("model_name", rec.ModelName).
-		Msg("worker registered")
+	ev := w.log.Info().Str("worker_id", rec.WorkerID).Str("url", rec.URL).Str("model_name", rec.ModelName).
+		Str("disagg_mode", string(rec.DisaggMode)).Int("dp_size", rec.DPSize)
+	if rec.DPRank != nil {
+		ev = ev.Int("dp_rank", *rec.DPRank)
+	}
+	if rec.KVBlockSize != nil {
+		ev = ev.Int("kv_block_size", *rec.KVBlockSize)
+	}
+	if rec.KVEventsEndpoint != nil {
+		ev = ev.Str("kv_events_endpoint", *rec.KVEventsEndpoint)
+	}
+	ev.Msg("worker registered")
 
 	// The keepalive must outlive ctx: the record has to stay (as draining)
 	// while in-flight requests finish.
@@ -241,17 +253,68 @@ func (w *worker) drain(reg *discovery.Registrar) {
 }
 
 // resolveBlockSize prefers the block size the engine reports over the one
-// parsed from its arguments: the engine may have chosen its own default.
+// parsed from its arguments: the engine may have chosen its own (vLLM for
+// hybrid models, SGLang per attention backend), and a router hashing with
+// another size than the engine's events would match nothing. It asks a few
+// times: the value is read once, and one slow answer right after readiness
+// must not leave the worker without it.
 func (w *worker) resolveBlockSize(ctx context.Context) {
-	st, err := w.stats(ctx)
-	if err != nil {
-		w.log.Warn().Err(err).Int("block_size", w.ep.BlockSize).Msg("engine metrics unreadable, keeping the block size from its arguments")
+	var lastErr error
+	for attempt := range blockSizeAttempts {
+		if attempt > 0 {
+			timer := time.NewTimer(w.cfg.HealthInterval)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-w.proc.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+		}
+		size, err := w.reportedBlockSize(ctx)
+		if err == nil {
+			if size > 0 && size != w.ep.BlockSize {
+				w.log.Info().Int("block_size", size).Int("args_block_size", w.ep.BlockSize).Msg("engine reports another block size, using it")
+				w.ep.BlockSize = size
+			}
+			return
+		}
+		lastErr = err
+	}
+	ev := w.log.Warn().Err(lastErr).Int("block_size", w.ep.BlockSize)
+	if w.ep.BlockSize == 0 {
+		ev.Msg("engine block size unknown: registering without kv_block_size, so routing to it is approximate (give the engine's block/page size flag)")
 		return
 	}
-	if st.BlockSize > 0 && st.BlockSize != w.ep.BlockSize {
-		w.log.Info().Int("block_size", st.BlockSize).Int("args_block_size", w.ep.BlockSize).Msg("engine reports another block size, using it")
-		w.ep.BlockSize = st.BlockSize
+	ev.Msg("engine does not report its block size, keeping the one from its arguments")
+}
+
+// reportedBlockSize asks the engine for its block size: from /metrics, or
+// from the adapter's own endpoint where the engine reports it elsewhere.
+// 0 with a nil error means the engine answered without one.
+func (w *worker) reportedBlockSize(ctx context.Context) (int, error) {
+	p, ok := w.adapter.(blockSizeProber)
+	if !ok {
+		st, err := w.stats(ctx)
+		return st.BlockSize, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, maxProbeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.local+p.blockSizePath(), nil)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrMetrics, err)
+	}
+	resp, err := probeClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrMetrics, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%w: %s: status %d", ErrMetrics, p.blockSizePath(), resp.StatusCode)
+	}
+	return p.parseBlockSize(resp.Body)
 }
 
 // stats reads the engine's /metrics once.
@@ -271,26 +334,6 @@ func (w *worker) stats(ctx context.Context) (Stats, error) {
 		return Stats{}, fmt.Errorf("%w: status %d", ErrMetrics, resp.StatusCode)
 	}
 	return w.adapter.Inspect(io.LimitReader(resp.Body, maxMetricsBytes))
-}
-
-// record builds the worker's etcd record.
-func (w *worker) record(adv string) discovery.Record {
-	id := net.JoinHostPort(adv, strconv.Itoa(w.ep.Port))
-	rec := discovery.Record{
-		WorkerID:         id,
-		URL:              "http://" + id,
-		ModelName:        w.ep.Model,
-		Engine:           w.adapter.Name(),
-		DisaggMode:       discovery.DisaggMixed,
-		DPSize:           1,
-		RequestTransport: discovery.TransportHTTP,
-		Status:           discovery.StatusActive,
-	}
-	if w.ep.BlockSize > 0 {
-		bs := w.ep.BlockSize
-		rec.KVBlockSize = &bs
-	}
-	return rec
 }
 
 // revoke deletes the record now, under a fresh bounded context: it runs on
@@ -314,80 +357,4 @@ func (w *worker) stopEngine() {
 	if err := w.proc.Stop(ctx, w.cfg.StopGrace); err != nil {
 		w.log.Error().Err(err).Msg("engine did not stop")
 	}
-}
-
-// advertiseHost is the host other machines reach the engine at: the flag,
-// else the engine's bind host, else (the engine binds every interface) the
-// machine's first routable address.
-func advertiseHost(flag, bind string) (string, error) {
-	if flag != "" {
-		return flag, nil
-	}
-	if ip := net.ParseIP(bind); ip == nil || !ip.IsUnspecified() {
-		return bind, nil
-	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return "", fmt.Errorf("engine binds %s: list interface addresses (set --advertise-host): %w", bind, err)
-	}
-	var v6 string
-	for _, a := range addrs {
-		n, ok := a.(*net.IPNet)
-		if !ok || !n.IP.IsGlobalUnicast() {
-			continue
-		}
-		if n.IP.To4() != nil {
-			return n.IP.String(), nil
-		}
-		if v6 == "" {
-			v6 = n.IP.String()
-		}
-	}
-	if v6 != "" {
-		return v6, nil
-	}
-	return "", fmt.Errorf("engine binds %s and this machine has no routable address: set --advertise-host", bind)
-}
-
-// localHost is the address the worker uses to reach its own engine.
-func localHost(bind string) string {
-	ip := net.ParseIP(bind)
-	switch {
-	case ip == nil || !ip.IsUnspecified():
-		return bind
-	case ip.To4() != nil:
-		return "127.0.0.1"
-	default:
-		return "::1"
-	}
-}
-
-// warnLoopbackAdvertise flags a record other hosts could not use: a loopback
-// address registered in an etcd that lives on another machine.
-func warnLoopbackAdvertise(log zerolog.Logger, adv string, endpoints []string) {
-	if !isLoopback(adv) {
-		return
-	}
-	for _, ep := range endpoints {
-		host := ep
-		if u, err := url.Parse(ep); err == nil && u.Host != "" {
-			host = u.Host
-		}
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			host = h
-		}
-		if !isLoopback(host) {
-			log.Warn().Str("advertise_host", adv).Str("etcd_endpoint", ep).
-				Msg("advertising a loopback address to a remote etcd; other hosts cannot reach this engine (set --advertise-host)")
-			return
-		}
-	}
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -112,6 +113,9 @@ func (w *workerRun) waitRecord(cond func(discovery.Record) bool) (discovery.Reco
 		raw = recs[0]
 		return cond == nil || cond(rec)
 	})
+	// The record is in etcd a moment before Register returns; a test that
+	// cancelled in between would see the worker give up registering.
+	eventually(w.t, "worker registered", func() bool { return len(w.log.find(w.t, "worker registered")) > 0 })
 	return rec, raw
 }
 
@@ -165,7 +169,7 @@ func TestWorkerRegistersAndDrains(t *testing.T) {
 	}
 	want := map[string]string{
 		"model_name": `"test-model"`, "engine": `"sim"`, "disagg_mode": `"mixed"`, "disagg_meta": `{}`,
-		"kv_events_endpoint": `null`, "kv_block_size": `32`, "dp_size": `1`, "request_transport": `"http"`,
+		"kv_block_size": `32`, "dp_size": `1`, "dp_rank": `null`, "request_transport": `"http"`,
 		"status": `"active"`,
 	}
 	for k, v := range want {
@@ -175,6 +179,16 @@ func TestWorkerRegistersAndDrains(t *testing.T) {
 	}
 	if !strings.HasPrefix(rec.WorkerID, "127.0.0.1:") || rec.URL != "http://"+rec.WorkerID {
 		t.Errorf("worker_id %q url %q: want 127.0.0.1:<port> and its URL", rec.WorkerID, rec.URL)
+	}
+	// The worker gave the sim a publisher and a replay socket on free ports
+	// of its host and advertises both.
+	pub, replay := ptrValue(rec.KVEventsEndpoint), ptrValue(rec.KVEventsReplayEndpoint)
+	if !strings.HasPrefix(pub, "tcp://127.0.0.1:") || !strings.HasPrefix(replay, "tcp://127.0.0.1:") || pub == replay {
+		t.Errorf("kv_events_endpoint %q replay %q: want two tcp://127.0.0.1:<port>", pub, replay)
+	}
+	started := w.log.find(t, "engine started")
+	if len(started) != 1 || !strings.Contains(fmt.Sprint(started[0]["args"]), "--kv-events-endpoint "+pub+" --kv-events-replay-endpoint "+replay) {
+		t.Errorf("engine started with %v, want the advertised endpoints passed to the sim", started)
 	}
 	reg := w.log.find(t, "worker registered")
 	if len(reg) != 1 || reg[0]["worker_id"] != rec.WorkerID {
@@ -260,7 +274,7 @@ func TestWorkerDrainTimeout(t *testing.T) {
 	}
 	e := w.log.find(t, "drain timeout passed with requests in flight")
 	if len(e) != 1 || e[0]["running"] != float64(2) {
-		t.Fatalf("drain timeout entries %v, want one with running=2", e)
+		t.Fatalf("drain timeout entries %v, want one with running=2; log:\n%s", e, w.log.messages(t))
 	}
 }
 
@@ -334,7 +348,7 @@ func TestWorkerBadEngineArgs(t *testing.T) {
 	if err := Run(t.Context(), cfg, log); !errors.Is(err, ErrEngineArgs) {
 		t.Fatalf("Run = %v, want ErrEngineArgs", err)
 	}
-	cfg = config.Worker{Engine: "vllm"}
+	cfg = config.Worker{Engine: "tgi"}
 	if err := Run(t.Context(), cfg, log); !errors.Is(err, ErrUnknownEngine) {
 		t.Fatalf("Run = %v, want ErrUnknownEngine", err)
 	}
@@ -347,15 +361,52 @@ func TestAdvertiseHost(t *testing.T) {
 		{"10.0.0.5", "0.0.0.0", "10.0.0.5"},
 		{"", "::1", "::1"},
 	} {
-		if got, err := advertiseHost(tc.flag, tc.bind); err != nil || got != tc.want {
+		if got, err := advertiseHost(tc.flag, tc.bind, nil); err != nil || got != tc.want {
 			t.Errorf("advertiseHost(%q, %q) = %q, %v; want %q", tc.flag, tc.bind, got, err, tc.want)
 		}
 	}
-	// Binding every interface advertises a routable address, never 0.0.0.0.
-	if got, err := advertiseHost("", "0.0.0.0"); err == nil && (got == "0.0.0.0" || got == "") {
+	// Binding every interface advertises a routable address of this
+	// machine, never 0.0.0.0.
+	if got, err := advertiseHost("", "0.0.0.0", nil); err == nil && (isUnspecified(got) || isLoopback(got)) {
 		t.Errorf("advertiseHost for 0.0.0.0 = %q", got)
 	}
-	for bind, want := range map[string]string{"0.0.0.0": "127.0.0.1", "::": "::1", "10.1.2.3": "10.1.2.3", "host": "host"} {
+	ipnet := func(s string) net.Addr {
+		ip, n, err := net.ParseCIDR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.IP = ip
+		return n
+	}
+	machine := func(ifs ...netInterface) func() ([]netInterface, error) {
+		return func() ([]netInterface, error) { return ifs, nil }
+	}
+	lo := netInterface{Up: true, Loopback: true, Addrs: []net.Addr{ipnet("127.0.0.1/8"), ipnet("::1/128")}}
+	for _, tc := range []struct {
+		name string
+		ifs  func() ([]netInterface, error)
+		want string
+	}{
+		{"first IPv4 of an up interface", machine(lo,
+			netInterface{Up: false, Addrs: []net.Addr{ipnet("10.9.9.9/24")}},
+			netInterface{Up: true, Addrs: []net.Addr{ipnet("fe80::1/64"), ipnet("169.254.3.4/16"), ipnet("2001:db8::7/64"), ipnet("10.0.0.5/24")}},
+			netInterface{Up: true, Addrs: []net.Addr{ipnet("192.168.1.2/24")}}), "10.0.0.5"},
+		{"global IPv6 when no IPv4", machine(lo, netInterface{Up: true, Addrs: []net.Addr{ipnet("fe80::1/64"), ipnet("2001:db8::7/64")}}), "2001:db8::7"},
+		{"IPAddr form", machine(netInterface{Up: true, Addrs: []net.Addr{&net.IPAddr{IP: net.ParseIP("10.1.1.1")}}}), "10.1.1.1"},
+	} {
+		for _, bind := range []string{"0.0.0.0", "::", "", "*"} {
+			if got, err := advertiseHost("", bind, tc.ifs); err != nil || got != tc.want {
+				t.Errorf("%s: advertiseHost(%q) = %q, %v; want %q", tc.name, bind, got, err, tc.want)
+			}
+		}
+	}
+	if got, err := advertiseHost("", "0.0.0.0", machine(lo)); !errors.Is(err, ErrAdvertiseHost) {
+		t.Errorf("loopback-only machine: advertiseHost = %q, %v; want ErrAdvertiseHost", got, err)
+	}
+	if _, err := advertiseHost("", "0.0.0.0", func() ([]netInterface, error) { return nil, errors.New("boom") }); !errors.Is(err, ErrAdvertiseHost) {
+		t.Error("interface listing error not reported")
+	}
+	for bind, want := range map[string]string{"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1", "10.1.2.3": "10.1.2.3", "host": "host"} {
 		if got := localHost(bind); got != want {
 			t.Errorf("localHost(%q) = %q, want %q", bind, got, want)
 		}
@@ -385,4 +436,72 @@ func TestWorkerEtcdUnreachable(t *testing.T) {
 		t.Fatalf("Run = %v, want nil", err)
 	}
 	eventually(t, "engine stopped", func() bool { return processGone(pid) })
+}
+
+func ptrValue[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// TestWorkerSGLang runs the SGLang adapter against a process that answers
+// like SGLang: the worker adds --enable-metrics and a KV-event publisher,
+// takes the page size from /get_server_info and drains on SGLang's metric
+// names.
+func TestWorkerSGLang(t *testing.T) {
+	w := startWorker(t, func(c *config.Worker) {
+		t.Setenv(fakeEngineEnv, "sglang")
+		c.Engine = "sglang"
+		c.EngineArgs = []string{"--model-path", "/models/qwen3", "--served-model-name", "qwen3", "--host", "127.0.0.1",
+			"--state-dir", c.EngineArgs[1], "--metrics-block-size", "64"}
+	})
+	rec, raw := w.waitRecord(nil)
+	if rec.Engine != "sglang" || rec.ModelName != "qwen3" || ptrValue(rec.KVBlockSize) != 64 {
+		t.Fatalf("record %s: want engine sglang, model qwen3, kv_block_size 64 from /get_server_info", raw)
+	}
+	if !strings.HasPrefix(ptrValue(rec.KVEventsEndpoint), "tcp://127.0.0.1:") || rec.KVEventsReplayEndpoint == nil {
+		t.Fatalf("record %s: want the KV-event endpoints the worker configured", raw)
+	}
+	started := w.log.find(t, "engine started")
+	if len(started) != 1 {
+		t.Fatalf("%d \"engine started\" entries, want one", len(started))
+	}
+	args := fmt.Sprint(started[0]["args"])
+	if !strings.Contains(args, "--enable-metrics") || !strings.Contains(args, `"publisher":"zmq"`) {
+		t.Fatalf("engine started with %v: want --enable-metrics and a zmq --kv-events-config", args)
+	}
+	w.setRunning(1)
+	w.cancel()
+	w.waitRecord(func(r discovery.Record) bool { return r.Status == discovery.StatusDraining })
+	eventually(t, "drain polls seeing the running request", func() bool {
+		return len(w.log.find(t, "metrics scraped running=1")) >= 2
+	})
+	w.setRunning(0)
+	if err := w.wait(); err != nil {
+		t.Fatalf("Run = %v, want nil after a drain", err)
+	}
+	if n := len(w.records()); n != 0 {
+		t.Fatalf("%d records after the drain, want none", n)
+	}
+}
+
+// TestWorkerVLLMExternalDP runs the vLLM adapter for one rank of an
+// externally balanced data-parallel deployment.
+func TestWorkerVLLMExternalDP(t *testing.T) {
+	w := startWorker(t, func(c *config.Worker) {
+		t.Setenv(fakeEngineEnv, "vllm")
+		c.Engine = "vllm"
+		c.EngineArgs = []string{"/models/llama", "--host", "127.0.0.1", "--data-parallel-size", "4", "--data-parallel-rank", "2",
+			"--state-dir", c.EngineArgs[1], "--metrics-block-size", "32"}
+	})
+	rec, raw := w.waitRecord(nil)
+	if rec.Engine != "vllm" || rec.ModelName != "/models/llama" || ptrValue(rec.DPRank) != 2 || rec.DPSize != 4 ||
+		ptrValue(rec.KVBlockSize) != 32 {
+		t.Fatalf("record %s: want vllm rank 2 of 4, kv_block_size 32 from vllm:cache_config_info", raw)
+	}
+	if !strings.HasPrefix(ptrValue(rec.KVEventsEndpoint), "tcp://127.0.0.1:") {
+		t.Fatalf("record %s: want a KV-event endpoint", raw)
+	}
 }

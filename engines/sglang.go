@@ -1,0 +1,208 @@
+package engines
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+)
+
+// sglangAdapter runs `<python> -m sglang.launch_server [flags]`; the
+// worker's engine arguments are what follows `-m sglang.launch_server`.
+type sglangAdapter struct{}
+
+func (sglangAdapter) Name() string { return "sglang" }
+
+const (
+	sglangModule      = "sglang.launch_server"
+	sglangDefaultHost = "127.0.0.1"
+	// maxServerInfoBytes bounds /get_server_info, which lists every
+	// server argument.
+	maxServerInfoBytes = 4 << 20
+)
+
+var sglangValueFlags = []string{
+	"model-path", "model", "served-model-name", "host", "port", "page-size",
+	"tp-size", "tp", "dp-size", "dp",
+	"disaggregation-mode", "disaggregation-bootstrap-port", "disaggregation-transfer-backend",
+}
+
+func (sglangAdapter) Prepare(opts Options, args []string) (Launch, error) {
+	if err := refuseModuleArgs(args, sglangModule); err != nil {
+		return Launch{}, err
+	}
+	flags, err := parseEngineFlags(args, sglangValueFlags...)
+	if err != nil {
+		return Launch{}, err
+	}
+	var ep Endpoint
+	var warnings []string
+
+	model, ok := lookup(flags, "model-path", "model")
+	if !ok {
+		return Launch{}, fmt.Errorf("%w: --model-path is required", ErrEngineArgs)
+	}
+	ep.Model = model
+	if v, ok := flags["served-model-name"]; ok {
+		ep.Model = v
+	}
+	if err := checkModel(ep.Model); err != nil {
+		return Launch{}, err
+	}
+	ep.Host = sglangDefaultHost
+	if v, ok := flags["host"]; ok {
+		if err := checkHost(v); err != nil {
+			return Launch{}, err
+		}
+		ep.Host = v
+	}
+	if ep.AdvertiseHost, err = advertiseHost(opts.AdvertiseHost, ep.Host, opts.interfaces); err != nil {
+		return Launch{}, err
+	}
+	portValue, portGiven := flags["port"]
+	var extra []string
+	ep.Port, args, extra, err = resolvePort(opts, args, "port", portValue, portGiven, portCheckHost(ep.Host))
+	if err != nil {
+		return Launch{}, err
+	}
+	if v, ok := flags["page-size"]; ok {
+		// Otherwise SGLang picks one per attention backend; the worker asks
+		// /get_server_info once it is up.
+		if ep.BlockSize, err = parseBlockSizeFlag("page-size", v); err != nil {
+			return Launch{}, err
+		}
+	}
+
+	dp, err := parseCount(flags, 1, "dp-size", "dp")
+	if err != nil {
+		return Launch{}, err
+	}
+	// One server multiplexes every DP rank; routers pin one with
+	// X-Data-Parallel-Rank.
+	ep.DPSize = dp
+	spec := eventsSpec{style: sglangStyle, ranks: 1}
+	noEvents := false
+	if dp > 1 {
+		if hasEngineFlag(args, "enable-dp-attention") {
+			// Each attention-DP rank has its own KV cache and publishes on
+			// the base port + its rank.
+			spec.ranks = dp
+		} else {
+			// Without DP attention every replica counts itself rank 0 and
+			// would bind the same port.
+			noEvents = true
+			if !opts.NoKVEvents {
+				warnings = append(warnings, fmt.Sprintf("--dp-size %d without --enable-dp-attention: SGLang's replicas cannot publish KV events on distinct ports, none configured; routing to this worker is approximate", dp))
+			}
+		}
+	}
+	var evExtra []string
+	if !noEvents {
+		var evWarn []string
+		if args, evExtra, evWarn, err = pyEvents(opts, args, &ep, spec); err != nil {
+			return Launch{}, err
+		}
+		warnings = append(warnings, evWarn...)
+	}
+	if err := sglangDisagg(flags, &ep); err != nil {
+		return Launch{}, err
+	}
+	// Drain reads /metrics, which SGLang serves only with --enable-metrics.
+	if !hasEngineFlag(args, "enable-metrics") {
+		extra = append(extra, "--enable-metrics")
+	}
+
+	cmd := pythonCommand(opts, "sglang", sglangModule, appendArgs(args, concat(extra, evExtra)...))
+	return Launch{Command: cmd, Endpoint: ep, Warnings: warnings}, nil
+}
+
+func (sglangAdapter) Inspect(metrics io.Reader) (Stats, error) {
+	var parser expfmt.TextParser
+	families, err := parser.TextToMetricFamilies(metrics)
+	if err != nil {
+		return Stats{}, fmt.Errorf("%w: parse: %w", ErrMetrics, err)
+	}
+	running, okR := sumFamily(families["sglang:num_running_reqs"])
+	waiting, okW := sumFamily(families["sglang:num_queue_reqs"])
+	if !okR || !okW {
+		return Stats{}, fmt.Errorf("%w: sglang:num_running_reqs or sglang:num_queue_reqs missing", ErrMetrics)
+	}
+	// A disaggregated engine also holds requests in its transfer queues;
+	// they are in flight as much as the running ones.
+	for _, name := range []string{
+		"sglang:num_prefill_prealloc_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
+		"sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
+	} {
+		if n, ok := sumFamily(families[name]); ok {
+			waiting += n
+		}
+	}
+	return Stats{Running: running, Waiting: waiting}, nil
+}
+
+func (sglangAdapter) blockSizePath() string { return "/get_server_info" }
+
+// parseBlockSize reads page_size from /get_server_info, which carries the
+// resolved server arguments at its top level or, in some versions, under
+// "server_args".
+func (sglangAdapter) parseBlockSize(body io.Reader) (int, error) {
+	var info struct {
+		PageSize   *int `json:"page_size"`
+		ServerArgs *struct {
+			PageSize *int `json:"page_size"`
+		} `json:"server_args"`
+	}
+	if err := json.NewDecoder(io.LimitReader(body, maxServerInfoBytes)).Decode(&info); err != nil {
+		return 0, fmt.Errorf("%w: /get_server_info: %w", ErrMetrics, err)
+	}
+	size := info.PageSize
+	if size == nil && info.ServerArgs != nil {
+		size = info.ServerArgs.PageSize
+	}
+	if size == nil || *size < 1 {
+		return 0, fmt.Errorf("%w: /get_server_info carries no page_size", ErrMetrics)
+	}
+	return *size, nil
+}
+
+// refuseModuleArgs catches engine arguments that repeat the launcher
+// (`-m sglang.launch_server`), which the worker adds itself.
+func refuseModuleArgs(args []string, module string) error {
+	if len(args) > 0 && (args[0] == "-m" || args[0] == module || strings.HasPrefix(args[0], "python")) {
+		return fmt.Errorf("%w: the engine arguments start after `python -m %s`: drop the leading %q", ErrEngineArgs, module, args[0])
+	}
+	return nil
+}
+
+// pythonCommand is `<python> -m module args...`, or `<engine-bin> args...`
+// when --engine-bin names a launcher of its own.
+func pythonCommand(opts Options, name, module string, args []string) Command {
+	if opts.Bin != "" {
+		return Command{Name: name, Path: opts.Bin, Args: args, Env: pythonEnv(opts)}
+	}
+	return Command{Name: name, Path: opts.python(), Args: append([]string{"-m", module}, args...), Env: pythonEnv(opts)}
+}
+
+// sumFamily adds the values of every sample of a gauge, counter or untyped
+// family; ok is false when the family is absent or of another type.
+func sumFamily(f *dto.MetricFamily) (sum float64, ok bool) {
+	if f == nil {
+		return 0, false
+	}
+	for _, m := range f.GetMetric() {
+		switch f.GetType() {
+		case dto.MetricType_GAUGE:
+			sum += m.GetGauge().GetValue()
+		case dto.MetricType_COUNTER:
+			sum += m.GetCounter().GetValue()
+		case dto.MetricType_UNTYPED:
+			sum += m.GetUntyped().GetValue()
+		default:
+			return 0, false
+		}
+	}
+	return sum, true
+}
