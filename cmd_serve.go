@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 
@@ -25,19 +26,22 @@ func serveCommand() *cli.Command {
 			"serve the request's model, plus GET /v1/models, /v1/workers, /health and /metrics.\n" +
 			"Without --etcd-endpoints it runs a single-node etcd in-process (--embedded-etcd-listen,\n" +
 			"--embedded-etcd-dir) for workers to register with.\n\n" +
-			"Example: infera serve --listen 127.0.0.1:8000 --router-policy least-load",
+			"With --router-policy kv-aware each request goes to the worker that caches most of its prompt\n" +
+			"(KV events from the engines; --tokenizer for exact token blocks), weighed against load;\n" +
+			"GET /v1/admin/cache-view/{worker_id} shows what the router knows of a worker's cache.\n\n" +
+			"Example: infera serve --listen 127.0.0.1:8000 --router-policy kv-aware --tokenizer bytes",
 		Flags: cfg.Flags(),
 		Action: func(c *cli.Context) error {
 			cfg.Finish(c)
-			policies := router.NewRegistry()
-			if err := router.RegisterBuiltins(policies); err != nil {
-				return fmt.Errorf("register routing policies: %w", err)
+			log := newLogger(cfg.Log, c.App.ErrWriter)
+			policies, err := servePolicies(&cfg, log)
+			if err != nil {
+				return err
 			}
 			cfg.KnownPolicies = policies.Names()
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			log := newLogger(cfg.Log, c.App.ErrWriter)
 			ctx, stop := signalContext(c.Context)
 			defer stop()
 			return runServe(ctx, cfg, policies, log)
@@ -47,6 +51,50 @@ func serveCommand() *cli.Command {
 
 var errEmbeddedEtcdFailed = errors.New("embedded etcd failed")
 
+// servePolicies is the registry of `infera serve`: the built-ins and
+// kv-aware, configured from cfg (its factory runs only when selected).
+func servePolicies(cfg *config.Serve, log zerolog.Logger) (*router.Registry, error) {
+	policies := router.NewRegistry()
+	if err := router.RegisterBuiltins(policies); err != nil {
+		return nil, fmt.Errorf("register routing policies: %w", err)
+	}
+	err := policies.Register(router.PolicyKVAware, func() (router.Policy, error) {
+		return router.NewKVAware(kvAwareConfig(cfg.KV), log)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("register routing policies: %w", err)
+	}
+	return policies, nil
+}
+
+// kvAwareConfig maps the flags onto the policy's configuration, whose zero
+// values mean defaults: explicit zeros become the policy's "off" values.
+func kvAwareConfig(k config.ServeKV) router.KVAwareConfig {
+	zeroOff := func(v float64) float64 {
+		if v == 0 {
+			return router.NoOverlap
+		}
+		return v
+	}
+	rc := router.KVAwareConfig{
+		TokenizerSpec:         k.Tokenizer,
+		EngineTokenizeTimeout: k.EngineTokenizeTimeout,
+		OverlapWeight:         zeroOff(k.OverlapWeight),
+		PrefillOverlapWeight:  zeroOff(k.PrefillOverlapWeight),
+		DecodeOverlapWeight:   zeroOff(k.DecodeOverlapWeight),
+		DefaultBlockSize:      k.BlockSize,
+		IndexMaxBlocks:        k.IndexMaxBlocks,
+		ApproxTTL:             k.ApproxTTL,
+		ApproxMaxBlocks:       k.ApproxMaxBlocks,
+		RecentHalfLife:        k.RecentDecay,
+		RecentWeight:          zeroOff(k.RecentWeight),
+	}
+	if k.RecentDecay == 0 {
+		rc.RecentHalfLife = router.NoRecent
+	}
+	return rc
+}
+
 // runServe runs the router until ctx ends, then stops, in order, the HTTP
 // server (draining in-flight requests), the fleet watcher, the etcd client
 // and the embedded etcd it started.
@@ -54,6 +102,11 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 	policy, err := policies.New(cfg.RouterPolicy)
 	if err != nil {
 		return err
+	}
+	if c, ok := policy.(io.Closer); ok {
+		// Deferred first, so it runs last: after the router and the fleet
+		// watcher (which attaches and detaches workers) have stopped.
+		defer func() { _ = c.Close() }()
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

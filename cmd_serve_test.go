@@ -144,9 +144,113 @@ func TestServeRejectsBadConfig(t *testing.T) {
 	if code != exitConfig {
 		t.Fatalf("exit %d, want %d: %s", code, exitConfig, out.String())
 	}
-	for _, want := range []string{"--listen", "--router-policy \"random\": want one of least-load, round-robin", "--max-body-bytes"} {
+	for _, want := range []string{"--listen", "--router-policy \"random\": want one of kv-aware, least-load, round-robin", "--max-body-bytes"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("error output lacks %q: %s", want, out.String())
 		}
+	}
+}
+
+// TestServeKVAware runs `infera serve --router-policy kv-aware` over a
+// simulator that publishes KV events: the record's event endpoints are
+// followed, and the cache view counts the blocks the simulator cached.
+func TestServeKVAware(t *testing.T) {
+	cfg := config.DefaultSim()
+	cfg.Port, cfg.TimeScale = 0, 0
+	cfg.KVEventsEndpoint, cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
+	eng, err := sim.New(cfg, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	simCtx, stopSim := context.WithCancel(context.Background())
+	simDone := make(chan error, 1)
+	go func() { simDone <- eng.Serve(simCtx, ln) }()
+	defer func() { stopSim(); <-simDone }()
+	deadline := time.Now().Add(10 * time.Second)
+	for eng.KVEventsEndpoint() == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("simulator event sockets never bound")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	var stderr syncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- newApp(io.Discard, &stderr).RunContext(ctx, []string{"infera", "serve",
+			"--listen", "127.0.0.1:0", "--embedded-etcd-listen", "127.0.0.1:0",
+			"--embedded-etcd-dir", t.TempDir(), "--router-policy", "kv-aware", "--tokenizer", "bytes"})
+	}()
+	endpoints, _ := logField(t, &stderr, "embedded etcd started", "endpoints").([]any)
+	addr, _ := logField(t, &stderr, "infera serve listening", "addr").(string)
+	if tok := logField(t, &stderr, "kv-aware routing ready", "tokenizer"); tok != "bytes" {
+		t.Fatalf("tokenizer %v", tok)
+	}
+	ev, rep, bs := eng.KVEventsEndpoint(), eng.KVEventsReplayEndpoint(), 16
+	rec := discovery.Record{WorkerID: ln.Addr().String(), URL: "http://" + ln.Addr().String(), ModelName: "sim-model", Engine: "sim",
+		KVEventsEndpoint: &ev, KVEventsReplayEndpoint: &rep, KVBlockSize: &bs}
+	val, err := rec.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := etcdtest.Client(t, []string{endpoints[0].(string)})
+	if _, err := cli.Put(t.Context(), "/infera/workers/"+rec.WorkerID, string(val)); err != nil {
+		t.Fatal(err)
+	}
+
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	view := func() (int, string) {
+		resp, err := client.Get("http://" + addr + "/v1/admin/cache-view/" + rec.WorkerID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v struct {
+			BlockCount int    `json:"block_count"`
+			Mode       string `json:"mode"`
+		}
+		if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&v) != nil {
+			return -1, ""
+		}
+		return v.BlockCount, v.Mode
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("the worker's event stream to be confirmed", func() bool { _, mode := view(); return mode == "precise" })
+	resp, err := client.Post("http://"+addr+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"sim-model","prompt":"`+strings.Repeat("z", 100)+`","max_tokens":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("completion: %d", resp.StatusCode)
+	}
+	waitFor("the 6 cached blocks in the cache view", func() bool { n, _ := view(); return n == 6 })
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
 	}
 }

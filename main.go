@@ -61,6 +61,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			workerCommand(),
 			simCommand(),
 			benchCommand(),
+			tokenizeCommand(),
 			versionCommand(),
 		},
 	}

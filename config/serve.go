@@ -50,9 +50,120 @@ type Serve struct {
 	EmbeddedEtcdListen string
 	EmbeddedEtcdDir    string
 
+	// KV is the kv-aware policy's configuration.
+	KV ServeKV
+
 	// KnownPolicies, when set (by main, from the policy registry), is the
 	// set RouterPolicy must belong to. It is not a flag.
 	KnownPolicies []string
+}
+
+// Tokenizer modes of --tokenizer besides a directory.
+const (
+	TokenizerBytes  = "bytes"
+	TokenizerEngine = "engine"
+)
+
+// ServeKV configures the kv-aware routing policy (DESIGN §5).
+type ServeKV struct {
+	// Tokenizer is "" (none: approximate routing on text), "bytes",
+	// "engine" (each request's worker tokenizes it via POST /tokenize) or a
+	// Hugging Face tokenizer directory.
+	Tokenizer string
+	// EngineTokenizeTimeout bounds one POST /tokenize in engine mode.
+	EngineTokenizeTimeout time.Duration
+	// OverlapWeight is w in w×(blocks−hits) + active_blocks + recent; the
+	// prefill and decode weights apply to the legs of disaggregated
+	// serving and default to OverlapWeight.
+	OverlapWeight        float64
+	PrefillOverlapWeight float64
+	DecodeOverlapWeight  float64
+	// BlockSize hashes workers whose record has no kv_block_size.
+	BlockSize int
+	// IndexMaxBlocks bounds the KV-event prefix index (all workers).
+	IndexMaxBlocks int
+	// ApproxTTL and ApproxMaxBlocks bound the router's own placement
+	// records (per worker and DP rank) used in approximate mode.
+	ApproxTTL       time.Duration
+	ApproxMaxBlocks int
+	// RecentDecay is the half-life of the recent-miss charge (0: no
+	// charge); RecentWeight its charge per missed block.
+	RecentDecay  time.Duration
+	RecentWeight float64
+}
+
+// sameAsOverlap is the flag default of the per-role weights: unset, they
+// follow --kv-overlap-weight (see Finish).
+const sameAsOverlap = -1
+
+func (k *ServeKV) flags() []cli.Flag {
+	prefill := Float("kv-prefill-overlap-weight", "overlap weight of prefill workers (disaggregated serving)", &k.PrefillOverlapWeight, sameAsOverlap)
+	prefill.DefaultText = "same as --kv-overlap-weight"
+	decode := Float("kv-decode-overlap-weight", "overlap weight of decode workers (disaggregated serving)", &k.DecodeOverlapWeight, sameAsOverlap)
+	decode.DefaultText = "same as --kv-overlap-weight"
+	return []cli.Flag{
+		String("tokenizer", "kv-aware tokenization: a Hugging Face tokenizer directory, \"bytes\", \"engine\" (ask the worker's /tokenize), or empty for approximate routing on text", &k.Tokenizer, ""),
+		Duration("tokenizer-engine-timeout", "longest POST /tokenize in --tokenizer engine mode (then the request is routed on its text)", &k.EngineTokenizeTimeout, 2*time.Second),
+		Float("kv-overlap-weight", "kv-aware cost weight of one uncached prompt block against one block of load", &k.OverlapWeight, 4),
+		prefill,
+		decode,
+		Int("kv-block-size", "block size hashed for workers whose record has no kv_block_size", &k.BlockSize, 16),
+		Int("kv-index-max-blocks", "most (worker, block) entries in the KV-event prefix index; the worker holding most loses its least recent", &k.IndexMaxBlocks, 4<<20),
+		Duration("kv-approx-ttl", "approximate mode: how long a prompt block the router sent to a worker counts as cached there", &k.ApproxTTL, 10*time.Minute),
+		Int("kv-approx-max-blocks", "approximate mode: most recorded prompt blocks per worker (and DP rank)", &k.ApproxMaxBlocks, 256<<10),
+		Duration("kv-recent-decay", "half-life of the recent-miss charge that spreads serial traffic (0 disables it)", &k.RecentDecay, 2*time.Second),
+		Float("kv-recent-weight", "recent-miss charge per prompt block a finished request had to prefill", &k.RecentWeight, 0.5),
+	}
+}
+
+func (k *ServeKV) finish(c *cli.Context) {
+	if !c.IsSet("kv-prefill-overlap-weight") {
+		k.PrefillOverlapWeight = k.OverlapWeight
+	}
+	if !c.IsSet("kv-decode-overlap-weight") {
+		k.DecodeOverlapWeight = k.OverlapWeight
+	}
+}
+
+func (k *ServeKV) validate(p *Problems) {
+	switch k.Tokenizer {
+	case "", TokenizerBytes, TokenizerEngine:
+	default:
+		if st, err := os.Stat(filepath.Join(k.Tokenizer, "tokenizer.json")); err != nil || !st.Mode().IsRegular() {
+			p.Addf("--tokenizer %q: want bytes, engine, or a directory holding tokenizer.json", k.Tokenizer)
+		}
+	}
+	if k.EngineTokenizeTimeout <= 0 {
+		p.Addf("--tokenizer-engine-timeout must be positive")
+	}
+	for _, w := range []struct {
+		name string
+		v    float64
+	}{
+		{"--kv-overlap-weight", k.OverlapWeight},
+		{"--kv-prefill-overlap-weight", k.PrefillOverlapWeight},
+		{"--kv-decode-overlap-weight", k.DecodeOverlapWeight},
+		{"--kv-recent-weight", k.RecentWeight},
+	} {
+		if !(w.v >= 0 && w.v <= 1e6) { // also rejects NaN
+			p.Addf("%s must be from 0 to 1e6", w.name)
+		}
+	}
+	if k.BlockSize < 1 || k.BlockSize > 1<<16 {
+		p.Addf("--kv-block-size must be from 1 to 65536")
+	}
+	if k.IndexMaxBlocks < 1 {
+		p.Addf("--kv-index-max-blocks must be positive")
+	}
+	if k.ApproxMaxBlocks < 1 {
+		p.Addf("--kv-approx-max-blocks must be positive")
+	}
+	if k.ApproxTTL <= 0 {
+		p.Addf("--kv-approx-ttl must be positive")
+	}
+	if k.RecentDecay < 0 {
+		p.Addf("--kv-recent-decay must not be negative")
+	}
 }
 
 // DefaultStateDir returns where Infera keeps local state:
@@ -71,9 +182,9 @@ func DefaultStateDir() string {
 // Flags returns the serve flags, binding each to its field.
 func (s *Serve) Flags() []cli.Flag {
 	flags := append(s.Log.Flags(), s.Etcd.Flags()...)
-	return append(flags,
+	return append(append(flags,
 		String("listen", "host:port of the OpenAI endpoint (port 0 picks a free port; the bound address is logged)", &s.Listen, "0.0.0.0:8000"),
-		String("router-policy", "routing policy: round-robin or least-load", &s.RouterPolicy, "round-robin"),
+		String("router-policy", "routing policy: round-robin, least-load or kv-aware", &s.RouterPolicy, "round-robin"),
 		Int("max-body-bytes", "largest request body accepted; larger ones get 413", &s.MaxBodyBytes, 32<<20),
 		Duration("client-read-timeout", "longest time to read one request from a client", &s.ClientReadTimeout, 60*time.Second),
 		Duration("client-idle-timeout", "longest time a client keep-alive connection may sit idle", &s.ClientIdleTimeout, 120*time.Second),
@@ -84,12 +195,13 @@ func (s *Serve) Flags() []cli.Flag {
 		Duration("shutdown-timeout", "on SIGTERM, longest wait for in-flight requests before cutting them", &s.ShutdownTimeout, 30*time.Second),
 		String("embedded-etcd-listen", "client host:port of the embedded etcd started when no --etcd-endpoints are given", &s.EmbeddedEtcdListen, "127.0.0.1:2379"),
 		String("embedded-etcd-dir", "data directory of the embedded etcd", &s.EmbeddedEtcdDir, filepath.Join(DefaultStateDir(), "etcd")),
-	)
+	), s.KV.flags()...)
 }
 
 // Finish copies slice flags out of the parsed command line.
 func (s *Serve) Finish(c *cli.Context) {
 	s.Etcd.Finish(c)
+	s.KV.finish(c)
 }
 
 // Validate reports every configuration problem at once.
@@ -127,6 +239,7 @@ func (s *Serve) Validate() error {
 	if s.MaxConnsPerWorker <= 0 {
 		p.Addf("--max-conns-per-worker must be positive")
 	}
+	s.KV.validate(&p)
 	if len(s.Etcd.Endpoints) == 0 {
 		// Only then is the embedded etcd started.
 		if err := serveCheckListen(s.EmbeddedEtcdListen); err != "" {

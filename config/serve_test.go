@@ -66,3 +66,30 @@ func TestServeValidateReportsEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestServeKVFlags(t *testing.T) {
+	s := parseServe(t)
+	k := s.KV
+	if k.Tokenizer != "" || k.OverlapWeight != 4 || k.PrefillOverlapWeight != 4 || k.DecodeOverlapWeight != 4 ||
+		k.BlockSize != 16 || k.IndexMaxBlocks != 4<<20 || k.RecentDecay <= 0 || k.ApproxTTL <= 0 || k.ApproxMaxBlocks <= 0 {
+		t.Fatalf("kv defaults: %+v", k)
+	}
+	// The per-role weights follow --kv-overlap-weight unless set.
+	t.Setenv("INFERA_KV_DECODE_OVERLAP_WEIGHT", "0.25")
+	s = parseServe(t, "--kv-overlap-weight", "2", "--tokenizer", "bytes")
+	if s.KV.OverlapWeight != 2 || s.KV.PrefillOverlapWeight != 2 || s.KV.DecodeOverlapWeight != 0.25 || s.KV.Tokenizer != "bytes" {
+		t.Fatalf("kv weights: %+v", s.KV)
+	}
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s = parseServe(t, "--tokenizer", t.TempDir(), "--kv-overlap-weight", "-1", "--kv-block-size", "0",
+		"--kv-index-max-blocks", "0", "--kv-approx-ttl", "0s", "--kv-recent-decay", "-1s", "--kv-approx-max-blocks", "0")
+	err := s.Validate()
+	for _, want := range []string{"--tokenizer", "--kv-overlap-weight", "--kv-block-size", "--kv-index-max-blocks",
+		"--kv-approx-ttl", "--kv-recent-decay", "--kv-approx-max-blocks"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate error lacks %s: %v", want, err)
+		}
+	}
+}

@@ -2,6 +2,9 @@ package config
 
 import (
 	"math"
+	"net"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -40,7 +43,44 @@ type Sim struct {
 	HangBeforeFirstToken float64
 	DieAfterTokens       int64
 	SlowStart            time.Duration
+
+	// Tokenizer is "bytes" or a Hugging Face tokenizer directory; sharing
+	// the router's directory makes both compute the same token ids.
+	Tokenizer string
+
+	// KV events (DESIGN §7): a ZMQ PUB socket publishing the prefix
+	// cache's BlockStored/BlockRemoved/AllBlocksCleared batches in the
+	// imitated engine's encoding, and a ROUTER socket replaying the last
+	// KVEventsBuffer batches. An empty endpoint disables each.
+	KVEventsEndpoint       string
+	KVEventsReplayEndpoint string
+	KVEventsFormat         string
+	KVEventsTopic          string
+	KVEventsBuffer         int
+
+	// Flavor is the engine the simulator's command line, metrics and
+	// events imitate: "" (its own flags, vLLM names), vllm, sglang or atom.
+	// With a flavor, the arguments after --flavor are the engine's own
+	// command line (sim.ApplyFacade).
+	Flavor string
+	// DPRank is the data-parallel rank the engine reports in its event
+	// batches (vLLM --data-parallel-rank through the facade; no flag).
+	DPRank int
 }
+
+// Simulator facades (--flavor).
+const (
+	FlavorVLLM   = "vllm"
+	FlavorSGLang = "sglang"
+	FlavorATOM   = "atom"
+)
+
+// KV-event encodings the simulator publishes (--kv-events-format).
+const (
+	KVFormatVLLM      = "vllm"       // vLLM batch, events as tagged maps
+	KVFormatVLLMArray = "vllm-array" // vLLM batch, events as msgspec tagged arrays
+	KVFormatSGLang    = "sglang"     // SGLang: tagged arrays, one block per event, int64 hashes
+)
 
 // DefaultSim returns the sim configuration with every flag at its default,
 // for in-process use (tests of other packages start a sim this way).
@@ -75,6 +115,13 @@ func (s *Sim) Flags() []cli.Flag {
 		Float("hang-before-first-token", "fraction of completion requests that never produce a token until the client goes away", &s.HangBeforeFirstToken, 0),
 		Int64("die-after-tokens", "exit the process with code 1 after streaming this many tokens in total (0 = never)", &s.DieAfterTokens, 0),
 		Duration("slow-start", "time after start before /health and the API answer 200 (wall time, not scaled)", &s.SlowStart, 0),
+		String("tokenizer", "\"bytes\" (one token per byte) or a Hugging Face tokenizer directory (tokenizer.json, chat template)", &s.Tokenizer, "bytes"),
+		String("kv-events-endpoint", "ZMQ PUB bind address for KV-cache events, e.g. tcp://*:5557 (port 0 picks a free port; empty = no events)", &s.KVEventsEndpoint, ""),
+		String("kv-events-replay-endpoint", "ZMQ ROUTER bind address serving buffered KV-event batches for gap recovery, e.g. tcp://*:5558 (empty = none)", &s.KVEventsReplayEndpoint, ""),
+		String("kv-events-format", "KV-event encoding: vllm (tagged maps), vllm-array (msgspec tagged arrays) or sglang", &s.KVEventsFormat, KVFormatVLLM),
+		String("kv-events-topic", "ZMQ topic frame of every KV-event message", &s.KVEventsTopic, "kv-events"),
+		Int("kv-events-buffer", "KV-event batches kept for replay (and queued per subscriber before it drops)", &s.KVEventsBuffer, 10000),
+		String("flavor", "imitate an engine's command line, metrics and events: vllm, sglang or atom; must be the last sim flag, the engine's own arguments follow it (e.g. --flavor vllm serve MODEL --port 8000)", &s.Flavor, ""),
 	)
 }
 
@@ -141,7 +188,63 @@ func (s *Sim) Validate() error {
 	if s.SlowStart < 0 {
 		p.Addf("--slow-start %v: must not be negative", s.SlowStart)
 	}
+	if s.Tokenizer == "" {
+		p.Addf("--tokenizer must be \"bytes\" or a directory")
+	}
+	s.validateKVEvents(&p)
+	switch s.Flavor {
+	case "", FlavorVLLM, FlavorSGLang, FlavorATOM:
+	default:
+		p.Addf("--flavor %q: want vllm, sglang or atom", s.Flavor)
+	}
+	if s.DPRank < 0 || s.DPRank > 65535 {
+		p.Addf("data-parallel rank %d: want 0..65535", s.DPRank)
+	}
 	return p.Err()
+}
+
+// maxKVEventsBuffer bounds the replay buffer: each batch holds a step's
+// events, so a larger buffer is memory an operator did not mean to spend.
+const maxKVEventsBuffer = 1 << 20
+
+func (s *Sim) validateKVEvents(p *Problems) {
+	simEndpoint(p, "--kv-events-endpoint", s.KVEventsEndpoint)
+	simEndpoint(p, "--kv-events-replay-endpoint", s.KVEventsReplayEndpoint)
+	if s.KVEventsReplayEndpoint != "" && s.KVEventsEndpoint == "" {
+		p.Addf("--kv-events-replay-endpoint needs --kv-events-endpoint")
+	}
+	switch s.KVEventsFormat {
+	case KVFormatVLLM, KVFormatVLLMArray, KVFormatSGLang:
+	default:
+		p.Addf("--kv-events-format %q: want vllm, vllm-array or sglang", s.KVEventsFormat)
+	}
+	if len(s.KVEventsTopic) > 255 {
+		p.Addf("--kv-events-topic: %d bytes, want at most 255", len(s.KVEventsTopic))
+	}
+	if s.KVEventsBuffer < 1 || s.KVEventsBuffer > maxKVEventsBuffer {
+		p.Addf("--kv-events-buffer %d: want 1..%d", s.KVEventsBuffer, maxKVEventsBuffer)
+	}
+}
+
+// simEndpoint checks a ZMQ bind endpoint tcp://HOST:PORT; HOST may be * (all
+// interfaces) and PORT 0 (a free port). Empty means disabled.
+func simEndpoint(p *Problems, flag, v string) {
+	if v == "" {
+		return
+	}
+	rest, ok := strings.CutPrefix(v, "tcp://")
+	if !ok {
+		p.Addf("%s %q: want tcp://HOST:PORT", flag, v)
+		return
+	}
+	_, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		p.Addf("%s %q: %v", flag, v, err)
+		return
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		p.Addf("%s %q: port must be 0..65535", flag, v)
+	}
 }
 
 func simFinite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

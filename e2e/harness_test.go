@@ -68,11 +68,17 @@ type proc struct {
 // signal reaches only that process, and stops it at the end of the test.
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, name, cleanEnv(), args...)
+}
+
+// startEnv is start with an explicit environment.
+func startEnv(t *testing.T, name string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, name: name, done: make(chan struct{})}
 	p.cond = sync.NewCond(&p.mu)
 	p.cmd = exec.Command(binary, args...)
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p.cmd.Env = cleanEnv()
+	p.cmd.Env = env
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

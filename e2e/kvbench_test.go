@@ -31,7 +31,7 @@ func TestKVRoutingComparison(t *testing.T) {
 		{name: "multi-turn", args: []string{"--workload", "multi-turn", "--sessions", "32", "--turns", "5",
 			"--input-len", "120", "--output-len", "16", "--concurrency", "8", "--seed", "2"}},
 		{name: "trace", args: []string{"--workload", "trace", "--trace", trace, "--trace-limit", "400",
-			"--trace-block-words", "24", "--trace-time-scale", "0", "--concurrency", "8", "--seed", "3"}},
+			"--trace-block-words", "8", "--trace-time-scale", "0", "--concurrency", "8", "--seed", "3"}},
 	}
 	results := map[string]map[string]benchReport{} // fleet label → workload → report
 	for _, fl := range []kvFleet{

@@ -27,7 +27,7 @@ type kvWorkload struct {
 // simTiming makes prefill dominate TTFT, as on a GPU with long prompts, so
 // that a cache hit is visible in TTFT.
 var simTiming = []string{"--time-scale", "1", "--prefill-tokens-per-s", "20000", "--step-overhead-ms", "2",
-	"--decode-ms-per-token", "0.2", "--max-model-len", "32768"}
+	"--decode-ms-per-token", "0.2", "--max-model-len", "6400"}
 
 // runKVFleet starts serve with the fleet's policy and workers, runs every
 // workload against it and returns the reports by workload name.

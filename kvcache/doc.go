@@ -13,6 +13,11 @@
 //     router hash to a 64-bit membership mask, so a lookup costs one map
 //     read and one AND per hash per group the query touches (one group for
 //     fleets of up to 64 workers and ranks).
+//   - placements (placements.go): the router's own record of the block
+//     hashes it sent to a worker, with a TTL and a capacity bound, matched
+//     in approximate mode (no event stream, a stream not confirmed, no
+//     tokenizer, multimodal prompts). AppendByteHashes and
+//     AppendChainHashes (hash.go) key prompts that have no tokens.
 //   - the KV-event decoder (event.go): vLLM (map and msgspec array form),
 //     SGLang (array) and ATOM (map) batches, msgpack, zero-allocation with a
 //     reused Batch.

@@ -69,3 +69,49 @@ func appendChainedHashes(dst []uint64, prev uint64, tokens []uint32, blockSize i
 	}
 	return dst
 }
+
+// AppendByteHashes appends the chained hash of every full chunk of chunkSize
+// bytes of data, h_i = xxh64(LE64(h_{i-1}) ‖ chunk_i) with h_{-1} = 0, the
+// partial tail dropped. The router keys its approximate placements with it
+// when it has no tokenizer: equal text prefixes give equal leading hashes,
+// as equal token prefixes do for AppendBlockHashes. It does not allocate
+// when dst has room.
+func AppendByteHashes(dst []uint64, data []byte, chunkSize int) []uint64 {
+	if chunkSize <= 0 || len(data) < chunkSize {
+		return dst
+	}
+	n := len(data) / chunkSize
+	dst = slices.Grow(dst, n)
+	var prev uint64
+	var d xxhash.Digest
+	var seed [8]byte
+	for i := range n {
+		d.Reset()
+		binary.LittleEndian.PutUint64(seed[:], prev)
+		_, _ = d.Write(seed[:])
+		_, _ = d.Write(data[i*chunkSize : (i+1)*chunkSize])
+		prev = d.Sum64()
+		dst = append(dst, prev)
+	}
+	return dst
+}
+
+// AppendChainHashes appends n hashes chained from seed, h_0 = seed,
+// h_i = xxh64(LE64(h_{i-1})). A prompt the router keys by something other
+// than its blocks (the images of a multimodal request) gets such a chain, as
+// many hashes long as the prompt has blocks, so that prefix matching, load
+// and placement accounting weigh it like a text prompt of its size.
+func AppendChainHashes(dst []uint64, seed uint64, n int) []uint64 {
+	if n <= 0 {
+		return dst
+	}
+	dst = slices.Grow(dst, n)
+	var b [8]byte
+	h := seed
+	for range n {
+		dst = append(dst, h)
+		binary.LittleEndian.PutUint64(b[:], h)
+		h = xxhash.Sum64(b[:])
+	}
+	return dst
+}

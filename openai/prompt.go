@@ -1,11 +1,15 @@
 package openai
 
-import "errors"
+import (
+	"bytes"
+	"errors"
+)
 
 // The helpers below read parts of a request that Scan has already validated
 // (its Messages and Prompt spans), for routing policies that need the prompt
 // itself. They do not allocate. Given input that is not well-formed JSON they
-// return errors or partial results but never panic.
+// return errors or partial results but never panic; FirstPrompt does not
+// validate a token array (AppendTokenIDs does).
 
 // ErrBadPrompt: a prompt value is not a string, an array of token ids, or an
 // array of those.
@@ -74,67 +78,67 @@ func FirstPrompt(v []byte) (Prompt, error) {
 		}
 		return Prompt{Kind: PromptText, Raw: v[st:en], Escaped: esc}, nil
 	case c == '[':
-		inner := s.i
-		s.depth = 1
-		if err := s.array(); err != nil {
-			return Prompt{}, err
+		// A batch of token arrays: the first one ends at its first ']'
+		// (ids nest nothing); AppendTokenIDs validates its content.
+		end := bytes.IndexByte(v[s.i:], ']')
+		if end < 0 {
+			return Prompt{}, ErrBadPrompt
 		}
-		return Prompt{Kind: PromptTokens, Raw: v[inner:s.i]}, nil
+		return Prompt{Kind: PromptTokens, Raw: v[s.i : s.i+end+1]}, nil
 	case c == '-' || (c >= '0' && c <= '9'):
-		s.i = start
-		if err := s.array(); err != nil {
-			return Prompt{}, err
+		// The whole value is the token array; not scanned twice here, as
+		// it can be hundreds of kilobytes.
+		end := len(v)
+		for end > start && (v[end-1] == ' ' || v[end-1] == '\t' || v[end-1] == '\n' || v[end-1] == '\r') {
+			end--
 		}
-		return Prompt{Kind: PromptTokens, Raw: v[start:s.i]}, nil
+		return Prompt{Kind: PromptTokens, Raw: v[start:end]}, nil
 	}
 	return Prompt{}, ErrBadPrompt
 }
 
 // AppendTokenIDs appends the ids of a JSON array of token ids (non-negative
-// integers below 2^32) to dst.
+// integers below 2^32) to dst. It is the hot path of token-array prompts:
+// one pass, no allocation beyond growing dst.
 func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
-	i := 0
-	skip := func() {
-		for i < len(arr) && (arr[i] == ' ' || arr[i] == '\t' || arr[i] == '\n' || arr[i] == '\r') {
-			i++
-		}
-	}
-	skip()
+	i := skipSpace(arr, 0)
 	if i >= len(arr) || arr[i] != '[' {
 		return dst, ErrBadPrompt
 	}
-	i++
-	skip()
+	i = skipSpace(arr, i+1)
 	if i < len(arr) && arr[i] == ']' {
+		if skipSpace(arr, i+1) != len(arr) {
+			return dst, ErrBadPrompt
+		}
 		return dst, nil
 	}
 	for {
+		start := i
 		var v uint64
-		digits := 0
-		for i < len(arr) && arr[i] >= '0' && arr[i] <= '9' {
-			v = v*10 + uint64(arr[i]-'0')
-			if v > 1<<32-1 {
-				return dst, ErrBadPrompt
+		for i < len(arr) {
+			d := arr[i] - '0'
+			if d > 9 {
+				break
 			}
+			v = v*10 + uint64(d)
 			i++
-			digits++
 		}
-		if digits == 0 || (digits > 1 && arr[i-digits] == '0') {
+		// At most 10 digits cannot overflow v; the value must fit 32 bits
+		// and have no leading zero.
+		n := i - start
+		if n == 0 || n > 10 || v > 1<<32-1 || (n > 1 && arr[start] == '0') {
 			return dst, ErrBadPrompt
 		}
 		dst = append(dst, uint32(v))
-		skip()
+		i = skipSpace(arr, i)
 		if i >= len(arr) {
 			return dst, ErrBadPrompt
 		}
 		switch arr[i] {
 		case ',':
-			i++
-			skip()
+			i = skipSpace(arr, i+1)
 		case ']':
-			i++
-			skip()
-			if i != len(arr) {
+			if skipSpace(arr, i+1) != len(arr) {
 				return dst, ErrBadPrompt
 			}
 			return dst, nil
@@ -142,6 +146,13 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 			return dst, ErrBadPrompt
 		}
 	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // VisitImages calls fn with every image reference in a chat messages array

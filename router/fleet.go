@@ -27,6 +27,9 @@ type Worker struct {
 	client *fasthttp.HostClient
 	// uri holds the full upstream URI of each proxied route.
 	uri      [numProxyRoutes]string
+	tokenize string // the engine's POST /tokenize
+	addr     string // host:port dialed
+	tls      bool
 	inflight atomic.Int64
 	picks    prometheus.Counter
 
@@ -92,10 +95,15 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 			}
 			w = nw
 			r.log.Info().Str("worker_id", w.id).Str("model", rec.ModelName).Str("status", string(rec.Status)).Msg("worker added")
-		} else if old := w.Record(); old.Status != rec.Status {
-			r.log.Info().Str("worker_id", w.id).Str("status", string(rec.Status)).Msg("worker status changed")
+		} else {
+			if old := w.Record(); old.Status != rec.Status {
+				r.log.Info().Str("worker_id", w.id).Str("status", string(rec.Status)).Msg("worker status changed")
+			}
+			w.rec.Store(&rec)
+			if ra, ok := r.policy.(RecordAware); ok {
+				ra.Update(w)
+			}
 		}
-		w.rec.Store(&rec)
 		next[w.id] = w
 		all = append(all, w)
 
@@ -165,6 +173,8 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 	w := &Worker{
 		id:     rec.WorkerID,
 		url:    rec.URL,
+		addr:   addr,
+		tls:    tls,
 		client: r.newHostClient(addr, tls),
 		picks:  r.metrics.picks.WithLabelValues(rec.WorkerID),
 	}
@@ -172,6 +182,7 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 	for rt := range Route(numProxyRoutes) {
 		w.uri[rt] = base + rt.Path()
 	}
+	w.tokenize = base + "/tokenize"
 	w.rec.Store(rec)
 	if fa, ok := r.policy.(FleetAware); ok {
 		fa.Attach(w)

@@ -28,6 +28,8 @@ func testLog(t testing.TB) zerolog.Logger {
 // upstream is a fake worker: a real fasthttp server on a free port.
 type upstream struct {
 	addr string
+	// kvEvents and kvReplay are a simulator's bound KV-event endpoints.
+	kvEvents, kvReplay string
 
 	mu       sync.Mutex
 	requests []seenRequest

@@ -64,6 +64,8 @@ func newMetrics() *metrics {
 				expected = true
 			case rt == RouteOther:
 				expected = o == outcomeNotFound
+			case rt == RouteCacheView:
+				expected = o == outcomeOK || o == outcomeMethodNotAllowed || o == outcomeNotFound || o == outcomeBadRequest
 			default:
 				expected = o == outcomeOK || o == outcomeMethodNotAllowed
 			}
@@ -88,10 +90,15 @@ func (m *metrics) request(rt Route, o outcome) prometheus.Counter {
 }
 
 // register adds the collectors that read the router's live state.
+// A policy that is a prometheus.Collector (kv-aware) has its series
+// exported with the router's.
 func (m *metrics) register(r *Router) {
 	m.reg.MustRegister(workerCollector{r: r, desc: prometheus.NewDesc(
 		"infera_worker_in_flight", "Requests in flight on each worker of the current fleet view.",
 		[]string{"worker_id"}, nil)})
+	if c, ok := r.policy.(prometheus.Collector); ok {
+		m.reg.MustRegister(c)
+	}
 }
 
 // workerCollector reports per-worker in-flight counts from the current view.

@@ -51,6 +51,11 @@ type Ticket struct {
 	// State is private to the policy (for example the prompt blocks a
 	// kv-aware policy charged to the worker); nil for stateless policies.
 	State any
+	// PinRank asks the worker's engine to run the request on data-parallel
+	// rank DPRank: the router sends it as X-Data-Parallel-Rank. Without it
+	// the engine balances its ranks itself.
+	PinRank bool
+	DPRank  int
 }
 
 // Result describes how a request ended, for Release.
@@ -81,6 +86,15 @@ type Policy interface {
 type FleetAware interface {
 	Attach(w *Worker)
 	Detach(w *Worker)
+}
+
+// RecordAware is implemented by FleetAware policies that follow changes of
+// an attached worker's record (same worker_id and URL: a new status, event
+// endpoint, block size or DP layout). Update is called for every worker kept
+// across a fleet snapshot, after its new record is stored and before the new
+// view is visible, from the goroutine that calls Attach and Detach.
+type RecordAware interface {
+	Update(w *Worker)
 }
 
 // Factory builds a policy. Factories that need configuration capture it in a
@@ -141,6 +155,7 @@ func (r *Registry) New(name string) (Policy, error) {
 const (
 	PolicyRoundRobin = "round-robin"
 	PolicyLeastLoad  = "least-load"
+	PolicyKVAware    = "kv-aware"
 )
 
 // RegisterBuiltins registers round-robin and least-load.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strconv"
 	"sync"
 	"time"
 
@@ -194,6 +195,10 @@ func (r *Router) forward(ctx *fasthttp.RequestCtx, rel *relay, w *Worker, body [
 		}
 	}
 	req.Header.SetBytesV("X-Request-Id", rel.id)
+	if rel.ticket.PinRank {
+		var rank [20]byte
+		req.Header.SetBytesV("X-Data-Parallel-Rank", strconv.AppendInt(rank[:0], int64(rel.ticket.DPRank), 10))
+	}
 	// The body goes out byte for byte, without a copy; it stays valid
 	// because Do has written it all when it returns.
 	req.SetBodyRaw(body)

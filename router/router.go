@@ -171,6 +171,8 @@ func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
 		r.proxy(ctx, rt)
 	case RouteModels, RouteWorkers, RouteHealth, RouteMetrics:
 		r.serveInfo(ctx, rt)
+	case RouteCacheView:
+		r.serveCacheView(ctx)
 	default:
 		r.requestID(ctx)
 		writeError(ctx, fasthttp.StatusNotFound, "unknown path "+clip(ctx.Path()), openai.TypeNotFound, "not_found")

@@ -14,6 +14,7 @@ const (
 	RouteWorkers
 	RouteHealth
 	RouteMetrics
+	RouteCacheView // GET /v1/admin/cache-view/{worker_id}
 	RouteOther
 	numRoutes
 )
@@ -28,8 +29,12 @@ var routePaths = [numRoutes]string{
 	RouteWorkers:         "/v1/workers",
 	RouteHealth:          "/health",
 	RouteMetrics:         "/metrics",
+	RouteCacheView:       cacheViewPrefix + "{worker_id}",
 	RouteOther:           "",
 }
+
+// cacheViewPrefix starts the admin cache-view path; the worker id follows.
+const cacheViewPrefix = "/v1/admin/cache-view/"
 
 var routeLabels = [numRoutes]string{
 	RouteChatCompletions: "chat_completions",
@@ -38,6 +43,7 @@ var routeLabels = [numRoutes]string{
 	RouteWorkers:         "workers",
 	RouteHealth:          "health",
 	RouteMetrics:         "metrics",
+	RouteCacheView:       "cache_view",
 	RouteOther:           "other",
 }
 
@@ -71,6 +77,9 @@ func routeOf(path []byte) Route {
 		return RouteHealth
 	case "/metrics":
 		return RouteMetrics
+	}
+	if len(path) > len(cacheViewPrefix) && string(path[:len(cacheViewPrefix)]) == cacheViewPrefix {
+		return RouteCacheView
 	}
 	return RouteOther
 }

@@ -43,7 +43,12 @@ func startSim(t *testing.T, tweak func(*config.Sim)) *upstream {
 			t.Errorf("sim: %v", err)
 		}
 	})
-	return &upstream{addr: ln.Addr().String()}
+	u := &upstream{addr: ln.Addr().String()}
+	if cfg.KVEventsEndpoint != "" {
+		eventually(t, "the simulator's event sockets", func() bool { return s.KVEventsEndpoint() != "" })
+		u.kvEvents, u.kvReplay = s.KVEventsEndpoint(), s.KVEventsReplayEndpoint()
+	}
+	return u
 }
 
 func simRecord(u *upstream) discovery.Record {

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,9 +63,12 @@ func benchHTTP(b *testing.B, path, body string) {
 
 // handlerSim runs a zero-latency server's engine without HTTP, so the
 // handler can be driven directly.
-func handlerSim(tb testing.TB) *Server {
+func handlerSim(tb testing.TB, edits ...func(*config.Sim)) *Server {
 	cfg := config.DefaultSim()
 	cfg.TimeScale = 0
+	for _, e := range edits {
+		e(&cfg)
+	}
 	s, err := New(cfg, zerolog.Nop())
 	if err != nil {
 		tb.Fatal(err)
@@ -117,5 +121,70 @@ func TestHandleUnaryAllocs(t *testing.T) {
 	}
 	if allocs > 0 {
 		t.Errorf("unary zero-latency handler allocates %v times per request", allocs)
+	}
+}
+
+// kvChurn configures a zero-latency sim publishing KV events whose cache is
+// small enough that rotating through kvChurnBodies stores and evicts blocks
+// on every request.
+func kvChurn(c *config.Sim) {
+	c.KVEventsEndpoint = "tcp://127.0.0.1:0" // never bound: Serve is not called
+	c.KVEventsBuffer = 4
+	c.MaxModelLen = 1024
+	c.KVBlocks = 64
+}
+
+func kvChurnBodies() []*fasthttp.RequestCtx {
+	var ctxs []*fasthttp.RequestCtx
+	for i := range 16 {
+		ctxs = append(ctxs, newCtx(`{"model":"sim-model","max_tokens":16,"messages":[{"role":"user","content":"`+
+			strings.Repeat(string(rune('a'+i)), 200)+`"}]}`))
+	}
+	return ctxs
+}
+
+// BenchmarkHandleUnaryKVEvents is BenchmarkHandleUnary with KV events on and
+// a cache churning on every request (about 15 blocks stored and 15 evicted).
+func BenchmarkHandleUnaryKVEvents(b *testing.B) {
+	s := handlerSim(b, kvChurn)
+	ctxs := kvChurnBodies()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		ctx := ctxs[i%len(ctxs)]
+		i++
+		ctx.Response.Reset()
+		s.handle(ctx)
+		if ctx.Response.StatusCode() != fasthttp.StatusOK {
+			b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+	}
+}
+
+func TestHandleUnaryKVEventsAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under -race")
+	}
+	s := handlerSim(t, kvChurn)
+	ctxs := kvChurnBodies()
+	i := 0
+	run := func() {
+		ctx := ctxs[i%len(ctxs)]
+		i++
+		ctx.Response.Reset()
+		s.handle(ctx)
+	}
+	for range 64 { // grow the arenas and every ring slot
+		run()
+	}
+	allocs := testing.AllocsPerRun(200, run)
+	if allocs > 0 {
+		t.Errorf("unary handler with KV events allocates %v times per request", allocs)
+	}
+	s.sched.events.ring.mu.Lock()
+	head := s.sched.events.ring.head
+	s.sched.events.ring.mu.Unlock()
+	if head < 200 {
+		t.Errorf("only %d batches published for 264 churning requests", head)
 	}
 }

@@ -37,7 +37,9 @@ func hashTokens(parent uint64, tokens []uint32, scratch []byte) (uint64, []byte)
 
 // cacheObserver is told about every change to the set of cached blocks, in
 // order, on the scheduler goroutine; it must not block. It is the hook for
-// publishing vLLM KV events (BlockStored / BlockRemoved / AllBlocksCleared).
+// publishing KV events (BlockStored / BlockRemoved / AllBlocksCleared, see
+// kvevents.go). blockStored's parent is rootHash for a sequence's first
+// block; tokens is only valid during the call.
 type cacheObserver interface {
 	blockStored(hash, parent uint64, tokens []uint32)
 	blockRemoved(hash uint64)
@@ -216,4 +218,33 @@ func (c *prefixCache) unlink(id int32) {
 	}
 	b.prev, b.next, b.free = noBlock, noBlock, false
 	c.freeLen--
+}
+
+// teeObserver returns an observer that tells a and then b; either may be
+// nil.
+func teeObserver(a, b cacheObserver) cacheObserver {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return tee{a, b}
+}
+
+type tee [2]cacheObserver
+
+func (t tee) blockStored(hash, parent uint64, tokens []uint32) {
+	t[0].blockStored(hash, parent, tokens)
+	t[1].blockStored(hash, parent, tokens)
+}
+
+func (t tee) blockRemoved(hash uint64) {
+	t[0].blockRemoved(hash)
+	t[1].blockRemoved(hash)
+}
+
+func (t tee) allCleared() {
+	t[0].allCleared()
+	t[1].allCleared()
 }

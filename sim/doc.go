@@ -10,9 +10,11 @@
 //
 // Tokens: the bytes tokenizer (one token per byte, id = byte value) over the
 // prompt, or over chat messages rendered with a fixed ChatML-like template
-// (see tokenize.go). The answer is deterministic for (--seed, prompt): words
-// from a fixed list, one byte per token, one token per SSE event; the finish
-// reason is always "length".
+// (see tokenize.go); or, with --tokenizer DIR, a Hugging Face tokenizer and
+// the model's chat template, so that a router loading the same directory
+// computes the same ids (hftok.go). The answer is deterministic for (--seed,
+// prompt): words from a fixed list, one token per SSE event (a byte, or a
+// model token); the finish reason is always "length".
 //
 // Cache: --kv-blocks blocks of --block-size tokens. A full block is named by a
 // chained xxhash of its tokens and its parent's hash; a request reuses the
@@ -20,8 +22,24 @@
 // last token is always computed, as in vLLM), and blocks filled while decoding
 // are cached too, so multi-turn chats hit. Unreferenced blocks stay cached and
 // are evicted least recently freed first, a sequence's tail before its head.
-// Every store and eviction goes through a cacheObserver, the hook for KV
-// events.
+// A block is only cached while its parent is (a sequence re-registers its
+// own copies of a prefix that was evicted or reset under it), as a KV-event
+// consumer can only place a block under a parent it knows. Every store and
+// eviction goes through a cacheObserver.
+//
+// KV events (kvevents.go, zmq.go): with --kv-events-endpoint, each scheduler
+// step that changed the cache publishes one batch of BlockStored /
+// BlockRemoved / AllBlocksCleared events on a ZMQ PUB socket as
+// [topic, 8-byte big-endian seq, msgpack payload], encoded like vLLM (tagged
+// maps or msgspec tagged arrays, uint64 hashes) or SGLang (tagged arrays, one
+// block per event, int64 hashes); the engine hashes are the simulator's own,
+// not the router's. --kv-events-replay-endpoint serves the last
+// --kv-events-buffer batches on a ROUTER socket in vLLM's replay protocol.
+//
+// Facades (facade.go): --flavor vllm|sglang|atom takes the engine's own
+// command line (`--flavor vllm serve MODEL …`), with the engine's defaults,
+// its --kv-events-config, and SGLang's metric names and endpoints for
+// --flavor sglang.
 //
 // Timing: a scheduler step gives one decode token to every running sequence
 // past prefill, then spends the rest of --max-num-batched-tokens on prefill
@@ -46,6 +64,8 @@
 //
 // Concurrency: one scheduler goroutine owns the batch and the cache; HTTP
 // handlers talk to it through channels and read per-request progress from
-// atomics. Serve owns every goroutine it starts and stops them when its
-// context ends.
+// atomics. The KV-event sockets run a reader and a writer goroutine per
+// subscriber and one per replay client over a shared, locked event ring; the
+// scheduler only appends to the ring and never waits on a subscriber. Serve
+// owns every goroutine it starts and stops them when its context ends.
 package sim

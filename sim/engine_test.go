@@ -72,7 +72,7 @@ func testSeq(prompt string, maxTokens, blockSize int) *seq {
 	q := getSeq()
 	q.tokens = TokenizeBytes(q.tokens[:0], []byte(prompt))
 	q.promptLen, q.maxTokens = len(q.tokens), maxTokens
-	prepareSeq(q, blockSize, 1)
+	prepareSeq(q, blockSize, 1, nil)
 	return q
 }
 
@@ -104,7 +104,7 @@ func drainAll(sc *scheduler) {
 
 func TestTimingModel(t *testing.T) {
 	tm := timing{overhead: 1000, perPrefill: 10, perDecodeSeq: 100}
-	sc := newScheduler(newPrefixCache(1024, 16, nil), 64, 512, tm, false)
+	sc := newScheduler(newPrefixCache(1024, 16, nil), 64, 512, tm, false, nil)
 	prompt := string(make([]byte, 1000))
 
 	// Cold: 1000 tokens in chunks of 512 → two steps.
@@ -142,7 +142,7 @@ func TestTimingModel(t *testing.T) {
 func TestSchedulerWaitsForBlocks(t *testing.T) {
 	// 4 blocks of 4 tokens; each sequence needs 3 → the second waits
 	// until the first finishes.
-	sc := newScheduler(newPrefixCache(4, 4, nil), 8, 64, timing{}, false)
+	sc := newScheduler(newPrefixCache(4, 4, nil), 8, 64, timing{}, false, nil)
 	a, b := testSeq("aaaaaaaa", 3, 4), testSeq("bbbbbbbb", 3, 4)
 	sc.handle(msg{q: a})
 	sc.handle(msg{q: b})

@@ -31,7 +31,7 @@ func FuzzParseRequest(f *testing.F) {
 			_, _ = renderChat(nil, body, r.messages, r.addGenPrompt)
 		}
 		if !r.prompt.empty() {
-			_, _, _ = appendPromptTokens(nil, nil, body, r.prompt)
+			_, _, _ = appendPromptTokens(nil, nil, body, r.prompt, nil)
 		}
 	})
 }

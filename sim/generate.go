@@ -6,7 +6,8 @@ package sim
 // prefix of a longer one), streamed or not. With the bytes tokenizer every
 // output byte is one token, so the words are plain ASCII and re-tokenizing
 // the answer in the next turn of a chat gives the same token ids, which
-// keeps multi-turn prefix caching faithful.
+// keeps multi-turn prefix caching faithful. With a Hugging Face tokenizer
+// the same words are counted in model tokens (hfCodec.generate).
 
 var words = [...]string{
 	"the", "a", "model", "token", "cache", "block", "prefix", "router",

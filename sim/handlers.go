@@ -1,11 +1,22 @@
 package sim
 
 import (
+	"encoding/json"
 	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/config"
 )
+
+// owner is the "owned_by" of /v1/models: the imitated engine.
+func (s *Server) owner() string {
+	if s.cfg.Flavor != "" {
+		return s.cfg.Flavor
+	}
+	return "vllm"
+}
 
 const (
 	contentJSON = "application/json"
@@ -50,11 +61,38 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 				s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
 			}
 		}
+	case "/flush_cache": // SGLang's reset, GET or POST
+		if s.cfg.Flavor != config.FlavorSGLang {
+			notFound(ctx)
+			return
+		}
+		if !s.sched.resetPrefixCache(ctx) {
+			s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
+			return
+		}
+		ctx.SetBodyString("Cache flushed.\n")
+	case "/get_server_info", "/get_model_info":
+		if s.cfg.Flavor != config.FlavorSGLang {
+			notFound(ctx)
+			return
+		}
+		if s.method(ctx, false) {
+			ctx.SetContentType(contentJSON)
+			if string(ctx.Path()) == "/get_server_info" {
+				ctx.SetBody(s.serverInfo)
+			} else {
+				ctx.SetBody(s.modelInfo)
+			}
+		}
 	default:
-		ctx.SetStatusCode(fasthttp.StatusNotFound)
-		ctx.SetContentType(contentJSON)
-		ctx.SetBodyString(`{"detail":"Not Found"}`)
+		notFound(ctx)
 	}
+}
+
+func notFound(ctx *fasthttp.RequestCtx) {
+	ctx.SetStatusCode(fasthttp.StatusNotFound)
+	ctx.SetContentType(contentJSON)
+	ctx.SetBodyString(`{"detail":"Not Found"}`)
 }
 
 // method checks the request method (POST, or GET/HEAD) and answers 405.
@@ -155,13 +193,10 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 	switch {
 	case chat && r.messages.empty():
 		err = badRequest("messages is required")
-	case chat:
-		q.text, err = renderChat(q.text[:0], body, r.messages, r.addGenPrompt)
-		q.tokens = TokenizeBytes(q.tokens[:0], q.text)
-	case r.prompt.empty():
+	case !chat && r.prompt.empty():
 		err = badRequest("prompt is required")
 	default:
-		q.tokens, q.text, err = appendPromptTokens(q.tokens[:0], q.text, body, r.prompt)
+		err = s.promptTokens(q, body, &r, chat)
 	}
 	if err == nil {
 		err = s.sizeRequest(q, chat, &r)
@@ -176,7 +211,7 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		s.writeError(ctx, fasthttp.StatusInternalServerError, "simulated engine error (--error-rate)")
 		return
 	}
-	prepareSeq(q, s.cfg.BlockSize, s.seed)
+	prepareSeq(q, s.cfg.BlockSize, s.seed, s.hf)
 	q.stream = r.stream
 
 	if s.cfg.HangBeforeFirstToken > 0 && s.draw() < s.cfg.HangBeforeFirstToken {
@@ -236,9 +271,33 @@ func (s *Server) sizeRequest(q *seq, chat bool, r *request) error {
 	return nil
 }
 
+// promptTokens fills q.tokens with the prompt of a chat (messages) or
+// completion (prompt) request, with the configured tokenizer.
+func (s *Server) promptTokens(q *seq, body []byte, r *request, chat bool) error {
+	var err error
+	switch {
+	case chat && s.hf != nil && s.hf.chat:
+		var text string
+		if text, err = s.hf.renderChat(body, r); err == nil {
+			q.tokens = s.hf.tok.AppendEncode(q.tokens[:0], text)
+		}
+	case chat:
+		q.text, err = renderChat(q.text[:0], body, r.messages, r.addGenPrompt)
+		if s.hf != nil {
+			q.tokens = s.hf.encode(q.tokens[:0], q.text)
+		} else {
+			q.tokens = TokenizeBytes(q.tokens[:0], q.text)
+		}
+	default:
+		q.tokens, q.text, err = appendPromptTokens(q.tokens[:0], q.text, body, r.prompt, s.hf)
+	}
+	return err
+}
+
 // prepareSeq generates q's output and hashes its blocks. Handlers run it on
-// their own goroutine so the scheduler only does bookkeeping.
-func prepareSeq(q *seq, blockSize int, seed uint64) {
+// their own goroutine so the scheduler only does bookkeeping. hf is nil for
+// the bytes tokenizer.
+func prepareSeq(q *seq, blockSize int, seed uint64, hf *hfCodec) {
 	q.hashes, q.scratch = appendBlockHashes(q.hashes[:0], q.tokens, blockSize, q.scratch)
 	parent := rootHash
 	if len(q.hashes) > 0 {
@@ -246,8 +305,12 @@ func prepareSeq(q *seq, blockSize int, seed uint64) {
 	}
 	var promptHash uint64
 	promptHash, q.scratch = hashTokens(parent, q.tokens[len(q.hashes)*blockSize:], q.scratch)
-	q.out = appendGenerated(q.out[:0], seed, promptHash, q.maxTokens)
-	q.tokens = TokenizeBytes(q.tokens, q.out)
+	if hf != nil {
+		q.out, q.tokens, q.outEnds = hf.generate(q.out[:0], q.tokens, q.outEnds[:0], seed, promptHash, q.maxTokens)
+	} else {
+		q.out = appendGenerated(q.out[:0], seed, promptHash, q.maxTokens)
+		q.tokens = TokenizeBytes(q.tokens, q.out)
+	}
 	q.hashes, q.scratch = appendBlockHashes(q.hashes, q.tokens, blockSize, q.scratch)
 }
 
@@ -387,10 +450,9 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 	var err error
 	switch {
 	case !r.messages.empty():
-		q.text, err = renderChat(q.text[:0], body, r.messages, r.addGenPrompt)
-		q.tokens = TokenizeBytes(q.tokens[:0], q.text)
+		err = s.promptTokens(q, body, &r, true)
 	case !r.prompt.empty():
-		q.tokens, q.text, err = appendPromptTokens(q.tokens[:0], q.text, body, r.prompt)
+		err = s.promptTokens(q, body, &r, false)
 	default:
 		err = badRequest("prompt or messages is required")
 	}
@@ -417,13 +479,42 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 	putBuf(bp)
 }
 
+// renderSGLangInfo builds SGLang's /get_server_info (the resolved server
+// arguments; the worker reads page_size from it) and /get_model_info.
+func (s *Server) renderSGLangInfo() {
+	info := map[string]any{
+		"model_path":           s.cfg.Model,
+		"tokenizer_path":       s.cfg.Model,
+		"served_model_name":    s.name,
+		"host":                 s.cfg.Host,
+		"port":                 s.cfg.Port,
+		"page_size":            s.cfg.BlockSize,
+		"context_length":       s.cfg.MaxModelLen,
+		"max_running_requests": s.cfg.MaxNumSeqs,
+		"chunked_prefill_size": s.cfg.MaxNumBatchedTokens,
+		"random_seed":          s.cfg.Seed,
+		"dp_size":              1,
+		"disaggregation_mode":  "null",
+		"version":              "infera-sim",
+	}
+	if s.cfg.KVEventsEndpoint != "" {
+		ev, _ := json.Marshal(map[string]any{"publisher": "zmq", "endpoint": s.cfg.KVEventsEndpoint,
+			"replay_endpoint": s.cfg.KVEventsReplayEndpoint, "topic": s.cfg.KVEventsTopic})
+		info["kv_events_config"] = string(ev)
+	}
+	s.serverInfo, _ = json.Marshal(info)
+	s.modelInfo, _ = json.Marshal(map[string]any{"model_path": s.cfg.Model, "tokenizer_path": s.cfg.Model, "is_generation": true})
+}
+
 // renderModels builds the GET /v1/models body once.
 func (s *Server) renderModels(created int64) []byte {
 	b := []byte(`{"object":"list","data":[{"id":`)
 	b = append(b, s.nameJSON...)
 	b = append(b, `,"object":"model","created":`...)
 	b = strconv.AppendInt(b, created, 10)
-	b = append(b, `,"owned_by":"vllm","root":`...)
+	b = append(b, `,"owned_by":"`...)
+	b = append(b, s.owner()...)
+	b = append(b, `","root":`...)
 	b = appendJSONString(b, []byte(s.cfg.Model))
 	b = append(b, `,"parent":null,"max_model_len":`...)
 	b = strconv.AppendInt(b, int64(s.cfg.MaxModelLen), 10)

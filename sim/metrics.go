@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/config"
 )
 
 // metrics serves GET /metrics in the Prometheus text format with vLLM's
@@ -12,6 +14,10 @@ import (
 // worker's drain logic and the router read the simulator exactly as they
 // read vLLM. Counters are in tokens, as vLLM counts them.
 func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
+	if s.cfg.Flavor == config.FlavorSGLang {
+		s.sglangMetrics(ctx)
+		return
+	}
 	p := &s.sched.pub
 	bp := getBuf()
 	b := (*bp)[:0]
@@ -45,6 +51,35 @@ func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
 	b = strconv.AppendInt(b, int64(s.cfg.KVBlocks), 10)
 	b = append(b, "\"} 1.0\n"...)
 
+	ctx.SetContentType(contentProm)
+	ctx.SetBody(b)
+	*bp = b
+	putBuf(bp)
+}
+
+// sglangMetrics serves /metrics with SGLang's names (--flavor sglang), as
+// SGLang does with --enable-metrics: the label is model_name only.
+func (s *Server) sglangMetrics(ctx *fasthttp.RequestCtx) {
+	p := &s.sched.pub
+	bp := getBuf()
+	b := (*bp)[:0]
+	hitRate := 0.0
+	if q := p.queries.Load(); q > 0 {
+		hitRate = float64(p.hits.Load()) / float64(q)
+	}
+	b = s.appendMetric(b, "sglang:num_running_reqs", "gauge", "The number of running requests.",
+		float64(p.running.Load()+s.hung.Load()))
+	b = s.appendMetric(b, "sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+		float64(p.waiting.Load()))
+	b = s.appendMetric(b, "sglang:token_usage", "gauge", "The token usage.",
+		math.Float64frombits(p.usageBits.Load()))
+	b = s.appendMetric(b, "sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", hitRate)
+	b = s.appendMetric(b, "sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+		float64(p.promptTokens.Load()))
+	b = s.appendMetric(b, "sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+		float64(p.genTokens.Load()))
+	b = s.appendMetric(b, "sglang:num_requests_total", "counter", "Number of requests processed.",
+		float64(p.success.Load()))
 	ctx.SetContentType(contentProm)
 	ctx.SetBody(b)
 	*bp = b

@@ -30,6 +30,8 @@ type request struct {
 	n            int64
 	messages     span // raw array value
 	prompt       span // raw value
+	tools        span // raw value of "tools" (chat templates may render it)
+	kwargs       span // raw value of "chat_template_kwargs"
 	addGenPrompt bool
 }
 
@@ -122,6 +124,17 @@ func parseRequest(body []byte, r *request) error {
 			}
 			r.messages = span{st, s.i}
 			return true
+		case "tools", "chat_template_kwargs":
+			st := s.peekPos()
+			if !s.skip() {
+				return false
+			}
+			if string(key) == "tools" {
+				r.tools = span{st, s.i}
+			} else {
+				r.kwargs = span{st, s.i}
+			}
+			return true
 		case "prompt":
 			st := s.peekPos()
 			if s.peek() == 'n' {
@@ -202,11 +215,16 @@ const vocabSize = 256
 // string, a list with one string, a list of token ids, or a list with one
 // list of token ids. Batches of several prompts are not simulated. text is
 // scratch space for decoding escaped strings; it is returned for reuse.
-func appendPromptTokens(dst []uint32, text []byte, body []byte, p span) ([]uint32, []byte, error) {
+// Strings are encoded with hf, or the bytes tokenizer when hf is nil.
+func appendPromptTokens(dst []uint32, text []byte, body []byte, p span, hf *hfCodec) ([]uint32, []byte, error) {
 	s := scanner{b: body[:p.end], i: p.start}
+	vocab := vocabSize
+	if hf != nil {
+		vocab = hf.vocab
+	}
 	switch s.peek() {
 	case '"':
-		dst, text = appendStringTokens(dst, text, &s)
+		dst, text = appendStringTokens(dst, text, &s, hf)
 		return dst, text, nil
 	case '[':
 	default:
@@ -223,41 +241,45 @@ func appendPromptTokens(dst []uint32, text []byte, body []byte, p span) ([]uint3
 				return false
 			}
 			if s.peek() == '"' {
-				dst, text = appendStringTokens(dst, text, &s)
+				dst, text = appendStringTokens(dst, text, &s, hf)
 				return true
 			}
 			return s.array(func() bool {
-				dst, err = appendTokenID(&s, dst)
+				dst, err = appendTokenID(&s, dst, vocab)
 				return err == nil
 			})
 		}
-		dst, err = appendTokenID(&s, dst)
+		dst, err = appendTokenID(&s, dst, vocab)
 		return err == nil
 	})
 	return dst, text, err
 }
 
-func appendTokenID(s *scanner, dst []uint32) ([]uint32, error) {
+func appendTokenID(s *scanner, dst []uint32, vocab int) ([]uint32, error) {
 	c := s.peek()
 	if c != '-' && !isDigit(c) {
 		return dst, badRequest("prompt token ids must be integers")
 	}
 	st, en, integer, _ := s.num()
 	v, fits := parseInt(s.b[st:en])
-	if !integer || !fits || v < 0 || v >= vocabSize {
-		return dst, badRequest("token id %s is out of vocabulary (size %d)", s.b[st:en], vocabSize)
+	if !integer || !fits || v < 0 || v >= int64(vocab) {
+		return dst, badRequest("token id %s is out of vocabulary (size %d)", s.b[st:en], vocab)
 	}
 	return append(dst, uint32(v)), nil
 }
 
 // appendStringTokens consumes a (validated) string at the scanner and
-// tokenizes it with the bytes tokenizer, decoding escapes into text first
+// tokenizes it (hf, or bytes when nil), decoding escapes into text first
 // when there are any.
-func appendStringTokens(dst []uint32, text []byte, s *scanner) ([]uint32, []byte) {
+func appendStringTokens(dst []uint32, text []byte, s *scanner, hf *hfCodec) ([]uint32, []byte) {
 	st, en, esc, _ := s.str()
-	if !esc {
-		return TokenizeBytes(dst, s.b[st:en]), text
+	raw := s.b[st:en]
+	if esc {
+		text = unescape(text[:0], raw)
+		raw = text
 	}
-	text = unescape(text[:0], s.b[st:en])
-	return TokenizeBytes(dst, text), text
+	if hf != nil {
+		return hf.encode(dst, raw), text
+	}
+	return TokenizeBytes(dst, raw), text
 }

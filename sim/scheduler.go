@@ -50,6 +50,7 @@ type seq struct {
 	// Handler scratch, reused across requests.
 	text    []byte
 	out     []byte
+	outEnds []int32 // HF tokenizer: end of output token i in out; empty for bytes
 	scratch []byte
 }
 
@@ -61,7 +62,7 @@ func getSeq() *seq {
 	case <-q.notify:
 	default:
 	}
-	q.tokens, q.hashes, q.blocks = q.tokens[:0], q.hashes[:0], q.blocks[:0]
+	q.tokens, q.hashes, q.blocks, q.outEnds = q.tokens[:0], q.hashes[:0], q.blocks[:0], q.outEnds[:0]
 	q.promptLen, q.maxTokens, q.stream = 0, 0, false
 	q.computed, q.committed, q.reserve, q.gen = 0, 0, 0, 0
 	q.stepFill, q.stepDec, q.queued, q.running = 0, false, false, false
@@ -124,7 +125,8 @@ type scheduler struct {
 	maxSeqs    int
 	maxBatched int
 	timing     timing
-	instant    bool // time scale 0: run each sequence to the end on admission
+	instant    bool      // time scale 0: run each sequence to the end on admission
+	events     *kvEvents // nil when KV events are off
 
 	waiting  []*seq
 	whead    int
@@ -136,14 +138,15 @@ type scheduler struct {
 	queries, hits, promptTokens, genTokens, success uint64
 
 	pub struct {
-		running, waiting                                atomic.Int64
+		running, waiting, cached                        atomic.Int64
 		usageBits                                       atomic.Uint64
 		queries, hits, promptTokens, genTokens, success atomic.Uint64
 	}
 }
 
-func newScheduler(c *prefixCache, maxSeqs, maxBatched int, t timing, instant bool) *scheduler {
+func newScheduler(c *prefixCache, maxSeqs, maxBatched int, t timing, instant bool, events *kvEvents) *scheduler {
 	return &scheduler{
+		events:     events,
 		in:         make(chan msg, 4096),
 		resetc:     make(chan chan struct{}),
 		stopped:    make(chan struct{}),
@@ -418,11 +421,40 @@ func (sc *scheduler) compute(q *seq, n int) {
 	q.computed = n
 	for full := n / sc.blockSize; q.committed < full; q.committed++ {
 		i := q.committed
-		parent := rootHash
 		if i > 0 {
-			parent = q.hashes[i-1]
+			if _, ok := c.lookup(q.hashes[i-1]); !ok {
+				sc.adopt(q, i-1)
+			}
 		}
-		c.commit(q.blocks[i], q.hashes[i], parent, q.tokens[i*sc.blockSize:(i+1)*sc.blockSize])
+		sc.commitBlock(q, i)
+	}
+}
+
+func (sc *scheduler) commitBlock(q *seq, i int) {
+	parent := rootHash
+	if i > 0 {
+		parent = q.hashes[i-1]
+	}
+	sc.cache.commit(q.blocks[i], q.hashes[i], parent, q.tokens[i*sc.blockSize:(i+1)*sc.blockSize])
+}
+
+// adopt registers q's own copies of its blocks up to j whose hashes are no
+// longer cached, so that a block is never cached without its parent. That
+// happens when the copy another sequence registered first was evicted while
+// q held an identical anonymous one, or after /reset_prefix_cache while q
+// ran. A KV-event consumer drops a stored block whose parent it does not
+// know, so a parentless block would make the router's view of this engine
+// differ from the cache; registering the chain keeps both equal.
+func (sc *scheduler) adopt(q *seq, j int) {
+	k := j
+	for k > 0 {
+		if _, ok := sc.cache.lookup(q.hashes[k-1]); ok {
+			break
+		}
+		k--
+	}
+	for ; k <= j; k++ {
+		sc.commitBlock(q, k)
 	}
 }
 
@@ -524,7 +556,15 @@ func (sc *scheduler) apply() {
 	sc.running = kept
 }
 
+// publish ends a round of work: it sends the KV events the round caused as
+// one batch and makes the counters visible. It runs before every wait, so
+// no change to the cache waits longer than one simulated step to be
+// published.
 func (sc *scheduler) publish() {
+	if sc.events != nil {
+		sc.events.flush()
+	}
+	sc.pub.cached.Store(int64(len(sc.cache.index)))
 	sc.pub.running.Store(int64(len(sc.running)))
 	sc.pub.waiting.Store(int64(sc.numWaiting()))
 	sc.pub.usageBits.Store(math.Float64bits(sc.cache.usage()))

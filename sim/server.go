@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/tokenizer"
 )
 
 // Server lifecycle errors.
@@ -41,10 +42,17 @@ func WithExit(exit func(code int)) Option {
 	return func(s *Server) { s.exit = exit }
 }
 
-// withCacheObserver attaches an observer to the prefix cache (tests; later
-// the KV-event publisher).
+// withCacheObserver attaches an observer to the prefix cache (tests); it
+// runs alongside the KV-event publisher when both are on.
 func withCacheObserver(obs cacheObserver) Option {
 	return func(s *Server) { s.obs = obs }
+}
+
+// withTokenizer supplies an already loaded tokenizer in place of loading
+// --tokenizer (tests share one instead of parsing a large tokenizer.json per
+// server).
+func withTokenizer(tok tokenizer.Tokenizer) Option {
+	return func(s *Server) { s.tok = tok }
 }
 
 // Server is one simulated engine. It is usable in-process: New, then Serve
@@ -54,16 +62,22 @@ type Server struct {
 	log  zerolog.Logger
 	exit func(int)
 	obs  cacheObserver
+	tok  tokenizer.Tokenizer // from withTokenizer, else loaded from cfg
+	hf   *hfCodec            // nil: the bytes tokenizer
 
 	name     string
 	nameJSON []byte // JSON string literal of the served model name
 	labels   []byte // Prometheus labels: engine="0",model_name="..."
 	models   []byte // GET /v1/models body
-	seed     uint64
-	idBase   [2]uint64
+	// SGLang facade: /get_server_info and /get_model_info bodies.
+	serverInfo, modelInfo []byte
+	seed                  uint64
+	idBase                [2]uint64
 
-	sched *scheduler
-	http  *fasthttp.Server
+	sched   *scheduler
+	http    *fasthttp.Server
+	events  *kvEvents // nil without --kv-events-endpoint
+	sockets atomic.Pointer[eventSockets]
 
 	served   atomic.Bool
 	addr     atomic.Pointer[string]
@@ -94,9 +108,19 @@ func New(cfg config.Sim, log zerolog.Logger, opts ...Option) (*Server, error) {
 	for _, o := range opts {
 		o(s)
 	}
+	if err := s.loadTokenizer(); err != nil {
+		return nil, err
+	}
 	s.nameJSON = appendJSONString(nil, []byte(s.name))
-	s.labels = append(append([]byte(`engine="0",model_name="`), promEscape(s.name)...), '"')
+	if cfg.Flavor == config.FlavorSGLang {
+		s.labels = append(append([]byte(`model_name="`), promEscape(s.name)...), '"')
+	} else {
+		s.labels = append(append([]byte(`engine="0",model_name="`), promEscape(s.name)...), '"')
+	}
 	s.models = s.renderModels(time.Now().Unix())
+	if cfg.Flavor == config.FlavorSGLang {
+		s.renderSGLangInfo()
+	}
 
 	ms := 1e6 * cfg.TimeScale // nanoseconds per simulated millisecond
 	t := timing{
@@ -104,8 +128,13 @@ func New(cfg config.Sim, log zerolog.Logger, opts ...Option) (*Server, error) {
 		perPrefill:   1e3 / cfg.PrefillTokensPerS * ms,
 		perDecodeSeq: cfg.DecodeMsPerToken * ms,
 	}
-	cache := newPrefixCache(cfg.KVBlocks, cfg.BlockSize, s.obs)
-	s.sched = newScheduler(cache, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens, t, cfg.TimeScale == 0)
+	obs := s.obs
+	if cfg.KVEventsEndpoint != "" {
+		s.events = newKVEvents(&cfg, log)
+		obs = teeObserver(obs, s.events)
+	}
+	cache := newPrefixCache(cfg.KVBlocks, cfg.BlockSize, obs)
+	s.sched = newScheduler(cache, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens, t, cfg.TimeScale == 0, s.events)
 
 	s.http = &fasthttp.Server{
 		Handler:               s.handle,
@@ -119,10 +148,54 @@ func New(cfg config.Sim, log zerolog.Logger, opts ...Option) (*Server, error) {
 	return s, nil
 }
 
+// loadTokenizer opens --tokenizer unless a tokenizer was supplied; bytes
+// leaves s.hf nil, which keeps the byte fast paths.
+func (s *Server) loadTokenizer() error {
+	tok := s.tok
+	if tok == nil {
+		if s.cfg.Tokenizer == "bytes" {
+			return nil
+		}
+		var err error
+		if tok, err = tokenizer.Open(s.cfg.Tokenizer); err != nil {
+			return fmt.Errorf("%w: load %s: %w", ErrTokenizer, s.cfg.Tokenizer, err)
+		}
+	}
+	switch t := tok.(type) {
+	case tokenizer.Bytes:
+		return nil
+	case *tokenizer.HF:
+		hf, err := newHFCodec(t)
+		if err != nil {
+			return err
+		}
+		s.hf = hf
+		return nil
+	}
+	return fmt.Errorf("%w: unsupported tokenizer %s", ErrTokenizer, tok.Name())
+}
+
 // Addr is the address Serve listens on ("" before Serve).
 func (s *Server) Addr() string {
 	if a := s.addr.Load(); a != nil {
 		return *a
+	}
+	return ""
+}
+
+// KVEventsEndpoint is the bound KV-event PUB endpoint, tcp://host:port with
+// the real port ("" before Serve or without --kv-events-endpoint).
+func (s *Server) KVEventsEndpoint() string {
+	if es := s.sockets.Load(); es != nil {
+		return es.endpoint()
+	}
+	return ""
+}
+
+// KVEventsReplayEndpoint is the bound replay endpoint ("" when none).
+func (s *Server) KVEventsReplayEndpoint() string {
+	if es := s.sockets.Load(); es != nil {
+		return es.replayEndpoint()
 	}
 	return ""
 }
@@ -147,6 +220,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		_ = ln.Close()
 		return ErrServed
 	}
+	var sockets *eventSockets
+	if s.events != nil {
+		var err error
+		sockets, err = startEventSockets(ctx, s.events.ring, s.cfg.KVEventsEndpoint, s.cfg.KVEventsReplayEndpoint, s.cfg.KVEventsTopic, s.log)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("kv events: %w", err)
+		}
+		s.sockets.Store(sockets)
+	}
 	addr := ln.Addr().String()
 	s.addr.Store(&addr)
 	s.readyAt.Store(time.Now().Add(s.cfg.SlowStart).UnixNano())
@@ -158,9 +241,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- s.http.Serve(ln) })
 
-	s.log.Info().Str("addr", addr).Str("model", s.name).
+	ev := s.log.Info().Str("addr", addr).Str("model", s.name).
 		Int("block_size", s.cfg.BlockSize).Int("kv_blocks", s.cfg.KVBlocks).
-		Float64("time_scale", s.cfg.TimeScale).Msg("sim listening")
+		Float64("time_scale", s.cfg.TimeScale).Str("tokenizer", s.cfg.Tokenizer)
+	if sockets != nil {
+		ev = ev.Str("kv_events_endpoint", sockets.endpoint()).Str("kv_events_format", s.cfg.KVEventsFormat)
+		if r := sockets.replayEndpoint(); r != "" {
+			ev = ev.Str("kv_events_replay_endpoint", r)
+		}
+	}
+	ev.Msg("sim listening")
 
 	var err error
 	served := false
@@ -175,6 +265,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	close(s.closing)
 	stopSched()
 	<-s.sched.stopped
+	if sockets != nil {
+		// After the scheduler's last batch, so subscribers get it if they
+		// can take it before the close.
+		sockets.close()
+	}
 	shCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	if e := s.http.ShutdownWithContext(shCtx); e != nil && err == nil {
 		err = fmt.Errorf("shut down http server: %w", e)

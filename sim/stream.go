@@ -131,6 +131,13 @@ func (st *sseStream) appendToken(b []byte, i int) []byte {
 	q := st.q
 	last := i == q.maxTokens-1
 	tok := q.out[i : i+1]
+	if len(q.outEnds) > 0 {
+		start := int32(0)
+		if i > 0 {
+			start = q.outEnds[i-1]
+		}
+		tok = q.out[start:q.outEnds[i]]
+	}
 	if st.chat {
 		if i == 0 {
 			b = append(b, st.prefix...)

@@ -10,8 +10,8 @@ package sim
 // content is a string, null (empty) or a list of {"type":"text","text":...}
 // parts, which are concatenated. The rendering is deterministic, so equal
 // conversation prefixes give equal token prefixes and hit the prefix cache,
-// as they do with a real model's chat template. A later tokenizer package
-// replaces both with real BPE tokenizers and templates.
+// as they do with a real model's chat template. --tokenizer DIR replaces
+// both with a Hugging Face tokenizer and its template (hftok.go).
 
 // TokenizeBytes appends the bytes-tokenizer token ids of text to dst.
 func TokenizeBytes(dst []uint32, text []byte) []uint32 {

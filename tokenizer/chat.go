@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -229,6 +228,11 @@ func parseMessages(raw []byte) (jinja.Value, error) {
 	if err != nil {
 		return v, err
 	}
+	return normalizeMessages(v)
+}
+
+// normalizeMessages checks decoded messages and flattens list contents.
+func normalizeMessages(v jinja.Value) (jinja.Value, error) {
 	if !v.IsList() {
 		return v, fmt.Errorf("messages is not an array: %w", ErrInvalidMessages)
 	}
@@ -279,70 +283,65 @@ func valueText(v jinja.Value) string {
 	return ""
 }
 
+// parseJSONValue decodes raw into template values exactly as
+// encoding/json's decoder would (json.Number for numbers, invalid UTF-8 as
+// U+FFFD, nesting up to maxJSONDepth, key order kept, the last of duplicate
+// keys winning), in one validating pass and one building pass: a chat
+// request is decoded on every routing decision, so this is hot.
 func parseJSONValue(raw []byte) (jinja.Value, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	v, err := decodeValue(dec, 0)
-	if err != nil {
-		return v, err
+	w := chatWalk{b: raw}
+	if err := w.value(0); err != nil {
+		return jinja.Undefined(), err
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return v, fmt.Errorf("trailing data after JSON value: %w", ErrInvalidMessages)
+	w.ws()
+	if w.i != len(w.b) {
+		return jinja.Undefined(), fmt.Errorf("trailing data after JSON value: %w", ErrInvalidMessages)
 	}
-	return v, nil
+	w.i = 0
+	return w.build(), nil
 }
 
-func decodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
-	if depth > maxJSONDepth {
-		return jinja.Undefined(), fmt.Errorf("nesting over %d: %w", maxJSONDepth, ErrInvalidMessages)
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return jinja.Undefined(), fmt.Errorf("%w: %w", ErrInvalidMessages, err)
-	}
-	switch x := tok.(type) {
-	case json.Delim:
-		switch x {
-		case '[':
-			var items []jinja.Value
-			for dec.More() {
-				it, err := decodeValue(dec, depth+1)
-				if err != nil {
-					return it, err
-				}
-				items = append(items, it)
+// build returns the validated value at w.i as a template value.
+func (w *chatWalk) build() jinja.Value {
+	w.ws()
+	switch c := w.b[w.i]; c {
+	case '[':
+		w.i++
+		var items []jinja.Value
+		for {
+			w.ws()
+			switch w.b[w.i] {
+			case ']':
+				w.i++
+				return jinja.NewList(items)
+			case ',':
+				w.i++
 			}
-			if _, err := dec.Token(); err != nil {
-				return jinja.Undefined(), fmt.Errorf("%w: %w", ErrInvalidMessages, err)
-			}
-			return jinja.NewList(items), nil
-		case '{':
-			d := jinja.NewDict()
-			for dec.More() {
-				kt, err := dec.Token()
-				if err != nil {
-					return jinja.Undefined(), fmt.Errorf("%w: %w", ErrInvalidMessages, err)
-				}
-				key, _ := kt.(string)
-				val, err := decodeValue(dec, depth+1)
-				if err != nil {
-					return val, err
-				}
-				d.AsDict().Set(key, val)
-			}
-			if _, err := dec.Token(); err != nil {
-				return jinja.Undefined(), fmt.Errorf("%w: %w", ErrInvalidMessages, err)
-			}
-			return d, nil
+			items = append(items, w.build())
 		}
-	case nil:
-		return jinja.None(), nil
-	case bool:
-		return jinja.NewBool(x), nil
-	case string:
-		return jinja.NewString(x), nil
-	case json.Number:
-		return jinja.FromGoValue(x), nil
+	case '{':
+		d := jinja.NewDict()
+		dict := d.AsDict()
+		w.members(func(key jsonSpan) {
+			k := string(appendJSONString(nil, w.b[key.start+1:key.end-1]))
+			dict.Set(k, w.build())
+		})
+		return d
+	case '"':
+		start := w.i
+		_ = w.str()
+		return jinja.NewString(string(appendJSONString(nil, w.b[start+1:w.i-1])))
+	case 't':
+		w.i += 4
+		return jinja.NewBool(true)
+	case 'f':
+		w.i += 5
+		return jinja.NewBool(false)
+	case 'n':
+		w.i += 4
+		return jinja.None()
 	}
-	return jinja.Undefined(), fmt.Errorf("unexpected JSON token %v: %w", tok, ErrInvalidMessages)
+	start := w.i
+	_ = w.number()
+	return jinja.FromGoValue(json.Number(w.b[start:w.i]))
 }

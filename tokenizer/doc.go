@@ -36,6 +36,9 @@
 // no state. The package starts no goroutines.
 //
 // Cost: once warm, AppendEncode allocates nothing; Encode allocates only its
-// result. RenderChat allocates (it builds template values) and is meant to
-// run once per chat request.
+// result. RenderChat allocates (it builds template values, from a one-pass
+// JSON reader that decodes exactly as encoding/json would) and is meant to
+// run once per chat request. Bytes also implements ChatAppender, which
+// renders into a caller's buffer without allocating, for the router's hot
+// path.
 package tokenizer

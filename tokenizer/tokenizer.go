@@ -75,22 +75,10 @@ func (b Bytes) RenderChat(messages []byte) (string, error) {
 
 // RenderChatRequest renders c.Messages as RenderChat does; tools and kwargs
 // do not change the bytes layout.
-func (Bytes) RenderChatRequest(c Chat) (string, error) {
-	msgs, err := parseMessages(c.Messages)
+func (b Bytes) RenderChatRequest(c Chat) (string, error) {
+	out, err := b.AppendRenderChat(nil, c)
 	if err != nil {
 		return "", err
 	}
-	var sb []byte
-	for _, m := range msgs.AsList().Items {
-		d := m.AsDict()
-		role, _ := d.Get("role")
-		content, _ := d.Get("content")
-		sb = append(sb, "<|im_start|>"...)
-		sb = append(sb, valueText(role)...)
-		sb = append(sb, '\n')
-		sb = append(sb, valueText(content)...)
-		sb = append(sb, "<|im_end|>\n"...)
-	}
-	sb = append(sb, "<|im_start|>assistant\n"...)
-	return string(sb), nil
+	return string(out), nil
 }

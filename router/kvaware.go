@@ -1,0 +1,563 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/kvcache"
+	"github.com/infera/infera/tokenizer"
+)
+
+// ErrKVConfig wraps invalid kv-aware settings.
+var ErrKVConfig = errors.New("invalid kv-aware configuration")
+
+// Tokenizer modes of KVAwareConfig.TokenizerSpec besides a directory.
+const (
+	TokenizerNone   = ""       // no tokenizer: approximate routing on text
+	TokenizerBytes  = "bytes"  // one token per byte (tests, simulators)
+	TokenizerEngine = "engine" // ask a worker's POST /tokenize per request
+)
+
+// KVAwareConfig configures the kv-aware policy; zero values take the
+// defaults of `infera serve`.
+type KVAwareConfig struct {
+	// TokenizerSpec is --tokenizer: a Hugging Face tokenizer directory,
+	// "bytes", "engine", or "" (none: every worker approximate).
+	TokenizerSpec string
+	// Tokenizer, when set, is used instead of opening TokenizerSpec.
+	Tokenizer tokenizer.Tokenizer
+	// EngineTokenizeTimeout bounds one POST /tokenize in engine mode;
+	// default 2s. EngineIdleConnTimeout closes its idle connections;
+	// default 3s (below the engines' keep-alive).
+	EngineTokenizeTimeout time.Duration
+	EngineIdleConnTimeout time.Duration
+
+	// OverlapWeight is w in the cost w×(blocks−hits) + active + recent:
+	// how many blocks of load one block of prefill saved is worth. Default
+	// 1; NoOverlap (or any negative value) means 0.
+	OverlapWeight float64
+	// PrefillOverlapWeight and DecodeOverlapWeight are the weights of the
+	// prefill and decode legs of disaggregated serving (the PD path); 0
+	// means OverlapWeight, negative means 0.
+	PrefillOverlapWeight float64
+	DecodeOverlapWeight  float64
+
+	// DefaultBlockSize hashes workers whose record has no kv_block_size
+	// (until their events reveal it); default 16.
+	DefaultBlockSize int
+	// IndexMaxBlocks bounds the event-fed prefix index (all workers);
+	// default 4Mi blocks.
+	IndexMaxBlocks int
+	// ApproxTTL and ApproxMaxBlocks bound the router's own placement
+	// records (per worker and DP rank) used in approximate mode; defaults
+	// 10 minutes and 256Ki blocks.
+	ApproxTTL       time.Duration
+	ApproxMaxBlocks int
+	// RecentHalfLife is the half-life of the recent-miss charge; default
+	// 2s; NoRecent (negative) disables the charge.
+	RecentHalfLife time.Duration
+	// RecentWeight is the charge per missed block, added when the request
+	// ends (while it runs, its blocks count as active); default 0.5. Below
+	// the overlap weight, so that a conversation's next turn still prefers
+	// the worker that just prefilled its previous one.
+	RecentWeight float64
+
+	// Subscriber tunes the KV-event streams.
+	Subscriber kvcache.SubscriberConfig
+
+	// Now is the clock (tests); nil means time.Now.
+	Now func() time.Time
+}
+
+// NoOverlap and NoRecent are the explicit zero settings of OverlapWeight
+// and RecentHalfLife, whose zero values mean "default".
+const (
+	NoOverlap = -1
+	NoRecent  = time.Duration(-1)
+)
+
+func (c KVAwareConfig) withDefaults() (KVAwareConfig, error) {
+	if c.OverlapWeight == 0 {
+		c.OverlapWeight = 1
+	} else if c.OverlapWeight < 0 {
+		c.OverlapWeight = 0
+	}
+	for _, w := range []*float64{&c.PrefillOverlapWeight, &c.DecodeOverlapWeight} {
+		if *w == 0 {
+			*w = c.OverlapWeight
+		} else if *w < 0 {
+			*w = 0
+		}
+	}
+	if c.DefaultBlockSize == 0 {
+		c.DefaultBlockSize = 16
+	}
+	if c.IndexMaxBlocks == 0 {
+		c.IndexMaxBlocks = 4 << 20
+	}
+	if c.ApproxTTL == 0 {
+		c.ApproxTTL = 10 * time.Minute
+	}
+	if c.ApproxMaxBlocks == 0 {
+		c.ApproxMaxBlocks = 256 << 10
+	}
+	if c.RecentHalfLife == 0 {
+		c.RecentHalfLife = 2 * time.Second
+	}
+	if c.RecentWeight == 0 {
+		c.RecentWeight = 0.5
+	} else if c.RecentWeight < 0 {
+		c.RecentWeight = 0
+	}
+	if c.EngineTokenizeTimeout <= 0 {
+		c.EngineTokenizeTimeout = 2 * time.Second
+	}
+	if c.EngineIdleConnTimeout <= 0 {
+		c.EngineIdleConnTimeout = 3 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	switch {
+	case !finite(c.OverlapWeight) || !finite(c.PrefillOverlapWeight) || !finite(c.DecodeOverlapWeight) || !finite(c.RecentWeight):
+		return c, fmt.Errorf("%w: weights must be finite", ErrKVConfig)
+	case c.DefaultBlockSize < 0 || c.DefaultBlockSize > discovery.MaxKVBlockSize:
+		return c, fmt.Errorf("%w: block size %d", ErrKVConfig, c.DefaultBlockSize)
+	case c.IndexMaxBlocks < 0 || c.ApproxMaxBlocks < 0:
+		return c, fmt.Errorf("%w: block bounds must be positive", ErrKVConfig)
+	case c.ApproxTTL < 0:
+		return c, fmt.Errorf("%w: approximate ttl %s", ErrKVConfig, c.ApproxTTL)
+	}
+	return c, nil
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+// KVAware is the kv-aware policy (DESIGN §5): it sends each request to the
+// worker (and data-parallel rank) with the lowest
+//
+//	cost = w × (blocks − hits) + active_blocks + recent
+//
+// where blocks are the prompt's full KV blocks, hits the longest prefix the
+// worker holds (cached per its KV events, or being prefilled for a request in
+// flight there), active_blocks the distinct prompt blocks the worker would
+// hold in flight with this request added (blocks shared by requests count
+// once), and recent a charge of RecentWeight per block its finished requests
+// had to prefill, halving every RecentHalfLife, so that serial requests
+// that share only a short prefix (a system prompt, a chat template's
+// header) do not all follow its first holder. Equal costs go to the model's
+// rotating cursor, never always to the first worker.
+//
+// A worker is routed precisely when a tokenizer is configured and its event
+// stream is confirmed; otherwise (no stream, a stream joining or resyncing,
+// no tokenizer) approximately: the policy matches against the hashes of the
+// prompts it sent there itself (kvcache.Placements), and exports
+// infera_router_worker_approximate so that the fallback is never silent.
+// Without tokens (no tokenizer) those hashes are of fixed-size chunks of the
+// raw messages/prompt JSON. Multimodal requests are keyed by their image
+// references instead of text.
+//
+// KVAware owns a prefix index and a KV-event subscriber with one goroutine
+// per followed stream; Close stops them.
+type KVAware struct {
+	cfg    KVAwareConfig
+	tok    tokenizer.Tokenizer // nil: none or engine
+	chat   tokenizer.ChatAppender
+	engine bool
+	log    zerolog.Logger
+
+	idx *kvcache.Index
+	sub *kvcache.Subscriber
+
+	mu      sync.Mutex // guards workers; Attach/Detach/Update, views, scrapes
+	workers map[string]*kvWorker
+
+	m kvMetrics
+
+	lastTokWarn atomic.Int64 // unix ns of the last tokenization warning
+}
+
+// kvWorker is a Worker's PolicyState.
+type kvWorker struct {
+	w         *Worker
+	shape     kvShape                     // guarded by KVAware.mu
+	targets   atomic.Pointer[[]*kvTarget] // replaced whole on a shape change
+	tokClient *fasthttp.HostClient        // engine mode: its /tokenize
+}
+
+// kvShape is what of a record decides a worker's targets and streams.
+type kvShape struct {
+	endpoint, replay string
+	blockSize        int // from the record; 0 = unknown
+	rank             int // dp_rank of a single-rank record, else -1
+	dpSize           int
+}
+
+// kvTarget is one routing target: a worker, or one rank of a worker whose
+// engine multiplexes dp_size ranks behind one endpoint.
+type kvTarget struct {
+	worker *Worker
+	key    kvcache.Key
+	pin    bool // send X-Data-Parallel-Rank: key.DPRank
+	bs     int  // block size from the record or the default
+	idx    *kvcache.Worker
+	place  *kvcache.Placements
+
+	mu       sync.RWMutex
+	active   map[uint64]int32 // in-flight prompt blocks → requests holding them
+	recent   float64          // miss charge as of recentAt
+	recentAt int64
+}
+
+// blockSize is the size the target's hashes use: the one its events
+// reported once known, else the record's or the default.
+func (t *kvTarget) blockSize() int {
+	if t.idx != nil {
+		if bs := t.idx.BlockSize(); bs > 0 {
+			return bs
+		}
+	}
+	return t.bs
+}
+
+// precise reports whether the target's index can be trusted.
+func (t *kvTarget) precise() bool { return t.idx != nil && !t.idx.Approximate() }
+
+// NewKVAware builds the policy, opening its tokenizer.
+func NewKVAware(cfg KVAwareConfig, log zerolog.Logger) (*KVAware, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	p := &KVAware{cfg: cfg, log: log.With().Str("component", "kv-aware").Logger(), workers: make(map[string]*kvWorker)}
+	switch {
+	case cfg.Tokenizer != nil:
+		p.tok = cfg.Tokenizer
+	case cfg.TokenizerSpec == TokenizerNone:
+	case cfg.TokenizerSpec == TokenizerEngine:
+		p.engine = true
+	default:
+		t, err := tokenizer.Open(cfg.TokenizerSpec)
+		if err != nil {
+			return nil, fmt.Errorf("open tokenizer %q: %w", cfg.TokenizerSpec, err)
+		}
+		p.tok = t
+	}
+	if ca, ok := p.tok.(tokenizer.ChatAppender); ok {
+		p.chat = ca
+	}
+	p.idx = kvcache.NewIndex(kvcache.IndexConfig{MaxBlocks: cfg.IndexMaxBlocks})
+	p.sub, err = kvcache.NewSubscriber(p.idx, cfg.Subscriber, p.log)
+	if err != nil {
+		return nil, fmt.Errorf("kv events subscriber: %w", err)
+	}
+	p.m = newKVMetrics()
+	tok := "none"
+	switch {
+	case p.tok != nil:
+		tok = p.tok.Name()
+	case p.engine:
+		tok = TokenizerEngine
+	}
+	p.log.Info().Str("tokenizer", tok).Float64("overlap_weight", cfg.OverlapWeight).
+		Int("index_max_blocks", cfg.IndexMaxBlocks).Dur("recent_half_life", cfg.RecentHalfLife).
+		Msg("kv-aware routing ready")
+	if tok == "none" {
+		p.log.Warn().Msg("no --tokenizer: every worker is routed approximately on request text")
+	}
+	if hf, ok := p.tok.(*tokenizer.HF); ok && !hf.HasChatTemplate() {
+		p.log.Warn().Str("tokenizer", tok).Msg("tokenizer has no chat template: chat requests are routed approximately on their text")
+	}
+	return p, nil
+}
+
+// Name implements Policy.
+func (p *KVAware) Name() string { return PolicyKVAware }
+
+// Close stops every KV-event stream and waits for their goroutines.
+func (p *KVAware) Close() error {
+	p.sub.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, kw := range p.workers {
+		if kw.tokClient != nil {
+			kw.tokClient.CloseIdleConnections()
+		}
+	}
+	return nil
+}
+
+// Index returns the prefix index the event streams feed.
+func (p *KVAware) Index() *kvcache.Index { return p.idx }
+
+// OverlapWeights returns the mixed, prefill and decode overlap weights.
+func (p *KVAware) OverlapWeights() (mixed, prefill, decode float64) {
+	return p.cfg.OverlapWeight, p.cfg.PrefillOverlapWeight, p.cfg.DecodeOverlapWeight
+}
+
+// hasTokens reports whether text prompts can be tokenized at all.
+func (p *KVAware) hasTokens() bool { return p.tok != nil || p.engine }
+
+func shapeOf(rec *discovery.Record) kvShape {
+	s := kvShape{rank: -1, dpSize: rec.EffectiveDPSize()}
+	if rec.KVEventsEndpoint != nil {
+		s.endpoint = *rec.KVEventsEndpoint
+	}
+	s.replay = replayEndpoint(rec)
+	if rec.KVBlockSize != nil {
+		s.blockSize = *rec.KVBlockSize
+	}
+	if rec.DPRank != nil {
+		s.rank = *rec.DPRank
+	}
+	return s
+}
+
+// Attach implements FleetAware.
+func (p *KVAware) Attach(w *Worker) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	kw := &kvWorker{w: w, shape: shapeOf(w.Record())}
+	if p.engine {
+		kw.tokClient = p.newTokenizeClient(w)
+	}
+	p.buildTargets(kw)
+	w.PolicyState = kw
+	p.workers[w.id] = kw
+}
+
+// Update implements RecordAware: a changed event endpoint, block size or DP
+// layout rebuilds the worker's targets (requests in flight release against
+// the old ones).
+func (p *KVAware) Update(w *Worker) {
+	kw, ok := w.PolicyState.(*kvWorker)
+	if !ok {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := shapeOf(w.Record())
+	if s == kw.shape {
+		return
+	}
+	p.log.Info().Str("worker_id", w.id).Msg("kv layout of worker changed; resubscribing")
+	p.dropTargets(kw)
+	kw.shape = s
+	p.buildTargets(kw)
+}
+
+// Detach implements FleetAware: the worker's streams stop and its index
+// state goes.
+func (p *KVAware) Detach(w *Worker) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	kw, ok := p.workers[w.id]
+	if !ok || kw.w != w {
+		return
+	}
+	delete(p.workers, w.id)
+	p.dropTargets(kw)
+	if kw.tokClient != nil {
+		kw.tokClient.CloseIdleConnections()
+	}
+	p.m.approxGauge.DeleteLabelValues(w.id)
+}
+
+// buildTargets creates kw's targets for kw.shape and starts their streams.
+func (p *KVAware) buildTargets(kw *kvWorker) {
+	s := kw.shape
+	bs := s.blockSize
+	if bs <= 0 {
+		bs = p.cfg.DefaultBlockSize
+	}
+	type plan struct {
+		rank int
+		pin  bool
+		ep   string
+		rep  string
+	}
+	var plans []plan
+	switch {
+	case s.rank >= 0:
+		// One rank of a data-parallel deployment with its own endpoint:
+		// it publishes on the advertised endpoint and needs no pinning.
+		plans = []plan{{rank: s.rank, ep: s.endpoint, rep: s.replay}}
+	case s.dpSize > 1:
+		for r := range s.dpSize {
+			pl := plan{rank: r, pin: true}
+			if s.endpoint != "" {
+				pl.ep = p.rankEndpoint(kw.w.id, s.endpoint, r)
+				if s.replay != "" {
+					pl.rep = p.rankEndpoint(kw.w.id, s.replay, r)
+				}
+			}
+			plans = append(plans, pl)
+		}
+	default:
+		plans = []plan{{rank: 0, ep: s.endpoint, rep: s.replay}}
+	}
+	ts := make([]*kvTarget, 0, len(plans))
+	for _, pl := range plans {
+		t := &kvTarget{
+			worker: kw.w,
+			key:    kvcache.Key{Worker: kw.w.id, DPRank: pl.rank},
+			pin:    pl.pin,
+			bs:     bs,
+			place:  kvcache.NewPlacements(p.cfg.ApproxMaxBlocks, int64(p.cfg.ApproxTTL)),
+			active: make(map[uint64]int32),
+		}
+		if pl.ep != "" {
+			h, err := p.sub.Add(kvcache.Source{Key: t.key, Endpoint: pl.ep, ReplayEndpoint: pl.rep, BlockSize: s.blockSize})
+			if err != nil {
+				p.log.Warn().Str("worker_id", kw.w.id).Int("dp_rank", pl.rank).Str("endpoint", pl.ep).Err(err).
+					Msg("cannot follow kv events; worker routed approximately")
+			} else {
+				t.idx = h
+			}
+		}
+		ts = append(ts, t)
+	}
+	kw.targets.Store(&ts)
+}
+
+func (p *KVAware) rankEndpoint(id, ep string, rank int) string {
+	out, err := kvcache.RankEndpoint(ep, rank)
+	if err != nil {
+		p.log.Warn().Str("worker_id", id).Int("dp_rank", rank).Str("endpoint", ep).Err(err).Msg("no kv events endpoint for rank")
+		return ""
+	}
+	return out
+}
+
+func (p *KVAware) dropTargets(kw *kvWorker) {
+	ts := kw.targets.Load()
+	if ts == nil {
+		return
+	}
+	for _, t := range *ts {
+		if t.idx != nil {
+			p.sub.Remove(t.key)
+		}
+	}
+}
+
+// approximate reports whether any target of kw is routed approximately.
+func (p *KVAware) approximate(kw *kvWorker) bool {
+	if !p.hasTokens() {
+		return true
+	}
+	for _, t := range *kw.targets.Load() {
+		if !t.precise() {
+			return true
+		}
+	}
+	return false
+}
+
+// CacheView implements CacheViewer.
+func (p *KVAware) CacheView(workerID string, dpRank int, hasRank bool) (CacheView, error) {
+	p.mu.Lock()
+	kw, ok := p.workers[workerID]
+	p.mu.Unlock()
+	if !ok {
+		return CacheView{}, fmt.Errorf("cache view of %q: %w", workerID, ErrUnknownWorker)
+	}
+	ts := *kw.targets.Load()
+	v := CacheView{WorkerID: workerID, Precise: p.hasTokens()}
+	switch {
+	case hasRank:
+		v.DPRank = dpRank
+	case len(ts) == 1:
+		v.DPRank = ts[0].key.DPRank
+	default:
+		v.AllRanks = true
+	}
+	found := false
+	for _, t := range ts {
+		if hasRank && t.key.DPRank != dpRank {
+			continue
+		}
+		found = true
+		pl := t.place.Len()
+		v.PlacementBlocks += pl
+		if t.idx != nil {
+			v.BlockCount += t.idx.Blocks()
+		} else {
+			v.BlockCount += pl
+		}
+		if !t.precise() {
+			v.Precise = false
+		}
+	}
+	if !found {
+		return CacheView{}, fmt.Errorf("cache view of %q rank %d: %w", workerID, dpRank, ErrUnknownRank)
+	}
+	return v, nil
+}
+
+// Release implements Policy: the request's blocks leave its target's
+// in-flight set.
+func (p *KVAware) Release(t Ticket, _ Result) {
+	kt, ok := t.State.(*kvTicket)
+	if !ok {
+		return
+	}
+	tg := kt.target
+	now := p.cfg.Now().UnixNano()
+	tg.mu.Lock()
+	for _, h := range kt.hashes {
+		if n := tg.active[h] - 1; n > 0 {
+			tg.active[h] = n
+		} else {
+			delete(tg.active, h)
+		}
+	}
+	if p.cfg.RecentHalfLife > 0 && kt.miss > 0 {
+		tg.recent = p.decayed(tg.recent, tg.recentAt, now) + p.cfg.RecentWeight*float64(kt.miss)
+		tg.recentAt = now
+	}
+	tg.mu.Unlock()
+	kt.target = nil
+	kt.hashes = kt.hashes[:0]
+	if cap(kt.hashes) > maxRetainTokens/16 {
+		kt.hashes = nil
+	}
+	ticketPool.Put(kt)
+}
+
+// kvTicket is a pick's private state: the blocks charged to the target
+// and how many of them it had to prefill.
+type kvTicket struct {
+	target *kvTarget
+	hashes []uint64
+	miss   int
+}
+
+var ticketPool = sync.Pool{New: func() any { return new(kvTicket) }}
+
+// decayed returns a charge set at `at` as seen at now.
+func (p *KVAware) decayed(v float64, at, now int64) float64 {
+	if v == 0 {
+		return 0
+	}
+	if dt := now - at; dt > 0 {
+		v *= math.Exp2(-float64(dt) / float64(p.cfg.RecentHalfLife))
+	}
+	return v
+}
+
+// replayEndpoint returns the record's kv_events_replay_endpoint.
+func replayEndpoint(rec *discovery.Record) string {
+	if rec.KVEventsReplayEndpoint != nil {
+		return *rec.KVEventsReplayEndpoint
+	}
+	return ""
+}

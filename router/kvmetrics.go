@@ -1,0 +1,181 @@
+package router
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/infera/infera/kvcache"
+)
+
+// kvMetrics are the kv-aware policy's series. Those of the request path are
+// resolved once; per-worker stream counters are read from the subscriber at
+// scrape time.
+type kvMetrics struct {
+	hitBlocks      prometheus.Histogram
+	promptBlocks   prometheus.Counter
+	hitBlocksTotal prometheus.Counter
+	picks          [3][2]prometheus.Counter // [keyKind][precise]
+	picksVec       *prometheus.CounterVec
+	tokenizeErrors prometheus.Counter
+	approxGauge    *prometheus.GaugeVec // set at scrape time
+
+	indexBlocks, indexMax *prometheus.Desc
+	workerBlocks          *prometheus.Desc
+	connected             *prometheus.Desc
+	batches, events       *prometheus.Desc
+	blocksStored          *prometheus.Desc
+	blocksRemoved         *prometheus.Desc
+	blocksDropped         *prometheus.Desc
+	batchesDropped        *prometheus.Desc
+	gaps, replays         *prometheus.Desc
+	replayFailures        *prometheus.Desc
+	resyncs               *prometheus.Desc
+}
+
+func newKVMetrics() kvMetrics {
+	picks := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "infera_router_kv_picks_total",
+		Help: "kv-aware picks by how the prompt was keyed (tokens, text, images) and whether the chosen worker was matched precisely.",
+	}, []string{"key", "mode"})
+	m := kvMetrics{
+		hitBlocks: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "infera_router_kv_hit_blocks",
+			Help:    "Prompt blocks the chosen worker was expected to hold (cached or being prefilled), per kv-aware pick.",
+			Buckets: append([]float64{0}, prometheus.ExponentialBuckets(1, 2, 14)...), // 0, 1 .. 8192
+		}),
+		promptBlocks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "infera_router_kv_prompt_blocks_total",
+			Help: "Prompt blocks routed by the kv-aware policy (divide hit blocks by it for the expected hit ratio).",
+		}),
+		hitBlocksTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "infera_router_kv_hit_blocks_total",
+			Help: "Prompt blocks the chosen workers were expected to hold.",
+		}),
+		tokenizeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "infera_router_kv_tokenize_errors_total",
+			Help: "Prompts that could not be tokenized and were keyed by their text instead.",
+		}),
+		approxGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "infera_router_worker_approximate",
+			Help: "1 while a worker (any of its DP ranks) is routed approximately: no tokenizer, no KV event stream, or a stream not yet confirmed or resyncing.",
+		}, []string{"worker_id"}),
+	}
+	for k, key := range []string{"tokens", "text", "images"} {
+		for prec, mode := range []string{"approximate", "precise"} {
+			m.picks[k][prec] = picks.WithLabelValues(key, mode)
+		}
+	}
+	m.picksVec = picks
+	labels := []string{"worker_id", "dp_rank"}
+	desc := func(name, help string, l ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, append(labels[:len(labels):len(labels)], l...), nil)
+	}
+	m.indexBlocks = prometheus.NewDesc("infera_router_kv_index_blocks", "(worker, block) entries held by the KV prefix index.", nil, nil)
+	m.indexMax = prometheus.NewDesc("infera_router_kv_index_max_blocks", "Bound of the KV prefix index (--kv-index-max-blocks).", nil, nil)
+	m.workerBlocks = desc("infera_router_kv_worker_blocks", "Blocks indexed for a worker's DP rank from its KV events.")
+	m.connected = desc("infera_router_kv_events_connected", "1 while the KV event stream of a worker's DP rank is connected.")
+	m.batches = desc("infera_router_kv_event_batches_total", "KV event batches applied.")
+	m.events = desc("infera_router_kv_events_applied_total", "KV events in applied batches.")
+	m.blocksStored = desc("infera_router_kv_blocks_stored_total", "Blocks newly indexed from BlockStored events.")
+	m.blocksRemoved = desc("infera_router_kv_blocks_removed_total", "Blocks removed by BlockRemoved events.")
+	m.blocksDropped = desc("infera_router_kv_blocks_dropped_total", "Stored blocks not indexed: parent unknown, or ignored (non-attention group, LoRA, extra keys, medium, block size).", "reason")
+	m.batchesDropped = desc("infera_router_kv_event_batches_dropped_total", "Batches dropped: undecodable messages, duplicates of applied sequence numbers.", "reason")
+	m.gaps = desc("infera_router_kv_event_gaps_total", "Sequence gaps detected in a KV event stream.")
+	m.replays = desc("infera_router_kv_event_replays_total", "Replay exchanges completed with the engine's replay socket.")
+	m.replayFailures = desc("infera_router_kv_event_replay_failures_total", "Replay exchanges that failed.")
+	m.resyncs = desc("infera_router_kv_event_resyncs_total", "Times a worker's index was dropped for missed events (approximate until rebuilt).")
+	return m
+}
+
+// observe records one pick.
+func (m *kvMetrics) observe(kind keyKind, precise bool, blocks, hits int) {
+	prec := 0
+	if precise {
+		prec = 1
+	}
+	m.picks[kind][prec].Inc()
+	m.hitBlocks.Observe(float64(hits))
+	m.promptBlocks.Add(float64(blocks))
+	m.hitBlocksTotal.Add(float64(hits))
+}
+
+// Describe implements prometheus.Collector.
+func (p *KVAware) Describe(ch chan<- *prometheus.Desc) {
+	m := &p.m
+	m.hitBlocks.Describe(ch)
+	m.promptBlocks.Describe(ch)
+	m.hitBlocksTotal.Describe(ch)
+	m.picksVec.Describe(ch)
+	m.tokenizeErrors.Describe(ch)
+	m.approxGauge.Describe(ch)
+	for _, d := range []*prometheus.Desc{m.indexBlocks, m.indexMax, m.workerBlocks, m.connected, m.batches, m.events,
+		m.blocksStored, m.blocksRemoved, m.blocksDropped, m.batchesDropped, m.gaps, m.replays, m.replayFailures, m.resyncs} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (p *KVAware) Collect(ch chan<- prometheus.Metric) {
+	m := &p.m
+	p.mu.Lock()
+	type target struct {
+		key kvcache.Key
+		sub bool
+	}
+	var targets []target
+	for id, kw := range p.workers {
+		v := 0.0
+		if p.approximate(kw) {
+			v = 1
+		}
+		m.approxGauge.WithLabelValues(id).Set(v)
+		for _, t := range *kw.targets.Load() {
+			targets = append(targets, target{key: t.key, sub: t.idx != nil})
+		}
+	}
+	p.mu.Unlock()
+
+	m.hitBlocks.Collect(ch)
+	m.promptBlocks.Collect(ch)
+	m.hitBlocksTotal.Collect(ch)
+	m.picksVec.Collect(ch)
+	m.tokenizeErrors.Collect(ch)
+	m.approxGauge.Collect(ch)
+	ch <- prometheus.MustNewConstMetric(m.indexBlocks, prometheus.GaugeValue, float64(p.idx.Len()))
+	ch <- prometheus.MustNewConstMetric(m.indexMax, prometheus.GaugeValue, float64(p.idx.MaxBlocks()))
+	for _, t := range targets {
+		if !t.sub {
+			continue
+		}
+		st, ok := p.sub.Stats(t.key)
+		if !ok {
+			continue
+		}
+		id, rank := t.key.Worker, strconv.Itoa(t.key.DPRank)
+		gauge := func(d *prometheus.Desc, v float64, extra ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{id, rank}, extra...)...)
+		}
+		counter := func(d *prometheus.Desc, v uint64, extra ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append([]string{id, rank}, extra...)...)
+		}
+		gauge(m.workerBlocks, float64(st.Blocks))
+		conn := 0.0
+		if st.Connected {
+			conn = 1
+		}
+		gauge(m.connected, conn)
+		counter(m.batches, st.Batches)
+		counter(m.events, st.Events)
+		counter(m.blocksStored, st.Stored)
+		counter(m.blocksRemoved, st.Removed)
+		counter(m.blocksDropped, st.UnknownParent, "unknown_parent")
+		counter(m.blocksDropped, st.Skipped, "ignored")
+		counter(m.batchesDropped, st.BadMessages, "bad_message")
+		counter(m.batchesDropped, st.Duplicates, "duplicate")
+		counter(m.gaps, st.Gaps)
+		counter(m.replays, st.Replays)
+		counter(m.replayFailures, st.ReplayFailures)
+		counter(m.resyncs, st.Resyncs)
+	}
+}

@@ -1,0 +1,308 @@
+package router
+
+import (
+	"encoding/binary"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/infera/infera/kvcache"
+)
+
+// kvScratch is one Pick's working memory, pooled so that a warm pick with a
+// bytes or token-array prompt allocates nothing.
+type kvScratch struct {
+	text   []byte   // rendered chat, unescaped prompt, or engine I/O
+	tokens []uint32 // the prompt's token ids
+	sets   []hashSet
+	nsets  int
+
+	targets []*kvTarget
+	setOf   []int // per target: its hash set
+	hits    []int // per target: cached prefix (index or placements)
+	handles []*kvcache.Worker
+	out     []int
+	pos     []int // target positions of handles
+	img     xxhash.Digest
+}
+
+// hashSet is the prompt's block hashes for one block size (a fleet mostly
+// has one).
+type hashSet struct {
+	bs     int
+	hashes []uint64
+}
+
+var kvScratchPool = sync.Pool{New: func() any { return new(kvScratch) }}
+
+// maxRetainTokens bounds the scratch a pooled kvScratch keeps: one huge
+// prompt must not pin its buffers forever.
+const maxRetainTokens = 1 << 18
+
+// release drops references to fleet objects (a detached worker must not
+// stay reachable from the pool) and oversized buffers, then pools sc.
+func (sc *kvScratch) release() {
+	clear(sc.targets)
+	clear(sc.handles)
+	if cap(sc.tokens) > maxRetainTokens {
+		sc.tokens = nil
+	}
+	if cap(sc.text) > 4*maxRetainTokens {
+		sc.text = nil
+	}
+	for i := range sc.sets {
+		if cap(sc.sets[i].hashes) > maxRetainTokens/16 {
+			sc.sets[i].hashes = nil
+		}
+	}
+	kvScratchPool.Put(sc)
+}
+
+// keyKind says how a request is keyed for matching.
+type keyKind uint8
+
+const (
+	keyTokens keyKind = iota // token block hashes: index and placements
+	keyText                  // byte-chunk hashes of the raw prompt JSON: placements only
+	keyImages                // a chain from the image references: placements only
+)
+
+// bytesPerToken is the text a token is reckoned at where there are no
+// tokens: text chunks of bytesPerToken × block size bytes stand for one
+// block.
+const bytesPerToken = 4
+
+// set returns the hash set for block size bs, computing it on first use.
+func (sc *kvScratch) set(bs int) int {
+	for i := range sc.nsets {
+		if sc.sets[i].bs == bs {
+			return i
+		}
+	}
+	if sc.nsets == len(sc.sets) {
+		sc.sets = append(sc.sets, hashSet{})
+	}
+	i := sc.nsets
+	sc.nsets++
+	s := &sc.sets[i]
+	s.bs = bs
+	s.hashes = kvcache.AppendBlockHashes(s.hashes[:0], sc.tokens, bs)
+	return i
+}
+
+// Pick implements Policy.
+func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
+	n := len(c.Workers)
+	if n == 0 {
+		return Ticket{}, ErrNoWorker
+	}
+	sc := kvScratchPool.Get().(*kvScratch)
+	defer sc.release()
+	rot := c.Next()
+
+	sc.targets = sc.targets[:0]
+	for _, w := range c.Workers {
+		if kw, ok := w.PolicyState.(*kvWorker); ok {
+			sc.targets = append(sc.targets, *kw.targets.Load()...)
+		}
+	}
+	nt := len(sc.targets)
+	if nt == 0 {
+		// Not attached to this policy (cannot happen through Router).
+		return Ticket{Worker: c.Workers[rot%uint64(n)]}, nil
+	}
+	start := int(rot % uint64(nt))
+
+	kind := p.keyPrompt(in, sc, sc.targets[start].worker)
+	now := p.cfg.Now().UnixNano()
+
+	// Hashes and cached prefixes per target.
+	sc.setOf = grow(sc.setOf, nt)
+	sc.hits = grow(sc.hits, nt)
+	for i, t := range sc.targets {
+		if kind == keyTokens {
+			sc.setOf[i] = sc.set(t.blockSize())
+		} else {
+			sc.setOf[i] = 0
+		}
+		sc.hits[i] = 0
+	}
+	if kind == keyTokens {
+		p.matchIndex(sc)
+	}
+	for i, t := range sc.targets {
+		if kind != keyTokens || !t.precise() {
+			hs := sc.sets[sc.setOf[i]].hashes
+			sc.hits[i] = max(sc.hits[i], t.place.Match(hs, now))
+		}
+	}
+
+	// Costs; the scan starts at the rotating cursor and keeps the first
+	// minimum, so ties rotate.
+	w := p.cfg.OverlapWeight
+	best, bestCost, bestEff := -1, 0.0, 0
+	for k := range nt {
+		i := (start + k) % nt
+		t := sc.targets[i]
+		hs := sc.sets[sc.setOf[i]].hashes
+		t.mu.RLock()
+		flight := 0
+		for flight < len(hs) {
+			if _, ok := t.active[hs[flight]]; !ok {
+				break
+			}
+			flight++
+		}
+		active := len(t.active)
+		recent := p.decayed(t.recent, t.recentAt, now)
+		t.mu.RUnlock()
+		// A prefix being prefilled for a request in flight is as good as
+		// cached by the time this one runs. Block hashes chain, so the
+		// in-flight blocks this request shares are exactly that prefix.
+		eff := max(sc.hits[i], flight)
+		cost := w*float64(len(hs)-eff) + float64(active+len(hs)-flight) + recent
+		if best < 0 || cost < bestCost {
+			best, bestCost, bestEff = i, cost, eff
+		}
+	}
+
+	t := sc.targets[best]
+	hs := sc.sets[sc.setOf[best]].hashes
+	miss := len(hs) - bestEff
+	kt := ticketPool.Get().(*kvTicket)
+	kt.target = t
+	kt.miss = miss
+	kt.hashes = append(kt.hashes[:0], hs...)
+	t.mu.Lock()
+	for _, h := range hs {
+		t.active[h]++
+	}
+	t.mu.Unlock()
+
+	precise := kind == keyTokens && t.precise()
+	if !precise {
+		t.place.Record(hs, now)
+	} else if h := sc.hits[best]; h > 0 {
+		// Engines report no event on a cache hit; keep the prefix the
+		// router just relied on from being the index's first eviction.
+		p.idx.Touch(t.idx, hs[:h])
+	}
+	p.m.observe(kind, precise, len(hs), bestEff)
+	return Ticket{Worker: t.worker, State: kt, PinRank: t.pin, DPRank: t.key.DPRank}, nil
+}
+
+// matchIndex fills sc.hits from the prefix index, one MatchMany per hash
+// set over the targets that have an event stream.
+func (p *KVAware) matchIndex(sc *kvScratch) {
+	for s := range sc.nsets {
+		sc.handles = sc.handles[:0]
+		sc.pos = sc.pos[:0]
+		for i, t := range sc.targets {
+			if t.idx != nil && sc.setOf[i] == s {
+				sc.handles = append(sc.handles, t.idx)
+				sc.pos = append(sc.pos, i)
+			}
+		}
+		if len(sc.handles) == 0 {
+			continue
+		}
+		sc.out = grow(sc.out, len(sc.handles))
+		p.idx.MatchMany(sc.handles, sc.sets[s].hashes, sc.out)
+		for k, i := range sc.pos {
+			sc.hits[i] = sc.out[k]
+		}
+	}
+}
+
+// keyPrompt turns the request into what matching runs on: sc.tokens (for
+// keyTokens, hashed per block size by sc.set), or the single hash set 0
+// (keyText, keyImages). eng is the worker asked in engine mode.
+func (p *KVAware) keyPrompt(in *PickInput, sc *kvScratch, eng *Worker) keyKind {
+	sc.nsets = 0
+	sc.tokens = sc.tokens[:0]
+	req := in.Request
+	body := in.Body
+	if req == nil {
+		return p.keyRaw(sc, nil)
+	}
+	var raw []byte
+	if !req.Messages.Empty() {
+		raw = body[req.Messages.Start:req.Messages.End]
+		if seed, images := sc.imageSeed(raw); images > 0 {
+			return p.keyImages(sc, seed, len(raw), images)
+		}
+	} else if !req.Prompt.Empty() {
+		raw = body[req.Prompt.Start:req.Prompt.End]
+	}
+	if raw == nil {
+		return p.keyRaw(sc, nil)
+	}
+	var ok bool
+	switch {
+	case p.tok != nil:
+		ok = p.tokenizeLocal(in, sc)
+	case p.engine:
+		ok = p.tokenizeEngine(in, sc, eng)
+	default:
+		ok = sc.promptTokenArray(in)
+	}
+	if !ok {
+		return p.keyRaw(sc, raw)
+	}
+	return keyTokens
+}
+
+// keyRaw keys the request by byte chunks of its raw prompt JSON.
+func (p *KVAware) keyRaw(sc *kvScratch, raw []byte) keyKind {
+	sc.nsets = 1
+	if len(sc.sets) == 0 {
+		sc.sets = append(sc.sets, hashSet{})
+	}
+	sc.sets[0].bs = 0
+	sc.sets[0].hashes = kvcache.AppendByteHashes(sc.sets[0].hashes[:0], raw, bytesPerToken*p.cfg.DefaultBlockSize)
+	return keyText
+}
+
+// imageTokens is the prompt tokens one image is reckoned at (vision
+// encoders emit a few hundred to a few thousand).
+const imageTokens = 512
+
+// keyImages keys a multimodal request by a chain from its image references,
+// as long as the request's estimated blocks (its JSON text at
+// bytesPerToken, plus imageTokens per image), so that it weighs like a text
+// prompt of its size.
+func (p *KVAware) keyImages(sc *kvScratch, seed uint64, rawLen, images int) keyKind {
+	sc.nsets = 1
+	if len(sc.sets) == 0 {
+		sc.sets = append(sc.sets, hashSet{})
+	}
+	bs := p.cfg.DefaultBlockSize
+	n := max(1, rawLen/(bytesPerToken*bs)+images*imageTokens/bs)
+	sc.sets[0].bs = 0
+	sc.sets[0].hashes = kvcache.AppendChainHashes(sc.sets[0].hashes[:0], seed, n)
+	return keyImages
+}
+
+// imageSeed hashes the image references of a messages array and counts
+// them.
+func (sc *kvScratch) imageSeed(messages []byte) (uint64, int) {
+	sc.img.Reset()
+	n := imageVisit(messages, sc)
+	return sc.img.Sum64(), n
+}
+
+// imageRef feeds one reference, length-prefixed so that concatenations
+// cannot collide.
+func (sc *kvScratch) imageRef(ref []byte) {
+	var l [8]byte
+	binary.LittleEndian.PutUint64(l[:], uint64(len(ref)))
+	_, _ = sc.img.Write(l[:])
+	_, _ = sc.img.Write(ref)
+}
+
+func grow(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n, n+n/2)
+	}
+	return s[:n]
+}

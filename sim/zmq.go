@@ -1,0 +1,688 @@
+package sim
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
+	"github.com/rs/zerolog"
+)
+
+// The KV-event sockets speak ZMTP 3.0 through go-zeromq/zmq4's handshake
+// (zmq4.Open on a net.Conn we accepted) and frame messages themselves. zmq4's
+// Socket types are not used: its PUB socket leaves a writer goroutine running
+// after Close, and its sockets queue without bound. Here a PUB connection is
+// a reader and a writer goroutine over the shared event ring, and a replay
+// (ROUTER) connection one goroutine; all of them end when Close closes the
+// listeners and connections.
+
+// KV-event socket errors.
+var (
+	ErrKVEndpoint = errors.New("bad kv events endpoint")
+	ErrZMTP       = errors.New("zmtp protocol error")
+)
+
+const (
+	zmtpMore    = 0x01
+	zmtpLong    = 0x02
+	zmtpCommand = 0x04
+
+	// maxInboundFrame bounds what a subscriber or replay client may send
+	// (subscriptions, replay requests, commands); anything larger is not a
+	// conversation these sockets have, and the connection is dropped.
+	maxInboundFrame = 64 << 10
+	// maxInboundFrames bounds the parts of one inbound message.
+	maxInboundFrames = 8
+	// maxSubscriptions bounds one connection's subscription prefixes.
+	maxSubscriptions = 1024
+	// maxEventConns bounds concurrent connections per socket.
+	maxEventConns = 256
+	// handshakeTimeout bounds the ZMTP greeting and READY exchange.
+	handshakeTimeout = 5 * time.Second
+	// writeTimeout drops a peer that stops reading for this long.
+	writeTimeout = 30 * time.Second
+	// maxWriteChunk bounds the bytes one connection copies out of the ring
+	// per lock, so a subscriber catching up does not hold the ring.
+	maxWriteChunk = 1 << 20
+)
+
+// replayEnd is the terminating sequence of a replay answer: vLLM sends -1 as
+// a signed 8-byte integer.
+const replayEnd = ^uint64(0)
+
+// ringSlot is one buffered batch.
+type ringSlot struct {
+	seq     uint64
+	payload []byte
+	dropped bool // buffered for replay but never published (tests)
+}
+
+// eventRing numbers batches and keeps the last len(slots) of them, within
+// maxRingBytes. It is the replay buffer and, through per-connection cursors,
+// every subscriber's send queue: a subscriber that falls behind the ring's
+// tail skips ahead (ZMQ's high-water-mark drop) and recovers the gap through
+// replay if it still can.
+type eventRing struct {
+	mu     sync.Mutex
+	cond   sync.Cond
+	slots  []ringSlot
+	head   uint64 // next sequence number
+	tail   uint64 // oldest sequence number held
+	bytes  int    // buffer capacity held by all slots
+	max    int    // byte budget (maxRingBytes; tests lower it)
+	closed bool
+}
+
+// maxRingBytes bounds the memory of buffered batches: a zero-latency run
+// drains thousands of requests into large batches, and --kv-events-buffer
+// of them must not grow into gigabytes.
+const maxRingBytes = 256 << 20
+
+func newEventRing(n int) *eventRing {
+	r := &eventRing{slots: make([]ringSlot, n), max: maxRingBytes}
+	r.cond.L = &r.mu
+	return r
+}
+
+// push appends a batch (copied) under the next sequence number and wakes the
+// connections. A batch is replayable from the moment it can be published.
+func (r *eventRing) push(payload []byte, dropped bool) {
+	r.mu.Lock()
+	if r.head-r.tail == uint64(len(r.slots)) {
+		r.tail++ // the oldest batch's slot is the one reused below
+	}
+	s := r.slotLocked(r.head)
+	r.bytes -= cap(s.payload)
+	if cap(s.payload) > 64<<10 && cap(s.payload) > 4*len(payload) {
+		s.payload = nil // do not pin a huge batch's buffer for a small one
+	}
+	// Over the byte budget, the oldest batches leave the replay window and
+	// free their buffers.
+	for r.bytes+max(cap(s.payload), len(payload)) > r.max && r.tail < r.head {
+		old := r.slotLocked(r.tail)
+		r.bytes -= cap(old.payload)
+		old.payload = nil
+		r.tail++
+	}
+	s.payload = append(s.payload[:0], payload...)
+	s.seq, s.dropped = r.head, dropped
+	r.bytes += cap(s.payload)
+	r.head++
+	r.mu.Unlock()
+	r.cond.Broadcast()
+}
+
+// tailLocked is the oldest sequence number still buffered.
+func (r *eventRing) tailLocked() uint64 { return r.tail }
+
+func (r *eventRing) slotLocked(seq uint64) *ringSlot {
+	return &r.slots[seq%uint64(len(r.slots))]
+}
+
+func (r *eventRing) close() {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.cond.Broadcast()
+}
+
+// appendFrame appends one ZMTP frame.
+func appendFrame(b []byte, flags byte, body []byte) []byte {
+	if len(body) > 255 {
+		b = append(b, flags|zmtpLong)
+		b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
+	} else {
+		b = append(b, flags, byte(len(body)))
+	}
+	return append(b, body...)
+}
+
+// appendSeqMsg appends a three-part message [first, seq, payload].
+func appendSeqMsg(b, first []byte, seq uint64, payload []byte) []byte {
+	var sb [8]byte
+	binary.BigEndian.PutUint64(sb[:], seq)
+	b = appendFrame(b, zmtpMore, first)
+	b = appendFrame(b, zmtpMore, sb[:])
+	return appendFrame(b, 0, payload)
+}
+
+// zmtpReader reads frames from a connection after the handshake.
+type zmtpReader struct {
+	r *bufio.Reader
+}
+
+// readMsg reads one message (or command, cmd true), appending its frames'
+// bodies to scratch; frames alias the returned scratch.
+func (z *zmtpReader) readMsg(frames [][]byte, scratch []byte) ([][]byte, []byte, bool, error) {
+	frames, scratch = frames[:0], scratch[:0]
+	var offs [maxInboundFrames + 1]int
+	cmd := false
+	for {
+		flags, err := z.r.ReadByte()
+		if err != nil {
+			return nil, scratch, false, err
+		}
+		var size uint64
+		if flags&zmtpLong != 0 {
+			var lb [8]byte
+			if _, err := io.ReadFull(z.r, lb[:]); err != nil {
+				return nil, scratch, false, err
+			}
+			size = binary.BigEndian.Uint64(lb[:])
+		} else {
+			c, err := z.r.ReadByte()
+			if err != nil {
+				return nil, scratch, false, err
+			}
+			size = uint64(c)
+		}
+		if size > maxInboundFrame {
+			return nil, scratch, false, fmt.Errorf("%w: inbound frame of %d bytes", ErrZMTP, size)
+		}
+		if len(frames) == maxInboundFrames {
+			return nil, scratch, false, fmt.Errorf("%w: inbound message of more than %d frames", ErrZMTP, maxInboundFrames)
+		}
+		start := len(scratch)
+		scratch = slices.Grow(scratch, int(size))[:start+int(size)]
+		if _, err := io.ReadFull(z.r, scratch[start:]); err != nil {
+			return nil, scratch, false, err
+		}
+		offs[len(frames)] = start
+		frames = append(frames, nil)
+		cmd = cmd || flags&zmtpCommand != 0
+		if flags&zmtpMore == 0 || flags&zmtpCommand != 0 {
+			offs[len(frames)] = len(scratch)
+			break
+		}
+	}
+	for i := range frames {
+		frames[i] = scratch[offs[i]:offs[i+1]:offs[i+1]]
+	}
+	return frames, scratch, cmd, nil
+}
+
+// pongFor builds the PONG answering a PING command body (name-length, name,
+// TTL, context), or nil when the command is not a PING.
+func pongFor(cmd []byte) []byte {
+	if len(cmd) < 1 || len(cmd) < 1+int(cmd[0]) || string(cmd[1:1+int(cmd[0])]) != "PING" {
+		return nil
+	}
+	body := cmd[1+int(cmd[0]):]
+	var ctx []byte
+	if len(body) >= 2 {
+		ctx = body[2:]
+	}
+	pong := append([]byte{4}, "PONG"...)
+	return appendFrame(nil, zmtpCommand, append(pong, ctx...))
+}
+
+// listenEndpoint binds a ZMQ tcp:// endpoint; host * means every interface.
+func listenEndpoint(ctx context.Context, endpoint string) (net.Listener, error) {
+	rest, ok := strings.CutPrefix(endpoint, "tcp://")
+	if !ok {
+		return nil, fmt.Errorf("%w: %q: want tcp://HOST:PORT", ErrKVEndpoint, endpoint)
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %w", ErrKVEndpoint, endpoint, err)
+	}
+	if host == "*" {
+		host = ""
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", net.JoinHostPort(host, port))
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", endpoint, err)
+	}
+	return ln, nil
+}
+
+// boundEndpoint is the configured endpoint with the listener's real port
+// (the configured one may be 0); its host is kept, "*" included.
+func boundEndpoint(endpoint string, ln net.Listener) string {
+	host, _, err := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
+	addr, ok := ln.Addr().(*net.TCPAddr)
+	if err != nil || !ok {
+		return "tcp://" + ln.Addr().String()
+	}
+	if host == "*" {
+		return "tcp://*:" + strconv.Itoa(addr.Port)
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(addr.Port))
+}
+
+// handshake runs the ZMTP 3.0 greeting and NULL-security READY exchange as a
+// server socket of type typ, within handshakeTimeout.
+func handshake(nc net.Conn, typ zmq4.SocketType) error {
+	if err := nc.SetDeadline(time.Now().Add(handshakeTimeout)); err != nil {
+		return fmt.Errorf("handshake deadline: %w", err)
+	}
+	hc := &handshakeConn{Conn: nc, greeting: zmtpGreetingLen}
+	if _, err := zmq4.Open(hc, null.Security(), typ, nil, true, nil); err != nil {
+		return fmt.Errorf("%w: handshake: %w", ErrZMTP, err)
+	}
+	if err := nc.SetDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("clear deadline: %w", err)
+	}
+	return nil
+}
+
+// zmtpGreetingLen is the fixed ZMTP 3.x greeting: signature, version,
+// mechanism, as-server, filler.
+const zmtpGreetingLen = 64
+
+// handshakeConn guards zmq4's handshake, which allocates whatever frame size
+// a peer announces: it follows the frame headers going through Read and
+// fails the read that completes a header announcing more than
+// maxInboundFrame bytes, before zmq4 sees it. Only the handshake reads
+// through it; afterwards zmtpReader applies the same bound.
+type handshakeConn struct {
+	net.Conn
+	greeting int    // greeting bytes still to pass
+	inBody   uint64 // body bytes still to pass
+	hdr      []byte // frame header bytes seen so far
+	hdrBuf   [9]byte
+}
+
+func (c *handshakeConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	for b := p[:n]; len(b) > 0; {
+		switch {
+		case c.greeting > 0:
+			k := min(c.greeting, len(b))
+			c.greeting -= k
+			b = b[k:]
+		case c.inBody > 0:
+			k := min(c.inBody, uint64(len(b)))
+			c.inBody -= k
+			b = b[k:]
+		default:
+			if c.hdr == nil {
+				c.hdr = c.hdrBuf[:0]
+			}
+			c.hdr = append(c.hdr, b[0])
+			b = b[1:]
+			want := 2
+			if c.hdr[0]&zmtpLong != 0 {
+				want = 9
+			}
+			if len(c.hdr) < want {
+				continue
+			}
+			var size uint64
+			if want == 2 {
+				size = uint64(c.hdr[1])
+			} else {
+				size = binary.BigEndian.Uint64(c.hdr[1:9])
+			}
+			c.hdr = c.hdr[:0]
+			if size > maxInboundFrame {
+				return 0, fmt.Errorf("%w: handshake frame of %d bytes", ErrZMTP, size)
+			}
+			c.inBody = size
+		}
+	}
+	return n, err
+}
+
+// eventSockets owns the PUB and replay listeners and their connections.
+type eventSockets struct {
+	ring  *eventRing
+	topic []byte
+	log   zerolog.Logger
+
+	pubLn, replayLn     net.Listener
+	pubAddr, replayAddr string // bound endpoints
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	subs  int // PUB connections with a matching subscription
+	done  bool
+	wg    sync.WaitGroup
+}
+
+// startEventSockets binds the configured endpoints and starts accepting.
+// replayEndpoint may be empty.
+func startEventSockets(ctx context.Context, ring *eventRing, endpoint, replayEndpoint, topic string, log zerolog.Logger) (*eventSockets, error) {
+	es := &eventSockets{ring: ring, topic: []byte(topic), log: log, conns: make(map[net.Conn]struct{})}
+	var err error
+	if es.pubLn, err = listenEndpoint(ctx, endpoint); err != nil {
+		return nil, err
+	}
+	if replayEndpoint != "" {
+		if es.replayLn, err = listenEndpoint(ctx, replayEndpoint); err != nil {
+			es.pubLn.Close()
+			return nil, err
+		}
+	}
+	es.pubAddr = boundEndpoint(endpoint, es.pubLn)
+	if es.replayLn != nil {
+		es.replayAddr = boundEndpoint(replayEndpoint, es.replayLn)
+	}
+	es.wg.Go(func() { es.accept(es.pubLn, es.servePub) })
+	if es.replayLn != nil {
+		es.wg.Go(func() { es.accept(es.replayLn, es.serveReplay) })
+	}
+	return es, nil
+}
+
+// endpoint and replayEndpoint return the bound addresses ("" when none).
+func (es *eventSockets) endpoint() string { return es.pubAddr }
+
+func (es *eventSockets) replayEndpoint() string { return es.replayAddr }
+
+// subscribers is how many PUB connections currently receive batches.
+func (es *eventSockets) subscribers() int {
+	es.ring.mu.Lock()
+	defer es.ring.mu.Unlock()
+	return es.subs
+}
+
+// close stops accepting, closes every connection and waits for every
+// goroutine.
+func (es *eventSockets) close() {
+	es.pubLn.Close()
+	if es.replayLn != nil {
+		es.replayLn.Close()
+	}
+	es.mu.Lock()
+	es.done = true
+	for nc := range es.conns {
+		nc.Close()
+	}
+	es.mu.Unlock()
+	es.ring.close()
+	es.wg.Wait()
+}
+
+func (es *eventSockets) accept(ln net.Listener, serve func(net.Conn)) {
+	var delay time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: back off and keep
+			// serving, as net/http does.
+			delay = min(max(2*delay, 5*time.Millisecond), 100*time.Millisecond)
+			es.log.Warn().Err(err).Dur("retry_in", delay).Msg("kv events accept failed")
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		es.mu.Lock()
+		if es.done || len(es.conns) >= maxEventConns {
+			es.mu.Unlock()
+			nc.Close()
+			continue
+		}
+		es.conns[nc] = struct{}{}
+		es.mu.Unlock()
+		es.wg.Go(func() {
+			defer es.forget(nc)
+			serve(nc)
+		})
+	}
+}
+
+func (es *eventSockets) forget(nc net.Conn) {
+	nc.Close()
+	es.mu.Lock()
+	delete(es.conns, nc)
+	es.mu.Unlock()
+}
+
+// pubConn is one subscriber. The fields below wmu are guarded by the ring's
+// mutex.
+type pubConn struct {
+	nc  net.Conn
+	wmu sync.Mutex // one writer of whole messages at a time (batches, PONG)
+
+	subs       map[string]int // subscription prefix → count, as ZMQ counts them
+	subscribed bool           // some prefix matches the topic
+	cursor     uint64         // next sequence number to send
+	gone       bool
+}
+
+func (pc *pubConn) write(b []byte) error {
+	pc.wmu.Lock()
+	defer pc.wmu.Unlock()
+	if err := pc.nc.SetWriteDeadline(time.Now().Add(writeTimeout)); err != nil {
+		return err
+	}
+	_, err := pc.nc.Write(b)
+	return err
+}
+
+// servePub runs one subscriber: this goroutine reads its subscriptions and
+// commands, a second one sends it batches.
+func (es *eventSockets) servePub(nc net.Conn) {
+	if err := handshake(nc, zmq4.Pub); err != nil {
+		es.log.Debug().Err(err).Str("peer", nc.RemoteAddr().String()).Msg("kv events subscriber rejected")
+		return
+	}
+	pc := &pubConn{nc: nc, subs: make(map[string]int)}
+	var wg sync.WaitGroup
+	wg.Go(func() { es.sendBatches(pc) })
+	err := es.readSubscriptions(pc)
+	r := es.ring
+	r.mu.Lock()
+	if pc.subscribed {
+		es.subs--
+	}
+	pc.gone, pc.subscribed = true, false
+	r.mu.Unlock()
+	r.cond.Broadcast()
+	nc.Close() // unblocks a pending write
+	wg.Wait()
+	if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		es.log.Debug().Err(err).Str("peer", nc.RemoteAddr().String()).Msg("kv events subscriber dropped")
+	}
+}
+
+// readSubscriptions applies subscribe (0x01 prefix) and cancel (0x00 prefix)
+// messages, and ZMTP 3.1 SUBSCRIBE/CANCEL commands, until the connection
+// fails; it returns why.
+func (es *eventSockets) readSubscriptions(pc *pubConn) error {
+	zr := zmtpReader{r: bufio.NewReaderSize(pc.nc, 4096)}
+	var frames [][]byte
+	var scratch []byte
+	for {
+		var cmd bool
+		var err error
+		frames, scratch, cmd, err = zr.readMsg(frames, scratch)
+		if err != nil {
+			return err
+		}
+		if len(frames) != 1 {
+			continue // multipart messages mean nothing to a PUB socket
+		}
+		f := frames[0]
+		var sub bool
+		var prefix []byte
+		switch {
+		case cmd:
+			if pong := pongFor(f); pong != nil {
+				if err := pc.write(pong); err != nil {
+					return err
+				}
+				continue
+			}
+			switch {
+			case len(f) >= 10 && string(f[:10]) == "\x09SUBSCRIBE":
+				sub, prefix = true, f[10:]
+			case len(f) >= 7 && string(f[:7]) == "\x06CANCEL":
+				prefix = f[7:]
+			default:
+				continue
+			}
+		case len(f) >= 1 && f[0] <= 1:
+			sub, prefix = f[0] == 1, f[1:]
+		default:
+			continue
+		}
+		es.subscribe(pc, string(prefix), sub)
+	}
+}
+
+func (es *eventSockets) subscribe(pc *pubConn, prefix string, sub bool) {
+	r := es.ring
+	r.mu.Lock()
+	if sub {
+		if _, ok := pc.subs[prefix]; ok || len(pc.subs) < maxSubscriptions {
+			pc.subs[prefix]++
+		}
+	} else if n := pc.subs[prefix]; n > 1 {
+		pc.subs[prefix] = n - 1
+	} else {
+		delete(pc.subs, prefix)
+	}
+	was := pc.subscribed
+	pc.subscribed = false
+	for p := range pc.subs {
+		if strings.HasPrefix(string(es.topic), p) {
+			pc.subscribed = true
+			break
+		}
+	}
+	switch {
+	case pc.subscribed && !was:
+		// Like a ZMQ PUB, deliver only what is published after the
+		// subscription took effect.
+		pc.cursor = r.head
+		es.subs++
+	case !pc.subscribed && was:
+		es.subs--
+	}
+	r.mu.Unlock()
+	r.cond.Broadcast()
+}
+
+// sendBatches writes batches to one subscriber as the ring fills.
+func (es *eventSockets) sendBatches(pc *pubConn) {
+	r := es.ring
+	var out []byte
+	for {
+		r.mu.Lock()
+		for !r.closed && !pc.gone && (!pc.subscribed || pc.cursor == r.head) {
+			r.cond.Wait()
+		}
+		if r.closed || pc.gone {
+			r.mu.Unlock()
+			return
+		}
+		if t := r.tailLocked(); pc.cursor < t {
+			pc.cursor = t // fell a whole ring behind: these are lost to it
+		}
+		out = out[:0]
+		for pc.cursor < r.head && len(out) < maxWriteChunk {
+			s := r.slotLocked(pc.cursor)
+			if !s.dropped {
+				out = appendSeqMsg(out, es.topic, s.seq, s.payload)
+			}
+			pc.cursor++
+		}
+		r.mu.Unlock()
+		if len(out) > 0 {
+			if err := pc.write(out); err != nil {
+				pc.nc.Close() // the reader sees it and ends the connection
+				return
+			}
+		}
+		if cap(out) > 4*maxWriteChunk {
+			out = nil
+		}
+	}
+}
+
+// serveReplay answers replay requests on one connection (vLLM's replay
+// socket protocol, kvcache/doc.go): request [b"", start seq (8-byte BE)];
+// answer [b"", seq, payload] per buffered batch with seq >= start, in
+// order, then [b"", 0xFF×8, b""]. A request for a sequence older than the
+// buffer gets what the buffer still holds, so the client sees that the
+// first batch is later than it asked for.
+func (es *eventSockets) serveReplay(nc net.Conn) {
+	if err := handshake(nc, zmq4.Router); err != nil {
+		es.log.Debug().Err(err).Str("peer", nc.RemoteAddr().String()).Msg("kv events replay client rejected")
+		return
+	}
+	zr := zmtpReader{r: bufio.NewReaderSize(nc, 512)}
+	var frames [][]byte
+	var scratch, out []byte
+	for {
+		var cmd bool
+		var err error
+		frames, scratch, cmd, err = zr.readMsg(frames, scratch)
+		if err != nil {
+			return
+		}
+		if cmd {
+			if pong := pongFor(frames[0]); pong != nil {
+				if _, err := nc.Write(pong); err != nil {
+					return
+				}
+			}
+			continue
+		}
+		var start []byte
+		switch {
+		case len(frames) == 2 && len(frames[0]) == 0 && len(frames[1]) == 8:
+			start = frames[1]
+		case len(frames) == 1 && len(frames[0]) == 8:
+			start = frames[0] // a client that skipped the delimiter
+		default:
+			continue // malformed requests are ignored, as vLLM does
+		}
+		if out, err = es.replay(nc, binary.BigEndian.Uint64(start), out); err != nil {
+			return
+		}
+	}
+}
+
+// replay streams buffered batches from seq onwards, then the terminator.
+func (es *eventSockets) replay(nc net.Conn, seq uint64, out []byte) ([]byte, error) {
+	r := es.ring
+	for {
+		out = out[:0]
+		r.mu.Lock()
+		if t := r.tailLocked(); seq < t {
+			seq = t
+		}
+		// Batches pushed while we stream are included: the answer ends
+		// at whatever head is when the buffer has been drained.
+		for seq < r.head && len(out) < maxWriteChunk {
+			s := r.slotLocked(seq)
+			out = appendSeqMsg(out, nil, s.seq, s.payload)
+			seq++
+		}
+		end := seq == r.head
+		r.mu.Unlock()
+		if end {
+			out = appendSeqMsg(out, nil, replayEnd, nil)
+		}
+		if err := nc.SetWriteDeadline(time.Now().Add(writeTimeout)); err != nil {
+			return out, err
+		}
+		if _, err := nc.Write(out); err != nil {
+			return out, err
+		}
+		if end {
+			if cap(out) > 4*maxWriteChunk {
+				out = nil
+			}
+			return out, nil
+		}
+	}
+}
