@@ -28,8 +28,8 @@ func TestKVRoutingComparison(t *testing.T) {
 	trace := traceFixture(t)
 	workloads := []kvWorkload{
 		sharedPrefix(640),
-		{name: "multi-turn", args: []string{"--workload", "multi-turn", "--sessions", "32", "--turns", "5",
-			"--input-len", "120", "--output-len", "16", "--concurrency", "8", "--seed", "2"}},
+		{name: "multi-turn", args: []string{"--workload", "multi-turn", "--sessions", "16", "--turns", "5",
+			"--input-len", "40", "--output-len", "16", "--concurrency", "8", "--seed", "2"}},
 		{name: "trace", args: []string{"--workload", "trace", "--trace", trace, "--trace-limit", "400",
 			"--trace-block-words", "8", "--trace-time-scale", "0", "--concurrency", "8", "--seed", "3"}},
 	}
