@@ -76,11 +76,16 @@ func shimEnv(t *testing.T) []string {
 // through `infera serve`, drain on SIGTERM and deregistration on engine death.
 func TestRealEngineWorkers(t *testing.T) {
 	cases := []struct {
+		name   string
 		engine string
 		args   []string
-		check  func(t *testing.T, r fullRecord)
+		// pd: a prefill/decode worker, which the router does not route
+		// mixed traffic to; its record is checked, then it is drained.
+		pd    bool
+		check func(t *testing.T, r fullRecord)
 	}{
 		{
+			name:   "vllm",
 			engine: "vllm",
 			args: []string{"Qwen/Qwen3-8B", "--host", "127.0.0.1", "--served-model-name", "qwen3-vllm",
 				"--block-size", "32", "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.9"},
@@ -90,6 +95,24 @@ func TestRealEngineWorkers(t *testing.T) {
 			},
 		},
 		{
+			name:   "vllm-pd-prefill-dp-rank",
+			engine: "vllm",
+			args: []string{"Qwen/Qwen3-8B", "--host", "127.0.0.1", "--served-model-name", "qwen3-pd",
+				"--data-parallel-size", "2", "--data-parallel-rank", "1",
+				"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_producer"}`},
+			pd: true,
+			check: func(t *testing.T, r fullRecord) {
+				if r.DisaggMode != "prefill" || r.DisaggMeta.Protocol != "vllm-nixl" {
+					t.Errorf("disagg %q/%q, want prefill/vllm-nixl", r.DisaggMode, r.DisaggMeta.Protocol)
+				}
+				if r.DPRank == nil || *r.DPRank != 1 || r.DPSize != 2 {
+					t.Errorf("dp_rank %v dp_size %d, want 1 of 2", r.DPRank, r.DPSize)
+				}
+				wantEndpoint(t, r.KVEventsEndpoint)
+			},
+		},
+		{
+			name:   "sglang",
 			engine: "sglang",
 			args: []string{"--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--served-model-name", "qwen3-sglang",
 				"--page-size", "16", "--tp", "2", "--mem-fraction-static", "0.8"},
@@ -99,6 +122,7 @@ func TestRealEngineWorkers(t *testing.T) {
 			},
 		},
 		{
+			name:   "atom",
 			engine: "atom",
 			args:   []string{"--model", "deepseek-ai/DeepSeek-R1", "--host", "127.0.0.1", "--served-model-name", "r1-atom", "-tp", "8"},
 			check: func(t *testing.T, r fullRecord) {
@@ -111,7 +135,7 @@ func TestRealEngineWorkers(t *testing.T) {
 	f := startServe(t)
 	env := shimEnv(t)
 	for _, tc := range cases {
-		t.Run(tc.engine, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			model := ""
 			for i, a := range tc.args {
 				if a == "--served-model-name" {
@@ -130,11 +154,20 @@ func TestRealEngineWorkers(t *testing.T) {
 				rec, ok = f.record(id)
 				return ok
 			})
-			if rec.Engine != tc.engine || rec.ModelName != model || rec.URL != "http://"+id ||
-				rec.DisaggMode != "mixed" || rec.DPSize != 1 || rec.DPRank != nil || rec.Status != "active" {
+			if rec.Engine != tc.engine || rec.ModelName != model || rec.URL != "http://"+id || rec.Status != "active" {
 				t.Fatalf("record %+v", rec)
 			}
+			if !tc.pd && (rec.DisaggMode != "mixed" || rec.DPSize != 1 || rec.DPRank != nil) {
+				t.Fatalf("mixed record %+v", rec)
+			}
 			tc.check(t, rec)
+			if tc.pd {
+				w.signal(syscall.SIGTERM)
+				if err := w.wait(20 * time.Second); err != nil {
+					t.Fatalf("drained %s worker exited %v", tc.name, err)
+				}
+				return
+			}
 
 			// Routed through infera serve, by the served model name.
 			body := fmt.Sprintf(`{"model":%q,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`, model)
