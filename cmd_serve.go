@@ -95,6 +95,15 @@ func kvAwareConfig(k config.ServeKV) router.KVAwareConfig {
 	return rc
 }
 
+// retries maps --request-max-retries onto the router's configuration,
+// whose zero means the default.
+func retries(n int) int {
+	if n == 0 {
+		return router.NoRetries
+	}
+	return n
+}
+
 // runServe runs the router until ctx ends, then stops, in order, the HTTP
 // server (draining in-flight requests), the fleet watcher, the etcd client
 // and the embedded etcd it started.
@@ -153,6 +162,24 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 		IdleConnTimeout:   cfg.UpstreamIdleConnTimeout,
 		MaxConnsPerWorker: cfg.MaxConnsPerWorker,
 		ShutdownTimeout:   cfg.ShutdownTimeout,
+
+		MaxRetries:           retries(cfg.RequestMaxRetries),
+		BreakerThreshold:     cfg.BreakerFailureThreshold,
+		BreakerCooldown:      cfg.BreakerCooldown,
+		BreakerMaxCool:       cfg.BreakerMaxCooldown,
+		MaxInflightPerWorker: cfg.MaxInflightPerWorker,
+		QueueTimeout:         cfg.QueueTimeout,
+		TTFTTimeout:          cfg.TTFTTimeout,
+		StreamIdleTimeout:    cfg.StreamIdleTimeout,
+		RequestTimeout:       cfg.RequestTimeout,
+		HeartbeatInterval:    cfg.HeartbeatInterval,
+		APIKeys:              cfg.Keys(),
+		AdminToken:           cfg.AdminToken,
+		AdminSeparate:        cfg.AdminListen != "",
+		MaxHeaderBytes:       cfg.MaxHeaderBytes,
+		ClientWriteTimeout:   cfg.ClientWriteTimeout,
+		MaxConnections:       cfg.MaxConnections,
+		LogPrompts:           cfg.LogPrompts,
 	}, policy, log)
 	if err != nil {
 		return fmt.Errorf("build router: %w", err)
@@ -170,10 +197,19 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
+	var adminLn net.Listener
+	if cfg.AdminListen != "" {
+		adminLn, err = lc.Listen(ctx, "tcp", cfg.AdminListen)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("listen on admin address %s: %w", cfg.AdminListen, err)
+		}
+		log.Info().Str("addr", adminLn.Addr().String()).Bool("admin_token", cfg.AdminToken != "").Msg("infera serve admin listening")
+	}
 	log.Info().Str("addr", ln.Addr().String()).Str("policy", policy.Name()).
-		Strs("etcd_endpoints", etcdCfg.Endpoints).Msg("infera serve listening")
+		Strs("etcd_endpoints", etcdCfg.Endpoints).Int("api_keys", len(cfg.Keys())).Msg("infera serve listening")
 
-	serveErr := rt.Serve(ctx, ln)
+	serveErr := rt.ServeAll(ctx, ln, adminLn)
 	stop()
 	if serveErr != nil {
 		return serveErr

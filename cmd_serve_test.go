@@ -254,3 +254,64 @@ func TestServeKVAware(t *testing.T) {
 		t.Fatal("serve did not stop")
 	}
 }
+
+// TestServeAdminAndKeys: API keys from the environment guard /v1/*, and the
+// admin endpoints live on --admin-listen behind --admin-token.
+func TestServeAdminAndKeys(t *testing.T) {
+	t.Setenv("INFERA_API_KEYS", "k1,k2")
+	var stderr syncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- newApp(io.Discard, &stderr).RunContext(ctx, []string{"infera", "serve",
+			"--listen", "127.0.0.1:0", "--embedded-etcd-listen", "127.0.0.1:0",
+			"--embedded-etcd-dir", t.TempDir(), "--admin-listen", "127.0.0.1:0", "--admin-token", "adm"})
+	}()
+	admin, _ := logField(t, &stderr, "infera serve admin listening", "addr").(string)
+	addr, _ := logField(t, &stderr, "infera serve listening", "addr").(string)
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	get := func(url, token string) int {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, c := range []struct {
+		url, token string
+		want       int
+	}{
+		{"http://" + addr + "/v1/models", "", 401},
+		{"http://" + addr + "/v1/models", "wrong", 401},
+		{"http://" + addr + "/v1/models", "k2", 200},
+		{"http://" + addr + "/health", "", 200},
+		{"http://" + addr + "/metrics", "adm", 404},
+		{"http://" + addr + "/v1/workers", "k1", 404},
+		{"http://" + admin + "/metrics", "", 401},
+		{"http://" + admin + "/metrics", "adm", 200},
+		{"http://" + admin + "/v1/workers", "adm", 200},
+		{"http://" + admin + "/v1/models", "k1", 404},
+	} {
+		if got := get(c.url, c.token); got != c.want {
+			t.Errorf("GET %s (token %q) = %d, want %d", c.url, c.token, got, c.want)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}

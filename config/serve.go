@@ -45,6 +45,52 @@ type Serve struct {
 	// streams still running then are cut.
 	ShutdownTimeout time.Duration
 
+	// Resilience (issue 5).
+	//
+	// RequestMaxRetries is how many other workers a request may be retried
+	// on while nothing of its answer has reached the client.
+	RequestMaxRetries int
+	// BreakerFailureThreshold consecutive faults open a worker's breaker
+	// for BreakerCooldown, doubled on each re-trip up to
+	// BreakerMaxCooldown.
+	BreakerFailureThreshold int
+	BreakerCooldown         time.Duration
+	BreakerMaxCooldown      time.Duration
+	// MaxInflightPerWorker caps requests in flight per worker (0: no cap);
+	// when every candidate is full a request queues up to QueueTimeout.
+	MaxInflightPerWorker int
+	QueueTimeout         time.Duration
+	// TTFTTimeout bounds the wait for a worker's first byte (for a stream
+	// its first event; for a unary request its whole answer);
+	// StreamIdleTimeout the silence between stream events; RequestTimeout
+	// a whole request.
+	TTFTTimeout       time.Duration
+	StreamIdleTimeout time.Duration
+	RequestTimeout    time.Duration
+	// HeartbeatInterval is the SSE comment cadence on a silent stream.
+	HeartbeatInterval time.Duration
+
+	// Security.
+	//
+	// APIKeysFile holds one client API key per line (# comments); APIKeys
+	// adds keys from --api-keys / INFERA_API_KEYS. No keys: no auth.
+	APIKeysFile string
+	APIKeys     []string
+	// AdminListen serves the admin and fleet endpoints on their own address
+	// (then not on Listen); AdminToken is the Bearer token they require.
+	AdminListen string
+	AdminToken  string
+	// MaxHeaderBytes bounds a request's headers (431 beyond).
+	MaxHeaderBytes int
+	// ClientWriteTimeout bounds one write to a client (a stalled reader).
+	ClientWriteTimeout time.Duration
+	// MaxConnections caps concurrent client connections.
+	MaxConnections int
+	// LogPrompts allows request bodies in debug logs.
+	LogPrompts bool
+
+	keys []string // APIKeysFile and APIKeys, read by Validate
+
 	// EmbeddedEtcdListen and EmbeddedEtcdDir configure the single-node etcd
 	// started when no --etcd-endpoints are given.
 	EmbeddedEtcdListen string
@@ -193,6 +239,24 @@ func (s *Serve) Flags() []cli.Flag {
 		Duration("upstream-idle-conn-timeout", "close pooled worker connections idle this long (keep below the engine's keep-alive timeout)", &s.UpstreamIdleConnTimeout, 3*time.Second),
 		Int("max-conns-per-worker", "most concurrent connections (in-flight requests) to one worker", &s.MaxConnsPerWorker, 1024),
 		Duration("shutdown-timeout", "on SIGTERM, longest wait for in-flight requests before cutting them", &s.ShutdownTimeout, 30*time.Second),
+		Int("request-max-retries", "retries of a failed request on other workers, while nothing of its answer reached the client", &s.RequestMaxRetries, 1),
+		Int("breaker-failure-threshold", "consecutive faults (connect errors, 5xx, timeouts) that open a worker's circuit breaker", &s.BreakerFailureThreshold, 3),
+		Duration("breaker-cooldown", "first open period of a tripped breaker, doubled on each re-trip", &s.BreakerCooldown, 5*time.Second),
+		Duration("breaker-max-cooldown", "longest open period of a breaker", &s.BreakerMaxCooldown, 60*time.Second),
+		Int("max-inflight-per-worker", "most requests in flight per worker (0 = unlimited); full workers are skipped", &s.MaxInflightPerWorker, 0),
+		Duration("queue-timeout", "when every worker is full, longest wait for a free slot before 429", &s.QueueTimeout, 5*time.Second),
+		Duration("ttft-timeout", "longest wait for a worker's first byte: a stream's first event, a unary request's whole answer (then failover)", &s.TTFTTimeout, 60*time.Second),
+		Duration("stream-idle-timeout", "longest silence between stream events (then an in-stream error event)", &s.StreamIdleTimeout, 30*time.Second),
+		Duration("request-timeout", "longest time for a whole request", &s.RequestTimeout, 10*time.Minute),
+		Duration("heartbeat-interval", "SSE comment cadence on a silent stream, so that a gone client is noticed", &s.HeartbeatInterval, time.Second),
+		String("api-keys-file", "file of client API keys, one per line (# comments); no keys = no auth", &s.APIKeysFile, ""),
+		StringSlice("api-keys", "client API keys, comma-separated (prefer INFERA_API_KEYS or --api-keys-file)", nil),
+		String("admin-listen", "host:port for /v1/workers, /v1/admin/* and /metrics (then not served on --listen)", &s.AdminListen, ""),
+		String("admin-token", "Bearer token required on the admin endpoints", &s.AdminToken, ""),
+		Int("max-header-bytes", "largest request header block; larger ones get 431", &s.MaxHeaderBytes, 16384),
+		Duration("client-write-timeout", "longest time one write to a client may block", &s.ClientWriteTimeout, 5*time.Minute),
+		Int("max-connections", "most concurrent client connections", &s.MaxConnections, 10000),
+		Bool("log-prompts", "allow request bodies in debug logs", &s.LogPrompts, false),
 		String("embedded-etcd-listen", "client host:port of the embedded etcd started when no --etcd-endpoints are given", &s.EmbeddedEtcdListen, "127.0.0.1:2379"),
 		String("embedded-etcd-dir", "data directory of the embedded etcd", &s.EmbeddedEtcdDir, filepath.Join(DefaultStateDir(), "etcd")),
 	), s.KV.flags()...)
@@ -201,6 +265,7 @@ func (s *Serve) Flags() []cli.Flag {
 // Finish copies slice flags out of the parsed command line.
 func (s *Serve) Finish(c *cli.Context) {
 	s.Etcd.Finish(c)
+	s.APIKeys = SplitList(c.StringSlice("api-keys"))
 	s.KV.finish(c)
 }
 
@@ -231,6 +296,14 @@ func (s *Serve) Validate() error {
 		{"--upstream-timeout", s.UpstreamTimeout},
 		{"--upstream-idle-conn-timeout", s.UpstreamIdleConnTimeout},
 		{"--shutdown-timeout", s.ShutdownTimeout},
+		{"--breaker-cooldown", s.BreakerCooldown},
+		{"--breaker-max-cooldown", s.BreakerMaxCooldown},
+		{"--queue-timeout", s.QueueTimeout},
+		{"--ttft-timeout", s.TTFTTimeout},
+		{"--stream-idle-timeout", s.StreamIdleTimeout},
+		{"--request-timeout", s.RequestTimeout},
+		{"--heartbeat-interval", s.HeartbeatInterval},
+		{"--client-write-timeout", s.ClientWriteTimeout},
 	} {
 		if d.v <= 0 {
 			p.Addf("%s must be positive", d.name)
@@ -239,6 +312,8 @@ func (s *Serve) Validate() error {
 	if s.MaxConnsPerWorker <= 0 {
 		p.Addf("--max-conns-per-worker must be positive")
 	}
+	s.validateResilience(&p)
+	s.validateSecurity(&p)
 	s.KV.validate(&p)
 	if len(s.Etcd.Endpoints) == 0 {
 		// Only then is the embedded etcd started.
@@ -265,3 +340,77 @@ func serveCheckListen(hostPort string) string {
 	}
 	return ""
 }
+
+func (s *Serve) validateResilience(p *Problems) {
+	if s.RequestMaxRetries < 0 || s.RequestMaxRetries > 16 {
+		p.Addf("--request-max-retries must be from 0 to 16")
+	}
+	if s.BreakerFailureThreshold < 1 {
+		p.Addf("--breaker-failure-threshold must be positive")
+	}
+	if s.BreakerMaxCooldown < s.BreakerCooldown {
+		p.Addf("--breaker-max-cooldown must not be below --breaker-cooldown")
+	}
+	if s.MaxInflightPerWorker < 0 {
+		p.Addf("--max-inflight-per-worker must not be negative")
+	}
+}
+
+// maxAPIKeyBytes bounds one key: a key is a secret, not a document.
+const maxAPIKeyBytes = 1024
+
+func (s *Serve) validateSecurity(p *Problems) {
+	if s.AdminListen != "" {
+		if err := serveCheckListen(s.AdminListen); err != "" {
+			p.Addf("--admin-listen %q: %s", s.AdminListen, err)
+		} else if _, port, _ := net.SplitHostPort(s.AdminListen); s.AdminListen == s.Listen && port != "0" {
+			p.Addf("--admin-listen must differ from --listen")
+		}
+	}
+	if s.AdminToken != "" && !ValidAPIKey(s.AdminToken) {
+		p.Addf("--admin-token must be 1 to %d visible ASCII characters", maxAPIKeyBytes)
+	}
+	if s.MaxHeaderBytes < 1024 || s.MaxHeaderBytes > 1<<20 {
+		p.Addf("--max-header-bytes must be from 1024 to 1048576")
+	}
+	if s.MaxConnections < 1 {
+		p.Addf("--max-connections must be positive")
+	}
+	keys := slices.Clone(s.APIKeys)
+	if s.APIKeysFile != "" {
+		data, err := os.ReadFile(s.APIKeysFile)
+		if err != nil {
+			p.Addf("--api-keys-file: %v", err)
+		}
+		for line := range strings.SplitSeq(string(data), "\n") {
+			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+				keys = append(keys, line)
+			}
+		}
+	}
+	for i, k := range keys {
+		if !ValidAPIKey(k) {
+			// Never echo a key, not even a broken one.
+			p.Addf("API key #%d must be 1 to %d visible ASCII characters", i+1, maxAPIKeyBytes)
+		}
+	}
+	s.keys = keys
+}
+
+// ValidAPIKey reports whether k can be sent as a Bearer token: 1 to 1024
+// visible ASCII characters.
+func ValidAPIKey(k string) bool {
+	if len(k) == 0 || len(k) > maxAPIKeyBytes {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] <= ' ' || k[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// Keys returns the client API keys of --api-keys-file and --api-keys, as
+// read by the last Validate.
+func (s *Serve) Keys() []string { return s.keys }

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -91,5 +92,43 @@ func TestServeKVFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate error lacks %s: %v", want, err)
 		}
+	}
+}
+
+func TestServeResilienceAndSecurityFlags(t *testing.T) {
+	dir := t.TempDir()
+	keys := filepath.Join(dir, "keys")
+	if err := os.WriteFile(keys, []byte("# team a\nkey-a\n\n  key-b  \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("INFERA_API_KEYS", "env-1,env-2")
+	s := parseServe(t, "--api-keys-file", keys, "--request-max-retries", "2", "--max-inflight-per-worker", "8",
+		"--ttft-timeout", "2s", "--admin-listen", "127.0.0.1:0", "--admin-token", "adm")
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(s.Keys(), ","); got != "env-1,env-2,key-a,key-b" {
+		t.Fatalf("keys %q", got)
+	}
+	if s.RequestMaxRetries != 2 || s.MaxInflightPerWorker != 8 || s.TTFTTimeout.String() != "2s" ||
+		s.BreakerFailureThreshold != 3 || s.BreakerCooldown.String() != "5s" || s.BreakerMaxCooldown.String() != "1m0s" ||
+		s.QueueTimeout.String() != "5s" || s.StreamIdleTimeout.String() != "30s" || s.RequestTimeout.String() != "10m0s" ||
+		s.HeartbeatInterval.String() != "1s" || s.MaxHeaderBytes != 16384 || s.MaxConnections != 10000 || s.LogPrompts {
+		t.Fatalf("values: %+v", s)
+	}
+
+	bad := parseServe(t, "--api-keys-file", filepath.Join(dir, "missing"), "--api-keys", "has space",
+		"--request-max-retries", "-1", "--breaker-failure-threshold", "0", "--breaker-max-cooldown", "1s",
+		"--max-inflight-per-worker", "-2", "--heartbeat-interval", "0s", "--admin-listen", "nope",
+		"--max-header-bytes", "10", "--max-connections", "0")
+	err := bad.Validate()
+	for _, want := range []string{"--api-keys-file", "API key #", "--request-max-retries", "--breaker-failure-threshold",
+		"--breaker-max-cooldown", "--max-inflight-per-worker", "--heartbeat-interval", "--admin-listen", "--max-header-bytes", "--max-connections"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate error lacks %s: %v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "has space") {
+		t.Fatal("a key was echoed in an error")
 	}
 }

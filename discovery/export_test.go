@@ -3,6 +3,8 @@ package discovery
 // Test-only access to the watcher's and registrar's internals, for the
 // external test package (which can import etcdtest; this package cannot).
 
+import "time"
+
 // SetWatcherHooks installs hooks; call before Run.
 func SetWatcherHooks(w *Watcher, beforeList func(n int), afterList func(n int, rev int64)) {
 	w.hooks = watcherHooks{beforeList: beforeList, afterList: afterList}
@@ -25,3 +27,7 @@ func RegistrarStale(r *Registrar) bool {
 func RegistrarInterval(r *Registrar) (ttl, interval int64) {
 	return int64(r.ttl), int64(r.interval)
 }
+
+// SetProbeInterval changes how often a watcher checks that etcd is
+// reachable, and bounds each list by the same time.
+func SetProbeInterval(w *Watcher, d time.Duration) { w.probeInterval, w.listTimeout = d, d }

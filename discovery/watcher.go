@@ -23,11 +23,16 @@ const (
 	// stableWatch is how long a watch must have run for the next failure to
 	// be treated as isolated (backoff restarts from its minimum).
 	stableWatch = 30 * time.Second
+	// defaultProbeInterval paces the liveness probe that runs beside a
+	// watch: a watch on a dead etcd just waits (the client reconnects
+	// quietly), so without a probe an outage would go unnoticed and unlogged.
+	defaultProbeInterval = 2 * time.Second
 )
 
 var (
-	errWatchClosed   = errors.New("watch channel closed")
-	errWatchCanceled = errors.New("watch canceled by server")
+	errWatchClosed     = errors.New("watch channel closed")
+	errWatchCanceled   = errors.New("watch canceled by server")
+	errEtcdUnreachable = errors.New("etcd unreachable")
 )
 
 // watcherHooks let tests act at the points where the watcher's correctness
@@ -61,6 +66,15 @@ type Watcher struct {
 	mu      sync.Mutex
 	current clientv3.Watcher // watch stream of the running session
 
+	// probeInterval paces the liveness probe (and bounds each probe);
+	// listTimeout bounds one list. Fields so tests can shorten them.
+	probeInterval time.Duration
+	listTimeout   time.Duration
+	// outage is set from the first failure to reach etcd until the next
+	// successful list, so an outage is logged once when it starts and once
+	// when it ends. Owned by the Run goroutine.
+	outage bool
+
 	hooks watcherHooks
 }
 
@@ -75,6 +89,9 @@ func NewWatcher(cli *clientv3.Client, prefix string, log zerolog.Logger, onChang
 		onChange: onChange,
 		synced:   make(chan struct{}),
 		invalid:  make(map[string]int64),
+
+		probeInterval: defaultProbeInterval,
+		listTimeout:   listTimeout,
 	}
 	w.snap.Store(&Snapshot{})
 	return w
@@ -93,26 +110,26 @@ func (w *Watcher) Synced() <-chan struct{} { return w.synced }
 // Call it once, from one goroutine.
 func (w *Watcher) Run(ctx context.Context) error {
 	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
-	listFailing := false
 	for {
 		watched, err := w.session(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
 		switch {
-		case watched < 0:
-			// The list itself failed: report the first failure of a streak.
-			if !listFailing {
-				w.log.Warn().Err(err).Msg("etcd list failed, retrying")
-				listFailing = true
+		case watched < 0 || errors.Is(err, errEtcdUnreachable):
+			// etcd cannot be reached: say so once per outage; the server
+			// keeps routing on the snapshot it has.
+			if !w.outage {
+				w.outage = true
+				s := w.Snapshot()
+				w.log.Warn().Err(err).Int("workers", len(s.Workers)).Int64("revision", s.Revision).
+					Msg("etcd unreachable: keeping the last fleet snapshot and retrying")
 			} else {
-				w.log.Debug().Err(err).Msg("etcd list failed again")
+				w.log.Debug().Err(err).Msg("etcd still unreachable")
 			}
 		case errors.Is(err, rpctypes.ErrCompacted):
-			listFailing = false
 			w.log.Info().Err(err).Msg("etcd watch compacted, re-listing")
 		default:
-			listFailing = false
 			w.log.Warn().Err(err).Msg("etcd watch interrupted, re-listing")
 		}
 		if watched >= stableWatch {
@@ -131,7 +148,7 @@ func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
 	if w.hooks.beforeList != nil {
 		w.hooks.beforeList(n)
 	}
-	lctx, cancel := context.WithTimeout(ctx, listTimeout)
+	lctx, cancel := context.WithTimeout(ctx, w.listTimeout)
 	resp, err := w.cli.Get(lctx, w.prefix, clientv3.WithPrefix())
 	cancel()
 	if err != nil {
@@ -139,6 +156,11 @@ func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
 	}
 	rev := resp.Header.Revision
 	w.rebuild(resp.Kvs, rev, n)
+	if w.outage {
+		w.outage = false
+		w.log.Info().Int64("revision", rev).Int("workers", len(w.Snapshot().Workers)).
+			Msg("etcd reachable again: fleet view re-listed")
+	}
 	if w.hooks.afterList != nil {
 		w.hooks.afterList(n, rev)
 	}
@@ -159,21 +181,60 @@ func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
 	// WithRequireLeader makes a member that lost its leader (partitioned)
 	// cancel the watch instead of silently serving nothing new.
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer wcancel()
+	probeFailed := make(chan error, 1)
+	var probing sync.WaitGroup
+	probing.Add(1)
+	go func() {
+		defer probing.Done()
+		w.probe(wctx, probeFailed)
+	}()
+	defer func() {
+		wcancel()
+		probing.Wait()
+	}()
 	start := time.Now()
 	ch := wc.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	for wr := range ch {
-		if err := wr.Err(); err != nil {
-			return time.Since(start), fmt.Errorf("watch %s from revision %d: %w", w.prefix, rev+1, err)
-		}
-		if wr.Canceled {
-			return time.Since(start), errWatchCanceled
-		}
-		if len(wr.Events) > 0 {
-			w.apply(wr.Events, wr.Header.Revision)
+	for {
+		select {
+		case wr, ok := <-ch:
+			if !ok {
+				return time.Since(start), errWatchClosed
+			}
+			if err := wr.Err(); err != nil {
+				return time.Since(start), fmt.Errorf("watch %s from revision %d: %w", w.prefix, rev+1, err)
+			}
+			if wr.Canceled {
+				return time.Since(start), errWatchCanceled
+			}
+			if len(wr.Events) > 0 {
+				w.apply(wr.Events, wr.Header.Revision)
+			}
+		case err := <-probeFailed:
+			return time.Since(start), fmt.Errorf("%w: %w", errEtcdUnreachable, err)
 		}
 	}
-	return time.Since(start), errWatchClosed
+}
+
+// probe reads one key count (a linearizable read, so it needs a quorum)
+// every probeInterval until ctx ends, and reports the first failure on
+// failed. Owned by one session.
+func (w *Watcher) probe(ctx context.Context, failed chan<- error) {
+	t := time.NewTicker(w.probeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, w.probeInterval)
+		_, err := w.cli.Get(pctx, w.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			failed <- err
+			return
+		}
+	}
 }
 
 // rebuild replaces the view with the listed records.

@@ -1,8 +1,11 @@
 package discovery_test
 
 import (
+	"bytes"
 	"context"
 	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -235,3 +238,68 @@ func TestWatcherSurvivesEtcdRestart(t *testing.T) {
 	put(t, cli, record("c:1"))
 	waitIDs(t, w, "a:1", "c:1")
 }
+
+// TestWatcherLogsOutageOnce: while etcd is down the watcher says so once
+// (however long the outage and however many retries), keeps its view, and
+// says once that etcd is back.
+func TestWatcherLogsOutageOnce(t *testing.T) {
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	start := func() *discovery.Embedded {
+		e, err := discovery.StartEmbedded(discovery.EmbeddedConfig{ClientListen: addr, Dir: dir}, zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	e := start()
+	cli := etcdtest.Client(t, e.Endpoints())
+	put(t, cli, record("a:1"))
+
+	logs := &syncBuffer{}
+	w := discovery.NewWatcher(cli, testPrefix, zerolog.New(logs), nil)
+	discovery.SetProbeInterval(w, 100*time.Millisecond)
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1")
+
+	e.Close()
+	waitFor(t, "the outage to be logged", func() bool { return logs.count("keeping the last fleet snapshot") == 1 })
+	// Many probe and list retries later, still one line, and the view kept.
+	lists := discovery.Lists(w)
+	waitFor(t, "more retries", func() bool { return discovery.Lists(w) >= lists+3 })
+	if n := logs.count("keeping the last fleet snapshot"); n != 1 {
+		t.Fatalf("outage logged %d times, want once:\n%s", n, logs.String())
+	}
+	if got := ids(w.Snapshot()); !slices.Equal(got, []string{"a:1"}) {
+		t.Fatalf("view changed while etcd was down: %v", got)
+	}
+
+	e = start()
+	defer e.Close()
+	waitFor(t, "the recovery to be logged", func() bool { return logs.count("etcd reachable again") == 1 })
+	put(t, cli, record("b:1"))
+	waitIDs(t, w, "a:1", "b:1")
+	if n := logs.count("keeping the last fleet snapshot"); n != 1 {
+		t.Fatalf("outage logged %d times, want once:\n%s", n, logs.String())
+	}
+}
+
+// syncBuffer is a log sink safe for the watcher's goroutine and the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *syncBuffer) count(s string) int { return strings.Count(b.String(), s) }

@@ -12,6 +12,24 @@
 // token-array prompt allocates nothing; a Hugging Face chat template
 // allocates while rendering.
 //
+// Resilience (issue 5): a request runs as attempts on different workers
+// while nothing of the answer has reached the client (relay.go: connect,
+// retryStream), up to Config.MaxRetries. Unary answers are buffered, so any
+// failure before the answer is complete may be retried; 4xx pass through.
+// A stream's status line and headers go out as soon as the first worker's
+// headers arrive, and SSE comments (": keep-alive") follow every
+// HeartbeatInterval of silence; until the first event is written a failing
+// worker (end of stream, error, first-byte timeout) is replaced and the
+// client sees the next worker's events after the comments. After the first
+// event a failure ends the stream with one SSE error event. Heartbeats and
+// the stream deadlines live in the upstream connection's Read
+// (upstream.go, deadlineConn.watch): the relay's own goroutine writes the
+// comment, and a failed write closes the worker connection — that is how a
+// client leaving a silent stream frees the engine's sequence. Each worker
+// has a circuit breaker (breaker.go) and an admission limit with a wake-up
+// queue (admission.go); client API keys and the admin token are checked in
+// constant time (auth.go).
+//
 // Concurrency: the fleet view is an immutable value swapped through an atomic
 // pointer by the discovery watcher callback; request handlers only load it and
 // never lock on the request path. Policies are safe for concurrent use.

@@ -32,6 +32,7 @@ type Worker struct {
 	tls      bool
 	inflight atomic.Int64
 	picks    prometheus.Counter
+	breaker  breaker
 
 	// PolicyState belongs to the policy: a FleetAware policy may set it in
 	// Attach, before the worker is visible to Pick, and read it afterwards.
@@ -147,6 +148,12 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 // newWorker builds the Worker (and its connection pool) for a record and
 // attaches it to the policy.
 func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
+	// Discovery validated the record, but a record can reach the router
+	// by other ways (tests, other writers of the prefix): check again what
+	// the router relies on before dialing anything.
+	if len(rec.URL) > maxWorkerURLBytes || rec.WorkerID == "" || len(rec.WorkerID) > maxWorkerURLBytes {
+		return nil, fmt.Errorf("worker record %q: %w", clip([]byte(rec.WorkerID)), errBadWorkerURL)
+	}
 	u, err := url.Parse(rec.URL)
 	if err != nil {
 		return nil, fmt.Errorf("parse worker url: %w", err)
@@ -161,6 +168,14 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 	}
 	if u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("worker url %q: %w", rec.URL, errBadWorkerURL)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("worker url %q port: %w", rec.URL, errBadWorkerURL)
+		}
+	}
+	if u.Hostname() == "" {
+		return nil, fmt.Errorf("worker url %q host: %w", rec.URL, errBadWorkerURL)
 	}
 	addr := u.Host
 	if u.Port() == "" {
@@ -198,8 +213,12 @@ func (r *Router) retire(w *Worker) {
 		fa.Detach(w)
 	}
 	r.metrics.picks.DeleteLabelValues(w.id)
+	r.metrics.breakerTrips.DeleteLabelValues(w.id)
 	w.client.CloseIdleConnections()
 }
+
+// maxWorkerURLBytes bounds a worker's URL and id.
+const maxWorkerURLBytes = 2048
 
 func trimSlash(p string) string {
 	for len(p) > 0 && p[len(p)-1] == '/' {

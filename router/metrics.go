@@ -21,7 +21,86 @@ type metrics struct {
 	inflight      prometheus.Gauge
 	activeWorkers prometheus.Gauge
 	picks         *prometheus.CounterVec
+
+	// Resilience and admission (issue 5), resolved per label value.
+	retries      [numReasons]prometheus.Counter
+	failures     [numReasons]prometheus.Counter
+	timeouts     [numTimeoutKinds]prometheus.Counter
+	rejected     [numRejects]prometheus.Counter
+	disconnects  prometheus.Counter
+	breakerTrips *prometheus.CounterVec
 }
+
+// failReason says why an attempt on a worker failed.
+type failReason uint8
+
+const (
+	reasonConnect        failReason = iota // dial failed or timed out
+	reasonBusy                             // no free connection to the worker in time
+	reasonStatus5xx                        // the worker answered 5xx
+	reasonTTFTTimeout                      // no first byte within --ttft-timeout
+	reasonIdleTimeout                      // a stream went silent for --stream-idle-timeout
+	reasonRequestTimeout                   // --request-timeout ran out
+	reasonStreamEnded                      // a stream ended before its first event
+	reasonStreamError                      // a stream broke after its first event
+	reasonUpstreamError                    // any other connection or protocol error
+	numReasons
+)
+
+var reasonLabels = [numReasons]string{
+	reasonConnect:        "connect",
+	reasonBusy:           "busy",
+	reasonStatus5xx:      "status_5xx",
+	reasonTTFTTimeout:    "ttft_timeout",
+	reasonIdleTimeout:    "idle_timeout",
+	reasonRequestTimeout: "request_timeout",
+	reasonStreamEnded:    "stream_ended",
+	reasonStreamError:    "stream_error",
+	reasonUpstreamError:  "upstream_error",
+}
+
+func (f failReason) String() string { return reasonLabels[f] }
+
+// timeoutKind labels infera_router_timeouts_total.
+type timeoutKind uint8
+
+const (
+	timeoutConnect timeoutKind = iota
+	timeoutTTFT
+	timeoutIdle
+	timeoutRequest
+	numTimeoutKinds
+)
+
+var timeoutLabels = [numTimeoutKinds]string{"connect", "ttft", "idle", "request"}
+
+// timeout returns the timeout kind behind a failure, if it is one.
+func (f failReason) timeout(err error) (timeoutKind, bool) {
+	switch f {
+	case reasonConnect:
+		return timeoutConnect, err != nil && isTimeout(err)
+	case reasonTTFTTimeout:
+		return timeoutTTFT, true
+	case reasonIdleTimeout:
+		return timeoutIdle, true
+	case reasonRequestTimeout:
+		return timeoutRequest, true
+	}
+	return 0, false
+}
+
+// Rejections by status code: infera_router_rejected_total{reason="429"}.
+const (
+	rejected400 = iota
+	rejected401
+	rejected408
+	rejected413
+	rejected429
+	rejected431
+	numRejects
+)
+
+var rejectLabels = [numRejects]string{"400", "401", "408", "413", "429", "431"}
 
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
@@ -51,7 +130,42 @@ func newMetrics() *metrics {
 		Name: "infera_worker_picks_total",
 		Help: "Requests routed to each worker.",
 	}, []string{"worker_id"})
-	m.reg.MustRegister(requests, duration, ttft, m.inflight, m.activeWorkers, m.picks)
+	retries := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "infera_router_retries_total",
+		Help: "Requests retried on another worker before their first byte reached the client, by the failure that caused the retry.",
+	}, []string{"reason"})
+	failures := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "infera_router_upstream_failures_total",
+		Help: "Failed attempts on workers, by reason.",
+	}, []string{"reason"})
+	timeouts := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "infera_router_timeouts_total",
+		Help: "Upstream timeouts by kind (connect, ttft, idle, request).",
+	}, []string{"kind"})
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "infera_router_rejected_total",
+		Help: "Requests refused by the router itself, by HTTP status.",
+	}, []string{"reason"})
+	m.disconnects = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "infera_router_client_disconnects_total",
+		Help: "Requests whose client went away before the response was complete.",
+	})
+	m.breakerTrips = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "infera_router_worker_breaker_trips_total",
+		Help: "Times each worker's circuit breaker opened.",
+	}, []string{"worker_id"})
+	m.reg.MustRegister(requests, duration, ttft, m.inflight, m.activeWorkers, m.picks,
+		retries, failures, timeouts, rejected, m.disconnects, m.breakerTrips)
+	for i := range numReasons {
+		m.retries[i] = retries.WithLabelValues(reasonLabels[i])
+		m.failures[i] = failures.WithLabelValues(reasonLabels[i])
+	}
+	for i := range numTimeoutKinds {
+		m.timeouts[i] = timeouts.WithLabelValues(timeoutLabels[i])
+	}
+	for i := range numRejects {
+		m.rejected[i] = rejected.WithLabelValues(rejectLabels[i])
+	}
 
 	// Resolve (and so export at 0) the combinations that can happen;
 	// request() creates any other on first use.
@@ -68,6 +182,9 @@ func newMetrics() *metrics {
 				expected = o == outcomeOK || o == outcomeMethodNotAllowed || o == outcomeNotFound || o == outcomeBadRequest
 			default:
 				expected = o == outcomeOK || o == outcomeMethodNotAllowed
+			}
+			if o == outcomeUnauthorized && rt != RouteHealth && rt != RouteOther {
+				expected = true
 			}
 			if expected {
 				m.requests[rt][o] = requests.WithLabelValues(rt.String(), o.String())
@@ -95,6 +212,8 @@ func (m *metrics) request(rt Route, o outcome) prometheus.Counter {
 func (m *metrics) register(r *Router) {
 	m.reg.MustRegister(workerCollector{r: r, desc: prometheus.NewDesc(
 		"infera_worker_in_flight", "Requests in flight on each worker of the current fleet view.",
+		[]string{"worker_id"}, nil), breakerDesc: prometheus.NewDesc(
+		"infera_router_worker_breaker_state", "Circuit breaker of each worker: 0 closed, 1 open, 2 half-open.",
 		[]string{"worker_id"}, nil)})
 	if c, ok := r.policy.(prometheus.Collector); ok {
 		m.reg.MustRegister(c)
@@ -103,11 +222,15 @@ func (m *metrics) register(r *Router) {
 
 // workerCollector reports per-worker in-flight counts from the current view.
 type workerCollector struct {
-	r    *Router
-	desc *prometheus.Desc
+	r           *Router
+	desc        *prometheus.Desc
+	breakerDesc *prometheus.Desc
 }
 
-func (c workerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.breakerDesc
+}
 
 func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	v := c.r.view.Load()
@@ -116,6 +239,7 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, w := range v.workers {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(w.InFlight()), w.id)
+		ch <- prometheus.MustNewConstMetric(c.breakerDesc, prometheus.GaugeValue, float64(w.breaker.State()), w.id)
 	}
 }
 

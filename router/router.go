@@ -28,7 +28,36 @@ type Config struct {
 	IdleConnTimeout   time.Duration // pooled worker connection idle; default 3s
 	MaxConnsPerWorker int           // default 1024
 	ShutdownTimeout   time.Duration // grace for in-flight requests; default 30s
+
+	// Failover and circuit breaking.
+	MaxRetries       int           // retries on other workers before the first byte; default 1, NoRetries for none
+	BreakerThreshold int           // consecutive faults that open a breaker; default 3
+	BreakerCooldown  time.Duration // first open period; default 5s
+	BreakerMaxCool   time.Duration // longest open period; default 60s
+	// Admission.
+	MaxInflightPerWorker int           // 0: unlimited
+	QueueTimeout         time.Duration // wait for a slot when all are full; default 5s
+	// Timeouts of one request.
+	TTFTTimeout       time.Duration // first byte (a stream's first event; a unary answer); default 60s
+	StreamIdleTimeout time.Duration // silence between events; default 30s
+	RequestTimeout    time.Duration // whole request; default 10m
+	HeartbeatInterval time.Duration // SSE comment cadence on a silent stream; default 1s
+
+	// Security and client limits.
+	APIKeys            []string      // client keys for /v1/*; none: no auth
+	AdminToken         string        // Bearer token of the admin endpoints; "": none
+	AdminSeparate      bool          // admin endpoints only on the admin server (ServeAll's adminLn)
+	MaxHeaderBytes     int           // request header block; default 16 KiB
+	ClientWriteTimeout time.Duration // one write to a client; default 5m
+	MaxConnections     int           // concurrent client connections; default 10000
+	LogPrompts         bool          // request bodies may appear in debug logs
+
+	// Now is the clock of the circuit breakers (tests); default time.Now.
+	Now func() time.Time
 }
+
+// NoRetries as Config.MaxRetries disables failover.
+const NoRetries = -1
 
 func (c Config) withDefaults() Config {
 	def := func(v *time.Duration, d time.Duration) {
@@ -48,6 +77,36 @@ func (c Config) withDefaults() Config {
 	def(&c.UpstreamTimeout, 5*time.Minute)
 	def(&c.IdleConnTimeout, 3*time.Second)
 	def(&c.ShutdownTimeout, 30*time.Second)
+	switch {
+	case c.MaxRetries == 0:
+		c.MaxRetries = 1
+	case c.MaxRetries < 0:
+		c.MaxRetries = 0
+	}
+	if c.BreakerThreshold <= 0 {
+		c.BreakerThreshold = 3
+	}
+	def(&c.BreakerCooldown, 5*time.Second)
+	def(&c.BreakerMaxCool, 60*time.Second)
+	c.BreakerMaxCool = max(c.BreakerMaxCool, c.BreakerCooldown)
+	def(&c.QueueTimeout, 5*time.Second)
+	def(&c.TTFTTimeout, 60*time.Second)
+	def(&c.StreamIdleTimeout, 30*time.Second)
+	def(&c.RequestTimeout, 10*time.Minute)
+	def(&c.HeartbeatInterval, time.Second)
+	def(&c.ClientWriteTimeout, 5*time.Minute)
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = 16 << 10
+	}
+	if c.MaxConnections <= 0 {
+		c.MaxConnections = 10000
+	}
+	if c.MaxInflightPerWorker < 0 {
+		c.MaxInflightPerWorker = 0
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return c
 }
 
@@ -70,6 +129,11 @@ type Router struct {
 
 	conns connSet // open upstream connections
 
+	brk      breakerConfig
+	admit    admission
+	keys     keySet // client API keys
+	adminKey keySet // the admin token
+
 	idPrefix [17]byte // random hex + '-', the stem of generated request ids
 	idSeq    atomic.Uint64
 }
@@ -89,6 +153,12 @@ func New(cfg Config, policy Policy, log zerolog.Logger) (*Router, error) {
 		workers: make(map[string]*Worker),
 		cursors: make(map[string]*atomic.Uint64),
 	}
+	r.brk = breakerConfig{threshold: int32(r.cfg.BreakerThreshold), cooldown: r.cfg.BreakerCooldown, maxCooldown: r.cfg.BreakerMaxCool}
+	r.admit.limit = int64(r.cfg.MaxInflightPerWorker)
+	r.keys = newKeySet(r.cfg.APIKeys)
+	if r.cfg.AdminToken != "" {
+		r.adminKey = newKeySet([]string{r.cfg.AdminToken})
+	}
 	r.metrics.register(r)
 	var seed [8]byte
 	_, _ = rand.Read(seed[:]) // never fails (crypto/rand panics instead)
@@ -107,10 +177,33 @@ func (r *Router) Server() *fasthttp.Server {
 		ErrorHandler:       r.handleParseError,
 		Name:               "infera",
 		MaxRequestBodySize: r.cfg.MaxBodyBytes,
-		ReadTimeout:        r.cfg.ClientReadTimeout,
-		IdleTimeout:        r.cfg.ClientIdleTimeout,
-		// Large Authorization headers (JWTs) must fit.
-		ReadBufferSize:  16 << 10,
+		// ReadTimeout bounds a whole request (headers and body), so a
+		// slowloris client is cut when it runs out.
+		ReadTimeout: r.cfg.ClientReadTimeout,
+		IdleTimeout: r.cfg.ClientIdleTimeout,
+		// Set before each response; a stream pushes it forward as it
+		// goes (relay.keepWriting), so this bounds one stalled write.
+		WriteTimeout: r.cfg.ClientWriteTimeout,
+		// The header block must fit the read buffer: larger ones get 431.
+		ReadBufferSize:  r.cfg.MaxHeaderBytes,
+		Concurrency:     r.cfg.MaxConnections,
+		CloseOnShutdown: true,
+		Logger:          fasthttpLogger{r.log},
+	}
+}
+
+// AdminServer returns the fasthttp server of the admin address
+// (--admin-listen): /v1/workers, /v1/admin/*, /metrics and /health.
+func (r *Router) AdminServer() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:         r.HandleAdmin,
+		ErrorHandler:    r.handleParseError,
+		Name:            "infera-admin",
+		ReadTimeout:     r.cfg.ClientReadTimeout,
+		IdleTimeout:     r.cfg.ClientIdleTimeout,
+		WriteTimeout:    r.cfg.ClientWriteTimeout,
+		ReadBufferSize:  r.cfg.MaxHeaderBytes,
+		Concurrency:     1024,
 		CloseOnShutdown: true,
 		Logger:          fasthttpLogger{r.log},
 	}
@@ -121,22 +214,49 @@ func (r *Router) Server() *fasthttp.Server {
 // running by closing their upstream connections, and closes idle pools.
 // A Router serves once: after Serve it dials no worker again.
 func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
+	return r.ServeAll(ctx, ln, nil)
+}
+
+// ServeAll is Serve plus, when adminLn is not nil, the admin server on
+// adminLn (see Config.AdminSeparate). Both stop together.
+func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 	srv := r.Server()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	var admin *fasthttp.Server
+	adminErr := make(chan error, 1)
+	var adminFailed <-chan error // nil (never ready) without an admin server
+	if adminLn != nil {
+		admin = r.AdminServer()
+		adminFailed = adminErr
+		go func() { adminErr <- admin.Serve(adminLn) }()
+	}
+	stopAdmin := func() error {
+		if admin == nil {
+			return nil
+		}
+		_ = admin.Shutdown()
+		return <-adminErr
+	}
 	select {
 	case err := <-errc:
+		_ = stopAdmin()
 		r.shutdownPools()
 		if err == nil {
 			return nil
 		}
 		return fmt.Errorf("%w: %w", ErrServe, err)
+	case err := <-adminFailed:
+		// The admin server failed on its own; take the router down too
+		// rather than run without its management plane.
+		adminErr <- err
 	case <-ctx.Done():
 	}
 
 	grace, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
 	err := srv.ShutdownWithContext(grace)
 	cancel()
+	aerr := stopAdmin()
 	if err != nil {
 		n := r.conns.closeAll()
 		r.log.Warn().Int("connections", n).Dur("grace", r.cfg.ShutdownTimeout).Msg("shutdown grace over, cutting running streams")
@@ -151,6 +271,9 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	if serveErr != nil {
 		return fmt.Errorf("%w: %w", ErrServe, serveErr)
 	}
+	if aerr != nil {
+		return fmt.Errorf("%w: admin: %w", ErrServe, aerr)
+	}
 	return nil
 }
 
@@ -164,9 +287,31 @@ func (r *Router) shutdownPools() {
 	}
 }
 
-// Handle is the fasthttp request handler.
+// Handle is the fasthttp request handler of the client address. With
+// Config.AdminSeparate the admin endpoints are not found here.
 func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
-	switch rt := routeOf(ctx.Path()); rt {
+	rt := routeOf(ctx.Path())
+	if rt.admin() && r.cfg.AdminSeparate {
+		rt = RouteOther
+	}
+	r.serve(ctx, rt, false)
+}
+
+// HandleAdmin is the fasthttp request handler of the admin address: the
+// admin endpoints and /health only.
+func (r *Router) HandleAdmin(ctx *fasthttp.RequestCtx) {
+	rt := routeOf(ctx.Path())
+	if !rt.admin() && rt != RouteHealth {
+		rt = RouteOther
+	}
+	r.serve(ctx, rt, true)
+}
+
+func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
+	if !r.allowed(ctx, rt, adminAddr) {
+		return
+	}
+	switch rt {
 	case RouteChatCompletions, RouteCompletions:
 		r.proxy(ctx, rt)
 	case RouteModels, RouteWorkers, RouteHealth, RouteMetrics:
@@ -178,6 +323,31 @@ func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusNotFound, "unknown path "+clip(ctx.Path()), openai.TypeNotFound, "not_found")
 		r.metrics.request(RouteOther, outcomeNotFound).Inc()
 	}
+}
+
+// allowed applies authentication: the admin token on admin endpoints when
+// one is set; otherwise the client API keys on every /v1/* endpoint of the
+// client address. /health, /metrics without a token and unknown paths are
+// open.
+func (r *Router) allowed(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) bool {
+	var ks *keySet
+	switch {
+	case rt == RouteHealth || rt == RouteOther:
+		return true
+	case rt.admin() && r.adminKey.enabled():
+		ks = &r.adminKey
+	case adminAddr || rt == RouteMetrics:
+		return true
+	case r.keys.enabled():
+		ks = &r.keys
+	default:
+		return true
+	}
+	if r.authorized(ctx, ks, rt) {
+		return true
+	}
+	r.requestID(ctx)
+	return false
 }
 
 // serveInfo answers the read-only endpoints.
@@ -227,15 +397,21 @@ func (r *Router) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "request body exceeds the limit of "+itoa(r.cfg.MaxBodyBytes)+" bytes", openai.TypeInvalidRequest, "request_too_large")
 		r.metrics.request(rt, outcomeTooLarge).Inc()
+		r.metrics.rejected[rejected413].Inc()
 	case errors.As(err, &small):
 		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "request headers too large", openai.TypeInvalidRequest, "headers_too_large")
 		r.metrics.request(rt, outcomeBadRequest).Inc()
+		r.metrics.rejected[rejected431].Inc()
 	case errors.As(err, &netErr) && netErr.Timeout():
+		// A slow client (slowloris): answer if it still listens, and close.
+		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusRequestTimeout, "timed out reading the request", openai.TypeInvalidRequest, "request_timeout")
 		r.metrics.request(rt, outcomeBadRequest).Inc()
+		r.metrics.rejected[rejected408].Inc()
 	default:
 		writeError(ctx, fasthttp.StatusBadRequest, "malformed HTTP request", openai.TypeInvalidRequest, "bad_request")
 		r.metrics.request(rt, outcomeBadRequest).Inc()
+		r.metrics.rejected[rejected400].Inc()
 	}
 }
 

@@ -234,7 +234,7 @@ func TestUpstreamTimeout(t *testing.T) {
 	})
 	tr := startRouter(t, router.RoundRobin{}, router.Config{UpstreamTimeout: 100 * time.Millisecond}, record(up, "m", discovery.StatusActive))
 	resp, body := tr.chat(t, "m")
-	wantError(t, resp, body, http.StatusBadGateway, "upstream_timeout")
+	wantError(t, resp, body, http.StatusGatewayTimeout, "upstream_timeout")
 }
 
 func TestUpstreamDown(t *testing.T) {

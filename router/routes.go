@@ -100,6 +100,8 @@ const (
 	outcomeUpstreamError                   // the worker failed before any byte reached the client
 	outcomeStreamError                     // the worker failed in the middle of a stream
 	outcomeClientGone                      // the client went away mid-response
+	outcomeUnauthorized                    // missing or wrong API key / admin token
+	outcomeTooManyRequests                 // every worker full for the whole queue timeout
 	numOutcomes
 )
 
@@ -116,8 +118,16 @@ var outcomeLabels = [numOutcomes]string{
 	outcomeUpstreamError:    "upstream_error",
 	outcomeStreamError:      "stream_error",
 	outcomeClientGone:       "client_gone",
+	outcomeUnauthorized:     "unauthorized",
+	outcomeTooManyRequests:  "too_many_requests",
 }
 
 func (o outcome) String() string { return outcomeLabels[o] }
+
+// admin reports whether rt is an admin or fleet endpoint: served on
+// --admin-listen when there is one, behind --admin-token when set.
+func (rt Route) admin() bool {
+	return rt == RouteWorkers || rt == RouteMetrics || rt == RouteCacheView
+}
 
 func itoa(n int) string { return strconv.Itoa(n) }

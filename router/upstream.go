@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -44,7 +45,7 @@ func (r *Router) dial(addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	dc := &deadlineConn{Conn: c, timeout: r.cfg.UpstreamTimeout, set: &r.conns}
+	dc := &deadlineConn{Conn: c, timeout: r.cfg.UpstreamTimeout, set: &r.conns, local: c.LocalAddr()}
 	if !r.conns.add(dc) {
 		_ = c.Close()
 		return nil, errShuttingDown
@@ -55,25 +56,105 @@ func (r *Router) dial(addr string) (net.Conn, error) {
 var errShuttingDown = errors.New("router is shutting down")
 
 // deadlineConn is an upstream connection with a per-operation idle timeout.
+//
+// Two more bounds apply on top. A deadline fasthttp sets (DoDeadline: the
+// first-byte and request timeouts of one attempt) caps every operation
+// until it is cleared. And while a streaming relay watches the connection
+// (watch), reads follow the relay's stream deadlines and, whenever the
+// worker is silent for a heartbeat interval, the relay writes an SSE
+// comment to its client from inside Read — the reading goroutine is the
+// relay's own, so nothing runs concurrently — and a failed write ends the
+// read: the client is gone, the worker connection is closed.
 type deadlineConn struct {
 	net.Conn
 	timeout time.Duration
 	set     *connSet
+	local   net.Addr // the key of set.byLocal
 	once    sync.Once
+
+	readHard  atomic.Int64 // unix ns; 0: none
+	writeHard atomic.Int64
+	watch     atomic.Pointer[relay]
+}
+
+// cap returns the earlier of t and the hard deadline h (unix ns, 0: none).
+func capDeadline(t time.Time, h int64) time.Time {
+	if h != 0 && h < t.UnixNano() {
+		return time.Unix(0, h)
+	}
+	return t
 }
 
 func (c *deadlineConn) Read(p []byte) (int, error) {
-	if err := c.Conn.SetReadDeadline(time.Now().Add(c.timeout)); err != nil {
-		return 0, err
+	now := time.Now()
+	rel := c.watch.Load()
+	if rel == nil {
+		if err := c.Conn.SetReadDeadline(capDeadline(now.Add(c.timeout), c.readHard.Load())); err != nil {
+			return 0, err
+		}
+		return c.Conn.Read(p)
 	}
-	return c.Conn.Read(p)
+	hard := rel.readDeadline(now)
+	beat := now.Add(rel.r.cfg.HeartbeatInterval)
+	rel.keepWriting(now)
+	for {
+		dl, isBeat := hard, false
+		if beat.Before(hard) && rel.w != nil {
+			dl, isBeat = beat, true
+		}
+		if err := c.Conn.SetReadDeadline(dl); err != nil {
+			return 0, err
+		}
+		n, err := c.Conn.Read(p)
+		if n > 0 || err == nil {
+			return n, err
+		}
+		if !isBeat || !isTimeout(err) {
+			if isTimeout(err) {
+				rel.readTimedOut = true
+			}
+			return n, err
+		}
+		if herr := rel.heartbeat(); herr != nil {
+			return 0, herr
+		}
+		beat = beat.Add(rel.r.cfg.HeartbeatInterval)
+	}
 }
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
+	if err := c.Conn.SetWriteDeadline(capDeadline(time.Now().Add(c.timeout), c.writeHard.Load())); err != nil {
 		return 0, err
 	}
 	return c.Conn.Write(p)
+}
+
+// SetReadDeadline records fasthttp's deadline as a cap: Read sets the
+// real one.
+func (c *deadlineConn) SetReadDeadline(t time.Time) error {
+	c.readHard.Store(unixOrZero(t))
+	return nil
+}
+
+// SetWriteDeadline records fasthttp's deadline as a cap, like
+// SetReadDeadline.
+func (c *deadlineConn) SetWriteDeadline(t time.Time) error {
+	c.writeHard.Store(unixOrZero(t))
+	return nil
+}
+
+// SetDeadline sets both caps.
+func (c *deadlineConn) SetDeadline(t time.Time) error {
+	c.readHard.Store(unixOrZero(t))
+	c.writeHard.Store(unixOrZero(t))
+	return nil
+}
+
+func unixOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }
 
 func (c *deadlineConn) Close() error {
@@ -84,9 +165,10 @@ func (c *deadlineConn) Close() error {
 // connSet tracks open upstream connections so that shutdown can cut the
 // streams still running when its grace period ends.
 type connSet struct {
-	mu     sync.Mutex
-	conns  map[*deadlineConn]struct{}
-	closed bool
+	mu      sync.Mutex
+	conns   map[*deadlineConn]struct{}
+	byLocal map[net.Addr]*deadlineConn // by local address: how a relay finds its connection
+	closed  bool
 }
 
 func (s *connSet) add(c *deadlineConn) bool {
@@ -97,15 +179,33 @@ func (s *connSet) add(c *deadlineConn) bool {
 	}
 	if s.conns == nil {
 		s.conns = make(map[*deadlineConn]struct{})
+		s.byLocal = make(map[net.Addr]*deadlineConn)
 	}
 	s.conns[c] = struct{}{}
+	s.byLocal[c.local] = c
 	return true
 }
 
 func (s *connSet) remove(c *deadlineConn) {
 	s.mu.Lock()
 	delete(s.conns, c)
+	if s.byLocal[c.local] == c {
+		delete(s.byLocal, c.local)
+	}
 	s.mu.Unlock()
+}
+
+// lookup returns the connection a response came over: fasthttp records the
+// connection's local address in the response (the same net.Addr value the
+// connection returns, which is the map key), and exposes nothing else of it.
+func (s *connSet) lookup(local net.Addr) *deadlineConn {
+	if local == nil {
+		return nil
+	}
+	s.mu.Lock()
+	c := s.byLocal[local]
+	s.mu.Unlock()
+	return c
 }
 
 // closeAll closes every tracked connection and refuses new ones.

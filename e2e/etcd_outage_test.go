@@ -1,0 +1,99 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEtcdOutage (issue 5, acceptance 2): a real etcd server process is
+// SIGKILLed for 10 s under unary and streaming load and restarted on the same
+// ports and data directory. No request fails because of it: the router keeps
+// routing on its last fleet snapshot. A worker started during the outage
+// keeps retrying its registration; after the restart the router's fleet view
+// converges and the new worker receives traffic.
+func TestEtcdOutage(t *testing.T) {
+	const outage = 10 * time.Second
+	etcd := newEtcdServer(t)
+	etcd.start(30 * time.Second)
+
+	f := startServe(t, "--log-level", "info", "--etcd-endpoints", etcd.endpoint())
+	f.etcd = etcd.endpoint()
+	_, idA := f.startWorker("worker-a", "--time-scale", "0.5")
+	_, idB := f.startWorker("worker-b", "--time-scale", "0.5")
+	f.waitWorkers("both workers", 15*time.Second, func(w map[string]string) bool {
+		return w[idA] == "active" && w[idB] == "active"
+	})
+
+	// The load spans the outage and the restart.
+	load := func(stream bool) *bgBench {
+		return startBench(t, "--url", f.base, "--model", "sim-model",
+			"--requests", "0", "--duration", (outage + 12*time.Second).String(), "--concurrency", "8",
+			"--input-len", "32", "--output-len", "16", fmt.Sprintf("--stream=%t", stream), "--timeout", "2m")
+	}
+	unary, streaming := load(false), load(true)
+	time.Sleep(2 * time.Second) // pacing: let the load run before the fault
+
+	etcd.kill()
+	killed := time.Now()
+	late := start(t, "worker-late", workerArgs(etcd.endpoint(), "--time-scale", "0.5")...)
+	// The router keeps serving on its last snapshot while etcd is down.
+	for i := 0; time.Since(killed) < outage; i++ {
+		status, _, body, err := chat(t.Context(), f.base, i%2 == 0, fmt.Sprintf("during the outage %d", i), 4)
+		if err != nil || status != http.StatusOK {
+			t.Errorf("request %d during the etcd outage: status %d err %v body %s", i, status, err, body)
+		}
+		time.Sleep(200 * time.Millisecond) // pacing
+	}
+	select {
+	case <-late.done:
+		t.Fatalf("the worker started during the outage exited: %v; log:\n%s", late.exit, late.logText())
+	default:
+	}
+
+	etcd.start(30 * time.Second)
+	line := late.waitLog("worker registered", 60*time.Second)
+	idC, _ := line["worker_id"].(string)
+	if idC == "" {
+		t.Fatalf("worker registered line has no worker_id: %v", line)
+	}
+	f.waitWorkers("the fleet view to converge on three workers", 30*time.Second, func(w map[string]string) bool {
+		return len(w) == 3 && w[idA] == "active" && w[idB] == "active" && w[idC] == "active"
+	})
+	// Round-robin reaches the new worker within a few requests.
+	served := map[string]int{}
+	for i := 0; i < 30 && served[idC] == 0; i++ {
+		status, worker, body, err := chat(t.Context(), f.base, false, fmt.Sprintf("after the outage %d", i), 4)
+		if err != nil || status != http.StatusOK {
+			t.Fatalf("request %d after etcd came back: status %d err %v body %s", i, status, err, body)
+		}
+		served[worker]++
+	}
+	if served[idC] == 0 {
+		t.Errorf("the worker registered during the outage got no traffic: %v", served)
+	}
+
+	// The outage is logged (about) once at warn level, not once per retry
+	// and not never.
+	var etcdWarnings []string
+	f.serve.mu.Lock()
+	for _, l := range f.serve.lines {
+		if text := fmt.Sprint(l); (l["level"] == "warn" || l["level"] == "error") && strings.Contains(text, "etcd") {
+			etcdWarnings = append(etcdWarnings, text)
+		}
+	}
+	f.serve.mu.Unlock()
+	if n := len(etcdWarnings); n == 0 || n > 5 {
+		t.Errorf("serve logged %d warnings about the etcd outage, want about one:\n%s", n, strings.Join(etcdWarnings, "\n"))
+	}
+
+	for name, b := range map[string]*bgBench{"unary": unary, "streaming": streaming} {
+		rep, out, err := b.wait(t, 2*time.Minute)
+		if err != nil || len(rep.Errors) != 0 || rep.Requests == 0 {
+			t.Errorf("%s load across the etcd outage: %v; %d requests, errors %v; output:\n%s", name, err, rep.Requests, rep.Errors, out)
+		}
+		t.Logf("%s load: %d requests, per worker %v", name, rep.Requests, rep.PerWorker)
+	}
+}
