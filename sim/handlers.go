@@ -8,6 +8,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/config"
+
+	"github.com/infera/infera/openai"
 )
 
 // owner is the "owned_by" of /v1/models: the imitated engine.
@@ -151,7 +153,7 @@ func (s *Server) modelOK(body []byte, r *request) bool {
 		return false
 	}
 	var buf [256]byte
-	return string(unescape(buf[:0], raw)) == s.name
+	return string(openai.AppendUnescaped(buf[:0], raw)) == s.name
 }
 
 func (s *Server) modelNotFound(ctx *fasthttp.RequestCtx, body []byte, r *request) {

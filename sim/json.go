@@ -1,8 +1,7 @@
 package sim
 
 import (
-	"unicode/utf16"
-	"unicode/utf8"
+	"github.com/infera/infera/openai"
 )
 
 // scanner walks a JSON document in one pass without reflection and without
@@ -259,56 +258,7 @@ func keyIs(b []byte, start, end int, esc bool, name string) bool {
 		return false
 	}
 	var buf [64]byte
-	return string(unescape(buf[:0], b[start:end])) == name
-}
-
-// unescape appends the decoded form of a validated raw string to dst. Lone
-// surrogates become U+FFFD, as encoding/json does.
-func unescape(dst, raw []byte) []byte {
-	for i := 0; i < len(raw); {
-		c := raw[i]
-		if c != '\\' {
-			// Copy the run up to the next escape in one append.
-			j := i + 1
-			for j < len(raw) && raw[j] != '\\' {
-				j++
-			}
-			dst = append(dst, raw[i:j]...)
-			i = j
-			continue
-		}
-		switch raw[i+1] {
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r := rune(hex4(raw[i+2 : i+6]))
-			i += 6
-			if utf16.IsSurrogate(r) {
-				if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
-					if r2 := utf16.DecodeRune(r, rune(hex4(raw[i+2:i+6]))); r2 != utf8.RuneError {
-						dst = utf8.AppendRune(dst, r2)
-						i += 6
-						continue
-					}
-				}
-				r = utf8.RuneError
-			}
-			dst = utf8.AppendRune(dst, r)
-			continue
-		default: // '"', '\\', '/'
-			dst = append(dst, raw[i+1])
-		}
-		i += 2
-	}
-	return dst
+	return string(openai.AppendUnescaped(buf[:0], b[start:end])) == name
 }
 
 func hexVal(c byte) int {
@@ -321,10 +271,6 @@ func hexVal(c byte) int {
 		return int(c-'A') + 10
 	}
 	return -1
-}
-
-func hex4(b []byte) int {
-	return hexVal(b[0])<<12 | hexVal(b[1])<<8 | hexVal(b[2])<<4 | hexVal(b[3])
 }
 
 // parseInt parses a validated integer span; ok is false when it overflows

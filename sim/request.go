@@ -3,6 +3,8 @@ package sim
 import (
 	"errors"
 	"fmt"
+
+	"github.com/infera/infera/openai"
 )
 
 // Request errors; each is answered with HTTP 400 in the OpenAI envelope.
@@ -74,7 +76,7 @@ func parseRequest(body []byte, r *request) error {
 			if ke-ks > len(buf) {
 				return s.skip()
 			}
-			key = unescape(buf[:0], key)
+			key = openai.AppendUnescaped(buf[:0], key)
 		}
 		switch string(key) {
 		case "model":
@@ -275,7 +277,7 @@ func appendStringTokens(dst []uint32, text []byte, s *scanner, hf *hfCodec) ([]u
 	st, en, esc, _ := s.str()
 	raw := s.b[st:en]
 	if esc {
-		text = unescape(text[:0], raw)
+		text = openai.AppendUnescaped(text[:0], raw)
 		raw = text
 	}
 	if hf != nil {

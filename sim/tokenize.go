@@ -1,5 +1,7 @@
 package sim
 
+import "github.com/infera/infera/openai"
+
 // The simulator tokenizes with the "bytes" tokenizer: every byte of the text
 // is one token whose id is the byte value (vocabulary size 256). Chat
 // messages are first rendered with a fixed ChatML-like template:
@@ -157,7 +159,7 @@ func appendContent(text, body []byte, v span, idx int) ([]byte, error) {
 // appendRaw appends a raw JSON string's contents, decoding escapes if any.
 func appendRaw(dst, raw []byte, esc bool) []byte {
 	if esc {
-		return unescape(dst, raw)
+		return openai.AppendUnescaped(dst, raw)
 	}
 	return append(dst, raw...)
 }
