@@ -1,0 +1,543 @@
+package kvd
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+)
+
+// retainFrameBytes caps the read buffer a connection keeps between frames.
+const retainFrameBytes = 16 << 20
+
+// ServerOptions configure a Server.
+type ServerOptions struct {
+	// AllowUIDs are the peer uids accepted on the socket (SO_PEERCRED);
+	// empty means the daemon's own uid and root.
+	AllowUIDs []int
+	// MaxFrameBytes bounds one request frame (0 = DefaultMaxFrameBytes).
+	MaxFrameBytes int
+	Log           zerolog.Logger
+}
+
+// Server speaks the kvd protocol on a Unix socket over a Store.
+type Server struct {
+	store    *Store
+	opt      ServerOptions
+	log      zerolog.Logger
+	serverID string
+
+	nextConn atomic.Uint64
+	mu       sync.Mutex
+	conns    map[*net.UnixConn]struct{}
+	wg       sync.WaitGroup
+
+	Rejected     atomic.Int64 // connections refused by the peer check
+	BadFrames    atomic.Int64 // connections closed on an undecodable frame
+	ConnsTotal   atomic.Int64
+	ConnsActive  atomic.Int64
+	RequestsByOp [numOps]atomic.Int64
+}
+
+// NewServer returns a Server over store.
+func NewServer(store *Store, opt ServerOptions) *Server {
+	if opt.MaxFrameBytes <= 0 {
+		opt.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	if len(opt.AllowUIDs) == 0 {
+		opt.AllowUIDs = []int{os.Getuid(), 0}
+	}
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	return &Server{store: store, opt: opt, log: opt.Log, serverID: "kvd-" + hex.EncodeToString(id[:]), conns: map[*net.UnixConn]struct{}{}}
+}
+
+// ID is the server_id sent in hello_ack.
+func (s *Server) ID() string { return s.serverID }
+
+// Listen binds the socket at path with mode 0600: it binds a temporary
+// name, sets the mode and renames it over path, so the socket is never
+// reachable with a wider mode. A stale socket (nobody answers) is replaced;
+// a live one gives ErrSocketInUse.
+func Listen(path string) (*net.UnixListener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listen %s: %w", path, ErrSocketInUse)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	_ = os.Remove(tmp)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		ln.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// Serve accepts connections until ctx ends, then closes them all and
+// returns. The caller removes the socket file.
+func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var err error
+	for {
+		c, aerr := ln.AcceptUnix()
+		if aerr != nil {
+			if ctx.Err() == nil {
+				err = fmt.Errorf("accept: %w", aerr)
+			}
+			break
+		}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.handle(c)
+	}
+	ln.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+func (s *Server) peerAllowed(c *net.UnixConn) (int, bool) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return -1, false
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
+		return -1, false
+	}
+	return int(cred.Uid), slices.Contains(s.opt.AllowUIDs, int(cred.Uid))
+}
+
+type conn struct {
+	s      *Server
+	c      *net.UnixConn
+	id     uint64
+	arena  bool // this client mapped the arena
+	hello  bool // the first frame was handled
+	enc    *Encoder
+	dec    *Decoder
+	msg    Message
+	buf    []byte
+	l3buf  []byte
+	setArg SetArgs
+}
+
+func (s *Server) handle(c *net.UnixConn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	if uid, ok := s.peerAllowed(c); !ok {
+		s.Rejected.Add(1)
+		s.log.Warn().Int("uid", uid).Msg("peer not allowed on the kvd socket")
+		return
+	}
+	s.ConnsTotal.Add(1)
+	s.ConnsActive.Add(1)
+	defer s.ConnsActive.Add(-1)
+	cn := &conn{s: s, c: c, id: s.nextConn.Add(1), enc: NewEncoder(), dec: NewDecoder()}
+	defer func() {
+		if n := s.store.CancelConn(cn.id); n > 0 {
+			s.log.Info().Int("leases", n).Msg("connection closed: cancelled its leases")
+		}
+	}()
+	r := bufio.NewReaderSize(c, 64<<10)
+	for {
+		var err error
+		cn.buf, err = ReadFrame(r, cn.buf, s.opt.MaxFrameBytes)
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				s.BadFrames.Add(1)
+				s.log.Debug().Err(err).Msg("closing connection")
+			}
+			return
+		}
+		if err := cn.dec.Decode(cn.buf, &cn.msg); err != nil {
+			s.BadFrames.Add(1)
+			s.log.Debug().Err(err).Msg("undecodable frame: closing connection")
+			return
+		}
+		if err := cn.dispatch(); err != nil {
+			if !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+				s.log.Debug().Err(err).Msg("closing connection")
+			}
+			return
+		}
+		if cap(cn.buf) > retainFrameBytes {
+			cn.buf = nil
+		}
+		cn.enc.Shrink(retainFrameBytes)
+	}
+}
+
+var errBadRequest = errors.New("request lacks a required field")
+
+func validKey(k []byte) bool { return len(k) > 0 && len(k) <= maxKeyBytes }
+
+func validKeys(ks [][]byte) bool {
+	for _, k := range ks {
+		if !validKey(k) {
+			return false
+		}
+	}
+	return true
+}
+
+func (cn *conn) send() error {
+	_, err := cn.c.Write(cn.enc.Frame())
+	return err
+}
+
+func (cn *conn) errorFrame(code, msg string) error {
+	cn.enc.Begin(OpError, 2)
+	cn.enc.Str("code", code)
+	cn.enc.Str("message", msg)
+	return cn.send()
+}
+
+func (cn *conn) dispatch() error {
+	m := &cn.msg
+	st := cn.s.store
+	first := !cn.hello
+	cn.hello = true
+	if m.Op.IsRequest() {
+		cn.s.RequestsByOp[m.Op].Add(1)
+	}
+	switch m.Op {
+	case OpHello:
+		return cn.helloAck(first && m.PrefersSharedArena)
+	case OpGet:
+		if !validKey(m.Key) {
+			return errBadRequest
+		}
+		return cn.get()
+	case OpBatchGet:
+		if !validKeys(m.Keys) {
+			return errBadRequest
+		}
+		return cn.batchGet()
+	case OpSet:
+		if !validKey(m.Key) || !m.HasValue {
+			return errBadRequest
+		}
+		a := &cn.setArg
+		*a = SetArgs{Model: m.Model, CompatKey: m.CompatKey, Key: m.Key, Value: m.Value, TTL: m.TTL, HasTTL: m.HasTTL}
+		if m.HasRetention {
+			a.Retention = m.Retention
+		}
+		ok, reason := st.Set(a)
+		cn.enc.Begin(OpSetAck, 2)
+		cn.enc.Bool("accepted", ok)
+		cn.reason("reason", reason)
+		return cn.send()
+	case OpBatchSet:
+		return cn.batchSet()
+	case OpSetReserve:
+		tok, slot, off, maxSize, reason := st.Reserve(int(min(m.Size, 1<<40)), cn.id)
+		cn.enc.Begin(OpSetReserveResponse, 5)
+		cn.enc.Int("lease_token", int64(tok))
+		cn.enc.Int("slot_id", int64(slot))
+		cn.enc.Int("payload_offset", int64(off))
+		cn.enc.Int("payload_max_size", int64(maxSize))
+		cn.enc.Str("reason", reason)
+		return cn.send()
+	case OpSetCommit:
+		ok, reason := st.Commit(&CommitArgs{Token: uint64(m.LeaseToken), Conn: cn.id, Model: m.Model, CompatKey: m.CompatKey,
+			Key: m.Key, Length: int(min(max(m.Length, -1), 1<<40)), Retention: m.Retention, TTLSeconds: m.TTL64()})
+		cn.enc.Begin(OpSetCommitResponse, 2)
+		cn.enc.Bool("accepted", ok)
+		cn.enc.Str("reason", reason)
+		return cn.send()
+	case OpSetCancel:
+		st.Cancel(uint64(m.LeaseToken), cn.id)
+		cn.enc.Begin(OpSetCancelResponse, 0)
+		return cn.send()
+	case OpPrefetchHint:
+		if !validKeys(m.Keys) {
+			return errBadRequest
+		}
+		st.Prefetch(m.Model, m.CompatKey, m.Keys, time.Duration(max(m.DeadlineMs, 1))*time.Millisecond)
+		return nil // no reply
+	case OpExists:
+		if !validKeys(m.Keys) {
+			return errBadRequest
+		}
+		cn.enc.Begin(OpExistsResponse, 1)
+		cn.enc.Array("present", len(m.Keys))
+		for _, k := range m.Keys {
+			cn.enc.ElemBool(st.Exists(m.Model, m.CompatKey, k))
+		}
+		return cn.send()
+	case OpClear:
+		n := st.Clear(m.Model, m.CompatKey)
+		cn.enc.Begin(OpClearAck, 1)
+		cn.enc.Int("cleared_entries", int64(n))
+		return cn.send()
+	case OpStats:
+		c := st.Counters()
+		cn.enc.Begin(OpStatsResponse, 9)
+		cn.enc.Int("entries", c.Entries)
+		cn.enc.Int("host_bytes", c.HostBytes)
+		cn.enc.Int("spillover_bytes", 0)
+		cn.enc.Int("long_bytes", c.LongBytes)
+		cn.enc.Int("gets_total", c.Gets)
+		cn.enc.Int("sets_total", c.Sets)
+		cn.enc.Int("hits_total", c.Hits)
+		cn.enc.Int("misses_total", c.Misses)
+		cn.enc.Int("evictions_total", c.Evictions)
+		return cn.send()
+	}
+	return cn.errorFrame("bad_op", "unsupported message type: "+truncate(m.Op.String(), 64))
+}
+
+// TTL64 is ttl_seconds as whole seconds (set_commit sends an int).
+func (m *Message) TTL64() int64 {
+	if !m.HasTTL || m.TTL <= 0 {
+		return 0
+	}
+	return int64(min(m.TTL, 1<<40))
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+func (cn *conn) reason(k, r string) {
+	if r == "" {
+		cn.enc.Nil(k)
+		return
+	}
+	cn.enc.Str(k, r)
+}
+
+func (cn *conn) helloAck(withArena bool) error {
+	a := cn.s.store.Arena()
+	withArena = withArena && a != nil
+	cn.enc.Begin(OpHelloAck, 3)
+	cn.enc.Str("server_id", cn.s.serverID)
+	cn.enc.Int("protocol_version", ProtocolVersion)
+	if withArena {
+		cn.enc.Array("shared_arena", 3)
+		cn.enc.ElemInt(a.Size())
+		cn.enc.ElemInt(int64(cn.s.store.SlotSize()))
+		cn.enc.ElemInt(int64(os.Getpid()))
+	} else {
+		cn.enc.Nil("shared_arena")
+	}
+	if err := cn.send(); err != nil || !withArena {
+		return err
+	}
+	if _, _, err := cn.c.WriteMsgUnix([]byte{fdMarker}, unix.UnixRights(a.FD()), nil); err != nil {
+		return fmt.Errorf("send arena fd: %w", err)
+	}
+	cn.arena = true
+	return nil
+}
+
+func (cn *conn) get() error {
+	m := &cn.msg
+	st := cn.s.store
+	h, l3 := st.Get(m.Model, m.CompatKey, m.Key, cn.l3buf)
+	cn.l3buf = l3
+	switch {
+	case !h.Found:
+	case h.Arena && cn.arena:
+		cn.enc.Begin(OpGetSharedResponse, 5)
+		cn.enc.Int("slot_offset", int64(h.Offset))
+		cn.enc.Int("length", int64(h.Length))
+		cn.enc.Int("version", int64(h.Version))
+		cn.enc.Str("retention", h.Retention.String())
+		cn.enc.Int("slot_size", int64(st.SlotSize()))
+		return cn.send()
+	case h.Arena:
+		cn.enc.Begin(OpGetResponse, 2)
+		cn.enc.BinHeader("value", h.Length)
+		cn.enc.Raw(st.arena.mem[h.Offset : h.Offset+h.Length])
+		if st.StillValid(h) {
+			cn.enc.Str("retention", h.Retention.String())
+			return cn.send()
+		}
+		// rewritten while copying: answer a miss below
+	default:
+		cn.enc.Begin(OpGetResponse, 2)
+		cn.enc.Bin("value", h.Inline)
+		cn.enc.Str("retention", h.Retention.String())
+		return cn.send()
+	}
+	cn.enc.Begin(OpGetResponse, 2)
+	cn.enc.Nil("value")
+	cn.enc.Nil("retention")
+	return cn.send()
+}
+
+func (cn *conn) batchGet() error {
+	m := &cn.msg
+	st := cn.s.store
+	n := len(m.Keys)
+	if cn.arena {
+		// Parallel arrays: collect the hits first (keys alias the frame).
+		hits := make([]Hit, n)
+		for i, k := range m.Keys {
+			h, l3 := st.Get(m.Model, m.CompatKey, k, cn.l3buf)
+			cn.l3buf = l3
+			hits[i] = h
+		}
+		cn.enc.Begin(OpBatchGetSharedResponse, 5)
+		cn.enc.Array("offsets", n)
+		for _, h := range hits {
+			cn.enc.ElemInt(iff(h.Arena, int64(h.Offset), -1))
+		}
+		cn.enc.Array("lengths", n)
+		for _, h := range hits {
+			cn.enc.ElemInt(iff(h.Arena, int64(h.Length), 0))
+		}
+		cn.enc.Array("versions", n)
+		for _, h := range hits {
+			cn.enc.ElemInt(iff(h.Arena, int64(h.Version), 0))
+		}
+		cn.enc.Array("retentions", n)
+		for _, h := range hits {
+			if h.Arena {
+				cn.enc.ElemStr([]byte(h.Retention.String()))
+			} else {
+				cn.enc.ElemNil()
+			}
+		}
+		cn.enc.Int("slot_size", int64(st.SlotSize()))
+		return cn.send()
+	}
+	rets := make([]Retention, n)
+	found := make([]bool, n)
+	cn.enc.Begin(OpBatchGetResponse, 2)
+	cn.enc.Array("values", n)
+	for i, k := range m.Keys {
+		h, l3 := st.Get(m.Model, m.CompatKey, k, cn.l3buf)
+		cn.l3buf = l3
+		switch {
+		case h.Found && h.Arena:
+			mark := cn.enc.Len()
+			cn.enc.ElemBin(st.arena.mem[h.Offset : h.Offset+h.Length])
+			if !st.StillValid(h) {
+				cn.enc.Truncate(mark)
+				cn.enc.ElemNil()
+				continue
+			}
+		case h.Found:
+			cn.enc.ElemBin(h.Inline)
+		default:
+			cn.enc.ElemNil()
+			continue
+		}
+		rets[i], found[i] = h.Retention, true
+	}
+	cn.enc.Array("retentions", n)
+	for i := range n {
+		if found[i] {
+			cn.enc.ElemStr([]byte(rets[i].String()))
+		} else {
+			cn.enc.ElemNil()
+		}
+	}
+	return cn.send()
+}
+
+func iff(c bool, a, b int64) int64 {
+	if c {
+		return a
+	}
+	return b
+}
+
+func (cn *conn) batchSet() error {
+	m := &cn.msg
+	n := len(m.Keys)
+	if !validKeys(m.Keys) {
+		return errBadRequest
+	}
+	if len(m.Values) != n || len(m.Retentions) != n || m.NumMetadatas != n || (m.HasTTLs && len(m.TTLs) != n) {
+		ttls := "None"
+		if m.HasTTLs {
+			ttls = fmt.Sprint(len(m.TTLs))
+		}
+		return cn.errorFrame("batch_set_arity_mismatch", fmt.Sprintf("BatchSet arrays disagree: keys=%d values=%d retentions=%d metadatas=%d ttls_seconds=%s",
+			n, len(m.Values), len(m.Retentions), m.NumMetadatas, ttls))
+	}
+	oks := make([]bool, n)
+	reasons := make([]string, n)
+	for i := range n {
+		a := &cn.setArg
+		*a = SetArgs{Model: m.Model, CompatKey: m.CompatKey, Key: m.Keys[i], Value: m.Values[i], Retention: m.Retentions[i]}
+		if a.Retention == nil {
+			a.Retention = []byte("short")
+		}
+		if m.HasTTLs {
+			a.TTL, a.HasTTL = m.TTLs[i], m.TTLSet[i]
+		}
+		if a.Value == nil {
+			oks[i], reasons[i] = false, "missing_value"
+			continue
+		}
+		oks[i], reasons[i] = cn.s.store.Set(a)
+	}
+	cn.enc.Begin(OpBatchSetAck, 2)
+	cn.enc.Array("accepted", n)
+	for _, ok := range oks {
+		cn.enc.ElemBool(ok)
+	}
+	cn.enc.Array("reasons", n)
+	for _, r := range reasons {
+		if r == "" {
+			cn.enc.ElemNil()
+		} else {
+			cn.enc.ElemStr([]byte(r))
+		}
+	}
+	return cn.send()
+}

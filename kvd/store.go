@@ -1,0 +1,839 @@
+package kvd
+
+import (
+	"encoding/binary"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Retention is an entry's eviction class; RAM evicts none before ephemeral
+// before short before long, and by LRU within a class.
+type Retention uint8
+
+// Retention classes, in eviction order.
+const (
+	RetentionNone Retention = iota
+	RetentionEphemeral
+	RetentionShort
+	RetentionLong
+	numRetentions
+)
+
+var retentionNames = [numRetentions]string{"none", "ephemeral", "short", "long"}
+
+func (r Retention) String() string {
+	if r < numRetentions {
+		return retentionNames[r]
+	}
+	return ""
+}
+
+// Priority is the reference's number for r (0, 10, 50, 100).
+func (r Retention) Priority() int {
+	return [numRetentions]int{0, 10, 50, 100}[r]
+}
+
+// ParseRetention maps a wire name to a Retention.
+func ParseRetention(b []byte) (Retention, bool) {
+	for i := range numRetentions {
+		if string(b) == retentionNames[i] {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// Reasons a set is refused (set_ack / set_commit_response "reason").
+const (
+	ReasonBadRetention      = "bad_retention"
+	ReasonDowngrade         = "retention_downgrade_not_allowed"
+	ReasonDisplaceHigher    = "would_displace_higher_priority"
+	ReasonLargerThanStore   = "value_larger_than_store"
+	ReasonNoArena           = "no_arena"
+	ReasonOversize          = "oversize"
+	ReasonBadSize           = "bad_size"
+	ReasonArenaFull         = "arena_full_no_evictable"
+	ReasonUnknownLease      = "unknown_lease"
+	ReasonWrongOwner        = "wrong_owner"
+	ReasonOversizeCommit    = "oversize_commit"
+	ReasonEmptyKey          = "empty_key"
+	ReasonLongWriteRejected = "long_write_rejected"
+)
+
+// LongStore is the L3 tier below RAM (the tablespace). Keys are opaque
+// (kvd passes its composite namespace+key); Put is durable when it returns;
+// Get returns the not-found error named in StoreOptions.LongNotFound on a
+// miss. Implementations are safe for concurrent use.
+type LongStore interface {
+	Put(key, value []byte) error
+	Get(key, dst []byte) ([]byte, error)
+	Exists(key []byte) bool
+	Delete(key []byte) error
+	Clear() error
+	Len() int
+	UsedBytes() int64
+	Close() error
+}
+
+// StoreOptions configure a Store.
+type StoreOptions struct {
+	// MaxBytes is the RAM budget: the arena plus inline values.
+	MaxBytes int64
+	// Arena, when set, holds values that fit its slot; the rest are inline
+	// within MaxBytes - Arena.Size().
+	Arena *Arena
+	// Long is the optional L3 tier; LongNotFound is its miss error.
+	Long         LongStore
+	LongNotFound error
+	// LongQueue bounds pending long write-throughs (overflow is dropped
+	// and counted); PrefetchQueue bounds pending prefetch keys.
+	LongQueue     int
+	PrefetchQueue int
+	// Now is the clock for TTLs (tests inject one); nil is time.Now.
+	Now func() time.Time
+	Log zerolog.Logger
+}
+
+type entry struct {
+	key        string // composite: u16 len | model | u16 len | compat_key | key
+	nsLen      int    // bytes of key that are the namespace
+	ret        Retention
+	expires    int64 // unix ns; 0 = no TTL
+	slot       int32 // arena slot, -1 = inline
+	length     int
+	inline     []byte // immutable once stored
+	warmed     bool   // inserted by prefetch, not yet read
+	prev, next *entry
+}
+
+type lruList struct{ head, tail *entry }
+
+func (l *lruList) pushFront(e *entry) {
+	e.prev, e.next = nil, l.head
+	if l.head != nil {
+		l.head.prev = e
+	}
+	l.head = e
+	if l.tail == nil {
+		l.tail = e
+	}
+}
+
+func (l *lruList) remove(e *entry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		l.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		l.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}
+
+type lease struct {
+	slot int32
+	size int
+	conn uint64
+}
+
+type prefetchItem struct {
+	key string
+	ttl time.Duration
+}
+
+// Counters is a snapshot of a Store's counters.
+type Counters struct {
+	Entries, ArenaEntries, InlineEntries int64
+	HostBytes, InlineBytes               int64
+	LongBytes, LongEntries               int64
+	Gets, Sets, Hits, Misses, Evictions  int64
+	EvictionsByRetention                 [numRetentions]int64
+	Expired, Rejected                    int64
+	SlotSize, NumSlots, FreeSlots        int64
+	LeasesActive                         int64
+	LeasesCommitted, LeasesCancelled     int64
+	LongWrites, LongWriteErrors          int64
+	LongWritesDropped, LongHits          int64
+	PrefetchHints, PrefetchFetched       int64
+	PrefetchDropped, PrefetchUseful      int64
+	TornReads                            int64
+}
+
+// Store is the RAM tier (L2) over the optional shared arena, with the L3
+// write-through and the prefetch worker. One mutex guards the index, the
+// allocator and the counters; value bytes are copied into arena slots under
+// it, and read out of them without it (seqlock).
+type Store struct {
+	opt   StoreOptions
+	arena *Arena
+	log   zerolog.Logger
+
+	mu           sync.Mutex
+	index        map[string]*entry
+	arenaLRU     [numRetentions]lruList
+	inlineLRU    [numRetentions]lruList
+	slotSize     int
+	numSlots     int
+	free         []int32
+	leases       map[uint64]lease
+	nextLease    uint64
+	inlineBytes  int64
+	inlineBudget int64
+	arenaBytes   int64
+	arenaEntries int64
+	kb           []byte // composite-key scratch, under mu
+	c            Counters
+	closed       bool
+
+	longQ     chan string
+	prefetchQ chan prefetchItem
+	stop      chan struct{}
+	wg        sync.WaitGroup
+}
+
+// NewStore starts a Store (and its L3 workers when Long is set).
+func NewStore(opt StoreOptions) (*Store, error) {
+	if opt.MaxBytes <= 0 {
+		return nil, errors.Join(ErrConfig, errors.New("max bytes must be positive"))
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.LongQueue <= 0 {
+		opt.LongQueue = 1024
+	}
+	if opt.PrefetchQueue <= 0 {
+		opt.PrefetchQueue = 64
+	}
+	s := &Store{opt: opt, arena: opt.Arena, log: opt.Log, index: map[string]*entry{}, leases: map[uint64]lease{}, nextLease: 1, stop: make(chan struct{})}
+	s.inlineBudget = opt.MaxBytes
+	if s.arena != nil {
+		s.inlineBudget = max(opt.MaxBytes-s.arena.Size(), 0)
+	}
+	if opt.Long != nil {
+		s.longQ = make(chan string, opt.LongQueue)
+		s.prefetchQ = make(chan prefetchItem, opt.PrefetchQueue)
+		s.wg.Add(2)
+		go s.longWriter()
+		go s.prefetcher()
+	}
+	return s, nil
+}
+
+// Arena is the store's shared arena (nil without one).
+func (s *Store) Arena() *Arena { return s.arena }
+
+// SlotSize is the arena's slot size (0 until the first put).
+func (s *Store) SlotSize() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.slotSize
+}
+
+// Close stops the workers after the pending long writes are written.
+func (s *Store) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	close(s.stop)
+	if s.longQ != nil {
+		close(s.longQ)
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// Composite builds the store's key for (model, compat_key, key) into dst:
+// each namespace part length-prefixed so no two namespaces collide. It is
+// also the L3 key.
+func Composite(dst, model, compat, key []byte) []byte {
+	dst = binary.BigEndian.AppendUint16(dst[:0], uint16(len(model)))
+	dst = append(dst, model...)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(compat)))
+	dst = append(dst, compat...)
+	return append(dst, key...)
+}
+
+func (s *Store) nowNs() int64 { return s.opt.Now().UnixNano() }
+
+// lookup finds the live entry for the composite key in s.kb, dropping it
+// when its TTL passed. Caller holds mu.
+func (s *Store) lookup(now int64) *entry {
+	e := s.index[string(s.kb)]
+	if e != nil && e.expires != 0 && now >= e.expires {
+		s.removeLocked(e)
+		s.c.Expired++
+		return nil
+	}
+	return e
+}
+
+func (s *Store) list(e *entry) *lruList {
+	if e.slot >= 0 {
+		return &s.arenaLRU[e.ret]
+	}
+	return &s.inlineLRU[e.ret]
+}
+
+// removeLocked drops e from the index and frees its memory.
+func (s *Store) removeLocked(e *entry) {
+	s.list(e).remove(e)
+	delete(s.index, e.key)
+	if e.slot >= 0 {
+		s.free = append(s.free, e.slot)
+		s.arenaBytes -= int64(e.length)
+		s.arenaEntries--
+	} else {
+		s.inlineBytes -= int64(len(e.inline))
+		e.inline = nil
+	}
+}
+
+// evictLocked evicts the least recently used entry of the lowest class up
+// to maxRet from lists; false when there is none.
+func (s *Store) evictLocked(lists *[numRetentions]lruList, maxRet Retention) bool {
+	for r := range maxRet + 1 {
+		if e := lists[r].tail; e != nil {
+			s.removeLocked(e)
+			s.c.Evictions++
+			s.c.EvictionsByRetention[r]++
+			return true
+		}
+	}
+	return false
+}
+
+// initGeometry fixes the slot size from the first value. Caller holds mu.
+func (s *Store) initGeometry(size int) {
+	if s.slotSize != 0 || s.arena == nil {
+		return
+	}
+	ss := (size + HeaderBytes + SlotAlign - 1) / SlotAlign * SlotAlign
+	n := int(s.arena.Size() / int64(ss))
+	if n == 0 {
+		return
+	}
+	s.slotSize, s.numSlots = ss, n
+	s.free = make([]int32, n)
+	for i := range n {
+		s.free[i] = int32(n - 1 - i) // pop from the end: slot 0 first
+	}
+	s.log.Info().Int("slot_size", ss).Int("num_slots", n).Msg("arena slot geometry fixed by the first value")
+}
+
+// allocSlot takes a free slot or evicts an arena entry of class ≤ maxRet.
+func (s *Store) allocSlot(maxRet Retention) (int32, bool) {
+	if len(s.free) == 0 && !s.evictLocked(&s.arenaLRU, maxRet) {
+		return -1, false
+	}
+	slot := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	return slot, true
+}
+
+// SetArgs is one set.
+type SetArgs struct {
+	Model, CompatKey, Key, Value []byte
+	Retention                    []byte // wire name; nil = short
+	TTL                          float64
+	HasTTL                       bool
+}
+
+// Set stores a value. A non-empty reason says why it was refused.
+func (s *Store) Set(a *SetArgs) (bool, string) {
+	ret := RetentionShort
+	if a.Retention != nil {
+		r, ok := ParseRetention(a.Retention)
+		if !ok {
+			return false, ReasonBadRetention
+		}
+		ret = r
+	}
+	if len(a.Key) == 0 {
+		return false, ReasonEmptyKey
+	}
+	var expires int64
+	if a.HasTTL {
+		if a.TTL <= 0 {
+			return true, "" // the reference acks and does not store
+		}
+		expires = s.nowNs() + int64(a.TTL*1e9)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.c.Sets++
+	ok, reason := s.putLocked(a.Model, a.CompatKey, a.Key, a.Value, ret, expires, false)
+	if !ok {
+		s.c.Rejected++
+	}
+	return ok, reason
+}
+
+// putLocked inserts a value; fromL3 marks a promotion (no write-through).
+func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expires int64, fromL3 bool) (bool, string) {
+	now := s.nowNs()
+	s.kb = Composite(s.kb, model, compat, key)
+	old := s.lookup(now)
+	if old != nil && ret < old.ret {
+		return false, ReasonDowngrade
+	}
+	s.initGeometry(len(value))
+	toArena := s.arena != nil && s.slotSize != 0 && len(value)+HeaderBytes <= s.slotSize
+	if !toArena && int64(len(value)) > s.inlineBudget {
+		return false, ReasonLargerThanStore
+	}
+	if old != nil {
+		s.removeLocked(old)
+	}
+	e := &entry{key: string(s.kb), nsLen: 4 + len(model) + len(compat), ret: ret, expires: expires, slot: -1, length: len(value)}
+	if toArena {
+		slot, ok := s.allocSlot(ret)
+		if !ok {
+			return false, ReasonDisplaceHigher
+		}
+		base := int(slot) * s.slotSize
+		beginWrite(s.arena.mem, base)
+		copy(s.arena.mem[base+HeaderBytes:], value)
+		endWrite(s.arena.mem, base, len(value))
+		e.slot = slot
+		s.arenaBytes += int64(len(value))
+		s.arenaEntries++
+	} else {
+		for s.inlineBytes+int64(len(value)) > s.inlineBudget {
+			if !s.evictLocked(&s.inlineLRU, ret) {
+				return false, ReasonDisplaceHigher
+			}
+		}
+		e.inline = append(make([]byte, 0, len(value)), value...)
+		s.inlineBytes += int64(len(value))
+	}
+	s.index[e.key] = e
+	s.list(e).pushFront(e)
+	if ret == RetentionLong && !fromL3 {
+		s.writeThroughLocked(e.key)
+	}
+	return true, ""
+}
+
+func (s *Store) writeThroughLocked(key string) {
+	if s.longQ == nil || s.closed {
+		return
+	}
+	select {
+	case s.longQ <- key:
+	default:
+		s.c.LongWritesDropped++
+	}
+}
+
+// Hit is where a get found its value: an arena slot (Offset, Length,
+// Version) or inline bytes. Inline bytes are immutable and may be kept.
+type Hit struct {
+	Found     bool
+	Arena     bool
+	Offset    int
+	Length    int
+	Version   uint32
+	Inline    []byte
+	Retention Retention
+}
+
+// Get looks a key up in RAM, then in L3 (promoting a hit into RAM). dst is
+// scratch for the L3 read; the returned buffer replaces it.
+func (s *Store) Get(model, compat, key []byte, dst []byte) (Hit, []byte) {
+	h, miss := s.getRAM(model, compat, key)
+	if !miss || s.opt.Long == nil {
+		return h, dst
+	}
+	s.mu.Lock()
+	s.kb = Composite(s.kb, model, compat, key)
+	lk := append([]byte(nil), s.kb...)
+	s.mu.Unlock()
+	v, err := s.opt.Long.Get(lk, dst[:0])
+	if err != nil {
+		if !errors.Is(err, s.opt.LongNotFound) {
+			s.log.Warn().Err(err).Msg("l3 read failed")
+		}
+		s.mu.Lock()
+		s.c.Misses++
+		s.mu.Unlock()
+		return Hit{}, dst
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.c.Hits++
+	s.c.LongHits++
+	if ok, _ := s.putLocked(model, compat, key, v, RetentionLong, 0, true); ok {
+		if e := s.index[string(s.kb)]; e != nil {
+			return s.hitLocked(e), v
+		}
+	}
+	return Hit{Found: true, Inline: v, Length: len(v), Retention: RetentionLong}, v
+}
+
+// getRAM answers from RAM; miss is true when L3 should be asked.
+func (s *Store) getRAM(model, compat, key []byte) (Hit, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.c.Gets++
+	s.kb = Composite(s.kb, model, compat, key)
+	e := s.lookup(s.nowNs())
+	if e == nil {
+		if s.opt.Long == nil {
+			s.c.Misses++
+		}
+		return Hit{}, true
+	}
+	s.c.Hits++
+	if e.warmed {
+		e.warmed = false
+		s.c.PrefetchUseful++
+	}
+	l := s.list(e)
+	l.remove(e)
+	l.pushFront(e)
+	return s.hitLocked(e), false
+}
+
+func (s *Store) hitLocked(e *entry) Hit {
+	h := Hit{Found: true, Length: e.length, Retention: e.ret}
+	if e.slot >= 0 {
+		base := int(e.slot) * s.slotSize
+		h.Arena, h.Offset, h.Version = true, base+HeaderBytes, slotVersion(s.arena.mem, base+HeaderBytes)
+	} else {
+		h.Inline = e.inline
+	}
+	return h
+}
+
+// CopyOut appends an arena hit's bytes to dst after checking the slot was
+// not rewritten meanwhile (false: treat as a miss).
+func (s *Store) CopyOut(h Hit, dst []byte) ([]byte, bool) {
+	n := len(dst)
+	dst = append(dst, s.arena.mem[h.Offset:h.Offset+h.Length]...)
+	if slotVersion(s.arena.mem, h.Offset) != h.Version {
+		s.mu.Lock()
+		s.c.TornReads++
+		s.mu.Unlock()
+		return dst[:n], false
+	}
+	return dst, true
+}
+
+// StillValid says whether an arena hit's slot still holds its value.
+func (s *Store) StillValid(h Hit) bool {
+	return slotVersion(s.arena.mem, h.Offset) == h.Version
+}
+
+// Exists reports presence in RAM or L3 without promoting.
+func (s *Store) Exists(model, compat, key []byte) bool {
+	s.mu.Lock()
+	s.kb = Composite(s.kb, model, compat, key)
+	if s.lookup(s.nowNs()) != nil {
+		s.mu.Unlock()
+		return true
+	}
+	if s.opt.Long == nil {
+		s.mu.Unlock()
+		return false
+	}
+	lk := append([]byte(nil), s.kb...)
+	s.mu.Unlock()
+	return s.opt.Long.Exists(lk)
+}
+
+// Reserve leases an arena slot for a zero-copy write of size bytes; the
+// slot's version stays odd until commit. Without a retention to compare,
+// it evicts the least recently used entry of the lowest class present.
+func (s *Store) Reserve(size int, conn uint64) (token uint64, slot int32, payloadOff, maxSize int, reason string) {
+	if s.arena == nil {
+		return 0, -1, 0, 0, ReasonNoArena
+	}
+	if size <= 0 {
+		return 0, -1, 0, 0, ReasonBadSize
+	}
+	if int64(size) > s.arena.Size() {
+		return 0, -1, 0, 0, ReasonOversize
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initGeometry(size)
+	if s.slotSize == 0 || size+HeaderBytes > s.slotSize {
+		return 0, -1, 0, 0, ReasonOversize
+	}
+	slot, ok := s.allocSlot(RetentionLong)
+	if !ok {
+		return 0, -1, 0, 0, ReasonArenaFull
+	}
+	token = s.nextLease
+	s.nextLease++
+	s.leases[token] = lease{slot: slot, size: size, conn: conn}
+	base := int(slot) * s.slotSize
+	beginWrite(s.arena.mem, base)
+	return token, slot, base + HeaderBytes, s.slotSize - HeaderBytes, ""
+}
+
+// CommitArgs is one set_commit.
+type CommitArgs struct {
+	Token                 uint64
+	Conn                  uint64
+	Model, CompatKey, Key []byte
+	Length                int
+	Retention             []byte // "default" or "" = short
+	TTLSeconds            int64
+}
+
+// Commit publishes a leased slot under a key.
+func (s *Store) Commit(a *CommitArgs) (bool, string) {
+	if s.arena == nil {
+		return false, ReasonNoArena
+	}
+	ret := RetentionShort
+	if len(a.Retention) != 0 && string(a.Retention) != "default" {
+		r, ok := ParseRetention(a.Retention)
+		if !ok {
+			return false, ReasonBadRetention
+		}
+		ret = r
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.leases[a.Token]
+	if !ok {
+		return false, ReasonUnknownLease
+	}
+	if l.conn != a.Conn {
+		return false, ReasonWrongOwner
+	}
+	if a.Length < 0 || a.Length > l.size {
+		return false, ReasonOversizeCommit
+	}
+	if len(a.Key) == 0 {
+		return false, ReasonEmptyKey
+	}
+	s.c.Sets++
+	delete(s.leases, a.Token)
+	base := int(l.slot) * s.slotSize
+	now := s.nowNs()
+	s.kb = Composite(s.kb, a.Model, a.CompatKey, a.Key)
+	old := s.lookup(now)
+	if old != nil && ret < old.ret {
+		s.releaseLocked(l.slot)
+		s.c.LeasesCancelled++
+		s.c.Rejected++
+		return false, ReasonDowngrade
+	}
+	if old != nil {
+		s.removeLocked(old)
+	}
+	endWrite(s.arena.mem, base, a.Length)
+	e := &entry{key: string(s.kb), nsLen: 4 + len(a.Model) + len(a.CompatKey), ret: ret, slot: l.slot, length: a.Length}
+	if a.TTLSeconds > 0 {
+		e.expires = now + a.TTLSeconds*int64(time.Second)
+	}
+	s.index[e.key] = e
+	s.list(e).pushFront(e)
+	s.arenaBytes += int64(a.Length)
+	s.arenaEntries++
+	s.c.LeasesCommitted++
+	if ret == RetentionLong {
+		s.writeThroughLocked(e.key)
+	}
+	return true, ""
+}
+
+// releaseLocked returns a leased slot with an even version again.
+func (s *Store) releaseLocked(slot int32) {
+	base := int(slot) * s.slotSize
+	endWrite(s.arena.mem, base, 0)
+	s.free = append(s.free, slot)
+}
+
+// Cancel drops a lease of conn; unknown or foreign tokens are ignored.
+func (s *Store) Cancel(token, conn uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l, ok := s.leases[token]; ok && l.conn == conn {
+		delete(s.leases, token)
+		s.releaseLocked(l.slot)
+		s.c.LeasesCancelled++
+	}
+}
+
+// CancelConn drops every lease of a closed connection and returns how many.
+func (s *Store) CancelConn(conn uint64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for t, l := range s.leases {
+		if l.conn == conn {
+			delete(s.leases, t)
+			s.releaseLocked(l.slot)
+			s.c.LeasesCancelled++
+			n++
+		}
+	}
+	return n
+}
+
+// Clear drops a namespace's RAM entries, or with both names empty every
+// RAM entry and all of L3. It returns the RAM entries dropped.
+func (s *Store) Clear(model, compat []byte) int {
+	all := len(model) == 0 && len(compat) == 0
+	s.mu.Lock()
+	s.kb = Composite(s.kb, model, compat, nil)
+	n := 0
+	for _, e := range s.index {
+		if all || (e.nsLen == len(s.kb) && e.key[:e.nsLen] == string(s.kb)) {
+			s.removeLocked(e)
+			n++
+		}
+	}
+	s.mu.Unlock()
+	if all && s.opt.Long != nil {
+		if err := s.opt.Long.Clear(); err != nil {
+			s.log.Error().Err(err).Msg("clear l3")
+		}
+	}
+	return n
+}
+
+// Counters returns a snapshot of the counters.
+func (s *Store) Counters() Counters {
+	s.mu.Lock()
+	c := s.c
+	c.Entries = int64(len(s.index))
+	c.ArenaEntries = s.arenaEntries
+	c.InlineEntries = c.Entries - s.arenaEntries
+	c.HostBytes = s.arenaBytes + s.inlineBytes
+	c.InlineBytes = s.inlineBytes
+	c.SlotSize, c.NumSlots, c.FreeSlots = int64(s.slotSize), int64(s.numSlots), int64(len(s.free))
+	c.LeasesActive = int64(len(s.leases))
+	s.mu.Unlock()
+	if s.opt.Long != nil {
+		c.LongBytes = s.opt.Long.UsedBytes()
+		c.LongEntries = int64(s.opt.Long.Len())
+	}
+	return c
+}
+
+// Prefetch queues keys for an L3 → RAM warm-up whose entries live for
+// deadline; keys that do not fit the queue are dropped and counted.
+func (s *Store) Prefetch(model, compat []byte, keys [][]byte, deadline time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.c.PrefetchHints++
+	for _, k := range keys {
+		if s.prefetchQ == nil || s.closed || len(k) == 0 {
+			s.c.PrefetchDropped++
+			continue
+		}
+		s.kb = Composite(s.kb, model, compat, k)
+		if s.index[string(s.kb)] != nil {
+			continue // already warm
+		}
+		select {
+		case s.prefetchQ <- prefetchItem{key: string(s.kb), ttl: deadline}:
+		default:
+			s.c.PrefetchDropped++
+		}
+	}
+}
+
+func (s *Store) prefetcher() {
+	defer s.wg.Done()
+	var buf []byte
+	for {
+		var it prefetchItem
+		select {
+		case <-s.stop:
+			return
+		case it = <-s.prefetchQ:
+		}
+		s.mu.Lock()
+		_, warm := s.index[it.key]
+		s.mu.Unlock()
+		if warm {
+			continue
+		}
+		v, err := s.opt.Long.Get([]byte(it.key), buf[:0])
+		if err != nil {
+			continue
+		}
+		buf = v
+		model, compat, key, ok := splitComposite([]byte(it.key))
+		if !ok {
+			continue
+		}
+		s.mu.Lock()
+		if ok, _ := s.putLocked(model, compat, key, v, RetentionLong, s.nowNs()+int64(max(it.ttl, time.Millisecond)), true); ok {
+			s.c.PrefetchFetched++
+			if e := s.index[it.key]; e != nil {
+				e.warmed = true
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+func splitComposite(k []byte) (model, compat, key []byte, ok bool) {
+	if len(k) < 2 {
+		return nil, nil, nil, false
+	}
+	n := int(binary.BigEndian.Uint16(k))
+	if len(k) < 2+n+2 {
+		return nil, nil, nil, false
+	}
+	model, k = k[2:2+n], k[2+n:]
+	n = int(binary.BigEndian.Uint16(k))
+	if len(k) < 2+n {
+		return nil, nil, nil, false
+	}
+	return model, k[2 : 2+n], k[2+n:], true
+}
+
+// longWriter writes long entries through to L3, reading their bytes from
+// RAM when their turn comes (an entry gone by then is counted as dropped).
+func (s *Store) longWriter() {
+	defer s.wg.Done()
+	var buf []byte
+	for key := range s.longQ {
+		s.mu.Lock()
+		e := s.index[key]
+		if e == nil || e.ret != RetentionLong {
+			s.c.LongWritesDropped++
+			s.mu.Unlock()
+			continue
+		}
+		if e.slot >= 0 {
+			base := int(e.slot) * s.slotSize
+			buf = append(buf[:0], s.arena.mem[base+HeaderBytes:base+HeaderBytes+e.length]...)
+		} else {
+			buf = append(buf[:0], e.inline...)
+		}
+		s.mu.Unlock()
+		err := s.opt.Long.Put([]byte(key), buf)
+		s.mu.Lock()
+		if err != nil {
+			s.c.LongWriteErrors++
+		} else {
+			s.c.LongWrites++
+		}
+		s.mu.Unlock()
+		if err != nil {
+			s.log.Warn().Err(err).Msg("l3 write-through failed")
+		}
+		if cap(buf) > 64<<20 {
+			buf = nil
+		}
+	}
+}
