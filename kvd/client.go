@@ -275,10 +275,14 @@ type Lease struct {
 	Reason         string
 }
 
-// Reserve leases an arena slot for size bytes (Token 0: refused).
+// Reserve leases an arena slot for size bytes (Token 0: refused). It
+// needs the arena mapped.
 func (cl *Client) Reserve(size int) (Lease, error) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
+	if cl.mem == nil {
+		return Lease{}, ErrNoArena
+	}
 	cl.enc.Begin(OpSetReserve, 1)
 	cl.enc.Int("size", int64(size))
 	if err := cl.roundTrip(OpSetReserveResponse); err != nil {
@@ -286,7 +290,7 @@ func (cl *Client) Reserve(size int) (Lease, error) {
 	}
 	m := &cl.msg
 	l := Lease{Token: uint64(m.LeaseToken), SlotID: m.SlotID, PayloadOffset: int(m.PayloadOffset), PayloadMaxSize: int(m.PayloadMaxSize), Reason: string(m.Reason)}
-	if l.Token != 0 && (cl.mem == nil || l.PayloadOffset < HeaderBytes || l.PayloadOffset+l.PayloadMaxSize > len(cl.mem)) {
+	if l.Token != 0 && (l.PayloadOffset < HeaderBytes || l.PayloadOffset+l.PayloadMaxSize > len(cl.mem)) {
 		return l, fmt.Errorf("%w: lease outside the arena", ErrProtocol)
 	}
 	return l, nil

@@ -534,6 +534,14 @@ func (s *Store) StillValid(h Hit) bool {
 	return slotVersion(s.arena.mem, h.Offset) == h.Version
 }
 
+// Resident reports presence in RAM only.
+func (s *Store) Resident(model, compat, key []byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kb = Composite(s.kb, model, compat, key)
+	return s.lookup(s.nowNs()) != nil
+}
+
 // Exists reports presence in RAM or L3 without promoting.
 func (s *Store) Exists(model, compat, key []byte) bool {
 	s.mu.Lock()
