@@ -157,33 +157,34 @@ func (cl *Client) ns(ns Namespace) {
 // Get appends key's value to dst[:0]. Over the arena the bytes are copied
 // straight from the shared slot, checked with its seqlock; a slot rewritten
 // meanwhile reads as a miss.
-func (cl *Client) Get(ns Namespace, key, dst []byte) (val []byte, ret string, ok bool, err error) {
+func (cl *Client) Get(ns Namespace, key, dst []byte) (val []byte, ret Retention, ok bool, err error) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	cl.enc.Begin(OpGet, 3)
 	cl.enc.Bin("key", key)
 	cl.ns(ns)
 	if err := cl.roundTrip(OpGetResponse, OpGetSharedResponse); err != nil {
-		return dst, "", false, err
+		return dst, 0, false, err
 	}
 	m := &cl.msg
+	ret, _ = ParseRetention(m.Retention)
 	if m.Op == OpGetResponse {
 		if !m.HasValue {
-			return dst[:0], "", false, nil
+			return dst[:0], 0, false, nil
 		}
-		return append(dst[:0], m.Value...), string(m.Retention), true, nil
+		return append(dst[:0], m.Value...), ret, true, nil
 	}
 	if cl.mem == nil {
-		return dst, "", false, ErrNoArena
+		return dst, 0, false, ErrNoArena
 	}
 	out, err := ReadSlot(cl.mem, int(m.SlotOffset), int(m.Length), uint32(m.Version), dst)
 	if errors.Is(err, ErrTornRead) {
-		return out[:0], "", false, nil
+		return out[:0], 0, false, nil
 	}
 	if err != nil {
-		return out, "", false, err
+		return out, 0, false, err
 	}
-	return out, string(m.Retention), true, nil
+	return out, ret, true, nil
 }
 
 // SharedRef locates a value in the arena (get_shared_response).
@@ -325,15 +326,18 @@ func (cl *Client) Cancel(token uint64) error {
 	return cl.roundTrip(OpSetCancelResponse)
 }
 
-// Exists reports each key's presence (RAM or L3).
-func (cl *Client) Exists(ns Namespace, keys [][]byte) ([]bool, error) {
+// Exists appends each key's presence (RAM or L3) to dst[:0].
+func (cl *Client) Exists(ns Namespace, keys [][]byte, dst []bool) ([]bool, error) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	cl.keysOp(OpExists, ns, keys, 0)
 	if err := cl.roundTrip(OpExistsResponse); err != nil {
-		return nil, err
+		return dst[:0], err
 	}
-	return append([]bool(nil), cl.msg.Present...), nil
+	if len(cl.msg.Present) != len(keys) {
+		return dst[:0], fmt.Errorf("%w: %d answers for %d keys", ErrProtocol, len(cl.msg.Present), len(keys))
+	}
+	return append(dst[:0], cl.msg.Present...), nil
 }
 
 func (cl *Client) keysOp(op Op, ns Namespace, keys [][]byte, extra int) {

@@ -226,3 +226,25 @@ func TestStoreGetHitDoesNotAllocate(t *testing.T) {
 		t.Fatalf("get allocates %v", n)
 	}
 }
+
+// TestArenaGetDoesNotAllocate: a zero-copy get through the client and the
+// daemon (both in this process) allocates nothing once warmed.
+func TestArenaGetDoesNotAllocate(t *testing.T) {
+	d := startDaemon(t, daemonOpts{arenaBytes: 1 << 20})
+	c := dial(t, d, ClientOptions{SharedArena: true})
+	k := key(1)
+	c.Set(ns, k, value(1, 4096), SetOptions{})
+	dst := make([]byte, 0, 4096)
+	keys := [][]byte{k}
+	var present []bool
+	if n := testing.AllocsPerRun(200, func() {
+		var ok bool
+		dst, _, ok, _ = c.Get(ns, k, dst)
+		present, _ = c.Exists(ns, keys, present)
+		if !ok || !present[0] {
+			t.Fatal("miss")
+		}
+	}); n != 0 {
+		t.Fatalf("get + exists round trips allocate %v", n)
+	}
+}

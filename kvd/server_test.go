@@ -72,7 +72,7 @@ func TestGoClientArenaRoundTrip(t *testing.T) {
 		t.Fatalf("set: %v %q %v", ok, reason, err)
 	}
 	got, ret, ok, err := c.Get(ns, key(1), nil)
-	if err != nil || !ok || !bytes.Equal(got, v) || ret != "short" {
+	if err != nil || !ok || !bytes.Equal(got, v) || ret != RetentionShort {
 		t.Fatalf("get: ok=%v ret=%q err=%v equal=%v", ok, ret, err, bytes.Equal(got, v))
 	}
 	ref, ok, err := c.GetRef(ns, key(1))
@@ -105,7 +105,7 @@ func TestGoClientArenaRoundTrip(t *testing.T) {
 	if ok, reason, err := c.Commit(l.Token, ns, key(4), len(lv), SetOptions{Retention: "long"}); err != nil || !ok {
 		t.Fatalf("commit: %v %q %v", ok, reason, err)
 	}
-	if got, ret, ok, _ := c.Get(ns, key(4), nil); !ok || !bytes.Equal(got, lv) || ret != "long" {
+	if got, ret, ok, _ := c.Get(ns, key(4), nil); !ok || !bytes.Equal(got, lv) || ret != RetentionLong {
 		t.Fatalf("get after commit: %v %q", ok, ret)
 	}
 	if ok, reason, _ := c.Commit(l.Token, ns, key(5), 10, SetOptions{}); ok || reason != ReasonUnknownLease {
@@ -129,7 +129,7 @@ func TestGoClientArenaRoundTrip(t *testing.T) {
 	if err != nil || !bytes.Equal(vals[0], lv) || vals[1] != nil || !bytes.Equal(vals[2], value(9, 4000)) {
 		t.Fatalf("batch get: %v", err)
 	}
-	present, err := c.Exists(ns, [][]byte{key(1), key(77), key(4)})
+	present, err := c.Exists(ns, [][]byte{key(1), key(77), key(4)}, nil)
 	if err != nil || !present[0] || present[1] || !present[2] {
 		t.Fatalf("exists: %v %v", present, err)
 	}
@@ -166,7 +166,7 @@ func TestInlineClientAndBatch(t *testing.T) {
 	if got[3] != nil {
 		t.Fatal("miss returned a value")
 	}
-	if v, ret, ok, _ := c.Get(ns, key(1), nil); !ok || !bytes.Equal(v, vals[0]) || ret != "ephemeral" {
+	if v, ret, ok, _ := c.Get(ns, key(1), nil); !ok || !bytes.Equal(v, vals[0]) || ret != RetentionEphemeral {
 		t.Fatal("inline get over an arena entry")
 	}
 	// An arena client sees inline-only entries as batch misses, and gets

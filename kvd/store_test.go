@@ -254,14 +254,14 @@ func TestLongWriteThroughPromotionPrefetch(t *testing.T) {
 	if d.store.Counters().Entries != 4 {
 		t.Fatal("arena not full")
 	}
-	if p, _ := c.Exists(ns, [][]byte{key(1), key(2)}); !p[0] || p[1] {
+	if p, _ := c.Exists(ns, [][]byte{key(1), key(2)}, nil); !p[0] || p[1] {
 		t.Fatalf("exists across tiers %v", p)
 	}
 	if d.store.Counters().LongHits != 0 {
 		t.Fatal("exists promoted")
 	}
 	got, ret, ok, err := c.Get(ns, key(1), nil)
-	if err != nil || !ok || !bytes.Equal(got, v) || ret != "long" {
+	if err != nil || !ok || !bytes.Equal(got, v) || ret != RetentionLong {
 		t.Fatalf("l3 get: %v %q %v", ok, ret, err)
 	}
 	if cn := d.store.Counters(); cn.LongHits != 1 || cn.Entries != 4 {

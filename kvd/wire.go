@@ -176,11 +176,16 @@ func (m *Message) reset() {
 // payload. A zero length or one above max wraps ErrBadFrame or
 // ErrFrameTooLarge.
 func ReadFrame(r io.Reader, buf []byte, max int) ([]byte, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+	if cap(buf) < 4 {
+		buf = make([]byte, 4, 512)
+	}
+	// The header is read into buf itself: a local array would escape
+	// through the io.Reader interface and cost an allocation per frame.
+	hdr := buf[:4]
+	if _, err := io.ReadFull(r, hdr); err != nil {
 		return buf[:0], err
 	}
-	n := binary.BigEndian.Uint32(hdr[:])
+	n := binary.BigEndian.Uint32(hdr)
 	if n == 0 {
 		return buf[:0], fmt.Errorf("%w: zero-length frame", ErrBadFrame)
 	}
