@@ -62,6 +62,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			simCommand(),
 			benchCommand(),
 			tokenizeCommand(),
+			kvdCommand(),
 			versionCommand(),
 		},
 	}

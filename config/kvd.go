@@ -1,0 +1,146 @@
+package config
+
+import (
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+// KVD configures `infera kvd`, the per-host KV-cache daemon (DESIGN §9).
+// Sizes are parsed from strings with ParseBytes; the typed fields below
+// hold the results after Validate.
+type KVD struct {
+	Log Log
+
+	Socket        string
+	AdminListen   string
+	AllowUIDs     []int
+	MaxBytesText  string
+	ArenaText     string
+	MaxFrameText  string
+	ArenaHugetlb  bool
+	ArenaMlock    bool
+	PrefetchQueue int
+	LongQueue     int
+
+	MaxBytes      int64 // RAM budget: the arena plus inline values
+	ArenaBytes    int64 // 0: no shared arena
+	MaxFrameBytes int64
+
+	allowUIDText []string
+}
+
+// DefaultKVDSocket is where engines' connectors look for kvd.
+const DefaultKVDSocket = "/run/infera/kvd.sock"
+
+// Flags returns the kvd flags, binding each to its field.
+func (k *KVD) Flags() []cli.Flag {
+	return append(k.Log.Flags(),
+		String("socket", "Unix socket the daemon listens on (created 0600; a stale socket is replaced)", &k.Socket, DefaultKVDSocket),
+		String("admin-listen", "host:port of the Prometheus /metrics and /health endpoint (empty = none)", &k.AdminListen, "127.0.0.1:9478"),
+		StringSlice("allow-uid", "peer uids allowed on the socket (SO_PEERCRED), comma-separated; unset = the daemon's own uid and root", nil),
+		String("max-bytes", "host-RAM budget (L2): the shared arena plus values kept inline, e.g. 64GiB", &k.MaxBytesText, "4GiB"),
+		String("shared-arena-bytes", "size of the memfd arena shared with engines (zero-copy reads): auto (= --max-bytes), a size, or 0 for none", &k.ArenaText, "auto"),
+		Bool("arena-hugetlb", "back the arena with 2 MiB huge pages (falls back to normal pages when none are reserved)", &k.ArenaHugetlb, false),
+		Bool("arena-mlock", "lock the arena in RAM (falls back to unlocked memory when RLIMIT_MEMLOCK is too low)", &k.ArenaMlock, true),
+		String("max-frame-bytes", "largest request frame accepted; a longer one closes its connection", &k.MaxFrameText, "1GiB"),
+		Int("prefetch-queue", "pending prefetch_hint keys; more are dropped and counted", &k.PrefetchQueue, 64),
+		Int("long-write-queue", "pending write-throughs of long entries to L3; more are dropped and counted", &k.LongQueue, 1024),
+	)
+}
+
+// Finish copies slice flags out of the parsed command line.
+func (k *KVD) Finish(c *cli.Context) {
+	k.allowUIDText = SplitList(c.StringSlice("allow-uid"))
+}
+
+// Validate parses the sizes and reports every problem at once.
+func (k *KVD) Validate() error {
+	var p Problems
+	k.Log.Validate(&p)
+	if k.Socket == "" || !strings.HasPrefix(k.Socket, "/") || len(k.Socket) > 107 {
+		p.Addf("--socket %q: want an absolute path of at most 107 bytes", k.Socket)
+	}
+	if k.AdminListen != "" {
+		if err := serveCheckListen(k.AdminListen); err != "" {
+			p.Addf("--admin-listen %q: %s", k.AdminListen, err)
+		}
+	}
+	k.AllowUIDs = k.AllowUIDs[:0]
+	for _, s := range k.allowUIDText {
+		uid, err := strconv.ParseUint(s, 10, 32)
+		if err != nil {
+			p.Addf("--allow-uid %q: want a numeric uid", s)
+			continue
+		}
+		k.AllowUIDs = append(k.AllowUIDs, int(uid))
+	}
+	var err error
+	if k.MaxBytes, err = ParseBytes(k.MaxBytesText); err != nil || k.MaxBytes <= 0 {
+		p.Addf("--max-bytes %q: want a positive size such as 64GiB", k.MaxBytesText)
+	}
+	switch {
+	case k.ArenaText == "auto":
+		k.ArenaBytes = k.MaxBytes
+	default:
+		if k.ArenaBytes, err = ParseBytes(k.ArenaText); err != nil {
+			p.Addf("--shared-arena-bytes %q: want auto, 0 or a size", k.ArenaText)
+		} else if k.ArenaBytes > k.MaxBytes {
+			p.Addf("--shared-arena-bytes %s exceeds --max-bytes %s", k.ArenaText, k.MaxBytesText)
+		} else if k.ArenaBytes > 0 && k.ArenaBytes < 1<<20 {
+			p.Addf("--shared-arena-bytes %s: at least 1MiB (or 0 for none)", k.ArenaText)
+		}
+	}
+	if k.MaxFrameBytes, err = ParseBytes(k.MaxFrameText); err != nil || k.MaxFrameBytes < 1024 || k.MaxFrameBytes > math.MaxUint32 {
+		p.Addf("--max-frame-bytes %q: want a size from 1KiB to 4GiB", k.MaxFrameText)
+	}
+	if k.PrefetchQueue < 1 {
+		p.Addf("--prefetch-queue must be at least 1")
+	}
+	if k.LongQueue < 1 {
+		p.Addf("--long-write-queue must be at least 1")
+	}
+	return p.Err()
+}
+
+// KVDStat configures `infera kvd stat`.
+type KVDStat struct {
+	Socket string
+	JSON   bool
+}
+
+// Flags returns the stat flags.
+func (s *KVDStat) Flags() []cli.Flag {
+	return []cli.Flag{
+		String("socket", "Unix socket of the daemon", &s.Socket, DefaultKVDSocket),
+		Bool("json", "print the counters as one JSON object", &s.JSON, false),
+	}
+}
+
+// ParseBytes parses a size: a number of bytes with an optional binary
+// (KiB, MiB, GiB, TiB, or K, M, G, T) or decimal (KB, MB, GB, TB) suffix.
+func ParseBytes(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   float64
+	}{
+		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1},
+	}
+	mult := 1.0
+	for _, u := range units {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || f < 0 || math.IsInf(f, 0) || f*mult > math.MaxInt64 {
+		return 0, ErrInvalid
+	}
+	return int64(f * mult), nil
+}
