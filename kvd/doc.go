@@ -1,0 +1,35 @@
+// Package kvd is `infera kvd`, the per-host KV-cache daemon below the
+// engines' GPU prefix caches (DESIGN §9; wire facts in
+// shared/protocols/kvd.md §8.3–8.4), and its Go client.
+//
+// It owns:
+//   - the wire protocol: frames of a 4-byte big-endian length and a msgpack
+//     map with "op" and every field (Decoder, Encoder, Message), decoded
+//     without reflection or allocation on vmihailenco/msgpack's streaming
+//     primitives, byte fields aliasing the frame;
+//   - the L2 shared arena (Arena): a memfd mapped MAP_SHARED and passed to
+//     clients after hello_ack with SCM_RIGHTS and a one-byte "F" marker;
+//     slots of roundup(first value + 16, 64) bytes, each with a 16-byte
+//     little-endian header (version u32, even = stable, odd = being
+//     written; length u32; 8 reserved bytes) read with a seqlock;
+//   - the RAM store (Store): index by (model, compat_key, key), eviction
+//     that respects retention (none < ephemeral < short < long, then LRU,
+//     never displacing a higher class), TTLs, retention-downgrade refusal,
+//     leases for zero-copy writes, and, over an optional L3 LongStore (the
+//     tablespace), asynchronous write-through of long entries, promotion of
+//     L3 hits, and the bounded prefetch queue;
+//   - the Unix-socket server (Server, Listen): socket created 0600, stale
+//     socket replaced, peer uids checked with SO_PEERCRED, "no-hello" mode,
+//     leases cancelled with their connection, a frame size limit, and an
+//     undecodable frame closing only its own connection; Prometheus metrics
+//     (AdminHandler);
+//   - the client (Client), used by tests, `infera kvd stat` and the router.
+//
+// Concurrency: a Store is safe for concurrent use; one mutex guards its
+// index, allocator and counters, values are copied into slots under it and
+// read out of them without it (seqlock: a reader checks the version before
+// and after). A Server runs one goroutine per connection; each connection
+// owns its Decoder, Encoder and buffers. A Client serializes its requests.
+// The L3 write-through and prefetch workers are the Store's; Close stops
+// them after the pending write-throughs are written.
+package kvd
