@@ -23,7 +23,8 @@
 //     leases cancelled with their connection, a frame size limit, and an
 //     undecodable frame closing only its own connection; Prometheus metrics
 //     (AdminHandler);
-//   - the client (Client), used by tests, `infera kvd stat` and the router.
+//   - the client (Client), used by tests and `infera kvd stat` (and meant
+//     for the router's prewarm).
 //
 // Concurrency: a Store is safe for concurrent use; one mutex guards its
 // index, allocator and counters, values are copied into slots under it and
