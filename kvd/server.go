@@ -339,7 +339,7 @@ func (m *Message) TTL64() int64 {
 	if !m.HasTTL || m.TTL <= 0 {
 		return 0
 	}
-	return int64(min(m.TTL, 1<<40))
+	return int64(min(m.TTL, maxTTLSeconds))
 }
 
 func truncate(s string, n int) string {

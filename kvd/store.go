@@ -97,6 +97,9 @@ type StoreOptions struct {
 	Log zerolog.Logger
 }
 
+// maxTTLSeconds caps a TTL (about 100 years) so expiry times cannot overflow.
+const maxTTLSeconds = 100 * 365 * 24 * 3600
+
 type entry struct {
 	key        string // composite: u16 len | model | u16 len | compat_key | key
 	nsLen      int    // bytes of key that are the namespace
@@ -366,7 +369,7 @@ func (s *Store) Set(a *SetArgs) (bool, string) {
 		if a.TTL <= 0 {
 			return true, "" // the reference acks and does not store
 		}
-		expires = s.nowNs() + int64(a.TTL*1e9)
+		expires = s.nowNs() + int64(min(a.TTL, maxTTLSeconds)*1e9)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -515,23 +518,17 @@ func (s *Store) hitLocked(e *entry) Hit {
 	return h
 }
 
-// CopyOut appends an arena hit's bytes to dst after checking the slot was
-// not rewritten meanwhile (false: treat as a miss).
-func (s *Store) CopyOut(h Hit, dst []byte) ([]byte, bool) {
-	n := len(dst)
-	dst = append(dst, s.arena.mem[h.Offset:h.Offset+h.Length]...)
-	if slotVersion(s.arena.mem, h.Offset) != h.Version {
-		s.mu.Lock()
-		s.c.TornReads++
-		s.mu.Unlock()
-		return dst[:n], false
-	}
-	return dst, true
-}
-
-// StillValid says whether an arena hit's slot still holds its value.
+// StillValid says whether an arena hit's slot still holds its value; a
+// copy made from the slot is only good if it does afterwards. A false
+// answer is counted as a torn read.
 func (s *Store) StillValid(h Hit) bool {
-	return slotVersion(s.arena.mem, h.Offset) == h.Version
+	if slotVersion(s.arena.mem, h.Offset) == h.Version {
+		return true
+	}
+	s.mu.Lock()
+	s.c.TornReads++
+	s.mu.Unlock()
+	return false
 }
 
 // Resident reports presence in RAM only.
@@ -646,7 +643,7 @@ func (s *Store) Commit(a *CommitArgs) (bool, string) {
 	endWrite(s.arena.mem, base, a.Length)
 	e := &entry{key: string(s.kb), nsLen: 4 + len(a.Model) + len(a.CompatKey), ret: ret, slot: l.slot, length: a.Length}
 	if a.TTLSeconds > 0 {
-		e.expires = now + a.TTLSeconds*int64(time.Second)
+		e.expires = now + min(a.TTLSeconds, maxTTLSeconds)*int64(time.Second)
 	}
 	s.index[e.key] = e
 	s.list(e).pushFront(e)

@@ -307,3 +307,13 @@ func TestPrefetchQueueBounded(t *testing.T) {
 		t.Fatalf("dropped %d of 1000 with a 64-key queue", c.PrefetchDropped)
 	}
 }
+
+func TestHugeTTLDoesNotOverflow(t *testing.T) {
+	s := newTestStore(t, 64*1024, 64*1024, nil, nil)
+	s.Set(&SetArgs{Key: key(1), Value: value(1, 10), TTL: 1e300, HasTTL: true})
+	tok, _, _, _, _ := s.Reserve(10, 1)
+	s.Commit(&CommitArgs{Token: tok, Conn: 1, Key: key(2), Length: 10, TTLSeconds: 1 << 62})
+	if !s.Exists(nil, nil, key(1)) || !s.Exists(nil, nil, key(2)) {
+		t.Fatal("an entry with a huge TTL expired at once")
+	}
+}
