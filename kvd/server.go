@@ -202,6 +202,9 @@ func (s *Server) handle(c *net.UnixConn) {
 			return
 		}
 		if err := cn.dispatch(); err != nil {
+			if errors.Is(err, errBadRequest) {
+				s.BadFrames.Add(1)
+			}
 			if !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
 				s.log.Debug().Err(err).Msg("closing connection")
 			}
