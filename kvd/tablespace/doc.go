@@ -19,6 +19,8 @@
 // DEL record is made durable before the slot is overwritten) → write and sync
 // the data → append and sync the journal record → update the index. A slot is
 // returned to the free set only after the record that orphaned it is durable.
+// An overwrite goes to a fresh slot (the old copy stays valid until the new
+// one is durable), so overwriting in a full tablespace evicts the LRU entry.
 // With Config.GroupCommit, concurrent writers share data and journal syncs.
 // Recovery = snapshot + replay of the journal of the same epoch; a torn or
 // corrupt tail is cut at the last whole record.
