@@ -652,15 +652,7 @@ func (s *shard) snapshot(force bool) error {
 func (s *shard) writeSnapshot() error {
 	s.mu.Lock()
 	epoch := s.epoch + 1
-	buf := encodeSnapshot(make([]byte, 0, snapHeaderSize+4+s.live*(snapEntryFixed+32)), epoch, s.nextSeq, s.g, s.live,
-		func(yield func(*record)) {
-			var r record
-			for sl := s.tail; sl >= 0; sl = s.slots[sl].prev {
-				m := &s.slots[sl]
-				r.seq, r.slot, r.vlen, r.key = m.seq, sl, m.vlen, m.key
-				yield(&r)
-			}
-		})
+	buf := s.encodeSnapshotLocked(epoch)
 	s.mu.Unlock()
 	if err := writeFileAtomic(s.dir, "snapshot.bin", buf); err != nil {
 		return fmt.Errorf("write snapshot: %w", err)
@@ -678,6 +670,19 @@ func (s *shard) writeSnapshot() error {
 	s.jf, s.jsize, s.epoch = jf, journalHeaderSize, epoch
 	s.t.st.snapshots.Add(1)
 	return nil
+}
+
+// encodeSnapshotLocked serializes the index, LRU order oldest first.
+func (s *shard) encodeSnapshotLocked(epoch uint64) []byte {
+	b := make([]byte, 0, snapHeaderSize+4+s.live*(snapEntryFixed+32))
+	return encodeSnapshot(b, epoch, s.nextSeq, s.g, s.live, func(yield func(*record)) {
+		var r record
+		for sl := s.tail; sl >= 0; sl = s.slots[sl].prev {
+			m := &s.slots[sl]
+			r.seq, r.slot, r.vlen, r.key = m.seq, sl, m.vlen, m.key
+			yield(&r)
+		}
+	})
 }
 
 func writeFileAtomic(dir, name string, data []byte) error {

@@ -313,6 +313,14 @@ func checkInvariants(t *testing.T, ts *Tablespace) {
 	t.Helper()
 	for _, s := range ts.shards {
 		s.mu.Lock()
+		checkShard(t, s)
+		s.mu.Unlock()
+	}
+}
+
+func checkShard(t testing.TB, s *shard) {
+	t.Helper()
+	{
 		n, bytes := 0, int64(0)
 		for sl := s.head; sl >= 0; sl = s.slots[sl].next {
 			m := &s.slots[sl]
@@ -331,7 +339,6 @@ func checkInvariants(t *testing.T, ts *Tablespace) {
 				t.Errorf("slot %d bitset %v state %d", sl, bit, s.slots[sl].state)
 			}
 		}
-		s.mu.Unlock()
 	}
 }
 
