@@ -492,6 +492,12 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 	return dst[:0], ErrNotFound
 }
 
+func (s *shard) journalBytes() int64 {
+	s.jmu.Lock()
+	defer s.jmu.Unlock()
+	return s.jsize
+}
+
 func (s *shard) exists(key []byte) bool {
 	s.mu.Lock()
 	_, ok := s.index[string(key)]
@@ -603,6 +609,12 @@ func (s *shard) flushLocked() {
 		s.jbuf, s.jpend = s.jbuf[:0], s.jpend[:0]
 	} else {
 		s.jsize += int64(len(data))
+		if s.jsize > s.t.cfg.JournalCompactBytes {
+			select {
+			case s.t.compact <- struct{}{}:
+			default:
+			}
+		}
 		s.durable += uint64(take)
 		s.done += uint64(take)
 		s.jbuf = s.jbuf[:copy(s.jbuf, s.jbuf[len(data):])]

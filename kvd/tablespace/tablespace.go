@@ -42,6 +42,8 @@ const (
 const (
 	DefaultSlotBytes      = 1 << 20
 	DefaultContainerBytes = 1 << 30
+	// DefaultJournalCompactBytes is Config.JournalCompactBytes's default.
+	DefaultJournalCompactBytes = 64 << 20
 )
 
 // Config configures a Tablespace.
@@ -52,8 +54,11 @@ type Config struct {
 	ContainerBytes   int64         // container file size (default 1 GiB)
 	DirectIO         DirectIO      // auto (default), on, off
 	GroupCommit      bool          // share data/journal syncs between concurrent writers
-	SnapshotInterval time.Duration // periodic snapshot; 0 = only on Close and after recovery
-	Logger           zerolog.Logger
+	SnapshotInterval time.Duration // periodic snapshot; 0 = only on Close, after recovery and by journal size
+	// JournalCompactBytes: a journal grown past this is compacted into a
+	// snapshot in the background (default 64 MiB).
+	JournalCompactBytes int64
+	Logger              zerolog.Logger
 	// OnEvict, when set, is called with the key of an LRU victim just before
 	// its removal is journalled (the entry is no longer served). It runs on
 	// the writer's goroutine and must be fast; the key must not be retained.
@@ -69,6 +74,9 @@ func (c *Config) normalize() error {
 	}
 	if c.DirectIO == "" {
 		c.DirectIO = DirectAuto
+	}
+	if c.JournalCompactBytes == 0 {
+		c.JournalCompactBytes = DefaultJournalCompactBytes
 	}
 	var errs []error
 	if len(c.Paths) == 0 {
@@ -98,8 +106,8 @@ func (c *Config) normalize() error {
 	default:
 		errs = append(errs, fmt.Errorf("direct io %q: want auto, on or off", c.DirectIO))
 	}
-	if c.SnapshotInterval < 0 {
-		errs = append(errs, errors.New("negative snapshot interval"))
+	if c.SnapshotInterval < 0 || c.JournalCompactBytes < 0 {
+		errs = append(errs, errors.New("negative snapshot interval or journal compact bytes"))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
@@ -134,10 +142,11 @@ type Tablespace struct {
 	st     counters
 	direct bool
 
-	closed atomic.Bool
-	bufs   sync.Pool
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	closed  atomic.Bool
+	bufs    sync.Pool
+	stop    chan struct{}
+	compact chan struct{} // a journal outgrew JournalCompactBytes
+	wg      sync.WaitGroup
 }
 
 // Open creates or recovers the tablespace described by cfg.
@@ -145,7 +154,7 @@ func Open(cfg Config) (*Tablespace, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	t := &Tablespace{cfg: cfg, log: cfg.Logger, stop: make(chan struct{})}
+	t := &Tablespace{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), compact: make(chan struct{}, 1)}
 	per := cfg.Bytes / int64(len(cfg.Paths))
 	for i, p := range cfg.Paths {
 		s, err := openShard(t, p, per)
@@ -158,26 +167,34 @@ func Open(cfg Config) (*Tablespace, error) {
 		t.shards = append(t.shards, s)
 	}
 	t.direct = t.shards[0].direct
-	if cfg.SnapshotInterval > 0 {
-		t.wg.Add(1)
-		go t.snapshotLoop(cfg.SnapshotInterval)
-	}
+	t.wg.Add(1)
+	go t.snapshotLoop(cfg.SnapshotInterval)
 	return t, nil
 }
 
 func (t *Tablespace) snapshotLoop(every time.Duration) {
 	defer t.wg.Done()
-	tk := time.NewTicker(every)
-	defer tk.Stop()
+	var tick <-chan time.Time
+	if every > 0 {
+		tk := time.NewTicker(every)
+		defer tk.Stop()
+		tick = tk.C
+	}
 	for {
+		var bySize bool
 		select {
 		case <-t.stop:
 			return
-		case <-tk.C:
-			for _, s := range t.shards {
-				if err := s.snapshot(false); err != nil {
-					t.log.Error().Err(err).Str("path", s.dir).Msg("tablespace periodic snapshot failed")
-				}
+		case <-tick:
+		case <-t.compact:
+			bySize = true
+		}
+		for _, s := range t.shards {
+			if bySize && s.journalBytes() <= t.cfg.JournalCompactBytes {
+				continue
+			}
+			if err := s.snapshot(false); err != nil {
+				t.log.Error().Err(err).Str("path", s.dir).Msg("tablespace periodic snapshot failed")
 			}
 		}
 	}

@@ -407,3 +407,24 @@ func TestPeriodicSnapshot(t *testing.T) {
 	mustGet(t, ts, "a", val("a", 1))
 	mustGet(t, ts, "b", val("b", 1))
 }
+
+func TestJournalCompactsBySize(t *testing.T) {
+	cfg := testConfig(t.TempDir(), 8)
+	cfg.JournalCompactBytes = 200 // a few records
+	ts := mustOpen(t, cfg)
+	for i := 0; ts.Stats().Snapshots < 2; i++ { // one snapshot is Open's; wait for a size-triggered one
+		if err := ts.Put([]byte("a"), val("a", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ts.Put([]byte("b"), val("b", 1)); err != nil {
+		t.Fatal(err)
+	}
+	crash(ts)
+	ts = mustOpen(t, cfg)
+	defer ts.Close()
+	if ts.Len() != 2 || !ts.Exists([]byte("a")) {
+		t.Fatalf("len %d", ts.Len())
+	}
+	mustGet(t, ts, "b", val("b", 1))
+}
