@@ -277,6 +277,11 @@ func TestConcurrentMixed(t *testing.T) {
 	cfg.GroupCommit = true
 	ts := mustOpen(t, cfg)
 	defer ts.Close()
+	for i := range 40 { // more keys than slots: evictions are certain
+		if k := fmt.Sprintf("k%d", i); ts.Put([]byte(k), val(k, i)) != nil {
+			t.Fatal("prefill put failed")
+		}
+	}
 	var wg sync.WaitGroup
 	for g := range 6 {
 		wg.Add(1)
