@@ -10,9 +10,11 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func crc(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
-// Slot header, little-endian:
+// A slot holds the value first (so an aligned read lands it at offset 0 of
+// the caller's buffer), then a 32-byte header, then the key. Header,
+// little-endian:
 //
-//	[0:4] magic  [4:8] crc32c of [8:32]+key+value  [8:16] seq  [16:20] value len
+//	[0:4] magic  [4:8] crc32c of value+[8:32]+key  [8:16] seq  [16:20] value len
 //	[20:22] key len  [22:32] zero
 const (
 	slotHeaderSize = 32
@@ -20,35 +22,45 @@ const (
 )
 
 func encodeSlot(buf []byte, seq uint64, key, val []byte) int {
-	n := slotHeaderSize + len(key) + len(val)
-	h := buf[:slotHeaderSize]
+	vl := len(val)
+	n := vl + slotHeaderSize + len(key)
+	copy(buf, val)
+	h := buf[vl : vl+slotHeaderSize]
 	binary.LittleEndian.PutUint32(h[0:], slotMagic)
 	binary.LittleEndian.PutUint64(h[8:], seq)
-	binary.LittleEndian.PutUint32(h[16:], uint32(len(val)))
+	binary.LittleEndian.PutUint32(h[16:], uint32(vl))
 	binary.LittleEndian.PutUint16(h[20:], uint16(len(key)))
 	clear(h[22:32])
-	copy(buf[slotHeaderSize:], key)
-	copy(buf[slotHeaderSize+len(key):], val)
-	binary.LittleEndian.PutUint32(h[4:], crc(buf[8:n]))
+	copy(buf[vl+slotHeaderSize:], key)
+	binary.LittleEndian.PutUint32(h[4:], crc32.Update(crc(buf[:vl]), castagnoli, buf[vl+8:n]))
 	return n
 }
 
 // verifySlot returns the value inside buf when buf is the slot written for
 // (seq, key, vlen).
 func verifySlot(buf []byte, seq uint64, key []byte, vlen int) ([]byte, bool) {
-	n := slotHeaderSize + len(key) + vlen
+	if len(buf) < vlen {
+		return nil, false
+	}
+	return verifySlotCRC(buf, seq, key, vlen, crc(buf[:vlen]))
+}
+
+// verifySlotCRC is verifySlot with the CRC-32C of buf[:vlen] already known.
+func verifySlotCRC(buf []byte, seq uint64, key []byte, vlen int, valueCRC uint32) ([]byte, bool) {
+	n := vlen + slotHeaderSize + len(key)
 	if len(buf) < n {
 		return nil, false
 	}
-	if binary.LittleEndian.Uint32(buf[0:]) != slotMagic ||
-		binary.LittleEndian.Uint64(buf[8:]) != seq ||
-		binary.LittleEndian.Uint32(buf[16:]) != uint32(vlen) ||
-		binary.LittleEndian.Uint16(buf[20:]) != uint16(len(key)) ||
-		string(buf[slotHeaderSize:slotHeaderSize+len(key)]) != string(key) ||
-		binary.LittleEndian.Uint32(buf[4:]) != crc(buf[8:n]) {
+	h := buf[vlen:n]
+	if binary.LittleEndian.Uint32(h[0:]) != slotMagic ||
+		binary.LittleEndian.Uint64(h[8:]) != seq ||
+		binary.LittleEndian.Uint32(h[16:]) != uint32(vlen) ||
+		binary.LittleEndian.Uint16(h[20:]) != uint16(len(key)) ||
+		string(h[slotHeaderSize:]) != string(key) ||
+		binary.LittleEndian.Uint32(h[4:]) != crc32.Update(valueCRC, castagnoli, h[8:]) {
 		return nil, false
 	}
-	return buf[slotHeaderSize+len(key) : n], true
+	return buf[:vlen], true
 }
 
 // Journal file: a 32-byte header then records.

@@ -462,12 +462,24 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 	seq, vlen := s.slots[sl].seq, int(s.slots[sl].vlen)
 	s.touchLocked(sl)
 	s.mu.Unlock()
-	n := slotHeaderSize + len(key) + vlen
+	n := vlen + slotHeaderSize + len(key)
 	if s.direct {
 		n = alignUp(n)
 	}
-	bp := s.t.getBuf()
 	c, off := s.locate(sl)
+	// In place when dst can take the aligned read (see ReadBuffer).
+	if cap(dst) >= n && (!s.direct || uintptrOf(dst[:1])%ioAlign == 0) {
+		buf := dst[:n]
+		err := preadFull(s.fds[c], buf, off)
+		if err == nil {
+			if v, ok := verifySlot(buf, seq, key, vlen); ok {
+				s.t.st.bytesRead.Add(uint64(n))
+				return v, nil
+			}
+		}
+		return s.readFailed(key, sl, seq, err, dst)
+	}
+	bp := s.t.getBuf()
 	err := preadFull(s.fds[c], (*bp)[:n], off)
 	if err == nil {
 		if v, ok := verifySlot((*bp)[:n], seq, key, vlen); ok {
@@ -478,6 +490,10 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 		}
 	}
 	s.t.putBuf(bp)
+	return s.readFailed(key, sl, seq, err, dst)
+}
+
+func (s *shard) readFailed(key []byte, sl int32, seq uint64, err error, dst []byte) ([]byte, error) {
 	// Either the entry was removed (and the slot maybe reused) while we
 	// read, or the slot is damaged: only the latter is corruption.
 	s.mu.Lock()

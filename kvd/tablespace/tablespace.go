@@ -217,6 +217,10 @@ func checkKey(key []byte) error {
 // MaxValueBytes is the largest value a slot holds.
 func (t *Tablespace) MaxValueBytes() int { return int(t.cfg.SlotBytes) - slotHeaderSize - MaxKeyBytes }
 
+// ReadBuffer returns a buffer that Get fills in place: one slot long and
+// aligned for O_DIRECT.
+func (t *Tablespace) ReadBuffer() []byte { return alignedBuf(int(t.cfg.SlotBytes))[:0] }
+
 // DirectIOActive reports whether O_DIRECT is in use.
 func (t *Tablespace) DirectIOActive() bool { return t.direct }
 
@@ -242,7 +246,9 @@ func (t *Tablespace) Put(key, value []byte) error {
 }
 
 // Get appends the value of key to dst[:0]. A miss, or a slot that fails
-// verification (counted in Stats.Corrupt), returns ErrNotFound.
+// verification (counted in Stats.Corrupt), returns ErrNotFound. When dst is
+// a ReadBuffer (any capacity beyond the value may be overwritten) the read
+// lands in it directly, saving a copy.
 func (t *Tablespace) Get(key, dst []byte) ([]byte, error) {
 	if t.closed.Load() {
 		return dst[:0], ErrClosed

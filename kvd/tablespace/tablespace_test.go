@@ -265,10 +265,23 @@ func TestGetAllocs(t *testing.T) {
 	ts := mustOpen(t, testConfig(t.TempDir(), 4))
 	defer ts.Close()
 	_ = ts.Put([]byte("a"), val("a", 1))
-	dst := make([]byte, 0, 8192)
 	key := []byte("a")
-	if n := testing.AllocsPerRun(50, func() { dst, _ = ts.Get(key, dst) }); n != 0 {
-		t.Fatalf("get allocates %v", n)
+	for _, dst := range [][]byte{make([]byte, 0, 8192), ts.ReadBuffer()} {
+		if n := testing.AllocsPerRun(50, func() { dst, _ = ts.Get(key, dst) }); n != 0 {
+			t.Fatalf("get allocates %v", n)
+		}
+		if !bytes.Equal(dst, val("a", 1)) {
+			t.Fatal("wrong bytes")
+		}
+	}
+	// An in-place read of a damaged slot is a miss too.
+	small := ts.ReadBuffer()
+	_ = ts.Put([]byte("b"), val("b", 2))
+	f, _ := os.OpenFile(filepath.Join(ts.shards[0].dir, "containers", "0000.bin"), os.O_RDWR, 0)
+	_, _ = f.WriteAt([]byte{0xee}, 8192+3)
+	_ = f.Close()
+	if got, err := ts.Get([]byte("b"), small); !errors.Is(err, ErrNotFound) || len(got) != 0 || ts.Stats().Corrupt != 1 {
+		t.Fatalf("damaged in-place read: %v %d", err, len(got))
 	}
 }
 
