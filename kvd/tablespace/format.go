@@ -1,0 +1,280 @@
+package tablespace
+
+import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func crc(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// A slot holds the value first (so an aligned read lands it at offset 0 of
+// the caller's buffer), then a 32-byte header, then the key. Header,
+// little-endian:
+//
+//	[0:4] magic  [4:8] crc32c of value+[8:32]+key  [8:16] seq  [16:20] value len
+//	[20:22] key len  [22:32] zero
+const (
+	slotHeaderSize = 32
+	slotMagic      = 0x4c535449 // "ITSL"
+)
+
+func encodeSlot(buf []byte, seq uint64, key, val []byte) int {
+	vl := len(val)
+	n := vl + slotHeaderSize + len(key)
+	copy(buf, val)
+	h := buf[vl : vl+slotHeaderSize]
+	binary.LittleEndian.PutUint32(h[0:], slotMagic)
+	binary.LittleEndian.PutUint64(h[8:], seq)
+	binary.LittleEndian.PutUint32(h[16:], uint32(vl))
+	binary.LittleEndian.PutUint16(h[20:], uint16(len(key)))
+	clear(h[22:32])
+	copy(buf[vl+slotHeaderSize:], key)
+	binary.LittleEndian.PutUint32(h[4:], crc32.Update(crc(buf[:vl]), castagnoli, buf[vl+8:n]))
+	return n
+}
+
+// verifySlot returns the value inside buf when buf is the slot written for
+// (seq, key, vlen).
+func verifySlot(buf []byte, seq uint64, key []byte, vlen int) ([]byte, bool) {
+	if len(buf) < vlen {
+		return nil, false
+	}
+	return verifySlotCRC(buf, seq, key, vlen, crc(buf[:vlen]))
+}
+
+// verifySlotCRC is verifySlot with the CRC-32C of buf[:vlen] already known.
+func verifySlotCRC(buf []byte, seq uint64, key []byte, vlen int, valueCRC uint32) ([]byte, bool) {
+	n := vlen + slotHeaderSize + len(key)
+	if len(buf) < n {
+		return nil, false
+	}
+	h := buf[vlen:n]
+	if binary.LittleEndian.Uint32(h[0:]) != slotMagic ||
+		binary.LittleEndian.Uint64(h[8:]) != seq ||
+		binary.LittleEndian.Uint32(h[16:]) != uint32(vlen) ||
+		binary.LittleEndian.Uint16(h[20:]) != uint16(len(key)) ||
+		string(h[slotHeaderSize:]) != string(key) ||
+		binary.LittleEndian.Uint32(h[4:]) != crc32.Update(valueCRC, castagnoli, h[8:]) {
+		return nil, false
+	}
+	return buf[:vlen], true
+}
+
+// Journal file: a 32-byte header then records.
+//
+//	header: [0:4] magic [4:8] version [8:16] epoch [16:24] slot bytes [24:28] slots [28:32] crc32c of [0:28]
+//	record: [0:4] payload len [4:8] crc32c of payload, payload =
+//	        op u8 | seq u64 | slot u32 | value len u32 | key len u16 | key
+const (
+	journalHeaderSize = 32
+	journalMagic      = 0x4a535449 // "ITSJ"
+	formatVersion     = 1
+	recHeadSize       = 8
+	recFixed          = 1 + 8 + 4 + 4 + 2
+	maxRecPayload     = recFixed + MaxKeyBytes
+)
+
+type opKind uint8
+
+const (
+	opPut   opKind = 1
+	opDel   opKind = 2 // removes key only if its entry still has seq
+	opClear opKind = 3
+)
+
+type record struct {
+	op   opKind
+	seq  uint64
+	slot int32
+	vlen uint32
+	key  string
+}
+
+type geometry struct {
+	slotBytes         int64
+	slotsPerContainer int
+	numSlots          int
+	maxValue          int
+}
+
+var errBadHeader = errors.New("bad header")
+
+func encodeJournalHeader(epoch uint64, g geometry) []byte {
+	b := make([]byte, journalHeaderSize)
+	binary.LittleEndian.PutUint32(b[0:], journalMagic)
+	binary.LittleEndian.PutUint32(b[4:], formatVersion)
+	binary.LittleEndian.PutUint64(b[8:], epoch)
+	binary.LittleEndian.PutUint64(b[16:], uint64(g.slotBytes))
+	binary.LittleEndian.PutUint32(b[24:], uint32(g.numSlots))
+	binary.LittleEndian.PutUint32(b[28:], crc(b[:28]))
+	return b
+}
+
+// parseJournalHeader returns the epoch, or errBadHeader, or ErrGeometry.
+func parseJournalHeader(b []byte, g geometry) (uint64, error) {
+	if len(b) < journalHeaderSize || binary.LittleEndian.Uint32(b[0:]) != journalMagic ||
+		binary.LittleEndian.Uint32(b[4:]) != formatVersion ||
+		binary.LittleEndian.Uint32(b[28:]) != crc(b[:28]) {
+		return 0, errBadHeader
+	}
+	if binary.LittleEndian.Uint64(b[16:]) != uint64(g.slotBytes) || binary.LittleEndian.Uint32(b[24:]) != uint32(g.numSlots) {
+		return 0, ErrGeometry
+	}
+	return binary.LittleEndian.Uint64(b[8:]), nil
+}
+
+func appendRecord(b []byte, r *record) []byte {
+	start := len(b)
+	plen := recFixed + len(r.key)
+	b = binary.LittleEndian.AppendUint32(b, uint32(plen))
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	b = append(b, byte(r.op))
+	b = binary.LittleEndian.AppendUint64(b, r.seq)
+	b = binary.LittleEndian.AppendUint32(b, uint32(r.slot))
+	b = binary.LittleEndian.AppendUint32(b, r.vlen)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(r.key)))
+	b = append(b, r.key...)
+	binary.LittleEndian.PutUint32(b[start+4:], crc(b[start+recHeadSize:]))
+	return b
+}
+
+// parseRecords calls fn for every whole, valid record of body (the journal
+// after its header) in order and returns the length of that valid prefix;
+// parsing stops at the first torn or invalid record.
+func parseRecords(body []byte, g geometry, fn func(*record)) int {
+	off := 0
+	var r record
+	for {
+		rest := body[off:]
+		if len(rest) < recHeadSize {
+			return off
+		}
+		plen := int(binary.LittleEndian.Uint32(rest[0:]))
+		if plen < recFixed || plen > maxRecPayload || len(rest) < recHeadSize+plen {
+			return off
+		}
+		p := rest[recHeadSize : recHeadSize+plen]
+		if binary.LittleEndian.Uint32(rest[4:]) != crc(p) {
+			return off
+		}
+		r.op = opKind(p[0])
+		r.seq = binary.LittleEndian.Uint64(p[1:])
+		slot := binary.LittleEndian.Uint32(p[9:])
+		r.vlen = binary.LittleEndian.Uint32(p[13:])
+		klen := int(binary.LittleEndian.Uint16(p[17:]))
+		if klen != plen-recFixed {
+			return off
+		}
+		key := p[recFixed:]
+		switch r.op {
+		case opPut:
+			if klen == 0 || slot >= uint32(g.numSlots) || int64(r.vlen) > int64(g.maxValue) {
+				return off
+			}
+		case opDel:
+			if klen == 0 {
+				return off
+			}
+		case opClear:
+			if klen != 0 {
+				return off
+			}
+		default:
+			return off
+		}
+		r.slot = int32(slot)
+		r.key = string(key)
+		fn(&r)
+		off += recHeadSize + plen
+	}
+}
+
+// Snapshot file:
+//
+//	[0:4] magic [4:8] version [8:16] journal epoch [16:24] slot bytes [24:28] slots
+//	[28:32] count [32:40] next seq, then count entries (LRU order, oldest first):
+//	seq u64 | slot u32 | value len u32 | key len u16 | key; then crc32c of everything before.
+const (
+	snapMagic      = 0x53535449 // "ITSS"
+	snapHeaderSize = 40
+	snapEntryFixed = 8 + 4 + 4 + 2
+)
+
+type snapshotData struct {
+	epoch   uint64
+	nextSeq uint64
+	entries []record // op unused
+}
+
+var errBadSnapshot = errors.New("bad snapshot")
+
+func encodeSnapshot(b []byte, epoch, nextSeq uint64, g geometry, count int, each func(func(*record))) []byte {
+	b = binary.LittleEndian.AppendUint32(b, snapMagic)
+	b = binary.LittleEndian.AppendUint32(b, formatVersion)
+	b = binary.LittleEndian.AppendUint64(b, epoch)
+	b = binary.LittleEndian.AppendUint64(b, uint64(g.slotBytes))
+	b = binary.LittleEndian.AppendUint32(b, uint32(g.numSlots))
+	b = binary.LittleEndian.AppendUint32(b, uint32(count))
+	b = binary.LittleEndian.AppendUint64(b, nextSeq)
+	each(func(r *record) {
+		b = binary.LittleEndian.AppendUint64(b, r.seq)
+		b = binary.LittleEndian.AppendUint32(b, uint32(r.slot))
+		b = binary.LittleEndian.AppendUint32(b, r.vlen)
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(r.key)))
+		b = append(b, r.key...)
+	})
+	return binary.LittleEndian.AppendUint32(b, crc(b))
+}
+
+// parseSnapshot validates a whole snapshot: checksum, geometry, every entry
+// in range, no key or slot twice.
+func parseSnapshot(b []byte, g geometry) (*snapshotData, error) {
+	if len(b) < snapHeaderSize+4 || binary.LittleEndian.Uint32(b[0:]) != snapMagic ||
+		binary.LittleEndian.Uint32(b[4:]) != formatVersion {
+		return nil, errBadSnapshot
+	}
+	body := b[:len(b)-4]
+	if binary.LittleEndian.Uint32(b[len(b)-4:]) != crc(body) {
+		return nil, errBadSnapshot
+	}
+	if binary.LittleEndian.Uint64(b[16:]) != uint64(g.slotBytes) || binary.LittleEndian.Uint32(b[24:]) != uint32(g.numSlots) {
+		return nil, ErrGeometry
+	}
+	count := int(binary.LittleEndian.Uint32(b[28:]))
+	if count > g.numSlots {
+		return nil, errBadSnapshot
+	}
+	d := &snapshotData{epoch: binary.LittleEndian.Uint64(b[8:]), nextSeq: binary.LittleEndian.Uint64(b[32:]),
+		entries: make([]record, 0, count)}
+	used := make(map[int32]bool, count)
+	keys := make(map[string]bool, count)
+	off := snapHeaderSize
+	for range count {
+		if len(body)-off < snapEntryFixed {
+			return nil, errBadSnapshot
+		}
+		e := body[off:]
+		r := record{seq: binary.LittleEndian.Uint64(e[0:]), vlen: binary.LittleEndian.Uint32(e[12:])}
+		slot := binary.LittleEndian.Uint32(e[8:])
+		klen := int(binary.LittleEndian.Uint16(e[16:]))
+		if klen == 0 || klen > MaxKeyBytes || len(e) < snapEntryFixed+klen || slot >= uint32(g.numSlots) ||
+			int64(r.vlen) > int64(g.maxValue) || r.seq >= d.nextSeq {
+			return nil, errBadSnapshot
+		}
+		r.slot = int32(slot)
+		r.key = string(e[snapEntryFixed : snapEntryFixed+klen])
+		if used[r.slot] || keys[r.key] {
+			return nil, errBadSnapshot
+		}
+		used[r.slot], keys[r.key] = true, true
+		d.entries = append(d.entries, r)
+		off += snapEntryFixed + klen
+	}
+	if off != len(body) {
+		return nil, errBadSnapshot
+	}
+	return d, nil
+}

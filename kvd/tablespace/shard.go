@@ -1,0 +1,772 @@
+package tablespace
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+)
+
+const (
+	slotFree uint8 = iota
+	slotReserved
+	slotLive
+)
+
+const ioAlign = 4096
+
+func alignUp(n int) int { return (n + ioAlign - 1) &^ (ioAlign - 1) }
+
+type slotMeta struct {
+	key        string
+	seq        uint64
+	vlen       uint32
+	prev, next int32
+	state      uint8
+}
+
+type pendingRec struct {
+	rec record
+	end int // end offset of its bytes in jbuf
+}
+
+// shard is one path: its containers, journal, snapshot and index.
+type shard struct {
+	t      *Tablespace
+	dir    string
+	g      geometry
+	direct bool
+	lock   *os.File
+	files  []*os.File
+	fds    []int
+
+	// mu guards the index.
+	mu        sync.Mutex
+	index     map[string]int32
+	slots     []slotMeta
+	used      []uint64 // bit set = reserved or live
+	cursor    int
+	head      int32 // most recently used
+	tail      int32 // least recently used
+	live      int
+	usedBytes int64
+	nextSeq   uint64
+
+	// jmu guards the journal; jmu is taken before mu, never after.
+	jmu      sync.Mutex
+	jcond    *sync.Cond
+	jf       *os.File
+	jsize    int64
+	epoch    uint64
+	jbuf     []byte
+	jpend    []pendingRec
+	dirty    []bool
+	syncList []int
+	flushing bool   // a flush or snapshot owns the journal file
+	enq      uint64 // records ever enqueued
+	done     uint64 // records finished (durable or failed)
+	durable  uint64 // records durable
+	jerr     error
+	jclosed  bool
+}
+
+func openShard(t *Tablespace, dir string, bytes int64) (*shard, error) {
+	cfg := &t.cfg
+	g := geometry{slotBytes: cfg.SlotBytes, slotsPerContainer: int(cfg.ContainerBytes / cfg.SlotBytes),
+		numSlots: int(bytes / cfg.SlotBytes), maxValue: int(cfg.SlotBytes) - slotHeaderSize - MaxKeyBytes}
+	s := &shard{t: t, dir: dir, g: g, head: -1, tail: -1}
+	s.jcond = sync.NewCond(&s.jmu)
+	if err := os.MkdirAll(filepath.Join(dir, "containers"), 0o755); err != nil {
+		return nil, fmt.Errorf("create dir: %w", err)
+	}
+	lf, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open lock: %w", err)
+	}
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = lf.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, ErrLocked
+		}
+		return nil, fmt.Errorf("lock: %w", err)
+	}
+	s.lock = lf
+	if err := s.openContainers(); err != nil {
+		s.close(false)
+		return nil, err
+	}
+	s.initIndex()
+	if err := s.recover(); err != nil {
+		s.close(false)
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *shard) openContainers() error {
+	spc := s.g.slotsPerContainer
+	n := (s.g.numSlots + spc - 1) / spc
+	mode := s.t.cfg.DirectIO
+	s.direct = mode != DirectOff
+	for i := range n {
+		slots := min(spc, s.g.numSlots-i*spc)
+		size := int64(slots) * s.g.slotBytes
+		path := filepath.Join(s.dir, "containers", fmt.Sprintf("%04d.bin", i))
+		f, err := openContainer(path, size, s.direct)
+		if err != nil && i == 0 && s.direct && mode == DirectAuto {
+			s.t.log.Info().Str("path", s.dir).Err(err).Msg("tablespace O_DIRECT unavailable, using buffered io")
+			s.direct = false
+			f, err = openContainer(path, size, false)
+		}
+		if err != nil {
+			return fmt.Errorf("container %s: %w", path, err)
+		}
+		s.files = append(s.files, f)
+		s.fds = append(s.fds, int(f.Fd()))
+	}
+	s.dirty = make([]bool, n)
+	return nil
+}
+
+// openContainer opens (creating and pre-allocating) a container; with
+// direct it also proves that an aligned O_DIRECT read works.
+func openContainer(path string, size int64, direct bool) (*os.File, error) {
+	flags := os.O_RDWR | os.O_CREATE
+	if direct {
+		flags |= syscall.O_DIRECT
+	}
+	f, err := os.OpenFile(path, flags, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err == nil && st.Size() < size {
+		err = syscall.Fallocate(int(f.Fd()), 0, 0, size)
+		if errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS) {
+			err = f.Truncate(size)
+		}
+	}
+	if err == nil && direct {
+		b := alignedBuf(ioAlign)
+		_, err = syscall.Pread(int(f.Fd()), b, 0)
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func alignedBuf(n int) []byte {
+	b := make([]byte, n+ioAlign)
+	off := 0
+	if r := int(uintptrOf(b) % ioAlign); r != 0 {
+		off = ioAlign - r
+	}
+	return b[off : off+n : off+n]
+}
+
+func (s *shard) initIndex() {
+	s.index = make(map[string]int32)
+	s.slots = make([]slotMeta, s.g.numSlots)
+	for i := range s.slots {
+		s.slots[i].prev, s.slots[i].next = -1, -1
+	}
+	words := (s.g.numSlots + 63) / 64
+	s.used = make([]uint64, words)
+	if r := s.g.numSlots % 64; r != 0 {
+		s.used[words-1] = ^uint64(0) << r // slots past the end are never free
+	}
+}
+
+// recover loads snapshot + journal, then compacts them into a new snapshot
+// and an empty journal of the next epoch.
+func (s *shard) recover() error {
+	log := s.t.log
+	var snap *snapshotData
+	b, err := os.ReadFile(filepath.Join(s.dir, "snapshot.bin"))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return fmt.Errorf("read snapshot: %w", err)
+	default:
+		snap, err = parseSnapshot(b, s.g)
+		if errors.Is(err, ErrGeometry) {
+			return err
+		}
+		if err != nil {
+			log.Error().Str("path", s.dir).Err(err).Msg("tablespace snapshot unreadable, ignoring it")
+			s.t.st.corrupt.Add(1)
+			snap = nil
+		}
+	}
+	if snap != nil {
+		s.epoch, s.nextSeq = snap.epoch, snap.nextSeq
+		for i := range snap.entries {
+			r := &snap.entries[i]
+			r.op = opPut
+			s.applyLocked(r)
+		}
+	}
+	jb, err := os.ReadFile(filepath.Join(s.dir, "journal.log"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("read journal: %w", err)
+	}
+	if len(jb) > 0 {
+		jepoch, herr := parseJournalHeader(jb, s.g)
+		switch {
+		case errors.Is(herr, ErrGeometry):
+			return herr
+		case herr != nil:
+			log.Warn().Str("path", s.dir).Msg("tablespace journal header unreadable, ignoring journal")
+		case snap != nil && jepoch != snap.epoch:
+			// A journal of an older epoch is already covered by the snapshot.
+		default:
+			if jepoch > s.epoch {
+				s.epoch = jepoch
+			}
+			n := 0
+			end := parseRecords(jb[journalHeaderSize:], s.g, func(r *record) {
+				s.applyLocked(r)
+				n++
+			})
+			if cut := len(jb) - journalHeaderSize - end; cut > 0 {
+				log.Warn().Str("path", s.dir).Int("bytes", cut).Msg("tablespace journal tail torn or corrupt, cut")
+			}
+			log.Info().Str("path", s.dir).Int("records", n).Int("entries", s.live).Msg("tablespace journal replayed")
+		}
+	}
+	return s.writeSnapshot()
+}
+
+// applyLocked applies one journal record to the index (s.mu held, or
+// single-threaded recovery). Used identically at run time and on replay.
+func (s *shard) applyLocked(r *record) {
+	if r.seq >= s.nextSeq {
+		s.nextSeq = r.seq + 1
+	}
+	switch r.op {
+	case opPut:
+		if old, ok := s.index[r.key]; ok {
+			s.removeLocked(old, true)
+		}
+		m := &s.slots[r.slot]
+		if m.state == slotLive { // only reachable from a damaged journal
+			s.removeLocked(r.slot, true)
+		}
+		s.used[r.slot/64] |= 1 << (uint(r.slot) % 64)
+		m.state, m.key, m.seq, m.vlen = slotLive, r.key, r.seq, r.vlen
+		s.index[r.key] = r.slot
+		s.pushFrontLocked(r.slot)
+		s.live++
+		s.usedBytes += int64(r.vlen)
+	case opDel:
+		if sl, ok := s.index[r.key]; ok && s.slots[sl].seq == r.seq {
+			s.removeLocked(sl, true)
+		}
+	case opClear:
+		for _, sl := range s.index {
+			s.removeLocked(sl, true)
+		}
+	}
+}
+
+// removeLocked drops a live entry; free returns the slot to the free set,
+// otherwise it stays reserved for the caller.
+func (s *shard) removeLocked(sl int32, free bool) {
+	m := &s.slots[sl]
+	delete(s.index, m.key)
+	s.unlinkLocked(sl)
+	s.live--
+	s.usedBytes -= int64(m.vlen)
+	m.key = ""
+	if free {
+		m.state = slotFree
+		s.used[sl/64] &^= 1 << (uint(sl) % 64)
+	} else {
+		m.state = slotReserved
+	}
+}
+
+func (s *shard) pushFrontLocked(sl int32) {
+	m := &s.slots[sl]
+	m.prev, m.next = -1, s.head
+	if s.head >= 0 {
+		s.slots[s.head].prev = sl
+	}
+	s.head = sl
+	if s.tail < 0 {
+		s.tail = sl
+	}
+}
+
+func (s *shard) unlinkLocked(sl int32) {
+	m := &s.slots[sl]
+	if m.prev >= 0 {
+		s.slots[m.prev].next = m.next
+	} else {
+		s.head = m.next
+	}
+	if m.next >= 0 {
+		s.slots[m.next].prev = m.prev
+	} else {
+		s.tail = m.prev
+	}
+	m.prev, m.next = -1, -1
+}
+
+func (s *shard) touchLocked(sl int32) {
+	if s.head != sl {
+		s.unlinkLocked(sl)
+		s.pushFrontLocked(sl)
+	}
+}
+
+func (s *shard) allocFreeLocked() int32 {
+	nw := len(s.used)
+	start := s.cursor / 64
+	for i := range nw {
+		w := (start + i) % nw
+		if s.used[w] != ^uint64(0) {
+			sl := int32(w*64 + bits.TrailingZeros64(^s.used[w]))
+			s.used[w] |= 1 << (uint(sl) % 64)
+			s.cursor = int(sl) + 1
+			return sl
+		}
+	}
+	return -1
+}
+
+// reserveLocked takes a free slot or, when none is free, unindexes the LRU
+// entry and returns its DEL record, which must be durable before the slot
+// is written.
+func (s *shard) reserveLocked() (int32, *record, error) {
+	if sl := s.allocFreeLocked(); sl >= 0 {
+		s.slots[sl].state = slotReserved
+		return sl, nil, nil
+	}
+	sl := s.tail
+	if sl < 0 {
+		return -1, nil, ErrFull
+	}
+	m := &s.slots[sl]
+	victim := &record{op: opDel, key: m.key, seq: m.seq, slot: sl}
+	s.removeLocked(sl, false)
+	return sl, victim, nil
+}
+
+func (s *shard) releaseLocked(sl int32) {
+	s.slots[sl].state = slotFree
+	s.used[sl/64] &^= 1 << (uint(sl) % 64)
+}
+
+func (s *shard) locate(sl int32) (int, int64) {
+	c := int(sl) / s.g.slotsPerContainer
+	return c, int64(int(sl)-c*s.g.slotsPerContainer) * s.g.slotBytes
+}
+
+func pwriteFull(fd int, b []byte, off int64) error {
+	for len(b) > 0 {
+		n, err := syscall.Pwrite(fd, b, off)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return syscall.EIO
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return nil
+}
+
+func preadFull(fd int, b []byte, off int64) error {
+	for len(b) > 0 {
+		n, err := syscall.Pread(fd, b, off)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return syscall.EIO
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return nil
+}
+
+func fdatasync(fd int) error {
+	for {
+		err := syscall.Fdatasync(fd)
+		if err != syscall.EINTR {
+			return err
+		}
+	}
+}
+
+func (s *shard) put(key, val []byte) error {
+	s.mu.Lock()
+	sl, victim, err := s.reserveLocked()
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	seq := s.nextSeq
+	s.nextSeq++
+	s.mu.Unlock()
+	if victim != nil {
+		s.t.st.evictions.Add(1)
+		if s.t.cfg.OnEvict != nil {
+			s.t.cfg.OnEvict([]byte(victim.key))
+		}
+		if err := s.commit(victim, -1); err != nil {
+			return err // shard is broken; the slot stays reserved
+		}
+	}
+	bp := s.t.getBuf()
+	n := encodeSlot(*bp, seq, key, val)
+	if s.direct {
+		n = alignUp(n)
+	}
+	c, off := s.locate(sl)
+	err = pwriteFull(s.fds[c], (*bp)[:n], off)
+	s.t.putBuf(bp)
+	if err == nil && !s.t.cfg.GroupCommit {
+		err = fdatasync(s.fds[c])
+		s.t.st.dataSyncs.Add(1)
+	}
+	if err != nil {
+		s.mu.Lock()
+		s.releaseLocked(sl) // nothing indexed points at it
+		s.mu.Unlock()
+		return fmt.Errorf("write slot: %w", err)
+	}
+	s.t.st.bytesWritten.Add(uint64(n))
+	return s.commit(&record{op: opPut, seq: seq, slot: sl, vlen: uint32(len(val)), key: string(key)}, c)
+}
+
+func (s *shard) get(key, dst []byte) ([]byte, error) {
+	s.mu.Lock()
+	sl, ok := s.index[string(key)]
+	if !ok {
+		s.mu.Unlock()
+		return dst[:0], ErrNotFound
+	}
+	seq, vlen := s.slots[sl].seq, int(s.slots[sl].vlen)
+	s.touchLocked(sl)
+	s.mu.Unlock()
+	n := vlen + slotHeaderSize + len(key)
+	if s.direct {
+		n = alignUp(n)
+	}
+	c, off := s.locate(sl)
+	// In place when dst can take the aligned read (see ReadBuffer).
+	if cap(dst) >= n && (!s.direct || uintptrOf(dst[:1])%ioAlign == 0) {
+		buf := dst[:n]
+		err := preadFull(s.fds[c], buf, off)
+		if err == nil {
+			if v, ok := verifySlot(buf, seq, key, vlen); ok {
+				s.t.st.bytesRead.Add(uint64(n))
+				return v, nil
+			}
+		}
+		return s.readFailed(key, sl, seq, err, dst)
+	}
+	bp := s.t.getBuf()
+	err := preadFull(s.fds[c], (*bp)[:n], off)
+	if err == nil {
+		if v, ok := verifySlot((*bp)[:n], seq, key, vlen); ok {
+			dst = append(dst[:0], v...)
+			s.t.putBuf(bp)
+			s.t.st.bytesRead.Add(uint64(n))
+			return dst, nil
+		}
+	}
+	s.t.putBuf(bp)
+	return s.readFailed(key, sl, seq, err, dst)
+}
+
+func (s *shard) readFailed(key []byte, sl int32, seq uint64, err error, dst []byte) ([]byte, error) {
+	// Either the entry was removed (and the slot maybe reused) while we
+	// read, or the slot is damaged: only the latter is corruption.
+	s.mu.Lock()
+	cur, still := s.index[string(key)]
+	same := still && cur == sl && s.slots[sl].seq == seq
+	s.mu.Unlock()
+	if same {
+		s.t.st.corrupt.Add(1)
+		s.t.log.Warn().Str("path", s.dir).Int32("slot", sl).AnErr("io_error", err).Msg("tablespace slot failed verification, dropped")
+		_ = s.commit(&record{op: opDel, seq: seq, key: string(key)}, -1)
+	}
+	return dst[:0], ErrNotFound
+}
+
+func (s *shard) journalBytes() int64 {
+	s.jmu.Lock()
+	defer s.jmu.Unlock()
+	return s.jsize
+}
+
+func (s *shard) exists(key []byte) bool {
+	s.mu.Lock()
+	_, ok := s.index[string(key)]
+	s.mu.Unlock()
+	return ok
+}
+
+func (s *shard) delete(key []byte) error {
+	s.mu.Lock()
+	sl, ok := s.index[string(key)]
+	var seq uint64
+	if ok {
+		seq = s.slots[sl].seq
+	}
+	s.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	s.t.st.deletes.Add(1)
+	return s.commit(&record{op: opDel, seq: seq, key: string(key)}, -1)
+}
+
+func (s *shard) clear() error {
+	return s.commit(&record{op: opClear}, -1)
+}
+
+// commit appends r to the journal, waits until it is durable (sharing the
+// sync with concurrent records under GroupCommit) and applied to the index.
+func (s *shard) commit(r *record, container int) error {
+	s.jmu.Lock()
+	defer s.jmu.Unlock()
+	if s.jclosed {
+		return ErrClosed
+	}
+	if s.jerr != nil {
+		return s.jerr
+	}
+	s.jbuf = appendRecord(s.jbuf, r)
+	s.jpend = append(s.jpend, pendingRec{rec: *r, end: len(s.jbuf)})
+	if container >= 0 && s.t.cfg.GroupCommit {
+		s.dirty[container] = true
+	}
+	my := s.enq
+	s.enq++
+	for s.done <= my {
+		if !s.flushing {
+			s.flushLocked()
+		} else {
+			s.jcond.Wait()
+		}
+	}
+	if my < s.durable {
+		return nil
+	}
+	return s.jerr
+}
+
+// flushLocked writes and syncs a batch of pending records (one without
+// GroupCommit), applies them, and wakes the waiters. Called with jmu held
+// and !flushing; releases jmu while doing IO.
+func (s *shard) flushLocked() {
+	s.flushing = true
+	take := len(s.jpend)
+	if !s.t.cfg.GroupCommit {
+		take = 1
+	}
+	ops := s.jpend[:take]
+	data := s.jbuf[:ops[take-1].end]
+	s.syncList = s.syncList[:0]
+	for c, d := range s.dirty {
+		if d {
+			s.syncList = append(s.syncList, c)
+			s.dirty[c] = false
+		}
+	}
+	syncList := s.syncList
+	off := s.jsize
+	jfd := int(s.jf.Fd())
+	s.jmu.Unlock()
+
+	var err error
+	for _, c := range syncList {
+		if err = fdatasync(s.fds[c]); err != nil {
+			break
+		}
+		s.t.st.dataSyncs.Add(1)
+	}
+	if err == nil {
+		err = pwriteFull(jfd, data, off)
+	}
+	if err == nil {
+		err = fdatasync(jfd)
+		s.t.st.journalSyncs.Add(1)
+	}
+	if err == nil {
+		s.mu.Lock()
+		for i := range ops {
+			s.applyLocked(&ops[i].rec)
+		}
+		s.mu.Unlock()
+		s.t.st.journalRecords.Add(uint64(take))
+	}
+
+	s.jmu.Lock()
+	if err != nil {
+		s.jerr = fmt.Errorf("%w: %w", ErrBroken, err)
+		s.t.log.Error().Str("path", s.dir).Err(err).Msg("tablespace journal write failed, shard now refuses writes")
+		s.done = s.enq
+		s.jbuf, s.jpend = s.jbuf[:0], s.jpend[:0]
+	} else {
+		s.jsize += int64(len(data))
+		if s.jsize > s.t.cfg.JournalCompactBytes {
+			select {
+			case s.t.compact <- struct{}{}:
+			default:
+			}
+		}
+		s.durable += uint64(take)
+		s.done += uint64(take)
+		s.jbuf = s.jbuf[:copy(s.jbuf, s.jbuf[len(data):])]
+		rest := s.jpend[:copy(s.jpend, s.jpend[take:])]
+		for i := range rest {
+			rest[i].end -= len(data)
+		}
+		clear(s.jpend[len(rest):])
+		s.jpend = rest
+	}
+	s.flushing = false
+	s.jcond.Broadcast()
+}
+
+// snapshot compacts the index into a new snapshot and an empty journal;
+// unless force, only when the journal holds records.
+func (s *shard) snapshot(force bool) error {
+	s.jmu.Lock()
+	for s.flushing {
+		s.jcond.Wait()
+	}
+	if s.jclosed || (!force && s.jsize <= journalHeaderSize) {
+		s.jmu.Unlock()
+		return nil
+	}
+	if s.jerr != nil {
+		err := s.jerr
+		s.jmu.Unlock()
+		return err
+	}
+	s.flushing = true
+	s.jmu.Unlock()
+	err := s.writeSnapshot()
+	s.jmu.Lock()
+	if err != nil && s.jerr == nil {
+		s.jerr = fmt.Errorf("%w: snapshot: %w", ErrBroken, err)
+	}
+	s.flushing = false
+	s.jcond.Broadcast()
+	s.jmu.Unlock()
+	return err
+}
+
+// writeSnapshot writes snapshot.bin (epoch+1) and then a fresh journal of
+// that epoch, each by write tmp → fsync → rename → fsync dir. The caller owns
+// the journal (flushing, or recovery).
+func (s *shard) writeSnapshot() error {
+	s.mu.Lock()
+	epoch := s.epoch + 1
+	buf := s.encodeSnapshotLocked(epoch)
+	s.mu.Unlock()
+	if err := writeFileAtomic(s.dir, "snapshot.bin", buf); err != nil {
+		return fmt.Errorf("write snapshot: %w", err)
+	}
+	if err := writeFileAtomic(s.dir, "journal.log", encodeJournalHeader(epoch, s.g)); err != nil {
+		return fmt.Errorf("reset journal: %w", err)
+	}
+	jf, err := os.OpenFile(filepath.Join(s.dir, "journal.log"), os.O_RDWR, 0o644)
+	if err != nil {
+		return fmt.Errorf("open journal: %w", err)
+	}
+	if s.jf != nil {
+		_ = s.jf.Close()
+	}
+	s.jf, s.jsize, s.epoch = jf, journalHeaderSize, epoch
+	s.t.st.snapshots.Add(1)
+	return nil
+}
+
+// encodeSnapshotLocked serializes the index, LRU order oldest first.
+func (s *shard) encodeSnapshotLocked(epoch uint64) []byte {
+	b := make([]byte, 0, snapHeaderSize+4+s.live*(snapEntryFixed+32))
+	return encodeSnapshot(b, epoch, s.nextSeq, s.g, s.live, func(yield func(*record)) {
+		var r record
+		for sl := s.tail; sl >= 0; sl = s.slots[sl].prev {
+			m := &s.slots[sl]
+			r.seq, r.slot, r.vlen, r.key = m.seq, sl, m.vlen, m.key
+			yield(&r)
+		}
+	})
+}
+
+func writeFileAtomic(dir, name string, data []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, name))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	return err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// close optionally snapshots, then releases every file and the lock.
+func (s *shard) close(snapshot bool) error {
+	var err error
+	if snapshot && s.jf != nil {
+		err = s.snapshot(true)
+	}
+	s.jmu.Lock()
+	for s.flushing {
+		s.jcond.Wait()
+	}
+	s.jclosed = true
+	s.jmu.Unlock()
+	for _, f := range s.files {
+		_ = f.Close()
+	}
+	if s.jf != nil {
+		_ = s.jf.Close()
+	}
+	if s.lock != nil {
+		_ = s.lock.Close() // releases the flock
+	}
+	return err
+}
