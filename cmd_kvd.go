@@ -16,6 +16,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvd"
+	"github.com/infera/infera/kvd/tablespace"
 )
 
 // kvdCommand is `infera kvd`: the per-host KV-cache daemon, and `infera
@@ -64,7 +65,22 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		log.Info().Int64("arena_bytes", a.Size()).Bool("hugetlb", a.Hugetlb).Bool("mlock", a.Locked).Msg("shared arena ready")
 		arena = a
 	}
-	store, err := kvd.NewStore(kvd.StoreOptions{MaxBytes: cfg.MaxBytes, Arena: arena, PrefetchQueue: cfg.PrefetchQueue, LongQueue: cfg.LongQueue, Log: log})
+	opt := kvd.StoreOptions{MaxBytes: cfg.MaxBytes, Arena: arena, PrefetchQueue: cfg.PrefetchQueue, LongQueue: cfg.LongQueue, Log: log}
+	if len(cfg.LongPaths) > 0 {
+		ts, err := openTablespace(ctx, cfg, log)
+		if err != nil {
+			return err
+		}
+		// Deferred before the store's Close, so it runs after it: the
+		// pending write-throughs land before the snapshot is written.
+		defer func() {
+			if err := ts.Close(); err != nil {
+				log.Error().Err(err).Msg("close tablespace")
+			}
+		}()
+		opt.Long, opt.LongNotFound = ts, tablespace.ErrNotFound
+	}
+	store, err := kvd.NewStore(opt)
 	if err != nil {
 		return err
 	}
@@ -103,6 +119,34 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 	}
 	log.Info().Msg("kvd stopped")
 	return err
+}
+
+// openTablespace opens the L3 tablespace and, unless skipped, measures its
+// write speed once (logged; a failed check does not stop the daemon).
+func openTablespace(ctx context.Context, cfg config.KVD, log zerolog.Logger) (*tablespace.Tablespace, error) {
+	ts, err := tablespace.Open(tablespace.Config{
+		Paths:            cfg.LongPaths,
+		Bytes:            cfg.LongBytes,
+		SlotBytes:        cfg.SlotBytes,
+		ContainerBytes:   cfg.ContainerBytes,
+		DirectIO:         tablespace.DirectIO(cfg.LongDirectIO),
+		GroupCommit:      cfg.LongGroupCommit,
+		SnapshotInterval: cfg.LongSnapshotInterval,
+		Logger:           log.With().Str("tier", "l3").Logger(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kvd l3: %w", err)
+	}
+	log.Info().Strs("paths", cfg.LongPaths).Int64("long_bytes", cfg.LongBytes).Bool("direct_io", ts.DirectIOActive()).
+		Int("entries", ts.Len()).Msg("tablespace ready")
+	if !cfg.SkipSelfCheck {
+		if bps, err := ts.SelfCheck(ctx); err != nil {
+			log.Warn().Err(err).Msg("l3 write-speed self-check failed")
+		} else {
+			log.Info().Float64("write_bytes_per_second", bps).Msg("l3 write-speed self-check")
+		}
+	}
+	return ts, nil
 }
 
 func kvdStatCommand() *cli.Command {

@@ -100,3 +100,88 @@ func TestKVDCommandRejectsBadFlags(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, out.String())
 	}
 }
+
+// TestKVDRestartDurability (acceptance 3, through the daemon): long blocks
+// written before a graceful restart are all served after it, from L3; the
+// short ones were RAM-only and are gone.
+func TestKVDRestartDurability(t *testing.T) {
+	var cfg config.KVD
+	cfg.Flags()
+	dir := t.TempDir()
+	cfg.Socket = filepath.Join(dir, "kvd.sock")
+	cfg.MaxBytesText, cfg.ArenaText, cfg.AdminListen = "4MiB", "4MiB", ""
+	cfg.ArenaMlock = false
+	cfg.LongPath = filepath.Join(dir, "l3")
+	cfg.LongBytesText, cfg.SlotBytesText, cfg.ContainerBytesText = "4MiB", "8KiB", "1MiB"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	start := func() (context.CancelFunc, chan error) {
+		ctx, cancel := context.WithCancel(t.Context())
+		ready := make(chan string, 1)
+		done := make(chan error, 1)
+		go func() { done <- runKVD(ctx, cfg, zerolog.Nop(), ready) }()
+		select {
+		case <-ready:
+		case err := <-done:
+			t.Fatal(err)
+		}
+		return cancel, done
+	}
+	ns := kvd.Namespace{Model: "m", CompatKey: "tp0of1"}
+	val := func(i int) []byte { return bytes.Repeat([]byte{byte(i), byte(i >> 8), 0xA5}, 1000) }
+	k := func(i int) []byte { return []byte{0, 0, 0, 0, 0, 0, byte(i >> 8), byte(i)} }
+	cancel, done := start()
+	cl, err := kvd.Dial(t.Context(), cfg.Socket, kvd.ClientOptions{SharedArena: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	for i := range n {
+		ret := "long"
+		if i%5 == 0 {
+			ret = "short"
+		}
+		if ok, reason, err := cl.Set(ns, k(i), val(i), kvd.SetOptions{Retention: ret}); !ok || err != nil {
+			t.Fatal(reason, err)
+		}
+	}
+	cl.Close()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.SkipSelfCheck = true
+	cancel, done = start()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	cl, err = kvd.Dial(t.Context(), cfg.Socket, kvd.ClientOptions{SharedArena: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	st, _ := cl.Stats()
+	if st.Entries != 0 || st.LongBytes < int64(n*4/5*3000) {
+		t.Fatalf("after restart: %+v", st)
+	}
+	for i := range n {
+		got, ret, ok, err := cl.Get(ns, k(i), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%5 == 0 {
+			if ok {
+				t.Fatalf("short entry %d survived the restart", i)
+			}
+			continue
+		}
+		if !ok || !bytes.Equal(got, val(i)) || ret != kvd.RetentionLong {
+			t.Fatalf("long entry %d after restart: ok=%v ret=%v", i, ok, ret)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 )
@@ -25,11 +26,27 @@ type KVD struct {
 	PrefetchQueue int
 	LongQueue     int
 
+	// L3 tablespace (kvd/tablespace); no path = no L3.
+	LongPath             string
+	LongPaths            []string // every shard path: LongPath plus --long-paths
+	LongBytesText        string
+	SlotBytesText        string
+	ContainerBytesText   string
+	LongDirectIO         string
+	LongGroupCommit      bool
+	LongSnapshotInterval time.Duration
+	SkipSelfCheck        bool
+
+	LongBytes      int64
+	SlotBytes      int64
+	ContainerBytes int64
+
 	MaxBytes      int64 // RAM budget: the arena plus inline values
 	ArenaBytes    int64 // 0: no shared arena
 	MaxFrameBytes int64
 
-	allowUIDText []string
+	allowUIDText  []string
+	longPathsText []string
 }
 
 // DefaultKVDSocket is where engines' connectors look for kvd.
@@ -48,12 +65,22 @@ func (k *KVD) Flags() []cli.Flag {
 		String("max-frame-bytes", "largest request frame accepted; a longer one closes its connection", &k.MaxFrameText, "1GiB"),
 		Int("prefetch-queue", "pending prefetch_hint keys; more are dropped and counted", &k.PrefetchQueue, 64),
 		Int("long-write-queue", "pending write-throughs of long entries to L3; more are dropped and counted", &k.LongQueue, 1024),
+		String("long-path", "directory of the L3 tablespace on local NVMe (empty = no L3: long entries live in RAM only)", &k.LongPath, ""),
+		StringSlice("long-paths", "more tablespace directories, one shard each (keys striped by hash), comma-separated", nil),
+		String("long-bytes", "L3 capacity over all paths, pre-allocated in container files", &k.LongBytesText, "64GiB"),
+		String("tablespace-slot-bytes", "fixed L3 slot size (a multiple of 4096; a value must fit one slot)", &k.SlotBytesText, "1MiB"),
+		String("tablespace-container-bytes", "size of each pre-allocated L3 container file", &k.ContainerBytesText, "1GiB"),
+		String("long-direct-io", "O_DIRECT for L3: auto (where the filesystem allows), on or off", &k.LongDirectIO, "auto"),
+		Bool("long-group-commit", "share data and journal syncs between concurrent L3 writers", &k.LongGroupCommit, false),
+		Duration("long-snapshot-interval", "periodic L3 index snapshot (0 = on shutdown and by journal size only)", &k.LongSnapshotInterval, 5*time.Minute),
+		Bool("skip-selfcheck", "skip the startup L3 write-speed self-check", &k.SkipSelfCheck, false),
 	)
 }
 
 // Finish copies slice flags out of the parsed command line.
 func (k *KVD) Finish(c *cli.Context) {
 	k.allowUIDText = SplitList(c.StringSlice("allow-uid"))
+	k.longPathsText = SplitList(c.StringSlice("long-paths"))
 }
 
 // Validate parses the sizes and reports every problem at once.
@@ -95,6 +122,30 @@ func (k *KVD) Validate() error {
 	}
 	if k.MaxFrameBytes, err = ParseBytes(k.MaxFrameText); err != nil || k.MaxFrameBytes < 1024 || k.MaxFrameBytes > math.MaxUint32 {
 		p.Addf("--max-frame-bytes %q: want a size from 1KiB to 4GiB", k.MaxFrameText)
+	}
+	k.LongPaths = k.LongPaths[:0]
+	if k.LongPath != "" {
+		k.LongPaths = append(k.LongPaths, k.LongPath)
+	}
+	k.LongPaths = append(k.LongPaths, k.longPathsText...)
+	for name, f := range map[string]struct {
+		text string
+		dst  *int64
+	}{"--long-bytes": {k.LongBytesText, &k.LongBytes}, "--tablespace-slot-bytes": {k.SlotBytesText, &k.SlotBytes}, "--tablespace-container-bytes": {k.ContainerBytesText, &k.ContainerBytes}} {
+		if *f.dst, err = ParseBytes(f.text); err != nil || *f.dst <= 0 {
+			p.Addf("%s %q: want a positive size", name, f.text)
+		}
+	}
+	if k.SlotBytes%4096 != 0 {
+		p.Addf("--tablespace-slot-bytes %s: want a multiple of 4096", k.SlotBytesText)
+	}
+	switch k.LongDirectIO {
+	case "auto", "on", "off":
+	default:
+		p.Addf("--long-direct-io %q: want auto, on or off", k.LongDirectIO)
+	}
+	if k.LongSnapshotInterval < 0 {
+		p.Addf("--long-snapshot-interval must not be negative")
 	}
 	if k.PrefetchQueue < 1 {
 		p.Addf("--prefetch-queue must be at least 1")

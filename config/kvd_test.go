@@ -39,6 +39,12 @@ func TestKVDFlagsAndEnv(t *testing.T) {
 	if k.MaxBytes != 2<<30 || k.ArenaBytes != 512<<20 || len(k.AllowUIDs) != 3 || k.AllowUIDs[2] != 5 || k.Socket != "/tmp/k.sock" {
 		t.Fatalf("%+v", k)
 	}
+	if k.LongBytes != 64<<30 || k.SlotBytes != 1<<20 || k.ContainerBytes != 1<<30 || len(k.LongPaths) != 0 || k.LongDirectIO != "auto" {
+		t.Fatalf("l3 defaults %+v", k)
+	}
+	if k, err := parseKVD(t, "--long-path", "/a", "--long-paths", "/b,/c"); err != nil || len(k.LongPaths) != 3 || k.LongPaths[2] != "/c" {
+		t.Fatalf("long paths: %v %+v", err, k)
+	}
 	if k, err := parseKVD(t, "--shared-arena-bytes", "0"); err != nil || k.ArenaBytes != 0 {
 		t.Fatalf("arena off: %v %+v", err, k)
 	}
@@ -46,11 +52,13 @@ func TestKVDFlagsAndEnv(t *testing.T) {
 
 func TestKVDValidateReportsEverything(t *testing.T) {
 	_, err := parseKVD(t, "--socket", "rel.sock", "--max-bytes", "lots", "--shared-arena-bytes", "x", "--max-frame-bytes", "1",
-		"--allow-uid", "bob", "--admin-listen", "nope", "--prefetch-queue", "0", "--long-write-queue", "0")
+		"--allow-uid", "bob", "--admin-listen", "nope", "--prefetch-queue", "0", "--long-write-queue", "0",
+		"--long-bytes", "0", "--tablespace-slot-bytes", "1000", "--tablespace-container-bytes", "x", "--long-direct-io", "maybe", "--long-snapshot-interval", "-1s")
 	if !errors.Is(err, ErrInvalid) {
 		t.Fatalf("err %v", err)
 	}
-	for _, f := range []string{"--socket", "--max-bytes", "--shared-arena-bytes", "--max-frame-bytes", "--allow-uid", "--admin-listen", "--prefetch-queue", "--long-write-queue"} {
+	for _, f := range []string{"--socket", "--max-bytes", "--shared-arena-bytes", "--max-frame-bytes", "--allow-uid", "--admin-listen", "--prefetch-queue", "--long-write-queue",
+		"--long-bytes", "--tablespace-slot-bytes", "--tablespace-container-bytes", "--long-direct-io", "--long-snapshot-interval"} {
 		if !strings.Contains(err.Error(), f) {
 			t.Errorf("%s not reported: %v", f, err)
 		}
