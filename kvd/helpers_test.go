@@ -2,12 +2,12 @@ package kvd
 
 import (
 	"context"
-	"errors"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/kvd/tablespace"
 )
 
 // daemon is an in-process kvd on a temporary socket.
@@ -30,7 +30,7 @@ func startDaemon(t testing.TB, o daemonOpts) *daemon {
 	if o.maxBytes == 0 {
 		o.maxBytes = max(o.arenaBytes, 1<<20)
 	}
-	so := StoreOptions{MaxBytes: o.maxBytes, Long: o.long, LongNotFound: errMemNotFound, Log: zerolog.Nop()}
+	so := StoreOptions{MaxBytes: o.maxBytes, Long: o.long, LongNotFound: tablespace.ErrNotFound, Log: zerolog.Nop()}
 	if o.arenaBytes > 0 {
 		a, _, err := OpenArena(o.arenaBytes, false, false)
 		if err != nil {
@@ -78,72 +78,18 @@ func dial(t testing.TB, d *daemon, o ClientOptions) *Client {
 	return c
 }
 
-var errMemNotFound = errors.New("mem: not found")
-
-// memLong is an in-memory LongStore with the tablespace's contract, so the
-// store's L3 paths (write-through, promotion, prefetch) are tested without
-// the tablespace package.
-type memLong struct {
-	mu   sync.Mutex
-	m    map[string][]byte
-	puts int
-}
-
-func newMemLong() *memLong { return &memLong{m: map[string][]byte{}} }
-
-func (l *memLong) Put(k, v []byte) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.m[string(k)] = append([]byte(nil), v...)
-	l.puts++
-	return nil
-}
-
-func (l *memLong) Get(k, dst []byte) ([]byte, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	v, ok := l.m[string(k)]
-	if !ok {
-		return dst, errMemNotFound
+// newTablespace opens a small real L3 tablespace in a temporary directory.
+func newTablespace(t testing.TB) *tablespace.Tablespace {
+	t.Helper()
+	ts, err := tablespace.Open(tablespace.Config{Paths: []string{t.TempDir()}, Bytes: 4 << 20, SlotBytes: 8 << 10,
+		ContainerBytes: 1 << 20, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
 	}
-	return append(dst[:0], v...), nil
+	t.Cleanup(func() {
+		if err := ts.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return ts
 }
-
-func (l *memLong) Exists(k []byte) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	_, ok := l.m[string(k)]
-	return ok
-}
-
-func (l *memLong) Delete(k []byte) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.m, string(k))
-	return nil
-}
-
-func (l *memLong) Clear() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	clear(l.m)
-	return nil
-}
-
-func (l *memLong) Len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.m)
-}
-
-func (l *memLong) UsedBytes() int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var n int64
-	for _, v := range l.m {
-		n += int64(len(v))
-	}
-	return n
-}
-
-func (l *memLong) Close() error { return nil }

@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/kvd/tablespace"
 )
 
 func newTestStore(t *testing.T, arenaBytes, maxBytes int64, long LongStore, now func() time.Time) *Store {
 	t.Helper()
-	o := StoreOptions{MaxBytes: maxBytes, Long: long, LongNotFound: errMemNotFound, Now: now, Log: zerolog.Nop()}
+	o := StoreOptions{MaxBytes: maxBytes, Long: long, LongNotFound: tablespace.ErrNotFound, Now: now, Log: zerolog.Nop()}
 	if arenaBytes > 0 {
 		a, _, err := OpenArena(arenaBytes, false, false)
 		if err != nil {
@@ -233,7 +235,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func TestLongWriteThroughPromotionPrefetch(t *testing.T) {
-	long := newMemLong()
+	long := newTablespace(t)
 	d := startDaemon(t, daemonOpts{arenaBytes: 4 * 1024, long: long})
 	c := dial(t, d, ClientOptions{SharedArena: true})
 	v := value(1, 1000)
@@ -295,7 +297,7 @@ func TestLongWriteThroughPromotionPrefetch(t *testing.T) {
 }
 
 func TestPrefetchQueueBounded(t *testing.T) {
-	long := newMemLong()
+	long := newTablespace(t)
 	s := newTestStore(t, 64*1024, 64*1024, long, nil)
 	keys := make([][]byte, 1000)
 	for i := range keys {
