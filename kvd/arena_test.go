@@ -43,9 +43,17 @@ func TestArenaFallbacks(t *testing.T) {
 // keys (every value is its key and a counter repeated), zero-copy readers
 // in other connections either read a whole, correct value or a miss —
 // never a mix of two values or another key's bytes.
+// Large values (≥ unlockedCopyBytes) are copied without the store's lock,
+// so writers of the same key race to publish.
 func TestSeqlockNeverServesWrongBytes(t *testing.T) {
-	d := startDaemon(t, daemonOpts{arenaBytes: 6 * 1024}) // 6 slots for 4 keys: slots get reused
-	const n = 1000
+	for _, n := range []int{1000, unlockedCopyBytes + 1000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) { seqlockRace(t, n) })
+	}
+}
+
+func seqlockRace(t *testing.T, n int) {
+	slot := (n/12*12 + HeaderBytes + SlotAlign - 1) / SlotAlign * SlotAlign
+	d := startDaemon(t, daemonOpts{arenaBytes: int64(6 * slot)}) // 6 slots for 4 keys: slots get reused
 	mk := func(k, ctr int) []byte {
 		return bytes.Repeat([]byte(fmt.Sprintf("k%02d-c%06d;", k, ctr)), n/12)
 	}
@@ -62,7 +70,7 @@ func TestSeqlockNeverServesWrongBytes(t *testing.T) {
 				return
 			}
 			defer c.Close()
-			for i := range 400 {
+			for i := range 200 {
 				k := (i + w) % 4
 				var ok bool
 				if i%2 == 0 {

@@ -27,9 +27,9 @@
 //     for the router's prewarm).
 //
 // Concurrency: a Store is safe for concurrent use; one mutex guards its
-// index, allocator and counters, values are copied into slots under it and
-// read out of them without it (seqlock: a reader checks the version before
-// and after). A Server runs one goroutine per connection; each connection
+// index, allocator and counters; large values are copied into a slot the
+// writer owns outside it, and values are read out of slots without it
+// (seqlock: a reader checks the version before and after). A Server runs one goroutine per connection; each connection
 // owns its Decoder, Encoder and buffers. A Client serializes its requests.
 // The L3 write-through and prefetch workers are the Store's; Close stops
 // them after the pending write-throughs are written.

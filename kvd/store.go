@@ -170,8 +170,9 @@ type Counters struct {
 
 // Store is the RAM tier (L2) over the optional shared arena, with the L3
 // write-through and the prefetch worker. One mutex guards the index, the
-// allocator and the counters; value bytes are copied into arena slots under
-// it, and read out of them without it (seqlock).
+// allocator and the counters; small values are copied into arena slots
+// under it, large ones (≥ 64 KiB) into a slot the writer owns without it,
+// and readers copy out without it (seqlock).
 type Store struct {
 	opt   StoreOptions
 	arena *Arena
@@ -381,12 +382,17 @@ func (s *Store) Set(a *SetArgs) (bool, string) {
 	return ok, reason
 }
 
+// unlockedCopyBytes: values at least this large are copied into their
+// slot without holding the store's mutex (the slot is owned by the writer
+// meanwhile: neither free, leased nor indexed).
+const unlockedCopyBytes = 64 << 10
+
 // putLocked inserts a value; fromL3 marks a promotion (no write-through).
+// The caller holds mu; for a large arena value it is released during the
+// copy and held again on return.
 func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expires int64, fromL3 bool) (bool, string) {
-	now := s.nowNs()
 	s.kb = Composite(s.kb, model, compat, key)
-	old := s.lookup(now)
-	if old != nil && ret < old.ret {
+	if old := s.lookup(s.nowNs()); old != nil && ret < old.ret {
 		return false, ReasonDowngrade
 	}
 	s.initGeometry(len(value))
@@ -394,10 +400,7 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 	if !toArena && int64(len(value)) > s.inlineBudget {
 		return false, ReasonLargerThanStore
 	}
-	if old != nil {
-		s.removeLocked(old)
-	}
-	e := &entry{key: string(s.kb), nsLen: 4 + len(model) + len(compat), ret: ret, expires: expires, slot: -1, length: len(value)}
+	e := &entry{nsLen: 4 + len(model) + len(compat), ret: ret, expires: expires, slot: -1, length: len(value)}
 	if toArena {
 		slot, ok := s.allocSlot(ret)
 		if !ok {
@@ -405,12 +408,30 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 		}
 		base := int(slot) * s.slotSize
 		beginWrite(s.arena.mem, base)
-		copy(s.arena.mem[base+HeaderBytes:], value)
+		if len(value) >= unlockedCopyBytes {
+			s.mu.Unlock()
+			copy(s.arena.mem[base+HeaderBytes:], value)
+			s.mu.Lock()
+			s.kb = Composite(s.kb, model, compat, key)
+		} else {
+			copy(s.arena.mem[base+HeaderBytes:], value)
+		}
 		endWrite(s.arena.mem, base, len(value))
+		// Another writer may have stored the key meanwhile.
+		if old := s.lookup(s.nowNs()); old != nil {
+			if ret < old.ret {
+				s.free = append(s.free, slot)
+				return false, ReasonDowngrade
+			}
+			s.removeLocked(old)
+		}
 		e.slot = slot
 		s.arenaBytes += int64(len(value))
 		s.arenaEntries++
 	} else {
+		if old := s.index[string(s.kb)]; old != nil {
+			s.removeLocked(old)
+		}
 		for s.inlineBytes+int64(len(value)) > s.inlineBudget {
 			if !s.evictLocked(&s.inlineLRU, ret) {
 				return false, ReasonDisplaceHigher
@@ -419,6 +440,7 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 		e.inline = append(make([]byte, 0, len(value)), value...)
 		s.inlineBytes += int64(len(value))
 	}
+	e.key = string(s.kb)
 	s.index[e.key] = e
 	s.list(e).pushFront(e)
 	if ret == RetentionLong && !fromL3 {
