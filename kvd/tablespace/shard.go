@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 )
 
 const (
@@ -222,6 +223,11 @@ func (s *shard) recover() error {
 			return herr
 		case herr != nil:
 			log.Warn().Str("path", s.dir).Msg("tablespace journal header unreadable, ignoring journal")
+			if snap == nil {
+				// Nothing says which epochs the file's leftovers belong to:
+				// start one that cannot have been used.
+				s.epoch = uint64(time.Now().UnixNano())
+			}
 		case snap != nil && jepoch != snap.epoch:
 			// A journal of an older epoch is already covered by the snapshot.
 		default:

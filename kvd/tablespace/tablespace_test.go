@@ -249,10 +249,16 @@ func TestLockedAndGeometry(t *testing.T) {
 	}
 	_ = ts.Put([]byte("a"), val("a", 1))
 	_ = ts.Close()
-	cfg.Bytes *= 2
-	if _, err := Open(cfg); !errors.Is(err, ErrGeometry) {
-		t.Fatalf("geometry: %v", err)
+	for _, c := range []Config{{Bytes: 2 * cfg.Bytes}, {ContainerBytes: 2 * cfg.ContainerBytes}} {
+		g := cfg
+		g.Bytes, g.ContainerBytes = max(c.Bytes, cfg.Bytes), max(c.ContainerBytes, cfg.ContainerBytes)
+		if _, err := Open(g); !errors.Is(err, ErrGeometry) {
+			t.Fatalf("geometry %+v: %v", c, err)
+		}
 	}
+	ts = mustOpen(t, cfg) // unchanged after the refusals
+	mustGet(t, ts, "a", val("a", 1))
+	_ = ts.Close()
 	for _, bad := range []Config{{}, {Paths: []string{dir}, Bytes: 100}, {Paths: []string{dir, dir}, Bytes: 1 << 30},
 		{Paths: []string{dir}, Bytes: 1 << 30, SlotBytes: 5000}, {Paths: []string{dir}, Bytes: 1 << 30, DirectIO: "maybe"}} {
 		if _, err := Open(bad); !errors.Is(err, ErrInvalidConfig) {
