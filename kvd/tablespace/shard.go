@@ -430,7 +430,14 @@ func (s *shard) put(key, val []byte) error {
 	}
 	seq := s.nextSeq
 	s.nextSeq++
+	ks, ok := "", false
+	if old, found := s.index[string(key)]; found { // an overwrite reuses the key string
+		ks, ok = s.slots[old].key, true
+	}
 	s.mu.Unlock()
+	if !ok {
+		ks = string(key)
+	}
 	if victim != nil {
 		s.t.st.evictions.Add(1)
 		if s.t.cfg.OnEvict != nil {
@@ -459,7 +466,7 @@ func (s *shard) put(key, val []byte) error {
 		return fmt.Errorf("write slot: %w", err)
 	}
 	s.t.st.bytesWritten.Add(uint64(n))
-	return s.commit(&record{op: opPut, seq: seq, slot: sl, vlen: uint32(len(val)), key: string(key)}, c)
+	return s.commit(&record{op: opPut, seq: seq, slot: sl, vlen: uint32(len(val)), key: ks}, c)
 }
 
 func (s *shard) get(key, dst []byte) ([]byte, error) {
