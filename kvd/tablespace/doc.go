@@ -7,7 +7,7 @@
 //
 //	<path>/LOCK                      flock'd by the owning process
 //	<path>/containers/0000.bin …     fixed size, fallocate'd, slot i of a container at i*SlotBytes
-//	<path>/journal.log               append-only, checksummed records: PUT and every removal
+//	<path>/journal.log               checksummed records (PUT and every removal), reused across epochs
 //	<path>/snapshot.bin              checksummed index image, replaced atomically
 //
 // Every slot carries a 32-byte header (magic, CRC-32C, sequence number, value

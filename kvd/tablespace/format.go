@@ -65,15 +65,21 @@ func verifySlotCRC(buf []byte, seq uint64, key []byte, vlen int, valueCRC uint32
 
 // Journal file: a 32-byte header then records.
 //
-//	header: [0:4] magic [4:8] version [8:16] epoch [16:24] slot bytes [24:28] slots [28:32] crc32c of [0:28]
+//	header: [0:4] magic [4:8] version [8:16] epoch [16:24] slot bytes [24:28] slots
+//	        [28:32] slots per container [32:36] zero [36:40] crc32c of [0:36]
 //	record: [0:4] payload len [4:8] crc32c of payload, payload =
-//	        op u8 | seq u64 | slot u32 | value len u32 | key len u16 | key
+//	        epoch u64 | op u8 | seq u64 | slot u32 | value len u32 | key len u16 | key
+//
+// The file is reused across epochs: a snapshot rewrites only the header, and
+// replay stops at the first record of another epoch, so leftovers of older
+// epochs (and the zero fill of a new file) end the journal. Overwriting in
+// place keeps the file size fixed, so a record's fdatasync is a pure data flush.
 const (
-	journalHeaderSize = 32
+	journalHeaderSize = 40
 	journalMagic      = 0x4a535449 // "ITSJ"
 	formatVersion     = 1
 	recHeadSize       = 8
-	recFixed          = 1 + 8 + 4 + 4 + 2
+	recFixed          = 8 + 1 + 8 + 4 + 4 + 2
 	maxRecPayload     = recFixed + MaxKeyBytes
 )
 
@@ -83,6 +89,9 @@ const (
 	opPut   opKind = 1
 	opDel   opKind = 2 // removes key only if its entry still has seq
 	opClear opKind = 3
+	// opDelAny removes key whatever its version: an explicit Delete, which
+	// must also win over an eviction that was unindexed but not yet journalled.
+	opDelAny opKind = 4
 )
 
 type record struct {
@@ -102,6 +111,12 @@ type geometry struct {
 
 var errBadHeader = errors.New("bad header")
 
+// sameGeometry checks slot bytes u64 | slots u32 | slots per container u32.
+func sameGeometry(b []byte, g geometry) bool {
+	return binary.LittleEndian.Uint64(b) == uint64(g.slotBytes) && binary.LittleEndian.Uint32(b[8:]) == uint32(g.numSlots) &&
+		binary.LittleEndian.Uint32(b[12:]) == uint32(g.slotsPerContainer)
+}
+
 func encodeJournalHeader(epoch uint64, g geometry) []byte {
 	b := make([]byte, journalHeaderSize)
 	binary.LittleEndian.PutUint32(b[0:], journalMagic)
@@ -109,7 +124,8 @@ func encodeJournalHeader(epoch uint64, g geometry) []byte {
 	binary.LittleEndian.PutUint64(b[8:], epoch)
 	binary.LittleEndian.PutUint64(b[16:], uint64(g.slotBytes))
 	binary.LittleEndian.PutUint32(b[24:], uint32(g.numSlots))
-	binary.LittleEndian.PutUint32(b[28:], crc(b[:28]))
+	binary.LittleEndian.PutUint32(b[28:], uint32(g.slotsPerContainer))
+	binary.LittleEndian.PutUint32(b[36:], crc(b[:36]))
 	return b
 }
 
@@ -117,34 +133,46 @@ func encodeJournalHeader(epoch uint64, g geometry) []byte {
 func parseJournalHeader(b []byte, g geometry) (uint64, error) {
 	if len(b) < journalHeaderSize || binary.LittleEndian.Uint32(b[0:]) != journalMagic ||
 		binary.LittleEndian.Uint32(b[4:]) != formatVersion ||
-		binary.LittleEndian.Uint32(b[28:]) != crc(b[:28]) {
+		binary.LittleEndian.Uint32(b[36:]) != crc(b[:36]) {
 		return 0, errBadHeader
 	}
-	if binary.LittleEndian.Uint64(b[16:]) != uint64(g.slotBytes) || binary.LittleEndian.Uint32(b[24:]) != uint32(g.numSlots) {
+	if !sameGeometry(b[16:], g) {
 		return 0, ErrGeometry
 	}
 	return binary.LittleEndian.Uint64(b[8:]), nil
 }
 
+// appendRecord appends r unsealed: sealRecords sets epoch and checksum when
+// the record is written.
 func appendRecord(b []byte, r *record) []byte {
-	start := len(b)
 	plen := recFixed + len(r.key)
 	b = binary.LittleEndian.AppendUint32(b, uint32(plen))
 	b = binary.LittleEndian.AppendUint32(b, 0)
+	b = binary.LittleEndian.AppendUint64(b, 0)
 	b = append(b, byte(r.op))
 	b = binary.LittleEndian.AppendUint64(b, r.seq)
 	b = binary.LittleEndian.AppendUint32(b, uint32(r.slot))
 	b = binary.LittleEndian.AppendUint32(b, r.vlen)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(r.key)))
-	b = append(b, r.key...)
-	binary.LittleEndian.PutUint32(b[start+4:], crc(b[start+recHeadSize:]))
-	return b
+	return append(b, r.key...)
 }
 
-// parseRecords calls fn for every whole, valid record of body (the journal
-// after its header) in order and returns the length of that valid prefix;
-// parsing stops at the first torn or invalid record.
-func parseRecords(body []byte, g geometry, fn func(*record)) int {
+// sealRecords stamps every record of b (whole records from appendRecord)
+// with epoch and its checksum.
+func sealRecords(b []byte, epoch uint64) {
+	for len(b) > 0 {
+		plen := int(binary.LittleEndian.Uint32(b))
+		p := b[recHeadSize : recHeadSize+plen]
+		binary.LittleEndian.PutUint64(p, epoch)
+		binary.LittleEndian.PutUint32(b[4:], crc(p))
+		b = b[recHeadSize+plen:]
+	}
+}
+
+// parseRecords calls fn for every whole, valid record of epoch in body (the
+// journal after its header) in order and returns the length of that valid
+// prefix; parsing stops at the first torn, invalid or other-epoch record.
+func parseRecords(body []byte, g geometry, epoch uint64, fn func(*record)) int {
 	off := 0
 	var r record
 	for {
@@ -157,9 +185,10 @@ func parseRecords(body []byte, g geometry, fn func(*record)) int {
 			return off
 		}
 		p := rest[recHeadSize : recHeadSize+plen]
-		if binary.LittleEndian.Uint32(rest[4:]) != crc(p) {
+		if binary.LittleEndian.Uint32(rest[4:]) != crc(p) || binary.LittleEndian.Uint64(p) != epoch {
 			return off
 		}
+		p = p[8:]
 		r.op = opKind(p[0])
 		r.seq = binary.LittleEndian.Uint64(p[1:])
 		slot := binary.LittleEndian.Uint32(p[9:])
@@ -168,13 +197,13 @@ func parseRecords(body []byte, g geometry, fn func(*record)) int {
 		if klen != plen-recFixed {
 			return off
 		}
-		key := p[recFixed:]
+		key := p[recFixed-8:]
 		switch r.op {
 		case opPut:
 			if klen == 0 || slot >= uint32(g.numSlots) || int64(r.vlen) > int64(g.maxValue) {
 				return off
 			}
-		case opDel:
+		case opDel, opDelAny:
 			if klen == 0 {
 				return off
 			}
@@ -195,11 +224,11 @@ func parseRecords(body []byte, g geometry, fn func(*record)) int {
 // Snapshot file:
 //
 //	[0:4] magic [4:8] version [8:16] journal epoch [16:24] slot bytes [24:28] slots
-//	[28:32] count [32:40] next seq, then count entries (LRU order, oldest first):
+//	[28:32] slots per container [32:36] count [36:44] next seq, then count entries (LRU order, oldest first):
 //	seq u64 | slot u32 | value len u32 | key len u16 | key; then crc32c of everything before.
 const (
 	snapMagic      = 0x53535449 // "ITSS"
-	snapHeaderSize = 40
+	snapHeaderSize = 44
 	snapEntryFixed = 8 + 4 + 4 + 2
 )
 
@@ -217,6 +246,7 @@ func encodeSnapshot(b []byte, epoch, nextSeq uint64, g geometry, count int, each
 	b = binary.LittleEndian.AppendUint64(b, epoch)
 	b = binary.LittleEndian.AppendUint64(b, uint64(g.slotBytes))
 	b = binary.LittleEndian.AppendUint32(b, uint32(g.numSlots))
+	b = binary.LittleEndian.AppendUint32(b, uint32(g.slotsPerContainer))
 	b = binary.LittleEndian.AppendUint32(b, uint32(count))
 	b = binary.LittleEndian.AppendUint64(b, nextSeq)
 	each(func(r *record) {
@@ -240,14 +270,14 @@ func parseSnapshot(b []byte, g geometry) (*snapshotData, error) {
 	if binary.LittleEndian.Uint32(b[len(b)-4:]) != crc(body) {
 		return nil, errBadSnapshot
 	}
-	if binary.LittleEndian.Uint64(b[16:]) != uint64(g.slotBytes) || binary.LittleEndian.Uint32(b[24:]) != uint32(g.numSlots) {
+	if !sameGeometry(b[16:], g) {
 		return nil, ErrGeometry
 	}
-	count := int(binary.LittleEndian.Uint32(b[28:]))
+	count := int(binary.LittleEndian.Uint32(b[32:]))
 	if count > g.numSlots {
 		return nil, errBadSnapshot
 	}
-	d := &snapshotData{epoch: binary.LittleEndian.Uint64(b[8:]), nextSeq: binary.LittleEndian.Uint64(b[32:]),
+	d := &snapshotData{epoch: binary.LittleEndian.Uint64(b[8:]), nextSeq: binary.LittleEndian.Uint64(b[36:]),
 		entries: make([]record, 0, count)}
 	used := make(map[int32]bool, count)
 	keys := make(map[string]bool, count)

@@ -21,14 +21,17 @@ func FuzzJournalReplay(f *testing.F) {
 	b = appendRecord(b, &record{op: opPut, seq: 2, slot: 3, vlen: 7, key: "b"})
 	b = appendRecord(b, &record{op: opDel, seq: 1, key: "a"})
 	b = appendRecord(b, &record{op: opPut, seq: 3, slot: 15, vlen: 0, key: "a"})
+	b = appendRecord(b, &record{op: opDelAny, key: "b"})
 	b = appendRecord(b, &record{op: opClear})
+	sealRecords(b, 1)
 	f.Add(b)
+	f.Add(append(b[:len(b):len(b)], make([]byte, 64)...)) // zero fill after the tail
 	f.Add(b[:len(b)-3])
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := fuzzShard()
 		n := 0
-		end := parseRecords(data, fuzzGeom, func(r *record) {
+		end := parseRecords(data, fuzzGeom, 1, func(r *record) {
 			s.applyLocked(r)
 			n++
 		})
@@ -37,7 +40,7 @@ func FuzzJournalReplay(f *testing.F) {
 		}
 		checkShard(t, s)
 		m := 0
-		if again := parseRecords(data[:end], fuzzGeom, func(*record) { m++ }); again != end || m != n {
+		if again := parseRecords(data[:end], fuzzGeom, 1, func(*record) { m++ }); again != end || m != n {
 			t.Fatalf("prefix re-parse %d/%d records %d/%d", again, end, m, n)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 )
 
 const (
@@ -222,6 +223,11 @@ func (s *shard) recover() error {
 			return herr
 		case herr != nil:
 			log.Warn().Str("path", s.dir).Msg("tablespace journal header unreadable, ignoring journal")
+			if snap == nil {
+				// Nothing says which epochs the file's leftovers belong to:
+				// start one that cannot have been used.
+				s.epoch = uint64(time.Now().UnixNano())
+			}
 		case snap != nil && jepoch != snap.epoch:
 			// A journal of an older epoch is already covered by the snapshot.
 		default:
@@ -229,7 +235,7 @@ func (s *shard) recover() error {
 				s.epoch = jepoch
 			}
 			n := 0
-			end := parseRecords(jb[journalHeaderSize:], s.g, func(r *record) {
+			end := parseRecords(jb[journalHeaderSize:], s.g, jepoch, func(r *record) {
 				s.applyLocked(r)
 				n++
 			})
@@ -265,6 +271,10 @@ func (s *shard) applyLocked(r *record) {
 		s.usedBytes += int64(r.vlen)
 	case opDel:
 		if sl, ok := s.index[r.key]; ok && s.slots[sl].seq == r.seq {
+			s.removeLocked(sl, true)
+		}
+	case opDelAny:
+		if sl, ok := s.index[r.key]; ok {
 			s.removeLocked(sl, true)
 		}
 	case opClear:
@@ -420,7 +430,14 @@ func (s *shard) put(key, val []byte) error {
 	}
 	seq := s.nextSeq
 	s.nextSeq++
+	ks, ok := "", false
+	if old, found := s.index[string(key)]; found { // an overwrite reuses the key string
+		ks, ok = s.slots[old].key, true
+	}
 	s.mu.Unlock()
+	if !ok {
+		ks = string(key)
+	}
 	if victim != nil {
 		s.t.st.evictions.Add(1)
 		if s.t.cfg.OnEvict != nil {
@@ -449,7 +466,7 @@ func (s *shard) put(key, val []byte) error {
 		return fmt.Errorf("write slot: %w", err)
 	}
 	s.t.st.bytesWritten.Add(uint64(n))
-	return s.commit(&record{op: opPut, seq: seq, slot: sl, vlen: uint32(len(val)), key: string(key)}, c)
+	return s.commit(&record{op: opPut, seq: seq, slot: sl, vlen: uint32(len(val)), key: ks}, c)
 }
 
 func (s *shard) get(key, dst []byte) ([]byte, error) {
@@ -521,19 +538,12 @@ func (s *shard) exists(key []byte) bool {
 	return ok
 }
 
+// delete journals a removal even for a key that is not indexed: it may be
+// an eviction victim whose own DEL is not durable yet, which a crash would
+// otherwise bring back.
 func (s *shard) delete(key []byte) error {
-	s.mu.Lock()
-	sl, ok := s.index[string(key)]
-	var seq uint64
-	if ok {
-		seq = s.slots[sl].seq
-	}
-	s.mu.Unlock()
-	if !ok {
-		return nil
-	}
 	s.t.st.deletes.Add(1)
-	return s.commit(&record{op: opDel, seq: seq, key: string(key)}, -1)
+	return s.commit(&record{op: opDelAny, key: string(key)}, -1)
 }
 
 func (s *shard) clear() error {
@@ -592,6 +602,7 @@ func (s *shard) flushLocked() {
 	syncList := s.syncList
 	off := s.jsize
 	jfd := int(s.jf.Fd())
+	sealRecords(data, s.epoch) // under jmu: appends may copy jbuf's prefix
 	s.jmu.Unlock()
 
 	var err error
@@ -685,19 +696,54 @@ func (s *shard) writeSnapshot() error {
 	if err := writeFileAtomic(s.dir, "snapshot.bin", buf); err != nil {
 		return fmt.Errorf("write snapshot: %w", err)
 	}
-	if err := writeFileAtomic(s.dir, "journal.log", encodeJournalHeader(epoch, s.g)); err != nil {
+	if s.jf == nil {
+		jf, err := openJournal(s.dir)
+		if err != nil {
+			return fmt.Errorf("open journal: %w", err)
+		}
+		s.jf = jf
+	}
+	// The old epoch's records stay behind the new header and are ignored.
+	fd := int(s.jf.Fd())
+	if err := pwriteFull(fd, encodeJournalHeader(epoch, s.g), 0); err != nil {
 		return fmt.Errorf("reset journal: %w", err)
 	}
-	jf, err := os.OpenFile(filepath.Join(s.dir, "journal.log"), os.O_RDWR, 0o644)
-	if err != nil {
-		return fmt.Errorf("open journal: %w", err)
+	if err := fdatasync(fd); err != nil {
+		return fmt.Errorf("reset journal: %w", err)
 	}
-	if s.jf != nil {
-		_ = s.jf.Close()
-	}
-	s.jf, s.jsize, s.epoch = jf, journalHeaderSize, epoch
+	s.jsize, s.epoch = journalHeaderSize, epoch
 	s.t.st.snapshots.Add(1)
 	return nil
+}
+
+// journalPrealloc is the zero fill of a new journal file: appends within it
+// do not change the file size.
+const journalPrealloc = 4 << 20
+
+func openJournal(dir string) (*os.File, error) {
+	path := filepath.Join(dir, "journal.log")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err == nil && st.Size() == 0 {
+		zero := make([]byte, 1<<20)
+		for off := int64(0); err == nil && off < journalPrealloc; off += int64(len(zero)) {
+			_, err = f.WriteAt(zero, off)
+		}
+		if err == nil {
+			err = f.Sync()
+		}
+		if err == nil {
+			err = syncDir(dir)
+		}
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // encodeSnapshotLocked serializes the index, LRU order oldest first.

@@ -275,7 +275,8 @@ func (t *Tablespace) Exists(key []byte) bool {
 	return t.shardFor(key).exists(key)
 }
 
-// Delete removes key; deleting a missing key is not an error.
+// Delete removes key (always journalled, so it also wins over an eviction
+// in flight); deleting a missing key is not an error.
 func (t *Tablespace) Delete(key []byte) error {
 	if t.closed.Load() {
 		return ErrClosed

@@ -249,10 +249,16 @@ func TestLockedAndGeometry(t *testing.T) {
 	}
 	_ = ts.Put([]byte("a"), val("a", 1))
 	_ = ts.Close()
-	cfg.Bytes *= 2
-	if _, err := Open(cfg); !errors.Is(err, ErrGeometry) {
-		t.Fatalf("geometry: %v", err)
+	for _, c := range []Config{{Bytes: 2 * cfg.Bytes}, {ContainerBytes: 2 * cfg.ContainerBytes}} {
+		g := cfg
+		g.Bytes, g.ContainerBytes = max(c.Bytes, cfg.Bytes), max(c.ContainerBytes, cfg.ContainerBytes)
+		if _, err := Open(g); !errors.Is(err, ErrGeometry) {
+			t.Fatalf("geometry %+v: %v", c, err)
+		}
 	}
+	ts = mustOpen(t, cfg) // unchanged after the refusals
+	mustGet(t, ts, "a", val("a", 1))
+	_ = ts.Close()
 	for _, bad := range []Config{{}, {Paths: []string{dir}, Bytes: 100}, {Paths: []string{dir, dir}, Bytes: 1 << 30},
 		{Paths: []string{dir}, Bytes: 1 << 30, SlotBytes: 5000}, {Paths: []string{dir}, Bytes: 1 << 30, DirectIO: "maybe"}} {
 		if _, err := Open(bad); !errors.Is(err, ErrInvalidConfig) {
@@ -274,11 +280,22 @@ func TestGetAllocs(t *testing.T) {
 			t.Fatal("wrong bytes")
 		}
 	}
+	v := val("a", 1)
+	if n := testing.AllocsPerRun(20, func() { _ = ts.Put(key, v) }); n != 0 {
+		t.Fatalf("overwriting put allocates %v", n)
+	}
 	// An in-place read of a damaged slot is a miss too.
 	small := ts.ReadBuffer()
 	_ = ts.Put([]byte("b"), val("b", 2))
-	f, _ := os.OpenFile(filepath.Join(ts.shards[0].dir, "containers", "0000.bin"), os.O_RDWR, 0)
-	_, _ = f.WriteAt([]byte{0xee}, 8192+3)
+	s0 := ts.shards[0]
+	c, off := s0.locate(s0.index["b"])
+	f, err := os.OpenFile(filepath.Join(s0.dir, "containers", fmt.Sprintf("%04d.bin", c)), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xee}, off+3); err != nil {
+		t.Fatal(err)
+	}
 	_ = f.Close()
 	if got, err := ts.Get([]byte("b"), small); !errors.Is(err, ErrNotFound) || len(got) != 0 || ts.Stats().Corrupt != 1 {
 		t.Fatalf("damaged in-place read: %v %d", err, len(got))
