@@ -87,8 +87,8 @@ func (k *KVD) Finish(c *cli.Context) {
 func (k *KVD) Validate() error {
 	var p Problems
 	k.Log.Validate(&p)
-	if k.Socket == "" || !strings.HasPrefix(k.Socket, "/") || len(k.Socket) > 107 {
-		p.Addf("--socket %q: want an absolute path of at most 107 bytes", k.Socket)
+	if k.Socket == "" || !strings.HasPrefix(k.Socket, "/") || len(k.Socket) > 103 {
+		p.Addf("--socket %q: want an absolute path of at most 103 bytes", k.Socket)
 	}
 	if k.AdminListen != "" {
 		if err := serveCheckListen(k.AdminListen); err != "" {

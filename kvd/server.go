@@ -21,6 +21,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// MaxSocketPath is the longest socket path Listen takes: sun_path's 107
+// bytes less the temporary suffix.
+const MaxSocketPath = 103
+
 // retainFrameBytes caps the read buffer a connection keeps between frames.
 const retainFrameBytes = 16 << 20
 
@@ -69,11 +73,15 @@ func NewServer(store *Store, opt ServerOptions) *Server {
 // ID is the server_id sent in hello_ack.
 func (s *Server) ID() string { return s.serverID }
 
-// Listen binds the socket at path with mode 0600: it binds a temporary
-// name, sets the mode and renames it over path, so the socket is never
+// Listen binds the socket at path with mode 0600: it binds path+".tmp"
+// (so path is at most MaxSocketPath bytes), sets the mode and renames it
+// over path, so the socket is never
 // reachable with a wider mode. A stale socket (nobody answers) is replaced;
 // a live one gives ErrSocketInUse.
 func Listen(path string) (*net.UnixListener, error) {
+	if len(path) > MaxSocketPath {
+		return nil, fmt.Errorf("%w: socket path longer than %d bytes", ErrConfig, MaxSocketPath)
+	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
@@ -86,7 +94,7 @@ func Listen(path string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	tmp := path + ".tmp"
 	_ = os.Remove(tmp)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {

@@ -427,3 +427,10 @@ func TestManyClientsConcurrently(t *testing.T) {
 		}
 	}
 }
+
+func TestListenRejectsLongPath(t *testing.T) {
+	long := "/" + string(bytes.Repeat([]byte("a"), MaxSocketPath))
+	if _, err := Listen(long); !errors.Is(err, ErrConfig) {
+		t.Fatalf("err %v", err)
+	}
+}
