@@ -248,3 +248,32 @@ func TestArenaGetDoesNotAllocate(t *testing.T) {
 		t.Fatalf("get + exists round trips allocate %v", n)
 	}
 }
+
+// TestBatchGetDoesNotAllocate: batch gets, shared and inline, allocate
+// nothing in the daemon once its scratch has grown (measured with the raw
+// frames, as the client's BatchGet copies its results).
+func TestBatchGetDoesNotAllocate(t *testing.T) {
+	d := startDaemon(t, daemonOpts{arenaBytes: 1 << 20})
+	keys := [][]byte{key(1), key(2), key(3), key(4)}
+	setter := dial(t, d, ClientOptions{})
+	for i, k := range keys[:3] {
+		setter.Set(ns, k, value(i, 2000), SetOptions{})
+	}
+	for _, arena := range []bool{true, false} {
+		c := dial(t, d, ClientOptions{SharedArena: arena})
+		c.keysOp(OpBatchGet, ns, keys, 0)
+		frame := append([]byte(nil), c.enc.Frame()...)
+		roundTrip := func() {
+			if _, err := c.c.Write(frame); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.read(OpBatchGetResponse, OpBatchGetSharedResponse); err != nil {
+				t.Fatal(err)
+			}
+		}
+		roundTrip()
+		if n := testing.AllocsPerRun(100, roundTrip); n != 0 {
+			t.Errorf("batch get (arena %v) allocates %v", arena, n)
+		}
+	}
+}

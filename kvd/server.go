@@ -158,17 +158,20 @@ func (s *Server) peerAllowed(c *net.UnixConn) (int, bool) {
 }
 
 type conn struct {
-	s      *Server
-	c      *net.UnixConn
-	id     uint64
-	arena  bool // this client mapped the arena
-	hello  bool // the first frame was handled
-	enc    *Encoder
-	dec    *Decoder
-	msg    Message
-	buf    []byte
-	l3buf  []byte
-	setArg SetArgs
+	s       *Server
+	c       *net.UnixConn
+	id      uint64
+	arena   bool // this client mapped the arena
+	hello   bool // the first frame was handled
+	enc     *Encoder
+	dec     *Decoder
+	msg     Message
+	buf     []byte
+	l3buf   []byte
+	setArg  SetArgs
+	hits    []Hit // batch scratch
+	oks     []bool
+	reasons []string
 }
 
 func (s *Server) handle(c *net.UnixConn) {
@@ -433,13 +436,14 @@ func (cn *conn) batchGet() error {
 	st := cn.s.store
 	n := len(m.Keys)
 	if cn.arena {
-		// Parallel arrays: collect the hits first (keys alias the frame).
-		hits := make([]Hit, n)
-		for i, k := range m.Keys {
+		// Parallel arrays: collect the hits first.
+		cn.hits = cn.hits[:0]
+		for _, k := range m.Keys {
 			h, l3 := st.Get(m.Model, m.CompatKey, k, cn.l3buf)
 			cn.l3buf = l3
-			hits[i] = h
+			cn.hits = append(cn.hits, h)
 		}
+		hits := cn.hits
 		cn.enc.Begin(OpBatchGetSharedResponse, 5)
 		cn.enc.Array("offsets", n)
 		for _, h := range hits {
@@ -456,7 +460,7 @@ func (cn *conn) batchGet() error {
 		cn.enc.Array("retentions", n)
 		for _, h := range hits {
 			if h.Arena {
-				cn.enc.ElemStr([]byte(h.Retention.String()))
+				cn.enc.ElemStr(retentionBytes[h.Retention])
 			} else {
 				cn.enc.ElemNil()
 			}
@@ -464,11 +468,10 @@ func (cn *conn) batchGet() error {
 		cn.enc.Int("slot_size", int64(st.SlotSize()))
 		return cn.send()
 	}
-	rets := make([]Retention, n)
-	found := make([]bool, n)
+	cn.hits = cn.hits[:0]
 	cn.enc.Begin(OpBatchGetResponse, 2)
 	cn.enc.Array("values", n)
-	for i, k := range m.Keys {
+	for _, k := range m.Keys {
 		h, l3 := st.Get(m.Model, m.CompatKey, k, cn.l3buf)
 		cn.l3buf = l3
 		switch {
@@ -478,26 +481,27 @@ func (cn *conn) batchGet() error {
 			if !st.StillValid(h) {
 				cn.enc.Truncate(mark)
 				cn.enc.ElemNil()
-				continue
+				h.Found = false
 			}
 		case h.Found:
 			cn.enc.ElemBin(h.Inline)
 		default:
 			cn.enc.ElemNil()
-			continue
 		}
-		rets[i], found[i] = h.Retention, true
+		cn.hits = append(cn.hits, Hit{Found: h.Found, Retention: h.Retention})
 	}
 	cn.enc.Array("retentions", n)
-	for i := range n {
-		if found[i] {
-			cn.enc.ElemStr([]byte(rets[i].String()))
+	for _, h := range cn.hits {
+		if h.Found {
+			cn.enc.ElemStr(retentionBytes[h.Retention])
 		} else {
 			cn.enc.ElemNil()
 		}
 	}
 	return cn.send()
 }
+
+var retentionBytes = [numRetentions][]byte{[]byte("none"), []byte("ephemeral"), []byte("short"), []byte("long")}
 
 func iff(c bool, a, b int64) int64 {
 	if c {
@@ -520,13 +524,13 @@ func (cn *conn) batchSet() error {
 		return cn.errorFrame("batch_set_arity_mismatch", fmt.Sprintf("BatchSet arrays disagree: keys=%d values=%d retentions=%d metadatas=%d ttls_seconds=%s",
 			n, len(m.Values), len(m.Retentions), m.NumMetadatas, ttls))
 	}
-	oks := make([]bool, n)
-	reasons := make([]string, n)
+	cn.oks, cn.reasons = append(cn.oks[:0], make([]bool, n)...), append(cn.reasons[:0], make([]string, n)...)
+	oks, reasons := cn.oks, cn.reasons
 	for i := range n {
 		a := &cn.setArg
 		*a = SetArgs{Model: m.Model, CompatKey: m.CompatKey, Key: m.Keys[i], Value: m.Values[i], Retention: m.Retentions[i]}
 		if a.Retention == nil {
-			a.Retention = []byte("short")
+			a.Retention = retentionBytes[RetentionShort]
 		}
 		if m.HasTTLs {
 			a.TTL, a.HasTTL = m.TTLs[i], m.TTLSet[i]
