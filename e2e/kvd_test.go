@@ -190,13 +190,29 @@ func TestKVDCrashServesNoWrongBytes(t *testing.T) {
 				}
 			}()
 		}
-		for acked.Load() < 400 {
+		// Kill once enough sets were acknowledged and some long writes
+		// reached L3 (they are written through asynchronously).
+		sc, err := kvd.Dial(ctx, sock, kvd.ClientOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			st, err := sc.Stats()
+			if err != nil {
+				t.Fatalf("stats: %v\n%s", err, d.logText())
+			}
+			if acked.Load() >= 400 && st.LongBytes > 0 {
+				break
+			}
 			select {
 			case <-d.done:
 				t.Fatalf("kvd exited: %s", d.logText())
+			case <-ctx.Done():
+				t.Fatalf("no progress: %d acked, %+v", acked.Load(), st)
 			case <-time.After(time.Millisecond):
 			}
 		}
+		sc.Close()
 		d.stop(syscall.SIGKILL)
 		wg.Wait()
 		cancel()
