@@ -521,6 +521,7 @@ func (s *shard) readFailed(key []byte, sl int32, seq uint64, err error, dst []by
 		s.t.st.corrupt.Add(1)
 		s.t.log.Warn().Str("path", s.dir).Int32("slot", sl).AnErr("io_error", err).Msg("tablespace slot failed verification, dropped")
 		_ = s.commit(&record{op: opDel, seq: seq, key: string(key)}, -1)
+		return dst[:0], errCorruptMiss
 	}
 	return dst[:0], ErrNotFound
 }
