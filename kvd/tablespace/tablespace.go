@@ -48,6 +48,8 @@ const (
 	DefaultContainerBytes = 1 << 30
 	// DefaultJournalCompactBytes is Config.JournalCompactBytes's default.
 	DefaultJournalCompactBytes = 64 << 20
+	// DefaultSelfCheckBytes is Config.SelfCheckBytes's default.
+	DefaultSelfCheckBytes = 64 << 20
 )
 
 // Config configures a Tablespace.
@@ -62,6 +64,7 @@ type Config struct {
 	// JournalCompactBytes: a journal grown past this is compacted into a
 	// snapshot in the background (default 64 MiB).
 	JournalCompactBytes int64
+	SelfCheckBytes      int64 // how much SelfCheck writes (default 64 MiB)
 	Logger              zerolog.Logger
 	// OnEvict, when set, is called with the key of an LRU victim just before
 	// its removal is journalled (the entry is no longer served). It runs on
@@ -78,6 +81,9 @@ func (c *Config) normalize() error {
 	}
 	if c.DirectIO == "" {
 		c.DirectIO = DirectAuto
+	}
+	if c.SelfCheckBytes <= 0 {
+		c.SelfCheckBytes = DefaultSelfCheckBytes
 	}
 	if c.JournalCompactBytes == 0 {
 		c.JournalCompactBytes = DefaultJournalCompactBytes

@@ -418,7 +418,9 @@ func TestWriteBehind(t *testing.T) {
 }
 
 func TestSelfCheck(t *testing.T) {
-	ts := mustOpen(t, testConfig(t.TempDir(), 4))
+	cfg := testConfig(t.TempDir(), 4)
+	cfg.SelfCheckBytes = 1 << 20
+	ts := mustOpen(t, cfg)
 	defer ts.Close()
 	bps, err := ts.SelfCheck(context.Background())
 	if err != nil || bps <= 0 {
