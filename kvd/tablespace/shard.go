@@ -686,9 +686,11 @@ func (s *shard) snapshot(force bool) error {
 	return err
 }
 
-// writeSnapshot writes snapshot.bin (epoch+1) and then a fresh journal of
-// that epoch, each by write tmp → fsync → rename → fsync dir. The caller owns
-// the journal (flushing, or recovery).
+// writeSnapshot writes snapshot.bin of epoch+1 (write tmp → fsync → rename
+// → fsync dir) and only then rewrites the journal header to that epoch in
+// place (pwrite + fdatasync), which empties the journal: a crash between the
+// two leaves an older-epoch journal that the new snapshot already covers.
+// The caller owns the journal (flushing, or recovery).
 func (s *shard) writeSnapshot() error {
 	s.mu.Lock()
 	epoch := s.epoch + 1
