@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -508,4 +509,30 @@ func TestDamagedSnapshotAndJournalHeader(t *testing.T) {
 	defer ts.Close()
 	mustGet(t, ts, "c", val("c", 1))
 	checkInvariants(t, ts)
+}
+
+func TestDirectIOFallback(t *testing.T) {
+	probe := probeDirect
+	probeDirect = func(int) error { return syscall.EINVAL } // a filesystem without O_DIRECT
+	defer func() { probeDirect = probe }()
+	cfg := testConfig(t.TempDir(), 4)
+	cfg.DirectIO = DirectOn
+	if _, err := Open(cfg); err == nil || !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("direct on without O_DIRECT: %v", err)
+	}
+	cfg.DirectIO = DirectAuto
+	ts := mustOpen(t, cfg)
+	defer ts.Close()
+	if ts.DirectIOActive() {
+		t.Fatal("auto kept O_DIRECT")
+	}
+	if err := ts.Put([]byte("a"), val("a", 1)); err != nil {
+		t.Fatal(err)
+	}
+	mustGet(t, ts, "a", val("a", 1))
+	buf := ts.ReadBuffer()
+	got, err := ts.Get([]byte("a"), buf)
+	if err != nil || !bytes.Equal(got, val("a", 1)) {
+		t.Fatalf("buffered in-place read: %v", err)
+	}
 }
