@@ -183,9 +183,9 @@ type crashKeyState struct {
 // operation or a logged eviction may have removed it.
 func TestCrashRecovery(t *testing.T) {
 	dir := t.TempDir()
-	iters := 10
+	iters := 20
 	if testing.Short() {
-		iters = 4
+		iters = 6
 	}
 	known := make([]int, crashKeys)
 	for i := range known {

@@ -17,8 +17,9 @@
 //
 // Write path: reserve a slot (evicting the LRU entry when full; the eviction's
 // DEL record is made durable before the slot is overwritten) → write and sync
-// the data → append and sync the journal record → update the index. A slot is
-// returned to the free set only after the record that orphaned it is durable.
+// the data (an O_DSYNC write, as dd oflag=dsync) → append and sync the journal
+// record → update the index. A slot is returned to the free set only after
+// the record that orphaned it is durable.
 // An overwrite goes to a fresh slot (the old copy stays valid until the new
 // one is durable), so overwriting in a full tablespace evicts the LRU entry.
 // With Config.GroupCommit, concurrent writers share data and journal syncs.

@@ -9,9 +9,6 @@ import (
 	"time"
 )
 
-// SelfCheckBytes is how much SelfCheck writes.
-const SelfCheckBytes = 64 << 20
-
 // SelfCheck measures the sustained write speed of the first path with the
 // tablespace's IO mode (O_DIRECT or buffered, slot-sized writes, one
 // fdatasync at the end) on a scratch file that it removes afterwards.
@@ -40,7 +37,7 @@ func (t *Tablespace) SelfCheck(ctx context.Context) (float64, error) {
 	fd := int(f.Fd())
 	start := time.Now()
 	var off int64
-	for off < SelfCheckBytes {
+	for off < t.cfg.SelfCheckBytes {
 		if err := ctx.Err(); err != nil {
 			return 0, fmt.Errorf("tablespace self-check: %w", err)
 		}

@@ -14,7 +14,7 @@ import (
 // Sentinel errors.
 var (
 	ErrNotFound      = errors.New("tablespace: not found")
-	ErrCorrupt       = errors.New("tablespace: corrupt")
+	ErrCorrupt       = errors.New("tablespace: slot failed verification")
 	ErrClosed        = errors.New("tablespace: closed")
 	ErrInvalidConfig = errors.New("tablespace: invalid config")
 	ErrGeometry      = errors.New("tablespace: on-disk geometry differs from config")
@@ -24,6 +24,10 @@ var (
 	ErrFull          = errors.New("tablespace: no slot free or evictable")
 	ErrBroken        = errors.New("tablespace: journal write failed, shard is read-only")
 )
+
+// errCorruptMiss is what Get returns for a damaged slot: a miss (ErrNotFound)
+// that also matches ErrCorrupt.
+var errCorruptMiss = fmt.Errorf("%w: %w", ErrNotFound, ErrCorrupt)
 
 // MaxKeyBytes is the longest key a slot reserves room for.
 const MaxKeyBytes = 256
@@ -44,6 +48,8 @@ const (
 	DefaultContainerBytes = 1 << 30
 	// DefaultJournalCompactBytes is Config.JournalCompactBytes's default.
 	DefaultJournalCompactBytes = 64 << 20
+	// DefaultSelfCheckBytes is Config.SelfCheckBytes's default.
+	DefaultSelfCheckBytes = 64 << 20
 )
 
 // Config configures a Tablespace.
@@ -58,6 +64,7 @@ type Config struct {
 	// JournalCompactBytes: a journal grown past this is compacted into a
 	// snapshot in the background (default 64 MiB).
 	JournalCompactBytes int64
+	SelfCheckBytes      int64 // how much SelfCheck writes (default 64 MiB)
 	Logger              zerolog.Logger
 	// OnEvict, when set, is called with the key of an LRU victim just before
 	// its removal is journalled (the entry is no longer served). It runs on
@@ -74,6 +81,9 @@ func (c *Config) normalize() error {
 	}
 	if c.DirectIO == "" {
 		c.DirectIO = DirectAuto
+	}
+	if c.SelfCheckBytes <= 0 {
+		c.SelfCheckBytes = DefaultSelfCheckBytes
 	}
 	if c.JournalCompactBytes == 0 {
 		c.JournalCompactBytes = DefaultJournalCompactBytes
@@ -245,8 +255,9 @@ func (t *Tablespace) Put(key, value []byte) error {
 	return nil
 }
 
-// Get appends the value of key to dst[:0]. A miss, or a slot that fails
-// verification (counted in Stats.Corrupt), returns ErrNotFound. When dst is
+// Get appends the value of key to dst[:0]. A miss returns ErrNotFound; a
+// slot that fails verification is dropped, counted in Stats.Corrupt and
+// returns an error matching both ErrNotFound and ErrCorrupt, never its bytes. When dst is
 // a ReadBuffer (any capacity beyond the value may be overwritten) the read
 // lands in it directly, saving a copy.
 func (t *Tablespace) Get(key, dst []byte) ([]byte, error) {

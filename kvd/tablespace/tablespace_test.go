@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -225,8 +226,11 @@ func TestCorruptSlotIsMiss(t *testing.T) {
 	b[0] ^= 0xff
 	_, _ = f.WriteAt(b, 60)
 	_ = f.Close()
-	if _, err := ts.Get([]byte("a"), nil); !errors.Is(err, ErrNotFound) {
+	if _, err := ts.Get([]byte("a"), nil); !errors.Is(err, ErrNotFound) || !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("corrupt slot served: %v", err)
+	}
+	if _, err := ts.Get([]byte("a"), nil); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt) {
+		t.Fatalf("dropped slot: %v", err)
 	}
 	if ts.Stats().Corrupt != 1 || ts.Exists([]byte("a")) {
 		t.Fatalf("stats %+v", ts.Stats())
@@ -415,7 +419,9 @@ func TestWriteBehind(t *testing.T) {
 }
 
 func TestSelfCheck(t *testing.T) {
-	ts := mustOpen(t, testConfig(t.TempDir(), 4))
+	cfg := testConfig(t.TempDir(), 4)
+	cfg.SelfCheckBytes = 1 << 20
+	ts := mustOpen(t, cfg)
 	defer ts.Close()
 	bps, err := ts.SelfCheck(context.Background())
 	if err != nil || bps <= 0 {
@@ -462,4 +468,71 @@ func TestJournalCompactsBySize(t *testing.T) {
 		t.Fatalf("len %d", ts.Len())
 	}
 	mustGet(t, ts, "b", val("b", 1))
+}
+
+func TestDamagedSnapshotAndJournalHeader(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir, 8)
+	ts := mustOpen(t, cfg)
+	_ = ts.Put([]byte("a"), val("a", 1))
+	_ = ts.Close() // a is in the snapshot only
+	p := filepath.Join(dir, "snapshot.bin")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts = mustOpen(t, cfg) // the snapshot is refused whole: a is lost, never misread
+	if ts.Exists([]byte("a")) || ts.Stats().Corrupt != 1 {
+		t.Fatalf("damaged snapshot used: %+v", ts.Stats())
+	}
+	if err := ts.Put([]byte("b"), val("b", 1)); err != nil {
+		t.Fatal(err)
+	}
+	crash(ts)
+	// A torn journal header: the journal is ignored, the snapshot stands.
+	if err := os.Truncate(filepath.Join(dir, "journal.log"), 10); err != nil {
+		t.Fatal(err)
+	}
+	ts = mustOpen(t, cfg)
+	if ts.Exists([]byte("b")) {
+		t.Fatal("record behind a torn header replayed")
+	}
+	if err := ts.Put([]byte("c"), val("c", 1)); err != nil {
+		t.Fatal(err)
+	}
+	crash(ts)
+	ts = mustOpen(t, cfg)
+	defer ts.Close()
+	mustGet(t, ts, "c", val("c", 1))
+	checkInvariants(t, ts)
+}
+
+func TestDirectIOFallback(t *testing.T) {
+	probe := probeDirect
+	probeDirect = func(int) error { return syscall.EINVAL } // a filesystem without O_DIRECT
+	defer func() { probeDirect = probe }()
+	cfg := testConfig(t.TempDir(), 4)
+	cfg.DirectIO = DirectOn
+	if _, err := Open(cfg); err == nil || !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("direct on without O_DIRECT: %v", err)
+	}
+	cfg.DirectIO = DirectAuto
+	ts := mustOpen(t, cfg)
+	defer ts.Close()
+	if ts.DirectIOActive() {
+		t.Fatal("auto kept O_DIRECT")
+	}
+	if err := ts.Put([]byte("a"), val("a", 1)); err != nil {
+		t.Fatal(err)
+	}
+	mustGet(t, ts, "a", val("a", 1))
+	buf := ts.ReadBuffer()
+	got, err := ts.Get([]byte("a"), buf)
+	if err != nil || !bytes.Equal(got, val("a", 1)) {
+		t.Fatalf("buffered in-place read: %v", err)
+	}
 }

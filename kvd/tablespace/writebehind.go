@@ -47,7 +47,7 @@ func (w *WriteBehind) Enqueue(key, value []byte) bool {
 	}
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	if w.close {
+	if w.close || len(w.q) == cap(w.q) { // full: drop before copying the block
 		w.dropped.Add(1)
 		return false
 	}
@@ -61,7 +61,7 @@ func (w *WriteBehind) Enqueue(key, value []byte) bool {
 	case w.q <- wbItem{buf: bp, klen: len(key)}:
 		w.enqueued.Add(1)
 		return true
-	default:
+	default: // filled up since the check
 		w.pool.Put(bp)
 		w.dropped.Add(1)
 		return false
