@@ -65,7 +65,7 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		log.Info().Int64("arena_bytes", a.Size()).Bool("hugetlb", a.Hugetlb).Bool("mlock", a.Locked).Msg("shared arena ready")
 		arena = a
 	}
-	opt := kvd.StoreOptions{MaxBytes: cfg.MaxBytes, Arena: arena, PrefetchQueue: cfg.PrefetchQueue, LongQueue: cfg.LongQueue, Log: log}
+	opt := kvd.StoreOptions{MaxBytes: cfg.MaxBytes, Arena: arena, SlotBytes: int(cfg.ArenaSlotBytes), PrefetchQueue: cfg.PrefetchQueue, LongQueue: cfg.LongQueue, Log: log}
 	if len(cfg.LongPaths) > 0 {
 		ts, err := openTablespace(ctx, cfg, log)
 		if err != nil {

@@ -21,6 +21,7 @@ type KVD struct {
 	MaxBytesText  string
 	ArenaText     string
 	MaxFrameText  string
+	SlotText      string
 	ArenaHugetlb  bool
 	ArenaMlock    bool
 	PrefetchQueue int
@@ -41,9 +42,10 @@ type KVD struct {
 	SlotBytes      int64
 	ContainerBytes int64
 
-	MaxBytes      int64 // RAM budget: the arena plus inline values
-	ArenaBytes    int64 // 0: no shared arena
-	MaxFrameBytes int64
+	MaxBytes       int64 // RAM budget: the arena plus inline values
+	ArenaBytes     int64 // 0: no shared arena
+	MaxFrameBytes  int64
+	ArenaSlotBytes int64 // 0: the first value decides
 
 	allowUIDText  []string
 	longPathsText []string
@@ -60,6 +62,7 @@ func (k *KVD) Flags() []cli.Flag {
 		StringSlice("allow-uid", "peer uids allowed on the socket (SO_PEERCRED), comma-separated; unset = the daemon's own uid and root", nil),
 		String("max-bytes", "host-RAM budget (L2): the shared arena plus values kept inline, e.g. 64GiB", &k.MaxBytesText, "4GiB"),
 		String("shared-arena-bytes", "size of the memfd arena shared with engines (zero-copy reads): auto (= --max-bytes), a size, or 0 for none", &k.ArenaText, "auto"),
+		String("arena-slot-bytes", "arena slot size, 16-byte header included (rounded up to 64); 0 = decided by the first value stored, as the reference does", &k.SlotText, "0"),
 		Bool("arena-hugetlb", "back the arena with 2 MiB huge pages (falls back to normal pages when none are reserved)", &k.ArenaHugetlb, false),
 		Bool("arena-mlock", "lock the arena in RAM (falls back to unlocked memory when RLIMIT_MEMLOCK is too low)", &k.ArenaMlock, true),
 		String("max-frame-bytes", "largest request frame accepted; a longer one closes its connection", &k.MaxFrameText, "1GiB"),
@@ -119,6 +122,9 @@ func (k *KVD) Validate() error {
 		} else if k.ArenaBytes > 0 && k.ArenaBytes < 1<<20 {
 			p.Addf("--shared-arena-bytes %s: at least 1MiB (or 0 for none)", k.ArenaText)
 		}
+	}
+	if k.ArenaSlotBytes, err = ParseBytes(k.SlotText); err != nil || (k.ArenaSlotBytes != 0 && (k.ArenaSlotBytes <= 16 || k.ArenaSlotBytes > k.ArenaBytes)) {
+		p.Addf("--arena-slot-bytes %q: want 0 or a size above 16 bytes that fits the arena", k.SlotText)
 	}
 	if k.MaxFrameBytes, err = ParseBytes(k.MaxFrameText); err != nil || k.MaxFrameBytes < 1024 || k.MaxFrameBytes > math.MaxUint32 {
 		p.Addf("--max-frame-bytes %q: want a size from 1KiB to 4GiB", k.MaxFrameText)

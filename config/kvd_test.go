@@ -53,12 +53,12 @@ func TestKVDFlagsAndEnv(t *testing.T) {
 func TestKVDValidateReportsEverything(t *testing.T) {
 	_, err := parseKVD(t, "--socket", "rel.sock", "--max-bytes", "lots", "--shared-arena-bytes", "x", "--max-frame-bytes", "1",
 		"--allow-uid", "bob", "--admin-listen", "nope", "--prefetch-queue", "0", "--long-write-queue", "0",
-		"--long-bytes", "0", "--tablespace-slot-bytes", "1000", "--tablespace-container-bytes", "x", "--long-direct-io", "maybe", "--long-snapshot-interval", "-1s")
+		"--long-bytes", "0", "--tablespace-slot-bytes", "1000", "--tablespace-container-bytes", "x", "--long-direct-io", "maybe", "--long-snapshot-interval", "-1s", "--arena-slot-bytes", "8")
 	if !errors.Is(err, ErrInvalid) {
 		t.Fatalf("err %v", err)
 	}
 	for _, f := range []string{"--socket", "--max-bytes", "--shared-arena-bytes", "--max-frame-bytes", "--allow-uid", "--admin-listen", "--prefetch-queue", "--long-write-queue",
-		"--long-bytes", "--tablespace-slot-bytes", "--tablespace-container-bytes", "--long-direct-io", "--long-snapshot-interval"} {
+		"--long-bytes", "--tablespace-slot-bytes", "--tablespace-container-bytes", "--long-direct-io", "--long-snapshot-interval", "--arena-slot-bytes"} {
 		if !strings.Contains(err.Error(), f) {
 			t.Errorf("%s not reported: %v", f, err)
 		}

@@ -85,6 +85,9 @@ type StoreOptions struct {
 	// Arena, when set, holds values that fit its slot; the rest are inline
 	// within MaxBytes - Arena.Size().
 	Arena *Arena
+	// SlotBytes, when positive, fixes the arena's slot size (header
+	// included, rounded up to 64) at start instead of at the first put.
+	SlotBytes int
 	// Long is the optional L3 tier; LongNotFound is its miss error.
 	Long         LongStore
 	LongNotFound error
@@ -220,6 +223,12 @@ func NewStore(opt StoreOptions) (*Store, error) {
 	if s.arena != nil {
 		s.inlineBudget = max(opt.MaxBytes-s.arena.Size(), 0)
 	}
+	if opt.SlotBytes > 0 {
+		if s.arena == nil || int64(opt.SlotBytes) > s.arena.Size() || opt.SlotBytes <= HeaderBytes {
+			return nil, errors.Join(ErrConfig, errors.New("slot bytes must fit the arena and exceed the slot header"))
+		}
+		s.initGeometry(opt.SlotBytes - HeaderBytes)
+	}
 	if opt.Long != nil {
 		s.longQ = make(chan string, opt.LongQueue)
 		s.prefetchQ = make(chan prefetchItem, opt.PrefetchQueue)
@@ -331,7 +340,7 @@ func (s *Store) initGeometry(size int) {
 	for i := range n {
 		s.free[i] = int32(n - 1 - i) // pop from the end: slot 0 first
 	}
-	s.log.Info().Int("slot_size", ss).Int("num_slots", n).Msg("arena slot geometry fixed by the first value")
+	s.log.Info().Int("slot_size", ss).Int("num_slots", n).Msg("arena slot geometry fixed")
 }
 
 // allocSlot takes a free slot or evicts an arena entry of class ≤ maxRet.

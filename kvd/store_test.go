@@ -319,3 +319,30 @@ func TestHugeTTLDoesNotOverflow(t *testing.T) {
 		t.Fatal("an entry with a huge TTL expired at once")
 	}
 }
+
+func TestFixedSlotBytes(t *testing.T) {
+	a, _, err := OpenArena(64*1024, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	s, err := NewStore(StoreOptions{MaxBytes: 64 * 1024, Arena: a, SlotBytes: 4000, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.SlotSize() != 4032 {
+		t.Fatalf("slot size %d", s.SlotSize())
+	}
+	// A small first value no longer shrinks the slots.
+	set(s, 1, 10, "short")
+	if ok, reason := set(s, 2, 4000, "short"); !ok {
+		t.Fatal(reason)
+	}
+	if ok, _ := set(s, 3, 4017, "short"); ok {
+		t.Fatal("a value larger than the fixed slot went into the arena")
+	}
+	if _, err := NewStore(StoreOptions{MaxBytes: 1 << 20, SlotBytes: 4000}); err == nil {
+		t.Fatal("slot bytes without an arena accepted")
+	}
+}
