@@ -219,7 +219,7 @@ func TestStoreGetHitDoesNotAllocate(t *testing.T) {
 	set(s, 1, 1000, "short")
 	m, ck, k := []byte(ns.Model), []byte(ns.CompatKey), key(1)
 	if n := testing.AllocsPerRun(100, func() {
-		if h, _ := s.Get(m, ck, k, nil); !h.Found {
+		if h := s.Get(m, ck, k, nil); !h.Found {
 			t.Fatal("miss")
 		}
 	}); n != 0 {
@@ -275,5 +275,23 @@ func TestBatchGetDoesNotAllocate(t *testing.T) {
 		if n := testing.AllocsPerRun(100, roundTrip); n != 0 {
 			t.Errorf("batch get (arena %v) allocates %v", arena, n)
 		}
+	}
+}
+
+// TestL3MissDoesNotAllocate: a RAM miss that asks the tablespace, and an
+// exists that does, allocate nothing in the store.
+func TestL3MissDoesNotAllocate(t *testing.T) {
+	s := newTestStore(t, 1<<20, 1<<20, newTablespace(t), nil)
+	m, ck, k := []byte(ns.Model), []byte(ns.CompatKey), key(1)
+	var sc Scratch
+	if n := testing.AllocsPerRun(100, func() {
+		if h := s.Get(m, ck, k, &sc); h.Found {
+			t.Fatal("hit")
+		}
+		if s.Exists(m, ck, k, &sc) {
+			t.Fatal("exists")
+		}
+	}); n != 0 {
+		t.Fatalf("l3 miss allocates %v", n)
 	}
 }

@@ -167,7 +167,7 @@ type conn struct {
 	dec     *Decoder
 	msg     Message
 	buf     []byte
-	l3buf   []byte
+	sc      Scratch // L3 buffers
 	setArg  SetArgs
 	hits    []Hit // batch scratch
 	oks     []bool
@@ -223,6 +223,9 @@ func (s *Server) handle(c *net.UnixConn) {
 		}
 		if cap(cn.buf) > retainFrameBytes {
 			cn.buf = nil
+		}
+		if cap(cn.sc.Value) > retainFrameBytes {
+			cn.sc.Value = nil
 		}
 		cn.enc.Shrink(retainFrameBytes)
 	}
@@ -323,7 +326,7 @@ func (cn *conn) dispatch() error {
 		cn.enc.Begin(OpExistsResponse, 1)
 		cn.enc.Array("present", len(m.Keys))
 		for _, k := range m.Keys {
-			cn.enc.ElemBool(st.Exists(m.Model, m.CompatKey, k))
+			cn.enc.ElemBool(st.Exists(m.Model, m.CompatKey, k, &cn.sc))
 		}
 		return cn.send()
 	case OpClear:
@@ -398,8 +401,7 @@ func (cn *conn) helloAck(withArena bool) error {
 func (cn *conn) get() error {
 	m := &cn.msg
 	st := cn.s.store
-	h, l3 := st.Get(m.Model, m.CompatKey, m.Key, cn.l3buf)
-	cn.l3buf = l3
+	h := st.Get(m.Model, m.CompatKey, m.Key, &cn.sc)
 	switch {
 	case !h.Found:
 	case h.Arena && cn.arena:
@@ -439,8 +441,7 @@ func (cn *conn) batchGet() error {
 		// Parallel arrays: collect the hits first.
 		cn.hits = cn.hits[:0]
 		for _, k := range m.Keys {
-			h, l3 := st.Get(m.Model, m.CompatKey, k, cn.l3buf)
-			cn.l3buf = l3
+			h := st.Get(m.Model, m.CompatKey, k, &cn.sc)
 			cn.hits = append(cn.hits, h)
 		}
 		hits := cn.hits
@@ -472,8 +473,7 @@ func (cn *conn) batchGet() error {
 	cn.enc.Begin(OpBatchGetResponse, 2)
 	cn.enc.Array("values", n)
 	for _, k := range m.Keys {
-		h, l3 := st.Get(m.Model, m.CompatKey, k, cn.l3buf)
-		cn.l3buf = l3
+		h := st.Get(m.Model, m.CompatKey, k, &cn.sc)
 		switch {
 		case h.Found && h.Arena:
 			mark := cn.enc.Len()

@@ -469,6 +469,13 @@ func (s *Store) writeThroughLocked(key string) {
 	}
 }
 
+// Scratch is a caller's reusable buffers for Get and Exists (one per
+// connection): Value receives L3 reads, Key the L3 key. The zero value
+// works; a nil *Scratch allocates.
+type Scratch struct {
+	Value, Key []byte
+}
+
 // Hit is where a get found its value: an arena slot (Offset, Length,
 // Version) or inline bytes. Inline bytes are immutable and may be kept.
 type Hit struct {
@@ -481,18 +488,21 @@ type Hit struct {
 	Retention Retention
 }
 
-// Get looks a key up in RAM, then in L3 (promoting a hit into RAM). dst is
-// scratch for the L3 read; the returned buffer replaces it.
-func (s *Store) Get(model, compat, key []byte, dst []byte) (Hit, []byte) {
+// Get looks a key up in RAM, then in L3 (promoting a hit into RAM). An
+// inline Hit from L3 aliases sc.Value until the next call with sc.
+func (s *Store) Get(model, compat, key []byte, sc *Scratch) Hit {
 	h, miss := s.getRAM(model, compat, key)
 	if !miss || s.opt.Long == nil {
-		return h, dst
+		return h
 	}
-	s.mu.Lock()
-	s.kb = Composite(s.kb, model, compat, key)
-	lk := append([]byte(nil), s.kb...)
-	s.mu.Unlock()
-	v, err := s.opt.Long.Get(lk, dst[:0])
+	if sc == nil {
+		sc = &Scratch{}
+	}
+	sc.Key = Composite(sc.Key, model, compat, key)
+	v, err := s.opt.Long.Get(sc.Key, sc.Value[:0])
+	if cap(v) >= cap(sc.Value) {
+		sc.Value = v
+	}
 	if err != nil {
 		if !errors.Is(err, s.opt.LongNotFound) {
 			s.log.Warn().Err(err).Msg("l3 read failed")
@@ -500,7 +510,7 @@ func (s *Store) Get(model, compat, key []byte, dst []byte) (Hit, []byte) {
 		s.mu.Lock()
 		s.c.Misses++
 		s.mu.Unlock()
-		return Hit{}, dst
+		return Hit{}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -508,10 +518,10 @@ func (s *Store) Get(model, compat, key []byte, dst []byte) (Hit, []byte) {
 	s.c.LongHits++
 	if ok, _ := s.putLocked(model, compat, key, v, RetentionLong, 0, true); ok {
 		if e := s.index[string(s.kb)]; e != nil {
-			return s.hitLocked(e), v
+			return s.hitLocked(e)
 		}
 	}
-	return Hit{Found: true, Inline: v, Length: len(v), Retention: RetentionLong}, v
+	return Hit{Found: true, Inline: v, Length: len(v), Retention: RetentionLong}
 }
 
 // getRAM answers from RAM; miss is true when L3 should be asked.
@@ -571,20 +581,22 @@ func (s *Store) Resident(model, compat, key []byte) bool {
 }
 
 // Exists reports presence in RAM or L3 without promoting.
-func (s *Store) Exists(model, compat, key []byte) bool {
+func (s *Store) Exists(model, compat, key []byte, sc *Scratch) bool {
 	s.mu.Lock()
 	s.kb = Composite(s.kb, model, compat, key)
 	if s.lookup(s.nowNs()) != nil {
 		s.mu.Unlock()
 		return true
 	}
+	s.mu.Unlock()
 	if s.opt.Long == nil {
-		s.mu.Unlock()
 		return false
 	}
-	lk := append([]byte(nil), s.kb...)
-	s.mu.Unlock()
-	return s.opt.Long.Exists(lk)
+	if sc == nil {
+		sc = &Scratch{}
+	}
+	sc.Key = Composite(sc.Key, model, compat, key)
+	return s.opt.Long.Exists(sc.Key)
 }
 
 // Reserve leases an arena slot for a zero-copy write of size bytes; the

@@ -36,7 +36,7 @@ func set(s *Store, k int, n int, ret string) (bool, string) {
 }
 
 func has(s *Store, k int) bool {
-	return s.Exists([]byte(ns.Model), []byte(ns.CompatKey), key(k))
+	return s.Exists([]byte(ns.Model), []byte(ns.CompatKey), key(k), nil)
 }
 
 // TestRetentionUnderPressure (acceptance 4): with RAM full, none and
@@ -193,7 +193,7 @@ func TestTTL(t *testing.T) {
 	if has(s, 1) || !has(s, 2) {
 		t.Fatal("ttl not applied")
 	}
-	if h, _ := s.Get(m, ck, key(1), nil); h.Found {
+	if h := s.Get(m, ck, key(1), nil); h.Found {
 		t.Fatal("expired entry served")
 	}
 	// Lease TTL is whole seconds.
@@ -315,7 +315,7 @@ func TestHugeTTLDoesNotOverflow(t *testing.T) {
 	s.Set(&SetArgs{Key: key(1), Value: value(1, 10), TTL: 1e300, HasTTL: true})
 	tok, _, _, _, _ := s.Reserve(10, 1)
 	s.Commit(&CommitArgs{Token: tok, Conn: 1, Key: key(2), Length: 10, TTLSeconds: 1 << 62})
-	if !s.Exists(nil, nil, key(1)) || !s.Exists(nil, nil, key(2)) {
+	if !s.Exists(nil, nil, key(1), nil) || !s.Exists(nil, nil, key(2), nil) {
 		t.Fatal("an entry with a huge TTL expired at once")
 	}
 }
