@@ -222,4 +222,3 @@ func checkOp(owner any, op *Op) error {
 func inRange(off, n, size uint64) bool {
 	return n <= size && off <= size-n
 }
-
