@@ -205,12 +205,14 @@ func (t *TCP) serveOne(s *tcpConn) error {
 		if err := s.flush(); err != nil {
 			return err
 		}
-		_ = s.c.SetDeadline(time.Time{}) // idle between batches
 	}
-	if _, err := io.ReadFull(s.br, s.hdr[:reqHeaderLen]); err != nil {
+	s.keepArmed(t.cfg.IOTimeout)
+	if n, err := io.ReadFull(s.br, s.hdr[:reqHeaderLen]); err != nil {
+		if n == 0 && isTimeout(err) {
+			return nil // idle past the deadline: re-armed on the next call
+		}
 		return err
 	}
-	_ = s.c.SetDeadline(time.Now().Add(t.cfg.IOTimeout))
 	var h reqHeader
 	if err := decodeReqHeader(s.hdr[:reqHeaderLen], &h); err != nil {
 		return fmt.Errorf("request header: %w", err)
@@ -289,6 +291,8 @@ type tcpConn struct {
 	name [MaxNameLen]byte
 	iov  [2][]byte
 	vec  net.Buffers
+	// armed is the deadline set on c.
+	armed time.Time
 }
 
 // Reads are buffered in small chunks: headers are tens of bytes, and a
@@ -302,6 +306,45 @@ const (
 
 func newTCPConn(c net.Conn, peer string) *tcpConn {
 	return &tcpConn{c: c, peer: peer, br: bufio.NewReaderSize(c, readBuf), wbuf: make([]byte, 0, writeBuf)}
+}
+
+// Deadlines. Re-arming a connection's deadline costs about as much as a
+// 64 KiB loopback copy, so it is not done per request: a context deadline
+// is armed exactly (and only when it changes), and otherwise the armed
+// deadline is left alone while it is at least half of IOTimeout away. So
+// IOTimeout bounds a batch's (or a request's) I/O to between half of it and
+// all of it.
+
+// armFor arms the client connection for one batch under ctx.
+func (s *tcpConn) armFor(ctx context.Context, timeout time.Duration) {
+	now := time.Now()
+	want := now.Add(timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(want) {
+		if !s.armed.Equal(dl) {
+			s.armed = dl
+			_ = s.c.SetDeadline(dl)
+		}
+		return
+	}
+	if s.armed.Before(now.Add(timeout/2)) || s.armed.After(want) {
+		s.armed = want
+		_ = s.c.SetDeadline(want)
+	}
+}
+
+// keepArmed keeps the server connection's deadline at least half of
+// timeout away.
+func (s *tcpConn) keepArmed(timeout time.Duration) {
+	now := time.Now()
+	if s.armed.Before(now.Add(timeout / 2)) {
+		s.armed = now.Add(timeout)
+		_ = s.c.SetDeadline(s.armed)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // put buffers b (a header or a name: always smaller than the buffer).
@@ -439,18 +482,14 @@ func (t *TCP) runGroup(ctx context.Context, ops []Op) error {
 	if err != nil {
 		return err
 	}
-	dl, ok := ctx.Deadline()
-	if io := time.Now().Add(t.cfg.IOTimeout); !ok || io.Before(dl) {
-		dl = io
-	}
-	_ = c.c.SetDeadline(dl)
+	c.armFor(ctx, t.cfg.IOTimeout)
 	opErr, ioErr := c.run(ops)
 	if ioErr != nil {
 		_ = c.c.Close()
 		if errors.Is(ioErr, ErrProtocol) {
 			return fmt.Errorf("transfer with %s: %w", c.peer, ioErr)
 		}
-		if ne, ok := ioErr.(net.Error); ok && ne.Timeout() {
+		if isTimeout(ioErr) {
 			return fmt.Errorf("transfer with %s: %w: %w", c.peer, ErrTimeout, ioErr)
 		}
 		return fmt.Errorf("transfer with %s: %w: %w", c.peer, ErrUnavailable, ioErr)

@@ -276,3 +276,37 @@ func FuzzDecodeResponseHeader(f *testing.F) {
 		}
 	})
 }
+
+// Connections outlive IOTimeout while idle: the server re-arms instead of
+// dropping, the client re-arms a pooled connection before using it.
+func TestTCPIdlePastIOTimeout(t *testing.T) {
+	const timeout = 20 * time.Millisecond
+	srv, err := NewTCP(TCPConfig{Listener: listen(t), IOTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Close() }()
+	cli, err := NewTCP(TCPConfig{IOTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cli.Close() }()
+	remote := mustRegister(t, srv, "r", []byte("abcdefgh"))
+	local := mustRegister(t, cli, "l", make([]byte, 8))
+	ops := []Op{{Kind: Read, Local: local, Remote: remote.Desc(), Len: 8}}
+	for i := 0; i < 3; i++ {
+		if err := Transfer(context.Background(), cli, ops); err != nil {
+			t.Fatalf("transfer %d: %v", i, err)
+		}
+		time.Sleep(3 * timeout) // idle well past both deadlines
+	}
+	cli.mu.Lock()
+	pooled := len(cli.idle[srv.Addr()])
+	cli.mu.Unlock()
+	if pooled != 1 {
+		t.Fatalf("%d pooled connections, want the one reused throughout", pooled)
+	}
+	if string(local.Bytes()) != "abcdefgh" {
+		t.Fatalf("got %q", local.Bytes())
+	}
+}
