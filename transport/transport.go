@@ -188,9 +188,10 @@ func (r *Region) kill() bool {
 	return true
 }
 
-// checkName validates a region name.
+// checkName validates a region name: 1..MaxNameLen bytes of printable
+// ASCII without '|' (so every Desc has a text form).
 func checkName(name string) error {
-	if name == "" || len(name) > MaxNameLen {
+	if !checkText(name, MaxNameLen) {
 		return ErrInvalid
 	}
 	return nil
