@@ -398,25 +398,26 @@ func (s *tcpConn) writePayload(p []byte) error {
 	return err
 }
 
-func (t *TCP) getConn(ctx context.Context, peer string) (*tcpConn, error) {
+// getConn takes a pooled connection to peer (reused) or dials one.
+func (t *TCP) getConn(ctx context.Context, peer string) (c *tcpConn, reused bool, err error) {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return nil, ErrClosed
+		return nil, false, ErrClosed
 	}
 	if cs := t.idle[peer]; len(cs) > 0 {
 		c := cs[len(cs)-1]
 		t.idle[peer] = cs[:len(cs)-1]
 		t.mu.Unlock()
-		return c, nil
+		return c, true, nil
 	}
 	t.mu.Unlock()
 	d := net.Dialer{Timeout: t.cfg.DialTimeout}
-	c, err := d.DialContext(ctx, "tcp", peer)
+	nc, err := d.DialContext(ctx, "tcp", peer)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w: %w", peer, ErrUnavailable, err)
+		return nil, false, fmt.Errorf("dial %s: %w: %w", peer, ErrUnavailable, err)
 	}
-	return newTCPConn(c, peer), nil
+	return newTCPConn(nc, peer), false, nil
 }
 
 func (t *TCP) putConn(c *tcpConn) {
@@ -473,29 +474,37 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) (Batch, error) {
 
 // runGroup runs ops of one kind against one peer. Failures a peer reports
 // for single ops keep the connection; I/O and protocol failures drop it and
-// fail the remaining ops.
+// fail the remaining ops. A pooled connection that turns out broken (the
+// peer restarted or dropped it) is retried once on a fresh one: reads and
+// writes of registered regions are idempotent.
 func (t *TCP) runGroup(ctx context.Context, ops []Op) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("transfer to %s: %w: %w", ops[0].Remote.Peer, ErrTimeout, err)
-	}
-	c, err := t.getConn(ctx, ops[0].Remote.Peer)
-	if err != nil {
-		return err
-	}
-	c.armFor(ctx, t.cfg.IOTimeout)
-	opErr, ioErr := c.run(ops)
-	if ioErr != nil {
-		_ = c.c.Close()
-		if errors.Is(ioErr, ErrProtocol) {
-			return fmt.Errorf("transfer with %s: %w", c.peer, ioErr)
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("transfer to %s: %w: %w", ops[0].Remote.Peer, ErrTimeout, err)
 		}
-		if isTimeout(ioErr) {
+		c, reused, err := t.getConn(ctx, ops[0].Remote.Peer)
+		if err != nil {
+			return err
+		}
+		c.armFor(ctx, t.cfg.IOTimeout)
+		opErr, ioErr := c.run(ops)
+		if ioErr == nil {
+			t.putConn(c)
+			return opErr
+		}
+		_ = c.c.Close()
+		switch {
+		case errors.Is(ioErr, ErrProtocol):
+			return fmt.Errorf("transfer with %s: %w", c.peer, ioErr)
+		case errors.Is(ioErr, ErrNotRegistered):
+			return fmt.Errorf("transfer with %s: %w", c.peer, ioErr)
+		case isTimeout(ioErr):
 			return fmt.Errorf("transfer with %s: %w: %w", c.peer, ErrTimeout, ioErr)
+		case reused && attempt == 0:
+			continue
 		}
 		return fmt.Errorf("transfer with %s: %w: %w", c.peer, ErrUnavailable, ioErr)
 	}
-	t.putConn(c)
-	return opErr
 }
 
 // run sends every request, then reads every response. opErr is the first

@@ -310,3 +310,44 @@ func TestTCPIdlePastIOTimeout(t *testing.T) {
 		t.Fatalf("got %q", local.Bytes())
 	}
 }
+
+// A peer that restarts on the same address is reached again: the broken
+// pooled connection is retried once on a fresh one.
+func TestTCPPeerRestart(t *testing.T) {
+	ln := listen(t)
+	addr := ln.Addr().String()
+	srv, err := NewTCP(TCPConfig{Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := NewTCP(TCPConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cli.Close() }()
+	local := mustRegister(t, cli, "l", make([]byte, 3))
+	remote := mustRegister(t, srv, "r", []byte("one"))
+	ops := []Op{{Kind: Read, Local: local, Remote: remote.Desc(), Len: 3}}
+	if err := Transfer(context.Background(), cli, ops); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ln2, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2, err := NewTCP(TCPConfig{Listener: ln2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv2.Close() }()
+	mustRegister(t, srv2, "r", []byte("two"))
+	if err := Transfer(context.Background(), cli, ops); err != nil {
+		t.Fatalf("after restart: %v", err)
+	}
+	if string(local.Bytes()) != "two" {
+		t.Fatalf("got %q", local.Bytes())
+	}
+}
