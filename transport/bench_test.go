@@ -25,7 +25,7 @@ func BenchmarkLoopback(b *testing.B) {
 	}
 }
 
-const loopbackRounds = 3
+const loopbackRounds = 5
 
 func benchTransport(b *testing.B, size int) {
 	srv, cli := tcpPair(b)
