@@ -351,3 +351,51 @@ func TestTCPPeerRestart(t *testing.T) {
 		t.Fatalf("got %q", local.Bytes())
 	}
 }
+
+// FuzzServe feeds arbitrary bytes to a serving connection: the server must
+// answer or drop the connection, never panic, hang or touch memory outside
+// the registered region.
+func FuzzServe(f *testing.F) {
+	req := func(op Kind, name string, off, n uint64, payload string) []byte {
+		b := make([]byte, reqHeaderLen)
+		putReqHeader(b, &reqHeader{op: op, nameLen: uint16(len(name)), seq: 1, off: off, n: n})
+		return append(append(b, name...), payload...)
+	}
+	f.Add(req(Read, "r", 0, 4, ""))
+	f.Add(req(Write, "r", 2, 3, "xyz"))
+	f.Add(append(req(Read, "r", 10, 100, ""), req(Write, "nope", 0, 2, "ab")...))
+	f.Add(req(Write, "r", 0, 5, "ab")) // truncated payload
+	f.Add([]byte("IFT1garbage"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		e, err := NewTCP(TCPConfig{IOTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		region := make([]byte, 64)
+		guard := bytes.Repeat([]byte{0xee}, 256)
+		mem := append(append(bytes.Clone(guard), region...), guard...)
+		if _, err := e.Register("r", mem[256:320:320]); err != nil {
+			t.Fatal(err)
+		}
+		cli, srv := net.Pipe()
+		e.mu.Lock()
+		e.served[srv] = struct{}{}
+		e.wg.Add(1)
+		e.mu.Unlock()
+		go e.serve(srv)
+		drained := make(chan struct{})
+		go func() {
+			_, _ = io.Copy(io.Discard, cli)
+			close(drained)
+		}()
+		_, _ = cli.Write(in) // fails once the server drops the connection
+		_ = cli.Close()
+		<-drained
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(mem[:256], guard) || !bytes.Equal(mem[320:], guard) {
+			t.Fatal("server wrote outside the region")
+		}
+	})
+}
