@@ -111,7 +111,7 @@ type Mooncake struct {
 	closed  bool
 	regions map[string]*Region
 	segs    map[string]C.mc_segment_t
-	batches sync.Pool
+	batches freeList[mcBatch]
 }
 
 var _ Engine = (*Mooncake)(nil)
@@ -180,7 +180,6 @@ func NewMooncake(cfg MooncakeConfig) (*Mooncake, error) {
 	}
 	m := &Mooncake{lib: lib, eng: eng, name: cfg.LocalName, loc: C.CString(cfg.Location),
 		regions: map[string]*Region{}, segs: map[string]C.mc_segment_t{}}
-	m.batches.New = func() any { return &mcBatch{m: m} }
 	return m, nil
 }
 
@@ -276,6 +275,9 @@ func (m *Mooncake) Close() error {
 	}
 	C.mc_destroy(m.lib, m.eng)
 	C.free(unsafe.Pointer(m.loc))
+	for _, b := range m.batches.drain() {
+		b.free()
+	}
 	return first
 }
 
@@ -297,6 +299,18 @@ func (m *Mooncake) segment(peer string) (C.mc_segment_t, error) {
 	}
 	m.segs[peer] = s
 	return s, nil
+}
+
+// recycle keeps b for reuse or frees its C memory.
+func (m *Mooncake) recycle(b *mcBatch) {
+	if !m.batches.put(b) {
+		b.free()
+	}
+}
+
+func (b *mcBatch) free() {
+	C.free(unsafe.Pointer(b.reqs))
+	b.reqs, b.cap = nil, 0
 }
 
 // mcBatch is one Mooncake batch; its request array lives in C memory and
@@ -327,14 +341,17 @@ func (m *Mooncake) Submit(ctx context.Context, ops []Op) (Batch, error) {
 			return nil, fmt.Errorf("mooncake submit op %d: remote address: %w", i, ErrInvalid)
 		}
 	}
-	b := m.batches.Get().(*mcBatch)
+	b := m.batches.get()
+	if b == nil {
+		b = &mcBatch{m: m}
+	}
 	if b.cap < len(ops) {
 		C.free(unsafe.Pointer(b.reqs))
 		b.reqs = (*C.mc_request_t)(C.calloc(C.size_t(len(ops)), C.sizeof_mc_request_t))
 		b.cap = len(ops)
 	}
 	if err := b.held.acquire(ops); err != nil {
-		m.batches.Put(b)
+		m.recycle(b)
 		return nil, fmt.Errorf("mooncake submit: %w", err)
 	}
 	reqs := unsafe.Slice(b.reqs, len(ops))
@@ -343,7 +360,7 @@ func (m *Mooncake) Submit(ctx context.Context, ops []Op) (Batch, error) {
 		seg, err := m.segment(op.Remote.Peer)
 		if err != nil {
 			b.held.release()
-			m.batches.Put(b)
+			m.recycle(b)
 			return nil, err
 		}
 		r := &reqs[i]
@@ -360,13 +377,13 @@ func (m *Mooncake) Submit(ctx context.Context, ops []Op) (Batch, error) {
 	id := C.mc_alloc_batch(m.lib, m.eng, C.size_t(len(ops)))
 	if id == C.MC_INVALID_BATCH {
 		b.held.release()
-		m.batches.Put(b)
+		m.recycle(b)
 		return nil, fmt.Errorf("mooncake allocate batch: %w", ErrUnavailable)
 	}
 	if rc := C.mc_submit(m.lib, m.eng, id, b.reqs, C.size_t(len(ops))); rc != 0 {
 		C.mc_free_batch(m.lib, m.eng, id)
 		b.held.release()
-		m.batches.Put(b)
+		m.recycle(b)
 		err := mcErr(rc)
 		if err == ErrNotRegistered {
 			// Local regions are held live, so the unknown address is the
@@ -422,5 +439,5 @@ func (b *mcBatch) Release() {
 	}
 	C.mc_free_batch(b.m.lib, b.m.eng, b.id)
 	b.err = nil
-	b.m.batches.Put(b)
+	b.m.recycle(b)
 }

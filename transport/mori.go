@@ -97,7 +97,7 @@ type Mori struct {
 	closed  bool
 	regions map[string]*Region
 	peers   map[string]*C.char // engine key → C copy, kept for submissions
-	batches sync.Pool
+	batches freeList[moriBatch]
 }
 
 var _ Engine = (*Mori)(nil)
@@ -161,7 +161,6 @@ func NewMori(cfg MoriConfig) (*Mori, error) {
 		return nil, fmt.Errorf("mori: create engine %q: code %d: %w", cfg.Key, int(rc), moriErr(rc))
 	}
 	m := &Mori{lib: lib, eng: eng, key: cfg.Key, regions: map[string]*Region{}, peers: map[string]*C.char{}}
-	m.batches.New = func() any { return &moriBatch{m: m} }
 	return m, nil
 }
 
@@ -253,10 +252,25 @@ func (m *Mori) Close() error {
 		}
 	}
 	C.mori_destroy(m.lib, m.eng)
+	for _, b := range m.batches.drain() {
+		b.free()
+	}
 	for _, k := range peers {
 		C.free(unsafe.Pointer(k))
 	}
 	return first
+}
+
+// recycle keeps b for reuse or frees its C memory.
+func (m *Mori) recycle(b *moriBatch) {
+	if !m.batches.put(b) {
+		b.free()
+	}
+}
+
+func (b *moriBatch) free() {
+	C.free(unsafe.Pointer(b.offs))
+	b.offs, b.cap = nil, 0
 }
 
 // moriBatch is one Submit: a wrapper transfer per run of consecutive ops
@@ -289,7 +303,10 @@ func (m *Mori) Submit(ctx context.Context, ops []Op) (Batch, error) {
 			return nil, fmt.Errorf("mori submit op %d: %w", i, err)
 		}
 	}
-	b := m.batches.Get().(*moriBatch)
+	b := m.batches.get()
+	if b == nil {
+		b = &moriBatch{m: m}
+	}
 	b.xfers, b.next, b.done, b.err = b.xfers[:0], 0, false, nil
 	if b.cap < len(ops) {
 		C.free(unsafe.Pointer(b.offs))
@@ -297,7 +314,7 @@ func (m *Mori) Submit(ctx context.Context, ops []Op) (Batch, error) {
 		b.cap = len(ops)
 	}
 	if err := b.held.acquire(ops); err != nil {
-		m.batches.Put(b)
+		m.recycle(b)
 		return nil, fmt.Errorf("mori submit: %w", err)
 	}
 	all := unsafe.Slice(b.offs, 3*b.cap)
@@ -385,5 +402,5 @@ func (b *moriBatch) Release() {
 		C.mori_release(b.m.lib, b.m.eng, x)
 	}
 	b.xfers, b.err = b.xfers[:0], nil
-	b.m.batches.Put(b)
+	b.m.recycle(b)
 }

@@ -35,3 +35,12 @@ func (s *regionSet) release() {
 	}
 	s.rs = s.rs[:0]
 }
+
+// drain empties the list, returning what it held.
+func (f *freeList[T]) drain() []*T {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	items := f.items
+	f.items = nil
+	return items
+}

@@ -49,7 +49,7 @@ type TCP struct {
 	idle    map[string][]*tcpConn
 
 	wg      sync.WaitGroup
-	batches sync.Pool
+	batches freeList[tcpBatch]
 }
 
 var _ Engine = (*TCP)(nil)
@@ -70,7 +70,6 @@ func NewTCP(cfg TCPConfig) (*TCP, error) {
 		served:  make(map[net.Conn]struct{}),
 		idle:    make(map[string][]*tcpConn),
 	}
-	t.batches.New = func() any { return &tcpBatch{t: t} }
 	if cfg.Listener != nil {
 		if t.peer == "" {
 			t.peer = cfg.Listener.Addr().String()
@@ -442,7 +441,7 @@ func (b *tcpBatch) Poll() (bool, error) { return true, b.err }
 
 func (b *tcpBatch) Release() {
 	b.err = nil
-	b.t.batches.Put(b)
+	_ = b.t.batches.put(b)
 }
 
 // Submit validates ops, then runs them: consecutive ops to the same peer
@@ -458,7 +457,10 @@ func (t *TCP) Submit(ctx context.Context, ops []Op) (Batch, error) {
 			return nil, fmt.Errorf("submit op %d: remote name: %w", i, err)
 		}
 	}
-	b := t.batches.Get().(*tcpBatch)
+	b := t.batches.get()
+	if b == nil {
+		b = &tcpBatch{t: t}
+	}
 	for i := 0; i < len(ops); {
 		j := i + 1
 		for j < len(ops) && j-i < pipelineWindow && ops[j].Kind == ops[i].Kind && ops[j].Remote.Peer == ops[i].Remote.Peer {

@@ -223,3 +223,38 @@ func checkOp(owner any, op *Op) error {
 func inRange(off, n, size uint64) bool {
 	return n <= size && off <= size-n
 }
+
+// freeList recycles batches. Unlike sync.Pool it never drops entries on
+// its own (the race detector makes sync.Pool drop a quarter of them), so a
+// steady state allocates nothing in every build.
+type freeList[T any] struct {
+	mu    sync.Mutex
+	items []*T
+}
+
+// maxFree bounds the batches kept per engine.
+const maxFree = 256
+
+func (f *freeList[T]) get() *T {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := len(f.items); n > 0 {
+		x := f.items[n-1]
+		f.items[n-1] = nil
+		f.items = f.items[:n-1]
+		return x
+	}
+	return nil
+}
+
+// put keeps x for reuse; false when the list is full (x is dropped, and
+// whatever C memory it owns must be freed by the caller).
+func (f *freeList[T]) put(x *T) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.items) >= maxFree {
+		return false
+	}
+	f.items = append(f.items, x)
+	return true
+}
