@@ -9,7 +9,9 @@
 //   - Mooncake Transfer Engine (mooncake.go, build tag `mooncake`, cgo):
 //     its C API (transfer_engine_c.h), declared in mooncake_c.h.
 //   - MoRI-IO (mori.go, build tag `mori`, cgo): MoRI's C++ IOEngine
-//     through a thin extern "C" wrapper whose declarations are mori_c.h.
+//     through a thin extern "C" wrapper whose declarations are mori_c.h;
+//     its C++ source is moriwrap/infera_mori.cc, built on a node with
+//     MoRI installed (CI has none and runs the stub instead).
 //
 // The cgo shims only register memory, submit transfers, poll completion and
 // map library status codes onto this package's sentinel errors; the stub
