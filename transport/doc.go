@@ -14,7 +14,11 @@
 //     MoRI installed (CI has none and runs the stub instead).
 //
 // The cgo shims only register memory, submit transfers, poll completion and
-// map library status codes onto this package's sentinel errors; the stub
+// map library status codes onto this package's sentinel errors. They load
+// their library at run time with dlopen (MooncakeConfig.Library,
+// MoriConfig.Library), so a tagged build needs only a C compiler, and a node
+// without the library gets ErrUnavailable from NewMooncake/NewMori instead
+// of a binary that does not start; the stub
 // libraries in testdata/ implement the same C functions in host memory so
 // `CGO_ENABLED=1 go test -tags mooncake,mori ./transport/` exercises them
 // without RDMA hardware. The default build stays CGO_ENABLED=0.
