@@ -1,0 +1,55 @@
+package main
+
+import (
+	"debug/elf"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+func goTool(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// TestStaticBuild: the binary `make build` produces (CGO_ENABLED=0) is cgo
+// free and statically linked, whatever cgo shims the tree holds behind tags.
+func TestStaticBuild(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "infera")
+	goTool(t, []string{"CGO_ENABLED=0"}, "build", "-trimpath", "-o", bin, ".")
+	info := goTool(t, nil, "version", "-m", bin)
+	if !strings.Contains(info, "CGO_ENABLED=0") {
+		t.Fatalf("go version -m does not show CGO_ENABLED=0:\n%s", info)
+	}
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Fatal("binary has a program interpreter: dynamically linked")
+		}
+	}
+	if libs, err := f.ImportedLibraries(); err != nil || len(libs) > 0 {
+		t.Fatalf("binary needs shared libraries %v (%v)", libs, err)
+	}
+}
+
+// TestTaggedBuildCompiles: the cgo shims compile and vet under their tags
+// (the stub-library tests run them: make test-cgo), and the tags alone do
+// not break a cgo-free build.
+func TestTaggedBuildCompiles(t *testing.T) {
+	const tags = "mooncake,mori,rocm"
+	goTool(t, []string{"CGO_ENABLED=1"}, "vet", "-tags", tags, "./transport/...")
+	goTool(t, []string{"CGO_ENABLED=0"}, "build", "-tags", tags, "-o", os.DevNull, ".")
+}
