@@ -130,6 +130,8 @@ type Router struct {
 
 	conns connSet // open upstream connections
 
+	dialects [numProxyRoutes]*dialect // each proxied route's API
+
 	brk      breakerConfig
 	admit    admission
 	keys     keySet // client API keys
@@ -147,12 +149,13 @@ func New(cfg Config, policy Policy, log zerolog.Logger) (*Router, error) {
 		return nil, fmt.Errorf("new router: %w", ErrUnknownPolicy)
 	}
 	r := &Router{
-		cfg:     cfg.withDefaults(),
-		policy:  policy,
-		log:     log.With().Str("component", "router").Logger(),
-		metrics: newMetrics(),
-		workers: make(map[string]*Worker),
-		cursors: make(map[string]*atomic.Uint64),
+		cfg:      cfg.withDefaults(),
+		policy:   policy,
+		log:      log.With().Str("component", "router").Logger(),
+		metrics:  newMetrics(),
+		workers:  make(map[string]*Worker),
+		cursors:  make(map[string]*atomic.Uint64),
+		dialects: defaultDialects(),
 	}
 	r.brk = breakerConfig{threshold: int32(r.cfg.BreakerThreshold), cooldown: r.cfg.BreakerCooldown, maxCooldown: r.cfg.BreakerMaxCool}
 	r.admit.limit = int64(r.cfg.MaxInflightPerWorker)
