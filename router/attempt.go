@@ -16,10 +16,10 @@ import (
 // and, while its answer streams, the upstream response and connection,
 // the worker's status and the leg's timeout state.
 //
-// Concurrency: begin and endAttempt run on the request's goroutine (they
-// touch the request's tried list and last failure); between them attempts
-// of one request may send and read concurrently (send touches only its
-// attempt).
+// Concurrency: begin, upstreamRequest and endAttempt run on the request's
+// goroutine (they touch the request's tried list, client request and last
+// failure); between them attempts of one request may send (do) and read
+// concurrently.
 type attempt struct {
 	rel    *relay
 	body   []byte // what the worker gets (nil: the request's body)
@@ -299,12 +299,20 @@ func (a *attempt) classify(err error) failReason {
 // send sends attempt a's request to its worker and returns the response
 // once the status line and headers are in; the body is still to be read
 // (streamed). The attempt's deadline caps it: the first-byte timeout (for
-// a unary request that is its whole answer) and the request's own. Only a
-// is touched: attempts of one request may send concurrently.
+// a unary request that is its whole answer) and the request's own.
 func (rel *relay) send(a *attempt) (*fasthttp.Response, error) {
+	req := rel.upstreamRequest(a)
+	defer fasthttp.ReleaseRequest(req)
+	return a.do(req)
+}
+
+// upstreamRequest builds attempt a's request to its worker (release it
+// with fasthttp.ReleaseRequest). It reads the client's request, so it runs
+// on the request's goroutine; the request it returns may be sent (do)
+// concurrently with another attempt's.
+func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
 	r, ctx, w := rel.r, rel.ctx, a.ticket.Worker
 	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
 	req.SetRequestURI(w.uri[rel.route])
 	req.Header.SetMethod(fasthttp.MethodPost)
 	if ct := ctx.Request.Header.ContentType(); len(ct) > 0 {
@@ -334,13 +342,19 @@ func (rel *relay) send(a *attempt) (*fasthttp.Response, error) {
 		body = rel.body
 	}
 	req.SetBodyRaw(body)
+	return req
+}
 
-	deadline := a.start.Add(r.cfg.TTFTTimeout)
+// do sends req to a's worker within the attempt's deadline. It touches
+// only a (and reads the router's immutable config).
+func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
+	rel := a.rel
+	deadline := a.start.Add(rel.r.cfg.TTFTTimeout)
 	if rel.deadline.Before(deadline) {
 		deadline = rel.deadline
 	}
 	resp := fasthttp.AcquireResponse()
-	if err := w.client.DoDeadline(req, resp, deadline); err != nil {
+	if err := a.ticket.Worker.client.DoDeadline(req, resp, deadline); err != nil {
 		fasthttp.ReleaseResponse(resp)
 		return nil, err
 	}
