@@ -8,7 +8,7 @@ FUZZTIME       ?= 5m
 FUZZTIME_SMOKE ?= 5s
 STATICCHECK    ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: help build test test-race test-cgo e2e bench bench-smoke bench-kv bench-overhead fuzz fuzz-smoke lint run tokenizers clean
+.PHONY: help build test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-overhead fuzz fuzz-smoke lint run tokenizers clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -16,10 +16,13 @@ help: ## list targets
 build: ## static, cgo-free binary at bin/infera
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) .
 
-test: lint tokenizers test-race test-cgo fuzz-smoke bench-smoke ## everything CI runs: lint, -race unit+integration+e2e, fuzz and bench smoke
+test: lint tokenizers test-race test-allocs test-cgo fuzz-smoke bench-smoke ## everything CI runs: lint, -race unit+integration+e2e, zero-allocation checks, cgo shims, fuzz and bench smoke
 
 test-race: ## unit, integration and e2e tests with the race detector
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+test-allocs: ## the zero-allocation tests (Test*Alloc*), without -race: the race detector allocates
+	$(GO) test -count=1 -run 'Alloc' ./...
 
 # cgo shims behind build tags, run against the stub C libraries their tests
 # build from testdata/ (needs a C compiler); packages that exist only.

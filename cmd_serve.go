@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v2"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/lifecycle"
 	"github.com/infera/infera/router"
 )
 
@@ -104,25 +104,35 @@ func retries(n int) int {
 	return n
 }
 
-// runServe runs the router until ctx ends, then stops, in order, the HTTP
-// server (draining in-flight requests), the fleet watcher, the etcd client
-// and the embedded etcd it started.
+// runServe runs the router until ctx ends. It starts, in order, the policy,
+// the embedded etcd (without --etcd-endpoints), the etcd client, the fleet
+// watcher and the HTTP servers, and stops them in reverse: the servers
+// drain in-flight requests first, the policy closes last. A failed start
+// unwinds what had started.
 func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, log zerolog.Logger) error {
+	var started lifecycle.Stack
+	defer func() { _ = started.Stop() }()
 	policy, err := policies.New(cfg.RouterPolicy)
 	if err != nil {
 		return err
 	}
 	if c, ok := policy.(io.Closer); ok {
-		// Deferred first, so it runs last: after the router and the fleet
-		// watcher (which attaches and detaches workers) have stopped.
-		defer func() { _ = c.Close() }()
+		// Stopped last: after the router and the fleet watcher (which
+		// attaches and detaches workers) have stopped.
+		started.Push(c.Close)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	// stop ends the goroutines started here; it is deferred after each
-	// resource they use, so that it runs before that resource is closed.
-	var wg sync.WaitGroup
-	stop := func() { cancel(nil); wg.Wait() }
+	// spawn runs fn until its own context ends, stopped in turn.
+	spawn := func(fn func(context.Context)) {
+		gctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			fn(gctx)
+		}()
+		started.Push(func() error { stop(); <-done; return nil })
+	}
 
 	etcdCfg := cfg.Etcd
 	if len(etcdCfg.Endpoints) == 0 {
@@ -133,10 +143,10 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 		if err != nil {
 			return fmt.Errorf("start embedded etcd: %w", err)
 		}
-		defer emb.Close()
+		started.Push(func() error { emb.Close(); return nil })
 		etcdCfg.Endpoints = emb.Endpoints()
 		log.Info().Strs("endpoints", etcdCfg.Endpoints).Str("dir", cfg.EmbeddedEtcdDir).Msg("embedded etcd started")
-		wg.Go(func() {
+		spawn(func(ctx context.Context) {
 			select {
 			case err := <-emb.Err():
 				log.Error().Err(err).Msg("embedded etcd failed")
@@ -144,14 +154,13 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 			case <-ctx.Done():
 			}
 		})
-		defer stop()
 	}
 
 	cli, err := discovery.NewClient(etcdCfg, log)
 	if err != nil {
 		return fmt.Errorf("connect to etcd: %w", err)
 	}
-	defer func() { _ = cli.Close() }()
+	started.Push(cli.Close)
 
 	rt, err := router.New(router.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
@@ -185,12 +194,11 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 		return fmt.Errorf("build router: %w", err)
 	}
 	watcher := discovery.NewWatcher(cli, etcdCfg.Prefix, log, rt.UpdateFleet)
-	wg.Go(func() {
+	spawn(func(ctx context.Context) {
 		if err := watcher.Run(ctx); err != nil {
 			cancel(fmt.Errorf("fleet watcher: %w", err))
 		}
 	})
-	defer stop()
 
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", cfg.Listen)
@@ -210,7 +218,7 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 		Strs("etcd_endpoints", etcdCfg.Endpoints).Int("api_keys", len(cfg.Keys())).Msg("infera serve listening")
 
 	serveErr := rt.ServeAll(ctx, ln, adminLn)
-	stop()
+	_ = started.Stop()
 	if serveErr != nil {
 		return serveErr
 	}

@@ -315,3 +315,34 @@ func TestServeAdminAndKeys(t *testing.T) {
 		t.Fatal("serve did not stop")
 	}
 }
+
+// TestServeUnwindsPartialStart: when a late start step fails (the listen
+// address is taken), `infera serve` returns the error and stops what had
+// started, in reverse: the embedded etcd's port is free again.
+func TestServeUnwindsPartialStart(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcdAddr := probe.Addr().String()
+	_ = probe.Close()
+
+	var stderr syncBuffer
+	err = newApp(io.Discard, &stderr).RunContext(t.Context(), []string{"infera", "serve",
+		"--listen", taken.Addr().String(), "--embedded-etcd-listen", etcdAddr,
+		"--embedded-etcd-dir", t.TempDir(), "--router-policy", "least-load"})
+	if err == nil || !strings.Contains(err.Error(), "listen on "+taken.Addr().String()) {
+		t.Fatalf("serve on a taken address returned %v", err)
+	}
+	logField(t, &stderr, "embedded etcd started", "level")
+	again, err := net.Listen("tcp", etcdAddr)
+	if err != nil {
+		t.Fatalf("the embedded etcd still holds %s after the failed start: %v", etcdAddr, err)
+	}
+	_ = again.Close()
+}

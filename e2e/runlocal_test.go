@@ -76,6 +76,14 @@ func TestReadmeRunCommand(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatalf("run-local.sh did not stop after Ctrl-C; output:\n%s", logs.String())
 	}
+	// The workers stop before the server holding the embedded etcd: both
+	// deregister while it still runs (else their lease revoke fails).
+	out := logs.String()
+	_, stopping, _ := strings.Cut(out, "stopping the local fleet")
+	beforeServer, _, _ := strings.Cut(stopping, "infera serve stopped")
+	if n := strings.Count(beforeServer, "worker deregistered"); n != 2 || strings.Contains(out, "revoke worker lease failed") {
+		t.Errorf("%d workers deregistered before the server stopped, want 2; output:\n%s", n, out)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		alive := alivePIDs(started)

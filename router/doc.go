@@ -12,8 +12,14 @@
 // token-array prompt allocates nothing; a Hugging Face chat template
 // allocates while rendering.
 //
+// Requests and attempts (issue 16): a request (relay.go) owns one or more
+// attempts (attempt.go), each one leg on one worker holding its policy
+// ticket, admission slot and breaker probe from begin until endAttempt, the
+// one place an attempt ends; the streamed answer lives in stream.go, the
+// route's API translation in dialect.go.
+//
 // Resilience (issue 5): a request runs as attempts on different workers
-// while nothing of the answer has reached the client (relay.go: connect,
+// while nothing of the answer has reached the client (attempt.go: connect,
 // retryStream), up to Config.MaxRetries. Unary answers are buffered, so any
 // failure before the answer is complete may be retried; 4xx pass through.
 // A stream's status line and headers go out as soon as the first worker's

@@ -520,3 +520,42 @@ func counterValue(t *testing.T, r *Router, name, label string) float64 {
 }
 
 var _ prometheus.Collector = (*KVAware)(nil)
+
+// TestKVOverlapWeightByRole: a prefill worker's misses weigh
+// PrefillOverlapWeight and a decode worker's DecodeOverlapWeight, so cold
+// requests (all blocks missing everywhere) go to the worker whose role
+// counts misses least, every time; swapping the weights swaps the pick.
+// (Prefill and decode workers are no candidates of the mixed path; the PD
+// path offers them as here.)
+func TestKVOverlapWeightByRole(t *testing.T) {
+	role := func(m discovery.DisaggMode) func(*discovery.Record) {
+		return func(r *discovery.Record) { r.DisaggMode = m }
+	}
+	prefill, decode := kvRecord(0, role(discovery.DisaggPrefill)), kvRecord(1, role(discovery.DisaggDecode))
+	for _, c := range []struct {
+		prefillW, decodeW float64
+		want              string
+	}{
+		{10, NoOverlap, decode.WorkerID},
+		{NoOverlap, 10, prefill.WorkerID},
+	} {
+		e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes, OverlapWeight: 1,
+			PrefillOverlapWeight: c.prefillW, DecodeOverlapWeight: c.decodeW}, prefill, decode)
+		cands := &Candidates{Model: "m", Workers: []*Worker{e.r.workers[prefill.WorkerID], e.r.workers[decode.WorkerID]}, cursor: new(atomic.Uint64)}
+		for i := range 6 {
+			body := chat(unique(i, 400))
+			var req openai.Request
+			if err := openai.Scan([]byte(body), &req); err != nil {
+				t.Fatal(err)
+			}
+			tk, err := e.p.Pick(&PickInput{Route: RouteChatCompletions, Body: []byte(body), Request: &req}, cands)
+			if err != nil || tk.Worker == nil {
+				t.Fatalf("pick: %v", err)
+			}
+			e.p.Release(tk, Result{Status: 200})
+			if got := tk.Worker.id; got != c.want {
+				t.Fatalf("weights prefill %v decode %v: cold request %d went to %s, want %s", c.prefillW, c.decodeW, i, got, c.want)
+			}
+		}
+	}
+}

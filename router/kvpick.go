@@ -6,6 +6,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/kvcache"
 )
 
@@ -139,7 +140,6 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 
 	// Costs; the scan starts at the rotating cursor and keeps the first
 	// minimum, so ties rotate.
-	w := p.cfg.OverlapWeight
 	best, bestCost, bestEff := -1, 0.0, 0
 	for k := range nt {
 		i := (start + k) % nt
@@ -160,6 +160,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		// cached by the time this one runs. Block hashes chain, so the
 		// in-flight blocks this request shares are exactly that prefix.
 		eff := max(sc.hits[i], flight)
+		w := p.overlapWeight(t.worker)
 		cost := w*float64(len(hs)-eff) + float64(active+len(hs)-flight) + recent
 		if best < 0 || cost < bestCost {
 			best, bestCost, bestEff = i, cost, eff
@@ -305,4 +306,17 @@ func grow(s []int, n int) []int {
 		return make([]int, n, n+n/2)
 	}
 	return s[:n]
+}
+
+// overlapWeight is the cost weight of one uncached block on worker w, by
+// its role: prefill and decode workers of disaggregated serving have their
+// own (--kv-prefill-overlap-weight, --kv-decode-overlap-weight).
+func (p *KVAware) overlapWeight(w *Worker) float64 {
+	switch w.Record().DisaggMode {
+	case discovery.DisaggPrefill:
+		return p.cfg.PrefillOverlapWeight
+	case discovery.DisaggDecode:
+		return p.cfg.DecodeOverlapWeight
+	}
+	return p.cfg.OverlapWeight
 }

@@ -138,10 +138,10 @@ func TestRelayWriteToAllocs(t *testing.T) {
 	stream := bytes.Repeat(ev, events)
 	dst := &countWriter{}
 	src := &eofReader{}
-	rel := &relay{r: r, route: RouteChatCompletions, pump: eventPump{buf: make([]byte, relayBufSize)}, status: 200}
+	rel := testRelay(r, relayBufSize)
 	run := func() {
 		src.data, src.size = stream, len(ev)
-		rel.src, rel.done, rel.firstByte = src, false, false
+		rel.att.src, rel.done, rel.firstByte = src, false, false
 		if _, err := rel.WriteTo(dst); err != nil {
 			t.Fatal(err)
 		}
@@ -156,6 +156,14 @@ func TestRelayWriteToAllocs(t *testing.T) {
 	}
 }
 
+// testRelay is a relay of a 200 chat stream, outside the pool.
+func testRelay(r *Router, bufSize int) *relay {
+	rel := &relay{r: r, route: RouteChatCompletions, dialect: r.dialects[RouteChatCompletions],
+		pump: eventPump{buf: make([]byte, bufSize)}, status: 200}
+	rel.att = attempt{rel: rel, status: 200}
+	return rel
+}
+
 // failWriter fails every write.
 type failWriter struct{}
 
@@ -166,8 +174,8 @@ func TestRelayWriteFailureEndsStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rel := &relay{r: r, pump: eventPump{buf: make([]byte, 1024)}, status: 200}
-	rel.src = &chunkReader{chunks: [][]byte{[]byte(testEvent)}}
+	rel := testRelay(r, 1024)
+	rel.att.src = &chunkReader{chunks: [][]byte{[]byte(testEvent)}}
 	if _, err := rel.WriteTo(failWriter{}); err == nil {
 		t.Fatal("WriteTo succeeded with a failing client")
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/infera/infera/lifecycle"
 	"github.com/infera/infera/openai"
 )
 
@@ -129,6 +130,8 @@ type Router struct {
 
 	conns connSet // open upstream connections
 
+	dialects [numProxyRoutes]*dialect // each proxied route's API
+
 	brk      breakerConfig
 	admit    admission
 	keys     keySet // client API keys
@@ -146,12 +149,13 @@ func New(cfg Config, policy Policy, log zerolog.Logger) (*Router, error) {
 		return nil, fmt.Errorf("new router: %w", ErrUnknownPolicy)
 	}
 	r := &Router{
-		cfg:     cfg.withDefaults(),
-		policy:  policy,
-		log:     log.With().Str("component", "router").Logger(),
-		metrics: newMetrics(),
-		workers: make(map[string]*Worker),
-		cursors: make(map[string]*atomic.Uint64),
+		cfg:      cfg.withDefaults(),
+		policy:   policy,
+		log:      log.With().Str("component", "router").Logger(),
+		metrics:  newMetrics(),
+		workers:  make(map[string]*Worker),
+		cursors:  make(map[string]*atomic.Uint64),
+		dialects: defaultDialects(),
 	}
 	r.brk = breakerConfig{threshold: int32(r.cfg.BreakerThreshold), cooldown: r.cfg.BreakerCooldown, maxCooldown: r.cfg.BreakerMaxCool}
 	r.admit.limit = int64(r.cfg.MaxInflightPerWorker)
@@ -218,58 +222,40 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 // ServeAll is Serve plus, when adminLn is not nil, the admin server on
-// adminLn (see Config.AdminSeparate). Both stop together.
+// adminLn (see Config.AdminSeparate). Both stop together: the admin server
+// after the client server has drained, so that /metrics covers the drain.
+// It returns promptly when ctx is already done.
 func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
-	srv := r.Server()
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	var admin *fasthttp.Server
-	adminErr := make(chan error, 1)
-	var adminFailed <-chan error // nil (never ready) without an admin server
+	mainCtx, stopMain := context.WithCancel(ctx)
+	defer stopMain()
+	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAdmin()
+	var adminErr chan error
 	if adminLn != nil {
-		admin = r.AdminServer()
-		adminFailed = adminErr
-		go func() { adminErr <- admin.Serve(adminLn) }()
+		adminErr = make(chan error, 1)
+		go func() {
+			err := lifecycle.Serve(adminCtx, r.AdminServer(), adminLn, lifecycle.Options{Grace: r.cfg.ShutdownTimeout})
+			// An admin server that failed on its own takes the router down
+			// too rather than run without its management plane.
+			stopMain()
+			adminErr <- err
+		}()
 	}
-	stopAdmin := func() error {
-		if admin == nil {
-			return nil
-		}
-		_ = admin.Shutdown()
-		return <-adminErr
+	err := lifecycle.Serve(mainCtx, r.Server(), ln, lifecycle.Options{
+		Grace: r.cfg.ShutdownTimeout,
+		Overdue: func() {
+			n := r.conns.closeAll()
+			r.log.Warn().Int("connections", n).Dur("grace", r.cfg.ShutdownTimeout).Msg("shutdown grace over, cutting running streams")
+		},
+	})
+	stopAdmin()
+	var aerr error
+	if adminErr != nil {
+		aerr = <-adminErr
 	}
-	select {
-	case err := <-errc:
-		_ = stopAdmin()
-		r.shutdownPools()
-		if err == nil {
-			return nil
-		}
-		return fmt.Errorf("%w: %w", ErrServe, err)
-	case err := <-adminFailed:
-		// The admin server failed on its own; take the router down too
-		// rather than run without its management plane.
-		adminErr <- err
-	case <-ctx.Done():
-	}
-
-	grace, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
-	err := srv.ShutdownWithContext(grace)
-	cancel()
-	aerr := stopAdmin()
-	if err != nil {
-		n := r.conns.closeAll()
-		r.log.Warn().Int("connections", n).Dur("grace", r.cfg.ShutdownTimeout).Msg("shutdown grace over, cutting running streams")
-		// The relays now end at once; wait for their client connections.
-		deadline := time.Now().Add(5 * time.Second)
-		for srv.GetOpenConnectionsCount() > 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	serveErr := <-errc
 	r.shutdownPools()
-	if serveErr != nil {
-		return fmt.Errorf("%w: %w", ErrServe, serveErr)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrServe, err)
 	}
 	if aerr != nil {
 		return fmt.Errorf("%w: admin: %w", ErrServe, aerr)

@@ -555,6 +555,33 @@ func TestShutdownCutsStalledStreams(t *testing.T) {
 	}
 }
 
+// ServeAll with a context already cancelled (SIGTERM during start-up) must
+// return, not wait forever for a listener fasthttp registers after its
+// Shutdown ran. 100 runs; a hang fails by the test timeout.
+func TestServeAllCancelledContextReturns(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for i := range 100 {
+		r, err := router.New(router.Config{}, router.RoundRobin{}, testLog(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var adminLn net.Listener
+		if i%2 == 1 {
+			if adminLn, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.ServeAll(ctx, ln, adminLn); err != nil {
+			t.Fatalf("run %d: ServeAll: %v", i, err)
+		}
+	}
+}
+
 func TestRegistry(t *testing.T) {
 	reg := router.NewRegistry()
 	if err := router.RegisterBuiltins(reg); err != nil {

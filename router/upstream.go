@@ -60,11 +60,12 @@ var errShuttingDown = errors.New("router is shutting down")
 // Two more bounds apply on top. A deadline fasthttp sets (DoDeadline: the
 // first-byte and request timeouts of one attempt) caps every operation
 // until it is cleared. And while a streaming relay watches the connection
-// (watch), reads follow the relay's stream deadlines and, whenever the
-// worker is silent for a heartbeat interval, the relay writes an SSE
-// comment to its client from inside Read — the reading goroutine is the
-// relay's own, so nothing runs concurrently — and a failed write ends the
-// read: the client is gone, the worker connection is closed.
+// (watch, a streamWatcher: the relay's attempt), reads follow its stream
+// deadlines and, whenever the worker is silent for a heartbeat interval,
+// the watcher writes an SSE comment to its client from inside Read — the
+// reading goroutine is the relay's own, so nothing runs concurrently — and
+// a failed write ends the read: the client is gone, the worker connection
+// is closed.
 type deadlineConn struct {
 	net.Conn
 	timeout time.Duration
@@ -74,7 +75,7 @@ type deadlineConn struct {
 
 	readHard  atomic.Int64 // unix ns; 0: none
 	writeHard atomic.Int64
-	watch     atomic.Pointer[relay]
+	watch     atomic.Pointer[watchSlot] // the stream reading it, if watched
 }
 
 // cap returns the earlier of t and the hard deadline h (unix ns, 0: none).
@@ -87,19 +88,18 @@ func capDeadline(t time.Time, h int64) time.Time {
 
 func (c *deadlineConn) Read(p []byte) (int, error) {
 	now := time.Now()
-	rel := c.watch.Load()
-	if rel == nil {
+	sw := c.watch.Load()
+	if sw == nil {
 		if err := c.Conn.SetReadDeadline(capDeadline(now.Add(c.timeout), c.readHard.Load())); err != nil {
 			return 0, err
 		}
 		return c.Conn.Read(p)
 	}
-	hard := rel.readDeadline(now)
-	beat := now.Add(rel.r.cfg.HeartbeatInterval)
-	rel.keepWriting(now)
+	hard, every := sw.beforeRead(now)
+	beat := now.Add(every)
 	for {
 		dl, isBeat := hard, false
-		if beat.Before(hard) && rel.w != nil {
+		if every > 0 && beat.Before(hard) {
 			dl, isBeat = beat, true
 		}
 		if err := c.Conn.SetReadDeadline(dl); err != nil {
@@ -111,14 +111,14 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 		}
 		if !isBeat || !isTimeout(err) {
 			if isTimeout(err) {
-				rel.readTimedOut = true
+				sw.noteReadTimeout()
 			}
 			return n, err
 		}
-		if herr := rel.heartbeat(); herr != nil {
+		if herr := sw.heartbeat(); herr != nil {
 			return 0, herr
 		}
-		beat = beat.Add(rel.r.cfg.HeartbeatInterval)
+		beat = beat.Add(every)
 	}
 }
 

@@ -14,20 +14,31 @@ state=${INFERA_RUN_STATE:-.run}
 rm -rf "$state/etcd"
 mkdir -p "$state"
 
-pids=()
+# Each child in its own process group: a terminal's Ctrl-C reaches only this
+# script, which then stops them in order (a shared group would signal the
+# server, holding the embedded etcd, together with the workers).
+set -m
+
+server=
+workers_pids=()
 stop() {
   trap - INT TERM EXIT
   echo "stopping the local fleet..." >&2
-  # Workers first so they drain and deregister while the server still runs.
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  # Workers first, so they drain and deregister while the server (and its
+  # embedded etcd) still runs; then the server.
+  for pid in "${workers_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${workers_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [ -n "$server" ]; then
+    kill -TERM "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+  fi
 }
 trap stop INT TERM EXIT
 
 "$bin" serve --listen "127.0.0.1:$port" \
   --embedded-etcd-listen "127.0.0.1:$etcd_port" --embedded-etcd-dir "$state/etcd" \
   --log-format console &
-pids+=($!)
+server=$!
 
 for _ in $(seq 1 100); do
   curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
@@ -37,7 +48,7 @@ done
 for i in $(seq 1 "$workers"); do
   "$bin" worker --engine sim --etcd-endpoints "http://127.0.0.1:$etcd_port" --log-format console \
     -- --model "$model" --time-scale 1 &
-  pids+=($!)
+  workers_pids+=($!)
 done
 
 cat >&2 <<MSG
@@ -49,4 +60,4 @@ Infera is up on http://127.0.0.1:$port with $workers simulated workers. Try:
 
 Ctrl-C stops everything.
 MSG
-wait -n "${pids[@]}" || true
+wait -n "$server" "${workers_pids[@]}" || true

@@ -71,7 +71,14 @@ func startSim(t testing.TB, edit func(*config.Sim), opts ...Option) *testSim {
 		}
 		tr.CloseIdleConnections()
 	})
-	eventually(t, "Addr() set", func() bool { return srv.Addr() == ln.Addr().String() })
+	select {
+	case <-srv.Ready():
+	case err := <-done:
+		t.Fatalf("Serve: %v", err)
+	}
+	if srv.Addr() != ln.Addr().String() {
+		t.Fatalf("Addr() = %q once ready, want %q", srv.Addr(), ln.Addr().String())
+	}
 	return ts
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/lifecycle"
 	"github.com/infera/infera/tokenizer"
 )
 
@@ -84,6 +85,7 @@ type Server struct {
 	readyAt  atomic.Int64 // unix nanos when slow start ends
 	ready    atomic.Bool
 	closing  chan struct{}
+	readyCh  chan struct{} // closed once Serve accepts
 	ids      atomic.Uint64 // response ids
 	draws    atomic.Uint64 // fault-injection draws
 	hung     atomic.Int64  // requests held by --hang-before-first-token
@@ -104,6 +106,7 @@ func New(cfg config.Sim, log zerolog.Logger, opts ...Option) (*Server, error) {
 		seed:    uint64(cfg.Seed),
 		idBase:  [2]uint64{rand.Uint64(), rand.Uint64()},
 		closing: make(chan struct{}),
+		readyCh: make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(s)
@@ -238,8 +241,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer stopSched()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.sched.run(schedCtx) })
+	// The HTTP server stops when ctx ends or the engine closes (below).
+	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHTTP()
 	serveErr := make(chan error, 1)
-	wg.Go(func() { serveErr <- s.http.Serve(ln) })
+	wg.Go(func() { serveErr <- lifecycle.Serve(httpCtx, s.http, ln, lifecycle.Options{Grace: shutdownGrace}) })
 
 	ev := s.log.Info().Str("addr", addr).Str("model", s.name).
 		Int("block_size", s.cfg.BlockSize).Int("kv_blocks", s.cfg.KVBlocks).
@@ -252,15 +258,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	ev.Msg("sim listening")
 
+	close(s.readyCh)
+
 	var err error
 	served := false
 	select {
 	case <-ctx.Done():
 	case err = <-serveErr:
 		served = true
-		if err != nil {
-			err = fmt.Errorf("serve http: %w", err)
-		}
 	}
 	close(s.closing)
 	stopSched()
@@ -270,24 +275,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		// can take it before the close.
 		sockets.close()
 	}
-	shCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	if e := s.http.ShutdownWithContext(shCtx); e != nil && err == nil {
-		err = fmt.Errorf("shut down http server: %w", e)
-	}
-	cancel()
-	// fasthttp's Shutdown does nothing if its Serve has not registered the
-	// listener yet (ctx ended at once); closing it ourselves ends Serve in
-	// every case.
-	_ = ln.Close()
+	stopHTTP()
 	if !served {
-		if e := <-serveErr; e != nil && !errors.Is(e, net.ErrClosed) && err == nil {
-			err = fmt.Errorf("serve http: %w", e)
-		}
+		err = <-serveErr
 	}
 	wg.Wait()
 	s.log.Info().Str("addr", addr).Msg("sim stopped")
 	return err
 }
+
+// Ready is closed once Serve has bound its listener, started its KV event
+// sockets and the engine: Addr and KVEventsEndpoint are set. (Readiness
+// for traffic after --slow-start is /health's business.)
+func (s *Server) Ready() <-chan struct{} { return s.readyCh }
 
 // isReady reports whether --slow-start has passed.
 func (s *Server) isReady() bool {

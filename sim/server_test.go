@@ -687,6 +687,33 @@ func TestRunLogsBoundAddress(t *testing.T) {
 	}
 }
 
+// Serve with a context already cancelled returns (and is ready first); a
+// hang fails by the test timeout. 100 runs.
+func TestServeCancelledContextReturns(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	cfg := config.DefaultSim()
+	cfg.Port, cfg.TimeScale = 0, 0
+	for i := range 100 {
+		srv, err := New(cfg, zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Serve(ctx, ln); err != nil {
+			t.Fatalf("run %d: Serve: %v", i, err)
+		}
+		select {
+		case <-srv.Ready():
+		default:
+			t.Fatalf("run %d: Ready not closed after Serve", i)
+		}
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	cfg := config.DefaultSim()
 	if err := cfg.Validate(); err != nil {

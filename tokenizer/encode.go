@@ -228,6 +228,3 @@ func (t *HF) Decode(ids []uint32) (string, error) {
 	}
 	return string(out), nil
 }
-
-// IsSpecial reports whether id is a special added token.
-func (t *HF) IsSpecial(id uint32) bool { return t.specialIDs[id] }

@@ -42,7 +42,7 @@ func withCache(tk *HF, n int) *HF {
 	m := tk.model
 	m.cache = newWordCache(n, maxCachedWord)
 	c := &HF{name: tk.name, model: m, normalize: tk.normalize, steps: tk.steps, rawAdded: tk.rawAdded,
-		normAdded: tk.normAdded, idBytes: tk.idBytes, chat: tk.chat, vocabSize: tk.vocabSize, specialIDs: tk.specialIDs}
+		normAdded: tk.normAdded, idBytes: tk.idBytes, chat: tk.chat, vocabSize: tk.vocabSize}
 	c.pool.New = func() any { return new(encodeState) }
 	return c
 }

@@ -28,17 +28,16 @@ const maxFileSize = 256 << 20
 // HF is a Hugging Face byte-level BPE tokenizer loaded from a model
 // directory. It is immutable after Load and safe for concurrent use.
 type HF struct {
-	name       string
-	model      bpe
-	normalize  normalizer
-	steps      []preStep
-	rawAdded   *addedMatcher // added tokens with normalized=false, matched on raw text
-	normAdded  *addedMatcher // added tokens with normalized=true, matched after normalizing
-	idBytes    [][]byte      // decoded bytes per id
-	chat       *chatTemplate // nil when the directory has none
-	pool       sync.Pool     // *encodeState
-	vocabSize  int
-	specialIDs map[uint32]bool
+	name      string
+	model     bpe
+	normalize normalizer
+	steps     []preStep
+	rawAdded  *addedMatcher // added tokens with normalized=false, matched on raw text
+	normAdded *addedMatcher // added tokens with normalized=true, matched after normalizing
+	idBytes   [][]byte      // decoded bytes per id
+	chat      *chatTemplate // nil when the directory has none
+	pool      sync.Pool     // *encodeState
+	vocabSize int
 }
 
 // Options tune Load. The zero value is the default.
@@ -257,7 +256,6 @@ func buildModel(t *HF, jm *jsonModel, opt Options) error {
 
 func buildAdded(t *HF, tokens []addedToken) error {
 	var raw, norm []addedToken
-	t.specialIDs = make(map[uint32]bool)
 	size := len(t.idBytes)
 	for _, a := range tokens {
 		if a.Content == "" {
@@ -278,9 +276,6 @@ func buildAdded(t *HF, tokens []addedToken) error {
 			t.idBytes[a.ID] = b
 		} else {
 			t.idBytes[a.ID] = []byte(a.Content)
-		}
-		if a.Special {
-			t.specialIDs[a.ID] = true
 		}
 		// Hugging Face matches non-normalized tokens on the raw text and
 		// the others on the normalized text; without a normalizer the two

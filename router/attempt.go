@@ -1,0 +1,402 @@
+package router
+
+import (
+	"errors"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// attempt is one upstream leg of a request: it owns its worker's policy
+// ticket, admission slot and breaker probe from begin until endAttempt,
+// and, while its answer streams, the upstream response and connection,
+// the worker's status and the leg's timeout state.
+//
+// Concurrency: begin, upstreamRequest and endAttempt run on the request's
+// goroutine (they touch the request's tried list, client request and last
+// failure); between them attempts of one request may send (do) and read
+// concurrently.
+type attempt struct {
+	rel    *relay
+	body   []byte // what the worker gets (nil: the request's body)
+	ticket Ticket
+	probe  bool      // the ticket's worker admitted this attempt as its breaker probe
+	start  time.Time // when the worker was picked
+
+	resp   *fasthttp.Response // upstream response while streaming
+	src    io.Reader          // its body stream
+	conn   *deadlineConn      // its connection, watched while streaming
+	status int                // the worker's status; 0 before its headers
+	// readTimedOut: a watched read hit its deadline (fasthttp's chunk
+	// parser reports that without wrapping the timeout error).
+	readTimedOut bool
+	// The failure noted by fail, counted and remembered by endAttempt.
+	failed  bool
+	failWhy failReason
+	failErr error
+
+	watch watchSlot // what conn watches: this attempt
+}
+
+// fail notes why the attempt failed; endAttempt counts, logs and remembers
+// it as the request's last failure.
+func (a *attempt) fail(why failReason, err error) {
+	a.failed, a.failWhy, a.failErr = true, why, err
+}
+
+// endAttempt ends a with its outcome: the failure fail noted (metrics, log,
+// the request's last error), the policy's ticket, the admission slot, and
+// the verdict for the worker's breaker. It is the only way an attempt
+// ends, and does nothing for an attempt not begun (or already ended).
+func (rel *relay) endAttempt(a *attempt, status int, err error, v verdict) {
+	t := a.ticket
+	w := t.Worker
+	if w == nil {
+		return
+	}
+	r := rel.r
+	if a.failed {
+		r.metrics.failures[a.failWhy].Inc()
+		if k, ok := a.failWhy.timeout(a.failErr); ok {
+			r.metrics.timeouts[k].Inc()
+		}
+		r.log.Warn().Str("worker_id", w.id).Str("reason", a.failWhy.String()).Err(a.failErr).Msg("worker attempt failed")
+		rel.lastErr, rel.lastWhy = a.failErr, a.failWhy
+		a.failed, a.failErr = false, nil
+	}
+	r.policy.Release(t, Result{Status: status, Err: err, Duration: time.Since(rel.start)})
+	r.admit.release(w)
+	switch w.breaker.record(v, a.probe, r.cfg.Now(), &r.brk) {
+	case breakerTripped:
+		r.metrics.breakerTrips.WithLabelValues(w.id).Inc()
+		r.log.Warn().Str("worker_id", w.id).Msg("worker circuit breaker opened")
+	case breakerRecovered:
+		r.log.Info().Str("worker_id", w.id).Msg("worker circuit breaker closed")
+	}
+	a.ticket, a.probe = Ticket{}, false
+}
+
+// canRetry reports whether another attempt is allowed and some candidate
+// is left to take it (else the last worker's own answer is worth more
+// than a generic error).
+func (rel *relay) canRetry() bool {
+	if rel.attempts > rel.r.cfg.MaxRetries || !time.Now().Before(rel.deadline) {
+		return false
+	}
+	if !rel.refreshModel() {
+		return false
+	}
+	for _, w := range rel.model.Workers {
+		if !slices.Contains(rel.tried, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// refreshModel replaces the request's candidates with the current fleet
+// view's: a retry or a queued request must not go to a worker that was
+// removed or started draining since the request arrived. Workers keep their
+// identity across views, so the tried list stays valid. It reports false
+// when the model has no worker left at all.
+func (rel *relay) refreshModel() bool {
+	v := rel.r.view.Load()
+	if v == nil {
+		return true
+	}
+	c := v.models[rel.model.Model]
+	if c == nil {
+		return false
+	}
+	rel.model = c
+	return true
+}
+
+// countAttempt counts one more attempt of the relayed answer (a retry
+// after the first, by the last failure's reason).
+func (rel *relay) countAttempt() {
+	if rel.attempts > 0 {
+		rel.r.metrics.retries[rel.lastWhy].Inc()
+	}
+	rel.attempts++
+}
+
+// connect runs attempts until a worker answers with a status line the
+// client may see: below 500, or a 5xx when no retry is left (relayed as
+// is). It returns nil and the error that ended the last attempt when no
+// worker answered: ErrSaturated, errNoCandidate, or the upstream failure
+// (lastWhy says which). queue allows waiting for an admission slot.
+func (rel *relay) connect(queue bool) (*fasthttp.Response, error) {
+	a := &rel.att
+	for {
+		if err := rel.begin(a, queue && rel.attempts == 0); err != nil {
+			if rel.attempts > 0 && rel.lastErr != nil {
+				return nil, rel.lastErr // no worker left for a retry
+			}
+			return nil, err
+		}
+		rel.countAttempt()
+		resp, err := rel.send(a)
+		if err == nil && resp.StatusCode() < 500 {
+			a.status = resp.StatusCode()
+			return resp, nil
+		}
+		status, why := 0, reasonStatus5xx
+		if err != nil {
+			why = a.classify(err)
+		} else {
+			status = resp.StatusCode()
+			err = errStatus5xx
+		}
+		a.fail(why, err)
+		if !rel.canRetry() {
+			if resp != nil {
+				// The worker's own 5xx, relayed; the attempt ends (with its
+				// noted failure) when the request finishes.
+				a.status = status
+				return resp, nil
+			}
+			rel.endAttempt(a, status, err, verdictFault)
+			return nil, err
+		}
+		if resp != nil {
+			_ = resp.CloseBodyStream()
+			fasthttp.ReleaseResponse(resp)
+		}
+		rel.endAttempt(a, status, err, verdictFault)
+	}
+}
+
+// begin starts attempt a: it picks a worker among the model's candidates
+// not tried yet by this request, skipping full workers and open breakers,
+// and takes an admission slot on it. When every candidate is full and
+// queue is set it waits for a free slot (woken by releases) up to
+// QueueTimeout, then fails with ErrSaturated. When every free candidate's
+// breaker is open it routes anyway: refusing everything would turn a
+// fleet-wide blip into an outage.
+func (rel *relay) begin(a *attempt, queue bool) error {
+	r := rel.r
+	var (
+		wake     <-chan struct{}
+		timer    *time.Timer
+		counted  bool
+		deadline time.Time
+	)
+	defer func() {
+		if counted {
+			r.admit.waiting.Add(-1)
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		if !rel.refreshModel() {
+			return errNoCandidate
+		}
+		c := rel.model
+		now := r.cfg.Now()
+		cands := rel.sub.Workers[:0]
+		untried, open := 0, 0
+		for _, w := range c.Workers {
+			if slices.Contains(rel.tried, w) {
+				continue
+			}
+			untried++
+			if r.admit.saturated(w) {
+				continue
+			}
+			if !w.breaker.available(now) {
+				open++
+				continue
+			}
+			cands = append(cands, w)
+		}
+		if len(cands) == 0 && open > 0 {
+			for _, w := range c.Workers {
+				if !slices.Contains(rel.tried, w) && !r.admit.saturated(w) {
+					cands = append(cands, w)
+				}
+			}
+		}
+		rel.sub.Workers = cands
+		if len(cands) > 0 {
+			rel.sub.Model, rel.sub.cursor = c.Model, c.cursor
+			rel.in = PickInput{Route: rel.route, Body: rel.body, Request: &rel.scan, RequestID: rel.id}
+			t, err := r.policy.Pick(&rel.in, &rel.sub)
+			rel.in = PickInput{}
+			if err != nil || t.Worker == nil {
+				return errNoCandidate
+			}
+			if !r.admit.reserve(t.Worker) {
+				// Another request took the last slot since the scan.
+				r.policy.Release(t, Result{})
+				continue
+			}
+			body := a.body
+			*a = attempt{rel: rel, body: body, ticket: t, start: time.Now()}
+			a.probe = t.Worker.breaker.admit(now)
+			rel.tried = append(rel.tried, t.Worker)
+			t.Worker.picks.Inc()
+			rel.ctx.Response.Header.Set("X-Infera-Worker", t.Worker.id)
+			return nil
+		}
+		if untried == 0 || !queue {
+			return errNoCandidate
+		}
+		// Every untried candidate is full: queue. Count this waiter before
+		// the next scan, so that a slot freed after it wakes us.
+		if !counted {
+			counted = true
+			r.admit.waiting.Add(1)
+			deadline = rel.start.Add(r.cfg.QueueTimeout)
+			if deadline.After(rel.deadline) {
+				deadline = rel.deadline
+			}
+			wake = r.admit.waitChan()
+			continue
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return ErrSaturated
+		}
+		if timer == nil {
+			timer = time.NewTimer(left)
+		}
+		select {
+		case <-wake:
+			wake = r.admit.waitChan()
+		case <-timer.C:
+			return ErrSaturated
+		}
+	}
+}
+
+// classify names the failure of an attempt.
+func (a *attempt) classify(err error) failReason {
+	var op *net.OpError
+	switch {
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		return reasonBusy
+	case errors.As(err, &op) && op.Op == "dial", errors.Is(err, fasthttp.ErrDialTimeout):
+		return reasonConnect
+	case errors.Is(err, fasthttp.ErrTimeout) || isTimeout(err) || a.readTimedOut:
+		switch {
+		case !time.Now().Before(a.rel.deadline):
+			return reasonRequestTimeout
+		case a.rel.firstByte:
+			return reasonIdleTimeout
+		}
+		return reasonTTFTTimeout
+	}
+	return reasonUpstreamError
+}
+
+// send sends attempt a's request to its worker and returns the response
+// once the status line and headers are in; the body is still to be read
+// (streamed). The attempt's deadline caps it: the first-byte timeout (for
+// a unary request that is its whole answer) and the request's own.
+func (rel *relay) send(a *attempt) (*fasthttp.Response, error) {
+	req := rel.upstreamRequest(a)
+	defer fasthttp.ReleaseRequest(req)
+	return a.do(req)
+}
+
+// upstreamRequest builds attempt a's request to its worker (release it
+// with fasthttp.ReleaseRequest). It reads the client's request, so it runs
+// on the request's goroutine; the request it returns may be sent (do)
+// concurrently with another attempt's.
+func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
+	r, ctx, w := rel.r, rel.ctx, a.ticket.Worker
+	req := fasthttp.AcquireRequest()
+	req.SetRequestURI(w.uri[rel.route])
+	req.Header.SetMethod(fasthttp.MethodPost)
+	if ct := ctx.Request.Header.ContentType(); len(ct) > 0 {
+		req.Header.SetContentTypeBytes(ct)
+	} else {
+		req.Header.SetContentType("application/json")
+	}
+	for _, h := range forwardHeaders {
+		// With router API keys the client's Authorization is the router's
+		// secret, not the engine's: it stays here.
+		if h == "Authorization" && r.keys.enabled() {
+			continue
+		}
+		if v := ctx.Request.Header.Peek(h); len(v) > 0 {
+			req.Header.SetBytesV(h, v)
+		}
+	}
+	req.Header.SetBytesV("X-Request-Id", rel.id)
+	if a.ticket.PinRank {
+		var rank [20]byte
+		req.Header.SetBytesV("X-Data-Parallel-Rank", strconv.AppendInt(rank[:0], int64(a.ticket.DPRank), 10))
+	}
+	// The body goes out byte for byte, without a copy; it stays valid
+	// because Do has written it all when it returns.
+	body := a.body
+	if body == nil {
+		body = rel.body
+	}
+	req.SetBodyRaw(body)
+	return req
+}
+
+// do sends req to a's worker within the attempt's deadline. It touches
+// only a (and reads the router's immutable config).
+func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
+	rel := a.rel
+	deadline := a.start.Add(rel.r.cfg.TTFTTimeout)
+	if rel.deadline.Before(deadline) {
+		deadline = rel.deadline
+	}
+	resp := fasthttp.AcquireResponse()
+	if err := a.ticket.Worker.client.DoDeadline(req, resp, deadline); err != nil {
+		fasthttp.ReleaseResponse(resp)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// retryStream replaces the failed upstream of a stream that has sent no
+// event yet (its attempt already ended) by another worker's stream. It
+// returns false when no retry is left or no worker answered with an event
+// stream.
+func (rel *relay) retryStream() bool {
+	a := &rel.att
+	rel.pump.n, rel.pump.midEvent = 0, false
+	for rel.canRetry() {
+		if rel.begin(a, false) != nil {
+			return false
+		}
+		rel.countAttempt()
+		resp, err := rel.send(a)
+		if err == nil && resp.StatusCode() < 300 && isEventStream(resp.Header.ContentType()) && resp.BodyStream() != nil {
+			a.status = resp.StatusCode()
+			rel.status = a.status
+			rel.attach(a, resp)
+			return true
+		}
+		status, why, v := 0, reasonUpstreamError, verdictFault
+		switch {
+		case err != nil:
+			why = a.classify(err)
+		default:
+			status = resp.StatusCode()
+			err = errNotEventFeed
+			if status >= 500 {
+				why, err = reasonStatus5xx, errStatus5xx
+			} else if status >= 400 {
+				v = verdictNeutral
+			}
+			_ = resp.CloseBodyStream()
+			fasthttp.ReleaseResponse(resp)
+		}
+		a.fail(why, err)
+		rel.endAttempt(a, status, err, v)
+	}
+	return false
+}

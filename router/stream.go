@@ -1,0 +1,327 @@
+package router
+
+import (
+	"io"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/openai"
+)
+
+// streamWatcher is what a watched upstream connection (deadlineConn)
+// asks of the stream reading it, from inside Read on the reader's own
+// goroutine.
+type streamWatcher interface {
+	// beforeRead returns the hard deadline of the next read and the
+	// heartbeat cadence (0: no heartbeats now).
+	beforeRead(now time.Time) (hard time.Time, beat time.Duration)
+	// heartbeat runs after a beat of silence; an error ends the read.
+	heartbeat() error
+	// noteReadTimeout reports that a read hit its hard deadline.
+	noteReadTimeout()
+}
+
+// watchSlot holds a connection's watcher (an atomic pointer to it swaps
+// the watcher without an allocation).
+type watchSlot struct{ streamWatcher }
+
+// attach makes resp the stream of attempt a and has its connection watch
+// a (stream deadlines and heartbeats, see deadlineConn).
+func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
+	a.resp, a.src = resp, resp.BodyStream()
+	rel.pump.transform = rel.dialect.event
+	if c := rel.r.conns.lookup(resp.LocalAddr()); c != nil {
+		a.conn = c
+		a.watch.streamWatcher = a
+		c.watch.Store(&a.watch)
+	}
+}
+
+// beforeRead: the attempt's stream deadline, and heartbeats while the
+// relay writes to its client; it also pushes the client's write deadline.
+func (a *attempt) beforeRead(now time.Time) (time.Time, time.Duration) {
+	rel := a.rel
+	rel.keepWriting(now)
+	var beat time.Duration
+	if rel.w != nil {
+		beat = rel.r.cfg.HeartbeatInterval
+	}
+	return a.readDeadline(now), beat
+}
+
+func (a *attempt) heartbeat() error { return a.rel.heartbeat() }
+
+func (a *attempt) noteReadTimeout() { a.readTimedOut = true }
+
+// readDeadline is the hard deadline of the next upstream read of a
+// stream: the first-byte deadline of the attempt until the first event
+// went out, then the idle timeout from now; never past the request's.
+func (a *attempt) readDeadline(now time.Time) time.Time {
+	rel := a.rel
+	var dl time.Time
+	if rel.firstByte {
+		dl = now.Add(rel.r.cfg.StreamIdleTimeout)
+	} else {
+		dl = a.start.Add(rel.r.cfg.TTFTTimeout)
+	}
+	if rel.deadline.Before(dl) {
+		return rel.deadline
+	}
+	return dl
+}
+
+// heartbeat is an SSE comment: clients ignore it, and writing it is how a
+// silent stream learns that its client is gone.
+var heartbeat = []byte(": keep-alive\n\n")
+
+// heartbeat writes one SSE comment to the client, between events (never
+// inside one). A failed write is remembered: WriteTo ends the stream.
+func (rel *relay) heartbeat() error {
+	if rel.w == nil || rel.pump.midEvent {
+		return nil
+	}
+	if _, err := rel.w.Write(heartbeat); err != nil {
+		rel.clientErr = err
+		return err
+	}
+	return nil
+}
+
+// keepWriting pushes the client connection's write deadline forward while a
+// stream runs, so that ClientWriteTimeout bounds one stalled write rather
+// than the whole stream. It runs at most every quarter of the timeout.
+func (rel *relay) keepWriting(now time.Time) {
+	d := rel.r.cfg.ClientWriteTimeout
+	if rel.ctx == nil || now.Sub(rel.wdlAt) < d/4 {
+		return
+	}
+	rel.wdlAt = now
+	if c := rel.ctx.Conn(); c != nil {
+		_ = c.SetWriteDeadline(now.Add(d))
+	}
+}
+
+// The relay as fasthttp's response body stream.
+
+// SupportsBodyWriteTo lets fasthttp hand WriteTo its chunked writer instead
+// of copying through Read.
+func (rel *relay) SupportsBodyWriteTo() bool { return true }
+
+// WriteTo relays the upstream SSE stream to w event by event (see
+// eventPump). A failed write (or heartbeat) means the client is gone: the
+// upstream body is closed at once, which closes the worker connection so
+// that the engine stops generating. A worker that fails before the first
+// event reached the client — the stream ends, breaks or times out — is
+// replaced by another (retryStream): the client has only seen headers and
+// heartbeat comments. After the first event a failure ends the stream with
+// one SSE error event, since the status line went out long ago.
+func (rel *relay) WriteTo(w io.Writer) (int64, error) {
+	rel.done = true // every return below ends the stream and sets the outcome
+	rel.w = w
+	defer func() { rel.w = nil }()
+	a := &rel.att
+	var total int64
+	for {
+		n, rerr, werr := rel.pump.step(w, a.src)
+		total += int64(n)
+		if n > 0 && !rel.firstByte {
+			rel.firstByte = true
+			rel.r.metrics.ttft[rel.route].Observe(time.Since(rel.start).Seconds())
+		}
+		if werr == nil && rel.clientErr != nil {
+			werr = rel.clientErr
+		}
+		if werr != nil {
+			rel.outcome, rel.err = outcomeClientGone, werr
+			rel.closeUpstream(a)
+			return total, werr
+		}
+		if rerr == nil {
+			continue
+		}
+		if rerr == io.EOF && (rel.firstByte || rel.pump.n > 0) {
+			// A last event without its blank line goes out as it is.
+			k, err := rel.pump.flush(w)
+			total += int64(k)
+			if err != nil {
+				rel.outcome, rel.err = outcomeClientGone, err
+				return total, err
+			}
+			rel.outcome = statusOutcome(rel.status)
+			return total, nil
+		}
+		why := reasonStreamEnded
+		if rerr == io.EOF {
+			rerr = errStreamEnded
+		} else {
+			why = a.classify(rerr)
+		}
+		if rel.firstByte && why == reasonUpstreamError {
+			why = reasonStreamError
+		}
+		rel.closeUpstream(a)
+		a.fail(why, rerr)
+		rel.endAttempt(a, a.status, rerr, verdictFault)
+		if !rel.firstByte && rel.retryStream() {
+			continue
+		}
+		rel.outcome, rel.err = outcomeStreamError, rel.lastErr
+		k, err := w.Write(rel.errorEvent())
+		total += int64(k)
+		return total, err
+	}
+}
+
+// errorEvent renders the SSE error event that ends a failed stream, into
+// the pump's buffer (the incomplete event there is dropped: half a JSON
+// chunk helps no one), in the route's dialect.
+func (rel *relay) errorEvent() []byte {
+	rel.pump.n = 0
+	code, msg := "upstream_stream_error", "worker failed mid-stream: "
+	switch {
+	case rel.lastWhy == reasonTTFTTimeout || rel.lastWhy == reasonIdleTimeout || rel.lastWhy == reasonRequestTimeout:
+		code, msg = "upstream_timeout", "worker timed out: "
+	case !rel.firstByte:
+		code, msg = "upstream_error", "no worker produced the stream: "
+	}
+	return rel.dialect.errorEvent(rel.pump.buf[:0], msg+rel.lastErr.Error(), openai.TypeServer, code)
+}
+
+// Read is the plain fallback should fasthttp read the body instead of
+// calling WriteTo: bytes pass through unchanged.
+func (rel *relay) Read(p []byte) (int, error) {
+	src := rel.att.src
+	if src == nil {
+		return 0, io.EOF
+	}
+	n, err := src.Read(p)
+	if n > 0 && !rel.firstByte {
+		rel.firstByte = true
+		rel.r.metrics.ttft[rel.route].Observe(time.Since(rel.start).Seconds())
+	}
+	switch {
+	case err == io.EOF:
+		rel.done, rel.outcome = true, statusOutcome(rel.status)
+	case err != nil:
+		rel.done, rel.outcome, rel.err = true, outcomeStreamError, err
+	}
+	return n, err
+}
+
+// Close ends a streamed request; fasthttp calls it once the body is written
+// or abandoned.
+func (rel *relay) Close() error {
+	if !rel.done {
+		// Closed before the stream ended: the client went away (or the
+		// server is shutting down) before fasthttp could write it.
+		rel.outcome = outcomeClientGone
+	}
+	rel.closeUpstream(&rel.att)
+	rel.r.finish(rel, rel.outcome, rel.status)
+	return nil
+}
+
+// closeUpstream closes attempt a's body stream; unless it was read to the
+// end this closes the connection, which is how the engine learns the
+// client is gone (or that its attempt timed out).
+func (rel *relay) closeUpstream(a *attempt) {
+	if a.conn != nil {
+		// Before the connection can go back to the pool.
+		a.conn.watch.Store(nil)
+		a.conn = nil
+	}
+	if a.resp == nil {
+		return
+	}
+	_ = a.resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(a.resp)
+	a.resp, a.src = nil, nil
+}
+
+// eventPump moves an SSE stream from src to dst one read at a time: every
+// complete event in the buffer goes out in one write as soon as it is
+// complete (fasthttp's chunked writer flushes each write), an incomplete
+// one waits for its next bytes. With a transform (the route dialect's
+// event translation) each complete event goes through it first, into out.
+// Nothing is allocated once out has grown to the stream's batch size.
+type eventPump struct {
+	buf []byte
+	n   int // bytes buffered: the start of an incomplete event
+	// midEvent: part of an oversized event went out, the rest has not;
+	// nothing else (a heartbeat) may be written in between.
+	midEvent bool
+
+	// transform rewrites one complete event, appending to dst; nil: none.
+	// An event larger than buf passes through untransformed, in pieces.
+	transform func(dst, ev []byte) []byte
+	out       []byte // transformed events of one step (pooled)
+}
+
+// reuse returns the pump emptied, keeping its buffers.
+func (p *eventPump) reuse() eventPump {
+	return eventPump{buf: p.buf, out: p.out[:0]}
+}
+
+// step does one read and the write it enables. It returns the bytes
+// written, the read error (io.EOF at the end) and the write error.
+func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, writeErr error) {
+	if p.n == len(p.buf) {
+		// One event larger than the whole buffer: pass on what there is.
+		// The bytes stay exact; only the flush falls inside the event.
+		k, err := dst.Write(p.buf[:p.n])
+		p.n = 0
+		p.midEvent = true
+		if err != nil {
+			return k, nil, err
+		}
+		written = k
+	}
+	m, readErr := src.Read(p.buf[p.n:])
+	if m <= 0 {
+		return written, readErr, nil
+	}
+	p.n += m
+	end := 0
+	out := p.out[:0]
+	for {
+		k := openai.NextEvent(p.buf[end:p.n])
+		if k < 0 {
+			break
+		}
+		if p.transform != nil {
+			out = p.transform(out, p.buf[end:end+k])
+		}
+		end += k
+	}
+	if end == 0 {
+		return written, readErr, nil
+	}
+	chunk := p.buf[:end]
+	if p.transform != nil {
+		p.out, chunk = out[:0], out
+	}
+	k, err := dst.Write(chunk)
+	p.midEvent = false
+	written += k
+	if err != nil {
+		return written, readErr, err
+	}
+	p.n = copy(p.buf, p.buf[end:p.n])
+	return written, readErr, nil
+}
+
+// flush writes what is buffered (a last event without its blank line),
+// through the transform if any.
+func (p *eventPump) flush(dst io.Writer) (int, error) {
+	if p.n == 0 {
+		return 0, nil
+	}
+	chunk := p.buf[:p.n]
+	p.n = 0
+	if p.transform != nil {
+		p.out = p.transform(p.out[:0], chunk)
+		chunk = p.out
+	}
+	return dst.Write(chunk)
+}
