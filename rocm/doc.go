@@ -1,0 +1,19 @@
+// Package rocm knows the node a worker runs on: its AMD GPUs, read from the
+// KFD topology (/sys/class/kfd/kfd/topology), its RDMA devices, ports and
+// GIDs (/sys/class/infiniband), and which NIC sits next to which GPU on the
+// PCIe tree or NUMA node (/sys/bus/pci/devices). Everything is read below an
+// injectable sysfs root, so tests and `infera worker --preflight
+// --sysfs-root` run on fixture trees (testdata/). Every file's content is
+// outside input: it is parsed strictly and a malformed entry becomes an
+// error that names the file, never a panic.
+//
+// Preflight turns what Discover found, the worker's role and its advertised
+// address into findings and a verdict: a prefill or decode worker without an
+// active RDMA port, or advertising an address other hosts cannot reach,
+// would silently move KV over TCP, ~100x slower, so that is blocking unless
+// TCP is explicitly allowed.
+//
+// Concurrency: Discover and Preflight are pure functions of their inputs
+// (and the files they read); the values they return are not shared and may
+// be used from any goroutine.
+package rocm
