@@ -1,0 +1,70 @@
+package rocm
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func discover(t *testing.T, name string) Node {
+	t.Helper()
+	n, err := Discover(fixtureRoot(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func codes(r Report, s Severity) []string {
+	var out []string
+	for _, f := range r.Findings {
+		if f.Severity == s {
+			out = append(out, f.Code)
+		}
+	}
+	return out
+}
+
+func TestPreflightVerdicts(t *testing.T) {
+	cases := []struct {
+		fixture, role, host string
+		allowTCP            bool
+		verdict             string
+		blocking            string // codes of the blocking findings, comma-joined
+	}{
+		{"mi355x", "prefill", "10.16.0.11", false, VerdictPass, ""},
+		{"mi355x", "decode", "127.0.0.1", false, VerdictFail, "advertise_unroutable"},
+		{"mi355x", "decode", "fe80::1", false, VerdictFail, "advertise_unroutable"},
+		{"mi355x", "decode", "localhost", true, VerdictAllowTCP, ""},
+		{"nordma", "prefill", "10.0.0.5", false, VerdictFail, "no_rdma_device"},
+		{"nordma", "decode", "127.0.0.1", false, VerdictFail, "advertise_unroutable,no_rdma_device"},
+		{"nordma", "prefill", "10.0.0.5", true, VerdictAllowTCP, ""},
+		{"nordma", "mixed", "127.0.0.1", false, VerdictPass, ""},
+		{"portdown", "decode", "10.0.0.5", false, VerdictFail, "no_active_rdma_port"},
+		{"portdown", "decode", "worker-7.example", true, VerdictAllowTCP, ""},
+	}
+	for _, c := range cases {
+		r := Preflight(discover(t, c.fixture), PreflightInput{SysfsRoot: c.fixture, Role: c.role, AdvertiseHost: c.host, AllowTCP: c.allowTCP})
+		if r.Verdict != c.verdict || strings.Join(codes(r, SeverityBlock), ",") != c.blocking {
+			t.Errorf("%s %s %s allow=%t: verdict %q blocking %v, want %q %q", c.fixture, c.role, c.host, c.allowTCP, r.Verdict, codes(r, SeverityBlock), c.verdict, c.blocking)
+		}
+		err := r.Err()
+		if (err != nil) != (c.blocking != "") || (err != nil && !errors.Is(err, ErrPreflight)) {
+			t.Errorf("%s %s: Err() = %v", c.fixture, c.role, err)
+		}
+	}
+}
+
+func TestPreflightNamesTheDevice(t *testing.T) {
+	r := Preflight(discover(t, "portdown"), PreflightInput{SysfsRoot: "portdown", Role: "prefill", AdvertiseHost: "10.0.0.5"})
+	if err := r.Err(); err == nil || !strings.Contains(err.Error(), "mlx5_0") || !strings.Contains(err.Error(), "--disaggregation-allow-tcp") {
+		t.Fatalf("Err() = %v: want the NIC named and the way out", err)
+	}
+	if w := codes(r, SeverityWarn); len(w) != 1 || w[0] != "port_not_active" {
+		t.Fatalf("warnings %v", w)
+	}
+	r = Preflight(discover(t, "nordma"), PreflightInput{SysfsRoot: "/sys", Role: "decode", AdvertiseHost: "10.0.0.5"})
+	if err := r.Err(); err == nil || !strings.Contains(err.Error(), "/sys/class/infiniband") {
+		t.Fatalf("Err() = %v: want the missing device class named", err)
+	}
+}
