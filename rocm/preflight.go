@@ -57,7 +57,11 @@ type Report struct {
 }
 
 // pdRole reports whether a role moves KV between hosts.
-func pdRole(role string) bool { return role == "prefill" || role == "decode" }
+func pdRole(role string) bool { return role == "prefill" || role == "decode" || role == RoleAnyPD }
+
+// RoleAnyPD is the role of a node-only preflight (no engine given): judged
+// as for a prefill or decode worker.
+const RoleAnyPD = "prefill or decode"
 
 // Preflight judges whether a worker with in's role and address can serve on
 // node. For a prefill or decode worker, an unroutable advertise address or
