@@ -13,7 +13,17 @@
 // would silently move KV over TCP, ~100x slower, so that is blocking unless
 // TCP is explicitly allowed.
 //
+// With build tag rocm (cgo), OpenHIP loads the HIP runtime (libamdhip64)
+// with dlopen and gives the few calls Infera needs for HBM and pinned host
+// memory: device count and properties, hipMalloc/hipFree, hipMemcpy between
+// host and device, hipHostRegister/hipHostUnregister (kvd's arena) and IPC
+// memory handles. Its C declarations are written from HIP's public API; the
+// tests build testdata/hipstub, a C library with the same ABI that emulates
+// device memory in host memory and fails on demand. The untagged files are
+// pure Go, so the default build stays CGO_ENABLED=0.
+//
 // Concurrency: Discover and Preflight are pure functions of their inputs
 // (and the files they read); the values they return are not shared and may
-// be used from any goroutine.
+// be used from any goroutine. A HIP may be used from any goroutine; Close
+// comes after every other call.
 package rocm
