@@ -172,6 +172,11 @@ func discoverGPUs(root string) ([]GPU, error) {
 func readGPU(root, dir string, id int) (GPU, bool, error) {
 	path := filepath.Join(dir, "properties")
 	b, err := readAttr(path)
+	if errors.Is(err, fs.ErrPermission) {
+		// The KFD hides GPUs outside this container's device cgroup
+		// (EPERM): not this worker's GPU.
+		return GPU{}, false, nil
+	}
 	if err != nil {
 		return GPU{}, false, fmt.Errorf("kfd node %d: %w", id, err)
 	}
@@ -243,14 +248,11 @@ func readGPU(root, dir string, id int) (GPU, bool, error) {
 // not show is -1 and no path.
 func pciPlace(root, dev string) (int, []string, error) {
 	numa := -1
-	b, err := readAttr(filepath.Join(dev, "numa_node"))
-	switch {
-	case err == nil:
+	// An unreadable numa_node is an unknown one.
+	if b, err := readAttr(filepath.Join(dev, "numa_node")); err == nil {
 		if numa, err = ParseInt(b); err != nil {
 			return 0, nil, fmt.Errorf("%s/numa_node: %w", dev, err)
 		}
-	case !errors.Is(err, fs.ErrNotExist):
-		return 0, nil, err
 	}
 	real, err := filepath.EvalSymlinks(dev)
 	if err != nil {
@@ -287,14 +289,13 @@ func discoverNICs(root string) ([]NIC, error) {
 	return nics, nil
 }
 
-// optionalWord reads a one-word attribute that may be absent.
+// optionalWord reads a one-word attribute that may be absent or
+// unreadable: the kernel answers EINVAL for attributes that do not apply
+// (the netdev of an InfiniBand GID), which is the same as absent here.
 func optionalWord(path string) (string, error) {
 	b, err := readAttr(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", nil
-	}
 	if err != nil {
-		return "", err
+		return "", nil
 	}
 	s, err := ParseWord(b)
 	if err != nil {

@@ -183,3 +183,28 @@ func TestParseProperties(t *testing.T) {
 		}
 	}
 }
+
+// TestDiscoverUnreadable: an attribute the kernel refuses to read (EINVAL
+// for the netdev of a GID it does not apply to) is absent, not an error.
+// Unreadable is simulated with a directory in the file's place, which
+// read(2) refuses with EISDIR.
+func TestDiscoverUnreadable(t *testing.T) {
+	root := t.TempDir()
+	if err := mi355x().write(root); err != nil {
+		t.Fatal(err)
+	}
+	ndev := filepath.Join(root, "class/infiniband/ionic_0/ports/1/gid_attrs/ndevs/3")
+	if err := os.Remove(ndev); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(ndev, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n, err := Discover(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := n.NICs[0].Ports[0].GIDs[3]; g.NetDev != "" || g.Type != GIDTypeRoCEv2 {
+		t.Fatalf("GID with an unreadable netdev: %+v", g)
+	}
+}

@@ -81,8 +81,8 @@ func PCIAddress(domain, location uint64) (string, error) {
 // PortState is an InfiniBand port's logical state, as the kernel writes it
 // in ports/N/state ("4: ACTIVE").
 type PortState struct {
-	Code int    // 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER
-	Name string // the kernel's name for it
+	Code int    `json:"code"` // 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER
+	Name string `json:"name"` // the kernel's name for it
 }
 
 // Active reports whether the port can carry traffic.
