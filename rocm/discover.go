@@ -109,6 +109,16 @@ func Discover(root string) (Node, error) {
 		return Node{}, err
 	}
 	n.Affinity = affinity(n.GPUs, n.NICs)
+	// Empty rather than nil: a JSON report reads [] for "none".
+	if n.GPUs == nil {
+		n.GPUs = []GPU{}
+	}
+	if n.NICs == nil {
+		n.NICs = []NIC{}
+	}
+	if n.Affinity == nil {
+		n.Affinity = []Affinity{}
+	}
 	return n, nil
 }
 
@@ -308,7 +318,7 @@ func readNIC(root, dir, name string) (NIC, error) {
 	if _, err := ParseWord([]byte(name)); err != nil {
 		return NIC{}, fmt.Errorf("infiniband device name: %w", err)
 	}
-	nic := NIC{Name: name, NUMANode: -1}
+	nic := NIC{Name: name, NUMANode: -1, Ports: []Port{}}
 	var err error
 	if nic.Firmware, err = optionalWord(filepath.Join(dir, "fw_ver")); err != nil {
 		return NIC{}, err
@@ -341,7 +351,7 @@ func readNIC(root, dir, name string) (NIC, error) {
 }
 
 func readPort(dir string, num int) (Port, error) {
-	p := Port{Number: num}
+	p := Port{Number: num, GIDs: []GID{}}
 	b, err := readAttr(filepath.Join(dir, "state"))
 	if err != nil {
 		return Port{}, fmt.Errorf("port %d: %w", num, err)

@@ -56,7 +56,7 @@ func TestDiscoverNoRDMA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(n.GPUs) != 4 || len(n.NICs) != 0 || n.Affinity != nil {
+	if len(n.GPUs) != 4 || len(n.NICs) != 0 || len(n.Affinity) != 0 {
 		t.Fatalf("node: %+v", n)
 	}
 	if g := n.GPUs[0]; g.GfxTarget != "gfx942" || g.ComputeUnits != 304 || g.VRAMBytes != 192<<30 {
