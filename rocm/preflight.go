@@ -102,8 +102,11 @@ func Preflight(node Node, in PreflightInput) Report {
 				continue
 			}
 			active = append(active, id)
+			if p.LinkLayer != "Ethernet" {
+				routableGID = true // InfiniBand routes by LID, not by a RoCE GID
+			}
 			for _, g := range p.GIDs {
-				if p.LinkLayer != "Ethernet" || (g.Type == GIDTypeRoCEv2 && g.Routable()) {
+				if g.Type == GIDTypeRoCEv2 && g.Routable() {
 					routableGID = true
 				}
 			}

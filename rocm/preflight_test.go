@@ -68,3 +68,23 @@ func TestPreflightNamesTheDevice(t *testing.T) {
 		t.Fatalf("Err() = %v: want the missing device class named", err)
 	}
 }
+
+// TestAffinityAcrossSockets: a GPU whose only NIC is on the other socket is
+// paired with it at system locality, and the preflight warns.
+func TestAffinityAcrossSockets(t *testing.T) {
+	gpus := []GPU{{Node: 2, NUMANode: 0, pciPath: []string{"pci0000:00", "0000:00:01.1", "0000:03:00.0"}}}
+	nics := []NIC{{Name: "ionic_0", NUMANode: 1, pciPath: []string{"pci0000:80", "0000:80:01.1", "0000:81:00.0"}, Ports: []Port{{
+		Number: 1, State: PortState{Code: 4, Name: "ACTIVE"}, LinkLayer: "InfiniBand"}}}}
+	aff := affinity(gpus, nics)
+	if len(aff) != 1 || aff[0].Locality != LocalitySystem || aff[0].NICs[0] != "ionic_0" {
+		t.Fatalf("affinity %+v", aff)
+	}
+	r := Preflight(Node{GPUs: gpus, NICs: nics, Affinity: aff}, PreflightInput{Role: "decode", AdvertiseHost: "10.0.0.5"})
+	if r.Verdict != VerdictPass || strings.Join(codes(r, SeverityWarn), ",") != "gpu_nic_far" {
+		t.Fatalf("verdict %q warnings %v", r.Verdict, codes(r, SeverityWarn))
+	}
+	// Sharing only the root complex is not sharing a bridge.
+	if d := sharedBridges([]string{"pci0000:00", "0000:00:01.1", "a"}, []string{"pci0000:00", "0000:00:03.1", "b"}); d != 0 {
+		t.Fatalf("sharedBridges across root ports = %d", d)
+	}
+}
