@@ -88,3 +88,16 @@ func TestAffinityAcrossSockets(t *testing.T) {
 		t.Fatalf("sharedBridges across root ports = %d", d)
 	}
 }
+
+// TestPreflightLinkLocalGIDsOnly: active RoCE ports whose GIDs are all
+// link-local or RoCE v1 reach only the local L2 segment: a warning.
+func TestPreflightLinkLocalGIDsOnly(t *testing.T) {
+	n := discover(t, "mi355x")
+	for i := range n.NICs {
+		n.NICs[i].Ports[0].GIDs = n.NICs[i].Ports[0].GIDs[:3] // drop the IPv4 RoCE v2 GID
+	}
+	r := Preflight(n, PreflightInput{Role: "prefill", AdvertiseHost: "10.16.0.11"})
+	if r.Verdict != VerdictPass || strings.Join(codes(r, SeverityWarn), ",") != "no_routable_gid" {
+		t.Fatalf("verdict %q warnings %v", r.Verdict, codes(r, SeverityWarn))
+	}
+}
