@@ -26,16 +26,25 @@ func workerCommand() *cli.Command {
 			"--enable-metrics and, for a vLLM prefill/decode engine without one, a kv-transfer engine_id.\n" +
 			"It advertises the served model, block size, data-parallel layout and disaggregation role\n" +
 			"it reads from them.\n\n" +
+			"A prefill or decode worker first checks the node (--sysfs-root): it refuses to start when\n" +
+			"there is no active RDMA port or the advertised host is loopback or link-local, since KV would\n" +
+			"then move over TCP, unless --disaggregation-allow-tcp. --preflight prints those findings\n" +
+			"(GPUs, RDMA devices, ports, GIDs, advertise host, verdict; --json for JSON) and exits,\n" +
+			"non-zero on a blocking finding; without --engine it judges the node alone.\n\n" +
 			"Examples:\n" +
 			"  infera worker --engine sim -- --model demo --block-size 16\n" +
 			"  infera worker --engine vllm -- Qwen/Qwen3-8B --tensor-parallel-size 8 --port 8000\n" +
 			"  infera worker --engine sglang -- --model-path deepseek-ai/DeepSeek-V3 --tp 8 --dp 8 --enable-dp-attention\n" +
-			"  infera worker --engine atom -- --model deepseek-ai/DeepSeek-R1 -tp 8 --server-port 8000",
+			"  infera worker --engine atom -- --model deepseek-ai/DeepSeek-R1 -tp 8 --server-port 8000\n" +
+			"  infera worker --preflight --json",
 		Flags: cfg.Flags(),
 		Action: func(c *cli.Context) error {
 			cfg.Finish(c)
 			if err := cfg.Validate(); err != nil {
 				return err
+			}
+			if cfg.Preflight {
+				return engines.Preflight(cfg, c.App.Writer)
 			}
 			log := newLogger(cfg.Log, c.App.ErrWriter)
 			ctx, stop := signalContext(c.Context)

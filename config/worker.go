@@ -35,6 +35,13 @@ type Worker struct {
 	DrainTimeout      time.Duration // longest wait for in-flight requests on shutdown
 	StopGrace         time.Duration // SIGTERM → SIGKILL delay when stopping the engine
 
+	// AllowTCP lets a prefill/decode worker register although its KV would
+	// move over TCP (no active RDMA port, or an unroutable advertise host).
+	AllowTCP  bool
+	SysfsRoot string // where the node's GPUs and RDMA devices are read
+	Preflight bool   // print the PD preflight findings and exit
+	JSON      bool   // --preflight output as JSON
+
 	// EngineArgs are the engine's own arguments (everything after "--"),
 	// forwarded verbatim except what the adapter must add.
 	EngineArgs []string
@@ -65,6 +72,10 @@ func (w *Worker) Flags() []cli.Flag {
 		Duration("health-interval", "engine /health poll interval while starting", &w.HealthInterval, 500*time.Millisecond),
 		Duration("drain-timeout", "on shutdown, longest wait for the engine's running and waiting requests to finish", &w.DrainTimeout, 30*time.Second),
 		Duration("stop-grace", "time between SIGTERM and SIGKILL when stopping the engine", &w.StopGrace, 10*time.Second),
+		Bool("disaggregation-allow-tcp", "let a prefill/decode worker register without an active RDMA port or with an unroutable advertise host (KV then moves over TCP)", &w.AllowTCP, false),
+		String("sysfs-root", "sysfs mount the node's GPUs (KFD topology) and RDMA devices are read from", &w.SysfsRoot, "/sys"),
+		Bool("preflight", "print the PD preflight findings (GPUs, RDMA devices, ports, GIDs, advertise host, verdict) and exit, non-zero on a blocking finding", &w.Preflight, false),
+		Bool("json", "with --preflight: print the findings as JSON", &w.JSON, false),
 	}
 	flags = append(flags, etcd...)
 	return append(flags, w.Log.Flags()...)
@@ -94,6 +105,8 @@ func (w *Worker) Validate() error {
 	w.Log.Validate(&p)
 	w.Etcd.Validate(&p)
 	switch {
+	case w.Engine == "" && w.Preflight:
+		// A node-only preflight: judged as for a prefill/decode worker.
 	case w.Engine == "":
 		p.Addf("--engine is required: one of %s", strings.Join(WorkerEngines, ", "))
 	case !slices.Contains(WorkerEngines, w.Engine):
@@ -125,6 +138,18 @@ func (w *Worker) Validate() error {
 	}
 	if w.StopGrace < 0 {
 		p.Addf("--stop-grace %v: must not be negative", w.StopGrace)
+	}
+	if w.SysfsRoot == "" {
+		p.Addf("--sysfs-root must not be empty")
+	}
+	if w.JSON && !w.Preflight {
+		p.Addf("--json applies only with --preflight")
+	}
+	if w.SysfsRoot == "" {
+		p.Addf("--sysfs-root must not be empty")
+	}
+	if w.JSON && !w.Preflight {
+		p.Addf("--json applies only with --preflight")
 	}
 	if len(w.Etcd.Endpoints) == 0 {
 		p.Addf("--etcd-endpoints: at least one endpoint is needed")

@@ -123,3 +123,25 @@ func TestWorkerValidateEngine(t *testing.T) {
 		t.Fatalf("Validate = %v, want keepalive >= ttl refused", err)
 	}
 }
+
+func TestWorkerPreflightFlags(t *testing.T) {
+	w := parseWorker(t, "--engine", "sim")
+	if w.AllowTCP || w.Preflight || w.JSON || w.SysfsRoot != "/sys" {
+		t.Fatalf("defaults: allow-tcp %v preflight %v json %v sysfs-root %q", w.AllowTCP, w.Preflight, w.JSON, w.SysfsRoot)
+	}
+	t.Setenv("INFERA_DISAGGREGATION_ALLOW_TCP", "true")
+	t.Setenv("INFERA_SYSFS_ROOT", "/fixture")
+	w = parseWorker(t, "--preflight", "--json")
+	if !w.AllowTCP || w.SysfsRoot != "/fixture" || !w.Preflight || !w.JSON {
+		t.Fatalf("from env and flags: %+v", w)
+	}
+	// A node-only preflight needs no --engine.
+	if err := w.Validate(); err != nil {
+		t.Fatalf("--preflight without --engine: %v", err)
+	}
+	w = parseWorker(t, "--engine", "sim", "--json", "--sysfs-root", "")
+	err := w.Validate()
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "--json applies only with --preflight") || !strings.Contains(err.Error(), "--sysfs-root") {
+		t.Fatalf("Validate: %v", err)
+	}
+}

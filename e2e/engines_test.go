@@ -142,9 +142,14 @@ func TestRealEngineWorkers(t *testing.T) {
 					model = tc.args[i+1]
 				}
 			}
-			args := append([]string{"worker", "--engine", tc.engine, "--etcd-endpoints", f.etcd,
+			args := []string{"worker", "--engine", tc.engine, "--etcd-endpoints", f.etcd,
 				"--advertise-host", "127.0.0.1", "--lease-ttl", "5s", "--keepalive-interval", "1s",
-				"--drain-timeout", "10s", "--stop-grace", "5s", "--"}, tc.args...)
+				"--drain-timeout", "10s", "--stop-grace", "5s"}
+			if tc.pd {
+				// One host, loopback, no RDMA: the PD preflight would refuse.
+				args = append(args, "--disaggregation-allow-tcp")
+			}
+			args = append(append(args, "--"), tc.args...)
 			w := startEnv(t, tc.engine+"-worker", env, args...)
 			line := w.waitLog("worker registered", 60*time.Second)
 			id, _ := line["worker_id"].(string)

@@ -72,6 +72,13 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 		log.Warn().Msg(w)
 	}
 	warnLoopbackAdvertise(log, launch.Endpoint.AdvertiseHost, cfg.Etcd.Endpoints)
+	if isPD(launch.Endpoint.DisaggMode) {
+		// Refused before the engine starts: a PD engine on TCP would load
+		// for minutes only to serve ~100x slower.
+		if err := checkPD(cfg, launch.Endpoint, log); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+	}
 
 	cli, err := discovery.NewClient(cfg.Etcd, base)
 	if err != nil {
