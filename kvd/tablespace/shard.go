@@ -362,6 +362,12 @@ func (s *shard) allocFreeLocked() int32 {
 // reserveLocked takes a free slot or, when none is free, unindexes the LRU
 // entry and returns its DEL record, which must be durable before the slot
 // is written.
+//
+// OnEvict runs here, under mu and before the victim leaves the index: a
+// snapshot encodes the index under mu, so it makes the removal durable only
+// after the callback (called later, a snapshot taken in between could
+// persist the removal before anyone was told, and a crash then loses the
+// entry unannounced).
 func (s *shard) reserveLocked() (int32, *record, error) {
 	if sl := s.allocFreeLocked(); sl >= 0 {
 		s.slots[sl].state = slotReserved
@@ -373,9 +379,17 @@ func (s *shard) reserveLocked() (int32, *record, error) {
 	}
 	m := &s.slots[sl]
 	victim := &record{op: opDel, key: m.key, seq: m.seq, slot: sl}
+	s.t.st.evictions.Add(1)
+	if s.t.cfg.OnEvict != nil {
+		s.t.cfg.OnEvict([]byte(m.key))
+	}
 	s.removeLocked(sl, false)
 	return sl, victim, nil
 }
+
+// afterEvictReserve, when set (tests only), runs in put between unindexing
+// an eviction victim and journalling its removal.
+var afterEvictReserve func()
 
 func (s *shard) releaseLocked(sl int32) {
 	s.slots[sl].state = slotFree
@@ -448,9 +462,8 @@ func (s *shard) put(key, val []byte) error {
 		ks = string(key)
 	}
 	if victim != nil {
-		s.t.st.evictions.Add(1)
-		if s.t.cfg.OnEvict != nil {
-			s.t.cfg.OnEvict([]byte(victim.key))
+		if afterEvictReserve != nil {
+			afterEvictReserve()
 		}
 		if err := s.commit(victim, -1); err != nil {
 			return err // shard is broken; the slot stays reserved

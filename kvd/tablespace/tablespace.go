@@ -67,8 +67,10 @@ type Config struct {
 	SelfCheckBytes      int64 // how much SelfCheck writes (default 64 MiB)
 	Logger              zerolog.Logger
 	// OnEvict, when set, is called with the key of an LRU victim just before
-	// its removal is journalled (the entry is no longer served). It runs on
-	// the writer's goroutine and must be fast; the key must not be retained.
+	// it is unindexed, so before its removal can become durable (by its
+	// journal record or by a snapshot). It runs on the writer's goroutine
+	// with the shard's index locked: it must be fast, must not call the
+	// Tablespace, and must not retain the key.
 	OnEvict func(key []byte)
 }
 

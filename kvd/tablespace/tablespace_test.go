@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -131,6 +132,46 @@ func TestOverwriteDeleteClear(t *testing.T) {
 	if ts.Stats().Evictions != 0 {
 		t.Fatal("clear did not free slots")
 	}
+}
+
+// A snapshot taken while an eviction's DEL is not journalled yet already
+// omits the victim, so it makes the removal durable: OnEvict must have run
+// by then, or a crash right after loses the entry unannounced.
+func TestEvictionAnnouncedBeforeSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir, 2)
+	var evicted []string
+	cfg.OnEvict = func(k []byte) { evicted = append(evicted, string(k)) }
+	ts := mustOpen(t, cfg)
+	for _, k := range []string{"a", "b"} {
+		if err := ts.Put([]byte(k), val(k, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var atSnapshot []string
+	afterEvictReserve = func() {
+		if err := ts.Snapshot(); err != nil {
+			t.Error(err)
+		}
+		atSnapshot = append([]string(nil), evicted...)
+		crash(ts) // killed right after the snapshot: the DEL never reaches the journal
+	}
+	defer func() { afterEvictReserve = nil }()
+	if err := ts.Put([]byte("c"), val("c", 1)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("put after crash: %v", err)
+	}
+	afterEvictReserve = nil
+	ts = mustOpen(t, cfg)
+	defer ts.Close()
+	for _, k := range []string{"a", "b"} {
+		if !ts.Exists([]byte(k)) && !slices.Contains(atSnapshot, k) {
+			t.Fatalf("%s lost by the crash but not announced by OnEvict before it (announced %v)", k, atSnapshot)
+		}
+	}
+	if len(atSnapshot) != 1 || atSnapshot[0] != "a" || ts.Exists([]byte("a")) {
+		t.Fatalf("announced %v, a present %v", atSnapshot, ts.Exists([]byte("a")))
+	}
+	mustGet(t, ts, "b", val("b", 1))
 }
 
 func TestEvictionLRU(t *testing.T) {
