@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/kvcache"
 )
 
 // engineIdleConnTimeout is KVAwareConfig.EngineIdleConnTimeout's default (no
@@ -69,5 +70,6 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		ApproxMaxBlocks:       k.ApproxMaxBlocks,
 		RecentHalfLife:        k.RecentDecay,
 		RecentWeight:          k.RecentWeight,
+		Subscriber:            kvcache.DefaultSubscriberConfig(),
 	}
 }

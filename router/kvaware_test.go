@@ -21,10 +21,8 @@ import (
 // newKV builds a kv-aware policy closed with the test.
 func newKV(t *testing.T, cfg router.KVAwareConfig) *router.KVAware {
 	t.Helper()
-	if cfg.Subscriber.BackoffMax == 0 {
-		cfg.Subscriber.BackoffMin = 10 * time.Millisecond
-		cfg.Subscriber.BackoffMax = 50 * time.Millisecond
-	}
+	cfg.Subscriber.BackoffMin = 10 * time.Millisecond
+	cfg.Subscriber.BackoffMax = 50 * time.Millisecond
 	// Short, so fasthttp's pool cleaners are gone before goleak looks.
 	cfg.EngineIdleConnTimeout = 50 * time.Millisecond
 	p, err := router.NewKVAware(cfg, testLog(t))
