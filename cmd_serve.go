@@ -59,49 +59,12 @@ func servePolicies(cfg *config.Serve, log zerolog.Logger) (*router.Registry, err
 		return nil, fmt.Errorf("register routing policies: %w", err)
 	}
 	err := policies.Register(router.PolicyKVAware, func() (router.Policy, error) {
-		return router.NewKVAware(kvAwareConfig(cfg.KV), log)
+		return router.NewKVAware(router.ServeKVAwareConfig(cfg.KV), log)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("register routing policies: %w", err)
 	}
 	return policies, nil
-}
-
-// kvAwareConfig maps the flags onto the policy's configuration, whose zero
-// values mean defaults: explicit zeros become the policy's "off" values.
-func kvAwareConfig(k config.ServeKV) router.KVAwareConfig {
-	zeroOff := func(v float64) float64 {
-		if v == 0 {
-			return router.NoOverlap
-		}
-		return v
-	}
-	rc := router.KVAwareConfig{
-		TokenizerSpec:         k.Tokenizer,
-		EngineTokenizeTimeout: k.EngineTokenizeTimeout,
-		OverlapWeight:         zeroOff(k.OverlapWeight),
-		PrefillOverlapWeight:  zeroOff(k.PrefillOverlapWeight),
-		DecodeOverlapWeight:   zeroOff(k.DecodeOverlapWeight),
-		DefaultBlockSize:      k.BlockSize,
-		IndexMaxBlocks:        k.IndexMaxBlocks,
-		ApproxTTL:             k.ApproxTTL,
-		ApproxMaxBlocks:       k.ApproxMaxBlocks,
-		RecentHalfLife:        k.RecentDecay,
-		RecentWeight:          zeroOff(k.RecentWeight),
-	}
-	if k.RecentDecay == 0 {
-		rc.RecentHalfLife = router.NoRecent
-	}
-	return rc
-}
-
-// retries maps --request-max-retries onto the router's configuration,
-// whose zero means the default.
-func retries(n int) int {
-	if n == 0 {
-		return router.NoRetries
-	}
-	return n
 }
 
 // runServe runs the router until ctx ends. It starts, in order, the policy,
@@ -162,34 +125,7 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 	}
 	started.Push(cli.Close)
 
-	rt, err := router.New(router.Config{
-		MaxBodyBytes:      cfg.MaxBodyBytes,
-		ClientReadTimeout: cfg.ClientReadTimeout,
-		ClientIdleTimeout: cfg.ClientIdleTimeout,
-		ConnectTimeout:    cfg.UpstreamConnectTimeout,
-		UpstreamTimeout:   cfg.UpstreamTimeout,
-		IdleConnTimeout:   cfg.UpstreamIdleConnTimeout,
-		MaxConnsPerWorker: cfg.MaxConnsPerWorker,
-		ShutdownTimeout:   cfg.ShutdownTimeout,
-
-		MaxRetries:           retries(cfg.RequestMaxRetries),
-		BreakerThreshold:     cfg.BreakerFailureThreshold,
-		BreakerCooldown:      cfg.BreakerCooldown,
-		BreakerMaxCool:       cfg.BreakerMaxCooldown,
-		MaxInflightPerWorker: cfg.MaxInflightPerWorker,
-		QueueTimeout:         cfg.QueueTimeout,
-		TTFTTimeout:          cfg.TTFTTimeout,
-		StreamIdleTimeout:    cfg.StreamIdleTimeout,
-		RequestTimeout:       cfg.RequestTimeout,
-		HeartbeatInterval:    cfg.HeartbeatInterval,
-		APIKeys:              cfg.Keys(),
-		AdminToken:           cfg.AdminToken,
-		AdminSeparate:        cfg.AdminListen != "",
-		MaxHeaderBytes:       cfg.MaxHeaderBytes,
-		ClientWriteTimeout:   cfg.ClientWriteTimeout,
-		MaxConnections:       cfg.MaxConnections,
-		LogPrompts:           cfg.LogPrompts,
-	}, policy, log)
+	rt, err := router.New(router.ServeConfig(cfg), policy, log)
 	if err != nil {
 		return fmt.Errorf("build router: %w", err)
 	}

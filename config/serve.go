@@ -138,19 +138,19 @@ type ServeKV struct {
 	RecentWeight float64
 }
 
-// sameAsOverlap is the flag default of the per-role weights: unset, they
-// follow --kv-overlap-weight (see Finish).
-const sameAsOverlap = -1
+// defaultOverlapWeight is the default of --kv-overlap-weight, and so of the
+// per-role weights, which follow it unless set (see Finish).
+const defaultOverlapWeight = 4
 
 func (k *ServeKV) flags() []cli.Flag {
-	prefill := Float("kv-prefill-overlap-weight", "overlap weight of prefill workers (disaggregated serving)", &k.PrefillOverlapWeight, sameAsOverlap)
+	prefill := Float("kv-prefill-overlap-weight", "overlap weight of prefill workers (disaggregated serving)", &k.PrefillOverlapWeight, defaultOverlapWeight)
 	prefill.DefaultText = "same as --kv-overlap-weight"
-	decode := Float("kv-decode-overlap-weight", "overlap weight of decode workers (disaggregated serving)", &k.DecodeOverlapWeight, sameAsOverlap)
+	decode := Float("kv-decode-overlap-weight", "overlap weight of decode workers (disaggregated serving)", &k.DecodeOverlapWeight, defaultOverlapWeight)
 	decode.DefaultText = "same as --kv-overlap-weight"
 	return []cli.Flag{
 		String("tokenizer", "kv-aware tokenization: a Hugging Face tokenizer directory, \"bytes\", \"engine\" (ask the worker's /tokenize), or empty for approximate routing on text", &k.Tokenizer, ""),
 		Duration("tokenizer-engine-timeout", "longest POST /tokenize in --tokenizer engine mode (then the request is routed on its text)", &k.EngineTokenizeTimeout, 2*time.Second),
-		Float("kv-overlap-weight", "kv-aware cost weight of one uncached prompt block against one block of load", &k.OverlapWeight, 4),
+		Float("kv-overlap-weight", "kv-aware cost weight of one uncached prompt block against one block of load", &k.OverlapWeight, defaultOverlapWeight),
 		prefill,
 		decode,
 		Int("kv-block-size", "block size hashed for workers whose record has no kv_block_size", &k.BlockSize, 16),
@@ -223,6 +223,16 @@ func DefaultStateDir() string {
 		return filepath.Join(home, ".local", "state", "infera")
 	}
 	return filepath.Join(os.TempDir(), "infera-state")
+}
+
+// DefaultServe returns the serve configuration with every flag at its
+// default: the one place the router's and the kv-aware policy's defaults
+// are declared (router.DefaultConfig and router.DefaultKVAwareConfig map
+// it).
+func DefaultServe() Serve {
+	var s Serve
+	s.Flags()
+	return s
 }
 
 // Flags returns the serve flags, binding each to its field.

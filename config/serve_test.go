@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -130,5 +131,14 @@ func TestServeResilienceAndSecurityFlags(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "has space") {
 		t.Fatal("a key was echoed in an error")
+	}
+}
+
+// TestDefaultServeIsParsedDefaults: DefaultServe, which the router's and
+// the kv-aware policy's defaults come from, is exactly what an empty
+// command line parses to.
+func TestDefaultServeIsParsedDefaults(t *testing.T) {
+	if got, want := config.DefaultServe(), parseServe(t); !reflect.DeepEqual(got, want) {
+		t.Fatalf("DefaultServe() = %+v\nparsed defaults %+v", got, want)
 	}
 }

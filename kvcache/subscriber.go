@@ -27,44 +27,43 @@ type Source struct {
 	BlockSize int
 }
 
-// SubscriberConfig tunes a Subscriber; zero values take the defaults.
+// SubscriberConfig tunes a Subscriber. Start from DefaultSubscriberConfig
+// and override fields; NewSubscriber rejects a zero duration or bound.
 type SubscriberConfig struct {
-	DialTimeout     time.Duration // TCP connect + ZMTP handshake; default 5s
-	BackoffMin      time.Duration // first reconnect delay; default 100ms
-	BackoffMax      time.Duration // reconnect delay cap; default 5s
-	ReplayTimeout   time.Duration // one whole replay exchange; default 10s
-	MaxMessageBytes int64         // largest ZMTP frame accepted; default 64 MiB
+	DialTimeout     time.Duration // TCP connect + ZMTP handshake
+	BackoffMin      time.Duration // first reconnect delay
+	BackoffMax      time.Duration // reconnect delay cap
+	ReplayTimeout   time.Duration // one whole replay exchange
+	MaxMessageBytes int64         // largest ZMTP frame accepted
 	// RebuildBlocks: after a resync (a gap that replay could not fill), the
 	// worker is approximate until an AllBlocksCleared arrives or, when this
 	// is > 0, until that many blocks have been stored since the resync.
 	RebuildBlocks int
 }
 
-func (c *SubscriberConfig) withDefaults() (SubscriberConfig, error) {
-	out := *c
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
+// DefaultSubscriberConfig returns the subscriber's defaults.
+func DefaultSubscriberConfig() SubscriberConfig {
+	return SubscriberConfig{
+		DialTimeout:     5 * time.Second,
+		BackoffMin:      100 * time.Millisecond,
+		BackoffMax:      5 * time.Second,
+		ReplayTimeout:   10 * time.Second,
+		MaxMessageBytes: 64 << 20,
 	}
-	def(&out.DialTimeout, 5*time.Second)
-	def(&out.BackoffMin, 100*time.Millisecond)
-	def(&out.BackoffMax, 5*time.Second)
-	def(&out.ReplayTimeout, 10*time.Second)
-	if out.MaxMessageBytes == 0 {
-		out.MaxMessageBytes = 64 << 20
-	}
+}
+
+func (c *SubscriberConfig) validate() error {
 	switch {
-	case out.DialTimeout < 0, out.BackoffMin < 0, out.BackoffMax < 0, out.ReplayTimeout < 0:
-		return out, fmt.Errorf("%w: negative duration", ErrInvalidConfig)
-	case out.BackoffMax < out.BackoffMin:
-		return out, fmt.Errorf("%w: backoff max %s below min %s", ErrInvalidConfig, out.BackoffMax, out.BackoffMin)
-	case out.MaxMessageBytes < 0:
-		return out, fmt.Errorf("%w: max message bytes %d", ErrInvalidConfig, out.MaxMessageBytes)
-	case out.RebuildBlocks < 0:
-		return out, fmt.Errorf("%w: rebuild blocks %d", ErrInvalidConfig, out.RebuildBlocks)
+	case c.DialTimeout <= 0, c.BackoffMin <= 0, c.BackoffMax <= 0, c.ReplayTimeout <= 0:
+		return fmt.Errorf("%w: durations must be positive", ErrInvalidConfig)
+	case c.BackoffMax < c.BackoffMin:
+		return fmt.Errorf("%w: backoff max %s below min %s", ErrInvalidConfig, c.BackoffMax, c.BackoffMin)
+	case c.MaxMessageBytes <= 0:
+		return fmt.Errorf("%w: max message bytes %d", ErrInvalidConfig, c.MaxMessageBytes)
+	case c.RebuildBlocks < 0:
+		return fmt.Errorf("%w: rebuild blocks %d", ErrInvalidConfig, c.RebuildBlocks)
 	}
-	return out, nil
+	return nil
 }
 
 // Stats are one stream's counters since Add.
@@ -117,12 +116,11 @@ func NewSubscriber(idx *Index, cfg SubscriberConfig, log zerolog.Logger) (*Subsc
 	if idx == nil {
 		return nil, fmt.Errorf("%w: nil index", ErrInvalidConfig)
 	}
-	c, err := cfg.withDefaults()
-	if err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Subscriber{idx: idx, cfg: c, log: log, ctx: ctx, cancel: cancel, subs: make(map[Key]*stream)}, nil
+	return &Subscriber{idx: idx, cfg: cfg, log: log, ctx: ctx, cancel: cancel, subs: make(map[Key]*stream)}, nil
 }
 
 func (src *Source) validate() error {

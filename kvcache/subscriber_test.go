@@ -236,15 +236,20 @@ func newEngineSim(t *testing.T, blocks int) *engineSim {
 func newTestSubscriber(t *testing.T, cfg SubscriberConfig) (*Index, *Subscriber) {
 	t.Helper()
 	idx := NewIndex(IndexConfig{MaxBlocks: 10000})
-	if cfg.BackoffMin == 0 {
-		cfg.BackoffMin, cfg.BackoffMax = 10*time.Millisecond, 50*time.Millisecond
-	}
+	cfg.BackoffMin, cfg.BackoffMax = 10*time.Millisecond, 50*time.Millisecond
 	s, err := NewSubscriber(idx, cfg, zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
 	return idx, s
+}
+
+// subConfig returns DefaultSubscriberConfig changed by set.
+func subConfig(set func(*SubscriberConfig)) SubscriberConfig {
+	c := DefaultSubscriberConfig()
+	set(&c)
+	return c
 }
 
 func stats(t *testing.T, s *Subscriber, k Key) Stats {
@@ -258,7 +263,7 @@ func stats(t *testing.T, s *Subscriber, k Key) Stats {
 
 func TestSubscriberAppliesBatches(t *testing.T) {
 	pub := newTestPub(t, "127.0.0.1:0")
-	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "w1:8000"}
 	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
 	if err != nil {
@@ -303,7 +308,7 @@ func TestSubscriberAppliesBatches(t *testing.T) {
 func TestSubscriberGapRecoveredByReplay(t *testing.T) {
 	pub := newTestPub(t, "127.0.0.1:0")
 	rep := newTestReplay(t)
-	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "w2:8000", DPRank: 1}
 	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), ReplayEndpoint: rep.endpoint(), BlockSize: 4})
 	if err != nil {
@@ -348,7 +353,7 @@ func TestSubscriberLateJoinReplaysFromZero(t *testing.T) {
 	// The engine published before the router came up.
 	rep.add(0, e.storeBatch(0, 4))
 	rep.add(1, e.storeBatch(4, 8))
-	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "late:8000"}
 	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), ReplayEndpoint: rep.endpoint()})
 	if err != nil {
@@ -369,7 +374,7 @@ func TestSubscriberReplayBufferTooShortResyncs(t *testing.T) {
 	e := newEngineSim(t, 8)
 	// The engine is at seq 5; its buffer only reaches back to 4.
 	rep.add(4, e.storeBatch(0, 4))
-	_, s := newTestSubscriber(t, SubscriberConfig{})
+	_, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "old:8000"}
 	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), ReplayEndpoint: rep.endpoint(), BlockSize: 4})
 	if err != nil {
@@ -386,7 +391,7 @@ func TestSubscriberReplayBufferTooShortResyncs(t *testing.T) {
 
 func TestSubscriberGapWithoutReplayGoesApproximate(t *testing.T) {
 	pub := newTestPub(t, "127.0.0.1:0")
-	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "w3:8000"}
 	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
 	if err != nil {
@@ -419,7 +424,7 @@ func TestSubscriberGapWithoutReplayGoesApproximate(t *testing.T) {
 
 func TestSubscriberRebuildBlocks(t *testing.T) {
 	pub := newTestPub(t, "127.0.0.1:0")
-	_, s := newTestSubscriber(t, SubscriberConfig{RebuildBlocks: 6})
+	_, s := newTestSubscriber(t, subConfig(func(c *SubscriberConfig) { c.RebuildBlocks = 6 }))
 	key := Key{Worker: "w:1"}
 	w, _ := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
 	pub.waitSubscriber(t)
@@ -438,7 +443,7 @@ func TestSubscriberRebuildBlocks(t *testing.T) {
 
 func TestSubscriberMalformedBatchResyncs(t *testing.T) {
 	pub := newTestPub(t, "127.0.0.1:0")
-	_, s := newTestSubscriber(t, SubscriberConfig{})
+	_, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "w4:8000"}
 	w, _ := s.Add(Source{Key: key, Endpoint: pub.endpoint()})
 	pub.waitSubscriber(t)
@@ -454,7 +459,7 @@ func TestSubscriberMalformedBatchResyncs(t *testing.T) {
 func TestSubscriberReconnectsAndDetectsRestart(t *testing.T) {
 	pub := newTestPub(t, "127.0.0.1:0")
 	addr := pub.ln.Addr().String()
-	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "w5:8000"}
 	w, _ := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
 	pub.waitSubscriber(t)
@@ -481,7 +486,7 @@ func TestSubscriberReconnectsAndDetectsRestart(t *testing.T) {
 
 func TestSubscriberDropsOversizedFrames(t *testing.T) {
 	pub := newTestPub(t, "127.0.0.1:0")
-	_, s := newTestSubscriber(t, SubscriberConfig{MaxMessageBytes: 1024})
+	_, s := newTestSubscriber(t, subConfig(func(c *SubscriberConfig) { c.MaxMessageBytes = 1024 }))
 	key := Key{Worker: "w6:8000"}
 	if _, err := s.Add(Source{Key: key, Endpoint: pub.endpoint()}); err != nil {
 		t.Fatal(err)
@@ -503,7 +508,7 @@ func TestSubscriberWithZmq4PubSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	idx, s := newTestSubscriber(t, SubscriberConfig{})
+	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "zmq4:8000"}
 	w, err := s.Add(Source{Key: key, Endpoint: "tcp://" + pub.Addr().String(), BlockSize: 4})
 	if err != nil {
@@ -531,18 +536,25 @@ func TestSubscriberWithZmq4PubSocket(t *testing.T) {
 
 func TestSubscriberValidation(t *testing.T) {
 	idx := NewIndex(IndexConfig{})
-	if _, err := NewSubscriber(nil, SubscriberConfig{}, zerolog.Nop()); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := NewSubscriber(nil, DefaultSubscriberConfig(), zerolog.Nop()); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("nil index: %v", err)
 	}
-	for _, cfg := range []SubscriberConfig{
-		{DialTimeout: -1}, {BackoffMin: time.Second, BackoffMax: time.Millisecond},
-		{MaxMessageBytes: -1}, {RebuildBlocks: -1},
+	for _, set := range []func(*SubscriberConfig){
+		func(c *SubscriberConfig) { c.DialTimeout = -1 },
+		func(c *SubscriberConfig) { c.ReplayTimeout = 0 },
+		func(c *SubscriberConfig) { c.BackoffMin, c.BackoffMax = time.Second, time.Millisecond },
+		func(c *SubscriberConfig) { c.MaxMessageBytes = 0 },
+		func(c *SubscriberConfig) { c.RebuildBlocks = -1 },
+		func(c *SubscriberConfig) { *c = SubscriberConfig{} },
 	} {
-		if _, err := NewSubscriber(idx, cfg, zerolog.Nop()); !errors.Is(err, ErrInvalidConfig) {
-			t.Fatalf("%+v: %v", cfg, err)
+		if cfg := subConfig(set); !errors.Is(cfg.validate(), ErrInvalidConfig) {
+			t.Fatalf("%+v: want ErrInvalidConfig", cfg)
+		}
+		if _, err := NewSubscriber(idx, subConfig(set), zerolog.Nop()); !errors.Is(err, ErrInvalidConfig) {
+			t.Fatalf("%v", err)
 		}
 	}
-	s, err := NewSubscriber(idx, SubscriberConfig{}, zerolog.Nop())
+	s, err := NewSubscriber(idx, DefaultSubscriberConfig(), zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

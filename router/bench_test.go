@@ -104,7 +104,7 @@ func itoa(n int) string {
 // from the worker directly.
 func BenchmarkStreamRelay(b *testing.B) {
 	up := eventUpstream(b)
-	tr := startRouter(b, router.RoundRobin{}, router.Config{}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(b, router.RoundRobin{}, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
 	const perRequest = 10000
 	for _, bc := range []struct{ name, addr string }{
 		{"direct", up.addr},
@@ -131,7 +131,7 @@ func BenchmarkStreamRelay(b *testing.B) {
 // against the worker directly (one op = one request).
 func BenchmarkUnary(b *testing.B) {
 	up := eventUpstream(b)
-	tr := startRouter(b, router.RoundRobin{}, router.Config{}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(b, router.RoundRobin{}, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":16}`)
 	for _, bc := range []struct{ name, addr string }{
 		{"direct", up.addr},

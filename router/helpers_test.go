@@ -109,10 +109,8 @@ type testRouter struct {
 
 func startRouter(t testing.TB, policy router.Policy, cfg router.Config, workers ...discovery.Record) *testRouter {
 	t.Helper()
-	if cfg.IdleConnTimeout == 0 {
-		// Short, so fasthttp's pool cleaners are gone before goleak looks.
-		cfg.IdleConnTimeout = 50 * time.Millisecond
-	}
+	// Short, so fasthttp's pool cleaners are gone before goleak looks.
+	cfg.IdleConnTimeout = 50 * time.Millisecond
 	r, err := router.New(cfg, policy, testLog(t))
 	if err != nil {
 		t.Fatal(err)
@@ -234,4 +232,18 @@ func readEvent(t *testing.T, r *bufio.Reader) string {
 			return ev.String()
 		}
 	}
+}
+
+// withConfig returns router.DefaultConfig changed by set.
+func withConfig(set func(*router.Config)) router.Config {
+	c := router.DefaultConfig()
+	set(&c)
+	return c
+}
+
+// kvConfig returns router.DefaultKVAwareConfig changed by set.
+func kvConfig(set func(*router.KVAwareConfig)) router.KVAwareConfig {
+	c := router.DefaultKVAwareConfig()
+	set(&c)
+	return c
 }

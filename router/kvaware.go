@@ -26,47 +26,46 @@ const (
 	TokenizerEngine = "engine" // ask a worker's POST /tokenize per request
 )
 
-// KVAwareConfig configures the kv-aware policy; zero values take the
-// defaults of `infera serve`.
+// KVAwareConfig configures the kv-aware policy. Start from
+// DefaultKVAwareConfig (the flag defaults of `infera serve`) and override
+// fields: a zero means zero (no weight, no recent charge), and NewKVAware
+// rejects a zero where none makes sense (a timeout, a bound).
 type KVAwareConfig struct {
 	// TokenizerSpec is --tokenizer: a Hugging Face tokenizer directory,
 	// "bytes", "engine", or "" (none: every worker approximate).
 	TokenizerSpec string
 	// Tokenizer, when set, is used instead of opening TokenizerSpec.
 	Tokenizer tokenizer.Tokenizer
-	// EngineTokenizeTimeout bounds one POST /tokenize in engine mode;
-	// default 2s. EngineIdleConnTimeout closes its idle connections;
-	// default 3s (below the engines' keep-alive).
+	// EngineTokenizeTimeout bounds one POST /tokenize in engine mode.
+	// EngineIdleConnTimeout closes its idle connections (below the
+	// engines' keep-alive).
 	EngineTokenizeTimeout time.Duration
 	EngineIdleConnTimeout time.Duration
 
 	// OverlapWeight is w in the cost w×(blocks−hits) + active + recent:
-	// how many blocks of load one block of prefill saved is worth. Default
-	// 1; NoOverlap (or any negative value) means 0.
+	// how many blocks of load one block of prefill saved is worth.
 	OverlapWeight float64
 	// PrefillOverlapWeight and DecodeOverlapWeight are the weights of the
-	// prefill and decode legs of disaggregated serving (the PD path); 0
-	// means OverlapWeight, negative means 0.
+	// prefill and decode legs of disaggregated serving (the PD path);
+	// DefaultKVAwareConfig sets them to OverlapWeight.
 	PrefillOverlapWeight float64
 	DecodeOverlapWeight  float64
 
 	// DefaultBlockSize hashes workers whose record has no kv_block_size
-	// (until their events reveal it); default 16.
+	// (until their events reveal it).
 	DefaultBlockSize int
-	// IndexMaxBlocks bounds the event-fed prefix index (all workers);
-	// default 4Mi blocks.
+	// IndexMaxBlocks bounds the event-fed prefix index (all workers).
 	IndexMaxBlocks int
 	// ApproxTTL and ApproxMaxBlocks bound the router's own placement
-	// records (per worker and DP rank) used in approximate mode; defaults
-	// 10 minutes and 256Ki blocks.
+	// records (per worker and DP rank) used in approximate mode.
 	ApproxTTL       time.Duration
 	ApproxMaxBlocks int
-	// RecentHalfLife is the half-life of the recent-miss charge; default
-	// 2s; NoRecent (negative) disables the charge.
+	// RecentHalfLife is the half-life of the recent-miss charge; 0
+	// disables the charge.
 	RecentHalfLife time.Duration
 	// RecentWeight is the charge per missed block, added when the request
-	// ends (while it runs, its blocks count as active); default 0.5. Below
-	// the overlap weight, so that a conversation's next turn still prefers
+	// ends (while it runs, its blocks count as active). Below the overlap
+	// weight, so that a conversation's next turn still prefers
 	// the worker that just prefilled its previous one.
 	RecentWeight float64
 
@@ -77,64 +76,24 @@ type KVAwareConfig struct {
 	Now func() time.Time
 }
 
-// NoOverlap and NoRecent are the explicit zero settings of OverlapWeight
-// and RecentHalfLife, whose zero values mean "default".
-const (
-	NoOverlap = -1
-	NoRecent  = time.Duration(-1)
-)
-
-func (c KVAwareConfig) withDefaults() (KVAwareConfig, error) {
-	if c.OverlapWeight == 0 {
-		c.OverlapWeight = 1
-	} else if c.OverlapWeight < 0 {
-		c.OverlapWeight = 0
-	}
-	for _, w := range []*float64{&c.PrefillOverlapWeight, &c.DecodeOverlapWeight} {
-		if *w == 0 {
-			*w = c.OverlapWeight
-		} else if *w < 0 {
-			*w = 0
-		}
-	}
-	if c.DefaultBlockSize == 0 {
-		c.DefaultBlockSize = 16
-	}
-	if c.IndexMaxBlocks == 0 {
-		c.IndexMaxBlocks = 4 << 20
-	}
-	if c.ApproxTTL == 0 {
-		c.ApproxTTL = 10 * time.Minute
-	}
-	if c.ApproxMaxBlocks == 0 {
-		c.ApproxMaxBlocks = 256 << 10
-	}
-	if c.RecentHalfLife == 0 {
-		c.RecentHalfLife = 2 * time.Second
-	}
-	if c.RecentWeight == 0 {
-		c.RecentWeight = 0.5
-	} else if c.RecentWeight < 0 {
-		c.RecentWeight = 0
-	}
-	if c.EngineTokenizeTimeout <= 0 {
-		c.EngineTokenizeTimeout = 2 * time.Second
-	}
-	if c.EngineIdleConnTimeout <= 0 {
-		c.EngineIdleConnTimeout = 3 * time.Second
-	}
+func (c KVAwareConfig) validate() (KVAwareConfig, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
 	switch {
-	case !finite(c.OverlapWeight) || !finite(c.PrefillOverlapWeight) || !finite(c.DecodeOverlapWeight) || !finite(c.RecentWeight):
-		return c, fmt.Errorf("%w: weights must be finite", ErrKVConfig)
-	case c.DefaultBlockSize < 0 || c.DefaultBlockSize > discovery.MaxKVBlockSize:
+	case !(c.OverlapWeight >= 0) || !(c.PrefillOverlapWeight >= 0) || !(c.DecodeOverlapWeight >= 0) || !(c.RecentWeight >= 0),
+		!finite(c.OverlapWeight) || !finite(c.PrefillOverlapWeight) || !finite(c.DecodeOverlapWeight) || !finite(c.RecentWeight):
+		return c, fmt.Errorf("%w: weights must be finite and not negative", ErrKVConfig)
+	case c.DefaultBlockSize < 1 || c.DefaultBlockSize > discovery.MaxKVBlockSize:
 		return c, fmt.Errorf("%w: block size %d", ErrKVConfig, c.DefaultBlockSize)
-	case c.IndexMaxBlocks < 0 || c.ApproxMaxBlocks < 0:
+	case c.IndexMaxBlocks < 1 || c.ApproxMaxBlocks < 1:
 		return c, fmt.Errorf("%w: block bounds must be positive", ErrKVConfig)
-	case c.ApproxTTL < 0:
+	case c.ApproxTTL <= 0:
 		return c, fmt.Errorf("%w: approximate ttl %s", ErrKVConfig, c.ApproxTTL)
+	case c.RecentHalfLife < 0:
+		return c, fmt.Errorf("%w: recent half-life %s", ErrKVConfig, c.RecentHalfLife)
+	case c.EngineTokenizeTimeout <= 0 || c.EngineIdleConnTimeout <= 0:
+		return c, fmt.Errorf("%w: engine tokenize timeouts must be positive", ErrKVConfig)
 	}
 	return c, nil
 }
@@ -233,7 +192,7 @@ func (t *kvTarget) precise() bool { return t.idx != nil && !t.idx.Approximate() 
 
 // NewKVAware builds the policy, opening its tokenizer.
 func NewKVAware(cfg KVAwareConfig, log zerolog.Logger) (*KVAware, error) {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.validate()
 	if err != nil {
 		return nil, err
 	}

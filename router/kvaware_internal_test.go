@@ -54,7 +54,7 @@ func newKVEnv(t *testing.T, cfg KVAwareConfig, recs ...discovery.Record) *kvEnv 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	r, err := New(Config{}, p, zerolog.Nop())
+	r, err := New(DefaultConfig(), p, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func unique(i, n int) string {
 func TestKVColdRequestsSpread(t *testing.T) {
 	for _, spec := range []string{TokenizerBytes, TokenizerNone} {
 		t.Run("tokenizer="+spec, func(t *testing.T) {
-			e := newKVEnv(t, KVAwareConfig{TokenizerSpec: spec}, fleet(4)...)
+			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = spec }), fleet(4)...)
 			counts := map[string]int{}
 			for i := range 40 {
 				counts[e.serial(chat(unique(i, 300)))]++
@@ -171,7 +171,7 @@ func TestKVColdRequestsSpread(t *testing.T) {
 func TestKVTiesRotate(t *testing.T) {
 	// Prompts shorter than a block cost the same everywhere: the scan
 	// start rotates, so the picks go round the fleet.
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes}, fleet(3)...)
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(3)...)
 	var got []string
 	for range 6 {
 		got = append(got, e.serial(`{"model":"m","prompt":"hi"}`))
@@ -184,7 +184,7 @@ func TestKVTiesRotate(t *testing.T) {
 }
 
 func TestKVWarmPrefixGoesToHolder(t *testing.T) {
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes}, fleet(4)...)
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(4)...)
 	e.makePrecise()
 	long := unique(7, 800)
 	holder := kvRecord(2, nil).WorkerID
@@ -212,7 +212,7 @@ func TestKVWarmPrefixGoesToHolder(t *testing.T) {
 }
 
 func TestKVActiveBlocksCountSharedPrefixOnce(t *testing.T) {
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes}, fleet(1)...)
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(1)...)
 	shared := unique(1, 320)
 	a := e.pick(chat(shared + unique(2, 160)))
 	b := e.pick(chat(shared + unique(3, 160)))
@@ -244,7 +244,7 @@ func TestKVActiveBlocksCountSharedPrefixOnce(t *testing.T) {
 func TestKVActiveBlocksSpreadConcurrentLoad(t *testing.T) {
 	// Requests in flight weigh on their worker: with nothing cached, a
 	// second concurrent request goes elsewhere.
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes, RecentHalfLife: NoRecent}, fleet(2)...)
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes; c.RecentHalfLife = 0 }), fleet(2)...)
 	a := e.pick(chat(unique(1, 400)))
 	b := e.pick(chat(unique(2, 400)))
 	if a.Worker == b.Worker {
@@ -253,7 +253,7 @@ func TestKVActiveBlocksSpreadConcurrentLoad(t *testing.T) {
 }
 
 func TestKVRecentChargeDecays(t *testing.T) {
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes, RecentHalfLife: time.Second}, fleet(1)...)
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes; c.RecentHalfLife = time.Second }), fleet(1)...)
 	tk := e.pick(chat(unique(1, 480)))
 	kt := tk.State.(*kvTicket)
 	tg, blocks := kt.target, float64(len(kt.hashes))
@@ -277,8 +277,13 @@ func TestKVRecentChargeDecays(t *testing.T) {
 func TestKVSerialSharedPrefixSpreadsThenSticks(t *testing.T) {
 	// Serial requests sharing a long system prompt: the first holder
 	// takes the next ones while its recent misses are small, and the
-	// charge moves traffic on instead of piling everything onto it.
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes}, fleet(4)...)
+	// charge moves traffic on instead of piling everything onto it. With
+	// overlap weight 1: at the serve default (4) the saved prefill
+	// outweighs the charge and the holder keeps them all.
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
+		c.TokenizerSpec = TokenizerBytes
+		c.OverlapWeight, c.PrefillOverlapWeight, c.DecodeOverlapWeight = 1, 1, 1
+	}), fleet(4)...)
 	sys := unique(9, 640)
 	counts := map[string]int{}
 	for i := range 60 {
@@ -297,7 +302,7 @@ func TestKVSerialSharedPrefixSpreadsThenSticks(t *testing.T) {
 }
 
 func TestKVApproximateModeAndGauge(t *testing.T) {
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes}, fleet(3)...)
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(3)...)
 	// No event streams: every worker approximate, placements recorded.
 	id := e.serial(chat(unique(5, 640)))
 	for range 3 {
@@ -321,7 +326,7 @@ func TestKVApproximateModeAndGauge(t *testing.T) {
 		}
 	}
 	// Without a tokenizer every worker stays approximate.
-	e2 := newKVEnv(t, KVAwareConfig{}, fleet(1)...)
+	e2 := newKVEnv(t, DefaultKVAwareConfig(), fleet(1)...)
 	e2.makePrecise()
 	if v := gaugeValue(t, e2.r, "infera_router_worker_approximate", kvRecord(0, nil).WorkerID); v != 1 {
 		t.Fatalf("no tokenizer: gauge %v, want 1", v)
@@ -329,7 +334,7 @@ func TestKVApproximateModeAndGauge(t *testing.T) {
 }
 
 func TestKVTokenArrayPromptWithoutTokenizer(t *testing.T) {
-	e := newKVEnv(t, KVAwareConfig{}, fleet(2)...)
+	e := newKVEnv(t, DefaultKVAwareConfig(), fleet(2)...)
 	e.makePrecise()
 	toks := make([]uint32, 64)
 	var sb strings.Builder
@@ -352,7 +357,7 @@ func TestKVTokenArrayPromptWithoutTokenizer(t *testing.T) {
 }
 
 func TestKVDataParallelTargets(t *testing.T) {
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes},
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }),
 		kvRecord(0, func(r *discovery.Record) { r.DPSize = 2 }),
 		kvRecord(1, func(r *discovery.Record) { one := 1; r.DPRank = &one; r.DPSize = 2 }))
 	seen := map[string]bool{}
@@ -383,7 +388,7 @@ func TestKVDataParallelTargets(t *testing.T) {
 }
 
 func TestKVMultimodalAffinity(t *testing.T) {
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes}, fleet(4)...)
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(4)...)
 	img := func(url, text string) string {
 		return `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"` + text +
 			`"},{"type":"image_url","image_url":{"url":"` + url + `"}}]}]}`
@@ -407,7 +412,7 @@ func TestKVMultimodalAffinity(t *testing.T) {
 }
 
 func TestKVRecordUpdateRebuildsTargets(t *testing.T) {
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes}, fleet(1)...)
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(1)...)
 	kw := e.p.workers[kvRecord(0, nil).WorkerID]
 	before := *kw.targets.Load()
 	e.r.UpdateFleet(&discovery.Snapshot{Revision: 2, Workers: fleet(1)})
@@ -430,7 +435,7 @@ func TestKVPickAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes}, fleet(8)...)
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(8)...)
 	body := chat(unique(3, 2000))
 	var req openai.Request
 	if err := openai.Scan([]byte(body), &req); err != nil {
@@ -536,11 +541,15 @@ func TestKVOverlapWeightByRole(t *testing.T) {
 		prefillW, decodeW float64
 		want              string
 	}{
-		{10, NoOverlap, decode.WorkerID},
-		{NoOverlap, 10, prefill.WorkerID},
+		{10, 0, decode.WorkerID},
+		{0, 10, prefill.WorkerID},
 	} {
-		e := newKVEnv(t, KVAwareConfig{TokenizerSpec: TokenizerBytes, OverlapWeight: 1,
-			PrefillOverlapWeight: c.prefillW, DecodeOverlapWeight: c.decodeW}, prefill, decode)
+		e := newKVEnv(t, kvConfig(func(k *KVAwareConfig) {
+			k.TokenizerSpec = TokenizerBytes
+			k.OverlapWeight = 1
+			k.PrefillOverlapWeight = c.prefillW
+			k.DecodeOverlapWeight = c.decodeW
+		}), prefill, decode)
 		cands := &Candidates{Model: "m", Workers: []*Worker{e.r.workers[prefill.WorkerID], e.r.workers[decode.WorkerID]}, cursor: new(atomic.Uint64)}
 		for i := range 6 {
 			body := chat(unique(i, 400))

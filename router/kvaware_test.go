@@ -21,13 +21,10 @@ import (
 // newKV builds a kv-aware policy closed with the test.
 func newKV(t *testing.T, cfg router.KVAwareConfig) *router.KVAware {
 	t.Helper()
-	if cfg.Subscriber.BackoffMax == 0 {
-		cfg.Subscriber.BackoffMin = 10 * time.Millisecond
-		cfg.Subscriber.BackoffMax = 50 * time.Millisecond
-	}
-	if cfg.EngineIdleConnTimeout == 0 {
-		cfg.EngineIdleConnTimeout = 50 * time.Millisecond
-	}
+	cfg.Subscriber.BackoffMin = 10 * time.Millisecond
+	cfg.Subscriber.BackoffMax = 50 * time.Millisecond
+	// Short, so fasthttp's pool cleaners are gone before goleak looks.
+	cfg.EngineIdleConnTimeout = 50 * time.Millisecond
 	p, err := router.NewKVAware(cfg, testLog(t))
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +73,7 @@ func TestKVDataParallelRankHeader(t *testing.T) {
 	up := jsonUpstream(t)
 	rec := record(up, "m", discovery.StatusActive)
 	rec.DPSize = 2
-	tr := startRouter(t, newKV(t, router.KVAwareConfig{TokenizerSpec: router.TokenizerBytes}), router.Config{}, rec)
+	tr := startRouter(t, newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerBytes })), router.DefaultConfig(), rec)
 	for i := range 4 {
 		resp, body := tr.do(t, http.MethodPost, "/v1/completions", `{"model":"m","prompt":"`+strings.Repeat(strconv.Itoa(i), 100)+`"}`)
 		if resp.StatusCode != 200 {
@@ -96,7 +93,7 @@ func TestKVDataParallelRankHeader(t *testing.T) {
 	rec2 := record(up2, "m", discovery.StatusActive)
 	one := 1
 	rec2.DPRank, rec2.DPSize = &one, 2
-	tr2 := startRouter(t, newKV(t, router.KVAwareConfig{TokenizerSpec: router.TokenizerBytes}), router.Config{}, rec2)
+	tr2 := startRouter(t, newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerBytes })), router.DefaultConfig(), rec2)
 	tr2.chat(t, "m")
 	if seen := up2.seen(); len(seen) != 1 || seen[0].Headers["X-Data-Parallel-Rank"] != "" {
 		t.Fatalf("single-rank worker got %v", seen)
@@ -111,7 +108,7 @@ func TestKVCacheViewEndpoint(t *testing.T) {
 	rec := record(up, "m", discovery.StatusActive)
 	dp := record(jsonUpstream(t), "m", discovery.StatusActive)
 	dp.DPSize = 3
-	tr := startRouter(t, newKV(t, router.KVAwareConfig{TokenizerSpec: router.TokenizerBytes}), router.Config{}, rec, dp)
+	tr := startRouter(t, newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerBytes })), router.DefaultConfig(), rec, dp)
 
 	code, v, body := tr.cacheView(t, rec.WorkerID, "")
 	if code != 200 || v.WorkerID != rec.WorkerID || v.DPRank == nil || *v.DPRank != 0 || v.BlockCount != 0 || v.Mode != "approximate" {
@@ -145,7 +142,7 @@ func TestKVCacheViewEndpoint(t *testing.T) {
 	wantError(t, resp, body, http.StatusMethodNotAllowed, "method_not_allowed")
 
 	// Other policies keep no view.
-	rr := startRouter(t, router.RoundRobin{}, router.Config{}, rec)
+	rr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), rec)
 	resp, body = rr.do(t, http.MethodGet, "/v1/admin/cache-view/"+rec.WorkerID, "")
 	wantError(t, resp, body, http.StatusNotFound, "cache_view_unavailable")
 
@@ -175,7 +172,7 @@ func TestKVEngineTokenizer(t *testing.T) {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"id":"x","worker":"` + up.addr + `"}`)
 	})
-	tr := startRouter(t, newKV(t, router.KVAwareConfig{TokenizerSpec: router.TokenizerEngine}), router.Config{},
+	tr := startRouter(t, newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerEngine })), router.DefaultConfig(),
 		record(up, "m", discovery.StatusActive))
 	prompt := strings.Repeat("x", 40)
 	if resp, body := tr.do(t, http.MethodPost, "/v1/completions", `{"model":"m","prompt":"`+prompt+`"}`); resp.StatusCode != 200 {
@@ -225,8 +222,8 @@ func TestKVSimEventsIntegration(t *testing.T) {
 	rec := simRecord(s)
 	bs := 16
 	rec.KVEventsEndpoint, rec.KVEventsReplayEndpoint, rec.KVBlockSize = ev, rep, &bs
-	p := newKV(t, router.KVAwareConfig{TokenizerSpec: router.TokenizerBytes})
-	tr := startRouter(t, p, router.Config{}, rec)
+	p := newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerBytes }))
+	tr := startRouter(t, p, router.DefaultConfig(), rec)
 	defer http.DefaultClient.CloseIdleConnections()
 
 	eventually(t, "the stream to be confirmed (precise)", func() bool {

@@ -35,11 +35,15 @@ func newBenchFleet(b *testing.B, n int, tok tokenizer.Tokenizer) *benchFleet {
 	b.Helper()
 	// No recent-miss charge: back-to-back picks of one prompt would
 	// otherwise (rightly) spread, and every pick should do the same work.
-	p, err := NewKVAware(KVAwareConfig{Tokenizer: tok, IndexMaxBlocks: benchIndexBlocks + 1<<16, RecentHalfLife: NoRecent}, zerolog.Nop())
+	p, err := NewKVAware(kvConfig(func(c *KVAwareConfig) {
+		c.Tokenizer = tok
+		c.IndexMaxBlocks = benchIndexBlocks + 1<<16
+		c.RecentHalfLife = 0
+	}), zerolog.Nop())
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := New(Config{}, p, zerolog.Nop())
+	r, err := New(DefaultConfig(), p, zerolog.Nop())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -197,7 +197,7 @@ func TestKVReplayRecoversDroppedBatch(t *testing.T) {
 	rec := record(up, "m", "")
 	ep, rp, bs := pub.endpoint(), rep.endpoint(), 16
 	rec.KVEventsEndpoint, rec.KVEventsReplayEndpoint, rec.KVBlockSize = &ep, &rp, &bs
-	tr := startRouter(t, newKV(t, router.KVAwareConfig{TokenizerSpec: router.TokenizerBytes}), router.Config{}, rec)
+	tr := startRouter(t, newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerBytes })), router.DefaultConfig(), rec)
 	pub.waitSubscriber(t)
 	eventually(t, "the stream to be confirmed", func() bool {
 		_, v, _ := tr.cacheView(t, rec.WorkerID, "")

@@ -90,7 +90,7 @@ func legsRequest(t *testing.T) (*relay, *releaseLog, map[string]*legWorker) {
 	t.Helper()
 	ok, bad := startLegWorker(t, 200, nil), startLegWorker(t, 500, nil)
 	pol := &releaseLog{released: map[string]Result{}}
-	r, err := New(Config{IdleConnTimeout: 50e6}, pol, zerolog.Nop())
+	r, err := New(withConfig(func(c *Config) { c.IdleConnTimeout = 50e6 }), pol, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func TestStreamRouteEventHook(t *testing.T) {
 			}
 		})
 	})
-	r, err := New(Config{IdleConnTimeout: 50e6}, RoundRobin{}, zerolog.Nop())
+	r, err := New(withConfig(func(c *Config) { c.IdleConnTimeout = 50e6 }), RoundRobin{}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +309,7 @@ func TestStreamRouteEventHook(t *testing.T) {
 // TestRelayWriteToTransformAllocs: a route event hook costs no allocation
 // per event once the pump's output buffer has grown.
 func TestRelayWriteToTransformAllocs(t *testing.T) {
-	r, err := New(Config{}, RoundRobin{}, zerolog.Nop())
+	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -129,7 +129,7 @@ func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 // TestRelayWriteToAllocs drives the whole per-stream relay (as fasthttp
 // does) over many events and checks that it allocates nothing per event.
 func TestRelayWriteToAllocs(t *testing.T) {
-	r, err := New(Config{}, RoundRobin{}, zerolog.Nop())
+	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ type failWriter struct{}
 func (failWriter) Write([]byte) (int, error) { return 0, errors.New("broken pipe") }
 
 func TestRelayWriteFailureEndsStream(t *testing.T) {
-	r, err := New(Config{}, RoundRobin{}, zerolog.Nop())
+	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestRelayWriteFailureEndsStream(t *testing.T) {
 }
 
 func TestUpdateFleetKeepsWorkers(t *testing.T) {
-	r, err := New(Config{}, RoundRobin{}, zerolog.Nop())
+	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

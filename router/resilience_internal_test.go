@@ -233,7 +233,7 @@ func FuzzHandleHeaders(f *testing.F) {
 	f.Add("/v1/workers", "Authorization", "Bearer admin", "Content-Type", "application/json", "")
 	f.Add("/metrics", "Authorization", "bearer", "X-Request-Id", "\x00\xff", "{")
 	f.Add("/v1/models", "Authorization", "Basic x", "Accept", "*/*", `{"model":"nope"}`)
-	r, err := New(Config{APIKeys: []string{"k1"}, AdminToken: "admin"}, RoundRobin{}, zerolog.Nop())
+	r, err := New(withConfig(func(c *Config) { c.APIKeys = []string{"k1"}; c.AdminToken = "admin" }), RoundRobin{}, zerolog.Nop())
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func namedSSE(t *testing.T, name string, n int) *upstream {
 
 func TestFailoverUnaryConnectError(t *testing.T) {
 	down, good := downUpstream(t), jsonUpstream(t)
-	tr := startRouter(t, prefer{down.addr}, router.Config{},
+	tr := startRouter(t, prefer{down.addr}, router.DefaultConfig(),
 		record(down, "m", discovery.StatusActive), record(good, "m", discovery.StatusActive))
 	for range 3 {
 		resp, body := tr.chat(t, "m")
@@ -92,7 +92,7 @@ func TestFailoverUnaryConnectError(t *testing.T) {
 func TestFailover5xxOpensBreaker(t *testing.T) {
 	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.Error(`{"error":"boom"}`, 500) })
 	good := jsonUpstream(t)
-	tr := startRouter(t, prefer{bad.addr}, router.Config{BreakerThreshold: 2, BreakerCooldown: time.Hour},
+	tr := startRouter(t, prefer{bad.addr}, withConfig(func(c *router.Config) { c.BreakerThreshold = 2; c.BreakerCooldown = time.Hour }),
 		record(bad, "m", discovery.StatusActive), record(good, "m", discovery.StatusActive))
 	for range 6 {
 		if resp, body := tr.chat(t, "m"); resp.StatusCode != 200 {
@@ -114,7 +114,7 @@ func TestFailover5xxOpensBreaker(t *testing.T) {
 // still goes out (and the worker's own 5xx comes back as is).
 func TestAllBreakersOpenRoutesAnyway(t *testing.T) {
 	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.Error(`{"error":"boom"}`, 503) })
-	tr := startRouter(t, router.RoundRobin{}, router.Config{BreakerThreshold: 1, BreakerCooldown: time.Hour}, record(bad, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.BreakerThreshold = 1; c.BreakerCooldown = time.Hour }), record(bad, "m", discovery.StatusActive))
 	for i := range 3 {
 		resp, _ := tr.chat(t, "m")
 		if resp.StatusCode != 503 {
@@ -129,7 +129,7 @@ func TestAllBreakersOpenRoutesAnyway(t *testing.T) {
 func TestUnary4xxNotRetried(t *testing.T) {
 	a := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.Error(`{"error":"slow down"}`, 429) })
 	b := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.Error(`{"error":"slow down"}`, 429) })
-	tr := startRouter(t, router.RoundRobin{}, router.Config{BreakerThreshold: 1},
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.BreakerThreshold = 1 }),
 		record(a, "m", discovery.StatusActive), record(b, "m", discovery.StatusActive))
 	resp, body := tr.chat(t, "m")
 	if resp.StatusCode != 429 || string(body) != `{"error":"slow down"}` {
@@ -151,7 +151,7 @@ func TestStreamFailoverBeforeFirstEvent(t *testing.T) {
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
 	})
 	good := namedSSE(t, "good", 3)
-	tr := startRouter(t, prefer{empty.addr}, router.Config{},
+	tr := startRouter(t, prefer{empty.addr}, router.DefaultConfig(),
 		record(empty, "m", discovery.StatusActive), record(good, "m", discovery.StatusActive))
 	resp, body := tr.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"m","stream":true}`)
 	if resp.StatusCode != 200 || string(body) != "data: good-0\n\ndata: good-1\n\ndata: good-2\n\n" {
@@ -176,7 +176,10 @@ func TestStreamTTFTFailoverWithHeartbeats(t *testing.T) {
 		close(closed)
 	})
 	good := namedSSE(t, "good", 2)
-	tr := startRouter(t, prefer{stall.addr}, router.Config{TTFTTimeout: 400 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond},
+	tr := startRouter(t, prefer{stall.addr}, withConfig(func(c *router.Config) {
+		c.TTFTTimeout = 400 * time.Millisecond
+		c.HeartbeatInterval = 50 * time.Millisecond
+	}),
 		record(stall, "m", discovery.StatusActive), record(good, "m", discovery.StatusActive))
 	resp, body := tr.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"m","stream":true}`)
 	if resp.StatusCode != 200 || !strings.HasPrefix(string(body), ": keep-alive\n\n") ||
@@ -202,7 +205,10 @@ func TestStreamIdleTimeoutEndsWithErrorEvent(t *testing.T) {
 		var b [1]byte
 		_, _ = c.Read(b[:])
 	})
-	tr := startRouter(t, router.RoundRobin{}, router.Config{StreamIdleTimeout: 300 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond},
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) {
+		c.StreamIdleTimeout = 300 * time.Millisecond
+		c.HeartbeatInterval = 50 * time.Millisecond
+	}),
 		record(up, "m", discovery.StatusActive))
 	resp, body := tr.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"m","stream":true}`)
 	s := string(body)
@@ -233,7 +239,7 @@ func TestAdmissionQueueAnd429(t *testing.T) {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"ok":true}`)
 	})
-	tr := startRouter(t, router.RoundRobin{}, router.Config{MaxInflightPerWorker: 1, QueueTimeout: 200 * time.Millisecond},
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.MaxInflightPerWorker = 1; c.QueueTimeout = 200 * time.Millisecond }),
 		record(up, "m", discovery.StatusActive))
 	resp, br := tr.stream(t, `{"model":"m","stream":true}`)
 	defer resp.Body.Close()
@@ -247,7 +253,7 @@ func TestAdmissionQueueAnd429(t *testing.T) {
 		t.Fatalf("rejected{429} = %v", got)
 	}
 
-	slow := startRouter(t, router.RoundRobin{}, router.Config{MaxInflightPerWorker: 1, QueueTimeout: time.Minute},
+	slow := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.MaxInflightPerWorker = 1; c.QueueTimeout = time.Minute }),
 		record(up, "m", discovery.StatusActive))
 	resp3, br3 := slow.stream(t, `{"model":"m","stream":true}`)
 	defer resp3.Body.Close()
@@ -280,7 +286,7 @@ func TestAdmissionQueueAnd429(t *testing.T) {
 // closing the upstream frees the engine's sequence.
 func TestSimHangClientGoneFreesSequence(t *testing.T) {
 	s := startSim(t, func(c *config.Sim) { c.HangBeforeFirstToken = 1 })
-	tr := startRouter(t, router.RoundRobin{}, router.Config{HeartbeatInterval: 50 * time.Millisecond}, simRecord(s))
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.HeartbeatInterval = 50 * time.Millisecond }), simRecord(s))
 	resp, br := tr.stream(t, `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -296,7 +302,7 @@ func TestSimHangClientGoneFreesSequence(t *testing.T) {
 
 func TestAPIKeys(t *testing.T) {
 	up := jsonUpstream(t)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{APIKeys: []string{"k1", "k2"}}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.APIKeys = []string{"k1", "k2"} }), record(up, "m", discovery.StatusActive))
 	body := `{"model":"m","messages":[]}`
 	for _, auth := range []string{"", "Bearer nope", "Basic azE=", "Bearer k1x"} {
 		resp, b := tr.do(t, http.MethodPost, "/v1/chat/completions", body, "Authorization", auth)
@@ -326,7 +332,11 @@ func TestAPIKeys(t *testing.T) {
 // endpoints are gone from the client address, and need the token there.
 func TestAdminAddressAndToken(t *testing.T) {
 	up := jsonUpstream(t)
-	r, err := router.New(router.Config{AdminSeparate: true, AdminToken: "adm", IdleConnTimeout: 50 * time.Millisecond}, router.RoundRobin{}, testLog(t))
+	r, err := router.New(withConfig(func(c *router.Config) {
+		c.AdminSeparate = true
+		c.AdminToken = "adm"
+		c.IdleConnTimeout = 50 * time.Millisecond
+	}), router.RoundRobin{}, testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +378,7 @@ func TestAdminAddressAndToken(t *testing.T) {
 
 func TestHeaderTooLarge(t *testing.T) {
 	up := jsonUpstream(t)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{MaxHeaderBytes: 4096}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.MaxHeaderBytes = 4096 }), record(up, "m", discovery.StatusActive))
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, tr.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
 	req.Header.Set("X-Big", strings.Repeat("x", 8192))
 	resp, err := tr.client.Do(req)

@@ -18,97 +18,95 @@ import (
 	"github.com/infera/infera/openai"
 )
 
-// Config is the router's tuning; zero fields take the defaults below (the
-// flag defaults of `infera serve`).
+// Config is the router's tuning. Start from DefaultConfig (the flag
+// defaults of `infera serve`) and override fields: a zero means zero, and
+// New rejects a zero where none makes sense (a timeout, a size).
 type Config struct {
-	MaxBodyBytes      int           // largest request body; default 32 MiB
-	ClientReadTimeout time.Duration // reading one client request; default 60s
-	ClientIdleTimeout time.Duration // idle client keep-alive; default 120s
-	ConnectTimeout    time.Duration // dialing a worker / waiting for a free conn; default 3s
-	UpstreamTimeout   time.Duration // longest silence from a worker; default 5m
-	IdleConnTimeout   time.Duration // pooled worker connection idle; default 3s
-	MaxConnsPerWorker int           // default 1024
-	ShutdownTimeout   time.Duration // grace for in-flight requests; default 30s
+	MaxBodyBytes      int           // largest request body
+	ClientReadTimeout time.Duration // reading one client request
+	ClientIdleTimeout time.Duration // idle client keep-alive
+	ConnectTimeout    time.Duration // dialing a worker / waiting for a free conn
+	UpstreamTimeout   time.Duration // longest silence from a worker
+	IdleConnTimeout   time.Duration // pooled worker connection idle
+	MaxConnsPerWorker int           // concurrent connections to one worker
+	ShutdownTimeout   time.Duration // grace for in-flight requests
 
 	// Failover and circuit breaking.
-	MaxRetries       int           // retries on other workers before the first byte; default 1, NoRetries for none
-	BreakerThreshold int           // consecutive faults that open a breaker; default 3
-	BreakerCooldown  time.Duration // first open period; default 5s
-	BreakerMaxCool   time.Duration // longest open period; default 60s
+	MaxRetries       int           // retries on other workers before the first byte; 0: no failover
+	BreakerThreshold int           // consecutive faults that open a breaker
+	BreakerCooldown  time.Duration // first open period
+	BreakerMaxCool   time.Duration // longest open period
 	// Admission.
 	MaxInflightPerWorker int           // 0: unlimited
-	QueueTimeout         time.Duration // wait for a slot when all are full; default 5s
+	QueueTimeout         time.Duration // wait for a slot when all are full
 	// Timeouts of one request.
-	TTFTTimeout       time.Duration // first byte (a stream's first event; a unary answer); default 60s
-	StreamIdleTimeout time.Duration // silence between events; default 30s
-	RequestTimeout    time.Duration // whole request; default 10m
-	HeartbeatInterval time.Duration // SSE comment cadence on a silent stream; default 1s
+	TTFTTimeout       time.Duration // first byte (a stream's first event; a unary answer)
+	StreamIdleTimeout time.Duration // silence between events
+	RequestTimeout    time.Duration // whole request
+	HeartbeatInterval time.Duration // SSE comment cadence on a silent stream
 
 	// Security and client limits.
 	APIKeys            []string      // client keys for /v1/*; none: no auth
 	AdminToken         string        // Bearer token of the admin endpoints; "": none
 	AdminSeparate      bool          // admin endpoints only on the admin server (ServeAll's adminLn)
-	MaxHeaderBytes     int           // request header block; default 16 KiB
-	ClientWriteTimeout time.Duration // one write to a client; default 5m
-	MaxConnections     int           // concurrent client connections; default 10000
+	MaxHeaderBytes     int           // request header block
+	ClientWriteTimeout time.Duration // one write to a client
+	MaxConnections     int           // concurrent client connections
 	LogPrompts         bool          // request bodies may appear in debug logs
 
-	// Now is the clock of the circuit breakers (tests); default time.Now.
+	// Now is the clock of the circuit breakers (tests)
 	Now func() time.Time
 }
 
-// NoRetries as Config.MaxRetries disables failover.
-const NoRetries = -1
+// ErrConfig wraps invalid router settings.
+var ErrConfig = errors.New("invalid router configuration")
 
-func (c Config) withDefaults() Config {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
+func (c Config) validate() (Config, error) {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"client read timeout", c.ClientReadTimeout},
+		{"client idle timeout", c.ClientIdleTimeout},
+		{"connect timeout", c.ConnectTimeout},
+		{"upstream timeout", c.UpstreamTimeout},
+		{"idle conn timeout", c.IdleConnTimeout},
+		{"shutdown timeout", c.ShutdownTimeout},
+		{"breaker cooldown", c.BreakerCooldown},
+		{"breaker max cooldown", c.BreakerMaxCool},
+		{"queue timeout", c.QueueTimeout},
+		{"ttft timeout", c.TTFTTimeout},
+		{"stream idle timeout", c.StreamIdleTimeout},
+		{"request timeout", c.RequestTimeout},
+		{"heartbeat interval", c.HeartbeatInterval},
+		{"client write timeout", c.ClientWriteTimeout},
+	} {
+		if d.v <= 0 {
+			return c, fmt.Errorf("%w: %s %s must be positive", ErrConfig, d.name, d.v)
 		}
 	}
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = 32 << 20
+	for _, n := range []struct {
+		name string
+		v    int
+	}{
+		{"max body bytes", c.MaxBodyBytes},
+		{"max conns per worker", c.MaxConnsPerWorker},
+		{"breaker threshold", c.BreakerThreshold},
+		{"max header bytes", c.MaxHeaderBytes},
+		{"max connections", c.MaxConnections},
+	} {
+		if n.v <= 0 {
+			return c, fmt.Errorf("%w: %s %d must be positive", ErrConfig, n.name, n.v)
+		}
 	}
-	if c.MaxConnsPerWorker <= 0 {
-		c.MaxConnsPerWorker = 1024
+	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 {
+		return c, fmt.Errorf("%w: retries and in-flight caps must not be negative", ErrConfig)
 	}
-	def(&c.ClientReadTimeout, 60*time.Second)
-	def(&c.ClientIdleTimeout, 120*time.Second)
-	def(&c.ConnectTimeout, 3*time.Second)
-	def(&c.UpstreamTimeout, 5*time.Minute)
-	def(&c.IdleConnTimeout, 3*time.Second)
-	def(&c.ShutdownTimeout, 30*time.Second)
-	switch {
-	case c.MaxRetries == 0:
-		c.MaxRetries = 1
-	case c.MaxRetries < 0:
-		c.MaxRetries = 0
-	}
-	if c.BreakerThreshold <= 0 {
-		c.BreakerThreshold = 3
-	}
-	def(&c.BreakerCooldown, 5*time.Second)
-	def(&c.BreakerMaxCool, 60*time.Second)
 	c.BreakerMaxCool = max(c.BreakerMaxCool, c.BreakerCooldown)
-	def(&c.QueueTimeout, 5*time.Second)
-	def(&c.TTFTTimeout, 60*time.Second)
-	def(&c.StreamIdleTimeout, 30*time.Second)
-	def(&c.RequestTimeout, 10*time.Minute)
-	def(&c.HeartbeatInterval, time.Second)
-	def(&c.ClientWriteTimeout, 5*time.Minute)
-	if c.MaxHeaderBytes <= 0 {
-		c.MaxHeaderBytes = 16 << 10
-	}
-	if c.MaxConnections <= 0 {
-		c.MaxConnections = 10000
-	}
-	if c.MaxInflightPerWorker < 0 {
-		c.MaxInflightPerWorker = 0
-	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return c
+	return c, nil
 }
 
 // ErrServe wraps failures of the HTTP server itself.
@@ -148,8 +146,12 @@ func New(cfg Config, policy Policy, log zerolog.Logger) (*Router, error) {
 	if policy == nil {
 		return nil, fmt.Errorf("new router: %w", ErrUnknownPolicy)
 	}
+	cfg, err := cfg.validate()
+	if err != nil {
+		return nil, fmt.Errorf("new router: %w", err)
+	}
 	r := &Router{
-		cfg:      cfg.withDefaults(),
+		cfg:      cfg,
 		policy:   policy,
 		log:      log.With().Str("component", "router").Logger(),
 		metrics:  newMetrics(),

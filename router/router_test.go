@@ -25,7 +25,7 @@ func TestUnaryRelay(t *testing.T) {
 		ctx.SetContentType("application/json; charset=utf-8")
 		ctx.SetBodyString(answer)
 	})
-	tr := startRouter(t, router.RoundRobin{}, router.Config{}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
 
 	const body = "{ \"model\" : \"m\",\n\"messages\":[{\"role\":\"user\",\"content\":\"caf\u00e9 \\\"x\\\"\"}], \"max_tokens\": 5 }"
 	resp, got := tr.do(t, http.MethodPost, "/v1/chat/completions", body, "Authorization", "Bearer sk-test", "Cookie", "secret=1")
@@ -66,7 +66,7 @@ func TestUnaryRelay(t *testing.T) {
 
 func TestRequestIDFromClient(t *testing.T) {
 	up := jsonUpstream(t)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
 	for _, tc := range []struct {
 		sent string
 		kept bool
@@ -94,7 +94,7 @@ func TestUpstreamStatusRelayed(t *testing.T) {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"object":"error","message":"max_tokens too large","code":400}`)
 	})
-	tr := startRouter(t, router.RoundRobin{}, router.Config{}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
 	resp, body := tr.chat(t, "m")
 	if resp.StatusCode != 400 || string(body) != `{"object":"error","message":"max_tokens too large","code":400}` {
 		t.Fatalf("got %d %s, want the worker's 400 relayed", resp.StatusCode, body)
@@ -138,7 +138,7 @@ func TestStreamRelayByteExactAndFlushedPerEvent(t *testing.T) {
 	}
 	gate := make(chan struct{})
 	up := sseUpstream(t, events, gate)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
 
 	resp, br := tr.stream(t, `{"model":"m","stream":true,"messages":[]}`)
 	defer resp.Body.Close()
@@ -167,7 +167,7 @@ func TestStreamRelayByteExactAndFlushedPerEvent(t *testing.T) {
 func TestStreamTrailingPartialEvent(t *testing.T) {
 	events := []string{"data: 1\n\n", "data: no blank line at the end"}
 	up := sseUpstream(t, events, nil)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
 	resp, body := tr.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"m","stream":true}`)
 	if resp.StatusCode != 200 || string(body) != strings.Join(events, "") {
 		t.Fatalf("got %d %q", resp.StatusCode, body)
@@ -212,7 +212,7 @@ func TestStreamWorkerDiesMidStream(t *testing.T) {
 			"b\r\ndata: 1\n\nda\r\n")
 		// ...and the connection drops in the middle of the second event.
 	})
-	tr := startRouter(t, router.RoundRobin{}, router.Config{}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
 	resp, body := tr.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"m","stream":true}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -232,7 +232,7 @@ func TestUpstreamTimeout(t *testing.T) {
 		readRequest(c)
 		<-stop
 	})
-	tr := startRouter(t, router.RoundRobin{}, router.Config{UpstreamTimeout: 100 * time.Millisecond}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.UpstreamTimeout = 100 * time.Millisecond }), record(up, "m", discovery.StatusActive))
 	resp, body := tr.chat(t, "m")
 	wantError(t, resp, body, http.StatusGatewayTimeout, "upstream_timeout")
 }
@@ -244,7 +244,7 @@ func TestUpstreamDown(t *testing.T) {
 	}
 	down := &upstream{addr: ln.Addr().String()}
 	_ = ln.Close()
-	tr := startRouter(t, router.RoundRobin{}, router.Config{}, record(down, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), record(down, "m", discovery.StatusActive))
 	resp, body := tr.chat(t, "m")
 	wantError(t, resp, body, http.StatusBadGateway, "upstream_error")
 	if resp.Header.Get("X-Infera-Worker") != down.addr {
@@ -254,7 +254,7 @@ func TestUpstreamDown(t *testing.T) {
 
 func TestRoundRobinSpreads(t *testing.T) {
 	a, b := jsonUpstream(t), jsonUpstream(t)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{},
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(),
 		record(a, "m", discovery.StatusActive), record(b, "m", discovery.StatusActive))
 	var order []string
 	for range 10 {
@@ -298,7 +298,7 @@ func TestLeastLoadPrefersIdle(t *testing.T) {
 	if recs[0].WorkerID > recs[1].WorkerID {
 		recs[0], recs[1] = recs[1], recs[0]
 	}
-	tr := startRouter(t, router.LeastLoad{}, router.Config{}, recs...)
+	tr := startRouter(t, router.LeastLoad{}, router.DefaultConfig(), recs...)
 
 	// Hold one stream open on whichever worker takes it; make it the busy one.
 	var resp *http.Response
@@ -340,7 +340,7 @@ func TestLeastLoadPrefersIdle(t *testing.T) {
 
 func TestDrainingWorkerGetsNothing(t *testing.T) {
 	active, draining := jsonUpstream(t), jsonUpstream(t)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{},
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(),
 		record(active, "m", discovery.StatusActive), record(draining, "m", discovery.StatusDraining))
 	for range 6 {
 		resp, _ := tr.chat(t, "m")
@@ -360,7 +360,7 @@ func TestDrainingWorkerGetsNothing(t *testing.T) {
 
 func TestErrors(t *testing.T) {
 	up := jsonUpstream(t)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{MaxBodyBytes: 4096}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.MaxBodyBytes = 4096 }), record(up, "m", discovery.StatusActive))
 	big := `{"model":"m","prompt":"` + strings.Repeat("x", 5000) + `"}`
 	for _, tc := range []struct {
 		name, method, path, body string
@@ -389,7 +389,7 @@ func TestErrors(t *testing.T) {
 }
 
 func TestNotReadyBeforeFirstSnapshot(t *testing.T) {
-	tr := startRouter(t, router.RoundRobin{}, router.Config{})
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig())
 	resp, body := tr.chat(t, "m")
 	wantError(t, resp, body, http.StatusServiceUnavailable, "not_ready")
 	resp, body = tr.do(t, "GET", "/health", "")
@@ -400,7 +400,7 @@ func TestNotReadyBeforeFirstSnapshot(t *testing.T) {
 
 func TestInfoEndpoints(t *testing.T) {
 	a, b, c := jsonUpstream(t), jsonUpstream(t), jsonUpstream(t)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{},
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(),
 		record(a, "m1", discovery.StatusActive), record(b, "m1", discovery.StatusActive), record(c, "m2", discovery.StatusDraining))
 	tr.UpdateFleet(&discovery.Snapshot{Revision: 7, Workers: []discovery.Record{
 		record(a, "m1", discovery.StatusActive), record(b, "m1", discovery.StatusActive), record(c, "m2", discovery.StatusDraining)}})
@@ -487,7 +487,7 @@ func TestClientDisconnectClosesUpstream(t *testing.T) {
 			}
 		})
 	})
-	tr := startRouter(t, router.RoundRobin{}, router.Config{}, record(up, "m", discovery.StatusActive))
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
 	resp, br := tr.stream(t, `{"model":"m","stream":true}`)
 	if ev := readEvent(t, br); ev != "data: 0\n\n" {
 		t.Fatalf("first event %q", ev)
@@ -516,7 +516,10 @@ func TestShutdownCutsStalledStreams(t *testing.T) {
 		})
 	})
 	t.Cleanup(func() { close(stall) })
-	r, err := router.New(router.Config{ShutdownTimeout: 100 * time.Millisecond, IdleConnTimeout: 50 * time.Millisecond}, router.RoundRobin{}, testLog(t))
+	r, err := router.New(withConfig(func(c *router.Config) {
+		c.ShutdownTimeout = 100 * time.Millisecond
+		c.IdleConnTimeout = 50 * time.Millisecond
+	}), router.RoundRobin{}, testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -562,7 +565,7 @@ func TestServeAllCancelledContextReturns(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	for i := range 100 {
-		r, err := router.New(router.Config{}, router.RoundRobin{}, testLog(t))
+		r, err := router.New(router.DefaultConfig(), router.RoundRobin{}, testLog(t))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -81,7 +81,7 @@ func simGauge(t *testing.T, u *upstream, name string) float64 {
 
 func TestSimUnaryAndStream(t *testing.T) {
 	a, b := startSim(t, nil), startSim(t, nil)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{}, simRecord(a), simRecord(b))
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), simRecord(a), simRecord(b))
 	defer http.DefaultClient.CloseIdleConnections()
 
 	workers := map[string]bool{}
@@ -124,7 +124,7 @@ func TestSimUnaryAndStream(t *testing.T) {
 // when the client of a long stream goes away.
 func TestSimClientDisconnectStopsGeneration(t *testing.T) {
 	s := startSim(t, nil)
-	tr := startRouter(t, router.RoundRobin{}, router.Config{}, simRecord(s))
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), simRecord(s))
 	defer http.DefaultClient.CloseIdleConnections()
 
 	resp, br := tr.stream(t, `{"model":"sim-model","messages":[{"role":"user","content":"go on"}],"max_tokens":4000,"stream":true}`)

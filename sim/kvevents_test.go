@@ -53,9 +53,9 @@ func startEventRig(t *testing.T, format string, edit func(*config.Sim), opts ...
 		t.Fatalf("endpoint %q", ts.srv.KVEventsEndpoint())
 	}
 	idx := kvcache.NewIndex(kvcache.IndexConfig{MaxBlocks: 100000})
-	sub, err := kvcache.NewSubscriber(idx, kvcache.SubscriberConfig{
-		BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-	}, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
+	subCfg := kvcache.DefaultSubscriberConfig()
+	subCfg.BackoffMin, subCfg.BackoffMax = 10*time.Millisecond, 50*time.Millisecond
+	sub, err := kvcache.NewSubscriber(idx, subCfg, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
 	if err != nil {
 		t.Fatal(err)
 	}
