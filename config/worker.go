@@ -38,6 +38,9 @@ type Worker struct {
 	// EngineArgs are the engine's own arguments (everything after "--"),
 	// forwarded verbatim except what the adapter must add.
 	EngineArgs []string
+
+	// Infera's --enable-kv-events, folded into NoKVEvents by Finish.
+	inferaEnableKVEvents bool
 }
 
 // Flags returns the worker flags.
@@ -67,7 +70,8 @@ func (w *Worker) Flags() []cli.Flag {
 		Duration("stop-grace", "time between SIGTERM and SIGKILL when stopping the engine", &w.StopGrace, 10*time.Second),
 	}
 	flags = append(flags, etcd...)
-	return append(flags, w.Log.Flags()...)
+	flags = append(flags, Bool("enable-kv-events", "Infera's name: false is --no-kv-events (--no-enable-kv-events is an alias of it)", &w.inferaEnableKVEvents, true))
+	return withInferaAliases(append(flags, w.Log.Flags()...))
 }
 
 // withDefaultText says in --help what an empty default means, which says
@@ -86,6 +90,7 @@ func (w *Worker) Finish(c *cli.Context) {
 		w.Etcd.Endpoints = []string{DefaultWorkerEtcdEndpoint}
 	}
 	w.EngineArgs = c.Args().Slice()
+	finishEnableKVEvents(c, &w.NoKVEvents, w.inferaEnableKVEvents)
 }
 
 // Validate reports every problem of the worker configuration at once.
