@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,3 +139,23 @@ func TestDurationFlagRejectsGarbage(t *testing.T) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// ParseDuration reads environment variables and flags: any input either
+// parses or fails with ErrInvalid, and a Go duration reads as Go reads it.
+func FuzzParseDuration(f *testing.F) {
+	for _, s := range []string{"30", "2.5", "1m30s", "-1", "1e300", "NaN", "", "0x10", "1_000"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := ParseDuration(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			return
+		}
+		if g, gerr := time.ParseDuration(strings.TrimSpace(s)); gerr == nil && g != d {
+			t.Fatalf("ParseDuration(%q) = %v, time.ParseDuration = %v", s, d, g)
+		}
+	})
+}
