@@ -30,8 +30,11 @@ type Worker struct {
 	addr     string // host:port dialed
 	tls      bool
 	inflight atomic.Int64
-	picks    prometheus.Counter
-	breaker  breaker
+	// rankCursor rotates the DP rank a rank-multiplexed worker's requests
+	// are pinned to when the policy picks the worker only (dprank.go).
+	rankCursor atomic.Uint64
+	picks      prometheus.Counter
+	breaker    breaker
 
 	// PolicyState belongs to the policy: a FleetAware policy may set it in
 	// Attach, before the worker is visible to Pick, and read it afterwards.
