@@ -72,10 +72,11 @@ func Bool(name, usage string, dest *bool, def bool) *cli.BoolFlag {
 	return &cli.BoolFlag{Name: name, Usage: usage, EnvVars: []string{EnvName(name)}, Value: def, Destination: dest}
 }
 
-// Duration declares a time.Duration flag.
-func Duration(name, usage string, dest *time.Duration, def time.Duration) *cli.DurationFlag {
+// Duration declares a time.Duration flag. It takes a Go duration ("1m30s")
+// or a bare number of seconds ("30"), as Infera's Python flags do.
+func Duration(name, usage string, dest *time.Duration, def time.Duration) *cli.GenericFlag {
 	*dest = def
-	return &cli.DurationFlag{Name: name, Usage: usage, EnvVars: []string{EnvName(name)}, Value: def, Destination: dest}
+	return &cli.GenericFlag{Name: name, Usage: usage, EnvVars: []string{EnvName(name)}, Value: durationValue{dest}, DefaultText: def.String()}
 }
 
 // StringSlice declares a repeatable (or comma-separated) string flag.
@@ -165,6 +166,7 @@ func (e *Etcd) Flags() []cli.Flag {
 // Finish copies slice flags out of the parsed command line.
 func (e *Etcd) Finish(c *cli.Context) {
 	e.Endpoints = SplitList(c.StringSlice("etcd-endpoints"))
+	e.Prefix = withSlash(e.Prefix) // as Infera does
 }
 
 // Validate records etcd problems into p.

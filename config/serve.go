@@ -99,6 +99,10 @@ type Serve struct {
 	// KV is the kv-aware policy's configuration.
 	KV ServeKV
 
+	// Infera's --host/--port, folded into Listen by Finish.
+	inferaHost string
+	inferaPort int
+
 	// KnownPolicies, when set (by main, from the policy registry), is the
 	// set RouterPolicy must belong to. It is not a flag.
 	KnownPolicies []string
@@ -238,7 +242,7 @@ func DefaultServe() Serve {
 // Flags returns the serve flags, binding each to its field.
 func (s *Serve) Flags() []cli.Flag {
 	flags := append(s.Log.Flags(), s.Etcd.Flags()...)
-	return append(append(flags,
+	return withInferaAliases(append(append(flags,
 		String("listen", "host:port of the OpenAI endpoint (port 0 picks a free port; the bound address is logged)", &s.Listen, "0.0.0.0:8000"),
 		String("router-policy", "routing policy: round-robin, least-load or kv-aware", &s.RouterPolicy, "round-robin"),
 		Int("max-body-bytes", "largest request body accepted; larger ones get 413", &s.MaxBodyBytes, 32<<20),
@@ -269,7 +273,7 @@ func (s *Serve) Flags() []cli.Flag {
 		Bool("log-prompts", "allow request bodies in debug logs", &s.LogPrompts, false),
 		String("embedded-etcd-listen", "client host:port of the embedded etcd started when no --etcd-endpoints are given", &s.EmbeddedEtcdListen, "127.0.0.1:2379"),
 		String("embedded-etcd-dir", "data directory of the embedded etcd", &s.EmbeddedEtcdDir, filepath.Join(DefaultStateDir(), "etcd")),
-	), s.KV.flags()...)
+	), append(s.KV.flags(), serveInferaFlags(&s.inferaHost, &s.inferaPort)...)...))
 }
 
 // Finish copies slice flags out of the parsed command line.
@@ -277,6 +281,7 @@ func (s *Serve) Finish(c *cli.Context) {
 	s.Etcd.Finish(c)
 	s.APIKeys = SplitList(c.StringSlice("api-keys"))
 	s.KV.finish(c)
+	finishListen(c, &s.Listen, s.inferaHost, s.inferaPort)
 }
 
 // Validate reports every configuration problem at once.

@@ -45,6 +45,9 @@ type Worker struct {
 	// EngineArgs are the engine's own arguments (everything after "--"),
 	// forwarded verbatim except what the adapter must add.
 	EngineArgs []string
+
+	// Infera's --enable-kv-events, folded into NoKVEvents by Finish.
+	inferaEnableKVEvents bool
 }
 
 // Flags returns the worker flags.
@@ -78,7 +81,8 @@ func (w *Worker) Flags() []cli.Flag {
 		Bool("json", "with --preflight: print the findings as JSON", &w.JSON, false),
 	}
 	flags = append(flags, etcd...)
-	return append(flags, w.Log.Flags()...)
+	flags = append(flags, Bool("enable-kv-events", "Infera's name: false is --no-kv-events (--no-enable-kv-events is an alias of it)", &w.inferaEnableKVEvents, true))
+	return withInferaAliases(append(flags, w.Log.Flags()...))
 }
 
 // withDefaultText says in --help what an empty default means, which says
@@ -97,6 +101,7 @@ func (w *Worker) Finish(c *cli.Context) {
 		w.Etcd.Endpoints = []string{DefaultWorkerEtcdEndpoint}
 	}
 	w.EngineArgs = c.Args().Slice()
+	finishEnableKVEvents(c, &w.NoKVEvents, w.inferaEnableKVEvents)
 }
 
 // Validate reports every problem of the worker configuration at once.

@@ -92,9 +92,11 @@ func StartEmbedded(cfg EmbeddedConfig, log zerolog.Logger) (*Embedded, error) {
 	closing := new(atomic.Bool)
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(
 		newZapLogger(log.With().Str("component", "embedded_etcd").Logger(), zapcore.ErrorLevel, closing))
-	// Only gRPC clients use it; the JSON gateway would be one more listener
-	// surface for nothing.
-	ec.EnableGRPCGateway = false
+	// The JSON gateway (/v3/lease/grant, /v3/kv/put, /v3/watch … as plain
+	// HTTP on the client port) is on as in a standalone etcd: Infera's Python
+	// workers and servers speak only that, so a mixed fleet can share the
+	// embedded etcd.
+	ec.EnableGRPCGateway = true
 	// Keep an hour of history: enough for any watcher to resume, while a
 	// long-running server's database stays bounded.
 	ec.AutoCompactionMode = "periodic"

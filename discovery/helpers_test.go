@@ -158,3 +158,9 @@ func leaseOf(t *testing.T, cli *clientv3.Client, id string) clientv3.LeaseID {
 	}
 	return clientv3.LeaseID(resp.Kvs[0].Lease)
 }
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +41,8 @@ type Status string
 const (
 	StatusActive   Status = "active"
 	StatusDraining Status = "draining"
+	// StatusDead is Infera's: the worker is listed but never routed.
+	StatusDead Status = "dead"
 )
 
 // DisaggMode says which phase of prefill/decode disaggregation a worker serves.
@@ -60,7 +63,9 @@ const (
 	EngineSim    = "sim"
 )
 
-// TransportHTTP is the only request transport spoken today.
+// TransportHTTP is the only request transport spoken today. Records naming
+// another one (Infera's workers default to "nats") are accepted and listed,
+// but not routed: see Record.Unroutable.
 const TransportHTTP = "http"
 
 // DisaggMeta carries the PD protocol of a prefill or decode worker (§6).
@@ -89,13 +94,25 @@ type Record struct {
 	DPSize                 int     `json:"dp_size"`
 	RequestTransport       string  `json:"request_transport"`
 	Status                 Status  `json:"status"`
+	// KV is Infera's nested "kv" block (tokenizer digest and canary, index
+	// block size, tiers…), kept verbatim so that it survives a round trip
+	// and shows in /v1/workers; the router does not read it yet. Absent or
+	// null reads as nil; anything else must be a JSON object.
+	KV json.RawMessage `json:"kv,omitempty"`
+	// RealEngine is ours: the engine actually running when Engine names the
+	// engine it imitates (`infera sim --flavor vllm` registers as vllm so
+	// that Python servers route it, with real_engine "sim").
+	RealEngine string `json:"real_engine,omitempty"`
 }
 
 // DecodeRecord parses and validates an etcd value. Unknown fields are ignored
 // (Infera may add some); defaults are filled in so that every accepted record
 // reads the same whichever implementation wrote it: status → active,
-// dp_size 0 → 1, disagg_mode → mixed, request_transport → http, an empty
-// kv_events_endpoint or kv_events_replay_endpoint → null. Every error wraps
+// engine → sglang (as Infera reads a record without one), dp_size 0 → 1,
+// disagg_mode → mixed, request_transport → http, an empty kv_events_endpoint
+// or kv_events_replay_endpoint → null, an unbracketed IPv6 host in url or
+// the endpoints (Infera writes http://::1:28106) → bracketed. worker_id is
+// kept as written, since it must match the key. Every error wraps
 // ErrInvalidRecord.
 func DecodeRecord(value []byte) (Record, error) {
 	if len(value) > MaxRecordBytes {
@@ -133,7 +150,20 @@ func (r *Record) Encode() ([]byte, error) {
 
 // Active reports whether the worker takes new requests.
 func (r *Record) Active() bool {
-	return r.Status == StatusActive || r.Status == ""
+	return (r.Status == StatusActive || r.Status == "") && r.Unroutable() == ""
+}
+
+// Unroutable says why the router cannot send requests to a valid worker at
+// all, whatever its status: "" when it can. The reason is shown in
+// /v1/workers and is the label of the unroutable-workers gauge.
+func (r *Record) Unroutable() string {
+	switch {
+	case r.RequestTransport != "" && r.RequestTransport != TransportHTTP:
+		return "unroutable: " + r.RequestTransport + " transport"
+	case r.Status == StatusDead:
+		return "unroutable: status dead"
+	}
+	return ""
 }
 
 // EffectiveDPSize returns dp_size with the wire default applied (0 means 1).
@@ -158,6 +188,29 @@ func (r *Record) normalize() {
 	}
 	if r.RequestTransport == "" {
 		r.RequestTransport = TransportHTTP
+	}
+	if r.Engine == "" {
+		r.Engine = EngineSGLang
+	}
+	if string(r.KV) == "null" {
+		r.KV = nil
+	} else if len(r.KV) > 0 {
+		// Compact, as Encode writes it, so a round trip is stable.
+		var buf bytes.Buffer
+		if json.Compact(&buf, r.KV) == nil {
+			r.KV = buf.Bytes()
+		}
+	}
+	r.URL = bracketURL(r.URL)
+	if r.KVEventsEndpoint != nil {
+		if b := bracketURL(*r.KVEventsEndpoint); b != *r.KVEventsEndpoint {
+			r.KVEventsEndpoint = &b
+		}
+	}
+	if r.KVEventsReplayEndpoint != nil {
+		if b := bracketURL(*r.KVEventsReplayEndpoint); b != *r.KVEventsReplayEndpoint {
+			r.KVEventsReplayEndpoint = &b
+		}
 	}
 	if r.KVEventsEndpoint != nil && *r.KVEventsEndpoint == "" {
 		r.KVEventsEndpoint = nil
@@ -186,7 +239,7 @@ func (r *Record) Validate() error {
 		return invalidf("model_name: %v", err)
 	}
 	switch r.Engine {
-	case EngineVLLM, EngineSGLang, EngineATOM, EngineSim:
+	case "", EngineVLLM, EngineSGLang, EngineATOM, EngineSim:
 	default:
 		return invalidf("engine %q: want vllm, sglang, atom or sim", clip(r.Engine))
 	}
@@ -217,15 +270,19 @@ func (r *Record) Validate() error {
 	if rank := r.DPRank; rank != nil && (*rank < 0 || *rank >= r.EffectiveDPSize()) {
 		return invalidf("dp_rank %d: want 0..%d", *rank, r.EffectiveDPSize()-1)
 	}
-	switch r.RequestTransport {
-	case "", TransportHTTP:
-	default:
-		return invalidf("request_transport %q: want http", clip(r.RequestTransport))
+	if t := r.RequestTransport; t != "" && !isToken(t, maxProtocolBytes) {
+		return invalidf("request_transport %q: want up to %d characters of [a-z0-9._-]", clip(t), maxProtocolBytes)
 	}
 	switch r.Status {
-	case "", StatusActive, StatusDraining:
+	case "", StatusActive, StatusDraining, StatusDead:
 	default:
-		return invalidf("status %q: want active or draining", clip(string(r.Status)))
+		return invalidf("status %q: want active, draining or dead", clip(string(r.Status)))
+	}
+	if len(r.KV) > 0 && (r.KV[0] != '{' || !json.Valid(r.KV)) {
+		return invalidf("kv: want a JSON object")
+	}
+	if r.RealEngine != "" && !isToken(r.RealEngine, maxProtocolBytes) {
+		return invalidf("real_engine %q: want up to %d characters of [a-z0-9._-]", clip(r.RealEngine), maxProtocolBytes)
 	}
 	return nil
 }
@@ -245,7 +302,8 @@ func clip(s string) string {
 }
 
 // checkHostPort accepts host:port where host is a DNS name or an IP literal
-// (IPv6 in brackets) and port is 1..65535.
+// (IPv6 in brackets, or without them as Infera writes it: ::1:28106) and
+// port is 1..65535.
 func checkHostPort(s string) error {
 	if s == "" {
 		return errors.New("empty")
@@ -273,6 +331,13 @@ func checkHostPort(s string) error {
 	}
 	if host == "" {
 		return errors.New("empty host")
+	}
+	if strings.IndexByte(host, ':') >= 0 {
+		a, err := netip.ParseAddr(host)
+		if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
+			return errors.New("bad IPv6 address")
+		}
+		return nil
 	}
 	for i := 0; i < len(host); i++ {
 		c := host[i]
@@ -313,7 +378,7 @@ func checkURL(s, workerID string) error {
 	if u.Path != "" && u.Path != "/" {
 		return errors.New("must not have a path")
 	}
-	if u.Host != workerID {
+	if u.Host != bracketHostPort(workerID) {
 		return errors.New("host:port differs from worker_id")
 	}
 	return nil
@@ -359,4 +424,36 @@ func isToken(s string, max int) bool {
 		}
 	}
 	return true
+}
+
+// bracketHostPort writes host:port with an unbracketed IPv6 host (::1:28106)
+// in the form URLs and dialers need ([::1]:28106); anything else is returned
+// as is.
+func bracketHostPort(hp string) string {
+	if strings.HasPrefix(hp, "[") || strings.Count(hp, ":") < 2 {
+		return hp
+	}
+	i := strings.LastIndexByte(hp, ':')
+	if a, err := netip.ParseAddr(hp[:i]); err != nil || !a.Is6() {
+		return hp
+	}
+	return "[" + hp[:i] + "]" + hp[i:]
+}
+
+// bracketURL brackets an unbracketed IPv6 host in scheme://host:port.
+func bracketURL(s string) string {
+	i := strings.Index(s, "://")
+	if i < 0 {
+		return s
+	}
+	rest := s[i+3:]
+	end := strings.IndexByte(rest, '/')
+	if end < 0 {
+		end = len(rest)
+	}
+	b := bracketHostPort(rest[:end])
+	if b == rest[:end] {
+		return s
+	}
+	return s[:i+3] + b + rest[end:]
 }

@@ -166,7 +166,6 @@ func TestDecodeRecordRejects(t *testing.T) {
 		{"model_name control", set("model_name", "a\nb"), "model_name"},
 		{"model_name too long", set("model_name", strings.Repeat("m", discovery.MaxModelNameBytes+1)), "model_name"},
 		{"engine unknown", set("engine", "trt"), "engine"},
-		{"engine missing", del("engine"), "engine"},
 		{"disagg_mode unknown", set("disagg_mode", "both"), "disagg_mode"},
 		{"disagg_meta not object", set("disagg_meta", "x"), "json"},
 		{"protocol bad", set("disagg_meta", map[string]any{"protocol": "Bad Proto"}), "protocol"},
@@ -184,8 +183,13 @@ func TestDecodeRecordRejects(t *testing.T) {
 		{"dp_rank equal size", set("dp_rank", 2), "dp_rank"},
 		{"dp_rank negative", set("dp_rank", -1), "dp_rank"},
 		{"dp_rank without dp_size", base(func(m map[string]any) { delete(m, "dp_size"); m["dp_rank"] = 1 }), "dp_rank"},
-		{"transport unknown", set("request_transport", "zmq"), "request_transport"},
-		{"status unknown", set("status", "dead"), "status"},
+		{"transport bad", set("request_transport", "Bad Transport"), "request_transport"},
+		{"status unknown", set("status", "gone"), "status"},
+		{"kv not object", set("kv", []any{1}), "kv"},
+		{"kv string", set("kv", "x"), "kv"},
+		{"worker_id bad unbracketed ipv6", set("worker_id", "fe80::zz:80"), "worker_id"},
+		{"worker_id ipv6 zone", set("worker_id", "fe80::1%eth0:80"), "worker_id"},
+		{"real_engine bad", set("real_engine", "Sim Engine"), "real_engine"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -229,5 +233,64 @@ func TestSnapshotGet(t *testing.T) {
 	}
 	if _, ok := (&discovery.Snapshot{}).Get("a:1"); ok {
 		t.Fatal("Get on an empty snapshot succeeded")
+	}
+}
+
+// Records Infera's Python workers write that the router cannot route (yet)
+// are accepted with a reason instead of being dropped; the defaults Infera's
+// reader applies are ours too.
+func TestDecodeInferaPythonRecordVariants(t *testing.T) {
+	const head = `{"worker_id": "h:1", "url": "http://h:1", "model_name": "m"`
+	tests := []struct {
+		name, value string
+		check       func(r discovery.Record) bool
+		unroutable  string
+		active      bool
+	}{
+		{"no engine", head + `}`, func(r discovery.Record) bool { return r.Engine == discovery.EngineSGLang }, "", true},
+		{"nats transport", head + `, "engine": "vllm", "request_transport": "nats"}`,
+			func(r discovery.Record) bool { return r.RequestTransport == "nats" }, "unroutable: nats transport", false},
+		{"dead", head + `, "engine": "atom", "status": "dead"}`,
+			func(r discovery.Record) bool { return r.Status == discovery.StatusDead }, "unroutable: status dead", false},
+		{"draining", head + `, "engine": "atom", "status": "draining"}`,
+			func(r discovery.Record) bool { return r.Status == discovery.StatusDraining }, "", false},
+		{"kv block", head + `, "engine": "vllm", "kv": {"engine_block_size": 16, "index_block_size": 16, "tokenizer": "t", ` +
+			`"tokenizer_digest": "d", "tokenizer_canary": [1, 2], "supports_events": true, "event_version": 1, ` +
+			`"events_endpoint": null, "snapshot_endpoint": null, "tiers": ["device"]}}`,
+			func(r discovery.Record) bool { return strings.Contains(string(r.KV), `"tokenizer_canary":[1,2]`) }, "", true},
+		{"kv null", head + `, "engine": "vllm", "kv": null}`, func(r discovery.Record) bool { return r.KV == nil }, "", true},
+		{"ipv6 unbracketed", `{"worker_id": "::1:28106", "url": "http://::1:28106", "model_name": "m", "engine": "vllm", ` +
+			`"kv_events_endpoint": "tcp://::1:5557"}`,
+			func(r discovery.Record) bool {
+				return r.WorkerID == "::1:28106" && r.URL == "http://[::1]:28106" && *r.KVEventsEndpoint == "tcp://[::1]:5557"
+			}, "", true},
+		{"ipv6 bracketed", `{"worker_id": "[::1]:28106", "url": "http://[::1]:28106", "model_name": "m", "engine": "vllm"}`,
+			func(r discovery.Record) bool { return r.WorkerID == "[::1]:28106" && r.URL == "http://[::1]:28106" }, "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := discovery.DecodeRecord([]byte(tt.value))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(r) {
+				t.Fatalf("decoded %#v", r)
+			}
+			if got := r.Unroutable(); got != tt.unroutable {
+				t.Fatalf("Unroutable() = %q, want %q", got, tt.unroutable)
+			}
+			if r.Active() != tt.active {
+				t.Fatalf("Active() = %v, want %v", r.Active(), tt.active)
+			}
+			// What we decode we can write back, and it reads the same.
+			b, err := r.Encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := discovery.DecodeRecord(b)
+			if err != nil || !reflect.DeepEqual(again, r) {
+				t.Fatalf("round trip: %v\n got %#v\nwant %#v", err, again, r)
+			}
+		})
 	}
 }

@@ -62,6 +62,10 @@ type Watcher struct {
 	// was reported, so each bad value is logged once, not on every re-list.
 	// Owned by the Run goroutine.
 	invalid map[string]int64
+	// foreign holds the keys under the prefix that cannot be worker records
+	// (a '/' after the prefix, like Infera's planner/decision), each logged
+	// once at debug level and otherwise skipped. Owned by the Run goroutine.
+	foreign map[string]struct{}
 
 	mu      sync.Mutex
 	current clientv3.Watcher // watch stream of the running session
@@ -89,6 +93,7 @@ func NewWatcher(cli *clientv3.Client, prefix string, log zerolog.Logger, onChang
 		onChange: onChange,
 		synced:   make(chan struct{}),
 		invalid:  make(map[string]int64),
+		foreign:  make(map[string]struct{}),
 
 		probeInterval: defaultProbeInterval,
 		listTimeout:   listTimeout,
@@ -241,8 +246,14 @@ func (w *Watcher) probe(ctx context.Context, failed chan<- error) {
 func (w *Watcher) rebuild(kvs []*mvccpb.KeyValue, rev int64, n int) {
 	workers := make([]Record, 0, len(kvs))
 	invalid := make(map[string]int64)
+	foreign := make(map[string]struct{})
 	for _, kv := range kvs {
 		key := string(kv.Key)
+		if w.isForeign(key) {
+			w.skipForeign(key)
+			foreign[key] = struct{}{}
+			continue
+		}
 		rec, err := w.decode(key, kv.Value)
 		if err != nil {
 			if w.invalid[key] != kv.ModRevision {
@@ -256,6 +267,7 @@ func (w *Watcher) rebuild(kvs []*mvccpb.KeyValue, rev int64, n int) {
 	// Forget reports of keys that are gone or valid now, so the map stays
 	// bounded by the invalid records actually present.
 	w.invalid = invalid
+	w.foreign = foreign
 	sortWorkers(workers)
 	msg := "etcd fleet listed"
 	if n > 1 {
@@ -273,6 +285,14 @@ func (w *Watcher) apply(events []*clientv3.Event, rev int64) {
 	for _, ev := range events {
 		key := string(ev.Kv.Key)
 		id := strings.TrimPrefix(key, w.prefix)
+		if w.isForeign(key) {
+			if ev.Type == clientv3.EventTypeDelete {
+				delete(w.foreign, key)
+			} else {
+				w.skipForeign(key)
+			}
+			continue
+		}
 		if ev.Type == clientv3.EventTypeDelete {
 			delete(w.invalid, key)
 			workers, changed = remove(workers, id, changed)
@@ -326,6 +346,22 @@ func (w *Watcher) decode(key string, value []byte) (Record, error) {
 		return Record{}, fmt.Errorf("%w: key does not end in worker_id %q", ErrInvalidRecord, clip(rec.WorkerID))
 	}
 	return rec, nil
+}
+
+// isForeign reports whether key, under the prefix, names something other than
+// a worker: worker ids are host:port and never contain '/', while Infera
+// keeps other state below the prefix (its planner writes planner/decision).
+func (w *Watcher) isForeign(key string) bool {
+	return strings.IndexByte(key[min(len(w.prefix), len(key)):], '/') >= 0
+}
+
+// skipForeign logs a non-worker key once, at debug level.
+func (w *Watcher) skipForeign(key string) {
+	if _, seen := w.foreign[key]; seen {
+		return
+	}
+	w.foreign[key] = struct{}{}
+	w.log.Debug().Str("key", clip(key)).Msg("skipping non-worker key under the prefix")
 }
 
 func (w *Watcher) reportInvalid(key string, modRev int64, err error) {

@@ -303,3 +303,49 @@ func (b *syncBuffer) String() string {
 }
 
 func (b *syncBuffer) count(s string) int { return strings.Count(b.String(), s) }
+
+// Keys under the prefix that cannot be worker records (Infera's planner
+// writes planner/decision there) are skipped with one debug line per key,
+// not reported as invalid records, on the first list, on re-lists and in
+// watch events.
+func TestWatcherSkipsNonWorkerKeys(t *testing.T) {
+	eps := etcdtest.Start(t)
+	cli := etcdtest.Client(t, eps)
+	var logs logBuffer
+	const skip = "skipping non-worker key under the prefix"
+	const invalid = "ignoring invalid worker record"
+
+	if _, err := cli.Put(t.Context(), testPrefix+"planner/decision", `{"replicas": 3}`); err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, record("a:1"))
+	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), nil)
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1")
+
+	before := w.Snapshot()
+	waitFor(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	waitFor(t, "re-list", func() bool { return discovery.Lists(w) >= 2 && w.Snapshot() != before })
+
+	// Updates through the watch: the planner key changes, then a worker
+	// arrives so the test knows the events before it were applied.
+	if _, err := cli.Put(t.Context(), testPrefix+"planner/decision", `{"replicas": 4}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(t.Context(), testPrefix+"planner/history/1", `[]`); err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, record("b:1"))
+	waitIDs(t, w, "a:1", "b:1")
+	if n := logs.count(skip); n != 2 {
+		t.Fatalf("%d skip lines, want one per non-worker key (2)", n)
+	}
+	if n := logs.count(invalid); n != 0 {
+		t.Fatalf("%d invalid-record lines, want 0", n)
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "planner") && !strings.Contains(line, `"level":"debug"`) {
+			t.Fatalf("non-worker key logged above debug: %s", line)
+		}
+	}
+}

@@ -39,12 +39,12 @@ func (f *fleet) record(id string) (fullRecord, bool) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	var list struct {
-		Data []fullRecord `json:"data"`
+		Workers []fullRecord `json:"workers"`
 	}
 	if err := json.Unmarshal(body, &list); err != nil {
 		return fullRecord{}, false
 	}
-	for _, r := range list.Data {
+	for _, r := range list.Workers {
 		if r.WorkerID == id {
 			return r, true
 		}

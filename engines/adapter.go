@@ -144,6 +144,10 @@ type Endpoint struct {
 	// DisaggMode and DisaggMeta describe the prefill/decode role.
 	DisaggMode discovery.DisaggMode
 	DisaggMeta discovery.DisaggMeta
+	// Imitates, when set, is the engine the record names instead of the
+	// one running (the simulator registers as its --flavor), which is then
+	// kept in real_engine.
+	Imitates string
 }
 
 // Record is the worker record of this endpoint for engine.
@@ -162,6 +166,9 @@ func (e *Endpoint) Record(engine string) discovery.Record {
 	}
 	if rec.DisaggMode == "" {
 		rec.DisaggMode = discovery.DisaggMixed
+	}
+	if e.Imitates != "" && e.Imitates != engine {
+		rec.Engine, rec.RealEngine = e.Imitates, engine
 	}
 	if e.BlockSize > 0 {
 		bs := e.BlockSize

@@ -149,7 +149,7 @@ func TestSimPrepare(t *testing.T) {
 				}
 				ln.Close()
 			}
-			want.AdvertiseHost, want.DPSize = want.Host, 1
+			want.AdvertiseHost, want.DPSize, want.Imitates = want.Host, 1, "vllm" // no --flavor: the sim imitates vLLM
 			if !reflect.DeepEqual(l.Endpoint, want) {
 				t.Errorf("endpoint %+v, want %+v", l.Endpoint, want)
 			}

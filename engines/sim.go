@@ -6,8 +6,10 @@ import (
 	"maps"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/discovery"
 )
 
 // Defaults of `infera sim` that the worker must know when the arguments
@@ -50,7 +52,8 @@ func (simAdapter) Prepare(opts Options, args []string) (Launch, error) {
 			flags[name] = v
 		}
 	}
-	ep := Endpoint{Host: simDefaultHost, Model: simDefaultModel, BlockSize: simDefaultBlockSize, DPSize: 1}
+	ep := Endpoint{Host: simDefaultHost, Model: simDefaultModel, BlockSize: simDefaultBlockSize, DPSize: 1,
+		Imitates: simFlavor(opts, args)}
 	if v, ok := flags["host"]; ok {
 		if err := checkHost(v); err != nil {
 			return Launch{}, err
@@ -163,6 +166,35 @@ func simEvents(opts Options, flags map[string]string, ep *Endpoint) (args, warni
 		return nil, nil, err
 	}
 	return args, warnings, nil
+}
+
+// simFlavor is the engine the simulator imitates, which its record names so
+// that Python Infera servers (which know vllm, sglang and atom only) route
+// it: --flavor (or INFERA_FLAVOR), vllm without one, as the sim's own
+// metrics and events then are vLLM's.
+func simFlavor(opts Options, args []string) string {
+	flavor := ""
+	if v, ok := opts.lookupEnv(config.EnvName("flavor")); ok {
+		flavor = v
+	}
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		if v, ok := strings.CutPrefix(strings.TrimLeft(a, "-"), "flavor="); ok && strings.HasPrefix(a, "-") {
+			flavor = v
+			break
+		}
+		if (a == "--flavor" || a == "-flavor") && i+1 < len(args) {
+			flavor = args[i+1]
+			break
+		}
+	}
+	switch flavor {
+	case discovery.EngineSGLang, discovery.EngineATOM:
+		return flavor
+	}
+	return discovery.EngineVLLM
 }
 
 func (simAdapter) Inspect(metrics io.Reader) (Stats, error) { return vllmStats(metrics) }

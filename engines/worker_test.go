@@ -168,7 +168,7 @@ func TestWorkerRegistersAndDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		"model_name": `"test-model"`, "engine": `"sim"`, "disagg_mode": `"mixed"`, "disagg_meta": `{}`,
+		"model_name": `"test-model"`, "engine": `"vllm"`, "real_engine": `"sim"`, "disagg_mode": `"mixed"`, "disagg_meta": `{}`,
 		"kv_block_size": `32`, "dp_size": `1`, "dp_rank": `null`, "request_transport": `"http"`,
 		"status": `"active"`,
 	}

@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// Breaker states, as exported by infera_router_worker_breaker_state.
+// Breaker states. infera_router_worker_breaker_state exports them with
+// Infera's numbers (0 closed, 1 half-open, 2 open): see inferaBreakerValue.
 const (
 	breakerClosed   uint32 = 0 // routing normally
 	breakerOpen     uint32 = 1 // tripped: skipped until the cooldown ends

@@ -13,7 +13,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
-	"github.com/infera/infera/openai"
 )
 
 // Worker is one engine endpoint as the router sees it. A Worker lives as long
@@ -31,8 +30,11 @@ type Worker struct {
 	addr     string // host:port dialed
 	tls      bool
 	inflight atomic.Int64
-	picks    prometheus.Counter
-	breaker  breaker
+	// rankCursor rotates the DP rank a rank-multiplexed worker's requests
+	// are pinned to when the policy picks the worker only (dprank.go).
+	rankCursor atomic.Uint64
+	picks      prometheus.Counter
+	breaker    breaker
 
 	// PolicyState belongs to the policy: a FleetAware policy may set it in
 	// Attach, before the worker is visible to Pick, and read it afterwards.
@@ -58,8 +60,10 @@ type view struct {
 	workers []*Worker
 	active  int
 
+	// modelNames lists the models with active candidates, sorted, for
+	// GET /v1/models (rendered per request: created is the request time).
+	modelNames []string
 	// Bodies of the read-only endpoints, rendered once per view.
-	modelsJSON  []byte
 	workersJSON []byte
 	healthJSON  []byte
 }
@@ -80,6 +84,8 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 	all := make([]*Worker, 0, len(snap.Workers))
 	models := make(map[string]*Candidates)
 	active := 0
+	byMode := make(map[discovery.DisaggMode]int)
+	unroutable := make(map[string]int)
 	for i := range snap.Workers {
 		rec := snap.Workers[i] // a private copy: the snapshot stays untouched
 		w := r.workers[rec.WorkerID]
@@ -121,9 +127,22 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 		// Only mixed workers take whole requests; prefill/decode workers
 		// are reached through the PD path (not built yet), so a model
 		// served only by them is known but has no candidate.
-		if rec.Active() && (rec.DisaggMode == discovery.DisaggMixed || rec.DisaggMode == "") {
+		if reason := rec.Unroutable(); reason != "" {
+			unroutable[reason]++
+		}
+		if !rec.Active() {
+			continue
+		}
+		// Infera counts every active worker, whatever its role, in
+		// /health and infera_active_workers.
+		active++
+		mode := rec.DisaggMode
+		if mode == "" {
+			mode = discovery.DisaggMixed
+		}
+		byMode[mode]++
+		if mode == discovery.DisaggMixed {
 			c.Workers = append(c.Workers, w)
-			active++
 		}
 	}
 	for id, w := range r.workers {
@@ -142,7 +161,7 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 	v := &view{revision: snap.Revision, models: models, workers: all, active: active}
 	v.render()
 	r.view.Store(v)
-	r.metrics.activeWorkers.Set(float64(active))
+	r.metrics.setFleet(byMode, unroutable)
 }
 
 // newWorker builds the Worker (and its connection pool) for a record and
@@ -227,7 +246,15 @@ func trimSlash(p string) string {
 	return p
 }
 
-// render precomputes the JSON bodies of /v1/models, /v1/workers and /health.
+// listedWorker is one entry of GET /v1/workers: the record with the keys
+// Infera lists (and ours), plus why the router cannot route it, if so.
+type listedWorker struct {
+	*discovery.Record
+	Unroutable string `json:"unroutable,omitempty"`
+}
+
+// render precomputes the JSON bodies of /v1/workers and /health and the
+// model list of /v1/models.
 func (v *view) render() {
 	names := make([]string, 0, len(v.models))
 	for name, c := range v.models {
@@ -236,29 +263,22 @@ func (v *view) render() {
 		}
 	}
 	slices.Sort(names)
-	b := []byte(`{"object":"list","data":[`)
-	for i, name := range names {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, `{"id":`...)
-		b = openai.AppendQuoted(b, name)
-		b = append(b, `,"object":"model","created":0,"owned_by":"infera"}`...)
-	}
-	v.modelsJSON = append(b, "]}"...)
+	v.modelNames = names
 
-	recs := make([]*discovery.Record, len(v.workers))
+	list := make([]listedWorker, len(v.workers))
 	for i, w := range v.workers {
-		recs[i] = w.Record()
+		rec := w.Record()
+		list[i] = listedWorker{Record: rec, Unroutable: rec.Unroutable()}
 	}
-	data, err := json.Marshal(recs)
+	data, err := json.Marshal(list)
 	if err != nil {
 		// Records passed discovery's validation and encode by construction.
 		data = []byte("[]")
 	}
-	b = append([]byte(`{"object":"list","revision":`), strconv.FormatInt(v.revision, 10)...)
-	b = append(b, `,"data":`...)
-	b = append(b, data...)
+	// Infera's shape is {"workers": [...]}; the revision is ours.
+	b := append([]byte(`{"workers":`), data...)
+	b = append(b, `,"revision":`...)
+	b = strconv.AppendInt(b, v.revision, 10)
 	v.workersJSON = append(b, '}')
 
 	b = append([]byte(`{"status":"ok","active_workers":`), strconv.Itoa(v.active)...)

@@ -109,9 +109,15 @@ type testRouter struct {
 
 func startRouter(t testing.TB, policy router.Policy, cfg router.Config, workers ...discovery.Record) *testRouter {
 	t.Helper()
+	return startRouterLog(t, policy, cfg, testLog(t), workers...)
+}
+
+// startRouterLog is startRouter with the router's logger given.
+func startRouterLog(t testing.TB, policy router.Policy, cfg router.Config, log zerolog.Logger, workers ...discovery.Record) *testRouter {
+	t.Helper()
 	// Short, so fasthttp's pool cleaners are gone before goleak looks.
 	cfg.IdleConnTimeout = 50 * time.Millisecond
-	r, err := router.New(cfg, policy, testLog(t))
+	r, err := router.New(cfg, policy, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,8 +19,11 @@ type metrics struct {
 	duration      [numRoutes]prometheus.Observer
 	ttft          [numProxyRoutes]prometheus.Observer
 	inflight      prometheus.Gauge
-	activeWorkers prometheus.Gauge
+	activeWorkers *prometheus.GaugeVec // by disagg_mode, as Infera
+	unroutable    *prometheus.GaugeVec // by reason
 	picks         *prometheus.CounterVec
+
+	inferaDuration [numInferaOutcomes]prometheus.Observer // Infera's {router, outcome}
 
 	// Resilience and admission (issue 5), resolved per label value.
 	retries      [numReasons]prometheus.Counter
@@ -109,7 +112,7 @@ func newMetrics() *metrics {
 		Help: "Requests by route and outcome.",
 	}, []string{"route", "outcome"})
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "infera_request_duration_seconds",
+		Name:    "infera_router_request_duration_seconds",
 		Help:    "Time from a proxied request's arrival to the end of its response.",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 16), // 5ms .. ~164s
 	}, []string{"route"})
@@ -121,10 +124,6 @@ func newMetrics() *metrics {
 	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "infera_requests_in_flight",
 		Help: "Proxied requests being served.",
-	})
-	m.activeWorkers = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "infera_active_workers",
-		Help: "Workers taking new requests in the current fleet view.",
 	})
 	m.picks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "infera_worker_picks_total",
@@ -154,8 +153,9 @@ func newMetrics() *metrics {
 		Name: "infera_router_worker_breaker_trips_total",
 		Help: "Times each worker's circuit breaker opened.",
 	}, []string{"worker_id"})
-	m.reg.MustRegister(requests, duration, ttft, m.inflight, m.activeWorkers, m.picks,
+	m.reg.MustRegister(requests, duration, ttft, m.inflight, m.picks,
 		retries, failures, timeouts, rejected, m.disconnects, m.breakerTrips)
+	m.reg.MustRegister(m.newInferaMetrics()...)
 	for i := range numReasons {
 		m.retries[i] = retries.WithLabelValues(reasonLabels[i])
 		m.failures[i] = failures.WithLabelValues(reasonLabels[i])
@@ -213,8 +213,9 @@ func (m *metrics) register(r *Router) {
 	m.reg.MustRegister(workerCollector{r: r, desc: prometheus.NewDesc(
 		"infera_worker_in_flight", "Requests in flight on each worker of the current fleet view.",
 		[]string{"worker_id"}, nil), breakerDesc: prometheus.NewDesc(
-		"infera_router_worker_breaker_state", "Circuit breaker of each worker: 0 closed, 1 open, 2 half-open.",
+		"infera_router_worker_breaker_state", "Circuit breaker of each worker, as Infera: 0 closed, 1 half-open, 2 open.",
 		[]string{"worker_id"}, nil)})
+	m.reg.MustRegister(newInferaCollector(r))
 	if c, ok := r.policy.(prometheus.Collector); ok {
 		m.reg.MustRegister(c)
 	}
@@ -239,7 +240,7 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, w := range v.workers {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(w.InFlight()), w.id)
-		ch <- prometheus.MustNewConstMetric(c.breakerDesc, prometheus.GaugeValue, float64(w.breaker.State()), w.id)
+		ch <- prometheus.MustNewConstMetric(c.breakerDesc, prometheus.GaugeValue, inferaBreakerValue(w.breaker.State()), w.id)
 	}
 }
 

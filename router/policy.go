@@ -166,7 +166,8 @@ func RegisterBuiltins(r *Registry) error {
 	return r.Register(PolicyLeastLoad, func() (Policy, error) { return LeastLoad{}, nil })
 }
 
-// RoundRobin cycles through a model's active workers.
+// RoundRobin cycles through a model's active workers; a rank-multiplexed
+// worker takes dp_size turns, pinned to its ranks 0, 1, … (dprank.go).
 type RoundRobin struct{}
 
 // Name implements Policy.
@@ -174,11 +175,11 @@ func (RoundRobin) Name() string { return PolicyRoundRobin }
 
 // Pick implements Policy.
 func (RoundRobin) Pick(_ *PickInput, c *Candidates) (Ticket, error) {
-	n := uint64(len(c.Workers))
-	if n == 0 {
+	if len(c.Workers) == 0 {
 		return Ticket{}, ErrNoWorker
 	}
-	return Ticket{Worker: c.Workers[c.Next()%n]}, nil
+	n := uint64(totalTargets(c.Workers))
+	return pickTarget(c.Workers, int(c.Next()%n)), nil
 }
 
 // Release implements Policy.
@@ -187,6 +188,7 @@ func (RoundRobin) Release(Ticket, Result) {}
 // LeastLoad picks the worker with the fewest in-flight requests. The scan
 // starts at the model's rotating cursor and keeps the first minimum, so
 // equally loaded workers are taken in turn instead of always the first one.
+// A rank-multiplexed worker's requests are pinned to its ranks in turn.
 type LeastLoad struct{}
 
 // Name implements Policy.
@@ -207,7 +209,9 @@ func (LeastLoad) Pick(_ *PickInput, c *Candidates) (Ticket, error) {
 			best, bestLoad = w, l
 		}
 	}
-	return Ticket{Worker: best}, nil
+	t := Ticket{Worker: best}
+	pinNextRank(&t)
+	return t, nil
 }
 
 // Release implements Policy.

@@ -112,8 +112,7 @@ func (rel *relay) reset() {
 func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 	rel := acquireRelay(r, route)
 	r.metrics.inflight.Inc()
-	rel.id = r.appendRequestID(rel.id[:0], ctx.Request.Header.Peek("X-Request-Id"))
-	ctx.Response.Header.SetBytesV("X-Request-Id", rel.id)
+	rel.id = r.setRequestID(ctx, rel.id[:0])
 	werr := rel.dialect.writeError
 
 	if !ctx.IsPost() {
@@ -279,7 +278,7 @@ func (r *Router) finish(rel *relay, o outcome, status int) {
 	d := time.Since(rel.start)
 	m := r.metrics
 	m.request(rel.route, o).Inc()
-	m.duration[rel.route].Observe(d.Seconds())
+	m.observe(rel.route, o, status, d)
 	m.inflight.Dec()
 	if o == outcomeClientGone {
 		m.disconnects.Inc()

@@ -354,7 +354,7 @@ func (r *Router) serveInfo(ctx *fasthttp.RequestCtx, rt Route) {
 	switch rt {
 	case RouteModels:
 		ctx.SetContentType("application/json")
-		ctx.SetBody(v.modelsJSON)
+		ctx.SetBody(appendModels(ctx.Response.Body()[:0], v.modelNames, time.Now()))
 	case RouteWorkers:
 		ctx.SetContentType("application/json")
 		ctx.SetBody(v.workersJSON)
@@ -416,7 +416,7 @@ func writeError(ctx *fasthttp.RequestCtx, status int, message, errType, code str
 // a sane one, else a fresh "<random>-<counter>".
 func (r *Router) requestID(ctx *fasthttp.RequestCtx) {
 	var buf [maxRequestIDBytes]byte
-	ctx.Response.Header.SetBytesV("X-Request-Id", r.appendRequestID(buf[:0], ctx.Request.Header.Peek("X-Request-Id")))
+	r.setRequestID(ctx, buf[:0])
 }
 
 const maxRequestIDBytes = 128

@@ -421,12 +421,12 @@ func TestInfoEndpoints(t *testing.T) {
 	resp, body = tr.do(t, "GET", "/v1/workers", "")
 	var workers struct {
 		Revision int64              `json:"revision"`
-		Data     []discovery.Record `json:"data"`
+		Workers  []discovery.Record `json:"workers"`
 	}
-	if err := json.Unmarshal(body, &workers); err != nil || resp.StatusCode != 200 || workers.Revision != 7 || len(workers.Data) != 3 {
+	if err := json.Unmarshal(body, &workers); err != nil || resp.StatusCode != 200 || workers.Revision != 7 || len(workers.Workers) != 3 {
 		t.Fatalf("/v1/workers = %d %s (%v)", resp.StatusCode, body, err)
 	}
-	for _, w := range workers.Data {
+	for _, w := range workers.Workers {
 		if w.WorkerID == c.addr && w.Status != discovery.StatusDraining {
 			t.Fatalf("worker %s status %q, want draining", w.WorkerID, w.Status)
 		}
@@ -450,10 +450,14 @@ func TestInfoEndpoints(t *testing.T) {
 	for _, want := range []string{
 		`infera_requests_total{outcome="ok",route="chat_completions"} 2`,
 		`infera_requests_total{outcome="model_not_found",route="chat_completions"} 1`,
-		`infera_request_duration_seconds_count{route="chat_completions"} 3`,
+		`infera_router_request_duration_seconds_count{route="chat_completions"} 3`,
+		`infera_request_duration_seconds_count{outcome="ok",router="mixed"} 2`,
+		`infera_request_duration_seconds_count{outcome="4xx",router="mixed"} 1`,
+		`infera_request_inflight{router="mixed"} 0`,
+		`infera_router_picks_total{role="mixed",worker_id="` + a.addr + `"} 1`,
 		`infera_ttft_seconds_bucket{route="chat_completions",le="+Inf"} 0`,
 		`infera_requests_in_flight 0`,
-		`infera_active_workers 2`,
+		`infera_active_workers{disagg_mode="mixed"} 2`,
 		`infera_worker_picks_total{worker_id="` + a.addr + `"} 1`,
 		`infera_worker_picks_total{worker_id="` + b.addr + `"} 1`,
 		`infera_worker_in_flight{worker_id="` + c.addr + `"} 0`,
