@@ -156,20 +156,8 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 		if err != nil {
 			return err
 		}
-		s.SkipWS()
-		if s.I >= len(s.B) {
-			return s.Fail("unexpected end of input in object")
-		}
-		switch s.B[s.I] {
-		case ',':
-			s.I++
-			s.SkipWS()
-		case '}':
-			s.I++
-			s.Depth--
-			return nil
-		default:
-			return s.Fail("expected ',' or '}' in object")
+		if done, err := s.next('}'); done || err != nil {
+			return err
 		}
 	}
 }
@@ -201,22 +189,69 @@ func (s *Scanner) Array(elem func() error) error {
 		if err != nil {
 			return err
 		}
-		s.SkipWS()
-		if s.I >= len(s.B) {
-			return s.Fail("unexpected end of input in array")
-		}
-		switch s.B[s.I] {
-		case ',':
-			s.I++
-			s.SkipWS()
-		case ']':
-			s.I++
-			s.Depth--
-			return nil
-		default:
-			return s.Fail("expected ',' or ']' in array")
+		if done, err := s.next(']'); done || err != nil {
+			return err
 		}
 	}
+}
+
+// next moves past the separator after a member or element: a comma (done
+// false) or the closing byte (done true, leaving the container).
+func (s *Scanner) next(closing byte) (done bool, err error) {
+	s.SkipWS()
+	if s.I >= len(s.B) {
+		if closing == '}' {
+			return false, s.Fail("unexpected end of input in object")
+		}
+		return false, s.Fail("unexpected end of input in array")
+	}
+	switch s.B[s.I] {
+	case ',':
+		s.I++
+		s.SkipWS()
+		return false, nil
+	case closing:
+		s.I++
+		s.Depth--
+		return true, nil
+	}
+	if closing == '}' {
+		return false, s.Fail("expected ',' or '}' in object")
+	}
+	return false, s.Fail("expected ',' or ']' in array")
+}
+
+// errStop ends a Members or Elements walk early; it never leaves the package.
+var errStop = errors.New("stop")
+
+// Members walks the object at s.I (false when there is none) like Object,
+// calling fn with each key's raw content span; fn must consume the value
+// and returns false to stop. It reports whether the walk completed.
+func (s *Scanner) Members(fn func(kStart, kEnd int, kEsc bool) bool) bool {
+	if s.I >= len(s.B) || s.B[s.I] != '{' {
+		return false
+	}
+	return s.Object(func(ks, ke int, kesc bool) error {
+		if !fn(ks, ke, kesc) {
+			return errStop
+		}
+		return nil
+	}) == nil
+}
+
+// Elements walks the array at s.I (false when there is none) like Array,
+// calling fn on each element, which fn must consume; fn returns false to
+// stop. It reports whether the walk completed.
+func (s *Scanner) Elements(fn func() bool) bool {
+	if s.I >= len(s.B) || s.B[s.I] != '[' {
+		return false
+	}
+	return s.Array(func() error {
+		if !fn() {
+			return errStop
+		}
+		return nil
+	}) == nil
 }
 
 // Number validates -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?

@@ -238,33 +238,12 @@ func (s *scanner) imagePart() (ref []byte, ok bool) {
 	return nil, true
 }
 
-// errStop ends a walk early; it never leaves this file.
-var errStop = errors.New("stop")
-
 // eachElement walks the array at s.I, calling fn with s.I on each element;
 // fn must consume the element. It reports whether the walk completed.
-func (s *scanner) eachElement(fn func() bool) bool {
-	if s.I >= len(s.B) || s.B[s.I] != '[' {
-		return false
-	}
-	return s.Array(func() error {
-		if !fn() {
-			return errStop
-		}
-		return nil
-	}) == nil
-}
+func (s *scanner) eachElement(fn func() bool) bool { return s.Elements(fn) }
 
 // eachMember walks the object at s.I, calling fn with each key's raw
 // content and s.I on its value; fn must consume the value.
 func (s *scanner) eachMember(fn func(key []byte, escaped bool) bool) bool {
-	if s.I >= len(s.B) || s.B[s.I] != '{' {
-		return false
-	}
-	return s.Object(func(ks, ke int, kesc bool) error {
-		if !fn(s.B[ks:ke], kesc) {
-			return errStop
-		}
-		return nil
-	}) == nil
+	return s.Members(func(ks, ke int, kesc bool) bool { return fn(s.B[ks:ke], kesc) })
 }

@@ -1,10 +1,6 @@
 package sim
 
-import (
-	"errors"
-
-	"github.com/infera/infera/jsonx"
-)
+import "github.com/infera/infera/jsonx"
 
 // scanner adapts jsonx's validating scanner to the simulator's readers: it
 // skips white space before every construct and reports success as a bool
@@ -23,10 +19,6 @@ const maxDepth = 64
 func newScanner(b []byte, i int) scanner {
 	return scanner{jsonx.Scanner{B: b, I: i, MaxDepth: maxDepth, Lenient: true}}
 }
-
-// errStop ends a walk whose callback returned false; it never leaves this
-// file.
-var errStop = errors.New("stop")
 
 func (s *scanner) ws() { s.SkipWS() }
 
@@ -78,28 +70,14 @@ func (s *scanner) skip() bool {
 // object consumes an object, calling member for each key with the scanner
 // positioned at the value; member must consume the value.
 func (s *scanner) object(member func(kStart, kEnd int, kEsc bool) bool) bool {
-	if s.peek() != '{' {
-		return false
-	}
-	return s.Object(func(ks, ke int, kesc bool) error {
-		if !member(ks, ke, kesc) {
-			return errStop
-		}
-		return nil
-	}) == nil
+	s.SkipWS()
+	return s.Members(member)
 }
 
 // array consumes an array, calling elem with the scanner at each element.
 func (s *scanner) array(elem func() bool) bool {
-	if s.peek() != '[' {
-		return false
-	}
-	return s.Array(func() error {
-		if !elem() {
-			return errStop
-		}
-		return nil
-	}) == nil
+	s.SkipWS()
+	return s.Elements(elem)
 }
 
 // keyIs compares a raw key span with name after decoding, so "\u006dodel"
