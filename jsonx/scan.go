@@ -376,6 +376,7 @@ func (s *Scanner) String() (start, end int, escaped bool, err error) {
 	b := s.B
 	i := s.I + 1
 	start = i
+	lenient := s.Lenient
 	for i < len(b) {
 		// Skip eight plain ASCII bytes at a time; string content is most of
 		// a request's bytes.
@@ -420,7 +421,7 @@ func (s *Scanner) String() (start, end int, escaped bool, err error) {
 			}
 			continue
 		}
-		if s.Lenient {
+		if lenient {
 			escaped = true // needs decoding: invalid UTF-8 becomes U+FFFD
 			i++
 			continue
