@@ -431,4 +431,3 @@ func TestRankEndpoint(t *testing.T) {
 		}
 	}
 }
-
