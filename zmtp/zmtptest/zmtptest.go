@@ -199,3 +199,58 @@ func (r *Replay) serve() {
 		_ = r.sock.Send(zmq4.NewMsgFrom(id, []byte{}, SeqBytes(zmtp.ReplayEnd), []byte{}))
 	}
 }
+
+// Dial connects a client socket of type typ to endpoint with zmq4's raw
+// handshake (no Infera limits, as a third-party peer would) and a 10 s
+// deadline on the whole conversation; the connection closes with the test.
+func Dial(t testing.TB, endpoint string, typ zmq4.SocketType) *zmq4.Conn {
+	t.Helper()
+	addr, err := zmtp.DialAddr(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	if err := nc.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	zc, err := zmq4.Open(nc, null.Security(), typ, nil, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return zc
+}
+
+// RequestReplay asks a replay socket for every batch from start and
+// returns the sequences and payloads answered before the terminator,
+// failing the test on a malformed reply.
+func RequestReplay(t testing.TB, endpoint string, start uint64) ([]uint64, [][]byte) {
+	t.Helper()
+	zc := Dial(t, endpoint, zmq4.Dealer)
+	if err := zc.SendMsg(zmq4.NewMsgFrom([]byte{}, SeqBytes(start))); err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	var payloads [][]byte
+	for {
+		msg, err := zc.RecvMsg()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msg.Frames) != 3 || len(msg.Frames[0]) != 0 || len(msg.Frames[1]) != 8 {
+			t.Fatalf("replay reply %q", msg.Frames)
+		}
+		seq := zmtp.Seq(msg.Frames[1])
+		if seq == zmtp.ReplayEnd {
+			if len(msg.Frames[2]) != 0 {
+				t.Error("replay end marker with a payload")
+			}
+			return seqs, payloads
+		}
+		seqs = append(seqs, seq)
+		payloads = append(payloads, msg.Frames[2])
+	}
+}
