@@ -480,3 +480,81 @@ func clipArg(s string) string {
 	}
 	return s[:n] + "…"
 }
+
+// The preamble every adapter shares: which flags name the served model,
+// the bind host, the HTTP port and the KV block size, and how they become
+// the Endpoint the worker advertises.
+
+// endpointFlags names an engine's preamble flags.
+type endpointFlags struct {
+	host, port, blockSize string
+	defaultHost           string
+	// emptyHostIsDefault: `--host ""` means the default (vLLM), rather than
+	// an invalid host.
+	emptyHostIsDefault bool
+}
+
+// servedModel returns the name clients use: --served-model-name when given
+// (it wins over the model path, as in vLLM), else model; checked.
+func servedModel(flags map[string]string, model string) (string, error) {
+	if v, ok := flags["served-model-name"]; ok {
+		model = v
+	}
+	if err := checkModel(model); err != nil {
+		return "", err
+	}
+	return model, nil
+}
+
+// requiredModel is servedModel over the first of the model flags given;
+// the first name is the one an error asks for.
+func requiredModel(flags map[string]string, names ...string) (string, error) {
+	model, ok := lookup(flags, names...)
+	if !ok {
+		return "", fmt.Errorf("%w: --%s is required", ErrEngineArgs, names[0])
+	}
+	return servedModel(flags, model)
+}
+
+// resolveHost sets ep.Host (checked) and ep.AdvertiseHost.
+func resolveHost(opts Options, flags map[string]string, f endpointFlags, ep *Endpoint) error {
+	ep.Host = f.defaultHost
+	if v, ok := flags[f.host]; ok && !(f.emptyHostIsDefault && v == "") {
+		if err := checkHost(v); err != nil {
+			return err
+		}
+		ep.Host = v
+	}
+	var err error
+	ep.AdvertiseHost, err = advertiseHost(opts.AdvertiseHost, ep.Host, opts.interfaces)
+	return err
+}
+
+// resolveBlockSize sets ep.BlockSize when the block-size flag is given.
+func resolveBlockSize(flags map[string]string, f endpointFlags, ep *Endpoint) error {
+	v, ok := flags[f.blockSize]
+	if !ok {
+		return nil
+	}
+	var err error
+	ep.BlockSize, err = parseBlockSizeFlag(f.blockSize, v)
+	return err
+}
+
+// resolveEndpoint runs the preamble after the model: host, advertised
+// host, port (see resolvePort: the rewritten args and the flags to add)
+// and block size.
+func resolveEndpoint(opts Options, args []string, flags map[string]string, f endpointFlags, ep *Endpoint) (newArgs, extra []string, err error) {
+	if err := resolveHost(opts, flags, f, ep); err != nil {
+		return nil, nil, err
+	}
+	portValue, portGiven := flags[f.port]
+	ep.Port, args, extra, err = resolvePort(opts, args, f.port, portValue, portGiven, portCheckHost(ep.Host))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := resolveBlockSize(flags, f, ep); err != nil {
+		return nil, nil, err
+	}
+	return args, extra, nil
+}

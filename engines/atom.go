@@ -40,29 +40,13 @@ func (atomAdapter) Prepare(opts Options, args []string) (Launch, error) {
 
 	// ATOM answers to its --model as the model name; required here because
 	// its built-in default model is not something to advertise by accident.
-	model, ok := flags["model"]
-	if !ok {
-		return Launch{}, fmt.Errorf("%w: --model is required", ErrEngineArgs)
-	}
-	ep.Model = model
-	if v, ok := flags["served-model-name"]; ok {
-		ep.Model = v
-	}
-	if err := checkModel(ep.Model); err != nil {
+	if ep.Model, err = requiredModel(flags, "model"); err != nil {
 		return Launch{}, err
 	}
-	if v, ok := flags["host"]; ok {
-		if err := checkHost(v); err != nil {
-			return Launch{}, err
-		}
-		ep.Host = v
-	}
-	if ep.AdvertiseHost, err = advertiseHost(opts.AdvertiseHost, ep.Host, opts.interfaces); err != nil {
-		return Launch{}, err
-	}
-	portValue, portGiven := flags["server-port"]
 	var extra []string
-	ep.Port, args, extra, err = resolvePort(opts, args, "server-port", portValue, portGiven, portCheckHost(ep.Host))
+	args, extra, err = resolveEndpoint(opts, args, flags, endpointFlags{
+		host: "host", port: "server-port", blockSize: "block-size", defaultHost: atomDefaultHost,
+	}, &ep)
 	if err != nil {
 		return Launch{}, err
 	}
@@ -74,11 +58,6 @@ func (atomAdapter) Prepare(opts Options, args []string) (Launch, error) {
 		return Launch{}, err
 	}
 	extra = append(extra, internalExtra...)
-	if v, ok := flags["block-size"]; ok {
-		if ep.BlockSize, err = parseBlockSizeFlag("block-size", v); err != nil {
-			return Launch{}, err
-		}
-	}
 	tp, err := parseCount(flags, 1, "tensor-parallel-size", "tp")
 	if err != nil {
 		return Launch{}, err

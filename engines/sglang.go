@@ -41,39 +41,17 @@ func (sglangAdapter) Prepare(opts Options, args []string) (Launch, error) {
 	var ep Endpoint
 	var warnings []string
 
-	model, ok := lookup(flags, "model-path", "model")
-	if !ok {
-		return Launch{}, fmt.Errorf("%w: --model-path is required", ErrEngineArgs)
-	}
-	ep.Model = model
-	if v, ok := flags["served-model-name"]; ok {
-		ep.Model = v
-	}
-	if err := checkModel(ep.Model); err != nil {
+	if ep.Model, err = requiredModel(flags, "model-path", "model"); err != nil {
 		return Launch{}, err
 	}
-	ep.Host = sglangDefaultHost
-	if v, ok := flags["host"]; ok {
-		if err := checkHost(v); err != nil {
-			return Launch{}, err
-		}
-		ep.Host = v
-	}
-	if ep.AdvertiseHost, err = advertiseHost(opts.AdvertiseHost, ep.Host, opts.interfaces); err != nil {
-		return Launch{}, err
-	}
-	portValue, portGiven := flags["port"]
+	// Without --page-size SGLang picks one per attention backend; the
+	// worker asks /get_server_info once it is up.
 	var extra []string
-	ep.Port, args, extra, err = resolvePort(opts, args, "port", portValue, portGiven, portCheckHost(ep.Host))
+	args, extra, err = resolveEndpoint(opts, args, flags, endpointFlags{
+		host: "host", port: "port", blockSize: "page-size", defaultHost: sglangDefaultHost,
+	}, &ep)
 	if err != nil {
 		return Launch{}, err
-	}
-	if v, ok := flags["page-size"]; ok {
-		// Otherwise SGLang picks one per attention backend; the worker asks
-		// /get_server_info once it is up.
-		if ep.BlockSize, err = parseBlockSizeFlag("page-size", v); err != nil {
-			return Launch{}, err
-		}
 	}
 
 	dp, err := parseCount(flags, 1, "dp-size", "dp")
