@@ -69,7 +69,7 @@ func (atomAdapter) Prepare(opts Options, args []string) (Launch, error) {
 	var evExtra []string
 	if cfg, err := parseJSONArg(args, "kv-events-config"); err != nil {
 		return Launch{}, err
-	} else if cfg.present {
+	} else if cfg.Present {
 		var evWarn []string
 		if args, evExtra, evWarn, err = pyEvents(opts, args, &ep, eventsSpec{style: vllmStyle, ranks: 1}); err != nil {
 			return Launch{}, err

@@ -54,7 +54,7 @@ var vllmConnectors = map[string]string{
 // advertise, and the Mooncake decode leg must name the prefill's.
 func vllmDisagg(opts Options, args []string, ep *Endpoint) (out, extra, warnings []string, err error) {
 	cfg, err := parseJSONArg(args, "kv-transfer-config")
-	if err != nil || !cfg.present {
+	if err != nil || !cfg.Present {
 		return args, nil, nil, err
 	}
 	role, _ := cfg.str("kv_role")
@@ -102,7 +102,7 @@ func vllmDisagg(opts Options, args []string, ep *Endpoint) (out, extra, warnings
 	}
 	params["engine_id"] = engineID
 	for _, k := range []string{"kv_ip", "kv_port"} {
-		if v, ok := cfg.obj[k]; ok && v != nil {
+		if v, ok := cfg.Obj[k]; ok && v != nil {
 			params[k] = v
 		}
 	}
@@ -141,7 +141,7 @@ func moriReadMode(opts Options, extraCfg map[string]any) bool {
 // atom-mooncake protocol needs to replay ATOM's proxy hand-off.
 func atomDisagg(args []string, ep *Endpoint, tpSize int) (warnings []string, err error) {
 	cfg, err := parseJSONArg(args, "kv-transfer-config")
-	if err != nil || !cfg.present {
+	if err != nil || !cfg.Present {
 		return nil, err
 	}
 	role, _ := cfg.str("kv_role")
@@ -161,11 +161,11 @@ func atomDisagg(args []string, ep *Endpoint, tpSize int) (warnings []string, err
 		warnings = append(warnings, fmt.Sprintf("--kv-transfer-config kv_connector %q: only ATOM's mooncake connector has a PD protocol here; registered as %s without one", connector, mode))
 		return warnings, nil
 	}
-	handshake, err := jsonInt(cfg.obj, "handshake_port", atomHandshakePort)
+	handshake, err := jsonInt(cfg.Obj, "handshake_port", atomHandshakePort)
 	if err != nil {
 		return nil, err
 	}
-	dp, err := jsonInt(cfg.obj, "dp_size", 1)
+	dp, err := jsonInt(cfg.Obj, "dp_size", 1)
 	if err != nil {
 		return nil, err
 	}

@@ -361,8 +361,8 @@ func TestJSONArgAdd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(j.obj) != "map[k:w x:map[y:1 z:true]]" || !j.dotted {
-		t.Fatalf("merged %v", j.obj)
+	if fmt.Sprint(j.Obj) != "map[k:w x:map[y:1 z:true]]" || !j.Dotted {
+		t.Fatalf("merged %v", j.Obj)
 	}
 	if _, err := parseJSONArg([]string{"--c.", "1"}, "c"); !errors.Is(err, ErrEngineArgs) {
 		t.Fatalf("empty dotted key: %v", err)
