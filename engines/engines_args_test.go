@@ -431,3 +431,21 @@ func TestWarnLoopbackAdvertise(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineFlagsDashesAndNegatives: the worker reads a command line as the
+// simulator's facades and the engines' argparse do (engargs): a negative
+// number is a value, and nothing after "--" is a flag.
+func TestEngineFlagsDashesAndNegatives(t *testing.T) {
+	args := []string{"--seed", "-1", "-2", "--port", "8000", "--", "--port", "9", "--headless"}
+	flags, err := parseEngineFlags(args, "seed", "port")
+	if err != nil || flags["seed"] != "-1" || flags["port"] != "8000" {
+		t.Fatalf("flags %v %v", flags, err)
+	}
+	if hasEngineFlag(args, "headless") || hasEngineFlag([]string{"-1"}, "1") {
+		t.Fatal("a switch after -- or a negative number taken for a flag")
+	}
+	out, err := replaceEngineFlag(args, "port", "8001")
+	if err != nil || out[4] != "8001" || out[7] != "9" {
+		t.Fatalf("replace %q %v", out, err)
+	}
+}
