@@ -8,16 +8,6 @@ import (
 	"github.com/infera/infera/discovery"
 )
 
-// PD protocol names of DESIGN §6, as disagg_meta.protocol carries them.
-const (
-	protoSGLangBootstrap = "sglang-bootstrap"
-	protoVLLMMooncake    = "vllm-mooncake"
-	protoVLLMNixl        = "vllm-nixl"
-	protoVLLMMoriRead    = "vllm-mori-read"
-	protoVLLMMoriWrite   = "vllm-mori-write"
-	protoATOMMooncake    = "atom-mooncake"
-)
-
 // Engine defaults of the disaggregation side channels.
 const (
 	vllmMooncakeBootstrapPort = 8998 // VLLM_MOONCAKE_BOOTSTRAP_PORT's default
@@ -43,9 +33,9 @@ func roleOf(role string) (discovery.DisaggMode, bool) {
 // vllmConnectors maps vLLM kv_connector names to PD protocols; MoRIIO is
 // resolved by its mode.
 var vllmConnectors = map[string]string{
-	"MooncakeConnector": protoVLLMMooncake,
-	"NixlConnector":     protoVLLMNixl,
-	"MoRIIOConnector":   protoVLLMMoriWrite,
+	"MooncakeConnector": discovery.ProtocolVLLMMooncake,
+	"NixlConnector":     discovery.ProtocolVLLMNixl,
+	"MoRIIOConnector":   discovery.ProtocolVLLMMoriWrite,
 }
 
 // vllmDisagg reads vLLM's --kv-transfer-config into ep's disaggregation
@@ -89,7 +79,7 @@ func vllmDisagg(opts Options, args []string, ep *Endpoint) (out, extra, warnings
 		return args, nil, warnings, nil
 	}
 	if connector == "MoRIIOConnector" && moriReadMode(opts, extraCfg) {
-		protocol = protoVLLMMoriRead
+		protocol = discovery.ProtocolVLLMMoriRead
 	}
 
 	params := map[string]any{"kv_connector": connector}
@@ -109,7 +99,7 @@ func vllmDisagg(opts Options, args []string, ep *Endpoint) (out, extra, warnings
 	if len(extraCfg) > 0 {
 		params["kv_connector_extra_config"] = extraCfg
 	}
-	if protocol == protoVLLMMooncake {
+	if protocol == discovery.ProtocolVLLMMooncake {
 		port := vllmMooncakeBootstrapPort
 		if v, ok := opts.lookupEnv("VLLM_MOONCAKE_BOOTSTRAP_PORT"); ok && v != "" {
 			if port, err = parsePort("VLLM_MOONCAKE_BOOTSTRAP_PORT", v); err != nil || port == 0 {
@@ -169,7 +159,7 @@ func atomDisagg(args []string, ep *Endpoint, tpSize int) (warnings []string, err
 	if err != nil {
 		return nil, err
 	}
-	ep.DisaggMeta = discovery.DisaggMeta{Protocol: protoATOMMooncake, Params: map[string]any{
+	ep.DisaggMeta = discovery.DisaggMeta{Protocol: discovery.ProtocolATOMMooncake, Params: map[string]any{
 		"host":           ep.AdvertiseHost,
 		"http_port":      ep.Port,
 		"handshake_port": handshake,
@@ -237,6 +227,6 @@ func sglangDisagg(flags map[string]string, ep *Endpoint) error {
 		// Infera's own key for the same address, so its routers pair ours.
 		params["bootstrap_addr"] = hostPort(ep.AdvertiseHost, port)
 	}
-	ep.DisaggMeta = discovery.DisaggMeta{Protocol: protoSGLangBootstrap, Params: params}
+	ep.DisaggMeta = discovery.DisaggMeta{Protocol: discovery.ProtocolSGLangBootstrap, Params: params}
 	return nil
 }

@@ -186,27 +186,27 @@ func TestVLLMDisagg(t *testing.T) {
 		{
 			name: "mooncake with bootstrap port from env", env: map[string]string{"VLLM_MOONCAKE_BOOTSTRAP_PORT": "9100"},
 			config:   `{"kv_connector":"MooncakeConnector","kv_role":"kv_consumer","engine_id":"d0","kv_ip":"10.0.0.5","kv_port":14579}`,
-			wantMode: discovery.DisaggDecode, wantProto: protoVLLMMooncake,
+			wantMode: discovery.DisaggDecode, wantProto: discovery.ProtocolVLLMMooncake,
 			wantParams: map[string]string{"engine_id": "d0", "bootstrap_addr": "http://10.0.0.5:9100", "bootstrap_port": "9100", "kv_ip": "10.0.0.5", "kv_port": "14579"},
 		},
 		{
 			name: "mori write by default", config: `{"kv_connector":"MoRIIOConnector","kv_role":"kv_consumer"}`,
-			wantMode: discovery.DisaggDecode, wantProto: protoVLLMMoriWrite, wantParams: map[string]string{"engine_id": "infera-0123abcd"},
+			wantMode: discovery.DisaggDecode, wantProto: discovery.ProtocolVLLMMoriWrite, wantParams: map[string]string{"engine_id": "infera-0123abcd"},
 		},
 		{
 			name: "mori read from the old env", env: map[string]string{"VLLM_MORIIO_CONNECTOR_READ_MODE": "1"},
 			config:   `{"kv_connector":"MoRIIOConnector","kv_role":"kv_consumer"}`,
-			wantMode: discovery.DisaggDecode, wantProto: protoVLLMMoriRead,
+			wantMode: discovery.DisaggDecode, wantProto: discovery.ProtocolVLLMMoriRead,
 		},
 		{
 			name: "mori extra config beats env", env: map[string]string{"VLLM_MORIIO_CONNECTOR_READ_MODE": "1"},
 			config:   `{"kv_connector":"MoRIIOConnector","kv_role":"kv_consumer","kv_connector_extra_config":{"read_mode":false}}`,
-			wantMode: discovery.DisaggDecode, wantProto: protoVLLMMoriWrite,
+			wantMode: discovery.DisaggDecode, wantProto: discovery.ProtocolVLLMMoriWrite,
 		},
 		{
 			name:     "multi connector",
 			config:   `{"kv_connector":"MultiConnector","kv_role":"kv_producer","kv_connector_extra_config":{"connectors":[{"kv_connector":"OffloadingConnector"},{"kv_connector":"NixlConnector","kv_connector_extra_config":{"backends":["UCX"]}}]}}`,
-			wantMode: discovery.DisaggPrefill, wantProto: protoVLLMNixl,
+			wantMode: discovery.DisaggPrefill, wantProto: discovery.ProtocolVLLMNixl,
 			wantParams: map[string]string{"kv_connector": "NixlConnector", "kv_connector_extra_config": "map[backends:[UCX]]"},
 		},
 	}
