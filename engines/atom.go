@@ -28,10 +28,7 @@ var atomValueFlags = []string{
 }
 
 func (atomAdapter) Prepare(opts Options, args []string) (Launch, error) {
-	if err := refuseModuleArgs(args, atomModule); err != nil {
-		return Launch{}, err
-	}
-	flags, err := parseEngineFlags(args, atomValueFlags...)
+	flags, err := moduleFlags(args, atomModule, atomValueFlags...)
 	if err != nil {
 		return Launch{}, err
 	}

@@ -31,10 +31,7 @@ var sglangValueFlags = []string{
 }
 
 func (sglangAdapter) Prepare(opts Options, args []string) (Launch, error) {
-	if err := refuseModuleArgs(args, sglangModule); err != nil {
-		return Launch{}, err
-	}
-	flags, err := parseEngineFlags(args, sglangValueFlags...)
+	flags, err := moduleFlags(args, sglangModule, sglangValueFlags...)
 	if err != nil {
 		return Launch{}, err
 	}
@@ -144,6 +141,15 @@ func (sglangAdapter) parseBlockSize(body io.Reader) (int, error) {
 		return 0, fmt.Errorf("%w: /get_server_info carries no page_size", ErrMetrics)
 	}
 	return *size, nil
+}
+
+// moduleFlags reads a Python engine's value flags (see parseEngineFlags)
+// after refusing a command line that repeats `-m module`.
+func moduleFlags(args []string, module string, names ...string) (map[string]string, error) {
+	if err := refuseModuleArgs(args, module); err != nil {
+		return nil, err
+	}
+	return parseEngineFlags(args, names...)
 }
 
 // refuseModuleArgs catches engine arguments that repeat the launcher
