@@ -16,21 +16,9 @@ import "github.com/infera/infera/tokenizer"
 // as they do with a real model's chat template. --tokenizer DIR replaces
 // both with a Hugging Face tokenizer and its template (hftok.go).
 
-// TokenizeBytes appends the bytes-tokenizer token ids of text to dst.
-func TokenizeBytes(dst []uint32, text []byte) []uint32 {
-	n := len(dst)
-	if cap(dst)-n < len(text) {
-		grown := make([]uint32, n, n+len(text)+len(text)/2)
-		copy(grown, dst)
-		dst = grown
-	}
-	dst = dst[:n+len(text)]
-	out := dst[n:]
-	for i, c := range text {
-		out[i] = uint32(c)
-	}
-	return dst
-}
+// TokenizeBytes appends the bytes-tokenizer token ids of text to dst (the
+// router's tokenizer.Bytes ids).
+func TokenizeBytes(dst []uint32, text []byte) []uint32 { return tokenizer.AppendByteIDs(dst, text) }
 
 // genPrompt is what add_generation_prompt appends; the bytes tokenizer's
 // rendering always ends with it.
