@@ -472,12 +472,7 @@ func findKey(data, key []byte) int {
 	return at
 }
 
-func skipSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {
-		b = b[1:]
-	}
-	return b
-}
+func skipSpace(b []byte) []byte { return b[jsonx.SkipSpace(b, 0):] }
 
 // hasToken reports whether a chunk carries generated text: a content, text or
 // reasoning_content key with a non-empty string value. The first chat chunk

@@ -52,15 +52,20 @@ type Scanner struct {
 func (s *Scanner) Fail(msg string) error { return &SyntaxError{Offset: s.I, Msg: msg} }
 
 // SkipWS moves past JSON white space.
-func (s *Scanner) SkipWS() {
-	for s.I < len(s.B) {
-		switch s.B[s.I] {
+func (s *Scanner) SkipWS() { s.I = SkipSpace(s.B, s.I) }
+
+// SkipSpace returns the offset of the first byte of b from i that is not
+// JSON white space.
+func SkipSpace(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
 		case ' ', '\t', '\n', '\r':
-			s.I++
+			i++
 		default:
-			return
+			return i
 		}
 	}
+	return i
 }
 
 // End checks that only white space follows.

@@ -103,13 +103,13 @@ func FirstPrompt(v []byte) (Prompt, error) {
 // integers below 2^32) to dst. It is the hot path of token-array prompts:
 // one pass, no allocation beyond growing dst.
 func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
-	i := skipSpace(arr, 0)
+	i := jsonx.SkipSpace(arr, 0)
 	if i >= len(arr) || arr[i] != '[' {
 		return dst, ErrBadPrompt
 	}
-	i = skipSpace(arr, i+1)
+	i = jsonx.SkipSpace(arr, i+1)
 	if i < len(arr) && arr[i] == ']' {
-		if skipSpace(arr, i+1) != len(arr) {
+		if jsonx.SkipSpace(arr, i+1) != len(arr) {
 			return dst, ErrBadPrompt
 		}
 		return dst, nil
@@ -132,15 +132,15 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 			return dst, ErrBadPrompt
 		}
 		dst = append(dst, uint32(v))
-		i = skipSpace(arr, i)
+		i = jsonx.SkipSpace(arr, i)
 		if i >= len(arr) {
 			return dst, ErrBadPrompt
 		}
 		switch arr[i] {
 		case ',':
-			i = skipSpace(arr, i+1)
+			i = jsonx.SkipSpace(arr, i+1)
 		case ']':
-			if skipSpace(arr, i+1) != len(arr) {
+			if jsonx.SkipSpace(arr, i+1) != len(arr) {
 				return dst, ErrBadPrompt
 			}
 			return dst, nil
@@ -148,13 +148,6 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 			return dst, ErrBadPrompt
 		}
 	}
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
 }
 
 // VisitImages calls fn with every image reference in a chat messages array
