@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/infera/infera/jsonx"
 )
 
 // Error kinds, the keys of Report.Errors.
@@ -132,7 +134,7 @@ func (c *client) close() {
 // appendBody appends the JSON request body for it.
 func (c *client) appendBody(b []byte, it *item) []byte {
 	b = append(b, `{"model":`...)
-	b = appendJSONString(b, c.model)
+	b = jsonx.AppendQuoted(b, c.model)
 	if c.chat {
 		b = append(b, `,"messages":[`...)
 		for k, m := range it.messages {
@@ -140,15 +142,15 @@ func (c *client) appendBody(b []byte, it *item) []byte {
 				b = append(b, ',')
 			}
 			b = append(b, `{"role":`...)
-			b = appendJSONString(b, m.role)
+			b = jsonx.AppendQuoted(b, m.role)
 			b = append(b, `,"content":`...)
-			b = appendJSONString(b, m.content)
+			b = jsonx.AppendQuoted(b, m.content)
 			b = append(b, '}')
 		}
 		b = append(b, ']')
 	} else {
 		b = append(b, `,"prompt":`...)
-		b = appendJSONString(b, renderPrompt(it.messages))
+		b = jsonx.AppendQuoted(b, renderPrompt(it.messages))
 	}
 	b = append(b, `,"max_tokens":`...)
 	b = strconv.AppendInt(b, int64(it.maxTokens), 10)
@@ -163,36 +165,6 @@ func (c *client) appendBody(b []byte, it *item) []byte {
 		b = append(b, `,"stream":false`...)
 	}
 	return append(b, '}')
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONString appends s as a JSON string literal.
-func appendJSONString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		ch := s[i]
-		if ch >= 0x20 && ch != '"' && ch != '\\' {
-			continue
-		}
-		b = append(b, s[start:i]...)
-		switch ch {
-		case '"', '\\':
-			b = append(b, '\\', ch)
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\r':
-			b = append(b, '\\', 'r')
-		case '\t':
-			b = append(b, '\\', 't')
-		default:
-			b = append(b, '\\', 'u', '0', '0', hexDigits[ch>>4], hexDigits[ch&0xf])
-		}
-		start = i + 1
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
 
 // do sends it and fills res. reqCtx bounds this request (--timeout); runCtx
@@ -500,12 +472,7 @@ func findKey(data, key []byte) int {
 	return at
 }
 
-func skipSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {
-		b = b[1:]
-	}
-	return b
-}
+func skipSpace(b []byte) []byte { return b[jsonx.SkipSpace(b, 0):] }
 
 // hasToken reports whether a chunk carries generated text: a content, text or
 // reasoning_content key with a non-empty string value. The first chat chunk
@@ -620,22 +587,10 @@ func errorEvent(data []byte) (string, bool) {
 		return "", false
 	}
 	if v, at := valueAfter(d, keyMessage, 0); at >= 0 && len(v) > 0 && v[0] == '"' {
-		if s, err := strconv.Unquote(string(jsonStringAt(v))); err == nil {
-			return s, true
+		sc := jsonx.Scanner{B: v, Lenient: true}
+		if st, en, _, err := sc.String(); err == nil {
+			return string(jsonx.AppendUnescaped(nil, v[st:en])), true
 		}
 	}
 	return snippet(data), true
-}
-
-// jsonStringAt returns the JSON string literal at the start of b.
-func jsonStringAt(b []byte) []byte {
-	for i := 1; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return b[:i+1]
-		}
-	}
-	return b
 }

@@ -62,16 +62,6 @@ func TestErrorEvent(t *testing.T) {
 	}
 }
 
-func TestAppendJSONString(t *testing.T) {
-	for _, s := range []string{"", "plain words", "q\"uote\\back", "tab\tnl\ncr\r", "\x00\x1f ctl", "ünï ☃"} {
-		var back string
-		b := appendJSONString(nil, s)
-		if err := json.Unmarshal(b, &back); err != nil || back != s {
-			t.Errorf("appendJSONString(%q) = %s: decodes to %q, %v", s, b, back, err)
-		}
-	}
-}
-
 func TestScannersDoNotAllocate(t *testing.T) {
 	chunk := []byte(`{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"word"},"finish_reason":null}],"usage":{"prompt_tokens":12,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":4}}}`)
 	if n := testing.AllocsPerRun(100, func() {

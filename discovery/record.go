@@ -68,6 +68,17 @@ const (
 // but not routed: see Record.Unroutable.
 const TransportHTTP = "http"
 
+// PD protocol names of DESIGN §6, as DisaggMeta.Protocol carries them:
+// the worker writes them, the router and the simulator read them.
+const (
+	ProtocolSGLangBootstrap = "sglang-bootstrap"
+	ProtocolVLLMMooncake    = "vllm-mooncake"
+	ProtocolVLLMNixl        = "vllm-nixl"
+	ProtocolVLLMMoriRead    = "vllm-mori-read"
+	ProtocolVLLMMoriWrite   = "vllm-mori-write"
+	ProtocolATOMMooncake    = "atom-mooncake"
+)
+
 // DisaggMeta carries the PD protocol of a prefill or decode worker (§6).
 // The zero value encodes as {} as Infera writes it for mixed workers.
 type DisaggMeta struct {

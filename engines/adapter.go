@@ -3,6 +3,7 @@ package engines
 import (
 	"errors"
 	"fmt"
+	"github.com/infera/infera/engargs"
 	"io"
 	"net"
 	"os"
@@ -19,7 +20,7 @@ var (
 	// ErrUnknownEngine is returned by Lookup for an engine without an adapter.
 	ErrUnknownEngine = errors.New("unknown engine")
 	// ErrEngineArgs is wrapped when the engine's own arguments cannot be used.
-	ErrEngineArgs = errors.New("invalid engine arguments")
+	ErrEngineArgs = engargs.ErrArgs
 	// ErrMetrics is wrapped when an engine's /metrics (or the endpoint an
 	// engine reports its block size on) cannot be read.
 	ErrMetrics = errors.New("engine metrics")
@@ -289,9 +290,7 @@ func resolvePort(opts Options, args []string, flag, value string, given bool, ho
 // skipped without their values, which the worker cannot know.
 func parseEngineFlags(args []string, names ...string) (map[string]string, error) {
 	found := make(map[string]string, len(names))
-	err := walkEngineFlags(args, names, func(name string, _ int, _ bool, value string) {
-		found[name] = value
-	})
+	err := walkEngineFlags(args, names, func(f engargs.Flag) { found[f.Name] = f.Value })
 	return found, err
 }
 
@@ -300,9 +299,9 @@ func parseEngineFlags(args []string, names ...string) (map[string]string, error)
 func firstEngineFlag(args []string, name string) (string, bool, error) {
 	var v string
 	found := false
-	err := walkEngineFlags(args, []string{name}, func(_ string, _ int, _ bool, value string) {
+	err := walkEngineFlags(args, []string{name}, func(f engargs.Flag) {
 		if !found {
-			v, found = value, true
+			v, found = f.Value, true
 		}
 	})
 	return v, found, err
@@ -316,12 +315,8 @@ func hasEngineFlag(args []string, names ...string) bool {
 		if arg == "--" {
 			return false
 		}
-		name, ok := flagName(arg)
-		if !ok {
-			continue
-		}
-		name, value, inline := strings.Cut(name, "=")
-		if slices.Contains(names, name) && (!inline || strings.EqualFold(value, "true") || value == "1") {
+		name, value, inline, ok := engargs.Split(arg)
+		if ok && slices.Contains(names, name) && (!inline || strings.EqualFold(value, "true") || value == "1") {
 			return true
 		}
 	}
@@ -332,69 +327,24 @@ func hasEngineFlag(args []string, names ...string) bool {
 // replaced, keeping the form it was written in.
 func replaceEngineFlag(args []string, name, value string) ([]string, error) {
 	out := slices.Clone(args)
-	err := walkEngineFlags(args, []string{name}, func(_ string, i int, inline bool, _ string) {
-		if inline {
-			prefix, _, _ := strings.Cut(args[i], "=")
-			out[i] = prefix + "=" + value
+	err := walkEngineFlags(args, []string{name}, func(f engargs.Flag) {
+		if f.Inline {
+			prefix, _, _ := strings.Cut(args[f.At], "=")
+			out[f.At] = prefix + "=" + value
 		} else {
-			out[i] = value
+			out[f.At] = value
 		}
 	})
 	return out, err
 }
 
-// flagName strips the dashes of a flag argument and normalises "_" to "-"
-// in its name (not in an inline value); ok is false for a non-flag.
-func flagName(arg string) (string, bool) {
-	name, ok := strings.CutPrefix(arg, "--")
-	if !ok {
-		if name, ok = strings.CutPrefix(arg, "-"); !ok {
-			return "", false
-		}
-	}
-	if name == "" {
-		return "", false
-	}
-	key, value, inline := strings.Cut(name, "=")
-	// Only the flag's own name: in "--kv-transfer-config.kv_role" the part
-	// after the dot is a JSON key and keeps its underscores.
-	head, path, dotted := strings.Cut(key, ".")
-	key = strings.ReplaceAll(head, "_", "-")
-	if dotted {
-		key += "." + path
-	}
-	if inline {
-		return key + "=" + value, true
-	}
-	return key, true
-}
-
-// walkEngineFlags calls fn for each occurrence of a flag in names with the
-// index of the argument holding its value (the flag itself when inline).
-func walkEngineFlags(args, names []string, fn func(name string, i int, inline bool, value string)) error {
-	for i := 0; i < len(args); i++ {
-		arg := args[i]
-		if arg == "--" {
-			break
-		}
-		name, ok := flagName(arg)
-		if !ok {
-			continue
-		}
-		name, value, inline := strings.Cut(name, "=")
-		if !slices.Contains(names, name) {
-			continue
-		}
-		if !inline {
-			if i+1 >= len(args) {
-				return fmt.Errorf("%w: %s needs a value", ErrEngineArgs, arg)
-			}
-			i++
-			value = args[i]
-		}
-		fn(name, i, inline, value)
-	}
-	return nil
+// walkEngineFlags calls fn for each occurrence of a flag in names before
+// "--" (see engargs.Walk).
+func walkEngineFlags(args, names []string, fn func(engargs.Flag)) error {
+	return engargs.Walk(args, engargs.Names(names...), func(f engargs.Flag) error {
+		fn(f)
+		return nil
+	})
 }
 
 // lookup returns the value of the first of several spellings of one flag
@@ -480,10 +430,82 @@ func checkModel(name string) error {
 }
 
 // clipArg keeps error messages short when an argument is huge.
-func clipArg(s string) string {
-	const n = 80
-	if len(s) <= n {
-		return s
+func clipArg(s string) string { return engargs.Clip(s) }
+
+// The preamble every adapter shares: which flags name the served model,
+// the bind host, the HTTP port and the KV block size, and how they become
+// the Endpoint the worker advertises.
+
+// endpointFlags names an engine's preamble flags.
+type endpointFlags struct {
+	host, port, blockSize string
+	defaultHost           string
+	// emptyHostIsDefault: `--host ""` means the default (vLLM), rather than
+	// an invalid host.
+	emptyHostIsDefault bool
+}
+
+// servedModel returns the name clients use: --served-model-name when given
+// (it wins over the model path, as in vLLM), else model; checked.
+func servedModel(flags map[string]string, model string) (string, error) {
+	if v, ok := flags["served-model-name"]; ok {
+		model = v
 	}
-	return s[:n] + "…"
+	if err := checkModel(model); err != nil {
+		return "", err
+	}
+	return model, nil
+}
+
+// requiredModel is servedModel over the first of the model flags given;
+// the first name is the one an error asks for.
+func requiredModel(flags map[string]string, names ...string) (string, error) {
+	model, ok := lookup(flags, names...)
+	if !ok {
+		return "", fmt.Errorf("%w: --%s is required", ErrEngineArgs, names[0])
+	}
+	return servedModel(flags, model)
+}
+
+// resolveHost sets ep.Host (checked) and ep.AdvertiseHost.
+func resolveHost(opts Options, flags map[string]string, f endpointFlags, ep *Endpoint) error {
+	ep.Host = f.defaultHost
+	if v, ok := flags[f.host]; ok && !(f.emptyHostIsDefault && v == "") {
+		if err := checkHost(v); err != nil {
+			return err
+		}
+		ep.Host = v
+	}
+	var err error
+	ep.AdvertiseHost, err = advertiseHost(opts.AdvertiseHost, ep.Host, opts.interfaces)
+	return err
+}
+
+// resolveBlockSize sets ep.BlockSize when the block-size flag is given.
+func resolveBlockSize(flags map[string]string, f endpointFlags, ep *Endpoint) error {
+	v, ok := flags[f.blockSize]
+	if !ok {
+		return nil
+	}
+	var err error
+	ep.BlockSize, err = parseBlockSizeFlag(f.blockSize, v)
+	return err
+}
+
+// resolveEndpoint runs the preamble after the model: host, advertised
+// host, port (see resolvePort: the rewritten args and the flags to add)
+// and block size.
+func resolveEndpoint(opts Options, args []string, flags map[string]string, f endpointFlags, ep *Endpoint) (newArgs, extra []string, err error) {
+	if err := resolveHost(opts, flags, f, ep); err != nil {
+		return nil, nil, err
+	}
+	portValue, portGiven := flags[f.port]
+	ep.Port, args, extra, err = resolvePort(opts, args, f.port, portValue, portGiven, portCheckHost(ep.Host))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := resolveBlockSize(flags, f, ep); err != nil {
+		return nil, nil, err
+	}
+	return args, extra, nil
 }

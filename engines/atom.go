@@ -28,10 +28,7 @@ var atomValueFlags = []string{
 }
 
 func (atomAdapter) Prepare(opts Options, args []string) (Launch, error) {
-	if err := refuseModuleArgs(args, atomModule); err != nil {
-		return Launch{}, err
-	}
-	flags, err := parseEngineFlags(args, atomValueFlags...)
+	flags, err := moduleFlags(args, atomModule, atomValueFlags...)
 	if err != nil {
 		return Launch{}, err
 	}
@@ -40,29 +37,13 @@ func (atomAdapter) Prepare(opts Options, args []string) (Launch, error) {
 
 	// ATOM answers to its --model as the model name; required here because
 	// its built-in default model is not something to advertise by accident.
-	model, ok := flags["model"]
-	if !ok {
-		return Launch{}, fmt.Errorf("%w: --model is required", ErrEngineArgs)
-	}
-	ep.Model = model
-	if v, ok := flags["served-model-name"]; ok {
-		ep.Model = v
-	}
-	if err := checkModel(ep.Model); err != nil {
+	if ep.Model, err = requiredModel(flags, "model"); err != nil {
 		return Launch{}, err
 	}
-	if v, ok := flags["host"]; ok {
-		if err := checkHost(v); err != nil {
-			return Launch{}, err
-		}
-		ep.Host = v
-	}
-	if ep.AdvertiseHost, err = advertiseHost(opts.AdvertiseHost, ep.Host, opts.interfaces); err != nil {
-		return Launch{}, err
-	}
-	portValue, portGiven := flags["server-port"]
 	var extra []string
-	ep.Port, args, extra, err = resolvePort(opts, args, "server-port", portValue, portGiven, portCheckHost(ep.Host))
+	args, extra, err = resolveEndpoint(opts, args, flags, endpointFlags{
+		host: "host", port: "server-port", blockSize: "block-size", defaultHost: atomDefaultHost,
+	}, &ep)
 	if err != nil {
 		return Launch{}, err
 	}
@@ -74,11 +55,6 @@ func (atomAdapter) Prepare(opts Options, args []string) (Launch, error) {
 		return Launch{}, err
 	}
 	extra = append(extra, internalExtra...)
-	if v, ok := flags["block-size"]; ok {
-		if ep.BlockSize, err = parseBlockSizeFlag("block-size", v); err != nil {
-			return Launch{}, err
-		}
-	}
 	tp, err := parseCount(flags, 1, "tensor-parallel-size", "tp")
 	if err != nil {
 		return Launch{}, err
@@ -90,7 +66,7 @@ func (atomAdapter) Prepare(opts Options, args []string) (Launch, error) {
 	var evExtra []string
 	if cfg, err := parseJSONArg(args, "kv-events-config"); err != nil {
 		return Launch{}, err
-	} else if cfg.present {
+	} else if cfg.Present {
 		var evWarn []string
 		if args, evExtra, evWarn, err = pyEvents(opts, args, &ep, eventsSpec{style: vllmStyle, ranks: 1}); err != nil {
 			return Launch{}, err

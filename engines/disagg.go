@@ -8,16 +8,6 @@ import (
 	"github.com/infera/infera/discovery"
 )
 
-// PD protocol names of DESIGN §6, as disagg_meta.protocol carries them.
-const (
-	protoSGLangBootstrap = "sglang-bootstrap"
-	protoVLLMMooncake    = "vllm-mooncake"
-	protoVLLMNixl        = "vllm-nixl"
-	protoVLLMMoriRead    = "vllm-mori-read"
-	protoVLLMMoriWrite   = "vllm-mori-write"
-	protoATOMMooncake    = "atom-mooncake"
-)
-
 // Engine defaults of the disaggregation side channels.
 const (
 	vllmMooncakeBootstrapPort = 8998 // VLLM_MOONCAKE_BOOTSTRAP_PORT's default
@@ -43,9 +33,9 @@ func roleOf(role string) (discovery.DisaggMode, bool) {
 // vllmConnectors maps vLLM kv_connector names to PD protocols; MoRIIO is
 // resolved by its mode.
 var vllmConnectors = map[string]string{
-	"MooncakeConnector": protoVLLMMooncake,
-	"NixlConnector":     protoVLLMNixl,
-	"MoRIIOConnector":   protoVLLMMoriWrite,
+	"MooncakeConnector": discovery.ProtocolVLLMMooncake,
+	"NixlConnector":     discovery.ProtocolVLLMNixl,
+	"MoRIIOConnector":   discovery.ProtocolVLLMMoriWrite,
 }
 
 // vllmDisagg reads vLLM's --kv-transfer-config into ep's disaggregation
@@ -54,7 +44,7 @@ var vllmConnectors = map[string]string{
 // advertise, and the Mooncake decode leg must name the prefill's.
 func vllmDisagg(opts Options, args []string, ep *Endpoint) (out, extra, warnings []string, err error) {
 	cfg, err := parseJSONArg(args, "kv-transfer-config")
-	if err != nil || !cfg.present {
+	if err != nil || !cfg.Present {
 		return args, nil, nil, err
 	}
 	role, _ := cfg.str("kv_role")
@@ -89,7 +79,7 @@ func vllmDisagg(opts Options, args []string, ep *Endpoint) (out, extra, warnings
 		return args, nil, warnings, nil
 	}
 	if connector == "MoRIIOConnector" && moriReadMode(opts, extraCfg) {
-		protocol = protoVLLMMoriRead
+		protocol = discovery.ProtocolVLLMMoriRead
 	}
 
 	params := map[string]any{"kv_connector": connector}
@@ -102,14 +92,14 @@ func vllmDisagg(opts Options, args []string, ep *Endpoint) (out, extra, warnings
 	}
 	params["engine_id"] = engineID
 	for _, k := range []string{"kv_ip", "kv_port"} {
-		if v, ok := cfg.obj[k]; ok && v != nil {
+		if v, ok := cfg.Obj[k]; ok && v != nil {
 			params[k] = v
 		}
 	}
 	if len(extraCfg) > 0 {
 		params["kv_connector_extra_config"] = extraCfg
 	}
-	if protocol == protoVLLMMooncake {
+	if protocol == discovery.ProtocolVLLMMooncake {
 		port := vllmMooncakeBootstrapPort
 		if v, ok := opts.lookupEnv("VLLM_MOONCAKE_BOOTSTRAP_PORT"); ok && v != "" {
 			if port, err = parsePort("VLLM_MOONCAKE_BOOTSTRAP_PORT", v); err != nil || port == 0 {
@@ -141,7 +131,7 @@ func moriReadMode(opts Options, extraCfg map[string]any) bool {
 // atom-mooncake protocol needs to replay ATOM's proxy hand-off.
 func atomDisagg(args []string, ep *Endpoint, tpSize int) (warnings []string, err error) {
 	cfg, err := parseJSONArg(args, "kv-transfer-config")
-	if err != nil || !cfg.present {
+	if err != nil || !cfg.Present {
 		return nil, err
 	}
 	role, _ := cfg.str("kv_role")
@@ -161,15 +151,15 @@ func atomDisagg(args []string, ep *Endpoint, tpSize int) (warnings []string, err
 		warnings = append(warnings, fmt.Sprintf("--kv-transfer-config kv_connector %q: only ATOM's mooncake connector has a PD protocol here; registered as %s without one", connector, mode))
 		return warnings, nil
 	}
-	handshake, err := jsonInt(cfg.obj, "handshake_port", atomHandshakePort)
+	handshake, err := jsonInt(cfg.Obj, "handshake_port", atomHandshakePort)
 	if err != nil {
 		return nil, err
 	}
-	dp, err := jsonInt(cfg.obj, "dp_size", 1)
+	dp, err := jsonInt(cfg.Obj, "dp_size", 1)
 	if err != nil {
 		return nil, err
 	}
-	ep.DisaggMeta = discovery.DisaggMeta{Protocol: protoATOMMooncake, Params: map[string]any{
+	ep.DisaggMeta = discovery.DisaggMeta{Protocol: discovery.ProtocolATOMMooncake, Params: map[string]any{
 		"host":           ep.AdvertiseHost,
 		"http_port":      ep.Port,
 		"handshake_port": handshake,
@@ -237,6 +227,6 @@ func sglangDisagg(flags map[string]string, ep *Endpoint) error {
 		// Infera's own key for the same address, so its routers pair ours.
 		params["bootstrap_addr"] = hostPort(ep.AdvertiseHost, port)
 	}
-	ep.DisaggMeta = discovery.DisaggMeta{Protocol: protoSGLangBootstrap, Params: params}
+	ep.DisaggMeta = discovery.DisaggMeta{Protocol: discovery.ProtocolSGLangBootstrap, Params: params}
 	return nil
 }

@@ -186,27 +186,27 @@ func TestVLLMDisagg(t *testing.T) {
 		{
 			name: "mooncake with bootstrap port from env", env: map[string]string{"VLLM_MOONCAKE_BOOTSTRAP_PORT": "9100"},
 			config:   `{"kv_connector":"MooncakeConnector","kv_role":"kv_consumer","engine_id":"d0","kv_ip":"10.0.0.5","kv_port":14579}`,
-			wantMode: discovery.DisaggDecode, wantProto: protoVLLMMooncake,
+			wantMode: discovery.DisaggDecode, wantProto: discovery.ProtocolVLLMMooncake,
 			wantParams: map[string]string{"engine_id": "d0", "bootstrap_addr": "http://10.0.0.5:9100", "bootstrap_port": "9100", "kv_ip": "10.0.0.5", "kv_port": "14579"},
 		},
 		{
 			name: "mori write by default", config: `{"kv_connector":"MoRIIOConnector","kv_role":"kv_consumer"}`,
-			wantMode: discovery.DisaggDecode, wantProto: protoVLLMMoriWrite, wantParams: map[string]string{"engine_id": "infera-0123abcd"},
+			wantMode: discovery.DisaggDecode, wantProto: discovery.ProtocolVLLMMoriWrite, wantParams: map[string]string{"engine_id": "infera-0123abcd"},
 		},
 		{
 			name: "mori read from the old env", env: map[string]string{"VLLM_MORIIO_CONNECTOR_READ_MODE": "1"},
 			config:   `{"kv_connector":"MoRIIOConnector","kv_role":"kv_consumer"}`,
-			wantMode: discovery.DisaggDecode, wantProto: protoVLLMMoriRead,
+			wantMode: discovery.DisaggDecode, wantProto: discovery.ProtocolVLLMMoriRead,
 		},
 		{
 			name: "mori extra config beats env", env: map[string]string{"VLLM_MORIIO_CONNECTOR_READ_MODE": "1"},
 			config:   `{"kv_connector":"MoRIIOConnector","kv_role":"kv_consumer","kv_connector_extra_config":{"read_mode":false}}`,
-			wantMode: discovery.DisaggDecode, wantProto: protoVLLMMoriWrite,
+			wantMode: discovery.DisaggDecode, wantProto: discovery.ProtocolVLLMMoriWrite,
 		},
 		{
 			name:     "multi connector",
 			config:   `{"kv_connector":"MultiConnector","kv_role":"kv_producer","kv_connector_extra_config":{"connectors":[{"kv_connector":"OffloadingConnector"},{"kv_connector":"NixlConnector","kv_connector_extra_config":{"backends":["UCX"]}}]}}`,
-			wantMode: discovery.DisaggPrefill, wantProto: protoVLLMNixl,
+			wantMode: discovery.DisaggPrefill, wantProto: discovery.ProtocolVLLMNixl,
 			wantParams: map[string]string{"kv_connector": "NixlConnector", "kv_connector_extra_config": "map[backends:[UCX]]"},
 		},
 	}
@@ -361,8 +361,8 @@ func TestJSONArgAdd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(j.obj) != "map[k:w x:map[y:1 z:true]]" || !j.dotted {
-		t.Fatalf("merged %v", j.obj)
+	if fmt.Sprint(j.Obj) != "map[k:w x:map[y:1 z:true]]" || !j.Dotted {
+		t.Fatalf("merged %v", j.Obj)
 	}
 	if _, err := parseJSONArg([]string{"--c.", "1"}, "c"); !errors.Is(err, ErrEngineArgs) {
 		t.Fatalf("empty dotted key: %v", err)
@@ -429,5 +429,23 @@ func TestWarnLoopbackAdvertise(t *testing.T) {
 		if got != tc.warn {
 			t.Errorf("advertise %s to %v: warned %v, want %v", tc.adv, tc.endpoints, got, tc.warn)
 		}
+	}
+}
+
+// TestEngineFlagsDashesAndNegatives: the worker reads a command line as the
+// simulator's facades and the engines' argparse do (engargs): a negative
+// number is a value, and nothing after "--" is a flag.
+func TestEngineFlagsDashesAndNegatives(t *testing.T) {
+	args := []string{"--seed", "-1", "-2", "--port", "8000", "--", "--port", "9", "--headless"}
+	flags, err := parseEngineFlags(args, "seed", "port")
+	if err != nil || flags["seed"] != "-1" || flags["port"] != "8000" {
+		t.Fatalf("flags %v %v", flags, err)
+	}
+	if hasEngineFlag(args, "headless") || hasEngineFlag([]string{"-1"}, "1") {
+		t.Fatal("a switch after -- or a negative number taken for a flag")
+	}
+	out, err := replaceEngineFlag(args, "port", "8001")
+	if err != nil || out[4] != "8001" || out[7] != "9" {
+		t.Fatalf("replace %q %v", out, err)
 	}
 }

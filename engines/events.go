@@ -98,7 +98,7 @@ func pyEvents(opts Options, args []string, ep *Endpoint, spec eventsSpec) (out, 
 	if opts.NoKVEvents {
 		return args, nil, nil, nil
 	}
-	if pub, ok := cfg.obj["publisher"]; ok {
+	if pub, ok := cfg.Obj["publisher"]; ok {
 		if s, _ := pub.(string); s != "zmq" {
 			if s != "null" {
 				warnings = append(warnings, fmt.Sprintf("--kv-events-config publisher %v is not zmq: KV events not advertised, routing to this worker is approximate", pub))
@@ -122,7 +122,7 @@ func pyEvents(opts Options, args []string, ep *Endpoint, spec eventsSpec) (out, 
 	ranks := max(spec.ranks, 1)
 	socket := func(key string, optional bool) (string, error) {
 		flag := "--kv-events-config " + key
-		v, set := cfg.obj[key]
+		v, set := cfg.Obj[key]
 		if !set {
 			base, err := opts.freePorts("0.0.0.0", ranks)
 			if err != nil {

@@ -3,7 +3,7 @@ package engines
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
+	"github.com/infera/infera/engargs"
 	"slices"
 	"strings"
 )
@@ -11,128 +11,42 @@ import (
 // jsonArg is an engine flag whose value is a JSON object: vLLM's and
 // ATOM's --kv-transfer-config, vLLM's and SGLang's --kv-events-config. vLLM
 // also takes such objects in dotted form, one key per flag
-// ("--kv-events-config.endpoint tcp://*:5557"); both forms are read into one
-// view. The worker reads these objects and adds keys the user left out,
-// never changing one they set.
+// ("--kv-events-config.endpoint tcp://*:5557"); engargs.ParseJSON reads
+// both forms into one view. The worker reads these objects and adds keys
+// the user left out, never changing one they set.
 type jsonArg struct {
-	name    string
-	present bool
-	obj     map[string]any // the merged object; nil when absent
-	at      int            // index of the argument with the last whole-object value; -1 when none
-	inline  bool           // that value was written --name={...}
-	keys    int            // keys in that object (whether an added key needs a comma)
-	dotted  bool           // a dotted key was given
+	engargs.JSONFlag
 }
 
 // parseJSONArg reads flag name (and its dotted keys) from args. A value that
 // is not a JSON object is refused: the engine would refuse it too, and the
 // worker would otherwise advertise something the engine does not do.
 func parseJSONArg(args []string, name string) (jsonArg, error) {
-	j := jsonArg{name: name, at: -1}
-	for i := 0; i < len(args); i++ {
-		if args[i] == "--" {
-			break
-		}
-		flag, ok := flagName(args[i])
-		if !ok {
-			continue
-		}
-		key, value, inline := strings.Cut(flag, "=")
-		path, isDotted := strings.CutPrefix(key, name+".")
-		if key != name && !isDotted {
-			continue
-		}
-		valueAt := i
-		if !inline {
-			if i+1 >= len(args) {
-				return jsonArg{}, fmt.Errorf("%w: %s needs a value", ErrEngineArgs, args[i])
-			}
-			i++
-			valueAt, value = i, args[i]
-		}
-		j.present = true
-		if isDotted {
-			if path == "" || slices.Contains(strings.Split(path, "."), "") {
-				return jsonArg{}, fmt.Errorf("%w: %s: empty key", ErrEngineArgs, args[valueAt])
-			}
-			if j.obj == nil {
-				j.obj = map[string]any{}
-			}
-			setPath(j.obj, strings.Split(path, "."), dottedValue(value))
-			j.dotted = true
-			continue
-		}
-		obj, err := decodeObject(value)
-		if err != nil {
-			return jsonArg{}, fmt.Errorf("%w: --%s %q: %w", ErrEngineArgs, name, clipArg(value), err)
-		}
-		// A later whole object replaces what came before, as in argparse.
-		j.obj, j.at, j.inline, j.keys = obj, valueAt, inline, len(obj)
-	}
-	return j, nil
-}
-
-func decodeObject(s string) (map[string]any, error) {
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.UseNumber()
-	var obj map[string]any
-	if err := dec.Decode(&obj); err != nil {
-		return nil, fmt.Errorf("not a JSON object: %w", err)
-	}
-	if obj == nil {
-		return nil, fmt.Errorf("not a JSON object")
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("trailing data after the JSON object")
-	}
-	return obj, nil
-}
-
-// dottedValue reads a dotted key's value as vLLM does: JSON when it parses,
-// else the plain string.
-func dottedValue(s string) any {
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err == nil && !dec.More() {
-		return v
-	}
-	return s
-}
-
-func setPath(m map[string]any, path []string, v any) {
-	for _, k := range path[:len(path)-1] {
-		next, ok := m[k].(map[string]any)
-		if !ok {
-			next = map[string]any{}
-			m[k] = next
-		}
-		m = next
-	}
-	m[path[len(path)-1]] = v
+	j, err := engargs.ParseJSON(args, name)
+	return jsonArg{j}, err
 }
 
 // has reports whether the user set key (even to null).
 func (j *jsonArg) has(key string) bool {
-	_, ok := j.obj[key]
+	_, ok := j.Obj[key]
 	return ok
 }
 
 // str returns key as a string; ok is false when absent or not a string.
 func (j *jsonArg) str(key string) (string, bool) {
-	s, ok := j.obj[key].(string)
+	s, ok := j.Obj[key].(string)
 	return s, ok
 }
 
 // object returns key as an object, or nil.
 func (j *jsonArg) object(key string) map[string]any {
-	m, _ := j.obj[key].(map[string]any)
+	m, _ := j.Obj[key].(map[string]any)
 	return m
 }
 
 // isFalse reports whether key is set to false (or "false"/"0").
 func (j *jsonArg) isFalse(key string) bool {
-	return isFalseValue(j.obj[key])
+	return isFalseValue(j.Obj[key])
 }
 
 func isFalseValue(v any) bool {
@@ -183,27 +97,27 @@ func (j *jsonArg) add(args []string, keys []jsonKey) (out, extra []string) {
 	}
 	fields := b.String()
 	switch {
-	case !j.present:
-		return args, []string{"--" + j.name, "{" + fields + "}"}
-	case j.dotted || j.at < 0:
+	case !j.Present:
+		return args, []string{"--" + j.Name, "{" + fields + "}"}
+	case j.Dotted || j.At < 0:
 		for _, k := range keys {
-			extra = append(extra, "--"+j.name+"."+k.key, dottedText(k.value))
+			extra = append(extra, "--"+j.Name+"."+k.key, dottedText(k.value))
 		}
 		return args, extra
 	}
 	out = slices.Clone(args)
-	value := args[j.at]
+	value := args[j.At]
 	prefix := ""
-	if j.inline {
+	if j.Inline {
 		p, v, _ := strings.Cut(value, "=")
 		prefix, value = p+"=", v
 	}
 	brace := strings.IndexByte(value, '{') // the value decoded as an object, so it has one
 	sep := ""
-	if j.keys > 0 {
+	if j.Keys > 0 {
 		sep = ","
 	}
-	out[j.at] = prefix + value[:brace+1] + fields + sep + value[brace+1:]
+	out[j.At] = prefix + value[:brace+1] + fields + sep + value[brace+1:]
 	return out, nil
 }
 

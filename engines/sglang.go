@@ -31,49 +31,24 @@ var sglangValueFlags = []string{
 }
 
 func (sglangAdapter) Prepare(opts Options, args []string) (Launch, error) {
-	if err := refuseModuleArgs(args, sglangModule); err != nil {
-		return Launch{}, err
-	}
-	flags, err := parseEngineFlags(args, sglangValueFlags...)
+	flags, err := moduleFlags(args, sglangModule, sglangValueFlags...)
 	if err != nil {
 		return Launch{}, err
 	}
 	var ep Endpoint
 	var warnings []string
 
-	model, ok := lookup(flags, "model-path", "model")
-	if !ok {
-		return Launch{}, fmt.Errorf("%w: --model-path is required", ErrEngineArgs)
-	}
-	ep.Model = model
-	if v, ok := flags["served-model-name"]; ok {
-		ep.Model = v
-	}
-	if err := checkModel(ep.Model); err != nil {
+	if ep.Model, err = requiredModel(flags, "model-path", "model"); err != nil {
 		return Launch{}, err
 	}
-	ep.Host = sglangDefaultHost
-	if v, ok := flags["host"]; ok {
-		if err := checkHost(v); err != nil {
-			return Launch{}, err
-		}
-		ep.Host = v
-	}
-	if ep.AdvertiseHost, err = advertiseHost(opts.AdvertiseHost, ep.Host, opts.interfaces); err != nil {
-		return Launch{}, err
-	}
-	portValue, portGiven := flags["port"]
+	// Without --page-size SGLang picks one per attention backend; the
+	// worker asks /get_server_info once it is up.
 	var extra []string
-	ep.Port, args, extra, err = resolvePort(opts, args, "port", portValue, portGiven, portCheckHost(ep.Host))
+	args, extra, err = resolveEndpoint(opts, args, flags, endpointFlags{
+		host: "host", port: "port", blockSize: "page-size", defaultHost: sglangDefaultHost,
+	}, &ep)
 	if err != nil {
 		return Launch{}, err
-	}
-	if v, ok := flags["page-size"]; ok {
-		// Otherwise SGLang picks one per attention backend; the worker asks
-		// /get_server_info once it is up.
-		if ep.BlockSize, err = parseBlockSizeFlag("page-size", v); err != nil {
-			return Launch{}, err
-		}
 	}
 
 	dp, err := parseCount(flags, 1, "dp-size", "dp")
@@ -166,6 +141,15 @@ func (sglangAdapter) parseBlockSize(body io.Reader) (int, error) {
 		return 0, fmt.Errorf("%w: /get_server_info carries no page_size", ErrMetrics)
 	}
 	return *size, nil
+}
+
+// moduleFlags reads a Python engine's value flags (see parseEngineFlags)
+// after refusing a command line that repeats `-m module`.
+func moduleFlags(args []string, module string, names ...string) (map[string]string, error) {
+	if err := refuseModuleArgs(args, module); err != nil {
+		return nil, err
+	}
+	return parseEngineFlags(args, names...)
 }
 
 // refuseModuleArgs catches engine arguments that repeat the launcher

@@ -52,31 +52,19 @@ func (simAdapter) Prepare(opts Options, args []string) (Launch, error) {
 			flags[name] = v
 		}
 	}
-	ep := Endpoint{Host: simDefaultHost, Model: simDefaultModel, BlockSize: simDefaultBlockSize, DPSize: 1,
-		Imitates: simFlavor(opts, args)}
-	if v, ok := flags["host"]; ok {
-		if err := checkHost(v); err != nil {
-			return Launch{}, err
-		}
-		ep.Host = v
-	}
+	ep := Endpoint{BlockSize: simDefaultBlockSize, DPSize: 1, Imitates: simFlavor(opts, args)}
+	model := simDefaultModel
 	if v, ok := flags["model"]; ok {
-		ep.Model = v
+		model = v
 	}
-	// The served name is what clients put in "model", so it wins over the
-	// model path, as in vLLM.
-	if v, ok := flags["served-model-name"]; ok {
-		ep.Model = v
-	}
-	if err := checkModel(ep.Model); err != nil {
+	if ep.Model, err = servedModel(flags, model); err != nil {
 		return Launch{}, err
 	}
-	if v, ok := flags["block-size"]; ok {
-		if ep.BlockSize, err = parseBlockSizeFlag("block-size", v); err != nil {
-			return Launch{}, err
-		}
+	simFlags := endpointFlags{host: "host", blockSize: "block-size", defaultHost: simDefaultHost}
+	if err := resolveBlockSize(flags, simFlags, &ep); err != nil {
+		return Launch{}, err
 	}
-	if ep.AdvertiseHost, err = advertiseHost(opts.AdvertiseHost, ep.Host, opts.interfaces); err != nil {
+	if err := resolveHost(opts, flags, simFlags, &ep); err != nil {
 		return Launch{}, err
 	}
 

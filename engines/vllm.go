@@ -53,30 +53,15 @@ func (vllmAdapter) Prepare(opts Options, args []string) (Launch, error) {
 	if err := checkModel(ep.Model); err != nil {
 		return Launch{}, err
 	}
-
-	// Without --host vLLM binds every interface.
-	ep.Host = "0.0.0.0"
-	if v, ok := flags["host"]; ok && v != "" {
-		if err := checkHost(v); err != nil {
-			return Launch{}, err
-		}
-		ep.Host = v
-	}
-	if ep.AdvertiseHost, err = advertiseHost(opts.AdvertiseHost, ep.Host, opts.interfaces); err != nil {
-		return Launch{}, err
-	}
-	portValue, portGiven := flags["port"]
+	// Without --host vLLM binds every interface. With --block-size vLLM may
+	// still choose another (hybrid models); the worker reads the resolved
+	// one from vllm:cache_config_info once it is up.
 	var extra []string
-	ep.Port, args, extra, err = resolvePort(opts, args, "port", portValue, portGiven, portCheckHost(ep.Host))
+	args, extra, err = resolveEndpoint(opts, args, flags, endpointFlags{
+		host: "host", port: "port", blockSize: "block-size", defaultHost: "0.0.0.0", emptyHostIsDefault: true,
+	}, &ep)
 	if err != nil {
 		return Launch{}, err
-	}
-	if v, ok := flags["block-size"]; ok {
-		// vLLM may still choose another (hybrid models); the worker reads
-		// the resolved one from vllm:cache_config_info once it is up.
-		if ep.BlockSize, err = parseBlockSizeFlag("block-size", v); err != nil {
-			return Launch{}, err
-		}
 	}
 
 	if hasEngineFlag(args, "headless") {

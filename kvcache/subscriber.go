@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/infera/infera/zmtp"
 	"github.com/rs/zerolog"
 )
 
@@ -124,11 +126,11 @@ func NewSubscriber(idx *Index, cfg SubscriberConfig, log zerolog.Logger) (*Subsc
 }
 
 func (src *Source) validate() error {
-	if _, err := parseTCPEndpoint(src.Endpoint); err != nil {
+	if _, err := zmtp.DialAddr(src.Endpoint); err != nil {
 		return fmt.Errorf("kv events endpoint of %s: %w", src.Key.Worker, err)
 	}
 	if src.ReplayEndpoint != "" {
-		if _, err := parseTCPEndpoint(src.ReplayEndpoint); err != nil {
+		if _, err := zmtp.DialAddr(src.ReplayEndpoint); err != nil {
 			return fmt.Errorf("replay endpoint of %s: %w", src.Key.Worker, err)
 		}
 	}
@@ -356,7 +358,7 @@ func nextBackoff(prev, lo, hi time.Duration) time.Duration {
 // session runs one connection until it fails or ctx ends; connected reports
 // whether the handshake succeeded (to reset the backoff).
 func (st *stream) session(ctx context.Context) (connected bool, err error) {
-	zc, nc, err := dialZMTP(ctx, st.src.Endpoint, zmq4.Sub, st.cfg.DialTimeout, st.cfg.MaxMessageBytes)
+	zc, nc, err := zmtp.Dial(ctx, st.src.Endpoint, zmq4.Sub, st.cfg.DialTimeout, uint64(st.cfg.MaxMessageBytes))
 	if err != nil {
 		return false, err
 	}
@@ -396,7 +398,7 @@ func (st *stream) session(ctx context.Context) (connected bool, err error) {
 			st.badMessage(fmt.Errorf("%w: message has %d frames, want [topic, seq, payload]", ErrBadEvent, len(msg.Frames)))
 			continue
 		}
-		seq := beUint64(msg.Frames[1])
+		seq := zmtp.Seq(msg.Frames[1])
 		if fresh && seq < connectNext {
 			st.log.Info().Uint64("seq", seq).Uint64("expected", connectNext).Msg("kv events sequence restarted; clearing worker")
 			st.idx.Clear(st.w)
@@ -513,7 +515,7 @@ func (st *stream) replayFailed(err error) {
 func (st *stream) replay(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, st.cfg.ReplayTimeout)
 	defer cancel()
-	zc, nc, err := dialZMTP(rctx, st.src.ReplayEndpoint, zmq4.Dealer, st.cfg.DialTimeout, st.cfg.MaxMessageBytes)
+	zc, nc, err := zmtp.Dial(rctx, st.src.ReplayEndpoint, zmq4.Dealer, st.cfg.DialTimeout, uint64(st.cfg.MaxMessageBytes))
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrReplay, err)
 	}
@@ -545,8 +547,8 @@ func (st *stream) replay(ctx context.Context) error {
 		if len(frames) != 2 || len(frames[0]) != 8 {
 			return fmt.Errorf("%w: reply has %d frames, want [\"\", seq, payload]", ErrReplay, len(msg.Frames))
 		}
-		seq := beUint64(frames[0])
-		if seq == replayEndSeq || len(frames[1]) == 0 {
+		seq := zmtp.Seq(frames[0])
+		if seq == zmtp.ReplayEnd || len(frames[1]) == 0 {
 			st.replays.Add(1)
 			st.synced = true
 			st.updateMode()

@@ -1,18 +1,16 @@
 package kvcache
 
 import (
-	"context"
-	"encoding/binary"
 	"errors"
-	"net"
 	"slices"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/go-zeromq/zmq4/security/null"
 	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/zmtp/zmtptest"
 )
 
 // eventually polls cond until it holds or a generous deadline passes.
@@ -24,172 +22,6 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func seqBytes(seq uint64) []byte {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], seq)
-	return b[:]
-}
-
-// testPub is an engine-side ZMQ PUB endpoint built on zmq4's ZMTP
-// connection API: it accepts subscribers, waits for their subscription and
-// publishes [topic, seq, payload] to each, like vLLM's publisher. (zmq4's
-// own PUB socket never stops one internal goroutine; see
-// TestSubscriberWithZmq4PubSocket.)
-type testPub struct {
-	ln    net.Listener
-	subs  chan struct{}
-	mu    sync.Mutex
-	conns []*zmq4.Conn
-	raws  []net.Conn
-	wg    sync.WaitGroup
-	once  sync.Once
-}
-
-func newTestPub(t *testing.T, addr string) *testPub {
-	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &testPub{ln: ln, subs: make(chan struct{}, 16)}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.Close)
-	return p
-}
-
-func (p *testPub) endpoint() string { return "tcp://" + p.ln.Addr().String() }
-
-func (p *testPub) accept() {
-	defer p.wg.Done()
-	for {
-		nc, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		zc, err := zmq4.Open(nc, null.Security(), zmq4.Pub, nil, true, nil)
-		if err != nil {
-			nc.Close()
-			continue
-		}
-		msg, err := zc.RecvMsg()
-		if err != nil || len(msg.Frames) != 1 || len(msg.Frames[0]) == 0 || msg.Frames[0][0] != 1 {
-			nc.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, zc)
-		p.raws = append(p.raws, nc)
-		p.mu.Unlock()
-		p.subs <- struct{}{}
-	}
-}
-
-func (p *testPub) waitSubscriber(t *testing.T) {
-	t.Helper()
-	select {
-	case <-p.subs:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no subscriber connected")
-	}
-}
-
-func (p *testPub) publish(seq uint64, payload []byte) {
-	p.publishFrames([]byte("kv@w"), seqBytes(seq), payload)
-}
-
-func (p *testPub) publishFrames(frames ...[]byte) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.SendMsg(zmq4.NewMsgFrom(frames...)) // PUB semantics: drop on error
-	}
-}
-
-func (p *testPub) Close() {
-	p.once.Do(func() {
-		p.ln.Close()
-		p.mu.Lock()
-		for _, nc := range p.raws {
-			nc.Close()
-		}
-		p.conns, p.raws = nil, nil
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-}
-
-// testReplay is a vLLM-style replay server on a real zmq4 ROUTER socket.
-type testReplay struct {
-	sock     zmq4.Socket
-	mu       sync.Mutex
-	buf      map[uint64][]byte
-	requests []uint64
-	wg       sync.WaitGroup
-}
-
-func newTestReplay(t *testing.T) *testReplay {
-	t.Helper()
-	r := &testReplay{sock: zmq4.NewRouter(context.Background()), buf: make(map[uint64][]byte)}
-	if err := r.sock.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	r.wg.Add(1)
-	go r.serve()
-	t.Cleanup(func() {
-		r.sock.Close()
-		r.wg.Wait()
-	})
-	return r
-}
-
-func (r *testReplay) endpoint() string { return "tcp://" + r.sock.Addr().String() }
-
-func (r *testReplay) add(seq uint64, payload []byte) {
-	r.mu.Lock()
-	r.buf[seq] = payload
-	r.mu.Unlock()
-}
-
-func (r *testReplay) starts() []uint64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.requests)
-}
-
-func (r *testReplay) serve() {
-	defer r.wg.Done()
-	for {
-		msg, err := r.sock.Recv()
-		if err != nil {
-			return
-		}
-		// [identity, "", start_seq]: anything else is ignored, as vLLM does.
-		if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
-			continue
-		}
-		id, start := msg.Frames[0], binary.BigEndian.Uint64(msg.Frames[2])
-		r.mu.Lock()
-		r.requests = append(r.requests, start)
-		var seqs []uint64
-		for s := range r.buf {
-			if s >= start {
-				seqs = append(seqs, s)
-			}
-		}
-		slices.Sort(seqs)
-		out := make([][]byte, len(seqs))
-		for i, s := range seqs {
-			out[i] = r.buf[s]
-		}
-		r.mu.Unlock()
-		for i, s := range seqs {
-			_ = r.sock.Send(zmq4.NewMsgFrom(id, []byte{}, seqBytes(s), out[i]))
-		}
-		_ = r.sock.Send(zmq4.NewMsgFrom(id, []byte{}, seqBytes(replayEndSeq), []byte{}))
 	}
 }
 
@@ -262,23 +94,23 @@ func stats(t *testing.T, s *Subscriber, k Key) Stats {
 }
 
 func TestSubscriberAppliesBatches(t *testing.T) {
-	pub := newTestPub(t, "127.0.0.1:0")
+	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv@w")
 	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "w1:8000"}
-	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
+	w, err := s.Add(Source{Key: key, Endpoint: pub.Endpoint(), BlockSize: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub.waitSubscriber(t)
+	pub.WaitSubscriber(t)
 	if !w.Approximate() {
 		t.Fatal("precise before any batch")
 	}
 	e := newEngineSim(t, 40)
 	// 10 batches of 4 chained blocks, then remove the last 2 blocks.
 	for i := range 10 {
-		pub.publish(uint64(i), e.storeBatch(4*i, 4*i+4))
+		pub.Publish(uint64(i), e.storeBatch(4*i, 4*i+4))
 	}
-	pub.publish(10, e.removeBatch(38, 39))
+	pub.Publish(10, e.removeBatch(38, 39))
 	eventually(t, "11 batches applied", func() bool { return stats(t, s, key).NextSeq == 11 })
 	st := stats(t, s, key)
 	if st.Batches != 11 || st.Stored != 40 || st.Removed != 2 || st.Gaps != 0 || st.Mode != ModePrecise ||
@@ -289,8 +121,8 @@ func TestSubscriberAppliesBatches(t *testing.T) {
 		t.Fatalf("match %d, want 38", got)
 	}
 	// Messages that are not [topic, seq, payload] are counted, not applied.
-	pub.publishFrames([]byte("only-two"), seqBytes(11))
-	pub.publish(11, e.removeBatch(37))
+	pub.PublishFrames([]byte("only-two"), zmtptest.SeqBytes(11))
+	pub.Publish(11, e.removeBatch(37))
 	eventually(t, "batch 11", func() bool { return stats(t, s, key).NextSeq == 12 })
 	if st := stats(t, s, key); st.BadMessages != 1 || st.Blocks != 37 || st.Mode != ModePrecise {
 		t.Fatalf("stats %+v", st)
@@ -306,15 +138,15 @@ func TestSubscriberAppliesBatches(t *testing.T) {
 }
 
 func TestSubscriberGapRecoveredByReplay(t *testing.T) {
-	pub := newTestPub(t, "127.0.0.1:0")
-	rep := newTestReplay(t)
+	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv@w")
+	rep := zmtptest.NewReplay(t)
 	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "w2:8000", DPRank: 1}
-	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), ReplayEndpoint: rep.endpoint(), BlockSize: 4})
+	w, err := s.Add(Source{Key: key, Endpoint: pub.Endpoint(), ReplayEndpoint: rep.Endpoint(), BlockSize: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub.waitSubscriber(t)
+	pub.WaitSubscriber(t)
 	// The replay on connect finds an empty buffer: a fresh engine, precise.
 	eventually(t, "replay on connect", func() bool { return stats(t, s, key).Replays == 1 })
 	if w.Approximate() {
@@ -322,13 +154,13 @@ func TestSubscriberGapRecoveredByReplay(t *testing.T) {
 	}
 	e := newEngineSim(t, 12)
 	b0, b1, b2 := e.storeBatch(0, 4), e.storeBatch(4, 8), e.storeBatch(8, 12)
-	rep.add(0, b0)
-	pub.publish(0, b0)
+	rep.Add(0, b0)
+	pub.Publish(0, b0)
 	eventually(t, "batch 0", func() bool { return stats(t, s, key).NextSeq == 1 })
 	// Batch 1 is lost on the live stream (e.g. the PUB's high-water mark).
-	rep.add(1, b1)
-	rep.add(2, b2)
-	pub.publish(2, b2)
+	rep.Add(1, b1)
+	rep.Add(2, b2)
+	pub.Publish(2, b2)
 	eventually(t, "gap recovered", func() bool {
 		st := stats(t, s, key)
 		return st.NextSeq == 3 && st.Replays == 2 && st.Duplicates == 1
@@ -341,21 +173,21 @@ func TestSubscriberGapRecoveredByReplay(t *testing.T) {
 	if got := idx.Match(w, e.routerHashes()); got != 12 {
 		t.Fatalf("match %d, want 12", got)
 	}
-	if got := rep.starts(); !slices.Equal(got, []uint64{0, 1}) {
+	if got := rep.Starts(); !slices.Equal(got, []uint64{0, 1}) {
 		t.Fatalf("replay requests from %v, want [0 1]", got)
 	}
 }
 
 func TestSubscriberLateJoinReplaysFromZero(t *testing.T) {
-	pub := newTestPub(t, "127.0.0.1:0")
-	rep := newTestReplay(t)
+	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv@w")
+	rep := zmtptest.NewReplay(t)
 	e := newEngineSim(t, 8)
 	// The engine published before the router came up.
-	rep.add(0, e.storeBatch(0, 4))
-	rep.add(1, e.storeBatch(4, 8))
+	rep.Add(0, e.storeBatch(0, 4))
+	rep.Add(1, e.storeBatch(4, 8))
 	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "late:8000"}
-	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), ReplayEndpoint: rep.endpoint()})
+	w, err := s.Add(Source{Key: key, Endpoint: pub.Endpoint(), ReplayEndpoint: rep.Endpoint()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,14 +201,14 @@ func TestSubscriberLateJoinReplaysFromZero(t *testing.T) {
 }
 
 func TestSubscriberReplayBufferTooShortResyncs(t *testing.T) {
-	pub := newTestPub(t, "127.0.0.1:0")
-	rep := newTestReplay(t)
+	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv@w")
+	rep := zmtptest.NewReplay(t)
 	e := newEngineSim(t, 8)
 	// The engine is at seq 5; its buffer only reaches back to 4.
-	rep.add(4, e.storeBatch(0, 4))
+	rep.Add(4, e.storeBatch(0, 4))
 	_, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "old:8000"}
-	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), ReplayEndpoint: rep.endpoint(), BlockSize: 4})
+	w, err := s.Add(Source{Key: key, Endpoint: pub.Endpoint(), ReplayEndpoint: rep.Endpoint(), BlockSize: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,21 +222,21 @@ func TestSubscriberReplayBufferTooShortResyncs(t *testing.T) {
 }
 
 func TestSubscriberGapWithoutReplayGoesApproximate(t *testing.T) {
-	pub := newTestPub(t, "127.0.0.1:0")
+	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv@w")
 	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "w3:8000"}
-	w, err := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
+	w, err := s.Add(Source{Key: key, Endpoint: pub.Endpoint(), BlockSize: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub.waitSubscriber(t)
+	pub.WaitSubscriber(t)
 	e := newEngineSim(t, 12)
-	pub.publish(0, e.storeBatch(0, 4))
+	pub.Publish(0, e.storeBatch(0, 4))
 	eventually(t, "batch 0", func() bool { return stats(t, s, key).NextSeq == 1 })
 	if w.Approximate() {
 		t.Fatal("approximate after batch 0")
 	}
-	pub.publish(2, e.storeBatch(8, 12)) // seq 1 lost; its parent (block 7) is unknown
+	pub.Publish(2, e.storeBatch(8, 12)) // seq 1 lost; its parent (block 7) is unknown
 	eventually(t, "batch 2", func() bool { return stats(t, s, key).NextSeq == 3 })
 	st := stats(t, s, key)
 	if st.Gaps != 1 || st.Resyncs != 1 || st.Mode != ModeApproximate || st.Blocks != 0 || st.UnknownParent != 4 {
@@ -414,8 +246,8 @@ func TestSubscriberGapWithoutReplayGoesApproximate(t *testing.T) {
 		t.Fatal("state not dropped")
 	}
 	// The engine's cache is reset: the worker is known again.
-	pub.publish(3, mp(t, []any{2.0, []any{[]any{"AllBlocksCleared"}}}))
-	pub.publish(4, e.storeBatch(0, 4))
+	pub.Publish(3, mp(t, []any{2.0, []any{[]any{"AllBlocksCleared"}}}))
+	pub.Publish(4, e.storeBatch(0, 4))
 	eventually(t, "rebuilt", func() bool { return stats(t, s, key).NextSeq == 5 })
 	if st := stats(t, s, key); st.Mode != ModePrecise || st.Blocks != 4 {
 		t.Fatalf("stats %+v", st)
@@ -423,18 +255,18 @@ func TestSubscriberGapWithoutReplayGoesApproximate(t *testing.T) {
 }
 
 func TestSubscriberRebuildBlocks(t *testing.T) {
-	pub := newTestPub(t, "127.0.0.1:0")
+	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv@w")
 	_, s := newTestSubscriber(t, subConfig(func(c *SubscriberConfig) { c.RebuildBlocks = 6 }))
 	key := Key{Worker: "w:1"}
-	w, _ := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
-	pub.waitSubscriber(t)
+	w, _ := s.Add(Source{Key: key, Endpoint: pub.Endpoint(), BlockSize: 4})
+	pub.WaitSubscriber(t)
 	e := newEngineSim(t, 12)
-	pub.publish(3, e.storeBatch(0, 4)) // joined late, no replay: resync
+	pub.Publish(3, e.storeBatch(0, 4)) // joined late, no replay: resync
 	eventually(t, "batch 3", func() bool { return stats(t, s, key).NextSeq == 4 })
 	if !w.Approximate() {
 		t.Fatal("precise after resync")
 	}
-	pub.publish(4, e.storeBatch(4, 8))
+	pub.Publish(4, e.storeBatch(4, 8))
 	eventually(t, "batch 4", func() bool { return stats(t, s, key).NextSeq == 5 })
 	if w.Approximate() {
 		t.Fatalf("still approximate after %d stored blocks", stats(t, s, key).Stored)
@@ -442,14 +274,14 @@ func TestSubscriberRebuildBlocks(t *testing.T) {
 }
 
 func TestSubscriberMalformedBatchResyncs(t *testing.T) {
-	pub := newTestPub(t, "127.0.0.1:0")
+	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv@w")
 	_, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "w4:8000"}
-	w, _ := s.Add(Source{Key: key, Endpoint: pub.endpoint()})
-	pub.waitSubscriber(t)
+	w, _ := s.Add(Source{Key: key, Endpoint: pub.Endpoint()})
+	pub.WaitSubscriber(t)
 	e := newEngineSim(t, 4)
-	pub.publish(0, e.storeBatch(0, 4))
-	pub.publish(1, []byte{0xc1}) // never-used msgpack code
+	pub.Publish(0, e.storeBatch(0, 4))
+	pub.Publish(1, []byte{0xc1}) // never-used msgpack code
 	eventually(t, "bad batch", func() bool { return stats(t, s, key).NextSeq == 2 })
 	if st := stats(t, s, key); st.BadMessages != 1 || st.Resyncs != 1 || st.Blocks != 0 || !w.Approximate() {
 		t.Fatalf("stats %+v", st)
@@ -457,24 +289,24 @@ func TestSubscriberMalformedBatchResyncs(t *testing.T) {
 }
 
 func TestSubscriberReconnectsAndDetectsRestart(t *testing.T) {
-	pub := newTestPub(t, "127.0.0.1:0")
-	addr := pub.ln.Addr().String()
+	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv@w")
+	addr := strings.TrimPrefix(pub.Endpoint(), "tcp://")
 	idx, s := newTestSubscriber(t, DefaultSubscriberConfig())
 	key := Key{Worker: "w5:8000"}
-	w, _ := s.Add(Source{Key: key, Endpoint: pub.endpoint(), BlockSize: 4})
-	pub.waitSubscriber(t)
+	w, _ := s.Add(Source{Key: key, Endpoint: pub.Endpoint(), BlockSize: 4})
+	pub.WaitSubscriber(t)
 	e := newEngineSim(t, 8)
-	pub.publish(0, e.storeBatch(0, 4))
-	pub.publish(1, e.storeBatch(4, 8))
+	pub.Publish(0, e.storeBatch(0, 4))
+	pub.Publish(1, e.storeBatch(4, 8))
 	eventually(t, "two batches", func() bool { return stats(t, s, key).NextSeq == 2 })
 
 	// The engine dies and comes back on the same port with an empty cache.
 	pub.Close()
 	eventually(t, "disconnect noticed", func() bool { return !stats(t, s, key).Connected })
-	pub2 := newTestPub(t, addr)
-	pub2.waitSubscriber(t)
+	pub2 := zmtptest.NewPublisher(t, addr, "kv@w")
+	pub2.WaitSubscriber(t)
 	other := &engineSim{t: t, bs: 4, tokens: seqTokens(8, func(i int) uint32 { return uint32(50 + i) })}
-	pub2.publish(0, other.storeBatch(0, 2))
+	pub2.Publish(0, other.storeBatch(0, 2))
 	eventually(t, "restart handled", func() bool { st := stats(t, s, key); return st.Connects == 2 && st.NextSeq == 1 })
 	if st := stats(t, s, key); st.Blocks != 2 || st.Mode != ModePrecise {
 		t.Fatalf("stats %+v", st)
@@ -485,16 +317,16 @@ func TestSubscriberReconnectsAndDetectsRestart(t *testing.T) {
 }
 
 func TestSubscriberDropsOversizedFrames(t *testing.T) {
-	pub := newTestPub(t, "127.0.0.1:0")
+	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv@w")
 	_, s := newTestSubscriber(t, subConfig(func(c *SubscriberConfig) { c.MaxMessageBytes = 1024 }))
 	key := Key{Worker: "w6:8000"}
-	if _, err := s.Add(Source{Key: key, Endpoint: pub.endpoint()}); err != nil {
+	if _, err := s.Add(Source{Key: key, Endpoint: pub.Endpoint()}); err != nil {
 		t.Fatal(err)
 	}
-	pub.waitSubscriber(t)
-	pub.publish(0, make([]byte, 4096))
+	pub.WaitSubscriber(t)
+	pub.Publish(0, make([]byte, 4096))
 	// The connection is dropped before the frame is read, then redialled.
-	pub.waitSubscriber(t)
+	pub.WaitSubscriber(t)
 	eventually(t, "reconnect", func() bool { return stats(t, s, key).Connects == 2 })
 	if st := stats(t, s, key); st.Batches != 0 || st.NextSeq != 0 {
 		t.Fatalf("stats %+v", st)
@@ -519,12 +351,12 @@ func TestSubscriberWithZmq4PubSocket(t *testing.T) {
 	// A PUB drops what it sends before the subscription arrives: repeat
 	// batch 0 until it lands (repeats are counted as duplicates).
 	eventually(t, "batch 0", func() bool {
-		if err := pub.Send(zmq4.NewMsgFrom([]byte{}, seqBytes(0), b0)); err != nil {
+		if err := pub.Send(zmq4.NewMsgFrom([]byte{}, zmtptest.SeqBytes(0), b0)); err != nil {
 			t.Fatal(err)
 		}
 		return stats(t, s, key).NextSeq == 1
 	})
-	if err := pub.Send(zmq4.NewMsgFrom([]byte{}, seqBytes(1), e.storeBatch(4, 8))); err != nil {
+	if err := pub.Send(zmq4.NewMsgFrom([]byte{}, zmtptest.SeqBytes(1), e.storeBatch(4, 8))); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "batch 1", func() bool { return stats(t, s, key).NextSeq == 2 })
@@ -609,26 +441,5 @@ func TestRankEndpoint(t *testing.T) {
 		if _, err := RankEndpoint(tc.ep, tc.rank); !errors.Is(err, ErrBadEndpoint) {
 			t.Fatalf("%v: %v", tc, err)
 		}
-	}
-}
-
-func TestLimitConnScan(t *testing.T) {
-	c := &limitConn{max: 300, greeting: zmtpGreetingLen}
-	stream := make([]byte, zmtpGreetingLen)
-	stream = append(stream, 0x04, 3, 'a', 'b', 'c')          // short command frame
-	stream = append(stream, 0x03, 0, 0, 0, 0, 0, 0, 1, 0x2c) // long frame of 300, more
-	stream = append(stream, make([]byte, 300)...)            //
-	stream = append(stream, 0x00, 0)                         // empty final frame
-	for i := range stream {                                  // byte by byte: worst split
-		if err := c.scan(stream[i : i+1]); err != nil {
-			t.Fatalf("byte %d: %v", i, err)
-		}
-	}
-	if err := c.scan([]byte{0x02, 0, 0, 0, 0, 0, 0, 1, 0x2d}); !errors.Is(err, ErrFrameTooLarge) {
-		t.Fatalf("301-byte frame: %v", err)
-	}
-	c = &limitConn{max: 1 << 20}
-	if err := c.scan([]byte{0x02, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}); !errors.Is(err, ErrFrameTooLarge) {
-		t.Fatalf("huge frame: %v", err)
 	}
 }

@@ -3,6 +3,8 @@ package openai
 import (
 	"bytes"
 	"errors"
+
+	"github.com/infera/infera/jsonx"
 )
 
 // The helpers below read parts of a request that Scan has already validated
@@ -18,7 +20,7 @@ var ErrBadPrompt = errors.New("prompt must be a string, an array of token ids, o
 // AppendUnescaped appends the decoded form of a JSON string's raw content
 // (the bytes between the quotes, validated) to dst, exactly as
 // encoding/json decodes it.
-func AppendUnescaped(dst, raw []byte) []byte { return appendUnescaped(dst, raw) }
+func AppendUnescaped(dst, raw []byte) []byte { return jsonx.AppendUnescaped(dst, raw) }
 
 // PromptKind says what a completions prompt holds.
 type PromptKind uint8
@@ -44,16 +46,16 @@ type Prompt struct {
 
 // FirstPrompt returns the first prompt of v, the raw "prompt" value.
 func FirstPrompt(v []byte) (Prompt, error) {
-	s := scanner{b: v}
-	s.skipWS()
-	if s.i >= len(v) {
+	s := newScanner(v)
+	s.SkipWS()
+	if s.I >= len(v) {
 		return Prompt{}, nil
 	}
-	switch v[s.i] {
+	switch v[s.I] {
 	case 'n':
 		return Prompt{}, nil
 	case '"':
-		st, en, esc, err := s.str()
+		st, en, esc, err := s.String()
 		if err != nil {
 			return Prompt{}, err
 		}
@@ -62,17 +64,17 @@ func FirstPrompt(v []byte) (Prompt, error) {
 	default:
 		return Prompt{}, ErrBadPrompt
 	}
-	start := s.i
-	s.i++
-	s.skipWS()
-	if s.i >= len(v) {
+	start := s.I
+	s.I++
+	s.SkipWS()
+	if s.I >= len(v) {
 		return Prompt{}, ErrBadPrompt
 	}
-	switch c := v[s.i]; {
+	switch c := v[s.I]; {
 	case c == ']':
 		return Prompt{}, nil
 	case c == '"':
-		st, en, esc, err := s.str()
+		st, en, esc, err := s.String()
 		if err != nil {
 			return Prompt{}, err
 		}
@@ -80,11 +82,11 @@ func FirstPrompt(v []byte) (Prompt, error) {
 	case c == '[':
 		// A batch of token arrays: the first one ends at its first ']'
 		// (ids nest nothing); AppendTokenIDs validates its content.
-		end := bytes.IndexByte(v[s.i:], ']')
+		end := bytes.IndexByte(v[s.I:], ']')
 		if end < 0 {
 			return Prompt{}, ErrBadPrompt
 		}
-		return Prompt{Kind: PromptTokens, Raw: v[s.i : s.i+end+1]}, nil
+		return Prompt{Kind: PromptTokens, Raw: v[s.I : s.I+end+1]}, nil
 	case c == '-' || (c >= '0' && c <= '9'):
 		// The whole value is the token array; not scanned twice here, as
 		// it can be hundreds of kilobytes.
@@ -101,13 +103,13 @@ func FirstPrompt(v []byte) (Prompt, error) {
 // integers below 2^32) to dst. It is the hot path of token-array prompts:
 // one pass, no allocation beyond growing dst.
 func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
-	i := skipSpace(arr, 0)
+	i := jsonx.SkipSpace(arr, 0)
 	if i >= len(arr) || arr[i] != '[' {
 		return dst, ErrBadPrompt
 	}
-	i = skipSpace(arr, i+1)
+	i = jsonx.SkipSpace(arr, i+1)
 	if i < len(arr) && arr[i] == ']' {
-		if skipSpace(arr, i+1) != len(arr) {
+		if jsonx.SkipSpace(arr, i+1) != len(arr) {
 			return dst, ErrBadPrompt
 		}
 		return dst, nil
@@ -130,15 +132,15 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 			return dst, ErrBadPrompt
 		}
 		dst = append(dst, uint32(v))
-		i = skipSpace(arr, i)
+		i = jsonx.SkipSpace(arr, i)
 		if i >= len(arr) {
 			return dst, ErrBadPrompt
 		}
 		switch arr[i] {
 		case ',':
-			i = skipSpace(arr, i+1)
+			i = jsonx.SkipSpace(arr, i+1)
 		case ']':
-			if skipSpace(arr, i+1) != len(arr) {
+			if jsonx.SkipSpace(arr, i+1) != len(arr) {
 				return dst, ErrBadPrompt
 			}
 			return dst, nil
@@ -146,13 +148,6 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 			return dst, ErrBadPrompt
 		}
 	}
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
 }
 
 // VisitImages calls fn with every image reference in a chat messages array
@@ -163,20 +158,20 @@ func skipSpace(b []byte, i int) int {
 // order mean the same images, which is all an affinity key needs; the bytes
 // passed to fn are valid only during the call.
 func VisitImages(messages []byte, fn func(ref []byte)) int {
-	s := scanner{b: messages}
-	s.skipWS()
+	s := newScanner(messages)
+	s.SkipWS()
 	n := 0
 	s.eachElement(func() bool {
-		if s.b[s.i] != '{' {
-			return s.value() == nil
+		if s.B[s.I] != '{' {
+			return s.Value() == nil
 		}
 		return s.eachMember(func(key []byte, esc bool) bool {
-			if !keyEquals(key, esc, "content") || s.b[s.i] != '[' {
-				return s.value() == nil
+			if !keyEquals(key, esc, "content") || s.B[s.I] != '[' {
+				return s.Value() == nil
 			}
 			return s.eachElement(func() bool {
-				if s.b[s.i] != '{' {
-					return s.value() == nil
+				if s.B[s.I] != '{' {
+					return s.Value() == nil
 				}
 				ref, ok := s.imagePart()
 				if ok && ref != nil {
@@ -195,31 +190,31 @@ func VisitImages(messages []byte, fn func(ref []byte)) int {
 func (s *scanner) imagePart() (ref []byte, ok bool) {
 	var typ, url, fileID []byte
 	ok = s.eachMember(func(key []byte, esc bool) bool {
-		c := s.b[s.i]
+		c := s.B[s.I]
 		switch {
 		case keyEquals(key, esc, "type") && c == '"':
-			st, en, _, err := s.str()
-			typ = s.b[st:en]
+			st, en, _, err := s.String()
+			typ = s.B[st:en]
 			return err == nil
 		case keyEquals(key, esc, "image_url") && c == '"':
-			st, en, _, err := s.str()
-			url = s.b[st:en]
+			st, en, _, err := s.String()
+			url = s.B[st:en]
 			return err == nil
 		case keyEquals(key, esc, "image_url") && c == '{':
 			return s.eachMember(func(k []byte, kesc bool) bool {
-				if keyEquals(k, kesc, "url") && s.b[s.i] == '"' {
-					st, en, _, err := s.str()
-					url = s.b[st:en]
+				if keyEquals(k, kesc, "url") && s.B[s.I] == '"' {
+					st, en, _, err := s.String()
+					url = s.B[st:en]
 					return err == nil
 				}
-				return s.value() == nil
+				return s.Value() == nil
 			})
 		case keyEquals(key, esc, "file_id") && c == '"':
-			st, en, _, err := s.str()
-			fileID = s.b[st:en]
+			st, en, _, err := s.String()
+			fileID = s.B[st:en]
 			return err == nil
 		}
-		return s.value() == nil
+		return s.Value() == nil
 	})
 	if !ok {
 		return nil, false
@@ -236,81 +231,12 @@ func (s *scanner) imagePart() (ref []byte, ok bool) {
 	return nil, true
 }
 
-// eachElement walks the array at s.i, calling fn with s.i on each element;
+// eachElement walks the array at s.I, calling fn with s.I on each element;
 // fn must consume the element. It reports whether the walk completed.
-func (s *scanner) eachElement(fn func() bool) bool {
-	if s.i >= len(s.b) || s.b[s.i] != '[' {
-		return false
-	}
-	s.i++
-	s.skipWS()
-	if s.i < len(s.b) && s.b[s.i] == ']' {
-		s.i++
-		return true
-	}
-	for {
-		if s.i >= len(s.b) || !fn() {
-			return false
-		}
-		s.skipWS()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.skipWS()
-		case ']':
-			s.i++
-			return true
-		default:
-			return false
-		}
-	}
-}
+func (s *scanner) eachElement(fn func() bool) bool { return s.Elements(fn) }
 
-// eachMember walks the object at s.i, calling fn with each key's raw
-// content and s.i on its value; fn must consume the value.
+// eachMember walks the object at s.I, calling fn with each key's raw
+// content and s.I on its value; fn must consume the value.
 func (s *scanner) eachMember(fn func(key []byte, escaped bool) bool) bool {
-	if s.i >= len(s.b) || s.b[s.i] != '{' {
-		return false
-	}
-	s.i++
-	s.skipWS()
-	if s.i < len(s.b) && s.b[s.i] == '}' {
-		s.i++
-		return true
-	}
-	for {
-		if s.i >= len(s.b) || s.b[s.i] != '"' {
-			return false
-		}
-		ks, ke, kesc, err := s.str()
-		if err != nil {
-			return false
-		}
-		s.skipWS()
-		if s.i >= len(s.b) || s.b[s.i] != ':' {
-			return false
-		}
-		s.i++
-		s.skipWS()
-		if s.i >= len(s.b) || !fn(s.b[ks:ke], kesc) {
-			return false
-		}
-		s.skipWS()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.skipWS()
-		case '}':
-			s.i++
-			return true
-		default:
-			return false
-		}
-	}
+	return s.Members(func(ks, ke int, kesc bool) bool { return fn(s.B[ks:ke], kesc) })
 }

@@ -1,10 +1,9 @@
 package openai
 
 import (
-	"encoding/binary"
 	"errors"
-	"strconv"
-	"unicode/utf8"
+
+	"github.com/infera/infera/jsonx"
 )
 
 // MaxDepth bounds how deeply objects and arrays may nest in a request body.
@@ -17,9 +16,9 @@ const MaxDepth = 128
 var (
 	// ErrInvalidJSON: the body is not well-formed JSON (syntax, invalid
 	// UTF-8, or nesting deeper than MaxDepth).
-	ErrInvalidJSON = errors.New("invalid JSON")
+	ErrInvalidJSON = jsonx.ErrSyntax
 	// ErrTooDeep: nesting exceeds MaxDepth. Always also ErrInvalidJSON.
-	ErrTooDeep = errors.New("JSON nested too deeply")
+	ErrTooDeep = jsonx.ErrTooDeep
 	// ErrNotObject: well-formed JSON whose top-level value is not an object.
 	ErrNotObject = errors.New("request body is not a JSON object")
 	// ErrBadField: a field the router reads has the wrong type or value; the
@@ -78,25 +77,9 @@ func (e *FieldError) Error() string { return "field " + e.Field + " must be " + 
 // Unwrap makes errors.Is(err, ErrBadField) true.
 func (e *FieldError) Unwrap() error { return ErrBadField }
 
-// SyntaxError reports malformed JSON at a byte offset.
-type SyntaxError struct {
-	Offset int    // byte offset of the problem
-	Msg    string // what is wrong there
-	cause  error  // an extra sentinel (ErrTooDeep), or nil
-}
-
-func (e *SyntaxError) Error() string {
-	return "invalid JSON at byte " + strconv.Itoa(e.Offset) + ": " + e.Msg
-}
-
-// Unwrap makes errors.Is(err, ErrInvalidJSON) true, and ErrTooDeep for
-// nesting errors.
-func (e *SyntaxError) Unwrap() []error {
-	if e.cause != nil {
-		return []error{ErrInvalidJSON, e.cause}
-	}
-	return []error{ErrInvalidJSON}
-}
+// SyntaxError reports malformed JSON at a byte offset (jsonx's, so that
+// errors.Is(err, ErrInvalidJSON) and ErrTooDeep hold).
+type SyntaxError = jsonx.SyntaxError
 
 // The fields Scan understands. Their errors are preallocated so that a
 // rejected request costs no allocation either.
@@ -144,16 +127,16 @@ func Scan(body []byte, r *Request) error {
 	r.ChatTemplateKwargs = Span{}
 	r.scratch = r.scratch[:0]
 
-	s := scanner{b: body}
-	s.skipWS()
-	if s.i >= len(s.b) {
-		return s.fail("empty body")
+	s := newScanner(body)
+	s.SkipWS()
+	if s.I >= len(s.B) {
+		return s.Fail("empty body")
 	}
-	if s.b[s.i] != '{' {
-		if err := s.value(); err != nil {
+	if s.B[s.I] != '{' {
+		if err := s.Value(); err != nil {
 			return err
 		}
-		if err := s.end(); err != nil {
+		if err := s.End(); err != nil {
 			return err
 		}
 		return ErrNotObject
@@ -162,7 +145,7 @@ func Scan(body []byte, r *Request) error {
 	if err := s.topObject(r, &st); err != nil {
 		return err
 	}
-	if err := s.end(); err != nil {
+	if err := s.End(); err != nil {
 		return err
 	}
 	if st.bad != 0 {
@@ -177,7 +160,7 @@ func Scan(body []byte, r *Request) error {
 	}
 	raw := body[st.model.Start:st.model.End]
 	if st.modelEscaped {
-		r.scratch = appendUnescaped(r.scratch[:0], raw)
+		r.scratch = jsonx.AppendUnescaped(r.scratch[:0], raw)
 		r.Model = r.scratch
 	} else {
 		r.Model = raw
@@ -210,92 +193,29 @@ func (st *topState) setBad(f int, bad bool) {
 	}
 }
 
-// scanner is the single-pass JSON validator. Every method starts at s.i on
-// the first byte of its construct and leaves s.i just past it.
+// scanner is the single-pass JSON validator (jsonx's, bounded by
+// MaxDepth). Every method starts at s.I on the first byte of its construct
+// and leaves s.I just past it.
 type scanner struct {
-	b     []byte
-	i     int
-	depth int
+	jsonx.Scanner
 }
 
-func (s *scanner) fail(msg string) error {
-	return &SyntaxError{Offset: s.i, Msg: msg}
-}
-
-func (s *scanner) skipWS() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
-	}
-}
-
-// end checks that only whitespace follows the top-level value.
-func (s *scanner) end() error {
-	s.skipWS()
-	if s.i != len(s.b) {
-		return s.fail("unexpected data after the top-level value")
-	}
-	return nil
-}
+func newScanner(b []byte) scanner { return scanner{jsonx.Scanner{B: b, MaxDepth: MaxDepth}} }
 
 func (s *scanner) topObject(r *Request, st *topState) error {
-	s.depth = 1
-	s.i++ // '{'
-	s.skipWS()
-	if s.i < len(s.b) && s.b[s.i] == '}' {
-		s.i++
-		return nil
-	}
-	for {
-		if s.i >= len(s.b) || s.b[s.i] != '"' {
-			return s.fail("expected a string key")
-		}
-		ks, ke, kesc, err := s.str()
-		if err != nil {
-			return err
-		}
-		field := lookupField(s.b[ks:ke], kesc)
-		s.skipWS()
-		if s.i >= len(s.b) || s.b[s.i] != ':' {
-			return s.fail("expected ':' after object key")
-		}
-		s.i++
-		s.skipWS()
-		if s.i >= len(s.b) {
-			return s.fail("unexpected end of input, expected a value")
-		}
-		if err := s.topField(field, r, st); err != nil {
-			return err
-		}
-		s.skipWS()
-		if s.i >= len(s.b) {
-			return s.fail("unexpected end of input in object")
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.skipWS()
-		case '}':
-			s.i++
-			return nil
-		default:
-			return s.fail("expected ',' or '}' in object")
-		}
-	}
+	return s.Object(func(ks, ke int, kesc bool) error {
+		return s.topField(lookupField(s.B[ks:ke], kesc), r, st)
+	})
 }
 
 // topField scans the value of one top-level member, recording it when the
-// field is known. s.i is on the value's first byte.
+// field is known. s.I is on the value's first byte.
 func (s *scanner) topField(field int, r *Request, st *topState) error {
-	c := s.b[s.i]
+	c := s.B[s.I]
 	switch field {
 	case fieldModel:
 		if c == '"' {
-			vs, ve, esc, err := s.str()
+			vs, ve, esc, err := s.String()
 			if err != nil {
 				return err
 			}
@@ -306,11 +226,11 @@ func (s *scanner) topField(field int, r *Request, st *topState) error {
 		}
 		st.model = Span{}
 		st.setBad(field, c != 'n')
-		return s.value()
+		return s.Value()
 	case fieldStream:
 		switch c {
 		case 't', 'f', 'n':
-			if err := s.value(); err != nil {
+			if err := s.Value(); err != nil {
 				return err
 			}
 			r.Stream = c == 't'
@@ -319,7 +239,7 @@ func (s *scanner) topField(field int, r *Request, st *topState) error {
 		}
 		r.Stream = false
 		st.setBad(field, true)
-		return s.value()
+		return s.Value()
 	case fieldStreamOptions:
 		r.IncludeUsage = false
 		if c == '{' {
@@ -332,17 +252,17 @@ func (s *scanner) topField(field int, r *Request, st *topState) error {
 			return nil
 		}
 		st.setBad(field, c != 'n')
-		return s.value()
+		return s.Value()
 	case fieldMaxTokens, fieldMaxCompletionTokens:
-		start := s.i
-		if err := s.value(); err != nil {
+		start := s.I
+		if err := s.Value(); err != nil {
 			return err
 		}
 		v, bad := int64(-1), false
 		switch {
 		case c == 'n':
 		case c == '-' || (c >= '0' && c <= '9'):
-			n, ok := parseUint(s.b[start:s.i])
+			n, ok := jsonx.ParseUint(s.B[start:s.I])
 			v, bad = n, !ok
 			if !ok {
 				v = -1
@@ -358,11 +278,11 @@ func (s *scanner) topField(field int, r *Request, st *topState) error {
 		st.setBad(field, bad)
 		return nil
 	case fieldMessages, fieldPrompt:
-		start := s.i
-		if err := s.value(); err != nil {
+		start := s.I
+		if err := s.Value(); err != nil {
 			return err
 		}
-		sp := Span{start, s.i}
+		sp := Span{start, s.I}
 		ok := c == '[' || c == 'n' || (field == fieldPrompt && c == '"')
 		if c == 'n' || !ok {
 			sp = Span{}
@@ -375,13 +295,13 @@ func (s *scanner) topField(field int, r *Request, st *topState) error {
 		st.setBad(field, !ok)
 		return nil
 	case fieldTools, fieldChatTemplateKwargs:
-		start := s.i
-		if err := s.value(); err != nil {
+		start := s.I
+		if err := s.Value(); err != nil {
 			return err
 		}
 		sp := Span{}
 		if (field == fieldTools && c == '[') || (field == fieldChatTemplateKwargs && c == '{') {
-			sp = Span{start, s.i}
+			sp = Span{start, s.I}
 		}
 		if field == fieldTools {
 			r.Tools = sp
@@ -390,339 +310,28 @@ func (s *scanner) topField(field int, r *Request, st *topState) error {
 		}
 		return nil
 	}
-	return s.value()
+	return s.Value()
 }
 
 // streamOptions scans the stream_options object and returns its
 // include_usage (last one wins) and whether it had the wrong type.
 func (s *scanner) streamOptions() (usage, bad bool, err error) {
-	s.depth++ // depth 2: cannot exceed MaxDepth
-	s.i++
-	s.skipWS()
-	if s.i < len(s.b) && s.b[s.i] == '}' {
-		s.i++
-		s.depth--
-		return false, false, nil
-	}
-	for {
-		if s.i >= len(s.b) || s.b[s.i] != '"' {
-			return false, false, s.fail("expected a string key")
-		}
-		ks, ke, kesc, err := s.str()
-		if err != nil {
-			return false, false, err
-		}
-		isUsage := keyEquals(s.b[ks:ke], kesc, "include_usage")
-		s.skipWS()
-		if s.i >= len(s.b) || s.b[s.i] != ':' {
-			return false, false, s.fail("expected ':' after object key")
-		}
-		s.i++
-		s.skipWS()
-		if s.i >= len(s.b) {
-			return false, false, s.fail("unexpected end of input, expected a value")
-		}
-		c := s.b[s.i]
-		if err := s.value(); err != nil {
-			return false, false, err
+	err = s.Object(func(ks, ke int, kesc bool) error {
+		isUsage := keyEquals(s.B[ks:ke], kesc, "include_usage")
+		c := s.B[s.I]
+		if err := s.Value(); err != nil {
+			return err
 		}
 		if isUsage {
 			usage = c == 't'
 			bad = c != 't' && c != 'f' && c != 'n'
 		}
-		s.skipWS()
-		if s.i >= len(s.b) {
-			return false, false, s.fail("unexpected end of input in object")
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.skipWS()
-		case '}':
-			s.i++
-			s.depth--
-			return usage, bad, nil
-		default:
-			return false, false, s.fail("expected ',' or '}' in object")
-		}
-	}
-}
-
-// value validates any JSON value at s.i.
-func (s *scanner) value() error {
-	if s.i >= len(s.b) {
-		return s.fail("unexpected end of input, expected a value")
-	}
-	switch c := s.b[s.i]; c {
-	case '{':
-		return s.object()
-	case '[':
-		return s.array()
-	case '"':
-		_, _, _, err := s.str()
-		return err
-	case 't':
-		return s.literal("true")
-	case 'f':
-		return s.literal("false")
-	case 'n':
-		return s.literal("null")
-	default:
-		if c == '-' || (c >= '0' && c <= '9') {
-			return s.number()
-		}
-		return s.fail("invalid character at start of value")
-	}
-}
-
-func (s *scanner) literal(lit string) error {
-	if len(s.b)-s.i < len(lit) || string(s.b[s.i:s.i+len(lit)]) != lit {
-		return s.fail("invalid literal")
-	}
-	s.i += len(lit)
-	return nil
-}
-
-func (s *scanner) object() error {
-	s.depth++
-	if s.depth > MaxDepth {
-		return &SyntaxError{Offset: s.i, Msg: "nested too deeply", cause: ErrTooDeep}
-	}
-	s.i++
-	s.skipWS()
-	if s.i < len(s.b) && s.b[s.i] == '}' {
-		s.i++
-		s.depth--
 		return nil
+	})
+	if err != nil {
+		return false, false, err
 	}
-	for {
-		if s.i >= len(s.b) || s.b[s.i] != '"' {
-			return s.fail("expected a string key")
-		}
-		if _, _, _, err := s.str(); err != nil {
-			return err
-		}
-		s.skipWS()
-		if s.i >= len(s.b) || s.b[s.i] != ':' {
-			return s.fail("expected ':' after object key")
-		}
-		s.i++
-		s.skipWS()
-		if err := s.value(); err != nil {
-			return err
-		}
-		s.skipWS()
-		if s.i >= len(s.b) {
-			return s.fail("unexpected end of input in object")
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.skipWS()
-		case '}':
-			s.i++
-			s.depth--
-			return nil
-		default:
-			return s.fail("expected ',' or '}' in object")
-		}
-	}
-}
-
-func (s *scanner) array() error {
-	s.depth++
-	if s.depth > MaxDepth {
-		return &SyntaxError{Offset: s.i, Msg: "nested too deeply", cause: ErrTooDeep}
-	}
-	s.i++
-	s.skipWS()
-	if s.i < len(s.b) && s.b[s.i] == ']' {
-		s.i++
-		s.depth--
-		return nil
-	}
-	for {
-		if err := s.value(); err != nil {
-			return err
-		}
-		s.skipWS()
-		if s.i >= len(s.b) {
-			return s.fail("unexpected end of input in array")
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			s.skipWS()
-		case ']':
-			s.i++
-			s.depth--
-			return nil
-		default:
-			return s.fail("expected ',' or ']' in array")
-		}
-	}
-}
-
-// number validates -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-func (s *scanner) number() error {
-	b, i := s.b, s.i
-	if i < len(b) && b[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(b) && b[i] == '0':
-		i++
-	case i < len(b) && b[i] >= '1' && b[i] <= '9':
-		for i++; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
-		}
-	default:
-		s.i = i
-		return s.fail("invalid number")
-	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		if i >= len(b) || b[i] < '0' || b[i] > '9' {
-			s.i = i
-			return s.fail("invalid number: digit expected after '.'")
-		}
-		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		if i >= len(b) || b[i] < '0' || b[i] > '9' {
-			s.i = i
-			return s.fail("invalid number: digit expected in exponent")
-		}
-		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
-		}
-	}
-	s.i = i
-	return nil
-}
-
-// parseUint parses a validated JSON number that must be a non-negative
-// integer literal fitting in int64.
-func parseUint(num []byte) (int64, bool) {
-	if len(num) == 0 || num[0] == '-' {
-		return 0, false
-	}
-	var v int64
-	for _, c := range num {
-		if c < '0' || c > '9' {
-			return 0, false // fraction or exponent
-		}
-		d := int64(c - '0')
-		if v > (1<<63-1-d)/10 {
-			return 0, false
-		}
-		v = v*10 + d
-	}
-	return v, true
-}
-
-// strSafe marks ASCII bytes that may appear unescaped inside a string and
-// need no further look: everything from 0x20 except '"' and '\\'.
-var strSafe = func() (t [128]bool) {
-	for c := 0x20; c < 0x80; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
-
-// hexVal maps a byte to its hex digit value, or 0xff.
-var hexVal = func() (t [256]byte) {
-	for i := range t {
-		t[i] = 0xff
-	}
-	for c := '0'; c <= '9'; c++ {
-		t[c] = byte(c - '0')
-	}
-	for c := 'a'; c <= 'f'; c++ {
-		t[c] = byte(c - 'a' + 10)
-		t[c-'a'+'A'] = byte(c - 'a' + 10)
-	}
-	return t
-}()
-
-// str validates the string starting at s.i (on the opening quote) and
-// returns the span of its raw content (without quotes) and whether the
-// content contains escape sequences.
-func (s *scanner) str() (start, end int, escaped bool, err error) {
-	b := s.b
-	i := s.i + 1
-	start = i
-	for i < len(b) {
-		// Skip eight plain ASCII bytes at a time; string content is most of
-		// a request's bytes.
-		for i+8 <= len(b) && plain8(binary.LittleEndian.Uint64(b[i:])) {
-			i += 8
-		}
-		if i >= len(b) {
-			break
-		}
-		c := b[i]
-		if c < utf8.RuneSelf {
-			if strSafe[c] {
-				i++
-				continue
-			}
-			switch c {
-			case '"':
-				s.i = i + 1
-				return start, i, escaped, nil
-			case '\\':
-				escaped = true
-				if i+1 >= len(b) {
-					s.i = i
-					return 0, 0, false, s.fail("unterminated escape")
-				}
-				switch b[i+1] {
-				case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-					i += 2
-				case 'u':
-					if i+6 > len(b) || hexVal[b[i+2]]|hexVal[b[i+3]]|hexVal[b[i+4]]|hexVal[b[i+5]] == 0xff {
-						s.i = i
-						return 0, 0, false, s.fail("invalid \\u escape")
-					}
-					i += 6
-				default:
-					s.i = i
-					return 0, 0, false, s.fail("invalid escape character")
-				}
-			default:
-				s.i = i
-				return 0, 0, false, s.fail("control character in string")
-			}
-			continue
-		}
-		r, size := utf8.DecodeRune(b[i:])
-		if r == utf8.RuneError && size == 1 {
-			s.i = i
-			return 0, 0, false, s.fail("invalid UTF-8 in string")
-		}
-		i += size
-	}
-	s.i = i
-	return 0, 0, false, s.fail("unterminated string")
-}
-
-const (
-	lsb = 0x0101010101010101
-	msb = 0x8080808080808080
-)
-
-// plain8 reports whether none of the eight bytes in x needs a closer look:
-// no control character, '"', '\\' or non-ASCII byte. The zero-byte test
-// (v-lsb)&^v&msb has false positives only above a real match, so a false
-// result is exact.
-func plain8(x uint64) bool {
-	q := x ^ (lsb * '"')
-	e := x ^ (lsb * '\\')
-	return ((x-lsb*0x20)&^x|(q-lsb)&^q|(e-lsb)&^e|x)&msb == 0
+	return usage, bad, nil
 }
 
 // lookupField maps a top-level key (raw string content) to a known field.
@@ -735,7 +344,7 @@ func lookupField(raw []byte, escaped bool) int {
 			return fieldOther
 		}
 		var kb [6 * 21]byte
-		raw = appendUnescaped(kb[:0], raw)
+		raw = jsonx.AppendUnescaped(kb[:0], raw)
 	}
 	switch string(raw) {
 	case "model":
@@ -761,61 +370,5 @@ func lookupField(raw []byte, escaped bool) int {
 }
 
 func keyEquals(raw []byte, escaped bool, key string) bool {
-	if !escaped {
-		return string(raw) == key
-	}
-	if len(raw) > 6*len("include_usage") {
-		return false
-	}
-	var kb [6 * len("include_usage")]byte
-	return string(appendUnescaped(kb[:0], raw)) == key
-}
-
-// appendUnescaped appends the decoded form of a validated string's raw
-// content to dst. It decodes exactly like encoding/json: a \u escape of a
-// surrogate that does not form a valid pair becomes U+FFFD.
-func appendUnescaped(dst, raw []byte) []byte {
-	for i := 0; i < len(raw); {
-		c := raw[i]
-		if c != '\\' {
-			dst = append(dst, c)
-			i++
-			continue
-		}
-		switch raw[i+1] {
-		case '"', '\\', '/':
-			dst = append(dst, raw[i+1])
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r := hex4(raw[i+2:])
-			i += 6
-			if r >= 0xD800 && r < 0xE000 {
-				if r < 0xDC00 && i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
-					if r2 := hex4(raw[i+2:]); r2 >= 0xDC00 && r2 < 0xE000 {
-						dst = utf8.AppendRune(dst, (r-0xD800)<<10|(r2-0xDC00)+0x10000)
-						i += 6
-						continue
-					}
-				}
-				r = utf8.RuneError
-			}
-			dst = utf8.AppendRune(dst, r)
-			continue
-		}
-		i += 2
-	}
-	return dst
-}
-
-func hex4(b []byte) rune {
-	return rune(hexVal[b[0]])<<12 | rune(hexVal[b[1]])<<8 | rune(hexVal[b[2]])<<4 | rune(hexVal[b[3]])
+	return jsonx.Equal(raw, escaped, key)
 }

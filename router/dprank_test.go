@@ -28,7 +28,7 @@ func TestDPRankPinning(t *testing.T) {
 			mux, ext := jsonUpstream(t), jsonUpstream(t)
 			muxRec := record(mux, "m", discovery.StatusActive)
 			muxRec.Engine, muxRec.DPSize = discovery.EngineSGLang, 4
-			tr := startRouter(t, policy, router.Config{}, muxRec)
+			tr := startRouter(t, policy, router.DefaultConfig(), muxRec)
 			for range 8 {
 				if resp, body := tr.chat(t, "m"); resp.StatusCode != http.StatusOK {
 					t.Fatalf("%d %s", resp.StatusCode, body)

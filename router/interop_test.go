@@ -74,7 +74,7 @@ func TestInteropPythonRecords(t *testing.T) {
 	cli := etcdtest.Client(t, eps)
 	var logs syncBuf
 	log := zerolog.New(&logs).Level(zerolog.DebugLevel)
-	tr := startRouterLog(t, router.RoundRobin{}, router.Config{}, log)
+	tr := startRouterLog(t, router.RoundRobin{}, router.DefaultConfig(), log)
 
 	routable := map[string]string{ // golden file → host it listens on
 		"vllm.json": "127.0.0.1", "sglang-dp4.json": "127.0.0.1", "atom.json": "127.0.0.1",

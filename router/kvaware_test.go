@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -290,5 +291,73 @@ func TestKVSimEventsIntegration(t *testing.T) {
 	}
 	if v, _ := tr.metric(t, `infera_router_worker_approximate{worker_id="`+rec.WorkerID+`"}`); v != 0 {
 		t.Fatalf("approximate gauge %v for a precise worker", v)
+	}
+}
+
+// TestKVChatTextPartsMatchSimulator: a chat whose content is a list of text
+// parts renders to the same tokens in the router's bytes tokenizer and in
+// the simulator (parts joined with "\n", as vLLM does), so the index matches
+// what the simulator cached and the second identical request through
+// kv-aware routing is a cache hit.
+func TestKVChatTextPartsMatchSimulator(t *testing.T) {
+	s, ev, rep := startKVSim(t, 64)
+	rec := simRecord(s)
+	bs := 16
+	rec.KVEventsEndpoint, rec.KVEventsReplayEndpoint, rec.KVBlockSize = ev, rep, &bs
+	p := newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerBytes }))
+	tr := startRouter(t, p, router.DefaultConfig(), rec)
+	defer http.DefaultClient.CloseIdleConnections()
+	eventually(t, "the stream to be confirmed (precise)", func() bool {
+		_, v, _ := tr.cacheView(t, rec.WorkerID, "")
+		return v.Mode == "precise"
+	})
+
+	messages := `[{"role":"system","content":"` + strings.Repeat("s", 40) + `"},` +
+		`{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("a", 70) + `"},{"type":"text","text":"` + strings.Repeat("b", 70) + `"}]}]`
+	rendered, err := tokenizer.Bytes{}.AppendRenderChat(nil, tokenizer.Chat{Messages: []byte(messages)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rendered), strings.Repeat("a", 70)+"\n"+strings.Repeat("b", 70)) {
+		t.Fatalf("router rendering %q does not join text parts with \\n", rendered)
+	}
+	routerTokens := tokenizer.Bytes{}.Encode(string(rendered))
+
+	// The simulator's own tokenization of the same chat.
+	resp, err := http.Post("http://"+s.addr+"/tokenize", "application/json",
+		strings.NewReader(`{"model":"sim-model","messages":`+messages+`}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tok struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&tok)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(tok.Tokens, routerTokens) {
+		t.Fatalf("simulator tokens %v\nrouter tokens    %v", tok.Tokens, routerTokens)
+	}
+
+	full := len(routerTokens) / bs
+	chat := func() {
+		t.Helper()
+		resp, body := tr.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"sim-model","messages":`+messages+`,"max_tokens":1}`)
+		if resp.StatusCode != 200 {
+			t.Fatalf("chat: %d %s", resp.StatusCode, body)
+		}
+	}
+	chat()
+	hashes := kvcache.AppendBlockHashes(nil, routerTokens, bs)
+	eventually(t, "the index to match the whole chat", func() bool {
+		h, ok := p.Index().Lookup(kvcache.Key{Worker: rec.WorkerID})
+		return ok && p.Index().Match(h, hashes) == full
+	})
+	hitsBefore := simGauge(t, s, "vllm:prefix_cache_hits_total")
+	chat()
+	if got := simGauge(t, s, "vllm:prefix_cache_hits_total") - hitsBefore; got != float64(full*bs) {
+		t.Fatalf("second identical chat hit %v tokens, want %d", got, full*bs)
 	}
 }

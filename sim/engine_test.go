@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infera/infera/openai"
+	"github.com/infera/infera/jsonx"
 )
 
 // recorder is a cacheObserver that logs events.
@@ -173,7 +173,7 @@ func TestParseRequest(t *testing.T) {
 	if !r.stream || !r.includeUsage || r.maxTokens != -1 || r.maxCompl != 12 || !r.hasModel || !r.modelEsc || r.messages.empty() {
 		t.Errorf("parsed %+v", r)
 	}
-	if got := string(openai.AppendUnescaped(nil, body[r.model.start:r.model.end])); got != "m1" {
+	if got := string(jsonx.AppendUnescaped(nil, body[r.model.start:r.model.end])); got != "m1" {
 		t.Errorf("model %q", got)
 	}
 	for _, bad := range []string{``, `{`, `{"a":}`, `{"a":1,}`, `{"a":"\x"}`, `{"a":01}`, `{"a":1} x`, `{"a":tru}`, `{"a":"` + "\x01" + `"}`,

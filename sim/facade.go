@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/engargs"
 )
 
 // Facades (DESIGN §8): `infera sim --flavor vllm|sglang|atom ENGINE ARGS`
@@ -174,40 +175,23 @@ func atomFlags() map[string]facadeFlag {
 	}
 }
 
-// isFlagArg reports whether arg is a flag rather than a value; negative
-// numbers are values, as argparse treats them.
-func isFlagArg(arg string) bool {
-	if len(arg) < 2 || arg[0] != '-' {
-		return false
-	}
-	_, err := strconv.ParseFloat(arg, 64)
-	return err != nil
-}
-
-// flagKey strips a flag's dashes and writes "_" as "-" in its name (not in
-// an inline value, nor in a dotted JSON key).
-func flagKey(arg string) (name, value string, inline bool) {
-	body := strings.TrimPrefix(strings.TrimPrefix(arg, "-"), "-")
-	name, value, inline = strings.Cut(body, "=")
-	head, path, dotted := strings.Cut(name, ".")
-	name = strings.ReplaceAll(head, "_", "-")
-	if dotted {
-		name += "." + path
-	}
-	return name, value, inline
-}
-
+// parse reads the command line as the engine's argparse does (see
+// engargs): after "--" every argument is positional, and negative numbers
+// are values, not flags.
 func (f *facade) parse(args []string) error {
 	positional := 0
 	if f.cfg.Flavor == config.FlavorVLLM && len(args) > 0 && args[0] == "serve" {
 		args = args[1:]
 	}
+	afterDashes := false
 	for i := 0; i < len(args); i++ {
 		arg := args[i]
-		if arg == "--" || !isFlagArg(arg) {
-			if arg == "--" {
-				continue
-			}
+		if arg == "--" && !afterDashes {
+			afterDashes = true
+			continue
+		}
+		name, value, inline, isFlag := engargs.Split(arg)
+		if afterDashes || !isFlag {
 			// vLLM takes the model as its one positional argument.
 			if f.cfg.Flavor != config.FlavorVLLM || positional > 0 {
 				return fmt.Errorf("%w: unexpected argument %q", ErrFacadeArgs, arg)
@@ -218,45 +202,52 @@ func (f *facade) parse(args []string) error {
 			}
 			continue
 		}
-		name, value, inline := flagKey(arg)
 		if key, ok := strings.CutPrefix(name, "kv-events-config."); ok {
-			if !inline {
-				if i+1 >= len(args) {
-					return fmt.Errorf("%w: %s needs a value", ErrFacadeArgs, arg)
-				}
-				i++
-				value = args[i]
+			v, at, err := engargs.Value(args, i, value, inline)
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrFacadeArgs, err)
 			}
-			f.setEventsKey(key, value)
+			i = at
+			if f.events, err = engargs.SetDotted(f.events, key, v); err != nil {
+				return fmt.Errorf("%w: %w", ErrFacadeArgs, err)
+			}
+			f.eventsGiven = true
 			continue
 		}
 		spec, known := f.flags[name]
 		if !known {
 			// Not modelled: skip it and any values it was given.
 			f.ignored = append(f.ignored, arg)
-			for !inline && i+1 < len(args) && !isFlagArg(args[i+1]) && args[i+1] != "--" {
-				i++
-				f.ignored = append(f.ignored, args[i])
-			}
+			i = f.skipValues(args, i, inline, true)
 			continue
 		}
-		if !inline {
-			if i+1 >= len(args) {
-				return fmt.Errorf("%w: %s needs a value", ErrFacadeArgs, arg)
-			}
-			i++
-			value = args[i]
+		v, at, err := engargs.Value(args, i, value, inline)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrFacadeArgs, err)
 		}
-		if err := spec.set(f, value); err != nil {
-			return fmt.Errorf("%w: --%s %q: %w", ErrFacadeArgs, name, value, err)
+		i = at
+		if err := spec.set(f, v); err != nil {
+			return fmt.Errorf("%w: --%s %q: %w", ErrFacadeArgs, name, v, err)
 		}
 		if spec.kind == argMulti {
-			for !inline && i+1 < len(args) && !isFlagArg(args[i+1]) && args[i+1] != "--" {
-				i++ // further names: the simulator serves the first
-			}
+			// Further names: the simulator serves the first.
+			i = f.skipValues(args, i, inline, false)
 		}
 	}
 	return nil
+}
+
+// skipValues moves past the values following args[i] (not flags, not
+// "--"), recording them as ignored if record, and returns the index of the
+// last one.
+func (f *facade) skipValues(args []string, i int, inline, record bool) int {
+	for !inline && i+1 < len(args) && !engargs.IsFlag(args[i+1]) && args[i+1] != "--" {
+		i++
+		if record {
+			f.ignored = append(f.ignored, args[i])
+		}
+	}
+	return i
 }
 
 func (f *facade) has(field string) bool { return f.set[field] || f.explicit(field) }
@@ -407,22 +398,14 @@ func hasTokenizerJSON(dir string) bool {
 
 // setEventsKey applies a dotted --kv-events-config.KEY VALUE: JSON when it
 // parses, else the plain string, as vLLM reads it.
-func (f *facade) setEventsKey(key, value string) {
-	var v any
-	if err := json.Unmarshal([]byte(value), &v); err != nil {
-		v = value
-	}
-	if f.events == nil {
-		f.events = map[string]any{}
-	}
-	f.events[key] = v
-	f.eventsGiven = true
-}
 
 func boolValue(v any) (bool, bool) {
 	switch v := v.(type) {
 	case bool:
 		return v, true
+	case json.Number:
+		b, err := strconv.ParseBool(v.String())
+		return b, err == nil
 	case string:
 		b, err := strconv.ParseBool(v)
 		return b, err == nil
@@ -432,6 +415,12 @@ func boolValue(v any) (bool, bool) {
 
 func intValue(v any) (int, bool) {
 	switch v := v.(type) {
+	case json.Number:
+		x, err := v.Float64()
+		if err != nil {
+			return 0, false
+		}
+		return intValue(x)
 	case float64:
 		if v != math.Trunc(v) || v < math.MinInt32 || v > math.MaxInt32 {
 			return 0, false
@@ -547,9 +536,9 @@ func setTokenizer(f *facade, v string) error {
 }
 
 func setEventsConfig(f *facade, v string) error {
-	var obj map[string]any
-	if err := json.Unmarshal([]byte(v), &obj); err != nil || obj == nil {
-		return errors.New("not a JSON object")
+	obj, err := engargs.DecodeObject(v)
+	if err != nil {
+		return err
 	}
 	// A whole object replaces what came before, as argparse keeps the last.
 	f.events, f.eventsGiven = obj, true

@@ -115,6 +115,25 @@ func TestApplyFacade(t *testing.T) {
 				endpoint: "tcp://*:5557", replay: "tcp://*:5558", topic: "kv-events", format: config.KVFormatVLLM},
 			ignored: []string{"-tp", "8", "--kv_cache_dtype", "fp8", "--port", "29500"},
 		},
+		{
+			// As argparse (and the worker's engines package): a negative
+			// number is a value, so it stays with the unknown flag before it.
+			name:    "negative numbers are values of unknown flags",
+			flavor:  config.FlavorVLLM,
+			args:    []string{"serve", "m", "--some-offset", "-2", "--port", "8002"},
+			want:    want{model: "m", host: "0.0.0.0", port: 8002, block: 16, maxLen: 8192, kvBlocks: 4096, format: config.KVFormatVLLMArray},
+			ignored: []string{"--some-offset", "-2"},
+		},
+		{
+			// After "--" nothing is a flag: the model comes positionally.
+			name:   "vllm model after --",
+			flavor: config.FlavorVLLM,
+			args:   []string{"serve", "--port", "8003", "--", "m"},
+			want:   want{model: "m", host: "0.0.0.0", port: 8003, block: 16, maxLen: 8192, kvBlocks: 4096, format: config.KVFormatVLLMArray},
+		},
+		{name: "flags after -- are positional", flavor: config.FlavorVLLM, args: []string{"serve", "m", "--", "--port", "1"}, err: "unexpected argument"},
+		{name: "sglang positional after --", flavor: config.FlavorSGLang, args: []string{"--model-path", "m", "--", "x"}, err: "unexpected argument"},
+		{name: "empty dotted key", flavor: config.FlavorVLLM, args: []string{"serve", "m", "--kv-events-config.", "1"}, err: "empty key"},
 		{name: "vllm without a model", flavor: config.FlavorVLLM, args: []string{"serve", "--port", "1"}, err: "no model"},
 		{name: "vllm second positional", flavor: config.FlavorVLLM, args: []string{"serve", "m", "extra"}, err: "unexpected argument"},
 		{name: "sglang without --model-path", flavor: config.FlavorSGLang, args: []string{"--port", "1"}, err: "--model-path is required"},

@@ -8,8 +8,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/config"
-
-	"github.com/infera/infera/openai"
 )
 
 // owner is the "owned_by" of /v1/models: the imitated engine.
@@ -145,15 +143,7 @@ func (s *Server) modelOK(body []byte, r *request) bool {
 	if !r.hasModel {
 		return true
 	}
-	raw := body[r.model.start:r.model.end]
-	if !r.modelEsc {
-		return string(raw) == s.name
-	}
-	if len(raw) > 256 {
-		return false
-	}
-	var buf [256]byte
-	return string(openai.AppendUnescaped(buf[:0], raw)) == s.name
+	return keyIs(body, r.model.start, r.model.end, r.modelEsc, s.name)
 }
 
 func (s *Server) modelNotFound(ctx *fasthttp.RequestCtx, body []byte, r *request) {

@@ -11,12 +11,12 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/go-zeromq/zmq4/security/null"
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvcache"
+	"github.com/infera/infera/zmtp/zmtptest"
 )
 
 var kvFormats = []string{config.KVFormatVLLM, config.KVFormatVLLMArray, config.KVFormatSGLang}
@@ -463,18 +463,7 @@ func TestKVEventsRawSubscriber(t *testing.T) {
 	}
 	bad.Close()
 
-	nc, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	if err := nc.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	zc, err := zmq4.Open(nc, null.Security(), zmq4.Sub, nil, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	zc := zmtptest.Dial(t, ts.srv.KVEventsEndpoint(), zmq4.Sub)
 	if err := zc.SendMsg(zmq4.NewMsg(append([]byte{1}, "kv@"...))); err != nil {
 		t.Fatal(err)
 	}
@@ -568,40 +557,7 @@ func TestReplayFromBeforeTheBuffer(t *testing.T) {
 		defer ring.mu.Unlock()
 		return ring.head == 4
 	})
-	nc, err := net.Dial("tcp", strings.TrimPrefix(ts.srv.KVEventsReplayEndpoint(), "tcp://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	if err := nc.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	zc, err := zmq4.Open(nc, null.Security(), zmq4.Dealer, nil, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var start [8]byte
-	if err := zc.SendMsg(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
-		t.Fatal(err)
-	}
-	var seqs []uint64
-	for {
-		msg, err := zc.RecvMsg()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(msg.Frames) != 3 || len(msg.Frames[0]) != 0 || len(msg.Frames[1]) != 8 {
-			t.Fatalf("reply %q", msg.Frames)
-		}
-		seq := binary.BigEndian.Uint64(msg.Frames[1])
-		if seq == replayEnd {
-			if len(msg.Frames[2]) != 0 {
-				t.Error("end marker with a payload")
-			}
-			break
-		}
-		seqs = append(seqs, seq)
-	}
+	seqs, _ := zmtptest.RequestReplay(t, ts.srv.KVEventsReplayEndpoint(), 0)
 	if len(seqs) != 2 || seqs[0] != 2 || seqs[1] != 3 {
 		t.Errorf("replayed %v, want [2 3]", seqs)
 	}

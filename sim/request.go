@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/infera/infera/openai"
+	"github.com/infera/infera/jsonx"
 )
 
 // Request errors; each is answered with HTTP 400 in the OpenAI envelope.
@@ -66,7 +66,7 @@ func clientMessage(err error) string {
 // unknown fields are skipped.
 func parseRequest(body []byte, r *request) error {
 	*r = request{maxTokens: -1, maxCompl: -1, n: 1, addGenPrompt: true}
-	s := scanner{b: body}
+	s := newScanner(body, 0)
 	var fieldErr error
 	ok := s.object(func(ks, ke int, kesc bool) bool {
 		key := body[ks:ke]
@@ -76,7 +76,7 @@ func parseRequest(body []byte, r *request) error {
 			if ke-ks > len(buf) {
 				return s.skip()
 			}
-			key = openai.AppendUnescaped(buf[:0], key)
+			key = jsonx.AppendUnescaped(buf[:0], key)
 		}
 		switch string(key) {
 		case "model":
@@ -124,7 +124,7 @@ func parseRequest(body []byte, r *request) error {
 			if !s.skip() {
 				return false
 			}
-			r.messages = span{st, s.i}
+			r.messages = span{st, s.I}
 			return true
 		case "tools", "chat_template_kwargs":
 			st := s.peekPos()
@@ -132,9 +132,9 @@ func parseRequest(body []byte, r *request) error {
 				return false
 			}
 			if string(key) == "tools" {
-				r.tools = span{st, s.i}
+				r.tools = span{st, s.I}
 			} else {
-				r.kwargs = span{st, s.i}
+				r.kwargs = span{st, s.I}
 			}
 			return true
 		case "prompt":
@@ -145,7 +145,7 @@ func parseRequest(body []byte, r *request) error {
 			if !s.skip() {
 				return false
 			}
-			r.prompt = span{st, s.i}
+			r.prompt = span{st, s.I}
 			return true
 		}
 		return s.skip()
@@ -153,15 +153,10 @@ func parseRequest(body []byte, r *request) error {
 	if fieldErr != nil {
 		return fieldErr
 	}
-	if s.ws(); !ok || s.i != len(s.b) {
+	if s.ws(); !ok || s.I != len(s.B) {
 		return ErrBadJSON
 	}
 	return nil
-}
-
-func (s *scanner) peekPos() int {
-	s.ws()
-	return s.i
 }
 
 // nullOr consumes null, or else runs f on the value.
@@ -201,7 +196,7 @@ func (s *scanner) integer(dst *int64, errp *error, field string) bool {
 	if !ok {
 		return false
 	}
-	v, fits := parseInt(s.b[st:en])
+	v, fits := jsonx.ParseInt(s.B[st:en])
 	if !integer || !fits {
 		return s.typeErr(errp, field, "an integer")
 	}
@@ -219,7 +214,7 @@ const vocabSize = 256
 // scratch space for decoding escaped strings; it is returned for reuse.
 // Strings are encoded with hf, or the bytes tokenizer when hf is nil.
 func appendPromptTokens(dst []uint32, text []byte, body []byte, p span, hf *hfCodec) ([]uint32, []byte, error) {
-	s := scanner{b: body[:p.end], i: p.start}
+	s := newScanner(body[:p.end], p.start)
 	vocab := vocabSize
 	if hf != nil {
 		vocab = hf.vocab
@@ -263,9 +258,9 @@ func appendTokenID(s *scanner, dst []uint32, vocab int) ([]uint32, error) {
 		return dst, badRequest("prompt token ids must be integers")
 	}
 	st, en, integer, _ := s.num()
-	v, fits := parseInt(s.b[st:en])
+	v, fits := jsonx.ParseInt(s.B[st:en])
 	if !integer || !fits || v < 0 || v >= int64(vocab) {
-		return dst, badRequest("token id %s is out of vocabulary (size %d)", s.b[st:en], vocab)
+		return dst, badRequest("token id %s is out of vocabulary (size %d)", s.B[st:en], vocab)
 	}
 	return append(dst, uint32(v)), nil
 }
@@ -275,9 +270,9 @@ func appendTokenID(s *scanner, dst []uint32, vocab int) ([]uint32, error) {
 // when there are any.
 func appendStringTokens(dst []uint32, text []byte, s *scanner, hf *hfCodec) ([]uint32, []byte) {
 	st, en, esc, _ := s.str()
-	raw := s.b[st:en]
+	raw := s.B[st:en]
 	if esc {
-		text = openai.AppendUnescaped(text[:0], raw)
+		text = jsonx.AppendUnescaped(text[:0], raw)
 		raw = text
 	}
 	if hf != nil {

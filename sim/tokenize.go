@@ -1,6 +1,6 @@
 package sim
 
-import "github.com/infera/infera/openai"
+import "github.com/infera/infera/tokenizer"
 
 // The simulator tokenizes with the "bytes" tokenizer: every byte of the text
 // is one token whose id is the byte value (vocabulary size 256). Chat
@@ -10,36 +10,44 @@ import "github.com/infera/infera/openai"
 //	<|im_start|>assistant\n                        when add_generation_prompt (default true)
 //
 // content is a string, null (empty) or a list of {"type":"text","text":...}
-// parts, which are concatenated. The rendering is deterministic, so equal
+// parts, which are joined with "\n" as vLLM does. The rendering is the
+// router's bytes tokenizer's (tokenizer.Bytes). The rendering is deterministic, so equal
 // conversation prefixes give equal token prefixes and hit the prefix cache,
 // as they do with a real model's chat template. --tokenizer DIR replaces
 // both with a Hugging Face tokenizer and its template (hftok.go).
 
-// TokenizeBytes appends the bytes-tokenizer token ids of text to dst.
-func TokenizeBytes(dst []uint32, text []byte) []uint32 {
-	n := len(dst)
-	if cap(dst)-n < len(text) {
-		grown := make([]uint32, n, n+len(text)+len(text)/2)
-		copy(grown, dst)
-		dst = grown
-	}
-	dst = dst[:n+len(text)]
-	out := dst[n:]
-	for i, c := range text {
-		out[i] = uint32(c)
-	}
-	return dst
-}
+// TokenizeBytes appends the bytes-tokenizer token ids of text to dst (the
+// router's tokenizer.Bytes ids).
+func TokenizeBytes(dst []uint32, text []byte) []uint32 { return tokenizer.AppendByteIDs(dst, text) }
 
-const (
-	imStart = "<|im_start|>"
-	imEnd   = "<|im_end|>\n"
-)
+// genPrompt is what add_generation_prompt appends; the bytes tokenizer's
+// rendering always ends with it.
+const genPrompt = "<|im_start|>assistant\n"
 
 // renderChat appends the template rendering of a validated "messages" array
-// to text.
+// to text. It renders with the router's bytes tokenizer
+// (tokenizer.Bytes.AppendRenderChat), so that the router's kv-aware policy
+// and the simulator's prefix cache see the same tokens; checkChat first
+// rejects what the simulator does not serve, with OpenAI-style messages.
 func renderChat(text, body []byte, msgs span, addGenPrompt bool) ([]byte, error) {
-	s := scanner{b: body[:msgs.end], i: msgs.start}
+	if err := checkChat(body, msgs); err != nil {
+		return text, err
+	}
+	n := len(text)
+	out, err := tokenizer.Bytes{}.AppendRenderChat(text, tokenizer.Chat{Messages: body[msgs.start:msgs.end]})
+	if err != nil {
+		return text[:n], badRequest("messages: %v", err)
+	}
+	if !addGenPrompt {
+		out = out[:len(out)-len(genPrompt)]
+	}
+	return out, nil
+}
+
+// checkChat validates a "messages" array: objects with a string role and a
+// content that is a string, null or a list of text parts.
+func checkChat(body []byte, msgs span) error {
+	s := newScanner(body[:msgs.end], msgs.start)
 	var err error
 	count := 0
 	s.array(func() bool {
@@ -48,24 +56,23 @@ func renderChat(text, body []byte, msgs span, addGenPrompt bool) ([]byte, error)
 			err = badRequest("messages[%d] must be an object", count-1)
 			return false
 		}
-		var role, content span
-		var roleEsc, hasRole bool
+		var content span
+		var hasRole bool
 		s.object(func(ks, ke int, kesc bool) bool {
 			switch {
 			case keyIs(body, ks, ke, kesc, "role"):
-				st, en, esc, ok := s.str()
-				if !ok {
+				if _, _, _, ok := s.str(); !ok {
 					err = badRequest("messages[%d].role must be a string", count-1)
 					return false
 				}
-				role, roleEsc, hasRole = span{st, en}, esc, true
+				hasRole = true
 				return true
 			case keyIs(body, ks, ke, kesc, "content"):
 				st := s.peekPos()
 				if !s.skip() {
 					return false
 				}
-				content = span{st, s.i}
+				content = span{st, s.I}
 				return true
 			}
 			return s.skip()
@@ -77,42 +84,29 @@ func renderChat(text, body []byte, msgs span, addGenPrompt bool) ([]byte, error)
 			err = badRequest("messages[%d].role is required", count-1)
 			return false
 		}
-		text = append(text, imStart...)
-		text = appendRaw(text, body[role.start:role.end], roleEsc)
-		text = append(text, '\n')
 		if !content.empty() {
-			text, err = appendContent(text, body, content, count-1)
-			if err != nil {
-				return false
-			}
+			err = checkContent(body, content, count-1)
 		}
-		text = append(text, imEnd...)
-		return true
+		return err == nil
 	})
 	if err != nil {
-		return text, err
+		return err
 	}
 	if count == 0 {
-		return text, badRequest("messages must not be empty")
+		return badRequest("messages must not be empty")
 	}
-	if addGenPrompt {
-		text = append(text, imStart+"assistant\n"...)
-	}
-	return text, nil
+	return nil
 }
 
-// appendContent renders one message's content value.
-func appendContent(text, body []byte, v span, idx int) ([]byte, error) {
-	s := scanner{b: body[:v.end], i: v.start}
+// checkContent validates one message's content value.
+func checkContent(body []byte, v span, idx int) error {
+	s := newScanner(body[:v.end], v.start)
 	switch s.peek() {
-	case '"':
-		st, en, esc, _ := s.str()
-		return appendRaw(text, body[st:en], esc), nil
-	case 'n':
-		return text, nil
+	case '"', 'n':
+		return nil
 	case '[':
 	default:
-		return text, badRequest("messages[%d].content must be a string, null or a list of parts", idx)
+		return badRequest("messages[%d].content must be a string, null or a list of parts", idx)
 	}
 	var err error
 	s.array(func() bool {
@@ -120,8 +114,7 @@ func appendContent(text, body []byte, v span, idx int) ([]byte, error) {
 			err = badRequest("messages[%d].content parts must be objects", idx)
 			return false
 		}
-		var partText span
-		var textEsc, isText, hasText bool
+		var isText, hasText bool
 		s.object(func(ks, ke int, kesc bool) bool {
 			switch {
 			case keyIs(body, ks, ke, kesc, "type"):
@@ -133,33 +126,19 @@ func appendContent(text, body []byte, v span, idx int) ([]byte, error) {
 				isText = keyIs(body, st, en, esc, "text")
 				return true
 			case keyIs(body, ks, ke, kesc, "text"):
-				st, en, esc, ok := s.str()
-				if !ok {
+				if _, _, _, ok := s.str(); !ok {
 					err = badRequest("messages[%d].content[].text must be a string", idx)
 					return false
 				}
-				partText, textEsc, hasText = span{st, en}, esc, true
+				hasText = true
 				return true
 			}
 			return s.skip()
 		})
-		if err != nil {
-			return false
-		}
-		if !isText || !hasText {
+		if err == nil && (!isText || !hasText) {
 			err = badRequest("messages[%d].content: the simulator accepts only text parts", idx)
-			return false
 		}
-		text = appendRaw(text, body[partText.start:partText.end], textEsc)
-		return true
+		return err == nil
 	})
-	return text, err
-}
-
-// appendRaw appends a raw JSON string's contents, decoding escapes if any.
-func appendRaw(dst, raw []byte, esc bool) []byte {
-	if esc {
-		return openai.AppendUnescaped(dst, raw)
-	}
-	return append(dst, raw...)
+	return err
 }

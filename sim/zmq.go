@@ -5,18 +5,16 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"net"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/go-zeromq/zmq4/security/null"
 	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/zmtp"
 )
 
 // The KV-event sockets speak ZMTP 3.0 through go-zeromq/zmq4's handshake
@@ -29,15 +27,11 @@ import (
 
 // KV-event socket errors.
 var (
-	ErrKVEndpoint = errors.New("bad kv events endpoint")
-	ErrZMTP       = errors.New("zmtp protocol error")
+	ErrKVEndpoint = zmtp.ErrBadEndpoint
+	ErrZMTP       = zmtp.ErrProtocol
 )
 
 const (
-	zmtpMore    = 0x01
-	zmtpLong    = 0x02
-	zmtpCommand = 0x04
-
 	// maxInboundFrame bounds what a subscriber or replay client may send
 	// (subscriptions, replay requests, commands); anything larger is not a
 	// conversation these sockets have, and the connection is dropped.
@@ -59,7 +53,7 @@ const (
 
 // replayEnd is the terminating sequence of a replay answer: vLLM sends -1 as
 // a signed 8-byte integer.
-const replayEnd = ^uint64(0)
+const replayEnd = zmtp.ReplayEnd
 
 // ringSlot is one buffered batch.
 type ringSlot struct {
@@ -137,203 +131,13 @@ func (r *eventRing) close() {
 	r.cond.Broadcast()
 }
 
-// appendFrame appends one ZMTP frame.
-func appendFrame(b []byte, flags byte, body []byte) []byte {
-	if len(body) > 255 {
-		b = append(b, flags|zmtpLong)
-		b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
-	} else {
-		b = append(b, flags, byte(len(body)))
-	}
-	return append(b, body...)
-}
-
-// appendSeqMsg appends a three-part message [first, seq, payload].
-func appendSeqMsg(b, first []byte, seq uint64, payload []byte) []byte {
-	var sb [8]byte
-	binary.BigEndian.PutUint64(sb[:], seq)
-	b = appendFrame(b, zmtpMore, first)
-	b = appendFrame(b, zmtpMore, sb[:])
-	return appendFrame(b, 0, payload)
-}
-
-// zmtpReader reads frames from a connection after the handshake.
-type zmtpReader struct {
-	r *bufio.Reader
-}
-
-// readMsg reads one message (or command, cmd true), appending its frames'
-// bodies to scratch; frames alias the returned scratch.
-func (z *zmtpReader) readMsg(frames [][]byte, scratch []byte) ([][]byte, []byte, bool, error) {
-	frames, scratch = frames[:0], scratch[:0]
-	var offs [maxInboundFrames + 1]int
-	cmd := false
-	for {
-		flags, err := z.r.ReadByte()
-		if err != nil {
-			return nil, scratch, false, err
-		}
-		var size uint64
-		if flags&zmtpLong != 0 {
-			var lb [8]byte
-			if _, err := io.ReadFull(z.r, lb[:]); err != nil {
-				return nil, scratch, false, err
-			}
-			size = binary.BigEndian.Uint64(lb[:])
-		} else {
-			c, err := z.r.ReadByte()
-			if err != nil {
-				return nil, scratch, false, err
-			}
-			size = uint64(c)
-		}
-		if size > maxInboundFrame {
-			return nil, scratch, false, fmt.Errorf("%w: inbound frame of %d bytes", ErrZMTP, size)
-		}
-		if len(frames) == maxInboundFrames {
-			return nil, scratch, false, fmt.Errorf("%w: inbound message of more than %d frames", ErrZMTP, maxInboundFrames)
-		}
-		start := len(scratch)
-		scratch = slices.Grow(scratch, int(size))[:start+int(size)]
-		if _, err := io.ReadFull(z.r, scratch[start:]); err != nil {
-			return nil, scratch, false, err
-		}
-		offs[len(frames)] = start
-		frames = append(frames, nil)
-		cmd = cmd || flags&zmtpCommand != 0
-		if flags&zmtpMore == 0 || flags&zmtpCommand != 0 {
-			offs[len(frames)] = len(scratch)
-			break
-		}
-	}
-	for i := range frames {
-		frames[i] = scratch[offs[i]:offs[i+1]:offs[i+1]]
-	}
-	return frames, scratch, cmd, nil
-}
-
-// pongFor builds the PONG answering a PING command body (name-length, name,
-// TTL, context), or nil when the command is not a PING.
-func pongFor(cmd []byte) []byte {
-	if len(cmd) < 1 || len(cmd) < 1+int(cmd[0]) || string(cmd[1:1+int(cmd[0])]) != "PING" {
-		return nil
-	}
-	body := cmd[1+int(cmd[0]):]
-	var ctx []byte
-	if len(body) >= 2 {
-		ctx = body[2:]
-	}
-	pong := append([]byte{4}, "PONG"...)
-	return appendFrame(nil, zmtpCommand, append(pong, ctx...))
-}
-
-// listenEndpoint binds a ZMQ tcp:// endpoint; host * means every interface.
-func listenEndpoint(ctx context.Context, endpoint string) (net.Listener, error) {
-	rest, ok := strings.CutPrefix(endpoint, "tcp://")
-	if !ok {
-		return nil, fmt.Errorf("%w: %q: want tcp://HOST:PORT", ErrKVEndpoint, endpoint)
-	}
-	host, port, err := net.SplitHostPort(rest)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %q: %w", ErrKVEndpoint, endpoint, err)
-	}
-	if host == "*" {
-		host = ""
-	}
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", net.JoinHostPort(host, port))
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", endpoint, err)
-	}
-	return ln, nil
-}
-
-// boundEndpoint is the configured endpoint with the listener's real port
-// (the configured one may be 0); its host is kept, "*" included.
-func boundEndpoint(endpoint string, ln net.Listener) string {
-	host, _, err := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
-	addr, ok := ln.Addr().(*net.TCPAddr)
-	if err != nil || !ok {
-		return "tcp://" + ln.Addr().String()
-	}
-	if host == "*" {
-		return "tcp://*:" + strconv.Itoa(addr.Port)
-	}
-	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(addr.Port))
-}
-
 // handshake runs the ZMTP 3.0 greeting and NULL-security READY exchange as a
-// server socket of type typ, within handshakeTimeout.
+// server socket of type typ, within handshakeTimeout and with handshake
+// frames bounded by maxInboundFrame. Afterwards zmtp.Reader applies the
+// same bound to what the peer sends.
 func handshake(nc net.Conn, typ zmq4.SocketType) error {
-	if err := nc.SetDeadline(time.Now().Add(handshakeTimeout)); err != nil {
-		return fmt.Errorf("handshake deadline: %w", err)
-	}
-	hc := &handshakeConn{Conn: nc, greeting: zmtpGreetingLen}
-	if _, err := zmq4.Open(hc, null.Security(), typ, nil, true, nil); err != nil {
-		return fmt.Errorf("%w: handshake: %w", ErrZMTP, err)
-	}
-	if err := nc.SetDeadline(time.Time{}); err != nil {
-		return fmt.Errorf("clear deadline: %w", err)
-	}
-	return nil
-}
-
-// zmtpGreetingLen is the fixed ZMTP 3.x greeting: signature, version,
-// mechanism, as-server, filler.
-const zmtpGreetingLen = 64
-
-// handshakeConn guards zmq4's handshake, which allocates whatever frame size
-// a peer announces: it follows the frame headers going through Read and
-// fails the read that completes a header announcing more than
-// maxInboundFrame bytes, before zmq4 sees it. Only the handshake reads
-// through it; afterwards zmtpReader applies the same bound.
-type handshakeConn struct {
-	net.Conn
-	greeting int    // greeting bytes still to pass
-	inBody   uint64 // body bytes still to pass
-	hdr      []byte // frame header bytes seen so far
-	hdrBuf   [9]byte
-}
-
-func (c *handshakeConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	for b := p[:n]; len(b) > 0; {
-		switch {
-		case c.greeting > 0:
-			k := min(c.greeting, len(b))
-			c.greeting -= k
-			b = b[k:]
-		case c.inBody > 0:
-			k := min(c.inBody, uint64(len(b)))
-			c.inBody -= k
-			b = b[k:]
-		default:
-			if c.hdr == nil {
-				c.hdr = c.hdrBuf[:0]
-			}
-			c.hdr = append(c.hdr, b[0])
-			b = b[1:]
-			want := 2
-			if c.hdr[0]&zmtpLong != 0 {
-				want = 9
-			}
-			if len(c.hdr) < want {
-				continue
-			}
-			var size uint64
-			if want == 2 {
-				size = uint64(c.hdr[1])
-			} else {
-				size = binary.BigEndian.Uint64(c.hdr[1:9])
-			}
-			c.hdr = c.hdr[:0]
-			if size > maxInboundFrame {
-				return 0, fmt.Errorf("%w: handshake frame of %d bytes", ErrZMTP, size)
-			}
-			c.inBody = size
-		}
-	}
-	return n, err
+	_, err := zmtp.Handshake(context.Background(), nc, typ, true, handshakeTimeout, maxInboundFrame)
+	return err
 }
 
 // eventSockets owns the PUB and replay listeners and their connections.
@@ -357,18 +161,18 @@ type eventSockets struct {
 func startEventSockets(ctx context.Context, ring *eventRing, endpoint, replayEndpoint, topic string, log zerolog.Logger) (*eventSockets, error) {
 	es := &eventSockets{ring: ring, topic: []byte(topic), log: log, conns: make(map[net.Conn]struct{})}
 	var err error
-	if es.pubLn, err = listenEndpoint(ctx, endpoint); err != nil {
+	if es.pubLn, err = zmtp.Listen(ctx, endpoint); err != nil {
 		return nil, err
 	}
 	if replayEndpoint != "" {
-		if es.replayLn, err = listenEndpoint(ctx, replayEndpoint); err != nil {
+		if es.replayLn, err = zmtp.Listen(ctx, replayEndpoint); err != nil {
 			es.pubLn.Close()
 			return nil, err
 		}
 	}
-	es.pubAddr = boundEndpoint(endpoint, es.pubLn)
+	es.pubAddr = zmtp.BoundEndpoint(endpoint, es.pubLn)
 	if es.replayLn != nil {
-		es.replayAddr = boundEndpoint(replayEndpoint, es.replayLn)
+		es.replayAddr = zmtp.BoundEndpoint(replayEndpoint, es.replayLn)
 	}
 	es.wg.Go(func() { es.accept(es.pubLn, es.servePub) })
 	if es.replayLn != nil {
@@ -496,13 +300,13 @@ func (es *eventSockets) servePub(nc net.Conn) {
 // messages, and ZMTP 3.1 SUBSCRIBE/CANCEL commands, until the connection
 // fails; it returns why.
 func (es *eventSockets) readSubscriptions(pc *pubConn) error {
-	zr := zmtpReader{r: bufio.NewReaderSize(pc.nc, 4096)}
+	zr := zmtp.Reader{R: bufio.NewReaderSize(pc.nc, 4096), MaxFrame: maxInboundFrame, MaxFrames: maxInboundFrames}
 	var frames [][]byte
 	var scratch []byte
 	for {
 		var cmd bool
 		var err error
-		frames, scratch, cmd, err = zr.readMsg(frames, scratch)
+		frames, scratch, cmd, err = zr.ReadMsg(frames, scratch)
 		if err != nil {
 			return err
 		}
@@ -514,7 +318,7 @@ func (es *eventSockets) readSubscriptions(pc *pubConn) error {
 		var prefix []byte
 		switch {
 		case cmd:
-			if pong := pongFor(f); pong != nil {
+			if pong := zmtp.PongFor(f); pong != nil {
 				if err := pc.write(pong); err != nil {
 					return err
 				}
@@ -590,7 +394,7 @@ func (es *eventSockets) sendBatches(pc *pubConn) {
 		for pc.cursor < r.head && len(out) < maxWriteChunk {
 			s := r.slotLocked(pc.cursor)
 			if !s.dropped {
-				out = appendSeqMsg(out, es.topic, s.seq, s.payload)
+				out = zmtp.AppendSeqMsg(out, es.topic, s.seq, s.payload)
 			}
 			pc.cursor++
 		}
@@ -618,18 +422,18 @@ func (es *eventSockets) serveReplay(nc net.Conn) {
 		es.log.Debug().Err(err).Str("peer", nc.RemoteAddr().String()).Msg("kv events replay client rejected")
 		return
 	}
-	zr := zmtpReader{r: bufio.NewReaderSize(nc, 512)}
+	zr := zmtp.Reader{R: bufio.NewReaderSize(nc, 512), MaxFrame: maxInboundFrame, MaxFrames: maxInboundFrames}
 	var frames [][]byte
 	var scratch, out []byte
 	for {
 		var cmd bool
 		var err error
-		frames, scratch, cmd, err = zr.readMsg(frames, scratch)
+		frames, scratch, cmd, err = zr.ReadMsg(frames, scratch)
 		if err != nil {
 			return
 		}
 		if cmd {
-			if pong := pongFor(frames[0]); pong != nil {
+			if pong := zmtp.PongFor(frames[0]); pong != nil {
 				if _, err := nc.Write(pong); err != nil {
 					return
 				}
@@ -664,13 +468,13 @@ func (es *eventSockets) replay(nc net.Conn, seq uint64, out []byte) ([]byte, err
 		// at whatever head is when the buffer has been drained.
 		for seq < r.head && len(out) < maxWriteChunk {
 			s := r.slotLocked(seq)
-			out = appendSeqMsg(out, nil, s.seq, s.payload)
+			out = zmtp.AppendSeqMsg(out, nil, s.seq, s.payload)
 			seq++
 		}
 		end := seq == r.head
 		r.mu.Unlock()
 		if end {
-			out = appendSeqMsg(out, nil, replayEnd, nil)
+			out = zmtp.AppendSeqMsg(out, nil, replayEnd, nil)
 		}
 		if err := nc.SetWriteDeadline(time.Now().Add(writeTimeout)); err != nil {
 			return out, err

@@ -285,63 +285,52 @@ func valueText(v jinja.Value) string {
 
 // parseJSONValue decodes raw into template values exactly as
 // encoding/json's decoder would (json.Number for numbers, invalid UTF-8 as
-// U+FFFD, nesting up to maxJSONDepth, key order kept, the last of duplicate
+// U+FFFD, up to maxJSONDepth nested objects and arrays, key order kept, the last of duplicate
 // keys winning), in one validating pass and one building pass: a chat
 // request is decoded on every routing decision, so this is hot.
 func parseJSONValue(raw []byte) (jinja.Value, error) {
-	w := chatWalk{b: raw}
-	if err := w.value(0); err != nil {
+	w := newChatWalk(raw)
+	if err := w.validate(); err != nil {
 		return jinja.Undefined(), err
 	}
-	w.ws()
-	if w.i != len(w.b) {
-		return jinja.Undefined(), fmt.Errorf("trailing data after JSON value: %w", ErrInvalidMessages)
-	}
-	w.i = 0
+	w.I = 0
 	return w.build(), nil
 }
 
 // build returns the validated value at w.i as a template value.
 func (w *chatWalk) build() jinja.Value {
-	w.ws()
-	switch c := w.b[w.i]; c {
+	w.SkipWS()
+	switch c := w.B[w.I]; c {
 	case '[':
-		w.i++
 		var items []jinja.Value
-		for {
-			w.ws()
-			switch w.b[w.i] {
-			case ']':
-				w.i++
-				return jinja.NewList(items)
-			case ',':
-				w.i++
-			}
+		_ = w.Array(func() error {
 			items = append(items, w.build())
-		}
+			return nil
+		})
+		return jinja.NewList(items)
 	case '{':
 		d := jinja.NewDict()
 		dict := d.AsDict()
 		w.members(func(key jsonSpan) {
-			k := string(appendJSONString(nil, w.b[key.start+1:key.end-1]))
+			k := string(w.appendString(nil, key))
 			dict.Set(k, w.build())
 		})
 		return d
 	case '"':
-		start := w.i
-		_ = w.str()
-		return jinja.NewString(string(appendJSONString(nil, w.b[start+1:w.i-1])))
+		start := w.I
+		_, _, _, _ = w.String()
+		return jinja.NewString(string(w.appendString(nil, jsonSpan{start, w.I})))
 	case 't':
-		w.i += 4
+		w.I += 4
 		return jinja.NewBool(true)
 	case 'f':
-		w.i += 5
+		w.I += 5
 		return jinja.NewBool(false)
 	case 'n':
-		w.i += 4
+		w.I += 4
 		return jinja.None()
 	}
-	start := w.i
-	_ = w.number()
-	return jinja.FromGoValue(json.Number(w.b[start:w.i]))
+	start := w.I
+	_ = w.Number()
+	return jinja.FromGoValue(json.Number(w.B[start:w.I]))
 }

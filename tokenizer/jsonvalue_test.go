@@ -29,15 +29,15 @@ func parseJSONValueDecoder(raw []byte) (jinja.Value, error) {
 }
 
 func decodeValueRef(dec *json.Decoder, depth int) (jinja.Value, error) {
-	if depth > maxJSONDepth {
-		return jinja.Undefined(), fmt.Errorf("nesting over %d: %w", maxJSONDepth, ErrInvalidMessages)
-	}
 	tok, err := dec.Token()
 	if err != nil {
 		return jinja.Undefined(), fmt.Errorf("%w: %w", ErrInvalidMessages, err)
 	}
 	switch x := tok.(type) {
 	case json.Delim:
+		if depth >= maxJSONDepth { // at most maxJSONDepth nested containers
+			return jinja.Undefined(), fmt.Errorf("nesting over %d: %w", maxJSONDepth, ErrInvalidMessages)
+		}
 		switch x {
 		case '[':
 			var items []jinja.Value

@@ -1,5 +1,7 @@
 package tokenizer
 
+import "slices"
+
 // Tokenizer turns prompt text into the token ids an engine would compute.
 // Implementations are safe for concurrent use.
 type Tokenizer interface {
@@ -46,9 +48,17 @@ func (b Bytes) Encode(text string) []uint32 {
 }
 
 // AppendEncode appends one id per byte of text to dst.
-func (Bytes) AppendEncode(dst []uint32, text string) []uint32 {
-	for i := 0; i < len(text); i++ {
-		dst = append(dst, uint32(text[i]))
+func (Bytes) AppendEncode(dst []uint32, text string) []uint32 { return AppendByteIDs(dst, text) }
+
+// AppendByteIDs appends the bytes tokenizer's ids of text (one per byte, the
+// byte's value) to dst, growing it at most once. The router's Bytes and the
+// simulator's bytes mode share it.
+func AppendByteIDs[S ~string | ~[]byte](dst []uint32, text S) []uint32 {
+	n := len(dst)
+	dst = slices.Grow(dst, len(text))[:n+len(text)]
+	out := dst[n:]
+	for i := range out {
+		out[i] = uint32(text[i])
 	}
 	return dst
 }

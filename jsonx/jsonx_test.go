@@ -1,0 +1,233 @@
+package jsonx_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/infera/infera/jsonx"
+)
+
+func decodeStd(t *testing.T, lit []byte) string {
+	t.Helper()
+	var s string
+	if err := json.Unmarshal(lit, &s); err != nil {
+		t.Fatalf("%q: %v", lit, err)
+	}
+	return s
+}
+
+func TestAppendUnescapedMatchesEncodingJSON(t *testing.T) {
+	for _, lit := range []string{
+		`"plain"`, `"a\"b\\c\/d\b\f\n\r\t"`, `"\u00e9\u20ac"`, `"\ud83d\ude00"`,
+		`"\ud83d"`, `"\ude00x"`, `"\ud83dx\ude00"`, "\"caf\xc3\xa9\"", "\"bad\xff\xfe\"",
+		"\"\xe2\x82\"", `""`,
+	} {
+		s := jsonx.Scanner{B: []byte(lit), Lenient: true}
+		st, en, esc, err := s.String()
+		if err != nil {
+			t.Fatalf("%q: %v", lit, err)
+		}
+		got := string(jsonx.AppendUnescaped(nil, []byte(lit[st:en])))
+		if want := decodeStd(t, []byte(lit)); got != want {
+			t.Errorf("%q: got %q, want %q", lit, got, want)
+		}
+		if !jsonx.Equal([]byte(lit[st:en]), esc, decodeStd(t, []byte(lit))) {
+			t.Errorf("%q: Equal false", lit)
+		}
+	}
+}
+
+func TestAppendQuoted(t *testing.T) {
+	for _, s := range []string{"", "plain", "a\"b\\c\n\r\t\x01", "é€😀", "bad\xff", "\u2028\u2029"} {
+		want, _ := json.Marshal(s)
+		if got := jsonx.AppendQuoted(nil, s); !bytes.Equal(got, want) {
+			t.Errorf("%q: got %s, want %s", s, got, want)
+		}
+		if got := jsonx.AppendQuoted(nil, []byte(s)); !bytes.Equal(got, want) {
+			t.Errorf("%q ([]byte): got %s, want %s", s, got, want)
+		}
+	}
+	if got := string(jsonx.AppendQuotedRaw(nil, "a\xff\"\n")); got != "\"a\xff\\\"\\n\"" {
+		t.Errorf("raw: got %q", got)
+	}
+}
+
+func TestScannerErrors(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		tooDeep bool
+	}{
+		{`{"a":}`, false}, {`[1,]`, false}, {`"\x"`, false}, {"\"a\x01\"", false}, {`01`, false},
+		{`1.`, false}, {`1e`, false}, {`tru`, false}, {"\"\xff\"", false},
+		{strings.Repeat("[", 5) + strings.Repeat("]", 5), true},
+	} {
+		err := jsonx.Valid([]byte(tc.in), 4)
+		if !errors.Is(err, jsonx.ErrSyntax) || errors.Is(err, jsonx.ErrTooDeep) != tc.tooDeep {
+			t.Errorf("%q: got %v", tc.in, err)
+		}
+		var se *jsonx.SyntaxError
+		if !errors.As(err, &se) {
+			t.Errorf("%q: %T is not a *SyntaxError", tc.in, err)
+		}
+	}
+	if err := jsonx.Valid([]byte(` [[[[ {"a":[1,-2.5e+3,true,false,null,"x"]} ]]]] `), 0); err != nil {
+		t.Errorf("valid: %v", err)
+	}
+}
+
+func TestParseInt(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "42": 42, "-7": -7, "9223372036854775807": 1<<63 - 1, "-9223372036854775808": -1 << 63} {
+		if got, ok := jsonx.ParseInt([]byte(in)); !ok || got != want {
+			t.Errorf("%s: got %d %v", in, got, ok)
+		}
+	}
+	for _, in := range []string{"9223372036854775808", "-9223372036854775809", "1.5", "1e3", "-", ""} {
+		if _, ok := jsonx.ParseInt([]byte(in)); ok {
+			t.Errorf("%s: ok", in)
+		}
+	}
+}
+
+func decodeObj(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	return m
+}
+
+func TestSetDeleteField(t *testing.T) {
+	body := []byte(` { "model" : "m", "stream":true, "m\u006fdel":"dup", "messages":[{"role":"user"}] } `)
+	out, err := jsonx.SetField(nil, body, "model", []byte(`"other"`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"model": "other", "stream": true, "messages": []any{map[string]any{"role": "user"}}}
+	if got := decodeObj(t, out); !reflect.DeepEqual(got, want) {
+		t.Errorf("set: %s", out)
+	}
+	out, err = jsonx.SetField(out[:0], body, "max_tokens", []byte(`5`), 0)
+	if err != nil || !strings.HasSuffix(string(out), `,"max_tokens":5}`) {
+		t.Errorf("add: %s %v", out, err)
+	}
+	out, err = jsonx.DeleteField(nil, body, "model", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(want, "model")
+	if got := decodeObj(t, out); !reflect.DeepEqual(got, want) {
+		t.Errorf("delete: %s", out)
+	}
+	if out, err = jsonx.SetField(nil, []byte(`{}`), "a", []byte(`1`), 0); err != nil || string(out) != `{"a":1}` {
+		t.Errorf("empty: %s %v", out, err)
+	}
+	if _, err := jsonx.SetField(nil, []byte(`[1]`), "a", []byte(`1`), 0); !errors.Is(err, jsonx.ErrNotObject) {
+		t.Errorf("array: %v", err)
+	}
+	if _, err := jsonx.DeleteField(nil, []byte(`{"a":}`), "a", 0); !errors.Is(err, jsonx.ErrSyntax) {
+		t.Errorf("bad: %v", err)
+	}
+	if _, err := jsonx.SetField(nil, []byte(`{}`), "a", nil, 0); !errors.Is(err, jsonx.ErrEmptyValue) {
+		t.Errorf("no value: %v", err)
+	}
+}
+
+var benchBody = []byte(`{"model":"llama","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hello there, how are you today? \u00e9"}],"stream":true,"max_tokens":128,"temperature":0.7}`)
+
+func TestEditAllocs(t *testing.T) {
+	dst := make([]byte, 0, 4096)
+	raw := []byte(`a\"b\u00e9 plain text`)
+	x := []byte(`"x"`)
+	n := testing.AllocsPerRun(200, func() {
+		var err error
+		if dst, err = jsonx.SetField(dst[:0], benchBody, "model", x, 128); err != nil {
+			t.Fatal(err)
+		}
+		if dst, err = jsonx.DeleteField(dst[:0], benchBody, "stream", 128); err != nil {
+			t.Fatal(err)
+		}
+		dst = jsonx.AppendUnescaped(dst[:0], raw)
+		dst = jsonx.AppendQuoted(dst[:0], "quote \"me\" é")
+		dst = jsonx.AppendQuoted(dst[:0], raw)
+		_ = jsonx.Equal(raw, true, "model")
+		if err := jsonx.Valid(benchBody, 128); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 0 {
+		t.Fatalf("allocs per run = %v, want 0", n)
+	}
+}
+
+func BenchmarkSetField(b *testing.B) {
+	dst := make([]byte, 0, 4096)
+	b.SetBytes(int64(len(benchBody)))
+	b.ReportAllocs()
+	for b.Loop() {
+		dst, _ = jsonx.SetField(dst[:0], benchBody, "max_tokens", []byte(`1`), 128)
+	}
+}
+
+func BenchmarkValid(b *testing.B) {
+	b.SetBytes(int64(len(benchBody)))
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = jsonx.Valid(benchBody, 128)
+	}
+}
+
+// FuzzScanner checks the scanner against encoding/json: the same documents
+// are valid, strings decode alike, and the editor's output is valid JSON
+// with the field set or gone.
+func FuzzScanner(f *testing.F) {
+	for _, s := range []string{`{}`, `{"a":1,"b":[true,null]}`, `"\ud83d\ude00"`, `[1,2`, `{"a":"\u00"}`, string(benchBody)} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		err := jsonx.Valid(b, 0)
+		if std := json.Valid(b); std != (err == nil) && utf8.Valid(b) {
+			t.Fatalf("%q: jsonx %v, encoding/json valid %v", b, err, std)
+		}
+		if err != nil {
+			return
+		}
+		var v any
+		_ = json.Unmarshal(b, &v)
+		if s, ok := v.(string); ok {
+			sc := jsonx.Scanner{B: bytes.TrimSpace(b)}
+			st, en, _, _ := sc.String()
+			if got := string(jsonx.AppendUnescaped(nil, sc.B[st:en])); got != s {
+				t.Fatalf("%q: unescaped %q, want %q", b, got, s)
+			}
+		}
+		if m, ok := v.(map[string]any); ok {
+			out, err := jsonx.SetField(nil, b, "k", []byte(`[1]`), 0)
+			if err != nil {
+				t.Fatalf("set %q: %v", b, err)
+			}
+			got := decodeObj(t, out)
+			if !reflect.DeepEqual(got["k"], []any{1.0}) || len(got) != len(m)+btoi(m["k"] == nil && !has(m, "k")) {
+				t.Fatalf("set %q: %s", b, out)
+			}
+			out, err = jsonx.DeleteField(nil, b, "k", 0)
+			if err != nil || has(decodeObj(t, out), "k") {
+				t.Fatalf("delete %q: %s %v", b, out, err)
+			}
+		}
+	})
+}
+
+func has(m map[string]any, k string) bool { _, ok := m[k]; return ok }
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,469 @@
+package jsonx
+
+import (
+	"encoding/binary"
+	"errors"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Sentinel errors; a *SyntaxError wraps ErrSyntax, and ErrTooDeep as well
+// when the nesting bound is what failed.
+var (
+	ErrSyntax  = errors.New("invalid JSON")
+	ErrTooDeep = errors.New("JSON nested too deeply")
+)
+
+// SyntaxError reports malformed JSON at a byte offset.
+type SyntaxError struct {
+	Offset  int    // byte offset of the problem
+	Msg     string // what is wrong there
+	TooDeep bool   // the nesting bound was exceeded
+}
+
+func (e *SyntaxError) Error() string {
+	return "invalid JSON at byte " + strconv.Itoa(e.Offset) + ": " + e.Msg
+}
+
+// Unwrap makes errors.Is(err, ErrSyntax) true, and ErrTooDeep for nesting
+// errors.
+func (e *SyntaxError) Unwrap() []error {
+	if e.TooDeep {
+		return []error{ErrSyntax, ErrTooDeep}
+	}
+	return []error{ErrSyntax}
+}
+
+// Scanner validates JSON values in B from offset I, moving I past them. It
+// follows RFC 8259 exactly as encoding/json does. Depth counts the objects
+// and arrays enclosing I; a container that would make it exceed MaxDepth
+// is an error (MaxDepth 0 means no bound). Invalid UTF-8 inside strings is
+// an error unless Lenient is set (then it is accepted, and AppendUnescaped
+// turns it into U+FFFD as encoding/json's decoder does).
+type Scanner struct {
+	B        []byte
+	I        int
+	Depth    int
+	MaxDepth int
+	Lenient  bool
+}
+
+// Fail returns a *SyntaxError at the current offset.
+func (s *Scanner) Fail(msg string) error { return &SyntaxError{Offset: s.I, Msg: msg} }
+
+// SkipWS moves past JSON white space.
+func (s *Scanner) SkipWS() { s.I = SkipSpace(s.B, s.I) }
+
+// SkipSpace returns the offset of the first byte of b from i that is not
+// JSON white space.
+func SkipSpace(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// End checks that only white space follows.
+func (s *Scanner) End() error {
+	s.SkipWS()
+	if s.I != len(s.B) {
+		return s.Fail("unexpected data after the top-level value")
+	}
+	return nil
+}
+
+// Value validates the value at s.I (no leading white space) and moves past it.
+func (s *Scanner) Value() error {
+	if s.I >= len(s.B) {
+		return s.Fail("unexpected end of input, expected a value")
+	}
+	switch c := s.B[s.I]; c {
+	case '{':
+		return s.Object(nil)
+	case '[':
+		return s.Array(nil)
+	case '"':
+		_, _, _, err := s.String()
+		return err
+	case 't':
+		return s.Literal("true")
+	case 'f':
+		return s.Literal("false")
+	case 'n':
+		return s.Literal("null")
+	default:
+		if c == '-' || (c >= '0' && c <= '9') {
+			return s.Number()
+		}
+		return s.Fail("invalid character at start of value")
+	}
+}
+
+// Literal consumes lit (true, false or null).
+func (s *Scanner) Literal(lit string) error {
+	if len(s.B)-s.I < len(lit) || string(s.B[s.I:s.I+len(lit)]) != lit {
+		return s.Fail("invalid literal")
+	}
+	s.I += len(lit)
+	return nil
+}
+
+func (s *Scanner) enter() error {
+	s.Depth++
+	if s.MaxDepth > 0 && s.Depth > s.MaxDepth {
+		return &SyntaxError{Offset: s.I, Msg: "nested too deeply", TooDeep: true}
+	}
+	return nil
+}
+
+// Object validates the object at s.I. When member is not nil it is called
+// for each key (the span of its raw content, and whether it has escapes)
+// with s.I on the first byte of the value, which member must consume
+// (with s.Value, or piece by piece); otherwise values are validated.
+func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	s.I++
+	s.SkipWS()
+	if s.I < len(s.B) && s.B[s.I] == '}' {
+		s.I++
+		s.Depth--
+		return nil
+	}
+	for {
+		if s.I >= len(s.B) || s.B[s.I] != '"' {
+			return s.Fail("expected a string key")
+		}
+		ks, ke, kesc, err := s.String()
+		if err != nil {
+			return err
+		}
+		s.SkipWS()
+		if s.I >= len(s.B) || s.B[s.I] != ':' {
+			return s.Fail("expected ':' after object key")
+		}
+		s.I++
+		s.SkipWS()
+		if member != nil {
+			if s.I >= len(s.B) {
+				return s.Fail("unexpected end of input, expected a value")
+			}
+			err = member(ks, ke, kesc)
+		} else {
+			err = s.Value()
+		}
+		if err != nil {
+			return err
+		}
+		if done, err := s.next('}'); done || err != nil {
+			return err
+		}
+	}
+}
+
+// Array validates the array at s.I. When elem is not nil it is called with
+// s.I on each element's first byte and must consume it; otherwise elements
+// are validated.
+func (s *Scanner) Array(elem func() error) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	s.I++
+	s.SkipWS()
+	if s.I < len(s.B) && s.B[s.I] == ']' {
+		s.I++
+		s.Depth--
+		return nil
+	}
+	for {
+		var err error
+		if elem != nil {
+			if s.I >= len(s.B) {
+				return s.Fail("unexpected end of input, expected a value")
+			}
+			err = elem()
+		} else {
+			err = s.Value()
+		}
+		if err != nil {
+			return err
+		}
+		if done, err := s.next(']'); done || err != nil {
+			return err
+		}
+	}
+}
+
+// next moves past the separator after a member or element: a comma (done
+// false) or the closing byte (done true, leaving the container).
+func (s *Scanner) next(closing byte) (done bool, err error) {
+	s.SkipWS()
+	if s.I >= len(s.B) {
+		if closing == '}' {
+			return false, s.Fail("unexpected end of input in object")
+		}
+		return false, s.Fail("unexpected end of input in array")
+	}
+	switch s.B[s.I] {
+	case ',':
+		s.I++
+		s.SkipWS()
+		return false, nil
+	case closing:
+		s.I++
+		s.Depth--
+		return true, nil
+	}
+	if closing == '}' {
+		return false, s.Fail("expected ',' or '}' in object")
+	}
+	return false, s.Fail("expected ',' or ']' in array")
+}
+
+// errStop ends a Members or Elements walk early; it never leaves the package.
+var errStop = errors.New("stop")
+
+// Members walks the object at s.I (false when there is none) like Object,
+// calling fn with each key's raw content span; fn must consume the value
+// and returns false to stop. It reports whether the walk completed.
+func (s *Scanner) Members(fn func(kStart, kEnd int, kEsc bool) bool) bool {
+	if s.I >= len(s.B) || s.B[s.I] != '{' {
+		return false
+	}
+	return s.Object(func(ks, ke int, kesc bool) error {
+		if !fn(ks, ke, kesc) {
+			return errStop
+		}
+		return nil
+	}) == nil
+}
+
+// Elements walks the array at s.I (false when there is none) like Array,
+// calling fn on each element, which fn must consume; fn returns false to
+// stop. It reports whether the walk completed.
+func (s *Scanner) Elements(fn func() bool) bool {
+	if s.I >= len(s.B) || s.B[s.I] != '[' {
+		return false
+	}
+	return s.Array(func() error {
+		if !fn() {
+			return errStop
+		}
+		return nil
+	}) == nil
+}
+
+// Number validates -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+func (s *Scanner) Number() error {
+	b, i := s.B, s.I
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		for i++; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		}
+	default:
+		s.I = i
+		return s.Fail("invalid number")
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			s.I = i
+			return s.Fail("invalid number: digit expected after '.'")
+		}
+		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			s.I = i
+			return s.Fail("invalid number: digit expected in exponent")
+		}
+		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		}
+	}
+	s.I = i
+	return nil
+}
+
+// IsInteger reports whether a validated number has no fraction or exponent.
+func IsInteger(num []byte) bool {
+	for _, c := range num {
+		if c == '.' || c == 'e' || c == 'E' {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseUint parses a validated JSON number that must be a non-negative
+// integer literal fitting in int64.
+func ParseUint(num []byte) (int64, bool) {
+	if len(num) == 0 || num[0] == '-' {
+		return 0, false
+	}
+	var v int64
+	for _, c := range num {
+		if c < '0' || c > '9' {
+			return 0, false // fraction or exponent
+		}
+		d := int64(c - '0')
+		if v > (1<<63-1-d)/10 {
+			return 0, false
+		}
+		v = v*10 + d
+	}
+	return v, true
+}
+
+// ParseInt parses a validated integer literal (optionally negative); ok is
+// false for a fraction, an exponent or an int64 overflow.
+func ParseInt(num []byte) (int64, bool) {
+	if len(num) > 0 && num[0] == '-' {
+		var v uint64
+		for _, c := range num[1:] {
+			if c < '0' || c > '9' || v > (1<<63)/10 {
+				return 0, false
+			}
+			v = v*10 + uint64(c-'0')
+		}
+		if len(num) == 1 || v > 1<<63 {
+			return 0, false
+		}
+		return -int64(v), true
+	}
+	return ParseUint(num)
+}
+
+// strSafe marks ASCII bytes that may appear unescaped inside a string and
+// need no further look: everything from 0x20 except '"' and '\\'.
+var strSafe = func() (t [128]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// hexVal maps a byte to its hex digit value, or 0xff.
+var hexVal = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = byte(c - '0')
+	}
+	for c := 'a'; c <= 'f'; c++ {
+		t[c] = byte(c - 'a' + 10)
+		t[c-'a'+'A'] = byte(c - 'a' + 10)
+	}
+	return t
+}()
+
+// String validates the string at s.I (on its opening quote) and returns
+// the span of its raw content (without quotes) and whether the content
+// contains escape sequences (in Lenient mode, also any non-ASCII byte:
+// whether AppendUnescaped may differ from the raw bytes).
+func (s *Scanner) String() (start, end int, escaped bool, err error) {
+	b := s.B
+	i := s.I + 1
+	start = i
+	lenient := s.Lenient
+	for i < len(b) {
+		// Skip eight plain ASCII bytes at a time; string content is most of
+		// a request's bytes.
+		for i+8 <= len(b) && plain8(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
+		if i >= len(b) {
+			break
+		}
+		c := b[i]
+		if c < utf8.RuneSelf {
+			if strSafe[c] {
+				i++
+				continue
+			}
+			switch c {
+			case '"':
+				s.I = i + 1
+				return start, i, escaped, nil
+			case '\\':
+				escaped = true
+				if i+1 >= len(b) {
+					s.I = i
+					return 0, 0, false, s.Fail("unterminated escape")
+				}
+				switch b[i+1] {
+				case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+					i += 2
+				case 'u':
+					if i+6 > len(b) || hexVal[b[i+2]]|hexVal[b[i+3]]|hexVal[b[i+4]]|hexVal[b[i+5]] == 0xff {
+						s.I = i
+						return 0, 0, false, s.Fail("invalid \\u escape")
+					}
+					i += 6
+				default:
+					s.I = i
+					return 0, 0, false, s.Fail("invalid escape character")
+				}
+			default:
+				s.I = i
+				return 0, 0, false, s.Fail("control character in string")
+			}
+			continue
+		}
+		if lenient {
+			escaped = true // needs decoding: invalid UTF-8 becomes U+FFFD
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size == 1 {
+			s.I = i
+			return 0, 0, false, s.Fail("invalid UTF-8 in string")
+		}
+		i += size
+	}
+	s.I = i
+	return 0, 0, false, s.Fail("unterminated string")
+}
+
+const (
+	lsb = 0x0101010101010101
+	msb = 0x8080808080808080
+)
+
+// plain8 reports whether none of the eight bytes in x needs a closer look:
+// no control character, '"', '\\' or non-ASCII byte. The zero-byte test
+// (v-lsb)&^v&msb has false positives only above a real match, so a false
+// result is exact.
+func plain8(x uint64) bool {
+	q := x ^ (lsb * '"')
+	e := x ^ (lsb * '\\')
+	return ((x-lsb*0x20)&^x|(q-lsb)&^q|(e-lsb)&^e|x)&msb == 0
+}
+
+// Valid reports whether b holds exactly one JSON value (with surrounding
+// white space), nested at most maxDepth deep (0: unbounded).
+func Valid(b []byte, maxDepth int) error {
+	s := Scanner{B: b, MaxDepth: maxDepth}
+	s.SkipWS()
+	if err := s.Value(); err != nil {
+		return err
+	}
+	return s.End()
+}
