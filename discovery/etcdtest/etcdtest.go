@@ -1,5 +1,3 @@
-// Package etcdtest starts an embedded single-node etcd for tests, on free
-// ports in a per-test directory, and stops it when the test ends.
 package etcdtest
 
 import (
