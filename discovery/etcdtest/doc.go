@@ -2,6 +2,5 @@
 // ports in a per-test directory, and stops it when the test ends.
 //
 // Concurrency: Start may be called from parallel tests; each call owns its
-// own server, data directory and ports, and t.Cleanup stops the server and
-// waits for its goroutines before the test's leak check runs.
+// own server, data directory and ports, and t.Cleanup stops the server.
 package etcdtest
