@@ -32,7 +32,7 @@ sum_ok() { # file expected
 command -v sha256sum >/dev/null || die "sha256sum not found"
 
 tmp=""
-cleanup() { [[ -n "$tmp" ]] && rm -rf "$tmp"; }
+cleanup() { if [[ -n "$tmp" ]]; then rm -rf "$tmp"; fi; }
 trap cleanup EXIT
 
 for line in "${models[@]}"; do
