@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"errors"
 
 	"github.com/infera/infera/jsonx"
@@ -62,8 +63,46 @@ type Request struct {
 	// leaves the span empty; it is the engine's to reject.
 	Tools              Span
 	ChatTemplateKwargs Span
+	// Cache hints, as Infera reads them: Retention is what
+	// "prompt_cache_retention" asks ("24h", "1h", "long": long; "5m",
+	// "short": short; "none", "off", "disabled": none; case and white space
+	// ignored), or short when only a non-empty "prompt_cache_key" is given,
+	// else RetentionUnset.
+	Retention Retention
+	// The engine hint fields the client set itself (Infera never overrides
+	// them): "priority", "infera_retention", "_infera_retention", and the
+	// raw "kv_transfer_params" value with whether it is an object holding
+	// "infera_retention".
+	HasPriority, HasInferaRetention, HasLegacyRetention bool
+	KVTransferParams                                    Span
+	KVTransferRetention                                 bool
 
 	scratch []byte
+}
+
+// Retention is a request's cache-retention class.
+type Retention uint8
+
+// The retention classes; RetentionUnset: the client gave no hint.
+const (
+	RetentionUnset Retention = iota
+	RetentionNone
+	RetentionShort
+	RetentionLong
+)
+
+// String is the class's name in Infera's infera_retention field ("" when
+// unset).
+func (r Retention) String() string {
+	switch r {
+	case RetentionNone:
+		return "none"
+	case RetentionShort:
+		return "short"
+	case RetentionLong:
+		return "long"
+	}
+	return ""
 }
 
 // FieldError reports a known field with the wrong type or value.
@@ -94,6 +133,12 @@ const (
 	fieldPrompt
 	fieldTools
 	fieldChatTemplateKwargs
+	fieldPromptCacheRetention
+	fieldPromptCacheKey
+	fieldPriority
+	fieldInferaRetention
+	fieldLegacyRetention
+	fieldKVTransferParams
 	numFields
 )
 
@@ -125,6 +170,9 @@ func Scan(body []byte, r *Request) error {
 	r.Prompt = Span{}
 	r.Tools = Span{}
 	r.ChatTemplateKwargs = Span{}
+	r.Retention = RetentionUnset
+	r.HasPriority, r.HasInferaRetention, r.HasLegacyRetention = false, false, false
+	r.KVTransferParams, r.KVTransferRetention = Span{}, false
 	r.scratch = r.scratch[:0]
 
 	s := newScanner(body)
@@ -168,6 +216,10 @@ func Scan(body []byte, r *Request) error {
 	if len(r.Model) == 0 {
 		return ErrMissingModel
 	}
+	r.Retention = st.retention
+	if r.Retention == RetentionUnset && st.cacheKey {
+		r.Retention = RetentionShort
+	}
 	r.MaxTokens = st.maxTokens
 	if st.maxCompletion >= 0 {
 		r.MaxTokens = st.maxCompletion
@@ -183,6 +235,8 @@ type topState struct {
 	modelEscaped  bool
 	maxTokens     int64
 	maxCompletion int64
+	retention     Retention // the last prompt_cache_retention's class
+	cacheKey      bool      // the last prompt_cache_key is a non-empty string
 }
 
 func (st *topState) setBad(f int, bad bool) {
@@ -309,6 +363,49 @@ func (s *scanner) topField(field int, r *Request, st *topState) error {
 			r.ChatTemplateKwargs = sp
 		}
 		return nil
+	case fieldPromptCacheRetention, fieldPromptCacheKey:
+		if c != '"' {
+			if field == fieldPromptCacheRetention {
+				st.retention = RetentionUnset
+			} else {
+				st.cacheKey = false
+			}
+			return s.Value()
+		}
+		vs, ve, esc, err := s.String()
+		if err != nil {
+			return err
+		}
+		if field == fieldPromptCacheRetention {
+			st.retention = parseRetention(s.B[vs:ve], esc)
+		} else {
+			st.cacheKey = ve > vs
+		}
+		return nil
+	case fieldPriority:
+		r.HasPriority = true
+	case fieldInferaRetention:
+		r.HasInferaRetention = true
+	case fieldLegacyRetention:
+		r.HasLegacyRetention = true
+	case fieldKVTransferParams:
+		start := s.I
+		has := false
+		if c == '{' {
+			err := s.Object(func(ks, ke int, kesc bool) error {
+				if keyEquals(s.B[ks:ke], kesc, "infera_retention") {
+					has = true
+				}
+				return s.Value()
+			})
+			if err != nil {
+				return err
+			}
+		} else if err := s.Value(); err != nil {
+			return err
+		}
+		r.KVTransferParams, r.KVTransferRetention = Span{start, s.I}, has
+		return nil
 	}
 	return s.Value()
 }
@@ -337,13 +434,13 @@ func (s *scanner) streamOptions() (usage, bad bool, err error) {
 // lookupField maps a top-level key (raw string content) to a known field.
 func lookupField(raw []byte, escaped bool) int {
 	if escaped {
-		// Unescaping never grows a string, and known keys are at most 21
-		// bytes (max_completion_tokens, chat_template_kwargs), each at most
-		// 6 raw bytes as \uXXXX.
-		if len(raw) > 6*21 {
+		// Unescaping never grows a string, and known keys are at most 22
+		// bytes (prompt_cache_retention), each at most 6 raw bytes as
+		// \uXXXX.
+		if len(raw) > 6*22 {
 			return fieldOther
 		}
-		var kb [6 * 21]byte
+		var kb [6 * 22]byte
 		raw = jsonx.AppendUnescaped(kb[:0], raw)
 	}
 	switch string(raw) {
@@ -365,10 +462,56 @@ func lookupField(raw []byte, escaped bool) int {
 		return fieldTools
 	case "chat_template_kwargs":
 		return fieldChatTemplateKwargs
+	case "prompt_cache_retention":
+		return fieldPromptCacheRetention
+	case "prompt_cache_key":
+		return fieldPromptCacheKey
+	case "priority":
+		return fieldPriority
+	case "infera_retention":
+		return fieldInferaRetention
+	case "_infera_retention":
+		return fieldLegacyRetention
+	case "kv_transfer_params":
+		return fieldKVTransferParams
 	}
 	return fieldOther
 }
 
 func keyEquals(raw []byte, escaped bool, key string) bool {
 	return jsonx.Equal(raw, escaped, key)
+}
+
+// parseRetention maps a prompt_cache_retention string (raw content) to its
+// class, as Infera does: trimmed, case-insensitive; RetentionUnset when
+// unknown.
+func parseRetention(raw []byte, escaped bool) Retention {
+	var vb [32]byte
+	if escaped {
+		if len(raw) > 6*len(vb) {
+			return RetentionUnset
+		}
+		var ub [6 * len(vb)]byte
+		raw = jsonx.AppendUnescaped(ub[:0], raw)
+	}
+	raw = bytes.TrimSpace(raw)
+	if len(raw) > len(vb) {
+		return RetentionUnset
+	}
+	v := vb[:len(raw)]
+	for i, c := range raw {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		v[i] = c
+	}
+	switch string(v) {
+	case "24h", "1h", "long":
+		return RetentionLong
+	case "5m", "short":
+		return RetentionShort
+	case "none", "off", "disabled":
+		return RetentionNone
+	}
+	return RetentionUnset
 }

@@ -163,6 +163,7 @@ func TestScanAllocs(t *testing.T) {
 		"escaped model": []byte(`{"model":"m\u00e9","prompt":"x","unknown_\u006bey":[1,{"a":null}]}`),
 		"bad field":     []byte(`{"model":"m","stream":3}`),
 		"missing model": []byte(`{"prompt":"x"}`),
+		"cache hints":   []byte(`{"model":"m","prompt_cache_retention":"\u0032\u0034H","priority":1,"kv_transfer_params":{"infera_retention":"none"}}`),
 	}
 	for name, body := range bodies {
 		var r openai.Request
@@ -321,6 +322,7 @@ func FuzzScan(f *testing.F) {
 		`{"stream":true}`, `[]`, `{"model":"m","max_tokens":12,"max_completion_tokens":null}`,
 		`{"model":"m","stream_options":{"include_usage":true}}`, `{"a":[[[[{}]]]]}`, "{\"model\":\"\xff\"}",
 		`{"model":"m","x":1.5e-7,"y":-0,"z":[true,false,null]}`, `{"m\u006fdel":"x","model":null}`,
+		`{"model":"m","prompt_cache_retention":"24h","kv_transfer_params":{"a":1}}`, `{"model":"m","prompt_cache_key":"k","priority":3}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -400,4 +402,38 @@ func FuzzScan(f *testing.F) {
 			t.Fatalf("unexpected error %v", err)
 		}
 	})
+}
+
+// Scan reads the cache hints as Infera does.
+func TestScanCacheHints(t *testing.T) {
+	for _, tc := range []struct {
+		body              string
+		want              openai.Retention
+		prio, infera, old bool
+		kv                string
+		kvRet             bool
+	}{
+		{body: `{"model":"m"}`, want: openai.RetentionUnset},
+		{body: `{"model":"m","prompt_cache_retention":"24h"}`, want: openai.RetentionLong},
+		{body: `{"model":"m","prompt_cache_retention":" 1H"}`, want: openai.RetentionLong},
+		{body: `{"model":"m","prompt_cache_retention":"\u0035m"}`, want: openai.RetentionShort},
+		{body: `{"model":"m","prompt_cache_retention":"disabled","prompt_cache_key":"k"}`, want: openai.RetentionNone},
+		{body: `{"model":"m","prompt_cache_retention":"week","prompt_cache_key":"k"}`, want: openai.RetentionShort},
+		{body: `{"model":"m","prompt_cache_key":""}`, want: openai.RetentionUnset},
+		{body: `{"model":"m","prompt_cache_retention":24}`, want: openai.RetentionUnset},
+		{body: `{"model":"m","priority":null,"infera_retention":1,"_infera_retention":"x"}`, prio: true, infera: true, old: true},
+		{body: `{"model":"m","kv_transfer_params":{"x":[1],"infera_retention":"short"}}`, kv: `{"x":[1],"infera_retention":"short"}`, kvRet: true},
+		{body: `{"model":"m","kv_transfer_params":null}`, kv: `null`},
+	} {
+		var r openai.Request
+		if err := openai.Scan([]byte(tc.body), &r); err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		kv := tc.body[r.KVTransferParams.Start:r.KVTransferParams.End]
+		if r.Retention != tc.want || r.HasPriority != tc.prio || r.HasInferaRetention != tc.infera ||
+			r.HasLegacyRetention != tc.old || kv != tc.kv || r.KVTransferRetention != tc.kvRet {
+			t.Errorf("%s: got %v %v %v %v %q %v", tc.body, r.Retention, r.HasPriority, r.HasInferaRetention,
+				r.HasLegacyRetention, kv, r.KVTransferRetention)
+		}
+	}
 }

@@ -21,11 +21,14 @@ import (
 // failure); between them attempts of one request may send (do) and read
 // concurrently.
 type attempt struct {
-	rel    *relay
-	body   []byte // what the worker gets (nil: the request's body)
-	ticket Ticket
-	probe  bool      // the ticket's worker admitted this attempt as its breaker probe
-	start  time.Time // when the worker was picked
+	rel  *relay
+	body []byte // what the worker gets (nil: the request's body)
+	// The body with the worker's cache hints (cachehints.go) and its
+	// scratch buffer, kept across attempts and requests.
+	hintBuf, hintTmp []byte
+	ticket           Ticket
+	probe            bool      // the ticket's worker admitted this attempt as its breaker probe
+	start            time.Time // when the worker was picked
 
 	resp   *fasthttp.Response // upstream response while streaming
 	src    io.Reader          // its body stream
@@ -237,8 +240,8 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 				r.policy.Release(t, Result{})
 				continue
 			}
-			body := a.body
-			*a = attempt{rel: rel, body: body, ticket: t, start: time.Now()}
+			body, hb, ht := a.body, a.hintBuf[:0], a.hintTmp[:0]
+			*a = attempt{rel: rel, body: body, hintBuf: hb, hintTmp: ht, ticket: t, start: time.Now()}
 			a.probe = t.Worker.breaker.admit(now)
 			rel.tried = append(rel.tried, t.Worker)
 			t.Worker.picks.Inc()
@@ -340,6 +343,15 @@ func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
 	body := a.body
 	if body == nil {
 		body = rel.body
+		// The cache hints go in the client's body as scanned (rel.scan's
+		// spans index it), not in a dialect's translation.
+		if rec := w.Record(); rel.dialect.request == nil && rec != nil {
+			var ok bool
+			a.hintBuf, a.hintTmp, ok = appendCacheHints(a.hintBuf[:0], a.hintTmp, body, &rel.scan, rec.Engine)
+			if ok {
+				body = a.hintBuf
+			}
+		}
 	}
 	req.SetBodyRaw(body)
 	return req

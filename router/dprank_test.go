@@ -1,11 +1,15 @@
 package router_test
 
 import (
+	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/router"
 )
@@ -88,4 +92,52 @@ func sortedRecords(recs ...discovery.Record) []discovery.Record {
 		return 0
 	})
 	return recs
+}
+
+// simDPRanks reads the simulator's per-rank request counts
+// (infera_sim_dp_rank_requests_total) from its /metrics.
+func simDPRanks(t *testing.T, u *upstream) map[string]int {
+	t.Helper()
+	resp, err := http.Get("http://" + u.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if !strings.HasPrefix(line, "infera_sim_dp_rank_requests_total{") {
+			continue
+		}
+		_, rest, ok := strings.Cut(line, `dp_rank="`)
+		rank, rest, ok2 := strings.Cut(rest, `"`)
+		v, err := strconv.ParseFloat(rest[strings.LastIndexByte(rest, ' ')+1:], 64)
+		if !ok || !ok2 || err != nil {
+			t.Fatalf("metric line %q", line)
+		}
+		out[rank] = int(v)
+	}
+	return out
+}
+
+// Round-robin over a rank-multiplexed SGLang-flavor simulator (dp_size 4)
+// pins the requests to ranks 0, 1, 2, 3, 0, … as the engine receives them.
+func TestDPRankPinningAtSimulator(t *testing.T) {
+	s := startSim(t, func(c *config.Sim) { c.Flavor = config.FlavorSGLang })
+	rec := simRecord(s)
+	rec.Engine, rec.DPSize = discovery.EngineSGLang, 4
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), rec)
+	want := map[string]int{}
+	for i := range 9 {
+		if resp, body := tr.chat(t, "sim-model"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		want[strconv.Itoa(i%4)]++
+		if got := simDPRanks(t, s); !maps.Equal(got, want) {
+			t.Fatalf("after request %d the simulator counted ranks %v, want %v", i, got, want)
+		}
+	}
 }

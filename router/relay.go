@@ -101,7 +101,9 @@ func (rel *relay) reset() {
 	clear(rel.tried)
 	clear(rel.sub.Workers)
 	tried, cands := rel.tried[:0], rel.sub.Workers[:0]
+	hintBuf, hintTmp := rel.att.hintBuf[:0], rel.att.hintTmp[:0]
 	*rel = relay{id: id, pump: pump, tried: tried, reqBuf: reqBuf}
+	rel.att.hintBuf, rel.att.hintTmp = hintBuf, hintTmp
 	rel.sub.Workers = cands
 	// Keep the scanner's scratch buffer (an escaped model name) too.
 	rel.scan = scratch

@@ -56,7 +56,8 @@ import (
 //
 // Not modelled: data parallelism inside one engine (SGLang --dp-size > 1 or
 // vLLM --data-parallel-size without --data-parallel-rank run as a single
-// rank), and disaggregated prefill/decode hand-off (the role flags are
+// rank; the requests per X-Data-Parallel-Rank received are counted in
+// /metrics), and disaggregated prefill/decode hand-off (the role flags are
 // accepted; every facade serves whole requests).
 
 // ErrFacadeArgs wraps an engine command line the facade cannot run.

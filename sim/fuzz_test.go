@@ -2,6 +2,7 @@ package sim
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 )
 
@@ -32,6 +33,22 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if !r.prompt.empty() {
 			_, _, _ = appendPromptTokens(nil, nil, body, r.prompt, nil)
+		}
+	})
+}
+
+// FuzzParseDPRank: an X-Data-Parallel-Rank value is counted only when it
+// is a decimal integer in [0, maxDPRanks), as strconv reads it.
+func FuzzParseDPRank(f *testing.F) {
+	for _, seed := range []string{"0", "3", "63", "64", "-1", "+1", "01", " 1", "", "x", "999"} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, v []byte) {
+		r, ok := parseDPRank(v)
+		n, err := strconv.Atoi(string(v))
+		want := err == nil && n >= 0 && n < maxDPRanks && v[0] != '+' && v[0] != '-'
+		if ok != want || (ok && r != n) {
+			t.Fatalf("parseDPRank(%q) = %d, %v; strconv says %d, %v", v, r, ok, n, err)
 		}
 	})
 }

@@ -161,6 +161,7 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		dropConn(ctx)
 		return
 	}
+	s.countDPRank(ctx.Request.Header.Peek("X-Data-Parallel-Rank"))
 	body := ctx.PostBody()
 	var r request
 	if err := parseRequest(body, &r); err != nil {

@@ -50,6 +50,7 @@ func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
 	b = append(b, `,num_gpu_blocks="`...)
 	b = strconv.AppendInt(b, int64(s.cfg.KVBlocks), 10)
 	b = append(b, "\"} 1.0\n"...)
+	b = s.appendDPRanks(b)
 
 	ctx.SetContentType(contentProm)
 	ctx.SetBody(b)
@@ -80,6 +81,7 @@ func (s *Server) sglangMetrics(ctx *fasthttp.RequestCtx) {
 		float64(p.genTokens.Load()))
 	b = s.appendMetric(b, "sglang:num_requests_total", "counter", "Number of requests processed.",
 		float64(p.success.Load()))
+	b = s.appendDPRanks(b)
 	ctx.SetContentType(contentProm)
 	ctx.SetBody(b)
 	*bp = b

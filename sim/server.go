@@ -85,12 +85,13 @@ type Server struct {
 	readyAt  atomic.Int64 // unix nanos when slow start ends
 	ready    atomic.Bool
 	closing  chan struct{}
-	readyCh  chan struct{} // closed once Serve accepts
-	ids      atomic.Uint64 // response ids
-	draws    atomic.Uint64 // fault-injection draws
-	hung     atomic.Int64  // requests held by --hang-before-first-token
-	tokensOK atomic.Int64  // tokens sent to clients, for --die-after-tokens
-	dead     atomic.Bool   // --die-after-tokens reached
+	readyCh  chan struct{}            // closed once Serve accepts
+	ids      atomic.Uint64            // response ids
+	draws    atomic.Uint64            // fault-injection draws
+	hung     atomic.Int64             // requests held by --hang-before-first-token
+	tokensOK atomic.Int64             // tokens sent to clients, for --die-after-tokens
+	dead     atomic.Bool              // --die-after-tokens reached
+	dpRanks  [maxDPRanks]atomic.Int64 // requests per X-Data-Parallel-Rank
 }
 
 // New builds a sim server from a validated configuration.

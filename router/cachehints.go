@@ -1,0 +1,122 @@
+package router
+
+import (
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/jsonx"
+	"github.com/infera/infera/openai"
+)
+
+// Cache hints, as Infera injects them: the request's retention class
+// (openai.Request.Retention; a request without a hint is long, Infera's
+// default so that plain traffic still caches) goes to the engines that
+// take it. SGLang gets "priority" (none 0, short 50, long 100: its
+// priority radix eviction keeps higher longer) and "infera_retention";
+// vLLM gets kv_transfer_params.infera_retention (read by Infera's KV
+// connector) and the older top-level "_infera_retention". A field the
+// client set itself is left as it is. Other engines get the body as is.
+
+// sglangPriority is the SGLang priority of each retention class.
+var sglangPriority = [...]string{
+	openai.RetentionNone:  "0",
+	openai.RetentionShort: "50",
+	openai.RetentionLong:  "100",
+}
+
+// retentionJSON is each class as a JSON string.
+var retentionJSON = [...]string{
+	openai.RetentionNone:  `"none"`,
+	openai.RetentionShort: `"short"`,
+	openai.RetentionLong:  `"long"`,
+}
+
+// retentionValue is retentionJSON as jsonx.SetField values.
+var retentionValue = [...][]byte{
+	openai.RetentionNone:  []byte(`"none"`),
+	openai.RetentionShort: []byte(`"short"`),
+	openai.RetentionLong:  []byte(`"long"`),
+}
+
+// appendCacheHints appends to dst the body for a worker of engine, with the
+// cache hints of scan (the body's scan) injected; ok is false when the
+// engine takes none or the client set them all (send body as it is). tmp
+// is a scratch buffer, returned for reuse. body is a valid object with at
+// least one member (Scan accepted it).
+func appendCacheHints(dst, tmp, body []byte, scan *openai.Request, engine string) (out, tmpOut []byte, ok bool) {
+	ret := scan.Retention
+	if ret == openai.RetentionUnset {
+		ret = openai.RetentionLong
+	}
+	switch engine {
+	case discovery.EngineSGLang:
+		if scan.HasPriority && scan.HasInferaRetention {
+			return dst, tmp, false
+		}
+		dst = openObject(dst, body)
+		if !scan.HasPriority {
+			dst = appendMember(dst, "priority", sglangPriority[ret])
+		}
+		if !scan.HasInferaRetention {
+			dst = appendMember(dst, "infera_retention", retentionJSON[ret])
+		}
+		return append(dst, '}'), tmp, true
+	case discovery.EngineVLLM:
+		kv := scan.KVTransferParams
+		if !kv.Empty() && scan.KVTransferRetention && scan.HasLegacyRetention {
+			return dst, tmp, false
+		}
+		start := len(dst)
+		switch {
+		case kv.Empty():
+			dst = openObject(dst, body)
+			dst = append(appendMember(dst, "kv_transfer_params", `{"infera_retention":`), retentionJSON[ret]...)
+			dst = append(dst, '}')
+		case scan.KVTransferRetention:
+			dst = openObject(dst, body)
+		default:
+			// An object gains the member; another value (null) is replaced.
+			tmp = tmp[:0]
+			if v := body[kv.Start:kv.End]; v[0] == '{' {
+				var err error
+				if tmp, err = jsonx.SetField(tmp, v, "infera_retention", retentionValue[ret], openai.MaxDepth); err != nil {
+					return dst[:start], tmp, false // unreachable: Scan validated it
+				}
+			} else {
+				tmp = append(append(append(tmp, `{"infera_retention":`...), retentionJSON[ret]...), '}')
+			}
+			var err error
+			if dst, err = jsonx.SetField(dst, body, "kv_transfer_params", tmp, openai.MaxDepth); err != nil {
+				return dst[:start], tmp, false // unreachable: Scan validated it
+			}
+			dst = dst[:len(dst)-1] // reopen the object
+		}
+		if !scan.HasLegacyRetention {
+			dst = appendMember(dst, "_infera_retention", retentionJSON[ret])
+		}
+		return append(dst, '}'), tmp, true
+	}
+	return dst, tmp, false
+}
+
+// openObject appends body without its closing brace (and the white space
+// around it): members can follow, each after a comma.
+func openObject(dst, body []byte) []byte {
+	end := len(body)
+	for end > 0 && body[end-1] != '}' {
+		end--
+	}
+	end--
+	for end > 0 && isSpace(body[end-1]) {
+		end--
+	}
+	return append(dst, body[:end]...)
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// appendMember appends `,"key":value` to an open object.
+func appendMember(dst []byte, key, value string) []byte {
+	dst = append(dst, ',', '"')
+	dst = append(dst, key...)
+	dst = append(dst, '"', ':')
+	return append(dst, value...)
+}
