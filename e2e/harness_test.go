@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,6 +40,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if n := reapStrays(dir); n > 0 {
+		// A worker killed hard (the chaos tests do it) leaves its engine,
+		// which runs in its own process group, to PID 1; the worker-side
+		// fix (parent-death signal) is open work. Tests must leave nothing
+		// running, so the package reaps them.
+		fmt.Fprintf(os.Stderr, "e2e: killed %d engine processes left behind by killed workers\n", n)
+	}
 	http.DefaultClient.CloseIdleConnections()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -405,4 +413,28 @@ func (f *fleet) cacheView(workerID string) (cacheViewResponse, error) {
 		return view, fmt.Errorf("decode cache-view %q: %w", body, err)
 	}
 	return view, nil
+}
+
+// reapStrays SIGKILLs every process still running from dir (the binary the
+// package built and anything started through it) and returns how many.
+func reapStrays(dir string) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.HasPrefix(string(cmdline), dir+string(os.PathSeparator)) {
+			continue
+		}
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+			n++
+		}
+	}
+	return n
 }
