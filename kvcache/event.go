@@ -549,11 +549,25 @@ func (d *Decoder) field(b *Batch, ev *Event, f int) error {
 		if err != nil || null {
 			return err
 		}
+		// Engines that write 0 or an empty bytes hash for "no parent"
+		// mean a root block, as nil does.
+		if c, err := d.peek(); err == nil && (isBin(c) || isStr(c)) {
+			raw, _, err := d.raw()
+			if err != nil {
+				return fmt.Errorf("parent_block_hash: %w", err)
+			}
+			if len(raw) == 0 {
+				return nil
+			}
+			ev.Parent = bytesHash(raw)
+			ev.HasParent = ev.Parent != 0
+			return nil
+		}
 		h, err := d.hash()
 		if err != nil {
 			return fmt.Errorf("parent_block_hash: %w", err)
 		}
-		ev.Parent, ev.HasParent = h, true
+		ev.Parent, ev.HasParent = h, h != 0
 		return nil
 	case fTokens:
 		return d.tokens(b)
@@ -694,14 +708,7 @@ func (d *Decoder) hash() (uint64, error) {
 		if len(raw) == 0 {
 			return 0, errors.New("empty bytes hash")
 		}
-		if len(raw) > 8 {
-			raw = raw[len(raw)-8:]
-		}
-		var h uint64
-		for _, x := range raw {
-			h = h<<8 | uint64(x)
-		}
-		return h, nil
+		return bytesHash(raw), nil
 	}
 	return 0, fmt.Errorf("hash has type code 0x%02x, want int or bytes", c)
 }
@@ -831,4 +838,16 @@ loop:
 		_, _ = d.r.Seek(int64(off), io.SeekCurrent)
 	}
 	return count
+}
+
+// bytesHash reads a bytes hash: its low 8 bytes, big-endian.
+func bytesHash(raw []byte) uint64 {
+	if len(raw) > 8 {
+		raw = raw[len(raw)-8:]
+	}
+	var h uint64
+	for _, x := range raw {
+		h = h<<8 | uint64(x)
+	}
+	return h
 }

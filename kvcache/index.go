@@ -123,6 +123,14 @@ type Worker struct {
 	blocks    atomic.Int64
 	blockSize atomic.Int32
 
+	// prompts: the last prompts routed to the worker, for learning the
+	// router hash of a parent stored before the index knew the worker
+	// (LearnPrompt, learnParentLocked). Guarded by promptMu, taken inside
+	// Index.mu by the applier and alone by the router.
+	promptMu   sync.Mutex
+	prompts    [recentPrompts]recentPrompt
+	promptNext int
+
 	// Guarded by Index.mu.
 	engine      map[uint64]uint64 // engine hash → router hash
 	otherGroups uint64            // group_idx values seen with a non-attention kind
@@ -513,6 +521,51 @@ type ApplyResult struct {
 	UnknownParent int // blocks dropped: parent engine hash unknown
 	Skipped       int // blocks ignored: non-attention group, LoRA, extra keys, medium, block size
 	UnknownRemove int // removals of engine hashes the index does not hold
+	Learned       int // blocks learned from a routed prompt (parent stored before the index knew it)
+	// Dropped has a bit set for every reason a stored block was not
+	// indexed in this batch, so that the applier can log each reason.
+	Dropped DropReasons
+}
+
+// DropReasons is a set of reasons for not indexing stored blocks.
+type DropReasons uint8
+
+// Drop reasons.
+const (
+	DropUnknownParent DropReasons = 1 << iota // parent engine hash unknown and not learnable
+	DropKind                                  // non-attention kv_cache_spec_kind
+	DropLoRA                                  // stored under a LoRA adapter
+	DropExtraKeys                             // multimodal or cache-salt extra keys
+	DropMedium                                // not the GPU tier
+	DropBlockSize                             // block size differs from the worker's
+	numDropReasons                            = 6
+)
+
+var dropNames = [numDropReasons]string{"unknown_parent", "kv_cache_spec_kind", "lora", "extra_keys", "medium", "block_size"}
+
+// String names one reason (snake_case, for logs and metrics); a set of
+// several is named by its lowest reason.
+func (d DropReasons) String() string {
+	for i := range numDropReasons {
+		if d&(1<<i) != 0 {
+			return dropNames[i]
+		}
+	}
+	return "none"
+}
+
+func ignoreDrop(r Ignore) DropReasons {
+	switch r {
+	case IgnoreKind:
+		return DropKind
+	case IgnoreLoRA:
+		return DropLoRA
+	case IgnoreExtraKeys:
+		return DropExtraKeys
+	case IgnoreMedium:
+		return DropMedium
+	}
+	return 0
 }
 
 // Add accumulates r into a.
@@ -524,6 +577,8 @@ func (a *ApplyResult) Add(r ApplyResult) {
 	a.UnknownParent += r.UnknownParent
 	a.Skipped += r.Skipped
 	a.UnknownRemove += r.UnknownRemove
+	a.Learned += r.Learned
+	a.Dropped |= r.Dropped
 }
 
 // Apply applies a decoded batch to w. Stored blocks get router hashes
@@ -561,6 +616,7 @@ func (x *Index) applyStoredLocked(w *Worker, ev *Event, res *ApplyResult) {
 			w.otherGroups |= 1 << ev.Group
 		}
 		res.Skipped += len(ev.Hashes)
+		res.Dropped |= ignoreDrop(ev.Ignore)
 		return
 	}
 	if len(ev.Hashes) == 0 {
@@ -573,13 +629,18 @@ func (x *Index) applyStoredLocked(w *Worker, ev *Event, res *ApplyResult) {
 	}
 	if ev.BlockSize != bs {
 		res.Skipped += len(ev.Hashes)
+		res.Dropped |= DropBlockSize
 		return
 	}
 	var parent uint64
 	if ev.HasParent {
 		r, ok := w.engine[ev.Parent]
 		if !ok {
+			r, ok = x.learnParentLocked(w, ev, bs, res)
+		}
+		if !ok {
 			res.UnknownParent += len(ev.Hashes)
+			res.Dropped |= DropUnknownParent
 			return
 		}
 		parent = r
@@ -654,10 +715,19 @@ func (x *Index) findLocked(h uint64, w *Worker) uint32 {
 // storeLocked indexes router hash h (engine hash e) for w; it reports whether
 // the block is new.
 func (x *Index) storeLocked(w *Worker, h, e uint64) bool {
+	return x.storeEngineLocked(w, h, e, true)
+}
+
+// storeEngineLocked is storeLocked; without hasEngine the block's engine
+// hash is unknown (a learned prefix block) and only eviction or a clear
+// removes it.
+func (x *Index) storeEngineLocked(w *Worker, h, e uint64, hasEngine bool) bool {
 	if i := x.findLocked(h, w); i != 0 {
 		// Already indexed (re-store, or a second engine hash for the same
 		// tokens): keep both engine hashes resolvable for removals/parents.
-		w.engine[e] = h
+		if hasEngine {
+			w.engine[e] = h
+		}
 		x.lruMoveFrontLocked(w, i)
 		return false
 	}
@@ -674,7 +744,9 @@ func (x *Index) storeLocked(w *Worker, h, e uint64) bool {
 	sh.m[h] = entry{head: i, mask: en.mask | slotBit(w.slot)}
 	sh.mu.Unlock()
 	x.lruPushFrontLocked(w, i)
-	w.engine[e] = h
+	if hasEngine {
+		w.engine[e] = h
+	}
 	w.blocks.Add(1)
 	return true
 }

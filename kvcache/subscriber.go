@@ -37,10 +37,18 @@ type SubscriberConfig struct {
 	BackoffMax      time.Duration // reconnect delay cap
 	ReplayTimeout   time.Duration // one whole replay exchange
 	MaxMessageBytes int64         // largest ZMTP frame accepted
-	// RebuildBlocks: after a resync (a gap that replay could not fill), the
-	// worker is approximate until an AllBlocksCleared arrives or, when this
-	// is > 0, until that many blocks have been stored since the resync.
+	// RebuildBlocks: after a resync (a gap that replay could not fill) or
+	// on joining a running engine, the worker is approximate until an
+	// AllBlocksCleared arrives or, when this is > 0, until that many blocks
+	// have been stored since.
 	RebuildBlocks int
+	// RebuildAfter: likewise, when > 0, the worker returns to precise mode
+	// once this long has passed since the resync or join and a batch has
+	// been applied in sequence after it: by then the view has been rebuilt
+	// from the events that followed (and from the prompts routed there,
+	// learn.go), and what the engine stored before and never touched
+	// since is what the index misses.
+	RebuildAfter time.Duration
 }
 
 // DefaultSubscriberConfig returns the subscriber's defaults.
@@ -51,6 +59,7 @@ func DefaultSubscriberConfig() SubscriberConfig {
 		BackoffMax:      5 * time.Second,
 		ReplayTimeout:   10 * time.Second,
 		MaxMessageBytes: 64 << 20,
+		RebuildAfter:    5 * time.Second,
 	}
 }
 
@@ -62,6 +71,8 @@ func (c *SubscriberConfig) validate() error {
 		return fmt.Errorf("%w: backoff max %s below min %s", ErrInvalidConfig, c.BackoffMax, c.BackoffMin)
 	case c.MaxMessageBytes <= 0:
 		return fmt.Errorf("%w: max message bytes %d", ErrInvalidConfig, c.MaxMessageBytes)
+	case c.RebuildAfter < 0:
+		return fmt.Errorf("%w: rebuild after %s", ErrInvalidConfig, c.RebuildAfter)
 	case c.RebuildBlocks < 0:
 		return fmt.Errorf("%w: rebuild blocks %d", ErrInvalidConfig, c.RebuildBlocks)
 	}
@@ -83,7 +94,10 @@ type Stats struct {
 	Skipped        uint64 // blocks ignored (non-attention, LoRA, extra keys, medium, block size)
 	UnknownEvents  uint64 // events with an unknown type tag
 	Duplicates     uint64 // batches at or below the applied sequence, dropped
-	Gaps           uint64 // sequence gaps detected (including joining a running engine)
+	Gaps           uint64 // sequence gaps detected after the stream was in sequence
+	Joins          uint64 // first batches of a stream that were not the start of the engine's sequence
+	Rebuilds       uint64 // returns to precise mode after a resync or join
+	Learned        uint64 // blocks learned from routed prompts (parent stored before the router knew it)
 	Replays        uint64 // replay exchanges that completed
 	ReplayFailures uint64 // replay exchanges that failed
 	Resyncs        uint64 // times the worker's state was dropped for missed events
@@ -275,7 +289,7 @@ type stream struct {
 	batches, events, stored, removed, cleared             atomic.Uint64
 	unknownParent, skipped, unknownEvents, dups, gaps     atomic.Uint64
 	replays, replayFailures, resyncs, bad, rankMismatches atomic.Uint64
-	connects                                              atomic.Uint64
+	connects, joins, rebuilds, learned                    atomic.Uint64
 
 	dec   *Decoder
 	batch Batch
@@ -287,7 +301,11 @@ type stream struct {
 	complete    bool
 	synced      bool
 	sinceResync int
+	resyncAt    time.Time
 	badLogged   bool
+	// dropLogged: drop reasons already logged for this worker; each reason
+	// is logged once, the counters carry the rest.
+	dropLogged DropReasons
 }
 
 func (st *stream) stats() Stats {
@@ -312,6 +330,9 @@ func (st *stream) stats() Stats {
 		BadMessages:    st.bad.Load(),
 		RankMismatch:   st.rankMismatches.Load(),
 		Connects:       st.connects.Load(),
+		Joins:          st.joins.Load(),
+		Rebuilds:       st.rebuilds.Load(),
+		Learned:        st.learned.Load(),
 	}
 }
 
@@ -418,6 +439,13 @@ func (st *stream) handle(ctx context.Context, seq uint64, payload []byte, allowR
 		st.dups.Add(1)
 		return
 	}
+	if seq > st.next && !st.synced && st.next == 0 && (!allowReplay || st.src.ReplayEndpoint == "") {
+		// The first batch this stream ever sees is not the start of the
+		// engine's sequence: the router joined a running engine whose
+		// buffer (if any) no longer reaches back. Not a gap: start from
+		// here and rebuild.
+		st.join(seq)
+	}
 	if seq > st.next {
 		st.gaps.Add(1)
 		st.log.Warn().Uint64("seq", seq).Uint64("expected", st.next).Bool("replay", allowReplay && st.src.ReplayEndpoint != "").
@@ -443,11 +471,23 @@ func (st *stream) handle(ctx context.Context, seq uint64, payload []byte, allowR
 func (st *stream) resync(seq uint64) {
 	st.resyncs.Add(1)
 	st.idx.Clear(st.w)
-	st.complete, st.sinceResync = false, 0
+	st.complete, st.sinceResync, st.resyncAt = false, 0, time.Now()
 	st.next = seq
 	st.setNext()
 	st.w.SetMode(ModeApproximate)
 	st.log.Warn().Uint64("seq", seq).Msg("kv events resync: worker approximate until rebuilt")
+}
+
+// join starts a stream that first sees the engine at seq > 0 with nothing
+// to replay from: what the engine stored before is unknown, so the worker is
+// approximate until rebuilt from the events that follow.
+func (st *stream) join(seq uint64) {
+	st.joins.Add(1)
+	st.complete, st.sinceResync, st.resyncAt = false, 0, time.Now()
+	st.next = seq
+	st.setNext()
+	st.w.SetMode(ModeApproximate)
+	st.log.Info().Uint64("seq", seq).Msg("kv events: joined a running engine; worker approximate until rebuilt")
 }
 
 func (st *stream) setNext() { st.nextSeq.Store(st.next) }
@@ -471,14 +511,22 @@ func (st *stream) apply(seq uint64, payload []byte) {
 	st.unknownParent.Add(uint64(res.UnknownParent))
 	st.skipped.Add(uint64(res.Skipped))
 	st.unknownEvents.Add(uint64(st.batch.Unknown))
+	st.learned.Add(uint64(res.Learned))
+	if d := res.Dropped &^ st.dropLogged; d != 0 {
+		st.logDrops(d)
+	}
 	if st.batch.HasDPRank && st.batch.DPRank != st.src.Key.DPRank {
 		st.rankMismatches.Add(1)
 	}
 	if !st.complete {
 		st.sinceResync += res.Stored
-		if res.Cleared > 0 || (st.cfg.RebuildBlocks > 0 && st.sinceResync >= st.cfg.RebuildBlocks) {
+		blocks := st.cfg.RebuildBlocks > 0 && st.sinceResync >= st.cfg.RebuildBlocks
+		aged := st.cfg.RebuildAfter > 0 && time.Since(st.resyncAt) >= st.cfg.RebuildAfter
+		if res.Cleared > 0 || blocks || aged {
 			st.complete = true
-			st.log.Info().Msg("kv events worker rebuilt: precise")
+			st.rebuilds.Add(1)
+			st.log.Info().Int("blocks", st.w.Blocks()).Int("stored_since", st.sinceResync).
+				Float64("rebuild_seconds", time.Since(st.resyncAt).Seconds()).Msg("kv events worker rebuilt: precise")
 		}
 	}
 	st.updateMode()
@@ -489,6 +537,22 @@ func (st *stream) updateMode() {
 		st.w.SetMode(ModePrecise)
 	} else {
 		st.w.SetMode(ModeApproximate)
+	}
+}
+
+// logDrops logs each reason in d once per stream (worker and rank): a
+// publisher that keeps sending blocks the router cannot index shows up in
+// the log, and the counters carry the repeats.
+func (st *stream) logDrops(d DropReasons) {
+	st.dropLogged |= d
+	for i := range numDropReasons {
+		r := DropReasons(1) << i
+		if d&r == 0 {
+			continue
+		}
+		st.log.Warn().Str("reason", r.String()).Uint64("unknown_parent_total", st.unknownParent.Load()).
+			Uint64("ignored_total", st.skipped.Load()).
+			Msg("kv events: stored blocks not indexed (logged once per worker and reason)")
 	}
 }
 
@@ -540,11 +604,8 @@ func (st *stream) replay(ctx context.Context) error {
 		if msg.Type != zmq4.UsrMsg {
 			continue
 		}
-		frames := msg.Frames
-		if len(frames) == 3 && len(frames[0]) == 0 {
-			frames = frames[1:] // DEALER sees the ROUTER's empty delimiter
-		}
-		if len(frames) != 2 || len(frames[0]) != 8 {
+		frames := replayFrames(msg.Frames)
+		if frames == nil {
 			return fmt.Errorf("%w: reply has %d frames, want [\"\", seq, payload]", ErrReplay, len(msg.Frames))
 		}
 		seq := zmtp.Seq(frames[0])
@@ -558,4 +619,21 @@ func (st *stream) replay(ctx context.Context) error {
 		n++
 		st.handle(ctx, seq, frames[1], false)
 	}
+}
+
+// replayFrames returns [seq, payload] of a replay reply: [b"", seq, payload]
+// (a DEALER sees the ROUTER's empty delimiter), [seq, payload], or either
+// with a topic frame before the sequence, as publishers that reuse their
+// live framing send; nil when it is none of those.
+func replayFrames(f [][]byte) [][]byte {
+	if len(f) >= 3 && len(f[0]) == 0 && len(f[len(f)-2]) == 8 {
+		f = f[1:]
+	}
+	if len(f) == 3 && len(f[1]) == 8 {
+		f = f[1:] // topic
+	}
+	if len(f) != 2 || len(f[0]) != 8 {
+		return nil
+	}
+	return f
 }

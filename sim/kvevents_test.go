@@ -135,6 +135,15 @@ func (r *eventRig) waitSynced(t *testing.T) kvcache.Stats {
 	return st
 }
 
+// waitPublished waits until the sim has flushed the batch of every request
+// sent: the success counter is stored after the round's batch is pushed,
+// while the response may reach the client before.
+func (r *eventRig) waitPublished(t *testing.T) {
+	t.Helper()
+	p := &r.ts.srv.sched.pub
+	eventually(t, "sim published every request's batch", func() bool { return p.success.Load() == r.requests })
+}
+
 func promptTokens(seed, n int) []uint32 {
 	out := make([]uint32, n)
 	for i := range out {
@@ -225,6 +234,11 @@ func TestKVEventsDroppedBatchIsReplayed(t *testing.T) {
 			st0 := r.waitSynced(t)
 			r.ts.srv.events.dropNext.Store(true)
 			r.complete(t, promptTokens(2, 30), 4) // buffered, never published
+			// The response can come back before the scheduler's round
+			// ends and flushes its batch; a request sent meanwhile joins
+			// that batch and is dropped with it, leaving nothing behind
+			// the gap to reveal it. Wait for the dropped batch first.
+			r.waitPublished(t)
 			r.complete(t, promptTokens(3, 30), 4) // reveals the gap
 			st := r.waitSynced(t)
 			if st.Gaps != st0.Gaps+1 || st.Replays < st0.Replays+1 || st.ReplayFailures != 0 {

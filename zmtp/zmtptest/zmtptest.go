@@ -131,7 +131,19 @@ type Replay struct {
 	mu       sync.Mutex
 	buf      map[uint64][]byte
 	requests []uint64
+	topic    []byte // SetFraming: a topic frame before each seq
+	end      []byte // SetFraming: the terminator's payload
 	wg       sync.WaitGroup
+}
+
+// SetFraming makes the answers carry a topic frame before the sequence
+// ([identity, "", topic, seq, payload]) when topic is not nil, and the
+// terminator carry endPayload instead of an empty frame: quirks of
+// publishers that reuse their live framing for replies.
+func (r *Replay) SetFraming(topic, endPayload []byte) {
+	r.mu.Lock()
+	r.topic, r.end = topic, endPayload
+	r.mu.Unlock()
 }
 
 // NewReplay listens on a free loopback port; it closes with the test.
@@ -192,11 +204,21 @@ func (r *Replay) serve() {
 		for i, s := range seqs {
 			out[i] = r.buf[s]
 		}
+		topic, end := r.topic, r.end
 		r.mu.Unlock()
-		for i, s := range seqs {
-			_ = r.sock.Send(zmq4.NewMsgFrom(id, []byte{}, SeqBytes(s), out[i]))
+		frames := func(seq uint64, payload []byte) zmq4.Msg {
+			if topic != nil {
+				return zmq4.NewMsgFrom(id, []byte{}, topic, SeqBytes(seq), payload)
+			}
+			return zmq4.NewMsgFrom(id, []byte{}, SeqBytes(seq), payload)
 		}
-		_ = r.sock.Send(zmq4.NewMsgFrom(id, []byte{}, SeqBytes(zmtp.ReplayEnd), []byte{}))
+		for i, s := range seqs {
+			_ = r.sock.Send(frames(s, out[i]))
+		}
+		if end == nil {
+			end = []byte{}
+		}
+		_ = r.sock.Send(frames(zmtp.ReplayEnd, end))
 	}
 }
 
