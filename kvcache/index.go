@@ -538,7 +538,7 @@ const (
 	DropExtraKeys                             // multimodal or cache-salt extra keys
 	DropMedium                                // not the GPU tier
 	DropBlockSize                             // block size differs from the worker's
-	numDropReasons                            = 6
+	numDropReasons    = 6
 )
 
 var dropNames = [numDropReasons]string{"unknown_parent", "kv_cache_spec_kind", "lora", "extra_keys", "medium", "block_size"}
