@@ -21,6 +21,8 @@
 //   - the KV-event decoder (event.go): vLLM (map and msgspec array form),
 //     SGLang (array) and ATOM (map) batches, msgpack, zero-allocation with a
 //     reused Batch.
+//   - parent learning (learn.go): the last prompts routed to each worker,
+//     searched when a stored block's parent is unknown.
 //   - the subscriber (subscriber.go, zmtp.go): one ZMQ SUB stream per worker
 //     (pure Go ZMTP via go-zeromq/zmq4), sequence-gap detection, recovery
 //     through the engine's replay socket, resync when that is impossible,
@@ -39,13 +41,21 @@
 // # Modes
 //
 // A worker is ModePrecise when every event since its engine's cache was last
-// known empty has been applied. It is ModeApproximate before its stream is
-// confirmed (first batch in sequence, or a completed replay), after a
-// resync, and after a malformed batch. After a resync it becomes precise
-// again on AllBlocksCleared or, if SubscriberConfig.RebuildBlocks > 0, after
-// that many blocks have been stored since. Blocks whose parent was lost in a
-// resync cannot be re-derived (router hashes chain from the parent), which
-// is why the index cannot simply declare itself rebuilt.
+// known empty has been applied, or its view has been rebuilt since. It is
+// ModeApproximate before its stream is confirmed (first batch in sequence,
+// or a completed replay), after a resync, after joining a running engine
+// (the first batch the stream ever sees is not seq 0 and replay cannot reach
+// back: not a gap, the stream starts there), and after a malformed batch.
+// After a resync or join it becomes precise again on AllBlocksCleared, after
+// SubscriberConfig.RebuildBlocks stored blocks (> 0), or RebuildAfter
+// (default 5 s) later; the log says so ("kv events worker rebuilt") and
+// Stats.Rebuilds counts it. Meanwhile the router routes the worker on its
+// own placements. Blocks whose parent predates the index are learned from
+// the prompts routed to the worker (learn.go, NotePrompt); the rest of what
+// the engine stored before is what the rebuilt view misses.
+//
+// parent_block_hash nil, 0 or empty bytes means a root block. Every reason
+// a stored block is not indexed (DropReasons) is logged once per stream.
 //
 // # Wire formats (DESIGN §7)
 //
@@ -57,7 +67,8 @@
 //
 // Replay (vLLM ZmqEventPublisher replay socket, a ROUTER): the subscriber
 // connects a DEALER and sends [b"", start_seq (8-byte BE)]; the server
-// replies one message [b"", seq (8-byte BE), payload] per buffered batch
+// replies one message [b"", seq (8-byte BE), payload] (a topic frame before
+// seq is tolerated) per buffered batch
 // with seq >= start_seq, in order, then the terminator [b"", 0xFFFFFFFFFFFFFFFF,
 // b""] (vLLM sends -1 as a signed 8-byte integer; either the all-ones seq or
 // an empty payload ends the replay). A subscriber replays on every connect

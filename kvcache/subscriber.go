@@ -294,15 +294,22 @@ type stream struct {
 	dec   *Decoder
 	batch Batch
 	next  uint64 // next sequence number expected
+
+	// mu guards the mode state below: the stream goroutine and the
+	// rebuild timer (RebuildAfter) change it.
+	mu sync.Mutex
 	// complete: the index holds every event since the engine's cache was
-	// last known empty (engine start, AllBlocksCleared). synced: the
-	// sequence has been confirmed against the engine since Add. Precise
-	// needs both.
+	// last known empty (engine start, AllBlocksCleared), or has been
+	// rebuilt since a resync or join. synced: the sequence has been
+	// confirmed against the engine since Add. Precise needs both.
 	complete    bool
 	synced      bool
 	sinceResync int
 	resyncAt    time.Time
-	badLogged   bool
+	rebuildGen  uint64      // bumped by every resync or join; a stale timer does nothing
+	rebuild     *time.Timer // RebuildAfter of the current resync or join
+
+	badLogged bool
 	// dropLogged: drop reasons already logged for this worker; each reason
 	// is logged once, the counters carry the rest.
 	dropLogged DropReasons
@@ -338,8 +345,18 @@ func (st *stream) stats() Stats {
 
 func (st *stream) run(ctx context.Context) {
 	defer close(st.done)
+	defer func() {
+		st.mu.Lock()
+		if st.rebuild != nil {
+			st.rebuild.Stop()
+		}
+		st.rebuildGen++
+		st.mu.Unlock()
+	}()
 	// An engine's sequence starts at 0 with an empty cache.
+	st.mu.Lock()
 	st.complete = true
+	st.mu.Unlock()
 	st.w.SetMode(ModeApproximate)
 	delay := time.Duration(0)
 	for {
@@ -423,9 +440,13 @@ func (st *stream) session(ctx context.Context) (connected bool, err error) {
 		if fresh && seq < connectNext {
 			st.log.Info().Uint64("seq", seq).Uint64("expected", connectNext).Msg("kv events sequence restarted; clearing worker")
 			st.idx.Clear(st.w)
-			st.next, st.complete, st.synced = 0, true, false
+			st.next = 0
 			st.setNext()
-			st.w.SetMode(ModeApproximate)
+			st.mu.Lock()
+			st.complete, st.synced = true, false
+			st.rebuildGen++ // a rebuild pending from before is moot
+			st.updateModeLocked()
+			st.mu.Unlock()
 		}
 		fresh = false
 		st.handle(ctx, seq, msg.Frames[2], true)
@@ -439,7 +460,7 @@ func (st *stream) handle(ctx context.Context, seq uint64, payload []byte, allowR
 		st.dups.Add(1)
 		return
 	}
-	if seq > st.next && !st.synced && st.next == 0 && (!allowReplay || st.src.ReplayEndpoint == "") {
+	if seq > st.next && st.next == 0 && !st.isSynced() && (!allowReplay || st.src.ReplayEndpoint == "") {
 		// The first batch this stream ever sees is not the start of the
 		// engine's sequence: the router joined a running engine whose
 		// buffer (if any) no longer reaches back. Not a gap: start from
@@ -471,10 +492,9 @@ func (st *stream) handle(ctx context.Context, seq uint64, payload []byte, allowR
 func (st *stream) resync(seq uint64) {
 	st.resyncs.Add(1)
 	st.idx.Clear(st.w)
-	st.complete, st.sinceResync, st.resyncAt = false, 0, time.Now()
 	st.next = seq
 	st.setNext()
-	st.w.SetMode(ModeApproximate)
+	st.startRebuild()
 	st.log.Warn().Uint64("seq", seq).Msg("kv events resync: worker approximate until rebuilt")
 }
 
@@ -483,14 +503,53 @@ func (st *stream) resync(seq uint64) {
 // approximate until rebuilt from the events that follow.
 func (st *stream) join(seq uint64) {
 	st.joins.Add(1)
-	st.complete, st.sinceResync, st.resyncAt = false, 0, time.Now()
 	st.next = seq
 	st.setNext()
-	st.w.SetMode(ModeApproximate)
+	st.startRebuild()
 	st.log.Info().Uint64("seq", seq).Msg("kv events: joined a running engine; worker approximate until rebuilt")
 }
 
 func (st *stream) setNext() { st.nextSeq.Store(st.next) }
+
+func (st *stream) isSynced() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.synced
+}
+
+// startRebuild makes the worker approximate until rebuilt: by an
+// AllBlocksCleared, RebuildBlocks stored blocks, or RebuildAfter (a timer,
+// so that an idle engine's worker is declared rebuilt too).
+func (st *stream) startRebuild() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.complete, st.sinceResync, st.resyncAt = false, 0, time.Now()
+	st.rebuildGen++
+	if st.rebuild != nil {
+		st.rebuild.Stop()
+	}
+	if st.cfg.RebuildAfter > 0 {
+		gen := st.rebuildGen
+		st.rebuild = time.AfterFunc(st.cfg.RebuildAfter, func() {
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			if st.rebuildGen == gen && !st.complete {
+				st.rebuiltLocked()
+			}
+		})
+	}
+	st.updateModeLocked()
+}
+
+// rebuiltLocked returns a resynced or joined worker to complete, says so and
+// counts it.
+func (st *stream) rebuiltLocked() {
+	st.complete = true
+	st.rebuilds.Add(1)
+	st.log.Info().Int("blocks", st.w.Blocks()).Int("stored_since", st.sinceResync).
+		Float64("rebuild_seconds", time.Since(st.resyncAt).Seconds()).Msg("kv events worker rebuilt: precise")
+	st.updateModeLocked()
+}
 
 func (st *stream) apply(seq uint64, payload []byte) {
 	if err := st.dec.Decode(payload, &st.batch); err != nil {
@@ -502,6 +561,8 @@ func (st *stream) apply(seq uint64, payload []byte) {
 	res := st.idx.Apply(st.w, &st.batch)
 	st.next = seq + 1
 	st.setNext()
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	st.synced = true
 	st.batches.Add(1)
 	st.events.Add(uint64(len(st.batch.Events)))
@@ -523,16 +584,14 @@ func (st *stream) apply(seq uint64, payload []byte) {
 		blocks := st.cfg.RebuildBlocks > 0 && st.sinceResync >= st.cfg.RebuildBlocks
 		aged := st.cfg.RebuildAfter > 0 && time.Since(st.resyncAt) >= st.cfg.RebuildAfter
 		if res.Cleared > 0 || blocks || aged {
-			st.complete = true
-			st.rebuilds.Add(1)
-			st.log.Info().Int("blocks", st.w.Blocks()).Int("stored_since", st.sinceResync).
-				Float64("rebuild_seconds", time.Since(st.resyncAt).Seconds()).Msg("kv events worker rebuilt: precise")
+			st.rebuildGen++
+			st.rebuiltLocked()
 		}
 	}
-	st.updateMode()
+	st.updateModeLocked()
 }
 
-func (st *stream) updateMode() {
+func (st *stream) updateModeLocked() {
 	if st.complete && st.synced {
 		st.w.SetMode(ModePrecise)
 	} else {
@@ -611,8 +670,10 @@ func (st *stream) replay(ctx context.Context) error {
 		seq := zmtp.Seq(frames[0])
 		if seq == zmtp.ReplayEnd || len(frames[1]) == 0 {
 			st.replays.Add(1)
+			st.mu.Lock()
 			st.synced = true
-			st.updateMode()
+			st.updateModeLocked()
+			st.mu.Unlock()
 			st.log.Debug().Uint64("from", from).Int("batches", n).Msg("kv events replay done")
 			return nil
 		}

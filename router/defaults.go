@@ -54,6 +54,13 @@ func ServeConfig(s config.Serve) Config {
 	}
 }
 
+// Provisional hits (KVAwareConfig.ProvisionalTTL): a few times an engine's
+// event latency, and a few long prompts per worker.
+const (
+	defaultProvisionalTTL       = 2 * time.Second
+	defaultProvisionalMaxBlocks = 16384
+)
+
 // ServeKVAwareConfig maps the kv-aware flags of `infera serve` onto the
 // policy's configuration.
 func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
@@ -70,6 +77,8 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		ApproxMaxBlocks:       k.ApproxMaxBlocks,
 		RecentHalfLife:        k.RecentDecay,
 		RecentWeight:          k.RecentWeight,
+		ProvisionalTTL:        defaultProvisionalTTL,
+		ProvisionalMaxBlocks:  defaultProvisionalMaxBlocks,
 		Subscriber:            kvcache.DefaultSubscriberConfig(),
 	}
 }

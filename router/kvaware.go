@@ -69,6 +69,16 @@ type KVAwareConfig struct {
 	// the worker that just prefilled its previous one.
 	RecentWeight float64
 
+	// ProvisionalTTL and ProvisionalMaxBlocks bound the provisional hits
+	// of precisely routed workers: the blocks of a prompt just placed on a
+	// worker count as cached there for ProvisionalTTL (the event-latency
+	// window: the engine's BlockStored is tens of ms behind the placement),
+	// at most ProvisionalMaxBlocks per worker and rank. Once the events
+	// land the index says the same thing; a contradicting removal ends
+	// the window at the TTL at the latest. 0 disables them.
+	ProvisionalTTL       time.Duration
+	ProvisionalMaxBlocks int
+
 	// Subscriber tunes the KV-event streams.
 	Subscriber kvcache.SubscriberConfig
 
@@ -88,6 +98,8 @@ func (c KVAwareConfig) validate() (KVAwareConfig, error) {
 		return c, fmt.Errorf("%w: block size %d", ErrKVConfig, c.DefaultBlockSize)
 	case c.IndexMaxBlocks < 1 || c.ApproxMaxBlocks < 1:
 		return c, fmt.Errorf("%w: block bounds must be positive", ErrKVConfig)
+	case c.ProvisionalTTL < 0 || c.ProvisionalMaxBlocks < 0:
+		return c, fmt.Errorf("%w: provisional hit bounds must not be negative", ErrKVConfig)
 	case c.ApproxTTL <= 0:
 		return c, fmt.Errorf("%w: approximate ttl %s", ErrKVConfig, c.ApproxTTL)
 	case c.RecentHalfLife < 0:
@@ -169,6 +181,7 @@ type kvTarget struct {
 	bs     int  // block size from the record or the default
 	idx    *kvcache.Worker
 	place  *kvcache.Placements
+	prov   *kvcache.Placements // provisional hits (precise mode); nil when disabled
 
 	mu       sync.RWMutex
 	active   map[uint64]int32 // in-flight prompt blocks → requests holding them
@@ -372,6 +385,9 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 			bs:     bs,
 			place:  kvcache.NewPlacements(p.cfg.ApproxMaxBlocks, int64(p.cfg.ApproxTTL)),
 			active: make(map[uint64]int32),
+		}
+		if p.cfg.ProvisionalTTL > 0 && p.cfg.ProvisionalMaxBlocks > 0 {
+			t.prov = kvcache.NewPlacements(p.cfg.ProvisionalMaxBlocks, int64(p.cfg.ProvisionalTTL))
 		}
 		if pl.ep != "" {
 			h, err := p.sub.Add(kvcache.Source{Key: t.key, Endpoint: pl.ep, ReplayEndpoint: pl.rep, BlockSize: s.blockSize})

@@ -184,7 +184,9 @@ func TestKVTiesRotate(t *testing.T) {
 }
 
 func TestKVWarmPrefixGoesToHolder(t *testing.T) {
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(4)...)
+	// Without provisional hits, so that every request's hits are the
+	// stored prefix alone (the repeats' own tails would count otherwise).
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec, c.ProvisionalTTL = TokenizerBytes, 0 }), fleet(4)...)
 	e.makePrecise()
 	long := unique(7, 800)
 	holder := kvRecord(2, nil).WorkerID
@@ -566,5 +568,37 @@ func TestKVOverlapWeightByRole(t *testing.T) {
 				t.Fatalf("weights prefill %v decode %v: cold request %d went to %s, want %s", c.prefillW, c.decodeW, i, got, c.want)
 			}
 		}
+	}
+}
+
+// TestKVProvisionalHitBridgesEventLatency: a repeat of a prompt that arrives
+// after the first one finished but before the engine's events land follows
+// it to the worker that just prefilled it (a provisional hit), not to the
+// least-charged worker; after the provisional TTL it is a cold prompt again.
+func TestKVProvisionalHitBridgesEventLatency(t *testing.T) {
+	for _, ttl := range []time.Duration{0, 2 * time.Second} {
+		t.Run("ttl="+ttl.String(), func(t *testing.T) {
+			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec, c.ProvisionalTTL = TokenizerBytes, ttl }), fleet(4)...)
+			e.makePrecise()
+			long := chat(unique(3, 2000))
+			first := e.serial(long)
+			e.clock.advance(20 * time.Millisecond)
+			second := e.serial(long)
+			if (second == first) != (ttl > 0) {
+				t.Fatalf("provisional ttl %s: first %s, second %s", ttl, first, second)
+			}
+			if ttl == 0 {
+				return
+			}
+			if v, err := e.p.CacheView(first, 0, false); err != nil || v.BlockCount != 0 {
+				t.Fatalf("provisional hits must not show as indexed blocks: %+v %v", v, err)
+			}
+			e.clock.advance(ttl + time.Second)
+			// Expired, and the worker carries the recent-miss charge of
+			// the first prefill: a cold prompt goes elsewhere.
+			if third := e.serial(long); third == first {
+				t.Fatalf("after the provisional ttl the prompt still went to %s", third)
+			}
+		})
 	}
 }

@@ -31,6 +31,8 @@ type kvMetrics struct {
 	gaps, replays         *prometheus.Desc
 	replayFailures        *prometheus.Desc
 	resyncs               *prometheus.Desc
+	joins, rebuilds       *prometheus.Desc
+	learned               *prometheus.Desc
 }
 
 func newKVMetrics() kvMetrics {
@@ -85,6 +87,9 @@ func newKVMetrics() kvMetrics {
 	m.replays = desc("infera_router_kv_event_replays_total", "Replay exchanges completed with the engine's replay socket.")
 	m.replayFailures = desc("infera_router_kv_event_replay_failures_total", "Replay exchanges that failed.")
 	m.resyncs = desc("infera_router_kv_event_resyncs_total", "Times a worker's index was dropped for missed events (approximate until rebuilt).")
+	m.joins = desc("infera_router_kv_event_joins_total", "Streams whose first batch was not the start of the engine's sequence (the router joined a running engine); approximate until rebuilt.")
+	m.rebuilds = desc("infera_router_kv_event_rebuilds_total", "Returns to precise mode after a resync or a join, the view rebuilt from the events that followed.")
+	m.learned = desc("infera_router_kv_blocks_learned_total", "Blocks indexed by matching a stored block whose parent predates the router to a prompt it routed there.")
 	return m
 }
 
@@ -110,7 +115,7 @@ func (p *KVAware) Describe(ch chan<- *prometheus.Desc) {
 	m.tokenizeErrors.Describe(ch)
 	m.approxGauge.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.indexBlocks, m.indexMax, m.workerBlocks, m.connected, m.batches, m.events,
-		m.blocksStored, m.blocksRemoved, m.blocksDropped, m.batchesDropped, m.gaps, m.replays, m.replayFailures, m.resyncs} {
+		m.blocksStored, m.blocksRemoved, m.blocksDropped, m.batchesDropped, m.gaps, m.replays, m.replayFailures, m.resyncs, m.joins, m.rebuilds, m.learned} {
 		ch <- d
 	}
 }
@@ -177,5 +182,8 @@ func (p *KVAware) Collect(ch chan<- prometheus.Metric) {
 		counter(m.replays, st.Replays)
 		counter(m.replayFailures, st.ReplayFailures)
 		counter(m.resyncs, st.Resyncs)
+		counter(m.joins, st.Joins)
+		counter(m.rebuilds, st.Rebuilds)
+		counter(m.learned, st.Learned)
 	}
 }

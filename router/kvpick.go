@@ -132,9 +132,14 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		p.matchIndex(sc)
 	}
 	for i, t := range sc.targets {
-		if kind != keyTokens || !t.precise() {
-			hs := sc.sets[sc.setOf[i]].hashes
+		hs := sc.sets[sc.setOf[i]].hashes
+		switch {
+		case kind != keyTokens || !t.precise():
 			sc.hits[i] = max(sc.hits[i], t.place.Match(hs, now))
+		case t.prov != nil:
+			// Provisional hits: what this router placed there within the
+			// event-latency window counts as cached until events land.
+			sc.hits[i] = max(sc.hits[i], t.prov.Match(hs, now))
 		}
 	}
 
@@ -183,10 +188,21 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	precise := kind == keyTokens && t.precise()
 	if !precise {
 		t.place.Record(hs, now)
-	} else if h := sc.hits[best]; h > 0 {
-		// Engines report no event on a cache hit; keep the prefix the
-		// router just relied on from being the index's first eviction.
-		p.idx.Touch(t.idx, hs[:h])
+	} else {
+		if t.prov != nil {
+			t.prov.Record(hs, now)
+		}
+		if h := sc.hits[best]; h > 0 {
+			// Engines report no event on a cache hit; keep the prefix
+			// the router just relied on from being the index's first
+			// eviction (provisional blocks not yet indexed are skipped).
+			p.idx.Touch(t.idx, hs[:h])
+		}
+	}
+	if kind == keyTokens && t.idx != nil {
+		// For blocks the engine chains from a parent this index never saw
+		// (kvcache/learn.go).
+		p.idx.NotePrompt(t.idx, sc.tokens, hs, t.blockSize())
 	}
 	p.m.observe(kind, precise, len(hs), bestEff)
 	return Ticket{Worker: t.worker, State: kt, PinRank: t.pin, DPRank: t.key.DPRank}, nil
