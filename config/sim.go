@@ -57,6 +57,14 @@ type Sim struct {
 	KVEventsFormat         string
 	KVEventsTopic          string
 	KVEventsBuffer         int
+	// KVEventsConnect makes the PUB socket connect to KVEventsEndpoint
+	// (a central SUB listener, `infera serve --kv-events-listen`) instead
+	// of binding it, as vLLM does when its endpoint has no wildcard.
+	KVEventsConnect bool
+	// KVEventsDelay publishes every batch this long after the step that
+	// produced it (an engine's publisher latency; tests of the
+	// event-latency window). Replay serves a batch at once.
+	KVEventsDelay time.Duration
 
 	// Flavor is the engine the simulator's command line, metrics and
 	// events imitate: "" (its own flags, vLLM names), vllm, sglang or atom.
@@ -121,6 +129,8 @@ func (s *Sim) Flags() []cli.Flag {
 		String("kv-events-format", "KV-event encoding: vllm (tagged maps), vllm-array (msgspec tagged arrays) or sglang", &s.KVEventsFormat, KVFormatVLLM),
 		String("kv-events-topic", "ZMQ topic frame of every KV-event message", &s.KVEventsTopic, "kv-events"),
 		Int("kv-events-buffer", "KV-event batches kept for replay (and queued per subscriber before it drops)", &s.KVEventsBuffer, 10000),
+		Bool("kv-events-connect", "connect the KV-event PUB socket to --kv-events-endpoint (a router's --kv-events-listen) instead of binding it", &s.KVEventsConnect, false),
+		Duration("kv-events-delay", "publish each KV-event batch this long after its step (simulated publisher latency; replay is not delayed)", &s.KVEventsDelay, 0),
 		String("flavor", "imitate an engine's command line, metrics and events: vllm, sglang or atom; must be the last sim flag, the engine's own arguments follow it (e.g. --flavor vllm serve MODEL --port 8000)", &s.Flavor, ""),
 	)
 }
@@ -220,6 +230,12 @@ func (s *Sim) validateKVEvents(p *Problems) {
 	}
 	if len(s.KVEventsTopic) > 255 {
 		p.Addf("--kv-events-topic: %d bytes, want at most 255", len(s.KVEventsTopic))
+	}
+	if s.KVEventsConnect && (s.KVEventsEndpoint == "" || strings.Contains(s.KVEventsEndpoint, "*") || strings.HasSuffix(s.KVEventsEndpoint, ":0")) {
+		p.Addf("--kv-events-connect needs --kv-events-endpoint tcp://HOST:PORT with a host and a port to connect to")
+	}
+	if s.KVEventsDelay < 0 || s.KVEventsDelay > time.Minute {
+		p.Addf("--kv-events-delay %s: want 0..1m", s.KVEventsDelay)
 	}
 	if s.KVEventsBuffer < 1 || s.KVEventsBuffer > maxKVEventsBuffer {
 		p.Addf("--kv-events-buffer %d: want 1..%d", s.KVEventsBuffer, maxKVEventsBuffer)

@@ -227,7 +227,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	var sockets *eventSockets
 	if s.events != nil {
 		var err error
-		sockets, err = startEventSockets(ctx, s.events.ring, s.cfg.KVEventsEndpoint, s.cfg.KVEventsReplayEndpoint, s.cfg.KVEventsTopic, s.log)
+		sockets, err = startEventSockets(ctx, s.events.ring, eventOpts{
+			endpoint: s.cfg.KVEventsEndpoint, replay: s.cfg.KVEventsReplayEndpoint, topic: s.cfg.KVEventsTopic,
+			connect: s.cfg.KVEventsConnect, delay: s.cfg.KVEventsDelay,
+		}, s.log)
 		if err != nil {
 			_ = ln.Close()
 			return fmt.Errorf("kv events: %w", err)

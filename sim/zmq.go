@@ -59,7 +59,8 @@ const replayEnd = zmtp.ReplayEnd
 type ringSlot struct {
 	seq     uint64
 	payload []byte
-	dropped bool // buffered for replay but never published (tests)
+	dropped bool      // buffered for replay but never published (tests)
+	at      time.Time // when pushed (for --kv-events-delay)
 }
 
 // eventRing numbers batches and keeps the last len(slots) of them, within
@@ -110,7 +111,7 @@ func (r *eventRing) push(payload []byte, dropped bool) {
 		r.tail++
 	}
 	s.payload = append(s.payload[:0], payload...)
-	s.seq, s.dropped = r.head, dropped
+	s.seq, s.dropped, s.at = r.head, dropped, time.Now()
 	r.bytes += cap(s.payload)
 	r.head++
 	r.mu.Unlock()
@@ -140,14 +141,25 @@ func handshake(nc net.Conn, typ zmq4.SocketType) error {
 	return err
 }
 
+// eventOpts configures the event sockets (config.Sim's KVEvents fields).
+type eventOpts struct {
+	endpoint, replay, topic string
+	// connect: dial endpoint (a central SUB listener) instead of binding it.
+	connect bool
+	// delay: publish each batch this long after it was pushed.
+	delay time.Duration
+}
+
 // eventSockets owns the PUB and replay listeners and their connections.
 type eventSockets struct {
 	ring  *eventRing
 	topic []byte
 	log   zerolog.Logger
+	delay time.Duration
+	quit  chan struct{} // closed by close
 
-	pubLn, replayLn     net.Listener
-	pubAddr, replayAddr string // bound endpoints
+	pubLn, replayLn     net.Listener // pubLn nil in connect mode
+	pubAddr, replayAddr string       // bound endpoints (connect mode: the dialed one)
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -158,27 +170,75 @@ type eventSockets struct {
 
 // startEventSockets binds the configured endpoints and starts accepting.
 // replayEndpoint may be empty.
-func startEventSockets(ctx context.Context, ring *eventRing, endpoint, replayEndpoint, topic string, log zerolog.Logger) (*eventSockets, error) {
-	es := &eventSockets{ring: ring, topic: []byte(topic), log: log, conns: make(map[net.Conn]struct{})}
+func startEventSockets(ctx context.Context, ring *eventRing, o eventOpts, log zerolog.Logger) (*eventSockets, error) {
+	es := &eventSockets{ring: ring, topic: []byte(o.topic), log: log, delay: o.delay, quit: make(chan struct{}),
+		conns: make(map[net.Conn]struct{})}
 	var err error
-	if es.pubLn, err = zmtp.Listen(ctx, endpoint); err != nil {
-		return nil, err
-	}
-	if replayEndpoint != "" {
-		if es.replayLn, err = zmtp.Listen(ctx, replayEndpoint); err != nil {
-			es.pubLn.Close()
+	if o.connect {
+		if _, err := zmtp.DialAddr(o.endpoint); err != nil {
 			return nil, err
 		}
+		es.pubAddr = o.endpoint
+	} else {
+		if es.pubLn, err = zmtp.Listen(ctx, o.endpoint); err != nil {
+			return nil, err
+		}
+		es.pubAddr = zmtp.BoundEndpoint(o.endpoint, es.pubLn)
 	}
-	es.pubAddr = zmtp.BoundEndpoint(endpoint, es.pubLn)
-	if es.replayLn != nil {
-		es.replayAddr = zmtp.BoundEndpoint(replayEndpoint, es.replayLn)
+	if o.replay != "" {
+		if es.replayLn, err = zmtp.Listen(ctx, o.replay); err != nil {
+			if es.pubLn != nil {
+				es.pubLn.Close()
+			}
+			return nil, err
+		}
+		es.replayAddr = zmtp.BoundEndpoint(o.replay, es.replayLn)
 	}
-	es.wg.Go(func() { es.accept(es.pubLn, es.servePub) })
+	if o.connect {
+		es.wg.Go(func() { es.connectLoop(o.endpoint) })
+	} else {
+		es.wg.Go(func() { es.accept(es.pubLn, es.servePub) })
+	}
 	if es.replayLn != nil {
 		es.wg.Go(func() { es.accept(es.replayLn, es.serveReplay) })
 	}
 	return es, nil
+}
+
+// connectLoop is the connect-only publisher: it dials the subscriber's
+// listener, serves that connection as a PUB peer until it fails, and dials
+// again with backoff, until close.
+func (es *eventSockets) connectLoop(endpoint string) {
+	addr, _ := zmtp.DialAddr(endpoint)
+	var delay time.Duration
+	for {
+		d := net.Dialer{Timeout: handshakeTimeout}
+		nc, err := d.Dial("tcp", addr)
+		if err == nil {
+			es.mu.Lock()
+			if es.done {
+				es.mu.Unlock()
+				nc.Close()
+				return
+			}
+			es.conns[nc] = struct{}{}
+			es.mu.Unlock()
+			delay = 0
+			if _, err = zmtp.Handshake(context.Background(), nc, zmq4.Pub, false, handshakeTimeout, maxInboundFrame); err == nil {
+				es.servePubConn(nc)
+			}
+			es.forget(nc)
+		}
+		if err != nil {
+			es.log.Debug().Err(err).Str("endpoint", endpoint).Msg("kv events connect failed")
+		}
+		delay = min(max(2*delay, 50*time.Millisecond), time.Second)
+		select {
+		case <-es.quit:
+			return
+		case <-time.After(delay):
+		}
+	}
 }
 
 // endpoint and replayEndpoint return the bound addresses ("" when none).
@@ -196,7 +256,10 @@ func (es *eventSockets) subscribers() int {
 // close stops accepting, closes every connection and waits for every
 // goroutine.
 func (es *eventSockets) close() {
-	es.pubLn.Close()
+	close(es.quit)
+	if es.pubLn != nil {
+		es.pubLn.Close()
+	}
 	if es.replayLn != nil {
 		es.replayLn.Close()
 	}
@@ -277,6 +340,12 @@ func (es *eventSockets) servePub(nc net.Conn) {
 		es.log.Debug().Err(err).Str("peer", nc.RemoteAddr().String()).Msg("kv events subscriber rejected")
 		return
 	}
+	es.servePubConn(nc)
+}
+
+// servePubConn serves one subscriber after the handshake, whichever side
+// dialed.
+func (es *eventSockets) servePubConn(nc net.Conn) {
 	pc := &pubConn{nc: nc, subs: make(map[string]int)}
 	var wg sync.WaitGroup
 	wg.Go(func() { es.sendBatches(pc) })
@@ -391,8 +460,14 @@ func (es *eventSockets) sendBatches(pc *pubConn) {
 			pc.cursor = t // fell a whole ring behind: these are lost to it
 		}
 		out = out[:0]
+		var wait time.Duration
 		for pc.cursor < r.head && len(out) < maxWriteChunk {
 			s := r.slotLocked(pc.cursor)
+			if es.delay > 0 {
+				if wait = time.Until(s.at.Add(es.delay)); wait > 0 {
+					break
+				}
+			}
 			if !s.dropped {
 				out = zmtp.AppendSeqMsg(out, es.topic, s.seq, s.payload)
 			}
@@ -403,6 +478,15 @@ func (es *eventSockets) sendBatches(pc *pubConn) {
 			if err := pc.write(out); err != nil {
 				pc.nc.Close() // the reader sees it and ends the connection
 				return
+			}
+		}
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-es.quit:
+				t.Stop()
+				return
+			case <-t.C:
 			}
 		}
 		if cap(out) > 4*maxWriteChunk {

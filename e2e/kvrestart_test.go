@@ -1,0 +1,139 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestKVRouterRestart (issue 11, acceptance 1): four simulated workers with
+// KV events are warmed through router A; A stops and router B starts on the
+// same etcd. The same workload through B reaches at least 90% of the hit
+// ratio of A's second run (a router that ran throughout), and B reports
+// every worker precise within 30 s — with the engines' replay buffers
+// covering their whole history, and with buffers far too small to (B joins
+// the running streams and rebuilds from the events that follow and from the
+// prompts it routes: kvcache/learn.go).
+func TestKVRouterRestart(t *testing.T) {
+	for _, buffer := range []int{10000, 4} {
+		t.Run(fmt.Sprintf("replay-buffer=%d", buffer), func(t *testing.T) {
+			// A serve used only for its embedded etcd, so that the
+			// routers under test can stop without taking the registry.
+			host := startServe(t)
+			routerArgs := []string{"--etcd-endpoints", host.etcd, "--router-policy", "kv-aware", "--tokenizer", "bytes"}
+			a := startServe(t, routerArgs...)
+			a.etcd = host.etcd
+			ids := map[string]bool{}
+			var procs []*proc
+			for i := range 4 {
+				args := append([]string{"--kv-blocks", "400", "--kv-events-buffer", fmt.Sprint(buffer)}, simTiming...)
+				p, id := a.startWorker(fmt.Sprintf("restart-worker-%d", i), args...)
+				procs = append(procs, p)
+				ids[id] = true
+			}
+			defer func() {
+				for _, p := range procs {
+					p.stop(syscall.SIGTERM)
+				}
+			}()
+			active := func(w map[string]string) bool {
+				for id := range ids {
+					if w[id] != "active" {
+						return false
+					}
+				}
+				return true
+			}
+			a.waitWorkers("all workers", 30*time.Second, active)
+			a.waitPrecise(ids, 30*time.Second)
+			wl := sharedPrefix(192)
+			bench := func(f *fleet, label string) benchReport {
+				t.Helper()
+				args := append([]string{"--url", f.base, "--model", "sim-model", "--label", label}, wl.args...)
+				rep, err := runBench(t, 10*time.Minute, args...)
+				if err != nil || rep.Requests != 192 || len(rep.Errors) != 0 {
+					t.Fatalf("%s: %v, %d requests, errors %v", label, err, rep.Requests, rep.Errors)
+				}
+				return rep
+			}
+			bench(a, "warm-up")
+			throughout := bench(a, "router A again")
+			a.serve.stop(syscall.SIGTERM)
+
+			b := startServe(t, routerArgs...)
+			started := time.Now()
+			b.waitWorkers("all workers through B", 30*time.Second, active)
+			restarted := bench(b, "router B")
+			t.Logf("hit ratio: router that ran throughout %.3f, restarted router %.3f (spread %v)",
+				hitRatio(throughout), hitRatio(restarted), restarted.PerWorker)
+			if hitRatio(restarted) < 0.9*hitRatio(throughout) {
+				t.Errorf("restarted router's hit ratio %.3f is below 90%% of %.3f", hitRatio(restarted), hitRatio(throughout))
+			}
+			left := 30*time.Second - time.Since(started)
+			if left < time.Second {
+				left = time.Second
+			}
+			b.waitPrecise(ids, left)
+			if buffer < 100 && !strings.Contains(b.serve.logText(), "kv events worker rebuilt: precise") {
+				t.Error("router B never logged a rebuilt worker")
+			}
+		})
+	}
+}
+
+// TestKVProvisionalHitSameWorker (issue 11, acceptance 3): two identical
+// long prompts sent 20 ms apart through kv-aware land on the same worker and
+// the second is served from its cache, although the engines publish their
+// KV events a second after the fact (the first request has finished, the
+// index does not know its blocks yet: only the provisional hit of the
+// router's own placement sends the repeat there).
+func TestKVProvisionalHitSameWorker(t *testing.T) {
+	f := startServe(t, "--router-policy", "kv-aware", "--tokenizer", "bytes")
+	ids := map[string]bool{}
+	for i := range 4 {
+		p, id := f.startWorker(fmt.Sprintf("prov-worker-%d", i), "--time-scale", "0", "--kv-events-delay", "2s")
+		defer p.stop(syscall.SIGTERM)
+		ids[id] = true
+	}
+	f.waitWorkers("all workers", 30*time.Second, func(w map[string]string) bool {
+		for id := range ids {
+			if w[id] != "active" {
+				return false
+			}
+		}
+		return true
+	})
+	f.waitPrecise(ids, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prompt := strings.Repeat("a long shared system prompt, ", 100)
+	send := func() (string, int) {
+		t.Helper()
+		status, worker, body, err := chat(ctx, f.base, false, prompt, 4)
+		if err != nil || status != 200 {
+			t.Fatalf("status %d err %v body %s", status, err, body)
+		}
+		var resp struct {
+			Usage struct {
+				Details struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(body), &resp); err != nil {
+			t.Fatalf("decode %s: %v", body, err)
+		}
+		return worker, resp.Usage.Details.Cached
+	}
+	sent := time.Now()
+	first, _ := send()
+	time.Sleep(time.Until(sent.Add(20 * time.Millisecond)))
+	second, cached := send()
+	if second != first || cached == 0 {
+		t.Fatalf("first on %s, second on %s with %d cached tokens; want the same worker and a cache hit", first, second, cached)
+	}
+}
