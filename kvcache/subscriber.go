@@ -27,6 +27,10 @@ type Source struct {
 	// BlockSize is the engine block size from discovery; 0 = learn it from
 	// the first stored event.
 	BlockSize int
+	// Listen: the engine's publisher connects to the Subscriber's listener
+	// (Listen) and publishes under WorkerTopic(Key.Worker); Endpoint is
+	// empty. Only DP rank 0 is fed this way.
+	Listen bool
 }
 
 // SubscriberConfig tunes a Subscriber. Start from DefaultSubscriberConfig
@@ -124,6 +128,7 @@ type Subscriber struct {
 
 	mu     sync.Mutex
 	subs   map[Key]*stream
+	lis    *listener // Listen; nil when not listening
 	closed bool
 }
 
@@ -140,8 +145,14 @@ func NewSubscriber(idx *Index, cfg SubscriberConfig, log zerolog.Logger) (*Subsc
 }
 
 func (src *Source) validate() error {
-	if _, err := zmtp.DialAddr(src.Endpoint); err != nil {
-		return fmt.Errorf("kv events endpoint of %s: %w", src.Key.Worker, err)
+	switch {
+	case src.Listen && (src.Endpoint != "" || src.Key.DPRank != 0):
+		return fmt.Errorf("%w: listener source %s has an endpoint or a DP rank", ErrInvalidConfig, src.Key.Worker)
+	case src.Listen:
+	default:
+		if _, err := zmtp.DialAddr(src.Endpoint); err != nil {
+			return fmt.Errorf("kv events endpoint of %s: %w", src.Key.Worker, err)
+		}
 	}
 	if src.ReplayEndpoint != "" {
 		if _, err := zmtp.DialAddr(src.ReplayEndpoint); err != nil {
@@ -185,6 +196,7 @@ func (s *Subscriber) Add(src Source) (*Worker, error) {
 		cancel: cancel,
 		done:   make(chan struct{}),
 		dec:    NewDecoder(),
+		in:     make(chan listenMsg, listenQueue),
 		log: s.log.With().Str("worker", src.Key.Worker).Int("dp_rank", src.Key.DPRank).
 			Str("endpoint", src.Endpoint).Logger(),
 	}
@@ -268,6 +280,9 @@ func (s *Subscriber) Close() {
 	}
 	s.closed = true
 	s.cancel()
+	if s.lis != nil {
+		s.lis.close()
+	}
 	for _, st := range s.subs {
 		<-st.done
 	}
@@ -283,6 +298,7 @@ type stream struct {
 	log    zerolog.Logger
 	cancel context.CancelFunc
 	done   chan struct{}
+	in     chan listenMsg // Source.Listen: live messages from the listener
 
 	connected                                             atomic.Bool
 	nextSeq                                               atomic.Uint64
@@ -358,6 +374,10 @@ func (st *stream) run(ctx context.Context) {
 	st.complete = true
 	st.mu.Unlock()
 	st.w.SetMode(ModeApproximate)
+	if st.src.Listen {
+		st.listenSession(ctx)
+		return
+	}
 	delay := time.Duration(0)
 	for {
 		connected, err := st.session(ctx)
@@ -438,19 +458,25 @@ func (st *stream) session(ctx context.Context) (connected bool, err error) {
 		}
 		seq := zmtp.Seq(msg.Frames[1])
 		if fresh && seq < connectNext {
-			st.log.Info().Uint64("seq", seq).Uint64("expected", connectNext).Msg("kv events sequence restarted; clearing worker")
-			st.idx.Clear(st.w)
-			st.next = 0
-			st.setNext()
-			st.mu.Lock()
-			st.complete, st.synced = true, false
-			st.rebuildGen++ // a rebuild pending from before is moot
-			st.updateModeLocked()
-			st.mu.Unlock()
+			st.restarted(seq)
 		}
 		fresh = false
 		st.handle(ctx, seq, msg.Frames[2], true)
 	}
+}
+
+// restarted clears the worker when a new connection's first batch is below
+// what was applied: the engine restarted with an empty cache.
+func (st *stream) restarted(seq uint64) {
+	st.log.Info().Uint64("seq", seq).Uint64("expected", st.next).Msg("kv events sequence restarted; clearing worker")
+	st.idx.Clear(st.w)
+	st.next = 0
+	st.setNext()
+	st.mu.Lock()
+	st.complete, st.synced = true, false
+	st.rebuildGen++ // a rebuild pending from before is moot
+	st.updateModeLocked()
+	st.mu.Unlock()
 }
 
 // handle processes one batch from the live stream or (allowReplay false) a
