@@ -140,6 +140,10 @@ type ServeKV struct {
 	// charge); RecentWeight its charge per missed block.
 	RecentDecay  time.Duration
 	RecentWeight float64
+	// EventsListen is --kv-events-listen: a tcp://HOST:PORT SUB socket the
+	// router binds for engines whose publishers connect (worker
+	// --kv-events-router); empty = none.
+	EventsListen string
 }
 
 // defaultOverlapWeight is the default of --kv-overlap-weight, and so of the
@@ -163,6 +167,7 @@ func (k *ServeKV) flags() []cli.Flag {
 		Int("kv-approx-max-blocks", "approximate mode: most recorded prompt blocks per worker (and DP rank)", &k.ApproxMaxBlocks, 256<<10),
 		Duration("kv-recent-decay", "half-life of the recent-miss charge that spreads serial traffic (0 disables it)", &k.RecentDecay, 2*time.Second),
 		Float("kv-recent-weight", "recent-miss charge per prompt block a finished request had to prefill", &k.RecentWeight, 0.5),
+		String("kv-events-listen", "bind one ZMQ SUB socket, tcp://HOST:PORT, that workers' engines connect to and publish KV events on (worker --kv-events-router); empty = subscribe to each worker's own endpoint only", &k.EventsListen, ""),
 	}
 }
 
@@ -213,6 +218,9 @@ func (k *ServeKV) validate(p *Problems) {
 	}
 	if k.RecentDecay < 0 {
 		p.Addf("--kv-recent-decay must not be negative")
+	}
+	if k.EventsListen != "" {
+		simEndpoint(p, "--kv-events-listen", k.EventsListen)
 	}
 }
 

@@ -23,11 +23,15 @@ type Worker struct {
 	Log  Log
 	Etcd Etcd
 
-	Engine            string        // adapter name, e.g. "sim"
-	EngineBin         string        // engine executable; empty = the adapter's default
-	Python            string        // interpreter for sglang/atom (python -m ...)
-	AdvertiseHost     string        // host put into worker_id/url; empty = the engine's host
-	NoKVEvents        bool          // do not configure or advertise a KV-event publisher
+	Engine        string // adapter name, e.g. "sim"
+	EngineBin     string // engine executable; empty = the adapter's default
+	Python        string // interpreter for sglang/atom (python -m ...)
+	AdvertiseHost string // host put into worker_id/url; empty = the engine's host
+	NoKVEvents    bool   // do not configure or advertise a KV-event publisher
+	// KVEventsRouter is --kv-events-router: the tcp://HOST:PORT of a
+	// router's --kv-events-listen socket; the engine's publisher connects
+	// there under the topic kv@<worker id> instead of binding a port.
+	KVEventsRouter    string
 	LeaseTTL          time.Duration // etcd lease TTL of the record
 	KeepAliveInterval time.Duration // how often the lease is refreshed
 	ReadyTimeout      time.Duration // how long the engine may take to answer /health
@@ -69,6 +73,7 @@ func (w *Worker) Flags() []cli.Flag {
 		withDefaultText(String("advertise-host", "host advertised in the worker record", &w.AdvertiseHost, ""),
 			"the engine's --host; the first non-loopback IPv4 address of this machine if the engine binds 0.0.0.0"),
 		Bool("no-kv-events", "do not configure the engine's KV-event publisher nor advertise one", &w.NoKVEvents, false),
+		String("kv-events-router", "tcp://HOST:PORT of a router's --kv-events-listen: the engine's KV-event publisher connects there (topic kv@<worker id>) instead of binding a port routers subscribe to", &w.KVEventsRouter, ""),
 		Duration("lease-ttl", "etcd lease TTL of the worker record", &w.LeaseTTL, 10*time.Second),
 		Duration("keepalive-interval", "etcd lease keepalive interval (less than --lease-ttl)", &w.KeepAliveInterval, 3*time.Second),
 		Duration("ready-timeout", "how long the engine may take to become healthy", &w.ReadyTimeout, 10*time.Minute),
@@ -109,6 +114,12 @@ func (w *Worker) Validate() error {
 	var p Problems
 	w.Log.Validate(&p)
 	w.Etcd.Validate(&p)
+	if w.KVEventsRouter != "" {
+		simEndpoint(&p, "--kv-events-router", w.KVEventsRouter)
+		if strings.Contains(w.KVEventsRouter, "*") || strings.HasSuffix(w.KVEventsRouter, ":0") {
+			p.Addf("--kv-events-router %q: want the router's host and port", w.KVEventsRouter)
+		}
+	}
 	switch {
 	case w.Engine == "" && w.Preflight:
 		// A node-only preflight: judged as for a prefill/decode worker.

@@ -137,3 +137,59 @@ func TestKVProvisionalHitSameWorker(t *testing.T) {
 		t.Fatalf("first on %s, second on %s with %d cached tokens; want the same worker and a cache hit", first, second, cached)
 	}
 }
+
+// TestKVEventsListenConnectOnlyPublisher (issue 11, acceptance 4): a worker
+// whose engine only connects (the sim with --kv-events-connect, set up by
+// `infera worker --kv-events-router`) publishes through the router's
+// --kv-events-listen socket, and the router indexes its blocks.
+func TestKVEventsListenConnectOnlyPublisher(t *testing.T) {
+	listen := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	f := startServe(t, "--router-policy", "kv-aware", "--tokenizer", "bytes", "--kv-events-listen", listen)
+	ids := map[string]bool{}
+	for i := range 2 {
+		p := start(t, fmt.Sprintf("listen-worker-%d", i), "worker", "--engine", "sim", "--etcd-endpoints", f.etcd,
+			"--lease-ttl", "5s", "--keepalive-interval", "1s", "--drain-timeout", "20s", "--stop-grace", "5s",
+			"--kv-events-router", listen, "--", "--model", "sim-model", "--time-scale", "0")
+		defer p.stop(syscall.SIGTERM)
+		line := p.waitLog("worker registered", 60*time.Second)
+		id, _ := line["worker_id"].(string)
+		if id == "" {
+			t.Fatalf("worker registered line has no worker_id: %v", line)
+		}
+		if ep, ok := line["kv_events_endpoint"]; ok && ep != "" {
+			t.Errorf("a connect-only worker advertised a KV-event endpoint %v", ep)
+		}
+		ids[id] = true
+	}
+	f.waitWorkers("both workers", 30*time.Second, func(w map[string]string) bool {
+		for id := range ids {
+			if w[id] != "active" {
+				return false
+			}
+		}
+		return true
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	served := map[string]bool{}
+	for i := 0; len(served) < len(ids) && i < 40; i++ {
+		status, worker, body, err := chat(ctx, f.base, false, fmt.Sprintf("prompt %d: %s", i, strings.Repeat("x", 200)), 2)
+		if err != nil || status != 200 {
+			t.Fatalf("status %d err %v body %s", status, err, body)
+		}
+		served[worker] = true
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for id := range ids {
+		for {
+			view, err := f.cacheView(id)
+			if err == nil && view.BlockCount > 0 && view.Mode == "precise" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("worker %s through the listener: cache view %+v err %v; served %v", id, view, err, served)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}

@@ -67,6 +67,10 @@ type Options struct {
 	// NoKVEvents disables the KV-event publisher the worker would add, and
 	// its advertisement (--no-kv-events).
 	NoKVEvents bool
+	// KVEventsRouter is the tcp://HOST:PORT of a router's KV-event
+	// listener (--kv-events-router): the engine's publisher connects to it
+	// under kvcache.WorkerTopic(worker id) and no endpoint is advertised.
+	KVEventsRouter string
 	// LookupEnv reads the environment the engine inherits; nil means
 	// os.LookupEnv. Settings engines take from the environment (the sim's
 	// INFERA_* variables, vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT) are read

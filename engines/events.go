@@ -2,8 +2,11 @@ package engines
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
+
+	"github.com/infera/infera/kvcache"
 )
 
 // eventsTopic is the topic the worker gives the publishers it configures.
@@ -118,6 +121,18 @@ func pyEvents(opts Options, args []string, ep *Endpoint, spec eventsSpec) (out, 
 	if !cfg.has("publisher") {
 		keys = append(keys, jsonKey{"publisher", `"zmq"`})
 	}
+	if opts.KVEventsRouter != "" {
+		for _, k := range []string{"endpoint", "replay_endpoint", "topic"} {
+			if cfg.has(k) {
+				return nil, nil, nil, fmt.Errorf("%w: --kv-events-config %s and --kv-events-router both set the publisher", ErrEngineArgs, k)
+			}
+		}
+		if spec.ranks > 1 || spec.offset > 0 {
+			return nil, nil, nil, fmt.Errorf("%w: --kv-events-router supports engines with one data-parallel rank", ErrEngineArgs)
+		}
+		out, extra = cfg.add(args, append(keys, routerPyKeys(opts, ep)...))
+		return out, extra, warnings, nil
+	}
 
 	ranks := max(spec.ranks, 1)
 	socket := func(key string, optional bool) (string, error) {
@@ -175,4 +190,38 @@ func pyEvents(opts Options, args []string, ep *Endpoint, spec eventsSpec) (out, 
 	}
 	out, extra = cfg.add(args, keys)
 	return out, extra, warnings, nil
+}
+
+// Connect-only publishing (worker --kv-events-router, router
+// --kv-events-listen): the engine's publisher connects to the router's SUB
+// listener instead of binding a port, and publishes under the topic
+// kvcache.WorkerTopic(worker id), the only thing that tells the listener
+// whose events they are. Nothing is advertised: the router follows every
+// worker without an event endpoint on its listener. vLLM's publisher
+// connects when its endpoint names no wildcard host ("tcp://router:5557");
+// the sim does with --kv-events-connect. No replay socket is configured
+// (the router joins at the first batch it sees and rebuilds).
+
+// routerTopic is the topic of the worker whose endpoint is ep.
+func routerTopic(ep *Endpoint) string {
+	return kvcache.WorkerTopic(net.JoinHostPort(ep.AdvertiseHost, strconv.Itoa(ep.Port)))
+}
+
+// routerSimEvents points the sim's publisher at the router's listener.
+func routerSimEvents(opts Options, flags map[string]string, ep *Endpoint) (args, warnings []string, err error) {
+	for _, f := range []string{"kv-events-endpoint", "kv-events-replay-endpoint", "kv-events-topic"} {
+		if _, given := flags[f]; given {
+			return nil, nil, fmt.Errorf("%w: --%s and --kv-events-router both set the sim's publisher", ErrEngineArgs, f)
+		}
+	}
+	return []string{"--kv-events-endpoint", opts.KVEventsRouter, "--kv-events-connect", "--kv-events-topic", routerTopic(ep)}, nil, nil
+}
+
+// routerPyKeys are the --kv-events-config keys that make a vLLM-family or
+// SGLang publisher connect to the router's listener.
+func routerPyKeys(opts Options, ep *Endpoint) []jsonKey {
+	return []jsonKey{
+		{"endpoint", jsonString(opts.KVEventsRouter)},
+		{"topic", jsonString(routerTopic(ep))},
+	}
 }

@@ -124,6 +124,9 @@ func simEvents(opts Options, flags map[string]string, ep *Endpoint) (args, warni
 	if opts.NoKVEvents {
 		return nil, nil, nil
 	}
+	if opts.KVEventsRouter != "" {
+		return routerSimEvents(opts, flags, ep)
+	}
 	socket := func(flag string) (string, error) {
 		v, given := flags[flag]
 		if !given {

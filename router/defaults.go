@@ -77,6 +77,7 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		ApproxMaxBlocks:       k.ApproxMaxBlocks,
 		RecentHalfLife:        k.RecentDecay,
 		RecentWeight:          k.RecentWeight,
+		EventsListen:          k.EventsListen,
 		ProvisionalTTL:        defaultProvisionalTTL,
 		ProvisionalMaxBlocks:  defaultProvisionalMaxBlocks,
 		Subscriber:            kvcache.DefaultSubscriberConfig(),

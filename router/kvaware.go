@@ -79,6 +79,12 @@ type KVAwareConfig struct {
 	ProvisionalTTL       time.Duration
 	ProvisionalMaxBlocks int
 
+	// EventsListen, when set, is the tcp://HOST:PORT SUB socket the policy
+	// binds for publishers that connect (--kv-events-listen): workers
+	// whose record advertises no event endpoint are followed there, under
+	// the topic kvcache.WorkerTopic(worker id).
+	EventsListen string
+
 	// Subscriber tunes the KV-event streams.
 	Subscriber kvcache.SubscriberConfig
 
@@ -147,6 +153,8 @@ type KVAware struct {
 
 	idx *kvcache.Index
 	sub *kvcache.Subscriber
+	// listenAddr is the bound --kv-events-listen endpoint ("" when none).
+	listenAddr string
 
 	mu      sync.Mutex // guards workers; Attach/Detach/Update, views, scrapes
 	workers map[string]*kvWorker
@@ -231,6 +239,14 @@ func NewKVAware(cfg KVAwareConfig, log zerolog.Logger) (*KVAware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kv events subscriber: %w", err)
 	}
+	if cfg.EventsListen != "" {
+		addr, err := p.sub.Listen(cfg.EventsListen)
+		if err != nil {
+			p.sub.Close()
+			return nil, err
+		}
+		p.listenAddr = addr
+	}
 	p.m = newKVMetrics()
 	tok := "none"
 	switch {
@@ -266,6 +282,10 @@ func (p *KVAware) Close() error {
 	}
 	return nil
 }
+
+// EventsListenEndpoint returns the bound --kv-events-listen endpoint, "" when
+// the policy does not listen.
+func (p *KVAware) EventsListenEndpoint() string { return p.listenAddr }
 
 // Index returns the prefix index the event streams feed.
 func (p *KVAware) Index() *kvcache.Index { return p.idx }
@@ -389,8 +409,13 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 		if p.cfg.ProvisionalTTL > 0 && p.cfg.ProvisionalMaxBlocks > 0 {
 			t.prov = kvcache.NewPlacements(p.cfg.ProvisionalMaxBlocks, int64(p.cfg.ProvisionalTTL))
 		}
+		src := kvcache.Source{Key: t.key, Endpoint: pl.ep, ReplayEndpoint: pl.rep, BlockSize: s.blockSize}
+		if pl.ep == "" && p.listenAddr != "" && pl.rank == 0 && !pl.pin {
+			// Its engine may publish through the listener.
+			src.Listen, pl.ep = true, p.listenAddr
+		}
 		if pl.ep != "" {
-			h, err := p.sub.Add(kvcache.Source{Key: t.key, Endpoint: pl.ep, ReplayEndpoint: pl.rep, BlockSize: s.blockSize})
+			h, err := p.sub.Add(src)
 			if err != nil {
 				p.log.Warn().Str("worker_id", kw.w.id).Int("dp_rank", pl.rank).Str("endpoint", pl.ep).Err(err).
 					Msg("cannot follow kv events; worker routed approximately")
