@@ -132,6 +132,10 @@ func TestVLLMUserEventsConfig(t *testing.T) {
 		{name: "null publisher", config: `{"enable_kv_cache_events":true,"publisher":"null"}`},
 		{name: "other publisher", config: `{"enable_kv_cache_events":true,"publisher":"nats"}`, wantWarnSubst: "not zmq"},
 		{name: "connect form", config: `{"endpoint":"tcp://10.0.0.9:5557"}`, wantWarnSubst: "connects"},
+		{
+			name: "router listener", opts: Options{KVEventsRouter: "tcp://10.0.0.1:5600"}, config: `{}`,
+			wantConfig: `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://10.0.0.1:5600","topic":"kv@10.0.0.5:8000"}`,
+		},
 		{name: "ipc", config: `{"endpoint":"ipc:///tmp/kv"}`, wantWarnSubst: "not tcp"},
 		{name: "no-kv-events leaves theirs", opts: Options{NoKVEvents: true}, config: `{"enable_kv_cache_events":true,"publisher":"zmq"}`},
 		{
@@ -307,6 +311,12 @@ func TestSimEvents(t *testing.T) {
 		},
 		{name: "explicitly off", args: []string{"--port", "9000", "--kv-events-endpoint", ""}},
 		{name: "no-kv-events", opts: Options{NoKVEvents: true}, args: []string{"--port", "9000"}},
+		{
+			// Connect-only through a router's --kv-events-listen: nothing
+			// advertised, the topic names the worker.
+			name: "router listener", opts: Options{KVEventsRouter: "tcp://10.0.0.1:5600"}, args: []string{"--port", "9000"},
+			wantAdded: []string{"--kv-events-endpoint", "tcp://10.0.0.1:5600", "--kv-events-connect", "--kv-events-topic", "kv@127.0.0.1:9000"},
+		},
 		{
 			name: "replay off", args: []string{"--port", "9000", "--kv-events-replay-endpoint="},
 			wantAdded: []string{"--kv-events-endpoint", "tcp://127.0.0.1:40000"}, wantEvents: "tcp://127.0.0.1:40000",
