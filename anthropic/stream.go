@@ -73,9 +73,15 @@ func (s *Stream) Reset() { *s = Stream{stopSeq: s.stopSeq[:0]} }
 // nothing.
 func (s *Stream) Event(dst, ev []byte) []byte {
 	for len(ev) > 0 {
-		line := ev
-		rest := []byte(nil)
-		if i := bytes.IndexAny(ev, "\r\n"); i >= 0 {
+		line, rest := ev, []byte(nil)
+		i := bytes.IndexByte(ev, '\n')
+		if i < 0 {
+			i = len(ev)
+		}
+		if j := bytes.IndexByte(ev[:i], '\r'); j >= 0 {
+			i = j
+		}
+		if i < len(ev) {
 			line, rest = ev[:i], ev[i+1:]
 		}
 		ev = rest
@@ -100,7 +106,9 @@ func (s *Stream) data(dst, data []byte) []byte {
 		return dst
 	}
 	var c chunk
-	if !c.read(data) {
+	// After the first chunk (id and model read) only the members from
+	// "choices" on matter: the tail is read, the head skipped.
+	if !(s.started && c.readTail(data)) && !c.read(data) {
 		return AppendErrorEvent(dst, TypeAPI, "engine sent an unreadable stream event")
 	}
 	if c.err.ok() {
@@ -296,6 +304,79 @@ func (c *chunk) read(data []byte) bool {
 		return good
 	})
 	return ok
+}
+
+// choicesKey starts the member a chunk's tail begins with.
+var choicesKey = []byte(`"choices":`)
+
+// readTail reads the members of the chunk object data from its "choices"
+// member on (vLLM and SGLang write id, object, created and model before
+// it; usage after it). False: no such member, or the tail is not well
+// formed; the caller reads the whole chunk then.
+func (c *chunk) readTail(data []byte) bool {
+	i := bytes.Index(data, choicesKey)
+	if i <= 0 {
+		return false
+	}
+	sc := jsonx.Scanner{B: data, I: i + len(choicesKey), MaxDepth: maxDepth, Depth: 1}
+	sc.SkipWS()
+	if !c.choices(&sc) {
+		*c = chunk{}
+		return false
+	}
+	for {
+		sc.SkipWS()
+		if sc.I >= len(data) {
+			*c = chunk{}
+			return false
+		}
+		if data[sc.I] == '}' {
+			sc.I++
+			sc.SkipWS()
+			if sc.I != len(data) {
+				*c = chunk{}
+				return false
+			}
+			return true
+		}
+		if data[sc.I] != ',' {
+			*c = chunk{}
+			return false
+		}
+		sc.I++
+		sc.SkipWS()
+		if sc.I >= len(data) || data[sc.I] != '"' {
+			*c = chunk{}
+			return false
+		}
+		ks, ke, _, err := sc.String()
+		if err != nil {
+			*c = chunk{}
+			return false
+		}
+		sc.SkipWS()
+		if sc.I >= len(data) || data[sc.I] != ':' {
+			*c = chunk{}
+			return false
+		}
+		sc.I++
+		sc.SkipWS()
+		var good bool
+		switch string(data[ks:ke]) {
+		case "usage":
+			good = c.readUsage(&sc)
+		case "error":
+			st := sc.I
+			good = sc.Value() == nil
+			c.err = span{st, sc.I}
+		default:
+			good = sc.Value() == nil
+		}
+		if !good {
+			*c = chunk{}
+			return false
+		}
+	}
 }
 
 // choices reads the first choice (index 0) of the array.
