@@ -67,3 +67,39 @@ func TestMessagesErrors(t *testing.T) {
 	}
 	_ = http.StatusOK
 }
+
+// TestMessagesToolRoundTripThroughSim: a tool_use answer (unary and
+// streamed) from the simulator's tool call, then the tool_result turn
+// answered in text.
+func TestMessagesToolRoundTripThroughSim(t *testing.T) {
+	u := startSim(t, nil)
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), simRecord(u))
+	tools := `"tools":[{"name":"lookup","description":"d","input_schema":{"type":"object","properties":{"input":{"type":"string"}}}}]`
+	resp, body := tr.do(t, "POST", "/v1/messages", `{"model":"sim-model","max_tokens":6,`+tools+`,"messages":[{"role":"user","content":"please call_tool now"}]}`)
+	var m struct {
+		StopReason string `json:"stop_reason"`
+		Content    []struct {
+			Type, ID, Name string
+			Input          map[string]any
+		}
+	}
+	if err := json.Unmarshal(body, &m); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if m.StopReason != "tool_use" || len(m.Content) != 1 || m.Content[0].Type != "tool_use" || m.Content[0].Name != "lookup" || m.Content[0].Input["input"] != "sim" || m.Content[0].ID == "" {
+		t.Fatalf("tool_use answer %s", body)
+	}
+	_, body = tr.do(t, "POST", "/v1/messages", `{"model":"sim-model","max_tokens":6,"stream":true,`+tools+`,"messages":[{"role":"user","content":"please call_tool now"}]}`)
+	for _, want := range []string{`"content_block":{"type":"tool_use","id":"chatcmpl-tool-`, `"name":"lookup","input":{}}`, `"type":"input_json_delta","partial_json":`, `"stop_reason":"tool_use"`} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("stream lacks %s:\n%s", want, body)
+		}
+	}
+	next := `{"model":"sim-model","max_tokens":3,` + tools + `,"messages":[{"role":"user","content":"please call_tool now"},` +
+		`{"role":"assistant","content":[{"type":"tool_use","id":"` + m.Content[0].ID + `","name":"lookup","input":{"input":"sim"}}]},` +
+		`{"role":"user","content":[{"type":"tool_result","tool_use_id":"` + m.Content[0].ID + `","content":"42"}]}]}`
+	resp, body = tr.do(t, "POST", "/v1/messages", next)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"content":[{"type":"text"`) || !strings.Contains(string(body), `"stop_reason":"max_tokens"`) {
+		t.Fatalf("final answer %d %s", resp.StatusCode, body)
+	}
+}
