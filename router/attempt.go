@@ -343,9 +343,9 @@ func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
 	body := a.body
 	if body == nil {
 		body = rel.body
-		// The cache hints go in the client's body as scanned (rel.scan's
-		// spans index it), not in a dialect's translation.
-		if rec := w.Record(); rel.dialect.request == nil && rec != nil {
+		// The cache hints go in the body as scanned (rel.scan's spans
+		// index it: the client's, or the dialect's translation).
+		if rec := w.Record(); rec != nil {
 			var ok bool
 			a.hintBuf, a.hintTmp, ok = appendCacheHints(a.hintBuf[:0], a.hintTmp, body, &rel.scan, rec.Engine)
 			if ok {

@@ -76,19 +76,47 @@ func parseBearer(h []byte) ([]byte, bool) {
 	return rest, true
 }
 
+// parseAPIKey validates an x-api-key header value: visible ASCII, blanks
+// around it ignored.
+func parseAPIKey(h []byte) ([]byte, bool) {
+	for len(h) > 0 && (h[0] == ' ' || h[0] == '\t') {
+		h = h[1:]
+	}
+	for len(h) > 0 && (h[len(h)-1] == ' ' || h[len(h)-1] == '\t') {
+		h = h[:len(h)-1]
+	}
+	if len(h) == 0 || len(h) > maxBearerBytes {
+		return nil, false
+	}
+	for _, c := range h {
+		if c <= ' ' || c > '~' {
+			return nil, false
+		}
+	}
+	return h, true
+}
+
 // authorized checks the request's Bearer token against ks; on failure it
 // answers 401 in the OpenAI envelope.
 func (r *Router) authorized(ctx *fasthttp.RequestCtx, ks *keySet, rt Route) bool {
 	tok, ok := parseBearer(ctx.Request.Header.Peek("Authorization"))
+	if !ok {
+		// Anthropic's clients send the key as x-api-key.
+		tok, ok = parseAPIKey(ctx.Request.Header.Peek("X-Api-Key"))
+	}
 	if ok && ks.match(tok) {
 		return true
 	}
 	msg := "Incorrect API key provided."
 	if !ok {
-		msg = "Missing or malformed bearer token: send Authorization: Bearer <key>."
+		msg = "Missing or malformed API key: send Authorization: Bearer <key> or x-api-key: <key>."
 	}
 	ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="infera"`)
-	writeError(ctx, fasthttp.StatusUnauthorized, msg, openai.TypeInvalidRequest, "invalid_api_key")
+	if rt == RouteMessages || rt == RouteCountTokens {
+		writeAnthropicError(ctx, fasthttp.StatusUnauthorized, msg, "", "")
+	} else {
+		writeError(ctx, fasthttp.StatusUnauthorized, msg, openai.TypeInvalidRequest, "invalid_api_key")
+	}
 	r.metrics.request(rt, outcomeUnauthorized).Inc()
 	r.metrics.rejected[rejected401].Inc()
 	return false

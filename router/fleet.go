@@ -214,7 +214,7 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 	}
 	base := u.Scheme + "://" + u.Host + trimSlash(u.EscapedPath())
 	for rt := range Route(numProxyRoutes) {
-		w.uri[rt] = base + rt.Path()
+		w.uri[rt] = base + rt.upstreamPath()
 	}
 	w.tokenize = base + "/tokenize"
 	w.rec.Store(rec)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/infera/infera/anthropic"
 	"github.com/infera/infera/openai"
 )
 
@@ -60,6 +61,11 @@ type relay struct {
 	lastErr  error      // why the last failed attempt failed
 	lastWhy  failReason // its reason
 
+	// xlate translates a stateful dialect's stream (Anthropic); xlateEvent
+	// is its Event method value, bound once per pooled relay.
+	xlate      anthropic.Stream
+	xlateEvent func(dst, ev []byte) []byte
+
 	att    attempt // the attempt whose answer is relayed
 	status int     // the status line the client got
 	pump   eventPump
@@ -78,10 +84,12 @@ type relay struct {
 }
 
 var relayPool = sync.Pool{New: func() any {
-	return &relay{
+	rel := &relay{
 		id:   make([]byte, 0, maxRequestIDBytes),
 		pump: eventPump{buf: make([]byte, relayBufSize)},
 	}
+	rel.xlateEvent = rel.xlate.Event
+	return rel
 }}
 
 func acquireRelay(r *Router, route Route) *relay {
@@ -102,7 +110,8 @@ func (rel *relay) reset() {
 	clear(rel.sub.Workers)
 	tried, cands := rel.tried[:0], rel.sub.Workers[:0]
 	hintBuf, hintTmp := rel.att.hintBuf[:0], rel.att.hintTmp[:0]
-	*rel = relay{id: id, pump: pump, tried: tried, reqBuf: reqBuf}
+	xlate, xlateEvent := rel.xlate, rel.xlateEvent
+	*rel = relay{id: id, pump: pump, tried: tried, reqBuf: reqBuf, xlate: xlate, xlateEvent: xlateEvent}
 	rel.att.hintBuf, rel.att.hintTmp = hintBuf, hintTmp
 	rel.sub.Workers = cands
 	// Keep the scanner's scratch buffer (an escaped model name) too.
@@ -124,10 +133,13 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 		return
 	}
 	body := ctx.PostBody()
-	err := openai.Scan(body, &rel.scan)
-	if err == nil && rel.dialect.request != nil {
-		rel.reqBuf, err = rel.dialect.request(rel.reqBuf[:0], body, &rel.scan)
+	var err error
+	if rel.dialect.request != nil {
+		rel.reqBuf, err = rel.dialect.request(rel.reqBuf[:0], body)
 		body = rel.reqBuf
+	}
+	if err == nil {
+		err = openai.Scan(body, &rel.scan)
 	}
 	if err != nil {
 		code := "invalid_json"
@@ -189,6 +201,9 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
 		if err == nil {
+			if rel.dialect.response != nil {
+				rel.dialect.response(ctx, rel)
+			}
 			r.finish(rel, statusOutcome(rel.status), rel.status)
 			return
 		}

@@ -300,8 +300,10 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 		return
 	}
 	switch rt {
-	case RouteChatCompletions, RouteCompletions:
+	case RouteChatCompletions, RouteCompletions, RouteMessages:
 		r.proxy(ctx, rt)
+	case RouteCountTokens:
+		r.countTokens(ctx)
 	case RouteModels, RouteWorkers, RouteHealth, RouteMetrics:
 		r.serveInfo(ctx, rt)
 	case RouteCacheView:

@@ -10,6 +10,8 @@ type Route uint8
 const (
 	RouteChatCompletions Route = iota
 	RouteCompletions
+	RouteMessages // POST /v1/messages (Anthropic), to the workers' chat API
+	RouteCountTokens
 	RouteModels
 	RouteWorkers
 	RouteHealth
@@ -20,11 +22,13 @@ const (
 )
 
 // numProxyRoutes counts the routes forwarded to workers.
-const numProxyRoutes = RouteCompletions + 1
+const numProxyRoutes = RouteMessages + 1
 
 var routePaths = [numRoutes]string{
 	RouteChatCompletions: "/v1/chat/completions",
 	RouteCompletions:     "/v1/completions",
+	RouteMessages:        "/v1/messages",
+	RouteCountTokens:     "/v1/messages/count_tokens",
 	RouteModels:          "/v1/models",
 	RouteWorkers:         "/v1/workers",
 	RouteHealth:          "/health",
@@ -39,6 +43,8 @@ const cacheViewPrefix = "/v1/admin/cache-view/"
 var routeLabels = [numRoutes]string{
 	RouteChatCompletions: "chat_completions",
 	RouteCompletions:     "completions",
+	RouteMessages:        "messages",
+	RouteCountTokens:     "messages_count_tokens",
 	RouteModels:          "models",
 	RouteWorkers:         "workers",
 	RouteHealth:          "health",
@@ -55,6 +61,15 @@ func (rt Route) Path() string {
 	return routePaths[rt]
 }
 
+// upstreamPath is the path a proxied route has on its workers: the
+// Anthropic route is served by their chat API.
+func (rt Route) upstreamPath() string {
+	if rt == RouteMessages {
+		return routePaths[RouteChatCompletions]
+	}
+	return rt.Path()
+}
+
 // String returns the route's metrics label.
 func (rt Route) String() string {
 	if rt >= numRoutes {
@@ -69,6 +84,10 @@ func routeOf(path []byte) Route {
 		return RouteChatCompletions
 	case "/v1/completions":
 		return RouteCompletions
+	case "/v1/messages":
+		return RouteMessages
+	case "/v1/messages/count_tokens":
+		return RouteCountTokens
 	case "/v1/models":
 		return RouteModels
 	case "/v1/workers":

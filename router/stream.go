@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"io"
 	"time"
 
@@ -31,6 +32,10 @@ type watchSlot struct{ streamWatcher }
 func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
 	a.resp, a.src = resp, resp.BodyStream()
 	rel.pump.transform = rel.dialect.event
+	if rel.dialect.stream {
+		rel.xlate.Reset()
+		rel.pump.transform = rel.xlateEvent
+	}
 	if c := rel.r.conns.lookup(resp.LocalAddr()); c != nil {
 		a.conn = c
 		a.watch.streamWatcher = a
@@ -253,19 +258,39 @@ type eventPump struct {
 	midEvent bool
 
 	// transform rewrites one complete event, appending to dst; nil: none.
-	// An event larger than buf passes through untransformed, in pieces.
+	// Without one, an event larger than buf passes through in pieces;
+	// with one, buf grows to hold it whole (up to maxTransformEvent).
 	transform func(dst, ev []byte) []byte
 	out       []byte // transformed events of one step (pooled)
 }
 
 // reuse returns the pump emptied, keeping its buffers.
 func (p *eventPump) reuse() eventPump {
-	return eventPump{buf: p.buf, out: p.out[:0]}
+	buf, out := p.buf, p.out[:0]
+	if len(buf) > relayBufSize {
+		// Grown for one oversized translated event: not kept in the pool.
+		buf, out = make([]byte, relayBufSize), nil
+	}
+	return eventPump{buf: buf, out: out}
 }
+
+// maxTransformEvent bounds one event a transform must see whole; a larger
+// one ends the stream with an error event.
+const maxTransformEvent = 16 << 20
+
+var errEventTooLarge = errors.New("worker stream event exceeds " + itoa(maxTransformEvent) + " bytes")
 
 // step does one read and the write it enables. It returns the bytes
 // written, the read error (io.EOF at the end) and the write error.
 func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, writeErr error) {
+	if p.n == len(p.buf) && p.transform != nil {
+		// A translated event must be whole: the buffer grows for it (up
+		// to maxTransformEvent; reuse shrinks it back).
+		if len(p.buf) >= maxTransformEvent {
+			return written, errEventTooLarge, nil
+		}
+		p.buf = append(p.buf, make([]byte, len(p.buf))...)
+	}
 	if p.n == len(p.buf) {
 		// One event larger than the whole buffer: pass on what there is.
 		// The bytes stay exact; only the flush falls inside the event.

@@ -206,6 +206,9 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 	}
 	prepareSeq(q, s.cfg.BlockSize, s.seed, s.hf)
 	q.stream = r.stream
+	if chat {
+		q.tool = append(q.tool[:0], toolCallName(body, &r)...)
+	}
 
 	if s.cfg.HangBeforeFirstToken > 0 && s.draw() < s.cfg.HangBeforeFirstToken {
 		s.hang(ctx, q, r.stream)
@@ -407,6 +410,18 @@ func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
 	b = append(b, `,"model":`...)
 	b = append(b, s.nameJSON...)
 	if chat {
+		if len(q.tool) > 0 {
+			b = append(b, `,"choices":[{"index":0,"message":`...)
+			b = s.appendToolCallMessage(b, q)
+			b = append(b, `,"logprobs":null,"finish_reason":"tool_calls","stop_reason":null}],"usage":`...)
+			b = appendUsage(b, q)
+			b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":null}`...)
+			ctx.SetContentType(contentJSON)
+			ctx.SetBody(b)
+			*bp = b
+			putBuf(bp)
+			return
+		}
 		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
 		b = appendJSONString(b, q.out)
 		b = append(b, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"length","stop_reason":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)

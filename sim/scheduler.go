@@ -52,6 +52,9 @@ type seq struct {
 	out     []byte
 	outEnds []int32 // HF tokenizer: end of output token i in out; empty for bytes
 	scratch []byte
+	// tool: the raw name of the tool a triggered tool call calls (see
+	// ToolTrigger); empty: a text answer.
+	tool []byte
 }
 
 var seqPool = sync.Pool{New: func() any { return &seq{notify: make(chan struct{}, 1)} }}
@@ -64,6 +67,7 @@ func getSeq() *seq {
 	}
 	q.tokens, q.hashes, q.blocks, q.outEnds = q.tokens[:0], q.hashes[:0], q.blocks[:0], q.outEnds[:0]
 	q.promptLen, q.maxTokens, q.stream = 0, 0, false
+	q.tool = q.tool[:0]
 	q.computed, q.committed, q.reserve, q.gen = 0, 0, 0, 0
 	q.stepFill, q.stepDec, q.queued, q.running = 0, false, false, false
 	q.generated.Store(0)

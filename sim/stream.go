@@ -138,7 +138,9 @@ func (st *sseStream) appendToken(b []byte, i int) []byte {
 		}
 		tok = q.out[start:q.outEnds[i]]
 	}
-	if st.chat {
+	if st.chat && len(q.tool) > 0 {
+		b = st.appendToolDelta(b, i)
+	} else if st.chat {
 		if i == 0 {
 			b = append(b, st.prefix...)
 			b = append(b, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)

@@ -1,0 +1,78 @@
+// The official OpenAI Node SDK against infera serve (args: base URL, API
+// key, model). Run by e2e/sdk_test.go.
+'use strict';
+const OpenAI = require('openai').default;
+const { NotFoundError, BadRequestError, AuthenticationError } = require('openai');
+const { run, rejects, assert } = require('./common.cjs');
+
+const [base, key, model] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: base + '/v1', apiKey: key, maxRetries: 0 });
+const tools = [{ type: 'function', function: { name: 'lookup', description: 'look a thing up', parameters: { type: 'object', properties: { input: { type: 'string' } } } } }];
+
+run([
+  ['chat', async () => {
+    const r = await client.chat.completions.create({ model, max_tokens: 5, messages: [{ role: 'user', content: 'hello openai sdk' }] });
+    assert.equal(r.object, 'chat.completion');
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.ok(r.choices[0].message.content.length > 0);
+    assert.equal(r.usage.completion_tokens, 5);
+  }],
+  ['chat_stream_usage', async () => {
+    const s = await client.chat.completions.create({ model, max_tokens: 4, stream: true, stream_options: { include_usage: true }, messages: [{ role: 'user', content: 'hello openai sdk' }] });
+    let text = '', usage = null, finish = null;
+    for await (const c of s) {
+      if (c.choices.length > 0) {
+        text += c.choices[0].delta.content || '';
+        finish = c.choices[0].finish_reason || finish;
+      }
+      if (c.usage) usage = c.usage;
+    }
+    assert.ok(text.length > 0);
+    assert.equal(finish, 'length');
+    assert.ok(usage, 'include_usage: no usage chunk');
+    assert.equal(usage.completion_tokens, 4);
+    // The same prompt again: its prefix is in the engine's cache.
+    assert.ok(usage.prompt_tokens_details.cached_tokens > 0, `cached_tokens ${usage.prompt_tokens_details.cached_tokens}`);
+  }],
+  ['completions', async () => {
+    const r = await client.completions.create({ model, prompt: 'once upon a time', max_tokens: 3 });
+    assert.equal(r.object, 'text_completion');
+    assert.ok(r.choices[0].text.length > 0);
+    const t = await client.completions.create({ model, prompt: [1, 2, 3, 4], max_tokens: 2 });
+    assert.ok(t.choices[0].text.length > 0);
+  }],
+  ['tools_round_trip', async () => {
+    const messages = [{ role: 'user', content: 'please call_tool for me' }];
+    const r = await client.chat.completions.create({ model, max_tokens: 6, tools, tool_choice: 'auto', messages });
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    const call = r.choices[0].message.tool_calls[0];
+    assert.equal(call.function.name, 'lookup');
+    assert.deepEqual(JSON.parse(call.function.arguments), { input: 'sim' });
+    // Streamed, the SDK's accumulated arguments are the same.
+    const s = await client.chat.completions.create({ model, max_tokens: 6, tools, stream: true, messages });
+    let args = '', name = '';
+    for await (const c of s) {
+      for (const tc of (c.choices[0] && c.choices[0].delta.tool_calls) || []) {
+        if (tc.function.name) name = tc.function.name;
+        args += tc.function.arguments || '';
+      }
+    }
+    assert.equal(name, 'lookup');
+    assert.deepEqual(JSON.parse(args), { input: 'sim' });
+    messages.push(r.choices[0].message, { role: 'tool', tool_call_id: call.id, content: '42' });
+    const f = await client.chat.completions.create({ model, max_tokens: 3, tools, messages });
+    assert.equal(f.choices[0].finish_reason, 'length');
+    assert.ok(f.choices[0].message.content.length > 0);
+  }],
+  ['models_retrieve', async () => {
+    const m = await client.models.retrieve(model);
+    assert.equal(m.id, model);
+    assert.equal(m.object, 'model');
+  }],
+  ['errors', async () => {
+    await rejects(client.chat.completions.create({ model: 'no-such-model', max_tokens: 2, messages: [{ role: 'user', content: 'x' }] }), NotFoundError, 404);
+    await rejects(client.chat.completions.create({ model, max_tokens: -1, messages: [{ role: 'user', content: 'x' }] }), BadRequestError, 400);
+    const bad = new OpenAI({ baseURL: base + '/v1', apiKey: 'wrong-key', maxRetries: 0 });
+    await rejects(bad.chat.completions.create({ model, max_tokens: 2, messages: [{ role: 'user', content: 'x' }] }), AuthenticationError, 401);
+  }],
+]);
