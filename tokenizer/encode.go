@@ -13,6 +13,7 @@ type scratch struct {
 	heap             []mergeItem
 	runes            []rune
 	offs             []int
+	l1               *[l1Words]l1Entry // bpe.appendWord's own word cache
 }
 
 type encodeState struct {
