@@ -25,6 +25,7 @@
 #   CLIENTS="bench wrk" load generators        REPEATS=1     runs of every cell (medians)
 #   BIN=bin/infera (NO_BUILD=1 skips `go build`)  KEEP=1 keeps the temp dir and logs
 #   SERVE_FLAGS="" extra `infera serve` flags (e.g. --enable-profiling --admin-listen ...)
+#   SERVE_ENV="" environment of `infera serve` only (e.g. GOMAXPROCS=1 GOGC=400)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +40,7 @@ TARGETS=${TARGETS:-"direct nginx infera"}
 CLIENTS=${CLIENTS:-"bench wrk"}
 REPEATS=${REPEATS:-1}
 SERVE_FLAGS=${SERVE_FLAGS:-}
+SERVE_ENV=${SERVE_ENV:-}
 BIN=${BIN:-bin/infera}
 COMMAND="LEVELS=\"$LEVELS\" MODES=\"$MODES\" CLIENTS=\"$CLIENTS\" REPEATS=$REPEATS DURATION=$DURATION TARGETS=\"$TARGETS\" bash scripts/bench-overhead.sh"
 MODEL=sim-model
@@ -159,7 +161,7 @@ NGINX_PORT=$(free_port)
 
 if [[ $TARGETS == *infera* ]]; then
   log "starting infera serve on 127.0.0.1:$API_PORT (embedded etcd on 127.0.0.1:$ETCD_PORT)"
-  "$BIN" serve --listen "127.0.0.1:$API_PORT" \
+  env $SERVE_ENV "$BIN" serve --listen "127.0.0.1:$API_PORT" \
     --embedded-etcd-listen "127.0.0.1:$ETCD_PORT" --embedded-etcd-dir "$WORK/etcd" \
     --log-level warn $SERVE_FLAGS >"$WORK/serve.log" 2>&1 &
   PIDS+=($!)
