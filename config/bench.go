@@ -56,7 +56,7 @@ func (b *Bench) Flags() []cli.Flag {
 		String("endpoint", "API to load: chat (/v1/chat/completions) or completions (/v1/completions)", &b.Endpoint, "chat"),
 		Bool("stream", "stream responses (SSE) and measure TTFT and inter-token latency", &b.Stream, true),
 		Int64("seed", "seed of the prompts, lengths and arrival times", &b.Seed, 0),
-		Int("requests", "stop after this many requests (0: no limit; a trace stops at its end)", &b.Requests, 200),
+		Int("requests", "stop after this many requests (0: no limit; a trace stops at its end; --workload trace without --requests replays the whole trace, or --trace-limit records)", &b.Requests, 200),
 		Duration("duration", "stop sending new requests after this long (0: no limit)", &b.Duration, 0),
 		Int("concurrency", "closed-loop workers, each sending its next request when the last one ends", &b.Concurrency, 16),
 		Float("rate", "Poisson open loop at this many requests/s instead of the closed loop (0: closed loop)", &b.Rate, 0),
@@ -86,6 +86,11 @@ func (b *Bench) Flags() []cli.Flag {
 // Finish copies slice flags out of the parsed command line.
 func (b *Bench) Finish(c *cli.Context) {
 	b.URLs = SplitList(c.StringSlice("url"))
+	// A trace replay ends with the trace (or --trace-limit): the default of
+	// 200 requests would silently cut it short.
+	if b.Workload == "trace" && !c.IsSet("requests") {
+		b.Requests = 0
+	}
 }
 
 // Validate reports every bench flag problem at once.

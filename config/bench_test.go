@@ -86,3 +86,20 @@ func TestBenchPlotFlags(t *testing.T) {
 		t.Fatal("empty output accepted")
 	}
 }
+
+// TestBenchTraceReplaysWhole: --workload trace without --requests replays
+// the whole trace (Requests 0); an explicit --requests still bounds it.
+func TestBenchTraceReplaysWhole(t *testing.T) {
+	if b := parseBench(t, "--workload", "trace", "--trace", "x.jsonl"); b.Requests != 0 {
+		t.Fatalf("trace without --requests: Requests = %d, want 0 (whole trace)", b.Requests)
+	}
+	if b := parseBench(t, "--workload", "trace", "--trace", "x.jsonl", "--trace-limit", "50"); b.Requests != 0 || b.TraceLimit != 50 {
+		t.Fatalf("trace with --trace-limit: %+v", b)
+	}
+	if b := parseBench(t, "--workload", "trace", "--trace", "x.jsonl", "--requests", "30"); b.Requests != 30 {
+		t.Fatalf("trace with --requests 30: Requests = %d", b.Requests)
+	}
+	if b := parseBench(t, "--workload", "random"); b.Requests != 200 {
+		t.Fatalf("random: Requests = %d, want the default 200", b.Requests)
+	}
+}

@@ -80,6 +80,9 @@ type Serve struct {
 	// (then not on Listen); AdminToken is the Bearer token they require.
 	AdminListen string
 	AdminToken  string
+	// EnableProfiling serves Go's pprof endpoints (/debug/pprof/*) on
+	// AdminListen, behind AdminToken when set; it needs AdminListen.
+	EnableProfiling bool
 	// MaxHeaderBytes bounds a request's headers (431 beyond).
 	MaxHeaderBytes int
 	// ClientWriteTimeout bounds one write to a client (a stalled reader).
@@ -275,6 +278,7 @@ func (s *Serve) Flags() []cli.Flag {
 		StringSlice("api-keys", "client API keys, comma-separated (prefer INFERA_API_KEYS or --api-keys-file)", nil),
 		String("admin-listen", "host:port for /v1/workers, /v1/admin/* and /metrics (then not served on --listen)", &s.AdminListen, ""),
 		String("admin-token", "Bearer token required on the admin endpoints", &s.AdminToken, ""),
+		Bool("enable-profiling", "serve Go's pprof endpoints (/debug/pprof/) on --admin-listen, behind --admin-token when set", &s.EnableProfiling, false),
 		Int("max-header-bytes", "largest request header block; larger ones get 431", &s.MaxHeaderBytes, 16384),
 		Duration("client-write-timeout", "longest time one write to a client may block", &s.ClientWriteTimeout, 5*time.Minute),
 		Int("max-connections", "most concurrent client connections", &s.MaxConnections, 10000),
@@ -389,6 +393,9 @@ func (s *Serve) validateSecurity(p *Problems) {
 		} else if _, port, _ := net.SplitHostPort(s.AdminListen); s.AdminListen == s.Listen && port != "0" {
 			p.Addf("--admin-listen must differ from --listen")
 		}
+	}
+	if s.EnableProfiling && s.AdminListen == "" {
+		p.Addf("--enable-profiling needs --admin-listen: profiles are served on the admin address only")
 	}
 	if s.AdminToken != "" && !ValidAPIKey(s.AdminToken) {
 		p.Addf("--admin-token must be 1 to %d visible ASCII characters", maxAPIKeyBytes)

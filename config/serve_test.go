@@ -142,3 +142,23 @@ func TestDefaultServeIsParsedDefaults(t *testing.T) {
 		t.Fatalf("DefaultServe() = %+v\nparsed defaults %+v", got, want)
 	}
 }
+
+// TestServeEnableProfiling: off by default, INFERA_ENABLE_PROFILING turns
+// it on, and it needs --admin-listen (profiles never on the client address).
+func TestServeEnableProfiling(t *testing.T) {
+	if s := parseServe(t); s.EnableProfiling {
+		t.Fatal("profiling on by default")
+	}
+	t.Setenv("INFERA_ENABLE_PROFILING", "true")
+	s := parseServe(t, "--admin-listen", "127.0.0.1:0")
+	if !s.EnableProfiling {
+		t.Fatal("INFERA_ENABLE_PROFILING=true did not enable profiling")
+	}
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bare := parseServe(t)
+	if err := bare.Validate(); err == nil || !strings.Contains(err.Error(), "--enable-profiling needs --admin-listen") {
+		t.Fatalf("profiling without --admin-listen: %v", err)
+	}
+}

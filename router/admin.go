@@ -1,10 +1,12 @@
 package router
 
 import (
+	"bytes"
 	"errors"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/pprofhandler"
 
 	"github.com/infera/infera/openai"
 )
@@ -106,4 +108,23 @@ func (r *Router) serveCacheView(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
 	r.metrics.request(RouteCacheView, outcomeOK).Inc()
+}
+
+// profilePrefix starts the pprof endpoints served with --enable-profiling.
+const profilePrefix = "/debug/pprof"
+
+func isProfilePath(path []byte) bool {
+	return bytes.HasPrefix(path, []byte(profilePrefix))
+}
+
+// serveProfile answers /debug/pprof/* (Go's net/http/pprof handlers, via
+// fasthttp's adaptor) on the admin address, behind the admin token when one
+// is set. Its requests count under the "other" route.
+func (r *Router) serveProfile(ctx *fasthttp.RequestCtx) {
+	if r.adminKey.enabled() && !r.authorized(ctx, &r.adminKey, RouteOther) {
+		r.requestID(ctx)
+		return
+	}
+	pprofhandler.PprofHandler(ctx)
+	r.metrics.request(RouteOther, outcomeOK).Inc()
 }

@@ -366,6 +366,7 @@ func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
 		deadline = rel.deadline
 	}
 	resp := fasthttp.AcquireResponse()
+	resp.StreamBody = rel.scan.Stream
 	if err := a.ticket.Worker.client.DoDeadline(req, resp, deadline); err != nil {
 		fasthttp.ReleaseResponse(resp)
 		return nil, err

@@ -47,6 +47,7 @@ func ServeConfig(s config.Serve) Config {
 		APIKeys:              s.Keys(),
 		AdminToken:           s.AdminToken,
 		AdminSeparate:        s.AdminListen != "",
+		EnableProfiling:      s.EnableProfiling,
 		MaxHeaderBytes:       s.MaxHeaderBytes,
 		ClientWriteTimeout:   s.ClientWriteTimeout,
 		MaxConnections:       s.MaxConnections,

@@ -265,7 +265,9 @@ func retryAfterSeconds(d time.Duration) int {
 func readUnary(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, buf []byte) error {
 	src := resp.BodyStream()
 	if src == nil {
-		ctx.SetBody(resp.Body())
+		// Read whole by fasthttp (a unary request): hand its buffer over
+		// instead of copying, and give resp the client's old one.
+		resp.SwapBody(ctx.Response.SwapBody(resp.Body()))
 		return nil
 	}
 	total := 0

@@ -393,3 +393,64 @@ func TestHeaderTooLarge(t *testing.T) {
 		t.Fatal("the server stopped serving after a huge header")
 	}
 }
+
+// TestProfiling: --enable-profiling serves pprof on the admin address only,
+// behind the admin token; without it /debug/pprof/ is an unknown path.
+func TestProfiling(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		enabled bool
+		token   string
+	}{{"on with token", true, "adm"}, {"on without token", true, ""}, {"off", false, "adm"}, {"off without token", false, ""}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := router.New(withConfig(func(c *router.Config) {
+				c.AdminSeparate = true
+				c.AdminToken = tc.token
+				c.EnableProfiling = tc.enabled
+			}), router.RoundRobin{}, testLog(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, _ := net.Listen("tcp", "127.0.0.1:0")
+			aln, _ := net.Listen("tcp", "127.0.0.1:0")
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.ServeAll(ctx, ln, aln) }()
+			tr := &http.Transport{}
+			defer func() {
+				tr.CloseIdleConnections()
+				cancel()
+				if err := <-done; err != nil {
+					t.Error(err)
+				}
+			}()
+			main := &testRouter{url: "http://" + ln.Addr().String(), client: &http.Client{Transport: tr}}
+			admin := &testRouter{url: "http://" + aln.Addr().String(), client: &http.Client{Transport: tr}}
+			auth := []string{}
+			if tc.token != "" {
+				auth = []string{"Authorization", "Bearer " + tc.token}
+			}
+			for _, p := range []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/pprof/heap?debug=1", "/debug/pprof/cmdline"} {
+				resp, b := main.do(t, http.MethodGet, p, "", auth...)
+				wantError(t, resp, b, http.StatusNotFound, "not_found")
+				resp, b = admin.do(t, http.MethodGet, p, "", auth...)
+				if !tc.enabled {
+					wantError(t, resp, b, http.StatusNotFound, "not_found")
+					continue
+				}
+				if resp.StatusCode != 200 || len(b) == 0 {
+					t.Fatalf("admin %s: %d %.200s", p, resp.StatusCode, b)
+				}
+				if p == "/debug/pprof/goroutine?debug=1" && !strings.Contains(string(b), "goroutine profile:") {
+					t.Fatalf("admin %s is not a goroutine profile: %.200s", p, b)
+				}
+				if tc.token != "" {
+					resp, b = admin.do(t, http.MethodGet, p, "")
+					wantError(t, resp, b, http.StatusUnauthorized, "invalid_api_key")
+					resp, b = admin.do(t, http.MethodGet, p, "", "Authorization", "Bearer wrong")
+					wantError(t, resp, b, http.StatusUnauthorized, "invalid_api_key")
+				}
+			}
+		})
+	}
+}

@@ -49,6 +49,7 @@ type Config struct {
 	APIKeys            []string      // client keys for /v1/*; none: no auth
 	AdminToken         string        // Bearer token of the admin endpoints; "": none
 	AdminSeparate      bool          // admin endpoints only on the admin server (ServeAll's adminLn)
+	EnableProfiling    bool          // /debug/pprof/* on the admin server (HandleAdmin) only
 	MaxHeaderBytes     int           // request header block
 	ClientWriteTimeout time.Duration // one write to a client
 	MaxConnections     int           // concurrent client connections
@@ -288,6 +289,10 @@ func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
 // HandleAdmin is the fasthttp request handler of the admin address: the
 // admin endpoints and /health only.
 func (r *Router) HandleAdmin(ctx *fasthttp.RequestCtx) {
+	if r.cfg.EnableProfiling && isProfilePath(ctx.Path()) {
+		r.serveProfile(ctx)
+		return
+	}
 	rt := routeOf(ctx.Path())
 	if !rt.admin() && rt != RouteHealth {
 		rt = RouteOther

@@ -12,8 +12,11 @@ import (
 
 var errBadWorkerURL = errors.New("worker url must be http(s)://host[:port][/path]")
 
-// newHostClient builds the connection pool of one worker. Response bodies
-// are streamed (the relay reads them event by event); fasthttp retries are
+// newHostClient builds the connection pool of one worker. A streaming
+// request's response body is streamed (the relay reads it event by event,
+// attempt.do sets Response.StreamBody); a unary answer is read whole by
+// fasthttp, within the attempt's deadline and up to maxUnaryResponseBytes,
+// which spares it the stream reader and a copy. fasthttp retries are
 // off because a POST must not be replayed blindly — retries belong to the
 // router, around Pick and forward.
 func (r *Router) newHostClient(addr string, tls bool) *fasthttp.HostClient {
@@ -25,7 +28,7 @@ func (r *Router) newHostClient(addr string, tls bool) *fasthttp.HostClient {
 		MaxConnWaitTimeout:        r.cfg.ConnectTimeout,
 		MaxIdleConnDuration:       r.cfg.IdleConnTimeout,
 		MaxIdemponentCallAttempts: 1,
-		StreamResponseBody:        true,
+		MaxResponseBodySize:       maxUnaryResponseBytes,
 		DisablePathNormalizing:    true,
 		// A worker is trusted, but not infinitely: cap what the response
 		// header parser may buffer.

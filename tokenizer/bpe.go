@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"hash/maphash"
 	"sync"
 )
 
@@ -92,8 +93,21 @@ func (m *bpe) appendWord(dst []uint32, word string, sc *scratch) []uint32 {
 	if len(word) == 1 {
 		return m.appendByte(dst, word[0])
 	}
-	if ids, ok := m.cache.get(word); ok {
-		return append(dst, ids...)
+	// First this call's own small cache (no lock, no atomics), then the
+	// shared one.
+	var l1 *l1Entry
+	if m.cache != nil && len(word) <= m.cache.maxWord {
+		if sc.l1 == nil {
+			sc.l1 = new([l1Words]l1Entry)
+		}
+		l1 = &sc.l1[maphash.String(l1Seed, word)%l1Words]
+		if l1.word == word {
+			return append(dst, l1.ids...)
+		}
+		if e, ok := m.cache.get(word); ok {
+			*l1 = e
+			return append(dst, e.ids...)
+		}
 	}
 	start := len(dst)
 	syms := sc.syms[:0]
@@ -114,7 +128,9 @@ func (m *bpe) appendWord(dst []uint32, word string, sc *scratch) []uint32 {
 	syms = m.mergeSyms(syms, sc)
 	dst = append(dst, syms...)
 	sc.syms = syms[:0]
-	m.cache.put(word, dst[start:])
+	if e, ok := m.cache.put(word, dst[start:]); ok && l1 != nil {
+		*l1 = e
+	}
 	return dst
 }
 
@@ -296,7 +312,7 @@ const cacheShards = 32
 
 type cacheShard struct {
 	mu sync.RWMutex
-	m  map[string][]uint32
+	m  map[string]l1Entry
 	_  [40]byte // keep shards on separate cache lines
 }
 
@@ -308,7 +324,7 @@ func newWordCache(maxEntries, maxWord int) *wordCache {
 	}
 	c := &wordCache{perShard: max(1, maxEntries/cacheShards), maxWord: maxWord}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string][]uint32)
+		c.shards[i].m = make(map[string]l1Entry)
 	}
 	return c
 }
@@ -321,20 +337,22 @@ func (c *wordCache) shard(word string) *cacheShard {
 	return &c.shards[(h^h>>7)%cacheShards]
 }
 
-func (c *wordCache) get(word string) ([]uint32, bool) {
+// get returns the cached entry of word: its own copy of the word and ids.
+func (c *wordCache) get(word string) (l1Entry, bool) {
 	if c == nil || len(word) > c.maxWord {
-		return nil, false
+		return l1Entry{}, false
 	}
 	s := c.shard(word)
 	s.mu.RLock()
-	ids, ok := s.m[word]
+	e, ok := s.m[word]
 	s.mu.RUnlock()
-	return ids, ok
+	return e, ok
 }
 
-func (c *wordCache) put(word string, ids []uint32) {
+// put stores copies of word and ids and returns them.
+func (c *wordCache) put(word string, ids []uint32) (l1Entry, bool) {
 	if c == nil || len(word) > c.maxWord {
-		return
+		return l1Entry{}, false
 	}
 	own := make([]uint32, len(ids))
 	copy(own, ids)
@@ -344,6 +362,23 @@ func (c *wordCache) put(word string, ids []uint32) {
 	if len(s.m) >= c.perShard {
 		clear(s.m)
 	}
-	s.m[key] = own
+	e := l1Entry{word: key, ids: own}
+	s.m[key] = e
 	s.mu.Unlock()
+	return e, true
+}
+
+// l1Words is the size of the direct-mapped word cache each encode call has
+// (in its pooled scratch): hits there cost a hash and a compare, with no
+// lock or atomic, which the shared cache's RWMutex costs on every word.
+const l1Words = 1024
+
+// l1Seed hashes words into the l1 caches.
+var l1Seed = maphash.MakeSeed()
+
+// l1Entry is a cached word (owned, never a view of caller memory) and its
+// ids, shared with the word cache and never modified.
+type l1Entry struct {
+	word string
+	ids  []uint32
 }

@@ -13,6 +13,7 @@ type scratch struct {
 	heap             []mergeItem
 	runes            []rune
 	offs             []int
+	l1               *[l1Words]l1Entry // bpe.appendWord's own word cache
 }
 
 type encodeState struct {
@@ -53,7 +54,7 @@ func (t *HF) AppendEncode(dst []uint32, text string) []uint32 {
 // the text between them.
 func (t *HF) encodeRaw(dst []uint32, text string, st *encodeState) []uint32 {
 	if t.rawAdded == nil {
-		return t.encodeSegment(dst, text, st)
+		return t.encodeSegmentCached(dst, text, st)
 	}
 	pos := 0
 	for pos < len(text) {
@@ -62,13 +63,13 @@ func (t *HF) encodeRaw(dst []uint32, text string, st *encodeState) []uint32 {
 			break
 		}
 		if start > pos {
-			dst = t.encodeSegment(dst, text[pos:start], st)
+			dst = t.encodeSegmentCached(dst, text[pos:start], st)
 		}
 		dst = append(dst, id)
 		pos = end
 	}
 	if pos < len(text) {
-		dst = t.encodeSegment(dst, text[pos:], st)
+		dst = t.encodeSegmentCached(dst, text[pos:], st)
 	}
 	return dst
 }

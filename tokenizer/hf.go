@@ -38,6 +38,7 @@ type HF struct {
 	chat      *chatTemplate // nil when the directory has none
 	pool      sync.Pool     // *encodeState
 	vocabSize int
+	segs      *segmentCache // ids of recent long segments; nil: off
 }
 
 // Options tune Load. The zero value is the default.
@@ -45,6 +46,10 @@ type Options struct {
 	// CacheWords bounds the per-tokenizer cache of encoded words; 0 means
 	// the default (65536), negative disables the cache.
 	CacheWords int
+	// CacheSegmentTokens bounds the cache of long segments (the text
+	// between two special tokens: about one chat message) in ids; 0 means
+	// the default (1Mi ids, 4 MiB), negative disables it.
+	CacheSegmentTokens int
 }
 
 const defaultCacheWords = 1 << 16
@@ -250,6 +255,11 @@ func buildModel(t *HF, jm *jsonModel, opt Options) error {
 		n = defaultCacheWords
 	}
 	m.cache = newWordCache(n, maxCachedWord)
+	ns := opt.CacheSegmentTokens
+	if ns == 0 {
+		ns = defaultCacheSegmentTokens
+	}
+	t.segs = newSegmentCache(ns)
 	t.vocabSize = len(t.idBytes)
 	return nil
 }

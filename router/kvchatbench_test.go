@@ -1,0 +1,107 @@
+package router
+
+import (
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/openai"
+	"github.com/infera/infera/tokenizer"
+)
+
+// BenchmarkKVPickChat measures the kv-aware pick of a 16-message, ~32k-token
+// chat with Qwen3's tokenizer (template render + BPE + index lookup) over 16
+// precise workers with 1Mi blocks indexed: "first-sight" sends a
+// conversation never seen before on every pick (every message new), and
+// "last-turn-new" the same 15 earlier messages with a new last user turn, as
+// a multi-turn client does — only that turn should be tokenized. Reports
+// p50/p99 of Pick alone (the body is built and scanned outside the clock).
+func BenchmarkKVPickChat(b *testing.B) {
+	dir := filepath.Join("..", "testdata", "tokenizers", "qwen3")
+	if !fileExists(filepath.Join(dir, "tokenizer.json")) {
+		b.Skip("testdata/tokenizers/qwen3 missing (make tokenizers)")
+	}
+	hf, err := tokenizer.Load(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := newBenchFleet(b, 16, hf)
+	defer f.close()
+	// ~2k words per message ≈ 2.6k tokens; 12 such messages + a short
+	// system prompt ≈ 32k tokens.
+	const msgs, words = 15, 1950
+	text := benchText(msgs * words)
+	fields := strings.Fields(text)
+	build := func(id string, lastID string) string {
+		var sb strings.Builder
+		sb.WriteString(`{"model":"m","messages":[{"role":"system","content":"be brief"}`)
+		for i := range msgs + 1 {
+			role := "user"
+			if i%2 == 1 {
+				role = "assistant"
+			}
+			tag := id
+			if i == msgs {
+				tag = lastID
+			}
+			sb.WriteString(`,{"role":"` + role + `","content":"` + tag + " ")
+			lo, hi := (i%msgs)*words, (i%msgs+1)*words
+			if i == msgs {
+				hi = lo + words/4 // a shorter new turn
+			}
+			sb.WriteString(strings.Join(fields[lo:hi], " "))
+			sb.WriteString(`"}`)
+		}
+		sb.WriteString(`]}`)
+		return sb.String()
+	}
+	for _, mode := range []string{"first-sight", "last-turn-new"} {
+		b.Run(mode, func(b *testing.B) {
+			var tokens int
+			lat := make([]time.Duration, 0, 1<<16)
+			var req openai.Request
+			n := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				n++
+				conv := "conversation-0"
+				if mode == "first-sight" {
+					conv = "conversation-" + strconv.Itoa(n)
+				}
+				raw := []byte(build(conv, "turn-"+strconv.Itoa(n)))
+				req = openai.Request{}
+				if err := openai.Scan(raw, &req); err != nil {
+					b.Fatal(err)
+				}
+				in := &PickInput{Route: RouteChatCompletions, Body: raw, Request: &req}
+				start := time.Now()
+				tk, err := f.p.Pick(in, f.c)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(lat) < cap(lat) {
+					lat = append(lat, time.Since(start))
+				}
+				f.p.Release(tk, Result{})
+				if tokens == 0 {
+					body := string(raw)
+					text, err := hf.RenderChat([]byte(body[strings.Index(body, "[") : len(body)-1]))
+					if err != nil {
+						b.Fatal(err)
+					}
+					tokens = len(hf.Encode(text))
+				}
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			if len(lat) > 0 {
+				b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+			}
+			b.ReportMetric(float64(tokens), "tokens")
+		})
+	}
+}
