@@ -270,7 +270,7 @@ type chunk struct {
 
 // str reads a string value's raw content (false: not a string, consumed).
 func str(sc *jsonx.Scanner) (span, bool) {
-	if sc.I < len(sc.B) && sc.B[sc.I] == '"' {
+	if peek(sc) == '"' {
 		st, en, _, err := sc.String()
 		return span{st, en}, err == nil
 	}
@@ -381,20 +381,20 @@ func (c *chunk) readTail(data []byte) bool {
 
 // choices reads the first choice (index 0) of the array.
 func (c *chunk) choices(sc *jsonx.Scanner) bool {
-	if sc.I >= len(sc.B) || sc.B[sc.I] != '[' {
+	if peek(sc) != '[' {
 		return sc.Value() == nil
 	}
 	b := sc.B
 	first := true
 	return sc.Elements(func() bool {
-		if !first || sc.B[sc.I] != '{' {
+		if !first || peek(sc) != '{' {
 			return sc.Value() == nil
 		}
 		first = false
 		return sc.Members(func(ks, ke int, _ bool) bool {
 			switch string(b[ks:ke]) {
 			case "delta", "message":
-				if sc.B[sc.I] != '{' {
+				if peek(sc) != '{' {
 					return sc.Value() == nil
 				}
 				return sc.Members(func(ks, ke int, _ bool) bool {
@@ -406,7 +406,7 @@ func (c *chunk) choices(sc *jsonx.Scanner) bool {
 					case "tool_calls":
 						st := sc.I
 						good := sc.Value() == nil
-						if b[st] == '[' {
+						if st < len(b) && b[st] == '[' {
 							c.tools = span{st, sc.I}
 						}
 						return good
@@ -418,7 +418,7 @@ func (c *chunk) choices(sc *jsonx.Scanner) bool {
 				c.finish, good = str(sc)
 				return good
 			case "stop_reason":
-				isStr := sc.B[sc.I] == '"'
+				isStr := peek(sc) == '"'
 				var good bool
 				c.stopSeq, good = str(sc)
 				c.stopSeqEmpty = isStr && !c.stopSeq.ok()
@@ -431,7 +431,7 @@ func (c *chunk) choices(sc *jsonx.Scanner) bool {
 
 // readUsage reads the usage object.
 func (c *chunk) readUsage(sc *jsonx.Scanner) bool {
-	if sc.B[sc.I] != '{' {
+	if peek(sc) != '{' {
 		return sc.Value() == nil
 	}
 	b := sc.B
@@ -443,7 +443,7 @@ func (c *chunk) readUsage(sc *jsonx.Scanner) bool {
 		case "completion_tokens":
 			return readInt(sc, &c.usage.completion)
 		case "prompt_tokens_details":
-			if sc.B[sc.I] != '{' {
+			if peek(sc) != '{' {
 				return sc.Value() == nil
 			}
 			return sc.Members(func(ks, ke int, _ bool) bool {
@@ -476,7 +476,7 @@ type toolDelta struct {
 
 func (tc *toolDelta) read(sc *jsonx.Scanner) {
 	b := sc.B
-	if sc.B[sc.I] != '{' {
+	if peek(sc) != '{' {
 		_ = sc.Value()
 		return
 	}
@@ -489,7 +489,7 @@ func (tc *toolDelta) read(sc *jsonx.Scanner) {
 			tc.id, good = str(sc)
 			return good
 		case "function":
-			if sc.B[sc.I] != '{' {
+			if peek(sc) != '{' {
 				return sc.Value() == nil
 			}
 			return sc.Members(func(ks, ke int, _ bool) bool {
@@ -507,4 +507,13 @@ func (tc *toolDelta) read(sc *jsonx.Scanner) {
 		}
 		return sc.Value() == nil
 	})
+}
+
+// peek is the byte the scanner is at, or 0 at the end of the input, so
+// truncated engine events fail the scan instead of indexing past it.
+func peek(sc *jsonx.Scanner) byte {
+	if sc.I < len(sc.B) {
+		return sc.B[sc.I]
+	}
+	return 0
 }
