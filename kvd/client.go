@@ -1,6 +1,7 @@
 package kvd
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -24,45 +25,69 @@ type ClientOptions struct {
 	// NoHello skips the handshake ("no-hello" mode; no arena).
 	NoHello       bool
 	MaxFrameBytes int
+	// Timeout, when positive, bounds every request (its write and the
+	// reads of its answers) unless the request's context ends sooner.
+	Timeout time.Duration
 }
+
+// pipeDepth bounds the requests a batched zero-copy set sends before it
+// reads their answers, so neither side's socket buffer can fill up while
+// the other is still writing.
+const pipeDepth = 128
 
 // Client is a connection to kvd. Methods are safe for concurrent use and
 // run one request at a time. Byte results are copied into caller buffers.
+//
+// Every method has a ...Ctx variant taking a context: its deadline (or
+// ClientOptions.Timeout, whichever is sooner) bounds the request, and its
+// cancellation interrupts it. A request that fails on the socket (a
+// deadline, a cancellation, an I/O or framing error) leaves the stream at
+// an unknown point, so the client closes the connection and every later
+// call returns ErrClientClosed; dial again.
 type Client struct {
-	mu       sync.Mutex
-	c        *net.UnixConn
-	enc      *Encoder
-	dec      *Decoder
-	msg      Message
-	buf      []byte
-	max      int
-	mem      []byte // the mapped arena, when negotiated
+	mu      sync.Mutex
+	c       *net.UnixConn
+	r       *bufio.Reader // after the handshake (the fd marker is read raw)
+	enc     *Encoder
+	dec     *Decoder
+	msg     Message
+	buf     []byte
+	max     int
+	mem     []byte // the mapped arena, when negotiated
+	timeout time.Duration
+	dl      bool          // a deadline is set on c
+	broken  error         // why the connection was given up
+	fired   chan struct{} // closed when the request's cancellation ran
+	pipe    []byte
+	leases  []Lease // BatchSetZeroCopy scratch
+	// ServerID is hello_ack's server_id; ArenaPID the daemon's pid.
 	ServerID string
 	ArenaPID int64
 }
 
-// Dial connects to the daemon at path.
+// Dial connects to the daemon at path. ctx bounds the connect and the
+// handshake only.
 func Dial(ctx context.Context, path string, opt ClientOptions) (*Client, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("dial kvd %s: %w", path, err)
 	}
-	cl := &Client{c: nc.(*net.UnixConn), enc: NewEncoder(), dec: NewDecoder(), max: opt.MaxFrameBytes}
+	cl := &Client{c: nc.(*net.UnixConn), enc: NewEncoder(), dec: NewDecoder(), max: opt.MaxFrameBytes, timeout: opt.Timeout}
 	if cl.max <= 0 {
 		cl.max = DefaultMaxFrameBytes
 	}
-	if opt.NoHello {
-		return cl, nil
+	if !opt.NoHello {
+		if dl, ok := ctx.Deadline(); ok {
+			_ = cl.c.SetDeadline(dl)
+		}
+		if err := cl.hello(opt); err != nil {
+			cl.c.Close()
+			return nil, err
+		}
+		_ = cl.c.SetDeadline(time.Time{})
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = cl.c.SetDeadline(dl)
-	}
-	if err := cl.hello(opt); err != nil {
-		cl.c.Close()
-		return nil, err
-	}
-	_ = cl.c.SetDeadline(time.Time{})
+	cl.r = bufio.NewReaderSize(cl.c, 64<<10)
 	return cl, nil
 }
 
@@ -105,6 +130,64 @@ func (cl *Client) hello(opt ClientOptions) error {
 	return nil
 }
 
+// aLongTimeAgo is a deadline already past: it interrupts a blocked call.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// begin takes the lock and arms the request's deadline; end (always
+// called) disarms it and gives up the connection after a socket failure.
+func (cl *Client) begin(ctx context.Context) (stop func() bool, err error) {
+	cl.mu.Lock()
+	if cl.broken != nil {
+		cl.mu.Unlock()
+		return nil, cl.broken
+	}
+	if err := ctx.Err(); err != nil {
+		cl.mu.Unlock()
+		return nil, fmt.Errorf("kvd request: %w", err)
+	}
+	dl, has := ctx.Deadline()
+	if cl.timeout > 0 {
+		if t := time.Now().Add(cl.timeout); !has || t.Before(dl) {
+			dl, has = t, true
+		}
+	}
+	switch {
+	case has:
+		_ = cl.c.SetDeadline(dl)
+		cl.dl = true
+	case cl.dl:
+		_ = cl.c.SetDeadline(time.Time{})
+		cl.dl = false
+	}
+	if ctx.Done() != nil {
+		fired := make(chan struct{})
+		cl.fired = fired
+		stop = context.AfterFunc(ctx, func() {
+			_ = cl.c.SetDeadline(aLongTimeAgo)
+			close(fired)
+		})
+	}
+	return stop, nil
+}
+
+func (cl *Client) end(ctx context.Context, stop func() bool, err *error) {
+	if stop != nil && !stop() {
+		<-cl.fired // the cancellation set a past deadline: let it finish
+		cl.dl = true
+	}
+	if *err != nil && errors.Is(*err, errSocket) {
+		if cerr := ctx.Err(); cerr != nil {
+			*err = fmt.Errorf("kvd request: %w: %w", cerr, *err)
+		}
+		cl.broken = fmt.Errorf("%w: %w", ErrClientClosed, *err)
+		_ = cl.c.Close()
+	}
+	cl.mu.Unlock()
+}
+
+// errSocket marks failures that leave the stream at an unknown point.
+var errSocket = errors.New("kvd socket")
+
 // HasArena says whether the arena is mapped.
 func (cl *Client) HasArena() bool { return cl.mem != nil }
 
@@ -113,6 +196,11 @@ func (cl *Client) Close() error {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	err := cl.c.Close()
+	if cl.broken != nil {
+		err = nil // closed when it broke
+	} else {
+		cl.broken = ErrClientClosed
+	}
 	if cl.mem != nil {
 		_ = unix.Munmap(cl.mem)
 		cl.mem = nil
@@ -120,23 +208,36 @@ func (cl *Client) Close() error {
 	return err
 }
 
+// write sends b; a failure is a socket failure.
+func (cl *Client) write(b []byte) error {
+	if _, err := cl.c.Write(b); err != nil {
+		return fmt.Errorf("%w: write: %w", errSocket, err)
+	}
+	return nil
+}
+
 // roundTrip sends the encoded frame and decodes the answer into cl.msg.
-// Reads are unbuffered so the arena marker after hello_ack stays unread.
 func (cl *Client) roundTrip(want ...Op) error {
-	if _, err := cl.c.Write(cl.enc.Frame()); err != nil {
-		return fmt.Errorf("kvd write: %w", err)
+	if err := cl.write(cl.enc.Frame()); err != nil {
+		return err
 	}
 	return cl.read(want...)
 }
 
+// read decodes the next frame into cl.msg. Until the handshake is done
+// reads are unbuffered, so the arena marker after hello_ack stays unread.
 func (cl *Client) read(want ...Op) error {
 	var err error
-	cl.buf, err = ReadFrame(cl.c, cl.buf, cl.max)
+	if cl.r != nil {
+		cl.buf, err = ReadFrame(cl.r, cl.buf, cl.max)
+	} else {
+		cl.buf, err = ReadFrame(cl.c, cl.buf, cl.max)
+	}
 	if err != nil {
-		return fmt.Errorf("kvd read: %w", err)
+		return fmt.Errorf("%w: read: %w", errSocket, err)
 	}
 	if err := cl.dec.Decode(cl.buf, &cl.msg); err != nil {
-		return err
+		return fmt.Errorf("%w: %w", errSocket, err)
 	}
 	if cl.msg.Op == OpError {
 		return fmt.Errorf("%w: %s: %s", ErrServer, cl.msg.Code, cl.msg.ErrMessage)
@@ -146,7 +247,7 @@ func (cl *Client) read(want ...Op) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: %s", ErrProtocol, cl.msg.Op)
+	return fmt.Errorf("%w: %w: %s", errSocket, ErrProtocol, cl.msg.Op)
 }
 
 func (cl *Client) ns(ns Namespace) {
@@ -158,8 +259,16 @@ func (cl *Client) ns(ns Namespace) {
 // straight from the shared slot, checked with its seqlock; a slot rewritten
 // meanwhile reads as a miss.
 func (cl *Client) Get(ns Namespace, key, dst []byte) (val []byte, ret Retention, ok bool, err error) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+	return cl.GetCtx(context.Background(), ns, key, dst)
+}
+
+// GetCtx is Get bounded by ctx.
+func (cl *Client) GetCtx(ctx context.Context, ns Namespace, key, dst []byte) (val []byte, ret Retention, ok bool, err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return dst, 0, false, err
+	}
+	defer cl.end(ctx, stop, &err)
 	cl.enc.Begin(OpGet, 3)
 	cl.enc.Bin("key", key)
 	cl.ns(ns)
@@ -197,8 +306,16 @@ type SharedRef struct {
 // without touching its bytes: the zero-copy path. ok is false on a miss
 // or for a value the daemon keeps outside the arena.
 func (cl *Client) GetRef(ns Namespace, key []byte) (SharedRef, bool, error) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+	return cl.GetRefCtx(context.Background(), ns, key)
+}
+
+// GetRefCtx is GetRef bounded by ctx.
+func (cl *Client) GetRefCtx(ctx context.Context, ns Namespace, key []byte) (ref SharedRef, ok bool, err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return SharedRef{}, false, err
+	}
+	defer cl.end(ctx, stop, &err)
 	cl.enc.Begin(OpGet, 3)
 	cl.enc.Bin("key", key)
 	cl.ns(ns)
@@ -230,8 +347,16 @@ type SetOptions struct {
 
 // Set stores value inline over the socket.
 func (cl *Client) Set(ns Namespace, key, value []byte, o SetOptions) (bool, string, error) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+	return cl.SetCtx(context.Background(), ns, key, value, o)
+}
+
+// SetCtx is Set bounded by ctx.
+func (cl *Client) SetCtx(ctx context.Context, ns Namespace, key, value []byte, o SetOptions) (ok bool, reason string, err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return false, "", err
+	}
+	defer cl.end(ctx, stop, &err)
 	cl.enc.Begin(OpSet, 7)
 	cl.enc.Bin("key", key)
 	cl.enc.Bin("value", value)
@@ -246,7 +371,7 @@ func (cl *Client) Set(ns Namespace, key, value []byte, o SetOptions) (bool, stri
 	if err := cl.roundTrip(OpSetAck); err != nil {
 		return false, "", err
 	}
-	return cl.msg.Accepted, string(cl.msg.Reason), nil
+	return cl.msg.Accepted, internReason(cl.msg.Reason), nil
 }
 
 func retOr(r string) string {
@@ -256,15 +381,38 @@ func retOr(r string) string {
 	return r
 }
 
+var knownReasons = []string{ReasonBadRetention, ReasonDowngrade, ReasonDisplaceHigher, ReasonLargerThanStore,
+	ReasonNoArena, ReasonOversize, ReasonBadSize, ReasonArenaFull, ReasonUnknownLease, ReasonWrongOwner,
+	ReasonOversizeCommit, ReasonEmptyKey, ReasonLongWriteRejected, "missing_value"}
+
+// internReason is a reason as a string, without allocating for the ones
+// this daemon sends.
+func internReason(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	for _, r := range knownReasons {
+		if string(b) == r {
+			return r
+		}
+	}
+	return string(b)
+}
+
 // SetZeroCopy writes value through a lease: reserve, copy into the
 // arena, commit. It falls back to nothing: a refused lease is reported.
 func (cl *Client) SetZeroCopy(ns Namespace, key, value []byte, o SetOptions) (bool, string, error) {
-	l, err := cl.Reserve(len(value))
+	return cl.SetZeroCopyCtx(context.Background(), ns, key, value, o)
+}
+
+// SetZeroCopyCtx is SetZeroCopy with each of its two requests bounded by ctx.
+func (cl *Client) SetZeroCopyCtx(ctx context.Context, ns Namespace, key, value []byte, o SetOptions) (bool, string, error) {
+	l, err := cl.ReserveCtx(ctx, len(value))
 	if err != nil || l.Token == 0 {
 		return false, l.Reason, err
 	}
 	copy(cl.mem[l.PayloadOffset:], value)
-	return cl.Commit(l.Token, ns, key, len(value), o)
+	return cl.CommitCtx(ctx, l.Token, ns, key, len(value), o)
 }
 
 // Lease is a set_reserve_response.
@@ -279,8 +427,16 @@ type Lease struct {
 // Reserve leases an arena slot for size bytes (Token 0: refused). It
 // needs the arena mapped.
 func (cl *Client) Reserve(size int) (Lease, error) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+	return cl.ReserveCtx(context.Background(), size)
+}
+
+// ReserveCtx is Reserve bounded by ctx.
+func (cl *Client) ReserveCtx(ctx context.Context, size int) (l Lease, err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return Lease{}, err
+	}
+	defer cl.end(ctx, stop, &err)
 	if cl.mem == nil {
 		return Lease{}, ErrNoArena
 	}
@@ -289,9 +445,14 @@ func (cl *Client) Reserve(size int) (Lease, error) {
 	if err := cl.roundTrip(OpSetReserveResponse); err != nil {
 		return Lease{}, err
 	}
+	return cl.lease()
+}
+
+// lease reads the set_reserve_response in cl.msg.
+func (cl *Client) lease() (Lease, error) {
 	m := &cl.msg
-	l := Lease{Token: uint64(m.LeaseToken), SlotID: m.SlotID, PayloadOffset: int(m.PayloadOffset), PayloadMaxSize: int(m.PayloadMaxSize), Reason: string(m.Reason)}
-	if l.Token != 0 && (l.PayloadOffset < HeaderBytes || l.PayloadOffset+l.PayloadMaxSize > len(cl.mem)) {
+	l := Lease{Token: uint64(m.LeaseToken), SlotID: m.SlotID, PayloadOffset: int(m.PayloadOffset), PayloadMaxSize: int(m.PayloadMaxSize), Reason: internReason(m.Reason)}
+	if l.Token != 0 && (l.PayloadOffset < HeaderBytes || l.PayloadMaxSize < 0 || l.PayloadOffset+l.PayloadMaxSize > len(cl.mem)) {
 		return l, fmt.Errorf("%w: lease outside the arena", ErrProtocol)
 	}
 	return l, nil
@@ -302,8 +463,24 @@ func (cl *Client) Arena() []byte { return cl.mem }
 
 // Commit names a leased slot's bytes.
 func (cl *Client) Commit(token uint64, ns Namespace, key []byte, length int, o SetOptions) (bool, string, error) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+	return cl.CommitCtx(context.Background(), token, ns, key, length, o)
+}
+
+// CommitCtx is Commit bounded by ctx.
+func (cl *Client) CommitCtx(ctx context.Context, token uint64, ns Namespace, key []byte, length int, o SetOptions) (ok bool, reason string, err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return false, "", err
+	}
+	defer cl.end(ctx, stop, &err)
+	cl.commitFrame(token, ns, key, length, o)
+	if err := cl.roundTrip(OpSetCommitResponse); err != nil {
+		return false, "", err
+	}
+	return cl.msg.Accepted, internReason(cl.msg.Reason), nil
+}
+
+func (cl *Client) commitFrame(token uint64, ns Namespace, key []byte, length int, o SetOptions) {
 	cl.enc.Begin(OpSetCommit, 7)
 	cl.enc.Int("lease_token", int64(token))
 	cl.enc.Bin("key", key)
@@ -311,16 +488,20 @@ func (cl *Client) Commit(token uint64, ns Namespace, key []byte, length int, o S
 	cl.ns(ns)
 	cl.enc.Str("retention", retOr(o.Retention))
 	cl.enc.Int("ttl_seconds", int64(o.TTL/time.Second))
-	if err := cl.roundTrip(OpSetCommitResponse); err != nil {
-		return false, "", err
-	}
-	return cl.msg.Accepted, string(cl.msg.Reason), nil
 }
 
 // Cancel drops a lease.
 func (cl *Client) Cancel(token uint64) error {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+	return cl.CancelCtx(context.Background(), token)
+}
+
+// CancelCtx is Cancel bounded by ctx.
+func (cl *Client) CancelCtx(ctx context.Context, token uint64) (err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer cl.end(ctx, stop, &err)
 	cl.enc.Begin(OpSetCancel, 1)
 	cl.enc.Int("lease_token", int64(token))
 	return cl.roundTrip(OpSetCancelResponse)
@@ -328,8 +509,16 @@ func (cl *Client) Cancel(token uint64) error {
 
 // Exists appends each key's presence (RAM or L3) to dst[:0].
 func (cl *Client) Exists(ns Namespace, keys [][]byte, dst []bool) ([]bool, error) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+	return cl.ExistsCtx(context.Background(), ns, keys, dst)
+}
+
+// ExistsCtx is Exists bounded by ctx.
+func (cl *Client) ExistsCtx(ctx context.Context, ns Namespace, keys [][]byte, dst []bool) (_ []bool, err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return dst[:0], err
+	}
+	defer cl.end(ctx, stop, &err)
 	cl.keysOp(OpExists, ns, keys, 0)
 	if err := cl.roundTrip(OpExistsResponse); err != nil {
 		return dst[:0], err
@@ -351,58 +540,131 @@ func (cl *Client) keysOp(op Op, ns Namespace, keys [][]byte, extra int) {
 
 // PrefetchHint asks the daemon to warm keys from L3 for deadline. No reply.
 func (cl *Client) PrefetchHint(ns Namespace, keys [][]byte, deadline time.Duration) error {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
-	cl.keysOp(OpPrefetchHint, ns, keys, 1)
-	cl.enc.Int("deadline_ms", deadline.Milliseconds())
-	_, err := cl.c.Write(cl.enc.Frame())
-	return err
+	return cl.PrefetchHintCtx(context.Background(), ns, keys, deadline)
 }
 
-// BatchGet returns one value per key (nil: miss), copied.
+// PrefetchHintCtx is PrefetchHint with its write bounded by ctx.
+func (cl *Client) PrefetchHintCtx(ctx context.Context, ns Namespace, keys [][]byte, deadline time.Duration) (err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer cl.end(ctx, stop, &err)
+	cl.keysOp(OpPrefetchHint, ns, keys, 1)
+	cl.enc.Int("deadline_ms", deadline.Milliseconds())
+	return cl.write(cl.enc.Frame())
+}
+
+// BatchGet returns one value per key (nil: miss), copied into new
+// buffers. BatchGetInto reuses the caller's.
 func (cl *Client) BatchGet(ns Namespace, keys [][]byte) ([][]byte, error) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
-	cl.keysOp(OpBatchGet, ns, keys, 0)
-	if err := cl.roundTrip(OpBatchGetResponse, OpBatchGetSharedResponse); err != nil {
+	return cl.BatchGetCtx(context.Background(), ns, keys)
+}
+
+// BatchGetCtx is BatchGet bounded by ctx.
+func (cl *Client) BatchGetCtx(ctx context.Context, ns Namespace, keys [][]byte) ([][]byte, error) {
+	var r BatchResult
+	if err := cl.BatchGetIntoCtx(ctx, ns, keys, &r); err != nil {
 		return nil, err
 	}
+	for i, f := range r.Found {
+		if !f {
+			r.Values[i] = nil
+		}
+	}
+	return r.Values, nil
+}
+
+// BatchResult receives a batch get: per key, whether it was found, its
+// retention, and its value copied into Values[i] (whose buffer is reused
+// from call to call: keep one BatchResult per caller).
+type BatchResult struct {
+	Values     [][]byte
+	Found      []bool
+	Retentions []Retention
+}
+
+func (r *BatchResult) reset(n int) {
+	if cap(r.Values) < n {
+		r.Values = append(r.Values[:cap(r.Values)], make([][]byte, n-cap(r.Values))...)
+	}
+	r.Values = r.Values[:n]
+	r.Found = append(r.Found[:0], make([]bool, n)...)
+	r.Retentions = append(r.Retentions[:0], make([]Retention, n)...)
+}
+
+// BatchGetInto gets keys in one batch_get round trip. Over the arena
+// (batch_get_shared_response) every value is copied straight out of its
+// slot with the slot-header check, so a slot rewritten meanwhile reads as
+// a miss; without it the values come in the frame. Once r's buffers have
+// grown it does not allocate.
+func (cl *Client) BatchGetInto(ns Namespace, keys [][]byte, r *BatchResult) error {
+	return cl.BatchGetIntoCtx(context.Background(), ns, keys, r)
+}
+
+// BatchGetIntoCtx is BatchGetInto bounded by ctx.
+func (cl *Client) BatchGetIntoCtx(ctx context.Context, ns Namespace, keys [][]byte, r *BatchResult) (err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer cl.end(ctx, stop, &err)
+	r.reset(len(keys))
+	cl.keysOp(OpBatchGet, ns, keys, 0)
+	if err := cl.roundTrip(OpBatchGetResponse, OpBatchGetSharedResponse); err != nil {
+		return err
+	}
 	m := &cl.msg
-	out := make([][]byte, len(keys))
 	if m.Op == OpBatchGetResponse {
-		if len(m.Values) != len(keys) {
-			return nil, fmt.Errorf("%w: %d values for %d keys", ErrProtocol, len(m.Values), len(keys))
+		if len(m.Values) != len(keys) || (len(m.Retentions) != 0 && len(m.Retentions) != len(keys)) {
+			return fmt.Errorf("%w: %d values for %d keys", ErrProtocol, len(m.Values), len(keys))
 		}
 		for i, v := range m.Values {
 			if v != nil {
-				out[i] = append([]byte{}, v...)
+				r.Values[i] = append(r.Values[i][:0], v...)
+				r.Found[i] = true
+				if len(m.Retentions) != 0 {
+					r.Retentions[i], _ = ParseRetention(m.Retentions[i])
+				}
 			}
 		}
-		return out, nil
+		return nil
 	}
 	if len(m.Offsets) != len(keys) || len(m.Lengths) != len(keys) || len(m.Versions) != len(keys) || cl.mem == nil {
-		return nil, fmt.Errorf("%w: batch_get_shared_response arity", ErrProtocol)
+		return fmt.Errorf("%w: batch_get_shared_response arity", ErrProtocol)
 	}
 	for i := range keys {
 		if m.Offsets[i] < 0 || m.Lengths[i] == 0 {
 			continue
 		}
-		v, err := ReadSlot(cl.mem, int(m.Offsets[i]), int(m.Lengths[i]), uint32(m.Versions[i]), nil)
+		v, err := ReadSlot(cl.mem, int(m.Offsets[i]), int(m.Lengths[i]), uint32(m.Versions[i]), r.Values[i])
+		r.Values[i] = v
 		if errors.Is(err, ErrTornRead) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
-		out[i] = v
+		r.Found[i] = true
+		if i < len(m.Retentions) {
+			r.Retentions[i], _ = ParseRetention(m.Retentions[i])
+		}
 	}
-	return out, nil
+	return nil
 }
 
 // BatchSet stores values inline; it returns per-item acceptance.
 func (cl *Client) BatchSet(ns Namespace, keys, values [][]byte, o SetOptions) ([]bool, []string, error) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+	return cl.BatchSetCtx(context.Background(), ns, keys, values, o)
+}
+
+// BatchSetCtx is BatchSet bounded by ctx.
+func (cl *Client) BatchSetCtx(ctx context.Context, ns Namespace, keys, values [][]byte, o SetOptions) (_ []bool, _ []string, err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer cl.end(ctx, stop, &err)
 	cl.keysOp(OpBatchSet, ns, keys, 4)
 	cl.enc.Array("values", len(values))
 	for _, v := range values {
@@ -430,15 +692,116 @@ func (cl *Client) BatchSet(ns Namespace, keys, values [][]byte, o SetOptions) ([
 	m := &cl.msg
 	reasons := make([]string, len(m.Reasons))
 	for i, r := range m.Reasons {
-		reasons[i] = string(r)
+		reasons[i] = internReason(r)
 	}
 	return append([]bool(nil), m.AcceptedList...), reasons, nil
 }
 
+// BatchSetResult receives a batched zero-copy set: per item, whether it
+// was stored and why not (reuse one per caller).
+type BatchSetResult struct {
+	Accepted []bool
+	Reasons  []string
+}
+
+// BatchSetZeroCopy stores values through arena leases with the requests
+// pipelined on the connection: the set_reserve requests of up to 128
+// items go out in one write, their answers are read, each value is copied
+// into its leased slot, then their set_commit requests go out in one
+// write — two round trips per 128 items instead of two per item. An item
+// whose lease is refused is reported with the reservation's reason. Once
+// r has grown it allocates nothing in the client.
+func (cl *Client) BatchSetZeroCopy(ns Namespace, keys, values [][]byte, o SetOptions, r *BatchSetResult) error {
+	return cl.BatchSetZeroCopyCtx(context.Background(), ns, keys, values, o, r)
+}
+
+// BatchSetZeroCopyCtx is BatchSetZeroCopy bounded by ctx.
+func (cl *Client) BatchSetZeroCopyCtx(ctx context.Context, ns Namespace, keys, values [][]byte, o SetOptions, r *BatchSetResult) (err error) {
+	if len(keys) != len(values) {
+		return fmt.Errorf("%w: %d keys for %d values", ErrConfig, len(keys), len(values))
+	}
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer cl.end(ctx, stop, &err)
+	if cl.mem == nil {
+		return ErrNoArena
+	}
+	r.Accepted = append(r.Accepted[:0], make([]bool, len(keys))...)
+	r.Reasons = append(r.Reasons[:0], make([]string, len(keys))...)
+	for lo := 0; lo < len(keys); lo += pipeDepth {
+		hi := min(lo+pipeDepth, len(keys))
+		if err := cl.setChunk(ns, keys[lo:hi], values[lo:hi], o, r.Accepted[lo:hi], r.Reasons[lo:hi]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setChunk is one pipelined reserve → copy → commit exchange.
+func (cl *Client) setChunk(ns Namespace, keys, values [][]byte, o SetOptions, acc []bool, reasons []string) error {
+	cl.pipe = cl.pipe[:0]
+	for _, v := range values {
+		cl.enc.Begin(OpSetReserve, 1)
+		cl.enc.Int("size", int64(len(v)))
+		cl.pipe = append(cl.pipe, cl.enc.Frame()...)
+	}
+	if err := cl.write(cl.pipe); err != nil {
+		return err
+	}
+	cl.leases = cl.leases[:0]
+	for range values {
+		if err := cl.read(OpSetReserveResponse); err != nil {
+			return err
+		}
+		l, err := cl.lease()
+		if err != nil {
+			// Answers may still be unread; the leases die with the connection.
+			return fmt.Errorf("%w: %w", errSocket, err)
+		}
+		cl.leases = append(cl.leases, l)
+	}
+	cl.pipe = cl.pipe[:0]
+	for i, l := range cl.leases {
+		if l.Token == 0 {
+			reasons[i] = l.Reason
+			continue
+		}
+		copy(cl.mem[l.PayloadOffset:l.PayloadOffset+len(values[i])], values[i])
+		cl.commitFrame(l.Token, ns, keys[i], len(values[i]), o)
+		cl.pipe = append(cl.pipe, cl.enc.Frame()...)
+	}
+	if len(cl.pipe) == 0 {
+		return nil
+	}
+	if err := cl.write(cl.pipe); err != nil {
+		return err
+	}
+	for i, l := range cl.leases {
+		if l.Token == 0 {
+			continue
+		}
+		if err := cl.read(OpSetCommitResponse); err != nil {
+			return err
+		}
+		acc[i], reasons[i] = cl.msg.Accepted, internReason(cl.msg.Reason)
+	}
+	return nil
+}
+
 // Clear drops a namespace (both empty: everything, L3 included).
 func (cl *Client) Clear(ns Namespace) (int64, error) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+	return cl.ClearCtx(context.Background(), ns)
+}
+
+// ClearCtx is Clear bounded by ctx.
+func (cl *Client) ClearCtx(ctx context.Context, ns Namespace) (_ int64, err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cl.end(ctx, stop, &err)
 	cl.enc.Begin(OpClear, 2)
 	cl.ns(ns)
 	if err := cl.roundTrip(OpClearAck); err != nil {
@@ -449,8 +812,16 @@ func (cl *Client) Clear(ns Namespace) (int64, error) {
 
 // Stats returns stats_response.
 func (cl *Client) Stats() (StatsCounters, error) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
+	return cl.StatsCtx(context.Background())
+}
+
+// StatsCtx is Stats bounded by ctx.
+func (cl *Client) StatsCtx(ctx context.Context) (_ StatsCounters, err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return StatsCounters{}, err
+	}
+	defer cl.end(ctx, stop, &err)
 	cl.enc.Begin(OpStats, 0)
 	if err := cl.roundTrip(OpStatsResponse); err != nil {
 		return StatsCounters{}, err

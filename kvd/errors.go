@@ -21,4 +21,8 @@ var (
 	ErrConfig = errors.New("kvd: invalid options")
 	// ErrSocketInUse: another daemon answers on the socket path.
 	ErrSocketInUse = errors.New("kvd: socket in use by a running daemon")
+	// ErrClientClosed: the client was closed, or gave its connection up
+	// after a request failed on the socket (a deadline, a cancellation,
+	// an I/O or framing error).
+	ErrClientClosed = errors.New("kvd: client connection closed")
 )

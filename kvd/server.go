@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -167,6 +168,8 @@ type conn struct {
 	dec     *Decoder
 	msg     Message
 	buf     []byte
+	r       *bufio.Reader
+	out     []byte  // answers held back while pipelined requests are pending
 	sc      Scratch // L3 buffers
 	setArg  SetArgs
 	hits    []Hit // batch scratch
@@ -196,7 +199,9 @@ func (s *Server) handle(c *net.UnixConn) {
 			s.log.Info().Int("leases", n).Msg("connection closed: cancelled its leases")
 		}
 	}()
-	r := bufio.NewReaderSize(c, 64<<10)
+	cn.r = bufio.NewReaderSize(c, 64<<10)
+	r := cn.r
+	defer func() { _ = cn.flush() }() // answers to the frames before a bad one
 	for {
 		var err error
 		cn.buf, err = ReadFrame(r, cn.buf, s.opt.MaxFrameBytes)
@@ -212,7 +217,11 @@ func (s *Server) handle(c *net.UnixConn) {
 			s.log.Debug().Err(err).Msg("undecodable frame: closing connection")
 			return
 		}
-		if err := cn.dispatch(); err != nil {
+		err = cn.dispatch()
+		if err == nil && !cn.nextFrameBuffered() {
+			err = cn.flush()
+		}
+		if err != nil {
 			if errors.Is(err, errBadRequest) {
 				s.BadFrames.Add(1)
 			}
@@ -244,9 +253,51 @@ func validKeys(ks [][]byte) bool {
 	return true
 }
 
+// Answers of at most coalesceBytes are held back while the next request
+// is already buffered (a client pipelining its requests), and written
+// together, up to coalesceMax bytes, when it is not: one write per burst
+// instead of one per answer.
+const (
+	coalesceBytes = 4 << 10
+	coalesceMax   = 64 << 10
+)
+
+// send writes the encoded answer, or holds it back (see coalesceBytes).
 func (cn *conn) send() error {
-	_, err := cn.c.Write(cn.enc.Frame())
+	f := cn.enc.Frame()
+	if len(f) <= coalesceBytes && len(cn.out)+len(f) <= coalesceMax {
+		cn.out = append(cn.out, f...)
+		if cn.nextFrameBuffered() {
+			return nil
+		}
+		return cn.flush()
+	}
+	if err := cn.flush(); err != nil {
+		return err
+	}
+	_, err := cn.c.Write(f)
 	return err
+}
+
+// flush writes the held-back answers.
+func (cn *conn) flush() error {
+	if len(cn.out) == 0 {
+		return nil
+	}
+	_, err := cn.c.Write(cn.out)
+	cn.out = cn.out[:0]
+	return err
+}
+
+// nextFrameBuffered says whether a whole next request is already read, so
+// handling it cannot block and an answer may wait for it.
+func (cn *conn) nextFrameBuffered() bool {
+	n := cn.r.Buffered()
+	if n < 4 {
+		return false
+	}
+	hdr, _ := cn.r.Peek(4)
+	return uint64(n) >= 4+uint64(binary.BigEndian.Uint32(hdr))
 }
 
 func (cn *conn) errorFrame(code, msg string) error {
@@ -389,6 +440,9 @@ func (cn *conn) helloAck(withArena bool) error {
 		cn.enc.Nil("shared_arena")
 	}
 	if err := cn.send(); err != nil || !withArena {
+		return err
+	}
+	if err := cn.flush(); err != nil { // the marker must follow hello_ack
 		return err
 	}
 	if _, _, err := cn.c.WriteMsgUnix([]byte{fdMarker}, unix.UnixRights(a.FD()), nil); err != nil {
