@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -176,7 +177,11 @@ func (cl *Client) end(ctx context.Context, stop func() bool, err *error) {
 		cl.dl = true
 	}
 	if *err != nil && errors.Is(*err, errSocket) {
-		if cerr := ctx.Err(); cerr != nil {
+		cerr := ctx.Err()
+		if dl, ok := ctx.Deadline(); cerr == nil && ok && !time.Now().Before(dl) && errors.Is(*err, os.ErrDeadlineExceeded) {
+			cerr = context.DeadlineExceeded // the socket's timer fired first
+		}
+		if cerr != nil {
 			*err = fmt.Errorf("kvd request: %w: %w", cerr, *err)
 		}
 		cl.broken = fmt.Errorf("%w: %w", ErrClientClosed, *err)

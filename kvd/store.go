@@ -78,6 +78,15 @@ type LongStore interface {
 	Close() error
 }
 
+// LongPrefixDeleter is implemented by an L3 that can remove, durably,
+// every key that starts with a prefix. Clearing one namespace needs it to
+// reach L3 (its keys start with the namespace's composite prefix); over an
+// L3 without it such a clear drops the RAM entries only, and says so in
+// the log.
+type LongPrefixDeleter interface {
+	DeletePrefix(prefix []byte) (int, error)
+}
+
 // StoreOptions configure a Store.
 type StoreOptions struct {
 	// MaxBytes is the RAM budget: the arena plus inline values.
@@ -198,6 +207,14 @@ type Store struct {
 	c            Counters
 	closed       bool
 
+	// clears counts clears (under mu): a promotion from L3 read before a
+	// clear does not reinsert into RAM after it.
+	clears uint64
+	// longMu serializes the L3 side of Clear with the write-through: the
+	// writer holds it from reading an entry until its Put is done (taken
+	// before mu), so a clear never runs between them.
+	longMu    sync.Mutex
+	nsWarned  bool
 	longQ     chan string
 	prefetchQ chan prefetchItem
 	stop      chan struct{}
@@ -491,7 +508,7 @@ type Hit struct {
 // Get looks a key up in RAM, then in L3 (promoting a hit into RAM). An
 // inline Hit from L3 aliases sc.Value until the next call with sc.
 func (s *Store) Get(model, compat, key []byte, sc *Scratch) Hit {
-	h, miss := s.getRAM(model, compat, key)
+	h, miss, gen := s.getRAM(model, compat, key)
 	if !miss || s.opt.Long == nil {
 		return h
 	}
@@ -516,6 +533,9 @@ func (s *Store) Get(model, compat, key []byte, sc *Scratch) Hit {
 	defer s.mu.Unlock()
 	s.c.Hits++
 	s.c.LongHits++
+	if s.clears != gen { // cleared meanwhile: answer, do not promote
+		return Hit{Found: true, Inline: v, Length: len(v), Retention: RetentionLong}
+	}
 	if ok, _ := s.putLocked(model, compat, key, v, RetentionLong, 0, true); ok {
 		if e := s.index[string(s.kb)]; e != nil {
 			return s.hitLocked(e)
@@ -525,7 +545,7 @@ func (s *Store) Get(model, compat, key []byte, sc *Scratch) Hit {
 }
 
 // getRAM answers from RAM; miss is true when L3 should be asked.
-func (s *Store) getRAM(model, compat, key []byte) (Hit, bool) {
+func (s *Store) getRAM(model, compat, key []byte) (Hit, bool, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.c.Gets++
@@ -535,7 +555,7 @@ func (s *Store) getRAM(model, compat, key []byte) (Hit, bool) {
 		if s.opt.Long == nil {
 			s.c.Misses++
 		}
-		return Hit{}, true
+		return Hit{}, true, s.clears
 	}
 	s.c.Hits++
 	if e.warmed {
@@ -545,7 +565,7 @@ func (s *Store) getRAM(model, compat, key []byte) (Hit, bool) {
 	l := s.list(e)
 	l.remove(e)
 	l.pushFront(e)
-	return s.hitLocked(e), false
+	return s.hitLocked(e), false, s.clears
 }
 
 func (s *Store) hitLocked(e *entry) Hit {
@@ -733,24 +753,46 @@ func (s *Store) CancelConn(conn uint64) int {
 	return n
 }
 
-// Clear drops a namespace's RAM entries, or with both names empty every
-// RAM entry and all of L3. It returns the RAM entries dropped.
+// Clear drops a namespace, in RAM and in L3, or with both names empty
+// every entry of both. It returns the RAM entries dropped (clear_ack's
+// cleared_entries). A namespace's L3 entries are removed through
+// LongPrefixDeleter (its keys are the namespace's composite prefix
+// followed by the key, and no other namespace's keys start with it).
 func (s *Store) Clear(model, compat []byte) int {
 	all := len(model) == 0 && len(compat) == 0
 	s.mu.Lock()
+	s.clears++
 	s.kb = Composite(s.kb, model, compat, nil)
+	prefix := string(s.kb)
 	n := 0
 	for _, e := range s.index {
-		if all || (e.nsLen == len(s.kb) && e.key[:e.nsLen] == string(s.kb)) {
+		if all || (e.nsLen == len(prefix) && e.key[:e.nsLen] == prefix) {
 			s.removeLocked(e)
 			n++
 		}
 	}
 	s.mu.Unlock()
-	if all && s.opt.Long != nil {
+	if s.opt.Long == nil {
+		return n
+	}
+	s.longMu.Lock()
+	defer s.longMu.Unlock()
+	if all {
 		if err := s.opt.Long.Clear(); err != nil {
 			s.log.Error().Err(err).Msg("clear l3")
 		}
+		return n
+	}
+	pd, ok := s.opt.Long.(LongPrefixDeleter)
+	if !ok {
+		if !s.nsWarned {
+			s.nsWarned = true
+			s.log.Warn().Msg("l3 cannot remove by prefix: a namespace clear leaves its l3 entries")
+		}
+		return n
+	}
+	if dropped, err := pd.DeletePrefix([]byte(prefix)); err != nil {
+		s.log.Error().Err(err).Int("l3_dropped", dropped).Msg("clear namespace in l3")
 	}
 	return n
 }
@@ -809,6 +851,7 @@ func (s *Store) prefetcher() {
 		}
 		s.mu.Lock()
 		_, warm := s.index[it.key]
+		gen := s.clears
 		s.mu.Unlock()
 		if warm {
 			continue
@@ -823,6 +866,10 @@ func (s *Store) prefetcher() {
 			continue
 		}
 		s.mu.Lock()
+		if s.clears != gen { // cleared meanwhile
+			s.mu.Unlock()
+			continue
+		}
 		if ok, _ := s.putLocked(model, compat, key, v, RetentionLong, s.nowNs()+int64(max(it.ttl, time.Millisecond)), true); ok {
 			s.c.PrefetchFetched++
 			if e := s.index[it.key]; e != nil {
@@ -855,11 +902,13 @@ func (s *Store) longWriter() {
 	defer s.wg.Done()
 	var buf []byte
 	for key := range s.longQ {
+		s.longMu.Lock()
 		s.mu.Lock()
 		e := s.index[key]
 		if e == nil || e.ret != RetentionLong {
 			s.c.LongWritesDropped++
 			s.mu.Unlock()
+			s.longMu.Unlock()
 			continue
 		}
 		if e.slot >= 0 {
@@ -870,6 +919,7 @@ func (s *Store) longWriter() {
 		}
 		s.mu.Unlock()
 		err := s.opt.Long.Put([]byte(key), buf)
+		s.longMu.Unlock()
 		s.mu.Lock()
 		if err != nil {
 			s.c.LongWriteErrors++

@@ -3,6 +3,7 @@ package kvd
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -344,5 +345,113 @@ func TestFixedSlotBytes(t *testing.T) {
 	}
 	if _, err := NewStore(StoreOptions{MaxBytes: 1 << 20, SlotBytes: 4000}); err == nil {
 		t.Fatal("slot bytes without an arena accepted")
+	}
+}
+
+// memLong is an in-memory L3 with prefix removal, standing in for an L3
+// that implements LongPrefixDeleter (the tablespace does not yet).
+type memLong struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func newMemLong() *memLong { return &memLong{m: map[string][]byte{}} }
+
+func (l *memLong) Put(k, v []byte) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.m[string(k)] = append([]byte(nil), v...)
+	return nil
+}
+
+func (l *memLong) Get(k, dst []byte) ([]byte, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v, ok := l.m[string(k)]
+	if !ok {
+		return dst[:0], tablespace.ErrNotFound
+	}
+	return append(dst[:0], v...), nil
+}
+
+func (l *memLong) Exists(k []byte) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.m[string(k)]
+	return ok
+}
+
+func (l *memLong) Delete(k []byte) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.m, string(k))
+	return nil
+}
+
+func (l *memLong) Clear() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.m)
+	return nil
+}
+
+func (l *memLong) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.m)
+}
+
+func (l *memLong) UsedBytes() int64 { return 0 }
+func (l *memLong) Close() error     { return nil }
+
+func (l *memLong) DeletePrefix(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for k := range l.m {
+		if strings.HasPrefix(k, string(p)) {
+			delete(l.m, k)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// TestNamespaceClearReachesL3: clear of one namespace drops its L3
+// entries too (a later get must not promote them back), and no other
+// namespace's, not even one whose model starts with the cleared one's.
+func TestNamespaceClearReachesL3(t *testing.T) {
+	long := newMemLong()
+	d := startDaemon(t, daemonOpts{arenaBytes: 64 * 1024, long: long})
+	c := dial(t, d, ClientOptions{SharedArena: true})
+	a, ab := Namespace{Model: "a", CompatKey: "x"}, Namespace{Model: "ab", CompatKey: "x"}
+	for i := range 4 {
+		for _, n := range []Namespace{a, ab} {
+			if ok, reason, err := c.Set(n, key(i), value(i, 100), SetOptions{Retention: "long"}); !ok || err != nil {
+				t.Fatal(reason, err)
+			}
+		}
+	}
+	waitFor(t, "write-through", func() bool { return long.Len() == 8 })
+	if n, err := c.Clear(a); err != nil || n != 4 {
+		t.Fatalf("clear: %d %v", n, err)
+	}
+	if long.Len() != 4 {
+		t.Fatalf("l3 holds %d entries after the clear, want the other namespace's 4", long.Len())
+	}
+	present, err := c.Exists(a, [][]byte{key(0), key(3)}, nil)
+	if err != nil || present[0] || present[1] {
+		t.Fatalf("cleared keys still exist: %v %v", present, err)
+	}
+	if _, _, ok, _ := c.Get(a, key(1), nil); ok {
+		t.Fatal("a cleared key was served from l3")
+	}
+	for i := range 4 {
+		if v, _, ok, _ := c.Get(ab, key(i), nil); !ok || !bytes.Equal(v, value(i, 100)) {
+			t.Fatalf("other namespace's key %d lost", i)
+		}
+	}
+	if _, err := c.Clear(Namespace{}); err != nil || long.Len() != 0 {
+		t.Fatalf("clear all: l3 holds %d (%v)", long.Len(), err)
 	}
 }
