@@ -5,11 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 
-	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"github.com/infera/infera/msgpackx"
 )
 
 // EventType is the kind of a KV-cache event.
@@ -102,19 +102,17 @@ func (b *Batch) Reset() {
 // with a reused Batch, without allocating. A Decoder is not safe for
 // concurrent use; each subscriber connection owns one.
 //
-// It is built on vmihailenco/msgpack's streaming primitives (lengths, ints,
-// Skip of scalars) over a bytes.Reader it owns, so strings and bytes hashes
-// are sliced from the payload instead of copied; containers are skipped with
-// a depth bound, which the library's recursive Skip lacks.
+// It reads through a msgpackx.Reader (shared with kvd's frame decoder):
+// vmihailenco/msgpack's streaming primitives over a bytes.Reader it owns,
+// so strings and bytes hashes are sliced from the payload instead of
+// copied, and containers skipped with a depth bound.
 type Decoder struct {
-	r       bytes.Reader
-	d       *msgpack.Decoder
-	payload []byte
+	x *msgpackx.Reader
 }
 
 // NewDecoder returns a Decoder.
 func NewDecoder() *Decoder {
-	return &Decoder{d: msgpack.NewDecoder(nil)}
+	return &Decoder{x: msgpackx.NewReader()}
 }
 
 // Decode decodes one payload into b (reset first). Accepted shapes:
@@ -131,14 +129,12 @@ func NewDecoder() *Decoder {
 // error b holds a partial batch that must not be applied.
 func (d *Decoder) Decode(payload []byte, b *Batch) error {
 	b.Reset()
-	d.payload = payload
-	d.r.Reset(payload)
-	d.d.Reset(&d.r)
+	d.x.Reset(payload)
 	err := d.batch(b)
-	if err == nil && d.r.Len() != 0 {
+	if err == nil && d.x.Len() != 0 {
 		err = errors.New("trailing bytes after batch")
 	}
-	d.payload = nil
+	d.x.Release()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBadEvent, err)
 	}
@@ -151,132 +147,34 @@ func (d *Decoder) Decode(payload []byte, b *Batch) error {
 	return nil
 }
 
-func (d *Decoder) peek() (byte, error) {
-	c, err := d.d.PeekCode()
-	if err == io.EOF {
-		return 0, io.ErrUnexpectedEOF
-	}
-	return c, err
-}
-
-func isArray(c byte) bool {
-	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
-}
-
-func isMap(c byte) bool {
-	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
-}
-
-func isInt(c byte) bool {
-	if msgpcode.IsFixedNum(c) {
-		return true
-	}
-	switch c {
-	case msgpcode.Uint8, msgpcode.Uint16, msgpcode.Uint32, msgpcode.Uint64,
-		msgpcode.Int8, msgpcode.Int16, msgpcode.Int32, msgpcode.Int64:
-		return true
-	}
-	return false
-}
-
-func isStr(c byte) bool {
-	return msgpcode.IsFixedString(c) || c == msgpcode.Str8 || c == msgpcode.Str16 || c == msgpcode.Str32
-}
-
-func isBin(c byte) bool {
-	return c == msgpcode.Bin8 || c == msgpcode.Bin16 || c == msgpcode.Bin32
-}
-
 // arrayLen reads an array header; nil reads as an empty array.
 func (d *Decoder) arrayLen() (int, error) {
-	n, err := d.d.DecodeArrayLen()
+	n, err := d.x.ArrayLen()
 	if err != nil {
 		return 0, err
 	}
-	if n < 0 {
-		return 0, nil
-	}
-	return n, nil
-}
-
-// raw reads a str or bin value and returns it aliased from the payload; ok is
-// false for nil.
-func (d *Decoder) raw() (b []byte, ok bool, err error) {
-	n, err := d.d.DecodeBytesLen()
-	if err != nil {
-		return nil, false, err
-	}
-	if n < 0 {
-		return nil, false, nil
-	}
-	if n > d.r.Len() {
-		return nil, false, io.ErrUnexpectedEOF
-	}
-	off := len(d.payload) - d.r.Len()
-	if _, err := d.r.Seek(int64(n), io.SeekCurrent); err != nil {
-		return nil, false, err
-	}
-	return d.payload[off : off+n : off+n], true, nil
-}
-
-// skip skips one value of any type, bounding container nesting.
-func (d *Decoder) skip(depth int) error {
-	if depth > maxDepth {
-		return errors.New("values nested too deeply")
-	}
-	c, err := d.peek()
-	if err != nil {
-		return err
-	}
-	switch {
-	case isArray(c):
-		n, err := d.arrayLen()
-		if err != nil {
-			return err
-		}
-		for range n {
-			if err := d.skip(depth + 1); err != nil {
-				return err
-			}
-		}
-		return nil
-	case isMap(c):
-		n, err := d.d.DecodeMapLen()
-		if err != nil {
-			return err
-		}
-		for range 2 * max(n, 0) {
-			if err := d.skip(depth + 1); err != nil {
-				return err
-			}
-		}
-		return nil
-	case isStr(c) || isBin(c):
-		_, _, err := d.raw()
-		return err
-	}
-	return d.d.Skip()
+	return max(n, 0), nil
 }
 
 func (d *Decoder) isNil() (bool, error) {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return false, err
 	}
 	if c == msgpcode.Nil {
-		_ = d.d.DecodeNil()
+		_ = d.x.D.DecodeNil()
 		return true, nil
 	}
 	return false, nil
 }
 
 func (d *Decoder) batch(b *Batch) error {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return err
 	}
 	switch {
-	case isArray(c):
+	case msgpackx.IsArray(c):
 		n, err := d.arrayLen()
 		if err != nil {
 			return err
@@ -284,7 +182,7 @@ func (d *Decoder) batch(b *Batch) error {
 		if n < 2 {
 			return fmt.Errorf("batch array has %d elements, want [ts, events, dp_rank?]", n)
 		}
-		if b.TS, err = d.d.DecodeFloat64(); err != nil {
+		if b.TS, err = d.x.D.DecodeFloat64(); err != nil {
 			return fmt.Errorf("ts: %w", err)
 		}
 		if err := d.events(b); err != nil {
@@ -296,25 +194,25 @@ func (d *Decoder) batch(b *Batch) error {
 			}
 		}
 		for i := 3; i < n; i++ {
-			if err := d.skip(1); err != nil {
+			if err := d.x.Skip(1, maxDepth); err != nil {
 				return err
 			}
 		}
 		return nil
-	case isMap(c):
-		n, err := d.d.DecodeMapLen()
+	case msgpackx.IsMap(c):
+		n, err := d.x.D.DecodeMapLen()
 		if err != nil {
 			return err
 		}
 		sawEvents := false
 		for range max(n, 0) {
-			key, _, err := d.raw()
+			key, _, err := d.x.Raw()
 			if err != nil {
 				return fmt.Errorf("batch map key: %w", err)
 			}
 			switch string(key) {
 			case "ts":
-				if b.TS, err = d.d.DecodeFloat64(); err != nil {
+				if b.TS, err = d.x.D.DecodeFloat64(); err != nil {
 					return fmt.Errorf("ts: %w", err)
 				}
 			case "events":
@@ -330,7 +228,7 @@ func (d *Decoder) batch(b *Batch) error {
 					return err
 				}
 			default:
-				if err := d.skip(1); err != nil {
+				if err := d.x.Skip(1, maxDepth); err != nil {
 					return err
 				}
 			}
@@ -347,7 +245,7 @@ func (d *Decoder) dpRank(b *Batch) error {
 	if null, err := d.isNil(); err != nil || null {
 		return err
 	}
-	r, err := d.d.DecodeInt64()
+	r, err := d.x.D.DecodeInt64()
 	if err != nil {
 		return fmt.Errorf("dp_rank: %w", err)
 	}
@@ -359,11 +257,11 @@ func (d *Decoder) dpRank(b *Batch) error {
 }
 
 func (d *Decoder) events(b *Batch) error {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return err
 	}
-	if !isArray(c) {
+	if !msgpackx.IsArray(c) {
 		return fmt.Errorf("events is not an array (code 0x%02x)", c)
 	}
 	n, err := d.arrayLen()
@@ -439,13 +337,13 @@ func eventType(tag []byte) EventType {
 }
 
 func (d *Decoder) event(b *Batch) error {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return err
 	}
 	ev := Event{hashOff: len(b.hashes), tokOff: len(b.tokens)}
 	switch {
-	case isArray(c):
+	case msgpackx.IsArray(c):
 		n, err := d.arrayLen()
 		if err != nil {
 			return err
@@ -453,7 +351,7 @@ func (d *Decoder) event(b *Batch) error {
 		if n == 0 {
 			return errors.New("empty event array")
 		}
-		tag, ok, err := d.raw()
+		tag, ok, err := d.x.Raw()
 		if err != nil || !ok {
 			return fmt.Errorf("event tag is not a string: %w", orNil(err))
 		}
@@ -474,18 +372,18 @@ func (d *Decoder) event(b *Batch) error {
 				return err
 			}
 		}
-	case isMap(c):
-		n, err := d.d.DecodeMapLen()
+	case msgpackx.IsMap(c):
+		n, err := d.x.D.DecodeMapLen()
 		if err != nil {
 			return err
 		}
 		for range max(n, 0) {
-			key, ok, err := d.raw()
+			key, ok, err := d.x.Raw()
 			if err != nil || !ok {
 				return fmt.Errorf("event map key is not a string: %w", orNil(err))
 			}
 			if string(key) == "type" {
-				tag, ok, err := d.raw()
+				tag, ok, err := d.x.Raw()
 				if err != nil || !ok {
 					return fmt.Errorf("event type is not a string: %w", orNil(err))
 				}
@@ -551,8 +449,8 @@ func (d *Decoder) field(b *Batch, ev *Event, f int) error {
 		}
 		// Engines that write 0 or an empty bytes hash for "no parent"
 		// mean a root block, as nil does.
-		if c, err := d.peek(); err == nil && (isBin(c) || isStr(c)) {
-			raw, _, err := d.raw()
+		if c, err := d.x.Peek(); err == nil && (msgpackx.IsBin(c) || msgpackx.IsStr(c)) {
+			raw, _, err := d.x.Raw()
 			if err != nil {
 				return fmt.Errorf("parent_block_hash: %w", err)
 			}
@@ -572,7 +470,7 @@ func (d *Decoder) field(b *Batch, ev *Event, f int) error {
 	case fTokens:
 		return d.tokens(b)
 	case fBlockSize:
-		v, err := d.d.DecodeInt64()
+		v, err := d.x.D.DecodeInt64()
 		if err != nil {
 			return fmt.Errorf("block_size: %w", err)
 		}
@@ -586,7 +484,7 @@ func (d *Decoder) field(b *Batch, ev *Event, f int) error {
 		if err != nil || null {
 			return err
 		}
-		v, err := d.d.DecodeInt64()
+		v, err := d.x.D.DecodeInt64()
 		if err != nil {
 			return fmt.Errorf("lora_id: %w", err)
 		}
@@ -595,7 +493,7 @@ func (d *Decoder) field(b *Batch, ev *Event, f int) error {
 		}
 		return nil
 	case fLoRAName:
-		s, ok, err := d.raw()
+		s, ok, err := d.x.Raw()
 		if err != nil {
 			return fmt.Errorf("lora_name: %w", err)
 		}
@@ -604,7 +502,7 @@ func (d *Decoder) field(b *Batch, ev *Event, f int) error {
 		}
 		return nil
 	case fMedium:
-		s, ok, err := d.raw()
+		s, ok, err := d.x.Raw()
 		if err != nil {
 			return fmt.Errorf("medium: %w", err)
 		}
@@ -619,7 +517,7 @@ func (d *Decoder) field(b *Batch, ev *Event, f int) error {
 		if err != nil || null {
 			return err
 		}
-		v, err := d.d.DecodeInt64()
+		v, err := d.x.D.DecodeInt64()
 		if err != nil {
 			return fmt.Errorf("group_idx: %w", err)
 		}
@@ -629,7 +527,7 @@ func (d *Decoder) field(b *Batch, ev *Event, f int) error {
 		ev.Group, ev.HasGroup = int(v), true
 		return nil
 	case fKind:
-		s, ok, err := d.raw()
+		s, ok, err := d.x.Raw()
 		if err != nil {
 			return fmt.Errorf("kv_cache_spec_kind: %w", err)
 		}
@@ -638,7 +536,7 @@ func (d *Decoder) field(b *Batch, ev *Event, f int) error {
 		}
 		return nil
 	}
-	return d.skip(1)
+	return d.x.Skip(1, maxDepth)
 }
 
 // setIgnore keeps the first reason found; any reason means "do not index".
@@ -663,11 +561,11 @@ func (d *Decoder) extraKeys(ev *Event) error {
 	if null, err := d.isNil(); err != nil || null {
 		return err
 	}
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return err
 	}
-	if !isArray(c) {
+	if !msgpackx.IsArray(c) {
 		return fmt.Errorf("extra_keys is not an array (code 0x%02x)", c)
 	}
 	n, err := d.arrayLen()
@@ -683,7 +581,7 @@ func (d *Decoder) extraKeys(ev *Event) error {
 			continue
 		}
 		ev.setIgnore(IgnoreExtraKeys)
-		if err := d.skip(2); err != nil {
+		if err := d.x.Skip(2, maxDepth); err != nil {
 			return err
 		}
 	}
@@ -693,15 +591,15 @@ func (d *Decoder) extraKeys(ev *Event) error {
 // hash decodes one block hash: an unsigned or signed integer (two's
 // complement kept), or bytes whose low 8 bytes are read big-endian.
 func (d *Decoder) hash() (uint64, error) {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return 0, err
 	}
 	switch {
-	case isInt(c):
-		return d.d.DecodeUint64()
-	case isBin(c) || isStr(c):
-		raw, _, err := d.raw()
+	case msgpackx.IsInt(c):
+		return d.x.D.DecodeUint64()
+	case msgpackx.IsBin(c) || msgpackx.IsStr(c):
+		raw, _, err := d.x.Raw()
 		if err != nil {
 			return 0, err
 		}
@@ -714,11 +612,11 @@ func (d *Decoder) hash() (uint64, error) {
 }
 
 func (d *Decoder) hashes(b *Batch) error {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return err
 	}
-	if !isArray(c) {
+	if !msgpackx.IsArray(c) {
 		return fmt.Errorf("block_hashes is not an array (code 0x%02x)", c)
 	}
 	n, err := d.arrayLen()
@@ -736,14 +634,14 @@ func (d *Decoder) hashes(b *Batch) error {
 }
 
 func (d *Decoder) token() (uint32, error) {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return 0, err
 	}
-	if !isInt(c) {
+	if !msgpackx.IsInt(c) {
 		return 0, fmt.Errorf("token id has type code 0x%02x", c)
 	}
-	v, err := d.d.DecodeInt64()
+	v, err := d.x.D.DecodeInt64()
 	if err != nil {
 		return 0, err
 	}
@@ -757,11 +655,11 @@ func (d *Decoder) token() (uint32, error) {
 // which the first element is the block's token. Runs of plain ids take the
 // plainTokens fast path; anything else goes through the library.
 func (d *Decoder) tokens(b *Batch) error {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return err
 	}
-	if !isArray(c) {
+	if !msgpackx.IsArray(c) {
 		return fmt.Errorf("token_ids is not an array (code 0x%02x)", c)
 	}
 	n, err := d.arrayLen()
@@ -773,12 +671,12 @@ func (d *Decoder) tokens(b *Batch) error {
 		if i == n {
 			break
 		}
-		c, err := d.peek()
+		c, err := d.x.Peek()
 		if err != nil {
 			return err
 		}
 		var t uint32
-		if isArray(c) {
+		if msgpackx.IsArray(c) {
 			m, err := d.arrayLen()
 			if err != nil {
 				return err
@@ -790,7 +688,7 @@ func (d *Decoder) tokens(b *Batch) error {
 				return fmt.Errorf("token_ids[%d]: %w", i, err)
 			}
 			for range m - 1 {
-				if err := d.skip(2); err != nil {
+				if err := d.x.Skip(2, maxDepth); err != nil {
 					return err
 				}
 			}
@@ -810,8 +708,8 @@ func (d *Decoder) tokens(b *Batch) error {
 // cost through io.Reader (~50 ns) would dominate event throughput; this
 // loop is a few ns per id.
 func (d *Decoder) plainTokens(b *Batch, max int) int {
-	start := len(d.payload) - d.r.Len()
-	p := d.payload[start:]
+	start := len(d.x.Payload) - d.x.Len()
+	p := d.x.Payload[start:]
 	off, count := 0, 0
 loop:
 	for count < max && off < len(p) {
@@ -835,7 +733,7 @@ loop:
 		count++
 	}
 	if off > 0 {
-		_, _ = d.r.Seek(int64(off), io.SeekCurrent)
+		d.x.Advance(off)
 	}
 	return count
 }

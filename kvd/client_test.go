@@ -15,7 +15,7 @@ import (
 // refused leases inside a batch are reported per item and leave the
 // connection usable.
 func TestBatchZeroCopyRoundTrip(t *testing.T) {
-	const n, size = 300, 1000
+	const n, size = 600, 1000
 	d := startDaemon(t, daemonOpts{arenaBytes: int64(n+10) * 1024, storeOpt: func(o *StoreOptions) { o.SlotBytes = 1024 }})
 	c := dial(t, d, ClientOptions{SharedArena: true})
 	keys, vals := make([][]byte, n), make([][]byte, n)

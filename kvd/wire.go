@@ -10,6 +10,8 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"github.com/infera/infera/msgpackx"
 )
 
 // Wire constants (docs: shared/protocols/kvd.md §8.3–8.4).
@@ -210,14 +212,12 @@ func ReadFrame(r io.Reader, buf []byte, max int) ([]byte, error) {
 // so strings and bytes are sliced from the payload instead of copied (the
 // same approach as kvcache's event decoder). Not safe for concurrent use.
 type Decoder struct {
-	r       bytes.Reader
-	d       *msgpack.Decoder
-	payload []byte
+	x *msgpackx.Reader
 }
 
 // NewDecoder returns a Decoder.
 func NewDecoder() *Decoder {
-	return &Decoder{d: msgpack.NewDecoder(nil)}
+	return &Decoder{x: msgpackx.NewReader()}
 }
 
 // Decode decodes one payload into m (reset first). The payload must be one
@@ -225,17 +225,15 @@ func NewDecoder() *Decoder {
 // Errors wrap ErrBadFrame.
 func (d *Decoder) Decode(payload []byte, m *Message) error {
 	m.reset()
-	d.payload = payload
-	d.r.Reset(payload)
-	d.d.Reset(&d.r)
+	d.x.Reset(payload)
 	err := d.message(m)
-	if err == nil && d.r.Len() != 0 {
+	if err == nil && d.x.Len() != 0 {
 		err = errors.New("trailing bytes after map")
 	}
 	if err == nil && m.Op == OpUnknown {
 		err = errors.New("no op")
 	}
-	d.payload = nil
+	d.x.Release()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
@@ -243,19 +241,19 @@ func (d *Decoder) Decode(payload []byte, m *Message) error {
 }
 
 func (d *Decoder) message(m *Message) error {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return err
 	}
-	if !isMap(c) {
+	if !msgpackx.IsMap(c) {
 		return errors.New("frame is not a map")
 	}
-	n, err := d.d.DecodeMapLen()
+	n, err := d.x.D.DecodeMapLen()
 	if err != nil {
 		return err
 	}
 	for range n {
-		k, ok, err := d.raw()
+		k, ok, err := d.x.Raw()
 		if err != nil {
 			return err
 		}
@@ -286,11 +284,11 @@ func (d *Decoder) field(m *Message, k []byte) error {
 	case "prefers_shared_arena":
 		m.PrefersSharedArena, err = d.boolOrNil()
 	case "key":
-		m.Key, _, err = d.raw()
+		m.Key, _, err = d.x.Raw()
 	case "value":
-		m.Value, m.HasValue, err = d.raw()
+		m.Value, m.HasValue, err = d.x.Raw()
 	case "retention":
-		m.Retention, m.HasRetention, err = d.raw()
+		m.Retention, m.HasRetention, err = d.x.Raw()
 	case "model":
 		m.Model, err = d.strOrNil()
 	case "compat_key":
@@ -317,11 +315,11 @@ func (d *Decoder) field(m *Message, k []byte) error {
 		m.Length, err = d.intOrNil()
 	case "deadline_ms":
 		var ok bool
-		c, _ := d.peek()
+		c, _ := d.x.Peek()
 		if c == msgpcode.Nil {
-			err = d.d.DecodeNil()
+			err = d.x.D.DecodeNil()
 		} else {
-			m.DeadlineMs, err = d.d.DecodeInt64()
+			m.DeadlineMs, err = d.x.D.DecodeInt64()
 			ok = err == nil
 		}
 		m.HasDeadline = ok
@@ -348,14 +346,14 @@ func (d *Decoder) field(m *Message, k []byte) error {
 	case "versions":
 		m.Versions, err = d.intList(m.Versions)
 	case "accepted":
-		c, _ := d.peek()
-		if isArray(c) {
+		c, _ := d.x.Peek()
+		if msgpackx.IsArray(c) {
 			m.AcceptedList, err = d.boolList(m.AcceptedList)
 		} else {
 			m.Accepted, err = d.boolOrNil()
 		}
 	case "reason":
-		m.Reason, _, err = d.raw()
+		m.Reason, _, err = d.x.Raw()
 	case "reasons":
 		m.Reasons, err = d.rawList(m.Reasons)
 	case "present":
@@ -385,87 +383,25 @@ func (d *Decoder) field(m *Message, k []byte) error {
 	case "message":
 		m.ErrMessage, err = d.strOrNil()
 	default:
-		err = d.skip(0)
+		err = d.x.Skip(0, maxDepth)
 	}
 	return err
 }
 
-func (d *Decoder) peek() (byte, error) {
-	c, err := d.d.PeekCode()
-	if err == io.EOF {
-		return 0, io.ErrUnexpectedEOF
-	}
-	return c, err
-}
-
-func isArray(c byte) bool {
-	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
-}
-
-func isMap(c byte) bool {
-	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
-}
-
-func isStr(c byte) bool {
-	return msgpcode.IsFixedString(c) || c == msgpcode.Str8 || c == msgpcode.Str16 || c == msgpcode.Str32
-}
-
-func isBin(c byte) bool {
-	return c == msgpcode.Bin8 || c == msgpcode.Bin16 || c == msgpcode.Bin32
-}
-
-func isInt(c byte) bool {
-	if msgpcode.IsFixedNum(c) {
-		return true
-	}
-	switch c {
-	case msgpcode.Uint8, msgpcode.Uint16, msgpcode.Uint32, msgpcode.Uint64,
-		msgpcode.Int8, msgpcode.Int16, msgpcode.Int32, msgpcode.Int64:
-		return true
-	}
-	return false
-}
-
-// raw reads a str or bin value aliased from the payload; ok is false for nil.
-func (d *Decoder) raw() (b []byte, ok bool, err error) {
-	c, err := d.peek()
-	if err != nil {
-		return nil, false, err
-	}
-	if c == msgpcode.Nil {
-		return nil, false, d.d.DecodeNil()
-	}
-	if !isStr(c) && !isBin(c) {
-		return nil, false, errors.New("want str or bin")
-	}
-	n, err := d.d.DecodeBytesLen()
-	if err != nil {
-		return nil, false, err
-	}
-	if n < 0 || n > d.r.Len() {
-		return nil, false, io.ErrUnexpectedEOF
-	}
-	off := len(d.payload) - d.r.Len()
-	if _, err := d.r.Seek(int64(n), io.SeekCurrent); err != nil {
-		return nil, false, err
-	}
-	return d.payload[off : off+n : off+n], true, nil
-}
-
 func (d *Decoder) str() ([]byte, error) {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return nil, err
 	}
-	if !isStr(c) {
+	if !msgpackx.IsStr(c) {
 		return nil, errors.New("want str")
 	}
-	b, _, err := d.raw()
+	b, _, err := d.x.Raw()
 	return b, err
 }
 
 func (d *Decoder) strOrNil() ([]byte, error) {
-	b, _, err := d.raw()
+	b, _, err := d.x.Raw()
 	if err == nil && len(b) > maxKeyBytes {
 		err = errors.New("string too long")
 	}
@@ -473,86 +409,66 @@ func (d *Decoder) strOrNil() ([]byte, error) {
 }
 
 func (d *Decoder) intOrNil() (int64, error) {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return 0, err
 	}
 	if c == msgpcode.Nil {
-		return 0, d.d.DecodeNil()
+		return 0, d.x.D.DecodeNil()
 	}
-	if !isInt(c) {
+	if !msgpackx.IsInt(c) {
 		return 0, errors.New("want int")
 	}
 	if c == msgpcode.Uint64 {
-		u, err := d.d.DecodeUint64()
+		u, err := d.x.D.DecodeUint64()
 		if err == nil && u > math.MaxInt64 {
 			err = errors.New("int out of range")
 		}
 		return int64(u), err
 	}
-	return d.d.DecodeInt64()
+	return d.x.D.DecodeInt64()
 }
 
 func (d *Decoder) boolOrNil() (bool, error) {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return false, err
 	}
 	switch c {
 	case msgpcode.Nil:
-		return false, d.d.DecodeNil()
+		return false, d.x.D.DecodeNil()
 	case msgpcode.True, msgpcode.False:
-		return d.d.DecodeBool()
+		return d.x.D.DecodeBool()
 	}
 	return false, errors.New("want bool")
 }
 
 func (d *Decoder) floatOrNil() (float64, bool, error) {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return 0, false, err
 	}
 	if c == msgpcode.Nil {
-		return 0, false, d.d.DecodeNil()
+		return 0, false, d.x.D.DecodeNil()
 	}
-	if !isInt(c) && c != msgpcode.Float && c != msgpcode.Double {
+	if !msgpackx.IsInt(c) && c != msgpcode.Float && c != msgpcode.Double {
 		return 0, false, errors.New("want number")
 	}
-	f, err := d.d.DecodeFloat64()
+	f, err := d.x.D.DecodeFloat64()
 	if err == nil && math.IsNaN(f) {
 		err = errors.New("NaN")
 	}
 	return f, err == nil, err
 }
 
-// arrayLen reads an array header; nil reads as -1.
-func (d *Decoder) arrayLen() (int, error) {
-	c, err := d.peek()
-	if err != nil {
-		return 0, err
-	}
-	if c == msgpcode.Nil {
-		return -1, d.d.DecodeNil()
-	}
-	if !isArray(c) {
-		return 0, errors.New("want array")
-	}
-	n, err := d.d.DecodeArrayLen()
-	if err == nil && n > d.r.Len() {
-		// every element takes at least one byte
-		err = io.ErrUnexpectedEOF
-	}
-	return n, err
-}
-
 func (d *Decoder) rawList(dst [][]byte) ([][]byte, error) {
 	dst = dst[:0]
-	n, err := d.arrayLen()
+	n, err := d.x.ArrayLen()
 	if err != nil || n < 0 {
 		return dst, err
 	}
 	for range n {
-		b, _, err := d.raw()
+		b, _, err := d.x.Raw()
 		if err != nil {
 			return dst, err
 		}
@@ -563,7 +479,7 @@ func (d *Decoder) rawList(dst [][]byte) ([][]byte, error) {
 
 func (d *Decoder) intList(dst []int64) ([]int64, error) {
 	dst = dst[:0]
-	n, err := d.arrayLen()
+	n, err := d.x.ArrayLen()
 	if err != nil || n < 0 {
 		return dst, err
 	}
@@ -579,7 +495,7 @@ func (d *Decoder) intList(dst []int64) ([]int64, error) {
 
 func (d *Decoder) boolList(dst []bool) ([]bool, error) {
 	dst = dst[:0]
-	n, err := d.arrayLen()
+	n, err := d.x.ArrayLen()
 	if err != nil || n < 0 {
 		return dst, err
 	}
@@ -595,7 +511,7 @@ func (d *Decoder) boolList(dst []bool) ([]bool, error) {
 
 func (d *Decoder) floatList(m *Message) error {
 	m.TTLs, m.TTLSet = m.TTLs[:0], m.TTLSet[:0]
-	n, err := d.arrayLen()
+	n, err := d.x.ArrayLen()
 	if err != nil || n < 0 {
 		return err
 	}
@@ -611,18 +527,18 @@ func (d *Decoder) floatList(m *Message) error {
 }
 
 func (d *Decoder) mapOrNil() error {
-	c, err := d.peek()
+	c, err := d.x.Peek()
 	if err != nil {
 		return err
 	}
-	if c != msgpcode.Nil && !isMap(c) {
+	if c != msgpcode.Nil && !msgpackx.IsMap(c) {
 		return errors.New("want map")
 	}
-	return d.skip(0)
+	return d.x.Skip(0, maxDepth)
 }
 
 func (d *Decoder) mapList() (int, bool, error) {
-	n, err := d.arrayLen()
+	n, err := d.x.ArrayLen()
 	if err != nil || n < 0 {
 		return 0, false, err
 	}
@@ -635,7 +551,7 @@ func (d *Decoder) mapList() (int, bool, error) {
 }
 
 func (d *Decoder) arena(m *Message) error {
-	n, err := d.arrayLen()
+	n, err := d.x.ArrayLen()
 	if err != nil || n < 0 {
 		return err
 	}
@@ -649,48 +565,6 @@ func (d *Decoder) arena(m *Message) error {
 	}
 	m.HasArena = true
 	return nil
-}
-
-// skip skips one value of any type, bounding container nesting.
-func (d *Decoder) skip(depth int) error {
-	if depth > maxDepth {
-		return errors.New("values nested too deeply")
-	}
-	c, err := d.peek()
-	if err != nil {
-		return err
-	}
-	switch {
-	case isArray(c):
-		n, err := d.arrayLen()
-		if err != nil {
-			return err
-		}
-		for range n {
-			if err := d.skip(depth + 1); err != nil {
-				return err
-			}
-		}
-		return nil
-	case isMap(c):
-		n, err := d.d.DecodeMapLen()
-		if err != nil {
-			return err
-		}
-		if n > d.r.Len() {
-			return io.ErrUnexpectedEOF
-		}
-		for range 2 * max(n, 0) {
-			if err := d.skip(depth + 1); err != nil {
-				return err
-			}
-		}
-		return nil
-	case isStr(c) || isBin(c):
-		_, _, err := d.raw()
-		return err
-	}
-	return d.d.Skip()
 }
 
 // Encoder builds frames (length prefix + msgpack map) in a reused buffer
