@@ -8,7 +8,7 @@ FUZZTIME       ?= 5m
 FUZZTIME_SMOKE ?= 5s
 STATICCHECK    ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: help build test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-overhead fuzz fuzz-smoke lint run tokenizers sdks clean
+.PHONY: help build test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-kvd bench-overhead fuzz fuzz-smoke lint run tokenizers sdks clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -45,6 +45,9 @@ bench-smoke: ## every benchmark once, briefly (CI)
 
 bench-kv: ## kv-aware vs round-robin vs least-load vs one big cache on 4 simulated workers (reports in .run/bench-kv)
 	INFERA_KV_BENCH_OUT=$(CURDIR)/.run/bench-kv $(GO) test -count=1 -timeout 60m -tags kvbench -run 'TestKVRoutingComparison' -v ./e2e/
+
+bench-kvd: ## kvd arena GET/SET through the Go client vs memcpy, single and batched, and the UDS round trip vs a raw ping-pong (a table for docs/performance.md)
+	bash scripts/bench-kvd.sh
 
 bench-overhead: build ## router overhead vs the engine directly vs nginx (installs nginx)
 	bash scripts/bench-overhead.sh

@@ -5,8 +5,8 @@
 // It owns:
 //   - the wire protocol: frames of a 4-byte big-endian length and a msgpack
 //     map with "op" and every field (Decoder, Encoder, Message), decoded
-//     without reflection or allocation on vmihailenco/msgpack's streaming
-//     primitives, byte fields aliasing the frame;
+//     without reflection or allocation through msgpackx (the reader kvcache's
+//     event decoder shares), byte fields aliasing the frame;
 //   - the L2 shared arena (Arena): a memfd mapped MAP_SHARED and passed to
 //     clients after hello_ack with SCM_RIGHTS and a one-byte "F" marker;
 //     slots of roundup(first value + 16, 64) bytes, each with a 16-byte
@@ -17,20 +17,29 @@
 //     never displacing a higher class), TTLs, retention-downgrade refusal,
 //     leases for zero-copy writes, and, over an optional L3 LongStore (the
 //     tablespace), asynchronous write-through of long entries, promotion of
-//     L3 hits, and the bounded prefetch queue;
+//     L3 hits, the bounded prefetch queue, and clears that reach L3 (all of
+//     it, or one namespace's keys through LongPrefixDeleter);
 //   - the Unix-socket server (Server, Listen): socket created 0600, stale
 //     socket replaced, peer uids checked with SO_PEERCRED, "no-hello" mode,
 //     leases cancelled with their connection, a frame size limit, and an
 //     undecodable frame closing only its own connection; Prometheus metrics
 //     (AdminHandler);
 //   - the client (Client), used by tests and `infera kvd stat` (and meant
-//     for the router's prewarm).
+//     for the router's prewarm): single ops, BatchGetInto (one batch_get,
+//     values copied out of the arena with the slot check into reused
+//     buffers), BatchSetZeroCopy (set_reserve and set_commit requests
+//     pipelined on the connection), and a ...Ctx variant of every method
+//     bounded by its context and ClientOptions.Timeout.
 //
 // Concurrency: a Store is safe for concurrent use; one mutex guards its
 // index, allocator and counters; large values are copied into a slot the
 // writer owns outside it, and values are read out of slots without it
 // (seqlock: a reader checks the version before and after). A Server runs one goroutine per connection; each connection
-// owns its Decoder, Encoder and buffers. A Client serializes its requests.
+// owns its Decoder, Encoder and buffers, answers its requests in order, and
+// holds small answers back while the next request is already buffered, so
+// a pipelining client gets one write per burst. A Client serializes its
+// requests; one that fails on the socket (deadline, cancellation, I/O)
+// closes its connection, and later calls return ErrClientClosed.
 // The L3 write-through and prefetch workers are the Store's; Close stops
 // them after the pending write-throughs are written.
 package kvd
