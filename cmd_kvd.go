@@ -170,7 +170,7 @@ func kvdStat(ctx context.Context, cfg config.KVDStat, w io.Writer) error {
 		return err
 	}
 	defer cl.Close()
-	st, err := cl.Stats()
+	st, err := cl.StatsCtx(ctx) // the 10 s bound covers the request too
 	if err != nil {
 		return err
 	}
