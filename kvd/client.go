@@ -420,6 +420,10 @@ func (cl *Client) SetZeroCopyCtx(ctx context.Context, ns Namespace, key, value [
 	if err != nil || l.Token == 0 {
 		return false, l.Reason, err
 	}
+	if l.PayloadMaxSize < len(value) {
+		_ = cl.CancelCtx(ctx, l.Token)
+		return false, "", fmt.Errorf("%w: lease of %d bytes for a %d-byte value", ErrProtocol, l.PayloadMaxSize, len(value))
+	}
 	copy(cl.mem[l.PayloadOffset:], value)
 	return cl.CommitCtx(ctx, l.Token, ns, key, len(value), o)
 }
@@ -765,6 +769,9 @@ func (cl *Client) setChunk(ns Namespace, keys, values [][]byte, o SetOptions, ac
 			return err
 		}
 		l, err := cl.lease()
+		if err == nil && l.Token != 0 && l.PayloadMaxSize < len(values[len(cl.leases)]) {
+			err = fmt.Errorf("%w: lease of %d bytes for a %d-byte value", ErrProtocol, l.PayloadMaxSize, len(values[len(cl.leases)]))
+		}
 		if err != nil {
 			// Answers may still be unread; the leases die with the connection.
 			return fmt.Errorf("%w: %w", errSocket, err)
