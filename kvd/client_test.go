@@ -174,9 +174,6 @@ func TestClientDeadlines(t *testing.T) {
 	}
 
 	c := dial(t, d, ClientOptions{Timeout: 100 * time.Millisecond})
-	if _, err := c.Exists(ns, keys, nil); err != nil {
-		t.Fatal(err)
-	}
 	release := stall()
 	_, err := c.Exists(ns, keys, nil)
 	release()
@@ -217,12 +214,13 @@ func TestClientDeadlines(t *testing.T) {
 
 	// A finished request's deadline and cancellation do not reach the next.
 	c = dial(t, d, ClientOptions{})
-	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
+	ctx, cancel = context.WithTimeout(context.Background(), time.Second)
 	if _, err := c.ExistsCtx(ctx, ns, keys, nil); err != nil {
 		t.Fatal(err)
 	}
+	<-ctx.Done()
 	cancel()
-	time.Sleep(80 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
 	if _, err := c.Exists(ns, keys, nil); err != nil {
 		t.Fatal("a past request's deadline broke the next:", err)
 	}
