@@ -420,38 +420,56 @@ func (l *memLong) DeletePrefix(p []byte) (int, error) {
 // TestNamespaceClearReachesL3: clear of one namespace drops its L3
 // entries too (a later get must not promote them back), and no other
 // namespace's, not even one whose model starts with the cleared one's.
+// A namespace clear reaches L3 both over the in-memory L3 and over the real
+// tablespace (which removes by prefix through its journal).
 func TestNamespaceClearReachesL3(t *testing.T) {
-	long := newMemLong()
-	d := startDaemon(t, daemonOpts{arenaBytes: 64 * 1024, long: long})
-	c := dial(t, d, ClientOptions{SharedArena: true})
-	a, ab := Namespace{Model: "a", CompatKey: "x"}, Namespace{Model: "ab", CompatKey: "x"}
-	for i := range 4 {
-		for _, n := range []Namespace{a, ab} {
-			if ok, reason, err := c.Set(n, key(i), value(i, 100), SetOptions{Retention: "long"}); !ok || err != nil {
-				t.Fatal(reason, err)
+	for _, tc := range []struct {
+		name string
+		long func(t *testing.T) lenLong
+	}{
+		{"memory", func(*testing.T) lenLong { return newMemLong() }},
+		{"tablespace", func(t *testing.T) lenLong { return newTablespace(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			long := tc.long(t)
+			d := startDaemon(t, daemonOpts{arenaBytes: 64 * 1024, long: long})
+			c := dial(t, d, ClientOptions{SharedArena: true})
+			a, ab := Namespace{Model: "a", CompatKey: "x"}, Namespace{Model: "ab", CompatKey: "x"}
+			for i := range 4 {
+				for _, n := range []Namespace{a, ab} {
+					if ok, reason, err := c.Set(n, key(i), value(i, 100), SetOptions{Retention: "long"}); !ok || err != nil {
+						t.Fatal(reason, err)
+					}
+				}
 			}
-		}
+			waitFor(t, "write-through", func() bool { return long.Len() == 8 })
+			if n, err := c.Clear(a); err != nil || n != 4 {
+				t.Fatalf("clear: %d %v", n, err)
+			}
+			if long.Len() != 4 {
+				t.Fatalf("l3 holds %d entries after the clear, want the other namespace's 4", long.Len())
+			}
+			present, err := c.Exists(a, [][]byte{key(0), key(3)}, nil)
+			if err != nil || present[0] || present[1] {
+				t.Fatalf("cleared keys still exist: %v %v", present, err)
+			}
+			if _, _, ok, _ := c.Get(a, key(1), nil); ok {
+				t.Fatal("a cleared key was served from l3")
+			}
+			for i := range 4 {
+				if v, _, ok, _ := c.Get(ab, key(i), nil); !ok || !bytes.Equal(v, value(i, 100)) {
+					t.Fatalf("other namespace's key %d lost", i)
+				}
+			}
+			if _, err := c.Clear(Namespace{}); err != nil || long.Len() != 0 {
+				t.Fatalf("clear all: l3 holds %d (%v)", long.Len(), err)
+			}
+		})
 	}
-	waitFor(t, "write-through", func() bool { return long.Len() == 8 })
-	if n, err := c.Clear(a); err != nil || n != 4 {
-		t.Fatalf("clear: %d %v", n, err)
-	}
-	if long.Len() != 4 {
-		t.Fatalf("l3 holds %d entries after the clear, want the other namespace's 4", long.Len())
-	}
-	present, err := c.Exists(a, [][]byte{key(0), key(3)}, nil)
-	if err != nil || present[0] || present[1] {
-		t.Fatalf("cleared keys still exist: %v %v", present, err)
-	}
-	if _, _, ok, _ := c.Get(a, key(1), nil); ok {
-		t.Fatal("a cleared key was served from l3")
-	}
-	for i := range 4 {
-		if v, _, ok, _ := c.Get(ab, key(i), nil); !ok || !bytes.Equal(v, value(i, 100)) {
-			t.Fatalf("other namespace's key %d lost", i)
-		}
-	}
-	if _, err := c.Clear(Namespace{}); err != nil || long.Len() != 0 {
-		t.Fatalf("clear all: l3 holds %d (%v)", long.Len(), err)
-	}
+}
+
+// lenLong is an L3 whose entry count the test can read.
+type lenLong interface {
+	LongStore
+	Len() int
 }
