@@ -68,6 +68,9 @@ run([
     const m = await client.models.retrieve(model);
     assert.equal(m.id, model);
     assert.equal(m.object, 'model');
+    const list = await client.models.list();
+    assert.ok(list.data.some((x) => x.id === model));
+    await rejects(client.models.retrieve('no-such-model'), NotFoundError, 404);
   }],
   ['errors', async () => {
     await rejects(client.chat.completions.create({ model: 'no-such-model', max_tokens: 2, messages: [{ role: 'user', content: 'x' }] }), NotFoundError, 404);
