@@ -260,3 +260,52 @@ func bytesOf(ids []uint32) []byte {
 	}
 	return b
 }
+
+// TestStreamIncludeUsage: stream_options.include_usage goes to the engine
+// as the client sent it and the engine's final usage chunk (empty choices)
+// comes back before [DONE]; without it no chunk carries usage.
+func TestStreamIncludeUsage(t *testing.T) {
+	s := startSim(t, nil)
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), simRecord(s))
+	for _, tc := range []struct{ path, input string }{
+		{"/v1/chat/completions", `"messages":[{"role":"user","content":"usage please"}]`},
+		{"/v1/completions", `"prompt":"usage please"`},
+	} {
+		for _, usage := range []bool{true, false} {
+			opt := ""
+			if usage {
+				opt = `,"stream_options":{"include_usage":true}`
+			}
+			resp, body := tr.do(t, http.MethodPost, tc.path, `{"model":"sim-model","max_tokens":3,"stream":true`+opt+`,`+tc.input+`}`)
+			events := strings.Split(strings.TrimSuffix(string(body), "\n\n"), "\n\n")
+			if resp.StatusCode != 200 || len(events) < 2 || events[len(events)-1] != "data: [DONE]" {
+				t.Fatalf("%s usage=%v: %d %q", tc.path, usage, resp.StatusCode, body)
+			}
+			withUsage := 0
+			for i, ev := range events[:len(events)-1] {
+				var chunk struct {
+					Choices []json.RawMessage `json:"choices"`
+					Usage   *struct {
+						PromptTokens     int `json:"prompt_tokens"`
+						CompletionTokens int `json:"completion_tokens"`
+						TotalTokens      int `json:"total_tokens"`
+					} `json:"usage"`
+				}
+				if err := json.Unmarshal([]byte(strings.TrimPrefix(ev, "data: ")), &chunk); err != nil {
+					t.Fatalf("%s event %d %q: %v", tc.path, i, ev, err)
+				}
+				if chunk.Usage == nil {
+					continue
+				}
+				withUsage++
+				if i != len(events)-2 || len(chunk.Choices) != 0 || chunk.Usage.CompletionTokens != 3 ||
+					chunk.Usage.TotalTokens != chunk.Usage.PromptTokens+3 {
+					t.Fatalf("%s: usage in event %d of %d: %s", tc.path, i, len(events), ev)
+				}
+			}
+			if want := map[bool]int{true: 1, false: 0}[usage]; withUsage != want {
+				t.Fatalf("%s include_usage=%v: %d usage chunks, want %d\n%s", tc.path, usage, withUsage, want, body)
+			}
+		}
+	}
+}
