@@ -309,3 +309,34 @@ func TestStreamIncludeUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestEmbeddingsThroughSim: the simulator's embeddings come back through
+// the router unchanged (deterministic: the same input twice, two workers).
+func TestEmbeddingsThroughSim(t *testing.T) {
+	s1, s2 := startSim(t, nil), startSim(t, nil)
+	r1, r2 := simRecord(s1), simRecord(s2)
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), r1, r2)
+	var first string
+	workers := map[string]bool{}
+	for i := range 4 {
+		resp, body := tr.do(t, http.MethodPost, "/v1/embeddings", `{"model":"sim-model","input":"embed me","encoding_format":"float"}`)
+		var out struct {
+			Data []struct {
+				Embedding []float64 `json:"embedding"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(body, &out); err != nil || resp.StatusCode != 200 || len(out.Data) != 1 || len(out.Data[0].Embedding) == 0 {
+			t.Fatalf("embeddings: %d %s (%v)", resp.StatusCode, body, err)
+		}
+		vec, _ := json.Marshal(out.Data[0].Embedding)
+		if i == 0 {
+			first = string(vec)
+		} else if string(vec) != first {
+			t.Fatalf("embedding %d differs: %s vs %s", i, vec, first)
+		}
+		workers[resp.Header.Get("X-Infera-Worker")] = true
+	}
+	if len(workers) != 2 {
+		t.Fatalf("least load with idle workers rotates: got %v", workers)
+	}
+}
