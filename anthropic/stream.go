@@ -27,14 +27,14 @@ type Stream struct {
 	started, finished bool
 	// tailAt is where the last chunk's "choices" member began: an engine
 	// writes the same head (id, created, model) before it every time.
-	tailAt int
-	open              blockKind
-	next              int   // index of the next content block
-	toolIndex         int64 // the OpenAI tool call index of the open tool block
-	stop              stopReason
-	stopSeq           []byte // raw JSON string content of the matched stop sequence
-	hasStopSeq        bool
-	usage             usage
+	tailAt     int
+	open       blockKind
+	next       int   // index of the next content block
+	toolIndex  int64 // the OpenAI tool call index of the open tool block
+	stop       stopReason
+	stopSeq    []byte // raw JSON string content of the matched stop sequence
+	hasStopSeq bool
+	usage      usage
 }
 
 type blockKind uint8
