@@ -340,3 +340,32 @@ func TestEmbeddingsThroughSim(t *testing.T) {
 		t.Fatalf("least load with idle workers rotates: got %v", workers)
 	}
 }
+
+// TestMessagesCacheControlForwarded: an Anthropic cache_control breakpoint
+// reaches the engines as their retention hints (long: vLLM's
+// kv_transfer_params.infera_retention, SGLang's priority 100).
+func TestMessagesCacheControlForwarded(t *testing.T) {
+	v, s := jsonUpstream(t), jsonUpstream(t)
+	rv, rs := record(v, "m", discovery.StatusActive), record(s, "m2", discovery.StatusActive)
+	rv.Engine, rs.Engine = discovery.EngineVLLM, discovery.EngineSGLang
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), rv, rs)
+	for _, tc := range []struct {
+		u     *upstream
+		model string
+		want  []string
+	}{
+		{v, "m", []string{`"prompt_cache_retention":"long"`, `"kv_transfer_params":{"infera_retention":"long"}`}},
+		{s, "m2", []string{`"prompt_cache_retention":"long"`, `"priority":100`, `"infera_retention":"long"`}},
+	} {
+		tr.do(t, http.MethodPost, "/v1/messages", `{"model":"`+tc.model+`","max_tokens":4,"system":[{"type":"text","text":"long shared prefix","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"q"}]}`)
+		seen := tc.u.seen()
+		if len(seen) != 1 || seen[0].Path != "/v1/chat/completions" {
+			t.Fatalf("%s: worker saw %+v", tc.model, seen)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(string(seen[0].Body), w) {
+				t.Fatalf("%s engine body %s lacks %s", tc.model, seen[0].Body, w)
+			}
+		}
+	}
+}
