@@ -369,3 +369,23 @@ func TestMessagesCacheControlForwarded(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesStreamRelayed: a streamed /v1/responses answer (named SSE
+// events) reaches the client byte for byte.
+func TestResponsesStreamRelayed(t *testing.T) {
+	const events = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0}\n\n" +
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\",\"sequence_number\":1}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":2}\n\n"
+	u := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyString(events)
+	})
+	tr := startRouter(t, router.LeastLoad{}, router.DefaultConfig(), record(u, "m", discovery.StatusActive))
+	resp, body := tr.do(t, http.MethodPost, "/v1/responses", `{"model":"m","input":"hi","stream":true}`)
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") || string(body) != events {
+		t.Fatalf("responses stream: %d %q\n%q", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+	if seen := u.seen(); len(seen) != 1 || seen[0].Path != "/v1/responses" {
+		t.Fatalf("worker saw %+v", seen)
+	}
+}
