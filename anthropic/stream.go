@@ -25,13 +25,16 @@ import (
 // another stream. Once stopSeq has grown, Event allocates nothing.
 type Stream struct {
 	started, finished bool
-	open              blockKind
-	next              int   // index of the next content block
-	toolIndex         int64 // the OpenAI tool call index of the open tool block
-	stop              stopReason
-	stopSeq           []byte // raw JSON string content of the matched stop sequence
-	hasStopSeq        bool
-	usage             usage
+	// tailAt is where the last chunk's "choices" member began: an engine
+	// writes the same head (id, created, model) before it every time.
+	tailAt     int
+	open       blockKind
+	next       int   // index of the next content block
+	toolIndex  int64 // the OpenAI tool call index of the open tool block
+	stop       stopReason
+	stopSeq    []byte // raw JSON string content of the matched stop sequence
+	hasStopSeq bool
+	usage      usage
 }
 
 type blockKind uint8
@@ -108,7 +111,7 @@ func (s *Stream) data(dst, data []byte) []byte {
 	var c chunk
 	// After the first chunk (id and model read) only the members from
 	// "choices" on matter: the tail is read, the head skipped.
-	if !(s.started && c.readTail(data)) && !c.read(data) {
+	if !(s.started && c.readTail(data, &s.tailAt)) && !c.read(data) {
 		return AppendErrorEvent(dst, TypeAPI, "engine sent an unreadable stream event")
 	}
 	if c.err.ok() {
@@ -312,13 +315,25 @@ var choicesKey = []byte(`"choices":`)
 // readTail reads the members of the chunk object data from its "choices"
 // member on (vLLM and SGLang write id, object, created and model before
 // it; usage after it). False: no such member, or the tail is not well
-// formed; the caller reads the whole chunk then.
-func (c *chunk) readTail(data []byte) bool {
-	i := bytes.Index(data, choicesKey)
-	if i <= 0 {
-		return false
+// formed; the caller reads the whole chunk then. *at is where the member
+// was last found (tried first; a search otherwise), and is updated.
+func (c *chunk) readTail(data []byte, at *int) bool {
+	i := *at
+	if i <= 0 || i+len(choicesKey) > len(data) || string(data[i:i+len(choicesKey)]) != string(choicesKey) {
+		if i = bytes.Index(data, choicesKey); i <= 0 {
+			return false
+		}
+		*at = i
 	}
-	sc := jsonx.Scanner{B: data, I: i + len(choicesKey), MaxDepth: maxDepth, Depth: 1}
+	if c.readText(data, i+len(choicesKey)) {
+		return true
+	}
+	return c.walkTail(data, i+len(choicesKey))
+}
+
+// walkTail reads the tail of a chunk from the "choices" value at i on.
+func (c *chunk) walkTail(data []byte, i int) bool {
+	sc := jsonx.Scanner{B: data, I: i, MaxDepth: maxDepth, Depth: 1}
 	sc.SkipWS()
 	if !c.choices(&sc) {
 		*c = chunk{}
@@ -377,6 +392,31 @@ func (c *chunk) readTail(data []byte) bool {
 			return false
 		}
 	}
+}
+
+// The tail of a plain text chunk as vLLM, SGLang and the simulator write
+// it: textHead, the content string, textTail, the end of the chunk.
+const (
+	textHead = `[{"index":0,"delta":{"content":"`
+	textTail = `},"logprobs":null,"finish_reason":null}]}`
+)
+
+// readText is readTail's fast path for the text chunk (most of a stream):
+// when the tail from i (the "choices" value) is exactly textHead, a valid
+// string and textTail, it reads the content span and reports true; what the
+// general walk would read from such a tail is the content alone. Anything
+// else (other members, white space, usage) is left to the walk.
+func (c *chunk) readText(data []byte, i int) bool {
+	if len(data)-i < len(textHead)+1+len(textTail) || string(data[i:i+len(textHead)]) != textHead {
+		return false
+	}
+	sc := jsonx.Scanner{B: data, I: i + len(textHead) - 1, MaxDepth: maxDepth}
+	st, en, _, err := sc.String()
+	if err != nil || string(data[sc.I:]) != textTail {
+		return false
+	}
+	c.content = span{st, en}
+	return true
 }
 
 // choices reads the first choice (index 0) of the array.

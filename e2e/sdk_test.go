@@ -36,7 +36,8 @@ func sdkDir(t *testing.T) string {
 // TestSDKClients (issue 13, acceptance 1): the official OpenAI and
 // Anthropic Node SDKs against infera serve with a simulated worker: unary
 // and streamed chat and messages, completions (text and token ids), tool
-// call round trips, usage with cached tokens, count_tokens, and errors as
+// call round trips, stop sequences (Anthropic stop_sequence), models.retrieve,
+// embeddings, usage with cached tokens, count_tokens, and errors as
 // the SDKs' typed errors (unknown model 404, bad request 400, auth 401).
 func TestSDKClients(t *testing.T) {
 	modules := sdkDir(t)
@@ -48,15 +49,9 @@ func TestSDKClients(t *testing.T) {
 	f.startWorker("worker", "--time-scale", "0")
 	waitModelServed(t, f.base, "sdk-key")
 
-	// GET /v1/models/{id} (models.retrieve) is issue 12's route.
 	checks := map[string]string{
-		"openai":    "chat,chat_stream_usage,completions,tools_round_trip,errors",
-		"anthropic": "messages,messages_stream_cached,tool_round_trip,count_tokens,errors",
-	}
-	if modelRoute(t, f.base, "sdk-key") {
-		checks["openai"] += ",models_retrieve"
-	} else {
-		t.Log("GET /v1/models/{id} not served on this branch (issue 12): models.retrieve not checked")
+		"openai":    "chat,chat_stream_usage,completions,tools_round_trip,stop,models_retrieve,embeddings,errors",
+		"anthropic": "messages,messages_stream_cached,tool_round_trip,stop_sequences,count_tokens,errors",
 	}
 	for _, sdk := range []string{"openai", "anthropic"} {
 		t.Run(sdk, func(t *testing.T) {
@@ -107,10 +102,4 @@ func waitModelServed(t *testing.T, base, key string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// modelRoute reports whether the router serves GET /v1/models/{id}.
-func modelRoute(t *testing.T, base, key string) bool {
-	res, err := do(t.Context(), http.MethodGet, base+"/v1/models/sim-model", nil, map[string]string{"Authorization": "Bearer " + key})
-	return err == nil && res.status == http.StatusOK
 }

@@ -71,7 +71,7 @@ func (rel *relay) endAttempt(a *attempt, status int, err error, v verdict) {
 		rel.lastErr, rel.lastWhy = a.failErr, a.failWhy
 		a.failed, a.failErr = false, nil
 	}
-	r.policy.Release(t, Result{Status: status, Err: err, Duration: time.Since(rel.start)})
+	r.routePolicy(rel.route).Release(t, Result{Status: status, Err: err, Duration: time.Since(rel.start)})
 	r.admit.release(w)
 	switch w.breaker.record(v, a.probe, r.cfg.Now(), &r.brk) {
 	case breakerTripped:
@@ -230,14 +230,14 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 		if len(cands) > 0 {
 			rel.sub.Model, rel.sub.cursor = c.Model, c.cursor
 			rel.in = PickInput{Route: rel.route, Body: rel.body, Request: &rel.scan, RequestID: rel.id}
-			t, err := r.policy.Pick(&rel.in, &rel.sub)
+			t, err := r.routePolicy(rel.route).Pick(&rel.in, &rel.sub)
 			rel.in = PickInput{}
 			if err != nil || t.Worker == nil {
 				return errNoCandidate
 			}
 			if !r.admit.reserve(t.Worker) {
 				// Another request took the last slot since the scan.
-				r.policy.Release(t, Result{})
+				r.routePolicy(rel.route).Release(t, Result{})
 				continue
 			}
 			body, hb, ht := a.body, a.hintBuf[:0], a.hintTmp[:0]
@@ -345,7 +345,7 @@ func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
 		body = rel.body
 		// The cache hints go in the body as scanned (rel.scan's spans
 		// index it: the client's, or the dialect's translation).
-		if rec := w.Record(); rec != nil {
+		if rec := w.Record(); rec != nil && rel.route.generates() {
 			var ok bool
 			a.hintBuf, a.hintTmp, ok = appendCacheHints(a.hintBuf[:0], a.hintTmp, body, &rel.scan, rec.Engine)
 			if ok {

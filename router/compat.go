@@ -1,7 +1,6 @@
 package router
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,7 +8,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
-	"github.com/infera/infera/openai"
 )
 
 // This file holds what a client, dashboard or alert written for Infera's
@@ -182,11 +180,7 @@ func appendModels(b []byte, names []string, now time.Time) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = append(b, `{"id":`...)
-		b = openai.AppendQuoted(b, name)
-		b = append(b, `,"object":"model","created":`...)
-		b = strconv.AppendInt(b, now.Unix(), 10)
-		b = append(b, `,"owned_by":"infera"}`...)
+		b = appendModel(b, name, now)
 	}
 	return append(b, "]}"...)
 }

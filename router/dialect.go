@@ -52,5 +52,7 @@ func defaultDialects() [numProxyRoutes]*dialect {
 		RouteChatCompletions: openAIDialect,
 		RouteCompletions:     openAIDialect,
 		RouteMessages:        anthropicDialect,
+		RouteEmbeddings:      openAIDialect,
+		RouteResponses:       openAIDialect,
 	}
 }

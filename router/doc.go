@@ -18,6 +18,15 @@
 // one place an attempt ends; the streamed answer lives in stream.go, the
 // route's API translation in dialect.go.
 //
+// API breadth (issue 13): POST /v1/messages and /v1/messages/count_tokens
+// speak Anthropic Messages (anthropic.go, the anthropic package); GET
+// /v1/models/{id}, POST /tokenize and /detokenize (the router's tokenizer)
+// are answered here (edges.go); POST /v1/embeddings and /v1/responses are
+// proxied as they are to the least-loaded worker (routePolicy), without
+// cache hints. kv-aware's approximate view follows the request's retention
+// class (a prompt marked long, e.g. by cache_control, is remembered for
+// keepTTL; one marked none not at all).
+//
 // Resilience (issue 5): a request runs as attempts on different workers
 // while nothing of the answer has reached the client (attempt.go: connect,
 // retryStream), up to Config.MaxRetries. Unary answers are buffered, so any

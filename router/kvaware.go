@@ -189,7 +189,11 @@ type kvTarget struct {
 	bs     int  // block size from the record or the default
 	idx    *kvcache.Worker
 	place  *kvcache.Placements
-	prov   *kvcache.Placements // provisional hits (precise mode); nil when disabled
+	// keep holds the placements of prompts their client marked as worth
+	// keeping (retention long: prompt_cache_retention, Anthropic
+	// cache_control), for keepTTL: the engines were told to keep them.
+	keep *kvcache.Placements
+	prov *kvcache.Placements // provisional hits (precise mode); nil when disabled
 
 	mu       sync.RWMutex
 	active   map[uint64]int32 // in-flight prompt blocks → requests holding them
@@ -210,6 +214,11 @@ func (t *kvTarget) blockSize() int {
 
 // precise reports whether the target's index can be trusted.
 func (t *kvTarget) precise() bool { return t.idx != nil && !t.idx.Approximate() }
+
+// keepTTL is how long the approximate view remembers a prompt marked as
+// worth keeping (at least ApproxTTL): an hour, Anthropic's longest
+// cache_control TTL and Infera's "1h" retention.
+const keepTTL = time.Hour
 
 // NewKVAware builds the policy, opening its tokenizer.
 func NewKVAware(cfg KVAwareConfig, log zerolog.Logger) (*KVAware, error) {
@@ -404,6 +413,7 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 			pin:    pl.pin,
 			bs:     bs,
 			place:  kvcache.NewPlacements(p.cfg.ApproxMaxBlocks, int64(p.cfg.ApproxTTL)),
+			keep:   kvcache.NewPlacements(p.cfg.ApproxMaxBlocks, int64(max(p.cfg.ApproxTTL, keepTTL))),
 			active: make(map[uint64]int32),
 		}
 		if p.cfg.ProvisionalTTL > 0 && p.cfg.ProvisionalMaxBlocks > 0 {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/kvcache"
+	"github.com/infera/infera/openai"
 )
 
 // kvScratch is one Pick's working memory, pooled so that a warm pick with a
@@ -135,7 +136,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		hs := sc.sets[sc.setOf[i]].hashes
 		switch {
 		case kind != keyTokens || !t.precise():
-			sc.hits[i] = max(sc.hits[i], t.place.Match(hs, now))
+			sc.hits[i] = max(sc.hits[i], t.place.Match(hs, now), t.keep.Match(hs, now))
 		case t.prov != nil:
 			// Provisional hits: what this router placed there within the
 			// event-latency window counts as cached until events land.
@@ -186,10 +187,25 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	t.mu.Unlock()
 
 	precise := kind == keyTokens && t.precise()
+	// The retention class the engine is told (cachehints.go) decides what
+	// the router expects it to keep: nothing for none; a prompt marked
+	// long (prompt_cache_retention, Anthropic cache_control) is also
+	// remembered for keepTTL.
+	ret := openai.RetentionUnset
+	if in.Request != nil {
+		ret = in.Request.Retention
+	}
 	if !precise {
-		t.place.Record(hs, now)
+		switch ret {
+		case openai.RetentionNone:
+		case openai.RetentionLong:
+			t.place.Record(hs, now)
+			t.keep.Record(hs, now)
+		default:
+			t.place.Record(hs, now)
+		}
 	} else {
-		if t.prov != nil {
+		if t.prov != nil && ret != openai.RetentionNone {
 			t.prov.Record(hs, now)
 		}
 		if h := sc.hits[best]; h > 0 {

@@ -180,6 +180,10 @@ func newMetrics() *metrics {
 				expected = o == outcomeNotFound
 			case rt == RouteCacheView:
 				expected = o == outcomeOK || o == outcomeMethodNotAllowed || o == outcomeNotFound || o == outcomeBadRequest
+			case rt == RouteModel:
+				expected = o == outcomeOK || o == outcomeMethodNotAllowed || o == outcomeModelNotFound
+			case rt == RouteTokenize || rt == RouteDetokenize:
+				expected = o == outcomeOK || o == outcomeMethodNotAllowed || o == outcomeModelNotFound || o == outcomeBadRequest || o == outcomeNotFound
 			default:
 				expected = o == outcomeOK || o == outcomeMethodNotAllowed
 			}

@@ -305,10 +305,14 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 		return
 	}
 	switch rt {
-	case RouteChatCompletions, RouteCompletions, RouteMessages:
+	case RouteChatCompletions, RouteCompletions, RouteMessages, RouteEmbeddings, RouteResponses:
 		r.proxy(ctx, rt)
 	case RouteCountTokens:
 		r.countTokens(ctx)
+	case RouteModel:
+		r.serveModel(ctx)
+	case RouteTokenize, RouteDetokenize:
+		r.serveTokenize(ctx, rt)
 	case RouteModels, RouteWorkers, RouteHealth, RouteMetrics:
 		r.serveInfo(ctx, rt)
 	case RouteCacheView:

@@ -10,9 +10,14 @@ type Route uint8
 const (
 	RouteChatCompletions Route = iota
 	RouteCompletions
-	RouteMessages // POST /v1/messages (Anthropic), to the workers' chat API
+	RouteMessages   // POST /v1/messages (Anthropic), to the workers' chat API
+	RouteEmbeddings // POST /v1/embeddings, routed by load
+	RouteResponses  // POST /v1/responses, routed by load
 	RouteCountTokens
 	RouteModels
+	RouteModel      // GET /v1/models/{id}
+	RouteTokenize   // POST /tokenize (vLLM's), by the router's tokenizer
+	RouteDetokenize // POST /detokenize (vLLM's), by the router's tokenizer
 	RouteWorkers
 	RouteHealth
 	RouteMetrics
@@ -22,20 +27,29 @@ const (
 )
 
 // numProxyRoutes counts the routes forwarded to workers.
-const numProxyRoutes = RouteMessages + 1
+const numProxyRoutes = RouteResponses + 1
 
 var routePaths = [numRoutes]string{
 	RouteChatCompletions: "/v1/chat/completions",
 	RouteCompletions:     "/v1/completions",
 	RouteMessages:        "/v1/messages",
+	RouteEmbeddings:      "/v1/embeddings",
+	RouteResponses:       "/v1/responses",
 	RouteCountTokens:     "/v1/messages/count_tokens",
 	RouteModels:          "/v1/models",
+	RouteModel:           modelPrefix + "{id}",
+	RouteTokenize:        "/tokenize",
+	RouteDetokenize:      "/detokenize",
 	RouteWorkers:         "/v1/workers",
 	RouteHealth:          "/health",
 	RouteMetrics:         "/metrics",
 	RouteCacheView:       cacheViewPrefix + "{worker_id}",
 	RouteOther:           "",
 }
+
+// modelPrefix starts GET /v1/models/{id}; the model id (which may hold
+// slashes) follows.
+const modelPrefix = "/v1/models/"
 
 // cacheViewPrefix starts the admin cache-view path; the worker id follows.
 const cacheViewPrefix = "/v1/admin/cache-view/"
@@ -44,8 +58,13 @@ var routeLabels = [numRoutes]string{
 	RouteChatCompletions: "chat_completions",
 	RouteCompletions:     "completions",
 	RouteMessages:        "messages",
+	RouteEmbeddings:      "embeddings",
+	RouteResponses:       "responses",
 	RouteCountTokens:     "messages_count_tokens",
 	RouteModels:          "models",
+	RouteModel:           "model",
+	RouteTokenize:        "tokenize",
+	RouteDetokenize:      "detokenize",
 	RouteWorkers:         "workers",
 	RouteHealth:          "health",
 	RouteMetrics:         "metrics",
@@ -86,16 +105,27 @@ func routeOf(path []byte) Route {
 		return RouteCompletions
 	case "/v1/messages":
 		return RouteMessages
+	case "/v1/embeddings":
+		return RouteEmbeddings
+	case "/v1/responses":
+		return RouteResponses
 	case "/v1/messages/count_tokens":
 		return RouteCountTokens
 	case "/v1/models":
 		return RouteModels
+	case "/tokenize":
+		return RouteTokenize
+	case "/detokenize":
+		return RouteDetokenize
 	case "/v1/workers":
 		return RouteWorkers
 	case "/health":
 		return RouteHealth
 	case "/metrics":
 		return RouteMetrics
+	}
+	if len(path) > len(modelPrefix) && string(path[:len(modelPrefix)]) == modelPrefix {
+		return RouteModel
 	}
 	if len(path) > len(cacheViewPrefix) && string(path[:len(cacheViewPrefix)]) == cacheViewPrefix {
 		return RouteCacheView
@@ -147,6 +177,13 @@ func (o outcome) String() string { return outcomeLabels[o] }
 // --admin-listen when there is one, behind --admin-token when set.
 func (rt Route) admin() bool {
 	return rt == RouteWorkers || rt == RouteMetrics || rt == RouteCacheView
+}
+
+// generates reports whether the route's workers generate tokens: their
+// requests carry cache hints and are routed by the policy. The others
+// (embeddings, responses) go to the least-loaded worker as they are.
+func (rt Route) generates() bool {
+	return rt == RouteChatCompletions || rt == RouteCompletions || rt == RouteMessages
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

@@ -5,6 +5,7 @@
 // Endpoints: POST /v1/chat/completions and /v1/completions (unary and SSE,
 // vLLM's response and chunk shapes, usage with
 // prompt_tokens_details.cached_tokens, stream_options.include_usage),
+// POST /v1/embeddings with deterministic unit vectors (embeddings.go),
 // GET /v1/models, GET /health, GET /metrics (vllm:* names), POST /tokenize,
 // POST /reset_prefix_cache.
 //

@@ -74,7 +74,7 @@ func testSeq(prompt string, maxTokens, blockSize int) *seq {
 	q := getSeq()
 	q.tokens = TokenizeBytes(q.tokens[:0], []byte(prompt))
 	q.promptLen, q.maxTokens = len(q.tokens), maxTokens
-	prepareSeq(q, blockSize, 1, nil)
+	prepareSeq(q, blockSize, 1, nil, nil, span{})
 	return q
 }
 

@@ -16,6 +16,8 @@ func FuzzParseRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"add_generation_prompt":false}`,
 		`{"messages":[{"role":"a","content":null}],"n":1,"model":null}`,
 		`{"a":[{"b":-0.5e+7}],"c":"\\\"\/\b\f\n\r\t"}`,
+		`{"prompt":"x","stop":["a","\u0062",""]}`, `{"prompt":"x","stop":"the"}`,
+		`{"input":["a",[1,2]],"encoding_format":"base64","dimensions":4}`, `{"input":[[1],[2]]}`,
 		`{`, `{"a":01}`, `[]`, ``,
 	} {
 		f.Add([]byte(seed))
@@ -33,6 +35,24 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if !r.prompt.empty() {
 			_, _, _ = appendPromptTokens(nil, nil, body, r.prompt, nil)
+		}
+		if spans, err := embeddingInputs(body, r.input); err == nil {
+			for _, in := range spans {
+				_, _, _ = appendPromptTokens(nil, nil, body, in, nil)
+			}
+		}
+		if !r.stop.empty() {
+			// Every stop string cuts a generated answer without panicking,
+			// and the cut text never holds the match.
+			q := getSeq()
+			q.out = appendGenerated(q.out[:0], 1, 2, 64)
+			q.tokens = TokenizeBytes(q.tokens[:0], q.out)
+			q.maxTokens = len(q.out)
+			applyStop(q, body, r.stop)
+			if q.maxTokens < 1 || q.maxTokens > 64 || len(q.tokens) != q.maxTokens || (q.visible >= 0 && q.visible > q.maxTokens) {
+				t.Fatalf("stop %s: %d tokens, visible %d", body[r.stop.start:r.stop.end], q.maxTokens, q.visible)
+			}
+			putSeq(q)
 		}
 	})
 }

@@ -55,6 +55,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		if s.method(ctx, true) {
 			s.tokenize(ctx)
 		}
+	case "/v1/embeddings":
+		if s.method(ctx, true) {
+			s.embeddings(ctx)
+		}
 	case "/reset_prefix_cache":
 		if s.method(ctx, true) {
 			if !s.sched.resetPrefixCache(ctx) {
@@ -204,11 +208,11 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		s.writeError(ctx, fasthttp.StatusInternalServerError, "simulated engine error (--error-rate)")
 		return
 	}
-	prepareSeq(q, s.cfg.BlockSize, s.seed, s.hf)
-	q.stream = r.stream
 	if chat {
 		q.tool = append(q.tool[:0], toolCallName(body, &r)...)
 	}
+	prepareSeq(q, s.cfg.BlockSize, s.seed, s.hf, body, r.stop)
+	q.stream = r.stream
 
 	if s.cfg.HangBeforeFirstToken > 0 && s.draw() < s.cfg.HangBeforeFirstToken {
 		s.hang(ctx, q, r.stream)
@@ -290,10 +294,11 @@ func (s *Server) promptTokens(q *seq, body []byte, r *request, chat bool) error 
 	return err
 }
 
-// prepareSeq generates q's output and hashes its blocks. Handlers run it on
-// their own goroutine so the scheduler only does bookkeeping. hf is nil for
-// the bytes tokenizer.
-func prepareSeq(q *seq, blockSize int, seed uint64, hf *hfCodec) {
+// prepareSeq generates q's output, cuts it at the first of the stop strings
+// (the raw "stop" value in body; empty: none), and hashes its blocks.
+// Handlers run it on their own goroutine so the scheduler only does
+// bookkeeping. hf is nil for the bytes tokenizer.
+func prepareSeq(q *seq, blockSize int, seed uint64, hf *hfCodec, body []byte, stop span) {
 	q.hashes, q.scratch = appendBlockHashes(q.hashes[:0], q.tokens, blockSize, q.scratch)
 	parent := rootHash
 	if len(q.hashes) > 0 {
@@ -307,6 +312,7 @@ func prepareSeq(q *seq, blockSize int, seed uint64, hf *hfCodec) {
 		q.out = appendGenerated(q.out[:0], seed, promptHash, q.maxTokens)
 		q.tokens = TokenizeBytes(q.tokens, q.out)
 	}
+	applyStop(q, body, stop)
 	q.hashes, q.scratch = appendBlockHashes(q.hashes, q.tokens, blockSize, q.scratch)
 }
 
@@ -423,14 +429,18 @@ func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
 			return
 		}
 		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
-		b = appendJSONString(b, q.out)
-		b = append(b, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"length","stop_reason":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
+		b = appendJSONString(b, q.answer())
+		b = append(b, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,`...)
+		b = q.appendFinish(b)
+		b = append(b, `}],"service_tier":null,"system_fingerprint":null,"usage":`...)
 		b = appendUsage(b, q)
 		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":null}`...)
 	} else {
 		b = append(b, `,"choices":[{"index":0,"text":`...)
-		b = appendJSONString(b, q.out)
-		b = append(b, `,"logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
+		b = appendJSONString(b, q.answer())
+		b = append(b, `,"logprobs":null,`...)
+		b = q.appendFinish(b)
+		b = append(b, `,"prompt_logprobs":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
 		b = appendUsage(b, q)
 		b = append(b, `,"kv_transfer_params":null}`...)
 	}

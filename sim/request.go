@@ -35,6 +35,10 @@ type request struct {
 	tools        span // raw value of "tools" (chat templates may render it)
 	kwargs       span // raw value of "chat_template_kwargs"
 	addGenPrompt bool
+	input        span  // raw value of "input" (embeddings)
+	base64       bool  // "encoding_format": "base64" (embeddings)
+	dimensions   int64 // "dimensions" (embeddings); -1 when absent or null
+	stop         span  // raw value of "stop": a string or a list of strings
 }
 
 // requestError is an ErrBadRequest with a message meant for the client.
@@ -65,7 +69,7 @@ func clientMessage(err error) string {
 // validates the whole document and the types of the fields it reads;
 // unknown fields are skipped.
 func parseRequest(body []byte, r *request) error {
-	*r = request{maxTokens: -1, maxCompl: -1, n: 1, addGenPrompt: true}
+	*r = request{maxTokens: -1, maxCompl: -1, n: 1, addGenPrompt: true, dimensions: -1}
 	s := newScanner(body, 0)
 	var fieldErr error
 	ok := s.object(func(ks, ke int, kesc bool) bool {
@@ -137,6 +141,59 @@ func parseRequest(body []byte, r *request) error {
 				r.kwargs = span{st, s.I}
 			}
 			return true
+		case "input":
+			st := s.peekPos()
+			if s.peek() == 'n' {
+				return s.lit("null")
+			}
+			if !s.skip() {
+				return false
+			}
+			r.input = span{st, s.I}
+			return true
+		case "encoding_format":
+			return s.nullOr(func() bool {
+				st, en, esc, ok := s.str()
+				if !ok {
+					return s.typeErr(&fieldErr, "encoding_format", `"float" or "base64"`)
+				}
+				switch {
+				case jsonx.Equal(body[st:en], esc, "base64"):
+					r.base64 = true
+				case jsonx.Equal(body[st:en], esc, "float"):
+					r.base64 = false
+				default:
+					return s.typeErr(&fieldErr, "encoding_format", `"float" or "base64"`)
+				}
+				return true
+			})
+		case "stop":
+			st := s.peekPos()
+			switch s.peek() {
+			case 'n':
+				return s.lit("null")
+			case '"':
+			case '[':
+				ok := s.array(func() bool {
+					if s.peek() != '"' {
+						return s.typeErr(&fieldErr, "stop", "a string or a list of strings")
+					}
+					return s.skip()
+				})
+				if ok {
+					r.stop = span{st, s.I}
+				}
+				return ok
+			default:
+				return s.typeErr(&fieldErr, "stop", "a string or a list of strings")
+			}
+			if !s.skip() {
+				return false
+			}
+			r.stop = span{st, s.I}
+			return true
+		case "dimensions":
+			return s.nullOr(func() bool { return s.integer(&r.dimensions, &fieldErr, "dimensions") })
 		case "prompt":
 			st := s.peekPos()
 			if s.peek() == 'n' {

@@ -55,6 +55,11 @@ type seq struct {
 	// tool: the raw name of the tool a triggered tool call calls (see
 	// ToolTrigger); empty: a text answer.
 	tool []byte
+	// A stop sequence matched (stop.go): the answer's text is out[:visible]
+	// and stopRaw is the matched string's raw JSON content; visible is -1
+	// and stopRaw empty when none did (finish_reason length).
+	visible int
+	stopRaw []byte
 }
 
 var seqPool = sync.Pool{New: func() any { return &seq{notify: make(chan struct{}, 1)} }}
@@ -67,7 +72,7 @@ func getSeq() *seq {
 	}
 	q.tokens, q.hashes, q.blocks, q.outEnds = q.tokens[:0], q.hashes[:0], q.blocks[:0], q.outEnds[:0]
 	q.promptLen, q.maxTokens, q.stream = 0, 0, false
-	q.tool = q.tool[:0]
+	q.tool, q.visible, q.stopRaw = q.tool[:0], -1, q.stopRaw[:0]
 	q.computed, q.committed, q.reserve, q.gen = 0, 0, 0, 0
 	q.stepFill, q.stepDec, q.queued, q.running = 0, false, false, false
 	q.generated.Store(0)

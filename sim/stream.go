@@ -130,13 +130,13 @@ func (st *sseStream) WriteTo(w io.Writer) (int64, error) {
 func (st *sseStream) appendToken(b []byte, i int) []byte {
 	q := st.q
 	last := i == q.maxTokens-1
-	tok := q.out[i : i+1]
+	tok := q.tokenText(i, i+1)
 	if len(q.outEnds) > 0 {
 		start := int32(0)
 		if i > 0 {
 			start = q.outEnds[i-1]
 		}
-		tok = q.out[start:q.outEnds[i]]
+		tok = q.tokenText(int(start), int(q.outEnds[i]))
 	}
 	if st.chat && len(q.tool) > 0 {
 		b = st.appendToolDelta(b, i)
@@ -149,7 +149,8 @@ func (st *sseStream) appendToken(b []byte, i int) []byte {
 		b = append(b, `{"index":0,"delta":{"content":`...)
 		b = appendJSONString(b, tok)
 		if last {
-			b = append(b, `},"logprobs":null,"finish_reason":"length","stop_reason":null}]}`+"\n\n"...)
+			b = append(b, `},"logprobs":null,`...)
+			b = append(q.appendFinish(b), "}]}\n\n"...)
 		} else {
 			b = append(b, `},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
 		}
@@ -158,7 +159,8 @@ func (st *sseStream) appendToken(b []byte, i int) []byte {
 		b = append(b, `{"index":0,"text":`...)
 		b = appendJSONString(b, tok)
 		if last {
-			b = append(b, `,"logprobs":null,"finish_reason":"length","stop_reason":null}]}`+"\n\n"...)
+			b = append(b, `,"logprobs":null,`...)
+			b = append(q.appendFinish(b), "}]}\n\n"...)
 		} else {
 			b = append(b, `,"logprobs":null,"finish_reason":null,"stop_reason":null}]}`+"\n\n"...)
 		}

@@ -52,6 +52,25 @@ run([
     assert.equal(f.stop_reason, 'max_tokens');
     assert.equal(f.content[0].type, 'text');
   }],
+  ['stop_sequences', async () => {
+    // The simulator's answer to a prompt is fixed: a word from it, given as
+    // a stop sequence, ends the answer there (stop → stop_sequence).
+    const messages = [{ role: 'user', content: 'stop sequences please' }];
+    const full = await client.messages.create({ model, max_tokens: 40, messages });
+    const words = full.content[0].text.split(' ');
+    assert.ok(words.length > 4, full.content[0].text);
+    const seq = ' ' + words[3];
+    const at = full.content[0].text.indexOf(seq);
+    const m = await client.messages.create({ model, max_tokens: 40, stop_sequences: ['never in it', seq], messages });
+    assert.equal(m.stop_reason, 'stop_sequence');
+    assert.equal(m.stop_sequence, seq);
+    assert.equal(m.content[0].text, full.content[0].text.slice(0, at));
+    const s = await client.messages.stream({ model, max_tokens: 40, stop_sequences: [seq], messages }).finalMessage();
+    assert.equal(s.stop_reason, 'stop_sequence');
+    assert.equal(s.stop_sequence, seq);
+    assert.equal(s.content[0].text, m.content[0].text);
+    assert.equal(s.usage.output_tokens, m.usage.output_tokens);
+  }],
   ['count_tokens', async () => {
     const r = await client.messages.countTokens({ model, messages: [{ role: 'user', content: 'hello anthropic sdk' }] });
     assert.ok(r.input_tokens > 0);

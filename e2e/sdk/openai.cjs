@@ -64,10 +64,37 @@ run([
     assert.equal(f.choices[0].finish_reason, 'length');
     assert.ok(f.choices[0].message.content.length > 0);
   }],
+  ['stop', async () => {
+    const messages = [{ role: 'user', content: 'stop please' }];
+    const full = await client.chat.completions.create({ model, max_tokens: 40, messages });
+    const text = full.choices[0].message.content;
+    const seq = ' ' + text.split(' ')[3];
+    const r = await client.chat.completions.create({ model, max_tokens: 40, stop: [seq], messages });
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.equal(r.choices[0].message.content, text.slice(0, text.indexOf(seq)));
+  }],
   ['models_retrieve', async () => {
     const m = await client.models.retrieve(model);
     assert.equal(m.id, model);
     assert.equal(m.object, 'model');
+    const list = await client.models.list();
+    assert.ok(list.data.some((x) => x.id === model));
+    await rejects(client.models.retrieve('no-such-model'), NotFoundError, 404);
+  }],
+  ['embeddings', async () => {
+    // The SDK asks for base64 and decodes it; the simulator's vectors are
+    // unit length and the same for the same input.
+    const r = await client.embeddings.create({ model, input: ['hello sdk', 'other text', 'hello sdk'] });
+    assert.equal(r.object, 'list');
+    assert.equal(r.data.length, 3);
+    const norm = r.data[0].embedding.reduce((s, x) => s + x * x, 0);
+    assert.ok(Math.abs(norm - 1) < 1e-4, `norm ${norm}`);
+    assert.deepEqual(r.data[0].embedding, r.data[2].embedding);
+    assert.notDeepEqual(r.data[0].embedding, r.data[1].embedding);
+    assert.ok(r.usage.prompt_tokens > 0);
+    const f = await client.embeddings.create({ model, input: 'hello sdk', encoding_format: 'float' });
+    assert.equal(f.data[0].embedding.length, r.data[0].embedding.length);
+    f.data[0].embedding.forEach((x, i) => assert.ok(Math.abs(x - r.data[0].embedding[i]) < 1e-6));
   }],
   ['errors', async () => {
     await rejects(client.chat.completions.create({ model: 'no-such-model', max_tokens: 2, messages: [{ role: 'user', content: 'x' }] }), NotFoundError, 404);
