@@ -470,7 +470,7 @@ func (s *shard) put(key, val []byte) error {
 		}
 	}
 	bp := s.t.getBuf()
-	n := encodeSlot(*bp, seq, key, val)
+	n := encodeSlotSum(*bp, seq, key, len(val), s.t.copySum((*bp)[:len(val)], val))
 	if s.direct {
 		n = alignUp(n)
 	}
@@ -508,9 +508,9 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 	// In place when dst can take the aligned read (see ReadBuffer).
 	if cap(dst) >= n && (!s.direct || uintptrOf(dst[:1])%ioAlign == 0) {
 		buf := dst[:n]
-		err := preadFull(s.fds[c], buf, off)
+		sum, err := s.t.readSum(s.fds[c], buf, off, vlen)
 		if err == nil {
-			if v, ok := verifySlot(buf, seq, key, vlen); ok {
+			if v, ok := verifySlotCRC(buf, seq, key, vlen, sum); ok {
 				s.t.st.bytesRead.Add(uint64(n))
 				return v, nil
 			}
@@ -518,9 +518,9 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 		return s.readFailed(key, sl, seq, err, dst)
 	}
 	bp := s.t.getBuf()
-	err := preadFull(s.fds[c], (*bp)[:n], off)
+	sum, err := s.t.readSum(s.fds[c], (*bp)[:n], off, vlen)
 	if err == nil {
-		if v, ok := verifySlot((*bp)[:n], seq, key, vlen); ok {
+		if v, ok := verifySlotCRC((*bp)[:n], seq, key, vlen, sum); ok {
 			dst = append(dst[:0], v...)
 			s.t.putBuf(bp)
 			s.t.st.bytesRead.Add(uint64(n))
