@@ -2,8 +2,10 @@
 # TCP transport vs a raw TCP copy on loopback (docs/performance.md). Runs
 # BenchmarkLoopback COUNT times (default 7); each run alternates one raw and
 # one transport read per iteration, so load drift hits both alike, and
-# reports raw-MB/s, transport-MB/s and their ratio. Prints, per region size,
-# the median of each over the runs, and the load before and after.
+# reports raw-MB/s, transport-MB/s and ratio (the median over iterations of
+# raw time / transport time); BenchmarkLoopbackControl measures two raw
+# connections the same way (the harness's own bias: ~1.00). Prints, per
+# region size, the median of each over the runs, and the load before and after.
 # Usage: scripts/bench-transport.sh [benchtime]   (default 1s; COUNT=7)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +18,10 @@ out=$(/tmp/transport-bench.$$.test -test.run '^$' -test.bench Loopback -test.ben
 echo "$out" | grep -E '^Benchmark'
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "$out" | awk '
+/^BenchmarkLoopbackControl\// {
+	split($1, a, "/"); s = a[2]; sub(/-[0-9]+$/, "", s)
+	for (i = 3; i < NF; i++) if ($(i + 1) == "ratio") ctl[s, ++nc[s]] = $i
+}
 /^BenchmarkLoopback\// {
 	split($1, a, "/"); s = a[2]; sub(/-[0-9]+$/, "", s)
 	if (!(s in n)) order[++ns] = s
@@ -35,8 +41,8 @@ function median(arr, s, m,   i, j, t, x) {
 END {
 	for (i = 1; i <= ns; i++) {
 		s = order[i]; m = n[s]
-		printf "%-9s raw %6.0f MB/s  transport %6.0f MB/s  ratio %.2f (min %.2f)  max allocs/op %d  (medians of %d runs)\n",
-			s, median(raw, s, m), median(tr, s, m), median(ra, s, m), minr(s, m), maxa[s] + 0, m
+		printf "%-9s raw %6.0f MB/s  transport %6.0f MB/s  ratio %.2f (min %.2f)  control raw/raw %.2f  max allocs/op %d  (medians of %d runs)\n",
+			s, median(raw, s, m), median(tr, s, m), median(ra, s, m), minr(s, m), median(ctl, s, nc[s]), maxa[s] + 0, m
 	}
 }
 function minr(s, m,   i, r) { r = ra[s, 1]; for (i = 2; i <= m; i++) if (ra[s, i] < r) r = ra[s, i]; return r }'
