@@ -3,7 +3,9 @@
 # BenchmarkLoopback COUNT times (default 7); each run alternates one raw and
 # one transport read per iteration, so load drift hits both alike, and
 # reports raw-MB/s, transport-MB/s and ratio (the median over iterations of
-# raw time / transport time); BenchmarkLoopbackControl measures two raw
+# raw time / transport time); BenchmarkLoopbackFramed does the same against
+# a raw copy framed as the engine frames it (writev of a 24-byte header and
+# the region, readv back); BenchmarkLoopbackControl measures two raw
 # connections the same way (the harness's own bias: ~1.00). Prints, per
 # region size, the median of each over the runs, and the load before and after.
 # Usage: scripts/bench-transport.sh [benchtime]   (default 1s; COUNT=7)
@@ -21,6 +23,15 @@ echo "$out" | awk '
 /^BenchmarkLoopbackControl\// {
 	split($1, a, "/"); s = a[2]; sub(/-[0-9]+$/, "", s)
 	for (i = 3; i < NF; i++) if ($(i + 1) == "ratio") ctl[s, ++nc[s]] = $i
+}
+/^BenchmarkLoopbackFramed\// {
+	split($1, a, "/"); s = a[2]; sub(/-[0-9]+$/, "", s)
+	k = ++nf[s]
+	for (i = 3; i < NF; i++) {
+		if ($(i + 1) == "raw-MB/s") fraw[s, k] = $i
+		if ($(i + 1) == "ratio") fra[s, k] = $i
+		if ($(i + 1) == "allocs/op" && $i > maxa[s]) maxa[s] = $i
+	}
 }
 /^BenchmarkLoopback\// {
 	split($1, a, "/"); s = a[2]; sub(/-[0-9]+$/, "", s)
@@ -41,8 +52,8 @@ function median(arr, s, m,   i, j, t, x) {
 END {
 	for (i = 1; i <= ns; i++) {
 		s = order[i]; m = n[s]
-		printf "%-9s raw %6.0f MB/s  transport %6.0f MB/s  ratio %.2f (min %.2f)  control raw/raw %.2f  max allocs/op %d  (medians of %d runs)\n",
-			s, median(raw, s, m), median(tr, s, m), median(ra, s, m), minr(s, m), median(ctl, s, nc[s]), maxa[s] + 0, m
+		printf "%-9s raw %5.0f MB/s  transport %5.0f MB/s  ratio %.2f (min %.2f) | framed raw %5.0f MB/s  ratio %.2f (min %.2f) | control %.2f | max allocs/op %d  (medians of %d runs)\n",
+			s, median(raw, s, m), median(tr, s, m), median(ra, s, m), minr(ra, s, m), median(fraw, s, nf[s]), median(fra, s, nf[s]), minr(fra, s, nf[s]), median(ctl, s, nc[s]), maxa[s] + 0, m
 	}
 }
-function minr(s, m,   i, r) { r = ra[s, 1]; for (i = 2; i <= m; i++) if (ra[s, i] < r) r = ra[s, i]; return r }'
+function minr(arr, s, m,   i, r) { r = arr[s, 1]; for (i = 2; i <= m; i++) if (arr[s, i] < r) r = arr[s, i]; return r }'
