@@ -7,8 +7,8 @@
 #   DIR=/var/lib/infera/kvd COUNT=256 ROUNDS=7 bash scripts/bench-tablespace.sh
 # Pairs: Put (O_DIRECT|O_DSYNC slot write + journal fdatasync, one writer)
 # vs dd oflag=direct,dsync; PutGroupParallel (4 writers, O_DIRECT, shared
-# fdatasyncs) vs dd oflag=direct conv=fsync; Get (O_DIRECT reads, CRC-32C
-# checked) vs dd iflag=direct.
+# fdatasyncs) vs dd oflag=direct conv=fsync; Get (one O_DIRECT pread per
+# slot into a ReadBuffer, CRC-32C checked) vs dd iflag=direct.
 set -euo pipefail
 dir=${DIR:-${TMPDIR:-/tmp}}
 count=${COUNT:-256}

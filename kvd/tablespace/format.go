@@ -22,14 +22,9 @@ const (
 )
 
 func encodeSlot(buf []byte, seq uint64, key, val []byte) int {
-	copy(buf, val)
-	return encodeSlotSum(buf, seq, key, len(val), crc(buf[:len(val)]))
-}
-
-// encodeSlotSum completes a slot whose value (vl bytes, CRC-32C valueCRC)
-// is already at the start of buf.
-func encodeSlotSum(buf []byte, seq uint64, key []byte, vl int, valueCRC uint32) int {
+	vl := len(val)
 	n := vl + slotHeaderSize + len(key)
+	copy(buf, val)
 	h := buf[vl : vl+slotHeaderSize]
 	binary.LittleEndian.PutUint32(h[0:], slotMagic)
 	binary.LittleEndian.PutUint64(h[8:], seq)
@@ -37,7 +32,7 @@ func encodeSlotSum(buf []byte, seq uint64, key []byte, vl int, valueCRC uint32) 
 	binary.LittleEndian.PutUint16(h[20:], uint16(len(key)))
 	clear(h[22:32])
 	copy(buf[vl+slotHeaderSize:], key)
-	binary.LittleEndian.PutUint32(h[4:], crc32.Update(valueCRC, castagnoli, buf[vl+8:n]))
+	binary.LittleEndian.PutUint32(h[4:], crc32.Update(crc(buf[:vl]), castagnoli, buf[vl+8:n]))
 	return n
 }
 

@@ -470,7 +470,7 @@ func (s *shard) put(key, val []byte) error {
 		}
 	}
 	bp := s.t.getBuf()
-	n := encodeSlotSum(*bp, seq, key, len(val), s.t.copySum((*bp)[:len(val)], val))
+	n := encodeSlot(*bp, seq, key, val)
 	if s.direct {
 		n = alignUp(n)
 	}
@@ -508,9 +508,9 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 	// In place when dst can take the aligned read (see ReadBuffer).
 	if cap(dst) >= n && (!s.direct || uintptrOf(dst[:1])%ioAlign == 0) {
 		buf := dst[:n]
-		sum, err := s.t.readSum(s.fds[c], buf, off, vlen)
+		err := preadFull(s.fds[c], buf, off)
 		if err == nil {
-			if v, ok := verifySlotCRC(buf, seq, key, vlen, sum); ok {
+			if v, ok := verifySlot(buf, seq, key, vlen); ok {
 				s.t.st.bytesRead.Add(uint64(n))
 				return v, nil
 			}
@@ -518,9 +518,9 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 		return s.readFailed(key, sl, seq, err, dst)
 	}
 	bp := s.t.getBuf()
-	sum, err := s.t.readSum(s.fds[c], (*bp)[:n], off, vlen)
+	err := preadFull(s.fds[c], (*bp)[:n], off)
 	if err == nil {
-		if v, ok := verifySlotCRC((*bp)[:n], seq, key, vlen, sum); ok {
+		if v, ok := verifySlot((*bp)[:n], seq, key, vlen); ok {
 			dst = append(dst[:0], v...)
 			s.t.putBuf(bp)
 			s.t.st.bytesRead.Add(uint64(n))

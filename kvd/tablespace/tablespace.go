@@ -156,8 +156,6 @@ type Tablespace struct {
 
 	closed  atomic.Bool
 	bufs    sync.Pool
-	splits  sync.Pool  // *split
-	jobs    chan ioJob // to the part helpers (split.go); unbuffered
 	stop    chan struct{}
 	compact chan struct{} // a journal outgrew JournalCompactBytes
 	wg      sync.WaitGroup
@@ -168,8 +166,7 @@ func Open(cfg Config) (*Tablespace, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	t := &Tablespace{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), compact: make(chan struct{}, 1),
-		jobs: make(chan ioJob)}
+	t := &Tablespace{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), compact: make(chan struct{}, 1)}
 	per := cfg.Bytes / int64(len(cfg.Paths))
 	for i, p := range cfg.Paths {
 		s, err := openShard(t, p, per)
@@ -182,7 +179,6 @@ func Open(cfg Config) (*Tablespace, error) {
 		t.shards = append(t.shards, s)
 	}
 	t.direct = t.shards[0].direct
-	t.startHelpers()
 	t.wg.Add(1)
 	go t.snapshotLoop(cfg.SnapshotInterval)
 	return t, nil
