@@ -299,8 +299,9 @@ type tcpConn struct {
 
 // Reads are buffered in small chunks: headers are tens of bytes, and a
 // payload read finds at most readBuf bytes already buffered (copied), the
-// rest going straight from the socket into the region. Writes batch
-// pipelined headers and small payloads.
+// rest going straight from the socket into the region; the last read
+// response of a group skips the buffer (one readv of header and payload,
+// see readLast). Writes batch pipelined headers and small payloads.
 const (
 	readBuf  = 4 << 10
 	writeBuf = 64 << 10
