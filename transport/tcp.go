@@ -290,21 +290,29 @@ type tcpConn struct {
 	name [MaxNameLen]byte
 	iov  [2][]byte
 	vec  net.Buffers
+	// vr reads a group's last read response in one readv (nil when the
+	// connection offers no file descriptor).
+	vr *vecReader
 	// armed is the deadline set on c.
 	armed time.Time
 }
 
 // Reads are buffered in small chunks: headers are tens of bytes, and a
 // payload read finds at most readBuf bytes already buffered (copied), the
-// rest going straight from the socket into the region. Writes batch
-// pipelined headers and small payloads.
+// rest going straight from the socket into the region; the last read
+// response of a group skips the buffer (one readv of header and payload,
+// see readLast). Writes batch pipelined headers and small payloads.
 const (
 	readBuf  = 4 << 10
 	writeBuf = 64 << 10
 )
 
 func newTCPConn(c net.Conn, peer string) *tcpConn {
-	return &tcpConn{c: c, peer: peer, br: bufio.NewReaderSize(c, readBuf), wbuf: make([]byte, 0, writeBuf)}
+	s := &tcpConn{c: c, peer: peer, br: bufio.NewReaderSize(c, readBuf), wbuf: make([]byte, 0, writeBuf)}
+	if peer != "" { // client side
+		s.vr = newVecReader(c)
+	}
+	return s
 }
 
 // Deadlines. Re-arming a connection's deadline costs about as much as a
@@ -540,6 +548,17 @@ func (c *tcpConn) run(ops []Op) (opErr, ioErr error) {
 	}
 	for i := range ops {
 		op := &ops[i]
+		if i == len(ops)-1 && op.Kind == Read && c.vr != nil && c.br.Buffered() == 0 && op.Local.acquire() {
+			status, err := c.readLast(op)
+			op.Local.release()
+			if err != nil {
+				return nil, err
+			}
+			if status != nil && opErr == nil {
+				opErr = fmt.Errorf("%s %s/%s at %d+%d: %w", op.Kind, op.Remote.Peer, op.Remote.Name, op.RemoteOff, op.Len, status)
+			}
+			return opErr, nil
+		}
 		if _, err := io.ReadFull(c.br, c.hdr[:respHeaderLen]); err != nil {
 			return nil, err
 		}
@@ -581,4 +600,38 @@ func (c *tcpConn) run(ops []Op) (opErr, ioErr error) {
 		}
 	}
 	return opErr, nil
+}
+
+// readLast reads the response to op, the last read of a group, with the
+// header and the payload that came with it in one readv straight into the
+// local region (acquired by the caller), then the rest of the payload.
+// Nothing can follow this response on the wire, so bytes after a header
+// that announces no payload are a protocol error. status is the failure
+// the peer reported; err a broken connection.
+func (c *tcpConn) readLast(op *Op) (status, err error) {
+	dst := op.Local.buf[op.LocalOff : op.LocalOff+op.Len]
+	pay, err := c.vr.readHeaderPayload(c.hdr[:respHeaderLen], dst)
+	if err != nil {
+		return nil, err
+	}
+	var h respHeader
+	if err := decodeRespHeader(c.hdr[:respHeaderLen], &h); err != nil {
+		return nil, fmt.Errorf("response header: %w", err)
+	}
+	if h.seq != c.seq {
+		return nil, fmt.Errorf("response out of sequence: %w", ErrProtocol)
+	}
+	if err := statusErr(h.status); err != nil {
+		if pay != 0 {
+			return nil, fmt.Errorf("bytes after a failed read's response: %w", ErrProtocol)
+		}
+		return err, nil
+	}
+	if h.n != op.Len {
+		return nil, fmt.Errorf("read response length %d, want %d: %w", h.n, op.Len, ErrProtocol)
+	}
+	if _, err := io.ReadFull(c.br, dst[pay:]); err != nil {
+		return nil, err
+	}
+	return nil, nil
 }

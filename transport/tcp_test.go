@@ -167,6 +167,13 @@ func TestTCPClientRejectsBadResponse(t *testing.T) {
 			putRespHeader(b, &respHeader{seq: h.seq, n: 3})
 			return b
 		},
+		"bytes after a failed read": func(req []byte) []byte {
+			var h reqHeader
+			_ = decodeReqHeader(req, &h)
+			b := make([]byte, respHeaderLen, respHeaderLen+4)
+			putRespHeader(b, &respHeader{status: statusNotFound, seq: h.seq})
+			return append(b, 1, 2, 3, 4)
+		},
 	}
 	for name, answer := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -202,6 +209,65 @@ func TestTCPClientRejectsBadResponse(t *testing.T) {
 			<-done
 		})
 	}
+}
+
+// A read's response arriving in pieces (a header split across segments,
+// then the payload in parts) is reassembled, in batches of one and many.
+func TestTCPResponseInPieces(t *testing.T) {
+	ln := listen(t)
+	want := []byte("0123456789abcdef")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer func() { _ = c.Close() }()
+		req := make([]byte, reqHeaderLen+1)
+		for {
+			if _, err := io.ReadFull(c, req); err != nil {
+				return
+			}
+			var h reqHeader
+			_ = decodeReqHeader(req, &h)
+			msg := make([]byte, respHeaderLen, respHeaderLen+len(want))
+			putRespHeader(msg, &respHeader{seq: h.seq, n: h.n})
+			msg = append(msg, want[h.off:h.off+h.n]...)
+			for _, cut := range [][2]int{{0, 5}, {5, 23}, {23, 27}, {27, len(msg)}} {
+				if _, err := c.Write(msg[cut[0]:cut[1]]); err != nil {
+					return
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+	}()
+	cli, err := NewTCP(TCPConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := mustRegister(t, cli, "l", make([]byte, 2*len(want)))
+	remote := Desc{Peer: ln.Addr().String(), Name: "x", Len: uint64(len(want))}
+	for _, n := range []int{1, 2} {
+		clear(local.Bytes())
+		ops := make([]Op, n)
+		for i := range ops {
+			ops[i] = Op{Kind: Read, Local: local, LocalOff: uint64(i * len(want)), Remote: remote, Len: uint64(len(want))}
+		}
+		if err := Transfer(context.Background(), cli, ops); err != nil {
+			t.Fatal(err)
+		}
+		for i := range ops {
+			if got := local.Bytes()[i*len(want) : (i+1)*len(want)]; !bytes.Equal(got, want) {
+				t.Fatalf("batch of %d, op %d: %q", n, i, got)
+			}
+		}
+	}
+	if err := cli.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = ln.Close()
+	<-done
 }
 
 func TestTCPZeroAllocs(t *testing.T) {

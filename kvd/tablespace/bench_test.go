@@ -1,10 +1,18 @@
 package tablespace
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -92,4 +100,159 @@ func BenchmarkGet(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkVsDD measures the tablespace against dd with the same flags on
+// the same filesystem, finely interleaved: every iteration is one round of
+// three pairs over vsDDBlocks 1 MiB blocks each, dd and the tablespace
+// taking turns going first, and each pair's ratio is taken within its
+// round, so load drift on a shared machine hits both sides alike.
+//
+//	put:   dd oflag=direct,dsync        vs Put, one writer (O_DIRECT|O_DSYNC slot + journal fdatasync)
+//	group: dd oflag=direct conv=fsync   vs Put, 4 writers, GroupCommit
+//	get:   dd iflag=direct              vs Get into a ReadBuffer (O_DIRECT, CRC-32C checked)
+//
+// dd's own rate (from its summary line) excludes its process start; the
+// tablespace's excludes its open. dd overwrites files allocated before
+// the rounds (conv=notrunc), as the tablespace overwrites its
+// pre-allocated containers. Reported: the median over rounds of
+// each side's MB/s and of the per-round ratio (tablespace/dd).
+// scripts/bench-tablespace.sh runs it.
+func BenchmarkVsDD(b *testing.B) {
+	dd, err := exec.LookPath("dd")
+	if err != nil {
+		b.Skip("dd not installed")
+	}
+	single, group := benchTablespace(b, false), benchTablespace(b, true)
+	dir := single.shards[0].dir // the same filesystem
+	v := benchValue(single)
+	keys := make([][]byte, vsDDBlocks)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "k%d", i)
+		if err := single.Put(keys[i], v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	wfile, rfile := filepath.Join(dir, "dd-write"), filepath.Join(dir, "dd-read")
+	count := "count=" + strconv.Itoa(vsDDBlocks)
+	for _, f := range []string{wfile, rfile} { // allocated once, like the containers
+		if _, err := runDD(dd, "if=/dev/zero", "of="+f, "bs=1M", count, "oflag=direct", "conv=fsync"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	dst := single.ReadBuffer()
+	mb := float64(vsDDBlocks) * float64(len(v)) / 1e6
+	timed := func(f func() error) float64 {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+		return mb / time.Since(t0).Seconds()
+	}
+	type pair struct {
+		name   string
+		ddArgs []string
+		ts     func() error
+	}
+	pairs := []pair{
+		{"put", []string{"if=/dev/zero", "of=" + wfile, "bs=1M", count, "oflag=direct,dsync", "conv=notrunc"}, func() error {
+			for _, k := range keys {
+				if err := single.Put(k, v); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{"group", []string{"if=/dev/zero", "of=" + wfile, "bs=1M", count, "oflag=direct", "conv=fsync,notrunc"}, func() error {
+			var wg sync.WaitGroup
+			errs := make([]error, 4)
+			for w := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := w; i < len(keys) && errs[w] == nil; i += 4 {
+						errs[w] = group.Put(keys[i], v)
+					}
+				}()
+			}
+			wg.Wait()
+			return errors.Join(errs...)
+		}},
+		{"get", []string{"if=" + rfile, "of=/dev/null", "bs=1M", count, "iflag=direct"}, func() error {
+			for _, k := range keys {
+				var err error
+				if dst, err = single.Get(k, dst); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+	}
+	res := make(map[string][3][]float64) // dd, tablespace, ratio
+	b.ResetTimer()
+	for round := 0; round < b.N; round++ {
+		for _, p := range pairs {
+			var d, t float64
+			ddRun := func() {
+				if d, err = runDD(dd, p.ddArgs...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if round%2 == 0 {
+				ddRun()
+				t = timed(p.ts)
+			} else {
+				t = timed(p.ts)
+				ddRun()
+			}
+			r := res[p.name]
+			r[0], r[1], r[2] = append(r[0], d), append(r[1], t), append(r[2], t/d)
+			res[p.name] = r
+		}
+	}
+	b.StopTimer()
+	for _, p := range pairs {
+		r := res[p.name]
+		b.ReportMetric(median(r[0]), p.name+"-dd-MB/s")
+		b.ReportMetric(median(r[1]), p.name+"-ts-MB/s")
+		b.ReportMetric(median(r[2]), p.name+"-ratio")
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// vsDDBlocks is how many 1 MiB blocks each side moves per round.
+const vsDDBlocks = 32
+
+func median(x []float64) float64 {
+	s := slices.Clone(x)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// runDD runs dd and returns the MB/s it reports (bytes / seconds of its
+// summary line "N bytes ... copied, S s, ...").
+func runDD(dd string, args ...string) (float64, error) {
+	out, err := exec.Command(dd, args...).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("dd %v: %w: %s", args, err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.Contains(line, " copied, ") {
+			continue
+		}
+		f := strings.Fields(line)
+		var bytes, secs float64
+		for i, w := range f {
+			if i == 0 {
+				bytes, _ = strconv.ParseFloat(w, 64)
+			}
+			if (w == "s," || w == "s") && i > 0 {
+				secs, _ = strconv.ParseFloat(f[i-1], 64)
+			}
+		}
+		if bytes > 0 && secs > 0 {
+			return bytes / secs / 1e6, nil
+		}
+	}
+	return 0, fmt.Errorf("dd %v: no rate in %q", args, out)
 }
