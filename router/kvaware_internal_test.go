@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -452,7 +453,9 @@ func TestKVPickAllocs(t *testing.T) {
 		}
 		e.p.Release(tk, Result{})
 	}
-	for range 20 {
+	// Under MaxShare the picks go round the eight workers once the fleet
+	// is busy, so each one's placements and remembered prompts warm up.
+	for range 8 * 20 {
 		run()
 	}
 	if n := testing.AllocsPerRun(200, run); n != 0 {
@@ -460,7 +463,8 @@ func TestKVPickAllocs(t *testing.T) {
 	}
 	e.makePrecise()
 	e.store(kvRecord(3, nil).WorkerID, chatTokens(t, unique(3, 2000)))
-	for range 20 {
+	// Likewise for the provisional hits.
+	for range 8 * 20 {
 		run()
 	}
 	if n := testing.AllocsPerRun(200, run); n != 0 {
@@ -548,6 +552,7 @@ func TestKVOverlapWeightByRole(t *testing.T) {
 	} {
 		e := newKVEnv(t, kvConfig(func(k *KVAwareConfig) {
 			k.TokenizerSpec = TokenizerBytes
+			k.MaxShare = 0 // the weights alone decide
 			k.OverlapWeight = 1
 			k.PrefillOverlapWeight = c.prefillW
 			k.DecodeOverlapWeight = c.decodeW
@@ -598,6 +603,43 @@ func TestKVProvisionalHitBridgesEventLatency(t *testing.T) {
 			// the first prefill: a cold prompt goes elsewhere.
 			if third := e.serial(long); third == first {
 				t.Fatalf("after the provisional ttl the prompt still went to %s", third)
+			}
+		})
+	}
+}
+
+// TestKVMaxShareBoundsConcentration: one long cached prefix on one worker of
+// four and a steady stream of requests continuing it. Its saved prefill
+// outweighs every load and miss charge, so without the share bound the
+// holder takes all of them; with it, the holder's share of recent picks stays
+// within MaxShare × fair (+1) once the fleet is busy, and the others take
+// the rest.
+func TestKVMaxShareBoundsConcentration(t *testing.T) {
+	for _, maxShare := range []float64{0, 1.1} {
+		t.Run(fmt.Sprintf("max_share=%g", maxShare), func(t *testing.T) {
+			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec, c.MaxShare = TokenizerBytes, maxShare }), fleet(4)...)
+			e.makePrecise()
+			long := unique(7, 3200)
+			holder := kvRecord(2, nil).WorkerID
+			e.store(holder, chatTokens(t, long))
+			counts := map[string]int{}
+			const n = 400
+			for i := range n {
+				counts[e.serial(chat(long+unique(1000+i, 32)))]++
+				e.clock.advance(10 * time.Millisecond) // 100 requests/s
+			}
+			t.Logf("picks: %v", counts)
+			if maxShare == 0 {
+				if counts[holder] != n {
+					t.Fatalf("without the bound the holder took %d of %d", counts[holder], n)
+				}
+				return
+			}
+			if share := float64(counts[holder]) / (n / 4.0); share > 1.2 {
+				t.Fatalf("holder took %.2f× its fair share: %v", share, counts)
+			}
+			if len(counts) != 4 {
+				t.Fatalf("the rest did not spread: %v", counts)
 			}
 		})
 	}
