@@ -68,11 +68,10 @@ type KVAwareConfig struct {
 	// weight, so that a conversation's next turn still prefers
 	// the worker that just prefilled its previous one.
 	RecentWeight float64
-	// MaxShare bounds each target's recent share of picks (halving every
-	// 10 s) to MaxShare × fair + 1: a target above it is not picked
-	// unless every target is. Following cached prefixes then concentrates
-	// requests only so far, and a cold request goes to a target below its
-	// share. 0 disables the bound.
+	// MaxShare bounds where cold requests (no target holds half of the
+	// prompt) go: not to a target whose recent picks (halving every 10 s)
+	// exceed MaxShare × fair + 1, unless every target's do. 0 disables
+	// the bound.
 	MaxShare float64
 
 	// ProvisionalTTL and ProvisionalMaxBlocks bound the provisional hits
@@ -136,9 +135,10 @@ func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 // once), and recent a charge of RecentWeight per block its finished requests
 // had to prefill, halving every RecentHalfLife, so that serial requests
 // that share only a short prefix (a system prompt, a chat template's
-// header) do not all follow its first holder. A worker whose recent share
-// of picks is above MaxShare × fair sits out (unless all do), so that
-// following a cached prefix concentrates load only so far. Equal costs go
+// header) do not all follow its first holder. A cold request (no worker
+// holds half of it) skips workers whose recent share of picks is above
+// MaxShare × fair (unless all are), so that load-ranked picks do not pile
+// cold traffic onto one worker. Equal costs go
 // to the model's rotating cursor, never always to the first worker.
 //
 // A worker is routed precisely when a tokenizer is configured and its event

@@ -608,25 +608,28 @@ func TestKVProvisionalHitBridgesEventLatency(t *testing.T) {
 	}
 }
 
-// TestKVMaxShareBoundsConcentration: one long cached prefix on one worker of
-// four and a steady stream of requests continuing it. Its saved prefill
-// outweighs every load and miss charge, so without the share bound the
-// holder takes all of them; with it, the holder's share of recent picks stays
-// within MaxShare × fair (+1) once the fleet is busy, and the others take
-// the rest.
+// TestKVMaxShareBoundsConcentration: one worker of four caches a prefix that
+// is 40% of every request of a steady stream (100 requests/s). The prefill it
+// saves outweighs the other terms (the recent-miss charge is off to isolate
+// the bound), so without the share bound it takes them all; with it, these
+// cold requests (no worker holds half of them) keep the holder within
+// MaxShare × fair (+1) of recent picks. A request the holder holds most of
+// is not cold and keeps following its cache.
 func TestKVMaxShareBoundsConcentration(t *testing.T) {
 	for _, maxShare := range []float64{0, 1.1} {
 		t.Run(fmt.Sprintf("max_share=%g", maxShare), func(t *testing.T) {
-			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec, c.MaxShare = TokenizerBytes, maxShare }), fleet(4)...)
+			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
+				c.TokenizerSpec, c.MaxShare, c.RecentWeight = TokenizerBytes, maxShare, 0
+			}), fleet(4)...)
 			e.makePrecise()
-			long := unique(7, 3200)
+			prefix := unique(7, 1280)
 			holder := kvRecord(2, nil).WorkerID
-			e.store(holder, chatTokens(t, long))
+			e.store(holder, chatTokens(t, prefix))
 			counts := map[string]int{}
 			const n = 400
 			for i := range n {
-				counts[e.serial(chat(long+unique(1000+i, 32)))]++
-				e.clock.advance(10 * time.Millisecond) // 100 requests/s
+				counts[e.serial(chat(prefix+unique(1000+i, 1920)))]++
+				e.clock.advance(10 * time.Millisecond)
 			}
 			t.Logf("picks: %v", counts)
 			if maxShare == 0 {
@@ -640,6 +643,14 @@ func TestKVMaxShareBoundsConcentration(t *testing.T) {
 			}
 			if len(counts) != 4 {
 				t.Fatalf("the rest did not spread: %v", counts)
+			}
+			// Warm: the holder has most of this prompt (and, once the
+			// others' provisional hits of the prefix have expired, alone).
+			e.clock.advance(3 * time.Second)
+			for i := range 10 {
+				if got := e.serial(chat(prefix + unique(5000+i, 200))); got != holder {
+					t.Fatalf("warm request %d went to %s, want the holder %s", i, got, holder)
+				}
 			}
 		})
 	}
