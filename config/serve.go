@@ -181,7 +181,7 @@ func (k *ServeKV) flags() []cli.Flag {
 		Int("kv-approx-max-blocks", "approximate mode: most recorded prompt blocks per worker (and DP rank)", &k.ApproxMaxBlocks, 256<<10),
 		Duration("kv-recent-decay", "half-life of the recent-miss charge that spreads serial traffic (0 disables it)", &k.RecentDecay, 2*time.Second),
 		Float("kv-recent-weight", "recent-miss charge per prompt block a finished request had to prefill", &k.RecentWeight, 0.5),
-		Float("kv-max-share", "kv-aware: a cold request (no worker holds half of it) skips workers that recently got more than this many times their fair share of requests (0: no bound)", &k.MaxShare, 1.1),
+		Float("kv-max-share", "kv-aware: a cold request (no worker holds a quarter of it) skips workers that recently got more than this many times their fair share of requests (0: no bound)", &k.MaxShare, 1.1),
 		Duration("kv-provisional-ttl", "how long a prompt the router just placed on a precisely routed worker counts as cached there before its KV events land (0 disables provisional hits)", &k.ProvisionalTTL, 2*time.Second),
 		Int("kv-provisional-max-blocks", "most provisional blocks per worker (and DP rank)", &k.ProvisionalMaxBlocks, 16384),
 		Duration("kv-rebuild-after", "after a KV-event stream joined a running engine or resynced, route the worker precisely again this long later (0: only once its engine clears its cache)", &k.RebuildAfter, 5*time.Second),

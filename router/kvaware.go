@@ -68,8 +68,8 @@ type KVAwareConfig struct {
 	// weight, so that a conversation's next turn still prefers
 	// the worker that just prefilled its previous one.
 	RecentWeight float64
-	// MaxShare bounds where cold requests (no target holds half of the
-	// prompt) go: not to a target whose recent picks (halving every 10 s)
+	// MaxShare bounds where cold requests (no target holds a quarter of
+	// the prompt) go: not to a target whose recent picks (halving every 10 s)
 	// exceed MaxShare × fair + 1, unless every target's do. 0 disables
 	// the bound.
 	MaxShare float64
@@ -136,7 +136,7 @@ func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 // had to prefill, halving every RecentHalfLife, so that serial requests
 // that share only a short prefix (a system prompt, a chat template's
 // header) do not all follow its first holder. A cold request (no worker
-// holds half of it) skips workers whose recent share of picks is above
+// holds a quarter of it) skips workers whose recent share of picks is above
 // MaxShare × fair (unless all are), so that load-ranked picks do not pile
 // cold traffic onto one worker. Equal costs go
 // to the model's rotating cursor, never always to the first worker.

@@ -609,10 +609,10 @@ func TestKVProvisionalHitBridgesEventLatency(t *testing.T) {
 }
 
 // TestKVMaxShareBoundsConcentration: one worker of four caches a prefix that
-// is 40% of every request of a steady stream (100 requests/s). The prefill it
+// is 20% of every request of a steady stream (100 requests/s). The prefill it
 // saves outweighs the other terms (the recent-miss charge is off to isolate
 // the bound), so without the share bound it takes them all; with it, these
-// cold requests (no worker holds half of them) keep the holder within
+// cold requests (no worker holds a quarter of them) keep the holder within
 // MaxShare × fair (+1) of recent picks. A request the holder holds most of
 // is not cold and keeps following its cache.
 func TestKVMaxShareBoundsConcentration(t *testing.T) {
@@ -622,13 +622,13 @@ func TestKVMaxShareBoundsConcentration(t *testing.T) {
 				c.TokenizerSpec, c.MaxShare, c.RecentWeight = TokenizerBytes, maxShare, 0
 			}), fleet(4)...)
 			e.makePrecise()
-			prefix := unique(7, 1280)
+			prefix := unique(7, 640)
 			holder := kvRecord(2, nil).WorkerID
 			e.store(holder, chatTokens(t, prefix))
 			counts := map[string]int{}
 			const n = 400
 			for i := range n {
-				counts[e.serial(chat(prefix+unique(1000+i, 1920)))]++
+				counts[e.serial(chat(prefix+unique(1000+i, 2560)))]++
 				e.clock.advance(10 * time.Millisecond)
 			}
 			t.Logf("picks: %v", counts)

@@ -153,7 +153,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	sc.picks = growF(sc.picks, nt)
 	sc.effs = grow(sc.effs, nt)
 	total := 0.0
-	warm := false // some target holds at least half the prompt
+	warm := false // some target holds at least a quarter of the prompt
 	for i, t := range sc.targets {
 		hs := sc.sets[sc.setOf[i]].hashes
 		t.mu.RLock()
@@ -185,12 +185,12 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.picks[i] = picks
 		sc.effs[i] = eff
 		total += picks
-		if 2*eff >= len(hs) {
+		if 4*eff >= len(hs) {
 			warm = true
 		}
 	}
-	// Cold-request spreading (MaxShare): a request that no target holds
-	// half of goes to the lowest cost among the targets within their share
+	// Cold-request spreading (MaxShare): a request that no target holds a
+	// quarter of goes to the lowest cost among the targets within their share
 	// — once the fleet is busy enough to measure shares (minShareFair), a
 	// target that recently got more than MaxShare × its fair share of
 	// picks (plus one) sits out, unless all do. Cold requests have little
