@@ -153,7 +153,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	sc.picks = growF(sc.picks, nt)
 	sc.effs = grow(sc.effs, nt)
 	total := 0.0
-	warm := false // some target holds at least a quarter of the prompt
+	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
 	for i, t := range sc.targets {
 		hs := sc.sets[sc.setOf[i]].hashes
 		t.mu.RLock()
@@ -185,12 +185,12 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.picks[i] = picks
 		sc.effs[i] = eff
 		total += picks
-		if 4*eff >= len(hs) {
+		if eff >= minWarmBlocks && 4*eff >= len(hs) {
 			warm = true
 		}
 	}
 	// Cold-request spreading (MaxShare): a request that no target holds a
-	// quarter of goes to the lowest cost among the targets within their share
+	// quarter of (and minWarmBlocks of) goes to the lowest cost among the targets within their share
 	// — once the fleet is busy enough to measure shares (minShareFair), a
 	// target that recently got more than MaxShare × its fair share of
 	// picks (plus one) sits out, unless all do. Cold requests have little
@@ -369,6 +369,11 @@ func (sc *kvScratch) imageRef(ref []byte) {
 // that a slow fleet's share is measured over a few dozen requests, short
 // enough to follow a change of traffic within a minute.
 const shareHalfLife = 10 * time.Second
+
+// minWarmBlocks is the least cached prefix that makes a request warm: a
+// chat template's header or a one-block system prompt, which every worker
+// holds, does not (short prompts are all header).
+const minWarmBlocks = 4
 
 // minShareFair is the fair share of recent picks (about 0.5 requests/s per
 // target) below which MaxShare does not apply: a nearly idle fleet has no
