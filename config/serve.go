@@ -143,6 +143,17 @@ type ServeKV struct {
 	// charge); RecentWeight its charge per missed block.
 	RecentDecay  time.Duration
 	RecentWeight float64
+	// MaxShare bounds each worker's recent share of requests to
+	// MaxShare × fair (0: no bound).
+	MaxShare float64
+	// ProvisionalTTL and ProvisionalMaxBlocks bound the provisional hits
+	// of precisely routed workers (0 disables them).
+	ProvisionalTTL       time.Duration
+	ProvisionalMaxBlocks int
+	// RebuildAfter: a worker whose event stream joined a running engine
+	// or resynced is precise again this long after (0: only on
+	// AllBlocksCleared).
+	RebuildAfter time.Duration
 	// EventsListen is --kv-events-listen: a tcp://HOST:PORT SUB socket the
 	// router binds for engines whose publishers connect (worker
 	// --kv-events-router); empty = none.
@@ -170,6 +181,10 @@ func (k *ServeKV) flags() []cli.Flag {
 		Int("kv-approx-max-blocks", "approximate mode: most recorded prompt blocks per worker (and DP rank)", &k.ApproxMaxBlocks, 256<<10),
 		Duration("kv-recent-decay", "half-life of the recent-miss charge that spreads serial traffic (0 disables it)", &k.RecentDecay, 2*time.Second),
 		Float("kv-recent-weight", "recent-miss charge per prompt block a finished request had to prefill", &k.RecentWeight, 0.5),
+		Float("kv-max-share", "kv-aware: a cold request (no worker holds a quarter of it) skips workers that recently got more than this many times their fair share of requests (0: no bound)", &k.MaxShare, 1.1),
+		Duration("kv-provisional-ttl", "how long a prompt the router just placed on a precisely routed worker counts as cached there before its KV events land (0 disables provisional hits)", &k.ProvisionalTTL, 2*time.Second),
+		Int("kv-provisional-max-blocks", "most provisional blocks per worker (and DP rank)", &k.ProvisionalMaxBlocks, 16384),
+		Duration("kv-rebuild-after", "after a KV-event stream joined a running engine or resynced, route the worker precisely again this long later (0: only once its engine clears its cache)", &k.RebuildAfter, 5*time.Second),
 		String("kv-events-listen", "bind one ZMQ SUB socket, tcp://HOST:PORT, that workers' engines connect to and publish KV events on (worker --kv-events-router); empty = subscribe to each worker's own endpoint only", &k.EventsListen, ""),
 	}
 }
@@ -221,6 +236,15 @@ func (k *ServeKV) validate(p *Problems) {
 	}
 	if k.RecentDecay < 0 {
 		p.Addf("--kv-recent-decay must not be negative")
+	}
+	if k.ProvisionalTTL < 0 || k.ProvisionalMaxBlocks < 0 {
+		p.Addf("--kv-provisional-ttl and --kv-provisional-max-blocks must not be negative")
+	}
+	if k.MaxShare != 0 && !(k.MaxShare >= 1 && k.MaxShare <= 1e6) {
+		p.Addf("--kv-max-share must be 0 (off) or from 1 to 1e6")
+	}
+	if k.RebuildAfter < 0 {
+		p.Addf("--kv-rebuild-after must not be negative")
 	}
 	if k.EventsListen != "" {
 		simEndpoint(p, "--kv-events-listen", k.EventsListen)

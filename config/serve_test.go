@@ -86,10 +86,11 @@ func TestServeKVFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = parseServe(t, "--tokenizer", t.TempDir(), "--kv-overlap-weight", "-1", "--kv-block-size", "0",
-		"--kv-index-max-blocks", "0", "--kv-approx-ttl", "0s", "--kv-recent-decay", "-1s", "--kv-approx-max-blocks", "0")
+		"--kv-index-max-blocks", "0", "--kv-approx-ttl", "0s", "--kv-recent-decay", "-1s", "--kv-approx-max-blocks", "0",
+		"--kv-max-share", "0.5", "--kv-provisional-ttl", "-1s", "--kv-rebuild-after", "-1s")
 	err := s.Validate()
 	for _, want := range []string{"--tokenizer", "--kv-overlap-weight", "--kv-block-size", "--kv-index-max-blocks",
-		"--kv-approx-ttl", "--kv-recent-decay", "--kv-approx-max-blocks"} {
+		"--kv-approx-ttl", "--kv-recent-decay", "--kv-approx-max-blocks", "--kv-max-share", "--kv-provisional-ttl", "--kv-rebuild-after"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate error lacks %s: %v", want, err)
 		}

@@ -16,6 +16,8 @@ type kvFleet struct {
 	policy   string
 	workers  int
 	kvBlocks int
+	// serveArgs are extra `infera serve` flags (tuning runs of make bench-kv).
+	serveArgs []string
 }
 
 // kvWorkload is one `infera bench` invocation (without URL and output).
@@ -33,7 +35,7 @@ var simTiming = []string{"--time-scale", "1", "--prefill-tokens-per-s", "20000",
 // workload against it and returns the reports by workload name.
 func runKVFleet(t *testing.T, fl kvFleet, workloads []kvWorkload, outDir string) map[string]benchReport {
 	t.Helper()
-	f := startServe(t, "--router-policy", fl.policy, "--tokenizer", "bytes")
+	f := startServe(t, append([]string{"--router-policy", fl.policy, "--tokenizer", "bytes"}, fl.serveArgs...)...)
 	ids := map[string]bool{}
 	var procs []*proc
 	for i := 0; i < fl.workers; i++ {
@@ -138,9 +140,9 @@ func hitRatio(rep benchReport) float64 {
 func TestKVAwareRoutingHitsCache(t *testing.T) {
 	const workers, kvBlocks = 4, 400
 	wl := []kvWorkload{sharedPrefix(192)}
-	kv := runKVFleet(t, kvFleet{"kv-aware", workers, kvBlocks}, wl, "")["shared-prefix"]
-	rr := runKVFleet(t, kvFleet{"round-robin", workers, kvBlocks}, wl, "")["shared-prefix"]
-	oracle := runKVFleet(t, kvFleet{"round-robin", 1, workers * kvBlocks}, wl, "")["shared-prefix"]
+	kv := runKVFleet(t, kvFleet{policy: "kv-aware", workers: workers, kvBlocks: kvBlocks}, wl, "")["shared-prefix"]
+	rr := runKVFleet(t, kvFleet{policy: "round-robin", workers: workers, kvBlocks: kvBlocks}, wl, "")["shared-prefix"]
+	oracle := runKVFleet(t, kvFleet{policy: "round-robin", workers: 1, kvBlocks: workers * kvBlocks}, wl, "")["shared-prefix"]
 	t.Logf("hit ratio: kv-aware %.3f, round-robin %.3f, one big cache %.3f; kv-aware spread %v",
 		hitRatio(kv), hitRatio(rr), hitRatio(oracle), kv.PerWorker)
 	if hitRatio(kv) < hitRatio(rr)+0.2 {

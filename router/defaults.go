@@ -55,16 +55,11 @@ func ServeConfig(s config.Serve) Config {
 	}
 }
 
-// Provisional hits (KVAwareConfig.ProvisionalTTL): a few times an engine's
-// event latency, and a few long prompts per worker.
-const (
-	defaultProvisionalTTL       = 2 * time.Second
-	defaultProvisionalMaxBlocks = 16384
-)
-
 // ServeKVAwareConfig maps the kv-aware flags of `infera serve` onto the
 // policy's configuration.
 func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
+	sub := kvcache.DefaultSubscriberConfig()
+	sub.RebuildAfter = k.RebuildAfter
 	return KVAwareConfig{
 		TokenizerSpec:         k.Tokenizer,
 		EngineTokenizeTimeout: k.EngineTokenizeTimeout,
@@ -78,9 +73,10 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		ApproxMaxBlocks:       k.ApproxMaxBlocks,
 		RecentHalfLife:        k.RecentDecay,
 		RecentWeight:          k.RecentWeight,
+		MaxShare:              k.MaxShare,
 		EventsListen:          k.EventsListen,
-		ProvisionalTTL:        defaultProvisionalTTL,
-		ProvisionalMaxBlocks:  defaultProvisionalMaxBlocks,
-		Subscriber:            kvcache.DefaultSubscriberConfig(),
+		ProvisionalTTL:        k.ProvisionalTTL,
+		ProvisionalMaxBlocks:  k.ProvisionalMaxBlocks,
+		Subscriber:            sub,
 	}
 }

@@ -6,7 +6,9 @@
 // the engine does, hashes its KV blocks, matches them against the prefix
 // index its KV-event subscriber keeps (or, for a worker it cannot follow
 // precisely, against its own recorded placements) and picks the lowest
-// w×(blocks−hits) + active_blocks + recent. It serves
+// w×(blocks−hits) + active_blocks + recent (cold requests: among the
+// workers within their recent share of picks, KVAwareConfig.MaxShare). It
+// serves
 // GET /v1/admin/cache-view/{worker_id} (admin.go) and exports its series
 // with the router's /metrics. A warm pick with the bytes tokenizer or a
 // token-array prompt allocates nothing; a Hugging Face chat template

@@ -68,6 +68,11 @@ type KVAwareConfig struct {
 	// weight, so that a conversation's next turn still prefers
 	// the worker that just prefilled its previous one.
 	RecentWeight float64
+	// MaxShare bounds where cold requests (no target holds a quarter of
+	// the prompt) go: not to a target whose recent picks (halving every 10 s)
+	// exceed MaxShare × fair + 1, unless every target's do. 0 disables
+	// the bound.
+	MaxShare float64
 
 	// ProvisionalTTL and ProvisionalMaxBlocks bound the provisional hits
 	// of precisely routed workers: the blocks of a prompt just placed on a
@@ -97,8 +102,8 @@ func (c KVAwareConfig) validate() (KVAwareConfig, error) {
 		c.Now = time.Now
 	}
 	switch {
-	case !(c.OverlapWeight >= 0) || !(c.PrefillOverlapWeight >= 0) || !(c.DecodeOverlapWeight >= 0) || !(c.RecentWeight >= 0),
-		!finite(c.OverlapWeight) || !finite(c.PrefillOverlapWeight) || !finite(c.DecodeOverlapWeight) || !finite(c.RecentWeight):
+	case !(c.OverlapWeight >= 0) || !(c.PrefillOverlapWeight >= 0) || !(c.DecodeOverlapWeight >= 0) || !(c.RecentWeight >= 0) || !(c.MaxShare >= 0),
+		!finite(c.OverlapWeight) || !finite(c.PrefillOverlapWeight) || !finite(c.DecodeOverlapWeight) || !finite(c.RecentWeight) || !finite(c.MaxShare):
 		return c, fmt.Errorf("%w: weights must be finite and not negative", ErrKVConfig)
 	case c.DefaultBlockSize < 1 || c.DefaultBlockSize > discovery.MaxKVBlockSize:
 		return c, fmt.Errorf("%w: block size %d", ErrKVConfig, c.DefaultBlockSize)
@@ -130,8 +135,11 @@ func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 // once), and recent a charge of RecentWeight per block its finished requests
 // had to prefill, halving every RecentHalfLife, so that serial requests
 // that share only a short prefix (a system prompt, a chat template's
-// header) do not all follow its first holder. Equal costs go to the model's
-// rotating cursor, never always to the first worker.
+// header) do not all follow its first holder. A cold request (no worker
+// holds a quarter of it) skips workers whose recent share of picks is above
+// MaxShare × fair (unless all are), so that load-ranked picks do not pile
+// cold traffic onto one worker. Equal costs go
+// to the model's rotating cursor, never always to the first worker.
 //
 // A worker is routed precisely when a tokenizer is configured and its event
 // stream is confirmed; otherwise (no stream, a stream joining or resyncing,
@@ -199,6 +207,8 @@ type kvTarget struct {
 	active   map[uint64]int32 // in-flight prompt blocks → requests holding them
 	recent   float64          // miss charge as of recentAt
 	recentAt int64
+	picks    float64 // picks as of picksAt, halving every shareHalfLife
+	picksAt  int64
 }
 
 // blockSize is the size the target's hashes use: the one its events
@@ -553,13 +563,18 @@ type kvTicket struct {
 
 var ticketPool = sync.Pool{New: func() any { return new(kvTicket) }}
 
-// decayed returns a charge set at `at` as seen at now.
+// decayed returns a recent-miss charge set at `at` as seen at now.
 func (p *KVAware) decayed(v float64, at, now int64) float64 {
-	if v == 0 {
-		return 0
+	return decayedFor(v, at, now, p.cfg.RecentHalfLife)
+}
+
+// decayedFor returns v set at `at`, halving every halfLife, as seen at now.
+func decayedFor(v float64, at, now int64, halfLife time.Duration) float64 {
+	if v == 0 || halfLife <= 0 {
+		return v
 	}
 	if dt := now - at; dt > 0 {
-		v *= math.Exp2(-float64(dt) / float64(p.cfg.RecentHalfLife))
+		v *= math.Exp2(-float64(dt) / float64(halfLife))
 	}
 	return v
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -452,7 +453,9 @@ func TestKVPickAllocs(t *testing.T) {
 		}
 		e.p.Release(tk, Result{})
 	}
-	for range 20 {
+	// Under MaxShare the picks go round the eight workers once the fleet
+	// is busy, so each one's placements and remembered prompts warm up.
+	for range 8 * 20 {
 		run()
 	}
 	if n := testing.AllocsPerRun(200, run); n != 0 {
@@ -460,7 +463,8 @@ func TestKVPickAllocs(t *testing.T) {
 	}
 	e.makePrecise()
 	e.store(kvRecord(3, nil).WorkerID, chatTokens(t, unique(3, 2000)))
-	for range 20 {
+	// Likewise for the provisional hits.
+	for range 8 * 20 {
 		run()
 	}
 	if n := testing.AllocsPerRun(200, run); n != 0 {
@@ -548,6 +552,7 @@ func TestKVOverlapWeightByRole(t *testing.T) {
 	} {
 		e := newKVEnv(t, kvConfig(func(k *KVAwareConfig) {
 			k.TokenizerSpec = TokenizerBytes
+			k.MaxShare = 0 // the weights alone decide
 			k.OverlapWeight = 1
 			k.PrefillOverlapWeight = c.prefillW
 			k.DecodeOverlapWeight = c.decodeW
@@ -598,6 +603,54 @@ func TestKVProvisionalHitBridgesEventLatency(t *testing.T) {
 			// the first prefill: a cold prompt goes elsewhere.
 			if third := e.serial(long); third == first {
 				t.Fatalf("after the provisional ttl the prompt still went to %s", third)
+			}
+		})
+	}
+}
+
+// TestKVMaxShareBoundsConcentration: one worker of four caches a prefix that
+// is 20% of every request of a steady stream (100 requests/s). The prefill it
+// saves outweighs the other terms (the recent-miss charge is off to isolate
+// the bound), so without the share bound it takes them all; with it, these
+// cold requests (no worker holds a quarter of them) keep the holder within
+// MaxShare × fair (+1) of recent picks. A request the holder holds most of
+// is not cold and keeps following its cache.
+func TestKVMaxShareBoundsConcentration(t *testing.T) {
+	for _, maxShare := range []float64{0, 1.1} {
+		t.Run(fmt.Sprintf("max_share=%g", maxShare), func(t *testing.T) {
+			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
+				c.TokenizerSpec, c.MaxShare, c.RecentWeight = TokenizerBytes, maxShare, 0
+			}), fleet(4)...)
+			e.makePrecise()
+			prefix := unique(7, 640)
+			holder := kvRecord(2, nil).WorkerID
+			e.store(holder, chatTokens(t, prefix))
+			counts := map[string]int{}
+			const n = 400
+			for i := range n {
+				counts[e.serial(chat(prefix+unique(1000+i, 2560)))]++
+				e.clock.advance(10 * time.Millisecond)
+			}
+			t.Logf("picks: %v", counts)
+			if maxShare == 0 {
+				if counts[holder] != n {
+					t.Fatalf("without the bound the holder took %d of %d", counts[holder], n)
+				}
+				return
+			}
+			if share := float64(counts[holder]) / (n / 4.0); share > 1.2 {
+				t.Fatalf("holder took %.2f× its fair share: %v", share, counts)
+			}
+			if len(counts) != 4 {
+				t.Fatalf("the rest did not spread: %v", counts)
+			}
+			// Warm: the holder has most of this prompt (and, once the
+			// others' provisional hits of the prefix have expired, alone).
+			e.clock.advance(3 * time.Second)
+			for i := range 10 {
+				if got := e.serial(chat(prefix + unique(5000+i, 200))); got != holder {
+					t.Fatalf("warm request %d went to %s, want the holder %s", i, got, holder)
+				}
 			}
 		})
 	}
