@@ -100,10 +100,11 @@ const (
 	rejected413
 	rejected429
 	rejected431
+	rejected503 // the front door: connection limit, body budget
 	numRejects
 )
 
-var rejectLabels = [numRejects]string{"400", "401", "408", "413", "429", "431"}
+var rejectLabels = [numRejects]string{"400", "401", "408", "413", "429", "431", "503"}
 
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}

@@ -53,7 +53,11 @@ type Config struct {
 	MaxHeaderBytes     int           // request header block
 	ClientWriteTimeout time.Duration // one write to a client
 	MaxConnections     int           // concurrent client connections
-	LogPrompts         bool          // request bodies may appear in debug logs
+	// Front door (frontdoor.go).
+	MaxConnectionsPerIP int           // concurrent connections from one address; 0: no cap
+	ClientHeaderTimeout time.Duration // a request's headers; then ClientReadTimeout for its body
+	BodyBudgetBytes     int64         // large request bodies read or held at once
+	LogPrompts          bool          // request bodies may appear in debug logs
 
 	// Now is the clock of the circuit breakers (tests)
 	Now func() time.Time
@@ -81,6 +85,7 @@ func (c Config) validate() (Config, error) {
 		{"request timeout", c.RequestTimeout},
 		{"heartbeat interval", c.HeartbeatInterval},
 		{"client write timeout", c.ClientWriteTimeout},
+		{"client header timeout", c.ClientHeaderTimeout},
 	} {
 		if d.v <= 0 {
 			return c, fmt.Errorf("%w: %s %s must be positive", ErrConfig, d.name, d.v)
@@ -100,7 +105,10 @@ func (c Config) validate() (Config, error) {
 			return c, fmt.Errorf("%w: %s %d must be positive", ErrConfig, n.name, n.v)
 		}
 	}
-	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 {
+	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) {
+		return c, fmt.Errorf("%w: body budget %d is below the largest body %d", ErrConfig, c.BodyBudgetBytes, c.MaxBodyBytes)
+	}
+	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 || c.MaxConnectionsPerIP < 0 {
 		return c, fmt.Errorf("%w: retries and in-flight caps must not be negative", ErrConfig)
 	}
 	c.BreakerMaxCool = max(c.BreakerMaxCool, c.BreakerCooldown)
@@ -128,6 +136,8 @@ type Router struct {
 	cursors map[string]*atomic.Uint64 // per model; guarded by fleetMu
 
 	conns connSet // open upstream connections
+
+	front *frontDoor // client connection and body budgets
 
 	dialects [numProxyRoutes]*dialect // each proxied route's API
 
@@ -160,6 +170,7 @@ func New(cfg Config, policy Policy, log zerolog.Logger) (*Router, error) {
 		cursors:  make(map[string]*atomic.Uint64),
 		dialects: defaultDialects(),
 	}
+	r.front = newFrontDoor(r.cfg)
 	r.brk = breakerConfig{threshold: int32(r.cfg.BreakerThreshold), cooldown: r.cfg.BreakerCooldown, maxCooldown: r.cfg.BreakerMaxCool}
 	r.admit.limit = int64(r.cfg.MaxInflightPerWorker)
 	r.keys = newKeySet(r.cfg.APIKeys)
@@ -180,20 +191,33 @@ func (r *Router) Policy() Policy { return r.policy }
 // Server returns a fasthttp server configured for the router.
 func (r *Router) Server() *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:            r.Handle,
-		ErrorHandler:       r.handleParseError,
-		Name:               "infera",
-		MaxRequestBodySize: r.cfg.MaxBodyBytes,
-		// ReadTimeout bounds a whole request (headers and body), so a
-		// slowloris client is cut when it runs out.
-		ReadTimeout: r.cfg.ClientReadTimeout,
+		Handler:      r.Handle,
+		ErrorHandler: r.handleParseError,
+		Name:         "infera",
+		// Bodies above the threshold reach Handle unread; it reads them
+		// against the body budget (readLargeBody) up to MaxBodyBytes.
+		StreamRequestBody:  true,
+		MaxRequestBodySize: min(streamBodyThreshold, r.cfg.MaxBodyBytes),
+		// ReadTimeout bounds the headers (from the connection's opening,
+		// or the request's first byte on a keep-alive connection), so
+		// idle connections that never send a request go quickly; once
+		// the headers are in, the body gets ClientReadTimeout. A
+		// slowloris client is cut when either runs out.
+		ReadTimeout: r.cfg.ClientHeaderTimeout,
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: r.cfg.ClientReadTimeout, MaxRequestBodySize: min(streamBodyThreshold, r.cfg.MaxBodyBytes)}
+		},
+		ConnState:   r.front.connState,
 		IdleTimeout: r.cfg.ClientIdleTimeout,
 		// Set before each response; a stream pushes it forward as it
 		// goes (relay.keepWriting), so this bounds one stalled write.
 		WriteTimeout: r.cfg.ClientWriteTimeout,
 		// The header block must fit the read buffer: larger ones get 431.
-		ReadBufferSize:  r.cfg.MaxHeaderBytes,
-		Concurrency:     r.cfg.MaxConnections,
+		ReadBufferSize: r.cfg.MaxHeaderBytes,
+		// The front door's listener (ServeAll) enforces MaxConnections
+		// with an OpenAI error; fasthttp's own cap, which answers in plain
+		// text, stays above it.
+		Concurrency:     r.cfg.MaxConnections * fasthttpConcurrencySlack,
 		CloseOnShutdown: true,
 		Logger:          fasthttpLogger{r.log},
 	}
@@ -244,7 +268,7 @@ func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 			adminErr <- err
 		}()
 	}
-	err := lifecycle.Serve(mainCtx, r.Server(), ln, lifecycle.Options{
+	err := lifecycle.Serve(mainCtx, r.Server(), r.front.listener(ln, r), lifecycle.Options{
 		Grace: r.cfg.ShutdownTimeout,
 		Overdue: func() {
 			n := r.conns.closeAll()
@@ -279,6 +303,9 @@ func (r *Router) shutdownPools() {
 // Handle is the fasthttp request handler of the client address. With
 // Config.AdminSeparate the admin endpoints are not found here.
 func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
+	if ctx.Request.IsBodyStream() && !r.readLargeBody(ctx) {
+		return
+	}
 	rt := routeOf(ctx.Path())
 	if rt.admin() && r.cfg.AdminSeparate {
 		rt = RouteOther

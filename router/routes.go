@@ -121,6 +121,7 @@ const (
 	outcomeClientGone                      // the client went away mid-response
 	outcomeUnauthorized                    // missing or wrong API key / admin token
 	outcomeTooManyRequests                 // every worker full for the whole queue timeout
+	outcomeBodyBudget                      // the body did not fit --body-budget-bytes
 	numOutcomes
 )
 
@@ -139,6 +140,7 @@ var outcomeLabels = [numOutcomes]string{
 	outcomeClientGone:       "client_gone",
 	outcomeUnauthorized:     "unauthorized",
 	outcomeTooManyRequests:  "too_many_requests",
+	outcomeBodyBudget:       "body_budget",
 }
 
 func (o outcome) String() string { return outcomeLabels[o] }
