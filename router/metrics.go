@@ -184,7 +184,7 @@ func newMetrics() *metrics {
 			default:
 				expected = o == outcomeOK || o == outcomeMethodNotAllowed
 			}
-			if o == outcomeUnauthorized && rt != RouteHealth && rt != RouteOther {
+			if o == outcomeUnauthorized && rt != RouteHealth && rt != RouteReady && rt != RouteOther {
 				expected = true
 			}
 			if expected {

@@ -321,7 +321,7 @@ func (r *Router) HandleAdmin(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	rt := routeOf(ctx.Path())
-	if !rt.admin() && rt != RouteHealth {
+	if !rt.admin() && rt != RouteHealth && rt != RouteReady {
 		rt = RouteOther
 	}
 	r.serve(ctx, rt, true)
@@ -336,7 +336,7 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 		r.proxy(ctx, rt)
 	case RouteCountTokens:
 		r.countTokens(ctx)
-	case RouteModels, RouteWorkers, RouteHealth, RouteMetrics:
+	case RouteModels, RouteWorkers, RouteHealth, RouteReady, RouteMetrics:
 		r.serveInfo(ctx, rt)
 	case RouteCacheView:
 		r.serveCacheView(ctx)
@@ -354,7 +354,7 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 func (r *Router) allowed(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) bool {
 	var ks *keySet
 	switch {
-	case rt == RouteHealth || rt == RouteOther:
+	case rt == RouteHealth || rt == RouteReady || rt == RouteOther:
 		return true
 	case rt.admin() && r.adminKey.enabled():
 		ks = &r.adminKey
@@ -395,6 +395,14 @@ func (r *Router) serveInfo(ctx *fasthttp.RequestCtx, rt Route) {
 	case RouteHealth:
 		ctx.SetContentType("application/json")
 		ctx.SetBody(v.healthJSON)
+	case RouteReady:
+		ctx.SetContentType("application/json")
+		ctx.SetBody(v.readyJSON)
+		if v.routable == 0 {
+			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+			r.metrics.request(rt, outcomeNoWorker).Inc()
+			return
+		}
 	case RouteMetrics:
 		r.metrics.write(ctx)
 	}
@@ -405,7 +413,8 @@ func (r *Router) serveInfo(ctx *fasthttp.RequestCtx, rt Route) {
 var emptyView = func() view {
 	v := view{models: map[string]*Candidates{}}
 	v.render()
-	v.healthJSON = []byte(`{"status":"starting","active_workers":0,"workers":0,"revision":0}`)
+	v.healthJSON = []byte(`{"status":"starting","active_workers":0,"routable_workers":0,"ready":false,"workers":0,"revision":0}`)
+	v.readyJSON = []byte(`{"status":"starting","routable_workers":0,"active_workers":0}`)
 	return v
 }()
 

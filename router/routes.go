@@ -15,6 +15,7 @@ const (
 	RouteModels
 	RouteWorkers
 	RouteHealth
+	RouteReady // GET /ready: 200 only with a routable worker
 	RouteMetrics
 	RouteCacheView // GET /v1/admin/cache-view/{worker_id}
 	RouteOther
@@ -32,6 +33,7 @@ var routePaths = [numRoutes]string{
 	RouteModels:          "/v1/models",
 	RouteWorkers:         "/v1/workers",
 	RouteHealth:          "/health",
+	RouteReady:           "/ready",
 	RouteMetrics:         "/metrics",
 	RouteCacheView:       cacheViewPrefix + "{worker_id}",
 	RouteOther:           "",
@@ -48,6 +50,7 @@ var routeLabels = [numRoutes]string{
 	RouteModels:          "models",
 	RouteWorkers:         "workers",
 	RouteHealth:          "health",
+	RouteReady:           "ready",
 	RouteMetrics:         "metrics",
 	RouteCacheView:       "cache_view",
 	RouteOther:           "other",
@@ -94,6 +97,8 @@ func routeOf(path []byte) Route {
 		return RouteWorkers
 	case "/health":
 		return RouteHealth
+	case "/ready":
+		return RouteReady
 	case "/metrics":
 		return RouteMetrics
 	}
