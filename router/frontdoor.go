@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -22,10 +23,10 @@ import (
 // bodies is refused before the router's memory grows.
 
 const (
-	// streamBodyThreshold: bodies up to this size are read by fasthttp into
-	// its pooled buffers before the handler runs (the fast path, outside
-	// the budget: at most this much per connection); larger ones reach the
-	// handler unread and are read there against the body budget.
+	// streamBodyThreshold: bodies up to this size are read into fasthttp's
+	// pooled buffers (PostBody: the fast path, outside the budget, at most
+	// this much per connection); larger and chunked ones are read by
+	// readLargeBody against the body budget.
 	streamBodyThreshold = 64 << 10
 	// frontRetryAfter is the Retry-After of the front door's refusals.
 	frontRetryAfter = "1"
@@ -201,6 +202,22 @@ type frontConn struct {
 	// close first lets the client read the answer (see lingerClose).
 	linger atomic.Bool
 }
+
+// NetConn returns the accepted connection under the front door's wrapper.
+func (c *frontConn) NetConn() net.Conn { return c.Conn }
+
+// SyscallConn exposes the socket, as *net.TCPConn does, so that code
+// inspecting the client connection (liveness checks) sees through the
+// wrapper.
+func (c *frontConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errNoSyscallConn
+	}
+	return sc.SyscallConn()
+}
+
+var errNoSyscallConn = errors.New("front door connection has no socket")
 
 // lingerOnClose marks the connection of ctx, when it is the front door's,
 // for a lingering close.

@@ -194,8 +194,9 @@ func (r *Router) Server() *fasthttp.Server {
 		Handler:      r.Handle,
 		ErrorHandler: r.handleParseError,
 		Name:         "infera",
-		// Bodies above the threshold reach Handle unread; it reads them
-		// against the body budget (readLargeBody) up to MaxBodyBytes.
+		// Bodies reach Handle as streams (fasthttp pre-reads at most 8
+		// KiB); above streamBodyThreshold Handle reads them against the
+		// body budget (readLargeBody) up to MaxBodyBytes.
 		StreamRequestBody:  true,
 		MaxRequestBodySize: min(streamBodyThreshold, r.cfg.MaxBodyBytes),
 		// ReadTimeout bounds the headers (from the connection's opening,
@@ -303,8 +304,13 @@ func (r *Router) shutdownPools() {
 // Handle is the fasthttp request handler of the client address. With
 // Config.AdminSeparate the admin endpoints are not found here.
 func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
-	if ctx.Request.IsBodyStream() && !r.readLargeBody(ctx) {
-		return
+	if ctx.Request.IsBodyStream() {
+		// With StreamRequestBody every body arrives as a stream; small
+		// ones are read into fasthttp's pooled buffer by PostBody as
+		// before, large and chunked ones against the budget here.
+		if n := ctx.Request.Header.ContentLength(); (n < 0 || n > streamBodyThreshold) && !r.readLargeBody(ctx) {
+			return
+		}
 	}
 	rt := routeOf(ctx.Path())
 	if rt.admin() && r.cfg.AdminSeparate {
