@@ -201,6 +201,9 @@ type frontConn struct {
 	// linger: the last request was answered without reading its body; the
 	// close first lets the client read the answer (see lingerClose).
 	linger atomic.Bool
+	// small holds the body of the current request when it is small
+	// (readBody); used only by the connection's serving goroutine.
+	small []byte
 }
 
 // NetConn returns the accepted connection under the front door's wrapper.
@@ -348,6 +351,35 @@ func (b *bodyBudget) put(buf []byte) {
 	b.free = append(b.free, buf)
 	b.pooled += int64(cap(buf))
 }
+
+// readBody reads the request's body, which fasthttp hands over as a stream
+// (StreamRequestBody; it pre-reads at most 8 KiB), and makes it the
+// request's body. A small body on a front-door connection is read into that
+// connection's own buffer (no allocation per request; the connection serves
+// one request at a time and the buffer is reused only after the response
+// has been written); larger, chunked or other ones go to readLargeBody.
+// false: an error was answered.
+func (r *Router) readBody(ctx *fasthttp.RequestCtx) bool {
+	n := ctx.Request.Header.ContentLength()
+	fc, ok := ctx.Conn().(*frontConn)
+	if !ok || n < 0 || n > streamBodyThreshold || n > r.cfg.MaxBodyBytes {
+		return r.readLargeBody(ctx)
+	}
+	if cap(fc.small) < n {
+		fc.small = make([]byte, max(n, 2*cap(fc.small), smallBodyMin))
+	}
+	buf := fc.small[:n]
+	if _, err := io.ReadFull(ctx.RequestBodyStream(), buf); err != nil {
+		ctx.SetConnectionClose()
+		r.handleParseError(ctx, bodyReadError{err})
+		return false
+	}
+	ctx.Request.SetBodyRaw(buf)
+	return true
+}
+
+// smallBodyMin is the least a connection's small-body buffer grows to.
+const smallBodyMin = 4 << 10
 
 // readLargeBody reads a body fasthttp left unread (above
 // streamBodyThreshold) into a buffer reserved from the body budget, and

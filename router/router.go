@@ -304,13 +304,8 @@ func (r *Router) shutdownPools() {
 // Handle is the fasthttp request handler of the client address. With
 // Config.AdminSeparate the admin endpoints are not found here.
 func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
-	if ctx.Request.IsBodyStream() {
-		// With StreamRequestBody every body arrives as a stream; small
-		// ones are read into fasthttp's pooled buffer by PostBody as
-		// before, large and chunked ones against the budget here.
-		if n := ctx.Request.Header.ContentLength(); (n < 0 || n > streamBodyThreshold) && !r.readLargeBody(ctx) {
-			return
-		}
+	if ctx.Request.IsBodyStream() && !r.readBody(ctx) {
+		return
 	}
 	rt := routeOf(ctx.Path())
 	if rt.admin() && r.cfg.AdminSeparate {
