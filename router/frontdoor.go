@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -33,10 +34,18 @@ const (
 	// maxRejecting bounds the goroutines answering refused connections;
 	// beyond it a refused connection is closed without an answer.
 	maxRejecting = 256
-	// rejectLinger bounds how long a refused connection is read (its
-	// request discarded) after the answer, so the close does not reset the
-	// connection before the client has read the answer.
-	rejectLinger = time.Second
+	// A refused connection's request is read before the answer is written
+	// (a client that gets an answer before it sent its request takes it
+	// for a broken connection), for at most rejectWait. After an answer
+	// sent without reading the request's body, the close lingers: what the
+	// client still sends is read and discarded, each read waiting at most
+	// lingerIdle, for at most lingerTotal and lingerBytes, so that closing
+	// does not reset the connection before the client has read the answer
+	// (nginx's lingering close).
+	rejectWait  = time.Second
+	lingerIdle  = 2 * time.Second
+	lingerTotal = 10 * time.Second
+	lingerBytes = 256 << 20
 	// fasthttpConcurrencySlack lets fasthttp's own limit (which answers in
 	// plain text) sit above Config.MaxConnections: the listener refuses
 	// first, and fasthttp's count may lag a closed connection briefly.
@@ -153,13 +162,38 @@ func (fd *frontDoor) refuse(c net.Conn, status int, message, errType, code strin
 		resp = strconv.AppendInt(resp, int64(len(body)), 10)
 		resp = append(resp, "\r\n\r\n"...)
 		resp = append(resp, body...)
-		_ = c.SetDeadline(time.Now().Add(rejectLinger))
+		// Wait for the request's headers (or give up), then answer.
+		_ = c.SetDeadline(time.Now().Add(rejectWait))
+		readHead(c)
+		_ = c.SetWriteDeadline(time.Now().Add(rejectWait))
 		if _, err := c.Write(resp); err == nil {
 			drainClose(c)
 			return
 		}
 		_ = c.Close()
 	}()
+}
+
+// readHead reads from c until the end of a request's header block, an
+// error or the deadline set on c, discarding what it read.
+func readHead(c net.Conn) {
+	var buf [4096]byte
+	var tail [3]byte // the end of the previous read, for a split "\r\n\r\n"
+	for total := 0; total < 64<<10; {
+		n, err := c.Read(buf[:])
+		if n > 0 {
+			joined := append(tail[:0:0], tail[:]...)
+			joined = append(joined, buf[:n]...)
+			if bytes.Contains(joined, []byte("\r\n\r\n")) || bytes.Contains(joined, []byte("\n\n")) {
+				return
+			}
+			copy(tail[:], joined[len(joined)-3:])
+			total += n
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // lingerClose closes a connection whose client may still be sending a
@@ -176,18 +210,35 @@ func (fd *frontDoor) lingerClose(c net.Conn) {
 	}
 	go func() {
 		defer fd.rejecting.Add(-1)
-		_ = c.SetDeadline(time.Now().Add(rejectLinger))
 		drainClose(c)
 	}()
 }
 
-// drainClose half-closes c, reads and discards until the client closes or
-// the deadline set on c passes, and closes c.
+// drainClose half-closes c (the answer is out), then reads and discards
+// what the client sends until it closes, goes quiet for lingerIdle, or
+// lingerTotal or lingerBytes are reached, and closes c.
 func drainClose(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<20))
+	end := time.Now().Add(lingerTotal)
+	var buf [32 << 10]byte
+	for total := 0; total < lingerBytes; {
+		now := time.Now()
+		if !now.Before(end) {
+			break
+		}
+		deadline := now.Add(lingerIdle)
+		if deadline.After(end) {
+			deadline = end
+		}
+		_ = c.SetReadDeadline(deadline)
+		n, err := c.Read(buf[:])
+		total += n
+		if err != nil {
+			break
+		}
+	}
 	_ = c.Close()
 }
 

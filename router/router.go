@@ -204,7 +204,7 @@ func (r *Router) Server() *fasthttp.Server {
 		// idle connections that never send a request go quickly; once
 		// the headers are in, the body gets ClientReadTimeout. A
 		// slowloris client is cut when either runs out.
-		ReadTimeout: r.cfg.ClientHeaderTimeout,
+		ReadTimeout: min(r.cfg.ClientHeaderTimeout, r.cfg.ClientReadTimeout),
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
 			return fasthttp.RequestConfig{ReadTimeout: r.cfg.ClientReadTimeout, MaxRequestBodySize: min(streamBodyThreshold, r.cfg.MaxBodyBytes)}
 		},
