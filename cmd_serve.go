@@ -23,7 +23,7 @@ func serveCommand() *cli.Command {
 		Name:  "serve",
 		Usage: "run the OpenAI-compatible router in front of the fleet registered in etcd",
 		Description: "Serves POST /v1/chat/completions and /v1/completions, routed to the active workers that\n" +
-			"serve the request's model, plus GET /v1/models, /v1/workers, /health and /metrics.\n" +
+			"serve the request's model, plus GET /v1/models, /v1/workers, /health, /ready and /metrics.\n" +
 			"Without --etcd-endpoints it runs a single-node etcd in-process (--embedded-etcd-listen,\n" +
 			"--embedded-etcd-dir) for workers to register with.\n\n" +
 			"With --router-policy kv-aware each request goes to the worker that caches most of its prompt\n" +
@@ -130,6 +130,7 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 		return fmt.Errorf("build router: %w", err)
 	}
 	watcher := discovery.NewWatcher(cli, etcdCfg.Prefix, log, rt.UpdateFleet)
+	watcher.SetOutageGrace(cfg.OutageGrace)
 	spawn(func(ctx context.Context) {
 		if err := watcher.Run(ctx); err != nil {
 			cancel(fmt.Errorf("fleet watcher: %w", err))

@@ -89,6 +89,19 @@ type Serve struct {
 	ClientWriteTimeout time.Duration
 	// MaxConnections caps concurrent client connections.
 	MaxConnections int
+	// ClientHeaderTimeout bounds the wait for a request's headers (from
+	// the connection's opening, or the request's first byte on a
+	// keep-alive connection); ClientReadTimeout then bounds its body.
+	ClientHeaderTimeout time.Duration
+	// MaxConnectionsPerIP caps concurrent connections from one client
+	// address (0: no cap).
+	MaxConnectionsPerIP int
+	// BodyBudgetBytes bounds the bytes of large request bodies being read
+	// or held at once, all clients together.
+	BodyBudgetBytes int64
+	// OutageGrace holds the removals an etcd re-list (after a watch
+	// outage) reports, so workers can re-register first.
+	OutageGrace time.Duration
 	// LogPrompts allows request bodies in debug logs.
 	LogPrompts bool
 
@@ -305,7 +318,11 @@ func (s *Serve) Flags() []cli.Flag {
 		Bool("enable-profiling", "serve Go's pprof endpoints (/debug/pprof/) on --admin-listen, behind --admin-token when set", &s.EnableProfiling, false),
 		Int("max-header-bytes", "largest request header block; larger ones get 431", &s.MaxHeaderBytes, 16384),
 		Duration("client-write-timeout", "longest time one write to a client may block", &s.ClientWriteTimeout, 5*time.Minute),
-		Int("max-connections", "most concurrent client connections", &s.MaxConnections, 10000),
+		Int("max-connections", "most concurrent client connections; beyond, a new connection gets 503 (OpenAI error, Retry-After)", &s.MaxConnections, 10000),
+		Int("max-connections-per-ip", "most concurrent client connections from one address (0 = no cap); beyond, 429 (OpenAI error, Retry-After)", &s.MaxConnectionsPerIP, 0),
+		Duration("client-header-timeout", "longest wait for a request's headers, from the connection's opening (idle connections that send nothing are closed after it); the body then has --client-read-timeout", &s.ClientHeaderTimeout, 10*time.Second),
+		Int64("body-budget-bytes", "most bytes of request bodies above 64 KiB read or held at once, all clients together; a body that does not fit gets 503 (Retry-After) before it is read", &s.BodyBudgetBytes, 1<<30),
+		Duration("etcd-outage-grace", "after an etcd watch outage, how long removals learned from the re-list wait for the worker to re-register (about the workers' --keepalive-interval plus margin; 0 = remove at once)", &s.OutageGrace, 10*time.Second),
 		Bool("log-prompts", "allow request bodies in debug logs", &s.LogPrompts, false),
 		String("embedded-etcd-listen", "client host:port of the embedded etcd started when no --etcd-endpoints are given", &s.EmbeddedEtcdListen, "127.0.0.1:2379"),
 		String("embedded-etcd-dir", "data directory of the embedded etcd", &s.EmbeddedEtcdDir, filepath.Join(DefaultStateDir(), "etcd")),
@@ -355,6 +372,7 @@ func (s *Serve) Validate() error {
 		{"--request-timeout", s.RequestTimeout},
 		{"--heartbeat-interval", s.HeartbeatInterval},
 		{"--client-write-timeout", s.ClientWriteTimeout},
+		{"--client-header-timeout", s.ClientHeaderTimeout},
 	} {
 		if d.v <= 0 {
 			p.Addf("%s must be positive", d.name)
@@ -429,6 +447,15 @@ func (s *Serve) validateSecurity(p *Problems) {
 	}
 	if s.MaxConnections < 1 {
 		p.Addf("--max-connections must be positive")
+	}
+	if s.MaxConnectionsPerIP < 0 {
+		p.Addf("--max-connections-per-ip must not be negative")
+	}
+	if s.BodyBudgetBytes < int64(s.MaxBodyBytes) {
+		p.Addf("--body-budget-bytes must be at least --max-body-bytes")
+	}
+	if s.OutageGrace < 0 {
+		p.Addf("--etcd-outage-grace must not be negative")
 	}
 	keys := slices.Clone(s.APIKeys)
 	if s.APIKeysFile != "" {

@@ -38,6 +38,9 @@ type Worker struct {
 	HealthInterval    time.Duration // /health poll period while starting
 	DrainTimeout      time.Duration // longest wait for in-flight requests on shutdown
 	StopGrace         time.Duration // SIGTERM → SIGKILL delay when stopping the engine
+	// RuntimeDir holds the engine pidfiles (engine-<port>.pid) a restarted
+	// worker uses to reclaim its port; empty: the engines package default.
+	RuntimeDir string
 
 	// AllowTCP lets a prefill/decode worker register although its KV would
 	// move over TCP (no active RDMA port, or an unroutable advertise host).
@@ -80,6 +83,8 @@ func (w *Worker) Flags() []cli.Flag {
 		Duration("health-interval", "engine /health poll interval while starting", &w.HealthInterval, 500*time.Millisecond),
 		Duration("drain-timeout", "on shutdown, longest wait for the engine's running and waiting requests to finish", &w.DrainTimeout, 30*time.Second),
 		Duration("stop-grace", "time between SIGTERM and SIGKILL when stopping the engine", &w.StopGrace, 10*time.Second),
+		withDefaultText(String("runtime-dir", "directory of the engine pidfiles (engine-<port>.pid): a restarted worker kills the engine a previous worker on the same port left behind, verified by its command line", &w.RuntimeDir, ""),
+			"$XDG_RUNTIME_DIR/infera, else $TMPDIR/infera-<uid>"),
 		Bool("disaggregation-allow-tcp", "let a prefill/decode worker register without an active RDMA port or with an unroutable advertise host (KV then moves over TCP)", &w.AllowTCP, false),
 		String("sysfs-root", "sysfs mount the node's GPUs (KFD topology) and RDMA devices are read from", &w.SysfsRoot, "/sys"),
 		Bool("preflight", "print the PD preflight findings (GPUs, RDMA devices, ports, GIDs, advertise host, verdict) and exit, non-zero on a blocking finding", &w.Preflight, false),

@@ -1,7 +1,9 @@
 // Package discovery owns the fleet registry in etcd: the worker record (wire
 // compatible with Infera fleets), the registrar that keeps a worker's record
 // alive under a lease, the fleet watcher that turns etcd state into immutable
-// snapshots, and the embedded single-node etcd used when no cluster is given.
+// snapshots (holding, for Watcher.SetOutageGrace, the removals a re-list
+// reports while workers re-register after an etcd outage), and the embedded
+// single-node etcd used when no cluster is given.
 //
 // Concurrency: a Registrar and a Watcher are each driven by one goroutine
 // (their Run method) owned by the caller; Snapshot values are immutable and

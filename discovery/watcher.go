@@ -79,8 +79,25 @@ type Watcher struct {
 	// when it ends. Owned by the Run goroutine.
 	outage bool
 
+	// grace holds removals after a re-list (see SetOutageGrace); held maps
+	// each held worker id to when it is removed after all, and recovered
+	// is when the last re-list ended the watch's interruption. Owned by
+	// the Run goroutine.
+	grace     time.Duration
+	held      map[string]time.Time
+	recovered time.Time
+
 	hooks watcherHooks
 }
+
+// SetOutageGrace makes the watcher hold, for d, each removal it learns from
+// a re-list (a worker missing from it) or from a delete within d after one:
+// after an etcd outage longer than the lease TTL every worker's lease may
+// have expired, and dropping them all until they re-register would leave the
+// router with no worker for a moment. A held worker stays in the view; a
+// new record for it ends the hold, and one that does not re-appear within d
+// is removed then. 0 (the default) removes at once. Call before Run.
+func (w *Watcher) SetOutageGrace(d time.Duration) { w.grace = d }
 
 // NewWatcher returns a watcher of prefix. onChange (optional) is called on
 // the Run goroutine after each new snapshot is published; it must return
@@ -94,6 +111,7 @@ func NewWatcher(cli *clientv3.Client, prefix string, log zerolog.Logger, onChang
 		synced:   make(chan struct{}),
 		invalid:  make(map[string]int64),
 		foreign:  make(map[string]struct{}),
+		held:     make(map[string]time.Time),
 
 		probeInterval: defaultProbeInterval,
 		listTimeout:   listTimeout,
@@ -160,6 +178,7 @@ func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
 		return -1, fmt.Errorf("list %s: %w", w.prefix, err)
 	}
 	rev := resp.Header.Revision
+	w.expireHeld(time.Now())
 	w.rebuild(resp.Kvs, rev, n)
 	if w.outage {
 		w.outage = false
@@ -199,8 +218,18 @@ func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
 	}()
 	start := time.Now()
 	ch := wc.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	expiry := time.NewTimer(time.Hour)
+	defer expiry.Stop()
 	for {
+		var expire <-chan time.Time
+		if next, ok := w.nextExpiry(); ok {
+			expiry.Reset(time.Until(next))
+			expire = expiry.C
+		}
 		select {
+		case <-expire:
+			w.expireHeld(time.Now())
+			continue
 		case wr, ok := <-ch:
 			if !ok {
 				return time.Since(start), errWatchClosed
@@ -268,6 +297,9 @@ func (w *Watcher) rebuild(kvs []*mvccpb.KeyValue, rev int64, n int) {
 	// bounded by the invalid records actually present.
 	w.invalid = invalid
 	w.foreign = foreign
+	if n > 1 {
+		workers = w.holdMissing(workers)
+	}
 	sortWorkers(workers)
 	msg := "etcd fleet listed"
 	if n > 1 {
@@ -295,6 +327,9 @@ func (w *Watcher) apply(events []*clientv3.Event, rev int64) {
 		}
 		if ev.Type == clientv3.EventTypeDelete {
 			delete(w.invalid, key)
+			if w.holdDelete(id) {
+				continue
+			}
 			workers, changed = remove(workers, id, changed)
 			continue
 		}
@@ -309,6 +344,7 @@ func (w *Watcher) apply(events []*clientv3.Event, rev int64) {
 			continue
 		}
 		delete(w.invalid, key)
+		w.unhold(rec.WorkerID)
 		i, found := slices.BinarySearchFunc(workers, rec.WorkerID, func(r Record, id string) int {
 			return strings.Compare(r.WorkerID, id)
 		})
@@ -386,4 +422,96 @@ func (w *Watcher) closeWatch() bool {
 	}
 	_ = w.current.Close()
 	return true
+}
+
+// holdMissing runs on a re-list: it starts the grace window and returns
+// listed plus the workers of the current view the list lacks, each held
+// until its grace ends (a worker already held keeps its deadline). Workers
+// that are listed again are no longer held.
+func (w *Watcher) holdMissing(listed []Record) []Record {
+	if w.grace <= 0 {
+		return listed
+	}
+	now := time.Now()
+	w.recovered = now
+	ids := make(map[string]struct{}, len(listed))
+	for _, rec := range listed {
+		ids[rec.WorkerID] = struct{}{}
+		w.unhold(rec.WorkerID)
+	}
+	for _, rec := range w.Snapshot().Workers {
+		if _, ok := ids[rec.WorkerID]; ok {
+			continue
+		}
+		if _, ok := w.held[rec.WorkerID]; !ok {
+			w.held[rec.WorkerID] = now.Add(w.grace)
+			w.log.Info().Str("worker_id", rec.WorkerID).Dur("grace", w.grace).
+				Msg("worker missing from the re-list: kept while it may re-register")
+		}
+		listed = append(listed, rec)
+	}
+	return listed
+}
+
+// holdDelete decides on a delete event for id: within the grace window
+// after a re-list a worker's removal is held (true: keep it in the view);
+// one already held stays held.
+func (w *Watcher) holdDelete(id string) bool {
+	if _, ok := w.held[id]; ok {
+		return true
+	}
+	if w.grace <= 0 || w.recovered.IsZero() {
+		return false
+	}
+	now := time.Now()
+	if now.Sub(w.recovered) > w.grace {
+		return false
+	}
+	if _, ok := w.Snapshot().Get(id); !ok {
+		return false
+	}
+	w.held[id] = now.Add(w.grace)
+	w.log.Info().Str("worker_id", id).Dur("grace", w.grace).
+		Msg("worker record deleted just after an etcd interruption: kept while it may re-register")
+	return true
+}
+
+func (w *Watcher) unhold(id string) {
+	if _, ok := w.held[id]; ok {
+		delete(w.held, id)
+		w.log.Info().Str("worker_id", id).Msg("held worker re-registered")
+	}
+}
+
+// nextExpiry returns the earliest deadline of a held worker.
+func (w *Watcher) nextExpiry() (time.Time, bool) {
+	var next time.Time
+	for _, d := range w.held {
+		if next.IsZero() || d.Before(next) {
+			next = d
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// expireHeld removes the held workers whose grace has ended by now.
+func (w *Watcher) expireHeld(now time.Time) {
+	cur := w.snap.Load()
+	workers := cur.Workers
+	changed := false
+	for id, deadline := range w.held {
+		if deadline.After(now) {
+			continue
+		}
+		delete(w.held, id)
+		if !changed {
+			workers = slices.Clone(workers)
+		}
+		workers, changed = remove(workers, id, changed)
+		w.log.Warn().Str("worker_id", id).Dur("grace", w.grace).
+			Msg("held worker did not re-register within the grace: removed")
+	}
+	if changed {
+		w.publish(&Snapshot{Revision: cur.Revision, Workers: workers})
+	}
 }

@@ -3,15 +3,19 @@
 // sglang, atom: served model, ports, block size, data-parallel layout,
 // disaggregation role, the KV-event publisher the worker adds), the process
 // supervisor (process group, log capture, readiness, graceful stop, one
-// reaper), and the worker lifecycle (launch, register, drain, deregister).
+// reaper, a parent-death signal so no engine outlives its worker), the
+// engine pidfiles a restarted worker reclaims its port with (stale.go), and
+// the worker lifecycle (launch, register, drain, deregister).
 //
 // Adapters read only the engine flags they need and forward the rest
 // verbatim; what they add is listed in `infera worker --help`, and
 // testdata/golden holds the launches of representative real invocations
 // (go test ./engines -run Golden -update rewrites them).
 //
-// Concurrency: a Process is reaped by exactly one goroutine it owns; its
-// methods are safe for concurrent use. Run runs one worker in the calling
+// Concurrency: a Process is started and reaped by exactly one goroutine it
+// owns, locked to its OS thread from the fork until the reap (the
+// parent-death signal follows the forking thread); its methods are safe
+// for concurrent use. Run runs one worker in the calling
 // goroutine and stops everything it started before it returns. Adapters are
 // stateless.
 package engines

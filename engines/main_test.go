@@ -21,6 +21,9 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(fakeEngineEnv); mode != "" {
 		os.Exit(runFakeEngine(mode, os.Args[1:]))
 	}
+	if pidPath := os.Getenv(supervisorEnv); pidPath != "" {
+		os.Exit(runSupervisor(pidPath))
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -80,7 +83,9 @@ func (b *logBuffer) messages(t testing.TB) string {
 }
 
 func newTestLogger(t testing.TB) (zerolog.Logger, *logBuffer) {
-	t.Helper()
+	if t != nil {
+		t.Helper()
+	}
 	b := &logBuffer{}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
 	return zerolog.New(b).Level(zerolog.DebugLevel).With().Timestamp().Logger(), b

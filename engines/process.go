@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -86,7 +87,11 @@ func Start(cmd Command, log zerolog.Logger) (*Process, error) {
 	if len(cmd.Env) > 0 {
 		c.Env = append(os.Environ(), cmd.Env...)
 	}
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: the kernel SIGKILLs the engine when the worker dies, however
+	// it dies (SIGKILL included), so no engine is orphaned to PID 1 holding
+	// its port and GPU memory. See startLocked for why the fork happens on a
+	// thread of its own.
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 
 	// Pipes are made here rather than with StdoutPipe so that cmd.Wait does
 	// not close the read ends under the readers: the readers own them and
@@ -102,27 +107,48 @@ func Start(cmd Command, log zerolog.Logger) (*Process, error) {
 	}
 	c.Stdout = outW
 	c.Stderr = errW
-	if err := c.Start(); err != nil {
+	p := &Process{name: cmd.Name, done: make(chan struct{})}
+	var readers sync.WaitGroup
+	if err := startLocked(c, func() {
+		// The child holds its own copies of the write ends; ours must go
+		// so the readers see end of file when the engine side closes.
+		closeAll(outW, errW)
+		p.pid = c.Process.Pid
+		p.log = log.With().Str("engine", cmd.Name).Int("pid", c.Process.Pid).Logger()
+		readers.Add(2)
+		go p.capture(&readers, outR, "stdout")
+		go p.capture(&readers, errR, "stderr")
+	}, func() { p.reap(c, &readers, outR, errR) }); err != nil {
 		closeAll(outR, outW, errR, errW)
 		return nil, fmt.Errorf("start engine %s: %w", cmd.Name, err)
 	}
-	// The child holds its own copies of the write ends; ours must go so the
-	// readers see end of file when the engine side closes.
-	closeAll(outW, errW)
-
-	p := &Process{
-		name: cmd.Name,
-		pid:  c.Process.Pid,
-		log:  log.With().Str("engine", cmd.Name).Int("pid", c.Process.Pid).Logger(),
-		done: make(chan struct{}),
-	}
-	var readers sync.WaitGroup
-	readers.Add(2)
-	go p.capture(&readers, outR, "stdout")
-	go p.capture(&readers, errR, "stderr")
-	go p.reap(c, &readers, outR, errR)
 	p.log.Info().Str("path", cmd.Path).Strs("args", cmd.Args).Msg("engine started")
 	return p, nil
+}
+
+// startLocked starts c from a goroutine locked to its OS thread and keeps
+// that goroutine, and so the thread, alive until the process is reaped:
+// started runs once the process exists, then reap runs on the same thread
+// (it waits for the process). Linux delivers the parent-death signal
+// (Pdeathsig) when the thread that forked the child exits, not the process;
+// a plain exec.Cmd.Start on an arbitrary goroutine could let the runtime
+// retire that thread and kill a healthy engine. A goroutine that returns
+// while locked takes its thread with it, which by then is harmless: the
+// engine has been reaped. startLocked returns once c.Start has returned.
+func startLocked(c *exec.Cmd, started, reap func()) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// Never unlocked: the thread ends with this goroutine.
+		if err := c.Start(); err != nil {
+			errc <- err
+			return
+		}
+		started()
+		errc <- nil
+		reap()
+	}()
+	return <-errc
 }
 
 // PID returns the process id, which is also its process group id.

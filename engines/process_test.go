@@ -138,22 +138,6 @@ func TestStopGracefulSIGTERM(t *testing.T) {
 	}
 }
 
-// processGone reports whether pid no longer runs. A killed orphan may stay a
-// zombie here (PID 1 of a container need not reap), which counts as gone.
-func processGone(pid int) bool {
-	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-		return true
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	// The state follows the parenthesised command name.
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && i+2 < len(s) && (s[i+2] == 'Z' || s[i+2] == 'X')
-}
-
 func TestStopKillsGroupAfterGrace(t *testing.T) {
 	log, buf := newTestLogger(t)
 	dir := t.TempDir()

@@ -99,10 +99,30 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 		ep:      launch.Endpoint,
 		local:   "http://" + net.JoinHostPort(localHost(launch.Endpoint.Host), strconv.Itoa(launch.Endpoint.Port)),
 	}
+	// An engine that a previous worker on this port left behind (it died
+	// before the parent-death signal existed, or forked helpers that kept
+	// the port) is killed if the pidfile proves it is ours; anything else
+	// holding the port is named instead of letting the engine fail to bind.
+	runtimeDir := cfg.RuntimeDir
+	if runtimeDir == "" {
+		runtimeDir = DefaultRuntimeDir()
+	}
+	pf := pidfilePath(runtimeDir, launch.Endpoint.Port)
+	if err := pf.reclaim(log); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if err := checkPortFree(launch.Endpoint.Host, launch.Endpoint.Port); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	// Engine lines get their own component (Start adds engine and pid).
 	w.proc, err = Start(launch.Command, base.With().Str("component", "engine").Logger())
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
+	}
+	if err := pf.write(w.proc.PID()); err != nil {
+		log.Warn().Err(err).Msg("no engine pidfile: a restarted worker cannot reclaim this engine's port")
+	} else {
+		defer pf.remove(w.proc.PID()) // after stopEngine (deferred later, runs first)
 	}
 	// Whatever happens below, the engine does not outlive the worker.
 	defer w.stopEngine()

@@ -51,6 +51,9 @@ func ServeConfig(s config.Serve) Config {
 		MaxHeaderBytes:       s.MaxHeaderBytes,
 		ClientWriteTimeout:   s.ClientWriteTimeout,
 		MaxConnections:       s.MaxConnections,
+		MaxConnectionsPerIP:  s.MaxConnectionsPerIP,
+		ClientHeaderTimeout:  s.ClientHeaderTimeout,
+		BodyBudgetBytes:      s.BodyBudgetBytes,
 		LogPrompts:           s.LogPrompts,
 	}
 }

@@ -47,6 +47,15 @@
 // queue (admission.go); client API keys and the admin token are checked in
 // constant time (auth.go).
 //
+// Front door (frontdoor.go, issue 12): the listener counts client
+// connections (Config.MaxConnections, MaxConnectionsPerIP) and answers the
+// ones over a limit with an OpenAI error and Retry-After itself; headers
+// have ClientHeaderTimeout, bodies ClientReadTimeout; bodies above 64 KiB
+// reach Handle unread and are read into pooled buffers reserved from the
+// shared BodyBudgetBytes (503 before reading when full), released when the
+// response has been written (fasthttp ConnState) or the connection closes.
+// GET /ready is 200 only with a routable worker.
+//
 // Concurrency: the fleet view is an immutable value swapped through an atomic
 // pointer by the discovery watcher callback; request handlers only load it and
 // never lock on the request path. Policies are safe for concurrent use.

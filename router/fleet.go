@@ -56,9 +56,10 @@ type view struct {
 	revision int64
 	// models maps every model some worker serves (any status) to its active
 	// candidates, which may be empty: known model, nobody to take it.
-	models  map[string]*Candidates
-	workers []*Worker
-	active  int
+	models   map[string]*Candidates
+	workers  []*Worker
+	active   int
+	routable int // active mixed workers: candidates of whole requests (/ready)
 
 	// modelNames lists the models with active candidates, sorted, for
 	// GET /v1/models (rendered per request: created is the request time).
@@ -66,6 +67,7 @@ type view struct {
 	// Bodies of the read-only endpoints, rendered once per view.
 	workersJSON []byte
 	healthJSON  []byte
+	readyJSON   []byte
 }
 
 // UpdateFleet replaces the fleet view with one built from snap; it is the
@@ -83,7 +85,7 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 	next := make(map[string]*Worker, len(snap.Workers))
 	all := make([]*Worker, 0, len(snap.Workers))
 	models := make(map[string]*Candidates)
-	active := 0
+	active, routable := 0, 0
 	byMode := make(map[discovery.DisaggMode]int)
 	unroutable := make(map[string]int)
 	for i := range snap.Workers {
@@ -143,6 +145,7 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 		byMode[mode]++
 		if mode == discovery.DisaggMixed {
 			c.Workers = append(c.Workers, w)
+			routable++
 		}
 	}
 	for id, w := range r.workers {
@@ -158,7 +161,7 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 	}
 	r.workers = next
 
-	v := &view{revision: snap.Revision, models: models, workers: all, active: active}
+	v := &view{revision: snap.Revision, models: models, workers: all, active: active, routable: routable}
 	v.render()
 	r.view.Store(v)
 	r.metrics.setFleet(byMode, unroutable)
@@ -281,10 +284,30 @@ func (v *view) render() {
 	b = strconv.AppendInt(b, v.revision, 10)
 	v.workersJSON = append(b, '}')
 
+	// /health stays 200 "ok" (Infera's contract) and says whether the
+	// router can route; /ready is the load balancers' probe.
 	b = append([]byte(`{"status":"ok","active_workers":`), strconv.Itoa(v.active)...)
+	b = append(b, `,"routable_workers":`...)
+	b = strconv.AppendInt(b, int64(v.routable), 10)
+	b = append(b, `,"ready":`...)
+	b = strconv.AppendBool(b, v.routable > 0)
 	b = append(b, `,"workers":`...)
 	b = strconv.AppendInt(b, int64(len(v.workers)), 10)
 	b = append(b, `,"revision":`...)
 	b = strconv.AppendInt(b, v.revision, 10)
 	v.healthJSON = append(b, '}')
+	v.readyJSON = appendReady(nil, v.routable, v.active)
+}
+
+// appendReady renders the body of GET /ready.
+func appendReady(b []byte, routable, active int) []byte {
+	status := `{"status":"ready","routable_workers":`
+	if routable == 0 {
+		status = `{"status":"no_routable_worker","routable_workers":`
+	}
+	b = append(b, status...)
+	b = strconv.AppendInt(b, int64(routable), 10)
+	b = append(b, `,"active_workers":`...)
+	b = strconv.AppendInt(b, int64(active), 10)
+	return append(b, '}')
 }

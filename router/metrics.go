@@ -100,10 +100,11 @@ const (
 	rejected413
 	rejected429
 	rejected431
+	rejected503 // the front door: connection limit, body budget
 	numRejects
 )
 
-var rejectLabels = [numRejects]string{"400", "401", "408", "413", "429", "431"}
+var rejectLabels = [numRejects]string{"400", "401", "408", "413", "429", "431", "503"}
 
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
@@ -187,7 +188,7 @@ func newMetrics() *metrics {
 			default:
 				expected = o == outcomeOK || o == outcomeMethodNotAllowed
 			}
-			if o == outcomeUnauthorized && rt != RouteHealth && rt != RouteOther {
+			if o == outcomeUnauthorized && rt != RouteHealth && rt != RouteReady && rt != RouteOther {
 				expected = true
 			}
 			if expected {

@@ -53,7 +53,11 @@ type Config struct {
 	MaxHeaderBytes     int           // request header block
 	ClientWriteTimeout time.Duration // one write to a client
 	MaxConnections     int           // concurrent client connections
-	LogPrompts         bool          // request bodies may appear in debug logs
+	// Front door (frontdoor.go).
+	MaxConnectionsPerIP int           // concurrent connections from one address; 0: no cap
+	ClientHeaderTimeout time.Duration // a request's headers; then ClientReadTimeout for its body
+	BodyBudgetBytes     int64         // large request bodies read or held at once
+	LogPrompts          bool          // request bodies may appear in debug logs
 
 	// Now is the clock of the circuit breakers (tests)
 	Now func() time.Time
@@ -81,6 +85,7 @@ func (c Config) validate() (Config, error) {
 		{"request timeout", c.RequestTimeout},
 		{"heartbeat interval", c.HeartbeatInterval},
 		{"client write timeout", c.ClientWriteTimeout},
+		{"client header timeout", c.ClientHeaderTimeout},
 	} {
 		if d.v <= 0 {
 			return c, fmt.Errorf("%w: %s %s must be positive", ErrConfig, d.name, d.v)
@@ -100,7 +105,10 @@ func (c Config) validate() (Config, error) {
 			return c, fmt.Errorf("%w: %s %d must be positive", ErrConfig, n.name, n.v)
 		}
 	}
-	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 {
+	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) {
+		return c, fmt.Errorf("%w: body budget %d is below the largest body %d", ErrConfig, c.BodyBudgetBytes, c.MaxBodyBytes)
+	}
+	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 || c.MaxConnectionsPerIP < 0 {
 		return c, fmt.Errorf("%w: retries and in-flight caps must not be negative", ErrConfig)
 	}
 	c.BreakerMaxCool = max(c.BreakerMaxCool, c.BreakerCooldown)
@@ -128,6 +136,8 @@ type Router struct {
 	cursors map[string]*atomic.Uint64 // per model; guarded by fleetMu
 
 	conns connSet // open upstream connections
+
+	front *frontDoor // client connection and body budgets
 
 	dialects [numProxyRoutes]*dialect // each proxied route's API
 
@@ -160,6 +170,7 @@ func New(cfg Config, policy Policy, log zerolog.Logger) (*Router, error) {
 		cursors:  make(map[string]*atomic.Uint64),
 		dialects: defaultDialects(),
 	}
+	r.front = newFrontDoor(r.cfg)
 	r.brk = breakerConfig{threshold: int32(r.cfg.BreakerThreshold), cooldown: r.cfg.BreakerCooldown, maxCooldown: r.cfg.BreakerMaxCool}
 	r.admit.limit = int64(r.cfg.MaxInflightPerWorker)
 	r.keys = newKeySet(r.cfg.APIKeys)
@@ -180,20 +191,34 @@ func (r *Router) Policy() Policy { return r.policy }
 // Server returns a fasthttp server configured for the router.
 func (r *Router) Server() *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:            r.Handle,
-		ErrorHandler:       r.handleParseError,
-		Name:               "infera",
-		MaxRequestBodySize: r.cfg.MaxBodyBytes,
-		// ReadTimeout bounds a whole request (headers and body), so a
-		// slowloris client is cut when it runs out.
-		ReadTimeout: r.cfg.ClientReadTimeout,
+		Handler:      r.Handle,
+		ErrorHandler: r.handleParseError,
+		Name:         "infera",
+		// Bodies reach Handle as streams (fasthttp pre-reads at most 8
+		// KiB); above streamBodyThreshold Handle reads them against the
+		// body budget (readLargeBody) up to MaxBodyBytes.
+		StreamRequestBody:  true,
+		MaxRequestBodySize: min(streamBodyThreshold, r.cfg.MaxBodyBytes),
+		// ReadTimeout bounds the headers (from the connection's opening,
+		// or the request's first byte on a keep-alive connection), so
+		// idle connections that never send a request go quickly; once
+		// the headers are in, the body gets ClientReadTimeout. A
+		// slowloris client is cut when either runs out.
+		ReadTimeout: min(r.cfg.ClientHeaderTimeout, r.cfg.ClientReadTimeout),
+		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
+			return fasthttp.RequestConfig{ReadTimeout: r.cfg.ClientReadTimeout, MaxRequestBodySize: min(streamBodyThreshold, r.cfg.MaxBodyBytes)}
+		},
+		ConnState:   r.front.connState,
 		IdleTimeout: r.cfg.ClientIdleTimeout,
 		// Set before each response; a stream pushes it forward as it
 		// goes (relay.keepWriting), so this bounds one stalled write.
 		WriteTimeout: r.cfg.ClientWriteTimeout,
 		// The header block must fit the read buffer: larger ones get 431.
-		ReadBufferSize:  r.cfg.MaxHeaderBytes,
-		Concurrency:     r.cfg.MaxConnections,
+		ReadBufferSize: r.cfg.MaxHeaderBytes,
+		// The front door's listener (ServeAll) enforces MaxConnections
+		// with an OpenAI error; fasthttp's own cap, which answers in plain
+		// text, stays above it.
+		Concurrency:     r.cfg.MaxConnections * fasthttpConcurrencySlack,
 		CloseOnShutdown: true,
 		Logger:          fasthttpLogger{r.log},
 	}
@@ -244,7 +269,7 @@ func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 			adminErr <- err
 		}()
 	}
-	err := lifecycle.Serve(mainCtx, r.Server(), ln, lifecycle.Options{
+	err := lifecycle.Serve(mainCtx, r.Server(), r.front.listener(ln, r), lifecycle.Options{
 		Grace: r.cfg.ShutdownTimeout,
 		Overdue: func() {
 			n := r.conns.closeAll()
@@ -279,6 +304,9 @@ func (r *Router) shutdownPools() {
 // Handle is the fasthttp request handler of the client address. With
 // Config.AdminSeparate the admin endpoints are not found here.
 func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
+	if ctx.Request.IsBodyStream() && !r.readBody(ctx) {
+		return
+	}
 	rt := routeOf(ctx.Path())
 	if rt.admin() && r.cfg.AdminSeparate {
 		rt = RouteOther
@@ -294,7 +322,7 @@ func (r *Router) HandleAdmin(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	rt := routeOf(ctx.Path())
-	if !rt.admin() && rt != RouteHealth {
+	if !rt.admin() && rt != RouteHealth && rt != RouteReady {
 		rt = RouteOther
 	}
 	r.serve(ctx, rt, true)
@@ -313,7 +341,7 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 		r.serveModel(ctx)
 	case RouteTokenize, RouteDetokenize:
 		r.serveTokenize(ctx, rt)
-	case RouteModels, RouteWorkers, RouteHealth, RouteMetrics:
+	case RouteModels, RouteWorkers, RouteHealth, RouteReady, RouteMetrics:
 		r.serveInfo(ctx, rt)
 	case RouteCacheView:
 		r.serveCacheView(ctx)
@@ -331,7 +359,7 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 func (r *Router) allowed(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) bool {
 	var ks *keySet
 	switch {
-	case rt == RouteHealth || rt == RouteOther:
+	case rt == RouteHealth || rt == RouteReady || rt == RouteOther:
 		return true
 	case rt.admin() && r.adminKey.enabled():
 		ks = &r.adminKey
@@ -372,6 +400,14 @@ func (r *Router) serveInfo(ctx *fasthttp.RequestCtx, rt Route) {
 	case RouteHealth:
 		ctx.SetContentType("application/json")
 		ctx.SetBody(v.healthJSON)
+	case RouteReady:
+		ctx.SetContentType("application/json")
+		ctx.SetBody(v.readyJSON)
+		if v.routable == 0 {
+			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+			r.metrics.request(rt, outcomeNoWorker).Inc()
+			return
+		}
 	case RouteMetrics:
 		r.metrics.write(ctx)
 	}
@@ -382,7 +418,8 @@ func (r *Router) serveInfo(ctx *fasthttp.RequestCtx, rt Route) {
 var emptyView = func() view {
 	v := view{models: map[string]*Candidates{}}
 	v.render()
-	v.healthJSON = []byte(`{"status":"starting","active_workers":0,"workers":0,"revision":0}`)
+	v.healthJSON = []byte(`{"status":"starting","active_workers":0,"routable_workers":0,"ready":false,"workers":0,"revision":0}`)
+	v.readyJSON = []byte(`{"status":"starting","routable_workers":0,"active_workers":0}`)
 	return v
 }()
 

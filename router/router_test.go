@@ -610,3 +610,37 @@ func TestRegistry(t *testing.T) {
 		}
 	}
 }
+
+// GET /ready is 503 until a worker can take requests (before the first
+// snapshot, with only draining workers) and 200 with one; /health stays
+// 200 throughout and says how many workers are routable.
+func TestReadyEndpoint(t *testing.T) {
+	a := jsonUpstream(t)
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig())
+	ready := func(wantStatus, wantRoutable int) {
+		t.Helper()
+		resp, body := tr.do(t, "GET", "/ready", "")
+		var r struct {
+			RoutableWorkers int `json:"routable_workers"`
+		}
+		if err := json.Unmarshal(body, &r); err != nil || resp.StatusCode != wantStatus || r.RoutableWorkers != wantRoutable {
+			t.Fatalf("/ready = %d %s (%v), want %d with %d routable", resp.StatusCode, body, err, wantStatus, wantRoutable)
+		}
+		resp, body = tr.do(t, "GET", "/health", "")
+		var h struct {
+			Status          string `json:"status"`
+			RoutableWorkers int    `json:"routable_workers"`
+			Ready           bool   `json:"ready"`
+		}
+		if err := json.Unmarshal(body, &h); err != nil || resp.StatusCode != 200 || h.RoutableWorkers != wantRoutable || h.Ready != (wantRoutable > 0) {
+			t.Fatalf("/health = %d %s (%v), want 200 with %d routable", resp.StatusCode, body, err, wantRoutable)
+		}
+	}
+	ready(http.StatusServiceUnavailable, 0)
+	tr.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(a, "m", discovery.StatusDraining)}})
+	ready(http.StatusServiceUnavailable, 0)
+	tr.UpdateFleet(&discovery.Snapshot{Revision: 2, Workers: []discovery.Record{record(a, "m", discovery.StatusActive)}})
+	ready(http.StatusOK, 1)
+	tr.UpdateFleet(&discovery.Snapshot{Revision: 3})
+	ready(http.StatusServiceUnavailable, 0)
+}

@@ -20,6 +20,7 @@ const (
 	RouteDetokenize // POST /detokenize (vLLM's), by the router's tokenizer
 	RouteWorkers
 	RouteHealth
+	RouteReady // GET /ready: 200 only with a routable worker
 	RouteMetrics
 	RouteCacheView // GET /v1/admin/cache-view/{worker_id}
 	RouteOther
@@ -42,6 +43,7 @@ var routePaths = [numRoutes]string{
 	RouteDetokenize:      "/detokenize",
 	RouteWorkers:         "/v1/workers",
 	RouteHealth:          "/health",
+	RouteReady:           "/ready",
 	RouteMetrics:         "/metrics",
 	RouteCacheView:       cacheViewPrefix + "{worker_id}",
 	RouteOther:           "",
@@ -67,6 +69,7 @@ var routeLabels = [numRoutes]string{
 	RouteDetokenize:      "detokenize",
 	RouteWorkers:         "workers",
 	RouteHealth:          "health",
+	RouteReady:           "ready",
 	RouteMetrics:         "metrics",
 	RouteCacheView:       "cache_view",
 	RouteOther:           "other",
@@ -121,6 +124,8 @@ func routeOf(path []byte) Route {
 		return RouteWorkers
 	case "/health":
 		return RouteHealth
+	case "/ready":
+		return RouteReady
 	case "/metrics":
 		return RouteMetrics
 	}
@@ -151,6 +156,7 @@ const (
 	outcomeClientGone                      // the client went away mid-response
 	outcomeUnauthorized                    // missing or wrong API key / admin token
 	outcomeTooManyRequests                 // every worker full for the whole queue timeout
+	outcomeBodyBudget                      // the body did not fit --body-budget-bytes
 	numOutcomes
 )
 
@@ -169,6 +175,7 @@ var outcomeLabels = [numOutcomes]string{
 	outcomeClientGone:       "client_gone",
 	outcomeUnauthorized:     "unauthorized",
 	outcomeTooManyRequests:  "too_many_requests",
+	outcomeBodyBudget:       "body_budget",
 }
 
 func (o outcome) String() string { return outcomeLabels[o] }

@@ -1,0 +1,102 @@
+package discovery_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/discovery/etcdtest"
+)
+
+// With an outage grace, a worker missing from a re-list (its record was
+// deleted while no watch ran) stays in the view, and so does one whose
+// delete arrives by the watch just after the re-list; a record put again
+// ends the hold, and the re-appeared worker was never out of the view.
+func TestWatcherHoldsRemovalsAfterRelist(t *testing.T) {
+	eps := etcdtest.Start(t)
+	cli := etcdtest.Client(t, eps)
+	var logs logBuffer
+	put(t, cli, record("a:1"))
+	put(t, cli, record("b:1"))
+
+	var mu sync.Mutex
+	var sawWithout []string // snapshots that lacked a:1 or b:1
+	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), func(s *discovery.Snapshot) {
+		got := ids(s)
+		if !slices.Contains(got, "a:1") || !slices.Contains(got, "b:1") {
+			mu.Lock()
+			sawWithout = append(sawWithout, strings.Join(got, ","))
+			mu.Unlock()
+		}
+	})
+	w.SetOutageGrace(time.Minute) // longer than the test: nothing expires
+	discovery.SetWatcherHooks(w, func(n int) {
+		if n != 2 {
+			return
+		}
+		// Between the closed watch and the re-list: b:1's lease expired.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := cli.Delete(ctx, testPrefix+"b:1"); err != nil {
+			t.Error(err)
+		}
+	}, nil)
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1", "b:1")
+	waitFor(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	waitFor(t, "the re-list", func() bool { return discovery.Lists(w) >= 2 && logs.count("etcd fleet re-listed") > 0 })
+	if got := ids(w.Snapshot()); !slices.Equal(got, []string{"a:1", "b:1"}) {
+		t.Fatalf("after the re-list the view is %v: b:1 was removed despite the grace", got)
+	}
+	if logs.count("worker missing from the re-list: kept while it may re-register") != 1 {
+		t.Fatalf("the hold is not logged once:\n%s", logs.String())
+	}
+
+	// A delete by the watch right after the re-list is held too; a later
+	// event (c:1) shows the delete was processed.
+	del(t, cli, "a:1")
+	put(t, cli, record("c:1"))
+	waitIDs(t, w, "a:1", "b:1", "c:1")
+
+	// Both re-register: the holds end.
+	put(t, cli, record("a:1"))
+	put(t, cli, record("b:1"))
+	waitFor(t, "holds ended", func() bool { return logs.count("held worker re-registered") == 2 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sawWithout) > 0 {
+		t.Fatalf("the view lacked a held worker: %v", sawWithout)
+	}
+}
+
+// A held worker that does not re-register is removed once its grace ends;
+// without a grace the re-list removes it at once (the default).
+func TestWatcherHeldWorkerExpires(t *testing.T) {
+	eps := etcdtest.Start(t)
+	cli := etcdtest.Client(t, eps)
+	var logs logBuffer
+	put(t, cli, record("a:1"))
+	put(t, cli, record("b:1"))
+	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), nil)
+	w.SetOutageGrace(300 * time.Millisecond)
+	discovery.SetWatcherHooks(w, func(n int) {
+		if n == 2 {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := cli.Delete(ctx, testPrefix+"b:1"); err != nil {
+				t.Error(err)
+			}
+		}
+	}, nil)
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1", "b:1")
+	waitFor(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	waitIDs(t, w, "a:1")
+	if logs.count("held worker did not re-register within the grace: removed") != 1 {
+		t.Fatalf("the expiry is not logged once:\n%s", logs.String())
+	}
+}
