@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/tokenizer"
 )
 
 // choiceOut is one choice of an answer, unary or gathered from a stream.
@@ -363,5 +364,31 @@ func TestChoicesDisconnectFreesAll(t *testing.T) {
 	m := ts.metrics(t)
 	if m["vllm:request_success_total"].value != 0 || m["vllm:kv_cache_usage_perc"].value != 0 {
 		t.Errorf("choices not aborted: success %v usage %v", m["vllm:request_success_total"].value, m["vllm:kv_cache_usage_perc"].value)
+	}
+}
+
+// TestChoicesHFTokenizer: with a Hugging Face tokenizer each choice has
+// max_tokens model tokens, streamed one model token per chunk.
+func TestChoicesHFTokenizer(t *testing.T) {
+	dir := toyTokenizerDir(t)
+	tok, err := tokenizer.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := startSim(t, func(c *config.Sim) { c.Tokenizer = dir })
+	body := func(extra map[string]any) string { return complBody(t, extra, "the theme then the theme") }
+	one := unaryChoices(t, ts, "/v1/completions", body(map[string]any{"max_tokens": 9}))
+	got := unaryChoices(t, ts, "/v1/completions", body(map[string]any{"max_tokens": 9, "n": 2}))
+	if len(got.Choices) != 2 || got.Choices[0] != one.Choices[0] || got.Choices[0].Text == got.Choices[1].Text || got.Complete != 18 {
+		t.Fatalf("n=1 %+v, n=2 %+v", one, got)
+	}
+	for i, c := range got.Choices {
+		if n := len(tok.Encode(c.Text)); n != 9 {
+			t.Fatalf("choice %d %q is %d tokens", i, c.Text, n)
+		}
+	}
+	st := streamChoices(t, ts, "/v1/completions", body(map[string]any{"max_tokens": 9, "n": 2, "stream": true}))
+	if len(st.Order) != 18 || st.Choices[0] != got.Choices[0] || st.Choices[1] != got.Choices[1] {
+		t.Fatalf("streamed %+v, unary %+v", st, got)
 	}
 }
