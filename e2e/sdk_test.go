@@ -36,7 +36,8 @@ func sdkDir(t *testing.T) string {
 // TestSDKClients (issue 13, acceptance 1): the official OpenAI and
 // Anthropic Node SDKs against infera serve with a simulated worker: unary
 // and streamed chat and messages, completions (text and token ids), tool
-// call round trips, stop sequences (Anthropic stop_sequence), models.retrieve,
+// call round trips, stop sequences (Anthropic stop_sequence), n=2 choices
+// (unary, streamed, completions), models.retrieve,
 // embeddings, usage with cached tokens, count_tokens, and errors as
 // the SDKs' typed errors (unknown model 404, bad request 400, auth 401).
 func TestSDKClients(t *testing.T) {
@@ -50,7 +51,7 @@ func TestSDKClients(t *testing.T) {
 	waitModelServed(t, f.base, "sdk-key")
 
 	checks := map[string]string{
-		"openai":    "chat,chat_stream_usage,completions,tools_round_trip,stop,models_retrieve,embeddings,errors",
+		"openai":    "chat,chat_stream_usage,completions,tools_round_trip,stop,n_choices,models_retrieve,embeddings,errors",
 		"anthropic": "messages,messages_stream_cached,tool_round_trip,stop_sequences,count_tokens,errors",
 	}
 	for _, sdk := range []string{"openai", "anthropic"} {

@@ -15,7 +15,17 @@
 // the model's chat template, so that a router loading the same directory
 // computes the same ids (hftok.go). The answer is deterministic for (--seed,
 // prompt): words from a fixed list, one token per SSE event (a byte, or a
-// model token); the finish reason is always "length".
+// model token); it ends at max_tokens (finish_reason "length"), at a "stop"
+// string (stop.go), or is a tool call (tools.go).
+//
+// Choices (choices.go): "n" in [1, MaxChoices=128] (outside: 400) gives n
+// choices, each a sequence of its own in the scheduler (a batch slot, its
+// blocks, one decode per step) generated with the seed mixed with its index
+// (choice 0 is the n=1 answer); stop strings, max_tokens and tool calls
+// apply per choice, streamed chunks of the choices interleave, each with its
+// index, and usage counts the prompt once and every choice's tokens. The
+// engine counters (vllm:request_success_total, prompt and prefix-cache
+// tokens) count each choice as a request.
 //
 // Cache: --kv-blocks blocks of --block-size tokens. A full block is named by a
 // chained xxhash of its tokens and its parent's hash; a request reuses the

@@ -17,6 +17,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"messages":[{"role":"a","content":null}],"n":1,"model":null}`,
 		`{"a":[{"b":-0.5e+7}],"c":"\\\"\/\b\f\n\r\t"}`,
 		`{"prompt":"x","stop":["a","\u0062",""]}`, `{"prompt":"x","stop":"the"}`,
+		`{"prompt":"x","n":3,"stop":["a"]}`, `{"messages":[],"n":129}`, `{"prompt":"x","n":-1}`, `{"n":2.0}`,
 		`{"input":["a",[1,2]],"encoding_format":"base64","dimensions":4}`, `{"input":[[1],[2]]}`,
 		`{`, `{"a":01}`, `[]`, ``,
 	} {

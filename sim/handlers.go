@@ -180,8 +180,8 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		s.writeError(ctx, fasthttp.StatusBadRequest, "Stream options can only be defined when `stream=True`.")
 		return
 	}
-	if r.n != 1 {
-		s.writeError(ctx, fasthttp.StatusBadRequest, "the simulator supports only n=1")
+	if r.n < 1 || r.n > MaxChoices {
+		s.writeError(ctx, fasthttp.StatusBadRequest, nMessage(r.n))
 		return
 	}
 
@@ -211,6 +211,7 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 	if chat {
 		q.tool = append(q.tool[:0], toolCallName(body, &r)...)
 	}
+	maxTokens := q.maxTokens
 	prepareSeq(q, s.cfg.BlockSize, s.seed, s.hf, body, r.stop)
 	q.stream = r.stream
 
@@ -218,27 +219,37 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		s.hang(ctx, q, r.stream)
 		return
 	}
+	if r.n > 1 {
+		s.addChoices(q, int(r.n), maxTokens, body, r.stop)
+	}
 	if r.stream {
 		s.startStream(ctx, q, chat, r.includeUsage)
 		return
 	}
-	if !s.sched.submit(q) {
-		putSeq(q)
+	if !s.sched.submitChoices(q) {
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
 		return
 	}
-	if s.sched.wait(q) != seqFinished {
+	if !s.sched.waitChoices(q) {
 		// Abandoned by a stopping scheduler: not ours to recycle.
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
 		return
 	}
-	if !s.sendTokens(q.maxTokens) {
-		putSeq(q)
+	if !s.sendTokens(q.completionTokens()) {
+		putChoices(q)
 		dropConn(ctx)
 		return
 	}
 	s.writeUnary(ctx, q, chat)
-	putSeq(q)
+	putChoices(q)
+}
+
+// nMessage is the 400 message for an "n" out of [1, MaxChoices].
+func nMessage(n int64) string {
+	if n < 1 {
+		return "n must be at least 1, got " + strconv.FormatInt(n, 10) + "."
+	}
+	return "n must be at most " + strconv.Itoa(MaxChoices) + ", got " + strconv.FormatInt(n, 10) + "."
 }
 
 // sizeRequest checks the prompt against the context length and settles the
@@ -386,9 +397,10 @@ func appendHex64(b []byte, v uint64) []byte {
 	return b
 }
 
-// appendUsage appends vLLM's usage object.
+// appendUsage appends vLLM's usage object: the prompt once, the completion
+// tokens of every choice.
 func appendUsage(b []byte, q *seq) []byte {
-	p, c := int64(q.promptLen), int64(q.maxTokens)
+	p, c := int64(q.promptLen), int64(q.completionTokens())
 	b = append(b, `{"prompt_tokens":`...)
 	b = strconv.AppendInt(b, p, 10)
 	b = append(b, `,"total_tokens":`...)
@@ -415,32 +427,43 @@ func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
 	b = strconv.AppendInt(b, time.Now().Unix(), 10)
 	b = append(b, `,"model":`...)
 	b = append(b, s.nameJSON...)
-	if chat {
-		if len(q.tool) > 0 {
-			b = append(b, `,"choices":[{"index":0,"message":`...)
-			b = s.appendToolCallMessage(b, q)
-			b = append(b, `,"logprobs":null,"finish_reason":"tool_calls","stop_reason":null}],"usage":`...)
-			b = appendUsage(b, q)
-			b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":null}`...)
-			ctx.SetContentType(contentJSON)
-			ctx.SetBody(b)
-			*bp = b
-			putBuf(bp)
-			return
+	b = append(b, `,"choices":[`...)
+	for i := range q.numChoices() {
+		c := q.choice(i)
+		if i > 0 {
+			b = append(b, ',')
 		}
-		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
-		b = appendJSONString(b, q.answer())
-		b = append(b, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,`...)
-		b = q.appendFinish(b)
-		b = append(b, `}],"service_tier":null,"system_fingerprint":null,"usage":`...)
+		b = append(b, `{"index":`...)
+		b = strconv.AppendInt(b, int64(i), 10)
+		switch {
+		case chat && len(c.tool) > 0:
+			b = append(b, `,"message":`...)
+			b = s.appendToolCallMessage(b, c)
+			b = append(b, `,"logprobs":null,"finish_reason":"tool_calls","stop_reason":null}`...)
+		case chat:
+			b = append(b, `,"message":{"role":"assistant","content":`...)
+			b = appendJSONString(b, c.answer())
+			b = append(b, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,`...)
+			b = append(c.appendFinish(b), '}')
+		default:
+			b = append(b, `,"text":`...)
+			b = appendJSONString(b, c.answer())
+			b = append(b, `,"logprobs":null,`...)
+			b = c.appendFinish(b)
+			b = append(b, `,"prompt_logprobs":null}`...)
+		}
+	}
+	switch {
+	case chat && len(q.tool) > 0:
+		b = append(b, `],"usage":`...)
 		b = appendUsage(b, q)
 		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":null}`...)
-	} else {
-		b = append(b, `,"choices":[{"index":0,"text":`...)
-		b = appendJSONString(b, q.answer())
-		b = append(b, `,"logprobs":null,`...)
-		b = q.appendFinish(b)
-		b = append(b, `,"prompt_logprobs":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
+	case chat:
+		b = append(b, `],"service_tier":null,"system_fingerprint":null,"usage":`...)
+		b = appendUsage(b, q)
+		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":null}`...)
+	default:
+		b = append(b, `],"service_tier":null,"system_fingerprint":null,"usage":`...)
 		b = appendUsage(b, q)
 		b = append(b, `,"kv_transfer_params":null}`...)
 	}

@@ -46,6 +46,7 @@ type seq struct {
 	cached    atomic.Int32 // prompt tokens served from the prefix cache
 	done      atomic.Uint32
 	notify    chan struct{} // capacity 1; a wake-up, not a count
+	own       chan struct{} // q's own notify; a choice of n > 1 borrows its first choice's
 
 	// Handler scratch, reused across requests.
 	text    []byte
@@ -60,12 +61,23 @@ type seq struct {
 	// and stopRaw empty when none did (finish_reason length).
 	visible int
 	stopRaw []byte
+	// more: choices 1..n-1 of a request with n > 1 (choices.go), each a
+	// sequence of its own; only the first choice holds them.
+	more []*seq
 }
 
-var seqPool = sync.Pool{New: func() any { return &seq{notify: make(chan struct{}, 1)} }}
+var seqPool = sync.Pool{New: func() any {
+	ch := make(chan struct{}, 1)
+	return &seq{notify: ch, own: ch}
+}}
 
 func getSeq() *seq {
 	q := seqPool.Get().(*seq)
+	if q.notify != q.own { // it was a choice of n > 1 (choices.go)
+		q.notify = q.own
+	}
+	clear(q.more)
+	q.more = q.more[:0]
 	select { // a wake-up left over from the previous request
 	case <-q.notify:
 	default:
@@ -481,8 +493,14 @@ func (sc *scheduler) finish(q *seq) {
 	q.running = false
 	sc.free(q)
 	sc.success++
+	// The handler may recycle q as soon as done is set, and the next
+	// request resets q.notify: read it first.
+	notify := q.notify
 	q.done.Store(seqFinished)
-	q.wake()
+	select {
+	case notify <- struct{}{}:
+	default:
+	}
 }
 
 // runInstant is the zero-latency path: with no time to simulate, a sequence

@@ -405,7 +405,9 @@ func TestRequestErrors(t *testing.T) {
 		{"too long", "/v1/completions", `{"prompt":"x","max_tokens":64}`, 400, "BadRequestError"},
 		{"prompt too long", "/v1/completions", `{"prompt":"` + strings.Repeat("x", 64) + `"}`, 400, "BadRequestError"},
 		{"stream_options without stream", "/v1/completions", `{"prompt":"x","stream_options":{"include_usage":true}}`, 400, "BadRequestError"},
-		{"n=2", "/v1/completions", `{"prompt":"x","n":2}`, 400, "BadRequestError"},
+		{"n=0", "/v1/completions", `{"prompt":"x","n":0}`, 400, "BadRequestError"},
+		{"n too large", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":129}`, 400, "BadRequestError"},
+		{"n not an integer", "/v1/completions", `{"prompt":"x","n":1.5}`, 400, "BadRequestError"},
 		{"token out of vocabulary", "/v1/completions", `{"prompt":[1,2,300]}`, 400, "BadRequestError"},
 		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "BadRequestError"},
 	} {

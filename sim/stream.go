@@ -34,7 +34,8 @@ type sseStream struct {
 	includeUsage bool
 	hung         bool
 	conn         net.Conn
-	sent         int
+	sent         []int  // tokens sent, per choice
+	avail        []int  // tokens generated, per choice, as last read
 	prefix       []byte // `data: {"id":...,"choices":[`
 	buf          []byte
 }
@@ -45,13 +46,15 @@ func getStream() *sseStream { return streamPool.Get().(*sseStream) }
 
 // startStream submits q and installs its stream as the response body.
 func (s *Server) startStream(ctx *fasthttp.RequestCtx, q *seq, chat, includeUsage bool) {
-	if !s.sched.submit(q) {
-		putSeq(q)
+	if !s.sched.submitChoices(q) {
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
 		return
 	}
 	st := getStream()
 	st.s, st.q, st.chat, st.includeUsage = s, q, chat, includeUsage
+	for range q.numChoices() {
+		st.sent, st.avail = append(st.sent, 0), append(st.avail, 0)
+	}
 	p := append(st.prefix[:0], `data: {"id":"`...)
 	if chat {
 		p = s.appendID(p, "chatcmpl-")
@@ -78,7 +81,9 @@ func (st *sseStream) Read([]byte) (int, error) { return 0, errNoRead }
 // SupportsBodyWriteTo lets fasthttp frame each Write as a flushed chunk.
 func (st *sseStream) SupportsBodyWriteTo() bool { return true }
 
-// WriteTo streams the answer as tokens become available.
+// WriteTo streams the answer as tokens become available. The choices of
+// n > 1 share one wake-up channel (choices.go); their ready tokens go out
+// one of each choice in turn.
 func (st *sseStream) WriteTo(w io.Writer) (int64, error) {
 	s, q := st.s, st.q
 	if st.hung {
@@ -87,12 +92,37 @@ func (st *sseStream) WriteTo(w io.Writer) (int64, error) {
 	}
 	var written int64
 	for {
-		done := q.done.Load() // before generated: finished implies all generated
-		if g := int(q.generated.Load()); g > st.sent {
-			allowed, die := s.allowTokens(g - st.sent)
+		ready, shutdown, running := 0, false, false
+		for i := range st.sent {
+			c := q.choice(i)
+			// done before generated: finished implies all generated.
+			switch c.done.Load() {
+			case seqShutdown:
+				shutdown = true
+			case seqRunning:
+				running = true
+			}
+			st.avail[i] = int(c.generated.Load())
+			ready += st.avail[i] - st.sent[i]
+		}
+		// Zero-latency mode finishes each choice on admission: wait for
+		// them all, so that their chunks interleave (and go out in one
+		// write) as they would in lockstep.
+		if ready > 0 && !(s.sched.instant && running) {
+			allowed, die := s.allowTokens(ready)
 			b := st.buf[:0]
-			for i := st.sent; i < st.sent+allowed; i++ {
-				b = st.appendToken(b, i)
+			for allowed > 0 {
+				for i := range st.sent {
+					if allowed > 0 && st.sent[i] < st.avail[i] {
+						b = st.appendToken(b, i, st.sent[i])
+						st.sent[i]++
+						allowed--
+					}
+				}
+			}
+			complete := st.complete()
+			if complete {
+				b = st.appendEnd(b)
 			}
 			st.buf = b
 			if len(b) > 0 {
@@ -102,33 +132,55 @@ func (st *sseStream) WriteTo(w io.Writer) (int64, error) {
 					return written, errClientGone
 				}
 			}
-			st.sent += allowed
 			if die {
 				s.die()
 				return written, errCrashed
 			}
-			if st.sent == q.maxTokens {
+			if complete {
 				return written, nil
 			}
 		}
-		if done == seqShutdown {
+		if shutdown {
 			return written, errStopping
 		}
 		select {
 		case <-q.notify:
 		case <-s.sched.stopped:
-			if q.done.Load() == seqRunning {
-				return written, errStopping
+			for i := range st.sent {
+				if q.choice(i).done.Load() == seqRunning {
+					return written, errStopping
+				}
 			}
 		}
 	}
 }
 
-// appendToken appends the SSE event(s) of output token i: the role chunk
-// before the first chat token, finish_reason on the last token, then the
-// usage chunk (stream_options.include_usage) and [DONE] after it.
-func (st *sseStream) appendToken(b []byte, i int) []byte {
-	q := st.q
+// complete reports whether every token of every choice was sent.
+func (st *sseStream) complete() bool {
+	for i, n := range st.sent {
+		if n < st.q.choice(i).maxTokens {
+			return false
+		}
+	}
+	return true
+}
+
+// appendEnd appends what follows the last token: the usage chunk
+// (stream_options.include_usage) and [DONE].
+func (st *sseStream) appendEnd(b []byte) []byte {
+	if st.includeUsage {
+		b = append(b, st.prefix...)
+		b = append(b, `],"usage":`...)
+		b = appendUsage(b, st.q)
+		b = append(b, "}\n\n"...)
+	}
+	return append(b, "data: [DONE]\n\n"...)
+}
+
+// appendToken appends the SSE event(s) of output token i of choice c: the
+// role chunk before the first chat token, finish_reason on the last token.
+func (st *sseStream) appendToken(b []byte, c, i int) []byte {
+	q := st.q.choice(c)
 	last := i == q.maxTokens-1
 	tok := q.tokenText(i, i+1)
 	if len(q.outEnds) > 0 {
@@ -139,14 +191,14 @@ func (st *sseStream) appendToken(b []byte, i int) []byte {
 		tok = q.tokenText(int(start), int(q.outEnds[i]))
 	}
 	if st.chat && len(q.tool) > 0 {
-		b = st.appendToolDelta(b, i)
+		b = st.appendToolDelta(b, c, i)
 	} else if st.chat {
 		if i == 0 {
-			b = append(b, st.prefix...)
-			b = append(b, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+			b = st.appendChoiceStart(b, c)
+			b = append(b, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
 		}
-		b = append(b, st.prefix...)
-		b = append(b, `{"index":0,"delta":{"content":`...)
+		b = st.appendChoiceStart(b, c)
+		b = append(b, `,"delta":{"content":`...)
 		b = appendJSONString(b, tok)
 		if last {
 			b = append(b, `},"logprobs":null,`...)
@@ -155,8 +207,8 @@ func (st *sseStream) appendToken(b []byte, i int) []byte {
 			b = append(b, `},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
 		}
 	} else {
-		b = append(b, st.prefix...)
-		b = append(b, `{"index":0,"text":`...)
+		b = st.appendChoiceStart(b, c)
+		b = append(b, `,"text":`...)
 		b = appendJSONString(b, tok)
 		if last {
 			b = append(b, `,"logprobs":null,`...)
@@ -165,16 +217,15 @@ func (st *sseStream) appendToken(b []byte, i int) []byte {
 			b = append(b, `,"logprobs":null,"finish_reason":null,"stop_reason":null}]}`+"\n\n"...)
 		}
 	}
-	if last {
-		if st.includeUsage {
-			b = append(b, st.prefix...)
-			b = append(b, `],"usage":`...)
-			b = appendUsage(b, q)
-			b = append(b, "}\n\n"...)
-		}
-		b = append(b, "data: [DONE]\n\n"...)
-	}
 	return b
+}
+
+// appendChoiceStart opens a chunk of choice c: the prefix and
+// `{"index":c`.
+func (st *sseStream) appendChoiceStart(b []byte, c int) []byte {
+	b = append(b, st.prefix...)
+	b = append(b, `{"index":`...)
+	return strconv.AppendInt(b, int64(c), 10)
 }
 
 // Close gives the sequence back once fasthttp is done with the body: it
@@ -183,11 +234,27 @@ func (st *sseStream) appendToken(b []byte, i int) []byte {
 // leaves an abandoned one alone.
 func (st *sseStream) Close() error {
 	s, q := st.s, st.q
-	switch {
-	case st.hung:
+	if st.hung {
 		s.hung.Add(-1)
 		putSeq(q)
-	case st.sent == q.maxTokens:
+	} else {
+		// The first choice last: it holds the others.
+		for i := len(st.sent) - 1; i >= 0; i-- {
+			st.release(q.choice(i), st.sent[i])
+		}
+	}
+	*st = sseStream{prefix: st.prefix[:0], buf: st.buf[:0], sent: st.sent[:0], avail: st.avail[:0]}
+	if cap(st.buf) <= 1<<20 {
+		streamPool.Put(st)
+	}
+	return nil
+}
+
+// release gives back one choice, of which sent tokens went out.
+func (st *sseStream) release(q *seq, sent int) {
+	s := st.s
+	switch {
+	case sent == q.maxTokens:
 		// Every token was out, so the scheduler has finished or is
 		// finishing q this instant.
 		if s.sched.wait(q) == seqFinished {
@@ -201,9 +268,4 @@ func (st *sseStream) Close() error {
 			s.sched.abort(q)
 		}
 	}
-	*st = sseStream{prefix: st.prefix[:0], buf: st.buf[:0]}
-	if cap(st.buf) <= 1<<20 {
-		streamPool.Put(st)
-	}
-	return nil
 }

@@ -64,14 +64,14 @@ func (s *Server) appendToolCallMessage(b []byte, q *seq) []byte {
 }
 
 // appendToolDelta appends the chunk(s) of output token i of a streamed
-// tool call: the call's header with the first token, then one arguments
-// fragment per token, the last with finish_reason tool_calls.
-func (st *sseStream) appendToolDelta(b []byte, i int) []byte {
-	q := st.q
+// tool call of choice c: the call's header with the first token, then one
+// arguments fragment per token, the last with finish_reason tool_calls.
+func (st *sseStream) appendToolDelta(b []byte, c, i int) []byte {
+	q := st.q.choice(c)
 	n := q.maxTokens
 	if i == 0 {
-		b = append(b, st.prefix...)
-		b = append(b, `{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"id":"`...)
+		b = st.appendChoiceStart(b, c)
+		b = append(b, `,"delta":{"role":"assistant","content":null,"tool_calls":[{"id":"`...)
 		b = st.s.appendID(b, "chatcmpl-tool-")
 		b = append(b, `","type":"function","index":0,"function":{"name":"`...)
 		b = append(b, q.tool...)
@@ -79,8 +79,8 @@ func (st *sseStream) appendToolDelta(b []byte, i int) []byte {
 	}
 	args := ToolArguments
 	piece := args[i*len(args)/n : (i+1)*len(args)/n]
-	b = append(b, st.prefix...)
-	b = append(b, `{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":`...)
+	b = st.appendChoiceStart(b, c)
+	b = append(b, `,"delta":{"tool_calls":[{"index":0,"function":{"arguments":`...)
 	b = appendJSONString(b, []byte(piece))
 	if i == n-1 {
 		return append(b, `}}]},"logprobs":null,"finish_reason":"tool_calls","stop_reason":null}]}`+"\n\n"...)

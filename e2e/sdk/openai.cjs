@@ -73,6 +73,33 @@ run([
     assert.equal(r.choices[0].finish_reason, 'stop');
     assert.equal(r.choices[0].message.content, text.slice(0, text.indexOf(seq)));
   }],
+  ['n_choices', async () => {
+    // n: 2 choices, each with its index and text, usage summing both;
+    // streamed, the chunks of the two choices interleave.
+    const messages = [{ role: 'user', content: 'two answers please' }];
+    const r = await client.chat.completions.create({ model, max_tokens: 6, n: 2, messages });
+    assert.equal(r.choices.length, 2);
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
+    assert.notEqual(r.choices[0].message.content, r.choices[1].message.content);
+    r.choices.forEach((c) => assert.equal(c.finish_reason, 'length'));
+    assert.equal(r.usage.completion_tokens, 12);
+    const s = await client.chat.completions.create({ model, max_tokens: 6, n: 2, stream: true, stream_options: { include_usage: true }, messages });
+    const text = ['', ''], finish = [null, null];
+    let usage = null;
+    for await (const c of s) {
+      for (const ch of c.choices) {
+        text[ch.index] += ch.delta.content || '';
+        finish[ch.index] = ch.finish_reason || finish[ch.index];
+      }
+      if (c.usage) usage = c.usage;
+    }
+    assert.deepEqual(text, r.choices.map((c) => c.message.content));
+    assert.deepEqual(finish, ['length', 'length']);
+    assert.equal(usage.completion_tokens, 12);
+    const t = await client.completions.create({ model, prompt: 'two endings', max_tokens: 4, n: 2 });
+    assert.deepEqual(t.choices.map((c) => c.index), [0, 1]);
+    assert.equal(t.usage.completion_tokens, 8);
+  }],
   ['models_retrieve', async () => {
     const m = await client.models.retrieve(model);
     assert.equal(m.id, model);
