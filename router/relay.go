@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strconv"
 	"sync"
 	"time"
 
@@ -153,6 +154,15 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 			code = "invalid_body"
 		}
 		werr(ctx, fasthttp.StatusBadRequest, "invalid request body: "+err.Error(), openai.TypeInvalidRequest, code)
+		r.finish(rel, outcomeBadRequest, fasthttp.StatusBadRequest)
+		return
+	}
+	if ceil := r.cfg.MaxTokensCeiling; ceil > 0 && rel.scan.MaxTokens > ceil {
+		// Refused here: an engine may size buffers or loops by it (a
+		// simulator that pre-generates, an overflowing context check), and
+		// a retry would hand it to the next engine too.
+		werr(ctx, fasthttp.StatusBadRequest, "max_tokens "+strconv.FormatInt(rel.scan.MaxTokens, 10)+
+			" exceeds this router's ceiling of "+strconv.FormatInt(ceil, 10)+" tokens", openai.TypeInvalidRequest, "max_tokens_too_large")
 		r.finish(rel, outcomeBadRequest, fasthttp.StatusBadRequest)
 		return
 	}

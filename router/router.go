@@ -45,6 +45,11 @@ type Config struct {
 	RequestTimeout    time.Duration // whole request
 	HeartbeatInterval time.Duration // SSE comment cadence on a silent stream
 
+	// Stalled workers (stall.go) and absurd requests.
+	StallWindow        time.Duration // no answer byte this long with requests in flight: suspect; 0: off
+	StallProbeInterval time.Duration // probes of a suspected or stalled worker
+	MaxTokensCeiling   int64         // largest max_tokens passed on; 0: no ceiling
+
 	// Security and client limits.
 	APIKeys            []string      // client keys for /v1/*; none: no auth
 	AdminToken         string        // Bearer token of the admin endpoints; "": none
@@ -99,6 +104,9 @@ func (c Config) validate() (Config, error) {
 		if n.v <= 0 {
 			return c, fmt.Errorf("%w: %s %d must be positive", ErrConfig, n.name, n.v)
 		}
+	}
+	if c.StallWindow < 0 || c.MaxTokensCeiling < 0 || (c.StallWindow > 0 && c.StallProbeInterval <= 0) {
+		return c, fmt.Errorf("%w: stall window and token ceiling must not be negative, a stall probe interval must be positive", ErrConfig)
 	}
 	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 {
 		return c, fmt.Errorf("%w: retries and in-flight caps must not be negative", ErrConfig)

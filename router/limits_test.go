@@ -1,0 +1,62 @@
+package router_test
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/infera/infera/router"
+)
+
+const int64Max = "9223372036854775807"
+
+// TestMaxTokensCeiling: an absurd max_tokens (or max_completion_tokens) is
+// refused with 400 before any engine sees it; one at the ceiling passes.
+func TestMaxTokensCeiling(t *testing.T) {
+	s := startSim(t, nil)
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.MaxTokensCeiling = 4096 }), simRecord(s))
+	defer http.DefaultClient.CloseIdleConnections()
+	for _, field := range []string{"max_tokens", "max_completion_tokens"} {
+		for _, v := range []string{int64Max, "4097"} {
+			resp, body := tr.do(t, "POST", "/v1/chat/completions",
+				`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"`+field+`":`+v+`}`)
+			wantError(t, resp, body, http.StatusBadRequest, "max_tokens_too_large")
+		}
+	}
+	resp, body := tr.do(t, "POST", "/v1/messages",
+		`{"model":"sim-model","max_tokens":`+int64Max+`,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("anthropic route: status %d %s, want 400", resp.StatusCode, body)
+	}
+	if got := simGauge(t, s, "vllm:request_success_total"); got != 0 {
+		t.Fatalf("the engine finished %v requests: a refused one reached it", got)
+	}
+	resp, body = tr.do(t, "POST", "/v1/chat/completions",
+		`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":`+strconv.Itoa(8)+`}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a request under the ceiling: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestSimHugeMaxTokens: sent straight to the simulator, max_tokens = int64
+// max is a 400 (the context check does not overflow), not a generation.
+func TestSimHugeMaxTokens(t *testing.T) {
+	s := startSim(t, nil)
+	defer http.DefaultClient.CloseIdleConnections()
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":` + int64Max + `}`},
+		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":` + int64Max + `,"stream":true}`},
+		{"/v1/completions", `{"model":"sim-model","prompt":"hi","max_tokens":` + int64Max + `}`},
+	} {
+		body := c.body
+		res, err := http.Post("http://"+s.addr+c.path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusBadRequest {
+			t.Fatalf("%s: status %d, want 400", body, res.StatusCode)
+		}
+	}
+}
