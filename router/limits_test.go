@@ -1,10 +1,13 @@
 package router_test
 
 import (
+	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/router"
 )
@@ -57,6 +60,51 @@ func TestSimHugeMaxTokens(t *testing.T) {
 		res.Body.Close()
 		if res.StatusCode != http.StatusBadRequest {
 			t.Fatalf("%s: status %d, want 400", body, res.StatusCode)
+		}
+	}
+}
+
+// TestBareLFRequestLine: a request whose lines end with a bare LF is
+// answered 400 at once (fasthttp alone waits for a CRLF until the read
+// timeout), in the OpenAI envelope; a CRLF request on the same router works.
+func TestBareLFRequestLine(t *testing.T) {
+	s := startSim(t, nil)
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) { c.ClientReadTimeout = time.Minute }), simRecord(s))
+	addr := strings.TrimPrefix(tr.url, "http://")
+	body := `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`
+	for _, c := range []struct {
+		req  string
+		want string
+	}{
+		{"POST /v1/chat/completions HTTP/1.1\nHost: x\nContent-Type: application/json\nContent-Length: " + strconv.Itoa(len(body)) + "\n\n" + body, "HTTP/1.1 400"},
+		{"GET /health HTTP/1.1\nHost: x\n\n", "HTTP/1.1 400"},
+		{"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body, "HTTP/1.1 200"},
+	} {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Sent in two writes: the line end straddles reads.
+		half := strings.Index(c.req, "HTTP/1.1") + 8
+		if _, err := conn.Write([]byte(c.req[:half])); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if _, err := conn.Write([]byte(c.req[half:])); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		start := time.Now()
+		got, err := io.ReadAll(conn)
+		conn.Close()
+		if err != nil {
+			t.Fatalf("%q: no answer within 10s (%v) after %v; got %q", c.req, err, time.Since(start), got)
+		}
+		if !strings.HasPrefix(string(got), c.want) {
+			t.Fatalf("%q: answer %q, want %s", c.req, got, c.want)
+		}
+		if c.want == "HTTP/1.1 400" && !strings.Contains(string(got), `"error":{`) {
+			t.Fatalf("%q: the 400 is not an OpenAI envelope: %q", c.req, got)
 		}
 	}
 }

@@ -245,14 +245,14 @@ func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 	if adminLn != nil {
 		adminErr = make(chan error, 1)
 		go func() {
-			err := lifecycle.Serve(adminCtx, r.AdminServer(), adminLn, lifecycle.Options{Grace: r.cfg.ShutdownTimeout})
+			err := lifecycle.Serve(adminCtx, r.AdminServer(), lfListener{adminLn}, lifecycle.Options{Grace: r.cfg.ShutdownTimeout})
 			// An admin server that failed on its own takes the router down
 			// too rather than run without its management plane.
 			stopMain()
 			adminErr <- err
 		}()
 	}
-	err := lifecycle.Serve(mainCtx, r.Server(), ln, lifecycle.Options{
+	err := lifecycle.Serve(mainCtx, r.Server(), lfListener{ln}, lifecycle.Options{
 		Grace: r.cfg.ShutdownTimeout,
 		Overdue: func() {
 			n := r.conns.closeAll()
@@ -397,6 +397,11 @@ func (r *Router) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	var netErr net.Error
 	switch {
+	case errors.Is(err, errBareLF):
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusBadRequest, errBareLF.Error(), openai.TypeInvalidRequest, "bad_request")
+		r.metrics.request(rt, outcomeBadRequest).Inc()
+		r.metrics.rejected[rejected400].Inc()
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "request body exceeds the limit of "+itoa(r.cfg.MaxBodyBytes)+" bytes", openai.TypeInvalidRequest, "request_too_large")
 		r.metrics.request(rt, outcomeTooLarge).Inc()
