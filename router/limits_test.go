@@ -108,3 +108,94 @@ func TestBareLFRequestLine(t *testing.T) {
 		}
 	}
 }
+
+// TestUnaryClientGoneFreesEngine: a unary client that leaves after 1 s of an
+// ~8 s generation frees the engine's slot within 2 s (the router closes the
+// upstream connection, the engine aborts), counted as a disconnect.
+func TestUnaryClientGoneFreesEngine(t *testing.T) {
+	s := startSim(t, nil)
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), simRecord(s))
+	addr := strings.TrimPrefix(tr.url, "http://")
+	body := `{"model":"sim-model","messages":[{"role":"user","content":"a long story"}],"max_tokens":1600}`
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if got := simGauge(t, s, "vllm:num_requests_running"); got != 1 {
+		t.Fatalf("running = %v after 1s of the generation, want 1", got)
+	}
+	conn.Close()
+	left := time.Now()
+	for simGauge(t, s, "vllm:num_requests_running") != 0 {
+		if time.Since(left) > 2*time.Second {
+			t.Fatalf("the engine still runs the request 2s after its unary client left")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := simGauge(t, s, "vllm:generation_tokens_total"); got >= 1600 {
+		t.Fatalf("the engine generated all %v tokens for a client that left", got)
+	}
+	eventually(t, "the disconnect to be counted", func() bool {
+		return metric(t, tr, "infera_router_client_disconnects_total") == 1
+	})
+	if got := metric(t, tr, `infera_router_upstream_failures_total{reason="upstream_error"}`); got != 0 {
+		t.Fatalf("the closed upstream counted as %v worker failures", got)
+	}
+}
+
+// TestUnaryTTFTTimeoutNotRunTwice: a unary request slower than
+// --ttft-timeout fails over, but its first attempt is closed (and so aborted
+// by the engine) before the next worker starts it: the two engines never
+// generate it at the same time, and neither finishes it.
+func TestUnaryTTFTTimeoutNotRunTwice(t *testing.T) {
+	a, b := startSim(t, nil), startSim(t, nil)
+	tr := startRouter(t, router.RoundRobin{}, withConfig(func(c *router.Config) {
+		c.TTFTTimeout = time.Second
+		c.MaxRetries = 1
+	}), simRecord(a), simRecord(b))
+	defer http.DefaultClient.CloseIdleConnections()
+	done := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(tr.url+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"sim-model","messages":[{"role":"user","content":"slow"}],"max_tokens":800}`))
+		if err != nil {
+			done <- 0
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	var both time.Duration
+	var status int
+	last := time.Now()
+	for status == 0 {
+		select {
+		case status = <-done:
+		case <-time.After(10 * time.Millisecond):
+		}
+		now := time.Now()
+		if simGauge(t, a, "vllm:num_requests_running") > 0 && simGauge(t, b, "vllm:num_requests_running") > 0 {
+			both += now.Sub(last)
+		}
+		last = now
+	}
+	if status != http.StatusGatewayTimeout {
+		t.Fatalf("status %d, want 504 after two first-byte timeouts", status)
+	}
+	if both > 200*time.Millisecond {
+		t.Fatalf("both engines ran the request at once for %v", both)
+	}
+	eventually(t, "both engines idle", func() bool {
+		return simGauge(t, a, "vllm:num_requests_running") == 0 && simGauge(t, b, "vllm:num_requests_running") == 0
+	})
+	time.Sleep(time.Second)
+	if got := simGauge(t, a, "vllm:generation_tokens_total") + simGauge(t, b, "vllm:generation_tokens_total"); got >= 800 {
+		t.Fatalf("the engines generated %v tokens of a request they were told to drop", got)
+	}
+}

@@ -135,7 +135,8 @@ type Router struct {
 	workers map[string]*Worker        // by worker_id; guarded by fleetMu
 	cursors map[string]*atomic.Uint64 // per model; guarded by fleetMu
 
-	conns connSet // open upstream connections
+	conns connSet       // open upstream connections
+	unary unaryAttempts // unary attempts awaiting their answer (unary.go)
 
 	dialects [numProxyRoutes]*dialect // each proxied route's API
 
@@ -372,7 +373,11 @@ func (r *Router) serveInfo(ctx *fasthttp.RequestCtx, rt Route) {
 		ctx.SetBody(appendModels(ctx.Response.Body()[:0], v.modelNames, time.Now()))
 	case RouteWorkers:
 		ctx.SetContentType("application/json")
-		ctx.SetBody(v.workersJSON)
+		now := time.Now().UnixNano()
+		for _, w := range v.workers {
+			r.skipStalled(w, now) // a stall ends, or a probe starts, without traffic too
+		}
+		ctx.SetBody(v.appendWorkers(ctx.Response.Body()[:0]))
 	case RouteHealth:
 		ctx.SetContentType("application/json")
 		ctx.SetBody(v.healthJSON)

@@ -19,7 +19,7 @@ var errBadWorkerURL = errors.New("worker url must be http(s)://host[:port][/path
 // which spares it the stream reader and a copy. fasthttp retries are
 // off because a POST must not be replayed blindly — retries belong to the
 // router, around Pick and forward.
-func (r *Router) newHostClient(addr string, tls bool) *fasthttp.HostClient {
+func (r *Router) newHostClient(addr string, tls bool, st *workerStall) *fasthttp.HostClient {
 	return &fasthttp.HostClient{
 		Addr:                      addr,
 		IsTLS:                     tls,
@@ -33,7 +33,8 @@ func (r *Router) newHostClient(addr string, tls bool) *fasthttp.HostClient {
 		// A worker is trusted, but not infinitely: cap what the response
 		// header parser may buffer.
 		ReadBufferSize: 16 << 10,
-		Dial:           r.dial,
+		Dial:           func(addr string) (net.Conn, error) { return r.dial(addr, st) },
+		Transport:      unaryTransport{r},
 	}
 }
 
@@ -42,13 +43,15 @@ func (r *Router) newHostClient(addr string, tls bool) *fasthttp.HostClient {
 // engine may stream for many minutes, but must never go silent for longer
 // than UpstreamTimeout. (fasthttp's ReadTimeout would instead bound the
 // whole response, cutting long generations.)
-func (r *Router) dial(addr string) (net.Conn, error) {
+//
+// Bytes read from the connection are the worker's progress (stall.go).
+func (r *Router) dial(addr string, st *workerStall) (net.Conn, error) {
 	d := net.Dialer{Timeout: r.cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	dc := &deadlineConn{Conn: c, timeout: r.cfg.UpstreamTimeout, set: &r.conns, local: c.LocalAddr()}
+	dc := &deadlineConn{Conn: c, timeout: r.cfg.UpstreamTimeout, set: &r.conns, local: c.LocalAddr(), stall: st}
 	if !r.conns.add(dc) {
 		_ = c.Close()
 		return nil, errShuttingDown
@@ -75,6 +78,7 @@ type deadlineConn struct {
 	set     *connSet
 	local   net.Addr // the key of set.byLocal
 	once    sync.Once
+	stall   *workerStall // its worker's progress; nil: not tracked
 
 	readHard  atomic.Int64 // unix ns; 0: none
 	writeHard atomic.Int64
@@ -96,7 +100,9 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 		if err := c.Conn.SetReadDeadline(capDeadline(now.Add(c.timeout), c.readHard.Load())); err != nil {
 			return 0, err
 		}
-		return c.Conn.Read(p)
+		n, err := c.Conn.Read(p)
+		c.progress(n)
+		return n, err
 	}
 	hard, every := sw.beforeRead(now)
 	beat := now.Add(every)
@@ -110,6 +116,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 		}
 		n, err := c.Conn.Read(p)
 		if n > 0 || err == nil {
+			c.progress(n)
 			return n, err
 		}
 		if !isBeat || !isTimeout(err) {
@@ -122,6 +129,13 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 			return 0, herr
 		}
 		beat = beat.Add(every)
+	}
+}
+
+// progress stamps the worker's progress after a read of n bytes.
+func (c *deadlineConn) progress(n int) {
+	if n > 0 && c.stall != nil {
+		c.stall.noteProgress(time.Now().UnixNano())
 	}
 }
 
