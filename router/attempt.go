@@ -302,6 +302,11 @@ func (a *attempt) classify(err error) failReason {
 	switch {
 	case a.stalledOut || errors.Is(err, errAttemptStalled):
 		return reasonStalled
+	case errors.Is(err, fasthttp.ErrConnectionClosed) && a.ticket.Worker != nil && a.ticket.Worker.Stalled():
+		// fasthttp reports a read that failed before any byte of the
+		// headers as a closed connection: on a stalled worker, that is
+		// the read giving up (deadlineConn.readUnwatched).
+		return reasonStalled
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
 		return reasonBusy
 	case errors.As(err, &op) && op.Op == "dial", errors.Is(err, fasthttp.ErrDialTimeout):

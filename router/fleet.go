@@ -215,7 +215,7 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 		tls:   tls,
 		picks: r.metrics.picks.WithLabelValues(rec.WorkerID),
 	}
-	w.client = r.newHostClient(addr, tls, &w.stall)
+	w.client = r.newHostClient(addr, tls, w)
 	base := u.Scheme + "://" + u.Host + trimSlash(u.EscapedPath())
 	for rt := range Route(numProxyRoutes) {
 		w.uri[rt] = base + rt.upstreamPath()
