@@ -166,13 +166,14 @@ func (a *attempt) stuck(now time.Time) bool {
 	r := rel.r
 	win := r.cfg.StallWindow
 	w := a.ticket.Worker
-	if win <= 0 || w == nil || rel.firstByte || now.Sub(a.start) < win || rel.attempts > r.cfg.MaxRetries {
+	if win <= 0 || w == nil || rel.firstByte || now.Sub(a.start) < win {
 		return false
 	}
 	st := &w.stall
 	r.skipStalled(w, now.UnixNano()) // keeps the probes going
-	if st.since.Load() != 0 {
-		return true
+	if st.since.Load() == 0 && st.servedStart.Load() <= a.start.UnixNano()+int64(win/2) {
+		return false
 	}
-	return st.servedStart.Load() > a.start.UnixNano()+int64(win/2)
+	// Stuck; leave only for a worker that can take it.
+	return rel.canRetry()
 }
