@@ -112,6 +112,10 @@ func (t unaryTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request
 		return false, err
 	}
 	conn := cc.Conn()
+	if dc, ok := conn.(*deadlineConn); ok {
+		dc.owner = a
+		defer func() { dc.owner = nil }()
+	}
 	resp.ParseNetConn(conn)
 	w.up.Store(&conn)
 	if w.gone.Load() {

@@ -80,6 +80,9 @@ type deadlineConn struct {
 	once    sync.Once
 	r       *Router
 	w       *Worker // whose progress its reads are; nil: not tracked
+	// owner is the unary attempt exchanging on it (unaryTransport), read
+	// and written only on that attempt's goroutine; nil otherwise.
+	owner *attempt
 
 	readHard  atomic.Int64 // unix ns; 0: none
 	writeHard atomic.Int64
@@ -162,7 +165,9 @@ func (c *deadlineConn) readUnwatched(p []byte, now time.Time) (int, error) {
 			return n, err
 		}
 		now = time.Now()
-		if c.r.skipStalled(c.w, now.UnixNano()) && c.w.Stalled() && now.Sub(start) >= c.r.cfg.StallWindow {
+		if c.r.skipStalled(c.w, now.UnixNano()) && c.w.Stalled() && now.Sub(start) >= c.r.cfg.StallWindow &&
+			(c.owner == nil || c.owner.rel.canRetry()) {
+			// A unary attempt with no retry left keeps waiting instead.
 			return 0, errAttemptStalled
 		}
 	}
