@@ -121,8 +121,10 @@ func (r *Router) probeStalled(w *Worker, now int64) {
 	go r.probe(w)
 }
 
-// probe asks w's engine for GET /health within StallProbeInterval (at
-// least stallProbeMin): any answer is progress; none confirms the stall.
+// probe asks w's engine for GET /health within the larger of the stall
+// window and the probe interval (at least stallProbeMin), so that an engine
+// slowed down, not stopped, still answers in time: any answer is progress;
+// none confirms the stall.
 func (r *Router) probe(w *Worker) {
 	st := &w.stall
 	defer st.probing.Store(false)
@@ -131,7 +133,7 @@ func (r *Router) probe(w *Worker) {
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(w.health)
 	req.Header.SetMethod(fasthttp.MethodGet)
-	err := w.client.DoTimeout(req, resp, max(r.cfg.StallProbeInterval, stallProbeMin))
+	err := w.client.DoTimeout(req, resp, max(r.cfg.StallWindow, r.cfg.StallProbeInterval, stallProbeMin))
 	now := time.Now().UnixNano()
 	if err == nil {
 		st.progress.Store(now)
