@@ -70,6 +70,20 @@ type Serve struct {
 	// HeartbeatInterval is the SSE comment cadence on a silent stream.
 	HeartbeatInterval time.Duration
 
+	// Stalled engines and absurd requests (issue 12).
+	//
+	// StallWindow: a worker with requests in flight that produced no byte
+	// of an answer for this long is suspected stalled and probed; while it
+	// stays stalled it gets no new request, and streams waiting there for
+	// their first event move to other workers (0: no stall detection).
+	// StallProbeInterval is the cadence of the probes (GET /health) that
+	// confirm a stall or bring the worker back.
+	StallWindow        time.Duration
+	StallProbeInterval time.Duration
+	// MaxTokensCeiling: a request asking for more completion tokens than
+	// this is refused with 400 before it reaches an engine (0: no ceiling).
+	MaxTokensCeiling int64
+
 	// Security.
 	//
 	// APIKeysFile holds one client API key per line (# comments); APIKeys
@@ -311,6 +325,9 @@ func (s *Serve) Flags() []cli.Flag {
 		Duration("stream-idle-timeout", "longest silence between stream events (then an in-stream error event)", &s.StreamIdleTimeout, 30*time.Second),
 		Duration("request-timeout", "longest time for a whole request", &s.RequestTimeout, 10*time.Minute),
 		Duration("heartbeat-interval", "SSE comment cadence on a silent stream, so that a gone client is noticed", &s.HeartbeatInterval, time.Second),
+		Duration("stall-window", "a worker with requests in flight and no answer byte for this long is probed and, while stalled, gets no new request (0 = no stall detection)", &s.StallWindow, 2*time.Second),
+		Duration("stall-probe-interval", "cadence of the GET /health probes that confirm a stalled worker or bring it back", &s.StallProbeInterval, time.Second),
+		Int64("max-tokens-ceiling", "refuse with 400 a request asking for more completion tokens (max_tokens, max_completion_tokens) than this (0 = no ceiling)", &s.MaxTokensCeiling, 1<<24),
 		String("api-keys-file", "file of client API keys, one per line (# comments); no keys = no auth", &s.APIKeysFile, ""),
 		StringSlice("api-keys", "client API keys, comma-separated (prefer INFERA_API_KEYS or --api-keys-file)", nil),
 		String("admin-listen", "host:port for /v1/workers, /v1/admin/* and /metrics (then not served on --listen)", &s.AdminListen, ""),
@@ -422,6 +439,15 @@ func (s *Serve) validateResilience(p *Problems) {
 	}
 	if s.MaxInflightPerWorker < 0 {
 		p.Addf("--max-inflight-per-worker must not be negative")
+	}
+	if s.StallWindow < 0 {
+		p.Addf("--stall-window must not be negative")
+	}
+	if s.StallWindow > 0 && s.StallProbeInterval <= 0 {
+		p.Addf("--stall-probe-interval must be positive")
+	}
+	if s.MaxTokensCeiling < 0 {
+		p.Addf("--max-tokens-ceiling must not be negative")
 	}
 }
 

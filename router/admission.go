@@ -36,7 +36,9 @@ func (a *admission) saturated(w *Worker) bool {
 // last slot since the caller looked).
 func (a *admission) reserve(w *Worker) bool {
 	if a.limit <= 0 {
-		w.inflight.Add(1)
+		if w.inflight.Add(1) == 1 {
+			w.stall.busy()
+		}
 		return true
 	}
 	for {
@@ -45,6 +47,9 @@ func (a *admission) reserve(w *Worker) bool {
 			return false
 		}
 		if w.inflight.CompareAndSwap(n, n+1) {
+			if n == 0 {
+				w.stall.busy()
+			}
 			return true
 		}
 	}

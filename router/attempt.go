@@ -29,6 +29,7 @@ type attempt struct {
 	ticket           Ticket
 	probe            bool      // the ticket's worker admitted this attempt as its breaker probe
 	start            time.Time // when the worker was picked
+	deadline         time.Time // of the exchange (do): first byte, or the request's
 
 	resp   *fasthttp.Response // upstream response while streaming
 	src    io.Reader          // its body stream
@@ -37,6 +38,10 @@ type attempt struct {
 	// readTimedOut: a watched read hit its deadline (fasthttp's chunk
 	// parser reports that without wrapping the timeout error).
 	readTimedOut bool
+	// stalledOut: the stream gave up its stuck worker (stall.go).
+	stalledOut bool
+	// nextBeat: when the silent stream's next heartbeat is due.
+	nextBeat time.Time
 	// The failure noted by fail, counted and remembered by endAttempt.
 	failed  bool
 	failWhy failReason
@@ -87,6 +92,9 @@ func (rel *relay) endAttempt(a *attempt, status int, err error, v verdict) {
 // is left to take it (else the last worker's own answer is worth more
 // than a generic error).
 func (rel *relay) canRetry() bool {
+	if rel.watch.gone.Load() {
+		return false // the client left: nobody to answer
+	}
 	if rel.attempts > rel.r.cfg.MaxRetries || !time.Now().Before(rel.deadline) {
 		return false
 	}
@@ -149,6 +157,12 @@ func (rel *relay) connect(queue bool) (*fasthttp.Response, error) {
 			return resp, nil
 		}
 		status, why := 0, reasonStatus5xx
+		if err != nil && rel.watch.gone.Load() {
+			// Not the worker's fault: its connection was closed for a
+			// client that left.
+			rel.endAttempt(a, 0, errClientLeft, verdictNeutral)
+			return nil, errClientLeft
+		}
 		if err != nil {
 			why = a.classify(err)
 		} else {
@@ -203,6 +217,7 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 		}
 		c := rel.model
 		now := r.cfg.Now()
+		nowNano := time.Now().UnixNano()
 		cands := rel.sub.Workers[:0]
 		untried, open := 0, 0
 		for _, w := range c.Workers {
@@ -213,7 +228,9 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 			if r.admit.saturated(w) {
 				continue
 			}
-			if !w.breaker.available(now) {
+			if !w.breaker.available(now) || r.skipStalled(w, nowNano) {
+				// A stalled worker is as good as an open breaker: skipped
+				// while others are left.
 				open++
 				continue
 			}
@@ -283,6 +300,13 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 func (a *attempt) classify(err error) failReason {
 	var op *net.OpError
 	switch {
+	case a.stalledOut || errors.Is(err, errAttemptStalled):
+		return reasonStalled
+	case errors.Is(err, fasthttp.ErrConnectionClosed) && a.ticket.Worker != nil && a.ticket.Worker.Stalled():
+		// fasthttp reports a read that failed before any byte of the
+		// headers as a closed connection: on a stalled worker, that is
+		// the read giving up (deadlineConn.readUnwatched).
+		return reasonStalled
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
 		return reasonBusy
 	case errors.As(err, &op) && op.Op == "dial", errors.Is(err, fasthttp.ErrDialTimeout):
@@ -365,8 +389,14 @@ func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
 	if rel.deadline.Before(deadline) {
 		deadline = rel.deadline
 	}
+	a.deadline = deadline
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = rel.scan.Stream
+	if !resp.StreamBody && rel.watch.conn != nil {
+		// unaryTransport finds the attempt by its request.
+		rel.r.unary.add(req, a)
+		defer rel.r.unary.remove(req)
+	}
 	if err := a.ticket.Worker.client.DoDeadline(req, resp, deadline); err != nil {
 		fasthttp.ReleaseResponse(resp)
 		return nil, err

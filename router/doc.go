@@ -56,6 +56,17 @@
 // response has been written (fasthttp ConnState) or the connection closes.
 // GET /ready is 200 only with a routable worker.
 //
+// Stalled workers and departed clients (issue 12): every upstream read
+// stamps its worker's progress (atomics, no allocation); a worker with
+// requests in flight and no progress for Config.StallWindow is skipped by
+// every policy and probed (stall.go), and requests waiting there for a
+// first byte move elsewhere. A unary request's client connection is read
+// while its answer is awaited (unary.go): a client that leaves closes the
+// upstream request, through the router's RoundTripper, which knows each
+// unary attempt's connection. Oversized max_tokens are refused before any
+// engine (Config.MaxTokensCeiling); a bare-LF request line is refused at
+// once (barelf.go).
+//
 // Concurrency: the fleet view is an immutable value swapped through an atomic
 // pointer by the discovery watcher callback; request handlers only load it and
 // never lock on the request path. Policies are safe for concurrent use.

@@ -35,6 +35,8 @@ type Worker struct {
 	rankCursor atomic.Uint64
 	picks      prometheus.Counter
 	breaker    breaker
+	stall      workerStall // progress and stall state (stall.go)
+	health     string      // the engine's GET /health, the stall probe
 
 	// PolicyState belongs to the policy: a FleetAware policy may set it in
 	// Attach, before the worker is visible to Pick, and read it afterwards.
@@ -64,10 +66,12 @@ type view struct {
 	// modelNames lists the models with active candidates, sorted, for
 	// GET /v1/models (rendered per request: created is the request time).
 	modelNames []string
-	// Bodies of the read-only endpoints, rendered once per view.
-	workersJSON []byte
-	healthJSON  []byte
-	readyJSON   []byte
+	// Bodies of the read-only endpoints, rendered once per view: each
+	// worker's /v1/workers object (its live state is added per request,
+	// appendWorkers), /health and /ready.
+	workerObjs [][]byte
+	healthJSON []byte
+	readyJSON  []byte
 }
 
 // UpdateFleet replaces the fleet view with one built from snap; it is the
@@ -208,18 +212,19 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 		addr = net.JoinHostPort(u.Hostname(), port)
 	}
 	w := &Worker{
-		id:     rec.WorkerID,
-		url:    rec.URL,
-		addr:   addr,
-		tls:    tls,
-		client: r.newHostClient(addr, tls),
-		picks:  r.metrics.picks.WithLabelValues(rec.WorkerID),
+		id:    rec.WorkerID,
+		url:   rec.URL,
+		addr:  addr,
+		tls:   tls,
+		picks: r.metrics.picks.WithLabelValues(rec.WorkerID),
 	}
+	w.client = r.newHostClient(addr, tls, w)
 	base := u.Scheme + "://" + u.Host + trimSlash(u.EscapedPath())
 	for rt := range Route(numProxyRoutes) {
 		w.uri[rt] = base + rt.upstreamPath()
 	}
 	w.tokenize = base + "/tokenize"
+	w.health = base + "/health"
 	w.rec.Store(rec)
 	if fa, ok := r.policy.(FleetAware); ok {
 		fa.Attach(w)
@@ -236,6 +241,7 @@ func (r *Router) retire(w *Worker) {
 	}
 	r.metrics.picks.DeleteLabelValues(w.id)
 	r.metrics.breakerTrips.DeleteLabelValues(w.id)
+	r.metrics.stalls.DeleteLabelValues(w.id)
 	w.client.CloseIdleConnections()
 }
 
@@ -247,6 +253,31 @@ func trimSlash(p string) string {
 		p = p[:len(p)-1]
 	}
 	return p
+}
+
+// appendWorkers appends the body of GET /v1/workers: Infera's shape
+// {"workers": [...]}, each worker's record with the router's live view of
+// it (stalled, in_flight), and the view's revision (ours).
+func (v *view) appendWorkers(b []byte) []byte {
+	b = append(b, `{"workers":[`...)
+	for i, w := range v.workers {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		obj := v.workerObjs[i]
+		b = append(b, obj[:len(obj)-1]...)
+		if len(obj) > 2 {
+			b = append(b, ',')
+		}
+		b = append(b, `"stalled":`...)
+		b = strconv.AppendBool(b, w.Stalled())
+		b = append(b, `,"in_flight":`...)
+		b = strconv.AppendInt(b, w.InFlight(), 10)
+		b = append(b, '}')
+	}
+	b = append(b, `],"revision":`...)
+	b = strconv.AppendInt(b, v.revision, 10)
+	return append(b, '}')
 }
 
 // listedWorker is one entry of GET /v1/workers: the record with the keys
@@ -268,25 +299,20 @@ func (v *view) render() {
 	slices.Sort(names)
 	v.modelNames = names
 
-	list := make([]listedWorker, len(v.workers))
+	v.workerObjs = make([][]byte, len(v.workers))
 	for i, w := range v.workers {
 		rec := w.Record()
-		list[i] = listedWorker{Record: rec, Unroutable: rec.Unroutable()}
+		data, err := json.Marshal(listedWorker{Record: rec, Unroutable: rec.Unroutable()})
+		if err != nil || len(data) < 2 || data[len(data)-1] != '}' {
+			// Records passed discovery's validation and encode by construction.
+			data = []byte(`{"worker_id":` + strconv.Quote(w.id) + `}`)
+		}
+		v.workerObjs[i] = data
 	}
-	data, err := json.Marshal(list)
-	if err != nil {
-		// Records passed discovery's validation and encode by construction.
-		data = []byte("[]")
-	}
-	// Infera's shape is {"workers": [...]}; the revision is ours.
-	b := append([]byte(`{"workers":`), data...)
-	b = append(b, `,"revision":`...)
-	b = strconv.AppendInt(b, v.revision, 10)
-	v.workersJSON = append(b, '}')
 
 	// /health stays 200 "ok" (Infera's contract) and says whether the
 	// router can route; /ready is the load balancers' probe.
-	b = append([]byte(`{"status":"ok","active_workers":`), strconv.Itoa(v.active)...)
+	b := append([]byte(`{"status":"ok","active_workers":`), strconv.Itoa(v.active)...)
 	b = append(b, `,"routable_workers":`...)
 	b = strconv.AppendInt(b, int64(v.routable), 10)
 	b = append(b, `,"ready":`...)

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 	"github.com/valyala/fasthttp"
@@ -32,6 +34,7 @@ type metrics struct {
 	rejected     [numRejects]prometheus.Counter
 	disconnects  prometheus.Counter
 	breakerTrips *prometheus.CounterVec
+	stalls       *prometheus.CounterVec // confirmed stalls by worker
 }
 
 // failReason says why an attempt on a worker failed.
@@ -47,6 +50,7 @@ const (
 	reasonStreamEnded                      // a stream ended before its first event
 	reasonStreamError                      // a stream broke after its first event
 	reasonUpstreamError                    // any other connection or protocol error
+	reasonStalled                          // a stream left its stalled worker before its first event
 	numReasons
 )
 
@@ -60,6 +64,7 @@ var reasonLabels = [numReasons]string{
 	reasonStreamEnded:    "stream_ended",
 	reasonStreamError:    "stream_error",
 	reasonUpstreamError:  "upstream_error",
+	reasonStalled:        "stalled",
 }
 
 func (f failReason) String() string { return reasonLabels[f] }
@@ -154,8 +159,12 @@ func newMetrics() *metrics {
 		Name: "infera_router_worker_breaker_trips_total",
 		Help: "Times each worker's circuit breaker opened.",
 	}, []string{"worker_id"})
+	m.stalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "infera_router_worker_stalls_total",
+		Help: "Times each worker was found stalled: requests in flight, no progress for --stall-window, no answer to its probe.",
+	}, []string{"worker_id"})
 	m.reg.MustRegister(requests, duration, ttft, m.inflight, m.picks,
-		retries, failures, timeouts, rejected, m.disconnects, m.breakerTrips)
+		retries, failures, timeouts, rejected, m.disconnects, m.breakerTrips, m.stalls)
 	m.reg.MustRegister(m.newInferaMetrics()...)
 	for i := range numReasons {
 		m.retries[i] = retries.WithLabelValues(reasonLabels[i])
@@ -219,6 +228,8 @@ func (m *metrics) register(r *Router) {
 		"infera_worker_in_flight", "Requests in flight on each worker of the current fleet view.",
 		[]string{"worker_id"}, nil), breakerDesc: prometheus.NewDesc(
 		"infera_router_worker_breaker_state", "Circuit breaker of each worker, as Infera: 0 closed, 1 half-open, 2 open.",
+		[]string{"worker_id"}, nil), stalledDesc: prometheus.NewDesc(
+		"infera_router_worker_stalled", "1 while a worker is stalled (no progress with requests in flight, probe unanswered): it gets no new request.",
 		[]string{"worker_id"}, nil)})
 	m.reg.MustRegister(newInferaCollector(r))
 	if c, ok := r.policy.(prometheus.Collector); ok {
@@ -231,11 +242,13 @@ type workerCollector struct {
 	r           *Router
 	desc        *prometheus.Desc
 	breakerDesc *prometheus.Desc
+	stalledDesc *prometheus.Desc
 }
 
 func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.desc
 	ch <- c.breakerDesc
+	ch <- c.stalledDesc
 }
 
 func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -243,9 +256,16 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	if v == nil {
 		return
 	}
+	now := time.Now().UnixNano()
 	for _, w := range v.workers {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(w.InFlight()), w.id)
 		ch <- prometheus.MustNewConstMetric(c.breakerDesc, prometheus.GaugeValue, inferaBreakerValue(w.breaker.State()), w.id)
+		c.r.skipStalled(w, now) // a stall ends, or a probe starts, without traffic too
+		stalled := 0.0
+		if w.Stalled() {
+			stalled = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.stalledDesc, prometheus.GaugeValue, stalled, w.id)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strconv"
 	"sync"
 	"time"
 
@@ -66,8 +67,9 @@ type relay struct {
 	xlate      anthropic.Stream
 	xlateEvent func(dst, ev []byte) []byte
 
-	att    attempt // the attempt whose answer is relayed
-	status int     // the status line the client got
+	watch  clientWatch // a unary request's client, while its answer is awaited (unary.go)
+	att    attempt     // the attempt whose answer is relayed
+	status int         // the status line the client got
 	pump   eventPump
 
 	// While WriteTo runs: the client writer (heartbeats), the error of a
@@ -156,6 +158,15 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 		r.finish(rel, outcomeBadRequest, fasthttp.StatusBadRequest)
 		return
 	}
+	if ceil := r.cfg.MaxTokensCeiling; ceil > 0 && rel.scan.MaxTokens > ceil {
+		// Refused here: an engine may size buffers or loops by it (a
+		// simulator that pre-generates, an overflowing context check), and
+		// a retry would hand it to the next engine too.
+		werr(ctx, fasthttp.StatusBadRequest, "max_tokens "+strconv.FormatInt(rel.scan.MaxTokens, 10)+
+			" exceeds this router's ceiling of "+strconv.FormatInt(ceil, 10)+" tokens", openai.TypeInvalidRequest, "max_tokens_too_large")
+		r.finish(rel, outcomeBadRequest, fasthttp.StatusBadRequest)
+		return
+	}
 	v := r.view.Load()
 	if v == nil {
 		werr(ctx, fasthttp.StatusServiceUnavailable, "the fleet view is not loaded yet", openai.TypeUnavailable, "not_ready")
@@ -176,9 +187,16 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 	rel.ctx, rel.body, rel.model = ctx, body, c
 
 	a := &rel.att
+	if !rel.scan.Stream {
+		rel.watch.start(ctx.Conn())
+	}
 	for {
 		resp, err := rel.connect(true)
 		if resp == nil {
+			if rel.watch.stop(ctx) {
+				rel.clientLeft()
+				return
+			}
 			rel.fail(err)
 			return
 		}
@@ -188,6 +206,7 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 			ctx.Response.Header.SetContentTypeBytes(ct)
 		}
 		if rel.status < 300 && isEventStream(resp.Header.ContentType()) && resp.BodyStream() != nil {
+			rel.watch.stop(ctx)
 			rel.attach(a, resp)
 			ctx.Response.Header.Set("Cache-Control", "no-cache")
 			// The client sees the headers at once, not with the first
@@ -201,6 +220,7 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
 		if err == nil {
+			rel.watch.stop(ctx)
 			if rel.dialect.response != nil {
 				rel.dialect.response(ctx, rel)
 			}
@@ -212,6 +232,10 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 		a.fail(a.classify(err), err)
 		rel.endAttempt(a, 0, err, verdictFault)
 		if !rel.canRetry() {
+			if rel.watch.stop(ctx) {
+				rel.clientLeft()
+				return
+			}
 			rel.fail(err)
 			return
 		}
@@ -252,6 +276,16 @@ func (rel *relay) fail(err error) {
 	werr(ctx, status, "request failed after "+itoa(rel.attempts)+" attempt(s): "+err.Error(), openai.TypeServer, code)
 	rel.err = err
 	r.finish(rel, outcomeUpstreamError, 0)
+}
+
+// clientLeft ends a unary request whose client went away while its answer
+// was awaited: counted as a disconnect, the connection closed.
+func (rel *relay) clientLeft() {
+	rel.ctx.SetConnectionClose()
+	rel.ctx.SetStatusCode(fasthttp.StatusBadRequest)
+	rel.ctx.Response.ResetBody()
+	rel.err = errClientLeft
+	rel.r.finish(rel, outcomeClientGone, 0)
 }
 
 // retryAfterSeconds is the Retry-After hint of a 429: the queue timeout,

@@ -45,6 +45,11 @@ type Config struct {
 	RequestTimeout    time.Duration // whole request
 	HeartbeatInterval time.Duration // SSE comment cadence on a silent stream
 
+	// Stalled workers (stall.go) and absurd requests.
+	StallWindow        time.Duration // no answer byte this long with requests in flight: suspect; 0: off
+	StallProbeInterval time.Duration // probes of a suspected or stalled worker
+	MaxTokensCeiling   int64         // largest max_tokens passed on; 0: no ceiling
+
 	// Security and client limits.
 	APIKeys            []string      // client keys for /v1/*; none: no auth
 	AdminToken         string        // Bearer token of the admin endpoints; "": none
@@ -108,6 +113,9 @@ func (c Config) validate() (Config, error) {
 	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) {
 		return c, fmt.Errorf("%w: body budget %d is below the largest body %d", ErrConfig, c.BodyBudgetBytes, c.MaxBodyBytes)
 	}
+	if c.StallWindow < 0 || c.MaxTokensCeiling < 0 || (c.StallWindow > 0 && c.StallProbeInterval <= 0) {
+		return c, fmt.Errorf("%w: stall window and token ceiling must not be negative, a stall probe interval must be positive", ErrConfig)
+	}
 	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 || c.MaxConnectionsPerIP < 0 {
 		return c, fmt.Errorf("%w: retries and in-flight caps must not be negative", ErrConfig)
 	}
@@ -135,7 +143,8 @@ type Router struct {
 	workers map[string]*Worker        // by worker_id; guarded by fleetMu
 	cursors map[string]*atomic.Uint64 // per model; guarded by fleetMu
 
-	conns connSet // open upstream connections
+	conns connSet       // open upstream connections
+	unary unaryAttempts // unary attempts awaiting their answer (unary.go)
 
 	front *frontDoor // client connection and body budgets
 
@@ -262,14 +271,16 @@ func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 	if adminLn != nil {
 		adminErr = make(chan error, 1)
 		go func() {
-			err := lifecycle.Serve(adminCtx, r.AdminServer(), adminLn, lifecycle.Options{Grace: r.cfg.ShutdownTimeout})
+			err := lifecycle.Serve(adminCtx, r.AdminServer(), lfListener{adminLn}, lifecycle.Options{Grace: r.cfg.ShutdownTimeout})
 			// An admin server that failed on its own takes the router down
 			// too rather than run without its management plane.
 			stopMain()
 			adminErr <- err
 		}()
 	}
-	err := lifecycle.Serve(mainCtx, r.Server(), r.front.listener(ln, r), lifecycle.Options{
+	// The front door counts connections outermost (its handlers find
+	// *frontConn through ctx.Conn()); the bare-LF guard reads beneath it.
+	err := lifecycle.Serve(mainCtx, r.Server(), r.front.listener(lfListener{ln}, r), lifecycle.Options{
 		Grace: r.cfg.ShutdownTimeout,
 		Overdue: func() {
 			n := r.conns.closeAll()
@@ -396,7 +407,11 @@ func (r *Router) serveInfo(ctx *fasthttp.RequestCtx, rt Route) {
 		ctx.SetBody(appendModels(ctx.Response.Body()[:0], v.modelNames, time.Now()))
 	case RouteWorkers:
 		ctx.SetContentType("application/json")
-		ctx.SetBody(v.workersJSON)
+		now := time.Now().UnixNano()
+		for _, w := range v.workers {
+			r.skipStalled(w, now) // a stall ends, or a probe starts, without traffic too
+		}
+		ctx.SetBody(v.appendWorkers(ctx.Response.Body()[:0]))
 	case RouteHealth:
 		ctx.SetContentType("application/json")
 		ctx.SetBody(v.healthJSON)
@@ -430,6 +445,11 @@ func (r *Router) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	var netErr net.Error
 	switch {
+	case errors.Is(err, errBareLF):
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusBadRequest, errBareLF.Error(), openai.TypeInvalidRequest, "bad_request")
+		r.metrics.request(rt, outcomeBadRequest).Inc()
+		r.metrics.rejected[rejected400].Inc()
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "request body exceeds the limit of "+itoa(r.cfg.MaxBodyBytes)+" bytes", openai.TypeInvalidRequest, "request_too_large")
 		r.metrics.request(rt, outcomeTooLarge).Inc()

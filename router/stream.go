@@ -45,17 +45,40 @@ func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
 
 // beforeRead: the attempt's stream deadline, and heartbeats while the
 // relay writes to its client; it also pushes the client's write deadline.
+// Until the first event, with stall detection on, the beat also comes every
+// stall tick, so that a stuck stream gives up its worker (heartbeat).
 func (a *attempt) beforeRead(now time.Time) (time.Time, time.Duration) {
 	rel := a.rel
+	r := rel.r
 	rel.keepWriting(now)
 	var beat time.Duration
 	if rel.w != nil {
-		beat = rel.r.cfg.HeartbeatInterval
+		beat = r.cfg.HeartbeatInterval
+		a.nextBeat = now.Add(beat)
+	}
+	if r.cfg.StallWindow > 0 && !rel.firstByte {
+		if t := r.stallTick(); beat == 0 || t < beat {
+			beat = t
+		}
 	}
 	return a.readDeadline(now), beat
 }
 
-func (a *attempt) heartbeat() error { return a.rel.heartbeat() }
+// heartbeat runs at every beat of silence: it gives up a stuck worker
+// (errAttemptStalled), and writes the SSE comment when one is due.
+func (a *attempt) heartbeat() error {
+	rel := a.rel
+	now := time.Now()
+	if a.stuck(now) {
+		a.stalledOut = true
+		return errAttemptStalled
+	}
+	if rel.w == nil || now.Before(a.nextBeat) {
+		return nil
+	}
+	a.nextBeat = a.nextBeat.Add(rel.r.cfg.HeartbeatInterval)
+	return rel.heartbeat()
+}
 
 func (a *attempt) noteReadTimeout() { a.readTimedOut = true }
 
@@ -133,6 +156,9 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		if n > 0 && !rel.firstByte {
 			rel.firstByte = true
 			rel.r.metrics.ttft[rel.route].Observe(time.Since(rel.start).Seconds())
+			if w := a.ticket.Worker; w != nil {
+				w.stall.noteServed(a.start.UnixNano())
+			}
 		}
 		if werr == nil && rel.clientErr != nil {
 			werr = rel.clientErr

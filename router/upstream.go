@@ -19,7 +19,7 @@ var errBadWorkerURL = errors.New("worker url must be http(s)://host[:port][/path
 // which spares it the stream reader and a copy. fasthttp retries are
 // off because a POST must not be replayed blindly — retries belong to the
 // router, around Pick and forward.
-func (r *Router) newHostClient(addr string, tls bool) *fasthttp.HostClient {
+func (r *Router) newHostClient(addr string, tls bool, w *Worker) *fasthttp.HostClient {
 	return &fasthttp.HostClient{
 		Addr:                      addr,
 		IsTLS:                     tls,
@@ -33,7 +33,8 @@ func (r *Router) newHostClient(addr string, tls bool) *fasthttp.HostClient {
 		// A worker is trusted, but not infinitely: cap what the response
 		// header parser may buffer.
 		ReadBufferSize: 16 << 10,
-		Dial:           r.dial,
+		Dial:           func(addr string) (net.Conn, error) { return r.dial(addr, w) },
+		Transport:      unaryTransport{r},
 	}
 }
 
@@ -42,13 +43,15 @@ func (r *Router) newHostClient(addr string, tls bool) *fasthttp.HostClient {
 // engine may stream for many minutes, but must never go silent for longer
 // than UpstreamTimeout. (fasthttp's ReadTimeout would instead bound the
 // whole response, cutting long generations.)
-func (r *Router) dial(addr string) (net.Conn, error) {
+//
+// Bytes read from the connection are the worker's progress (stall.go).
+func (r *Router) dial(addr string, w *Worker) (net.Conn, error) {
 	d := net.Dialer{Timeout: r.cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	dc := &deadlineConn{Conn: c, timeout: r.cfg.UpstreamTimeout, set: &r.conns, local: c.LocalAddr()}
+	dc := &deadlineConn{Conn: c, timeout: r.cfg.UpstreamTimeout, set: &r.conns, local: c.LocalAddr(), r: r, w: w}
 	if !r.conns.add(dc) {
 		_ = c.Close()
 		return nil, errShuttingDown
@@ -75,6 +78,11 @@ type deadlineConn struct {
 	set     *connSet
 	local   net.Addr // the key of set.byLocal
 	once    sync.Once
+	r       *Router
+	w       *Worker // whose progress its reads are; nil: not tracked
+	// owner is the unary attempt exchanging on it (unaryTransport), read
+	// and written only on that attempt's goroutine; nil otherwise.
+	owner *attempt
 
 	readHard  atomic.Int64 // unix ns; 0: none
 	writeHard atomic.Int64
@@ -93,10 +101,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 	now := time.Now()
 	sw := c.watch.Load()
 	if sw == nil {
-		if err := c.Conn.SetReadDeadline(capDeadline(now.Add(c.timeout), c.readHard.Load())); err != nil {
-			return 0, err
-		}
-		return c.Conn.Read(p)
+		return c.readUnwatched(p, now)
 	}
 	hard, every := sw.beforeRead(now)
 	beat := now.Add(every)
@@ -110,6 +115,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 		}
 		n, err := c.Conn.Read(p)
 		if n > 0 || err == nil {
+			c.progress(n)
 			return n, err
 		}
 		if !isBeat || !isTimeout(err) {
@@ -122,6 +128,48 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 			return 0, herr
 		}
 		beat = beat.Add(every)
+	}
+}
+
+// progress stamps the worker's progress after a read of n bytes.
+func (c *deadlineConn) progress(n int) {
+	if n > 0 && c.w != nil {
+		c.w.stall.noteProgress(time.Now().UnixNano())
+	}
+}
+
+// readUnwatched is a read outside a relayed stream: response headers, a
+// unary answer, a probe. With stall detection on it wakes every stall tick,
+// and gives up (errAttemptStalled) once its worker is confirmed stalled and
+// the read has waited a stall window: nothing of the answer reached the
+// client yet, so the request can go elsewhere, and closing the connection
+// tells the engine to drop it.
+func (c *deadlineConn) readUnwatched(p []byte, now time.Time) (int, error) {
+	hard := capDeadline(now.Add(c.timeout), c.readHard.Load())
+	var tick time.Duration
+	if c.w != nil && c.r.cfg.StallWindow > 0 {
+		tick = c.r.stallTick()
+	}
+	start := now
+	for {
+		dl, isTick := hard, false
+		if tick > 0 && now.Add(tick).Before(hard) {
+			dl, isTick = now.Add(tick), true
+		}
+		if err := c.Conn.SetReadDeadline(dl); err != nil {
+			return 0, err
+		}
+		n, err := c.Conn.Read(p)
+		if n > 0 || err == nil || !isTick || !isTimeout(err) {
+			c.progress(n)
+			return n, err
+		}
+		now = time.Now()
+		if c.r.skipStalled(c.w, now.UnixNano()) && c.w.Stalled() && now.Sub(start) >= c.r.cfg.StallWindow &&
+			(c.owner == nil || c.owner.rel.canRetry()) {
+			// A unary attempt with no retry left keeps waiting instead.
+			return 0, errAttemptStalled
+		}
 	}
 }
 

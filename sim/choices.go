@@ -84,17 +84,30 @@ func (sc *scheduler) submitChoices(q *seq) bool {
 	return true
 }
 
-// waitChoices waits until every choice of q finished; false when the
-// scheduler stopped first (the choices are then abandoned: not the
-// caller's to recycle).
-func (sc *scheduler) waitChoices(q *seq) bool {
-	if sc.wait(q) != seqFinished {
-		return false
-	}
-	for _, c := range q.more {
-		if sc.wait(c) != seqFinished {
-			return false
+// waitChoicesOr waits until every choice of q finished (seqFinished), the
+// scheduler stopped (seqShutdown) or gone closed (seqRunning: the caller
+// aborts the choices with abortChoices).
+func (sc *scheduler) waitChoicesOr(q *seq, gone <-chan struct{}) uint32 {
+	for i := range q.numChoices() {
+		if st := sc.waitOr(q.choice(i), gone); st != seqFinished {
+			return st
 		}
 	}
-	return true
+	return seqFinished
+}
+
+// abortChoices gives back every choice of a request whose client left:
+// finished ones are recycled, unfinished ones aborted (the scheduler frees
+// their slots and recycles them); the first choice last, as it holds the
+// others.
+func (sc *scheduler) abortChoices(q *seq) {
+	for i := q.numChoices() - 1; i >= 0; i-- {
+		c := q.choice(i)
+		switch c.done.Load() {
+		case seqFinished:
+			putSeq(c)
+		case seqRunning:
+			sc.abort(c)
+		}
+	}
 }

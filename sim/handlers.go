@@ -2,6 +2,7 @@ package sim
 
 import (
 	"encoding/json"
+	"math"
 	"strconv"
 	"time"
 
@@ -230,7 +231,15 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
 		return
 	}
-	if !s.sched.waitChoices(q) {
+	switch s.waitUnary(ctx, q) {
+	case seqFinished:
+	case seqRunning:
+		// The client went away: the scheduler frees the slots and
+		// recycles the choices, as it does for a stream whose client left.
+		s.sched.abortChoices(q)
+		dropConn(ctx)
+		return
+	default:
 		// Abandoned by a stopping scheduler: not ours to recycle.
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
 		return
@@ -272,14 +281,24 @@ func (s *Server) sizeRequest(q *seq, chat bool, r *request) error {
 		q.maxTokens = min(s.cfg.MaxTokensDefault, maxLen-p)
 	case want < 1:
 		return badRequest("max_tokens must be at least 1, got %d.", want)
-	case int64(p)+want > int64(maxLen):
-		return badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			maxLen, int64(p)+want, p, want)
+	case want > int64(maxLen-p):
+		// Compared against what is left of the context, so that a huge
+		// max_tokens cannot overflow the sum (p < maxLen here).
+		return badRequest("This model's maximum context length is %d tokens. However, you requested %s tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			maxLen, sumTokens(p, want), p, want)
 	default:
 		q.maxTokens = int(want)
 	}
 	q.promptLen = p
 	return nil
+}
+
+// sumTokens renders p+want for an error message without overflowing.
+func sumTokens(p int, want int64) string {
+	if want > math.MaxInt64-int64(p) {
+		return "more than " + strconv.FormatInt(math.MaxInt64, 10)
+	}
+	return strconv.FormatInt(int64(p)+want, 10)
 }
 
 // promptTokens fills q.tokens with the prompt of a chat (messages) or

@@ -222,6 +222,29 @@ func (sc *scheduler) wait(q *seq) uint32 {
 	}
 }
 
+// waitOr is wait that also returns, with seqRunning, when gone is closed
+// first (the handler's client left; it must abort q).
+func (sc *scheduler) waitOr(q *seq, gone <-chan struct{}) uint32 {
+	for {
+		if d := q.done.Load(); d != seqRunning {
+			return d
+		}
+		select {
+		case <-q.notify:
+		case <-gone:
+			if d := q.done.Load(); d != seqRunning {
+				return d
+			}
+			return seqRunning
+		case <-sc.stopped:
+			if d := q.done.Load(); d != seqRunning {
+				return d
+			}
+			return seqShutdown
+		}
+	}
+}
+
 // resetPrefixCache clears the cache on the scheduler goroutine.
 func (sc *scheduler) resetPrefixCache(ctx context.Context) bool {
 	reply := make(chan struct{})

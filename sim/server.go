@@ -347,6 +347,51 @@ func (s *Server) waitGone(c net.Conn) {
 	}
 }
 
+// waitUnary waits for a submitted unary sequence like scheduler.wait, and
+// returns seqRunning when the client goes away first (the caller aborts q).
+// A unary answer writes nothing until it is complete, so, as for a hung
+// request, the idle client connection is read meanwhile: EOF or an error
+// means the client left. The reader is stopped (a past read deadline) and
+// joined before the handler goes on, so that fasthttp has the connection to
+// itself again; a byte read (a pipelined request) ends the watch and the
+// connection is closed after the answer. The zero-latency mode finishes
+// every sequence on admission and skips the watch (no goroutine, no
+// allocation).
+func (s *Server) waitUnary(ctx *fasthttp.RequestCtx, q *seq) uint32 {
+	c := ctx.Conn()
+	if s.sched.instant || c == nil {
+		return s.sched.waitChoicesOr(q, nil)
+	}
+	if err := c.SetReadDeadline(time.Time{}); err != nil {
+		return s.sched.waitChoicesOr(q, nil)
+	}
+	gone, exited := make(chan struct{}), make(chan struct{})
+	var stopping atomic.Bool
+	var readByte bool
+	go func() {
+		defer close(exited)
+		var b [1]byte
+		n, _ := c.Read(b[:])
+		if stopping.Load() && n == 0 {
+			return
+		}
+		readByte = n > 0
+		close(gone)
+	}()
+	st := s.sched.waitChoicesOr(q, gone)
+	stopping.Store(true)
+	_ = c.SetReadDeadline(time.Now())
+	<-exited
+	_ = c.SetReadDeadline(time.Time{})
+	if readByte {
+		ctx.SetConnectionClose()
+		if st == seqRunning {
+			return s.sched.waitChoicesOr(q, nil)
+		}
+	}
+	return st
+}
+
 // httpLogger routes fasthttp's own messages (connection errors) to debug
 // level: a client going away is routine for an engine.
 type httpLogger struct{ log zerolog.Logger }

@@ -1,0 +1,187 @@
+package router
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Unary cancellation (issue 12). A unary answer writes nothing to its client
+// until it is complete, so a client that leaves is not noticed by a failed
+// write, as a stream's is. While a unary request waits for its worker, the
+// relay reads the idle client connection on a goroutine of its own
+// (clientWatch): EOF or an error means the client left, and the attempt's
+// upstream connection is closed at once, which is how an engine (vLLM, the
+// simulator) learns to abort the request and free its slot. The request
+// ends as a disconnect, and is not retried.
+//
+// The upstream connection of a unary attempt is known through the router's
+// transport (unaryTransport, the HostClient's RoundTripper): it exchanges
+// the request on a pooled connection as fasthttp's own transport does, and
+// publishes the connection in the attempt while the answer is awaited.
+// Streams take fasthttp's transport unchanged.
+//
+// The same mechanism is why a unary attempt that hits --ttft-timeout never
+// runs on two workers at once: its read fails at the deadline and the
+// connection is closed (the engine aborts) before the next attempt starts.
+
+// errClientLeft ends a unary attempt whose client went away.
+var errClientLeft = errors.New("client went away")
+
+// clientWatch reads a unary request's client connection while the router
+// waits for the answer.
+type clientWatch struct {
+	conn     net.Conn
+	gone     atomic.Bool // the client left
+	stopping atomic.Bool
+	byte     bool // a byte arrived (a pipelined request): the connection closes after the answer
+	wg       sync.WaitGroup
+	// up is the connection of the attempt in flight (unaryTransport);
+	// whoever swaps it out owns it: the watcher closes it, the transport
+	// releases it.
+	up atomic.Pointer[net.Conn]
+}
+
+// start begins watching c (nil: nothing to watch).
+func (w *clientWatch) start(c net.Conn) {
+	if c == nil || c.SetReadDeadline(time.Time{}) != nil {
+		return
+	}
+	w.conn = c
+	w.wg.Add(1)
+	go w.run()
+}
+
+func (w *clientWatch) run() {
+	defer w.wg.Done()
+	var b [1]byte
+	n, _ := w.conn.Read(b[:])
+	if n > 0 {
+		w.byte = true
+		return
+	}
+	if w.stopping.Load() {
+		return
+	}
+	w.gone.Store(true)
+	if up := w.up.Swap(nil); up != nil {
+		_ = (*up).Close()
+	}
+}
+
+// stop ends the watch and waits for its goroutine, so that fasthttp has
+// the connection to itself again. It reports whether the client left.
+func (w *clientWatch) stop(ctx *fasthttp.RequestCtx) bool {
+	if w.conn == nil {
+		return false
+	}
+	w.stopping.Store(true)
+	_ = w.conn.SetReadDeadline(time.Now())
+	w.wg.Wait()
+	_ = w.conn.SetReadDeadline(time.Time{})
+	if w.byte {
+		ctx.SetConnectionClose()
+	}
+	gone := w.gone.Load()
+	w.conn, w.byte = nil, false
+	w.gone.Store(false)
+	w.stopping.Store(false)
+	return gone
+}
+
+// unaryTransport is the RoundTripper of every worker's HostClient.
+type unaryTransport struct{ r *Router }
+
+// RoundTrip implements fasthttp.RoundTripper.
+func (t unaryTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (bool, error) {
+	if resp.StreamBody {
+		return fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
+	}
+	a := t.r.unary.lookup(req)
+	if a == nil {
+		return fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
+	}
+	w := &a.rel.watch
+	deadline := a.deadline
+	cc, err := hc.AcquireConn(time.Until(deadline), req.ConnectionClose())
+	if err != nil {
+		return false, err
+	}
+	conn := cc.Conn()
+	if dc, ok := conn.(*deadlineConn); ok {
+		dc.owner = a
+		defer func() { dc.owner = nil }()
+	}
+	resp.ParseNetConn(conn)
+	w.up.Store(&conn)
+	if w.gone.Load() {
+		// The client left while the connection was acquired.
+		if w.up.Swap(nil) != nil {
+			hc.CloseConn(cc)
+		}
+		return false, errClientLeft
+	}
+	if err = conn.SetWriteDeadline(deadline); err == nil {
+		bw := hc.AcquireWriter(conn)
+		if err = req.Write(bw); err == nil {
+			err = bw.Flush()
+		}
+		hc.ReleaseWriter(bw)
+	}
+	if err == nil {
+		if err = conn.SetReadDeadline(deadline); err == nil {
+			br := hc.AcquireReader(conn)
+			err = resp.ReadLimitBody(br, hc.MaxResponseBodySize)
+			hc.ReleaseReader(br)
+		}
+	}
+	mine := w.up.Swap(nil) != nil
+	switch {
+	case !mine:
+		// The watcher closed it: the client is gone.
+		hc.CloseConn(cc)
+		return false, errClientLeft
+	case err != nil:
+		hc.CloseConn(cc)
+		return false, err
+	case req.ConnectionClose() || resp.ConnectionClose():
+		hc.CloseConn(cc)
+	default:
+		_ = conn.SetDeadline(time.Time{})
+		hc.ReleaseConn(cc)
+	}
+	return false, nil
+}
+
+// unaryAttempts maps the upstream request of each unary attempt in flight
+// to its attempt, for unaryTransport.
+type unaryAttempts struct {
+	mu sync.Mutex
+	m  map[*fasthttp.Request]*attempt
+}
+
+func (u *unaryAttempts) add(req *fasthttp.Request, a *attempt) {
+	u.mu.Lock()
+	if u.m == nil {
+		u.m = make(map[*fasthttp.Request]*attempt)
+	}
+	u.m[req] = a
+	u.mu.Unlock()
+}
+
+func (u *unaryAttempts) remove(req *fasthttp.Request) {
+	u.mu.Lock()
+	delete(u.m, req)
+	u.mu.Unlock()
+}
+
+func (u *unaryAttempts) lookup(req *fasthttp.Request) *attempt {
+	u.mu.Lock()
+	a := u.m[req]
+	u.mu.Unlock()
+	return a
+}
