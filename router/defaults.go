@@ -44,6 +44,8 @@ func ServeConfig(s config.Serve) Config {
 		StreamIdleTimeout:    s.StreamIdleTimeout,
 		RequestTimeout:       s.RequestTimeout,
 		HeartbeatInterval:    s.HeartbeatInterval,
+		PDPrefillTimeout:     s.PDPrefillTimeout,
+		PDMinUncachedTokens:  s.PDMinUncachedTokens,
 		APIKeys:              s.Keys(),
 		AdminToken:           s.AdminToken,
 		AdminSeparate:        s.AdminListen != "",

@@ -32,6 +32,7 @@ type metrics struct {
 	rejected     [numRejects]prometheus.Counter
 	disconnects  prometheus.Counter
 	breakerTrips *prometheus.CounterVec
+	pd           *pdMetrics // disaggregated serving (pdmetrics.go)
 }
 
 // failReason says why an attempt on a worker failed.
@@ -156,6 +157,7 @@ func newMetrics() *metrics {
 	m.reg.MustRegister(requests, duration, ttft, m.inflight, m.picks,
 		retries, failures, timeouts, rejected, m.disconnects, m.breakerTrips)
 	m.reg.MustRegister(m.newInferaMetrics()...)
+	m.pd = newPDMetrics(m.reg)
 	for i := range numReasons {
 		m.retries[i] = retries.WithLabelValues(reasonLabels[i])
 		m.failures[i] = failures.WithLabelValues(reasonLabels[i])

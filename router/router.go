@@ -45,6 +45,10 @@ type Config struct {
 	RequestTimeout    time.Duration // whole request
 	HeartbeatInterval time.Duration // SSE comment cadence on a silent stream
 
+	// Disaggregated serving (pd.go).
+	PDPrefillTimeout    time.Duration // the prefill leg's deadline; 0: TTFTTimeout
+	PDMinUncachedTokens int           // fewer uncached prompt tokens: decode worker alone; 0: always disaggregate
+
 	// Security and client limits.
 	APIKeys            []string      // client keys for /v1/*; none: no auth
 	AdminToken         string        // Bearer token of the admin endpoints; "": none
@@ -100,8 +104,11 @@ func (c Config) validate() (Config, error) {
 			return c, fmt.Errorf("%w: %s %d must be positive", ErrConfig, n.name, n.v)
 		}
 	}
-	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 {
-		return c, fmt.Errorf("%w: retries and in-flight caps must not be negative", ErrConfig)
+	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 || c.PDMinUncachedTokens < 0 || c.PDPrefillTimeout < 0 {
+		return c, fmt.Errorf("%w: retries, in-flight caps, the PD prefill timeout and min uncached tokens must not be negative", ErrConfig)
+	}
+	if c.PDPrefillTimeout == 0 {
+		c.PDPrefillTimeout = c.TTFTTimeout
 	}
 	c.BreakerMaxCool = max(c.BreakerMaxCool, c.BreakerCooldown)
 	if c.Now == nil {

@@ -172,6 +172,22 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		s.modelNotFound(ctx, body, &r)
 		return
 	}
+	if s.reqLog != nil {
+		s.reqLog.record(ctx, s.cfg.PDRole, body)
+	}
+	var pdr pdRequest
+	if s.pd != nil {
+		var err error
+		if pdr, err = s.pd.classify(body); err != nil {
+			s.log.Error().Err(err).Str("role", s.cfg.PDRole).Msg("pd request refused")
+			s.writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+			return
+		}
+		if pdr.serveKV {
+			// A prefill answers unary: the router drains its answer.
+			r.stream, r.hasStreamOpt, r.includeUsage = false, false, false
+		}
+	}
 	if r.hasStreamOpt && !r.stream {
 		s.writeError(ctx, fasthttp.StatusBadRequest, "Stream options can only be defined when `stream=True`.")
 		return
@@ -206,6 +222,10 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 	}
 	prepareSeq(q, s.cfg.BlockSize, s.seed, s.hf)
 	q.stream = r.stream
+	if pdr.fetchKV && !s.fetchKV(ctx, q, &pdr) {
+		putSeq(q)
+		return
+	}
 	if chat {
 		q.tool = append(q.tool[:0], toolCallName(body, &r)...)
 	}
@@ -231,6 +251,10 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 	if !s.sendTokens(q.maxTokens) {
 		putSeq(q)
 		dropConn(ctx)
+		return
+	}
+	if pdr.serveKV && !s.serveKV(ctx, q, &pdr) {
+		putSeq(q)
 		return
 	}
 	s.writeUnary(ctx, q, chat)
@@ -394,6 +418,16 @@ func appendUsage(b []byte, q *seq) []byte {
 	return append(b, "}}"...)
 }
 
+// appendKVParams closes a unary answer with its kv_transfer_params value
+// (null unless a PD prefill handed KV off) and the closing brace.
+func appendKVParams(b []byte, q *seq) []byte {
+	if q.kvParams == nil {
+		return append(b, "null}"...)
+	}
+	b = append(b, q.kvParams...)
+	return append(b, '}')
+}
+
 // writeUnary writes a finished sequence as one chat.completion or
 // text_completion object.
 func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
@@ -415,7 +449,8 @@ func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
 			b = s.appendToolCallMessage(b, q)
 			b = append(b, `,"logprobs":null,"finish_reason":"tool_calls","stop_reason":null}],"usage":`...)
 			b = appendUsage(b, q)
-			b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":null}`...)
+			b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":`...)
+			b = appendKVParams(b, q)
 			ctx.SetContentType(contentJSON)
 			ctx.SetBody(b)
 			*bp = b
@@ -426,13 +461,15 @@ func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
 		b = appendJSONString(b, q.out)
 		b = append(b, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"length","stop_reason":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
 		b = appendUsage(b, q)
-		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":null}`...)
+		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":`...)
+		b = appendKVParams(b, q)
 	} else {
 		b = append(b, `,"choices":[{"index":0,"text":`...)
 		b = appendJSONString(b, q.out)
 		b = append(b, `,"logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
 		b = appendUsage(b, q)
-		b = append(b, `,"kv_transfer_params":null}`...)
+		b = append(b, `,"kv_transfer_params":`...)
+		b = appendKVParams(b, q)
 	}
 	ctx.SetContentType(contentJSON)
 	ctx.SetBody(b)

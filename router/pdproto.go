@@ -1,0 +1,211 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/jsonx"
+)
+
+// The PD protocols of DESIGN §6 as the router speaks them: how each leg's
+// body is shaped for the engines' KV connectors (the exact shapes are in
+// shared/protocols/pd.md) and whether the legs run at once or one after
+// the other.
+
+// pdTopology says how the two legs of a protocol run.
+type pdTopology uint8
+
+const (
+	// pdConcurrent: both legs are sent at once; the client reads decode,
+	// the prefill answer is drained and discarded. The engines pair up
+	// on their own (bootstrap room, transfer id).
+	pdConcurrent pdTopology = iota
+	// pdSerial: the prefill runs first; its JSON answer carries the
+	// hand-off (kv_transfer_params) the decode leg gets.
+	pdSerial
+)
+
+// pdLegs is what a protocol needs to shape one request's two bodies.
+type pdLegs struct {
+	body           []byte            // the client's body (or the dialect's translation)
+	prefill        *discovery.Record // the picked workers' records
+	decode         *discovery.Record
+	room           uint64 // bootstrap room / transfer id, DP-aligned
+	prefillDPRank  int    // the prefill DP rank the room is aligned to
+	prefillDPSize  int
+	hasMaxComplete bool // the body has max_completion_tokens
+}
+
+// pdProtocol shapes the legs of one protocol.
+type pdProtocol struct {
+	name     string
+	topology pdTopology
+	// prefillBody returns the prefill leg's body.
+	prefillBody func(l *pdLegs) ([]byte, error)
+	// decodeBody returns the decode leg's body; handoff is the prefill
+	// answer's kv_transfer_params (raw JSON) of a serial protocol.
+	decodeBody func(l *pdLegs, handoff []byte) ([]byte, error)
+}
+
+// pdProtocols are the protocols built so far, by disagg_meta.protocol.
+var pdProtocols = map[string]*pdProtocol{
+	discovery.ProtocolVLLMNixl:        {name: discovery.ProtocolVLLMNixl, topology: pdSerial, prefillBody: nixlPrefill, decodeBody: nixlDecode},
+	discovery.ProtocolSGLangBootstrap: {name: discovery.ProtocolSGLangBootstrap, topology: pdConcurrent, prefillBody: sglangPrefill, decodeBody: sglangDecode},
+}
+
+// Sentinel errors of the PD path.
+var (
+	// ErrPDProtocol: the legs' protocols are missing, differ or are not
+	// built; the request is refused (500) before any leg is sent.
+	ErrPDProtocol = errors.New("protocol resolution failed")
+	// ErrPDHandoff: a serial prefill answered without the hand-off the
+	// decode leg needs (502).
+	ErrPDHandoff = errors.New("prefill answer has no kv_transfer_params")
+	// ErrPDMeta: a worker's disagg_meta lacks a parameter its protocol
+	// needs (500: a registration mistake, not a transient fault).
+	ErrPDMeta = errors.New("disagg_meta incomplete")
+)
+
+// resolvePDProtocol returns the protocol both workers speak.
+func resolvePDProtocol(p, d *Worker) (*pdProtocol, error) {
+	pp, dp := p.Record().DisaggMeta.Protocol, d.Record().DisaggMeta.Protocol
+	switch {
+	case pp == "" || dp == "" || pp != dp:
+		return nil, fmt.Errorf("%w: prefill worker %s speaks %q, decode worker %s speaks %q", ErrPDProtocol, p.id, pp, d.id, dp)
+	}
+	proto := pdProtocols[pp]
+	if proto == nil {
+		return nil, fmt.Errorf("%w: protocol %q of prefill worker %s and decode worker %s is not supported by this router (supported: %s, %s)",
+			ErrPDProtocol, pp, p.id, d.id, discovery.ProtocolVLLMNixl, discovery.ProtocolSGLangBootstrap)
+	}
+	return proto, nil
+}
+
+// maxEditDepth bounds the JSON nesting the body editor accepts.
+const maxEditDepth = 64
+
+// setFields applies kv pairs of top-level edits in order; a nil value
+// deletes the key.
+func setFields(body []byte, kv ...any) ([]byte, error) {
+	cur := body
+	for i := 0; i+1 < len(kv); i += 2 {
+		key := kv[i].(string)
+		var err error
+		var next []byte
+		switch v := kv[i+1].(type) {
+		case nil:
+			next, err = jsonx.DeleteField(nil, cur, key, maxEditDepth)
+		case []byte:
+			next, err = jsonx.SetField(nil, cur, key, v, maxEditDepth)
+		case string:
+			next, err = jsonx.SetField(nil, cur, key, []byte(v), maxEditDepth)
+		default:
+			panic("setFields: value of " + key)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("edit %s: %w", key, err)
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+// vllmPrefillBody is vLLM's single-token prefill body: max_tokens 1,
+// stream false, no stream_options, max_completion_tokens 1 if present.
+func vllmPrefillBody(l *pdLegs, kvParams string) ([]byte, error) {
+	kv := []any{"max_tokens", "1", "stream", "false", "stream_options", nil}
+	if l.hasMaxComplete {
+		kv = append(kv, "max_completion_tokens", "1")
+	}
+	kv = append(kv, "kv_transfer_params", kvParams)
+	return setFields(l.body, kv...)
+}
+
+const nixlPrefillParams = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
+
+func nixlPrefill(l *pdLegs) ([]byte, error) { return vllmPrefillBody(l, nixlPrefillParams) }
+
+// nixlDecode: the client's body (max_tokens as sent) plus the prefill's
+// kv_transfer_params verbatim.
+func nixlDecode(l *pdLegs, handoff []byte) ([]byte, error) {
+	if len(handoff) == 0 {
+		return nil, ErrPDHandoff
+	}
+	return setFields(l.body, "kv_transfer_params", handoff)
+}
+
+// sglangBootstrap returns the prefill's bootstrap host and port from its
+// disagg_meta params.bootstrap_addr ("host:port", split at the last ':').
+func sglangBootstrap(rec *discovery.Record) (string, int, error) {
+	addr, _ := rec.DisaggMeta.Params["bootstrap_addr"].(string)
+	i := strings.LastIndexByte(addr, ':')
+	if i <= 0 {
+		return "", 0, fmt.Errorf("%w: prefill worker %s has no params.bootstrap_addr host:port (got %q)", ErrPDMeta, rec.WorkerID, addr)
+	}
+	port, err := strconv.Atoi(addr[i+1:])
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, fmt.Errorf("%w: prefill worker %s bootstrap_addr %q: bad port", ErrPDMeta, rec.WorkerID, addr)
+	}
+	host := strings.TrimSuffix(strings.TrimPrefix(addr[:i], "["), "]")
+	return host, port, nil
+}
+
+func sglangBody(l *pdLegs, decode bool) ([]byte, error) {
+	host, port, err := sglangBootstrap(l.prefill)
+	if err != nil {
+		return nil, err
+	}
+	kv := []any{
+		"bootstrap_host", string(jsonx.AppendQuoted(nil, host)),
+		"bootstrap_port", strconv.Itoa(port),
+		"bootstrap_room", strconv.FormatUint(l.room, 10),
+	}
+	if decode && l.prefillDPSize > 1 {
+		kv = append(kv, "disagg_prefill_dp_rank", strconv.Itoa(l.prefillDPRank))
+	}
+	return setFields(l.body, kv...)
+}
+
+func sglangPrefill(l *pdLegs) ([]byte, error) { return sglangBody(l, false) }
+
+func sglangDecode(l *pdLegs, _ []byte) ([]byte, error) { return sglangBody(l, true) }
+
+// alignRoom returns room moved to the residue class rank mod dpSize
+// (room % dpSize == rank), staying below 2^63.
+func alignRoom(room uint64, rank, dpSize int) uint64 {
+	if dpSize <= 1 {
+		return room
+	}
+	n := uint64(dpSize)
+	room -= room % n
+	room += uint64(rank)
+	if room >= 1<<63 {
+		room -= n
+	}
+	return room
+}
+
+// topLevelField returns the raw value of body's top-level member key
+// (nil when absent or body is not an object).
+func topLevelField(body []byte, key string) []byte {
+	s := jsonx.Scanner{B: body, MaxDepth: maxEditDepth}
+	s.SkipWS()
+	var val []byte
+	err := s.Object(func(ks, ke int, kesc bool) error {
+		start := jsonx.SkipSpace(s.B, s.I)
+		if err := s.Value(); err != nil {
+			return err
+		}
+		if val == nil && jsonx.Equal(body[ks:ke], kesc, key) {
+			val = body[start:s.I]
+		}
+		return nil
+	})
+	if err != nil {
+		return nil
+	}
+	return val
+}
