@@ -1,0 +1,373 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Disaggregated serving end to end (issue 14): `infera serve` and
+// `infera worker --engine vllm|sglang` PD workers whose engines are the
+// simulator's facades (engines/testdata/shims), on one host with
+// --disaggregation-allow-tcp. Each simulated engine records the bodies it
+// received (INFERA_RECORD_REQUESTS), so the protocol shapes are asserted
+// from what the engines got; a decode verifies the prefill's KV bytes by
+// checksum before it decodes (else it answers 500).
+
+// pdProto is one protocol's worker command lines.
+type pdProto struct {
+	name   string
+	engine string
+	// args returns the engine arguments of a worker of role.
+	args func(t *testing.T, role string) []string
+}
+
+var pdProtos = []pdProto{
+	{
+		name: "vllm-nixl", engine: "vllm",
+		args: func(t *testing.T, role string) []string {
+			kvRole := map[string]string{"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+			return []string{"Qwen/Qwen3-8B", "--host", "127.0.0.1", "--served-model-name", "pd-model",
+				"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"` + kvRole + `"}`}
+		},
+	},
+	{
+		name: "sglang-bootstrap", engine: "sglang",
+		args: func(t *testing.T, role string) []string {
+			a := []string{"--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--served-model-name", "pd-model",
+				"--disaggregation-mode", role}
+			if role == "prefill" {
+				a = append(a, "--disaggregation-bootstrap-port", strconv.Itoa(freePort(t)))
+			}
+			return a
+		},
+	},
+}
+
+// pdWorker is one PD worker process and what its engine recorded.
+type pdWorker struct {
+	p   *proc
+	id  string
+	log string
+}
+
+// startPDWorker starts a worker of role for proto; env adds INFERA_* sim
+// settings (fault injection).
+func (f *fleet) startPDWorker(t *testing.T, proto pdProto, role, name string, env ...string) *pdWorker {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), name+".jsonl")
+	e := append(shimEnv(t), "INFERA_RECORD_REQUESTS="+logPath, "INFERA_TIME_SCALE=0.05", "INFERA_PD_KV_TIMEOUT=20s")
+	e = append(e, env...)
+	args := []string{"worker", "--engine", proto.engine, "--etcd-endpoints", f.etcd,
+		"--advertise-host", "127.0.0.1", "--lease-ttl", "5s", "--keepalive-interval", "1s",
+		"--drain-timeout", "10s", "--stop-grace", "5s", "--disaggregation-allow-tcp", "--"}
+	args = append(args, proto.args(t, role)...)
+	p := startEnv(t, name, e, args...)
+	id, _ := p.waitLog("worker registered", 60*time.Second)["worker_id"].(string)
+	if id == "" {
+		t.Fatalf("%s: no worker_id", name)
+	}
+	f.waitWorkers(name+" listed", 10*time.Second, func(ws map[string]string) bool { return ws[id] == "active" })
+	return &pdWorker{p: p, id: id, log: logPath}
+}
+
+type pdGot struct {
+	RequestID string         `json:"request_id"`
+	Body      map[string]any `json:"body"`
+}
+
+func (w *pdWorker) got(t *testing.T) []pdGot {
+	t.Helper()
+	data, err := os.ReadFile(w.log)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []pdGot
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		if line == "" {
+			continue
+		}
+		var g pdGot
+		if err := json.Unmarshal([]byte(line), &g); err != nil {
+			t.Fatalf("%s: %q: %v", w.log, line, err)
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// pdDo sends one chat request (stream or not) with a deadline and returns
+// the status, the prefill and decode headers and the answer text (or the
+// stream's data lines joined).
+func pdDo(t *testing.T, f *fleet, content string, stream bool, maxTokens int) (int, string, string, string) {
+	t.Helper()
+	status, ph, dh, body, err := pdSend(t.Context(), f, content, stream, maxTokens)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	return status, ph, dh, body
+}
+
+// pdSend is pdDo without the test (safe on any goroutine).
+func pdSend(parent context.Context, f *fleet, content string, stream bool, maxTokens int) (int, string, string, string, error) {
+	ctx, cancel := context.WithTimeout(parent, 30*time.Second)
+	defer cancel()
+	body := fmt.Sprintf(`{"model":"pd-model","max_tokens":%d,"stream":%t,"messages":[{"role":"user","content":%q}]}`, maxTokens, stream, content)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.base+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", "", "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("X-Infera-Prefill-Worker"), resp.Header.Get("X-Infera-Worker"), string(b), err
+}
+
+// checkLegs asserts that the last request d received and its prefill leg
+// (the request of the same X-Request-Id on one of ps) have the protocol's
+// shape. stream is the client's stream flag, or nil when not to check it.
+func checkLegs(t *testing.T, proto string, ps []*pdWorker, d *pdWorker, stream any) {
+	t.Helper()
+	dg := d.got(t)
+	if len(dg) == 0 {
+		t.Fatalf("decode %s got no request", d.id)
+	}
+	last := dg[len(dg)-1]
+	var pb map[string]any
+	for _, p := range ps {
+		for _, g := range p.got(t) {
+			if g.RequestID == last.RequestID {
+				pb = g.Body
+			}
+		}
+	}
+	if pb == nil {
+		t.Fatalf("no prefill got request %q", last.RequestID)
+	}
+	db := last.Body
+	switch proto {
+	case "vllm-nixl":
+		kv, _ := pb["kv_transfer_params"].(map[string]any)
+		if pb["max_tokens"] != 1.0 || pb["stream"] != false || kv["do_remote_decode"] != true || kv["remote_engine_id"] != nil {
+			t.Errorf("nixl prefill body %v", pb)
+		}
+		dkv, _ := db["kv_transfer_params"].(map[string]any)
+		if dkv["do_remote_prefill"] != true || dkv["remote_request_id"] == nil || dkv["remote_port"] == nil || (stream != nil && db["stream"] != stream) {
+			t.Errorf("nixl decode body %v", db)
+		}
+	case "sglang-bootstrap":
+		if pb["bootstrap_room"] == nil || pb["bootstrap_room"] != db["bootstrap_room"] || pb["bootstrap_host"] != "127.0.0.1" ||
+			pb["bootstrap_port"] != db["bootstrap_port"] || pb["stream"] != db["stream"] || (stream != nil && db["stream"] != stream) {
+			t.Errorf("sglang bodies %v / %v", pb, db)
+		}
+	}
+}
+
+func TestPDEnginesEndToEnd(t *testing.T) {
+	for _, proto := range pdProtos {
+		t.Run(proto.name, func(t *testing.T) {
+			f := startServe(t)
+			p1 := f.startPDWorker(t, proto, "prefill", proto.engine+"-p1")
+			d1 := f.startPDWorker(t, proto, "decode", proto.engine+"-d1")
+
+			// 1P1D, unary and streaming.
+			status, ph, dh, body := pdDo(t, f, "explain disaggregated prefill and decode", false, 6)
+			if status != 200 || ph != p1.id || dh != d1.id || !strings.Contains(body, `"completion_tokens":6`) {
+				t.Fatalf("1P1D unary: %d via %s/%s: %s", status, ph, dh, body)
+			}
+			checkLegs(t, proto.name, []*pdWorker{p1}, d1, false)
+			status, _, _, body = pdDo(t, f, "explain disaggregated prefill and decode", true, 6)
+			if status != 200 || !strings.HasSuffix(strings.TrimSpace(body), "data: [DONE]") || strings.Contains(body, `"error"`) {
+				t.Fatalf("1P1D stream: %d %s", status, body)
+			}
+			checkLegs(t, proto.name, []*pdWorker{p1}, d1, true)
+
+			// 1P2D: both decodes serve, each verifying the one prefill's KV.
+			d2 := f.startPDWorker(t, proto, "decode", proto.engine+"-d2")
+			seen := map[string]bool{}
+			for i := range 6 {
+				status, ph, dh, body := pdDo(t, f, fmt.Sprintf("question %d about kv transfer", i), i%2 == 1, 4)
+				if status != 200 || ph != p1.id || strings.Contains(body, `"error"`) {
+					t.Fatalf("1P2D %d: %d via %s/%s: %s", i, status, ph, dh, body)
+				}
+				seen[dh] = true
+			}
+			if !seen[d1.id] || !seen[d2.id] {
+				t.Errorf("1P2D decodes used %v, want both", seen)
+			}
+			checkLegs(t, proto.name, []*pdWorker{p1}, d2, nil)
+
+			// 2P1D.
+			d2.p.signal(syscall.SIGTERM)
+			f.waitWorkers("d2 gone", 20*time.Second, func(ws map[string]string) bool { _, ok := ws[d2.id]; return !ok })
+			p2 := f.startPDWorker(t, proto, "prefill", proto.engine+"-p2")
+			seen = map[string]bool{}
+			for i := range 6 {
+				status, ph, dh, body := pdDo(t, f, fmt.Sprintf("another question %d", i), i%2 == 0, 4)
+				if status != 200 || dh != d1.id || strings.Contains(body, `"error"`) {
+					t.Fatalf("2P1D %d: %d via %s/%s: %s", i, status, ph, dh, body)
+				}
+				seen[ph] = true
+			}
+			if !seen[p1.id] || !seen[p2.id] {
+				t.Errorf("2P1D prefills used %v, want both", seen)
+			}
+			checkLegs(t, proto.name, []*pdWorker{p1, p2}, d1, nil)
+		})
+	}
+}
+
+// TestPDFailuresEndToEnd: acceptance 2 with real processes; every request
+// has a deadline well under the timeouts involved.
+func TestPDFailuresEndToEnd(t *testing.T) {
+	for _, proto := range pdProtos {
+		t.Run(proto.name, func(t *testing.T) {
+			f := startServe(t, "--pd-prefill-timeout", "20s", "--request-max-retries", "0")
+			// Half a pool.
+			d := f.startPDWorker(t, proto, "decode", proto.engine+"-d")
+			status, _, _, body := pdDo(t, f, "hello", false, 4)
+			if status != 503 || !strings.Contains(body, "no_prefill_worker") {
+				t.Fatalf("half a pool: %d %s", status, body)
+			}
+
+			// The prefill engine is killed while it holds the request.
+			p := f.startPDWorker(t, proto, "prefill", proto.engine+"-hang", "INFERA_HANG_BEFORE_FIRST_TOKEN=1")
+			done := make(chan struct{})
+			var st int
+			var b string
+			var serr error
+			start := time.Now()
+			go func() {
+				defer close(done)
+				st, _, _, b, serr = pdSend(context.Background(), f, "a request whose prefill dies", false, 4)
+			}()
+			deadline := time.Now().Add(10 * time.Second)
+			for len(p.got(t)) == 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err := syscall.Kill(enginePID(t, p.p), syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-done:
+			case <-time.After(15 * time.Second):
+				t.Fatal("client still waiting 15s after the prefill engine died")
+			}
+			if serr != nil || st < 500 || !strings.Contains(b, "prefill") {
+				t.Errorf("prefill killed: %d %s, want a 5xx naming the prefill", st, b)
+			}
+			if el := time.Since(start); el > 15*time.Second {
+				t.Errorf("error after %v", el)
+			}
+			f.waitWorkers("the dead prefill to go", 10*time.Second, func(ws map[string]string) bool { _, ok := ws[p.id]; return !ok })
+			_ = p.p.wait(20 * time.Second)
+
+			// The decode engine dies mid-stream: an in-stream error event.
+			p = f.startPDWorker(t, proto, "prefill", proto.engine+"-p")
+			d.p.signal(syscall.SIGTERM)
+			f.waitWorkers("the decode to go", 20*time.Second, func(ws map[string]string) bool { _, ok := ws[d.id]; return !ok })
+			dd := f.startPDWorker(t, proto, "decode", proto.engine+"-dies", "INFERA_DIE_AFTER_TOKENS=3")
+			status, _, _, body = pdDo(t, f, "a stream whose decode dies", true, 12)
+			if status != 200 || !strings.Contains(body, `"error"`) {
+				t.Errorf("decode died mid-stream: %d %s, want 200 with an error event", status, body)
+			}
+			f.waitWorkers("the dead decode to go", 10*time.Second, func(ws map[string]string) bool { _, ok := ws[dd.id]; return !ok })
+
+			// A client that leaves cancels both legs: running counts drop.
+			slow := f.startPDWorker(t, proto, "decode", proto.engine+"-slow", "INFERA_DECODE_MS_PER_TOKEN=200", "INFERA_TIME_SCALE=1")
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.base+"/v1/chat/completions",
+				strings.NewReader(`{"model":"pd-model","max_tokens":200,"stream":true,"messages":[{"role":"user","content":"a long answer please"}]}`))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			br := bufio.NewReader(resp.Body)
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatalf("stream ended before its first token: %v", err)
+				}
+				if strings.HasPrefix(line, "data: ") {
+					break
+				}
+			}
+			if n := running(t, slow.id); n != 1 {
+				t.Errorf("decode running %v mid-stream, want 1", n)
+			}
+			cancel()
+			resp.Body.Close()
+			deadline = time.Now().Add(10 * time.Second)
+			for running(t, slow.id) != 0 || running(t, p.id) != 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("running counts decode %v prefill %v 10s after the client left", running(t, slow.id), running(t, p.id))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// running reads an engine's running-requests gauge (vLLM or SGLang name).
+func running(t *testing.T, id string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + id + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "vllm:num_requests_running") || strings.HasPrefix(line, "sglang:num_running_reqs") {
+			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			return v
+		}
+	}
+	t.Fatalf("%s /metrics has no running gauge", id)
+	return 0
+}
+
+// TestPDKVAwareEndToEnd: acceptance 3 (--pd-min-uncached-tokens) and 5
+// (repeated prefixes land on the prefill worker that has them).
+func TestPDKVAwareEndToEnd(t *testing.T) {
+	proto := pdProtos[0]
+	f := startServe(t, "--router-policy", "kv-aware", "--tokenizer", "bytes", "--pd-min-uncached-tokens", "128")
+	p1 := f.startPDWorker(t, proto, "prefill", "kv-p1")
+	p2 := f.startPDWorker(t, proto, "prefill", "kv-p2")
+	d := f.startPDWorker(t, proto, "decode", "kv-d")
+
+	status, ph, dh, body := pdDo(t, f, "short", false, 3)
+	if status != 200 || ph != "" || dh != d.id {
+		t.Fatalf("short prompt: %d via %q/%q: %s", status, ph, dh, body)
+	}
+	if len(p1.got(t))+len(p2.got(t)) != 0 {
+		t.Fatal("a short prompt reached a prefill worker")
+	}
+	long := strings.Repeat("The shared system prompt of this application, long enough to matter. ", 12)
+	status, first, _, body := pdDo(t, f, long+"first question: "+strings.Repeat("detail ", 30), false, 3)
+	if status != 200 || first == "" {
+		t.Fatalf("long prompt: %d via prefill %q: %s", status, first, body)
+	}
+	for i := range 5 {
+		// The KV events of the first prefill reach the router; the same
+		// prefix then goes to the same prefill worker.
+		time.Sleep(200 * time.Millisecond)
+		// Each follow-up's own part is long enough to disaggregate.
+		status, ph, _, body := pdDo(t, f, long+fmt.Sprintf("follow-up %d: ", i)+strings.Repeat(fmt.Sprintf("detail %d ", i), 24), i%2 == 0, 3)
+		if status != 200 || ph != first {
+			t.Fatalf("follow-up %d: %d via prefill %q, want %q: %s", i, status, ph, first, body)
+		}
+	}
+}
