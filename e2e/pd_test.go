@@ -30,6 +30,8 @@ type pdProto struct {
 	engine string
 	// args returns the engine arguments of a worker of role.
 	args func(t *testing.T, role string) []string
+	// env returns the worker's extra environment for role (nil: none).
+	env func(t *testing.T, role string) []string
 }
 
 var pdProtos = []pdProto{
@@ -39,6 +41,19 @@ var pdProtos = []pdProto{
 			kvRole := map[string]string{"prefill": "kv_producer", "decode": "kv_consumer"}[role]
 			return []string{"Qwen/Qwen3-8B", "--host", "127.0.0.1", "--served-model-name", "pd-model",
 				"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"` + kvRole + `"}`}
+		},
+	},
+	{
+		name: "vllm-mooncake", engine: "vllm",
+		args: func(t *testing.T, role string) []string {
+			kvRole := map[string]string{"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+			return []string{"Qwen/Qwen3-8B", "--host", "127.0.0.1", "--served-model-name", "pd-model",
+				"--kv-transfer-config", `{"kv_connector":"MooncakeConnector","kv_role":"` + kvRole + `"}`}
+		},
+		env: func(t *testing.T, role string) []string {
+			// The prefill's bootstrap server, as both the worker (its
+			// record) and the engine read it.
+			return []string{"VLLM_MOONCAKE_BOOTSTRAP_PORT=" + strconv.Itoa(freePort(t))}
 		},
 	},
 	{
@@ -67,6 +82,9 @@ func (f *fleet) startPDWorker(t *testing.T, proto pdProto, role, name string, en
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".jsonl")
 	e := append(shimEnv(t), "INFERA_RECORD_REQUESTS="+logPath, "INFERA_TIME_SCALE=0.05", "INFERA_PD_KV_TIMEOUT=20s")
+	if proto.env != nil {
+		e = append(e, proto.env(t, role)...)
+	}
 	e = append(e, env...)
 	args := []string{"worker", "--engine", proto.engine, "--etcd-endpoints", f.etcd,
 		"--advertise-host", "127.0.0.1", "--lease-ttl", "5s", "--keepalive-interval", "1s",
@@ -166,6 +184,13 @@ func checkLegs(t *testing.T, proto string, ps []*pdWorker, d *pdWorker, stream a
 		if dkv["do_remote_prefill"] != true || dkv["remote_request_id"] == nil || dkv["remote_port"] == nil || (stream != nil && db["stream"] != stream) {
 			t.Errorf("nixl decode body %v", db)
 		}
+	case "vllm-mooncake":
+		pkv, _ := pb["kv_transfer_params"].(map[string]any)
+		dkv, _ := db["kv_transfer_params"].(map[string]any)
+		if pb["max_tokens"] != 1.0 || pb["stream"] != false || pkv["transfer_id"] == nil || pkv["transfer_id"] != dkv["transfer_id"] ||
+			dkv["remote_bootstrap_addr"] == nil || dkv["remote_engine_id"] == nil || (stream != nil && db["stream"] != stream) {
+			t.Errorf("mooncake bodies %v / %v", pb, db)
+		}
 	case "sglang-bootstrap":
 		if pb["bootstrap_room"] == nil || pb["bootstrap_room"] != db["bootstrap_room"] || pb["bootstrap_host"] != "127.0.0.1" ||
 			pb["bootstrap_port"] != db["bootstrap_port"] || pb["stream"] != db["stream"] || (stream != nil && db["stream"] != stream) {
@@ -183,7 +208,11 @@ func TestPDEnginesEndToEnd(t *testing.T) {
 
 			// 1P1D, unary and streaming.
 			status, ph, dh, body := pdDo(t, f, "explain disaggregated prefill and decode", false, 6)
-			if status != 200 || ph != p1.id || dh != d1.id || !strings.Contains(body, `"completion_tokens":6`) {
+			wantTokens := `"completion_tokens":6`
+			if proto.name == "vllm-mooncake" {
+				wantTokens = `"completion_tokens":5` // the decode leg's max_tokens is decremented
+			}
+			if status != 200 || ph != p1.id || dh != d1.id || !strings.Contains(body, wantTokens) {
 				t.Fatalf("1P1D unary: %d via %s/%s: %s", status, ph, dh, body)
 			}
 			checkLegs(t, proto.name, []*pdWorker{p1}, d1, false)

@@ -70,6 +70,9 @@ func (p *pdSim) record(mode discovery.DisaggMode, protocol string) discovery.Rec
 		if protocol == discovery.ProtocolSGLangBootstrap && mode == discovery.DisaggPrefill {
 			params = map[string]any{"bootstrap_addr": p.kvAddr}
 		}
+		if protocol == discovery.ProtocolVLLMMooncake && mode == discovery.DisaggPrefill {
+			params["bootstrap_addr"] = "http://" + p.kvAddr
+		}
 		r.DisaggMeta = discovery.DisaggMeta{Protocol: protocol, Params: params}
 	}
 	return r
@@ -478,5 +481,52 @@ func TestPDMinUncachedTokens(t *testing.T) {
 	}
 	if _, ok := dg[0].Body["kv_transfer_params"]; ok {
 		t.Errorf("decode-only body %v has kv_transfer_params", dg[0].Body)
+	}
+}
+
+func TestPDMooncake(t *testing.T) {
+	p := startPDSim(t, "prefill", discovery.ProtocolVLLMMooncake, nil)
+	d := startPDSim(t, "decode", discovery.ProtocolVLLMMooncake, nil)
+	prec := p.record(discovery.DisaggPrefill, discovery.ProtocolVLLMMooncake)
+	prec.DPSize = 2
+	tr := pdRouter(t, nil, prec, d.record(discovery.DisaggDecode, discovery.ProtocolVLLMMooncake))
+	body := strings.Replace(pdChat, `"max_tokens":5`, `"max_tokens":5,"max_completion_tokens":6`, 1)
+	for _, stream := range []bool{false, true} {
+		b := body
+		if stream {
+			b = pdStreamChat(body)
+		}
+		resp, out := tr.do(t, http.MethodPost, "/v1/chat/completions", b)
+		if resp.StatusCode != 200 || strings.Contains(string(out), `"error"`) {
+			t.Fatalf("stream %v: %d %s", stream, resp.StatusCode, out)
+		}
+	}
+	pg, dg := p.got(t), d.got(t)
+	if len(pg) != 2 || len(dg) != 2 {
+		t.Fatalf("prefill got %d, decode %d", len(pg), len(dg))
+	}
+	for i := range pg {
+		pb, db := pg[i].Body, dg[i].Body
+		pkv, _ := pb["kv_transfer_params"].(map[string]any)
+		dkv, _ := db["kv_transfer_params"].(map[string]any)
+		xfer, _ := pkv["transfer_id"].(string)
+		if len(xfer) != len("xfer-")+32 || !strings.HasPrefix(xfer, "xfer-") || pkv["do_remote_decode"] != true || pkv["do_remote_prefill"] != false {
+			t.Errorf("prefill kv_transfer_params %v", pkv)
+		}
+		if pb["max_tokens"] != 1.0 || pb["max_completion_tokens"] != 1.0 || pb["stream"] != false || pb["stream_options"] != nil {
+			t.Errorf("prefill body %v", pb)
+		}
+		if db["max_tokens"] != 4.0 || db["max_completion_tokens"] != 5.0 {
+			t.Errorf("decode body %v: want max_tokens 4, max_completion_tokens 5 (decremented)", db)
+		}
+		room, err := strconv.ParseUint(xfer[len("xfer-"):], 16, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rank, _ := strconv.Atoi(pg[i].DPRank)
+		if dkv["transfer_id"] != xfer || dkv["do_remote_prefill"] != true || dkv["remote_bootstrap_addr"] != "http://"+p.kvAddr ||
+			dkv["remote_engine_id"] != "e-"+p.addr+"_dp"+strconv.Itoa(rank) || int(room%2) != rank {
+			t.Errorf("decode kv_transfer_params %v (room %d, prefill rank %q)", dkv, room, pg[i].DPRank)
+		}
 	}
 }

@@ -54,7 +54,11 @@ type pdProtocol struct {
 var pdProtocols = map[string]*pdProtocol{
 	discovery.ProtocolVLLMNixl:        {name: discovery.ProtocolVLLMNixl, topology: pdSerial, prefillBody: nixlPrefill, decodeBody: nixlDecode},
 	discovery.ProtocolSGLangBootstrap: {name: discovery.ProtocolSGLangBootstrap, topology: pdConcurrent, prefillBody: sglangPrefill, decodeBody: sglangDecode},
+	discovery.ProtocolVLLMMooncake:    {name: discovery.ProtocolVLLMMooncake, topology: pdConcurrent, prefillBody: mooncakePrefill, decodeBody: mooncakeDecode},
 }
+
+// pdSupported lists the protocols built, for error messages.
+const pdSupported = discovery.ProtocolVLLMNixl + ", " + discovery.ProtocolSGLangBootstrap + ", " + discovery.ProtocolVLLMMooncake
 
 // Sentinel errors of the PD path.
 var (
@@ -78,8 +82,8 @@ func resolvePDProtocol(p, d *Worker) (*pdProtocol, error) {
 	}
 	proto := pdProtocols[pp]
 	if proto == nil {
-		return nil, fmt.Errorf("%w: protocol %q of prefill worker %s and decode worker %s is not supported by this router (supported: %s, %s)",
-			ErrPDProtocol, pp, p.id, d.id, discovery.ProtocolVLLMNixl, discovery.ProtocolSGLangBootstrap)
+		return nil, fmt.Errorf("%w: protocol %q of prefill worker %s and decode worker %s is not supported by this router (supported: %s)",
+			ErrPDProtocol, pp, p.id, d.id, pdSupported)
 	}
 	return proto, nil
 }
@@ -135,6 +139,53 @@ func nixlDecode(l *pdLegs, handoff []byte) ([]byte, error) {
 		return nil, ErrPDHandoff
 	}
 	return setFields(l.body, "kv_transfer_params", handoff)
+}
+
+// mooncakeTransferID is "xfer-" + the room as 32 lowercase hex digits.
+func mooncakeTransferID(room uint64) string { return fmt.Sprintf("xfer-%032x", room) }
+
+func mooncakePrefill(l *pdLegs) ([]byte, error) {
+	kv := `{"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":"` + mooncakeTransferID(l.room) + `"}`
+	return vllmPrefillBody(l, kv)
+}
+
+// mooncakeDecode: the body with max_tokens (and max_completion_tokens)
+// decremented, and the prefill's bootstrap address, engine id (with the
+// prefill's DP rank when it has several) and the shared transfer id.
+func mooncakeDecode(l *pdLegs, _ []byte) ([]byte, error) {
+	params := l.prefill.DisaggMeta.Params
+	addr, _ := params["bootstrap_addr"].(string)
+	engineID, _ := params["engine_id"].(string)
+	if addr == "" || engineID == "" {
+		return nil, fmt.Errorf("%w: prefill worker %s needs params.bootstrap_addr and params.engine_id for %s", ErrPDMeta, l.prefill.WorkerID, discovery.ProtocolVLLMMooncake)
+	}
+	if l.prefillDPSize > 1 {
+		engineID += "_dp" + strconv.Itoa(l.prefillDPRank)
+	}
+	body, err := decrementTokens(l.body)
+	if err != nil {
+		return nil, err
+	}
+	kv := `{"do_remote_decode":false,"do_remote_prefill":true,"remote_bootstrap_addr":` + string(jsonx.AppendQuoted(nil, addr)) +
+		`,"remote_engine_id":` + string(jsonx.AppendQuoted(nil, engineID)) + `,"transfer_id":"` + mooncakeTransferID(l.room) + `"}`
+	return setFields(body, "kv_transfer_params", kv)
+}
+
+// decrementTokens lowers integer max_tokens and max_completion_tokens by
+// one (at least 1): the prefill leg produced the first token.
+func decrementTokens(body []byte) ([]byte, error) {
+	for _, key := range []string{"max_tokens", "max_completion_tokens"} {
+		v := topLevelField(body, key)
+		n, ok := jsonx.ParseInt(v)
+		if v == nil || !ok {
+			continue
+		}
+		var err error
+		if body, err = setFields(body, key, strconv.FormatInt(max(1, n-1), 10)); err != nil {
+			return nil, err
+		}
+	}
+	return body, nil
 }
 
 // sglangBootstrap returns the prefill's bootstrap host and port from its

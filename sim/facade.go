@@ -601,11 +601,13 @@ func setBootstrapPort(f *facade, v string) error {
 
 // setKVTransferConfig reads vLLM's --kv-transfer-config: kv_role
 // kv_producer / kv_consumer is the sim's prefill / decode role; the
-// NixlConnector is the vllm-nixl protocol (others are not simulated and
-// refused, so a test cannot silently run decode-only); engine_id is
-// handed off. The Nixl side channel (the prefill's KV server) listens on
-// VLLM_NIXL_SIDE_CHANNEL_PORT, else on a free port: the hand-off carries
-// the port, and one host runs many simulated prefills.
+// NixlConnector is the vllm-nixl protocol, the MooncakeConnector
+// vllm-mooncake (others are not simulated and refused, so a test cannot
+// silently run decode-only); engine_id is handed off. The Nixl side
+// channel (the prefill's KV server) listens on VLLM_NIXL_SIDE_CHANNEL_PORT,
+// else on a free port (the hand-off carries the port, and one host runs
+// many simulated prefills); Mooncake's bootstrap server on
+// VLLM_MOONCAKE_BOOTSTRAP_PORT, 8998 by default, as the worker registers.
 func setKVTransferConfig(f *facade, v string) error {
 	obj, err := engargs.DecodeObject(v)
 	if err != nil {
@@ -624,19 +626,30 @@ func setKVTransferConfig(f *facade, v string) error {
 		return fmt.Errorf("kv_role %q: want kv_producer, kv_consumer or kv_both", role)
 	}
 	connector, _ := obj["kv_connector"].(string)
-	if connector != "NixlConnector" {
-		return fmt.Errorf("kv_connector %q: the simulator models NixlConnector only", connector)
+	portEnv := ""
+	switch connector {
+	case "NixlConnector":
+		f.cfg.PDProtocol, portEnv = "vllm-nixl", "VLLM_NIXL_SIDE_CHANNEL_PORT"
+	case "MooncakeConnector":
+		f.cfg.PDProtocol, portEnv = "vllm-mooncake", "VLLM_MOONCAKE_BOOTSTRAP_PORT"
+		if f.cfg.PDRole == "prefill" && !f.explicit("pd-kv-port") {
+			f.cfg.PDKVPort = vllmMooncakeBootstrapPort
+		}
+	default:
+		return fmt.Errorf("kv_connector %q: the simulator models NixlConnector and MooncakeConnector only", connector)
 	}
-	f.cfg.PDProtocol = "vllm-nixl"
 	if id, ok := obj["engine_id"].(string); ok && id != "" {
 		f.cfg.PDEngineID = id
 	}
-	if p, ok := os.LookupEnv("VLLM_NIXL_SIDE_CHANNEL_PORT"); ok && p != "" && !f.explicit("pd-kv-port") {
+	if p, ok := os.LookupEnv(portEnv); ok && p != "" && !f.explicit("pd-kv-port") {
 		n, err := strconv.Atoi(p)
 		if err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("VLLM_NIXL_SIDE_CHANNEL_PORT %q: want a port", p)
+			return fmt.Errorf("%s %q: want a port", portEnv, p)
 		}
 		f.cfg.PDKVPort = n
 	}
 	return nil
 }
+
+// vllmMooncakeBootstrapPort is VLLM_MOONCAKE_BOOTSTRAP_PORT's default.
+const vllmMooncakeBootstrapPort = 8998

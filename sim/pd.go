@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,6 +34,10 @@ import (
 //     the region is named by a fresh id and the unary answer's top-level
 //     kv_transfer_params hand it off (remote_engine_id, remote_block_ids,
 //     remote_host, remote_port, remote_request_id, tp_size).
+//   - vllm-mooncake: the request has kv_transfer_params.do_remote_decode
+//     and transfer_id; the region is named by the transfer id, and the
+//     decode finds it at remote_bootstrap_addr (the prefill's KV server,
+//     on VLLM_MOONCAKE_BOOTSTRAP_PORT) under the same transfer id.
 //   - sglang-bootstrap: the request has bootstrap_room (and the host and
 //     port of the prefill's bootstrap server, this KV server); the region
 //     is named room-<room>.
@@ -144,6 +149,8 @@ type pdFields struct {
 		RemoteHost      string `json:"remote_host"`
 		RemotePort      int    `json:"remote_port"`
 		RemoteRequestID string `json:"remote_request_id"`
+		TransferID      string `json:"transfer_id"`
+		BootstrapAddr   string `json:"remote_bootstrap_addr"`
 	} `json:"kv_transfer_params"`
 	BootstrapHost string  `json:"bootstrap_host"`
 	BootstrapPort int     `json:"bootstrap_port"`
@@ -181,6 +188,21 @@ func (p *pdSide) classify(body []byte) (pdRequest, error) {
 			}
 			r.fetchKV, r.name = true, f.KV.RemoteRequestID
 			r.peer = net.JoinHostPort(f.KV.RemoteHost, strconv.Itoa(f.KV.RemotePort))
+		}
+	case "vllm-mooncake":
+		if f.KV == nil || f.KV.TransferID == "" {
+			return r, nil
+		}
+		r.name = f.KV.TransferID
+		switch {
+		case p.role == config.PDRolePrefill && f.KV.DoRemoteDecode:
+			r.serveKV = true
+		case p.role == config.PDRoleDecode && f.KV.DoRemotePrefill:
+			peer := strings.TrimPrefix(strings.TrimPrefix(f.KV.BootstrapAddr, "http://"), "https://")
+			if _, _, err := net.SplitHostPort(peer); err != nil {
+				return r, fmt.Errorf("%w: kv_transfer_params.remote_bootstrap_addr %q: %w", ErrKVTransfer, f.KV.BootstrapAddr, err)
+			}
+			r.fetchKV, r.peer = true, peer
 		}
 	case "sglang-bootstrap":
 		if f.BootstrapRoom == nil {

@@ -128,6 +128,14 @@ func TestPDFacades(t *testing.T) {
 	}
 	cfg = config.DefaultSim()
 	cfg.Flavor = config.FlavorVLLM
+	if _, err := ApplyFacade(&cfg, []string{"serve", "m", "--kv-transfer-config", `{"kv_connector":"MooncakeConnector","kv_role":"kv_producer"}`}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PDRole != "prefill" || cfg.PDProtocol != "vllm-mooncake" || cfg.PDKVPort != 8998 {
+		t.Errorf("vllm mooncake producer: role %q protocol %q port %d", cfg.PDRole, cfg.PDProtocol, cfg.PDKVPort)
+	}
+	cfg = config.DefaultSim()
+	cfg.Flavor = config.FlavorVLLM
 	if _, err := ApplyFacade(&cfg, []string{"serve", "m", "--kv-transfer-config", `{"kv_connector":"P2pNcclConnector","kv_role":"kv_consumer"}`}, nil); err == nil {
 		t.Error("an unmodelled connector was accepted: the sim would decode without KV")
 	}
