@@ -261,6 +261,9 @@ func (p *pdSide) fetch(ctx context.Context, peer, name string, want []byte) erro
 		if err == nil {
 			break
 		}
+		if ctx.Err() != nil || errors.Is(err, transport.ErrTimeout) {
+			return fmt.Errorf("%w: no KV %s from %s in time (last try: %w)", ErrKVTransfer, name, peer, err)
+		}
 		if !errors.Is(err, transport.ErrNotFound) {
 			return fmt.Errorf("%w: read %s from %s: %w", ErrKVTransfer, name, peer, err)
 		}
