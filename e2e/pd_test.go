@@ -400,3 +400,37 @@ func TestPDKVAwareEndToEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestPDSimEngineEndToEnd: `infera worker --engine sim` in PD roles
+// registers them (bootstrap address, engine id) so that pairs serve.
+func TestPDSimEngineEndToEnd(t *testing.T) {
+	for _, proto := range []string{"vllm-nixl", "vllm-mooncake", "sglang-bootstrap"} {
+		t.Run(proto, func(t *testing.T) {
+			f := startServe(t)
+			ids := map[string]string{}
+			for _, role := range []string{"prefill", "decode"} {
+				p := start(t, "sim-"+role, "worker", "--engine", "sim", "--etcd-endpoints", f.etcd,
+					"--lease-ttl", "5s", "--keepalive-interval", "1s", "--drain-timeout", "10s", "--stop-grace", "5s",
+					"--disaggregation-allow-tcp", "--", "--model", "pd-model", "--time-scale", "0.05",
+					"--pd-role", role, "--pd-protocol", proto)
+				id, _ := p.waitLog("worker registered", 60*time.Second)["worker_id"].(string)
+				rec := fullRecord{}
+				f.waitWorkers(role+" record", 10*time.Second, func(map[string]string) bool {
+					var ok bool
+					rec, ok = f.record(id)
+					return ok
+				})
+				if rec.DisaggMode != role || rec.DisaggMeta.Protocol != proto {
+					t.Fatalf("%s record %+v", role, rec)
+				}
+				ids[role] = id
+			}
+			for _, stream := range []bool{false, true} {
+				status, ph, dh, body := pdDo(t, f, "a question for a simulated pair", stream, 4)
+				if status != 200 || ph != ids["prefill"] || dh != ids["decode"] || strings.Contains(body, `"error"`) {
+					t.Fatalf("stream %v: %d via %s/%s: %s", stream, status, ph, dh, body)
+				}
+			}
+		})
+	}
+}
