@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -55,10 +56,11 @@ var pdProtocols = map[string]*pdProtocol{
 	discovery.ProtocolVLLMNixl:        {name: discovery.ProtocolVLLMNixl, topology: pdSerial, prefillBody: nixlPrefill, decodeBody: nixlDecode},
 	discovery.ProtocolSGLangBootstrap: {name: discovery.ProtocolSGLangBootstrap, topology: pdConcurrent, prefillBody: sglangPrefill, decodeBody: sglangDecode},
 	discovery.ProtocolVLLMMooncake:    {name: discovery.ProtocolVLLMMooncake, topology: pdConcurrent, prefillBody: mooncakePrefill, decodeBody: mooncakeDecode},
+	discovery.ProtocolATOMMooncake:    {name: discovery.ProtocolATOMMooncake, topology: pdSerial, prefillBody: atomPrefill, decodeBody: atomDecode},
 }
 
 // pdSupported lists the protocols built, for error messages.
-const pdSupported = discovery.ProtocolVLLMNixl + ", " + discovery.ProtocolSGLangBootstrap + ", " + discovery.ProtocolVLLMMooncake
+const pdSupported = discovery.ProtocolVLLMNixl + ", " + discovery.ProtocolSGLangBootstrap + ", " + discovery.ProtocolVLLMMooncake + ", " + discovery.ProtocolATOMMooncake
 
 // Sentinel errors of the PD path.
 var (
@@ -135,7 +137,7 @@ func nixlPrefill(l *pdLegs) ([]byte, error) { return vllmPrefillBody(l, nixlPref
 // nixlDecode: the client's body (max_tokens as sent) plus the prefill's
 // kv_transfer_params verbatim.
 func nixlDecode(l *pdLegs, handoff []byte) ([]byte, error) {
-	if len(handoff) == 0 {
+	if len(handoff) == 0 || handoff[0] != '{' || jsonx.Valid(handoff, maxEditDepth) != nil {
 		return nil, ErrPDHandoff
 	}
 	return setFields(l.body, "kv_transfer_params", handoff)
@@ -186,6 +188,61 @@ func decrementTokens(body []byte) ([]byte, error) {
 		}
 	}
 	return body, nil
+}
+
+// intParam renders an integer parameter of a record's disagg_meta (JSON
+// numbers decode as float64), def when absent.
+func intParam(rec *discovery.Record, key string, def int) string {
+	switch v := rec.DisaggMeta.Params[key].(type) {
+	case float64:
+		return strconv.FormatInt(int64(v), 10)
+	case int:
+		return strconv.Itoa(v)
+	case json.Number:
+		return v.String()
+	}
+	return strconv.Itoa(def)
+}
+
+// atomPrefill: ATOM's single-token prefill, told where the decode is.
+func atomPrefill(l *pdLegs) ([]byte, error) {
+	d := l.decode
+	host, _ := d.DisaggMeta.Params["host"].(string)
+	if host == "" {
+		return nil, fmt.Errorf("%w: decode worker %s needs params.host for %s", ErrPDMeta, d.WorkerID, discovery.ProtocolATOMMooncake)
+	}
+	kv := `{"remote_dp_size":` + intParam(d, "dp_size", 1) + `,"remote_tp_size":` + intParam(d, "tp_size", 1) +
+		`,"do_remote_decode":true,"do_remote_prefill":false,"remote_handshake_port":` + intParam(d, "handshake_port", 6301) +
+		`,"remote_engine_id":null,"remote_block_ids":null,"remote_host":` + string(jsonx.AppendQuoted(nil, host)) +
+		`,"remote_port":` + intParam(d, "http_port", 0) + `}`
+	return vllmPrefillBody(l, kv)
+}
+
+// atomDecode: the client's body unchanged (ATOM re-predicts the first
+// token) with the prefill's hand-off plus the prefill's DP and TP sizes.
+func atomDecode(l *pdLegs, handoff []byte) ([]byte, error) {
+	if len(handoff) == 0 || handoff[0] != '{' || jsonx.Valid(handoff, maxEditDepth) != nil || topLevelField(handoff, "transfer_id") == nil {
+		return nil, fmt.Errorf("%w (or it has no transfer_id)", ErrPDHandoff)
+	}
+	p := l.prefill
+	tp := intParam(p, "tp_size", 1)
+	kv, err := setFields(handoff, "remote_dp_size", intParam(p, "dp_size", 1), "remote_tp_size", tp)
+	if err != nil {
+		return nil, err
+	}
+	if topLevelField(kv, "tp_size") == nil {
+		if kv, err = setFields(kv, "tp_size", tp); err != nil {
+			return nil, err
+		}
+	}
+	if r := topLevelField(handoff, "dp_rank"); r != nil {
+		if _, ok := jsonx.ParseInt(r); ok {
+			if kv, err = setFields(kv, "remote_dp_rank", r); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return setFields(l.body, "kv_transfer_params", kv)
 }
 
 // sglangBootstrap returns the prefill's bootstrap host and port from its

@@ -171,6 +171,7 @@ func atomFlags() map[string]facadeFlag {
 		"served-model-name":      {argValue, setServed},
 		"host":                   {argValue, setHost},
 		"server-port":            {argValue, setPort},
+		"kv-transfer-config":     {argValue, setATOMKVTransferConfig},
 		"block-size":             {argValue, setBlockSize},
 		"max-model-len":          {argValue, setMaxModelLen},
 		"max-num-seqs":           {argValue, setMaxSeqs},
@@ -647,6 +648,39 @@ func setKVTransferConfig(f *facade, v string) error {
 			return fmt.Errorf("%s %q: want a port", portEnv, p)
 		}
 		f.cfg.PDKVPort = n
+	}
+	return nil
+}
+
+// setATOMKVTransferConfig reads ATOM's --kv-transfer-config: kv_role as
+// vLLM's, the mooncake connector (the default) is atom-mooncake, and a
+// prefill's KV server listens on its handshake_port (6301 by default).
+func setATOMKVTransferConfig(f *facade, v string) error {
+	obj, err := engargs.DecodeObject(v)
+	if err != nil {
+		return err
+	}
+	role, _ := obj["kv_role"].(string)
+	switch role {
+	case "", "kv_both":
+		f.cfg.PDRole, f.cfg.PDProtocol = "", ""
+		return nil
+	case "kv_producer":
+		f.cfg.PDRole = "prefill"
+	case "kv_consumer":
+		f.cfg.PDRole = "decode"
+	default:
+		return fmt.Errorf("kv_role %q: want kv_producer, kv_consumer or kv_both", role)
+	}
+	if c, ok := obj["kv_connector"].(string); ok && c != "mooncake" {
+		return fmt.Errorf("kv_connector %q: the simulator models ATOM's mooncake connector only", c)
+	}
+	f.cfg.PDProtocol = "atom-mooncake"
+	if f.cfg.PDRole == "prefill" && !f.explicit("pd-kv-port") {
+		f.cfg.PDKVPort = 6301
+		if hp, ok := intValue(obj["handshake_port"]); ok {
+			f.cfg.PDKVPort = hp
+		}
 	}
 	return nil
 }

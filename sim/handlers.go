@@ -253,7 +253,7 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		dropConn(ctx)
 		return
 	}
-	if pdr.serveKV && !s.serveKV(ctx, q, &pdr) {
+	if pdr.serveKV && !s.serveKV(ctx, q, &pdr, chat) {
 		putSeq(q)
 		return
 	}

@@ -38,6 +38,11 @@ import (
 //     and transfer_id; the region is named by the transfer id, and the
 //     decode finds it at remote_bootstrap_addr (the prefill's KV server,
 //     on VLLM_MOONCAKE_BOOTSTRAP_PORT) under the same transfer id.
+//   - atom-mooncake: the request has kv_transfer_params.do_remote_decode;
+//     the region is named by a fresh transfer id that a completions
+//     answer hands off (transfer_id, remote_host, remote_port,
+//     remote_handshake_port — the KV server —, remote_block_ids,
+//     first_token_id, dp_rank); a chat answer carries none, as ATOM's.
 //   - sglang-bootstrap: the request has bootstrap_room (and the host and
 //     port of the prefill's bootstrap server, this KV server); the region
 //     is named room-<room>.
@@ -151,6 +156,7 @@ type pdFields struct {
 		RemoteRequestID string `json:"remote_request_id"`
 		TransferID      string `json:"transfer_id"`
 		BootstrapAddr   string `json:"remote_bootstrap_addr"`
+		HandshakePort   int    `json:"remote_handshake_port"`
 	} `json:"kv_transfer_params"`
 	BootstrapHost string  `json:"bootstrap_host"`
 	BootstrapPort int     `json:"bootstrap_port"`
@@ -164,6 +170,7 @@ type pdRequest struct {
 	name     string // region name
 	peer     string // decode: the prefill's KV server host:port
 	nixlResp bool   // prefill: hand off in the answer's kv_transfer_params
+	atomResp bool   // prefill: ATOM's hand-off (completions answers only)
 }
 
 // classify reads the PD part of a request (PD roles only).
@@ -203,6 +210,21 @@ func (p *pdSide) classify(body []byte) (pdRequest, error) {
 				return r, fmt.Errorf("%w: kv_transfer_params.remote_bootstrap_addr %q: %w", ErrKVTransfer, f.KV.BootstrapAddr, err)
 			}
 			r.fetchKV, r.peer = true, peer
+		}
+	case "atom-mooncake":
+		if f.KV == nil {
+			return r, nil
+		}
+		switch {
+		case p.role == config.PDRolePrefill && f.KV.DoRemoteDecode:
+			r.serveKV, r.atomResp = true, true
+			r.name = fmt.Sprintf("atom-%016x%016x", rand.Uint64(), rand.Uint64())
+		case p.role == config.PDRoleDecode && f.KV.TransferID != "":
+			if f.KV.RemoteHost == "" || f.KV.HandshakePort <= 0 {
+				return r, fmt.Errorf("%w: kv_transfer_params lacks remote_host or remote_handshake_port", ErrKVTransfer)
+			}
+			r.fetchKV, r.name = true, f.KV.TransferID
+			r.peer = net.JoinHostPort(f.KV.RemoteHost, strconv.Itoa(f.KV.HandshakePort))
 		}
 	case "sglang-bootstrap":
 		if f.BootstrapRoom == nil {
@@ -298,6 +320,29 @@ func (p *pdSide) nixlHandoff(name string, blocks int) []byte {
 	b = append(b, `,"remote_request_id":`...)
 	b = appendJSONString(b, []byte(name))
 	return append(b, `,"tp_size":1}`...)
+}
+
+// atomHandoff renders the kv_transfer_params of an ATOM prefill's
+// completions answer.
+func (p *pdSide) atomHandoff(name string, blocks, httpPort int, first uint32) []byte {
+	b := []byte(`{"transfer_id":`)
+	b = appendJSONString(b, []byte(name))
+	b = append(b, `,"remote_host":`...)
+	b = appendJSONString(b, []byte(p.host))
+	b = append(b, `,"remote_port":`...)
+	b = strconv.AppendInt(b, int64(httpPort), 10)
+	b = append(b, `,"remote_handshake_port":`...)
+	b = strconv.AppendInt(b, int64(p.port), 10)
+	b = append(b, `,"remote_block_ids":[`...)
+	for i := range blocks {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(i), 10)
+	}
+	b = append(b, `],"first_token_id":`...)
+	b = strconv.AppendUint(b, uint64(first), 10)
+	return append(b, `,"dp_rank":0}`...)
 }
 
 // requestLog appends received requests to --record-requests.
@@ -405,14 +450,18 @@ func (s *Server) watchGone(c net.Conn, stop <-chan struct{}, cancel context.Canc
 
 // serveKV publishes a prefill request's KV; on failure it answers 500 and
 // reports false.
-func (s *Server) serveKV(ctx *fasthttp.RequestCtx, q *seq, r *pdRequest) bool {
+func (s *Server) serveKV(ctx *fasthttp.RequestCtx, q *seq, r *pdRequest, chat bool) bool {
 	if err := s.pd.publish(r.name, kvOf(q.tokens[:q.promptLen], s.seed), s.cfg.PDKVTTL); err != nil {
 		s.log.Error().Err(err).Msg("prefill could not publish its KV")
 		s.writeError(ctx, fasthttp.StatusInternalServerError, err.Error())
 		return false
 	}
-	if r.nixlResp {
-		q.kvParams = s.pd.nixlHandoff(r.name, (q.promptLen+s.cfg.BlockSize-1)/s.cfg.BlockSize)
+	blocks := (q.promptLen + s.cfg.BlockSize - 1) / s.cfg.BlockSize
+	switch {
+	case r.nixlResp:
+		q.kvParams = s.pd.nixlHandoff(r.name, blocks)
+	case r.atomResp && !chat:
+		q.kvParams = s.pd.atomHandoff(r.name, blocks, s.cfg.Port, q.tokens[q.promptLen])
 	}
 	return true
 }
