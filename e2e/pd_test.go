@@ -434,3 +434,37 @@ func TestPDSimEngineEndToEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestPDATOMEndToEnd: atom-mooncake through `infera worker --engine atom`
+// (serial, completions only: a chat request has no hand-off → 502).
+func TestPDATOMEndToEnd(t *testing.T) {
+	proto := pdProto{name: "atom-mooncake", engine: "atom", args: func(t *testing.T, role string) []string {
+		kvRole := map[string]string{"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+		return []string{"--model", "deepseek-ai/DeepSeek-R1", "--host", "127.0.0.1", "--served-model-name", "pd-model",
+			"--kv-transfer-config", fmt.Sprintf(`{"kv_connector":"mooncake","kv_role":%q,"handshake_port":%d}`, kvRole, freePort(t))}
+	}}
+	f := startServe(t)
+	p := f.startPDWorker(t, proto, "prefill", "atom-p")
+	d := f.startPDWorker(t, proto, "decode", "atom-d")
+	for _, stream := range []bool{false, true} {
+		body := fmt.Sprintf(`{"model":"pd-model","max_tokens":5,"stream":%t,"prompt":"an ATOM prompt to prefill remotely"}`, stream)
+		resp, err := http.Post(f.base+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Prefill-Worker") != p.id || resp.Header.Get("X-Infera-Worker") != d.id || strings.Contains(string(b), `"error"`) {
+			t.Fatalf("stream %v: %d %s", stream, resp.StatusCode, b)
+		}
+		dg := d.got(t)
+		kv, _ := dg[len(dg)-1].Body["kv_transfer_params"].(map[string]any)
+		if kv["transfer_id"] == nil || kv["remote_handshake_port"] == nil || dg[len(dg)-1].Body["max_tokens"] != 5.0 {
+			t.Errorf("decode body %v", dg[len(dg)-1].Body)
+		}
+	}
+	status, _, _, body := pdDo(t, f, "chat is not handed off by ATOM", false, 4)
+	if status != 502 || !strings.Contains(body, "kv_transfer_params") {
+		t.Errorf("chat: %d %s, want 502 naming the missing hand-off", status, body)
+	}
+}

@@ -16,8 +16,9 @@ func FuzzPDBodies(f *testing.F) {
 	f.Add([]byte(`{"model":"m","max_completion_tokens":1,"max_tokens":-3,"prompt":"x","kv_transfer_params":{"a":1}}`), []byte(`null`), uint64(1<<62))
 	f.Add([]byte(`{"max_tokens":1e3}`), []byte(`{}`), uint64(0))
 	f.Add([]byte(`[1,2]`), []byte(`{`), uint64(7))
+	f.Add([]byte(`{"model":"m","prompt":"p"}`), []byte(`{"transfer_id":"t","dp_rank":2,"tp_size":4}`), uint64(9))
 	prefill := &discovery.Record{WorkerID: "p:1", DisaggMeta: discovery.DisaggMeta{Params: map[string]any{
-		"bootstrap_addr": "[::1]:8998", "engine_id": "eid",
+		"bootstrap_addr": "[::1]:8998", "engine_id": "eid", "host": "10.0.0.1", "http_port": 8000.0, "handshake_port": 6301.0, "tp_size": 2.0,
 	}}}
 	f.Fuzz(func(t *testing.T, body, handoff []byte, room uint64) {
 		if topLevelField(body, "kv_transfer_params") == nil && topLevelField(body, "x") != nil {

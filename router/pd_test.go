@@ -70,6 +70,17 @@ func (p *pdSim) record(mode discovery.DisaggMode, protocol string) discovery.Rec
 		if protocol == discovery.ProtocolSGLangBootstrap && mode == discovery.DisaggPrefill {
 			params = map[string]any{"bootstrap_addr": p.kvAddr}
 		}
+		if protocol == discovery.ProtocolATOMMooncake {
+			host, port, _ := net.SplitHostPort(p.addr)
+			hp := 6301.0
+			if p.kvAddr != "" {
+				_, kp, _ := net.SplitHostPort(p.kvAddr)
+				n, _ := strconv.Atoi(kp)
+				hp = float64(n)
+			}
+			n, _ := strconv.Atoi(port)
+			params = map[string]any{"host": host, "http_port": float64(n), "handshake_port": hp, "tp_size": 2.0, "dp_size": 1.0}
+		}
 		if protocol == discovery.ProtocolVLLMMooncake && mode == discovery.DisaggPrefill {
 			params["bootstrap_addr"] = "http://" + p.kvAddr
 		}
@@ -529,4 +540,49 @@ func TestPDMooncake(t *testing.T) {
 			t.Errorf("decode kv_transfer_params %v (room %d, prefill rank %q)", dkv, room, pg[i].DPRank)
 		}
 	}
+}
+
+func TestPDATOMMooncake(t *testing.T) {
+	p := startPDSim(t, "prefill", discovery.ProtocolATOMMooncake, nil)
+	d := startPDSim(t, "decode", discovery.ProtocolATOMMooncake, nil)
+	tr := pdRouter(t, nil, p.record(discovery.DisaggPrefill, discovery.ProtocolATOMMooncake), d.record(discovery.DisaggDecode, discovery.ProtocolATOMMooncake))
+	compl := `{"model":"sim-model","max_tokens":4,"stream":true,"prompt":"the atom connector hands off a transfer id"}`
+	resp, b := tr.do(t, http.MethodPost, "/v1/completions", compl)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "[DONE]") || strings.Contains(string(b), `"error"`) {
+		t.Fatalf("completions: %d %s", resp.StatusCode, b)
+	}
+	pg, dg := p.got(t), d.got(t)
+	if len(pg) != 1 || len(dg) != 1 {
+		t.Fatalf("prefill got %d, decode %d", len(pg), len(dg))
+	}
+	pkv, _ := pg[0].Body["kv_transfer_params"].(map[string]any)
+	dhost, dport, _ := net.SplitHostPort(d.addr)
+	if got, want := jsonOf(t, pkv), jsonOf(t, map[string]any{"remote_dp_size": 1, "remote_tp_size": 2, "do_remote_decode": true, "do_remote_prefill": false,
+		"remote_handshake_port": 6301, "remote_engine_id": nil, "remote_block_ids": nil, "remote_host": dhost, "remote_port": mustAtoi(t, dport)}); got != want {
+		t.Errorf("prefill kv_transfer_params %s, want %s", got, want)
+	}
+	if pg[0].Body["stream"] != false || pg[0].Body["max_tokens"] != 1.0 {
+		t.Errorf("prefill body %v", pg[0].Body)
+	}
+	db := dg[0].Body
+	dkv, _ := db["kv_transfer_params"].(map[string]any)
+	if db["max_tokens"] != 4.0 || db["stream"] != true || dkv["transfer_id"] == nil || dkv["remote_dp_size"] != 1.0 ||
+		dkv["remote_tp_size"] != 2.0 || dkv["tp_size"] != 2.0 || dkv["remote_dp_rank"] != 0.0 || dkv["first_token_id"] == nil {
+		t.Errorf("decode body %v: want the client's body and the hand-off plus the prefill's sizes", db)
+	}
+	// Chat: ATOM hands off only on completions.
+	resp, b = tr.do(t, http.MethodPost, "/v1/chat/completions", pdChat)
+	wantError(t, resp, b, 502, "upstream_error")
+	if !strings.Contains(string(b), "kv_transfer_params") {
+		t.Errorf("chat error %s does not say why", b)
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -70,7 +70,8 @@
 // owns every goroutine it starts and stops them when its context ends.
 //
 // PD roles (pd.go): --pd-role prefill|decode with --pd-protocol vllm-nixl,
-// vllm-mooncake or sglang-bootstrap (or the facades' --kv-transfer-config
+// vllm-mooncake, sglang-bootstrap or atom-mooncake (or the facades'
+// --kv-transfer-config
 // and --disaggregation-mode): a prefill serves each request's KV over
 // transport TCP, a decode fetches and checksums it before decoding, and
 // fails with 500 when it cannot; --record-requests logs every body received.

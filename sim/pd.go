@@ -461,7 +461,11 @@ func (s *Server) serveKV(ctx *fasthttp.RequestCtx, q *seq, r *pdRequest, chat bo
 	case r.nixlResp:
 		q.kvParams = s.pd.nixlHandoff(r.name, blocks)
 	case r.atomResp && !chat:
-		q.kvParams = s.pd.atomHandoff(r.name, blocks, s.cfg.Port, q.tokens[q.promptLen])
+		var first uint32
+		if len(q.tokens) > q.promptLen {
+			first = q.tokens[q.promptLen]
+		}
+		q.kvParams = s.pd.atomHandoff(r.name, blocks, s.cfg.Port, first)
 	}
 	return true
 }

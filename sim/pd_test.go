@@ -139,6 +139,14 @@ func TestPDFacades(t *testing.T) {
 	if _, err := ApplyFacade(&cfg, []string{"serve", "m", "--kv-transfer-config", `{"kv_connector":"P2pNcclConnector","kv_role":"kv_consumer"}`}, nil); err == nil {
 		t.Error("an unmodelled connector was accepted: the sim would decode without KV")
 	}
+	cfg = config.DefaultSim()
+	cfg.Flavor = config.FlavorATOM
+	if _, err := ApplyFacade(&cfg, []string{"--model", "m", "--kv-transfer-config", `{"kv_role":"kv_producer","handshake_port":7001}`}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PDRole != "prefill" || cfg.PDProtocol != "atom-mooncake" || cfg.PDKVPort != 7001 {
+		t.Errorf("atom producer: role %q protocol %q port %d", cfg.PDRole, cfg.PDProtocol, cfg.PDKVPort)
+	}
 	for _, tc := range []struct {
 		args []string
 		role string
