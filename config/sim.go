@@ -151,7 +151,7 @@ func (s *Sim) Flags() []cli.Flag {
 		Bool("kv-events-connect", "connect the KV-event PUB socket to --kv-events-endpoint (a router's --kv-events-listen) instead of binding it", &s.KVEventsConnect, false),
 		Duration("kv-events-delay", "publish each KV-event batch this long after its step (simulated publisher latency; replay is not delayed)", &s.KVEventsDelay, 0),
 		String("pd-role", "disaggregated serving role: \"\" (whole requests), prefill or decode", &s.PDRole, ""),
-		String("pd-protocol", "PD protocol of the role: vllm-nixl, vllm-mooncake, sglang-bootstrap or atom-mooncake", &s.PDProtocol, ""),
+		String("pd-protocol", "PD protocol of the role: vllm-nixl, vllm-mooncake, vllm-mori-read, vllm-mori-write, sglang-bootstrap or atom-mooncake", &s.PDProtocol, ""),
 		String("pd-kv-host", "host a prefill advertises for its KV transfer server (default: --host, 127.0.0.1 for a wildcard)", &s.PDKVHost, ""),
 		Int("pd-kv-port", "port of a prefill's KV transfer server (transport TCP; 0 picks a free port)", &s.PDKVPort, 0),
 		Duration("pd-kv-ttl", "how long a prefill keeps a request's KV for its decode", &s.PDKVTTL, 60*time.Second),
@@ -320,9 +320,9 @@ func (s *Sim) validatePD(p *Problems) {
 		p.Addf("--pd-role %q: want prefill or decode", s.PDRole)
 	}
 	switch s.PDProtocol {
-	case "vllm-nixl", "vllm-mooncake", "sglang-bootstrap", "atom-mooncake":
+	case "vllm-nixl", "vllm-mooncake", "vllm-mori-read", "vllm-mori-write", "sglang-bootstrap", "atom-mooncake":
 	default:
-		p.Addf("--pd-protocol %q: want vllm-nixl, vllm-mooncake, sglang-bootstrap or atom-mooncake for --pd-role %s", s.PDProtocol, s.PDRole)
+		p.Addf("--pd-protocol %q: want vllm-nixl, vllm-mooncake, vllm-mori-read, vllm-mori-write, sglang-bootstrap or atom-mooncake for --pd-role %s", s.PDProtocol, s.PDRole)
 	}
 	if s.PDKVPort < 0 || s.PDKVPort > 65535 {
 		p.Addf("--pd-kv-port %d: want 0..65535", s.PDKVPort)

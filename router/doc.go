@@ -40,8 +40,9 @@
 // pdmetrics.go): a model with prefill and decode workers is served by
 // pairs, the prefill leg an attempt of its own next to the relayed decode
 // attempt, each on its own connection so that either can be aborted;
-// bodies are shaped per protocol (vllm-nixl and atom-mooncake serial,
-// sglang-bootstrap and vllm-mooncake concurrent) as shared/protocols/pd.md describes. A
+// bodies are shaped per protocol (vllm-nixl, vllm-mori-read and
+// atom-mooncake serial; sglang-bootstrap, vllm-mooncake and vllm-mori-write
+// concurrent) as shared/protocols/pd.md describes. A
 // concurrent prefill runs on a goroutine of its own, which only sends and
 // reads its leg and reports on a channel; its attempt ends on the
 // request's goroutine.

@@ -230,6 +230,7 @@ func (rel *relay) pdTry() (bool, error) {
 			rel.ctx.Response.Header.Set("X-Infera-PD", "decode-only")
 			r.metrics.pd.requests.WithLabelValues(proto.name, "decode_only").Inc()
 			rel.att.body = nil
+			pd.legs = pdLegs{}
 			return rel.pdDecode()
 		}
 	}
@@ -255,6 +256,7 @@ func (rel *relay) pdTry() (bool, error) {
 	}
 	rel.att.body = dbody
 	req := rel.upstreamRequest(&pd.pre)
+	pd.legs.setRequestID(req)
 	pd.preRunning = true
 	go pd.runPrefill(r, p, req, rel.prefillDeadline())
 	return rel.pdDecode()
@@ -268,6 +270,8 @@ func (rel *relay) shapeLegs() error {
 	prec := pd.pre.ticket.Worker.Record()
 	l := pdLegs{body: rel.body, prefill: prec, decode: rel.att.ticket.Worker.Record(), prefillDPSize: prec.EffectiveDPSize()}
 	l.hasMaxComplete = topLevelField(rel.body, "max_completion_tokens") != nil
+	l.prefillHost, _, _ = net.SplitHostPort(pd.pre.ticket.Worker.addr)
+	l.decodeHost, _, _ = net.SplitHostPort(rel.att.ticket.Worker.addr)
 	room := rand.Uint64() >> 1 // [0, 2^63)
 	switch t := &pd.pre.ticket; {
 	case t.PinRank:
@@ -284,7 +288,17 @@ func (rel *relay) shapeLegs() error {
 		l.room = alignRoom(room, *prec.DPRank, max(l.prefillDPSize, *prec.DPRank+1))
 	}
 	pd.legs = l
+	if pd.proto.prepare != nil {
+		return pd.proto.prepare(&pd.legs)
+	}
 	return nil
+}
+
+// setRequestID gives req the legs' forged X-Request-Id, if any.
+func (l *pdLegs) setRequestID(req *fasthttp.Request) {
+	if l.requestID != "" {
+		req.Header.Set("X-Request-Id", l.requestID)
+	}
 }
 
 // prefillDeadline is the prefill leg's: --pd-prefill-timeout from now,
@@ -303,6 +317,7 @@ func (rel *relay) pdSerial() (bool, error) {
 	r, pd := rel.r, rel.pd
 	p, d := pd.pre.ticket.Worker, rel.att.ticket.Worker
 	req := rel.upstreamRequest(&pd.pre)
+	pd.legs.setRequestID(req)
 	resp, err := pd.preLeg.do(r, p, req, rel.prefillDeadline(), false)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
@@ -466,6 +481,7 @@ func (rel *relay) pdDecode() (bool, error) {
 	r, pd, a := rel.r, rel.pd, &rel.att
 	d := a.ticket.Worker
 	req := rel.upstreamRequest(a)
+	pd.legs.setRequestID(req)
 	deadline := a.start.Add(r.cfg.TTFTTimeout)
 	if rel.deadline.Before(deadline) {
 		deadline = rel.deadline

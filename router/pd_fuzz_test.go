@@ -19,14 +19,21 @@ func FuzzPDBodies(f *testing.F) {
 	f.Add([]byte(`{"model":"m","prompt":"p"}`), []byte(`{"transfer_id":"t","dp_rank":2,"tp_size":4}`), uint64(9))
 	prefill := &discovery.Record{WorkerID: "p:1", DisaggMeta: discovery.DisaggMeta{Params: map[string]any{
 		"bootstrap_addr": "[::1]:8998", "engine_id": "eid", "host": "10.0.0.1", "http_port": 8000.0, "handshake_port": 6301.0, "tp_size": 2.0,
+		"kv_connector_extra_config": map[string]any{"handshake_port": 7000.0, "notify_port": 7001.0},
 	}}}
 	f.Fuzz(func(t *testing.T, body, handoff []byte, room uint64) {
 		if topLevelField(body, "kv_transfer_params") == nil && topLevelField(body, "x") != nil {
 			t.Skip()
 		}
-		l := pdLegs{body: body, prefill: prefill, decode: prefill, room: room >> 1, prefillDPSize: 3, prefillDPRank: int(room % 3)}
+		l := pdLegs{body: body, prefill: prefill, decode: prefill, room: room >> 1, prefillDPSize: 3, prefillDPRank: int(room % 3),
+			prefillHost: "10.0.0.1", decodeHost: "10.0.0.2"}
 		l.hasMaxComplete = topLevelField(body, "max_completion_tokens") != nil
 		for name, proto := range pdProtocols {
+			if proto.prepare != nil {
+				if err := proto.prepare(&l); err != nil {
+					t.Fatalf("%s prepare: %v", name, err)
+				}
+			}
 			for leg, shape := range map[string]func() ([]byte, error){
 				"prefill": func() ([]byte, error) { return proto.prefillBody(&l) },
 				"decode":  func() ([]byte, error) { return proto.decodeBody(&l, handoff) },

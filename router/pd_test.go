@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -80,6 +81,15 @@ func (p *pdSim) record(mode discovery.DisaggMode, protocol string) discovery.Rec
 			}
 			n, _ := strconv.Atoi(port)
 			params = map[string]any{"host": host, "http_port": float64(n), "handshake_port": hp, "tp_size": 2.0, "dp_size": 1.0}
+		}
+		if protocol == discovery.ProtocolVLLMMoriRead || protocol == discovery.ProtocolVLLMMoriWrite {
+			hp := 7000.0
+			if p.kvAddr != "" {
+				_, kp, _ := net.SplitHostPort(p.kvAddr)
+				n, _ := strconv.Atoi(kp)
+				hp = float64(n)
+			}
+			params["kv_connector_extra_config"] = map[string]any{"handshake_port": hp, "notify_port": hp + 1, "tp_size": 1.0}
 		}
 		if protocol == discovery.ProtocolVLLMMooncake && mode == discovery.DisaggPrefill {
 			params["bootstrap_addr"] = "http://" + p.kvAddr
@@ -585,4 +595,45 @@ func mustAtoi(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+var moriIDPattern = regexp.MustCompile(`^___prefill_addr_host:127\.0\.0\.1,handshake:\d+,notify:\d+___decode_addr_host:127\.0\.0\.1,handshake:7000,notify:7001_[0-9a-f]{32}$`)
+
+func TestPDMoRIIO(t *testing.T) {
+	for _, proto := range []string{discovery.ProtocolVLLMMoriRead, discovery.ProtocolVLLMMoriWrite} {
+		t.Run(proto, func(t *testing.T) {
+			p := startPDSim(t, "prefill", proto, nil)
+			d := startPDSim(t, "decode", proto, nil)
+			tr := pdRouter(t, nil, p.record(discovery.DisaggPrefill, proto), d.record(discovery.DisaggDecode, proto))
+			for _, b := range []string{pdChat, pdStreamChat(pdChat)} {
+				resp, out := tr.do(t, http.MethodPost, "/v1/chat/completions", b)
+				if resp.StatusCode != 200 || strings.Contains(string(out), `"error"`) {
+					t.Fatalf("%d %s", resp.StatusCode, out)
+				}
+			}
+			pg, dg := p.got(t), d.got(t)
+			if len(pg) != 2 || len(dg) != 2 {
+				t.Fatalf("prefill got %d, decode %d", len(pg), len(dg))
+			}
+			for i := range pg {
+				if pg[i].RequestID != dg[i].RequestID || !moriIDPattern.MatchString(pg[i].RequestID) {
+					t.Errorf("X-Request-Id %q / %q: want the same forged id on both legs", pg[i].RequestID, dg[i].RequestID)
+				}
+				pkv, _ := pg[i].Body["kv_transfer_params"].(map[string]any)
+				dkv, _ := dg[i].Body["kv_transfer_params"].(map[string]any)
+				tid, _ := pkv["transfer_id"].(string)
+				if pkv["do_remote_decode"] != true || pkv["remote_dp_size"] != 1.0 || pkv["tp_size"] != 1.0 || pkv["remote_tp_size"] != 1.0 ||
+					pg[i].Body["max_tokens"] != 1.0 || dg[i].Body["max_tokens"] != 4.0 || dkv["transfer_id"] != tid || dkv["do_remote_prefill"] != true {
+					t.Errorf("bodies %v / %v", pg[i].Body, dg[i].Body)
+				}
+				if proto == discovery.ProtocolVLLMMoriWrite {
+					if len(tid) != len("tx-")+32 || dkv["remote_engine_id"] != nil || dkv["remote_block_ids"] != nil {
+						t.Errorf("write mode: transfer id %q, decode %v", tid, dkv)
+					}
+				} else if len(tid) != len("tx-")+36 || dkv["remote_engine_id"] != "sim-engine" || dkv["remote_block_ids"] == nil {
+					t.Errorf("read mode: transfer id %q, decode %v: want the prefill's hand-off", tid, dkv)
+				}
+			}
+		})
+	}
 }

@@ -1,9 +1,12 @@
 package router
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 
@@ -38,6 +41,13 @@ type pdLegs struct {
 	prefillDPRank  int    // the prefill DP rank the room is aligned to
 	prefillDPSize  int
 	hasMaxComplete bool // the body has max_completion_tokens
+	// requestID is the X-Request-Id both legs get instead of the
+	// request's own ("": keep it); MoRIIO forges one naming both peers.
+	requestID string
+	// transferID is the transfer id both legs share (MoRIIO).
+	transferID string
+	// prefillHost and decodeHost are the workers' URL hosts.
+	prefillHost, decodeHost string
 }
 
 // pdProtocol shapes the legs of one protocol.
@@ -49,6 +59,9 @@ type pdProtocol struct {
 	// decodeBody returns the decode leg's body; handoff is the prefill
 	// answer's kv_transfer_params (raw JSON) of a serial protocol.
 	decodeBody func(l *pdLegs, handoff []byte) ([]byte, error)
+	// prepare, when set, fills the legs' request id and transfer id
+	// before the bodies are shaped.
+	prepare func(l *pdLegs) error
 }
 
 // pdProtocols are the protocols built so far, by disagg_meta.protocol.
@@ -57,10 +70,13 @@ var pdProtocols = map[string]*pdProtocol{
 	discovery.ProtocolSGLangBootstrap: {name: discovery.ProtocolSGLangBootstrap, topology: pdConcurrent, prefillBody: sglangPrefill, decodeBody: sglangDecode},
 	discovery.ProtocolVLLMMooncake:    {name: discovery.ProtocolVLLMMooncake, topology: pdConcurrent, prefillBody: mooncakePrefill, decodeBody: mooncakeDecode},
 	discovery.ProtocolATOMMooncake:    {name: discovery.ProtocolATOMMooncake, topology: pdSerial, prefillBody: atomPrefill, decodeBody: atomDecode},
+	discovery.ProtocolVLLMMoriRead:    {name: discovery.ProtocolVLLMMoriRead, topology: pdSerial, prefillBody: moriPrefill, decodeBody: moriReadDecode, prepare: moriPrepareRead},
+	discovery.ProtocolVLLMMoriWrite:   {name: discovery.ProtocolVLLMMoriWrite, topology: pdConcurrent, prefillBody: moriPrefill, decodeBody: moriWriteDecode, prepare: moriPrepareWrite},
 }
 
 // pdSupported lists the protocols built, for error messages.
-const pdSupported = discovery.ProtocolVLLMNixl + ", " + discovery.ProtocolSGLangBootstrap + ", " + discovery.ProtocolVLLMMooncake + ", " + discovery.ProtocolATOMMooncake
+const pdSupported = discovery.ProtocolVLLMNixl + ", " + discovery.ProtocolSGLangBootstrap + ", " + discovery.ProtocolVLLMMooncake + ", " +
+	discovery.ProtocolATOMMooncake + ", " + discovery.ProtocolVLLMMoriRead + ", " + discovery.ProtocolVLLMMoriWrite
 
 // Sentinel errors of the PD path.
 var (
@@ -243,6 +259,107 @@ func atomDecode(l *pdLegs, handoff []byte) ([]byte, error) {
 		}
 	}
 	return setFields(l.body, "kv_transfer_params", kv)
+}
+
+// moriPorts returns a MoRIIO worker's handshake and notify ports and TP
+// size from params.kv_connector_extra_config.
+func moriPorts(rec *discovery.Record) (hp, np string, tp string, err error) {
+	extra, _ := rec.DisaggMeta.Params["kv_connector_extra_config"].(map[string]any)
+	sub := &discovery.Record{DisaggMeta: discovery.DisaggMeta{Params: extra}}
+	if extra["handshake_port"] == nil || extra["notify_port"] == nil {
+		return "", "", "", fmt.Errorf("%w: worker %s needs kv_connector_extra_config.handshake_port and notify_port for MoRIIO", ErrPDMeta, rec.WorkerID)
+	}
+	return intParam(sub, "handshake_port", 0), intParam(sub, "notify_port", 0), intParam(sub, "tp_size", 1), nil
+}
+
+// moriRequestID forges the X-Request-Id vLLM's MoRIIO connector parses
+// both peers' addresses from.
+func moriRequestID(l *pdLegs) (string, error) {
+	php, pnp, _, err := moriPorts(l.prefill)
+	if err != nil {
+		return "", err
+	}
+	dhp, dnp, _, err := moriPorts(l.decode)
+	if err != nil {
+		return "", err
+	}
+	u := uuid4()
+	return "___prefill_addr_host:" + l.prefillHost + ",handshake:" + php + ",notify:" + pnp +
+		"___decode_addr_host:" + l.decodeHost + ",handshake:" + dhp + ",notify:" + dnp + "_" + strings.ReplaceAll(u, "-", ""), nil
+}
+
+// uuid4 returns a random (version 4) UUID in its canonical dashed form.
+func uuid4() string {
+	var b [16]byte
+	for i := 0; i < 16; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], rand.Uint64())
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+func moriPrepareRead(l *pdLegs) error {
+	id, err := moriRequestID(l)
+	l.requestID, l.transferID = id, "tx-"+uuid4()
+	return err
+}
+
+func moriPrepareWrite(l *pdLegs) error {
+	id, err := moriRequestID(l)
+	l.requestID, l.transferID = id, fmt.Sprintf("tx-%032x", l.room)
+	return err
+}
+
+// moriPrefill: single-token body told the decode's DP and TP sizes.
+func moriPrefill(l *pdLegs) ([]byte, error) {
+	_, _, dtp, err := moriPorts(l.decode)
+	if err != nil {
+		return nil, err
+	}
+	kv := `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"transfer_id":"` + l.transferID +
+		`","remote_dp_size":` + strconv.Itoa(l.decode.EffectiveDPSize()) + `,"tp_size":` + dtp + `,"remote_tp_size":` + dtp + `}`
+	return vllmPrefillBody(l, kv)
+}
+
+// moriDecode: the decremented body with the decode's kv_transfer_params;
+// engineID and blockIDs are raw JSON (null in write mode).
+func moriDecode(l *pdLegs, transferID, engineID, blockIDs []byte) ([]byte, error) {
+	_, _, ptp, err := moriPorts(l.prefill)
+	if err != nil {
+		return nil, err
+	}
+	body, err := decrementTokens(l.body)
+	if err != nil {
+		return nil, err
+	}
+	kv := `{"do_remote_decode":false,"do_remote_prefill":true,"transfer_id":` + string(transferID) + `,"remote_engine_id":` + string(engineID) +
+		`,"remote_block_ids":` + string(blockIDs) + `,"remote_dp_size":` + strconv.Itoa(l.prefill.EffectiveDPSize()) + `,"tp_size":` + ptp + `,"remote_tp_size":` + ptp + `}`
+	return setFields(body, "kv_transfer_params", kv)
+}
+
+func moriWriteDecode(l *pdLegs, _ []byte) ([]byte, error) {
+	return moriDecode(l, jsonx.AppendQuoted(nil, l.transferID), []byte("null"), []byte("null"))
+}
+
+// moriReadDecode copies transfer_id, remote_engine_id and
+// remote_block_ids from the prefill's hand-off.
+func moriReadDecode(l *pdLegs, handoff []byte) ([]byte, error) {
+	if len(handoff) == 0 || handoff[0] != '{' || jsonx.Valid(handoff, maxEditDepth) != nil {
+		return nil, ErrPDHandoff
+	}
+	field := func(k string) []byte {
+		if v := topLevelField(handoff, k); v != nil {
+			return v
+		}
+		return []byte("null")
+	}
+	tid := topLevelField(handoff, "transfer_id")
+	if tid == nil {
+		tid = jsonx.AppendQuoted(nil, l.transferID)
+	}
+	return moriDecode(l, tid, field("remote_engine_id"), field("remote_block_ids"))
 }
 
 // sglangBootstrap returns the prefill's bootstrap host and port from its

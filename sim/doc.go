@@ -70,7 +70,8 @@
 // owns every goroutine it starts and stops them when its context ends.
 //
 // PD roles (pd.go): --pd-role prefill|decode with --pd-protocol vllm-nixl,
-// vllm-mooncake, sglang-bootstrap or atom-mooncake (or the facades'
+// vllm-mooncake, vllm-mori-read, vllm-mori-write, sglang-bootstrap or
+// atom-mooncake (or the facades'
 // --kv-transfer-config
 // and --disaggregation-mode): a prefill serves each request's KV over
 // transport TCP, a decode fetches and checksums it before decoding, and

@@ -636,8 +636,22 @@ func setKVTransferConfig(f *facade, v string) error {
 		if f.cfg.PDRole == "prefill" && !f.explicit("pd-kv-port") {
 			f.cfg.PDKVPort = vllmMooncakeBootstrapPort
 		}
+	case "MoRIIOConnector":
+		extra, _ := obj["kv_connector_extra_config"].(map[string]any)
+		f.cfg.PDProtocol = "vllm-mori-write"
+		read, ok := boolValue(extra["read_mode"])
+		if !ok {
+			read, _ = boolValue(os.Getenv("VLLM_MORIIO_CONNECTOR_READ_MODE"))
+		}
+		if read {
+			f.cfg.PDProtocol = "vllm-mori-read"
+		}
+		// The prefill's KV server is its handshake port.
+		if hp, ok := intValue(extra["handshake_port"]); ok && f.cfg.PDRole == "prefill" && !f.explicit("pd-kv-port") {
+			f.cfg.PDKVPort = hp
+		}
 	default:
-		return fmt.Errorf("kv_connector %q: the simulator models NixlConnector and MooncakeConnector only", connector)
+		return fmt.Errorf("kv_connector %q: the simulator models NixlConnector, MooncakeConnector and MoRIIOConnector only", connector)
 	}
 	if id, ok := obj["engine_id"].(string); ok && id != "" {
 		f.cfg.PDEngineID = id

@@ -38,6 +38,13 @@ import (
 //     and transfer_id; the region is named by the transfer id, and the
 //     decode finds it at remote_bootstrap_addr (the prefill's KV server,
 //     on VLLM_MOONCAKE_BOOTSTRAP_PORT) under the same transfer id.
+//   - vllm-mori-read / vllm-mori-write: the request has
+//     kv_transfer_params.do_remote_decode and transfer_id; the region is
+//     named by the transfer id, served on the handshake port, and the
+//     decode finds the prefill's host and handshake port in the X-Request-Id
+//     the router forged; read mode also hands off (transfer_id,
+//     remote_engine_id, remote_block_ids) in its answer. (Write mode's push
+//     is simulated as the decode's pull.)
 //   - atom-mooncake: the request has kv_transfer_params.do_remote_decode;
 //     the region is named by a fresh transfer id that a completions
 //     answer hands off (transfer_id, remote_host, remote_port,
@@ -171,10 +178,11 @@ type pdRequest struct {
 	peer     string // decode: the prefill's KV server host:port
 	nixlResp bool   // prefill: hand off in the answer's kv_transfer_params
 	atomResp bool   // prefill: ATOM's hand-off (completions answers only)
+	moriResp bool   // prefill: MoRIIO read mode's hand-off
 }
 
 // classify reads the PD part of a request (PD roles only).
-func (p *pdSide) classify(body []byte) (pdRequest, error) {
+func (p *pdSide) classify(body, requestID []byte) (pdRequest, error) {
 	var f pdFields
 	if err := json.Unmarshal(body, &f); err != nil {
 		return pdRequest{}, fmt.Errorf("pd fields: %w", err)
@@ -208,6 +216,21 @@ func (p *pdSide) classify(body []byte) (pdRequest, error) {
 			peer := strings.TrimPrefix(strings.TrimPrefix(f.KV.BootstrapAddr, "http://"), "https://")
 			if _, _, err := net.SplitHostPort(peer); err != nil {
 				return r, fmt.Errorf("%w: kv_transfer_params.remote_bootstrap_addr %q: %w", ErrKVTransfer, f.KV.BootstrapAddr, err)
+			}
+			r.fetchKV, r.peer = true, peer
+		}
+	case "vllm-mori-read", "vllm-mori-write":
+		if f.KV == nil || f.KV.TransferID == "" {
+			return r, nil
+		}
+		r.name = f.KV.TransferID
+		switch {
+		case p.role == config.PDRolePrefill && f.KV.DoRemoteDecode:
+			r.serveKV, r.moriResp = true, p.protocol == "vllm-mori-read"
+		case p.role == config.PDRoleDecode && f.KV.DoRemotePrefill:
+			peer, err := moriPrefillPeer(string(requestID))
+			if err != nil {
+				return r, err
 			}
 			r.fetchKV, r.peer = true, peer
 		}
@@ -320,6 +343,42 @@ func (p *pdSide) nixlHandoff(name string, blocks int) []byte {
 	b = append(b, `,"remote_request_id":`...)
 	b = appendJSONString(b, []byte(name))
 	return append(b, `,"tp_size":1}`...)
+}
+
+// moriPrefillPeer reads the prefill's host and handshake port (its KV
+// server) from the X-Request-Id the router forged for MoRIIO:
+// ___prefill_addr_host:H,handshake:P,notify:N___decode_addr_host:…
+func moriPrefillPeer(id string) (string, error) {
+	rest, ok := strings.CutPrefix(id, "___prefill_addr_host:")
+	host, rest, ok2 := strings.Cut(rest, ",handshake:")
+	port, _, ok3 := strings.Cut(rest, ",notify:")
+	if !ok || !ok2 || !ok3 || host == "" {
+		return "", fmt.Errorf("%w: X-Request-Id %q does not name the prefill (MoRIIO)", ErrKVTransfer, id)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", fmt.Errorf("%w: X-Request-Id %q: bad handshake port", ErrKVTransfer, id)
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// moriHandoff renders a MoRIIO read-mode prefill's kv_transfer_params.
+func (p *pdSide) moriHandoff(name string, blocks int) []byte {
+	b := []byte(`{"do_remote_prefill":true,"do_remote_decode":false,"transfer_id":`)
+	b = appendJSONString(b, []byte(name))
+	b = append(b, `,"remote_engine_id":`...)
+	b = appendJSONString(b, []byte(p.engineID))
+	b = append(b, `,"remote_block_ids":[`...)
+	for i := range blocks {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(i), 10)
+	}
+	b = append(b, `],"remote_host":`...)
+	b = appendJSONString(b, []byte(p.host))
+	b = append(b, `,"remote_port":`...)
+	b = strconv.AppendInt(b, int64(p.port), 10)
+	return append(b, '}')
 }
 
 // atomHandoff renders the kv_transfer_params of an ATOM prefill's
@@ -460,6 +519,8 @@ func (s *Server) serveKV(ctx *fasthttp.RequestCtx, q *seq, r *pdRequest, chat bo
 	switch {
 	case r.nixlResp:
 		q.kvParams = s.pd.nixlHandoff(r.name, blocks)
+	case r.moriResp:
+		q.kvParams = s.pd.moriHandoff(r.name, blocks)
 	case r.atomResp && !chat:
 		var first uint32
 		if len(q.tokens) > q.promptLen {
