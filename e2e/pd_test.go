@@ -56,6 +56,8 @@ var pdProtos = []pdProto{
 			return []string{"VLLM_MOONCAKE_BOOTSTRAP_PORT=" + strconv.Itoa(freePort(t))}
 		},
 	},
+	moriProto("vllm-mori-read", true),
+	moriProto("vllm-mori-write", false),
 	{
 		name: "sglang-bootstrap", engine: "sglang",
 		args: func(t *testing.T, role string) []string {
@@ -67,6 +69,17 @@ var pdProtos = []pdProto{
 			return a
 		},
 	},
+}
+
+// moriProto is vLLM's MoRIIO connector in read or write mode, on free
+// handshake and notify ports.
+func moriProto(name string, read bool) pdProto {
+	return pdProto{name: name, engine: "vllm", args: func(t *testing.T, role string) []string {
+		kvRole := map[string]string{"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+		return []string{"Qwen/Qwen3-8B", "--host", "127.0.0.1", "--served-model-name", "pd-model",
+			"--kv-transfer-config", fmt.Sprintf(`{"kv_connector":"MoRIIOConnector","kv_role":%q,"kv_connector_extra_config":{"handshake_port":%d,"notify_port":%d,"read_mode":%t}}`,
+				kvRole, freePort(t), freePort(t), read)}
+	}}
 }
 
 // pdWorker is one PD worker process and what its engine recorded.
@@ -191,6 +204,13 @@ func checkLegs(t *testing.T, proto string, ps []*pdWorker, d *pdWorker, stream a
 			dkv["remote_bootstrap_addr"] == nil || dkv["remote_engine_id"] == nil || (stream != nil && db["stream"] != stream) {
 			t.Errorf("mooncake bodies %v / %v", pb, db)
 		}
+	case "vllm-mori-read", "vllm-mori-write":
+		pkv, _ := pb["kv_transfer_params"].(map[string]any)
+		dkv, _ := db["kv_transfer_params"].(map[string]any)
+		if pb["max_tokens"] != 1.0 || pkv["transfer_id"] == nil || pkv["transfer_id"] != dkv["transfer_id"] ||
+			!strings.HasPrefix(last.RequestID, "___prefill_addr_host:127.0.0.1,handshake:") || (stream != nil && db["stream"] != stream) {
+			t.Errorf("MoRIIO bodies %v / %v (request id %q)", pb, db, last.RequestID)
+		}
 	case "sglang-bootstrap":
 		if pb["bootstrap_room"] == nil || pb["bootstrap_room"] != db["bootstrap_room"] || pb["bootstrap_host"] != "127.0.0.1" ||
 			pb["bootstrap_port"] != db["bootstrap_port"] || pb["stream"] != db["stream"] || (stream != nil && db["stream"] != stream) {
@@ -209,7 +229,7 @@ func TestPDEnginesEndToEnd(t *testing.T) {
 			// 1P1D, unary and streaming.
 			status, ph, dh, body := pdDo(t, f, "explain disaggregated prefill and decode", false, 6)
 			wantTokens := `"completion_tokens":6`
-			if proto.name == "vllm-mooncake" {
+			if proto.name == "vllm-mooncake" || strings.HasPrefix(proto.name, "vllm-mori") {
 				wantTokens = `"completion_tokens":5` // the decode leg's max_tokens is decremented
 			}
 			if status != 200 || ph != p1.id || dh != d1.id || !strings.Contains(body, wantTokens) {
