@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -93,6 +94,9 @@ type pdSide struct {
 	mu     sync.Mutex
 	timers map[*transport.Region]*time.Timer
 	closed bool
+
+	// A decode's verified transfers and the time they took (/metrics).
+	transfers, transferNs atomic.Int64
 }
 
 // startPD starts the PD side of s (nil without a role).
@@ -475,6 +479,8 @@ func (s *Server) fetchKV(ctx *fasthttp.RequestCtx, q *seq, r *pdRequest) bool {
 		return false
 	}
 	q.remote = true
+	s.pd.transfers.Add(1)
+	s.pd.transferNs.Add(int64(time.Since(start)))
 	s.log.Debug().Str("peer", r.peer).Str("kv", r.name).Int("bytes", len(want)).
 		Float64("transfer_s", time.Since(start).Seconds()).Msg("kv received and verified")
 	return true

@@ -64,6 +64,9 @@ func TestPDNixlHandoffMovesVerifiedKV(t *testing.T) {
 	if err := json.Unmarshal(body, &out); err != nil || out.Usage.CompletionTokens != 4 {
 		t.Fatalf("decode answer %s: %v", body, err)
 	}
+	if n := d.gauge(t, "infera_sim_kv_transfers_total"); n != 1 {
+		t.Errorf("infera_sim_kv_transfers_total %v, want 1", n)
+	}
 
 	// The same hand-off for another prompt of the same length: the
 	// checksum catches it, nothing is decoded.
