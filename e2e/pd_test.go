@@ -488,3 +488,62 @@ func TestPDATOMEndToEnd(t *testing.T) {
 		t.Errorf("chat: %d %s, want 502 naming the missing hand-off", status, body)
 	}
 }
+
+// TestPDSGLangDPEndToEnd: an SGLang prefill with --dp-size 2 (one worker,
+// two ranks): every request pins a prefill rank, and the bootstrap room
+// both legs get is congruent to it (room % dp_size = rank).
+func TestPDSGLangDPEndToEnd(t *testing.T) {
+	proto := pdProtos[len(pdProtos)-1]
+	if proto.name != "sglang-bootstrap" {
+		t.Fatalf("last protocol %s", proto.name)
+	}
+	dp := proto
+	dp.args = func(t *testing.T, role string) []string {
+		a := proto.args(t, role)
+		if role == "prefill" {
+			a = append(a, "--dp-size", "2", "--enable-dp-attention")
+		}
+		return a
+	}
+	f := startServe(t)
+	p := f.startPDWorker(t, dp, "prefill", "sglang-dp-p")
+	d := f.startPDWorker(t, dp, "decode", "sglang-dp-d")
+	if rec, _ := f.record(p.id); rec.DPSize != 2 {
+		t.Fatalf("prefill record dp_size %d, want 2", rec.DPSize)
+	}
+	for i := range 6 {
+		if status, _, _, body := pdDo(t, f, fmt.Sprintf("dp question %d", i), i%2 == 0, 3); status != 200 {
+			t.Fatalf("request %d: %d %s", i, status, body)
+		}
+	}
+	data, err := os.ReadFile(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranks := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var g struct {
+			DPRank string `json:"dp_rank"`
+			Body   struct {
+				Room json.Number `json:"bootstrap_room"`
+			} `json:"body"`
+		}
+		dec := json.NewDecoder(strings.NewReader(line))
+		dec.UseNumber()
+		if err := dec.Decode(&g); err != nil {
+			t.Fatal(err)
+		}
+		room, err := strconv.ParseUint(g.Body.Room.String(), 10, 64)
+		if err != nil || g.DPRank == "" || strconv.FormatUint(room%2, 10) != g.DPRank {
+			t.Errorf("prefill room %s with X-Data-Parallel-Rank %q: want room %% 2 = rank", g.Body.Room, g.DPRank)
+		}
+		ranks[g.DPRank] = true
+	}
+	if len(ranks) != 2 {
+		t.Errorf("prefill ranks used %v, want both", ranks)
+	}
+	dg := d.got(t)
+	if len(dg) != 6 || dg[0].Body["disagg_prefill_dp_rank"] == nil {
+		t.Errorf("decode got %d requests; first %v: want disagg_prefill_dp_rank", len(dg), dg[0].Body)
+	}
+}
