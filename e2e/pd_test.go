@@ -547,3 +547,18 @@ func TestPDSGLangDPEndToEnd(t *testing.T) {
 		t.Errorf("decode got %d requests; first %v: want disagg_prefill_dp_rank", len(dg), dg[0].Body)
 	}
 }
+
+// TestPDMismatchEndToEnd: a vLLM Nixl prefill and an SGLang decode of one
+// model cannot pair: a clear 500 naming both protocols, no leg sent.
+func TestPDMismatchEndToEnd(t *testing.T) {
+	f := startServe(t)
+	p := f.startPDWorker(t, pdProtos[0], "prefill", "nixl-p")
+	d := f.startPDWorker(t, pdProtos[len(pdProtos)-1], "decode", "sglang-d")
+	status, _, _, body := pdDo(t, f, "who pairs with whom", false, 3)
+	if status != 500 || !strings.Contains(body, "pd_protocol_error") || !strings.Contains(body, `\"vllm-nixl\"`) || !strings.Contains(body, `\"sglang-bootstrap\"`) {
+		t.Fatalf("%d %s, want 500 naming both protocols", status, body)
+	}
+	if len(p.got(t))+len(d.got(t)) != 0 {
+		t.Error("a leg was sent to mismatched workers")
+	}
+}
