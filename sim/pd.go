@@ -268,6 +268,11 @@ func (p *pdSide) classify(body, requestID []byte) (pdRequest, error) {
 			r.peer = net.JoinHostPort(f.BootstrapHost, strconv.Itoa(f.BootstrapPort))
 		}
 	}
+	if r.fetchKV {
+		if h, _, err := net.SplitHostPort(r.peer); err != nil || h == "" || strings.ContainsAny(h, "[]/ ") {
+			return pdRequest{}, fmt.Errorf("%w: prefill address %q is not host:port", ErrKVTransfer, r.peer)
+		}
+	}
 	return r, nil
 }
 

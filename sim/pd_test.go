@@ -169,3 +169,27 @@ func TestPDFacades(t *testing.T) {
 		}
 	}
 }
+
+// FuzzPDClassify: any body and X-Request-Id either classify or fail with
+// ErrKVTransfer/a JSON error; a decode's peer is always host:port.
+func FuzzPDClassify(f *testing.F) {
+	f.Add([]byte(`{"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"h","remote_port":1,"remote_request_id":"r","transfer_id":"t","remote_bootstrap_addr":"http://h:2","remote_handshake_port":3}}`), []byte("___prefill_addr_host:h,handshake:5,notify:6___decode_addr_host:d,handshake:7,notify:8_ab"))
+	f.Add([]byte(`{"bootstrap_host":"::1","bootstrap_port":9,"bootstrap_room":18446744073709551615}`), []byte(""))
+	f.Add([]byte(`{"kv_transfer_params":null}`), []byte("___prefill_addr_host:,handshake:x"))
+	f.Fuzz(func(t *testing.T, body, id []byte) {
+		for _, proto := range []string{"vllm-nixl", "vllm-mooncake", "vllm-mori-read", "vllm-mori-write", "sglang-bootstrap", "atom-mooncake"} {
+			for _, role := range []string{config.PDRolePrefill, config.PDRoleDecode} {
+				p := &pdSide{role: role, protocol: proto}
+				r, err := p.classify(body, id)
+				if err != nil {
+					continue
+				}
+				if r.fetchKV {
+					if _, _, err := net.SplitHostPort(r.peer); err != nil || r.name == "" {
+						t.Fatalf("%s %s: peer %q name %q", proto, role, r.peer, r.name)
+					}
+				}
+			}
+		}
+	})
+}
