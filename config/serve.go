@@ -67,6 +67,11 @@ type Serve struct {
 	TTFTTimeout       time.Duration
 	StreamIdleTimeout time.Duration
 	RequestTimeout    time.Duration
+	// PDPrefillTimeout bounds the prefill leg of a disaggregated request;
+	// PDMinUncachedTokens sends a request with fewer uncached prompt
+	// tokens to its decode worker alone (0: always disaggregate).
+	PDPrefillTimeout    time.Duration
+	PDMinUncachedTokens int
 	// HeartbeatInterval is the SSE comment cadence on a silent stream.
 	HeartbeatInterval time.Duration
 
@@ -324,6 +329,8 @@ func (s *Serve) Flags() []cli.Flag {
 		Duration("ttft-timeout", "longest wait for a worker's first byte: a stream's first event, a unary request's whole answer (then failover)", &s.TTFTTimeout, 60*time.Second),
 		Duration("stream-idle-timeout", "longest silence between stream events (then an in-stream error event)", &s.StreamIdleTimeout, 30*time.Second),
 		Duration("request-timeout", "longest time for a whole request", &s.RequestTimeout, 10*time.Minute),
+		Duration("pd-prefill-timeout", "longest wait for the prefill leg of a disaggregated request (then the decode leg is aborted and the request fails or fails over)", &s.PDPrefillTimeout, 60*time.Second),
+		Int("pd-min-uncached-tokens", "a disaggregated request with fewer uncached prompt tokens (kv-aware estimate) runs on its decode worker alone; 0 = always disaggregate", &s.PDMinUncachedTokens, 0),
 		Duration("heartbeat-interval", "SSE comment cadence on a silent stream, so that a gone client is noticed", &s.HeartbeatInterval, time.Second),
 		Duration("stall-window", "a worker with requests in flight and no answer byte for this long is probed and, while stalled, gets no new request (0 = no stall detection)", &s.StallWindow, 2*time.Second),
 		Duration("stall-probe-interval", "cadence of the GET /health probes that confirm a stalled worker or bring it back", &s.StallProbeInterval, time.Second),
@@ -387,6 +394,7 @@ func (s *Serve) Validate() error {
 		{"--ttft-timeout", s.TTFTTimeout},
 		{"--stream-idle-timeout", s.StreamIdleTimeout},
 		{"--request-timeout", s.RequestTimeout},
+		{"--pd-prefill-timeout", s.PDPrefillTimeout},
 		{"--heartbeat-interval", s.HeartbeatInterval},
 		{"--client-write-timeout", s.ClientWriteTimeout},
 		{"--client-header-timeout", s.ClientHeaderTimeout},
@@ -397,6 +405,9 @@ func (s *Serve) Validate() error {
 	}
 	if s.MaxConnsPerWorker <= 0 {
 		p.Addf("--max-conns-per-worker must be positive")
+	}
+	if s.PDMinUncachedTokens < 0 {
+		p.Addf("--pd-min-uncached-tokens must not be negative")
 	}
 	s.validateResilience(&p)
 	s.validateSecurity(&p)

@@ -66,6 +66,25 @@ type Sim struct {
 	// event-latency window). Replay serves a batch at once.
 	KVEventsDelay time.Duration
 
+	// Disaggregated prefill/decode roles (DESIGN §8, sim/pd.go). PDRole is
+	// "" (whole requests), "prefill" or "decode"; PDProtocol the PD
+	// protocol whose request shapes the role understands. A prefill
+	// serves its requests' KV over transport TCP on PDKVPort (0: a free
+	// port), advertised as PDKVHost (default: --host, or 127.0.0.1 when
+	// that is a wildcard), for PDKVTTL; a decode waits up to PDKVTimeout
+	// for the KV a request names. PDEngineID is the engine id a vLLM
+	// prefill hands off.
+	PDRole      string
+	PDProtocol  string
+	PDKVHost    string
+	PDKVPort    int
+	PDKVTTL     time.Duration
+	PDKVTimeout time.Duration
+	PDEngineID  string
+	// RecordRequests appends every completion request received (path,
+	// PD headers, body) as one JSON line to this file; "" = off.
+	RecordRequests string
+
 	// Flavor is the engine the simulator's command line, metrics and
 	// events imitate: "" (its own flags, vLLM names), vllm, sglang or atom.
 	// With a flavor, the arguments after --flavor are the engine's own
@@ -131,6 +150,14 @@ func (s *Sim) Flags() []cli.Flag {
 		Int("kv-events-buffer", "KV-event batches kept for replay (and queued per subscriber before it drops)", &s.KVEventsBuffer, 10000),
 		Bool("kv-events-connect", "connect the KV-event PUB socket to --kv-events-endpoint (a router's --kv-events-listen) instead of binding it", &s.KVEventsConnect, false),
 		Duration("kv-events-delay", "publish each KV-event batch this long after its step (simulated publisher latency; replay is not delayed)", &s.KVEventsDelay, 0),
+		String("pd-role", "disaggregated serving role: \"\" (whole requests), prefill or decode", &s.PDRole, ""),
+		String("pd-protocol", "PD protocol of the role: vllm-nixl, vllm-mooncake, vllm-mori-read, vllm-mori-write, sglang-bootstrap or atom-mooncake", &s.PDProtocol, ""),
+		String("pd-kv-host", "host a prefill advertises for its KV transfer server (default: --host, 127.0.0.1 for a wildcard)", &s.PDKVHost, ""),
+		Int("pd-kv-port", "port of a prefill's KV transfer server (transport TCP; 0 picks a free port)", &s.PDKVPort, 0),
+		Duration("pd-kv-ttl", "how long a prefill keeps a request's KV for its decode", &s.PDKVTTL, 60*time.Second),
+		Duration("pd-kv-timeout", "longest wait of a decode for the KV its request names (then HTTP 500)", &s.PDKVTimeout, 30*time.Second),
+		String("pd-engine-id", "engine id a vLLM-flavoured prefill hands off (kv_transfer_params.remote_engine_id)", &s.PDEngineID, "sim-engine"),
+		String("record-requests", "append every completion request received (path, PD headers, body) as a JSON line to this file", &s.RecordRequests, ""),
 		String("flavor", "imitate an engine's command line, metrics and events: vllm, sglang or atom; must be the last sim flag, the engine's own arguments follow it (e.g. --flavor vllm serve MODEL --port 8000)", &s.Flavor, ""),
 	)
 }
@@ -210,6 +237,7 @@ func (s *Sim) Validate() error {
 	if s.DPRank < 0 || s.DPRank > 65535 {
 		p.Addf("data-parallel rank %d: want 0..65535", s.DPRank)
 	}
+	s.validatePD(&p)
 	return p.Err()
 }
 
@@ -274,5 +302,32 @@ func simNonNegative(p *Problems, flag string, v float64) {
 func simFraction(p *Problems, flag string, v float64) {
 	if !simFinite(v) || v < 0 || v > 1 {
 		p.Addf("%s %v: want a fraction in [0, 1]", flag, v)
+	}
+}
+
+// PD roles and protocols the simulator models.
+const (
+	PDRolePrefill = "prefill"
+	PDRoleDecode  = "decode"
+)
+
+func (s *Sim) validatePD(p *Problems) {
+	switch s.PDRole {
+	case "":
+		return
+	case PDRolePrefill, PDRoleDecode:
+	default:
+		p.Addf("--pd-role %q: want prefill or decode", s.PDRole)
+	}
+	switch s.PDProtocol {
+	case "vllm-nixl", "vllm-mooncake", "vllm-mori-read", "vllm-mori-write", "sglang-bootstrap", "atom-mooncake":
+	default:
+		p.Addf("--pd-protocol %q: want vllm-nixl, vllm-mooncake, vllm-mori-read, vllm-mori-write, sglang-bootstrap or atom-mooncake for --pd-role %s", s.PDProtocol, s.PDRole)
+	}
+	if s.PDKVPort < 0 || s.PDKVPort > 65535 {
+		p.Addf("--pd-kv-port %d: want 0..65535", s.PDKVPort)
+	}
+	if s.PDKVTTL <= 0 || s.PDKVTimeout <= 0 {
+		p.Addf("--pd-kv-ttl and --pd-kv-timeout must be positive")
 	}
 }

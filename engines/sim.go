@@ -35,7 +35,8 @@ func (simAdapter) Prepare(opts Options, args []string) (Launch, error) {
 		}
 		bin = exe
 	}
-	names := []string{"host", "port", "model", "served-model-name", "block-size", "kv-events-endpoint", "kv-events-replay-endpoint"}
+	names := []string{"host", "port", "model", "served-model-name", "block-size", "kv-events-endpoint", "kv-events-replay-endpoint",
+		"pd-role", "pd-protocol", "pd-kv-port", "pd-engine-id"}
 	argFlags, err := parseEngineFlags(args, names...)
 	if err != nil {
 		return Launch{}, err
@@ -105,6 +106,11 @@ func (simAdapter) Prepare(opts Options, args []string) (Launch, error) {
 		return Launch{}, err
 	}
 	added = append(added, evArgs...)
+	pdArgs, err := simDisagg(opts, flags, &ep)
+	if err != nil {
+		return Launch{}, err
+	}
+	added = append(added, pdArgs...)
 
 	engineArgs := make([]string, 0, 1+len(added)+len(args))
 	engineArgs = append(engineArgs, "sim")
@@ -157,6 +163,68 @@ func simEvents(opts Options, flags map[string]string, ep *Endpoint) (args, warni
 		return nil, nil, err
 	}
 	return args, warnings, nil
+}
+
+// simDisagg registers a sim in a PD role (--pd-role, --pd-protocol; sim/pd.go)
+// as the engines of its protocol register: a prefill's KV server port
+// (picked when absent or 0) and host become its bootstrap address, and a
+// vLLM protocol's prefill gets an engine id. It returns the sim arguments
+// to add.
+func simDisagg(opts Options, flags map[string]string, ep *Endpoint) ([]string, error) {
+	switch flags["pd-role"] {
+	case "":
+		return nil, nil
+	case "prefill":
+		ep.DisaggMode = discovery.DisaggPrefill
+	case "decode":
+		ep.DisaggMode = discovery.DisaggDecode
+	default:
+		return nil, fmt.Errorf("%w: --pd-role %q: want prefill or decode", ErrEngineArgs, flags["pd-role"])
+	}
+	protocol := flags["pd-protocol"]
+	switch protocol {
+	case discovery.ProtocolVLLMNixl, discovery.ProtocolVLLMMooncake, discovery.ProtocolSGLangBootstrap:
+	default:
+		return nil, fmt.Errorf("%w: --pd-protocol %q: want vllm-nixl, vllm-mooncake or sglang-bootstrap", ErrEngineArgs, protocol)
+	}
+	params := map[string]any{}
+	var added []string
+	if ep.DisaggMode == discovery.DisaggPrefill {
+		port := 0
+		if v, ok := flags["pd-kv-port"]; ok {
+			var err error
+			if port, err = parsePort("--pd-kv-port", v); err != nil {
+				return nil, err
+			}
+		}
+		if port == 0 {
+			ports, err := opts.freePorts(portCheckHost(ep.Host), 1)
+			if err != nil {
+				return nil, err
+			}
+			port = ports
+			added = append(added, "--pd-kv-port", strconv.Itoa(port))
+		}
+		added = append(added, "--pd-kv-host", ep.AdvertiseHost)
+		switch protocol {
+		case discovery.ProtocolSGLangBootstrap:
+			params["bootstrap_host"], params["bootstrap_port"] = ep.AdvertiseHost, port
+			params["bootstrap_addr"] = hostPort(ep.AdvertiseHost, port)
+		case discovery.ProtocolVLLMMooncake:
+			params["bootstrap_addr"] = "http://" + hostPort(ep.AdvertiseHost, port)
+			params["bootstrap_port"] = port
+		}
+	}
+	if protocol != discovery.ProtocolSGLangBootstrap {
+		id := flags["pd-engine-id"]
+		if id == "" {
+			id = "infera-" + opts.randomID()
+			added = append(added, "--pd-engine-id", id)
+		}
+		params["engine_id"] = id
+	}
+	ep.DisaggMeta = discovery.DisaggMeta{Protocol: protocol, Params: params}
+	return added, nil
 }
 
 // simFlavor is the engine the simulator imitates, which its record names so

@@ -409,6 +409,11 @@ func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
 // returns false when no retry is left or no worker answered with an event
 // stream.
 func (rel *relay) retryStream() bool {
+	if rel.pd != nil {
+		// A disaggregated stream is not replaced once its status line
+		// went out: its decode leg is paired with one prefill (pd.go).
+		return false
+	}
 	a := &rel.att
 	rel.pump.n, rel.pump.midEvent = 0, false
 	for rel.canRetry() {

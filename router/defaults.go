@@ -47,6 +47,8 @@ func ServeConfig(s config.Serve) Config {
 		StallWindow:          s.StallWindow,
 		StallProbeInterval:   s.StallProbeInterval,
 		MaxTokensCeiling:     s.MaxTokensCeiling,
+		PDPrefillTimeout:     s.PDPrefillTimeout,
+		PDMinUncachedTokens:  s.PDMinUncachedTokens,
 		APIKeys:              s.Keys(),
 		AdminToken:           s.AdminToken,
 		AdminSeparate:        s.AdminListen != "",

@@ -67,6 +67,17 @@
 // engine (Config.MaxTokensCeiling); a bare-LF request line is refused at
 // once (barelf.go).
 //
+// Prefill/decode disaggregation (issue 14, pd.go, pdproto.go,
+// pdmetrics.go): a model with prefill and decode workers is served by
+// pairs, the prefill leg an attempt of its own next to the relayed decode
+// attempt, each on its own connection so that either can be aborted;
+// bodies are shaped per protocol (vllm-nixl, vllm-mori-read and
+// atom-mooncake serial; sglang-bootstrap, vllm-mooncake and vllm-mori-write
+// concurrent) as shared/protocols/pd.md describes. A
+// concurrent prefill runs on a goroutine of its own, which only sends and
+// reads its leg and reports on a channel; its attempt ends on the
+// request's goroutine.
+//
 // Concurrency: the fleet view is an immutable value swapped through an atomic
 // pointer by the discovery watcher callback; request handlers only load it and
 // never lock on the request path. Policies are safe for concurrent use.

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -128,11 +129,11 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 				r.cursors[rec.ModelName] = cur
 			}
 			c = &Candidates{Model: rec.ModelName, cursor: cur}
+			c.prefillCursor, c.decodeCursor = r.poolCursor(rec.ModelName, "prefill"), r.poolCursor(rec.ModelName, "decode")
 			models[rec.ModelName] = c
 		}
 		// Only mixed workers take whole requests; prefill/decode workers
-		// are reached through the PD path (not built yet), so a model
-		// served only by them is known but has no candidate.
+		// are paired by the PD path (pd.go).
 		if reason := rec.Unroutable(); reason != "" {
 			unroutable[reason]++
 		}
@@ -147,9 +148,21 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 			mode = discovery.DisaggMixed
 		}
 		byMode[mode]++
-		if mode == discovery.DisaggMixed {
+		switch mode {
+		case discovery.DisaggMixed:
 			c.Workers = append(c.Workers, w)
 			routable++
+		case discovery.DisaggPrefill:
+			c.Prefill = append(c.Prefill, w)
+		case discovery.DisaggDecode:
+			c.Decode = append(c.Decode, w)
+		}
+	}
+	// A disaggregated model is served by pairs: its decode workers count
+	// as routable (for /ready) when it has a prefill worker too.
+	for _, c := range models {
+		if len(c.Prefill) > 0 {
+			routable += len(c.Decode)
 		}
 	}
 	for id, w := range r.workers {
@@ -159,7 +172,7 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 		}
 	}
 	for name := range r.cursors {
-		if models[name] == nil {
+		if base, _, _ := strings.Cut(name, "\x00"); models[base] == nil {
 			delete(r.cursors, name)
 		}
 	}
@@ -169,6 +182,18 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 	v.render()
 	r.view.Store(v)
 	r.metrics.setFleet(byMode, unroutable)
+}
+
+// poolCursor returns the rotation cursor of a model's prefill or decode
+// pool (kept with the model's own, under "model\x00pool"; fleetMu held).
+func (r *Router) poolCursor(model, pool string) *atomic.Uint64 {
+	key := model + "\x00" + pool
+	cur := r.cursors[key]
+	if cur == nil {
+		cur = new(atomic.Uint64)
+		r.cursors[key] = cur
+	}
+	return cur
 }
 
 // newWorker builds the Worker (and its connection pool) for a record and
@@ -292,7 +317,7 @@ type listedWorker struct {
 func (v *view) render() {
 	names := make([]string, 0, len(v.models))
 	for name, c := range v.models {
-		if len(c.Workers) > 0 {
+		if len(c.Workers) > 0 || (len(c.Prefill) > 0 && len(c.Decode) > 0) {
 			names = append(names, name)
 		}
 	}

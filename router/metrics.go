@@ -35,6 +35,7 @@ type metrics struct {
 	disconnects  prometheus.Counter
 	breakerTrips *prometheus.CounterVec
 	stalls       *prometheus.CounterVec // confirmed stalls by worker
+	pd           *pdMetrics // disaggregated serving (pdmetrics.go)
 }
 
 // failReason says why an attempt on a worker failed.
@@ -166,6 +167,7 @@ func newMetrics() *metrics {
 	m.reg.MustRegister(requests, duration, ttft, m.inflight, m.picks,
 		retries, failures, timeouts, rejected, m.disconnects, m.breakerTrips, m.stalls)
 	m.reg.MustRegister(m.newInferaMetrics()...)
+	m.pd = newPDMetrics(m.reg)
 	for i := range numReasons {
 		m.retries[i] = retries.WithLabelValues(reasonLabels[i])
 		m.failures[i] = failures.WithLabelValues(reasonLabels[i])

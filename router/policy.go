@@ -36,7 +36,13 @@ type PickInput struct {
 type Candidates struct {
 	Model   string
 	Workers []*Worker
-	cursor  *atomic.Uint64 // per model, kept across fleet views
+	// Prefill and Decode are the model's active prefill and decode
+	// workers (disaggregated serving, pd.go); Workers holds the mixed ones.
+	Prefill, Decode []*Worker
+	cursor          *atomic.Uint64 // per model, kept across fleet views
+	// The pools' own cursors, so that the two picks of a pair do not
+	// share one rotation.
+	prefillCursor, decodeCursor *atomic.Uint64
 }
 
 // Next advances and returns the model's rotation cursor, which policies use

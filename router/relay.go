@@ -69,6 +69,7 @@ type relay struct {
 
 	watch  clientWatch // a unary request's client, while its answer is awaited (unary.go)
 	att    attempt     // the attempt whose answer is relayed
+	pd     *pdRequest  // a disaggregated request's prefill leg (pd.go); nil: none
 	status int         // the status line the client got
 	pump   eventPump
 
@@ -179,6 +180,11 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 		r.finish(rel, outcomeModelNotFound, fasthttp.StatusNotFound)
 		return
 	}
+	if c.disaggregated() {
+		rel.ctx, rel.body, rel.model = ctx, body, c
+		rel.servePD()
+		return
+	}
 	if len(c.Workers) == 0 {
 		werr(ctx, fasthttp.StatusServiceUnavailable, "no active worker serves model `"+c.Model+"`", openai.TypeUnavailable, "no_worker_available")
 		r.finish(rel, outcomeNoWorker, fasthttp.StatusServiceUnavailable)
@@ -200,35 +206,10 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 			rel.fail(err)
 			return
 		}
-		rel.status = a.status
-		ctx.SetStatusCode(rel.status)
-		if ct := resp.Header.ContentType(); len(ct) > 0 {
-			ctx.Response.Header.SetContentTypeBytes(ct)
-		}
-		if rel.status < 300 && isEventStream(resp.Header.ContentType()) && resp.BodyStream() != nil {
-			rel.watch.stop(ctx)
-			rel.attach(a, resp)
-			ctx.Response.Header.Set("Cache-Control", "no-cache")
-			// The client sees the headers at once, not with the first
-			// token: a retry before the first event stays possible (the
-			// client has seen no event), and heartbeats can start.
-			ctx.Response.ImmediateHeaderFlush = true
-			ctx.SetBodyStream(rel, -1)
-			return // Close finishes the request
-		}
-		err = readUnary(ctx, resp, rel.pump.buf)
-		_ = resp.CloseBodyStream()
-		fasthttp.ReleaseResponse(resp)
-		if err == nil {
-			rel.watch.stop(ctx)
-			if rel.dialect.response != nil {
-				rel.dialect.response(ctx, rel)
-			}
-			r.finish(rel, statusOutcome(rel.status), rel.status)
+		answered, err := rel.answer(resp)
+		if answered {
 			return
 		}
-		// Nothing has been sent yet: the answer is only buffered.
-		ctx.Response.ResetBody()
 		a.fail(a.classify(err), err)
 		rel.endAttempt(a, 0, err, verdictFault)
 		if !rel.canRetry() {
@@ -240,6 +221,44 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 			return
 		}
 	}
+}
+
+// answer relays the worker's answer of the relayed attempt: a stream is
+// attached (Close finishes the request), a unary answer is read and the
+// request finished. It returns false and the read error when the unary
+// answer could not be read; nothing has reached the client then.
+func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
+	ctx, a := rel.ctx, &rel.att
+	rel.status = a.status
+	ctx.SetStatusCode(rel.status)
+	if ct := resp.Header.ContentType(); len(ct) > 0 {
+		ctx.Response.Header.SetContentTypeBytes(ct)
+	}
+	if rel.status < 300 && isEventStream(resp.Header.ContentType()) && resp.BodyStream() != nil {
+		rel.watch.stop(ctx)
+		rel.attach(a, resp)
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		// The client sees the headers at once, not with the first
+		// token: a retry before the first event stays possible (the
+		// client has seen no event), and heartbeats can start.
+		ctx.Response.ImmediateHeaderFlush = true
+		ctx.SetBodyStream(rel, -1)
+		return true, nil // Close finishes the request
+	}
+	err := readUnary(ctx, resp, rel.pump.buf)
+	_ = resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(resp)
+	if err == nil {
+		rel.watch.stop(ctx)
+		if rel.dialect.response != nil {
+			rel.dialect.response(ctx, rel)
+		}
+		rel.r.finish(rel, statusOutcome(rel.status), rel.status)
+		return true, nil
+	}
+	// Nothing has been sent yet: the answer is only buffered.
+	ctx.Response.ResetBody()
+	return false, err
 }
 
 var (
@@ -335,6 +354,9 @@ func (r *Router) finish(rel *relay, o outcome, status int) {
 	m.inflight.Dec()
 	if o == outcomeClientGone {
 		m.disconnects.Inc()
+	}
+	if rel.pd != nil {
+		rel.endPD()
 	}
 	rel.endAttempt(&rel.att, status, rel.err, verdictOf(o, status))
 	rel.reset()

@@ -49,6 +49,9 @@ type Config struct {
 	StallWindow        time.Duration // no answer byte this long with requests in flight: suspect; 0: off
 	StallProbeInterval time.Duration // probes of a suspected or stalled worker
 	MaxTokensCeiling   int64         // largest max_tokens passed on; 0: no ceiling
+	// Disaggregated serving (pd.go).
+	PDPrefillTimeout    time.Duration // the prefill leg's deadline; 0: TTFTTimeout
+	PDMinUncachedTokens int           // fewer uncached prompt tokens: decode worker alone; 0: always disaggregate
 
 	// Security and client limits.
 	APIKeys            []string      // client keys for /v1/*; none: no auth
@@ -116,8 +119,11 @@ func (c Config) validate() (Config, error) {
 	if c.StallWindow < 0 || c.MaxTokensCeiling < 0 || (c.StallWindow > 0 && c.StallProbeInterval <= 0) {
 		return c, fmt.Errorf("%w: stall window and token ceiling must not be negative, a stall probe interval must be positive", ErrConfig)
 	}
-	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 || c.MaxConnectionsPerIP < 0 {
-		return c, fmt.Errorf("%w: retries and in-flight caps must not be negative", ErrConfig)
+	if c.MaxRetries < 0 || c.MaxInflightPerWorker < 0 || c.MaxConnectionsPerIP < 0 || c.PDMinUncachedTokens < 0 || c.PDPrefillTimeout < 0 {
+		return c, fmt.Errorf("%w: retries, in-flight caps, the PD prefill timeout and min uncached tokens must not be negative", ErrConfig)
+	}
+	if c.PDPrefillTimeout == 0 {
+		c.PDPrefillTimeout = c.TTFTTimeout
 	}
 	c.BreakerMaxCool = max(c.BreakerMaxCool, c.BreakerCooldown)
 	if c.Now == nil {

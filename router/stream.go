@@ -216,6 +216,9 @@ func (rel *relay) errorEvent() []byte {
 	case !rel.firstByte:
 		code, msg = "upstream_error", "no worker produced the stream: "
 	}
+	if pm, ok := rel.pdStreamError(); ok {
+		return rel.dialect.errorEvent(rel.pump.buf[:0], pm, openai.TypeServer, "prefill_failed")
+	}
 	return rel.dialect.errorEvent(rel.pump.buf[:0], msg+rel.lastErr.Error(), openai.TypeServer, code)
 }
 

@@ -79,4 +79,12 @@
 // subscriber and one per replay client over a shared, locked event ring; the
 // scheduler only appends to the ring and never waits on a subscriber. Serve
 // owns every goroutine it starts and stops them when its context ends.
+//
+// PD roles (pd.go): --pd-role prefill|decode with --pd-protocol vllm-nixl,
+// vllm-mooncake, vllm-mori-read, vllm-mori-write, sglang-bootstrap or
+// atom-mooncake (or the facades'
+// --kv-transfer-config
+// and --disaggregation-mode): a prefill serves each request's KV over
+// transport TCP, a decode fetches and checksums it before decoding, and
+// fails with 500 when it cannot; --record-requests logs every body received.
 package sim

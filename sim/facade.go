@@ -57,8 +57,10 @@ import (
 // Not modelled: data parallelism inside one engine (SGLang --dp-size > 1 or
 // vLLM --data-parallel-size without --data-parallel-rank run as a single
 // rank; the requests per X-Data-Parallel-Rank received are counted in
-// /metrics), and disaggregated prefill/decode hand-off (the role flags are
-// accepted; every facade serves whole requests).
+// /metrics). Disaggregated roles (pd.go): vLLM's --kv-transfer-config with
+// the NixlConnector (kv_producer / kv_consumer) and SGLang's
+// --disaggregation-mode prefill|decode with --disaggregation-bootstrap-port
+// select the sim's PD role and protocol.
 
 // ErrFacadeArgs wraps an engine command line the facade cannot run.
 var ErrFacadeArgs = errors.New("bad engine arguments")
@@ -137,27 +139,29 @@ func vllmFlags() map[string]facadeFlag {
 		"tokenizer":              {argValue, setTokenizer},
 		"kv-events-config":       {argValue, setEventsConfig},
 		"data-parallel-rank":     {argValue, setDPRank},
+		"kv-transfer-config":     {argValue, setKVTransferConfig},
 		"dpn":                    {argValue, setDPRank},
 	}
 }
 
 func sglangFlags() map[string]facadeFlag {
 	return map[string]facadeFlag{
-		"model-path":           {argValue, setModel},
-		"model":                {argValue, setModel},
-		"served-model-name":    {argValue, setServed},
-		"host":                 {argValue, setHost},
-		"port":                 {argValue, setPort},
-		"page-size":            {argValue, setBlockSize},
-		"context-length":       {argValue, setMaxModelLen},
-		"max-running-requests": {argValue, setMaxSeqs},
-		"chunked-prefill-size": {argValue, setChunkedPrefill},
-		"random-seed":          {argValue, setSeed},
-		"tokenizer-path":       {argValue, setTokenizer},
-		"kv-events-config":     {argValue, setEventsConfig},
-		"dp-size":              {argValue, setDPSize},
-		"dp":                   {argValue, setDPSize},
-		"disaggregation-mode":  {argValue, setDisaggMode},
+		"model-path":                    {argValue, setModel},
+		"model":                         {argValue, setModel},
+		"served-model-name":             {argValue, setServed},
+		"host":                          {argValue, setHost},
+		"port":                          {argValue, setPort},
+		"page-size":                     {argValue, setBlockSize},
+		"context-length":                {argValue, setMaxModelLen},
+		"max-running-requests":          {argValue, setMaxSeqs},
+		"chunked-prefill-size":          {argValue, setChunkedPrefill},
+		"random-seed":                   {argValue, setSeed},
+		"tokenizer-path":                {argValue, setTokenizer},
+		"kv-events-config":              {argValue, setEventsConfig},
+		"dp-size":                       {argValue, setDPSize},
+		"dp":                            {argValue, setDPSize},
+		"disaggregation-mode":           {argValue, setDisaggMode},
+		"disaggregation-bootstrap-port": {argValue, setBootstrapPort},
 	}
 }
 
@@ -167,6 +171,7 @@ func atomFlags() map[string]facadeFlag {
 		"served-model-name":      {argValue, setServed},
 		"host":                   {argValue, setHost},
 		"server-port":            {argValue, setPort},
+		"kv-transfer-config":     {argValue, setATOMKVTransferConfig},
 		"block-size":             {argValue, setBlockSize},
 		"max-model-len":          {argValue, setMaxModelLen},
 		"max-num-seqs":           {argValue, setMaxSeqs},
@@ -564,13 +569,135 @@ func setDPSize(f *facade, v string) error {
 	return nil
 }
 
+// setDisaggMode: SGLang's --disaggregation-mode is the sim's PD role with
+// the sglang-bootstrap protocol; the prefill's bootstrap server is its KV
+// server, on --disaggregation-bootstrap-port (8998 by default).
 func setDisaggMode(f *facade, v string) error {
 	switch v {
-	case "null", "prefill", "decode":
-		if v != "null" {
-			f.ignored = append(f.ignored, "--disaggregation-mode "+v+" (served as a whole engine)")
+	case "null":
+		f.cfg.PDRole, f.cfg.PDProtocol = "", ""
+		return nil
+	case "prefill", "decode":
+		f.cfg.PDRole, f.cfg.PDProtocol = v, "sglang-bootstrap"
+		if v == "prefill" && !f.set["pd-kv-port"] && !f.explicit("pd-kv-port") {
+			f.cfg.PDKVPort = sglangBootstrapPort
 		}
 		return nil
 	}
 	return errors.New("want null, prefill or decode")
 }
+
+// sglangBootstrapPort is --disaggregation-bootstrap-port's default.
+const sglangBootstrapPort = 8998
+
+func setBootstrapPort(f *facade, v string) error {
+	if err := intFlag(&f.cfg.PDKVPort, f, "pd-kv-port", v); err != nil {
+		return err
+	}
+	if f.cfg.PDKVPort < 1 || f.cfg.PDKVPort > 65535 {
+		return errors.New("want a port 1-65535")
+	}
+	return nil
+}
+
+// setKVTransferConfig reads vLLM's --kv-transfer-config: kv_role
+// kv_producer / kv_consumer is the sim's prefill / decode role; the
+// NixlConnector is the vllm-nixl protocol, the MooncakeConnector
+// vllm-mooncake (others are not simulated and refused, so a test cannot
+// silently run decode-only); engine_id is handed off. The Nixl side
+// channel (the prefill's KV server) listens on VLLM_NIXL_SIDE_CHANNEL_PORT,
+// else on a free port (the hand-off carries the port, and one host runs
+// many simulated prefills); Mooncake's bootstrap server on
+// VLLM_MOONCAKE_BOOTSTRAP_PORT, 8998 by default, as the worker registers.
+func setKVTransferConfig(f *facade, v string) error {
+	obj, err := engargs.DecodeObject(v)
+	if err != nil {
+		return err
+	}
+	role, _ := obj["kv_role"].(string)
+	switch role {
+	case "", "kv_both":
+		f.cfg.PDRole, f.cfg.PDProtocol = "", ""
+		return nil
+	case "kv_producer":
+		f.cfg.PDRole = "prefill"
+	case "kv_consumer":
+		f.cfg.PDRole = "decode"
+	default:
+		return fmt.Errorf("kv_role %q: want kv_producer, kv_consumer or kv_both", role)
+	}
+	connector, _ := obj["kv_connector"].(string)
+	portEnv := ""
+	switch connector {
+	case "NixlConnector":
+		f.cfg.PDProtocol, portEnv = "vllm-nixl", "VLLM_NIXL_SIDE_CHANNEL_PORT"
+	case "MooncakeConnector":
+		f.cfg.PDProtocol, portEnv = "vllm-mooncake", "VLLM_MOONCAKE_BOOTSTRAP_PORT"
+		if f.cfg.PDRole == "prefill" && !f.explicit("pd-kv-port") {
+			f.cfg.PDKVPort = vllmMooncakeBootstrapPort
+		}
+	case "MoRIIOConnector":
+		extra, _ := obj["kv_connector_extra_config"].(map[string]any)
+		f.cfg.PDProtocol = "vllm-mori-write"
+		read, ok := boolValue(extra["read_mode"])
+		if !ok {
+			read, _ = boolValue(os.Getenv("VLLM_MORIIO_CONNECTOR_READ_MODE"))
+		}
+		if read {
+			f.cfg.PDProtocol = "vllm-mori-read"
+		}
+		// The prefill's KV server is its handshake port.
+		if hp, ok := intValue(extra["handshake_port"]); ok && f.cfg.PDRole == "prefill" && !f.explicit("pd-kv-port") {
+			f.cfg.PDKVPort = hp
+		}
+	default:
+		return fmt.Errorf("kv_connector %q: the simulator models NixlConnector, MooncakeConnector and MoRIIOConnector only", connector)
+	}
+	if id, ok := obj["engine_id"].(string); ok && id != "" {
+		f.cfg.PDEngineID = id
+	}
+	if p, ok := os.LookupEnv(portEnv); ok && p != "" && !f.explicit("pd-kv-port") {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%s %q: want a port", portEnv, p)
+		}
+		f.cfg.PDKVPort = n
+	}
+	return nil
+}
+
+// setATOMKVTransferConfig reads ATOM's --kv-transfer-config: kv_role as
+// vLLM's, the mooncake connector (the default) is atom-mooncake, and a
+// prefill's KV server listens on its handshake_port (6301 by default).
+func setATOMKVTransferConfig(f *facade, v string) error {
+	obj, err := engargs.DecodeObject(v)
+	if err != nil {
+		return err
+	}
+	role, _ := obj["kv_role"].(string)
+	switch role {
+	case "", "kv_both":
+		f.cfg.PDRole, f.cfg.PDProtocol = "", ""
+		return nil
+	case "kv_producer":
+		f.cfg.PDRole = "prefill"
+	case "kv_consumer":
+		f.cfg.PDRole = "decode"
+	default:
+		return fmt.Errorf("kv_role %q: want kv_producer, kv_consumer or kv_both", role)
+	}
+	if c, ok := obj["kv_connector"].(string); ok && c != "mooncake" {
+		return fmt.Errorf("kv_connector %q: the simulator models ATOM's mooncake connector only", c)
+	}
+	f.cfg.PDProtocol = "atom-mooncake"
+	if f.cfg.PDRole == "prefill" && !f.explicit("pd-kv-port") {
+		f.cfg.PDKVPort = 6301
+		if hp, ok := intValue(obj["handshake_port"]); ok {
+			f.cfg.PDKVPort = hp
+		}
+	}
+	return nil
+}
+
+// vllmMooncakeBootstrapPort is VLLM_MOONCAKE_BOOTSTRAP_PORT's default.
+const vllmMooncakeBootstrapPort = 8998

@@ -96,7 +96,7 @@ func TestApplyFacade(t *testing.T) {
 				"--kv-events-config", `{"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv"}`},
 			want: want{model: "meta-llama/Llama-3.1-8B-Instruct", host: "127.0.0.1", port: 30001, block: 16, maxLen: 8192,
 				kvBlocks: 4096, endpoint: "tcp://*:5557", topic: "kv", format: config.KVFormatSGLang},
-			ignored: []string{"--tp", "2", "--enable-metrics", "--enable-dp-attention", "--disaggregation-bootstrap-port", "8998"},
+			ignored: []string{"--tp", "2", "--enable-metrics", "--enable-dp-attention"},
 		},
 		{
 			name:   "sglang defaults: 1-token pages, no publisher means no events",

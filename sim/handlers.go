@@ -177,6 +177,22 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		s.modelNotFound(ctx, body, &r)
 		return
 	}
+	if s.reqLog != nil {
+		s.reqLog.record(ctx, s.cfg.PDRole, body)
+	}
+	var pdr pdRequest
+	if s.pd != nil {
+		var err error
+		if pdr, err = s.pd.classify(body, ctx.Request.Header.Peek("X-Request-Id")); err != nil {
+			s.log.Error().Err(err).Str("role", s.cfg.PDRole).Msg("pd request refused")
+			s.writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+			return
+		}
+		if pdr.serveKV {
+			// A prefill answers unary: the router drains its answer.
+			r.stream, r.hasStreamOpt, r.includeUsage = false, false, false
+		}
+	}
 	if r.hasStreamOpt && !r.stream {
 		s.writeError(ctx, fasthttp.StatusBadRequest, "Stream options can only be defined when `stream=True`.")
 		return
@@ -215,6 +231,10 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 	maxTokens := q.maxTokens
 	prepareSeq(q, s.cfg.BlockSize, s.seed, s.hf, body, r.stop)
 	q.stream = r.stream
+	if pdr.fetchKV && !s.fetchKV(ctx, q, &pdr) {
+		putSeq(q)
+		return
+	}
 
 	if s.cfg.HangBeforeFirstToken > 0 && s.draw() < s.cfg.HangBeforeFirstToken {
 		s.hang(ctx, q, r.stream)
@@ -247,6 +267,10 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 	if !s.sendTokens(q.completionTokens()) {
 		putChoices(q)
 		dropConn(ctx)
+		return
+	}
+	if pdr.serveKV && !s.serveKV(ctx, q, &pdr, chat) {
+		putChoices(q)
 		return
 	}
 	s.writeUnary(ctx, q, chat)
@@ -431,6 +455,16 @@ func appendUsage(b []byte, q *seq) []byte {
 	return append(b, "}}"...)
 }
 
+// appendKVParams closes a unary answer with its kv_transfer_params value
+// (null unless a PD prefill handed KV off) and the closing brace.
+func appendKVParams(b []byte, q *seq) []byte {
+	if q.kvParams == nil {
+		return append(b, "null}"...)
+	}
+	b = append(b, q.kvParams...)
+	return append(b, '}')
+}
+
 // writeUnary writes a finished sequence as one chat.completion or
 // text_completion object.
 func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
@@ -476,15 +510,18 @@ func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
 	case chat && len(q.tool) > 0:
 		b = append(b, `],"usage":`...)
 		b = appendUsage(b, q)
-		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":null}`...)
+		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":`...)
+		b = appendKVParams(b, q)
 	case chat:
 		b = append(b, `],"service_tier":null,"system_fingerprint":null,"usage":`...)
 		b = appendUsage(b, q)
-		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":null}`...)
+		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":`...)
+		b = appendKVParams(b, q)
 	default:
 		b = append(b, `],"service_tier":null,"system_fingerprint":null,"usage":`...)
 		b = appendUsage(b, q)
-		b = append(b, `,"kv_transfer_params":null}`...)
+		b = append(b, `,"kv_transfer_params":`...)
+		b = appendKVParams(b, q)
 	}
 	ctx.SetContentType(contentJSON)
 	ctx.SetBody(b)

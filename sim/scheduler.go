@@ -29,6 +29,12 @@ type seq struct {
 	promptLen int
 	maxTokens int
 	stream    bool // wake the handler per token, not only at the end
+	// remote: the prompt's KV came from a prefill (PD decode, pd.go); it
+	// is loaded, not computed, so it costs no prefill time.
+	remote bool
+	// kvParams is the kv_transfer_params of the answer (a vLLM prefill's
+	// hand-off); nil: null.
+	kvParams []byte
 
 	// Scheduler-owned.
 	blocks    []int32
@@ -85,6 +91,7 @@ func getSeq() *seq {
 	q.tokens, q.hashes, q.blocks, q.outEnds = q.tokens[:0], q.hashes[:0], q.blocks[:0], q.outEnds[:0]
 	q.promptLen, q.maxTokens, q.stream = 0, 0, false
 	q.tool, q.visible, q.stopRaw = q.tool[:0], -1, q.stopRaw[:0]
+	q.remote, q.kvParams = false, nil
 	q.computed, q.committed, q.reserve, q.gen = 0, 0, 0, 0
 	q.stepFill, q.stepDec, q.queued, q.running = 0, false, false, false
 	q.generated.Store(0)
@@ -549,7 +556,7 @@ func (sc *scheduler) runInstant(q *seq) {
 // order, all within the step's token budget.
 func (sc *scheduler) plan() (time.Duration, bool) {
 	budget := sc.maxBatched
-	decodes, prefill := 0, 0
+	decodes, prefill, loaded := 0, 0, 0
 	for _, q := range sc.running {
 		q.stepFill, q.stepDec = 0, false
 		if q.gen > 0 && budget > 0 {
@@ -562,12 +569,18 @@ func (sc *scheduler) plan() (time.Duration, bool) {
 		if q.gen > 0 || budget == 0 {
 			continue
 		}
+		if q.remote {
+			// Loaded from the prefill's transfer: no compute, no budget.
+			q.stepFill = q.promptLen - q.computed
+			loaded++
+			continue
+		}
 		n := min(q.promptLen-q.computed, budget)
 		q.stepFill = n
 		budget -= n
 		prefill += n
 	}
-	return sc.timing.step(prefill, decodes), decodes+prefill > 0
+	return sc.timing.step(prefill, decodes), decodes+prefill+loaded > 0
 }
 
 // apply makes the planned step's results visible. Sequences aborted during

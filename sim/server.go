@@ -92,6 +92,12 @@ type Server struct {
 	tokensOK atomic.Int64             // tokens sent to clients, for --die-after-tokens
 	dead     atomic.Bool              // --die-after-tokens reached
 	dpRanks  [maxDPRanks]atomic.Int64 // requests per X-Data-Parallel-Rank
+
+	// PD roles (pd.go): pd is set by Serve before it accepts; pdp
+	// publishes it to PDKVAddr. reqLog is --record-requests.
+	pd     *pdSide
+	pdp    atomic.Pointer[pdSide]
+	reqLog *requestLog
 }
 
 // New builds a sim server from a validated configuration.
@@ -237,6 +243,27 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}
 		s.sockets.Store(sockets)
 	}
+	pd, err := s.startPD()
+	if err != nil {
+		_ = ln.Close()
+		if sockets != nil {
+			sockets.close()
+		}
+		return err
+	}
+	if pd != nil {
+		s.pd = pd
+		s.pdp.Store(pd)
+		defer pd.close()
+	}
+	if s.reqLog, err = openRequestLog(s.cfg.RecordRequests); err != nil {
+		_ = ln.Close()
+		if sockets != nil {
+			sockets.close()
+		}
+		return err
+	}
+	defer s.reqLog.close()
 	addr := ln.Addr().String()
 	s.addr.Store(&addr)
 	s.readyAt.Store(time.Now().Add(s.cfg.SlowStart).UnixNano())
@@ -254,6 +281,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	ev := s.log.Info().Str("addr", addr).Str("model", s.name).
 		Int("block_size", s.cfg.BlockSize).Int("kv_blocks", s.cfg.KVBlocks).
 		Float64("time_scale", s.cfg.TimeScale).Str("tokenizer", s.cfg.Tokenizer)
+	if pd != nil {
+		ev = ev.Str("pd_role", pd.role).Str("pd_protocol", pd.protocol)
+		if pd.port != 0 {
+			ev = ev.Str("pd_kv_addr", net.JoinHostPort(pd.host, strconv.Itoa(pd.port)))
+		}
+	}
 	if sockets != nil {
 		ev = ev.Str("kv_events_endpoint", sockets.endpoint()).Str("kv_events_format", s.cfg.KVEventsFormat)
 		if r := sockets.replayEndpoint(); r != "" {
@@ -264,7 +297,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 
 	close(s.readyCh)
 
-	var err error
+	err = nil
 	served := false
 	select {
 	case <-ctx.Done():

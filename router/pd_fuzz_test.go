@@ -1,0 +1,62 @@
+package router
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/jsonx"
+)
+
+// FuzzPDBodies: every protocol's leg bodies, from any client body and any
+// prefill hand-off, are valid JSON objects carrying the protocol's fields,
+// or an error; nothing panics.
+func FuzzPDBodies(f *testing.F) {
+	f.Add([]byte(`{"model":"m","max_tokens":5,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`), []byte(`{"remote_engine_id":"e","remote_block_ids":[1,2]}`), uint64(12345))
+	f.Add([]byte(`{"model":"m","max_completion_tokens":1,"max_tokens":-3,"prompt":"x","kv_transfer_params":{"a":1}}`), []byte(`null`), uint64(1<<62))
+	f.Add([]byte(`{"max_tokens":1e3}`), []byte(`{}`), uint64(0))
+	f.Add([]byte(`[1,2]`), []byte(`{`), uint64(7))
+	f.Add([]byte(`{"model":"m","prompt":"p"}`), []byte(`{"transfer_id":"t","dp_rank":2,"tp_size":4}`), uint64(9))
+	prefill := &discovery.Record{WorkerID: "p:1", DisaggMeta: discovery.DisaggMeta{Params: map[string]any{
+		"bootstrap_addr": "[::1]:8998", "engine_id": "eid", "host": "10.0.0.1", "http_port": 8000.0, "handshake_port": 6301.0, "tp_size": 2.0,
+		"kv_connector_extra_config": map[string]any{"handshake_port": 7000.0, "notify_port": 7001.0},
+	}}}
+	f.Fuzz(func(t *testing.T, body, handoff []byte, room uint64) {
+		if topLevelField(body, "kv_transfer_params") == nil && topLevelField(body, "x") != nil {
+			t.Skip()
+		}
+		l := pdLegs{body: body, prefill: prefill, decode: prefill, room: room >> 1, prefillDPSize: 3, prefillDPRank: int(room % 3),
+			prefillHost: "10.0.0.1", decodeHost: "10.0.0.2"}
+		l.hasMaxComplete = topLevelField(body, "max_completion_tokens") != nil
+		for name, proto := range pdProtocols {
+			if proto.prepare != nil {
+				if err := proto.prepare(&l); err != nil {
+					t.Fatalf("%s prepare: %v", name, err)
+				}
+			}
+			for leg, shape := range map[string]func() ([]byte, error){
+				"prefill": func() ([]byte, error) { return proto.prefillBody(&l) },
+				"decode":  func() ([]byte, error) { return proto.decodeBody(&l, handoff) },
+			} {
+				out, err := shape()
+				if err != nil {
+					continue
+				}
+				if jsonx.Valid(out, maxEditDepth) != nil {
+					t.Fatalf("%s %s body %q is not valid JSON (from %q)", name, leg, out, body)
+				}
+				var m map[string]json.RawMessage
+				if err := json.Unmarshal(out, &m); err != nil {
+					t.Fatalf("%s %s body %q: %v", name, leg, out, err)
+				}
+				want := "kv_transfer_params"
+				if name == discovery.ProtocolSGLangBootstrap {
+					want = "bootstrap_room"
+				}
+				if _, ok := m[want]; !ok {
+					t.Fatalf("%s %s body %q has no %s", name, leg, out, want)
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,436 @@
+package router
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/jsonx"
+)
+
+// The PD protocols of DESIGN §6 as the router speaks them: how each leg's
+// body is shaped for the engines' KV connectors (the exact shapes are in
+// shared/protocols/pd.md) and whether the legs run at once or one after
+// the other.
+
+// pdTopology says how the two legs of a protocol run.
+type pdTopology uint8
+
+const (
+	// pdConcurrent: both legs are sent at once; the client reads decode,
+	// the prefill answer is drained and discarded. The engines pair up
+	// on their own (bootstrap room, transfer id).
+	pdConcurrent pdTopology = iota
+	// pdSerial: the prefill runs first; its JSON answer carries the
+	// hand-off (kv_transfer_params) the decode leg gets.
+	pdSerial
+)
+
+// pdLegs is what a protocol needs to shape one request's two bodies.
+type pdLegs struct {
+	body           []byte            // the client's body (or the dialect's translation)
+	prefill        *discovery.Record // the picked workers' records
+	decode         *discovery.Record
+	room           uint64 // bootstrap room / transfer id, DP-aligned
+	prefillDPRank  int    // the prefill DP rank the room is aligned to
+	prefillDPSize  int
+	hasMaxComplete bool // the body has max_completion_tokens
+	// requestID is the X-Request-Id both legs get instead of the
+	// request's own ("": keep it); MoRIIO forges one naming both peers.
+	requestID string
+	// transferID is the transfer id both legs share (MoRIIO).
+	transferID string
+	// prefillHost and decodeHost are the workers' URL hosts.
+	prefillHost, decodeHost string
+}
+
+// pdProtocol shapes the legs of one protocol.
+type pdProtocol struct {
+	name     string
+	topology pdTopology
+	// prefillBody returns the prefill leg's body.
+	prefillBody func(l *pdLegs) ([]byte, error)
+	// decodeBody returns the decode leg's body; handoff is the prefill
+	// answer's kv_transfer_params (raw JSON) of a serial protocol.
+	decodeBody func(l *pdLegs, handoff []byte) ([]byte, error)
+	// prepare, when set, fills the legs' request id and transfer id
+	// before the bodies are shaped.
+	prepare func(l *pdLegs) error
+}
+
+// pdProtocols are the protocols built so far, by disagg_meta.protocol.
+var pdProtocols = map[string]*pdProtocol{
+	discovery.ProtocolVLLMNixl:        {name: discovery.ProtocolVLLMNixl, topology: pdSerial, prefillBody: nixlPrefill, decodeBody: nixlDecode},
+	discovery.ProtocolSGLangBootstrap: {name: discovery.ProtocolSGLangBootstrap, topology: pdConcurrent, prefillBody: sglangPrefill, decodeBody: sglangDecode},
+	discovery.ProtocolVLLMMooncake:    {name: discovery.ProtocolVLLMMooncake, topology: pdConcurrent, prefillBody: mooncakePrefill, decodeBody: mooncakeDecode},
+	discovery.ProtocolATOMMooncake:    {name: discovery.ProtocolATOMMooncake, topology: pdSerial, prefillBody: atomPrefill, decodeBody: atomDecode},
+	discovery.ProtocolVLLMMoriRead:    {name: discovery.ProtocolVLLMMoriRead, topology: pdSerial, prefillBody: moriPrefill, decodeBody: moriReadDecode, prepare: moriPrepareRead},
+	discovery.ProtocolVLLMMoriWrite:   {name: discovery.ProtocolVLLMMoriWrite, topology: pdConcurrent, prefillBody: moriPrefill, decodeBody: moriWriteDecode, prepare: moriPrepareWrite},
+}
+
+// pdSupported lists the protocols built, for error messages.
+const pdSupported = discovery.ProtocolVLLMNixl + ", " + discovery.ProtocolSGLangBootstrap + ", " + discovery.ProtocolVLLMMooncake + ", " +
+	discovery.ProtocolATOMMooncake + ", " + discovery.ProtocolVLLMMoriRead + ", " + discovery.ProtocolVLLMMoriWrite
+
+// Sentinel errors of the PD path.
+var (
+	// ErrPDProtocol: the legs' protocols are missing, differ or are not
+	// built; the request is refused (500) before any leg is sent.
+	ErrPDProtocol = errors.New("protocol resolution failed")
+	// ErrPDHandoff: a serial prefill answered without the hand-off the
+	// decode leg needs (502).
+	ErrPDHandoff = errors.New("prefill answer has no kv_transfer_params")
+	// ErrPDMeta: a worker's disagg_meta lacks a parameter its protocol
+	// needs (500: a registration mistake, not a transient fault).
+	ErrPDMeta = errors.New("disagg_meta incomplete")
+)
+
+// resolvePDProtocol returns the protocol both workers speak.
+func resolvePDProtocol(p, d *Worker) (*pdProtocol, error) {
+	pp, dp := p.Record().DisaggMeta.Protocol, d.Record().DisaggMeta.Protocol
+	switch {
+	case pp == "" || dp == "" || pp != dp:
+		return nil, fmt.Errorf("%w: prefill worker %s speaks %q, decode worker %s speaks %q", ErrPDProtocol, p.id, pp, d.id, dp)
+	}
+	proto := pdProtocols[pp]
+	if proto == nil {
+		return nil, fmt.Errorf("%w: protocol %q of prefill worker %s and decode worker %s is not supported by this router (supported: %s)",
+			ErrPDProtocol, pp, p.id, d.id, pdSupported)
+	}
+	return proto, nil
+}
+
+// maxEditDepth bounds the JSON nesting the body editor accepts.
+const maxEditDepth = 64
+
+// setFields applies kv pairs of top-level edits in order; a nil value
+// deletes the key.
+func setFields(body []byte, kv ...any) ([]byte, error) {
+	cur := body
+	for i := 0; i+1 < len(kv); i += 2 {
+		key := kv[i].(string)
+		var err error
+		var next []byte
+		switch v := kv[i+1].(type) {
+		case nil:
+			next, err = jsonx.DeleteField(nil, cur, key, maxEditDepth)
+		case []byte:
+			next, err = jsonx.SetField(nil, cur, key, v, maxEditDepth)
+		case string:
+			next, err = jsonx.SetField(nil, cur, key, []byte(v), maxEditDepth)
+		default:
+			panic("setFields: value of " + key)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("edit %s: %w", key, err)
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+// vllmPrefillBody is vLLM's single-token prefill body: max_tokens 1,
+// stream false, no stream_options, max_completion_tokens 1 if present.
+func vllmPrefillBody(l *pdLegs, kvParams string) ([]byte, error) {
+	kv := []any{"max_tokens", "1", "stream", "false", "stream_options", nil}
+	if l.hasMaxComplete {
+		kv = append(kv, "max_completion_tokens", "1")
+	}
+	kv = append(kv, "kv_transfer_params", kvParams)
+	return setFields(l.body, kv...)
+}
+
+const nixlPrefillParams = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
+
+func nixlPrefill(l *pdLegs) ([]byte, error) { return vllmPrefillBody(l, nixlPrefillParams) }
+
+// nixlDecode: the client's body (max_tokens as sent) plus the prefill's
+// kv_transfer_params verbatim.
+func nixlDecode(l *pdLegs, handoff []byte) ([]byte, error) {
+	if len(handoff) == 0 || handoff[0] != '{' || jsonx.Valid(handoff, maxEditDepth) != nil {
+		return nil, ErrPDHandoff
+	}
+	return setFields(l.body, "kv_transfer_params", handoff)
+}
+
+// mooncakeTransferID is "xfer-" + the room as 32 lowercase hex digits.
+func mooncakeTransferID(room uint64) string { return fmt.Sprintf("xfer-%032x", room) }
+
+func mooncakePrefill(l *pdLegs) ([]byte, error) {
+	kv := `{"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":"` + mooncakeTransferID(l.room) + `"}`
+	return vllmPrefillBody(l, kv)
+}
+
+// mooncakeDecode: the body with max_tokens (and max_completion_tokens)
+// decremented, and the prefill's bootstrap address, engine id (with the
+// prefill's DP rank when it has several) and the shared transfer id.
+func mooncakeDecode(l *pdLegs, _ []byte) ([]byte, error) {
+	params := l.prefill.DisaggMeta.Params
+	addr, _ := params["bootstrap_addr"].(string)
+	engineID, _ := params["engine_id"].(string)
+	if addr == "" || engineID == "" {
+		return nil, fmt.Errorf("%w: prefill worker %s needs params.bootstrap_addr and params.engine_id for %s", ErrPDMeta, l.prefill.WorkerID, discovery.ProtocolVLLMMooncake)
+	}
+	if l.prefillDPSize > 1 {
+		engineID += "_dp" + strconv.Itoa(l.prefillDPRank)
+	}
+	body, err := decrementTokens(l.body)
+	if err != nil {
+		return nil, err
+	}
+	kv := `{"do_remote_decode":false,"do_remote_prefill":true,"remote_bootstrap_addr":` + string(jsonx.AppendQuoted(nil, addr)) +
+		`,"remote_engine_id":` + string(jsonx.AppendQuoted(nil, engineID)) + `,"transfer_id":"` + mooncakeTransferID(l.room) + `"}`
+	return setFields(body, "kv_transfer_params", kv)
+}
+
+// decrementTokens lowers integer max_tokens and max_completion_tokens by
+// one (at least 1): the prefill leg produced the first token.
+func decrementTokens(body []byte) ([]byte, error) {
+	for _, key := range []string{"max_tokens", "max_completion_tokens"} {
+		v := topLevelField(body, key)
+		n, ok := jsonx.ParseInt(v)
+		if v == nil || !ok {
+			continue
+		}
+		var err error
+		if body, err = setFields(body, key, strconv.FormatInt(max(1, n-1), 10)); err != nil {
+			return nil, err
+		}
+	}
+	return body, nil
+}
+
+// intParam renders an integer parameter of a record's disagg_meta (JSON
+// numbers decode as float64), def when absent.
+func intParam(rec *discovery.Record, key string, def int) string {
+	switch v := rec.DisaggMeta.Params[key].(type) {
+	case float64:
+		return strconv.FormatInt(int64(v), 10)
+	case int:
+		return strconv.Itoa(v)
+	case json.Number:
+		return v.String()
+	}
+	return strconv.Itoa(def)
+}
+
+// atomPrefill: ATOM's single-token prefill, told where the decode is.
+func atomPrefill(l *pdLegs) ([]byte, error) {
+	d := l.decode
+	host, _ := d.DisaggMeta.Params["host"].(string)
+	if host == "" {
+		return nil, fmt.Errorf("%w: decode worker %s needs params.host for %s", ErrPDMeta, d.WorkerID, discovery.ProtocolATOMMooncake)
+	}
+	kv := `{"remote_dp_size":` + intParam(d, "dp_size", 1) + `,"remote_tp_size":` + intParam(d, "tp_size", 1) +
+		`,"do_remote_decode":true,"do_remote_prefill":false,"remote_handshake_port":` + intParam(d, "handshake_port", 6301) +
+		`,"remote_engine_id":null,"remote_block_ids":null,"remote_host":` + string(jsonx.AppendQuoted(nil, host)) +
+		`,"remote_port":` + intParam(d, "http_port", 0) + `}`
+	return vllmPrefillBody(l, kv)
+}
+
+// atomDecode: the client's body unchanged (ATOM re-predicts the first
+// token) with the prefill's hand-off plus the prefill's DP and TP sizes.
+func atomDecode(l *pdLegs, handoff []byte) ([]byte, error) {
+	if len(handoff) == 0 || handoff[0] != '{' || jsonx.Valid(handoff, maxEditDepth) != nil || topLevelField(handoff, "transfer_id") == nil {
+		return nil, fmt.Errorf("%w (or it has no transfer_id)", ErrPDHandoff)
+	}
+	p := l.prefill
+	tp := intParam(p, "tp_size", 1)
+	kv, err := setFields(handoff, "remote_dp_size", intParam(p, "dp_size", 1), "remote_tp_size", tp)
+	if err != nil {
+		return nil, err
+	}
+	if topLevelField(kv, "tp_size") == nil {
+		if kv, err = setFields(kv, "tp_size", tp); err != nil {
+			return nil, err
+		}
+	}
+	if r := topLevelField(handoff, "dp_rank"); r != nil {
+		if _, ok := jsonx.ParseInt(r); ok {
+			if kv, err = setFields(kv, "remote_dp_rank", r); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return setFields(l.body, "kv_transfer_params", kv)
+}
+
+// moriPorts returns a MoRIIO worker's handshake and notify ports and TP
+// size from params.kv_connector_extra_config.
+func moriPorts(rec *discovery.Record) (hp, np string, tp string, err error) {
+	extra, _ := rec.DisaggMeta.Params["kv_connector_extra_config"].(map[string]any)
+	sub := &discovery.Record{DisaggMeta: discovery.DisaggMeta{Params: extra}}
+	if extra["handshake_port"] == nil || extra["notify_port"] == nil {
+		return "", "", "", fmt.Errorf("%w: worker %s needs kv_connector_extra_config.handshake_port and notify_port for MoRIIO", ErrPDMeta, rec.WorkerID)
+	}
+	return intParam(sub, "handshake_port", 0), intParam(sub, "notify_port", 0), intParam(sub, "tp_size", 1), nil
+}
+
+// moriRequestID forges the X-Request-Id vLLM's MoRIIO connector parses
+// both peers' addresses from.
+func moriRequestID(l *pdLegs) (string, error) {
+	php, pnp, _, err := moriPorts(l.prefill)
+	if err != nil {
+		return "", err
+	}
+	dhp, dnp, _, err := moriPorts(l.decode)
+	if err != nil {
+		return "", err
+	}
+	u := uuid4()
+	return "___prefill_addr_host:" + l.prefillHost + ",handshake:" + php + ",notify:" + pnp +
+		"___decode_addr_host:" + l.decodeHost + ",handshake:" + dhp + ",notify:" + dnp + "_" + strings.ReplaceAll(u, "-", ""), nil
+}
+
+// uuid4 returns a random (version 4) UUID in its canonical dashed form.
+func uuid4() string {
+	var b [16]byte
+	for i := 0; i < 16; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], rand.Uint64())
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+func moriPrepareRead(l *pdLegs) error {
+	id, err := moriRequestID(l)
+	l.requestID, l.transferID = id, "tx-"+uuid4()
+	return err
+}
+
+func moriPrepareWrite(l *pdLegs) error {
+	id, err := moriRequestID(l)
+	l.requestID, l.transferID = id, fmt.Sprintf("tx-%032x", l.room)
+	return err
+}
+
+// moriPrefill: single-token body told the decode's DP and TP sizes.
+func moriPrefill(l *pdLegs) ([]byte, error) {
+	_, _, dtp, err := moriPorts(l.decode)
+	if err != nil {
+		return nil, err
+	}
+	kv := `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"transfer_id":"` + l.transferID +
+		`","remote_dp_size":` + strconv.Itoa(l.decode.EffectiveDPSize()) + `,"tp_size":` + dtp + `,"remote_tp_size":` + dtp + `}`
+	return vllmPrefillBody(l, kv)
+}
+
+// moriDecode: the decremented body with the decode's kv_transfer_params;
+// engineID and blockIDs are raw JSON (null in write mode).
+func moriDecode(l *pdLegs, transferID, engineID, blockIDs []byte) ([]byte, error) {
+	_, _, ptp, err := moriPorts(l.prefill)
+	if err != nil {
+		return nil, err
+	}
+	body, err := decrementTokens(l.body)
+	if err != nil {
+		return nil, err
+	}
+	kv := `{"do_remote_decode":false,"do_remote_prefill":true,"transfer_id":` + string(transferID) + `,"remote_engine_id":` + string(engineID) +
+		`,"remote_block_ids":` + string(blockIDs) + `,"remote_dp_size":` + strconv.Itoa(l.prefill.EffectiveDPSize()) + `,"tp_size":` + ptp + `,"remote_tp_size":` + ptp + `}`
+	return setFields(body, "kv_transfer_params", kv)
+}
+
+func moriWriteDecode(l *pdLegs, _ []byte) ([]byte, error) {
+	return moriDecode(l, jsonx.AppendQuoted(nil, l.transferID), []byte("null"), []byte("null"))
+}
+
+// moriReadDecode copies transfer_id, remote_engine_id and
+// remote_block_ids from the prefill's hand-off.
+func moriReadDecode(l *pdLegs, handoff []byte) ([]byte, error) {
+	if len(handoff) == 0 || handoff[0] != '{' || jsonx.Valid(handoff, maxEditDepth) != nil {
+		return nil, ErrPDHandoff
+	}
+	field := func(k string) []byte {
+		if v := topLevelField(handoff, k); v != nil {
+			return v
+		}
+		return []byte("null")
+	}
+	tid := topLevelField(handoff, "transfer_id")
+	if tid == nil {
+		tid = jsonx.AppendQuoted(nil, l.transferID)
+	}
+	return moriDecode(l, tid, field("remote_engine_id"), field("remote_block_ids"))
+}
+
+// sglangBootstrap returns the prefill's bootstrap host and port from its
+// disagg_meta params.bootstrap_addr ("host:port", split at the last ':').
+func sglangBootstrap(rec *discovery.Record) (string, int, error) {
+	addr, _ := rec.DisaggMeta.Params["bootstrap_addr"].(string)
+	i := strings.LastIndexByte(addr, ':')
+	if i <= 0 {
+		return "", 0, fmt.Errorf("%w: prefill worker %s has no params.bootstrap_addr host:port (got %q)", ErrPDMeta, rec.WorkerID, addr)
+	}
+	port, err := strconv.Atoi(addr[i+1:])
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, fmt.Errorf("%w: prefill worker %s bootstrap_addr %q: bad port", ErrPDMeta, rec.WorkerID, addr)
+	}
+	host := strings.TrimSuffix(strings.TrimPrefix(addr[:i], "["), "]")
+	return host, port, nil
+}
+
+func sglangBody(l *pdLegs, decode bool) ([]byte, error) {
+	host, port, err := sglangBootstrap(l.prefill)
+	if err != nil {
+		return nil, err
+	}
+	kv := []any{
+		"bootstrap_host", string(jsonx.AppendQuoted(nil, host)),
+		"bootstrap_port", strconv.Itoa(port),
+		"bootstrap_room", strconv.FormatUint(l.room, 10),
+	}
+	if decode && l.prefillDPSize > 1 {
+		kv = append(kv, "disagg_prefill_dp_rank", strconv.Itoa(l.prefillDPRank))
+	}
+	return setFields(l.body, kv...)
+}
+
+func sglangPrefill(l *pdLegs) ([]byte, error) { return sglangBody(l, false) }
+
+func sglangDecode(l *pdLegs, _ []byte) ([]byte, error) { return sglangBody(l, true) }
+
+// alignRoom returns room moved to the residue class rank mod dpSize
+// (room % dpSize == rank), staying below 2^63.
+func alignRoom(room uint64, rank, dpSize int) uint64 {
+	if dpSize <= 1 {
+		return room
+	}
+	n := uint64(dpSize)
+	room -= room % n
+	room += uint64(rank)
+	if room >= 1<<63 {
+		room -= n
+	}
+	return room
+}
+
+// topLevelField returns the raw value of body's top-level member key
+// (nil when absent or body is not an object).
+func topLevelField(body []byte, key string) []byte {
+	s := jsonx.Scanner{B: body, MaxDepth: maxEditDepth}
+	s.SkipWS()
+	var val []byte
+	err := s.Object(func(ks, ke int, kesc bool) error {
+		start := jsonx.SkipSpace(s.B, s.I)
+		if err := s.Value(); err != nil {
+			return err
+		}
+		if val == nil && jsonx.Equal(body[ks:ke], kesc, key) {
+			val = body[start:s.I]
+		}
+		return nil
+	})
+	if err != nil {
+		return nil
+	}
+	return val
+}
