@@ -35,7 +35,7 @@ type metrics struct {
 	disconnects  prometheus.Counter
 	breakerTrips *prometheus.CounterVec
 	stalls       *prometheus.CounterVec // confirmed stalls by worker
-	pd           *pdMetrics // disaggregated serving (pdmetrics.go)
+	pd           *pdMetrics             // disaggregated serving (pdmetrics.go)
 }
 
 // failReason says why an attempt on a worker failed.
