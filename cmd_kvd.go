@@ -16,6 +16,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvd"
+	"github.com/infera/infera/kvd/resp"
 	"github.com/infera/infera/kvd/tablespace"
 )
 
@@ -104,7 +105,28 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		admin = &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { adminDone <- admin.Serve(aln) }()
 	}
-	log.Info().Str("socket", cfg.Socket).Str("admin", adminAddr).Str("server_id", srv.ID()).Int64("max_bytes", cfg.MaxBytes).Msg("kvd serving")
+	respDone := make(chan error, 1)
+	respAddr := ""
+	if cfg.RESPListen != "" {
+		rs, err := resp.NewServer(store, resp.Options{Model: cfg.RESPModel, CompatKey: cfg.RESPCompatKey, Retention: cfg.RESPRetention,
+			User: cfg.RESPUser, Password: cfg.RESPPassword, MaxRequestBytes: int(cfg.MaxFrameBytes), Log: log.With().Str("listener", "resp").Logger()})
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		rln, err := net.Listen("tcp", cfg.RESPListen)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("kvd resp listen: %w", err)
+		}
+		respAddr = rln.Addr().String()
+		rctx, rcancel := context.WithCancel(ctx)
+		defer func() { rcancel(); <-respDone }()
+		go func() { respDone <- rs.Serve(rctx, rln) }()
+	} else {
+		respDone <- nil
+	}
+	log.Info().Str("socket", cfg.Socket).Str("admin", adminAddr).Str("resp", respAddr).Str("server_id", srv.ID()).Int64("max_bytes", cfg.MaxBytes).Msg("kvd serving")
 	if ready != nil {
 		ready <- adminAddr
 	}
