@@ -11,11 +11,13 @@ import (
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v2"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvd"
+	"github.com/infera/infera/kvd/l4"
 	"github.com/infera/infera/kvd/resp"
 	"github.com/infera/infera/kvd/tablespace"
 )
@@ -81,12 +83,26 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		}()
 		opt.Long, opt.LongNotFound = ts, tablespace.ErrNotFound
 	}
+	var collectors []prometheus.Collector
+	if len(cfg.L4Redis) > 0 {
+		tier, err := l4.Open(l4.Options{URLs: cfg.L4Redis, Prefix: cfg.L4Prefix, TTL: cfg.L4TTL, Queue: cfg.L4Queue, Timeout: cfg.L4Timeout,
+			Below: opt.Long, BelowNotFound: opt.LongNotFound, Log: log.With().Str("tier", "l4").Logger()})
+		if err != nil {
+			return fmt.Errorf("kvd l4: %w", err)
+		}
+		// Deferred before the store's Close, so it runs after it (and
+		// before the tablespace's): the store's last write-throughs reach
+		// the tier's queue, which is written before Redis is left.
+		defer tier.Close()
+		opt.Long, opt.LongNotFound = tier, l4.ErrNotFound
+		collectors = append(collectors, tier.Collector())
+	}
 	store, err := kvd.NewStore(opt)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), Log: log})
+	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), Log: log, Collectors: collectors})
 	ln, err := kvd.Listen(cfg.Socket)
 	if err != nil {
 		return err
