@@ -103,6 +103,7 @@ func Open(opt Options) (*Tier, error) {
 	if opt.Timeout <= 0 {
 		opt.Timeout = 50 * time.Millisecond
 	}
+	setLogger.Do(func() { redis.SetLogger(quietLogger{}) })
 	first, err := redis.ParseURL(opt.URLs[0])
 	if err != nil {
 		return nil, fmt.Errorf("l4 url %q: %w", opt.URLs[0], errors.Join(ErrConfig, err))
@@ -468,3 +469,11 @@ func (t *Tier) Stats() Stats {
 
 // Up reports whether Redis answered last time it was asked.
 func (t *Tier) Up() bool { return t.up.Load() }
+
+// quietLogger replaces go-redis's own stderr logging (one line per failed
+// dial during an outage); the tier logs the outage once itself.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+var setLogger sync.Once

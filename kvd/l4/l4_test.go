@@ -12,7 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/infera/infera/kvd"
-	"github.com/infera/infera/kvd/internal/redistest"
+	"github.com/infera/infera/internal/redistest"
 	"github.com/infera/infera/kvd/tablespace"
 )
 

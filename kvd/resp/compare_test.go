@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/infera/infera/kvd/internal/redistest"
+	"github.com/infera/infera/internal/redistest"
 )
 
 // step is one request of a session replayed against both servers.
