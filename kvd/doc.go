@@ -24,7 +24,13 @@
 //     undecodable frame closing only its own connection; Prometheus metrics
 //     (AdminHandler);
 //   - the client (Client), used by tests and `infera kvd stat` (and meant
-//     for the router's prewarm).
+//     for the router's prewarm);
+//   - the entry points of the listeners and tiers in its subpackages
+//     (tiers.go: Store.Delete across RAM and L3, Store.AppendHit for a
+//     copy checked against a concurrent rewrite, SplitComposite): the RESP
+//     listener is kvd/resp, the Redis/Valkey L4 tier (a LongStore over
+//     the tablespace) is kvd/l4, and ServerOptions.Collectors puts their
+//     metrics on /metrics.
 //
 // Concurrency: a Store is safe for concurrent use; one mutex guards its
 // index, allocator and counters; large values are copied into a slot the

@@ -11,8 +11,8 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/infera/infera/kvd"
 	"github.com/infera/infera/internal/redistest"
+	"github.com/infera/infera/kvd"
 	"github.com/infera/infera/kvd/tablespace"
 )
 
