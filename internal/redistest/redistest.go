@@ -118,3 +118,35 @@ func (s *Server) Restart() {
 
 // URL is the server's redis:// URL.
 func (s *Server) URL() string { return fmt.Sprintf("redis://%s", s.Addr) }
+
+// StartCluster runs n cluster-enabled redis-servers and joins them into
+// one cluster without replicas (redis-cli --cluster create), waiting
+// until every node reports cluster_state:ok.
+func StartCluster(t testing.TB, n int) []*Server {
+	t.Helper()
+	nodes := make([]*Server, n)
+	args := []string{"--cluster", "create"}
+	for i := range nodes {
+		dir := t.TempDir()
+		nodes[i] = Start(t, "--cluster-enabled", "yes", "--cluster-config-file", dir+"/nodes.conf", "--cluster-node-timeout", "2000")
+		args = append(args, nodes[i].Addr)
+	}
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range nodes {
+		for {
+			out, _ := exec.Command("redis-cli", "-h", "127.0.0.1", "-p", strconv.Itoa(s.Port), "CLUSTER", "INFO").Output()
+			if strings.Contains(string(out), "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster not ok on %s: %s", s.Addr, out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nodes
+}

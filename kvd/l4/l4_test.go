@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -231,5 +232,46 @@ func TestOpenErrors(t *testing.T) {
 	}
 	if _, err := Open(Options{URLs: []string{"http://x"}}); err == nil {
 		t.Fatal("bad URL accepted")
+	}
+}
+
+// TestCluster: a 3-node Redis cluster as L4; keys spread over the nodes
+// and a second host reads every block back through the cluster.
+func TestCluster(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	urls := make([]string, len(nodes))
+	for i, n := range nodes {
+		urls[i] = n.URL()
+	}
+	mk := func() *host {
+		tier, err := Open(Options{URLs: urls, Prefix: "c:", TTL: time.Hour, Timeout: time.Second, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := kvd.NewStore(kvd.StoreOptions{MaxBytes: 8 << 20, Long: tier, LongNotFound: ErrNotFound, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close(); tier.Close() })
+		return &host{store: st, tier: tier}
+	}
+	a, b := mk(), mk()
+	const n = 60
+	for i := range n {
+		a.set(t, "blk-"+strconv.Itoa(i), []byte("value-"+strconv.Itoa(i)))
+	}
+	eventually(t, "write-behind to the cluster", func() bool { return a.tier.Stats().Writes == n })
+	for i := range n {
+		if v, ok := b.get("blk-" + strconv.Itoa(i)); !ok || string(v) != "value-"+strconv.Itoa(i) {
+			t.Fatalf("block %d not read through the cluster", i)
+		}
+	}
+	if s := b.tier.Stats(); s.Hits != n {
+		t.Fatalf("stats %+v", s)
+	}
+	for _, nd := range nodes {
+		if c := client(t, nd.Addr); c.DBSize(context.Background()).Val() == 0 {
+			t.Errorf("node %s holds no keys", nd.Addr)
+		}
 	}
 }
