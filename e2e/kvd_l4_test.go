@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strconv"
@@ -28,10 +29,15 @@ func TestKVDSharedRedis(t *testing.T) {
 		sock  string
 		admin string
 	}
+	respPort := freePort(t)
 	startKVD := func(name string) daemon {
 		d := daemon{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t))}
-		d.p = start(t, name, "kvd", "--socket", d.sock, "--max-bytes", "16MiB", "--shared-arena-bytes", "8MiB", "--arena-mlock=false",
-			"--admin-listen", d.admin, "--l4-redis", rs.URL(), "--l4-prefix", "e2e:", "--l4-ttl", "10m")
+		args := []string{"kvd", "--socket", d.sock, "--max-bytes", "16MiB", "--shared-arena-bytes", "8MiB", "--arena-mlock=false",
+			"--admin-listen", d.admin, "--l4-redis", rs.URL(), "--l4-prefix", "e2e:", "--l4-ttl", "10m"}
+		if name == "kvd-a" {
+			args = append(args, "--resp-listen", strconv.Itoa(respPort), "--resp-model", "Qwen/Qwen3-8B", "--resp-compat-key", "tp0of1_pp0of1", "--resp-retention", "long")
+		}
+		d.p = start(t, name, args...)
 		d.p.waitLog("kvd serving", 20*time.Second)
 		return d
 	}
@@ -52,6 +58,21 @@ func TestKVDSharedRedis(t *testing.T) {
 	val := bytes.Repeat([]byte("prefix-kv"), 4000)
 	if ok, reason, err := ca.Set(ns, key, val, kvd.SetOptions{Retention: "long"}); !ok || err != nil {
 		t.Fatal(reason, err)
+	}
+	// A's RESP listener (loopback) serves the same namespace: a value SET
+	// over RESP with long retention reaches B through L4 as well.
+	rc, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(respPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if _, err := rc.Write([]byte("*3\r\n$3\r\nSET\r\n$4\r\nresp\r\n$5\r\nhello\r\n*2\r\n$3\r\nGET\r\n$4\r\nresp\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	want := "+OK\r\n$5\r\nhello\r\n"
+	buf := make([]byte, len(want))
+	if _, err := io.ReadFull(rc, buf); err != nil || string(buf) != want {
+		t.Fatalf("RESP on kvd A: %q %v", buf, err)
 	}
 	// B has never seen the block: its first get is an L4 hit (after A's
 	// write-behind lands).
@@ -90,11 +111,23 @@ func TestKVDSharedRedis(t *testing.T) {
 	if v := metric(b, `infera_kvd_l4_reads_total{outcome="hit"}`); v != "1" {
 		t.Fatalf("B's L4 hits: %s", v)
 	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got, _, ok, err := cb.Get(ns, []byte("resp"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && string(got) == "hello" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B never found the RESP-set value in L4")
+		}
+	}
 	// The next get is from B's RAM: L4 is not read again.
 	if got, _, ok, err := cb.Get(ns, key, nil); err != nil || !ok || !bytes.Equal(got, val) {
 		t.Fatalf("B second get: %v %v", ok, err)
 	}
-	if v := metric(b, `infera_kvd_l4_reads_total{outcome="hit"}`); v != "1" {
+	if v := metric(b, `infera_kvd_l4_reads_total{outcome="hit"}`); v != "2" {
 		t.Fatalf("B's second get went to L4: hits %s", v)
 	}
 	if v := metric(a, "infera_kvd_l4_up"); v != "1" {
