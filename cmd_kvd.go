@@ -11,11 +11,14 @@ import (
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v2"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvd"
+	"github.com/infera/infera/kvd/l4"
+	"github.com/infera/infera/kvd/resp"
 	"github.com/infera/infera/kvd/tablespace"
 )
 
@@ -80,12 +83,26 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		}()
 		opt.Long, opt.LongNotFound = ts, tablespace.ErrNotFound
 	}
+	var collectors []prometheus.Collector
+	if len(cfg.L4Redis) > 0 {
+		tier, err := l4.Open(l4.Options{URLs: cfg.L4Redis, Prefix: cfg.L4Prefix, TTL: cfg.L4TTL, Queue: cfg.L4Queue, Timeout: cfg.L4Timeout,
+			Below: opt.Long, BelowNotFound: opt.LongNotFound, Log: log.With().Str("tier", "l4").Logger()})
+		if err != nil {
+			return fmt.Errorf("kvd l4: %w", err)
+		}
+		// Deferred before the store's Close, so it runs after it (and
+		// before the tablespace's): the store's last write-throughs reach
+		// the tier's queue, which is written before Redis is left.
+		defer tier.Close()
+		opt.Long, opt.LongNotFound = tier, l4.ErrNotFound
+		collectors = append(collectors, tier.Collector())
+	}
 	store, err := kvd.NewStore(opt)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), Log: log})
+	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), Log: log, Collectors: collectors})
 	ln, err := kvd.Listen(cfg.Socket)
 	if err != nil {
 		return err
@@ -104,7 +121,28 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		admin = &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { adminDone <- admin.Serve(aln) }()
 	}
-	log.Info().Str("socket", cfg.Socket).Str("admin", adminAddr).Str("server_id", srv.ID()).Int64("max_bytes", cfg.MaxBytes).Msg("kvd serving")
+	respDone := make(chan error, 1)
+	respAddr := ""
+	if cfg.RESPListen != "" {
+		rs, err := resp.NewServer(store, resp.Options{Model: cfg.RESPModel, CompatKey: cfg.RESPCompatKey, Retention: cfg.RESPRetention,
+			User: cfg.RESPUser, Password: cfg.RESPPassword, MaxRequestBytes: int(cfg.MaxFrameBytes), Log: log.With().Str("listener", "resp").Logger()})
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		rln, err := net.Listen("tcp", cfg.RESPListen)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("kvd resp listen: %w", err)
+		}
+		respAddr = rln.Addr().String()
+		rctx, rcancel := context.WithCancel(ctx)
+		defer func() { rcancel(); <-respDone }()
+		go func() { respDone <- rs.Serve(rctx, rln) }()
+	} else {
+		respDone <- nil
+	}
+	log.Info().Str("socket", cfg.Socket).Str("admin", adminAddr).Str("resp", respAddr).Str("server_id", srv.ID()).Int64("max_bytes", cfg.MaxBytes).Msg("kvd serving")
 	if ready != nil {
 		ready <- adminAddr
 	}

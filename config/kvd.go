@@ -42,6 +42,22 @@ type KVD struct {
 	SlotBytes      int64
 	ContainerBytes int64
 
+	// RESP listener (kvd/resp); empty RESPListen = none.
+	RESPListen    string
+	RESPUser      string
+	RESPPassword  string
+	RESPModel     string
+	RESPCompatKey string
+	RESPRetention string
+
+	// L4 on Redis/Valkey (kvd/l4); no URL = no L4.
+	L4Redis     []string
+	L4Prefix    string
+	L4TTL       time.Duration
+	L4Queue     int
+	L4Timeout   time.Duration
+	l4RedisText []string
+
 	MaxBytes       int64 // RAM budget: the arena plus inline values
 	ArenaBytes     int64 // 0: no shared arena
 	MaxFrameBytes  int64
@@ -77,6 +93,17 @@ func (k *KVD) Flags() []cli.Flag {
 		Bool("long-group-commit", "share data and journal syncs between concurrent L3 writers", &k.LongGroupCommit, false),
 		Duration("long-snapshot-interval", "periodic L3 index snapshot (0 = on shutdown and by journal size only)", &k.LongSnapshotInterval, 5*time.Minute),
 		Bool("skip-selfcheck", "skip the startup L3 write-speed self-check", &k.SkipSelfCheck, false),
+		String("resp-listen", "host:port of the Redis-protocol (RESP2) listener for redis-cli, Redis clients and LMCache; a bare port or :port binds loopback (empty = none)", &k.RESPListen, ""),
+		String("resp-user", "ACL user RESP clients authenticate as (AUTH user password); empty = Redis's default user", &k.RESPUser, ""),
+		String("resp-password", "password RESP clients must AUTH with (empty = none; with --resp-user, that user's password)", &k.RESPPassword, ""),
+		String("resp-model", "kvd namespace (model) of keys set over RESP", &k.RESPModel, "resp"),
+		String("resp-compat-key", "kvd namespace compat_key of keys set over RESP", &k.RESPCompatKey, ""),
+		String("resp-retention", "retention of values set over RESP: none, ephemeral, short or long (long ones go down to L3/L4)", &k.RESPRetention, "short"),
+		StringSlice("l4-redis", "L4 tier on Redis/Valkey: redis:// or rediss:// URL (user:password@, /db); several (comma-separated) = one cluster's seed nodes", nil),
+		String("l4-prefix", "prefix of every L4 key (before model and compat_key), to share one Redis between fleets", &k.L4Prefix, "infera:kv:"),
+		Duration("l4-ttl", "TTL of entries written to L4 (long retention); 0 = none", &k.L4TTL, 24*time.Hour),
+		Int("l4-write-queue", "pending L4 write-behinds; more are dropped and counted", &k.L4Queue, 4096),
+		Duration("l4-timeout", "deadline of one L4 read on an L2/L3 miss (a slower or unreachable Redis counts as a miss)", &k.L4Timeout, 50*time.Millisecond),
 	)
 }
 
@@ -84,6 +111,7 @@ func (k *KVD) Flags() []cli.Flag {
 func (k *KVD) Finish(c *cli.Context) {
 	k.allowUIDText = SplitList(c.StringSlice("allow-uid"))
 	k.longPathsText = SplitList(c.StringSlice("long-paths"))
+	k.l4RedisText = SplitList(c.StringSlice("l4-redis"))
 }
 
 // Validate parses the sizes and reports every problem at once.
@@ -159,6 +187,7 @@ func (k *KVD) Validate() error {
 	if k.LongQueue < 1 {
 		p.Addf("--long-write-queue must be at least 1")
 	}
+	k.validateRESPL4(&p)
 	return p.Err()
 }
 
@@ -200,4 +229,45 @@ func ParseBytes(s string) (int64, error) {
 		return 0, ErrInvalid
 	}
 	return int64(f * mult), nil
+}
+
+// validateRESPL4 checks the RESP listener and L4 flags; a bare port (or
+// ":port") for --resp-listen becomes a loopback address.
+func (k *KVD) validateRESPL4(p *Problems) {
+	if k.RESPListen != "" {
+		if _, err := strconv.Atoi(k.RESPListen); err == nil {
+			k.RESPListen = ":" + k.RESPListen
+		}
+		if strings.HasPrefix(k.RESPListen, ":") {
+			k.RESPListen = "127.0.0.1" + k.RESPListen
+		}
+		if err := serveCheckListen(k.RESPListen); err != "" {
+			p.Addf("--resp-listen %q: %s", k.RESPListen, err)
+		}
+	}
+	switch k.RESPRetention {
+	case "none", "ephemeral", "short", "long":
+	default:
+		p.Addf("--resp-retention %q: want none, ephemeral, short or long", k.RESPRetention)
+	}
+	if k.RESPUser != "" && k.RESPPassword == "" {
+		p.Addf("--resp-user needs --resp-password")
+	}
+	k.L4Redis = k.L4Redis[:0]
+	for _, u := range k.l4RedisText {
+		if !strings.HasPrefix(u, "redis://") && !strings.HasPrefix(u, "rediss://") {
+			p.Addf("--l4-redis %q: want a redis:// or rediss:// URL", u)
+			continue
+		}
+		k.L4Redis = append(k.L4Redis, u)
+	}
+	if k.L4TTL < 0 {
+		p.Addf("--l4-ttl must not be negative")
+	}
+	if k.L4Queue < 1 {
+		p.Addf("--l4-write-queue must be at least 1")
+	}
+	if k.L4Timeout <= 0 {
+		p.Addf("--l4-timeout must be positive")
+	}
 }

@@ -29,7 +29,13 @@
 //     values copied out of the arena with the slot check into reused
 //     buffers), BatchSetZeroCopy (set_reserve and set_commit requests
 //     pipelined on the connection), and a ...Ctx variant of every method
-//     bounded by its context and ClientOptions.Timeout.
+//     bounded by its context and ClientOptions.Timeout;
+//   - the entry points of the listeners and tiers in its subpackages
+//     (tiers.go: Store.Delete across RAM and L3, Store.AppendHit for a
+//     copy checked against a concurrent rewrite, SplitComposite): the RESP
+//     listener is kvd/resp, the Redis/Valkey L4 tier (a LongStore over
+//     the tablespace) is kvd/l4, and ServerOptions.Collectors puts their
+//     metrics on /metrics.
 //
 // Concurrency: a Store is safe for concurrent use; one mutex guards its
 // index, allocator and counters; large values are copied into a slot the

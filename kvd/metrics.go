@@ -110,6 +110,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 func (s *Server) AdminHandler() http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collector{st: s.store, srv: s})
+	reg.MustRegister(s.opt.Collectors...)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {

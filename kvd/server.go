@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
@@ -37,6 +38,9 @@ type ServerOptions struct {
 	// MaxFrameBytes bounds one request frame (0 = DefaultMaxFrameBytes).
 	MaxFrameBytes int
 	Log           zerolog.Logger
+	// Collectors are more metrics served on AdminHandler's /metrics (the
+	// RESP listener's, the L4 tier's).
+	Collectors []prometheus.Collector
 }
 
 // Server speaks the kvd protocol on a Unix socket over a Store.

@@ -1,0 +1,24 @@
+// Package resp is kvd's RESP listener (`infera kvd --resp-listen`): the
+// Redis protocol (RESP2) over a kvd Store, so redis-cli, redis-benchmark,
+// client libraries and LMCache's Redis and RESP remote backends use kvd
+// unchanged.
+//
+// It owns the request parser (Parse: multibulk and inline requests,
+// Redis's limits and protocol-error texts; fuzzed) and the commands
+// client start-up and key-value use need — HELLO (protocol 2; 3 is
+// refused with Redis's NOPROTO error), PING, ECHO, AUTH (password or ACL
+// user), SELECT 0, CLIENT SETNAME/SETINFO/GETNAME/ID, GET, SET
+// (NX/XX/GET/EX/PX/EXAT/PXAT), MGET, MSET, EXISTS, DEL, DBSIZE, INFO,
+// COMMAND (COUNT/INFO/DOCS), CONFIG GET, QUIT — with replies byte-exact
+// as Redis RedisVersion gives them (checked against a real redis-server
+// in the tests). Keys live in one kvd namespace (Options.Model and
+// CompatKey) and values are stored with Options.Retention, so they go to
+// the same tiers (RAM arena, L3, L4) as the UDS protocol's sets.
+//
+// Concurrency: a Server runs one goroutine per connection; a connection
+// owns its input and output buffers and handles its requests in order,
+// answering every complete request in a read with one write (pipelining).
+// Arguments alias the input buffer: a value is read from the socket once
+// and copied once, into its arena slot; a GET copies once, from the slot
+// into the output buffer (checked against a concurrent rewrite).
+package resp

@@ -1,0 +1,778 @@
+package resp
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/kvd"
+)
+
+// RedisVersion is the Redis release whose replies the listener matches
+// byte for byte (checked against that redis-server in the tests); HELLO
+// and INFO report it as redis_version, which client libraries read to
+// decide what they may send.
+const RedisVersion = "7.0.15"
+
+// Options configure a Server.
+type Options struct {
+	// Model and CompatKey are the kvd namespace RESP keys live in.
+	Model, CompatKey string
+	// Retention is the class of values SET stores ("none", "ephemeral",
+	// "short" or "long"; "" = short); long values go down to L3 and L4
+	// like protocol sets.
+	Retention string
+	// User and Password, when Password is set, require AUTH (or HELLO
+	// AUTH) before anything else; User "" is Redis's "default".
+	User, Password string
+	// MaxBulkBytes bounds one argument (Redis's proto-max-bulk-len);
+	// MaxRequestBytes one pipelined request's buffer (Redis's
+	// client-query-buffer-limit: a client over it is disconnected).
+	MaxBulkBytes    int
+	MaxRequestBytes int
+	Log             zerolog.Logger
+}
+
+// Counters are the listener's own counters (INFO and metrics).
+type Counters struct {
+	ConnsActive, ConnsTotal, Commands, ProtocolErrors atomic.Int64
+}
+
+// Server is the RESP listener over a kvd Store.
+type Server struct {
+	st    *kvd.Store
+	opt   Options
+	model []byte
+	compt []byte
+	ret   []byte
+	user  string
+	start time.Time
+
+	C      Counters
+	nextID atomic.Uint64
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// Sentinel errors.
+var (
+	// ErrConfig reports invalid Options.
+	ErrConfig = errors.New("resp: invalid options")
+	// ErrRequestTooLarge: a client's unanswered requests outgrew
+	// MaxRequestBytes (its connection is closed).
+	ErrRequestTooLarge = errors.New("resp: request buffer over the limit")
+)
+
+// NewServer makes a listener over st.
+func NewServer(st *kvd.Store, opt Options) (*Server, error) {
+	if opt.Retention == "" {
+		opt.Retention = "short"
+	}
+	if _, ok := kvd.ParseRetention([]byte(opt.Retention)); !ok {
+		return nil, errors.Join(ErrConfig, errors.New("retention "+strconv.Quote(opt.Retention)+": want none, ephemeral, short or long"))
+	}
+	if opt.MaxBulkBytes <= 0 {
+		opt.MaxBulkBytes = 512 << 20
+	}
+	if opt.MaxRequestBytes <= 0 {
+		opt.MaxRequestBytes = 1 << 30
+	}
+	opt.MaxBulkBytes = min(opt.MaxBulkBytes, opt.MaxRequestBytes-64)
+	user := opt.User
+	if user == "" {
+		user = "default"
+	}
+	return &Server{st: st, opt: opt, model: []byte(opt.Model), compt: []byte(opt.CompatKey), ret: []byte(opt.Retention),
+		user: user, start: time.Now(), conns: map[net.Conn]struct{}{}}, nil
+}
+
+// Serve accepts connections until ctx ends, then closes them and waits
+// for their goroutines.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var err error
+	for {
+		c, aerr := ln.Accept()
+		if aerr != nil {
+			if ctx.Err() == nil {
+				err = aerr
+			}
+			break
+		}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.handle(c)
+	}
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+// conn is one client's state; its buffers are reused for every command.
+type conn struct {
+	s      *Server
+	c      net.Conn
+	id     uint64
+	in     []byte
+	r, w   int
+	args   [][]byte
+	out    []byte
+	sc     kvd.Scratch
+	set    kvd.SetArgs
+	authed bool
+	quit   bool
+	name   []byte
+	lower  [24]byte
+}
+
+const (
+	readBuf    = 64 << 10
+	retainBuf  = 16 << 20
+	maxNameLen = 24
+)
+
+func (s *Server) handle(c net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	s.C.ConnsTotal.Add(1)
+	s.C.ConnsActive.Add(1)
+	defer s.C.ConnsActive.Add(-1)
+	cn := &conn{s: s, c: c, id: s.nextID.Add(1), in: make([]byte, readBuf), authed: s.opt.Password == ""}
+	if err := cn.serve(); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) &&
+		!errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		s.opt.Log.Debug().Err(err).Uint64("client_id", cn.id).Msg("resp connection closed")
+	}
+}
+
+func (cn *conn) serve() error {
+	for {
+		// Answer every complete request in the buffer, then write once.
+		need := 0
+		for cn.r < cn.w {
+			args, n, nd, err := Parse(cn.in[cn.r:cn.w], cn.args, cn.s.opt.MaxBulkBytes, !cn.authed)
+			cn.args = args
+			if err != nil {
+				cn.s.C.ProtocolErrors.Add(1)
+				cn.out = appendErr(cn.out, "Protocol error: "+err.(*ProtocolError).Msg)
+				_, _ = cn.c.Write(cn.out)
+				return err
+			}
+			if n == 0 {
+				need = nd
+				break
+			}
+			cn.r += n
+			if len(args) > 0 {
+				cn.s.C.Commands.Add(1)
+				cn.dispatch(args)
+				if cn.quit {
+					_, err := cn.c.Write(cn.out)
+					return err
+				}
+			}
+		}
+		if len(cn.out) > 0 {
+			if _, err := cn.c.Write(cn.out); err != nil {
+				return err
+			}
+			if cap(cn.out) > retainBuf {
+				cn.out = nil
+			}
+			cn.out = cn.out[:0]
+		}
+		// Keep the unparsed tail at the front; grow for a large request.
+		if cn.r == cn.w {
+			cn.r, cn.w = 0, 0
+			if len(cn.in) > retainBuf {
+				cn.in = make([]byte, readBuf)
+			}
+		} else if cn.r > 0 {
+			cn.w = copy(cn.in, cn.in[cn.r:cn.w])
+			cn.r = 0
+		}
+		if max(need, cn.w+1) > cn.s.opt.MaxRequestBytes {
+			return ErrRequestTooLarge
+		}
+		if need > len(cn.in) {
+			cn.in = append(cn.in[:cn.w], make([]byte, need-cn.w)...)
+		} else if cn.w == len(cn.in) {
+			cn.in = append(cn.in, make([]byte, min(len(cn.in), cn.s.opt.MaxRequestBytes-len(cn.in)))...)
+		}
+		n, err := cn.c.Read(cn.in[cn.w:])
+		cn.w += n
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// lowerName lower-cases a command name into the connection's scratch
+// (nil when too long to be a command).
+func (cn *conn) lowerName(b []byte) []byte {
+	if len(b) > len(cn.lower) {
+		return nil
+	}
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		cn.lower[i] = c
+	}
+	return cn.lower[:len(b)]
+}
+
+func (cn *conn) lookup(args [][]byte) (*command, bool) {
+	name := cn.lowerName(args[0])
+	cmd := commands[string(name)]
+	if cmd == nil || !cmd.container() || len(args) == 1 {
+		return cmd, false
+	}
+	sub := args[1]
+	if len(name)+1+len(sub) > len(cn.lower) {
+		return nil, true
+	}
+	full := cn.lower[:len(name)+1+len(sub)]
+	full[len(name)] = '|'
+	for i, c := range sub {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		full[len(name)+1+i] = c
+	}
+	return commands[string(full)], true
+}
+
+func (cn *conn) dispatch(args [][]byte) {
+	cmd, isSub := cn.lookup(args)
+	switch {
+	case cmd == nil && isSub:
+		cn.out = append(cn.out, "-ERR unknown subcommand '"...)
+		cn.out = appendTrunc(cn.out, args[1], 128)
+		cn.out = append(cn.out, "'. Try "...)
+		for _, c := range args[0] {
+			if c >= 'a' && c <= 'z' {
+				c -= 'a' - 'A'
+			}
+			cn.out = append(cn.out, c)
+		}
+		cn.out = append(cn.out, " HELP.\r\n"...)
+		return
+	case cmd == nil:
+		cn.unknownCommand(args)
+		return
+	case (cmd.arity > 0 && len(args) != cmd.arity) || len(args) < -cmd.arity:
+		cn.out = appendErr(cn.out, "wrong number of arguments for '"+cmd.name+"' command")
+		return
+	case !cn.authed && !cmd.noAuth:
+		cn.out = append(cn.out, replyNoAuth...)
+		return
+	}
+	switch cmd.id {
+	case cmdGet:
+		cn.get(args[1])
+	case cmdSet:
+		cn.setCmd(args)
+	case cmdMGet:
+		cn.out = appendArray(cn.out, len(args)-1)
+		for _, k := range args[1:] {
+			cn.get(k)
+		}
+	case cmdMSet:
+		if len(args)%2 == 0 {
+			cn.out = appendErr(cn.out, "wrong number of arguments for 'mset' command")
+			return
+		}
+		for i := 1; i < len(args); i += 2 {
+			if !cn.store(args[i], args[i+1], 0, false) {
+				return
+			}
+		}
+		cn.out = append(cn.out, replyOK...)
+	case cmdExists:
+		n := 0
+		for _, k := range args[1:] {
+			if cn.s.st.Exists(cn.s.model, cn.s.compt, k, &cn.sc) {
+				n++
+			}
+		}
+		cn.out = appendInt(cn.out, int64(n))
+	case cmdDel:
+		n := 0
+		for _, k := range args[1:] {
+			if cn.s.st.Delete(cn.s.model, cn.s.compt, k, &cn.sc) {
+				n++
+			}
+		}
+		cn.out = appendInt(cn.out, int64(n))
+	case cmdPing:
+		switch len(args) {
+		case 1:
+			cn.out = append(cn.out, replyPong...)
+		case 2:
+			cn.out = appendBulk(cn.out, args[1])
+		default:
+			cn.out = appendErr(cn.out, "wrong number of arguments for 'ping' command")
+		}
+	case cmdEcho:
+		cn.out = appendBulk(cn.out, args[1])
+	case cmdAuth:
+		cn.auth(args)
+	case cmdHello:
+		cn.hello(args)
+	case cmdSelect:
+		if v, ok := parseInt(args[1]); !ok {
+			cn.out = append(cn.out, replyNotInt...)
+		} else if v < -1<<31 || v > 1<<31-1 {
+			cn.out = appendErr(cn.out, "value is out of range, value must between -2147483648 and 2147483647")
+		} else if v != 0 {
+			cn.out = appendErr(cn.out, "DB index is out of range")
+		} else {
+			cn.out = append(cn.out, replyOK...)
+		}
+	case cmdInfo:
+		cn.out = appendBulk(cn.out, cn.s.info())
+	case cmdDBSize:
+		cn.out = appendInt(cn.out, cn.s.st.Counters().Entries)
+	case cmdQuit:
+		cn.out = append(cn.out, replyOK...)
+		cn.quit = true
+	case cmdClientSetName:
+		if !validName(args[2]) {
+			cn.out = appendErr(cn.out, "Client names cannot contain spaces, newlines or special characters.")
+			return
+		}
+		cn.name = append(cn.name[:0], args[2]...)
+		cn.out = append(cn.out, replyOK...)
+	case cmdClientSetInfo:
+		attr := cn.lowerName(args[2])
+		switch string(attr) {
+		case "lib-name", "lib-ver":
+			if !validName(args[3]) {
+				cn.out = appendErr(cn.out, lib(attr)+" cannot contain spaces, newlines or special characters.")
+				return
+			}
+			cn.out = append(cn.out, replyOK...)
+		default:
+			cn.out = append(cn.out, "-ERR Unrecognized option '"...)
+			cn.out = append(cn.out, args[2]...)
+			cn.out = append(cn.out, "'\r\n"...)
+		}
+	case cmdClientGetName:
+		if len(cn.name) == 0 {
+			cn.out = append(cn.out, replyNil...)
+		} else {
+			cn.out = appendBulk(cn.out, cn.name)
+		}
+	case cmdClientID:
+		cn.out = appendInt(cn.out, int64(cn.id))
+	case cmdCommand:
+		cn.out = append(cn.out, commandReply...)
+	case cmdCommandCount:
+		cn.out = appendInt(cn.out, int64(len(commandTable)))
+	case cmdCommandInfo:
+		cn.out = appendArray(cn.out, len(args)-2)
+		for _, name := range args[2:] {
+			if c := lookupName(name); c != nil && !isSubName(c.name) {
+				cn.out = appendInfo(cn.out, c)
+			} else {
+				cn.out = append(cn.out, replyNil...)
+			}
+		}
+	case cmdCommandDocs:
+		cn.out = appendArray(cn.out, 0)
+	case cmdConfigGet:
+		cn.configGet(args[2:])
+	}
+}
+
+func isSubName(n string) bool {
+	for i := 0; i < len(n); i++ {
+		if n[i] == '|' {
+			return true
+		}
+	}
+	return false
+}
+
+func lib(attr []byte) string {
+	if string(attr) == "lib-name" {
+		return "lib-name"
+	}
+	return "lib-ver"
+}
+
+// validName is Redis's validateClientName: printable ASCII without space.
+func validName(b []byte) bool {
+	for _, c := range b {
+		if c < '!' || c > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+func appendTrunc(b, s []byte, n int) []byte {
+	if len(s) > n {
+		s = s[:n]
+	}
+	for _, c := range s {
+		if c == '\r' || c == '\n' {
+			c = ' '
+		}
+		b = append(b, c)
+	}
+	return b
+}
+
+// unknownCommand is Redis's "unknown command 'x', with args beginning
+// with: 'a' 'b' " (argument text capped at 128 bytes overall).
+func (cn *conn) unknownCommand(args [][]byte) {
+	cn.out = append(cn.out, "-ERR unknown command '"...)
+	cn.out = appendTrunc(cn.out, args[0], 128)
+	cn.out = append(cn.out, "', with args beginning with: "...)
+	l := 0
+	for _, a := range args[1:] {
+		if l >= 128 {
+			break
+		}
+		cn.out = append(cn.out, '\'')
+		n := min(len(a), 128-l)
+		cn.out = appendTrunc(cn.out, a, n)
+		cn.out = append(cn.out, '\'', ' ')
+		l += n + 3
+	}
+	cn.out = append(cn.out, '\r', '\n')
+}
+
+// get appends a key's value (or nil) as a bulk string: the one copy a
+// value makes on its way out is from its slot into the output buffer.
+func (cn *conn) get(key []byte) {
+	st := cn.s.st
+	h := st.Get(cn.s.model, cn.s.compt, key, &cn.sc)
+	if !h.Found {
+		cn.out = append(cn.out, replyNil...)
+		return
+	}
+	mark := len(cn.out)
+	cn.out = append(cn.out, '$')
+	cn.out = strconv.AppendInt(cn.out, int64(h.Length), 10)
+	cn.out = append(cn.out, '\r', '\n')
+	var ok bool
+	if cn.out, ok = st.AppendHit(cn.out, h); !ok {
+		cn.out = append(cn.out[:mark], replyNil...)
+		return
+	}
+	cn.out = append(cn.out, '\r', '\n')
+}
+
+// store sets one value; false means an error reply was written.
+func (cn *conn) store(key, value []byte, ttlMs int64, hasTTL bool) bool {
+	a := &cn.set
+	*a = kvd.SetArgs{Model: cn.s.model, CompatKey: cn.s.compt, Key: key, Value: value, Retention: cn.s.ret}
+	if hasTTL {
+		a.TTL, a.HasTTL = float64(ttlMs)/1000, true
+	}
+	ok, reason := cn.s.st.Set(a)
+	if ok {
+		return true
+	}
+	switch reason {
+	case kvd.ReasonLargerThanStore, kvd.ReasonDisplaceHigher, kvd.ReasonArenaFull:
+		cn.out = append(cn.out, replyOOM...)
+	default:
+		cn.out = appendErr(cn.out, "kvd refused the value: "+reason)
+	}
+	return false
+}
+
+const (
+	setNX = 1 << iota
+	setXX
+	setGet
+	setEX
+	setPX
+	setEXAT
+	setPXAT
+)
+
+func eqFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// setCmd is SET key value [NX|XX] [GET] [EX s|PX ms|EXAT t|PXAT t], with
+// Redis 7.0's option parsing (parseExtendedStringArgumentsOrReply) and
+// errors.
+func (cn *conn) setCmd(args [][]byte) {
+	flags := 0
+	var expire []byte
+	const anyTTL = setEX | setPX | setEXAT | setPXAT
+	for j := 3; j < len(args); j++ {
+		opt := args[j]
+		hasNext := j < len(args)-1
+		switch {
+		case eqFold(opt, "nx") && flags&setXX == 0:
+			flags |= setNX
+		case eqFold(opt, "xx") && flags&setNX == 0:
+			flags |= setXX
+		case eqFold(opt, "get"):
+			flags |= setGet
+		case eqFold(opt, "ex") && flags&(anyTTL&^setEX) == 0 && hasNext:
+			flags |= setEX
+			j++
+			expire = args[j]
+		case eqFold(opt, "px") && flags&(anyTTL&^setPX) == 0 && hasNext:
+			flags |= setPX
+			j++
+			expire = args[j]
+		case eqFold(opt, "exat") && flags&(anyTTL&^setEXAT) == 0 && hasNext:
+			flags |= setEXAT
+			j++
+			expire = args[j]
+		case eqFold(opt, "pxat") && flags&(anyTTL&^setPXAT) == 0 && hasNext:
+			flags |= setPXAT
+			j++
+			expire = args[j]
+		default:
+			cn.out = append(cn.out, replySyntax...)
+			return
+		}
+	}
+	var ttlMs int64
+	hasTTL := expire != nil
+	if hasTTL {
+		v, ok := parseInt(expire)
+		if !ok {
+			cn.out = append(cn.out, replyNotInt...)
+			return
+		}
+		if v <= 0 || (flags&(setEX|setEXAT) != 0 && v > (1<<63-1)/1000) {
+			cn.out = appendErr(cn.out, "invalid expire time in 'set' command")
+			return
+		}
+		switch {
+		case flags&setEX != 0:
+			ttlMs = v * 1000
+		case flags&setPX != 0:
+			ttlMs = v
+		case flags&setEXAT != 0:
+			ttlMs = v*1000 - time.Now().UnixMilli()
+		default:
+			ttlMs = v - time.Now().UnixMilli()
+		}
+	}
+	key, value := args[1], args[2]
+	if flags&setGet != 0 {
+		cn.get(key) // the old value is the reply
+	}
+	if flags&(setNX|setXX) != 0 {
+		exists := cn.s.st.Exists(cn.s.model, cn.s.compt, key, &cn.sc)
+		if (flags&setNX != 0 && exists) || (flags&setXX != 0 && !exists) {
+			if flags&setGet == 0 {
+				cn.out = append(cn.out, replyNil...)
+			}
+			return
+		}
+	}
+	if hasTTL && ttlMs <= 0 { // an absolute time in the past: stored and expired at once
+		cn.s.st.Delete(cn.s.model, cn.s.compt, key, &cn.sc)
+	} else if mark := len(cn.out); !cn.store(key, value, ttlMs, hasTTL) {
+		if flags&setGet != 0 { // the error replaces the old value
+			errReply := append([]byte(nil), cn.out[mark:]...)
+			cn.out = append(cn.out[:0], errReply...)
+		}
+		return
+	}
+	if flags&setGet == 0 {
+		cn.out = append(cn.out, replyOK...)
+	}
+}
+
+func (cn *conn) checkPass(user, pass []byte) bool {
+	if string(user) != cn.s.user {
+		return false
+	}
+	if cn.s.opt.Password == "" {
+		return true // the default user without a password takes any
+	}
+	return subtle.ConstantTimeCompare(pass, []byte(cn.s.opt.Password)) == 1
+}
+
+func (cn *conn) auth(args [][]byte) {
+	if len(args) > 3 {
+		cn.out = append(cn.out, replySyntax...)
+		return
+	}
+	if len(args) == 2 {
+		if cn.s.opt.Password == "" && cn.s.opt.User == "" {
+			cn.out = appendErr(cn.out, "AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?")
+			return
+		}
+		if cn.s.user != "default" || !cn.checkPass([]byte("default"), args[1]) {
+			cn.out = append(cn.out, replyBadPass...)
+			return
+		}
+	} else if !cn.checkPass(args[1], args[2]) {
+		cn.out = append(cn.out, replyBadPass...)
+		return
+	}
+	cn.authed = true
+	cn.out = append(cn.out, replyOK...)
+}
+
+// hello is Redis 7.0's helloCommand for protocol 2; protocol 3 (RESP3)
+// is refused with the error Redis gives for a version it lacks.
+func (cn *conn) hello(args [][]byte) {
+	if len(args) >= 2 {
+		v, ok := parseInt(args[1])
+		if !ok {
+			cn.out = appendErr(cn.out, "Protocol version is not an integer or out of range")
+			return
+		}
+		if v != 2 { // 3 is RESP3, which this listener does not speak
+			cn.out = append(cn.out, replyNoProto...)
+			return
+		}
+	}
+	var user, pass, name []byte
+	for j := 2; j < len(args); j++ {
+		more := len(args) - 1 - j
+		switch {
+		case eqFold(args[j], "auth") && more >= 2:
+			user, pass = args[j+1], args[j+2]
+			j += 2
+		case eqFold(args[j], "setname") && more >= 1:
+			name = args[j+1]
+			if !validName(name) {
+				cn.out = appendErr(cn.out, "Client names cannot contain spaces, newlines or special characters.")
+				return
+			}
+			j++
+		default:
+			cn.out = append(cn.out, "-ERR Syntax error in HELLO option '"...)
+			cn.out = append(cn.out, args[j]...)
+			cn.out = append(cn.out, "'\r\n"...)
+			return
+		}
+	}
+	if user != nil {
+		if !cn.checkPass(user, pass) {
+			cn.out = append(cn.out, replyBadPass...)
+			return
+		}
+		cn.authed = true
+	}
+	if !cn.authed {
+		cn.out = append(cn.out, "-NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time\r\n"...)
+		return
+	}
+	if name != nil {
+		cn.name = append(cn.name[:0], name...)
+	}
+	cn.out = appendArray(cn.out, 14)
+	cn.out = appendBulkString(cn.out, "server")
+	cn.out = appendBulkString(cn.out, "redis")
+	cn.out = appendBulkString(cn.out, "version")
+	cn.out = appendBulkString(cn.out, RedisVersion)
+	cn.out = appendBulkString(cn.out, "proto")
+	cn.out = appendInt(cn.out, 2)
+	cn.out = appendBulkString(cn.out, "id")
+	cn.out = appendInt(cn.out, int64(cn.id))
+	cn.out = appendBulkString(cn.out, "mode")
+	cn.out = appendBulkString(cn.out, "standalone")
+	cn.out = appendBulkString(cn.out, "role")
+	cn.out = appendBulkString(cn.out, "master")
+	cn.out = appendBulkString(cn.out, "modules")
+	cn.out = appendArray(cn.out, 0)
+}
+
+// configGet answers the parameters clients read at start-up
+// (redis-benchmark reads save and appendonly): kvd persists nothing the
+// Redis way. Other names match nothing, as an unknown one does in Redis.
+func (cn *conn) configGet(names [][]byte) {
+	var pairs [][2]string
+	for _, n := range names {
+		switch {
+		case eqFold(n, "save"):
+			pairs = append(pairs, [2]string{"save", ""})
+		case eqFold(n, "appendonly"):
+			pairs = append(pairs, [2]string{"appendonly", "no"})
+		case eqFold(n, "databases"):
+			pairs = append(pairs, [2]string{"databases", "1"})
+		}
+	}
+	cn.out = appendArray(cn.out, 2*len(pairs))
+	for _, p := range pairs {
+		cn.out = appendBulkString(cn.out, p[0])
+		cn.out = appendBulkString(cn.out, p[1])
+	}
+}
+
+// info is INFO's text: the fields client tools read, in Redis's layout.
+func (s *Server) info() []byte {
+	c := s.st.Counters()
+	host, _ := os.Hostname()
+	b := make([]byte, 0, 1024)
+	line := func(k, v string) { b = append(append(append(append(b, k...), ':'), v...), '\r', '\n') }
+	num := func(k string, v int64) { line(k, strconv.FormatInt(v, 10)) }
+	b = append(b, "# Server\r\n"...)
+	line("redis_version", RedisVersion)
+	line("redis_mode", "standalone")
+	line("server_name", "infera-kvd")
+	line("os", runtime.GOOS+" "+runtime.GOARCH)
+	num("arch_bits", strconv.IntSize)
+	num("process_id", int64(os.Getpid()))
+	line("hostname", host)
+	num("uptime_in_seconds", int64(time.Since(s.start).Seconds()))
+	b = append(b, "\r\n# Clients\r\n"...)
+	num("connected_clients", s.C.ConnsActive.Load())
+	b = append(b, "\r\n# Memory\r\n"...)
+	num("used_memory", c.HostBytes)
+	b = append(b, "\r\n# Stats\r\n"...)
+	num("total_connections_received", s.C.ConnsTotal.Load())
+	num("total_commands_processed", s.C.Commands.Load())
+	num("evicted_keys", c.Evictions)
+	num("expired_keys", c.Expired)
+	num("keyspace_hits", c.Hits)
+	num("keyspace_misses", c.Misses)
+	b = append(b, "\r\n# Keyspace\r\n"...)
+	if c.Entries > 0 {
+		line("db0", "keys="+strconv.FormatInt(c.Entries, 10)+",expires=0,avg_ttl=0")
+	}
+	return b
+}
