@@ -27,14 +27,9 @@ const maxEmbeddingDims = 4096
 
 // embeddings serves POST /v1/embeddings.
 func (s *Server) embeddings(ctx *fasthttp.RequestCtx) {
-	body := ctx.PostBody()
 	var r request
-	if err := parseRequest(body, &r); err != nil {
-		s.writeError(ctx, fasthttp.StatusBadRequest, clientMessage(err))
-		return
-	}
-	if !s.modelOK(body, &r) {
-		s.modelNotFound(ctx, body, &r)
+	body, ok := s.readRequest(ctx, &r)
+	if !ok {
 		return
 	}
 	dims := int64(embeddingDims)

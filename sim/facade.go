@@ -610,21 +610,9 @@ func setBootstrapPort(f *facade, v string) error {
 // many simulated prefills); Mooncake's bootstrap server on
 // VLLM_MOONCAKE_BOOTSTRAP_PORT, 8998 by default, as the worker registers.
 func setKVTransferConfig(f *facade, v string) error {
-	obj, err := engargs.DecodeObject(v)
-	if err != nil {
+	obj, disaggregated, err := readKVRole(f, v)
+	if err != nil || !disaggregated {
 		return err
-	}
-	role, _ := obj["kv_role"].(string)
-	switch role {
-	case "", "kv_both":
-		f.cfg.PDRole, f.cfg.PDProtocol = "", ""
-		return nil
-	case "kv_producer":
-		f.cfg.PDRole = "prefill"
-	case "kv_consumer":
-		f.cfg.PDRole = "decode"
-	default:
-		return fmt.Errorf("kv_role %q: want kv_producer, kv_consumer or kv_both", role)
 	}
 	connector, _ := obj["kv_connector"].(string)
 	portEnv := ""
@@ -666,25 +654,37 @@ func setKVTransferConfig(f *facade, v string) error {
 	return nil
 }
 
-// setATOMKVTransferConfig reads ATOM's --kv-transfer-config: kv_role as
-// vLLM's, the mooncake connector (the default) is atom-mooncake, and a
-// prefill's KV server listens on its handshake_port (6301 by default).
-func setATOMKVTransferConfig(f *facade, v string) error {
-	obj, err := engargs.DecodeObject(v)
+// readKVRole decodes a --kv-transfer-config object and sets the sim's PD
+// role from its kv_role, as vLLM and ATOM both spell it: kv_producer is
+// prefill, kv_consumer decode, kv_both (or none) a mixed engine, which
+// reports disaggregated false.
+func readKVRole(f *facade, v string) (obj map[string]any, disaggregated bool, err error) {
+	obj, err = engargs.DecodeObject(v)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
 	role, _ := obj["kv_role"].(string)
 	switch role {
 	case "", "kv_both":
 		f.cfg.PDRole, f.cfg.PDProtocol = "", ""
-		return nil
+		return obj, false, nil
 	case "kv_producer":
 		f.cfg.PDRole = "prefill"
 	case "kv_consumer":
 		f.cfg.PDRole = "decode"
 	default:
-		return fmt.Errorf("kv_role %q: want kv_producer, kv_consumer or kv_both", role)
+		return nil, false, fmt.Errorf("kv_role %q: want kv_producer, kv_consumer or kv_both", role)
+	}
+	return obj, true, nil
+}
+
+// setATOMKVTransferConfig reads ATOM's --kv-transfer-config: kv_role as
+// vLLM's, the mooncake connector (the default) is atom-mooncake, and a
+// prefill's KV server listens on its handshake_port (6301 by default).
+func setATOMKVTransferConfig(f *facade, v string) error {
+	obj, disaggregated, err := readKVRole(f, v)
+	if err != nil || !disaggregated {
+		return err
 	}
 	if c, ok := obj["kv_connector"].(string); ok && c != "mooncake" {
 		return fmt.Errorf("kv_connector %q: the simulator models ATOM's mooncake connector only", c)

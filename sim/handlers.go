@@ -167,14 +167,9 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		return
 	}
 	s.countDPRank(ctx.Request.Header.Peek("X-Data-Parallel-Rank"))
-	body := ctx.PostBody()
 	var r request
-	if err := parseRequest(body, &r); err != nil {
-		s.writeError(ctx, fasthttp.StatusBadRequest, clientMessage(err))
-		return
-	}
-	if !s.modelOK(body, &r) {
-		s.modelNotFound(ctx, body, &r)
+	body, ok := s.readRequest(ctx, &r)
+	if !ok {
 		return
 	}
 	if s.reqLog != nil {
@@ -529,17 +524,28 @@ func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
 	putBuf(bp)
 }
 
+// readRequest parses the request body into r and checks its model; on
+// bad input or an unknown model it has answered the client and reports
+// false.
+func (s *Server) readRequest(ctx *fasthttp.RequestCtx, r *request) (body []byte, ok bool) {
+	body = ctx.PostBody()
+	if err := parseRequest(body, r); err != nil {
+		s.writeError(ctx, fasthttp.StatusBadRequest, clientMessage(err))
+		return nil, false
+	}
+	if !s.modelOK(body, r) {
+		s.modelNotFound(ctx, body, r)
+		return nil, false
+	}
+	return body, true
+}
+
 // tokenize serves POST /tokenize: {"prompt"} or {"messages"} →
 // {"count","max_model_len","tokens","token_strs":null}, as vLLM.
 func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
-	body := ctx.PostBody()
 	var r request
-	if err := parseRequest(body, &r); err != nil {
-		s.writeError(ctx, fasthttp.StatusBadRequest, clientMessage(err))
-		return
-	}
-	if !s.modelOK(body, &r) {
-		s.modelNotFound(ctx, body, &r)
+	body, ok := s.readRequest(ctx, &r)
+	if !ok {
 		return
 	}
 	q := getSeq()
