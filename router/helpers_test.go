@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/servetest"
 	"github.com/infera/infera/router"
 )
 
@@ -124,22 +125,10 @@ func startRouterLog(t testing.TB, policy router.Policy, cfg router.Config, log z
 	if workers != nil {
 		r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: workers})
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln) }()
+	addr := servetest.Loopback(t, "router", r.Serve)
 	tr := &http.Transport{DisableCompression: true}
-	t.Cleanup(func() {
-		tr.CloseIdleConnections()
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return &testRouter{Router: r, url: "http://" + ln.Addr().String(), client: &http.Client{Transport: tr}}
+	t.Cleanup(tr.CloseIdleConnections) // before the router stops: cleanups run last-in first-out
+	return &testRouter{Router: r, url: "http://" + addr, client: &http.Client{Transport: tr}}
 }
 
 // do sends a request and returns the response with its body read.

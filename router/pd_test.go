@@ -2,7 +2,6 @@ package router_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/servetest"
 	"github.com/infera/infera/router"
 	"github.com/infera/infera/sim"
 )
@@ -45,21 +45,9 @@ func startPDSim(t *testing.T, role, protocol string, tweak func(*config.Sim)) *p
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("sim: %v", err)
-		}
-	})
+	addr := servetest.Loopback(t, "sim", s.Serve)
 	<-s.Ready()
-	return &pdSim{addr: ln.Addr().String(), kvAddr: s.PDKVAddr(), log: cfg.RecordRequests}
+	return &pdSim{addr: addr, kvAddr: s.PDKVAddr(), log: cfg.RecordRequests}
 }
 
 // record is the sim's discovery record as its worker would register it.

@@ -1,10 +1,8 @@
 package router_test
 
 import (
-	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/servetest"
 	"github.com/infera/infera/router"
 	"github.com/infera/infera/sim"
 )
@@ -30,20 +29,7 @@ func startSim(t *testing.T, tweak func(*config.Sim)) *upstream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("sim: %v", err)
-		}
-	})
-	u := &upstream{addr: ln.Addr().String()}
+	u := &upstream{addr: servetest.Loopback(t, "sim", s.Serve)}
 	if cfg.KVEventsEndpoint != "" {
 		eventually(t, "the simulator's event sockets", func() bool { return s.KVEventsEndpoint() != "" })
 		u.kvEvents, u.kvReplay = s.KVEventsEndpoint(), s.KVEventsReplayEndpoint()
