@@ -241,6 +241,9 @@ func (rel *relay) pdTry() (bool, error) {
 		return false, err
 	}
 	pbody, err := proto.prefillBody(&pd.legs)
+	if err == nil {
+		pbody, err = rel.pdHinted(&pd.pre, pbody)
+	}
 	if err != nil {
 		rel.endLegs(verdictNeutral)
 		return false, err
@@ -250,6 +253,9 @@ func (rel *relay) pdTry() (bool, error) {
 		return rel.pdSerial()
 	}
 	dbody, err := proto.decodeBody(&pd.legs, nil)
+	if err == nil {
+		dbody, err = rel.pdHinted(&rel.att, dbody)
+	}
 	if err != nil {
 		rel.endLegs(verdictNeutral)
 		return false, err
@@ -292,6 +298,19 @@ func (rel *relay) shapeLegs() error {
 		return pd.proto.prepare(&pd.legs)
 	}
 	return nil
+}
+
+// pdHinted returns leg a's shaped body with its worker's cache hints,
+// as the mixed path gives them (upstreamRequest).
+func (rel *relay) pdHinted(a *attempt, body []byte) ([]byte, error) {
+	if !rel.route.generates() {
+		return body, nil
+	}
+	rec := a.ticket.Worker.Record()
+	if rec == nil {
+		return body, nil
+	}
+	return pdCacheHints(body, rel.body, &rel.scan, rec.Engine)
 }
 
 // setRequestID gives req the legs' forged X-Request-Id, if any.
@@ -363,6 +382,9 @@ func (rel *relay) pdSerial() (bool, error) {
 		return false, res.err
 	}
 	dbody, err := pd.proto.decodeBody(&pd.legs, handoff)
+	if err == nil {
+		dbody, err = rel.pdHinted(&rel.att, dbody)
+	}
 	if err != nil {
 		rel.endAttempt(&rel.att, 0, nil, verdictNeutral)
 		return false, err

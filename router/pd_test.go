@@ -477,6 +477,106 @@ func TestPDFailover(t *testing.T) {
 	}
 }
 
+// TestPDFailoverDecode: a decode that fails before its first byte (a 5xx,
+// or a worker that is not there) is replaced by another pair, unary and
+// streaming; the client sees only the good pair's answer.
+func TestPDFailoverDecode(t *testing.T) {
+	for _, proto := range []string{discovery.ProtocolVLLMNixl, discovery.ProtocolSGLangBootstrap} {
+		t.Run(proto, func(t *testing.T) {
+			p := startPDSim(t, "prefill", proto, nil)
+			good := startPDSim(t, "decode", proto, nil)
+			bad := startPDSim(t, "decode", proto, func(c *config.Sim) { c.ErrorRate = 1 })
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			gone := &pdSim{addr: ln.Addr().String()}
+			_ = ln.Close()
+			tr := pdRouter(t, func(c *router.Config) { c.MaxRetries = 3 }, p.record(discovery.DisaggPrefill, proto),
+				good.record(discovery.DisaggDecode, proto), bad.record(discovery.DisaggDecode, proto), gone.record(discovery.DisaggDecode, proto))
+			for i := range 6 {
+				body := pdChat
+				if i%2 == 1 {
+					body = pdStreamChat(pdChat)
+				}
+				resp, b := tr.do(t, http.MethodPost, "/v1/chat/completions", body)
+				if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Worker") != good.addr || resp.Header.Get("X-Infera-Prefill-Worker") != p.addr ||
+					strings.Contains(string(b), `"error"`) {
+					t.Fatalf("request %d: %d via %s/%s: %s", i, resp.StatusCode, resp.Header.Get("X-Infera-Prefill-Worker"), resp.Header.Get("X-Infera-Worker"), b)
+				}
+			}
+			if len(bad.got(t)) == 0 {
+				t.Error("the failing decode was never tried")
+			}
+			if n := len(good.got(t)); n != 6 {
+				t.Errorf("good decode got %d requests, want 6", n)
+			}
+		})
+	}
+}
+
+// TestPDCacheHints: each leg gets its engine's cache hints, as a mixed
+// worker of that engine would (cachehints.go), on top of the protocol's
+// fields; a client's own hint fields are kept.
+func TestPDCacheHints(t *testing.T) {
+	withEngine := func(r discovery.Record, engine string) discovery.Record { r.Engine = engine; return r }
+	t.Run("vllm", func(t *testing.T) {
+		p := startPDSim(t, "prefill", discovery.ProtocolVLLMNixl, nil)
+		d := startPDSim(t, "decode", discovery.ProtocolVLLMNixl, nil)
+		tr := pdRouter(t, nil, withEngine(p.record(discovery.DisaggPrefill, discovery.ProtocolVLLMNixl), discovery.EngineVLLM),
+			withEngine(d.record(discovery.DisaggDecode, discovery.ProtocolVLLMNixl), discovery.EngineVLLM))
+		short := strings.Replace(pdChat, `"user":"u1"`, `"user":"u1","prompt_cache_retention":"5m"`, 1)
+		own := strings.Replace(pdChat, `"user":"u1"`, `"user":"u1","kv_transfer_params":{"infera_retention":"none"}`, 1)
+		for _, b := range []string{short, pdStreamChat(own)} {
+			if resp, out := tr.do(t, http.MethodPost, "/v1/chat/completions", b); resp.StatusCode != 200 || strings.Contains(string(out), `"error"`) {
+				t.Fatalf("%d %s", resp.StatusCode, out)
+			}
+		}
+		pg, dg := p.got(t), d.got(t)
+		if len(pg) != 2 || len(dg) != 2 {
+			t.Fatalf("prefill got %d, decode %d", len(pg), len(dg))
+		}
+		for i, want := range []struct{ kv, legacy string }{{"short", "short"}, {"none", "long"}} {
+			for leg, g := range map[string]gotRequest{"prefill": pg[i], "decode": dg[i]} {
+				kv, _ := g.Body["kv_transfer_params"].(map[string]any)
+				if kv["infera_retention"] != want.kv || g.Body["_infera_retention"] != want.legacy {
+					t.Errorf("request %d %s body %v: want kv_transfer_params.infera_retention %q, _infera_retention %q", i, leg, g.Body, want.kv, want.legacy)
+				}
+				if (leg == "prefill" && kv["do_remote_decode"] != true) || (leg == "decode" && kv["do_remote_prefill"] != true) {
+					t.Errorf("request %d %s kv_transfer_params %v lost the protocol's fields", i, leg, kv)
+				}
+			}
+		}
+	})
+	t.Run("sglang", func(t *testing.T) {
+		p := startPDSim(t, "prefill", discovery.ProtocolSGLangBootstrap, nil)
+		d := startPDSim(t, "decode", discovery.ProtocolSGLangBootstrap, nil)
+		tr := pdRouter(t, nil, withEngine(p.record(discovery.DisaggPrefill, discovery.ProtocolSGLangBootstrap), discovery.EngineSGLang),
+			withEngine(d.record(discovery.DisaggDecode, discovery.ProtocolSGLangBootstrap), discovery.EngineSGLang))
+		short := strings.Replace(pdChat, `"user":"u1"`, `"user":"u1","prompt_cache_key":"s1"`, 1)
+		own := strings.Replace(pdChat, `"user":"u1"`, `"user":"u1","priority":7`, 1)
+		for _, b := range []string{short, pdStreamChat(own)} {
+			if resp, out := tr.do(t, http.MethodPost, "/v1/chat/completions", b); resp.StatusCode != 200 || strings.Contains(string(out), `"error"`) {
+				t.Fatalf("%d %s", resp.StatusCode, out)
+			}
+		}
+		pg, dg := p.got(t), d.got(t)
+		if len(pg) != 2 || len(dg) != 2 {
+			t.Fatalf("prefill got %d, decode %d", len(pg), len(dg))
+		}
+		for i, want := range []struct {
+			prio float64
+			ret  string
+		}{{50, "short"}, {7, "long"}} {
+			for leg, g := range map[string]gotRequest{"prefill": pg[i], "decode": dg[i]} {
+				if g.Body["priority"] != want.prio || g.Body["infera_retention"] != want.ret || g.Body["bootstrap_room"] == nil {
+					t.Errorf("request %d %s body %v: want priority %v, infera_retention %q and the bootstrap fields", i, leg, g.Body, want.prio, want.ret)
+				}
+			}
+		}
+	})
+}
+
 // TestPDMinUncachedTokens: short prompts run on the decode alone, long
 // ones disaggregate.
 func TestPDMinUncachedTokens(t *testing.T) {
