@@ -278,7 +278,9 @@ func TestPDNixl1P1D(t *testing.T) {
 
 func TestPDSGLangBootstrapDPAlignment(t *testing.T) {
 	want := mixedAnswer(t, pdChat)
-	p := startPDSim(t, "prefill", discovery.ProtocolSGLangBootstrap, nil)
+	// The prefill keeps KV per rank and refuses a room not congruent to
+	// the rank pinned; the decode finds it on disagg_prefill_dp_rank.
+	p := startPDSim(t, "prefill", discovery.ProtocolSGLangBootstrap, func(c *config.Sim) { c.PDDPSize = 4 })
 	d := startPDSim(t, "decode", discovery.ProtocolSGLangBootstrap, nil)
 	prec := p.record(discovery.DisaggPrefill, discovery.ProtocolSGLangBootstrap)
 	prec.DPSize = 4 // the router pins a rank and aligns the room to it
