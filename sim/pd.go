@@ -587,6 +587,19 @@ func (s *Server) serveKV(ctx *fasthttp.RequestCtx, q *seq, r *pdRequest, chat bo
 	return true
 }
 
+// appendPDMetrics appends a PD role's KV-transfer counters (every
+// flavor's /metrics).
+func (s *Server) appendPDMetrics(b []byte) []byte {
+	pd := s.pd
+	if pd == nil {
+		return b
+	}
+	b = s.appendMetric(b, "infera_sim_kv_transfers_total", "counter",
+		"KV hand-offs this decode received and verified (PD roles).", float64(pd.transfers.Load()))
+	return s.appendMetric(b, "infera_sim_kv_transfer_seconds_total", "counter",
+		"Time this decode spent receiving KV (PD roles), part of its requests' TTFT.", float64(pd.transferNs.Load())/1e9)
+}
+
 // PDKVAddr is the host:port of a prefill's KV server once Serve runs
 // ("" otherwise).
 func (s *Server) PDKVAddr() string {
