@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,16 @@ type pdSim struct {
 // startPDSim runs a sim with role and protocol (role "" = mixed).
 func startPDSim(t *testing.T, role, protocol string, tweak func(*config.Sim)) *pdSim {
 	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startPDSimOn(t, ln, role, protocol, tweak)
+}
+
+// startPDSimOn is startPDSim serving on ln.
+func startPDSimOn(t *testing.T, ln net.Listener, role, protocol string, tweak func(*config.Sim)) *pdSim {
+	t.Helper()
 	cfg := config.DefaultSim()
 	cfg.Port = 0
 	cfg.TimeScale = 0.01
@@ -43,10 +54,7 @@ func startPDSim(t *testing.T, role, protocol string, tweak func(*config.Sim)) *p
 	}
 	s, err := sim.New(cfg, zerolog.Nop())
 	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+		_ = ln.Close()
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -513,6 +521,107 @@ func TestPDFailoverDecode(t *testing.T) {
 			if n := len(good.got(t)); n != 6 {
 				t.Errorf("good decode got %d requests, want 6", n)
 			}
+		})
+	}
+}
+
+// countingListener counts the connections it accepted.
+type countingListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+// TestPDLegsReuseConnections: unary legs (every prefill, a unary decode)
+// take connections of the worker's pool, as mixed attempts do, instead of
+// one connection per leg.
+func TestPDLegsReuseConnections(t *testing.T) {
+	for _, proto := range []string{discovery.ProtocolVLLMNixl, discovery.ProtocolSGLangBootstrap} {
+		t.Run(proto, func(t *testing.T) {
+			listen := func() *countingListener {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return &countingListener{Listener: ln}
+			}
+			pl, dl := listen(), listen()
+			p := startPDSimOn(t, pl, "prefill", proto, nil)
+			d := startPDSimOn(t, dl, "decode", proto, nil)
+			tr := pdRouter(t, nil, p.record(discovery.DisaggPrefill, proto), d.record(discovery.DisaggDecode, proto))
+			const n = 8
+			for i := range n {
+				if resp, b := tr.do(t, http.MethodPost, "/v1/chat/completions", pdChat); resp.StatusCode != 200 {
+					t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+				}
+			}
+			// A leg per connection would be n each; the pool's idle
+			// timeout (50ms in tests) may retire one now and then.
+			if got := pl.n.Load(); got >= n {
+				t.Errorf("prefill accepted %d connections for %d requests: legs do not reuse connections", got, n)
+			}
+			if got := dl.n.Load(); got >= n {
+				t.Errorf("decode accepted %d connections for %d unary requests: legs do not reuse connections", got, n)
+			}
+		})
+	}
+}
+
+// TestPDUnaryClientLeaves: a unary PD client that leaves cancels both
+// legs: the engines' running counts drop to 0, whichever leg was running.
+func TestPDUnaryClientLeaves(t *testing.T) {
+	for _, c := range []struct {
+		proto string
+		hang  string // the role whose engine holds the request
+	}{
+		{discovery.ProtocolVLLMNixl, "decode"},
+		{discovery.ProtocolVLLMNixl, "prefill"},
+		{discovery.ProtocolSGLangBootstrap, "decode"},
+		{discovery.ProtocolSGLangBootstrap, "prefill"},
+	} {
+		t.Run(c.proto+"/"+c.hang, func(t *testing.T) {
+			hang := func(role string) func(*config.Sim) {
+				if role != c.hang {
+					return nil
+				}
+				return func(s *config.Sim) { s.HangBeforeFirstToken = 1 }
+			}
+			p := startPDSim(t, "prefill", c.proto, hang("prefill"))
+			d := startPDSim(t, "decode", c.proto, hang("decode"))
+			tr := pdRouter(t, func(c *router.Config) { c.PDPrefillTimeout = 30 * time.Second },
+				p.record(discovery.DisaggPrefill, c.proto), d.record(discovery.DisaggDecode, c.proto))
+			held := &upstream{addr: p.addr}
+			if c.hang == "decode" {
+				held = &upstream{addr: d.addr}
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, tr.url+"/v1/chat/completions", strings.NewReader(pdChat))
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				resp, err := tr.client.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				done <- err
+			}()
+			eventually(t, "the "+c.hang+" engine to hold the request", func() bool { return simGauge(t, held, "vllm:num_requests_running") == 1 })
+			cancel()
+			if err := <-done; err == nil {
+				t.Error("the request answered, want it cancelled")
+			}
+			eventually(t, "both engines to drop the request", func() bool {
+				return simGauge(t, &upstream{addr: p.addr}, "vllm:num_requests_running") == 0 && simGauge(t, &upstream{addr: d.addr}, "vllm:num_requests_running") == 0
+			})
 		})
 	}
 }
