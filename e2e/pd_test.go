@@ -356,9 +356,13 @@ func TestPDEnginesEndToEnd(t *testing.T) {
 // TestPDFailuresEndToEnd: acceptance 2 with real processes; every request
 // has a deadline well under the timeouts involved.
 func TestPDFailuresEndToEnd(t *testing.T) {
-	for _, proto := range pdProtos {
+	for _, proto := range append(slices.Clone(pdProtos), atomProto) {
 		t.Run(proto.name, func(t *testing.T) {
 			f := startServe(t, "--pd-prefill-timeout", "20s", "--request-max-retries", "0")
+			pdDo := func(t *testing.T, f *fleet, content string, stream bool, maxTokens int) (int, string, string, string) {
+				t.Helper()
+				return pdDoProto(t, f, proto, content, stream, maxTokens)
+			}
 			// Half a pool.
 			d := f.startPDWorker(t, proto, "decode", proto.engine+"-d")
 			status, _, _, body := pdDo(t, f, "hello", false, 4)
@@ -375,7 +379,7 @@ func TestPDFailuresEndToEnd(t *testing.T) {
 			start := time.Now()
 			go func() {
 				defer close(done)
-				st, _, _, b, serr = pdSend(context.Background(), f, "a request whose prefill dies", false, 4)
+				st, _, _, b, serr = pdSendRoute(context.Background(), f, proto.completions, "a request whose prefill dies", false, 4)
 			}()
 			deadline := time.Now().Add(10 * time.Second)
 			for len(p.got(t)) == 0 && time.Now().Before(deadline) {
@@ -411,9 +415,12 @@ func TestPDFailuresEndToEnd(t *testing.T) {
 
 			// A client that leaves cancels both legs: running counts drop.
 			slow := f.startPDWorker(t, proto, "decode", proto.engine+"-slow", "INFERA_DECODE_MS_PER_TOKEN=200", "INFERA_TIME_SCALE=1")
+			path, long := "/v1/chat/completions", `{"model":"pd-model","max_tokens":200,"stream":%t,"messages":[{"role":"user","content":"a long answer please"}]}`
+			if proto.completions {
+				path, long = "/v1/completions", `{"model":"pd-model","max_tokens":200,"stream":%t,"prompt":"a long answer please"}`
+			}
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.base+"/v1/chat/completions",
-				strings.NewReader(`{"model":"pd-model","max_tokens":200,"stream":true,"messages":[{"role":"user","content":"a long answer please"}]}`))
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.base+path, strings.NewReader(fmt.Sprintf(long, true)))
 			req.Header.Set("Content-Type", "application/json")
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
@@ -434,13 +441,43 @@ func TestPDFailuresEndToEnd(t *testing.T) {
 			}
 			cancel()
 			resp.Body.Close()
-			deadline = time.Now().Add(10 * time.Second)
-			for running(t, slow.id) != 0 || running(t, p.id) != 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("running counts decode %v prefill %v 10s after the client left", running(t, slow.id), running(t, p.id))
+			waitIdle := func(what string) {
+				t.Helper()
+				deadline := time.Now().Add(10 * time.Second)
+				for running(t, slow.id) != 0 || running(t, p.id) != 0 {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: running counts decode %v prefill %v 10s after the client left", what, running(t, slow.id), running(t, p.id))
+					}
+					time.Sleep(50 * time.Millisecond)
 				}
-				time.Sleep(50 * time.Millisecond)
 			}
+			waitIdle("stream")
+
+			// The same for a unary request: its client watch aborts both legs.
+			ctx, cancel = context.WithTimeout(t.Context(), 20*time.Second)
+			req, _ = http.NewRequestWithContext(ctx, http.MethodPost, f.base+path, strings.NewReader(fmt.Sprintf(long, false)))
+			req.Header.Set("Content-Type", "application/json")
+			left := make(chan error, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				left <- err
+			}()
+			deadline = time.Now().Add(10 * time.Second)
+			for running(t, slow.id) != 1 {
+				if time.Now().After(deadline) {
+					cancel()
+					t.Fatalf("unary: decode running %v, want 1", running(t, slow.id))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			cancel()
+			if err := <-left; err == nil {
+				t.Error("unary: the request answered, want it cancelled")
+			}
+			waitIdle("unary")
 		})
 	}
 }
