@@ -81,6 +81,12 @@ type Sim struct {
 	PDKVTTL     time.Duration
 	PDKVTimeout time.Duration
 	PDEngineID  string
+	// PDDPSize is the data-parallel ranks of a PD role (SGLang --dp-size
+	// through the facade): an sglang-bootstrap prefill with more than one
+	// serves a request's KV on the rank its X-Data-Parallel-Rank names
+	// (else bootstrap_room % PDDPSize), and refuses a room not congruent
+	// to that rank; its decode finds the KV on disagg_prefill_dp_rank.
+	PDDPSize int
 	// RecordRequests appends every completion request received (path,
 	// PD headers, body) as one JSON line to this file; "" = off.
 	RecordRequests string
@@ -157,6 +163,7 @@ func (s *Sim) Flags() []cli.Flag {
 		Duration("pd-kv-ttl", "how long a prefill keeps a request's KV for its decode", &s.PDKVTTL, 60*time.Second),
 		Duration("pd-kv-timeout", "longest wait of a decode for the KV its request names (then HTTP 500)", &s.PDKVTimeout, 30*time.Second),
 		String("pd-engine-id", "engine id a vLLM-flavoured prefill hands off (kv_transfer_params.remote_engine_id)", &s.PDEngineID, "sim-engine"),
+		Int("pd-dp-size", "data-parallel ranks of an sglang-bootstrap PD role: the prefill serves KV per rank (X-Data-Parallel-Rank, else bootstrap_room % size) and refuses rooms not aligned to it", &s.PDDPSize, 1),
 		String("record-requests", "append every completion request received (path, PD headers, body) as a JSON line to this file", &s.RecordRequests, ""),
 		String("flavor", "imitate an engine's command line, metrics and events: vllm, sglang or atom; must be the last sim flag, the engine's own arguments follow it (e.g. --flavor vllm serve MODEL --port 8000)", &s.Flavor, ""),
 	)
@@ -326,6 +333,9 @@ func (s *Sim) validatePD(p *Problems) {
 	}
 	if s.PDKVPort < 0 || s.PDKVPort > 65535 {
 		p.Addf("--pd-kv-port %d: want 0..65535", s.PDKVPort)
+	}
+	if s.PDDPSize < 1 || s.PDDPSize > 64 {
+		p.Addf("--pd-dp-size %d: want 1..64", s.PDDPSize)
 	}
 	if s.PDKVTTL <= 0 || s.PDKVTimeout <= 0 {
 		p.Addf("--pd-kv-ttl and --pd-kv-timeout must be positive")

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,6 +33,8 @@ type pdProto struct {
 	args func(t *testing.T, role string) []string
 	// env returns the worker's extra environment for role (nil: none).
 	env func(t *testing.T, role string) []string
+	// completions: the protocol hands off on /v1/completions only (ATOM).
+	completions bool
 }
 
 var pdProtos = []pdProto{
@@ -81,6 +84,13 @@ func moriProto(name string, read bool) pdProto {
 				kvRole, freePort(t), freePort(t), read)}
 	}}
 }
+
+// atomProto is ATOM's mooncake connector (serial, completions only).
+var atomProto = pdProto{name: "atom-mooncake", engine: "atom", completions: true, args: func(t *testing.T, role string) []string {
+	kvRole := map[string]string{"prefill": "kv_producer", "decode": "kv_consumer"}[role]
+	return []string{"--model", "deepseek-ai/DeepSeek-R1", "--host", "127.0.0.1", "--served-model-name", "pd-model",
+		"--kv-transfer-config", fmt.Sprintf(`{"kv_connector":"mooncake","kv_role":%q,"handshake_port":%d}`, kvRole, freePort(t))}
+}}
 
 // pdWorker is one PD worker process and what its engine recorded.
 type pdWorker struct {
@@ -149,12 +159,33 @@ func pdDo(t *testing.T, f *fleet, content string, stream bool, maxTokens int) (i
 	return status, ph, dh, body
 }
 
+// pdDoProto is pdDo on the route proto hands off on: chat, or
+// completions for ATOM.
+func pdDoProto(t *testing.T, f *fleet, proto pdProto, content string, stream bool, maxTokens int) (int, string, string, string) {
+	t.Helper()
+	status, ph, dh, body, err := pdSendRoute(t.Context(), f, proto.completions, content, stream, maxTokens)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	return status, ph, dh, body
+}
+
 // pdSend is pdDo without the test (safe on any goroutine).
 func pdSend(parent context.Context, f *fleet, content string, stream bool, maxTokens int) (int, string, string, string, error) {
+	return pdSendRoute(parent, f, false, content, stream, maxTokens)
+}
+
+// pdSendRoute is pdSend on /v1/completions when completions is set.
+func pdSendRoute(parent context.Context, f *fleet, completions bool, content string, stream bool, maxTokens int) (int, string, string, string, error) {
 	ctx, cancel := context.WithTimeout(parent, 30*time.Second)
 	defer cancel()
+	path := "/v1/chat/completions"
 	body := fmt.Sprintf(`{"model":"pd-model","max_tokens":%d,"stream":%t,"messages":[{"role":"user","content":%q}]}`, maxTokens, stream, content)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.base+"/v1/chat/completions", strings.NewReader(body))
+	if completions {
+		path = "/v1/completions"
+		body = fmt.Sprintf(`{"model":"pd-model","max_tokens":%d,"stream":%t,"prompt":%q}`, maxTokens, stream, content)
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.base+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -211,6 +242,17 @@ func checkLegs(t *testing.T, proto string, ps []*pdWorker, d *pdWorker, stream a
 			!strings.HasPrefix(last.RequestID, "___prefill_addr_host:127.0.0.1,handshake:") || (stream != nil && db["stream"] != stream) {
 			t.Errorf("MoRIIO bodies %v / %v (request id %q)", pb, db, last.RequestID)
 		}
+	case "atom-mooncake":
+		pkv, _ := pb["kv_transfer_params"].(map[string]any)
+		dkv, _ := db["kv_transfer_params"].(map[string]any)
+		if pb["max_tokens"] != 1.0 || pb["stream"] != false || pkv["do_remote_decode"] != true || pkv["remote_host"] != "127.0.0.1" ||
+			pkv["remote_handshake_port"] == nil || pkv["remote_port"] == nil {
+			t.Errorf("ATOM prefill body %v", pb)
+		}
+		if dkv["transfer_id"] == nil || dkv["remote_handshake_port"] == nil || dkv["remote_dp_size"] == nil || dkv["remote_tp_size"] == nil ||
+			db["max_tokens"] == 1.0 || (stream != nil && db["stream"] != stream) {
+			t.Errorf("ATOM decode body %v", db)
+		}
 	case "sglang-bootstrap":
 		if pb["bootstrap_room"] == nil || pb["bootstrap_room"] != db["bootstrap_room"] || pb["bootstrap_host"] != "127.0.0.1" ||
 			pb["bootstrap_port"] != db["bootstrap_port"] || pb["stream"] != db["stream"] || (stream != nil && db["stream"] != stream) {
@@ -219,12 +261,36 @@ func checkLegs(t *testing.T, proto string, ps []*pdWorker, d *pdWorker, stream a
 	}
 }
 
+// checkVerified asserts that decode d verified the prefill's KV bytes
+// (checksum) for every request it received: its simulator counts a
+// transfer only after the check passed, and refuses to decode otherwise.
+func checkVerified(t *testing.T, d *pdWorker) {
+	t.Helper()
+	resp, err := http.Get("http://" + d.id + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if got, want := metricValue(string(b), "infera_sim_kv_transfers_total"), len(d.got(t)); got != float64(want) || want == 0 {
+		t.Errorf("decode %s verified %v KV transfers, got %d requests", d.id, got, want)
+	}
+}
+
+// TestPDEnginesEndToEnd: acceptance 1 for every protocol (ATOM's on
+// completions), through the engines' worker shims: 1P1D, 1P2D and 2P1D,
+// unary and streaming, both legs' bodies as the engines received them,
+// every decode's KV verified.
 func TestPDEnginesEndToEnd(t *testing.T) {
-	for _, proto := range pdProtos {
+	for _, proto := range append(slices.Clone(pdProtos), atomProto) {
 		t.Run(proto.name, func(t *testing.T) {
 			f := startServe(t)
 			p1 := f.startPDWorker(t, proto, "prefill", proto.engine+"-p1")
 			d1 := f.startPDWorker(t, proto, "decode", proto.engine+"-d1")
+			pdDo := func(t *testing.T, f *fleet, content string, stream bool, maxTokens int) (int, string, string, string) {
+				t.Helper()
+				return pdDoProto(t, f, proto, content, stream, maxTokens)
+			}
 
 			// 1P1D, unary and streaming.
 			status, ph, dh, body := pdDo(t, f, "explain disaggregated prefill and decode", false, 6)
@@ -241,21 +307,29 @@ func TestPDEnginesEndToEnd(t *testing.T) {
 				t.Fatalf("1P1D stream: %d %s", status, body)
 			}
 			checkLegs(t, proto.name, []*pdWorker{p1}, d1, true)
+			checkVerified(t, d1)
 
 			// 1P2D: both decodes serve, each verifying the one prefill's KV.
 			d2 := f.startPDWorker(t, proto, "decode", proto.engine+"-d2")
 			seen := map[string]bool{}
 			for i := range 6 {
-				status, ph, dh, body := pdDo(t, f, fmt.Sprintf("question %d about kv transfer", i), i%2 == 1, 4)
+				stream := i%2 == 1
+				status, ph, dh, body := pdDo(t, f, fmt.Sprintf("question %d about kv transfer", i), stream, 4)
 				if status != 200 || ph != p1.id || strings.Contains(body, `"error"`) {
 					t.Fatalf("1P2D %d: %d via %s/%s: %s", i, status, ph, dh, body)
 				}
 				seen[dh] = true
+				dw := d1
+				if dh == d2.id {
+					dw = d2
+				}
+				checkLegs(t, proto.name, []*pdWorker{p1}, dw, stream)
 			}
 			if !seen[d1.id] || !seen[d2.id] {
 				t.Errorf("1P2D decodes used %v, want both", seen)
 			}
-			checkLegs(t, proto.name, []*pdWorker{p1}, d2, nil)
+			checkVerified(t, d1)
+			checkVerified(t, d2)
 
 			// 2P1D.
 			d2.p.signal(syscall.SIGTERM)
@@ -263,16 +337,18 @@ func TestPDEnginesEndToEnd(t *testing.T) {
 			p2 := f.startPDWorker(t, proto, "prefill", proto.engine+"-p2")
 			seen = map[string]bool{}
 			for i := range 6 {
-				status, ph, dh, body := pdDo(t, f, fmt.Sprintf("another question %d", i), i%2 == 0, 4)
+				stream := i%2 == 0
+				status, ph, dh, body := pdDo(t, f, fmt.Sprintf("another question %d", i), stream, 4)
 				if status != 200 || dh != d1.id || strings.Contains(body, `"error"`) {
 					t.Fatalf("2P1D %d: %d via %s/%s: %s", i, status, ph, dh, body)
 				}
 				seen[ph] = true
+				checkLegs(t, proto.name, []*pdWorker{p1, p2}, d1, stream)
 			}
 			if !seen[p1.id] || !seen[p2.id] {
 				t.Errorf("2P1D prefills used %v, want both", seen)
 			}
-			checkLegs(t, proto.name, []*pdWorker{p1, p2}, d1, nil)
+			checkVerified(t, d1)
 		})
 	}
 }
@@ -280,9 +356,13 @@ func TestPDEnginesEndToEnd(t *testing.T) {
 // TestPDFailuresEndToEnd: acceptance 2 with real processes; every request
 // has a deadline well under the timeouts involved.
 func TestPDFailuresEndToEnd(t *testing.T) {
-	for _, proto := range pdProtos {
+	for _, proto := range append(slices.Clone(pdProtos), atomProto) {
 		t.Run(proto.name, func(t *testing.T) {
 			f := startServe(t, "--pd-prefill-timeout", "20s", "--request-max-retries", "0")
+			pdDo := func(t *testing.T, f *fleet, content string, stream bool, maxTokens int) (int, string, string, string) {
+				t.Helper()
+				return pdDoProto(t, f, proto, content, stream, maxTokens)
+			}
 			// Half a pool.
 			d := f.startPDWorker(t, proto, "decode", proto.engine+"-d")
 			status, _, _, body := pdDo(t, f, "hello", false, 4)
@@ -299,7 +379,7 @@ func TestPDFailuresEndToEnd(t *testing.T) {
 			start := time.Now()
 			go func() {
 				defer close(done)
-				st, _, _, b, serr = pdSend(context.Background(), f, "a request whose prefill dies", false, 4)
+				st, _, _, b, serr = pdSendRoute(context.Background(), f, proto.completions, "a request whose prefill dies", false, 4)
 			}()
 			deadline := time.Now().Add(10 * time.Second)
 			for len(p.got(t)) == 0 && time.Now().Before(deadline) {
@@ -335,9 +415,12 @@ func TestPDFailuresEndToEnd(t *testing.T) {
 
 			// A client that leaves cancels both legs: running counts drop.
 			slow := f.startPDWorker(t, proto, "decode", proto.engine+"-slow", "INFERA_DECODE_MS_PER_TOKEN=200", "INFERA_TIME_SCALE=1")
+			path, long := "/v1/chat/completions", `{"model":"pd-model","max_tokens":200,"stream":%t,"messages":[{"role":"user","content":"a long answer please"}]}`
+			if proto.completions {
+				path, long = "/v1/completions", `{"model":"pd-model","max_tokens":200,"stream":%t,"prompt":"a long answer please"}`
+			}
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.base+"/v1/chat/completions",
-				strings.NewReader(`{"model":"pd-model","max_tokens":200,"stream":true,"messages":[{"role":"user","content":"a long answer please"}]}`))
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.base+path, strings.NewReader(fmt.Sprintf(long, true)))
 			req.Header.Set("Content-Type", "application/json")
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
@@ -358,13 +441,43 @@ func TestPDFailuresEndToEnd(t *testing.T) {
 			}
 			cancel()
 			resp.Body.Close()
-			deadline = time.Now().Add(10 * time.Second)
-			for running(t, slow.id) != 0 || running(t, p.id) != 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("running counts decode %v prefill %v 10s after the client left", running(t, slow.id), running(t, p.id))
+			waitIdle := func(what string) {
+				t.Helper()
+				deadline := time.Now().Add(10 * time.Second)
+				for running(t, slow.id) != 0 || running(t, p.id) != 0 {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: running counts decode %v prefill %v 10s after the client left", what, running(t, slow.id), running(t, p.id))
+					}
+					time.Sleep(50 * time.Millisecond)
 				}
-				time.Sleep(50 * time.Millisecond)
 			}
+			waitIdle("stream")
+
+			// The same for a unary request: its client watch aborts both legs.
+			ctx, cancel = context.WithTimeout(t.Context(), 20*time.Second)
+			req, _ = http.NewRequestWithContext(ctx, http.MethodPost, f.base+path, strings.NewReader(fmt.Sprintf(long, false)))
+			req.Header.Set("Content-Type", "application/json")
+			left := make(chan error, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				left <- err
+			}()
+			deadline = time.Now().Add(10 * time.Second)
+			for running(t, slow.id) != 1 {
+				if time.Now().After(deadline) {
+					cancel()
+					t.Fatalf("unary: decode running %v, want 1", running(t, slow.id))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			cancel()
+			if err := <-left; err == nil {
+				t.Error("unary: the request answered, want it cancelled")
+			}
+			waitIdle("unary")
 		})
 	}
 }
@@ -456,13 +569,10 @@ func TestPDSimEngineEndToEnd(t *testing.T) {
 }
 
 // TestPDATOMEndToEnd: atom-mooncake through `infera worker --engine atom`
-// (serial, completions only: a chat request has no hand-off → 502).
+// (serial, completions only: a chat request has no hand-off → 502); its
+// 1P2D and 2P1D run in TestPDEnginesEndToEnd.
 func TestPDATOMEndToEnd(t *testing.T) {
-	proto := pdProto{name: "atom-mooncake", engine: "atom", args: func(t *testing.T, role string) []string {
-		kvRole := map[string]string{"prefill": "kv_producer", "decode": "kv_consumer"}[role]
-		return []string{"--model", "deepseek-ai/DeepSeek-R1", "--host", "127.0.0.1", "--served-model-name", "pd-model",
-			"--kv-transfer-config", fmt.Sprintf(`{"kv_connector":"mooncake","kv_role":%q,"handshake_port":%d}`, kvRole, freePort(t))}
-	}}
+	proto := atomProto
 	f := startServe(t)
 	p := f.startPDWorker(t, proto, "prefill", "atom-p")
 	d := f.startPDWorker(t, proto, "decode", "atom-d")
@@ -490,8 +600,9 @@ func TestPDATOMEndToEnd(t *testing.T) {
 }
 
 // TestPDSGLangDPEndToEnd: an SGLang prefill with --dp-size 2 (one worker,
-// two ranks): every request pins a prefill rank, and the bootstrap room
-// both legs get is congruent to it (room % dp_size = rank).
+// two ranks, KV kept per rank by the simulator): every request pins a
+// prefill rank, the bootstrap room both legs get is congruent to it
+// (room % dp_size = rank), and the decode is told that rank.
 func TestPDSGLangDPEndToEnd(t *testing.T) {
 	proto := pdProtos[len(pdProtos)-1]
 	if proto.name != "sglang-bootstrap" {
@@ -521,10 +632,12 @@ func TestPDSGLangDPEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	ranks := map[string]bool{}
+	rankOf := map[string]string{} // by X-Request-Id
 	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
 		var g struct {
-			DPRank string `json:"dp_rank"`
-			Body   struct {
+			RequestID string `json:"request_id"`
+			DPRank    string `json:"dp_rank"`
+			Body      struct {
 				Room json.Number `json:"bootstrap_room"`
 			} `json:"body"`
 		}
@@ -538,14 +651,26 @@ func TestPDSGLangDPEndToEnd(t *testing.T) {
 			t.Errorf("prefill room %s with X-Data-Parallel-Rank %q: want room %% 2 = rank", g.Body.Room, g.DPRank)
 		}
 		ranks[g.DPRank] = true
+		rankOf[g.RequestID] = g.DPRank
 	}
 	if len(ranks) != 2 {
 		t.Errorf("prefill ranks used %v, want both", ranks)
 	}
+	// The decode was told the rank the prefill ran on; its simulator
+	// fetches the KV from that rank only (and the prefill refused rooms
+	// not congruent to its rank), so every verified transfer shows the
+	// alignment held.
 	dg := d.got(t)
-	if len(dg) != 6 || dg[0].Body["disagg_prefill_dp_rank"] == nil {
-		t.Errorf("decode got %d requests; first %v: want disagg_prefill_dp_rank", len(dg), dg[0].Body)
+	if len(dg) != 6 {
+		t.Fatalf("decode got %d requests, want 6", len(dg))
 	}
+	for _, g := range dg {
+		r, ok := g.Body["disagg_prefill_dp_rank"].(float64)
+		if want := rankOf[g.RequestID]; !ok || want == "" || strconv.Itoa(int(r)) != want {
+			t.Errorf("decode request %s: disagg_prefill_dp_rank %v, want the prefill's rank %q", g.RequestID, g.Body["disagg_prefill_dp_rank"], want)
+		}
+	}
+	checkVerified(t, d)
 }
 
 // TestPDMismatchEndToEnd: a vLLM Nixl prefill and an SGLang decode of one

@@ -27,12 +27,17 @@ import (
 // workers too, those serve it as a mixed model. A complete pair always
 // wins over mixed workers.
 //
-// Each leg runs on a connection of its own (legConn), dialed for the leg
-// and closed after it, so that a leg can be aborted at any moment —
-// while its request is being sent, while its engine computes, while its
-// answer streams — by closing that connection: this is how a failed
-// prefill cancels the decode that waits for its KV, and how a client that
-// leaves cancels both legs. Every wait has a deadline: the prefill leg
+// A leg's connection is known to it (legConn) while it runs, so that a
+// leg can be aborted at any moment — while its request is being sent,
+// while its engine computes, while its answer streams — by closing that
+// connection: this is how a failed prefill cancels the decode that waits
+// for its KV, and how a client that leaves cancels both legs. A unary leg
+// (every prefill, a unary decode) takes a connection of the worker's pool
+// and gives it back after a complete answer, as a mixed attempt does; a
+// streamed decode runs on a connection dialed for it and closed after it
+// (fasthttp keeps a streamed answer's pooled connection to itself until
+// the headers are in, too late for an abort while the decode waits for
+// its KV). Every wait has a deadline: the prefill leg
 // --pd-prefill-timeout, the decode leg --ttft-timeout then
 // --stream-idle-timeout, both the request's --request-timeout.
 //
@@ -84,16 +89,40 @@ func (lc *legConn) abort() {
 	}
 }
 
+// reset readies lc for another pair's leg.
+func (lc *legConn) reset() {
+	lc.mu.Lock()
+	lc.conn, lc.aborted = nil, false
+	lc.mu.Unlock()
+}
+
+// pdCancel is what the client watch of a unary PD request closes when its
+// client leaves (clientWatch.up): both legs, which tells both engines to
+// drop the request.
+type pdCancel struct {
+	net.Conn // nil: the watch only calls Close
+	pd       *pdRequest
+}
+
+func (c pdCancel) Close() error {
+	c.pd.preLeg.abort()
+	c.pd.decLeg.abort()
+	return nil
+}
+
 func (lc *legConn) wasAborted() bool {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
 	return lc.aborted
 }
 
-// do sends req to w on the leg's own connection, within deadline. With
-// stream the body is left to read (a streamed decode); else it is read
-// whole.
+// do sends req to w within deadline. With stream the body is left to
+// read (a streamed decode) on a connection of the leg's own; else it is
+// read whole, on a connection of the worker's pool (doPooled).
 func (lc *legConn) do(r *Router, w *Worker, req *fasthttp.Request, deadline time.Time, stream bool) (*fasthttp.Response, error) {
+	if !stream && w.client != nil {
+		return lc.doPooled(w.client, req, deadline)
+	}
 	req.SetConnectionClose()
 	hc := &fasthttp.HostClient{
 		Addr:                      w.addr,
@@ -138,6 +167,69 @@ func (lc *legConn) do(r *Router, w *Worker, req *fasthttp.Request, deadline time
 	return resp, nil
 }
 
+// doPooled exchanges req for a whole answer on a connection of hc, the
+// worker's pool (dialed through Router.dial like every upstream
+// connection), as unaryTransport does for a mixed attempt: the connection
+// is the leg's while the answer is awaited, so abort closes it (the
+// engine drops the request); after a complete answer it goes back to the
+// pool, after a failure or an abort it is closed.
+func (lc *legConn) doPooled(hc *fasthttp.HostClient, req *fasthttp.Request, deadline time.Time) (*fasthttp.Response, error) {
+	if lc.wasAborted() {
+		return nil, errLegAborted
+	}
+	cc, err := hc.AcquireConn(time.Until(deadline), req.ConnectionClose())
+	if err != nil {
+		return nil, err
+	}
+	conn := cc.Conn()
+	lc.mu.Lock()
+	aborted := lc.aborted
+	if !aborted {
+		lc.conn = conn
+	}
+	lc.mu.Unlock()
+	if aborted {
+		hc.ReleaseConn(cc) // unused: still good
+		return nil, errLegAborted
+	}
+	resp := fasthttp.AcquireResponse()
+	if err = conn.SetWriteDeadline(deadline); err == nil {
+		bw := hc.AcquireWriter(conn)
+		if err = req.Write(bw); err == nil {
+			err = bw.Flush()
+		}
+		hc.ReleaseWriter(bw)
+	}
+	if err == nil {
+		if err = conn.SetReadDeadline(deadline); err == nil {
+			br := hc.AcquireReader(conn)
+			err = resp.ReadLimitBody(br, hc.MaxResponseBodySize)
+			hc.ReleaseReader(br)
+		}
+	}
+	lc.mu.Lock()
+	aborted, lc.conn = lc.aborted, nil
+	lc.mu.Unlock()
+	switch {
+	case aborted || err != nil:
+		hc.CloseConn(cc)
+		fasthttp.ReleaseResponse(resp)
+		if aborted {
+			if err == nil {
+				err = errLegAborted
+			}
+			return nil, fmt.Errorf("%w: %w", errLegAborted, err)
+		}
+		return nil, err
+	case req.ConnectionClose() || resp.ConnectionClose():
+		hc.CloseConn(cc)
+	default:
+		_ = conn.SetDeadline(time.Time{})
+		hc.ReleaseConn(cc)
+	}
+	return resp, nil
+}
+
 // disaggregated reports whether the model is served through the PD path:
 // it has prefill or decode workers and, unless both pools are there, no
 // mixed worker to serve it instead.
@@ -165,12 +257,23 @@ func (rel *relay) servePD() {
 		return
 	}
 	rel.pd = &pdRequest{preDone: make(chan pdResult, 1)}
+	if !rel.scan.Stream {
+		// A unary answer writes nothing until it is complete: a client
+		// that leaves is noticed by the watch, which aborts both legs.
+		rel.watch.start(rel.ctx.Conn())
+		var c net.Conn = pdCancel{pd: rel.pd}
+		rel.watch.up.Store(&c)
+	}
 	for {
 		done, err := rel.pdTry()
 		if done {
 			return
 		}
 		if !rel.canRetryPD(err) {
+			if rel.watch.stop(rel.ctx) {
+				rel.clientLeft()
+				return
+			}
 			rel.pdFail(err)
 			return
 		}
@@ -182,7 +285,7 @@ func (rel *relay) canRetryPD(err error) bool {
 	if errors.Is(err, ErrPDProtocol) || errors.Is(err, ErrPDMeta) || errors.Is(err, ErrSaturated) || errors.Is(err, errNoCandidate) {
 		return false
 	}
-	if rel.attempts > rel.r.cfg.MaxRetries || !time.Now().Before(rel.deadline) || !rel.refreshModel() {
+	if rel.watch.gone.Load() || rel.attempts > rel.r.cfg.MaxRetries || !time.Now().Before(rel.deadline) || !rel.refreshModel() {
 		return false
 	}
 	c := rel.model
@@ -212,7 +315,13 @@ func (rel *relay) pdTry() (bool, error) {
 		return false, err
 	}
 	rel.countAttempt()
-	pd.preLeg, pd.decLeg = legConn{}, legConn{}
+	pd.preLeg.reset()
+	pd.decLeg.reset()
+	if rel.watch.gone.Load() {
+		// The client left while the last pair ended.
+		pd.preLeg.abort()
+		pd.decLeg.abort()
+	}
 	p, d := pd.pre.ticket.Worker, rel.att.ticket.Worker
 	proto, err := resolvePDProtocol(p, d)
 	if err != nil {
@@ -241,6 +350,9 @@ func (rel *relay) pdTry() (bool, error) {
 		return false, err
 	}
 	pbody, err := proto.prefillBody(&pd.legs)
+	if err == nil {
+		pbody, err = rel.pdHinted(&pd.pre, pbody)
+	}
 	if err != nil {
 		rel.endLegs(verdictNeutral)
 		return false, err
@@ -250,6 +362,9 @@ func (rel *relay) pdTry() (bool, error) {
 		return rel.pdSerial()
 	}
 	dbody, err := proto.decodeBody(&pd.legs, nil)
+	if err == nil {
+		dbody, err = rel.pdHinted(&rel.att, dbody)
+	}
 	if err != nil {
 		rel.endLegs(verdictNeutral)
 		return false, err
@@ -294,6 +409,19 @@ func (rel *relay) shapeLegs() error {
 	return nil
 }
 
+// pdHinted returns leg a's shaped body with its worker's cache hints,
+// as the mixed path gives them (upstreamRequest).
+func (rel *relay) pdHinted(a *attempt, body []byte) ([]byte, error) {
+	if !rel.route.generates() {
+		return body, nil
+	}
+	rec := a.ticket.Worker.Record()
+	if rec == nil {
+		return body, nil
+	}
+	return pdCacheHints(body, rel.body, &rel.scan, rec.Engine)
+}
+
 // setRequestID gives req the legs' forged X-Request-Id, if any.
 func (l *pdLegs) setRequestID(req *fasthttp.Request) {
 	if l.requestID != "" {
@@ -332,6 +460,7 @@ func (rel *relay) pdSerial() (bool, error) {
 		// The request's own fault: the client gets the engine's answer.
 		rel.endPrefill(pdResult{status: status, why: "status_4xx"})
 		rel.endAttempt(&rel.att, 0, nil, verdictNeutral)
+		rel.watch.stop(rel.ctx)
 		rel.status = status
 		rel.ctx.SetStatusCode(status)
 		if ct := resp.Header.ContentType(); len(ct) > 0 {
@@ -363,6 +492,9 @@ func (rel *relay) pdSerial() (bool, error) {
 		return false, res.err
 	}
 	dbody, err := pd.proto.decodeBody(&pd.legs, handoff)
+	if err == nil {
+		dbody, err = rel.pdHinted(&rel.att, dbody)
+	}
 	if err != nil {
 		rel.endAttempt(&rel.att, 0, nil, verdictNeutral)
 		return false, err
@@ -494,6 +626,14 @@ func (rel *relay) pdDecode() (bool, error) {
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
 		resp = nil
+	}
+	if err != nil && rel.watch.gone.Load() {
+		// Not the decode's fault: the client left and the watch closed
+		// its connection.
+		rel.waitPrefill(true)
+		r.metrics.pd.legs.WithLabelValues("decode", pd.proto.name, "aborted").Inc()
+		rel.endAttempt(a, 0, errClientLeft, verdictNeutral)
+		return false, errClientLeft
 	}
 	if err != nil {
 		res := rel.waitPrefill(true)

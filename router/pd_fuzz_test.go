@@ -6,6 +6,7 @@ import (
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/jsonx"
+	"github.com/infera/infera/openai"
 )
 
 // FuzzPDBodies: every protocol's leg bodies, from any client body and any
@@ -28,6 +29,8 @@ func FuzzPDBodies(f *testing.F) {
 		l := pdLegs{body: body, prefill: prefill, decode: prefill, room: room >> 1, prefillDPSize: 3, prefillDPRank: int(room % 3),
 			prefillHost: "10.0.0.1", decodeHost: "10.0.0.2"}
 		l.hasMaxComplete = topLevelField(body, "max_completion_tokens") != nil
+		var scan openai.Request
+		scanned := openai.Scan(body, &scan) == nil
 		for name, proto := range pdProtocols {
 			if proto.prepare != nil {
 				if err := proto.prepare(&l); err != nil {
@@ -55,6 +58,21 @@ func FuzzPDBodies(f *testing.F) {
 				}
 				if _, ok := m[want]; !ok {
 					t.Fatalf("%s %s body %q has no %s", name, leg, out, want)
+				}
+				if !scanned {
+					continue
+				}
+				// Each engine's cache hints on top keep it valid, with
+				// the protocol's field.
+				for _, engine := range []string{discovery.EngineVLLM, discovery.EngineSGLang, discovery.EngineATOM} {
+					hinted, err := pdCacheHints(out, body, &scan, engine)
+					if err != nil {
+						t.Fatalf("%s %s hints for %s on %q: %v", name, leg, engine, out, err)
+					}
+					var hm map[string]json.RawMessage
+					if jsonx.Valid(hinted, maxEditDepth) != nil || json.Unmarshal(hinted, &hm) != nil || hm[want] == nil {
+						t.Fatalf("%s %s hints for %s: %q (from %q)", name, leg, engine, hinted, out)
+					}
 				}
 			}
 		}

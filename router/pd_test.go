@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +34,16 @@ type pdSim struct {
 // startPDSim runs a sim with role and protocol (role "" = mixed).
 func startPDSim(t *testing.T, role, protocol string, tweak func(*config.Sim)) *pdSim {
 	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startPDSimOn(t, ln, role, protocol, tweak)
+}
+
+// startPDSimOn is startPDSim serving on ln.
+func startPDSimOn(t *testing.T, ln net.Listener, role, protocol string, tweak func(*config.Sim)) *pdSim {
+	t.Helper()
 	cfg := config.DefaultSim()
 	cfg.Port = 0
 	cfg.TimeScale = 0.01
@@ -43,11 +55,12 @@ func startPDSim(t *testing.T, role, protocol string, tweak func(*config.Sim)) *p
 	}
 	s, err := sim.New(cfg, zerolog.Nop())
 	if err != nil {
+		_ = ln.Close()
 		t.Fatal(err)
 	}
-	addr := servetest.Loopback(t, "sim", s.Serve)
+	servetest.Run(t, "sim", ln, s.Serve)
 	<-s.Ready()
-	return &pdSim{addr: addr, kvAddr: s.PDKVAddr(), log: cfg.RecordRequests}
+	return &pdSim{addr: ln.Addr().String(), kvAddr: s.PDKVAddr(), log: cfg.RecordRequests}
 }
 
 // record is the sim's discovery record as its worker would register it.
@@ -266,7 +279,9 @@ func TestPDNixl1P1D(t *testing.T) {
 
 func TestPDSGLangBootstrapDPAlignment(t *testing.T) {
 	want := mixedAnswer(t, pdChat)
-	p := startPDSim(t, "prefill", discovery.ProtocolSGLangBootstrap, nil)
+	// The prefill keeps KV per rank and refuses a room not congruent to
+	// the rank pinned; the decode finds it on disagg_prefill_dp_rank.
+	p := startPDSim(t, "prefill", discovery.ProtocolSGLangBootstrap, func(c *config.Sim) { c.PDDPSize = 4 })
 	d := startPDSim(t, "decode", discovery.ProtocolSGLangBootstrap, nil)
 	prec := p.record(discovery.DisaggPrefill, discovery.ProtocolSGLangBootstrap)
 	prec.DPSize = 4 // the router pins a rank and aligns the room to it
@@ -463,6 +478,207 @@ func TestPDFailover(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPDFailoverDecode: a decode that fails before its first byte (a 5xx,
+// or a worker that is not there) is replaced by another pair, unary and
+// streaming; the client sees only the good pair's answer.
+func TestPDFailoverDecode(t *testing.T) {
+	for _, proto := range []string{discovery.ProtocolVLLMNixl, discovery.ProtocolSGLangBootstrap} {
+		t.Run(proto, func(t *testing.T) {
+			p := startPDSim(t, "prefill", proto, nil)
+			good := startPDSim(t, "decode", proto, nil)
+			bad := startPDSim(t, "decode", proto, func(c *config.Sim) { c.ErrorRate = 1 })
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			gone := &pdSim{addr: ln.Addr().String()}
+			_ = ln.Close()
+			tr := pdRouter(t, func(c *router.Config) { c.MaxRetries = 3 }, p.record(discovery.DisaggPrefill, proto),
+				good.record(discovery.DisaggDecode, proto), bad.record(discovery.DisaggDecode, proto), gone.record(discovery.DisaggDecode, proto))
+			for i := range 6 {
+				body := pdChat
+				if i%2 == 1 {
+					body = pdStreamChat(pdChat)
+				}
+				resp, b := tr.do(t, http.MethodPost, "/v1/chat/completions", body)
+				if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Worker") != good.addr || resp.Header.Get("X-Infera-Prefill-Worker") != p.addr ||
+					strings.Contains(string(b), `"error"`) {
+					t.Fatalf("request %d: %d via %s/%s: %s", i, resp.StatusCode, resp.Header.Get("X-Infera-Prefill-Worker"), resp.Header.Get("X-Infera-Worker"), b)
+				}
+			}
+			if len(bad.got(t)) == 0 {
+				t.Error("the failing decode was never tried")
+			}
+			if n := len(good.got(t)); n != 6 {
+				t.Errorf("good decode got %d requests, want 6", n)
+			}
+		})
+	}
+}
+
+// countingListener counts the connections it accepted.
+type countingListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+// TestPDLegsReuseConnections: unary legs (every prefill, a unary decode)
+// take connections of the worker's pool, as mixed attempts do, instead of
+// one connection per leg.
+func TestPDLegsReuseConnections(t *testing.T) {
+	for _, proto := range []string{discovery.ProtocolVLLMNixl, discovery.ProtocolSGLangBootstrap} {
+		t.Run(proto, func(t *testing.T) {
+			listen := func() *countingListener {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return &countingListener{Listener: ln}
+			}
+			pl, dl := listen(), listen()
+			p := startPDSimOn(t, pl, "prefill", proto, nil)
+			d := startPDSimOn(t, dl, "decode", proto, nil)
+			tr := pdRouter(t, nil, p.record(discovery.DisaggPrefill, proto), d.record(discovery.DisaggDecode, proto))
+			const n = 8
+			for i := range n {
+				if resp, b := tr.do(t, http.MethodPost, "/v1/chat/completions", pdChat); resp.StatusCode != 200 {
+					t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+				}
+			}
+			// A leg per connection would be n each; the pool's idle
+			// timeout (50ms in tests) may retire one now and then.
+			if got := pl.n.Load(); got >= n {
+				t.Errorf("prefill accepted %d connections for %d requests: legs do not reuse connections", got, n)
+			}
+			if got := dl.n.Load(); got >= n {
+				t.Errorf("decode accepted %d connections for %d unary requests: legs do not reuse connections", got, n)
+			}
+		})
+	}
+}
+
+// TestPDUnaryClientLeaves: a unary PD client that leaves cancels both
+// legs: the engines' running counts drop to 0, whichever leg was running.
+func TestPDUnaryClientLeaves(t *testing.T) {
+	for _, c := range []struct {
+		proto string
+		hang  string // the role whose engine holds the request
+	}{
+		{discovery.ProtocolVLLMNixl, "decode"},
+		{discovery.ProtocolVLLMNixl, "prefill"},
+		{discovery.ProtocolSGLangBootstrap, "decode"},
+		{discovery.ProtocolSGLangBootstrap, "prefill"},
+	} {
+		t.Run(c.proto+"/"+c.hang, func(t *testing.T) {
+			hang := func(role string) func(*config.Sim) {
+				if role != c.hang {
+					return nil
+				}
+				return func(s *config.Sim) { s.HangBeforeFirstToken = 1 }
+			}
+			p := startPDSim(t, "prefill", c.proto, hang("prefill"))
+			d := startPDSim(t, "decode", c.proto, hang("decode"))
+			tr := pdRouter(t, func(c *router.Config) { c.PDPrefillTimeout = 30 * time.Second },
+				p.record(discovery.DisaggPrefill, c.proto), d.record(discovery.DisaggDecode, c.proto))
+			held := &upstream{addr: p.addr}
+			if c.hang == "decode" {
+				held = &upstream{addr: d.addr}
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, tr.url+"/v1/chat/completions", strings.NewReader(pdChat))
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				resp, err := tr.client.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				done <- err
+			}()
+			eventually(t, "the "+c.hang+" engine to hold the request", func() bool { return simGauge(t, held, "vllm:num_requests_running") == 1 })
+			cancel()
+			if err := <-done; err == nil {
+				t.Error("the request answered, want it cancelled")
+			}
+			eventually(t, "both engines to drop the request", func() bool {
+				return simGauge(t, &upstream{addr: p.addr}, "vllm:num_requests_running") == 0 && simGauge(t, &upstream{addr: d.addr}, "vllm:num_requests_running") == 0
+			})
+		})
+	}
+}
+
+// TestPDCacheHints: each leg gets its engine's cache hints, as a mixed
+// worker of that engine would (cachehints.go), on top of the protocol's
+// fields; a client's own hint fields are kept.
+func TestPDCacheHints(t *testing.T) {
+	withEngine := func(r discovery.Record, engine string) discovery.Record { r.Engine = engine; return r }
+	t.Run("vllm", func(t *testing.T) {
+		p := startPDSim(t, "prefill", discovery.ProtocolVLLMNixl, nil)
+		d := startPDSim(t, "decode", discovery.ProtocolVLLMNixl, nil)
+		tr := pdRouter(t, nil, withEngine(p.record(discovery.DisaggPrefill, discovery.ProtocolVLLMNixl), discovery.EngineVLLM),
+			withEngine(d.record(discovery.DisaggDecode, discovery.ProtocolVLLMNixl), discovery.EngineVLLM))
+		short := strings.Replace(pdChat, `"user":"u1"`, `"user":"u1","prompt_cache_retention":"5m"`, 1)
+		own := strings.Replace(pdChat, `"user":"u1"`, `"user":"u1","kv_transfer_params":{"infera_retention":"none"}`, 1)
+		for _, b := range []string{short, pdStreamChat(own)} {
+			if resp, out := tr.do(t, http.MethodPost, "/v1/chat/completions", b); resp.StatusCode != 200 || strings.Contains(string(out), `"error"`) {
+				t.Fatalf("%d %s", resp.StatusCode, out)
+			}
+		}
+		pg, dg := p.got(t), d.got(t)
+		if len(pg) != 2 || len(dg) != 2 {
+			t.Fatalf("prefill got %d, decode %d", len(pg), len(dg))
+		}
+		for i, want := range []struct{ kv, legacy string }{{"short", "short"}, {"none", "long"}} {
+			for leg, g := range map[string]gotRequest{"prefill": pg[i], "decode": dg[i]} {
+				kv, _ := g.Body["kv_transfer_params"].(map[string]any)
+				if kv["infera_retention"] != want.kv || g.Body["_infera_retention"] != want.legacy {
+					t.Errorf("request %d %s body %v: want kv_transfer_params.infera_retention %q, _infera_retention %q", i, leg, g.Body, want.kv, want.legacy)
+				}
+				if (leg == "prefill" && kv["do_remote_decode"] != true) || (leg == "decode" && kv["do_remote_prefill"] != true) {
+					t.Errorf("request %d %s kv_transfer_params %v lost the protocol's fields", i, leg, kv)
+				}
+			}
+		}
+	})
+	t.Run("sglang", func(t *testing.T) {
+		p := startPDSim(t, "prefill", discovery.ProtocolSGLangBootstrap, nil)
+		d := startPDSim(t, "decode", discovery.ProtocolSGLangBootstrap, nil)
+		tr := pdRouter(t, nil, withEngine(p.record(discovery.DisaggPrefill, discovery.ProtocolSGLangBootstrap), discovery.EngineSGLang),
+			withEngine(d.record(discovery.DisaggDecode, discovery.ProtocolSGLangBootstrap), discovery.EngineSGLang))
+		short := strings.Replace(pdChat, `"user":"u1"`, `"user":"u1","prompt_cache_key":"s1"`, 1)
+		own := strings.Replace(pdChat, `"user":"u1"`, `"user":"u1","priority":7`, 1)
+		for _, b := range []string{short, pdStreamChat(own)} {
+			if resp, out := tr.do(t, http.MethodPost, "/v1/chat/completions", b); resp.StatusCode != 200 || strings.Contains(string(out), `"error"`) {
+				t.Fatalf("%d %s", resp.StatusCode, out)
+			}
+		}
+		pg, dg := p.got(t), d.got(t)
+		if len(pg) != 2 || len(dg) != 2 {
+			t.Fatalf("prefill got %d, decode %d", len(pg), len(dg))
+		}
+		for i, want := range []struct {
+			prio float64
+			ret  string
+		}{{50, "short"}, {7, "long"}} {
+			for leg, g := range map[string]gotRequest{"prefill": pg[i], "decode": dg[i]} {
+				if g.Body["priority"] != want.prio || g.Body["infera_retention"] != want.ret || g.Body["bootstrap_room"] == nil {
+					t.Errorf("request %d %s body %v: want priority %v, infera_retention %q and the bootstrap fields", i, leg, g.Body, want.prio, want.ret)
+				}
+			}
+		}
+	})
 }
 
 // TestPDMinUncachedTokens: short prompts run on the decode alone, long

@@ -12,6 +12,7 @@ import (
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/jsonx"
+	"github.com/infera/infera/openai"
 )
 
 // The PD protocols of DESIGN §6 as the router speaks them: how each leg's
@@ -433,4 +434,51 @@ func topLevelField(body []byte, key string) []byte {
 		return nil
 	}
 	return val
+}
+
+// pdCacheHints returns a shaped leg body with the cache hints the mixed
+// path gives a worker of engine (cachehints.go): SGLang's priority and
+// infera_retention, vLLM's kv_transfer_params.infera_retention and
+// _infera_retention. The protocol's kv_transfer_params replaced the
+// client's, so a client's own kv_transfer_params.infera_retention is
+// carried into it; other fields the client set are left as they are.
+// Other engines get body as is.
+func pdCacheHints(body, client []byte, scan *openai.Request, engine string) ([]byte, error) {
+	ret := scan.Retention
+	if ret == openai.RetentionUnset {
+		ret = openai.RetentionLong
+	}
+	switch engine {
+	case discovery.EngineSGLang:
+		var kv []any
+		if !scan.HasPriority {
+			kv = append(kv, "priority", sglangPriority[ret])
+		}
+		if !scan.HasInferaRetention {
+			kv = append(kv, "infera_retention", retentionJSON[ret])
+		}
+		return setFields(body, kv...)
+	case discovery.EngineVLLM:
+		value := retentionValue[ret]
+		if scan.KVTransferRetention {
+			if ckv := topLevelField(client, "kv_transfer_params"); ckv != nil {
+				if v := topLevelField(ckv, "infera_retention"); v != nil {
+					value = v
+				}
+			}
+		}
+		if kv := topLevelField(body, "kv_transfer_params"); len(kv) > 0 && kv[0] == '{' {
+			nkv, err := jsonx.SetField(nil, kv, "infera_retention", value, maxEditDepth)
+			if err != nil {
+				return nil, fmt.Errorf("edit kv_transfer_params: %w", err)
+			}
+			if body, err = setFields(body, "kv_transfer_params", nkv); err != nil {
+				return nil, err
+			}
+		}
+		if !scan.HasLegacyRetention {
+			return setFields(body, "_infera_retention", retentionJSON[ret])
+		}
+	}
+	return body, nil
 }

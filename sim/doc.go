@@ -87,4 +87,6 @@
 // and --disaggregation-mode): a prefill serves each request's KV over
 // transport TCP, a decode fetches and checksums it before decoding, and
 // fails with 500 when it cannot; --record-requests logs every body received.
+// An sglang-bootstrap role with --pd-dp-size N (SGLang --dp-size) keeps KV
+// per data-parallel rank and refuses bootstrap rooms not aligned to it.
 package sim

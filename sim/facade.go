@@ -57,7 +57,8 @@ import (
 // Not modelled: data parallelism inside one engine (SGLang --dp-size > 1 or
 // vLLM --data-parallel-size without --data-parallel-rank run as a single
 // rank; the requests per X-Data-Parallel-Rank received are counted in
-// /metrics). Disaggregated roles (pd.go): vLLM's --kv-transfer-config with
+// /metrics), except that an SGLang PD role keeps its KV per rank
+// (--pd-dp-size, pd.go). Disaggregated roles (pd.go): vLLM's --kv-transfer-config with
 // the NixlConnector (kv_producer / kv_consumer) and SGLang's
 // --disaggregation-mode prefill|decode with --disaggregation-bootstrap-port
 // select the sim's PD role and protocol.
@@ -308,7 +309,13 @@ func (f *facade) finish() error {
 			cfg.KVEventsFormat = config.KVFormatVLLM
 		}
 	}
-	if f.dpSize > 1 {
+	switch {
+	case f.dpSize > 1 && cfg.PDProtocol == "sglang-bootstrap" && cfg.PDRole != "":
+		// A PD role keeps its KV per rank (pd.go); decoding runs as one.
+		if !f.explicit("pd-dp-size") {
+			cfg.PDDPSize = f.dpSize
+		}
+	case f.dpSize > 1:
 		f.ignored = append(f.ignored, "--dp-size "+strconv.Itoa(f.dpSize)+" (simulated as one rank)")
 	}
 	return f.applyEvents()

@@ -178,7 +178,7 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 	var pdr pdRequest
 	if s.pd != nil {
 		var err error
-		if pdr, err = s.pd.classify(body, ctx.Request.Header.Peek("X-Request-Id")); err != nil {
+		if pdr, err = s.pd.classify(body, ctx.Request.Header.Peek("X-Request-Id"), ctx.Request.Header.Peek("X-Data-Parallel-Rank")); err != nil {
 			s.log.Error().Err(err).Str("role", s.cfg.PDRole).Msg("pd request refused")
 			s.writeError(ctx, fasthttp.StatusBadRequest, err.Error())
 			return

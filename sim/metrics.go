@@ -51,12 +51,7 @@ func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
 	b = strconv.AppendInt(b, int64(s.cfg.KVBlocks), 10)
 	b = append(b, "\"} 1.0\n"...)
 	b = s.appendDPRanks(b)
-	if pd := s.pd; pd != nil {
-		b = s.appendMetric(b, "infera_sim_kv_transfers_total", "counter",
-			"KV hand-offs this decode received and verified (PD roles).", float64(pd.transfers.Load()))
-		b = s.appendMetric(b, "infera_sim_kv_transfer_seconds_total", "counter",
-			"Time this decode spent receiving KV (PD roles), part of its requests' TTFT.", float64(pd.transferNs.Load())/1e9)
-	}
+	b = s.appendPDMetrics(b)
 
 	ctx.SetContentType(contentProm)
 	ctx.SetBody(b)
@@ -88,6 +83,7 @@ func (s *Server) sglangMetrics(ctx *fasthttp.RequestCtx) {
 	b = s.appendMetric(b, "sglang:num_requests_total", "counter", "Number of requests processed.",
 		float64(p.success.Load()))
 	b = s.appendDPRanks(b)
+	b = s.appendPDMetrics(b)
 	ctx.SetContentType(contentProm)
 	ctx.SetBody(b)
 	*bp = b

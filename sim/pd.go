@@ -53,7 +53,13 @@ import (
 //     first_token_id, dp_rank); a chat answer carries none, as ATOM's.
 //   - sglang-bootstrap: the request has bootstrap_room (and the host and
 //     port of the prefill's bootstrap server, this KV server); the region
-//     is named room-<room>.
+//     is named room-<room>. A prefill with --pd-dp-size N > 1 (SGLang
+//     --dp-size) runs the request on the rank its X-Data-Parallel-Rank
+//     names (else room % N), refuses a room not congruent to that rank,
+//     and names the region room-<room>-dp<rank>; the decode looks for
+//     room-<room>-dp<disagg_prefill_dp_rank> when the body has that
+//     field, so a decode told no rank or the wrong one never gets its KV
+//     (and fails loudly).
 //
 // A prefill answers unary even when the request streams (the router
 // drains and discards a prefill's answer).
@@ -87,6 +93,7 @@ var (
 type pdSide struct {
 	role, protocol string
 	engineID       string
+	dpSize         int    // data-parallel ranks (sglang-bootstrap KV per rank)
 	host           string // advertised host of the KV server (prefill)
 	port           int
 	tcp            *transport.TCP
@@ -105,7 +112,7 @@ func (s *Server) startPD() (*pdSide, error) {
 	if cfg.PDRole == "" {
 		return nil, nil
 	}
-	p := &pdSide{role: cfg.PDRole, protocol: cfg.PDProtocol, engineID: cfg.PDEngineID, timers: map[*transport.Region]*time.Timer{}}
+	p := &pdSide{role: cfg.PDRole, protocol: cfg.PDProtocol, engineID: cfg.PDEngineID, dpSize: cfg.PDDPSize, timers: map[*transport.Region]*time.Timer{}}
 	tc := transport.TCPConfig{Log: s.log, IOTimeout: cfg.PDKVTimeout}
 	if p.role == config.PDRolePrefill {
 		host := cfg.PDKVHost
@@ -172,6 +179,7 @@ type pdFields struct {
 	BootstrapHost string  `json:"bootstrap_host"`
 	BootstrapPort int     `json:"bootstrap_port"`
 	BootstrapRoom *uint64 `json:"bootstrap_room"`
+	PrefillDPRank *int    `json:"disagg_prefill_dp_rank"`
 }
 
 // pdRequest is what a PD role does with one request.
@@ -185,8 +193,9 @@ type pdRequest struct {
 	moriResp bool   // prefill: MoRIIO read mode's hand-off
 }
 
-// classify reads the PD part of a request (PD roles only).
-func (p *pdSide) classify(body, requestID []byte) (pdRequest, error) {
+// classify reads the PD part of a request (PD roles only); dpRank is its
+// X-Data-Parallel-Rank header.
+func (p *pdSide) classify(body, requestID, dpRank []byte) (pdRequest, error) {
 	var f pdFields
 	if err := json.Unmarshal(body, &f); err != nil {
 		return pdRequest{}, fmt.Errorf("pd fields: %w", err)
@@ -257,10 +266,24 @@ func (p *pdSide) classify(body, requestID []byte) (pdRequest, error) {
 		if f.BootstrapRoom == nil {
 			return r, nil
 		}
-		r.name = "room-" + strconv.FormatUint(*f.BootstrapRoom, 10)
+		room := *f.BootstrapRoom
+		r.name = "room-" + strconv.FormatUint(room, 10)
 		if p.role == config.PDRolePrefill {
 			r.serveKV = true
+			if p.dpSize > 1 {
+				rank, err := p.prefillRank(room, dpRank)
+				if err != nil {
+					return pdRequest{}, err
+				}
+				r.name += "-dp" + strconv.Itoa(rank)
+			}
 		} else {
+			if f.PrefillDPRank != nil {
+				if *f.PrefillDPRank < 0 || *f.PrefillDPRank >= maxDPRanks {
+					return r, fmt.Errorf("%w: disagg_prefill_dp_rank %d: want 0..%d", ErrKVTransfer, *f.PrefillDPRank, maxDPRanks-1)
+				}
+				r.name += "-dp" + strconv.Itoa(*f.PrefillDPRank)
+			}
 			if f.BootstrapHost == "" || f.BootstrapPort <= 0 {
 				return r, fmt.Errorf("%w: bootstrap_room without bootstrap_host/bootstrap_port", ErrKVTransfer)
 			}
@@ -274,6 +297,28 @@ func (p *pdSide) classify(body, requestID []byte) (pdRequest, error) {
 		}
 	}
 	return r, nil
+}
+
+// prefillRank is the DP rank of an sglang-bootstrap prefill with several
+// that takes a request of room: the one X-Data-Parallel-Rank names, else
+// room % dp_size, as SGLang's data-parallel controller dispatches PD
+// requests. A named rank must be one of the engine's and congruent to the
+// room, else the request is refused: a decode that computes the prefill's
+// rank from the room would wait for KV on another rank.
+func (p *pdSide) prefillRank(room uint64, header []byte) (int, error) {
+	n := uint64(p.dpSize)
+	if len(header) == 0 {
+		return int(room % n), nil
+	}
+	rank, ok := parseDPRank(header)
+	if !ok || rank >= p.dpSize {
+		return 0, fmt.Errorf("%w: X-Data-Parallel-Rank %q: want a rank below dp_size %d", ErrKVTransfer, header, p.dpSize)
+	}
+	if room%n != uint64(rank) {
+		return 0, fmt.Errorf("%w: bootstrap_room %d %% dp_size %d = %d, not the X-Data-Parallel-Rank %d: the decode would look for the KV on another rank",
+			ErrKVTransfer, room, n, room%n, rank)
+	}
+	return rank, nil
 }
 
 // publish serves kv under name for the TTL.
@@ -540,6 +585,19 @@ func (s *Server) serveKV(ctx *fasthttp.RequestCtx, q *seq, r *pdRequest, chat bo
 		q.kvParams = s.pd.atomHandoff(r.name, blocks, s.cfg.Port, first)
 	}
 	return true
+}
+
+// appendPDMetrics appends a PD role's KV-transfer counters (every
+// flavor's /metrics).
+func (s *Server) appendPDMetrics(b []byte) []byte {
+	pd := s.pd
+	if pd == nil {
+		return b
+	}
+	b = s.appendMetric(b, "infera_sim_kv_transfers_total", "counter",
+		"KV hand-offs this decode received and verified (PD roles).", float64(pd.transfers.Load()))
+	return s.appendMetric(b, "infera_sim_kv_transfer_seconds_total", "counter",
+		"Time this decode spent receiving KV (PD roles), part of its requests' TTFT.", float64(pd.transferNs.Load())/1e9)
 }
 
 // PDKVAddr is the host:port of a prefill's KV server once Serve runs

@@ -2,7 +2,10 @@ package sim
 
 import (
 	"encoding/json"
+	"io"
 	"net"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -176,11 +179,12 @@ func FuzzPDClassify(f *testing.F) {
 	f.Add([]byte(`{"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"h","remote_port":1,"remote_request_id":"r","transfer_id":"t","remote_bootstrap_addr":"http://h:2","remote_handshake_port":3}}`), []byte("___prefill_addr_host:h,handshake:5,notify:6___decode_addr_host:d,handshake:7,notify:8_ab"))
 	f.Add([]byte(`{"bootstrap_host":"::1","bootstrap_port":9,"bootstrap_room":18446744073709551615}`), []byte(""))
 	f.Add([]byte(`{"kv_transfer_params":null}`), []byte("___prefill_addr_host:,handshake:x"))
+	f.Add([]byte(`{"bootstrap_host":"h","bootstrap_port":9,"bootstrap_room":7,"disagg_prefill_dp_rank":3}`), []byte("1"))
 	f.Fuzz(func(t *testing.T, body, id []byte) {
 		for _, proto := range []string{"vllm-nixl", "vllm-mooncake", "vllm-mori-read", "vllm-mori-write", "sglang-bootstrap", "atom-mooncake"} {
 			for _, role := range []string{config.PDRolePrefill, config.PDRoleDecode} {
-				p := &pdSide{role: role, protocol: proto}
-				r, err := p.classify(body, id)
+				p := &pdSide{role: role, protocol: proto, dpSize: 4}
+				r, err := p.classify(body, id, id)
 				if err != nil {
 					continue
 				}
@@ -192,4 +196,77 @@ func FuzzPDClassify(f *testing.F) {
 			}
 		}
 	})
+}
+
+// postRank posts body with X-Data-Parallel-Rank rank ("" = none).
+func (ts *testSim) postRank(t *testing.T, body, rank string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, ts.url+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if rank != "" {
+		req.Header.Set("X-Data-Parallel-Rank", rank)
+	}
+	resp, err := ts.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+// TestPDSGLangDPRanks: an SGLang prefill with dp_size 4 keeps each
+// request's KV on its rank (X-Data-Parallel-Rank, else room % 4) and
+// refuses a room not congruent to the rank named; the decode finds the KV
+// on disagg_prefill_dp_rank only.
+func TestPDSGLangDPRanks(t *testing.T) {
+	p, d := pdSims(t, "sglang-bootstrap", func(c *config.Sim) { c.PDDPSize = 4 })
+	host, port, _ := net.SplitHostPort(p.srv.PDKVAddr())
+	req := func(room int, extra string) string {
+		return `{"model":"sim-model","max_tokens":3,"prompt":"hello ranks","bootstrap_host":"` + host + `","bootstrap_port":` + port +
+			`,"bootstrap_room":` + strconv.Itoa(room) + extra + `}`
+	}
+	// Misaligned: room 9 % 4 = 1, the header says rank 2.
+	if status, body := p.postRank(t, req(9, ""), "2"); status != 400 || !strings.Contains(string(body), "bootstrap_room 9 % dp_size 4 = 1") {
+		t.Fatalf("misaligned room: %d %s, want 400 naming the residue", status, body)
+	}
+	if status, body := p.postRank(t, req(9, ""), "4"); status != 400 || !strings.Contains(string(body), "below dp_size 4") {
+		t.Fatalf("rank 4 of 4: %d %s", status, body)
+	}
+	// Aligned, pinned: room 10 on rank 2; unpinned: room 7 on rank 3.
+	for _, c := range []struct {
+		room       int
+		rank, want string
+	}{{10, "2", "2"}, {7, "", "3"}} {
+		if status, body := p.postRank(t, req(c.room, ""), c.rank); status != 200 {
+			t.Fatalf("prefill room %d: %d %s", c.room, status, body)
+		}
+		// The decode told another rank never gets the KV.
+		if status, body := d.postRank(t, req(c.room, `,"disagg_prefill_dp_rank":0`), ""); status != 500 || !strings.Contains(string(body), "-dp0") {
+			t.Fatalf("decode of room %d on rank 0: %d %s, want 500", c.room, status, body)
+		}
+		if status, body := d.postRank(t, req(c.room, ""), ""); status != 500 {
+			t.Fatalf("decode of room %d told no rank: %d %s, want 500", c.room, status, body)
+		}
+		if status, body := d.postRank(t, req(c.room, `,"disagg_prefill_dp_rank":`+c.want), ""); status != 200 {
+			t.Fatalf("decode of room %d on rank %s: %d %s", c.room, c.want, status, body)
+		}
+	}
+	if n := d.gauge(t, "infera_sim_kv_transfers_total"); n != 2 {
+		t.Errorf("infera_sim_kv_transfers_total %v, want 2", n)
+	}
+	cfg := config.DefaultSim()
+	cfg.Flavor = config.FlavorSGLang
+	if _, err := ApplyFacade(&cfg, []string{"--model-path", "m", "--disaggregation-mode", "prefill", "--dp-size", "2"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PDDPSize != 2 {
+		t.Errorf("facade --dp-size 2: PDDPSize %d", cfg.PDDPSize)
+	}
 }
