@@ -276,6 +276,7 @@ func (s *shard) recover() error {
 			if cut := len(jb) - journalHeaderSize - end; cut > 0 {
 				log.Warn().Str("path", s.dir).Int("bytes", cut).Msg("tablespace journal tail torn or corrupt, cut")
 			}
+			s.t.st.replayRejected.Add(uint64(rejected))
 			if rejected > 0 {
 				log.Warn().Str("path", s.dir).Int("rejected", rejected).Int("restored", restored).
 					Msg("tablespace journalled puts without their data rejected, previous values kept")
@@ -523,6 +524,11 @@ func (s *shard) reserveLocked() (int32, *record, error) {
 // an eviction victim and journalling its removal.
 var afterEvictReserve func()
 
+// beforeSlotWrite, when set (tests only), runs in put between queueing the
+// PUT record and writing the slot: the crash test widens the window in
+// which the record can be durable without its data.
+var beforeSlotWrite func()
+
 func (s *shard) releaseLocked(sl int32) {
 	s.slots[sl].state = slotFree
 	s.used[sl/64] &^= 1 << (uint(sl) % 64)
@@ -640,6 +646,9 @@ func (s *shard) put(key, val []byte) error {
 		s.releaseLocked(sl) // the record was refused: nothing points at it
 		s.mu.Unlock()
 		return err
+	}
+	if beforeSlotWrite != nil {
+		beforeSlotWrite()
 	}
 	werr := pwriteFull(s.fds[c], (*bp)[:n], off) // O_DSYNC: durable on return
 	s.t.putBuf(bp)
