@@ -1,24 +1,30 @@
 package tablespace
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // A Put's slot write and its journal append run concurrently, so a crash
-// can leave a durable PUT record whose slot was never written. Replay must
-// reject such a record and keep the key's previous value (from the
-// snapshot or from an earlier journalled PUT), or report a miss for a new
-// key, never bytes of another block; without the rule the index would point
-// the key at a slot that fails verification (a corrupt miss, the acked
-// previous value lost).
+// (a power loss) can leave a durable PUT record whose slot never got its
+// bytes. Here Puts are held in flight (before the slot write, or with
+// GroupCommit before the containers' sync) until their records are
+// durable, and the files are copied then, with the containers as they were
+// before those Puts, as a power loss leaves them. Replay must reject those
+// records and keep each key's previous value (from the snapshot or an
+// earlier journalled PUT), or miss a new key, never serve bytes of another
+// block; without the rule the key points at a slot that fails
+// verification (a corrupt miss: the acknowledged previous value lost).
 func TestJournalledPutWithoutData(t *testing.T) {
 	for _, group := range []bool{false, true} {
 		t.Run(fmt.Sprint("group=", group), func(t *testing.T) {
-			dir := t.TempDir()
+			root := t.TempDir()
+			dir, cp := filepath.Join(root, "live"), filepath.Join(root, "crashed")
 			cfg := testConfig(dir, 12)
 			cfg.GroupCommit = group
 			ts := mustOpen(t, cfg)
@@ -33,29 +39,55 @@ func TestJournalledPutWithoutData(t *testing.T) {
 			if err := ts.Put([]byte("jrnl"), val("jrnl", 1)); err != nil { // only in the journal
 				t.Fatal(err)
 			}
-			saved := readContainers(t, dir)
-			// Acknowledged here, but the test puts the containers back as
-			// they were before: journal records durable, slot data lost.
-			for _, k := range []string{"snap", "jrnl", "new"} {
-				if err := ts.Put([]byte(k), val(k, 2)); err != nil {
+			containers := readContainers(t, dir)
+			puts := []struct {
+				key string
+				n   int
+			}{{"snap", 2}, {"new", 2}, {"jrnl", 2}, {"jrnl", 3}} // two unwritten versions of jrnl
+			wantRej := uint64(3) // snap#2, new#2 and the later jrnl (the other is superseded)
+			if group {
+				// The first flush holds the containers' sync: only its
+				// batch is durable in the journal. One overwrite.
+				puts, wantRej = puts[:1], 1
+			}
+			release := make(chan struct{})
+			hold := func() { <-release }
+			if group {
+				beforeDataSync = hold
+			} else {
+				beforeSlotWrite = hold
+			}
+			defer func() { beforeSlotWrite, beforeDataSync = nil, nil }()
+			records := journalPuts(t, dir, cfg)
+			errs := make(chan error, len(puts))
+			for _, p := range puts {
+				go func() { errs <- ts.Put([]byte(p.key), val(p.key, p.n)) }()
+			}
+			for journalPuts(t, dir, cfg) < records+len(puts) { // the records are in the file (and synced, or about to be)
+				time.Sleep(time.Millisecond)
+			}
+			copyDir(t, dir, cp)
+			writeContainers(t, dir, cp, containers)
+			close(release)
+			for range puts {
+				if err := <-errs; err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := ts.Put([]byte("jrnl"), val("jrnl", 3)); err != nil { // two unwritten versions
+			if err := ts.Close(); err != nil {
 				t.Fatal(err)
 			}
-			crash(ts)
-			writeContainers(t, dir, saved)
 
+			c := cfg
+			c.Paths = []string{cp}
 			for round := range 2 { // the second open reads the snapshot the first one wrote
-				ts = mustOpen(t, cfg)
+				ts = mustOpen(t, c)
 				for _, k := range []string{"snap", "keep", "jrnl"} {
 					mustGet(t, ts, k, val(k, 1))
 				}
 				if _, err := ts.Get([]byte("new"), nil); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt) {
 					t.Fatalf("round %d: key whose only put lost its data: %v", round, err)
 				}
-				wantRej := uint64(3) // snap#2, new#2, jrnl#3 (jrnl#2 is superseded, never read)
 				if round == 1 {
 					wantRej = 0
 				}
@@ -65,8 +97,7 @@ func TestJournalledPutWithoutData(t *testing.T) {
 				checkInvariants(t, ts)
 				crash(ts)
 			}
-			ts = mustOpen(t, cfg) // still writable, and the fallback slots are not handed out twice
-			defer ts.Close()
+			ts = mustOpen(t, c) // still writable, the kept slots not handed out twice
 			for i := range 9 {
 				k := fmt.Sprint("w", i)
 				if err := ts.Put([]byte(k), val(k, i)); err != nil {
@@ -77,7 +108,58 @@ func TestJournalledPutWithoutData(t *testing.T) {
 				mustGet(t, ts, k, val(k, 1))
 			}
 			checkInvariants(t, ts)
+			if err := ts.Close(); err != nil {
+				t.Fatal(err)
+			}
+			ts = mustOpen(t, cfg) // the live copy has every acknowledged Put
+			defer ts.Close()
+			mustGet(t, ts, "snap", val("snap", 2))
+			if !group {
+				mustGet(t, ts, "new", val("new", 2))
+				if v, err := ts.Get([]byte("jrnl"), nil); err != nil || (!bytes.Equal(v, val("jrnl", 2)) && !bytes.Equal(v, val("jrnl", 3))) {
+					t.Fatalf("jrnl after both puts: %v", err)
+				}
+			}
 		})
+	}
+}
+
+// journalPuts counts the PUT records in dir's journal file.
+func journalPuts(t *testing.T, dir string, cfg Config) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "journal.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := geometry{slotBytes: cfg.SlotBytes, slotsPerContainer: int(cfg.ContainerBytes / cfg.SlotBytes),
+		numSlots: int(cfg.Bytes / cfg.SlotBytes), maxValue: int(cfg.SlotBytes) - slotHeaderSize - MaxKeyBytes}
+	epoch, err := parseJournalHeader(b, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	parseRecords(b[journalHeaderSize:], g, epoch, func(r *record) {
+		if r.op == opPut {
+			n++
+		}
+	})
+	return n
+}
+
+// copyDir copies a shard's files (not LOCK) from src into a new dst.
+func copyDir(t *testing.T, src, dst string) {
+	t.Helper()
+	for _, name := range []string{"journal.log", "snapshot.bin"} {
+		b, err := os.ReadFile(filepath.Join(src, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(dst, "containers"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -98,10 +180,15 @@ func readContainers(t *testing.T, dir string) map[string][]byte {
 	return m
 }
 
-func writeContainers(t *testing.T, dir string, m map[string][]byte) {
+// writeContainers writes containers read from dir into dst.
+func writeContainers(t *testing.T, dir, dst string, m map[string][]byte) {
 	t.Helper()
 	for n, b := range m {
-		if err := os.WriteFile(n, b, 0o644); err != nil {
+		rel, err := filepath.Rel(dir, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, rel), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

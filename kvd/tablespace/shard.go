@@ -34,6 +34,16 @@ type pendingRec struct {
 	end int // end offset of its bytes in jbuf
 }
 
+type durableRec struct {
+	rec record
+	end int64 // end offset of its bytes in the journal file
+}
+
+// markEvery is how many finished PUTs a flush waits for before it writes a
+// mark: recovery reads at most about that many slots (plus the PUTs in
+// flight at the crash) to verify the journal's tail.
+const markEvery = 8
+
 // Per-ticket flags of an unfinished journal record (shard.pflags).
 const (
 	// flagAwaitData: a PUT whose slot write runs concurrently with its
@@ -77,7 +87,7 @@ type shard struct {
 	epoch    uint64
 	jbuf     []byte
 	jpend    []pendingRec // enqueued, not yet written (tickets done+len(applyQ)…)
-	applyQ   []record     // durable in the journal, not yet applied (tickets done…)
+	applyQ   []durableRec // durable in the journal, not yet applied (tickets done…)
 	pflags   []uint8      // flags of every unfinished ticket, pflags[0] is ticket done
 	dirty    []bool
 	syncList []int
@@ -89,6 +99,14 @@ type shard struct {
 	jerr     error
 	jclosed  bool
 	fdone    chan struct{} // the flusher exited
+
+	// Marks (see opMark): every PUT record ending at or before doneEnd is
+	// finished; putsSinceMark PUTs finished since the last mark; a skipped
+	// PUT (failed slot write) freezes marks until the next snapshot.
+	doneEnd       int64
+	putsSinceMark int
+	markFrozen    bool
+	wbuf          []byte // mark + batch, one pwrite
 
 	// With GroupCommit, a flush syncs the dirty containers on this
 	// goroutine while it appends and syncs the journal itself.
@@ -297,7 +315,8 @@ type replayed struct {
 	seq     uint64
 	slot    int32
 	vlen    uint32
-	journal bool
+	journal bool  // from a journalled PUT, else a snapshot entry
+	end     int64 // journalled: end offset of its record in the journal file
 	prev    *replayed
 }
 
@@ -308,10 +327,15 @@ type replayed struct {
 // block written for (key, seq, vlen).
 func (s *shard) replay(body []byte, epoch uint64, holds func(key string, n *replayed) bool) (n, end, rejected, restored int) {
 	hist := make(map[string]*replayed)
+	pos, mark := int64(journalHeaderSize), int64(0)
 	end = parseRecords(body, s.g, epoch, func(r *record) {
+		pos += int64(recHeadSize + recFixed + len(r.key))
 		var node *replayed
-		if r.op == opPut {
-			node = &replayed{seq: r.seq, slot: r.slot, vlen: r.vlen, journal: true}
+		switch r.op {
+		case opMark:
+			mark = min(int64(r.seq), pos) // a mark speaks only of records before it
+		case opPut:
+			node = &replayed{seq: r.seq, slot: r.slot, vlen: r.vlen, journal: true, end: pos}
 			if sl, ok := s.index[r.key]; ok {
 				m := &s.slots[sl]
 				if h := hist[r.key]; h != nil && h.slot == sl && h.seq == m.seq {
@@ -327,7 +351,7 @@ func (s *shard) replay(body []byte, epoch uint64, holds func(key string, n *repl
 		}
 		n++
 	})
-	rejected, restored = s.verifyReplayed(hist, holds)
+	rejected, restored = s.verifyReplayed(hist, mark, holds)
 	return n, end, rejected, restored
 }
 
@@ -342,9 +366,11 @@ func (s *shard) replay(body []byte, epoch uint64, holds func(key string, n *repl
 // else took since is a sign the PUT was durable and its slot damaged: no
 // fallback then, a miss. PUTs superseded later in the journal (overwritten,
 // deleted, evicted, cleared) are not read at all; snapshot entries are
-// trusted (only applied, so durable, entries are in a snapshot) and, like
-// every entry, verified again by each Get.
-func (s *shard) verifyReplayed(hist map[string]*replayed, holds func(key string, n *replayed) bool) (rejected, restored int) {
+// trusted (only applied, so durable, entries are in a snapshot), and so
+// are PUTs before the journal's last mark (see opMark); like every entry,
+// they are verified again by each Get. So recovery reads about markEvery
+// slots plus those of the PUTs in flight at the crash.
+func (s *shard) verifyReplayed(hist map[string]*replayed, mark int64, holds func(key string, n *replayed) bool) (rejected, restored int) {
 	type failure struct {
 		key  string
 		prev *replayed
@@ -352,7 +378,7 @@ func (s *shard) verifyReplayed(hist map[string]*replayed, holds func(key string,
 	var failed []failure
 	for k, n := range hist {
 		sl, ok := s.index[k]
-		if !ok || sl != n.slot || s.slots[sl].seq != n.seq || holds(k, n) {
+		if !ok || sl != n.slot || s.slots[sl].seq != n.seq || n.end <= mark || holds(k, n) {
 			continue
 		}
 		s.removeLocked(sl, true)
@@ -393,6 +419,9 @@ func (s *shard) slotHolds(key string, n *replayed) bool {
 // applyLocked applies one journal record to the index (s.mu held, or
 // single-threaded recovery). Used identically at run time and on replay.
 func (s *shard) applyLocked(r *record) {
+	if r.op == opMark {
+		return
+	}
 	if r.seq >= s.nextSeq {
 		s.nextSeq = r.seq + 1
 	}
@@ -528,6 +557,10 @@ var afterEvictReserve func()
 // PUT record and writing the slot: the crash test widens the window in
 // which the record can be durable without its data.
 var beforeSlotWrite func()
+
+// beforeDataSync, when set (tests only), runs before a GroupCommit flush
+// syncs the containers.
+var beforeDataSync func()
 
 func (s *shard) releaseLocked(sl int32) {
 	s.slots[sl].state = slotFree
@@ -816,6 +849,9 @@ func (s *shard) flusher() {
 // dataSyncer (GroupCommit only) fdatasyncs the containers of each request.
 func (s *shard) dataSyncer() {
 	for list := range s.syncReq {
+		if beforeDataSync != nil {
+			beforeDataSync()
+		}
 		var err error
 		for _, c := range list {
 			if err = fdatasync(s.fds[c]); err != nil {
@@ -839,11 +875,19 @@ func (s *shard) applyReadyLocked() {
 	}
 	s.mu.Lock()
 	for i := range n {
-		if s.pflags[i]&flagSkip == 0 {
-			s.applyLocked(&s.applyQ[i])
+		r := &s.applyQ[i].rec
+		switch {
+		case s.pflags[i]&flagSkip != 0:
+			s.markFrozen = true
+		case r.op == opPut:
+			s.putsSinceMark++
+			fallthrough
+		default:
+			s.applyLocked(r)
 		}
 	}
 	s.mu.Unlock()
+	s.doneEnd = s.applyQ[n-1].end
 	s.done += uint64(n)
 	rest := s.applyQ[:copy(s.applyQ, s.applyQ[n:])]
 	clear(s.applyQ[len(rest):])
@@ -874,6 +918,16 @@ func (s *shard) flushLocked() {
 	off := s.jsize
 	jfd := int(s.jf.Fd())
 	sealRecords(data, s.epoch) // under jmu: appends may copy jbuf's prefix
+	// A mark rides in the same write, before the batch: no extra flush.
+	out, markLen := data, 0
+	if !s.markFrozen && s.putsSinceMark >= markEvery {
+		s.wbuf = appendRecord(s.wbuf[:0], &record{op: opMark, seq: uint64(s.doneEnd)})
+		sealRecords(s.wbuf, s.epoch)
+		markLen = len(s.wbuf)
+		s.wbuf = append(s.wbuf, data...)
+		out = s.wbuf
+		s.putsSinceMark = 0
+	}
 	s.jmu.Unlock()
 
 	// The containers' data and the journal records are synced concurrently:
@@ -881,7 +935,7 @@ func (s *shard) flushLocked() {
 	if len(syncList) > 0 {
 		s.syncReq <- syncList
 	}
-	err := pwriteFull(jfd, data, off)
+	err := pwriteFull(jfd, out, off)
 	if err == nil {
 		err = fdatasync(jfd)
 		s.t.st.journalSyncs.Add(1)
@@ -903,7 +957,7 @@ func (s *shard) flushLocked() {
 		s.applyQ, s.pflags = s.applyQ[:0], s.pflags[:0]
 	} else {
 		s.t.st.journalRecords.Add(uint64(take))
-		s.jsize += int64(len(data))
+		s.jsize += int64(len(out))
 		if s.jsize > s.t.cfg.JournalCompactBytes {
 			select {
 			case s.t.compact <- struct{}{}:
@@ -911,7 +965,7 @@ func (s *shard) flushLocked() {
 			}
 		}
 		for i := range ops {
-			s.applyQ = append(s.applyQ, ops[i].rec)
+			s.applyQ = append(s.applyQ, durableRec{rec: ops[i].rec, end: off + int64(markLen+ops[i].end)})
 		}
 		s.jbuf = s.jbuf[:copy(s.jbuf, s.jbuf[len(data):])]
 		rest := s.jpend[:copy(s.jpend, s.jpend[take:])]
@@ -988,6 +1042,7 @@ func (s *shard) writeSnapshot() error {
 		return fmt.Errorf("reset journal: %w", err)
 	}
 	s.jsize, s.epoch = journalHeaderSize, epoch
+	s.doneEnd, s.putsSinceMark, s.markFrozen = journalHeaderSize, 0, false
 	s.t.st.snapshots.Add(1)
 	return nil
 }
