@@ -406,6 +406,7 @@ func (s *shard) slotHolds(key string, n *replayed) bool {
 	if s.direct {
 		size = alignUp(size)
 	}
+	s.t.st.replayChecked.Add(1)
 	bp := s.t.getBuf()
 	defer s.t.putBuf(bp)
 	c, off := s.locate(n.slot)

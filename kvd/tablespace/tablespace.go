@@ -136,7 +136,10 @@ type Stats struct {
 	// ReplayRejected counts journalled PUTs that recovery found without
 	// their data (in flight at a crash) and dropped, keeping the key's
 	// previous value.
-	ReplayRejected           uint64
+	ReplayRejected uint64
+	// ReplayChecked counts the slots recovery read to verify journalled
+	// PUTs (those after the journal's last mark, and fallbacks).
+	ReplayChecked            uint64
 	Entries                  int
 	UsedBytes, CapacityBytes int64
 	Slots                    int
@@ -148,7 +151,7 @@ type counters struct {
 	evictions, deletes, clears, snapshots        atomic.Uint64
 	journalRecords, journalSyncs, dataSyncs      atomic.Uint64
 	bytesWritten, bytesRead                      atomic.Uint64
-	replayRejected                               atomic.Uint64
+	replayRejected, replayChecked                atomic.Uint64
 }
 
 // Tablespace is the L3 store. See the package documentation.
@@ -355,7 +358,7 @@ func (t *Tablespace) Stats() Stats {
 		Snapshots: t.st.snapshots.Load(), JournalRecords: t.st.journalRecords.Load(),
 		JournalSyncs: t.st.journalSyncs.Load(), DataSyncs: t.st.dataSyncs.Load(),
 		BytesWritten: t.st.bytesWritten.Load(), BytesRead: t.st.bytesRead.Load(),
-		ReplayRejected: t.st.replayRejected.Load(), DirectIO: t.direct,
+		ReplayRejected: t.st.replayRejected.Load(), ReplayChecked: t.st.replayChecked.Load(), DirectIO: t.direct,
 	}
 	for _, s := range t.shards {
 		s.mu.Lock()
