@@ -309,6 +309,11 @@ func (s *shard) recover() error {
 	return s.writeSnapshot()
 }
 
+type keySeq struct {
+	key string
+	seq uint64
+}
+
 // replayed is a journalled PUT applied during replay, with the mapping of
 // its key that it displaced (a journalled PUT or a snapshot entry).
 type replayed struct {
@@ -327,6 +332,7 @@ type replayed struct {
 // block written for (key, seq, vlen).
 func (s *shard) replay(body []byte, epoch uint64, holds func(key string, n *replayed) bool) (n, end, rejected, restored int) {
 	hist := make(map[string]*replayed)
+	dels := make(map[keySeq]bool) // versions an opDel removed (an eviction, a failed read)
 	pos, mark := int64(journalHeaderSize), int64(0)
 	end = parseRecords(body, s.g, epoch, func(r *record) {
 		pos += int64(recHeadSize + recFixed + len(r.key))
@@ -334,6 +340,8 @@ func (s *shard) replay(body []byte, epoch uint64, holds func(key string, n *repl
 		switch r.op {
 		case opMark:
 			mark = min(int64(r.seq), pos) // a mark speaks only of records before it
+		case opDel:
+			dels[keySeq{r.key, r.seq}] = true
 		case opPut:
 			node = &replayed{seq: r.seq, slot: r.slot, vlen: r.vlen, journal: true, end: pos}
 			if sl, ok := s.index[r.key]; ok {
@@ -351,7 +359,7 @@ func (s *shard) replay(body []byte, epoch uint64, holds func(key string, n *repl
 		}
 		n++
 	})
-	rejected, restored = s.verifyReplayed(hist, mark, holds)
+	rejected, restored = s.verifyReplayed(hist, dels, mark, holds)
 	return n, end, rejected, restored
 }
 
@@ -364,13 +372,15 @@ func (s *shard) replay(body []byte, epoch uint64, holds func(key string, n *repl
 // while a PUT is unapplied the slot of its key's previous value is not
 // freed, so that value is still on disk. A displaced slot that something
 // else took since is a sign the PUT was durable and its slot damaged: no
-// fallback then, a miss. PUTs superseded later in the journal (overwritten,
+// fallback then, a miss; nor into a version that a DEL removed (the previous
+// value evicted while the PUT was in flight). PUTs superseded later in the journal (overwritten,
 // deleted, evicted, cleared) are not read at all; snapshot entries are
 // trusted (only applied, so durable, entries are in a snapshot), and so
 // are PUTs before the journal's last mark (see opMark); like every entry,
 // they are verified again by each Get. So recovery reads about markEvery
 // slots plus those of the PUTs in flight at the crash.
-func (s *shard) verifyReplayed(hist map[string]*replayed, mark int64, holds func(key string, n *replayed) bool) (rejected, restored int) {
+func (s *shard) verifyReplayed(hist map[string]*replayed, dels map[keySeq]bool, mark int64,
+	holds func(key string, n *replayed) bool) (rejected, restored int) {
 	type failure struct {
 		key  string
 		prev *replayed
@@ -386,7 +396,7 @@ func (s *shard) verifyReplayed(hist map[string]*replayed, mark int64, holds func
 	}
 	for _, f := range failed {
 		for p := f.prev; p != nil; p = p.prev {
-			if _, taken := s.index[f.key]; taken || s.slots[p.slot].state != slotFree {
+			if _, taken := s.index[f.key]; taken || s.slots[p.slot].state != slotFree || dels[keySeq{f.key, p.seq}] {
 				break
 			}
 			if holds(f.key, p) {
