@@ -254,6 +254,15 @@ func TestReplayRejectsUnverifiedPut(t *testing.T) {
 		missing: []put{{"a", 2}},
 		want:    map[string]uint64{"b": 3}, reads: 2, rej: 1,
 	}, {
+		name: "no fallback into a version evicted while the overwrite was in flight",
+		recs: []record{
+			{op: opPut, key: "a", seq: 1, slot: 0, vlen: 5},
+			{op: opPut, key: "a", seq: 2, slot: 1, vlen: 5}, // in flight: a#1 still indexed at run time ...
+			{op: opDel, key: "a", seq: 1},                   // ... and evicted; slot 0 not rewritten yet
+		},
+		missing: []put{{"a", 2}},
+		want:    map[string]uint64{}, reads: 1, rej: 1,
+	}, {
 		name: "puts before the last mark are trusted",
 		recs: []record{
 			{op: opPut, key: "a", seq: 1, slot: 0, vlen: 5},
