@@ -175,8 +175,10 @@ func openTablespace(ctx context.Context, cfg config.KVD, log zerolog.Logger) (*t
 	if err != nil {
 		return nil, fmt.Errorf("kvd l3: %w", err)
 	}
+	st := ts.Stats()
 	log.Info().Strs("paths", cfg.LongPaths).Int64("long_bytes", cfg.LongBytes).Bool("direct_io", ts.DirectIOActive()).
-		Int("entries", ts.Len()).Msg("tablespace ready")
+		Int("entries", ts.Len()).Uint64("replay_checked", st.ReplayChecked).Uint64("replay_rejected", st.ReplayRejected).
+		Msg("tablespace ready")
 	if !cfg.SkipSelfCheck {
 		if bps, err := ts.SelfCheck(ctx); err != nil {
 			log.Warn().Err(err).Msg("l3 write-speed self-check failed")

@@ -17,12 +17,34 @@
 //
 // Write path: reserve a slot (evicting the LRU entry when full; the eviction's
 // DEL record is made durable before the slot is overwritten) → write and sync
-// the data (an O_DSYNC write, as dd oflag=dsync) → append and sync the journal
-// record → update the index. A slot is returned to the free set only after
-// the record that orphaned it is durable.
+// the data and append and sync the journal record, the two concurrently →
+// update the index once both are durable; Put returns then. Without
+// Config.GroupCommit the data is one O_DSYNC write (as dd oflag=dsync) on the
+// caller's goroutine while the shard's flusher goroutine appends and
+// fdatasyncs the record; with it, concurrent writers share syncs and a flush
+// fdatasyncs the dirty containers while it syncs the journal. So a durable
+// Put costs about one device flush, not two in series. Records are applied to
+// the index in journal order, so recovery rebuilds the same index.
+//
+// Why the overlap is crash safe: a crash can leave a PUT record durable
+// without its data. Recovery therefore checks every entry that a journalled
+// PUT left in the index against its slot (key, sequence number, length,
+// CRC-32C); one that fails is rejected and its key falls back to the mapping
+// that PUT displaced (checked the same way), or is a miss for a new key. The
+// displaced slot is still intact because a slot is freed only when the
+// record that orphaned it is applied, which waits for that record's data;
+// and a slot whose write failed is never reused before a restart. PUTs
+// superseded later in the journal are not read, snapshot entries are trusted
+// (only applied entries are in one), and so are PUTs before the journal's
+// last mark: a record (opMark) that a flush writes in front of its batch once
+// markEvery PUTs have finished since the last one, naming the journal offset
+// up to which every PUT had its data durable. Recovery thus reads about
+// markEvery slots plus those of the PUTs in flight at the crash (counted in
+// Stats.ReplayChecked and Stats.ReplayRejected), and each Get verifies again.
+// A snapshot waits until every durable record is applied.
 // An overwrite goes to a fresh slot (the old copy stays valid until the new
-// one is durable), so overwriting in a full tablespace evicts the LRU entry.
-// With Config.GroupCommit, concurrent writers share data and journal syncs.
+// one is durable and applied), so overwriting in a full tablespace evicts the
+// LRU entry.
 // Recovery = snapshot + replay of the journal of the same epoch; a torn or
 // corrupt tail is cut at the last whole record.
 //

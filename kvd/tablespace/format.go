@@ -92,6 +92,13 @@ const (
 	// opDelAny removes key whatever its version: an explicit Delete, which
 	// must also win over an eviction that was unindexed but not yet journalled.
 	opDelAny opKind = 4
+	// opMark changes no entry: its seq field is a journal file offset such
+	// that every PUT record ending at or before it had its slot data durable
+	// when the mark was written, so replay need not read those slots. A
+	// flush writes one in front of its batch once markEvery PUTs finished
+	// since the last (a build without opMark stops replay at the first one,
+	// as at a torn tail).
+	opMark opKind = 5
 )
 
 type record struct {
@@ -207,7 +214,7 @@ func parseRecords(body []byte, g geometry, epoch uint64, fn func(*record)) int {
 			if klen == 0 {
 				return off
 			}
-		case opClear:
+		case opClear, opMark:
 			if klen != 0 {
 				return off
 			}

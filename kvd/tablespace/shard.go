@@ -34,6 +34,25 @@ type pendingRec struct {
 	end int // end offset of its bytes in jbuf
 }
 
+type durableRec struct {
+	rec record
+	end int64 // end offset of its bytes in the journal file
+}
+
+// markEvery is how many finished PUTs a flush waits for before it writes a
+// mark: recovery reads at most about that many slots (plus the PUTs in
+// flight at the crash) to verify the journal's tail.
+const markEvery = 8
+
+// Per-ticket flags of an unfinished journal record (shard.pflags).
+const (
+	// flagAwaitData: a PUT whose slot write runs concurrently with its
+	// journal append; it is applied only once the write is durable too.
+	flagAwaitData uint8 = 1 << iota
+	// flagSkip: that slot write failed; the record is never applied.
+	flagSkip
+)
+
 // shard is one path: its containers, journal, snapshot and index.
 type shard struct {
 	t      *Tablespace
@@ -56,30 +75,52 @@ type shard struct {
 	usedBytes int64
 	nextSeq   uint64
 
-	// jmu guards the journal; jmu is taken before mu, never after.
+	// jmu guards the journal and the apply queue; jmu is taken before mu,
+	// never after. Records get tickets in journal order and are applied to
+	// the index in that order (so replay, which applies the journal in file
+	// order, rebuilds the same index).
 	jmu      sync.Mutex
-	jcond    *sync.Cond
+	jcond    *sync.Cond // waiters: a record finished, a flush ended
+	fcond    *sync.Cond // the flusher: a record was enqueued, a snapshot ended
 	jf       *os.File
 	jsize    int64
 	epoch    uint64
 	jbuf     []byte
-	jpend    []pendingRec
+	jpend    []pendingRec // enqueued, not yet written (tickets done+len(applyQ)…)
+	applyQ   []durableRec // durable in the journal, not yet applied (tickets done…)
+	pflags   []uint8      // flags of every unfinished ticket, pflags[0] is ticket done
 	dirty    []bool
 	syncList []int
 	flushing bool   // a flush or snapshot owns the journal file
+	snapWant int    // snapshots waiting for the journal: no new flush starts
 	enq      uint64 // records ever enqueued
-	done     uint64 // records finished (durable or failed)
-	durable  uint64 // records durable
+	done     uint64 // records finished (applied, skipped or failed), in ticket order
+	failFrom uint64 // tickets from here on failed with jerr
 	jerr     error
 	jclosed  bool
+	fdone    chan struct{} // the flusher exited
+
+	// Marks (see opMark): every PUT record ending at or before doneEnd is
+	// finished; putsSinceMark PUTs finished since the last mark; a skipped
+	// PUT (failed slot write) freezes marks until the next snapshot.
+	doneEnd       int64
+	putsSinceMark int
+	markFrozen    bool
+	wbuf          []byte // mark + batch, one pwrite
+
+	// With GroupCommit, a flush syncs the dirty containers on this
+	// goroutine while it appends and syncs the journal itself.
+	syncReq chan []int
+	syncRes chan error
 }
 
 func openShard(t *Tablespace, dir string, bytes int64) (*shard, error) {
 	cfg := &t.cfg
 	g := geometry{slotBytes: cfg.SlotBytes, slotsPerContainer: int(cfg.ContainerBytes / cfg.SlotBytes),
 		numSlots: int(bytes / cfg.SlotBytes), maxValue: int(cfg.SlotBytes) - slotHeaderSize - MaxKeyBytes}
-	s := &shard{t: t, dir: dir, g: g, head: -1, tail: -1}
+	s := &shard{t: t, dir: dir, g: g, head: -1, tail: -1, failFrom: ^uint64(0)}
 	s.jcond = sync.NewCond(&s.jmu)
+	s.fcond = sync.NewCond(&s.jmu)
 	if err := os.MkdirAll(filepath.Join(dir, "containers"), 0o755); err != nil {
 		return nil, fmt.Errorf("create dir: %w", err)
 	}
@@ -103,6 +144,12 @@ func openShard(t *Tablespace, dir string, bytes int64) (*shard, error) {
 	if err := s.recover(); err != nil {
 		s.close(false)
 		return nil, err
+	}
+	s.fdone = make(chan struct{})
+	go s.flusher()
+	if t.cfg.GroupCommit {
+		s.syncReq, s.syncRes = make(chan []int), make(chan error)
+		go s.dataSyncer()
 	}
 	return s, nil
 }
@@ -243,23 +290,149 @@ func (s *shard) recover() error {
 			if jepoch > s.epoch {
 				s.epoch = jepoch
 			}
-			n := 0
-			end := parseRecords(jb[journalHeaderSize:], s.g, jepoch, func(r *record) {
-				s.applyLocked(r)
-				n++
-			})
+			n, end, rejected, restored := s.replay(jb[journalHeaderSize:], jepoch, s.slotHolds)
 			if cut := len(jb) - journalHeaderSize - end; cut > 0 {
 				log.Warn().Str("path", s.dir).Int("bytes", cut).Msg("tablespace journal tail torn or corrupt, cut")
+			}
+			s.t.st.replayRejected.Add(uint64(rejected))
+			if rejected > 0 {
+				log.Warn().Str("path", s.dir).Int("rejected", rejected).Int("restored", restored).
+					Msg("tablespace journalled puts without their data rejected, previous values kept")
 			}
 			log.Info().Str("path", s.dir).Int("records", n).Int("entries", s.live).Msg("tablespace journal replayed")
 		}
 	}
+	// A seq that a PUT in flight at the crash wrote into a slot without a
+	// durable record is never handed out again: each such PUT held its own
+	// reserved slot, so at most numSlots of them.
+	s.nextSeq += uint64(s.g.numSlots)
 	return s.writeSnapshot()
+}
+
+type keySeq struct {
+	key string
+	seq uint64
+}
+
+// replayed is a journalled PUT applied during replay, with the mapping of
+// its key that it displaced (a journalled PUT or a snapshot entry).
+type replayed struct {
+	seq     uint64
+	slot    int32
+	vlen    uint32
+	journal bool  // from a journalled PUT, else a snapshot entry
+	end     int64 // journalled: end offset of its record in the journal file
+	prev    *replayed
+}
+
+// replay applies the journal body of epoch to the index (single-threaded
+// recovery) and returns the records applied, the length of the valid
+// prefix, and how many PUTs verifyReplayed rejected and how many of their
+// keys got an older mapping back. holds reports whether a slot holds the
+// block written for (key, seq, vlen).
+func (s *shard) replay(body []byte, epoch uint64, holds func(key string, n *replayed) bool) (n, end, rejected, restored int) {
+	hist := make(map[string]*replayed)
+	dels := make(map[keySeq]bool) // versions an opDel removed (an eviction, a failed read)
+	pos, mark := int64(journalHeaderSize), int64(0)
+	end = parseRecords(body, s.g, epoch, func(r *record) {
+		pos += int64(recHeadSize + recFixed + len(r.key))
+		var node *replayed
+		switch r.op {
+		case opMark:
+			mark = min(int64(r.seq), pos) // a mark speaks only of records before it
+		case opDel:
+			dels[keySeq{r.key, r.seq}] = true
+		case opPut:
+			node = &replayed{seq: r.seq, slot: r.slot, vlen: r.vlen, journal: true, end: pos}
+			if sl, ok := s.index[r.key]; ok {
+				m := &s.slots[sl]
+				if h := hist[r.key]; h != nil && h.slot == sl && h.seq == m.seq {
+					node.prev = h
+				} else {
+					node.prev = &replayed{seq: m.seq, slot: sl, vlen: m.vlen}
+				}
+			}
+		}
+		s.applyLocked(r)
+		if node != nil {
+			hist[r.key] = node
+		}
+		n++
+	})
+	rejected, restored = s.verifyReplayed(hist, dels, mark, holds)
+	return n, end, rejected, restored
+}
+
+// verifyReplayed enforces the rule that makes Put's overlap of slot write
+// and journal append safe: a PUT is in the journal before its slot write is
+// known durable, so a crash can leave the record without the data. Every
+// entry that a journalled PUT left in the index is checked against its
+// slot (key, seq, length, CRC-32C); one that fails is dropped, and its key
+// falls back to the mapping that PUT displaced (checked the same way):
+// while a PUT is unapplied the slot of its key's previous value is not
+// freed, so that value is still on disk. A displaced slot that something
+// else took since is a sign the PUT was durable and its slot damaged: no
+// fallback then, a miss; nor into a version that a DEL removed (the previous
+// value evicted while the PUT was in flight). PUTs superseded later in the journal (overwritten,
+// deleted, evicted, cleared) are not read at all; snapshot entries are
+// trusted (only applied, so durable, entries are in a snapshot), and so
+// are PUTs before the journal's last mark (see opMark); like every entry,
+// they are verified again by each Get. So recovery reads about markEvery
+// slots plus those of the PUTs in flight at the crash.
+func (s *shard) verifyReplayed(hist map[string]*replayed, dels map[keySeq]bool, mark int64,
+	holds func(key string, n *replayed) bool) (rejected, restored int) {
+	type failure struct {
+		key  string
+		prev *replayed
+	}
+	var failed []failure
+	for k, n := range hist {
+		sl, ok := s.index[k]
+		if !ok || sl != n.slot || s.slots[sl].seq != n.seq || n.end <= mark || holds(k, n) {
+			continue
+		}
+		s.removeLocked(sl, true)
+		failed = append(failed, failure{k, n.prev})
+	}
+	for _, f := range failed {
+		for p := f.prev; p != nil; p = p.prev {
+			if _, taken := s.index[f.key]; taken || s.slots[p.slot].state != slotFree || dels[keySeq{f.key, p.seq}] {
+				break
+			}
+			if holds(f.key, p) {
+				s.applyLocked(&record{op: opPut, seq: p.seq, slot: p.slot, vlen: p.vlen, key: f.key})
+				restored++
+				break
+			}
+		}
+	}
+	return len(failed), restored
+}
+
+// slotHolds reads slot n.slot and reports whether it holds the block
+// written for (key, n.seq, n.vlen).
+func (s *shard) slotHolds(key string, n *replayed) bool {
+	size := int(n.vlen) + slotHeaderSize + len(key)
+	if s.direct {
+		size = alignUp(size)
+	}
+	s.t.st.replayChecked.Add(1)
+	bp := s.t.getBuf()
+	defer s.t.putBuf(bp)
+	c, off := s.locate(n.slot)
+	if preadFull(s.fds[c], (*bp)[:size], off) != nil {
+		return false
+	}
+	_, ok := verifySlot((*bp)[:size], n.seq, []byte(key), int(n.vlen))
+	return ok
 }
 
 // applyLocked applies one journal record to the index (s.mu held, or
 // single-threaded recovery). Used identically at run time and on replay.
 func (s *shard) applyLocked(r *record) {
+	if r.op == opMark {
+		return
+	}
 	if r.seq >= s.nextSeq {
 		s.nextSeq = r.seq + 1
 	}
@@ -391,6 +564,15 @@ func (s *shard) reserveLocked() (int32, *record, error) {
 // an eviction victim and journalling its removal.
 var afterEvictReserve func()
 
+// beforeSlotWrite, when set (tests only), runs in put between queueing the
+// PUT record and writing the slot: the crash test widens the window in
+// which the record can be durable without its data.
+var beforeSlotWrite func()
+
+// beforeDataSync, when set (tests only), runs before a GroupCommit flush
+// syncs the containers.
+var beforeDataSync func()
+
 func (s *shard) releaseLocked(sl int32) {
 	s.slots[sl].state = slotFree
 	s.used[sl/64] &^= 1 << (uint(sl) % 64)
@@ -444,6 +626,15 @@ func fdatasync(fd int) error {
 	}
 }
 
+// put reserves a slot, then writes the slot and appends its PUT record
+// concurrently (without GroupCommit: an O_DSYNC slot write on this
+// goroutine while the flusher appends and syncs the record; with it, the
+// flush syncs the containers while it syncs the journal), and returns once
+// both are durable and the record is applied. That costs about one device
+// flush instead of two in series, and it is still crash safe: a journalled
+// PUT whose slot does not verify is rejected on replay (see verifyReplayed)
+// and its key keeps its previous mapping, whose slot is not freed before
+// the new one is applied.
 func (s *shard) put(key, val []byte) error {
 	s.mu.Lock()
 	sl, victim, err := s.reserveLocked()
@@ -462,6 +653,8 @@ func (s *shard) put(key, val []byte) error {
 		ks = string(key)
 	}
 	if victim != nil {
+		// The victim's slot still holds its data and a snapshot may still
+		// list it: its DEL is durable before the slot is overwritten.
 		if afterEvictReserve != nil {
 			afterEvictReserve()
 		}
@@ -475,19 +668,52 @@ func (s *shard) put(key, val []byte) error {
 		n = alignUp(n)
 	}
 	c, off := s.locate(sl)
-	err = pwriteFull(s.fds[c], (*bp)[:n], off)
-	s.t.putBuf(bp)
-	if err == nil && !s.t.cfg.GroupCommit {
-		s.t.st.dataSyncs.Add(1) // O_DSYNC: the write returned durable
+	rec := record{op: opPut, seq: seq, slot: sl, vlen: uint32(len(val)), key: ks}
+	if s.t.cfg.GroupCommit {
+		err = pwriteFull(s.fds[c], (*bp)[:n], off)
+		s.t.putBuf(bp)
+		if err != nil {
+			s.mu.Lock()
+			s.releaseLocked(sl) // nothing indexed or journalled points at it
+			s.mu.Unlock()
+			return fmt.Errorf("write slot: %w", err)
+		}
+		s.t.st.bytesWritten.Add(uint64(n))
+		return s.commit(&rec, c)
 	}
+	s.jmu.Lock()
+	my, err := s.enqueueLocked(&rec, -1, flagAwaitData)
+	s.jmu.Unlock()
 	if err != nil {
+		s.t.putBuf(bp)
 		s.mu.Lock()
-		s.releaseLocked(sl) // nothing indexed points at it
+		s.releaseLocked(sl) // the record was refused: nothing points at it
 		s.mu.Unlock()
-		return fmt.Errorf("write slot: %w", err)
+		return err
 	}
+	if beforeSlotWrite != nil {
+		beforeSlotWrite()
+	}
+	werr := pwriteFull(s.fds[c], (*bp)[:n], off) // O_DSYNC: durable on return
+	s.t.putBuf(bp)
+	s.jmu.Lock()
+	defer s.jmu.Unlock()
+	if my >= s.done { // else the journal failed meanwhile
+		f := &s.pflags[my-s.done]
+		*f &^= flagAwaitData
+		if werr != nil {
+			// The record may be durable: the slot stays reserved (never
+			// reused before a restart), so the record can never verify.
+			*f |= flagSkip
+		}
+		s.applyReadyLocked()
+	}
+	if werr != nil {
+		return fmt.Errorf("write slot: %w", werr)
+	}
+	s.t.st.dataSyncs.Add(1)
 	s.t.st.bytesWritten.Add(uint64(n))
-	return s.commit(&record{op: opPut, seq: seq, slot: sl, vlen: uint32(len(val)), key: ks}, c)
+	return s.waitLocked(my)
 }
 
 func (s *shard) get(key, dst []byte) ([]byte, error) {
@@ -577,35 +803,113 @@ func (s *shard) clear() error {
 func (s *shard) commit(r *record, container int) error {
 	s.jmu.Lock()
 	defer s.jmu.Unlock()
+	my, err := s.enqueueLocked(r, container, 0)
+	if err != nil {
+		return err
+	}
+	return s.waitLocked(my)
+}
+
+// enqueueLocked queues r for the flusher and returns its ticket.
+func (s *shard) enqueueLocked(r *record, container int, flags uint8) (uint64, error) {
 	if s.jclosed {
-		return ErrClosed
+		return 0, ErrClosed
 	}
 	if s.jerr != nil {
-		return s.jerr
+		return 0, s.jerr
 	}
 	s.jbuf = appendRecord(s.jbuf, r)
 	s.jpend = append(s.jpend, pendingRec{rec: *r, end: len(s.jbuf)})
+	s.pflags = append(s.pflags, flags)
 	if container >= 0 && s.t.cfg.GroupCommit {
 		s.dirty[container] = true
 	}
 	my := s.enq
 	s.enq++
+	s.fcond.Signal()
+	return my, nil
+}
+
+// waitLocked waits until ticket my is finished and returns its outcome.
+func (s *shard) waitLocked(my uint64) error {
 	for s.done <= my {
-		if !s.flushing {
-			s.flushLocked()
-		} else {
-			s.jcond.Wait()
-		}
+		s.jcond.Wait()
 	}
-	if my < s.durable {
+	if my < s.failFrom {
 		return nil
 	}
 	return s.jerr
 }
 
+// flusher writes the queued records, one batch at a time, until close.
+func (s *shard) flusher() {
+	defer close(s.fdone)
+	s.jmu.Lock()
+	defer s.jmu.Unlock()
+	for {
+		for !s.jclosed && (len(s.jpend) == 0 || s.flushing || s.snapWant > 0) {
+			s.fcond.Wait()
+		}
+		if s.jclosed {
+			return
+		}
+		s.flushLocked()
+	}
+}
+
+// dataSyncer (GroupCommit only) fdatasyncs the containers of each request.
+func (s *shard) dataSyncer() {
+	for list := range s.syncReq {
+		if beforeDataSync != nil {
+			beforeDataSync()
+		}
+		var err error
+		for _, c := range list {
+			if err = fdatasync(s.fds[c]); err != nil {
+				break
+			}
+			s.t.st.dataSyncs.Add(1)
+		}
+		s.syncRes <- err
+	}
+}
+
+// applyReadyLocked applies, in ticket order, the durable records whose slot
+// write (if any) is durable too, and wakes their waiters.
+func (s *shard) applyReadyLocked() {
+	n := 0
+	for n < len(s.applyQ) && s.pflags[n]&flagAwaitData == 0 {
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	s.mu.Lock()
+	for i := range n {
+		r := &s.applyQ[i].rec
+		switch {
+		case s.pflags[i]&flagSkip != 0:
+			s.markFrozen = true
+		case r.op == opPut:
+			s.putsSinceMark++
+			fallthrough
+		default:
+			s.applyLocked(r)
+		}
+	}
+	s.mu.Unlock()
+	s.doneEnd = s.applyQ[n-1].end
+	s.done += uint64(n)
+	rest := s.applyQ[:copy(s.applyQ, s.applyQ[n:])]
+	clear(s.applyQ[len(rest):])
+	s.applyQ = rest
+	s.pflags = s.pflags[:copy(s.pflags, s.pflags[n:])]
+	s.jcond.Broadcast()
+}
+
 // flushLocked writes and syncs a batch of pending records (one without
-// GroupCommit), applies them, and wakes the waiters. Called with jmu held
-// and !flushing; releases jmu while doing IO.
+// GroupCommit), queues them for applying, and wakes the waiters. Called
+// by the flusher with jmu held and !flushing; releases jmu while doing IO.
 func (s *shard) flushLocked() {
 	s.flushing = true
 	take := len(s.jpend)
@@ -625,47 +929,55 @@ func (s *shard) flushLocked() {
 	off := s.jsize
 	jfd := int(s.jf.Fd())
 	sealRecords(data, s.epoch) // under jmu: appends may copy jbuf's prefix
+	// A mark rides in the same write, before the batch: no extra flush.
+	out, markLen := data, 0
+	if !s.markFrozen && s.putsSinceMark >= markEvery {
+		s.wbuf = appendRecord(s.wbuf[:0], &record{op: opMark, seq: uint64(s.doneEnd)})
+		sealRecords(s.wbuf, s.epoch)
+		markLen = len(s.wbuf)
+		s.wbuf = append(s.wbuf, data...)
+		out = s.wbuf
+		s.putsSinceMark = 0
+	}
 	s.jmu.Unlock()
 
-	var err error
-	for _, c := range syncList {
-		if err = fdatasync(s.fds[c]); err != nil {
-			break
-		}
-		s.t.st.dataSyncs.Add(1)
+	// The containers' data and the journal records are synced concurrently:
+	// a record that is durable without its data is rejected on replay.
+	if len(syncList) > 0 {
+		s.syncReq <- syncList
 	}
-	if err == nil {
-		err = pwriteFull(jfd, data, off)
-	}
+	err := pwriteFull(jfd, out, off)
 	if err == nil {
 		err = fdatasync(jfd)
 		s.t.st.journalSyncs.Add(1)
 	}
-	if err == nil {
-		s.mu.Lock()
-		for i := range ops {
-			s.applyLocked(&ops[i].rec)
+	if len(syncList) > 0 {
+		if derr := <-s.syncRes; err == nil {
+			err = derr
 		}
-		s.mu.Unlock()
-		s.t.st.journalRecords.Add(uint64(take))
 	}
 
 	s.jmu.Lock()
 	if err != nil {
 		s.jerr = fmt.Errorf("%w: %w", ErrBroken, err)
 		s.t.log.Error().Str("path", s.dir).Err(err).Msg("tablespace journal write failed, shard now refuses writes")
+		s.failFrom = s.done
 		s.done = s.enq
 		s.jbuf, s.jpend = s.jbuf[:0], s.jpend[:0]
+		clear(s.applyQ)
+		s.applyQ, s.pflags = s.applyQ[:0], s.pflags[:0]
 	} else {
-		s.jsize += int64(len(data))
+		s.t.st.journalRecords.Add(uint64(take))
+		s.jsize += int64(len(out))
 		if s.jsize > s.t.cfg.JournalCompactBytes {
 			select {
 			case s.t.compact <- struct{}{}:
 			default:
 			}
 		}
-		s.durable += uint64(take)
-		s.done += uint64(take)
+		for i := range ops {
+			s.applyQ = append(s.applyQ, durableRec{rec: ops[i].rec, end: off + int64(markLen+ops[i].end)})
+		}
 		s.jbuf = s.jbuf[:copy(s.jbuf, s.jbuf[len(data):])]
 		rest := s.jpend[:copy(s.jpend, s.jpend[take:])]
 		for i := range rest {
@@ -673,36 +985,41 @@ func (s *shard) flushLocked() {
 		}
 		clear(s.jpend[len(rest):])
 		s.jpend = rest
+		s.applyReadyLocked()
 	}
 	s.flushing = false
 	s.jcond.Broadcast()
 }
 
 // snapshot compacts the index into a new snapshot and an empty journal;
-// unless force, only when the journal holds records.
+// unless force, only when the journal holds records. It first waits until
+// every durable record is applied (a PUT waiting for its slot write is in
+// neither the index nor, after the snapshot, the journal); meanwhile the
+// flusher starts no batch.
 func (s *shard) snapshot(force bool) error {
 	s.jmu.Lock()
-	for s.flushing {
+	s.snapWant++
+	for s.flushing || len(s.applyQ) > 0 {
 		s.jcond.Wait()
 	}
-	if s.jclosed || (!force && s.jsize <= journalHeaderSize) {
+	s.snapWant--
+	var err error
+	switch {
+	case s.jclosed || (!force && s.jsize <= journalHeaderSize):
+	case s.jerr != nil:
+		err = s.jerr
+	default:
+		s.flushing = true
 		s.jmu.Unlock()
-		return nil
+		err = s.writeSnapshot()
+		s.jmu.Lock()
+		if err != nil && s.jerr == nil {
+			s.jerr = fmt.Errorf("%w: snapshot: %w", ErrBroken, err)
+		}
+		s.flushing = false
+		s.jcond.Broadcast()
 	}
-	if s.jerr != nil {
-		err := s.jerr
-		s.jmu.Unlock()
-		return err
-	}
-	s.flushing = true
-	s.jmu.Unlock()
-	err := s.writeSnapshot()
-	s.jmu.Lock()
-	if err != nil && s.jerr == nil {
-		s.jerr = fmt.Errorf("%w: snapshot: %w", ErrBroken, err)
-	}
-	s.flushing = false
-	s.jcond.Broadcast()
+	s.fcond.Signal()
 	s.jmu.Unlock()
 	return err
 }
@@ -736,6 +1053,7 @@ func (s *shard) writeSnapshot() error {
 		return fmt.Errorf("reset journal: %w", err)
 	}
 	s.jsize, s.epoch = journalHeaderSize, epoch
+	s.doneEnd, s.putsSinceMark, s.markFrozen = journalHeaderSize, 0, false
 	s.t.st.snapshots.Add(1)
 	return nil
 }
@@ -817,18 +1135,26 @@ func syncDir(dir string) error {
 	return err
 }
 
-// close optionally snapshots, then releases every file and the lock.
+// close optionally snapshots, then stops the flusher (once every queued
+// record is finished) and releases every file and the lock.
 func (s *shard) close(snapshot bool) error {
 	var err error
 	if snapshot && s.jf != nil {
 		err = s.snapshot(true)
 	}
 	s.jmu.Lock()
-	for s.flushing {
+	for s.flushing || len(s.jpend) > 0 || len(s.applyQ) > 0 {
 		s.jcond.Wait()
 	}
 	s.jclosed = true
+	s.fcond.Signal()
 	s.jmu.Unlock()
+	if s.fdone != nil {
+		<-s.fdone
+	}
+	if s.syncReq != nil {
+		close(s.syncReq)
+	}
 	for _, f := range s.files {
 		_ = f.Close()
 	}

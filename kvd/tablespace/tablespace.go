@@ -133,10 +133,17 @@ type Stats struct {
 	Evictions, Deletes, Clears, Snapshots        uint64
 	JournalRecords, JournalSyncs, DataSyncs      uint64
 	BytesWritten, BytesRead                      uint64
-	Entries                                      int
-	UsedBytes, CapacityBytes                     int64
-	Slots                                        int
-	DirectIO                                     bool
+	// ReplayRejected counts journalled PUTs that recovery found without
+	// their data (in flight at a crash) and dropped, keeping the key's
+	// previous value.
+	ReplayRejected uint64
+	// ReplayChecked counts the slots recovery read to verify journalled
+	// PUTs (those after the journal's last mark, and fallbacks).
+	ReplayChecked            uint64
+	Entries                  int
+	UsedBytes, CapacityBytes int64
+	Slots                    int
+	DirectIO                 bool
 }
 
 type counters struct {
@@ -144,6 +151,7 @@ type counters struct {
 	evictions, deletes, clears, snapshots        atomic.Uint64
 	journalRecords, journalSyncs, dataSyncs      atomic.Uint64
 	bytesWritten, bytesRead                      atomic.Uint64
+	replayRejected, replayChecked                atomic.Uint64
 }
 
 // Tablespace is the L3 store. See the package documentation.
@@ -237,7 +245,8 @@ func (t *Tablespace) ReadBuffer() []byte { return alignedBuf(int(t.cfg.SlotBytes
 func (t *Tablespace) DirectIOActive() bool { return t.direct }
 
 // Put stores value under key, replacing any previous value; the block is
-// durable (data and journal synced) when Put returns nil.
+// durable (data and journal synced) when Put returns nil. The slot write
+// and the journal append run concurrently (see the package documentation).
 func (t *Tablespace) Put(key, value []byte) error {
 	if t.closed.Load() {
 		return ErrClosed
@@ -349,7 +358,7 @@ func (t *Tablespace) Stats() Stats {
 		Snapshots: t.st.snapshots.Load(), JournalRecords: t.st.journalRecords.Load(),
 		JournalSyncs: t.st.journalSyncs.Load(), DataSyncs: t.st.dataSyncs.Load(),
 		BytesWritten: t.st.bytesWritten.Load(), BytesRead: t.st.bytesRead.Load(),
-		DirectIO: t.direct,
+		ReplayRejected: t.st.replayRejected.Load(), ReplayChecked: t.st.replayChecked.Load(), DirectIO: t.direct,
 	}
 	for _, s := range t.shards {
 		s.mu.Lock()
