@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+
+	"github.com/infera/infera/jsonx"
 )
 
 // A compiled rendering of one well-known chat template, Qwen3's (the
@@ -40,9 +43,17 @@ func nativeRendererFor(source string) nativeRenderer {
 	return nil
 }
 
+// qwenStr is a JSON string's raw content w.B[start:end]; escaped: it
+// needs decoding (escapes, or non-ASCII bytes that may be invalid UTF-8).
+type qwenStr struct {
+	start, end int
+	escaped    bool
+	ok         bool // present and a string
+}
+
 // qwenMsg is one message of a chat qwen3Render accepted.
 type qwenMsg struct {
-	role, content jsonSpan
+	role, content qwenStr
 	kind          byte // one of the role* constants
 }
 
@@ -59,79 +70,108 @@ const (
 	imEnd   = "<|im_end|>\n"
 )
 
+// errDecline stops the walk of a chat qwen3Render does not cover.
+var errDecline = errors.New("not covered by the compiled template")
+
+// appendStr appends s decoded.
+func (w *chatWalk) appendStr(dst []byte, s qwenStr) []byte {
+	if !s.escaped {
+		return append(dst, w.B[s.start:s.end]...)
+	}
+	return jsonx.AppendUnescaped(dst, w.B[s.start:s.end])
+}
+
+func (w *chatWalk) strIs(s qwenStr, name string) bool {
+	return jsonx.Equal(w.B[s.start:s.end], s.escaped, name)
+}
+
+// qwenString reads the value at w.I as a string (ok false: another value).
+func (w *chatWalk) qwenString() (qwenStr, error) {
+	if w.B[w.I] != '"' {
+		return qwenStr{}, w.Value()
+	}
+	start, end, esc, err := w.String()
+	return qwenStr{start, end, esc, true}, err
+}
+
 // qwen3Render renders c as the Qwen3 template does with
-// add_generation_prompt=true, or declines.
+// add_generation_prompt=true, or declines. It reads the document in one
+// pass, checking it as the template engine's decoder would (a document that
+// pass rejects is declined, and the engine reports the error).
 func qwen3Render(dst []byte, c Chat) ([]byte, bool) {
 	if !isNullJSON(c.Tools) || !isNullJSON(c.Kwargs) {
 		return dst, false
 	}
 	w := newChatWalk(c.Messages)
-	if w.validate() != nil {
-		return dst, false
-	}
-	w.I = 0
 	w.SkipWS()
 	if w.I >= len(w.B) || w.B[w.I] != '[' {
 		return dst, false
 	}
 	var store [64]qwenMsg
 	msgs := store[:0]
-	ok := true
-	_ = w.Array(func() error {
-		if !ok || w.B[w.I] != '{' {
-			ok = false
-			w.skip()
-			return nil
+	err := w.Array(func() error {
+		if w.B[w.I] != '{' {
+			return errDecline
 		}
 		var m qwenMsg
-		w.members(func(key jsonSpan) {
+		err := w.Object(func(ks, ke int, kesc bool) error {
+			key := w.B[ks:ke]
+			var err error
 			switch {
-			case w.keyIs(key, "role"):
-				m.role = w.span()
-			case w.keyIs(key, "content"):
-				m.content = w.span()
-			case w.keyIs(key, "tool_calls"), w.keyIs(key, "reasoning_content"):
-				ok = false
-				w.skip()
+			case jsonx.Equal(key, kesc, "role"):
+				m.role, err = w.qwenString()
+			case jsonx.Equal(key, kesc, "content"):
+				m.content, err = w.qwenString()
+			case jsonx.Equal(key, kesc, "tool_calls"), jsonx.Equal(key, kesc, "reasoning_content"):
+				return errDecline
 			default:
-				w.skip()
+				err = w.Value()
 			}
+			return err
 		})
-		if m.role.start == 0 || w.B[m.role.start] != '"' || m.content.start == 0 || w.B[m.content.start] != '"' {
-			ok = false
-			return nil
+		if err != nil {
+			return err
+		}
+		if !m.role.ok || !m.content.ok {
+			return errDecline
 		}
 		switch {
-		case w.stringIs(m.role, "system"):
+		case w.strIs(m.role, "system"):
 			m.kind = roleSystem
-		case w.stringIs(m.role, "user"):
+		case w.strIs(m.role, "user"):
 			m.kind = roleUser
-		case w.stringIs(m.role, "assistant"):
+		case w.strIs(m.role, "assistant"):
 			m.kind = roleAssistant
-		case w.stringIs(m.role, "tool"):
+		case w.strIs(m.role, "tool"):
 			m.kind = roleTool
 		}
 		msgs = append(msgs, m)
 		return nil
 	})
-	if !ok || len(msgs) == 0 {
+	if err != nil || len(msgs) == 0 {
 		return dst, false
+	}
+	if w.SkipWS(); w.I != len(w.B) {
+		return dst, false // trailing data
 	}
 	out := dst
 	if msgs[0].kind == roleSystem {
 		out = append(out, imStart+"system\n"...)
-		out = w.appendString(out, msgs[0].content)
+		out = w.appendStr(out, msgs[0].content)
 		out = append(out, imEnd...)
 	}
 	// ns.last_query_index: the last user message that is not a wrapped
-	// tool response (decoded in place past the output, then dropped).
+	// tool response (decoded past the output when escaped, then dropped).
 	lastQuery := len(msgs) - 1
 	for i := len(msgs) - 1; i >= 0; i-- {
 		if msgs[i].kind != roleUser {
 			continue
 		}
 		n := len(out)
-		s := w.appendString(out, msgs[i].content)[n:]
+		s := w.B[msgs[i].content.start:msgs[i].content.end]
+		if msgs[i].content.escaped {
+			s = w.appendStr(out, msgs[i].content)[n:]
+		}
 		wrapped := bytes.HasPrefix(s, []byte("<tool_response>")) && bytes.HasSuffix(s, []byte("</tool_response>"))
 		out = out[:n]
 		if !wrapped {
@@ -146,13 +186,13 @@ func qwen3Render(dst []byte, c Chat) ([]byte, bool) {
 				continue
 			}
 			out = append(out, imStart...)
-			out = w.appendString(out, m.role)
+			out = w.appendStr(out, m.role)
 			out = append(out, '\n')
-			out = w.appendString(out, m.content)
+			out = w.appendStr(out, m.content)
 			out = append(out, imEnd...)
 		case roleAssistant:
 			out = append(out, imStart...)
-			out = w.appendString(out, m.role)
+			out = w.appendStr(out, m.role)
 			out = append(out, '\n')
 			out = qwen3Assistant(out, &w, m, i > lastQuery, i == len(msgs)-1)
 			out = append(out, imEnd...)
@@ -161,7 +201,7 @@ func qwen3Render(dst []byte, c Chat) ([]byte, bool) {
 				out = append(out, imStart+"user"...)
 			}
 			out = append(out, "\n<tool_response>\n"...)
-			out = w.appendString(out, m.content)
+			out = w.appendStr(out, m.content)
 			out = append(out, "\n</tool_response>"...)
 			if i == len(msgs)-1 || msgs[i+1].kind != roleTool {
 				out = append(out, imEnd...)
@@ -177,7 +217,7 @@ func qwen3Render(dst []byte, c Chat) ([]byte, bool) {
 // rendering built past it and moved down: no allocation beyond growing out.
 func qwen3Assistant(out []byte, w *chatWalk, m qwenMsg, afterQuery, last bool) []byte {
 	n := len(out)
-	out = w.appendString(out, m.content)
+	out = w.appendStr(out, m.content)
 	end := len(out)
 	c := out[n:end]
 	const endThink, think = "</think>", "<think>"

@@ -101,6 +101,9 @@ func contraction(s string, i int, foldCase bool) int {
 // runOf returns the end of the run of runes starting at i whose class has any
 // bit of mask.
 func runOf(s string, i int, mask uint8) int {
+	for i < len(s) && s[i] < utf8.RuneSelf && asciiClasses[s[i]]&mask != 0 {
+		i++ // ASCII: no decoding
+	}
 	for i < len(s) {
 		c, w := classAt(s, i)
 		if c&mask == 0 {
