@@ -40,9 +40,18 @@ func BenchmarkKVPickChat(b *testing.B) {
 	const msgs, words = 15, 1950
 	text := benchText(msgs * words)
 	fields := strings.Fields(text)
-	build := func(id string, lastID string) string {
-		var sb strings.Builder
-		sb.WriteString(`{"model":"m","messages":[{"role":"system","content":"be brief"}`)
+	bodies := make([]string, msgs+1)
+	for i := range bodies {
+		lo, hi := (i%msgs)*words, (i%msgs+1)*words
+		if i == msgs {
+			hi = lo + words/4 // a shorter new turn
+		}
+		bodies[i] = strings.Join(fields[lo:hi], " ")
+	}
+	// build appends the request to buf (reused: the loop's allocations are
+	// Pick's own).
+	build := func(buf []byte, id string, lastID string) []byte {
+		buf = append(buf[:0], `{"model":"m","messages":[{"role":"system","content":"be brief"}`...)
 		for i := range msgs + 1 {
 			role := "user"
 			if i%2 == 1 {
@@ -52,16 +61,15 @@ func BenchmarkKVPickChat(b *testing.B) {
 			if i == msgs {
 				tag = lastID
 			}
-			sb.WriteString(`,{"role":"` + role + `","content":"` + tag + " ")
-			lo, hi := (i%msgs)*words, (i%msgs+1)*words
-			if i == msgs {
-				hi = lo + words/4 // a shorter new turn
-			}
-			sb.WriteString(strings.Join(fields[lo:hi], " "))
-			sb.WriteString(`"}`)
+			buf = append(buf, `,{"role":"`...)
+			buf = append(buf, role...)
+			buf = append(buf, `","content":"`...)
+			buf = append(buf, tag...)
+			buf = append(buf, ' ')
+			buf = append(buf, bodies[i]...)
+			buf = append(buf, `"}`...)
 		}
-		sb.WriteString(`]}`)
-		return sb.String()
+		return append(buf, `]}`...)
 	}
 	for _, mode := range []string{"first-sight", "last-turn-new"} {
 		b.Run(mode, func(b *testing.B) {
@@ -71,23 +79,28 @@ func BenchmarkKVPickChat(b *testing.B) {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			var req openai.Request
+			var in PickInput
+			var raw, conv, turn []byte
 			n := 0
 			b.ReportAllocs()
 			for b.Loop() {
 				n++
-				conv := "conversation-0"
+				conv = append(conv[:0], "conversation-"...)
 				if mode == "first-sight" {
-					conv = "conversation-" + strconv.Itoa(n)
+					conv = strconv.AppendInt(conv, int64(n), 10)
+				} else {
+					conv = append(conv, '0')
 				}
-				raw := []byte(build(conv, "turn-"+strconv.Itoa(n)))
+				turn = strconv.AppendInt(append(turn[:0], "turn-"...), int64(n), 10)
+				raw = build(raw, bytesString(conv), bytesString(turn))
 				req = openai.Request{}
 				if err := openai.Scan(raw, &req); err != nil {
 					b.Fatal(err)
 				}
-				in := &PickInput{Route: RouteChatCompletions, Body: raw, Request: &req}
+				in = PickInput{Route: RouteChatCompletions, Body: raw, Request: &req}
 				cpu0 := threadCPU()
 				start := time.Now()
-				tk, err := f.p.Pick(in, f.c)
+				tk, err := f.p.Pick(&in, f.c)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -97,7 +110,7 @@ func BenchmarkKVPickChat(b *testing.B) {
 				}
 				f.p.Release(tk, Result{})
 				if tokens == 0 {
-					body := string(raw)
+					body := string(raw) // once
 					text, err := hf.RenderChat([]byte(body[strings.Index(body, "[") : len(body)-1]))
 					if err != nil {
 						b.Fatal(err)
