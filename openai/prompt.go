@@ -158,6 +158,12 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 // order mean the same images, which is all an affinity key needs; the bytes
 // passed to fn are valid only during the call.
 func VisitImages(messages []byte, fn func(ref []byte)) int {
+	// An image part's type is compared raw ("image_url", "input_image"),
+	// so a document without "image" has none: skip the walk (a long text
+	// chat is one vectorized search instead of a JSON scan).
+	if !bytes.Contains(messages, []byte("image")) {
+		return 0
+	}
 	s := newScanner(messages)
 	s.SkipWS()
 	n := 0
