@@ -158,6 +158,14 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 // order mean the same images, which is all an affinity key needs; the bytes
 // passed to fn are valid only during the call.
 func VisitImages(messages []byte, fn func(ref []byte)) int {
+	if !hasImageType(messages) {
+		return 0
+	}
+	return visitImageParts(messages, fn)
+}
+
+// visitImageParts is VisitImages's walk over every content part.
+func visitImageParts(messages []byte, fn func(ref []byte)) int {
 	s := newScanner(messages)
 	s.SkipWS()
 	n := 0
@@ -183,6 +191,32 @@ func VisitImages(messages []byte, fn func(ref []byte)) int {
 		})
 	})
 	return n
+}
+
+// hasImageType reports whether b holds "image_url" or "input_image" raw.
+// An image part's type is compared raw (imagePart), so without either there
+// is no image and the walk is skipped: for a long text chat, one vectorized
+// search for '_' (rare in prose) instead of a JSON scan.
+func hasImageType(b []byte) bool {
+	for i := 0; ; i++ {
+		k := bytes.IndexByte(b[i:], '_')
+		if k < 0 {
+			return false
+		}
+		i += k
+		if i >= 5 {
+			switch string(b[i-5 : i]) {
+			case "image":
+				if bytes.HasPrefix(b[i+1:], []byte("url")) {
+					return true
+				}
+			case "input":
+				if bytes.HasPrefix(b[i+1:], []byte("image")) {
+					return true
+				}
+			}
+		}
+	}
 }
 
 // imagePart reads one content part object and returns its image reference

@@ -99,6 +99,19 @@ func TestVisitImages(t *testing.T) {
 	if n := openai.VisitImages([]byte(`[{"role":"user","content":"text only"}]`), func([]byte) { t.Fatal("called") }); n != 0 {
 		t.Fatalf("n = %d", n)
 	}
+	// The raw-type precheck keeps every image part, and skips text that
+	// only talks about images.
+	for msgs, want := range map[string]int{
+		`[{"role":"user","content":[{"type":"input_image","file_id":"f"}]}]`:                 1,
+		`[{"role":"user","content":[{"type":"image_url","image_url":"u"}]}]`:                 1,
+		`[{"role":"user","content":[{"image_url":{"url":"u"},"type":"image_url"}]}]`:         1,
+		`[{"role":"user","content":"an image_ur_l, input__image, image url, _image_"}]`:      0,
+		`[{"role":"user","content":[{"type":"text","text":"snake_case image_"}]}, "_input"]`: 0,
+	} {
+		if n := openai.VisitImages([]byte(msgs), func([]byte) {}); n != want {
+			t.Errorf("%s: %d images, want %d", msgs, n, want)
+		}
+	}
 	// Malformed input never panics.
 	for _, bad := range []string{``, `[`, `[{"content":[{"type":"image_url","image_url":`, `{}`, `[{"content":[{`} {
 		openai.VisitImages([]byte(bad), func([]byte) {})

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"sort"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -23,6 +24,7 @@ type addedToken struct {
 // and a text is only walked where a token's first byte occurs.
 type addedMatcher struct {
 	first  [256]bool
+	only   int // the one first byte of every token, -1 if they differ
 	nodes  []trieNode
 	tokens []addedToken
 }
@@ -37,12 +39,19 @@ func newAddedMatcher(tokens []addedToken) *addedMatcher {
 	if len(tokens) == 0 {
 		return nil
 	}
-	m := &addedMatcher{nodes: []trieNode{{tok: -1}}, tokens: tokens}
+	m := &addedMatcher{nodes: []trieNode{{tok: -1}}, tokens: tokens, only: -2}
 	for ti, t := range tokens {
 		if t.Content == "" {
 			continue
 		}
 		m.first[t.Content[0]] = true
+		switch c := int(t.Content[0]); m.only {
+		case -2:
+			m.only = c
+		case c:
+		default:
+			m.only = -1
+		}
 		n := int32(0)
 		for i := 0; i < len(t.Content); i++ {
 			n = m.child(n, t.Content[i])
@@ -108,7 +117,15 @@ func (m *addedMatcher) longestAt(text string, i int) (int, int32) {
 // rejecting matches inside a word. It returns start < 0 when none is left.
 func (m *addedMatcher) next(text string, from, floor int) (start, end int, id uint32) {
 	for i := from; i < len(text); i++ {
-		if !m.first[text[i]] {
+		if m.only >= 0 {
+			// Every token starts with one byte (Qwen, Llama and DeepSeek
+			// tokens all start with '<'): find it with IndexByte.
+			k := strings.IndexByte(text[i:], byte(m.only))
+			if k < 0 {
+				break
+			}
+			i += k
+		} else if !m.first[text[i]] {
 			continue
 		}
 		e, ti := m.longestAt(text, i)

@@ -100,7 +100,7 @@ func (m *bpe) appendWord(dst []uint32, word string, sc *scratch) []uint32 {
 		if sc.l1 == nil {
 			sc.l1 = new([l1Words]l1Entry)
 		}
-		l1 = &sc.l1[maphash.String(l1Seed, word)%l1Words]
+		l1 = &sc.l1[l1Slot(word)]
 		if l1.word == word {
 			return append(dst, l1.ids...)
 		}
@@ -371,10 +371,39 @@ func (c *wordCache) put(word string, ids []uint32) (l1Entry, bool) {
 // l1Words is the size of the direct-mapped word cache each encode call has
 // (in its pooled scratch): hits there cost a hash and a compare, with no
 // lock or atomic, which the shared cache's RWMutex costs on every word.
-const l1Words = 1024
+const l1Words = 1 << l1Bits
 
-// l1Seed hashes words into the l1 caches.
-var l1Seed = maphash.MakeSeed()
+const l1Bits = 10
+
+// le64 reads s[:8] little-endian (the compiler merges the loads).
+func le64(s string) uint64 {
+	_ = s[7]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+// l1Seed randomizes l1Slot per process.
+var l1Seed = uint64(maphash.Comparable(maphash.MakeSeed(), 0)) | 1
+
+// l1Slot picks a word's slot in an l1 cache: an inlined multiplicative hash
+// of its length and first and last (up to) eight bytes — a slot is checked by
+// comparing the whole word, so a collision costs a miss, never a wrong id,
+// and maphash's call was half of a hit's cost.
+func l1Slot(word string) uint64 {
+	n := len(word)
+	var a, b uint64
+	if n >= 8 {
+		a, b = le64(word), le64(word[n-8:])
+	} else {
+		for i := 0; i < n; i++ {
+			a = a<<8 | uint64(word[i])
+		}
+	}
+	h := (a ^ l1Seed) * 0x9E3779B97F4A7C15
+	h ^= (b + uint64(n)) * 0xC2B2AE3D27D4EB4F
+	h ^= h >> 29
+	return (h * 0x165667B19E3779F9) >> (64 - l1Bits)
+}
 
 // l1Entry is a cached word (owned, never a view of caller memory) and its
 // ids, shared with the word cache and never modified.

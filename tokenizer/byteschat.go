@@ -7,8 +7,10 @@ import (
 )
 
 // ChatAppender is implemented by tokenizers that can render a chat into a
-// caller's buffer without allocating; the router's hot path prefers it to
-// RenderChatRequest. The output is identical to RenderChatRequest's.
+// caller's buffer, without allocating for the chats they cover (all of them
+// for Bytes; for HF, those its compiled template covers); the router's hot
+// path prefers it to RenderChatRequest. The output is identical to
+// RenderChatRequest's.
 type ChatAppender interface {
 	AppendRenderChat(dst []byte, c Chat) ([]byte, error)
 }

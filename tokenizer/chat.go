@@ -18,6 +18,7 @@ import (
 type chatTemplate struct {
 	tmpl   *jinja.Template
 	tokens map[string]string // bos_token, eos_token, unk_token, pad_token
+	native nativeRenderer    // compiled form of a known template; nil: none
 }
 
 // jsonConfig is the part of tokenizer_config.json the chat template needs.
@@ -82,7 +83,7 @@ func compileChatTemplate(source string, tokens map[string]string) (*chatTemplate
 	if err != nil {
 		return nil, fmt.Errorf("compile chat template: %w: %w", ErrTemplate, err)
 	}
-	return &chatTemplate{tmpl: tmpl, tokens: tokens}, nil
+	return &chatTemplate{tmpl: tmpl, tokens: tokens, native: nativeRendererFor(source)}, nil
 }
 
 func configTemplate(raw json.RawMessage) (string, error) {
@@ -167,12 +168,46 @@ func (t *HF) RenderChatRequest(c Chat) (string, error) {
 	return t.chat.render(c)
 }
 
+// render renders chat with the compiled form when it accepts chat, else
+// with the template engine.
+func (c *chatTemplate) render(chat Chat) (string, error) {
+	if c.native != nil {
+		if out, ok := c.native(nil, chat); ok {
+			return string(out), nil
+		}
+	}
+	return c.renderTemplate(chat)
+}
+
+var _ ChatAppender = (*HF)(nil)
+
+// AppendRenderChat appends RenderChatRequest's rendering of c to dst. A
+// template with a compiled form (Qwen3's, see qwen3chat.go) renders common
+// chats straight into dst without allocating; anything else goes through
+// the template engine, which allocates.
+func (t *HF) AppendRenderChat(dst []byte, c Chat) ([]byte, error) {
+	if t.chat == nil {
+		return dst, ErrNoChatTemplate
+	}
+	if t.chat.native != nil {
+		if out, ok := t.chat.native(dst, c); ok {
+			return out, nil
+		}
+	}
+	s, err := t.chat.renderTemplate(c)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, s...), nil
+}
+
 func isNullJSON(b []byte) bool {
 	b = bytes.TrimSpace(b)
 	return len(b) == 0 || bytes.Equal(b, []byte("null"))
 }
 
-func (c *chatTemplate) render(chat Chat) (string, error) {
+// renderTemplate renders chat with the template engine.
+func (c *chatTemplate) renderTemplate(chat Chat) (string, error) {
 	msgs, err := parseMessages(chat.Messages)
 	if err != nil {
 		return "", err

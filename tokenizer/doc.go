@@ -30,15 +30,18 @@
 // and the engine's Oniguruma do not share may be classed differently, as may
 // invalid UTF-8 (which Rust strings cannot hold, so an engine never sees it).
 //
-// Concurrency: an HF is immutable after Load except for its word cache,
-// which is sharded and locked, and a sync.Pool of scratch buffers; Encode,
+// Concurrency: an HF is immutable after Load except for its word and
+// segment caches, which are locked, and a sync.Pool of scratch buffers; Encode,
 // AppendEncode, Decode and RenderChat are safe for concurrent use. Bytes has
 // no state. The package starts no goroutines.
 //
 // Cost: once warm, AppendEncode allocates nothing; Encode allocates only its
-// result. RenderChat allocates (it builds template values, from a one-pass
-// JSON reader that decodes exactly as encoding/json would) and is meant to
-// run once per chat request. Bytes also implements ChatAppender, which
-// renders into a caller's buffer without allocating, for the router's hot
-// path.
+// result. Long segments (the text between special tokens: about one chat
+// message) are cached as ids, so a multi-turn chat encodes only its new
+// turn. The template engine allocates (it builds template values, from a
+// one-pass JSON reader that decodes exactly as encoding/json would); Qwen3's
+// template also has a compiled form (qwen3chat.go, recognized by the
+// template's sha256) that renders the common chats straight into a caller's
+// buffer without allocating. HF and Bytes implement ChatAppender, the
+// router's hot path.
 package tokenizer

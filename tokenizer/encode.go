@@ -105,7 +105,7 @@ func (t *HF) preTokenize(dst []uint32, level int, s string, st *encodeState) []u
 	if s == "" {
 		return dst
 	}
-	if level == len(t.steps) {
+	if level >= t.leaf {
 		return t.model.appendWord(dst, s, &st.sc)
 	}
 	step := &t.steps[level]
@@ -118,7 +118,11 @@ func (t *HF) preTokenize(dst []uint32, level int, s string, st *encodeState) []u
 	}
 	if sc, ok := step.split.(scanner); ok && step.behavior == behaviorIsolated && !step.invert {
 		// Fast path: stream matches and the gaps between them without
-		// collecting spans.
+		// collecting spans; straight to the model when nothing below
+		// splits.
+		if level+1 >= t.leaf {
+			return t.isolateWords(dst, s, sc, st)
+		}
 		pos := 0
 		for i := 0; i < len(s); {
 			end := sc(s, i)
@@ -144,6 +148,29 @@ func (t *HF) preTokenize(dst []uint32, level int, s string, st *encodeState) []u
 	st.pieces[level] = pieces
 	for _, p := range pieces {
 		dst = t.preTokenize(dst, level+1, s[p.start:p.end], st)
+	}
+	return dst
+}
+
+// isolateWords is preTokenize's fast path at the last splitting step: the
+// matches of sc and the gaps between them are the words.
+func (t *HF) isolateWords(dst []uint32, s string, sc scanner, st *encodeState) []uint32 {
+	pos := 0
+	for i := 0; i < len(s); {
+		end := sc(s, i)
+		if end <= i {
+			_, w := classAt(s, i)
+			i += w
+			continue
+		}
+		if i > pos {
+			dst = t.model.appendWord(dst, s[pos:i], &st.sc)
+		}
+		dst = t.model.appendWord(dst, s[i:end], &st.sc)
+		i, pos = end, end
+	}
+	if pos < len(s) {
+		dst = t.model.appendWord(dst, s[pos:], &st.sc)
 	}
 	return dst
 }

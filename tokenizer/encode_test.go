@@ -41,7 +41,7 @@ func TestConcurrentEncode(t *testing.T) {
 func withCache(tk *HF, n int) *HF {
 	m := tk.model
 	m.cache = newWordCache(n, maxCachedWord)
-	c := &HF{name: tk.name, model: m, normalize: tk.normalize, steps: tk.steps, rawAdded: tk.rawAdded,
+	c := &HF{name: tk.name, model: m, normalize: tk.normalize, steps: tk.steps, leaf: tk.leaf, rawAdded: tk.rawAdded,
 		normAdded: tk.normAdded, idBytes: tk.idBytes, chat: tk.chat, vocabSize: tk.vocabSize}
 	c.pool.New = func() any { return new(encodeState) }
 	return c

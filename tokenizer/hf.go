@@ -32,6 +32,7 @@ type HF struct {
 	model     bpe
 	normalize normalizer
 	steps     []preStep
+	leaf      int           // steps from leaf on split nothing: a piece there is a word
 	rawAdded  *addedMatcher // added tokens with normalized=false, matched on raw text
 	normAdded *addedMatcher // added tokens with normalized=true, matched after normalizing
 	idBytes   [][]byte      // decoded bytes per id
@@ -182,6 +183,7 @@ func parseTokenizer(raw []byte, opt Options) (*HF, error) {
 	if t.steps, err = buildPreTokenizer(jt.PreTokenizer); err != nil {
 		return nil, err
 	}
+	t.leaf = leafLevel(t.steps)
 	if err := buildModel(t, jt.Model, opt); err != nil {
 		return nil, err
 	}
@@ -335,6 +337,16 @@ func parseBehavior(s string) (splitBehavior, error) {
 		return behaviorContiguous, nil
 	}
 	return 0, fmt.Errorf("split behavior %q: %w", s, ErrUnsupported)
+}
+
+// leafLevel returns the first level from which no step changes a piece
+// (no split, no prefix space).
+func leafLevel(steps []preStep) int {
+	n := len(steps)
+	for n > 0 && steps[n-1].split == nil && !steps[n-1].addPrefixSpace {
+		n--
+	}
+	return n
 }
 
 // buildPreTokenizer flattens the pre-tokenizer into steps. Encoding works on

@@ -101,6 +101,9 @@ func contraction(s string, i int, foldCase bool) int {
 // runOf returns the end of the run of runes starting at i whose class has any
 // bit of mask.
 func runOf(s string, i int, mask uint8) int {
+	for i < len(s) && s[i] < utf8.RuneSelf && asciiClasses[s[i]]&mask != 0 {
+		i++ // ASCII: no decoding
+	}
 	for i < len(s) {
 		c, w := classAt(s, i)
 		if c&mask == 0 {
@@ -169,6 +172,11 @@ func scanGPT4Digits3(s string, i int) int { return scanGPT4(s, i, 3) }
 // Every rune starts a match, so it never returns -1 for i < len(s).
 func scanGPT4(s string, i, maxDigits int) int {
 	b := s[i]
+	// Most words of text: " word" or "word" in ASCII, the second
+	// alternative with or without its one-rune prefix.
+	if i+1 < len(s) && b == ' ' && s[i+1] < utf8.RuneSelf && asciiClasses[s[i+1]]&clsL != 0 {
+		return runOf(s, i+1, clsL)
+	}
 	if b == '\'' {
 		if n := contraction(s, i+1, true); n > 0 {
 			return i + 1 + n

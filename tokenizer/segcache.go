@@ -89,8 +89,7 @@ func (c *segmentCache) put(k segKey, ids []uint32) {
 	if len(ids) > c.maxTokens/4 {
 		return // one segment must not flush the cache
 	}
-	own := make([]uint32, len(ids))
-	copy(own, ids)
+	own := append([]uint32(nil), ids...) // no zeroing before the copy
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.m[k]; ok {
