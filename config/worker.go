@@ -152,6 +152,9 @@ func (w *Worker) Validate() error {
 	} else if w.KeepAliveInterval >= w.LeaseTTL {
 		p.Addf("--keepalive-interval %v: must be less than --lease-ttl %v", w.KeepAliveInterval, w.LeaseTTL)
 	}
+	if w.KVDSocket != "" && !ValidKVDSocket(w.KVDSocket) {
+		p.Addf("--kvd-socket %q: want an absolute path of at most 103 bytes", w.KVDSocket)
+	}
 	if w.ReadyTimeout <= 0 {
 		p.Addf("--ready-timeout %v: must be positive", w.ReadyTimeout)
 	}
