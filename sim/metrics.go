@@ -51,6 +51,8 @@ func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
 	b = strconv.AppendInt(b, int64(s.cfg.KVBlocks), 10)
 	b = append(b, "\"} 1.0\n"...)
 	b = s.appendDPRanks(b)
+	b = s.appendModelMetrics(b)
+	b = s.appendKVDMetrics(b)
 	if pd := s.pd; pd != nil {
 		b = s.appendMetric(b, "infera_sim_kv_transfers_total", "counter",
 			"KV hand-offs this decode received and verified (PD roles).", float64(pd.transfers.Load()))
