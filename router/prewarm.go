@@ -203,21 +203,28 @@ func (p *prewarmer) hint(req PrewarmRequest) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), kvdDialTimeout)
 	defer cancel()
-	if p.cl == nil {
-		cl, err := kvd.Dial(ctx, p.socket, kvd.ClientOptions{ClientID: "infera-serve", Timeout: kvdDialTimeout})
-		if err != nil {
-			return fmt.Errorf("prewarm: %w", err)
+	ns := kvd.Namespace{Model: req.Model, CompatKey: req.CompatKey}
+	for {
+		reused := p.cl != nil
+		if !reused {
+			cl, err := kvd.Dial(ctx, p.socket, kvd.ClientOptions{ClientID: "infera-serve", Timeout: kvdDialTimeout})
+			if err != nil {
+				return fmt.Errorf("prewarm: %w", err)
+			}
+			p.cl = cl
 		}
-		p.cl = cl
-	}
-	err := p.cl.PrefetchHintCtx(ctx, kvd.Namespace{Model: req.Model, CompatKey: req.CompatKey}, req.Keys, req.Deadline)
-	if err != nil {
-		// The client gave the connection up; dial again next time.
+		err := p.cl.PrefetchHintCtx(ctx, ns, req.Keys, req.Deadline)
+		if err == nil {
+			return nil
+		}
+		// The client gave the connection up. One used before may be to a
+		// daemon that restarted since: once more on a new one.
 		_ = p.cl.Close()
 		p.cl = nil
-		return fmt.Errorf("prewarm: %w", err)
+		if !reused {
+			return fmt.Errorf("prewarm: %w", err)
+		}
 	}
-	return nil
 }
 
 func (p *prewarmer) close() {

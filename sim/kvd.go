@@ -112,21 +112,12 @@ func (t *kvdTier) dial() (*kvd.Client, error) {
 }
 
 // fetch loads the blocks of hashes from kvd, in order, and returns how
-// many leading ones it got. Scheduler goroutine.
+// many leading ones it got. A request that fails on a connection used
+// before (the daemon restarted since) is tried once more on a new one.
+// Scheduler goroutine.
 func (t *kvdTier) fetch(hashes []uint64) int {
 	if len(hashes) == 0 {
 		return 0
-	}
-	if t.get == nil {
-		if time.Now().Before(t.getDown) {
-			return 0
-		}
-		cl, err := t.dial()
-		if err != nil {
-			t.fail("kvd get connection", err)
-			return 0
-		}
-		t.get = cl
 	}
 	t.keyBuf = t.keyBuf[:0]
 	for _, h := range hashes {
@@ -136,11 +127,29 @@ func (t *kvdTier) fetch(hashes []uint64) int {
 	for i := range hashes {
 		t.keys = append(t.keys, t.keyBuf[i*8:i*8+8])
 	}
-	if err := t.get.BatchGetInto(t.ns, t.keys, &t.res); err != nil {
+	for {
+		reused := t.get != nil
+		if !reused {
+			if time.Now().Before(t.getDown) {
+				return 0
+			}
+			cl, err := t.dial()
+			if err != nil {
+				t.fail("kvd get connection", err)
+				return 0
+			}
+			t.get = cl
+		}
+		err := t.get.BatchGetInto(t.ns, t.keys, &t.res)
+		if err == nil {
+			break
+		}
 		_ = t.get.Close()
 		t.get = nil
-		t.fail("kvd batch_get", err)
-		return 0
+		if !reused {
+			t.fail("kvd batch_get", err)
+			return 0
+		}
 	}
 	n := 0
 	for n < len(hashes) && t.res.Found[n] && len(t.res.Values[n]) == t.blockBytes &&
@@ -206,8 +215,10 @@ func (t *kvdTier) writer() {
 			return
 		case batch = <-t.wq:
 		}
+		fresh := false
 		if cl == nil && time.Now().After(down) {
 			var err error
+			fresh = true
 			if cl, err = t.dial(); err != nil {
 				cl = nil
 				down = time.Now().Add(kvdRedial)
@@ -235,14 +246,21 @@ func (t *kvdTier) writer() {
 			binary.BigEndian.PutUint64(v, h)
 			values = append(values, v)
 		}
-		var err error
-		if cl.HasArena() {
-			err = cl.BatchSetZeroCopy(t.ns, keys, values, t.set, &res)
-		} else {
-			res.Accepted, _, err = cl.BatchSet(t.ns, keys, values, t.set)
+		err := t.store(cl, keys, values, &res)
+		if err != nil && !fresh {
+			// A connection used before: the daemon may have restarted
+			// since. Once more on a new one.
+			_ = cl.Close()
+			if cl, err = t.dial(); err == nil {
+				err = t.store(cl, keys, values, &res)
+			} else {
+				cl = nil
+			}
 		}
 		if err != nil {
-			_ = cl.Close()
+			if cl != nil {
+				_ = cl.Close()
+			}
 			cl = nil
 			down = time.Now().Add(kvdRedial)
 			t.errs.Add(1)
@@ -260,6 +278,15 @@ func (t *kvdTier) writer() {
 		}
 		t.recycle(batch)
 	}
+}
+
+func (t *kvdTier) store(cl *kvd.Client, keys, values [][]byte, res *kvd.BatchSetResult) error {
+	if cl.HasArena() {
+		return cl.BatchSetZeroCopy(t.ns, keys, values, t.set, res)
+	}
+	var err error
+	res.Accepted, _, err = cl.BatchSet(t.ns, keys, values, t.set)
+	return err
 }
 
 func (t *kvdTier) recycle(b []uint64) {

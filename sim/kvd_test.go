@@ -55,16 +55,20 @@ func evictionRun(t *testing.T, ts *testSim, waitStored func()) (cached int, pref
 	if waitStored != nil {
 		waitStored()
 	}
-	before := ts.metrics(t)
-	cached = ask(prompt('a'))
-	var after map[string]*dto
-	d := func(name string) float64 { return after[name].value - before[name].value }
 	// The counters are published when the scheduler goes idle, just
-	// after the answer.
-	eventually(t, "the request's counters", func() bool {
-		after = ts.metrics(t)
-		return d("infera_sim_first_tokens_total") == 1
-	})
+	// after an answer.
+	settled := func(n float64) map[string]*dto {
+		var m map[string]*dto
+		eventually(t, "the requests' counters", func() bool {
+			m = ts.metrics(t)
+			return m["infera_sim_first_tokens_total"].value == n
+		})
+		return m
+	}
+	before := settled(3)
+	cached = ask(prompt('a'))
+	after := settled(4)
+	d := func(name string) float64 { return after[name].value - before[name].value }
 	return cached, d("infera_sim_prefill_computed_tokens_total"), d("infera_sim_model_ttft_seconds_total")
 }
 
