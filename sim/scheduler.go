@@ -52,8 +52,8 @@ type seq struct {
 	kvdLoad          int
 	stepLoad         int
 	arrived          int64 // the model clock when it was submitted
-	queued    bool // in the waiting queue
-	running   bool // in the running batch
+	queued           bool  // in the waiting queue
+	running          bool  // in the running batch
 
 	// Shared.
 	generated atomic.Int32 // output tokens the handler may send
