@@ -44,6 +44,8 @@ type seq struct {
 	gen       int  // output tokens sampled
 	stepFill  int  // prefill tokens scheduled in the current step
 	stepDec   bool // decode scheduled in the current step
+	queued    bool // in the waiting queue
+	running   bool // in the running batch
 	// kvd as a second-level cache (kvd.go): blocks kvdFrom..kvdUpTo-1
 	// were fetched from kvd when the sequence was first matched; kvdLoad
 	// of them are still to be loaded (stepLoad tokens in this step).
@@ -52,8 +54,6 @@ type seq struct {
 	kvdLoad          int
 	stepLoad         int
 	arrived          int64 // the model clock when it was submitted
-	queued           bool  // in the waiting queue
-	running          bool  // in the running batch
 
 	// Shared.
 	generated atomic.Int32 // output tokens the handler may send

@@ -63,9 +63,10 @@ type Server struct {
 	log  zerolog.Logger
 	exit func(int)
 	obs  cacheObserver
-	kvd  *kvdTier            // kvd as the second-level cache; nil without --kvd-socket
 	tok  tokenizer.Tokenizer // from withTokenizer, else loaded from cfg
 	hf   *hfCodec            // nil: the bytes tokenizer
+
+	kvd *kvdTier // kvd as the second-level cache; nil without --kvd-socket
 
 	name     string
 	nameJSON []byte // JSON string literal of the served model name
