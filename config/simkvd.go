@@ -30,7 +30,7 @@ type SimKVD struct {
 
 func (k *SimKVD) flags() []cli.Flag {
 	return []cli.Flag{
-		String("kvd-socket", "Unix socket of `infera kvd`, the second-level cache: blocks the GPU cache evicts are stored there and loaded back (at --kvd-load-ms-per-block) instead of recomputed (empty = none)", &k.Socket, ""),
+		String("kvd-socket", "Unix socket of infera kvd, the second-level cache: blocks the GPU cache evicts are stored there and loaded back (at --kvd-load-ms-per-block) instead of recomputed (empty = none)", &k.Socket, ""),
 		String("kvd-compat-key", "kvd namespace compat_key of the blocks (the model is the served model name)", &k.CompatKey, "tp0of1_pp0of1"),
 		Int("kvd-block-bytes", "bytes stored in kvd per KV block", &k.BlockBytes, 64<<10),
 		Float("kvd-load-ms-per-block", "modelled time to load one block from kvd, in ms (a recompute costs block-size / prefill-tokens-per-s)", &k.LoadMsPerBlock, 0.1),

@@ -80,7 +80,7 @@ func (w *Worker) Flags() []cli.Flag {
 			"the engine's --host; the first non-loopback IPv4 address of this machine if the engine binds 0.0.0.0"),
 		Bool("no-kv-events", "do not configure the engine's KV-event publisher nor advertise one", &w.NoKVEvents, false),
 		String("kv-events-router", "tcp://HOST:PORT of a router's --kv-events-listen: the engine's KV-event publisher connects there (topic kv@<worker id>) instead of binding a port routers subscribe to", &w.KVEventsRouter, ""),
-		String("kvd-socket", "Unix socket of `infera kvd`: the engine gets it in INFERA_KVD_SOCKET, vLLM the kvd connector in --kv-transfer-config (merged with yours), SGLang kvd as its HiCache storage backend, the simulator kvd as its second-level cache (empty = none)", &w.KVDSocket, ""),
+		String("kvd-socket", "Unix socket of infera kvd: the engine gets it in INFERA_KVD_SOCKET, vLLM the kvd connector in --kv-transfer-config (merged with yours), SGLang kvd as its HiCache storage backend, the simulator kvd as its second-level cache (empty = none)", &w.KVDSocket, ""),
 		Duration("lease-ttl", "etcd lease TTL of the worker record", &w.LeaseTTL, 10*time.Second),
 		Duration("keepalive-interval", "etcd lease keepalive interval (less than --lease-ttl)", &w.KeepAliveInterval, 3*time.Second),
 		Duration("ready-timeout", "how long the engine may take to become healthy", &w.ReadyTimeout, 10*time.Minute),
