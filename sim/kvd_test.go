@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
+
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvd"
 )
@@ -148,5 +150,34 @@ func TestSimKVDDownRecomputes(t *testing.T) {
 	}
 	if ts.gauge(t, "infera_sim_kvd_errors_total") < 1 {
 		t.Fatal("no kvd error counted")
+	}
+}
+
+// TestKVDFetchAlloc: the scheduler's kvd lookup allocates nothing once its
+// buffers have grown.
+func TestKVDFetchAlloc(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	sock, _ := startKVD(t)
+	cfg := config.DefaultSim()
+	cfg.KVD.Socket, cfg.KVD.BlockBytes = sock, 4096
+	tier := newKVDTier(&cfg, "sim-model", zerolog.Nop())
+	tier.start()
+	defer tier.close()
+	hashes := []uint64{11, 12, 13, 14, 15, 16, 17, 18}
+	for _, h := range hashes {
+		tier.blockRemoved(h)
+	}
+	tier.flush()
+	eventually(t, "stored", func() bool { return tier.stored.Load() == uint64(len(hashes)) })
+	if n := tier.fetch(hashes); n != len(hashes) {
+		t.Fatalf("fetched %d of %d", n, len(hashes))
+	}
+	if n := tier.fetch([]uint64{11, 99, 13}); n != 1 {
+		t.Fatalf("a miss ends the prefix: %d", n)
+	}
+	if a := testing.AllocsPerRun(200, func() { tier.fetch(hashes) }); a != 0 {
+		t.Fatalf("fetch allocates %v per call", a)
 	}
 }
