@@ -8,7 +8,7 @@ FUZZTIME       ?= 5m
 FUZZTIME_SMOKE ?= 5s
 STATICCHECK    ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: help build test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-kvd bench-overhead fuzz fuzz-smoke lint run tokenizers sdks clean
+.PHONY: help build test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-kvd bench-kvd-sim bench-overhead fuzz fuzz-smoke lint run tokenizers sdks clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -48,6 +48,9 @@ bench-kv: ## kv-aware vs round-robin vs least-load vs one big cache on 4 simulat
 
 bench-kvd: ## kvd arena GET/SET through the Go client vs memcpy, single and batched, and the UDS round trip vs a raw ping-pong (a table for docs/performance.md)
 	bash scripts/bench-kvd.sh
+
+bench-kvd-sim: ## TTFT of an evicted prefix with kvd as the sim's second-level cache vs without (real kvd, serve, workers; modelled and wall; a line for docs/performance.md)
+	INFERA_KVD_SIM_ROUNDS=$${ROUNDS:-20} INFERA_KVD_SIM_TIME_SCALE=$${TIME_SCALE:-1} $(GO) test -count=1 -timeout 10m -run 'TestKVDSimSecondLevelCache' -v ./e2e/ | grep -E 'kvd-sim bench|^(ok|FAIL|---)'
 
 bench-overhead: build ## router overhead vs the engine directly vs nginx (installs nginx)
 	bash scripts/bench-overhead.sh

@@ -29,6 +29,9 @@ func serveCommand() *cli.Command {
 			"With --router-policy kv-aware each request goes to the worker that caches most of its prompt\n" +
 			"(KV events from the engines; --tokenizer for exact token blocks), weighed against load;\n" +
 			"GET /v1/admin/cache-view/{worker_id} shows what the router knows of a worker's cache.\n\n" +
+			"With --kvd-socket, POST /v1/cache/prewarm {\"model\", \"block_hashes\": [16 hex digits, ...],\n" +
+			"\"compat_key\" (default tp0of1_pp0of1), \"deadline_ms\" (default 1000)} asks kvd to bring those blocks from\n" +
+			"its L3/L4 into RAM (a prefetch_hint); it answers 202 with the number of keys.\n\n" +
 			"Example: infera serve --listen 127.0.0.1:8000 --router-policy kv-aware --tokenizer bytes",
 		Flags: cfg.Flags(),
 		Action: func(c *cli.Context) error {

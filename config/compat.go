@@ -70,6 +70,8 @@ var inferaAliases = map[string]inferaAlias{
 	"tokenizer":            {names: []string{"router-tokenizer-path"}, envs: []string{"INFERA_ROUTER_TOKENIZER_PATH"}},
 	"ready-timeout":        {envs: []string{"INFERA_ENGINE_READY_TIMEOUT", "INFERA_ATOM_READY_TIMEOUT"}},
 	"no-kv-events":         {names: []string{"no-enable-kv-events"}},
+	// serve's --kvd-socket-path, the worker's --infera-kvd-socket.
+	"kvd-socket": {names: []string{"kvd-socket-path", "infera-kvd-socket"}, envs: []string{"INFERA_KVD_SOCKET_PATH"}},
 }
 
 // withInferaAliases adds Infera's names and variables to the flags that

@@ -67,6 +67,12 @@ type KVD struct {
 	longPathsText []string
 }
 
+// ValidKVDSocket reports whether path can name kvd's Unix socket: an
+// absolute path that fits sockaddr_un.
+func ValidKVDSocket(path string) bool {
+	return strings.HasPrefix(path, "/") && len(path) <= 103
+}
+
 // DefaultKVDSocket is where engines' connectors look for kvd.
 const DefaultKVDSocket = "/run/infera/kvd.sock"
 
@@ -118,7 +124,7 @@ func (k *KVD) Finish(c *cli.Context) {
 func (k *KVD) Validate() error {
 	var p Problems
 	k.Log.Validate(&p)
-	if k.Socket == "" || !strings.HasPrefix(k.Socket, "/") || len(k.Socket) > 103 {
+	if !ValidKVDSocket(k.Socket) {
 		p.Addf("--socket %q: want an absolute path of at most 103 bytes", k.Socket)
 	}
 	if k.AdminListen != "" {

@@ -123,6 +123,9 @@ type Serve struct {
 	OutageGrace time.Duration
 	// LogPrompts allows request bodies in debug logs.
 	LogPrompts bool
+	// KVDSocket is the Unix socket of infera kvd; it enables POST
+	// /v1/cache/prewarm, forwarded as prefetch hints (empty: 503).
+	KVDSocket string
 
 	keys []string // APIKeysFile and APIKeys, read by Validate
 
@@ -348,6 +351,7 @@ func (s *Serve) Flags() []cli.Flag {
 		Int64("body-budget-bytes", "most bytes of request bodies above 64 KiB read or held at once, all clients together; a body that does not fit gets 503 (Retry-After) before it is read", &s.BodyBudgetBytes, 1<<30),
 		Duration("etcd-outage-grace", "after an etcd watch outage, how long removals learned from the re-list wait for the worker to re-register (about the workers' --keepalive-interval plus margin; 0 = remove at once)", &s.OutageGrace, 10*time.Second),
 		Bool("log-prompts", "allow request bodies in debug logs", &s.LogPrompts, false),
+		String("kvd-socket", "Unix socket of infera kvd: enables POST /v1/cache/prewarm (model, block_hashes as 16-hex-digit kvd keys, compat_key, deadline_ms), forwarded to kvd as a prefetch_hint (empty = the route answers 503)", &s.KVDSocket, ""),
 		String("embedded-etcd-listen", "client host:port of the embedded etcd started when no --etcd-endpoints are given", &s.EmbeddedEtcdListen, "127.0.0.1:2379"),
 		String("embedded-etcd-dir", "data directory of the embedded etcd", &s.EmbeddedEtcdDir, filepath.Join(DefaultStateDir(), "etcd")),
 	), append(s.KV.flags(), serveInferaFlags(&s.inferaHost, &s.inferaPort)...)...))
@@ -408,6 +412,9 @@ func (s *Serve) Validate() error {
 	}
 	if s.PDMinUncachedTokens < 0 {
 		p.Addf("--pd-min-uncached-tokens must not be negative")
+	}
+	if s.KVDSocket != "" && !ValidKVDSocket(s.KVDSocket) {
+		p.Addf("--kvd-socket %q: want an absolute path of at most 103 bytes", s.KVDSocket)
 	}
 	s.validateResilience(&p)
 	s.validateSecurity(&p)

@@ -91,6 +91,9 @@ type Sim struct {
 	// PD headers, body) as one JSON line to this file; "" = off.
 	RecordRequests string
 
+	// KVD is kvd as a second-level cache (--kvd-*).
+	KVD SimKVD
+
 	// Flavor is the engine the simulator's command line, metrics and
 	// events imitate: "" (its own flags, vLLM names), vllm, sglang or atom.
 	// With a flavor, the arguments after --flavor are the engine's own
@@ -128,6 +131,7 @@ func (s *Sim) Flags() []cli.Flag {
 	served := String("served-model-name", "name clients must use in \"model\"", &s.ServedModelName, "")
 	served.DefaultText = "the --model value"
 	flags := s.Log.Flags()
+	flags = append(flags, s.KVD.flags()...)
 	return append(flags,
 		String("host", "address to listen on", &s.Host, "127.0.0.1"),
 		Int("port", "port to listen on (0 picks a free port; the bound address is logged)", &s.Port, 8100),
@@ -245,6 +249,7 @@ func (s *Sim) Validate() error {
 		p.Addf("data-parallel rank %d: want 0..65535", s.DPRank)
 	}
 	s.validatePD(&p)
+	s.KVD.validate(&p)
 	return p.Err()
 }
 

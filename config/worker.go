@@ -31,7 +31,10 @@ type Worker struct {
 	// KVEventsRouter is --kv-events-router: the tcp://HOST:PORT of a
 	// router's --kv-events-listen socket; the engine's publisher connects
 	// there under the topic kv@<worker id> instead of binding a port.
-	KVEventsRouter    string
+	KVEventsRouter string
+	// KVDSocket is --kvd-socket: the kvd daemon's Unix socket, passed to
+	// the engine (INFERA_KVD_SOCKET and its kvd connector); empty = none.
+	KVDSocket         string
 	LeaseTTL          time.Duration // etcd lease TTL of the record
 	KeepAliveInterval time.Duration // how often the lease is refreshed
 	ReadyTimeout      time.Duration // how long the engine may take to answer /health
@@ -77,6 +80,7 @@ func (w *Worker) Flags() []cli.Flag {
 			"the engine's --host; the first non-loopback IPv4 address of this machine if the engine binds 0.0.0.0"),
 		Bool("no-kv-events", "do not configure the engine's KV-event publisher nor advertise one", &w.NoKVEvents, false),
 		String("kv-events-router", "tcp://HOST:PORT of a router's --kv-events-listen: the engine's KV-event publisher connects there (topic kv@<worker id>) instead of binding a port routers subscribe to", &w.KVEventsRouter, ""),
+		String("kvd-socket", "Unix socket of infera kvd: the engine gets it in INFERA_KVD_SOCKET, vLLM the kvd connector in --kv-transfer-config (merged with yours), SGLang kvd as its HiCache storage backend, the simulator kvd as its second-level cache (empty = none)", &w.KVDSocket, ""),
 		Duration("lease-ttl", "etcd lease TTL of the worker record", &w.LeaseTTL, 10*time.Second),
 		Duration("keepalive-interval", "etcd lease keepalive interval (less than --lease-ttl)", &w.KeepAliveInterval, 3*time.Second),
 		Duration("ready-timeout", "how long the engine may take to become healthy", &w.ReadyTimeout, 10*time.Minute),
@@ -147,6 +151,9 @@ func (w *Worker) Validate() error {
 		p.Addf("--keepalive-interval %v: must be positive", w.KeepAliveInterval)
 	} else if w.KeepAliveInterval >= w.LeaseTTL {
 		p.Addf("--keepalive-interval %v: must be less than --lease-ttl %v", w.KeepAliveInterval, w.LeaseTTL)
+	}
+	if w.KVDSocket != "" && !ValidKVDSocket(w.KVDSocket) {
+		p.Addf("--kvd-socket %q: want an absolute path of at most 103 bytes", w.KVDSocket)
 	}
 	if w.ReadyTimeout <= 0 {
 		p.Addf("--ready-timeout %v: must be positive", w.ReadyTimeout)

@@ -71,6 +71,10 @@ type Options struct {
 	// listener (--kv-events-router): the engine's publisher connects to it
 	// under kvcache.WorkerTopic(worker id) and no endpoint is advertised.
 	KVEventsRouter string
+	// KVDSocket is the kvd daemon's Unix socket (--kvd-socket): the engine
+	// gets it in INFERA_KVD_SOCKET and its connector configured (see
+	// PrepareLaunch); empty: none.
+	KVDSocket string
 	// LookupEnv reads the environment the engine inherits; nil means
 	// os.LookupEnv. Settings engines take from the environment (the sim's
 	// INFERA_* variables, vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT) are read

@@ -7,6 +7,10 @@
 // engine pidfiles a restarted worker reclaims its port with (stale.go), and
 // the worker lifecycle (launch, register, drain, deregister).
 //
+// PrepareLaunch (kvd.go) adds, with --kvd-socket, kvd's socket to every
+// engine's environment (INFERA_KVD_SOCKET) and its kvd connector to vLLM's
+// --kv-transfer-config and SGLang's HiCache flags, merged with the user's.
+//
 // Adapters read only the engine flags they need and forward the rest
 // verbatim; what they add is listed in `infera worker --help`, and
 // testdata/golden holds the launches of representative real invocations

@@ -64,8 +64,8 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	opts := Options{Bin: cfg.EngineBin, Python: cfg.Python, AdvertiseHost: cfg.AdvertiseHost, NoKVEvents: cfg.NoKVEvents,
-		KVEventsRouter: cfg.KVEventsRouter}
-	launch, err := adapter.Prepare(opts, cfg.EngineArgs)
+		KVEventsRouter: cfg.KVEventsRouter, KVDSocket: cfg.KVDSocket}
+	launch, err := PrepareLaunch(adapter, opts, cfg.EngineArgs)
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}

@@ -60,6 +60,7 @@ func ServeConfig(s config.Serve) Config {
 		ClientHeaderTimeout:  s.ClientHeaderTimeout,
 		BodyBudgetBytes:      s.BodyBudgetBytes,
 		LogPrompts:           s.LogPrompts,
+		KVDSocket:            s.KVDSocket,
 	}
 }
 

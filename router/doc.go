@@ -14,6 +14,9 @@
 // token-array prompt allocates nothing; a Hugging Face chat template
 // allocates while rendering.
 //
+// With Config.KVDSocket, POST /v1/cache/prewarm (prewarm.go) forwards a
+// prefetch_hint for the block hashes it is given to kvd.
+//
 // Requests and attempts (issue 16): a request (relay.go) owns one or more
 // attempts (attempt.go), each one leg on one worker holding its policy
 // ticket, admission slot and breaker probe from begin until endAttempt, the

@@ -66,6 +66,9 @@ type Config struct {
 	ClientHeaderTimeout time.Duration // a request's headers; then ClientReadTimeout for its body
 	BodyBudgetBytes     int64         // large request bodies read or held at once
 	LogPrompts          bool          // request bodies may appear in debug logs
+	// KVDSocket is kvd's Unix socket: POST /v1/cache/prewarm forwards
+	// prefetch hints there (prewarm.go); "": the route answers 503.
+	KVDSocket string
 
 	// Now is the clock of the circuit breakers (tests)
 	Now func() time.Time
@@ -161,6 +164,8 @@ type Router struct {
 	keys     keySet // client API keys
 	adminKey keySet // the admin token
 
+	prewarm *prewarmer // nil without Config.KVDSocket
+
 	idPrefix [17]byte // random hex + '-', the stem of generated request ids
 	idSeq    atomic.Uint64
 }
@@ -191,6 +196,9 @@ func New(cfg Config, policy Policy, log zerolog.Logger) (*Router, error) {
 	r.keys = newKeySet(r.cfg.APIKeys)
 	if r.cfg.AdminToken != "" {
 		r.adminKey = newKeySet([]string{r.cfg.AdminToken})
+	}
+	if r.cfg.KVDSocket != "" {
+		r.prewarm = &prewarmer{socket: r.cfg.KVDSocket}
 	}
 	r.metrics.register(r)
 	var seed [8]byte
@@ -299,6 +307,7 @@ func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 		aerr = <-adminErr
 	}
 	r.shutdownPools()
+	r.prewarm.close()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrServe, err)
 	}
@@ -362,6 +371,8 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 		r.serveInfo(ctx, rt)
 	case RouteCacheView:
 		r.serveCacheView(ctx)
+	case RoutePrewarm:
+		r.servePrewarm(ctx)
 	default:
 		r.requestID(ctx)
 		writeError(ctx, fasthttp.StatusNotFound, "unknown path "+clip(ctx.Path()), openai.TypeNotFound, "not_found")

@@ -23,6 +23,7 @@ const (
 	RouteReady // GET /ready: 200 only with a routable worker
 	RouteMetrics
 	RouteCacheView // GET /v1/admin/cache-view/{worker_id}
+	RoutePrewarm   // POST /v1/cache/prewarm: a prefetch_hint to kvd (prewarm.go)
 	RouteOther
 	numRoutes
 )
@@ -46,6 +47,7 @@ var routePaths = [numRoutes]string{
 	RouteReady:           "/ready",
 	RouteMetrics:         "/metrics",
 	RouteCacheView:       cacheViewPrefix + "{worker_id}",
+	RoutePrewarm:         "/v1/cache/prewarm",
 	RouteOther:           "",
 }
 
@@ -72,6 +74,7 @@ var routeLabels = [numRoutes]string{
 	RouteReady:           "ready",
 	RouteMetrics:         "metrics",
 	RouteCacheView:       "cache_view",
+	RoutePrewarm:         "cache_prewarm",
 	RouteOther:           "other",
 }
 
@@ -128,6 +131,8 @@ func routeOf(path []byte) Route {
 		return RouteReady
 	case "/metrics":
 		return RouteMetrics
+	case "/v1/cache/prewarm":
+		return RoutePrewarm
 	}
 	if len(path) > len(modelPrefix) && string(path[:len(modelPrefix)]) == modelPrefix {
 		return RouteModel

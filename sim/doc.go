@@ -38,6 +38,12 @@
 // consumer can only place a block under a parent it knows. Every store and
 // eviction goes through a cacheObserver.
 //
+// kvd (kvd.go, --kvd-socket): evicted blocks are stored in kvd, and a prompt
+// whose prefix the GPU cache lost loads the blocks kvd holds at
+// --kvd-load-ms-per-block each instead of prefilling them; they count as
+// cached tokens. BlockKeys names a prompt's blocks as kvd keys (the
+// router's POST /v1/cache/prewarm takes their hex).
+//
 // KV events (kvevents.go, zmq.go): with --kv-events-endpoint, each scheduler
 // step that changed the cache publishes one batch of BlockStored /
 // BlockRemoved / AllBlocksCleared events on a ZMQ PUB socket as

@@ -52,6 +52,8 @@ func (s *Server) metrics(ctx *fasthttp.RequestCtx) {
 	b = append(b, "\"} 1.0\n"...)
 	b = s.appendDPRanks(b)
 	b = s.appendPDMetrics(b)
+	b = s.appendModelMetrics(b)
+	b = s.appendKVDMetrics(b)
 
 	ctx.SetContentType(contentProm)
 	ctx.SetBody(b)

@@ -46,6 +46,14 @@ type seq struct {
 	stepDec   bool // decode scheduled in the current step
 	queued    bool // in the waiting queue
 	running   bool // in the running batch
+	// kvd as a second-level cache (kvd.go): blocks kvdFrom..kvdUpTo-1
+	// were fetched from kvd when the sequence was first matched; kvdLoad
+	// of them are still to be loaded (stepLoad tokens in this step).
+	kvdChecked       bool
+	kvdFrom, kvdUpTo int
+	kvdLoad          int
+	stepLoad         int
+	arrived          int64 // the model clock when it was submitted
 
 	// Shared.
 	generated atomic.Int32 // output tokens the handler may send
@@ -94,6 +102,7 @@ func getSeq() *seq {
 	q.remote, q.kvParams = false, nil
 	q.computed, q.committed, q.reserve, q.gen = 0, 0, 0, 0
 	q.stepFill, q.stepDec, q.queued, q.running = 0, false, false, false
+	q.kvdChecked, q.kvdFrom, q.kvdUpTo, q.kvdLoad, q.stepLoad, q.arrived = false, 0, 0, 0, 0, 0
 	q.generated.Store(0)
 	q.cached.Store(0)
 	q.done.Store(seqRunning)
@@ -128,6 +137,8 @@ type timing struct {
 	overhead     float64 // per step
 	perPrefill   float64 // per uncached prompt token
 	perDecodeSeq float64 // per sequence that decodes in the step
+	perKVDBlock  float64 // per block loaded from kvd (kvd.go)
+	scale        float64 // --time-scale, to report model time unscaled
 }
 
 func (t timing) step(prefillTokens, decodeSeqs int) time.Duration {
@@ -155,6 +166,10 @@ type scheduler struct {
 	timing     timing
 	instant    bool      // time scale 0: run each sequence to the end on admission
 	events     *kvEvents // nil when KV events are off
+	kvd        *kvdTier  // nil without --kvd-socket
+	// The model clock: the sum of the simulated steps' durations; stepNs
+	// is the planned step's.
+	modelNs, stepNs int64
 
 	waiting  []*seq
 	whead    int
@@ -164,11 +179,16 @@ type scheduler struct {
 	// Counters, owned by the scheduler goroutine and published after each
 	// round of work.
 	queries, hits, promptTokens, genTokens, success uint64
+	// prefilled: prompt tokens computed (not cache hits, not loaded);
+	// ttftNs and firsts: the model-clock time from submission to first
+	// token, summed over the sequences that got one.
+	prefilled, ttftNs, firsts uint64
 
 	pub struct {
 		running, waiting, cached                        atomic.Int64
 		usageBits                                       atomic.Uint64
 		queries, hits, promptTokens, genTokens, success atomic.Uint64
+		prefilled, ttftNs, firsts                       atomic.Uint64
 	}
 }
 
@@ -362,6 +382,7 @@ func (sc *scheduler) handle(m msg) {
 		return
 	}
 	q.queued = true
+	q.arrived = sc.modelNs
 	sc.waiting = append(sc.waiting, q)
 }
 
@@ -440,6 +461,7 @@ func (sc *scheduler) reserve(q *seq) bool {
 		}
 		matched++
 	}
+	loaded := sc.kvdMatch(q, matched, maxMatch)
 	fresh := sc.blocksFor(q) - matched
 	if fromFree+fresh > c.freeLen-sc.reserved {
 		return false
@@ -453,7 +475,8 @@ func (sc *scheduler) reserve(q *seq) bool {
 	sc.reserved += fresh
 	q.computed = matched * sc.blockSize
 	q.committed = matched
-	q.cached.Store(int32(q.computed))
+	q.kvdLoad = loaded
+	q.cached.Store(int32(q.computed + loaded*sc.blockSize))
 	sc.queries += uint64(q.promptLen)
 	sc.hits += uint64(q.computed)
 	sc.promptTokens += uint64(q.promptLen)
@@ -544,7 +567,10 @@ func (sc *scheduler) runInstant(q *seq) {
 		q.wake()
 		return
 	}
+	sc.prefilled += uint64(q.promptLen - q.computed - q.kvdLoad*sc.blockSize)
+	q.kvdLoad = 0
 	sc.compute(q, q.promptLen+q.maxTokens-1)
+	sc.firsts++
 	q.gen = q.maxTokens
 	sc.genTokens += uint64(q.maxTokens)
 	q.generated.Store(int32(q.maxTokens))
@@ -556,7 +582,7 @@ func (sc *scheduler) runInstant(q *seq) {
 // order, all within the step's token budget.
 func (sc *scheduler) plan() (time.Duration, bool) {
 	budget := sc.maxBatched
-	decodes, prefill, loaded := 0, 0, 0
+	decodes, prefill, loaded, kvdBlocks := 0, 0, 0, 0
 	for _, q := range sc.running {
 		q.stepFill, q.stepDec = 0, false
 		if q.gen > 0 && budget > 0 {
@@ -566,7 +592,16 @@ func (sc *scheduler) plan() (time.Duration, bool) {
 		}
 	}
 	for _, q := range sc.running {
-		if q.gen > 0 || budget == 0 {
+		if q.gen > 0 {
+			continue
+		}
+		if q.kvdLoad > 0 {
+			// Loaded from kvd: its own cost, no token budget.
+			q.stepLoad = q.kvdLoad * sc.blockSize
+			kvdBlocks += q.kvdLoad
+			loaded++
+		}
+		if budget == 0 {
 			continue
 		}
 		if q.remote {
@@ -575,12 +610,15 @@ func (sc *scheduler) plan() (time.Duration, bool) {
 			loaded++
 			continue
 		}
-		n := min(q.promptLen-q.computed, budget)
+		n := min(q.promptLen-q.computed-q.stepLoad, budget)
 		q.stepFill = n
 		budget -= n
 		prefill += n
 	}
-	return sc.timing.step(prefill, decodes), decodes+prefill+loaded > 0
+	sc.prefilled += uint64(prefill)
+	d := sc.timing.step(prefill, decodes) + sc.timing.load(kvdBlocks)
+	sc.stepNs = int64(d)
+	return d, decodes+prefill+loaded > 0
 }
 
 // apply makes the planned step's results visible. Sequences aborted during
@@ -594,14 +632,19 @@ func (sc *scheduler) apply() {
 			sc.compute(q, q.promptLen+q.gen)
 			q.gen++
 			progressed = true
-		case q.stepFill > 0:
-			sc.compute(q, q.computed+q.stepFill)
+		case q.stepFill > 0 || q.stepLoad > 0:
+			if q.stepLoad > 0 {
+				q.kvdLoad = 0
+			}
+			sc.compute(q, q.computed+q.stepLoad+q.stepFill)
 			if q.computed == q.promptLen {
 				q.gen = 1 // the prefill step samples the first token
 				progressed = true
+				sc.firsts++
+				sc.ttftNs += uint64(sc.modelNs + sc.stepNs - q.arrived)
 			}
 		}
-		q.stepFill, q.stepDec = 0, false
+		q.stepFill, q.stepDec, q.stepLoad = 0, false, 0
 		if progressed {
 			sc.genTokens++
 			q.generated.Store(int32(q.gen))
@@ -617,6 +660,8 @@ func (sc *scheduler) apply() {
 	}
 	clear(sc.running[len(kept):])
 	sc.running = kept
+	sc.modelNs += sc.stepNs
+	sc.stepNs = 0
 }
 
 // publish ends a round of work: it sends the KV events the round caused as
@@ -627,6 +672,9 @@ func (sc *scheduler) publish() {
 	if sc.events != nil {
 		sc.events.flush()
 	}
+	if sc.kvd != nil {
+		sc.kvd.flush()
+	}
 	sc.pub.cached.Store(int64(len(sc.cache.index)))
 	sc.pub.running.Store(int64(len(sc.running)))
 	sc.pub.waiting.Store(int64(sc.numWaiting()))
@@ -636,6 +684,9 @@ func (sc *scheduler) publish() {
 	sc.pub.promptTokens.Store(sc.promptTokens)
 	sc.pub.genTokens.Store(sc.genTokens)
 	sc.pub.success.Store(sc.success)
+	sc.pub.prefilled.Store(sc.prefilled)
+	sc.pub.ttftNs.Store(sc.ttftNs)
+	sc.pub.firsts.Store(sc.firsts)
 }
 
 // shutdown abandons every sequence still held, wakes its handler and marks

@@ -66,6 +66,8 @@ type Server struct {
 	tok  tokenizer.Tokenizer // from withTokenizer, else loaded from cfg
 	hf   *hfCodec            // nil: the bytes tokenizer
 
+	kvd *kvdTier // kvd as the second-level cache; nil without --kvd-socket
+
 	name     string
 	nameJSON []byte // JSON string literal of the served model name
 	labels   []byte // Prometheus labels: engine="0",model_name="..."
@@ -137,14 +139,21 @@ func New(cfg config.Sim, log zerolog.Logger, opts ...Option) (*Server, error) {
 		overhead:     cfg.StepOverheadMs * ms,
 		perPrefill:   1e3 / cfg.PrefillTokensPerS * ms,
 		perDecodeSeq: cfg.DecodeMsPerToken * ms,
+		perKVDBlock:  cfg.KVD.LoadMsPerBlock * ms,
+		scale:        cfg.TimeScale,
 	}
 	obs := s.obs
 	if cfg.KVEventsEndpoint != "" {
 		s.events = newKVEvents(&cfg, log)
 		obs = teeObserver(obs, s.events)
 	}
+	if cfg.KVD.Socket != "" {
+		s.kvd = newKVDTier(&cfg, s.name, log)
+		obs = teeObserver(obs, s.kvd)
+	}
 	cache := newPrefixCache(cfg.KVBlocks, cfg.BlockSize, obs)
 	s.sched = newScheduler(cache, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens, t, cfg.TimeScale == 0, s.events)
+	s.sched.kvd = s.kvd
 
 	s.http = &fasthttp.Server{
 		Handler:               s.handle,
@@ -264,6 +273,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	defer s.reqLog.close()
+	if s.kvd != nil {
+		s.kvd.start()
+		// Runs once the body below has waited for the scheduler.
+		defer s.kvd.close()
+	}
 	addr := ln.Addr().String()
 	s.addr.Store(&addr)
 	s.readyAt.Store(time.Now().Add(s.cfg.SlowStart).UnixNano())
@@ -286,6 +300,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		if pd.port != 0 {
 			ev = ev.Str("pd_kv_addr", net.JoinHostPort(pd.host, strconv.Itoa(pd.port)))
 		}
+	}
+	if s.kvd != nil {
+		ev = ev.Str("kvd_socket", s.cfg.KVD.Socket).Str("kvd_compat_key", s.cfg.KVD.CompatKey)
 	}
 	if sockets != nil {
 		ev = ev.Str("kv_events_endpoint", sockets.endpoint()).Str("kv_events_format", s.cfg.KVEventsFormat)
