@@ -1,8 +1,13 @@
 package engines
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"time"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/kvd"
 )
 
 // The kvd connectors of the engines (kvd.md §8.7). Every engine gets the
@@ -17,9 +22,13 @@ const (
 	vllmKVDConnector = "InferaKvdConnector"
 	vllmKVDModule    = "infera.engine.vllm.kvd_connector"
 
-	sglangKVDBackend = "infera_kvd"
-	sglangKVDModule  = "infera.engine.sglang.kvd_storage"
-	sglangKVDClass   = "InferaKvdStorage"
+	// The Python fleet's HiCache adapter, as its worker names it in the
+	// dynamic backend's extra config; prefetch_threshold 64 tokens is its
+	// value too (SGLang's own default, 256, skips most prefixes).
+	sglangKVDBackend           = "infera-kvd"
+	sglangKVDModule            = "infera.engine.sglang.kvd_adapter"
+	sglangKVDClass             = "InferaKvdBackend"
+	sglangKVDPrefetchThreshold = "64"
 )
 
 // PrepareLaunch is a.Prepare followed by the kvd wiring of
@@ -49,6 +58,13 @@ func wireKVD(engine, socket string, l *Launch) error {
 	case "vllm":
 		return wireVLLMKVD(l)
 	case "sglang":
+		if l.Endpoint.DisaggMode == discovery.DisaggDecode {
+			// SGLang forces a chunk cache on a PD decode leg, which its
+			// hierarchical cache cannot sit on, and the prefill sends
+			// that leg its KV anyway: kvd there would only be written.
+			l.Warnings = append(l.Warnings, "--kvd-socket: not wiring SGLang's HiCache kvd backend on a PD decode engine (its KV comes from the prefill; kvd would only be written); "+KVDSocketEnv+" is set")
+			return nil
+		}
 		return wireSGLangKVD(l)
 	}
 	return nil
@@ -135,12 +151,29 @@ func wireSGLangKVD(l *Launch) error {
 		extra = append(extra, "--hicache-storage-backend", "dynamic")
 	}
 	var keys []jsonKey
-	for _, k := range [][2]string{{"backend_name", sglangKVDBackend}, {"module_path", sglangKVDModule}, {"class_name", sglangKVDClass}} {
-		if !cfg.has(k[0]) {
-			keys = append(keys, jsonKey{k[0], jsonString(k[1])})
+	for _, k := range []jsonKey{{"backend_name", jsonString(sglangKVDBackend)}, {"module_path", jsonString(sglangKVDModule)},
+		{"class_name", jsonString(sglangKVDClass)}, {"prefetch_threshold", sglangKVDPrefetchThreshold}} {
+		if !cfg.has(k.key) {
+			keys = append(keys, k)
 		}
 	}
 	out, cfgExtra := cfg.add(user, keys)
 	l.Command.Args = append(slices.Clone(args[:head]), appendArgs(out, append(extra, cfgExtra...)...)...)
 	return nil
+}
+
+// kvdProbeTimeout bounds the start-up check of --kvd-socket.
+const kvdProbeTimeout = 5 * time.Second
+
+// ProbeKVD checks that the kvd daemon on socket answers a hello, so a
+// worker refuses to start an engine (minutes of model loading) whose
+// connector would find no daemon; the Python worker refuses the same way.
+func ProbeKVD(ctx context.Context, socket string) error {
+	ctx, cancel := context.WithTimeout(ctx, kvdProbeTimeout)
+	defer cancel()
+	c, err := kvd.Dial(ctx, socket, kvd.ClientOptions{ClientID: "infera-worker-probe", Timeout: kvdProbeTimeout})
+	if err != nil {
+		return fmt.Errorf("--kvd-socket %s: kvd does not answer (start infera kvd first, or drop --kvd-socket): %w", socket, err)
+	}
+	return c.Close()
 }

@@ -1,9 +1,15 @@
 package engines
 
 import (
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/kvd"
 )
 
 // prepareKVD runs PrepareLaunch with the golden seams and --kvd-socket.
@@ -103,7 +109,7 @@ func TestKVDVLLMCommandLines(t *testing.T) {
 }
 
 func TestKVDSGLangCommandLines(t *testing.T) {
-	const cfg = `{"backend_name":"infera_kvd","module_path":"infera.engine.sglang.kvd_storage","class_name":"InferaKvdStorage"}`
+	const cfg = `{"backend_name":"infera-kvd","module_path":"infera.engine.sglang.kvd_adapter","class_name":"InferaKvdBackend","prefetch_threshold":64}`
 	cases := []struct {
 		name     string
 		args     []string
@@ -117,7 +123,7 @@ func TestKVDSGLangCommandLines(t *testing.T) {
 			"--hicache-storage-backend", "dynamic", "--hicache-storage-backend-extra-config", `{"class_name":"Mine"}`},
 			[]string{"-m", "sglang.launch_server", "--model-path", "m", "--port", "8000", "--enable-metrics", "--enable-hierarchical-cache",
 				"--hicache-storage-backend", "dynamic", "--hicache-storage-backend-extra-config",
-				`{"backend_name":"infera_kvd","module_path":"infera.engine.sglang.kvd_storage","class_name":"Mine"}`}, 0},
+				`{"backend_name":"infera-kvd","module_path":"infera.engine.sglang.kvd_adapter","prefetch_threshold":64,"class_name":"Mine"}`}, 0},
 		{"another backend: left alone, warned", []string{"--model-path", "m", "--port", "8000", "--enable-metrics", "--hicache-storage-backend", "mooncake"},
 			[]string{"-m", "sglang.launch_server", "--model-path", "m", "--port", "8000", "--enable-metrics", "--hicache-storage-backend", "mooncake"}, 1},
 	}
@@ -130,5 +136,46 @@ func TestKVDSGLangCommandLines(t *testing.T) {
 	_, err := prepareKVD(t, "sglang", "--model-path", "m", "--port", "8000", "--hicache-storage-backend-extra-config", "{bad")
 	if err == nil || !strings.Contains(err.Error(), "hicache-storage-backend-extra-config") {
 		t.Fatalf("bad extra config: %v", err)
+	}
+}
+
+// TestProbeKVD: the worker's start-up check answers nil against a real
+// kvd and names the socket when nothing listens there.
+func TestProbeKVD(t *testing.T) {
+	st, err := kvd.NewStore(kvd.StoreOptions{MaxBytes: 1 << 20, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	sock := filepath.Join(t.TempDir(), "kvd.sock")
+	ln, err := kvd.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	servetest.Run(t, "kvd", ln, kvd.NewServer(st, kvd.ServerOptions{Log: zerolog.Nop()}).Serve)
+	if err := ProbeKVD(t.Context(), sock); err != nil {
+		t.Fatalf("probe of a running kvd: %v", err)
+	}
+	missing := filepath.Join(t.TempDir(), "none.sock")
+	err = ProbeKVD(t.Context(), missing)
+	if err == nil || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "kvd does not answer") {
+		t.Fatalf("probe of a missing socket: %v", err)
+	}
+}
+
+// TestKVDSGLangDecodeLegNotWired: a PD decode engine gets the socket in its
+// environment but no HiCache flags (its KV comes from the prefill), with a
+// warning that says so; a prefill engine is wired.
+func TestKVDSGLangDecodeLegNotWired(t *testing.T) {
+	l := mustPrepareKVD(t, "sglang", "--model-path", "m", "--port", "8000", "--enable-metrics", "--disaggregation-mode", "decode")
+	if slices.Contains(l.Command.Args, "--enable-hierarchical-cache") || len(l.Warnings) != 1 || !strings.Contains(l.Warnings[0], "decode") {
+		t.Fatalf("decode leg: args %q warnings %q", l.Command.Args, l.Warnings)
+	}
+	if !slices.Contains(l.Command.Env, KVDSocketEnv+"=/run/infera/kvd.sock") {
+		t.Fatalf("decode leg env %q lacks %s", l.Command.Env, KVDSocketEnv)
+	}
+	l = mustPrepareKVD(t, "sglang", "--model-path", "m", "--port", "8000", "--enable-metrics", "--disaggregation-mode", "prefill")
+	if !slices.Contains(l.Command.Args, "--enable-hierarchical-cache") {
+		t.Fatalf("prefill leg not wired: %q", l.Command.Args)
 	}
 }

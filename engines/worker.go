@@ -72,6 +72,12 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 	for _, w := range launch.Warnings {
 		log.Warn().Msg(w)
 	}
+	if cfg.KVDSocket != "" {
+		if err := ProbeKVD(ctx, cfg.KVDSocket); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+		log.Info().Str("kvd_socket", cfg.KVDSocket).Msg("kvd answers; the engine is wired to it")
+	}
 	warnLoopbackAdvertise(log, launch.Endpoint.AdvertiseHost, cfg.Etcd.Endpoints)
 	if isPD(launch.Endpoint.DisaggMode) {
 		// Refused before the engine starts: a PD engine on TCP would load

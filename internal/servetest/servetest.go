@@ -10,8 +10,10 @@ import (
 type Serve func(ctx context.Context, ln net.Listener) error
 
 // Run serves on ln until the test ends; at cleanup it cancels the
-// server's context, waits for serve to return and reports its error.
-func Run(t testing.TB, name string, ln net.Listener, serve Serve) {
+// server's context, waits for serve to return and reports its error. L is
+// the listener type serve takes (kvd's socket server takes a
+// *net.UnixListener).
+func Run[L net.Listener](t testing.TB, name string, ln L, serve func(context.Context, L) error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
