@@ -82,7 +82,8 @@ func waitConns(t *testing.T, s *Server, n int64) {
 // back its own values, several loops or one.
 func TestConcurrentClients(t *testing.T) {
 	for _, loops := range []int{1, 3} {
-		l := startListener(t, Options{Loops: loops}, nil)
+		// 4 KiB slots: every client's keys fit (no eviction between SET and GET).
+		l := startListener(t, Options{Loops: loops}, func(o *kvd.StoreOptions) { o.SlotBytes = 4096 })
 		var wg sync.WaitGroup
 		for i := range 16 {
 			c := dialRaw(t, l.addr)
