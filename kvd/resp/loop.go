@@ -2,6 +2,7 @@ package resp
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -11,9 +12,9 @@ import (
 )
 
 // The event loops: connections are served the way redis-server serves
-// them, from a few goroutines each waiting in epoll_wait on many sockets
-// (level-triggered), not from a goroutine per connection over Go's
-// netpoller. A request then costs one read and one write (the reply to
+// them, from a goroutine (Options.Loops of them) waiting in epoll_wait on
+// many sockets (level-triggered), not from a goroutine per connection
+// over Go's netpoller. A request then costs one read and one write (the reply to
 // everything that read brought, pipelined or not), where a goroutine per
 // connection costs a further read that finds nothing, a park and a wake-up.
 //
@@ -37,17 +38,17 @@ type loop struct {
 func newLoop(s *Server) (*loop, error) {
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
-		return nil, &net.OpError{Op: "epoll_create", Err: err}
+		return nil, fmt.Errorf("resp: epoll_create: %w", err)
 	}
 	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		unix.Close(ep)
-		return nil, &net.OpError{Op: "eventfd", Err: err}
+		return nil, fmt.Errorf("resp: eventfd: %w", err)
 	}
 	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, wake, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wake)}); err != nil {
 		unix.Close(ep)
 		unix.Close(wake)
-		return nil, &net.OpError{Op: "epoll_ctl", Err: err}
+		return nil, fmt.Errorf("resp: epoll_ctl: %w", err)
 	}
 	// The loop waits for its epoll set through Go's netpoller (an epoll fd
 	// is itself pollable) rather than in a blocking epoll_wait, which
@@ -55,14 +56,14 @@ func newLoop(s *Server) (*loop, error) {
 	if err := unix.SetNonblock(ep, true); err != nil {
 		unix.Close(ep)
 		unix.Close(wake)
-		return nil, &net.OpError{Op: "set nonblock", Err: err}
+		return nil, fmt.Errorf("resp: set nonblock: %w", err)
 	}
 	f := os.NewFile(uintptr(ep), "resp-epoll")
 	raw, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
 		unix.Close(wake)
-		return nil, &net.OpError{Op: "epoll poller", Err: err}
+		return nil, fmt.Errorf("resp: epoll poller: %w", err)
 	}
 	return &loop{s: s, ep: ep, epf: f, raw: raw, wake: wake, conns: map[int32]*conn{}}, nil
 }
@@ -122,11 +123,11 @@ func (l *loop) takeConn(c net.Conn) (bool, error) {
 	}
 	c.Close()
 	if derr != nil {
-		return true, &net.OpError{Op: "dup", Err: derr}
+		return true, fmt.Errorf("resp: dup: %w", derr)
 	}
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
-		return true, &net.OpError{Op: "set nonblock", Err: err}
+		return true, fmt.Errorf("resp: set nonblock: %w", err)
 	}
 	s := l.s
 	cn := &conn{s: s, fd: fd, id: s.nextID.Add(1), in: make([]byte, readBuf), authed: s.opt.Password == ""}
@@ -141,7 +142,7 @@ func (l *loop) takeConn(c net.Conn) (bool, error) {
 		l.mu.Unlock()
 		s.C.ConnsActive.Add(-1)
 		unix.Close(fd)
-		return true, &net.OpError{Op: "epoll_ctl", Err: err}
+		return true, fmt.Errorf("resp: epoll_ctl: %w", err)
 	}
 	return true, nil
 }
@@ -154,7 +155,7 @@ func (l *loop) run() {
 	var n int
 	var werr error
 	wait := func(fd uintptr) bool {
-		n, werr = unix.EpollWait(int(fd), events, 0)
+		n, werr = rawEpollPoll(int(fd), events)
 		if werr == unix.EINTR {
 			n, werr = 0, nil
 			return true
@@ -201,7 +202,7 @@ func (l *loop) run() {
 func (l *loop) readable(cn *conn) error {
 	for range 8 { // a large request in one event, up to a point
 		space := len(cn.in) - cn.w
-		n, err := unix.Read(cn.fd, cn.in[cn.w:])
+		n, err := rawRead(cn.fd, cn.in[cn.w:])
 		switch {
 		case err == unix.EAGAIN || err == unix.EINTR:
 			return nil
@@ -236,7 +237,7 @@ var (
 // EPOLLOUT, and until then cn is not read.
 func (l *loop) flush(cn *conn) error {
 	for cn.outOff < len(cn.out) {
-		n, err := unix.Write(cn.fd, cn.out[cn.outOff:])
+		n, err := rawWrite(cn.fd, cn.out[cn.outOff:])
 		if err == unix.EINTR {
 			continue
 		}
