@@ -49,6 +49,7 @@ type KVD struct {
 	RESPModel     string
 	RESPCompatKey string
 	RESPRetention string
+	RESPLoops     int
 
 	// L4 on Redis/Valkey (kvd/l4); no URL = no L4.
 	L4Redis     []string
@@ -105,6 +106,7 @@ func (k *KVD) Flags() []cli.Flag {
 		String("resp-model", "kvd namespace (model) of keys set over RESP", &k.RESPModel, "resp"),
 		String("resp-compat-key", "kvd namespace compat_key of keys set over RESP", &k.RESPCompatKey, ""),
 		String("resp-retention", "retention of values set over RESP: none, ephemeral, short or long (long ones go down to L3/L4)", &k.RESPRetention, "short"),
+		Int("resp-loops", "event loops serving RESP connections (1 = as redis-server's one thread, the least CPU per request; more keep clients moving while a GET reads L3/L4)", &k.RESPLoops, 1),
 		StringSlice("l4-redis", "L4 tier on Redis/Valkey: redis:// or rediss:// URL (user:password@, /db); several (comma-separated) = one cluster's seed nodes", nil),
 		String("l4-prefix", "prefix of every L4 key (before model and compat_key), to share one Redis between fleets", &k.L4Prefix, "infera:kv:"),
 		Duration("l4-ttl", "TTL of entries written to L4 (long retention); 0 = none", &k.L4TTL, 24*time.Hour),
@@ -255,6 +257,9 @@ func (k *KVD) validateRESPL4(p *Problems) {
 	case "none", "ephemeral", "short", "long":
 	default:
 		p.Addf("--resp-retention %q: want none, ephemeral, short or long", k.RESPRetention)
+	}
+	if k.RESPLoops < 1 || k.RESPLoops > 1024 {
+		p.Addf("--resp-loops %d: want 1 to 1024", k.RESPLoops)
 	}
 	if k.RESPUser != "" && k.RESPPassword == "" {
 		p.Addf("--resp-user needs --resp-password")

@@ -9,7 +9,7 @@ import (
 
 func TestKVDRESPAndL4Flags(t *testing.T) {
 	k, err := parseKVD(t)
-	if err != nil || k.RESPListen != "" || len(k.L4Redis) != 0 || k.RESPRetention != "short" || k.L4TTL != 24*time.Hour || k.L4Prefix != "infera:kv:" {
+	if err != nil || k.RESPListen != "" || len(k.L4Redis) != 0 || k.RESPRetention != "short" || k.L4TTL != 24*time.Hour || k.L4Prefix != "infera:kv:" || k.RESPLoops != 1 {
 		t.Fatalf("defaults: %v %+v", err, k)
 	}
 	for in, want := range map[string]string{"6380": "127.0.0.1:6380", ":6380": "127.0.0.1:6380", "0.0.0.0:6380": "0.0.0.0:6380"} {
@@ -23,13 +23,16 @@ func TestKVDRESPAndL4Flags(t *testing.T) {
 	if err != nil || k.RESPPassword != "pw" || k.RESPUser != "lmcache" || len(k.L4Redis) != 2 || k.L4Redis[1] != "rediss://u:p@b:2/3" {
 		t.Fatalf("env: %v %+v", err, k)
 	}
+	if k, err := parseKVD(t, "--resp-loops", "4"); err != nil || k.RESPLoops != 4 {
+		t.Errorf("--resp-loops 4: %v %d", err, k.RESPLoops)
+	}
 	t.Setenv("INFERA_RESP_PASSWORD", "")
-	_, err = parseKVD(t, "--resp-listen", "nope", "--resp-retention", "forever", "--resp-user", "u", "--l4-redis", "http://x",
+	_, err = parseKVD(t, "--resp-listen", "nope", "--resp-loops", "0", "--resp-retention", "forever", "--resp-user", "u", "--l4-redis", "http://x",
 		"--l4-ttl", "-1s", "--l4-write-queue", "0", "--l4-timeout", "0")
 	if !errors.Is(err, ErrInvalid) {
 		t.Fatalf("err %v", err)
 	}
-	for _, f := range []string{"--resp-listen", "--resp-retention", "--resp-user", "--l4-redis", "--l4-ttl", "--l4-write-queue", "--l4-timeout"} {
+	for _, f := range []string{"--resp-listen", "--resp-loops", "--resp-retention", "--resp-user", "--l4-redis", "--l4-ttl", "--l4-write-queue", "--l4-timeout"} {
 		if !strings.Contains(err.Error(), f) {
 			t.Errorf("%s not reported: %v", f, err)
 		}

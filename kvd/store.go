@@ -426,9 +426,11 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 	if !toArena && int64(len(value)) > s.inlineBudget {
 		return false, ReasonLargerThanStore
 	}
-	e := &entry{nsLen: 4 + len(model) + len(compat), ret: ret, expires: expires, slot: -1, length: len(value)}
+	var old *entry // the entry replaced, reused for the new value
+	slot := int32(-1)
 	if toArena {
-		slot, ok := s.allocSlot(ret)
+		var ok bool
+		slot, ok = s.allocSlot(ret)
 		if !ok {
 			return false, ReasonDisplaceHigher
 		}
@@ -444,18 +446,17 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 		}
 		endWrite(s.arena.mem, base, len(value))
 		// Another writer may have stored the key meanwhile.
-		if old := s.lookup(s.nowNs()); old != nil {
+		if old = s.lookup(s.nowNs()); old != nil {
 			if ret < old.ret {
 				s.free = append(s.free, slot)
 				return false, ReasonDowngrade
 			}
 			s.removeLocked(old)
 		}
-		e.slot = slot
 		s.arenaBytes += int64(len(value))
 		s.arenaEntries++
 	} else {
-		if old := s.index[string(s.kb)]; old != nil {
+		if old = s.index[string(s.kb)]; old != nil {
 			s.removeLocked(old)
 		}
 		for s.inlineBytes+int64(len(value)) > s.inlineBudget {
@@ -463,10 +464,19 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 				return false, ReasonDisplaceHigher
 			}
 		}
+	}
+	// An overwrite reuses the replaced entry and its key string (nothing
+	// outside mu keeps an *entry), so setting an existing key in the arena
+	// allocates nothing.
+	e := old
+	if e == nil {
+		e = &entry{key: string(s.kb)}
+	}
+	*e = entry{key: e.key, nsLen: 4 + len(model) + len(compat), ret: ret, expires: expires, slot: slot, length: len(value)}
+	if !toArena {
 		e.inline = append(make([]byte, 0, len(value)), value...)
 		s.inlineBytes += int64(len(value))
 	}
-	e.key = string(s.kb)
 	s.index[e.key] = e
 	s.list(e).pushFront(e)
 	if ret == RetentionLong && !fromL3 {

@@ -15,10 +15,16 @@
 // CompatKey) and values are stored with Options.Retention, so they go to
 // the same tiers (RAM arena, L3, L4) as the UDS protocol's sets.
 //
-// Concurrency: a Server runs one goroutine per connection; a connection
-// owns its input and output buffers and handles its requests in order,
-// answering every complete request in a read with one write (pipelining).
-// Arguments alias the input buffer: a value is read from the socket once
-// and copied once, into its arena slot; a GET copies once, from the slot
-// into the output buffer (checked against a concurrent rewrite).
+// Concurrency: a Server serves its connections from Options.Loops event
+// loops (loop.go; one by default, as redis-server's one thread), each
+// waiting in epoll for many sockets through Go's netpoller: a request
+// costs one read and one write, pipelined replies go out in one write,
+// and a reply the socket cannot take at once is written on EPOLLOUT while
+// the connection is not read. A connection that is not a socket (a
+// wrapped net.Conn) gets a goroutine of its own instead. Either way a
+// connection owns its input and output buffers and handles its requests
+// in order. Arguments alias the input buffer: a value is read from the
+// socket once and copied once, into its arena slot; a GET copies once,
+// from the slot into the output buffer (checked against a concurrent
+// rewrite). GET, SET and MSET of an existing key allocate nothing.
 package resp

@@ -41,7 +41,12 @@ type Options struct {
 	// client-query-buffer-limit: a client over it is disconnected).
 	MaxBulkBytes    int
 	MaxRequestBytes int
-	Log             zerolog.Logger
+	// Loops is how many event loops serve the connections (0 = 1, as
+	// redis-server's one thread: on a host the clients share, one loop
+	// costs the least CPU per request). A command that reads L3 or L4
+	// holds its loop meanwhile; more loops keep other clients moving.
+	Loops int
+	Log   zerolog.Logger
 }
 
 // Counters are the listener's own counters (INFO and metrics).
@@ -90,6 +95,9 @@ func NewServer(st *kvd.Store, opt Options) (*Server, error) {
 	if opt.MaxRequestBytes <= 0 {
 		opt.MaxRequestBytes = 1 << 30
 	}
+	if opt.Loops <= 0 {
+		opt.Loops = 1
+	}
 	opt.MaxBulkBytes = min(opt.MaxBulkBytes, opt.MaxRequestBytes-64)
 	user := opt.User
 	if user == "" {
@@ -104,8 +112,9 @@ func NewServer(st *kvd.Store, opt Options) (*Server, error) {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
+	loops := s.startLoops()
 	var err error
-	for {
+	for i := 0; ; i++ {
 		c, aerr := ln.Accept()
 		if aerr != nil {
 			if ctx.Err() == nil {
@@ -113,11 +122,23 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}
 			break
 		}
+		if len(loops) > 0 {
+			taken, terr := loops[i%len(loops)].takeConn(c)
+			if terr != nil {
+				s.opt.Log.Warn().Err(terr).Msg("resp connection dropped")
+			}
+			if taken {
+				continue
+			}
+		}
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
 		go s.handle(c)
+	}
+	for _, l := range loops {
+		l.stop()
 	}
 	s.mu.Lock()
 	for c := range s.conns {
@@ -143,6 +164,14 @@ type conn struct {
 	quit   bool
 	name   []byte
 	lower  [24]byte
+	need   int // length the request at the front needs, when known
+
+	// Event-loop driver state (loop.go).
+	fd       int
+	outOff   int   // bytes of out already written
+	waitOut  bool  // out is not all written: waiting for EPOLLOUT, not reading
+	closing  bool  // close once out is written
+	closeErr error // why (for the log)
 }
 
 const (
@@ -162,66 +191,93 @@ func (s *Server) handle(c net.Conn) {
 	s.C.ConnsTotal.Add(1)
 	s.C.ConnsActive.Add(1)
 	defer s.C.ConnsActive.Add(-1)
-	cn := &conn{s: s, c: c, id: s.nextID.Add(1), in: make([]byte, readBuf), authed: s.opt.Password == ""}
-	if err := cn.serve(); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) &&
+	cn := &conn{s: s, c: c, fd: -1, id: s.nextID.Add(1), in: make([]byte, readBuf), authed: s.opt.Password == ""}
+	s.logClosed(cn, cn.serve())
+}
+
+// logClosed logs why a connection ended, unless the client ended it.
+func (s *Server) logClosed(cn *conn, err error) {
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, errEOF) && !errors.Is(err, errQuit) && !errors.Is(err, net.ErrClosed) &&
 		!errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
 		s.opt.Log.Debug().Err(err).Uint64("client_id", cn.id).Msg("resp connection closed")
 	}
 }
 
+// errQuit ends a connection after QUIT's reply is written.
+var errQuit = errors.New("resp: quit")
+
+// process answers every complete request in the input buffer into cn.out
+// (written by the caller in one go: pipelined replies are batched) and
+// readies the buffer for the next read: the unparsed tail moved to the
+// front, grown once for a large request whose length is known. A non-nil
+// error closes the connection once cn.out is written.
+func (cn *conn) process() error {
+	need := 0
+	for cn.r < cn.w {
+		args, n, nd, err := Parse(cn.in[cn.r:cn.w], cn.args, cn.s.opt.MaxBulkBytes, !cn.authed)
+		cn.args = args
+		if err != nil {
+			cn.s.C.ProtocolErrors.Add(1)
+			cn.out = appendErr(cn.out, "Protocol error: "+err.(*ProtocolError).Msg)
+			return err
+		}
+		if n == 0 {
+			need = nd
+			break
+		}
+		cn.r += n
+		if len(args) > 0 {
+			cn.s.C.Commands.Add(1)
+			cn.dispatch(args)
+			if cn.quit {
+				return errQuit
+			}
+		}
+	}
+	if cn.r == cn.w {
+		cn.r, cn.w = 0, 0
+		if len(cn.in) > retainBuf {
+			cn.in = make([]byte, readBuf)
+		}
+	} else if cn.r > 0 {
+		cn.w = copy(cn.in, cn.in[cn.r:cn.w])
+		cn.r = 0
+	}
+	if max(need, cn.w+1) > cn.s.opt.MaxRequestBytes {
+		return ErrRequestTooLarge
+	}
+	if need > len(cn.in) {
+		cn.in = append(cn.in[:cn.w], make([]byte, need-cn.w)...)
+	} else if cn.w == len(cn.in) {
+		cn.in = append(cn.in, make([]byte, min(len(cn.in), cn.s.opt.MaxRequestBytes-len(cn.in)))...)
+	}
+	cn.need = need
+	return nil
+}
+
+// resetOut empties the output buffer once it is written, dropping one
+// that grew past retainBuf.
+func (cn *conn) resetOut() {
+	if cap(cn.out) > retainBuf {
+		cn.out = nil
+	}
+	cn.out, cn.outOff = cn.out[:0], 0
+}
+
+// serve drives a connection the event loop cannot take (one that is not
+// a syscall.Conn) from its own goroutine.
 func (cn *conn) serve() error {
 	for {
-		// Answer every complete request in the buffer, then write once.
-		need := 0
-		for cn.r < cn.w {
-			args, n, nd, err := Parse(cn.in[cn.r:cn.w], cn.args, cn.s.opt.MaxBulkBytes, !cn.authed)
-			cn.args = args
-			if err != nil {
-				cn.s.C.ProtocolErrors.Add(1)
-				cn.out = appendErr(cn.out, "Protocol error: "+err.(*ProtocolError).Msg)
-				_, _ = cn.c.Write(cn.out)
-				return err
-			}
-			if n == 0 {
-				need = nd
-				break
-			}
-			cn.r += n
-			if len(args) > 0 {
-				cn.s.C.Commands.Add(1)
-				cn.dispatch(args)
-				if cn.quit {
-					_, err := cn.c.Write(cn.out)
-					return err
-				}
-			}
-		}
+		perr := cn.process()
 		if len(cn.out) > 0 {
-			if _, err := cn.c.Write(cn.out); err != nil {
+			_, err := cn.c.Write(cn.out)
+			cn.resetOut()
+			if err != nil {
 				return err
 			}
-			if cap(cn.out) > retainBuf {
-				cn.out = nil
-			}
-			cn.out = cn.out[:0]
 		}
-		// Keep the unparsed tail at the front; grow for a large request.
-		if cn.r == cn.w {
-			cn.r, cn.w = 0, 0
-			if len(cn.in) > retainBuf {
-				cn.in = make([]byte, readBuf)
-			}
-		} else if cn.r > 0 {
-			cn.w = copy(cn.in, cn.in[cn.r:cn.w])
-			cn.r = 0
-		}
-		if max(need, cn.w+1) > cn.s.opt.MaxRequestBytes {
-			return ErrRequestTooLarge
-		}
-		if need > len(cn.in) {
-			cn.in = append(cn.in[:cn.w], make([]byte, need-cn.w)...)
-		} else if cn.w == len(cn.in) {
-			cn.in = append(cn.in, make([]byte, min(len(cn.in), cn.s.opt.MaxRequestBytes-len(cn.in)))...)
+		if perr != nil {
+			return perr
 		}
 		n, err := cn.c.Read(cn.in[cn.w:])
 		cn.w += n
