@@ -7,6 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/internal/servetest"
 	"github.com/infera/infera/kvd/tablespace"
 )
 
@@ -52,16 +53,8 @@ func startDaemon(t testing.TB, o daemonOpts) *daemon {
 		t.Fatal(err)
 	}
 	srv := NewServer(st, o.serverOpt)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-		st.Close()
-	})
+	t.Cleanup(st.Close) // after the server has stopped: cleanups run last-in first-out
+	servetest.Run(t, "kvd", ln, srv.Serve)
 	return &daemon{store: st, srv: srv, path: path}
 }
 

@@ -3,7 +3,6 @@ package resp
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/internal/servetest"
 	"github.com/infera/infera/kvd"
 )
 
@@ -45,22 +45,12 @@ func startListener(t testing.TB, opt Options, storeOpt func(*kvd.StoreOptions)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
+	t.Cleanup(func() { // after the server has stopped: cleanups run last-in first-out
 		st.Close()
 		a.Close()
 	})
-	return &listener{addr: ln.Addr().String(), store: st, srv: srv}
+	addr := servetest.Loopback(t, "resp", srv.Serve)
+	return &listener{addr: addr, store: st, srv: srv}
 }
 
 // rconn is a raw RESP client that returns replies as bytes.
