@@ -6,10 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rs/zerolog"
-
-	"github.com/infera/infera/internal/servetest"
-	"github.com/infera/infera/kvd"
+	"github.com/infera/infera/kvd/kvdtest"
 )
 
 // prepareKVD runs PrepareLaunch with the golden seams and --kvd-socket.
@@ -142,22 +139,12 @@ func TestKVDSGLangCommandLines(t *testing.T) {
 // TestProbeKVD: the worker's start-up check answers nil against a real
 // kvd and names the socket when nothing listens there.
 func TestProbeKVD(t *testing.T) {
-	st, err := kvd.NewStore(kvd.StoreOptions{MaxBytes: 1 << 20, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	sock := filepath.Join(t.TempDir(), "kvd.sock")
-	ln, err := kvd.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	servetest.Run(t, "kvd", ln, kvd.NewServer(st, kvd.ServerOptions{Log: zerolog.Nop()}).Serve)
+	sock, _ := kvdtest.Start(t, 1<<20)
 	if err := ProbeKVD(t.Context(), sock); err != nil {
 		t.Fatalf("probe of a running kvd: %v", err)
 	}
 	missing := filepath.Join(t.TempDir(), "none.sock")
-	err = ProbeKVD(t.Context(), missing)
+	err := ProbeKVD(t.Context(), missing)
 	if err == nil || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "kvd does not answer") {
 		t.Fatalf("probe of a missing socket: %v", err)
 	}

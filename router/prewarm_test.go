@@ -1,7 +1,6 @@
 package router_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -10,38 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infera/infera/kvd"
+	"github.com/infera/infera/kvd/kvdtest"
 	"github.com/infera/infera/router"
 )
 
-// startKVD runs an in-process kvd (RAM only) on a socket of its own.
-func startKVD(t *testing.T) (string, *kvd.Store) {
-	t.Helper()
-	st, err := kvd.NewStore(kvd.StoreOptions{MaxBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "kvd.sock")
-	ln, err := kvd.Listen(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := kvd.NewServer(st, kvd.ServerOptions{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("kvd Serve: %v", err)
-		}
-		st.Close()
-	})
-	return path, st
-}
-
 func TestPrewarmForwardsPrefetchHint(t *testing.T) {
-	sock, st := startKVD(t)
+	sock, st := kvdtest.Start(t, 1<<20)
 	tr := startRouter(t, &router.RoundRobin{}, withConfig(func(c *router.Config) { c.KVDSocket = sock }))
 
 	resp, body := tr.do(t, http.MethodPost, "/v1/cache/prewarm",

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"context"
 	"encoding/json"
 	"path/filepath"
 	"strings"
@@ -11,33 +10,8 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvd"
+	"github.com/infera/infera/kvd/kvdtest"
 )
-
-// startKVD runs an in-process kvd (RAM only) and returns its socket.
-func startKVD(t *testing.T) (string, *kvd.Store) {
-	t.Helper()
-	st, err := kvd.NewStore(kvd.StoreOptions{MaxBytes: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "kvd.sock")
-	ln, err := kvd.Listen(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := kvd.NewServer(st, kvd.ServerOptions{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("kvd Serve: %v", err)
-		}
-		st.Close()
-	})
-	return path, st
-}
 
 // evictionRun sends prompt P, then two other prompts that evict it from a
 // 16-block GPU cache, then P again, and returns P's second answer's
@@ -84,7 +58,7 @@ func kvdSimConfig(sock string) func(*config.Sim) {
 }
 
 func TestSimKVDSecondLevelCache(t *testing.T) {
-	sock, st := startKVD(t)
+	sock, st := kvdtest.Start(t, 64<<20)
 	ts := startSim(t, kvdSimConfig(sock))
 	cached, prefilled, ttft := evictionRun(t, ts, func() {
 		// P's 10 full blocks (and then some of b's) went to kvd.
@@ -115,7 +89,7 @@ func TestSimKVDSecondLevelCache(t *testing.T) {
 }
 
 func TestSimKVDKeysMatchBlockKeys(t *testing.T) {
-	sock, _ := startKVD(t)
+	sock, _ := kvdtest.Start(t, 64<<20)
 	ts := startSim(t, kvdSimConfig(sock))
 	evictionRun(t, ts, func() {
 		eventually(t, "stored", func() bool { return ts.gauge(t, "infera_sim_kvd_stored_blocks_total") >= 10 })
@@ -159,7 +133,7 @@ func TestKVDFetchAlloc(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	sock, _ := startKVD(t)
+	sock, _ := kvdtest.Start(t, 64<<20)
 	cfg := config.DefaultSim()
 	cfg.KVD.Socket, cfg.KVD.BlockBytes = sock, 4096
 	tier := newKVDTier(&cfg, "sim-model", zerolog.Nop())
