@@ -86,15 +86,48 @@ type deadlineConn struct {
 
 	readHard  atomic.Int64 // unix ns; 0: none
 	writeHard atomic.Int64
-	watch     atomic.Pointer[watchSlot] // the stream reading it, if watched
+	// The deadlines last set on Conn (unix ns; 0: none or unknown), by
+	// its reading and its writing goroutine (setDeadline).
+	readSet, writeSet int64
+	watch             atomic.Pointer[watchSlot] // the stream reading it, if watched
 }
 
-// cap returns the earlier of t and the hard deadline h (unix ns, 0: none).
-func capDeadline(t time.Time, h int64) time.Time {
-	if h != 0 && h < t.UnixNano() {
-		return time.Unix(0, h)
+// deadlineSlackDiv: a deadline already set that is later than the wanted
+// one by at most 1/deadlineSlackDiv of the wait is kept, so that the
+// runtime's timer is not reset by every read and write of a busy
+// connection (an idle timeout of 5 min may end up to ~19 s later, a stall
+// tick of 500 ms up to ~31 ms). A hard deadline (fasthttp's, a stream's)
+// is set exactly.
+const deadlineSlackDiv = 16
+
+// setDeadline sets Conn's read (or write) deadline to dl unless *cur, the
+// one already set, may stand for it (deadlineSlackDiv).
+func (c *deadlineConn) setDeadline(cur *int64, write bool, dl, now time.Time, exact bool) error {
+	want := dl.UnixNano()
+	if have := *cur; have == want || !exact && have > want && have-want <= (want-now.UnixNano())/deadlineSlackDiv {
+		return nil
 	}
-	return t
+	var err error
+	if write {
+		err = c.Conn.SetWriteDeadline(dl)
+	} else {
+		err = c.Conn.SetReadDeadline(dl)
+	}
+	if err != nil {
+		*cur = 0
+		return err
+	}
+	*cur = want
+	return nil
+}
+
+// capExact returns the earlier of t and the hard deadline h (unix ns, 0:
+// none), and whether h won.
+func capExact(t time.Time, h int64) (time.Time, bool) {
+	if h != 0 && h < t.UnixNano() {
+		return time.Unix(0, h), true
+	}
+	return t, false
 }
 
 func (c *deadlineConn) Read(p []byte) (int, error) {
@@ -110,7 +143,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 		if every > 0 && beat.Before(hard) {
 			dl, isBeat = beat, true
 		}
-		if err := c.Conn.SetReadDeadline(dl); err != nil {
+		if err := c.setDeadline(&c.readSet, false, dl, now, !isBeat); err != nil {
 			return 0, err
 		}
 		n, err := c.Conn.Read(p)
@@ -128,6 +161,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 			return 0, herr
 		}
 		beat = beat.Add(every)
+		now = time.Now()
 	}
 }
 
@@ -145,7 +179,7 @@ func (c *deadlineConn) progress(n int) {
 // client yet, so the request can go elsewhere, and closing the connection
 // tells the engine to drop it.
 func (c *deadlineConn) readUnwatched(p []byte, now time.Time) (int, error) {
-	hard := capDeadline(now.Add(c.timeout), c.readHard.Load())
+	hard, exact := capExact(now.Add(c.timeout), c.readHard.Load())
 	var tick time.Duration
 	if c.w != nil && c.r.cfg.StallWindow > 0 {
 		tick = c.r.stallTick()
@@ -156,7 +190,7 @@ func (c *deadlineConn) readUnwatched(p []byte, now time.Time) (int, error) {
 		if tick > 0 && now.Add(tick).Before(hard) {
 			dl, isTick = now.Add(tick), true
 		}
-		if err := c.Conn.SetReadDeadline(dl); err != nil {
+		if err := c.setDeadline(&c.readSet, false, dl, now, exact && !isTick); err != nil {
 			return 0, err
 		}
 		n, err := c.Conn.Read(p)
@@ -174,7 +208,9 @@ func (c *deadlineConn) readUnwatched(p []byte, now time.Time) (int, error) {
 }
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
-	if err := c.Conn.SetWriteDeadline(capDeadline(time.Now().Add(c.timeout), c.writeHard.Load())); err != nil {
+	now := time.Now()
+	dl, exact := capExact(now.Add(c.timeout), c.writeHard.Load())
+	if err := c.setDeadline(&c.writeSet, true, dl, now, exact); err != nil {
 		return 0, err
 	}
 	return c.Conn.Write(p)
