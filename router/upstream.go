@@ -92,32 +92,44 @@ type deadlineConn struct {
 	watch             atomic.Pointer[watchSlot] // the stream reading it, if watched
 }
 
-// deadlineSlackDiv: a deadline already set that is later than the wanted
-// one by at most 1/deadlineSlackDiv of the wait is kept, so that the
-// runtime's timer is not reset by every read and write of a busy
-// connection (an idle timeout of 5 min may end up to ~19 s later, a stall
-// tick of 500 ms up to ~31 ms). A hard deadline (fasthttp's, a stream's)
-// is set exactly.
-const deadlineSlackDiv = 16
+// Deadline slack. Resetting a connection's deadline costs a runtime timer
+// update, and a busy connection would pay it on every read and write. So
+// setDeadline sets a deadline a little later than wanted, and keeps the one
+// already set while it is no earlier than wanted and no later than that
+// slack: a timeout or tick by 1/deadlineSlackDiv of its wait (an idle
+// timeout of 5 min ends up to ~19 s late, a stall tick of 500 ms up to
+// ~31 ms), a hard deadline (fasthttp's first-byte and request deadlines,
+// a stream's) by 1/hardSlackDiv of its wait and at most hardSlackMax.
+const (
+	deadlineSlackDiv = 16
+	hardSlackDiv     = 64
+	hardSlackMax     = 20 * time.Millisecond
+)
 
-// setDeadline sets Conn's read (or write) deadline to dl unless *cur, the
-// one already set, may stand for it (deadlineSlackDiv).
-func (c *deadlineConn) setDeadline(cur *int64, write bool, dl, now time.Time, exact bool) error {
+// setDeadline sets Conn's read (or write) deadline to dl (hard: a hard
+// deadline) unless *cur, the one already set, may stand for it.
+func (c *deadlineConn) setDeadline(cur *int64, write bool, dl, now time.Time, hard bool) error {
 	want := dl.UnixNano()
-	if have := *cur; have == want || !exact && have > want && have-want <= (want-now.UnixNano())/deadlineSlackDiv {
+	slack := (want - now.UnixNano()) / deadlineSlackDiv
+	if hard {
+		slack = min(slack*deadlineSlackDiv/hardSlackDiv, int64(hardSlackMax))
+	}
+	slack = max(slack, 0)
+	if have := *cur; have >= want && have-want <= slack {
 		return nil
 	}
+	set := dl.Add(time.Duration(slack))
 	var err error
 	if write {
-		err = c.Conn.SetWriteDeadline(dl)
+		err = c.Conn.SetWriteDeadline(set)
 	} else {
-		err = c.Conn.SetReadDeadline(dl)
+		err = c.Conn.SetReadDeadline(set)
 	}
 	if err != nil {
 		*cur = 0
 		return err
 	}
-	*cur = want
+	*cur = want + slack
 	return nil
 }
 
