@@ -322,8 +322,13 @@ func readUnary(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, buf []byte) er
 	src := resp.BodyStream()
 	if src == nil {
 		// Read whole by fasthttp (a unary request): hand its buffer over
-		// instead of copying, and give resp the client's old one.
-		resp.SwapBody(ctx.Response.SwapBody(resp.Body()))
+		// instead of copying, and give resp the client's old one, at its
+		// full length: fasthttp's body pool sizes what it keeps by the
+		// length of what is put back, and a stream of emptied buffers
+		// would have it drop every one (and allocate a buffer, then grow
+		// it, for every answer).
+		old := ctx.Response.SwapBody(resp.Body())
+		resp.SwapBody(old[:cap(old)])
 		return nil
 	}
 	total := 0

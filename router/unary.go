@@ -51,10 +51,11 @@ type clientWatch struct {
 	stopping atomic.Bool
 	byte     bool // a byte arrived (a pipelined request): the connection closes after the answer
 	wg       sync.WaitGroup
-	// up is the connection of the attempt in flight (unaryTransport);
-	// whoever swaps it out owns it: the watcher closes it, the transport
-	// releases it.
-	up atomic.Pointer[net.Conn]
+	// up is the connection of the attempt in flight (unaryTransport), a
+	// pointer to upConn; whoever swaps it out owns it: the watcher closes
+	// it, the transport releases it.
+	up     atomic.Pointer[net.Conn]
+	upConn net.Conn
 }
 
 // init makes w's timer; w must not move afterwards (it lives in a pooled
@@ -119,7 +120,7 @@ func (w *clientWatch) stop(ctx *fasthttp.RequestCtx) bool {
 		ctx.SetConnectionClose()
 	}
 	gone := w.gone.Load()
-	w.conn, w.byte = nil, false
+	w.conn, w.upConn, w.byte = nil, nil, false
 	w.gone.Store(false)
 	w.stopping.Store(false)
 	return gone
@@ -149,7 +150,8 @@ func (t unaryTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request
 		defer func() { dc.owner = nil }()
 	}
 	resp.ParseNetConn(conn)
-	w.up.Store(&conn)
+	w.upConn = conn
+	w.up.Store(&w.upConn)
 	if w.gone.Load() {
 		// The client left while the connection was acquired.
 		if w.up.Swap(nil) != nil {
