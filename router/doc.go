@@ -64,7 +64,8 @@
 // requests in flight and no progress for Config.StallWindow is skipped by
 // every policy and probed (stall.go), and requests waiting there for a
 // first byte move elsewhere. A unary request's client connection is read
-// while its answer is awaited (unary.go): a client that leaves closes the
+// while its answer is awaited, from 20 ms into the wait on (unary.go,
+// clientWatchDelay: faster answers cost no watch): a client that leaves closes the
 // upstream request, through the router's RoundTripper, which knows each
 // unary attempt's connection. Oversized max_tokens are refused before any
 // engine (Config.MaxTokensCeiling); a bare-LF request line is refused at

@@ -149,6 +149,35 @@ func TestUnaryClientGoneFreesEngine(t *testing.T) {
 	}
 }
 
+// TestUnaryClientGoneAtOnceFreesEngine: a unary client that leaves right
+// after its request, before the client watch starts (clientWatchDelay),
+// still frees the engine: the watch starts late, finds the connection
+// closed and closes the upstream request.
+func TestUnaryClientGoneAtOnceFreesEngine(t *testing.T) {
+	s := startSim(t, nil)
+	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), simRecord(s))
+	addr := strings.TrimPrefix(tr.url, "http://")
+	body := `{"model":"sim-model","messages":[{"role":"user","content":"a long story"}],"max_tokens":1600}`
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	eventually(t, "the disconnect to be counted", func() bool {
+		return metric(t, tr, "infera_router_client_disconnects_total") == 1
+	})
+	eventually(t, "the engine to drop the request", func() bool {
+		return simGauge(t, s, "vllm:num_requests_running") == 0
+	})
+	if got := simGauge(t, s, "vllm:generation_tokens_total"); got >= 1600 {
+		t.Fatalf("the engine generated all %v tokens for a client that left", got)
+	}
+}
+
 // TestUnaryTTFTTimeoutNotRunTwice: a unary request slower than
 // --ttft-timeout fails over, but its first attempt is closed (and so aborted
 // by the engine) before the next worker starts it: the two engines never

@@ -92,6 +92,7 @@ var relayPool = sync.Pool{New: func() any {
 		pump: eventPump{buf: make([]byte, relayBufSize)},
 	}
 	rel.xlateEvent = rel.xlate.Event
+	rel.watch.init()
 	return rel
 }}
 
@@ -114,8 +115,10 @@ func (rel *relay) reset() {
 	tried, cands := rel.tried[:0], rel.sub.Workers[:0]
 	hintBuf, hintTmp := rel.att.hintBuf[:0], rel.att.hintTmp[:0]
 	xlate, xlateEvent := rel.xlate, rel.xlateEvent
+	timer := rel.watch.timer
 	*rel = relay{id: id, pump: pump, tried: tried, reqBuf: reqBuf, xlate: xlate, xlateEvent: xlateEvent}
 	rel.att.hintBuf, rel.att.hintTmp = hintBuf, hintTmp
+	rel.watch.timer = timer
 	rel.sub.Workers = cands
 	// Keep the scanner's scratch buffer (an escaped model name) too.
 	rel.scan = scratch
@@ -319,8 +322,13 @@ func readUnary(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, buf []byte) er
 	src := resp.BodyStream()
 	if src == nil {
 		// Read whole by fasthttp (a unary request): hand its buffer over
-		// instead of copying, and give resp the client's old one.
-		resp.SwapBody(ctx.Response.SwapBody(resp.Body()))
+		// instead of copying, and give resp the client's old one, at its
+		// full length: fasthttp's body pool sizes what it keeps by the
+		// length of what is put back, and a stream of emptied buffers
+		// would have it drop every one (and allocate a buffer, then grow
+		// it, for every answer).
+		old := ctx.Response.SwapBody(resp.Body())
+		resp.SwapBody(old[:cap(old)])
 		return nil
 	}
 	total := 0

@@ -32,32 +32,59 @@ import (
 // errClientLeft ends a unary attempt whose client went away.
 var errClientLeft = errors.New("client went away")
 
+// clientWatchDelay is how long a unary request waits for its answer before
+// its client connection is watched. Most answers of a fast engine come
+// sooner, and then the watch costs nothing (no goroutine, no read, no
+// deadline changes); a client that leaves earlier is noticed at this delay,
+// so the engine works at most this much longer for it.
+const clientWatchDelay = 20 * time.Millisecond
+
 // clientWatch reads a unary request's client connection while the router
-// waits for the answer.
+// waits for the answer. The reading goroutine is the one of a timer armed
+// at start (clientWatchDelay), reused across the requests of a pooled
+// relay: a request answered before the delay stops the timer and never
+// reads.
 type clientWatch struct {
 	conn     net.Conn
+	timer    *time.Timer // runs run after clientWatchDelay; made with the relay
 	gone     atomic.Bool // the client left
 	stopping atomic.Bool
 	byte     bool // a byte arrived (a pipelined request): the connection closes after the answer
 	wg       sync.WaitGroup
-	// up is the connection of the attempt in flight (unaryTransport);
-	// whoever swaps it out owns it: the watcher closes it, the transport
-	// releases it.
-	up atomic.Pointer[net.Conn]
+	// up is the connection of the attempt in flight (unaryTransport), a
+	// pointer to upConn; whoever swaps it out owns it: the watcher closes
+	// it, the transport releases it.
+	up     atomic.Pointer[net.Conn]
+	upConn net.Conn
 }
 
-// start begins watching c (nil: nothing to watch).
+// init makes w's timer; w must not move afterwards (it lives in a pooled
+// relay).
+func (w *clientWatch) init() {
+	w.timer = time.AfterFunc(time.Hour, w.run)
+	w.timer.Stop()
+}
+
+// start begins watching c after clientWatchDelay (nil: nothing to watch).
 func (w *clientWatch) start(c net.Conn) {
-	if c == nil || c.SetReadDeadline(time.Time{}) != nil {
+	if c == nil {
 		return
 	}
 	w.conn = c
 	w.wg.Add(1)
-	go w.run()
+	w.timer.Reset(clientWatchDelay)
 }
 
+// run is the timer's goroutine: it reads the client connection until the
+// client leaves, sends a byte, or stop ends the read.
 func (w *clientWatch) run() {
 	defer w.wg.Done()
+	// The server's read deadline would end the read as if the client had
+	// left: clear it, then look at stopping (stop sets it before its own
+	// deadline, so one of the two always ends this read).
+	if w.conn.SetReadDeadline(time.Time{}) != nil || w.stopping.Load() {
+		return
+	}
 	var b [1]byte
 	n, _ := w.conn.Read(b[:])
 	if n > 0 {
@@ -79,15 +106,21 @@ func (w *clientWatch) stop(ctx *fasthttp.RequestCtx) bool {
 	if w.conn == nil {
 		return false
 	}
-	w.stopping.Store(true)
-	_ = w.conn.SetReadDeadline(time.Now())
-	w.wg.Wait()
-	_ = w.conn.SetReadDeadline(time.Time{})
+	if w.timer.Stop() {
+		// The answer came before the delay: run never started.
+		w.wg.Done()
+	} else {
+		// run started (or is starting): end its read.
+		w.stopping.Store(true)
+		_ = w.conn.SetReadDeadline(time.Now())
+		w.wg.Wait()
+		_ = w.conn.SetReadDeadline(time.Time{})
+	}
 	if w.byte {
 		ctx.SetConnectionClose()
 	}
 	gone := w.gone.Load()
-	w.conn, w.byte = nil, false
+	w.conn, w.upConn, w.byte = nil, nil, false
 	w.gone.Store(false)
 	w.stopping.Store(false)
 	return gone
@@ -117,7 +150,8 @@ func (t unaryTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request
 		defer func() { dc.owner = nil }()
 	}
 	resp.ParseNetConn(conn)
-	w.up.Store(&conn)
+	w.upConn = conn
+	w.up.Store(&w.upConn)
 	if w.gone.Load() {
 		// The client left while the connection was acquired.
 		if w.up.Swap(nil) != nil {

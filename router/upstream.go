@@ -86,15 +86,60 @@ type deadlineConn struct {
 
 	readHard  atomic.Int64 // unix ns; 0: none
 	writeHard atomic.Int64
-	watch     atomic.Pointer[watchSlot] // the stream reading it, if watched
+	// The deadlines last set on Conn (unix ns; 0: none or unknown), by
+	// its reading and its writing goroutine (setDeadline).
+	readSet, writeSet int64
+	watch             atomic.Pointer[watchSlot] // the stream reading it, if watched
 }
 
-// cap returns the earlier of t and the hard deadline h (unix ns, 0: none).
-func capDeadline(t time.Time, h int64) time.Time {
-	if h != 0 && h < t.UnixNano() {
-		return time.Unix(0, h)
+// Deadline slack. Resetting a connection's deadline costs a runtime timer
+// update, and a busy connection would pay it on every read and write. So
+// setDeadline sets a deadline a little later than wanted, and keeps the one
+// already set while it is no earlier than wanted and no later than that
+// slack: a timeout or tick by 1/deadlineSlackDiv of its wait (an idle
+// timeout of 5 min ends up to ~19 s late, a stall tick of 500 ms up to
+// ~31 ms), a hard deadline (fasthttp's first-byte and request deadlines,
+// a stream's) by 1/hardSlackDiv of its wait and at most hardSlackMax.
+const (
+	deadlineSlackDiv = 16
+	hardSlackDiv     = 64
+	hardSlackMax     = 20 * time.Millisecond
+)
+
+// setDeadline sets Conn's read (or write) deadline to dl (hard: a hard
+// deadline) unless *cur, the one already set, may stand for it.
+func (c *deadlineConn) setDeadline(cur *int64, write bool, dl, now time.Time, hard bool) error {
+	want := dl.UnixNano()
+	slack := (want - now.UnixNano()) / deadlineSlackDiv
+	if hard {
+		slack = min(slack*deadlineSlackDiv/hardSlackDiv, int64(hardSlackMax))
 	}
-	return t
+	slack = max(slack, 0)
+	if have := *cur; have >= want && have-want <= slack {
+		return nil
+	}
+	set := dl.Add(time.Duration(slack))
+	var err error
+	if write {
+		err = c.Conn.SetWriteDeadline(set)
+	} else {
+		err = c.Conn.SetReadDeadline(set)
+	}
+	if err != nil {
+		*cur = 0
+		return err
+	}
+	*cur = want + slack
+	return nil
+}
+
+// capExact returns the earlier of t and the hard deadline h (unix ns, 0:
+// none), and whether h won.
+func capExact(t time.Time, h int64) (time.Time, bool) {
+	if h != 0 && h < t.UnixNano() {
+		return time.Unix(0, h), true
+	}
+	return t, false
 }
 
 func (c *deadlineConn) Read(p []byte) (int, error) {
@@ -110,7 +155,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 		if every > 0 && beat.Before(hard) {
 			dl, isBeat = beat, true
 		}
-		if err := c.Conn.SetReadDeadline(dl); err != nil {
+		if err := c.setDeadline(&c.readSet, false, dl, now, !isBeat); err != nil {
 			return 0, err
 		}
 		n, err := c.Conn.Read(p)
@@ -128,6 +173,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 			return 0, herr
 		}
 		beat = beat.Add(every)
+		now = time.Now()
 	}
 }
 
@@ -145,7 +191,7 @@ func (c *deadlineConn) progress(n int) {
 // client yet, so the request can go elsewhere, and closing the connection
 // tells the engine to drop it.
 func (c *deadlineConn) readUnwatched(p []byte, now time.Time) (int, error) {
-	hard := capDeadline(now.Add(c.timeout), c.readHard.Load())
+	hard, exact := capExact(now.Add(c.timeout), c.readHard.Load())
 	var tick time.Duration
 	if c.w != nil && c.r.cfg.StallWindow > 0 {
 		tick = c.r.stallTick()
@@ -156,7 +202,7 @@ func (c *deadlineConn) readUnwatched(p []byte, now time.Time) (int, error) {
 		if tick > 0 && now.Add(tick).Before(hard) {
 			dl, isTick = now.Add(tick), true
 		}
-		if err := c.Conn.SetReadDeadline(dl); err != nil {
+		if err := c.setDeadline(&c.readSet, false, dl, now, exact && !isTick); err != nil {
 			return 0, err
 		}
 		n, err := c.Conn.Read(p)
@@ -174,7 +220,9 @@ func (c *deadlineConn) readUnwatched(p []byte, now time.Time) (int, error) {
 }
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
-	if err := c.Conn.SetWriteDeadline(capDeadline(time.Now().Add(c.timeout), c.writeHard.Load())); err != nil {
+	now := time.Now()
+	dl, exact := capExact(now.Add(c.timeout), c.writeHard.Load())
+	if err := c.setDeadline(&c.writeSet, true, dl, now, exact); err != nil {
 		return 0, err
 	}
 	return c.Conn.Write(p)
