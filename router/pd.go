@@ -193,20 +193,7 @@ func (lc *legConn) doPooled(hc *fasthttp.HostClient, req *fasthttp.Request, dead
 		return nil, errLegAborted
 	}
 	resp := fasthttp.AcquireResponse()
-	if err = conn.SetWriteDeadline(deadline); err == nil {
-		bw := hc.AcquireWriter(conn)
-		if err = req.Write(bw); err == nil {
-			err = bw.Flush()
-		}
-		hc.ReleaseWriter(bw)
-	}
-	if err == nil {
-		if err = conn.SetReadDeadline(deadline); err == nil {
-			br := hc.AcquireReader(conn)
-			err = resp.ReadLimitBody(br, hc.MaxResponseBodySize)
-			hc.ReleaseReader(br)
-		}
-	}
+	err = exchangeOn(hc, conn, req, resp, deadline)
 	lc.mu.Lock()
 	aborted, lc.conn = lc.aborted, nil
 	lc.mu.Unlock()

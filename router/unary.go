@@ -159,20 +159,7 @@ func (t unaryTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request
 		}
 		return false, errClientLeft
 	}
-	if err = conn.SetWriteDeadline(deadline); err == nil {
-		bw := hc.AcquireWriter(conn)
-		if err = req.Write(bw); err == nil {
-			err = bw.Flush()
-		}
-		hc.ReleaseWriter(bw)
-	}
-	if err == nil {
-		if err = conn.SetReadDeadline(deadline); err == nil {
-			br := hc.AcquireReader(conn)
-			err = resp.ReadLimitBody(br, hc.MaxResponseBodySize)
-			hc.ReleaseReader(br)
-		}
-	}
+	err = exchangeOn(hc, conn, req, resp, deadline)
 	mine := w.up.Swap(nil) != nil
 	switch {
 	case !mine:
@@ -218,4 +205,27 @@ func (u *unaryAttempts) lookup(req *fasthttp.Request) *attempt {
 	a := u.m[req]
 	u.mu.Unlock()
 	return a
+}
+
+// exchangeOn writes req on conn, a connection taken from hc's pool, and
+// reads its whole answer into resp, both before deadline: the exchange
+// the pooled client would make, done by hand so that the caller holds
+// conn and can abort it (a client that leaves, a PD leg cancelled).
+func exchangeOn(hc *fasthttp.HostClient, conn net.Conn, req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
+	err := conn.SetWriteDeadline(deadline)
+	if err == nil {
+		bw := hc.AcquireWriter(conn)
+		if err = req.Write(bw); err == nil {
+			err = bw.Flush()
+		}
+		hc.ReleaseWriter(bw)
+	}
+	if err == nil {
+		if err = conn.SetReadDeadline(deadline); err == nil {
+			br := hc.AcquireReader(conn)
+			err = resp.ReadLimitBody(br, hc.MaxResponseBodySize)
+			hc.ReleaseReader(br)
+		}
+	}
+	return err
 }
