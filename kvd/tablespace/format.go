@@ -21,10 +21,10 @@ const (
 	slotMagic      = 0x4c535449 // "ITSL"
 )
 
-func encodeSlot(buf []byte, seq uint64, key, val []byte) int {
+func encodeSlot(sums *crcSplitter, buf []byte, seq uint64, key, val []byte) int {
 	vl := len(val)
 	n := vl + slotHeaderSize + len(key)
-	copy(buf, val)
+	valueCRC := sums.copyCRC(buf, val)
 	h := buf[vl : vl+slotHeaderSize]
 	binary.LittleEndian.PutUint32(h[0:], slotMagic)
 	binary.LittleEndian.PutUint64(h[8:], seq)
@@ -32,17 +32,17 @@ func encodeSlot(buf []byte, seq uint64, key, val []byte) int {
 	binary.LittleEndian.PutUint16(h[20:], uint16(len(key)))
 	clear(h[22:32])
 	copy(buf[vl+slotHeaderSize:], key)
-	binary.LittleEndian.PutUint32(h[4:], crc32.Update(crc(buf[:vl]), castagnoli, buf[vl+8:n]))
+	binary.LittleEndian.PutUint32(h[4:], crc32.Update(valueCRC, castagnoli, buf[vl+8:n]))
 	return n
 }
 
 // verifySlot returns the value inside buf when buf is the slot written for
 // (seq, key, vlen).
-func verifySlot(buf []byte, seq uint64, key []byte, vlen int) ([]byte, bool) {
+func verifySlot(sums *crcSplitter, buf []byte, seq uint64, key []byte, vlen int) ([]byte, bool) {
 	if len(buf) < vlen {
 		return nil, false
 	}
-	return verifySlotCRC(buf, seq, key, vlen, crc(buf[:vlen]))
+	return verifySlotCRC(buf, seq, key, vlen, sums.copyCRC(nil, buf[:vlen]))
 }
 
 // verifySlotCRC is verifySlot with the CRC-32C of buf[:vlen] already known.

@@ -164,6 +164,7 @@ type Tablespace struct {
 
 	closed  atomic.Bool
 	bufs    sync.Pool
+	sums    *crcSplitter // large slots' copy and checksum on two cores
 	stop    chan struct{}
 	compact chan struct{} // a journal outgrew JournalCompactBytes
 	wg      sync.WaitGroup
@@ -174,7 +175,7 @@ func Open(cfg Config) (*Tablespace, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	t := &Tablespace{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), compact: make(chan struct{}, 1)}
+	t := &Tablespace{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), compact: make(chan struct{}, 1), sums: newCRCSplitter()}
 	per := cfg.Bytes / int64(len(cfg.Paths))
 	for i, p := range cfg.Paths {
 		s, err := openShard(t, p, per)
@@ -182,6 +183,7 @@ func Open(cfg Config) (*Tablespace, error) {
 			for _, o := range t.shards {
 				o.close(false)
 			}
+			t.sums.close()
 			return nil, fmt.Errorf("open tablespace shard %d %s: %w", i, p, err)
 		}
 		t.shards = append(t.shards, s)
@@ -399,5 +401,6 @@ func (t *Tablespace) Close() error {
 			errs = append(errs, fmt.Errorf("tablespace close %s: %w", s.dir, err))
 		}
 	}
+	t.sums.close() // a call still in flight finds no helper and sums alone
 	return errors.Join(errs...)
 }
