@@ -53,6 +53,29 @@ func TestKVRoutingComparison(t *testing.T) {
 			only[l] = true
 		}
 	}
+	// INFERA_KV_BENCH_WORKLOADS (comma-separated names) runs only those
+	// workloads, also without plots and checks.
+	if names := os.Getenv("INFERA_KV_BENCH_WORKLOADS"); names != "" {
+		keep := map[string]bool{}
+		for _, n := range strings.Split(names, ",") {
+			keep[strings.TrimSpace(n)] = true
+		}
+		var sel []kvWorkload
+		for _, wl := range workloads {
+			if keep[wl.name] {
+				sel = append(sel, wl)
+			}
+		}
+		if len(sel) == 0 {
+			t.Fatalf("INFERA_KV_BENCH_WORKLOADS=%s names none of the workloads", names)
+		}
+		workloads = sel
+		if len(only) == 0 {
+			for _, l := range kvPolicies {
+				only[l] = true
+			}
+		}
+	}
 	results := map[string]map[string]benchReport{} // fleet label → workload → report
 	for _, fl := range []kvFleet{
 		{policy: "kv-aware", workers: workers, kvBlocks: kvBlocks, serveArgs: kvArgs},
@@ -66,7 +89,8 @@ func TestKVRoutingComparison(t *testing.T) {
 		results[fl.label()] = runKVFleet(t, fl, workloads, outDir)
 	}
 	if len(only) > 0 {
-		t.Logf("INFERA_KV_BENCH_ONLY=%s: reports in %s, no plots or checks", os.Getenv("INFERA_KV_BENCH_ONLY"), outDir)
+		t.Logf("INFERA_KV_BENCH_ONLY=%q, INFERA_KV_BENCH_WORKLOADS=%q: reports in %s, no plots or checks",
+			os.Getenv("INFERA_KV_BENCH_ONLY"), os.Getenv("INFERA_KV_BENCH_WORKLOADS"), outDir)
 		return
 	}
 	// One TTFT CDF plot per workload, every fleet on it.
