@@ -82,6 +82,8 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		RecentHalfLife:        k.RecentDecay,
 		RecentWeight:          k.RecentWeight,
 		MaxShare:              k.MaxShare,
+		MaxShareWarm:          k.MaxShareWarm,
+		ColdLeastRequests:     k.ColdLeastRequests,
 		EventsListen:          k.EventsListen,
 		ProvisionalTTL:        k.ProvisionalTTL,
 		ProvisionalMaxBlocks:  k.ProvisionalMaxBlocks,

@@ -27,6 +27,7 @@ type kvScratch struct {
 	effs    []int     // per target: hits or the prefix in flight there
 	costs   []float64 // per target: its cost
 	picks   []float64 // per target: its recent picks (shareHalfLife)
+	reqs    []int     // per target: requests in flight
 	handles []*kvcache.Worker
 	out     []int
 	pos     []int // target positions of handles
@@ -153,6 +154,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	sc.costs = growF(sc.costs, nt)
 	sc.picks = growF(sc.picks, nt)
 	sc.effs = grow(sc.effs, nt)
+	sc.reqs = grow(sc.reqs, nt)
 	total := 0.0
 	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
 	for i, t := range sc.targets {
@@ -166,6 +168,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			flight++
 		}
 		active := len(t.active)
+		reqs := t.reqs
 		recent := p.decayed(t.recent, t.recentAt, now)
 		picks := decayedFor(t.picks, t.picksAt, now, shareHalfLife)
 		t.mu.RUnlock()
@@ -185,6 +188,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.costs[i] = w*float64(len(hs)-eff) + load + recent
 		sc.picks[i] = picks
 		sc.effs[i] = eff
+		sc.reqs[i] = reqs
 		total += picks
 		if eff >= minWarmBlocks && 4*eff >= len(hs) {
 			warm = true
@@ -201,20 +205,29 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	// than the imbalance: multi-turn hit ratio 0.545 against 0.60). The
 	// scan starts at the rotating cursor and keeps the first minimum, so
 	// ties rotate.
-	bound := math.Inf(1)
-	if fair := total / float64(nt); p.cfg.MaxShare > 0 && !warm && fair >= minShareFair {
-		bound = p.cfg.MaxShare*fair + 1
+	share := p.cfg.MaxShare
+	if warm {
+		share = p.cfg.MaxShareWarm
 	}
+	bound := math.Inf(1)
+	if fair := total / float64(nt); share > 0 && fair >= minShareFair {
+		bound = share*fair + 1
+	}
+	byReqs := p.cfg.ColdLeastRequests && !warm
 	best, bestEff := -1, 0
 	for pass := 0; best < 0 && pass < 2; pass++ {
-		bestCost := 0.0
+		bestCost, bestReqs := 0.0, 0
 		for k := range nt {
 			i := (start + k) % nt
 			if pass == 0 && sc.picks[i] >= bound {
 				continue
 			}
-			if best < 0 || sc.costs[i] < bestCost {
-				best, bestCost, bestEff = i, sc.costs[i], sc.effs[i]
+			better := best < 0 || sc.costs[i] < bestCost
+			if byReqs && best >= 0 && sc.reqs[i] != bestReqs {
+				better = sc.reqs[i] < bestReqs
+			}
+			if better {
+				best, bestCost, bestEff, bestReqs = i, sc.costs[i], sc.effs[i], sc.reqs[i]
 			}
 		}
 	}
@@ -231,6 +244,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		t.active[h]++
 	}
 	t.picks = decayedFor(t.picks, t.picksAt, now, shareHalfLife) + 1
+	t.reqs++
 	t.picksAt = now
 	t.mu.Unlock()
 
