@@ -38,7 +38,7 @@ func TestKVRoutingComparison(t *testing.T) {
 		// affinity no real round-robin has (its hit ratio then moved
 		// 0.29–0.58 from run to run with the dispatch order).
 		{name: "multi-turn", args: []string{"--workload", "multi-turn", "--sessions", "13", "--turns", "5",
-			"--input-len", "40", "--output-len", "16", "--requests", "260", "--concurrency", "8", "--seed", "2"}},
+			"--input-len", "40", "--output-len", "16", "--requests", "780", "--concurrency", "8", "--seed", "2"}},
 		{name: "trace", args: []string{"--workload", "trace", "--trace", trace,
 			"--trace-block-words", "8", "--trace-time-scale", "0", "--concurrency", "8", "--seed", "3"}},
 	}

@@ -655,3 +655,78 @@ func TestKVMaxShareBoundsConcentration(t *testing.T) {
 		})
 	}
 }
+
+// TestKVMaxShareWarmBoundsHotPrefix: one worker of four caches a prefix that
+// is most of every request of a steady stream, so each request is warm and,
+// without a warm bound, follows the holder. MaxShareWarm keeps the holder
+// within about that many times its fair share of recent picks: the others
+// take the overflow (and, once they hold the prefix too, share it).
+func TestKVMaxShareWarmBoundsHotPrefix(t *testing.T) {
+	for _, warm := range []float64{0, 1.15} {
+		t.Run(fmt.Sprintf("max_share_warm=%g", warm), func(t *testing.T) {
+			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
+				c.TokenizerSpec, c.MaxShareWarm, c.RecentWeight, c.ProvisionalTTL = TokenizerBytes, warm, 0, 0
+			}), fleet(4)...)
+			e.makePrecise()
+			prefix := unique(7, 2560)
+			holder := kvRecord(2, nil).WorkerID
+			e.store(holder, chatTokens(t, prefix))
+			counts := map[string]int{}
+			const n = 400
+			for i := range n {
+				counts[e.serial(chat(prefix+unique(1000+i, 320)))]++
+				e.clock.advance(10 * time.Millisecond)
+			}
+			t.Logf("picks: %v", counts)
+			share := float64(counts[holder]) / (n / 4.0)
+			if warm == 0 {
+				if counts[holder] != n {
+					t.Fatalf("without the warm bound the holder took %d of %d", counts[holder], n)
+				}
+				return
+			}
+			if share > 1.25 {
+				t.Fatalf("holder took %.2f× its fair share: %v", share, counts)
+			}
+			if share < 1 {
+				t.Fatalf("holder took %.2f× its fair share: the warm bound pushed it below fair: %v", share, counts)
+			}
+		})
+	}
+}
+
+// TestKVColdLeastRequests: a cold request goes where the fewest requests
+// are in flight when ColdLeastRequests is set, and to the fewest in-flight
+// blocks (the cost) when not.
+func TestKVColdLeastRequests(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("on=%v", on), func(t *testing.T) {
+			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
+				c.TokenizerSpec, c.ColdLeastRequests, c.RecentWeight, c.ProvisionalTTL = TokenizerBytes, on, 0, 0
+			}), fleet(2)...)
+			e.makePrecise()
+			// One long request in flight on one worker, two short ones on
+			// the other.
+			long := e.pick(chat(unique(1, 3200)))
+			a := e.pick(chat(unique(2, 32)))
+			b := e.pick(chat(unique(3, 32)))
+			defer func() {
+				for _, tk := range []Ticket{long, a, b} {
+					e.p.Release(tk, Result{Status: 200})
+				}
+			}()
+			if a.Worker == long.Worker || b.Worker != a.Worker {
+				t.Fatalf("setup: long on %s, short ones on %s and %s", long.Worker.id, a.Worker.id, b.Worker.id)
+			}
+			tk := e.pick(chat(unique(4, 320)))
+			e.p.Release(tk, Result{Status: 200})
+			want := a.Worker // fewest blocks in flight
+			if on {
+				want = long.Worker // fewest requests in flight
+			}
+			if tk.Worker != want {
+				t.Fatalf("cold request went to %s, want %s", tk.Worker.id, want.id)
+			}
+		})
+	}
+}
