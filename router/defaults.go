@@ -83,7 +83,6 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		RecentWeight:          k.RecentWeight,
 		MaxShare:              k.MaxShare,
 		MaxShareWarm:          k.MaxShareWarm,
-		ColdLeastRequests:     k.ColdLeastRequests,
 		EventsListen:          k.EventsListen,
 		ProvisionalTTL:        k.ProvisionalTTL,
 		ProvisionalMaxBlocks:  k.ProvisionalMaxBlocks,

@@ -75,9 +75,6 @@ type KVAwareConfig struct {
 	MaxShare float64
 	// MaxShareWarm is the same bound for warm requests; 0 disables it.
 	MaxShareWarm float64
-	// ColdLeastRequests sends a cold request to the target with the
-	// fewest requests in flight, the lowest cost among those.
-	ColdLeastRequests bool
 
 	// ProvisionalTTL and ProvisionalMaxBlocks bound the provisional hits
 	// of precisely routed workers: the blocks of a prompt just placed on a
@@ -213,7 +210,6 @@ type kvTarget struct {
 	recent   float64          // miss charge as of recentAt
 	recentAt int64
 	picks    float64 // picks as of picksAt, halving every shareHalfLife
-	reqs     int     // requests in flight
 	picksAt  int64
 }
 
@@ -539,7 +535,6 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 	tg := kt.target
 	now := p.cfg.Now().UnixNano()
 	tg.mu.Lock()
-	tg.reqs--
 	for _, h := range kt.hashes {
 		if n := tg.active[h] - 1; n > 0 {
 			tg.active[h] = n

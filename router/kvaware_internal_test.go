@@ -694,39 +694,3 @@ func TestKVMaxShareWarmBoundsHotPrefix(t *testing.T) {
 		})
 	}
 }
-
-// TestKVColdLeastRequests: a cold request goes where the fewest requests
-// are in flight when ColdLeastRequests is set, and to the fewest in-flight
-// blocks (the cost) when not.
-func TestKVColdLeastRequests(t *testing.T) {
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprintf("on=%v", on), func(t *testing.T) {
-			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
-				c.TokenizerSpec, c.ColdLeastRequests, c.RecentWeight, c.ProvisionalTTL = TokenizerBytes, on, 0, 0
-			}), fleet(2)...)
-			e.makePrecise()
-			// One long request in flight on one worker, two short ones on
-			// the other.
-			long := e.pick(chat(unique(1, 3200)))
-			a := e.pick(chat(unique(2, 32)))
-			b := e.pick(chat(unique(3, 32)))
-			defer func() {
-				for _, tk := range []Ticket{long, a, b} {
-					e.p.Release(tk, Result{Status: 200})
-				}
-			}()
-			if a.Worker == long.Worker || b.Worker != a.Worker {
-				t.Fatalf("setup: long on %s, short ones on %s and %s", long.Worker.id, a.Worker.id, b.Worker.id)
-			}
-			tk := e.pick(chat(unique(4, 320)))
-			e.p.Release(tk, Result{Status: 200})
-			want := a.Worker // fewest blocks in flight
-			if on {
-				want = long.Worker // fewest requests in flight
-			}
-			if tk.Worker != want {
-				t.Fatalf("cold request went to %s, want %s", tk.Worker.id, want.id)
-			}
-		})
-	}
-}

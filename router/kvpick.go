@@ -27,7 +27,6 @@ type kvScratch struct {
 	effs    []int     // per target: hits or the prefix in flight there
 	costs   []float64 // per target: its cost
 	picks   []float64 // per target: its recent picks (shareHalfLife)
-	reqs    []int     // per target: requests in flight
 	handles []*kvcache.Worker
 	out     []int
 	pos     []int // target positions of handles
@@ -154,7 +153,6 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	sc.costs = growF(sc.costs, nt)
 	sc.picks = growF(sc.picks, nt)
 	sc.effs = grow(sc.effs, nt)
-	sc.reqs = grow(sc.reqs, nt)
 	total := 0.0
 	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
 	for i, t := range sc.targets {
@@ -168,7 +166,6 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			flight++
 		}
 		active := len(t.active)
-		reqs := t.reqs
 		recent := p.decayed(t.recent, t.recentAt, now)
 		picks := decayedFor(t.picks, t.picksAt, now, shareHalfLife)
 		t.mu.RUnlock()
@@ -188,7 +185,6 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.costs[i] = w*float64(len(hs)-eff) + load + recent
 		sc.picks[i] = picks
 		sc.effs[i] = eff
-		sc.reqs[i] = reqs
 		total += picks
 		if eff >= minWarmBlocks && 4*eff >= len(hs) {
 			warm = true
@@ -213,21 +209,16 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	if fair := total / float64(nt); share > 0 && fair >= minShareFair {
 		bound = share*fair + 1
 	}
-	byReqs := p.cfg.ColdLeastRequests && !warm
 	best, bestEff := -1, 0
 	for pass := 0; best < 0 && pass < 2; pass++ {
-		bestCost, bestReqs := 0.0, 0
+		bestCost := 0.0
 		for k := range nt {
 			i := (start + k) % nt
 			if pass == 0 && sc.picks[i] >= bound {
 				continue
 			}
-			better := best < 0 || sc.costs[i] < bestCost
-			if byReqs && best >= 0 && sc.reqs[i] != bestReqs {
-				better = sc.reqs[i] < bestReqs
-			}
-			if better {
-				best, bestCost, bestEff, bestReqs = i, sc.costs[i], sc.effs[i], sc.reqs[i]
+			if best < 0 || sc.costs[i] < bestCost {
+				best, bestCost, bestEff = i, sc.costs[i], sc.effs[i]
 			}
 		}
 	}
@@ -244,7 +235,6 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		t.active[h]++
 	}
 	t.picks = decayedFor(t.picks, t.picksAt, now, shareHalfLife) + 1
-	t.reqs++
 	t.picksAt = now
 	t.mu.Unlock()
 
