@@ -181,6 +181,8 @@ type ServeKV struct {
 	// MaxShare bounds each worker's recent share of requests to
 	// MaxShare × fair (0: no bound).
 	MaxShare float64
+	// MaxShareWarm is the same bound for warm requests (0: none).
+	MaxShareWarm float64
 	// ProvisionalTTL and ProvisionalMaxBlocks bound the provisional hits
 	// of precisely routed workers (0 disables them).
 	ProvisionalTTL       time.Duration
@@ -217,6 +219,7 @@ func (k *ServeKV) flags() []cli.Flag {
 		Duration("kv-recent-decay", "half-life of the recent-miss charge that spreads serial traffic (0 disables it)", &k.RecentDecay, 2*time.Second),
 		Float("kv-recent-weight", "recent-miss charge per prompt block a finished request had to prefill", &k.RecentWeight, 0.5),
 		Float("kv-max-share", "kv-aware: a cold request (no worker holds a quarter of it) skips workers that recently got more than this many times their fair share of requests (0: no bound)", &k.MaxShare, 1.1),
+		Float("kv-max-share-warm", "kv-aware: the same bound for warm requests (a worker holds a quarter of the prompt): they skip workers that recently got more than this many times their fair share (0: no bound; looser than --kv-max-share, so that a conversation or a hot prefix leaves its worker only when that worker is clearly busier)", &k.MaxShareWarm, 1.15),
 		Duration("kv-provisional-ttl", "how long a prompt the router just placed on a precisely routed worker counts as cached there before its KV events land (0 disables provisional hits)", &k.ProvisionalTTL, 2*time.Second),
 		Int("kv-provisional-max-blocks", "most provisional blocks per worker (and DP rank)", &k.ProvisionalMaxBlocks, 16384),
 		Duration("kv-rebuild-after", "after a KV-event stream joined a running engine or resynced, route the worker precisely again this long later (0: only once its engine clears its cache)", &k.RebuildAfter, 5*time.Second),
@@ -277,6 +280,9 @@ func (k *ServeKV) validate(p *Problems) {
 	}
 	if k.MaxShare != 0 && !(k.MaxShare >= 1 && k.MaxShare <= 1e6) {
 		p.Addf("--kv-max-share must be 0 (off) or from 1 to 1e6")
+	}
+	if k.MaxShareWarm != 0 && !(k.MaxShareWarm >= 1 && k.MaxShareWarm <= 1e6) {
+		p.Addf("--kv-max-share-warm must be 0 (off) or from 1 to 1e6")
 	}
 	if k.RebuildAfter < 0 {
 		p.Addf("--kv-rebuild-after must not be negative")

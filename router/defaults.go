@@ -83,6 +83,7 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		RecentHalfLife:        k.RecentDecay,
 		RecentWeight:          k.RecentWeight,
 		MaxShare:              k.MaxShare,
+		MaxShareWarm:          k.MaxShareWarm,
 		EventsListen:          k.EventsListen,
 		ProvisionalTTL:        k.ProvisionalTTL,
 		ProvisionalMaxBlocks:  k.ProvisionalMaxBlocks,

@@ -29,7 +29,7 @@ func TestDefaultsAreServeFlagDefaults(t *testing.T) {
 		k.DefaultBlockSize != s.KV.BlockSize || k.EngineIdleConnTimeout <= 0 {
 		t.Fatalf("kv-aware defaults %+v differ from the serve flag defaults %+v", k, s.KV)
 	}
-	if k.MaxShare != s.KV.MaxShare || k.MaxShare != 1.1 || k.ProvisionalTTL != s.KV.ProvisionalTTL ||
+	if k.MaxShare != s.KV.MaxShare || k.MaxShare != 1.1 || k.MaxShareWarm != s.KV.MaxShareWarm || k.MaxShareWarm != 1.15 || k.ProvisionalTTL != s.KV.ProvisionalTTL ||
 		k.ProvisionalMaxBlocks != s.KV.ProvisionalMaxBlocks || k.Subscriber.RebuildAfter != s.KV.RebuildAfter ||
 		k.ProvisionalTTL != 2*time.Second || k.Subscriber.RebuildAfter != 5*time.Second {
 		t.Fatalf("kv-aware issue-11 defaults %+v differ from the serve flag defaults %+v", k, s.KV)
@@ -37,8 +37,8 @@ func TestDefaultsAreServeFlagDefaults(t *testing.T) {
 	// Zero means zero: no share bound, no provisional hits, rebuild only
 	// on a cleared cache.
 	kv := s.KV
-	kv.MaxShare, kv.ProvisionalTTL, kv.RebuildAfter = 0, 0, 0
-	if z := router.ServeKVAwareConfig(kv); z.MaxShare != 0 || z.ProvisionalTTL != 0 || z.Subscriber.RebuildAfter != 0 {
+	kv.MaxShare, kv.MaxShareWarm, kv.ProvisionalTTL, kv.RebuildAfter = 0, 0, 0, 0
+	if z := router.ServeKVAwareConfig(kv); z.MaxShare != 0 || z.MaxShareWarm != 0 || z.ProvisionalTTL != 0 || z.Subscriber.RebuildAfter != 0 {
 		t.Fatalf("zeros not kept: %+v", z)
 	}
 }

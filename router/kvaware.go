@@ -73,6 +73,8 @@ type KVAwareConfig struct {
 	// exceed MaxShare × fair + 1, unless every target's do. 0 disables
 	// the bound.
 	MaxShare float64
+	// MaxShareWarm is the same bound for warm requests; 0 disables it.
+	MaxShareWarm float64
 
 	// ProvisionalTTL and ProvisionalMaxBlocks bound the provisional hits
 	// of precisely routed workers: the blocks of a prompt just placed on a
@@ -102,8 +104,8 @@ func (c KVAwareConfig) validate() (KVAwareConfig, error) {
 		c.Now = time.Now
 	}
 	switch {
-	case !(c.OverlapWeight >= 0) || !(c.PrefillOverlapWeight >= 0) || !(c.DecodeOverlapWeight >= 0) || !(c.RecentWeight >= 0) || !(c.MaxShare >= 0),
-		!finite(c.OverlapWeight) || !finite(c.PrefillOverlapWeight) || !finite(c.DecodeOverlapWeight) || !finite(c.RecentWeight) || !finite(c.MaxShare):
+	case !(c.OverlapWeight >= 0) || !(c.PrefillOverlapWeight >= 0) || !(c.DecodeOverlapWeight >= 0) || !(c.RecentWeight >= 0) || !(c.MaxShare >= 0) || !(c.MaxShareWarm >= 0),
+		!finite(c.OverlapWeight) || !finite(c.PrefillOverlapWeight) || !finite(c.DecodeOverlapWeight) || !finite(c.RecentWeight) || !finite(c.MaxShare) || !finite(c.MaxShareWarm):
 		return c, fmt.Errorf("%w: weights must be finite and not negative", ErrKVConfig)
 	case c.DefaultBlockSize < 1 || c.DefaultBlockSize > discovery.MaxKVBlockSize:
 		return c, fmt.Errorf("%w: block size %d", ErrKVConfig, c.DefaultBlockSize)

@@ -655,3 +655,42 @@ func TestKVMaxShareBoundsConcentration(t *testing.T) {
 		})
 	}
 }
+
+// TestKVMaxShareWarmBoundsHotPrefix: one worker of four caches a prefix that
+// is most of every request of a steady stream, so each request is warm and,
+// without a warm bound, follows the holder. MaxShareWarm keeps the holder
+// within about that many times its fair share of recent picks: the others
+// take the overflow (and, once they hold the prefix too, share it).
+func TestKVMaxShareWarmBoundsHotPrefix(t *testing.T) {
+	for _, warm := range []float64{0, 1.15} {
+		t.Run(fmt.Sprintf("max_share_warm=%g", warm), func(t *testing.T) {
+			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
+				c.TokenizerSpec, c.MaxShareWarm, c.RecentWeight, c.ProvisionalTTL = TokenizerBytes, warm, 0, 0
+			}), fleet(4)...)
+			e.makePrecise()
+			prefix := unique(7, 2560)
+			holder := kvRecord(2, nil).WorkerID
+			e.store(holder, chatTokens(t, prefix))
+			counts := map[string]int{}
+			const n = 400
+			for i := range n {
+				counts[e.serial(chat(prefix+unique(1000+i, 320)))]++
+				e.clock.advance(10 * time.Millisecond)
+			}
+			t.Logf("picks: %v", counts)
+			share := float64(counts[holder]) / (n / 4.0)
+			if warm == 0 {
+				if counts[holder] != n {
+					t.Fatalf("without the warm bound the holder took %d of %d", counts[holder], n)
+				}
+				return
+			}
+			if share > 1.25 {
+				t.Fatalf("holder took %.2f× its fair share: %v", share, counts)
+			}
+			if share < 1 {
+				t.Fatalf("holder took %.2f× its fair share: the warm bound pushed it below fair: %v", share, counts)
+			}
+		})
+	}
+}

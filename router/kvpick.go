@@ -201,9 +201,13 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	// than the imbalance: multi-turn hit ratio 0.545 against 0.60). The
 	// scan starts at the rotating cursor and keeps the first minimum, so
 	// ties rotate.
+	share := p.cfg.MaxShare
+	if warm {
+		share = p.cfg.MaxShareWarm
+	}
 	bound := math.Inf(1)
-	if fair := total / float64(nt); p.cfg.MaxShare > 0 && !warm && fair >= minShareFair {
-		bound = p.cfg.MaxShare*fair + 1
+	if fair := total / float64(nt); share > 0 && fair >= minShareFair {
+		bound = share*fair + 1
 	}
 	best, bestEff := -1, 0
 	for pass := 0; best < 0 && pass < 2; pass++ {
