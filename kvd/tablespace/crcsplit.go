@@ -142,4 +142,3 @@ func xPow8n(n uint64) uint32 {
 	}
 	return p
 }
-

@@ -37,6 +37,7 @@ func crash(ts *Tablespace) {
 	for _, s := range ts.shards {
 		_ = s.close(false)
 	}
+	ts.sums.close()
 }
 
 func val(key string, n int) []byte {
