@@ -133,13 +133,21 @@ func simEvents(opts Options, flags map[string]string, ep *Endpoint) (args, warni
 	if opts.KVEventsRouter != "" {
 		return routerSimEvents(opts, flags, ep)
 	}
+	// Both sockets' free ports come from one block: two separate picks
+	// can be handed the same just-released port.
+	var auto []int
 	socket := func(flag string) (string, error) {
 		v, given := flags[flag]
 		if !given {
-			p, err := opts.freePorts(portCheckHost(ep.Host), 1)
-			if err != nil {
-				return "", err
+			if len(auto) == 0 {
+				base, err := opts.freePorts(portCheckHost(ep.Host), 2)
+				if err != nil {
+					return "", err
+				}
+				auto = []int{base, base + 1}
 			}
+			p := auto[0]
+			auto = auto[1:]
 			args = append(args, "--"+flag, tcpEndpoint(ep.Host, p))
 			return tcpEndpoint(ep.AdvertiseHost, p), nil
 		}

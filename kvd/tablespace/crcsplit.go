@@ -1,6 +1,9 @@
 package tablespace
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // A 1 MiB slot's CRC-32C and its copy into the aligned write buffer are
 // most of a Put's CPU, and its CRC most of a Get's, all of it serial in
@@ -21,16 +24,20 @@ type crcHalf struct {
 	done     chan struct{}
 }
 
+// The helper works on one half at a time, so one crcHalf serves every
+// caller: the one that claims it (busy) hands it over, the others sum
+// alone.
 type crcSplitter struct {
-	work  chan *crcHalf
-	halfs sync.Pool
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	work chan *crcHalf
+	half crcHalf
+	busy atomic.Bool
+	stop chan struct{}
+	wg   sync.WaitGroup
 }
 
 func newCRCSplitter() *crcSplitter {
 	c := &crcSplitter{work: make(chan *crcHalf), stop: make(chan struct{})}
-	c.halfs.New = func() any { return &crcHalf{done: make(chan struct{}, 1)} }
+	c.half.done = make(chan struct{}, 1)
 	c.wg.Add(1)
 	go c.run()
 	return c
@@ -66,17 +73,23 @@ func (c *crcSplitter) copyCRC(dst, src []byte) uint32 {
 		}
 		return crc(src)
 	}
-	mid := len(src) / 2 &^ 4095 // whole pages on both sides
-	h := c.halfs.Get().(*crcHalf)
-	h.src = src[mid:]
+	mid := len(src) / 2 &^ 4095              // whole pages on both sides
+	if !c.busy.CompareAndSwap(false, true) { // another caller has the helper
+		if dst != nil {
+			copy(dst, src)
+		}
+		return crc(src)
+	}
+	h := &c.half
+	h.src, h.dst = src[mid:], nil
 	if dst != nil {
 		h.dst = dst[mid:len(src)]
 	}
 	select {
 	case c.work <- h:
-	default: // the helper is busy: all of it here
+	case <-c.stop: // closed: all of it here
 		h.dst, h.src = nil, nil
-		c.halfs.Put(h)
+		c.busy.Store(false)
 		if dst != nil {
 			copy(dst, src)
 		}
@@ -89,7 +102,7 @@ func (c *crcSplitter) copyCRC(dst, src []byte) uint32 {
 	<-h.done
 	second := h.sum
 	h.dst, h.src = nil, nil
-	c.halfs.Put(h)
+	c.busy.Store(false)
 	return crc32Combine(first, second, len(src)-mid)
 }
 
