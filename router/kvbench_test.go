@@ -33,12 +33,14 @@ type benchFleet struct {
 
 func newBenchFleet(b *testing.B, n int, tok tokenizer.Tokenizer) *benchFleet {
 	b.Helper()
-	// No recent-miss charge: back-to-back picks of one prompt would
-	// otherwise (rightly) spread, and every pick should do the same work.
+	// No recent-miss charge and no warm share bound: back-to-back picks
+	// of one prompt would otherwise (rightly) spread, and every pick
+	// should do the same work.
 	p, err := NewKVAware(kvConfig(func(c *KVAwareConfig) {
 		c.Tokenizer = tok
 		c.IndexMaxBlocks = benchIndexBlocks + 1<<16
 		c.RecentHalfLife = 0
+		c.MaxShareWarm = 0
 	}), zerolog.Nop())
 	if err != nil {
 		b.Fatal(err)
