@@ -58,13 +58,17 @@ for r in $(seq 1 "$rounds"); do
     done
   done
 done
-printf '%-6s %-5s %12s %12s %11s %14s %12s\n' size test redis_rps kvd_rps ratio_med redis_us/req kvd_us/req
+printf '%-6s %-5s %12s %12s %11s %14s %12s  %s\n' size test redis_rps kvd_rps ratio_med redis_us/req kvd_us/req 'ratios (sorted)'
 # Ratios pair each kvd run with the redis run of the same round.
 awk '
-  function med(s,   a, k, m, i, j, t) {
+  function sorted(s, a,   k, i, j, t) {
     k = split(s, a, " ")
     for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-    m = int((k + 1) / 2); return (k % 2) ? a[m] : (a[m] + a[m + 1]) / 2 }
+    return k }
+  function med(s,   a, k, m) {
+    k = sorted(s, a); m = int((k + 1) / 2); return (k % 2) ? a[m] : (a[m] + a[m + 1]) / 2 }
+  function list(s,   a, k, i, o) {
+    k = sorted(s, a); o = ""; for (i = 1; i <= k; i++) o = o sprintf(" %.2f", a[i]); return o }
   { key = $3 " " toupper($2); seen[key]++; i = int((seen[key] + 1) / 2)
     if ($1 == "redis") { rps_r[key] = rps_r[key] " " $4; cpu_r[key] = cpu_r[key] " " $5; rr[key, i] = $4 }
     else { rps_k[key] = rps_k[key] " " $4; cpu_k[key] = cpu_k[key] " " $5; kr[key, i] = $4 }
@@ -74,7 +78,7 @@ awk '
       key = names[j]; ratios = ""
       for (i = 1; (key, i) in rr; i++) if ((key, i) in kr) ratios = ratios " " kr[key, i] / rr[key, i]
       split(key, kk, " ")
-      printf "%-6s %-5s %12.0f %12.0f %11.2f %14.2f %12.2f\n", kk[1], kk[2], med(rps_r[key]), med(rps_k[key]), med(ratios), med(cpu_r[key]), med(cpu_k[key])
+      printf "%-6s %-5s %12.0f %12.0f %11.2f %14.2f %12.2f  %s\n", kk[1], kk[2], med(rps_r[key]), med(rps_k[key]), med(ratios), med(cpu_r[key]), med(cpu_k[key]), list(ratios)
     }
   }' "$work/results"
 echo "uptime: $(uptime)"

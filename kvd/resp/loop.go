@@ -24,6 +24,13 @@ import (
 
 const maxEvents = 256
 
+// deferredReplyMax is how much of a connection's replies may wait for the
+// end of the epoll batch. Replies are written after every ready socket has
+// been read, as redis-server writes them before it sleeps: the clients then
+// find several replies ready per wake-up instead of one, and a large
+// reply still leaves at once.
+const deferredReplyMax = 1 << 20
+
 type loop struct {
 	s    *Server
 	ep   int // epoll fd, owned by epf
@@ -33,6 +40,8 @@ type loop struct {
 
 	mu    sync.Mutex
 	conns map[int32]*conn
+
+	pending []*conn // replies to write at the end of this batch (run's goroutine only)
 }
 
 func newLoop(s *Server) (*loop, error) {
@@ -194,7 +203,31 @@ func (l *loop) run() {
 				l.closeConn(cn, err)
 			}
 		}
+		l.flushPending()
 	}
+}
+
+// deferFlush queues cn's replies for the end of the batch.
+func (l *loop) deferFlush(cn *conn) {
+	if !cn.queued {
+		cn.queued = true
+		l.pending = append(l.pending, cn)
+	}
+}
+
+// flushPending writes the replies deferred during the batch.
+func (l *loop) flushPending() {
+	for i, cn := range l.pending {
+		l.pending[i] = nil
+		cn.queued = false
+		if cn.dead || cn.waitOut {
+			continue
+		}
+		if err := l.flush(cn); err != nil {
+			l.closeConn(cn, err)
+		}
+	}
+	l.pending = l.pending[:0]
 }
 
 // readable reads what the socket has, answers every complete request in
@@ -216,10 +249,12 @@ func (l *loop) readable(cn *conn) error {
 			cn.closing, cn.closeErr = true, perr
 			return l.flush(cn) // errClosing once the last reply is written
 		}
-		if len(cn.out) > 0 {
+		if len(cn.out) > deferredReplyMax {
 			if err := l.flush(cn); err != nil || cn.waitOut {
 				return err
 			}
+		} else if len(cn.out) > 0 {
+			l.deferFlush(cn)
 		}
 		if n < space || cn.need == 0 {
 			return nil
@@ -269,6 +304,7 @@ func (l *loop) interest(cn *conn, events uint32) error {
 }
 
 func (l *loop) closeConn(cn *conn, err error) {
+	cn.dead = true // a reply still queued for this batch is dropped
 	l.mu.Lock()
 	delete(l.conns, int32(cn.fd))
 	l.mu.Unlock()

@@ -172,6 +172,8 @@ type conn struct {
 	waitOut  bool  // out is not all written: waiting for EPOLLOUT, not reading
 	closing  bool  // close once out is written
 	closeErr error // why (for the log)
+	queued   bool  // in the loop's pending list (replies written at the end of the batch)
+	dead     bool  // closed by the loop: a queued flush skips it
 }
 
 const (
