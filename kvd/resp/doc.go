@@ -18,7 +18,9 @@
 // Concurrency: a Server serves its connections from Options.Loops event
 // loops (loop.go; one by default, as redis-server's one thread), each
 // waiting in epoll for many sockets through Go's netpoller: a request
-// costs one read and one write, pipelined replies go out in one write,
+// costs one read and one write, pipelined replies go out in one write
+// (written once every ready socket of the epoll batch has been read, as
+// redis-server writes before it sleeps),
 // and a reply the socket cannot take at once is written on EPOLLOUT while
 // the connection is not read. A connection that is not a socket (a
 // wrapped net.Conn) gets a goroutine of its own instead. Either way a
