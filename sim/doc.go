@@ -15,8 +15,17 @@
 // the model's chat template, so that a router loading the same directory
 // computes the same ids (hftok.go). The answer is deterministic for (--seed,
 // prompt): words from a fixed list, one token per SSE event (a byte, or a
-// model token); it ends at max_tokens (finish_reason "length"), at a "stop"
-// string (stop.go), or is a tool call (tools.go).
+// model token), each token a function of every token before it, so that a
+// generation continued from prompt + its first j output tokens yields the
+// rest of the unbroken answer (generate.go); it ends at max_tokens
+// (finish_reason "length"), at a "stop" string (stop.go), or is a tool call
+// (tools.go).
+//
+// Token ids (ids.go): "return_token_ids": true answers with the prompt's and
+// the output's token ids in vLLM's shape (choices[].token_ids,
+// prompt_token_ids) or, with --flavor sglang, SGLang's ("sglext"; refused on
+// streaming chat as SGLang does), so that a router can continue a broken
+// stream exactly on another worker.
 //
 // Choices (choices.go): "n" in [1, MaxChoices=128] (outside: 400) gives n
 // choices, each a sequence of its own in the scheduler (a batch slot, its

@@ -46,7 +46,7 @@ func FuzzParseRequest(f *testing.F) {
 			// Every stop string cuts a generated answer without panicking,
 			// and the cut text never holds the match.
 			q := getSeq()
-			q.out = appendGenerated(q.out[:0], 1, 2, 64)
+			q.out = appendGenerated(q.out[:0], 1, []uint32{'h', 'i', ' '}, 64)
 			q.tokens = TokenizeBytes(q.tokens[:0], q.out)
 			q.maxTokens = len(q.out)
 			applyStop(q, body, r.stop)

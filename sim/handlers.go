@@ -196,6 +196,11 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		s.writeError(ctx, fasthttp.StatusBadRequest, nMessage(r.n))
 		return
 	}
+	ids := s.idsFor(r.returnIDs)
+	if ids == idsSGLang && chat && r.stream {
+		s.writeError(ctx, fasthttp.StatusBadRequest, "return_token_ids is not supported for streaming chat completions")
+		return
+	}
 
 	q := getSeq()
 	var err error
@@ -239,7 +244,7 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		s.addChoices(q, int(r.n), maxTokens, body, r.stop)
 	}
 	if r.stream {
-		s.startStream(ctx, q, chat, r.includeUsage)
+		s.startStream(ctx, q, chat, r.includeUsage, ids)
 		return
 	}
 	if !s.sched.submitChoices(q) {
@@ -268,7 +273,7 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		putChoices(q)
 		return
 	}
-	s.writeUnary(ctx, q, chat)
+	s.writeUnary(ctx, q, chat, ids)
 	putChoices(q)
 }
 
@@ -349,16 +354,10 @@ func (s *Server) promptTokens(q *seq, body []byte, r *request, chat bool) error 
 // bookkeeping. hf is nil for the bytes tokenizer.
 func prepareSeq(q *seq, blockSize int, seed uint64, hf *hfCodec, body []byte, stop span) {
 	q.hashes, q.scratch = appendBlockHashes(q.hashes[:0], q.tokens, blockSize, q.scratch)
-	parent := rootHash
-	if len(q.hashes) > 0 {
-		parent = q.hashes[len(q.hashes)-1]
-	}
-	var promptHash uint64
-	promptHash, q.scratch = hashTokens(parent, q.tokens[len(q.hashes)*blockSize:], q.scratch)
 	if hf != nil {
-		q.out, q.tokens, q.outEnds = hf.generate(q.out[:0], q.tokens, q.outEnds[:0], seed, promptHash, q.maxTokens)
+		q.out, q.tokens, q.outEnds = hf.generate(q.out[:0], q.tokens, q.outEnds[:0], seed, q.maxTokens)
 	} else {
-		q.out = appendGenerated(q.out[:0], seed, promptHash, q.maxTokens)
+		q.out = appendGenerated(q.out[:0], seed, q.tokens, q.maxTokens)
 		q.tokens = TokenizeBytes(q.tokens, q.out)
 	}
 	applyStop(q, body, stop)
@@ -462,7 +461,7 @@ func appendKVParams(b []byte, q *seq) []byte {
 
 // writeUnary writes a finished sequence as one chat.completion or
 // text_completion object.
-func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
+func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool, ids idsShape) {
 	bp := getBuf()
 	b := append((*bp)[:0], `{"id":"`...)
 	if chat {
@@ -492,28 +491,44 @@ func (s *Server) writeUnary(ctx *fasthttp.RequestCtx, q *seq, chat bool) {
 			b = append(b, `,"message":{"role":"assistant","content":`...)
 			b = appendJSONString(b, c.answer())
 			b = append(b, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,`...)
-			b = append(c.appendFinish(b), '}')
+			b = c.appendFinish(b)
+			if ids == idsVLLM {
+				b = appendIDsField(b, `,"token_ids":`, c.outputIDs(0, c.maxTokens))
+			}
+			b = append(b, '}')
 		default:
 			b = append(b, `,"text":`...)
 			b = appendJSONString(b, c.answer())
 			b = append(b, `,"logprobs":null,`...)
 			b = c.appendFinish(b)
-			b = append(b, `,"prompt_logprobs":null}`...)
+			b = append(b, `,"prompt_logprobs":null`...)
+			if ids == idsVLLM {
+				b = appendIDsField(b, `,"prompt_token_ids":`, c.promptIDs())
+				b = appendIDsField(b, `,"token_ids":`, c.outputIDs(0, c.maxTokens))
+			}
+			b = append(b, '}')
 		}
+	}
+	b = append(b, ']')
+	switch {
+	case ids == idsVLLM && chat:
+		b = appendIDsField(b, `,"prompt_token_ids":`, q.promptIDs())
+	case ids == idsSGLang:
+		b = appendSGLangUnaryIDs(b, q)
 	}
 	switch {
 	case chat && len(q.tool) > 0:
-		b = append(b, `],"usage":`...)
+		b = append(b, `,"usage":`...)
 		b = appendUsage(b, q)
 		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":`...)
 		b = appendKVParams(b, q)
 	case chat:
-		b = append(b, `],"service_tier":null,"system_fingerprint":null,"usage":`...)
+		b = append(b, `,"service_tier":null,"system_fingerprint":null,"usage":`...)
 		b = appendUsage(b, q)
 		b = append(b, `,"prompt_logprobs":null,"kv_transfer_params":`...)
 		b = appendKVParams(b, q)
 	default:
-		b = append(b, `],"service_tier":null,"system_fingerprint":null,"usage":`...)
+		b = append(b, `,"service_tier":null,"system_fingerprint":null,"usage":`...)
 		b = appendUsage(b, q)
 		b = append(b, `,"kv_transfer_params":`...)
 		b = appendKVParams(b, q)

@@ -16,11 +16,13 @@ import (
 // drive the prefix cache and the KV events, so a router loading the same
 // directory hashes the same blocks.
 //
-// Output: the same deterministic words as in bytes mode, but counted in the
-// model's tokens. Each word is encoded on its own (" word" after the first,
-// with its leading space), and an answer of max_tokens tokens is the first
-// max_tokens tokens of that word stream, so usage.completion_tokens is
-// exact and a stream sends one model token per event. For byte-level BPE
+// Output: words from the same list as in bytes mode, each one model token:
+// the words whose " word" (with its leading space) encodes to a single
+// token (or, for a tokenizer that has none, the first token of each), so
+// usage.completion_tokens is exact and a stream sends one model token per
+// event. Each token is drawn from the hash of every token id before it, so
+// that an exact continuation (prompt ids + the output ids so far, sent to
+// another worker) yields what an unbroken run would. For byte-level BPE
 // tokenizers, whose pre-tokenizers split before a space-prefixed lowercase
 // word, the stream equals the encoding of the whole text; re-encoding the
 // answer inside the next turn's template can still differ at its edges, as
@@ -43,21 +45,25 @@ type hfCodec struct {
 	tok   *tokenizer.HF
 	chat  bool // the directory has a chat template
 	vocab int
-	// first[i] is words[i] at the start of an answer, rest[i] is
-	// " "+words[i].
-	first, rest [len(words)]wordTokens
+	// pieces are the output vocabulary: single-token " word"s.
+	pieces []wordTokens
 }
 
 func newHFCodec(tok *tokenizer.HF) (*hfCodec, error) {
 	c := &hfCodec{tok: tok, chat: tok.HasChatTemplate(), vocab: tok.VocabSize()}
-	for i, w := range words {
-		var err error
-		if c.first[i], err = c.wordTokens(w); err != nil {
+	var firsts []wordTokens
+	for _, w := range words {
+		wt, err := c.wordTokens(" " + w)
+		if err != nil {
 			return nil, err
 		}
-		if c.rest[i], err = c.wordTokens(" " + w); err != nil {
-			return nil, err
+		if len(wt.ids) == 1 {
+			c.pieces = append(c.pieces, wt)
 		}
+		firsts = append(firsts, wordTokens{text: wt.text[:wt.ends[0]], ids: wt.ids[:1], ends: wt.ends[:1]})
+	}
+	if len(c.pieces) == 0 {
+		c.pieces = firsts
 	}
 	return c, nil
 }
@@ -110,24 +116,19 @@ func (c *hfCodec) renderChat(body []byte, r *request) (string, error) {
 	return text, nil
 }
 
-// generate appends n output tokens for (seed, promptHash): their text to
-// out, their ids to ids and each token's end offset in out to ends.
-func (c *hfCodec) generate(out []byte, ids []uint32, ends []int32, seed, promptHash uint64, n int) ([]byte, []uint32, []int32) {
-	state := splitmix64(seed ^ splitmix64(promptHash))
-	for k := 0; k < n; {
-		state = splitmix64(state)
-		w := &c.rest[state%uint64(len(words))]
-		if k == 0 {
-			w = &c.first[state%uint64(len(words))]
-		}
-		base := int32(len(out))
-		take := min(len(w.ids), n-k)
-		ids = append(ids, w.ids[:take]...)
-		for _, e := range w.ends[:take] {
-			ends = append(ends, base+e)
-		}
-		out = append(out, w.text[:w.ends[take-1]]...)
-		k += take
+// generate appends n output tokens continuing ids (the prompt): their text
+// to out, their ids to ids and each token's end offset in out to ends.
+func (c *hfCodec) generate(out []byte, ids []uint32, ends []int32, seed uint64, n int) ([]byte, []uint32, []int32) {
+	h := contextRoot
+	for _, id := range ids {
+		h = h.add(id)
+	}
+	for range n {
+		p := &c.pieces[h.pick(seed, len(c.pieces))]
+		ids = append(ids, p.ids[0])
+		out = append(out, p.text...)
+		ends = append(ends, int32(len(out)))
+		h = h.add(p.ids[0])
 	}
 	return out, ids, ends
 }

@@ -34,8 +34,9 @@ func byteLevelAlphabet() [256]rune {
 }
 
 // toyTokenizerDir writes a small byte-level BPE tokenizer.json (no chat
-// template): the 256 byte tokens plus merges that make "the", " the" and
-// " theme" single tokens, so words take one or more tokens.
+// template): the 256 byte tokens plus merges that make "the", " the",
+// " theme" and " a" single tokens, so words take one or more tokens (and the
+// simulator has two single-token words to answer with).
 func toyTokenizerDir(t *testing.T) string {
 	t.Helper()
 	alpha := byteLevelAlphabet()
@@ -44,7 +45,7 @@ func toyTokenizerDir(t *testing.T) string {
 		vocab[string(r)] = b
 	}
 	sp := string(alpha[' '])
-	merges := [][2]string{{"t", "h"}, {"th", "e"}, {sp, "the"}, {sp + "the", "m"}, {sp + "them", "e"}, {"e", "n"}}
+	merges := [][2]string{{"t", "h"}, {"th", "e"}, {sp, "the"}, {sp + "the", "m"}, {sp + "them", "e"}, {"e", "n"}, {sp, "a"}}
 	var ms []string
 	for i, m := range merges {
 		vocab[m[0]+m[1]] = 256 + i

@@ -39,6 +39,7 @@ type request struct {
 	base64       bool  // "encoding_format": "base64" (embeddings)
 	dimensions   int64 // "dimensions" (embeddings); -1 when absent or null
 	stop         span  // raw value of "stop": a string or a list of strings
+	returnIDs    bool  // "return_token_ids": answer with token ids (ids.go)
 }
 
 // requestError is an ErrBadRequest with a message meant for the client.
@@ -115,6 +116,8 @@ func parseRequest(body []byte, r *request) error {
 			return s.nullOr(func() bool { return s.integer(&r.maxCompl, &fieldErr, "max_completion_tokens") })
 		case "n":
 			return s.nullOr(func() bool { return s.integer(&r.n, &fieldErr, "n") })
+		case "return_token_ids":
+			return s.nullOr(func() bool { return s.boolean(&r.returnIDs, &fieldErr, "return_token_ids") })
 		case "add_generation_prompt":
 			return s.nullOr(func() bool { return s.boolean(&r.addGenPrompt, &fieldErr, "add_generation_prompt") })
 		case "messages":

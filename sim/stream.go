@@ -32,6 +32,7 @@ type sseStream struct {
 	q            *seq
 	chat         bool
 	includeUsage bool
+	ids          idsShape // return_token_ids: the engine's shape, or idsNone
 	hung         bool
 	conn         net.Conn
 	sent         []int  // tokens sent, per choice
@@ -45,13 +46,13 @@ var streamPool = sync.Pool{New: func() any { return new(sseStream) }}
 func getStream() *sseStream { return streamPool.Get().(*sseStream) }
 
 // startStream submits q and installs its stream as the response body.
-func (s *Server) startStream(ctx *fasthttp.RequestCtx, q *seq, chat, includeUsage bool) {
+func (s *Server) startStream(ctx *fasthttp.RequestCtx, q *seq, chat, includeUsage bool, ids idsShape) {
 	if !s.sched.submitChoices(q) {
 		s.writeError(ctx, fasthttp.StatusServiceUnavailable, "the engine is stopping")
 		return
 	}
 	st := getStream()
-	st.s, st.q, st.chat, st.includeUsage = s, q, chat, includeUsage
+	st.s, st.q, st.chat, st.includeUsage, st.ids = s, q, chat, includeUsage, ids
 	for range q.numChoices() {
 		st.sent, st.avail = append(st.sent, 0), append(st.avail, 0)
 	}
@@ -195,29 +196,62 @@ func (st *sseStream) appendToken(b []byte, c, i int) []byte {
 	} else if st.chat {
 		if i == 0 {
 			b = st.appendChoiceStart(b, c)
-			b = append(b, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+			b = append(b, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null`...)
+			b = st.closeChunk(b, c, -1, true)
 		}
 		b = st.appendChoiceStart(b, c)
 		b = append(b, `,"delta":{"content":`...)
 		b = appendJSONString(b, tok)
 		if last {
 			b = append(b, `},"logprobs":null,`...)
-			b = append(q.appendFinish(b), "}]}\n\n"...)
+			b = q.appendFinish(b)
 		} else {
-			b = append(b, `},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+			b = append(b, `},"logprobs":null,"finish_reason":null`...)
 		}
+		b = st.closeChunk(b, c, i, false)
 	} else {
 		b = st.appendChoiceStart(b, c)
 		b = append(b, `,"text":`...)
 		b = appendJSONString(b, tok)
 		if last {
 			b = append(b, `,"logprobs":null,`...)
-			b = append(q.appendFinish(b), "}]}\n\n"...)
+			b = q.appendFinish(b)
 		} else {
-			b = append(b, `,"logprobs":null,"finish_reason":null,"stop_reason":null}]}`+"\n\n"...)
+			b = append(b, `,"logprobs":null,"finish_reason":null,"stop_reason":null`...)
 		}
+		b = st.closeChunk(b, c, i, i == 0)
 	}
 	return b
+}
+
+// closeChunk closes a chunk's choice c, the choices and the chunk. With
+// return_token_ids it first adds the ids in the engine's shape (ids.go):
+// output token i of choice c (none when i < 0), and the prompt's ids when
+// withPrompt.
+func (st *sseStream) closeChunk(b []byte, c, i int, withPrompt bool) []byte {
+	switch st.ids {
+	case idsVLLM:
+		if withPrompt && !st.chat {
+			b = appendIDsField(b, `,"prompt_token_ids":`, st.q.choice(c).promptIDs())
+		}
+		if i >= 0 {
+			b = appendIDsField(b, `,"token_ids":`, st.q.choice(c).outputIDs(i, i+1))
+		}
+		b = append(b, "}]"...)
+		if withPrompt && st.chat {
+			b = appendIDsField(b, `,"prompt_token_ids":`, st.q.promptIDs())
+		}
+	case idsSGLang:
+		b = append(b, "}]"...)
+		var prompt []uint32
+		if withPrompt {
+			prompt = st.q.promptIDs()
+		}
+		b = appendSGLangIDs(b, prompt, len(st.sent), c, st.q.choice(c).outputIDs(max(i, 0), i+1))
+	default:
+		b = append(b, "}]"...)
+	}
+	return append(b, "}\n\n"...)
 }
 
 // appendChoiceStart opens a chunk of choice c: the prefix and
