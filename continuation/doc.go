@@ -1,0 +1,31 @@
+// Package continuation owns the wire side of continuing a broken stream on
+// another worker: what the router asks the engine for, what it reads from
+// every chunk on the way to the client, and the request that continues the
+// generation elsewhere. The router's request path decides when a stream
+// broke and which worker continues it; this package knows the bytes.
+//
+//   - Asking (ids.go): AsksIDs says which engines and endpoints accept
+//     "return_token_ids" (vLLM: chat and completions; SGLang: completions
+//     only, it refuses the field on streaming chat; ATOM and others: never),
+//     and AskIDs adds the field to a body.
+//   - Reading (tracker.go): a Tracker observes each chunk of a stream: the
+//     delivered text, the prompt's and the output's token ids in vLLM's
+//     (choices[].token_ids, prompt_token_ids) and SGLang's ("sglext")
+//     shapes, the finish, and whatever makes the stream impossible to
+//     continue (more than one choice, an unparseable chunk; tool calls or
+//     reasoning matter on the text path). It strips the id fields the
+//     router asked for before the client sees a chunk.
+//   - Continuing (continue.go): Build makes the continuation request:
+//     exact (prompt ids + output ids on /v1/completions) when the ids cover
+//     every delivered chunk and the request has no chat-only fields, else
+//     text (the delivered text as the assistant's turn, or appended to a
+//     completion prompt); max_tokens / max_completion_tokens reduced by
+//     what was produced, at least 1. CheckRequest refuses what is never
+//     continued (n > 1, best_of > 1). ReshapeChat turns a continuation's
+//     completion chunk into the chat chunk the client expects.
+//
+// Concurrency: a Tracker belongs to one stream and one goroutine at a
+// time; everything else is a pure function. Observe allocates nothing once
+// the Tracker's buffers have grown (the relay reuses Trackers); Build runs
+// once per continuation and may allocate.
+package continuation

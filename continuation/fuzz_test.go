@@ -1,0 +1,49 @@
+package continuation_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/infera/infera/continuation"
+)
+
+// FuzzObserve: any chunk an engine sends is read without panicking; a
+// valid chunk stays valid JSON after its ids are stripped and after
+// reshaping, and keeps no id field where the router looks for them.
+func FuzzObserve(f *testing.F) {
+	for _, s := range []string{
+		`{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a"},"token_ids":[1]}],"prompt_token_ids":[5,6]}`,
+		`{"choices":[{"index":0,"text":"x\n","logprobs":null,"finish_reason":"length","prompt_token_ids":[1],"token_ids":[2,3]}],"usage":{"prompt_tokens":1}}`,
+		`{"choices":[{"index":0,"text":"b"}],"sglext":{"prompt_token_ids":[1],"completion_token_ids":[[7],[]]}}`,
+		`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]}}]}`,
+		`{"choices":[1,{"index":1}]}`, `[]`, `{`, `{"choices":{}}`,
+	} {
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, strip bool) {
+		var tr continuation.Tracker
+		tr.Reset(strip)
+		out := tr.Observe(data)
+		valid := json.Valid(data)
+		if valid && !json.Valid(out) {
+			t.Fatalf("%s stripped to invalid %s", data, out)
+		}
+		if valid && strip && tr.Poisoned == continuation.PoisonNone {
+			var m struct {
+				Prompt  json.RawMessage   `json:"prompt_token_ids"`
+				Ext     json.RawMessage   `json:"sglext"`
+				Choices []json.RawMessage `json:"choices"`
+			}
+			if json.Unmarshal(out, &m) == nil && (m.Prompt != nil || m.Ext != nil) {
+				t.Fatalf("%s kept ids: %s", data, out)
+			}
+		}
+		if valid {
+			if r := continuation.ReshapeChat(nil, out, &tr); !json.Valid(r) {
+				t.Fatalf("%s reshaped to invalid %s", out, r)
+			}
+		}
+		_, _ = continuation.Build([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}]}`), &tr, continuation.Options{Chat: true})
+		tr.ObserveEvent(append(append([]byte("data: "), data...), "\n\n"...))
+	})
+}

@@ -1,0 +1,426 @@
+package continuation
+
+import (
+	"bytes"
+
+	"github.com/infera/infera/jsonx"
+	"github.com/infera/infera/openai"
+)
+
+// Poison is why a stream cannot be continued; PoisonNone: it can be.
+type Poison uint8
+
+// The reasons a stream is never continued.
+const (
+	PoisonNone        Poison = iota
+	PoisonChoices            // n > 1, best_of > 1, or a chunk with another choice
+	PoisonUnparseable        // a chunk that is not a JSON object of the expected shape
+	PoisonPrompt             // a prompt the text path cannot extend (token ids without output ids, a list)
+	PoisonToolCalls          // tool calls or reasoning, on the text path
+)
+
+// String is the reason's label (metrics, logs).
+func (p Poison) String() string {
+	switch p {
+	case PoisonChoices:
+		return "choices"
+	case PoisonUnparseable:
+		return "unparseable"
+	case PoisonPrompt:
+		return "prompt"
+	case PoisonToolCalls:
+		return "tool_calls"
+	}
+	return ""
+}
+
+// Tracker follows one stream as its chunks go to the client. The zero value
+// is ready; Reset readies a used one.
+type Tracker struct {
+	// Strip: remove the id fields from chunks (the router asked for them,
+	// the client did not).
+	Strip bool
+
+	// PromptIDs are the prompt's token ids (HasPrompt: an engine gave
+	// them); OutIDs the output ids delivered so far.
+	PromptIDs []uint32
+	HasPrompt bool
+	OutIDs    []uint32
+	// Text is the text delivered so far (unescaped); TextChunks counts the
+	// chunks that carried text, IDChunks those of them that carried ids too.
+	Text       []byte
+	TextChunks int
+	IDChunks   int
+	// Finished: a chunk carried a finish_reason; Done: [DONE] went by.
+	Finished, Done bool
+	// ToolsOrReasoning: a delta carried tool calls, a function call or
+	// reasoning content (the text path cannot carry them over).
+	ToolsOrReasoning bool
+	// Poisoned is set by a chunk that makes the stream impossible to
+	// continue.
+	Poisoned Poison
+	// ID, Created and Model are the raw JSON values of the stream's first
+	// "id", "created" and "model" (for reshaped chunks).
+	ID, Created, Model []byte
+
+	out      []byte
+	chunkIDs bool // the chunk being read carried output ids
+	chunkTxt bool // ... or text
+}
+
+// Reset readies t for a new stream, keeping its buffers.
+func (t *Tracker) Reset(strip bool) {
+	*t = Tracker{
+		Strip:     strip,
+		PromptIDs: t.PromptIDs[:0],
+		OutIDs:    t.OutIDs[:0],
+		Text:      t.Text[:0],
+		ID:        t.ID[:0],
+		Created:   t.Created[:0],
+		Model:     t.Model[:0],
+		out:       t.out[:0],
+	}
+}
+
+var (
+	dataPrefix = []byte("data:")
+	doneData   = []byte("[DONE]")
+)
+
+// ObserveEvent reads one SSE event (its lines and the blank line that ends
+// it, as openai.NextEvent delimits them) and returns the event the client
+// should see: the same bytes, or, when ids were stripped, the event
+// rewritten as one "data: " line. The result is valid until the next call.
+// Events without a data line (comments, heartbeats) pass unchanged.
+func (t *Tracker) ObserveEvent(ev []byte) []byte {
+	i := bytes.Index(ev, dataPrefix)
+	if i < 0 || (i > 0 && ev[i-1] != '\n' && ev[i-1] != '\r') {
+		return ev
+	}
+	start := i + len(dataPrefix)
+	if start < len(ev) && ev[start] == ' ' {
+		start++
+	}
+	end := start
+	for end < len(ev) && ev[end] != '\n' && ev[end] != '\r' {
+		end++
+	}
+	data := ev[start:end]
+	if bytes.Equal(data, doneData) {
+		t.Done = true
+		return ev
+	}
+	kept := t.Observe(data)
+	if len(kept) == len(data) { // nothing stripped
+		return ev
+	}
+	// The rewritten payload lives in t.out; the event is rebuilt after it.
+	n := len(t.out)
+	t.out = append(t.out, ev[:start]...)
+	t.out = append(t.out, kept...)
+	t.out = append(t.out, ev[end:]...)
+	return t.out[n:]
+}
+
+// Observe reads one chunk's JSON payload and returns the payload the
+// client should see: data itself, or a copy without the id fields when
+// t.Strip and there were any. A chunk that cannot be read poisons the
+// stream and is returned unchanged.
+func (t *Tracker) Observe(data []byte) []byte {
+	t.out = t.out[:0]
+	t.chunkIDs, t.chunkTxt = false, false
+	s := jsonx.Scanner{B: data, MaxDepth: maxDepth, Lenient: true}
+	s.SkipWS()
+	if s.I >= len(data) || data[s.I] != '{' {
+		t.poison(PoisonUnparseable)
+		return data
+	}
+	t.out = append(t.out, '{')
+	members := 0
+	stripped := false
+	err := s.Object(func(ks, ke int, esc bool) error {
+		key := data[ks:ke]
+		vs := s.I
+		switch {
+		case jsonx.Equal(key, esc, "choices"):
+			t.sep(&members)
+			t.out = append(t.out, data[ks-1:vs]...)
+			return t.choices(&s, &stripped)
+		case jsonx.Equal(key, esc, "prompt_token_ids"):
+			if err := s.Value(); err != nil {
+				return err
+			}
+			t.prompt(data[vs:s.I])
+			if t.Strip {
+				stripped = true
+				return nil
+			}
+		case jsonx.Equal(key, esc, "sglext"):
+			if err := t.sglext(&s); err != nil {
+				return err
+			}
+			if t.Strip {
+				stripped = true
+				return nil
+			}
+		default:
+			if err := s.Value(); err != nil {
+				return err
+			}
+			t.remember(key, esc, data[vs:s.I])
+		}
+		t.sep(&members)
+		t.out = append(t.out, data[ks-1:s.I]...)
+		return nil
+	})
+	if err == nil {
+		err = s.End()
+	}
+	if err != nil {
+		t.poison(PoisonUnparseable)
+		return data
+	}
+	if t.chunkTxt {
+		t.TextChunks++
+		if t.chunkIDs {
+			t.IDChunks++
+		}
+	}
+	if !stripped {
+		return data
+	}
+	t.out = append(t.out, '}')
+	return t.out
+}
+
+func (t *Tracker) sep(members *int) {
+	if *members > 0 {
+		t.out = append(t.out, ',')
+	}
+	*members++
+}
+
+func (t *Tracker) poison(p Poison) {
+	if t.Poisoned == PoisonNone {
+		t.Poisoned = p
+	}
+}
+
+// remember keeps the stream's first id, created and model.
+func (t *Tracker) remember(key []byte, esc bool, raw []byte) {
+	switch {
+	case len(t.ID) == 0 && jsonx.Equal(key, esc, "id"):
+		t.ID = append(t.ID, raw...)
+	case len(t.Created) == 0 && jsonx.Equal(key, esc, "created"):
+		t.Created = append(t.Created, raw...)
+	case len(t.Model) == 0 && jsonx.Equal(key, esc, "model"):
+		t.Model = append(t.Model, raw...)
+	}
+}
+
+// prompt records the prompt's ids (the first time an engine gives them).
+func (t *Tracker) prompt(raw []byte) {
+	if t.HasPrompt {
+		return
+	}
+	ids, err := openai.AppendTokenIDs(t.PromptIDs[:0], raw)
+	if err != nil {
+		t.PromptIDs = ids[:0]
+		return
+	}
+	t.PromptIDs, t.HasPrompt = ids, true
+}
+
+// output records a chunk's output ids.
+func (t *Tracker) output(raw []byte) {
+	n := len(t.OutIDs)
+	ids, err := openai.AppendTokenIDs(t.OutIDs, raw)
+	if err != nil {
+		t.OutIDs = ids[:n]
+		return
+	}
+	t.OutIDs = ids
+	t.chunkIDs = true
+}
+
+// choices copies the choices array at s.I to t.out (without id fields when
+// stripping) and reads the first choice.
+func (t *Tracker) choices(s *jsonx.Scanner, stripped *bool) error {
+	if s.I >= len(s.B) || s.B[s.I] != '[' {
+		if err := s.Value(); err != nil {
+			return err
+		}
+		t.poison(PoisonUnparseable)
+		return nil
+	}
+	t.out = append(t.out, '[')
+	n := 0
+	err := s.Array(func() error {
+		if n > 0 {
+			t.out = append(t.out, ',')
+			t.poison(PoisonChoices)
+		}
+		n++
+		if s.I >= len(s.B) || s.B[s.I] != '{' {
+			vs := s.I
+			if err := s.Value(); err != nil {
+				return err
+			}
+			t.out = append(t.out, s.B[vs:s.I]...)
+			t.poison(PoisonUnparseable)
+			return nil
+		}
+		return t.choice(s, stripped)
+	})
+	t.out = append(t.out, ']')
+	return err
+}
+
+// choice copies one choice object and reads it.
+func (t *Tracker) choice(s *jsonx.Scanner, stripped *bool) error {
+	b := s.B
+	t.out = append(t.out, '{')
+	members := 0
+	err := s.Object(func(ks, ke int, esc bool) error {
+		key := b[ks:ke]
+		vs := s.I
+		var err error
+		switch {
+		case jsonx.Equal(key, esc, "token_ids"):
+			if err = s.Value(); err == nil {
+				t.output(b[vs:s.I])
+				if t.Strip {
+					*stripped = true
+					return nil
+				}
+			}
+		case jsonx.Equal(key, esc, "prompt_token_ids"):
+			if err = s.Value(); err == nil {
+				t.prompt(b[vs:s.I])
+				if t.Strip {
+					*stripped = true
+					return nil
+				}
+			}
+		case jsonx.Equal(key, esc, "index"):
+			if err = s.Value(); err == nil && string(b[vs:s.I]) != "0" {
+				t.poison(PoisonChoices)
+			}
+		case jsonx.Equal(key, esc, "text"):
+			err = t.text(s)
+		case jsonx.Equal(key, esc, "delta"), jsonx.Equal(key, esc, "message"):
+			err = t.delta(s)
+		case jsonx.Equal(key, esc, "finish_reason"):
+			if err = s.Value(); err == nil && b[vs] != 'n' {
+				t.Finished = true
+			}
+		default:
+			err = s.Value()
+		}
+		if err != nil {
+			return err
+		}
+		t.sep(&members)
+		t.out = append(t.out, b[ks-1:s.I]...)
+		return nil
+	})
+	t.out = append(t.out, '}')
+	return err
+}
+
+// text appends the string value at s.I (null: nothing) to t.Text.
+func (t *Tracker) text(s *jsonx.Scanner) error {
+	if s.I < len(s.B) && s.B[s.I] == 'n' {
+		return s.Literal("null")
+	}
+	if s.I >= len(s.B) || s.B[s.I] != '"' {
+		t.poison(PoisonUnparseable)
+		return s.Value()
+	}
+	st, en, esc, err := s.String()
+	if err != nil {
+		return err
+	}
+	if en > st {
+		t.chunkTxt = true
+		if esc {
+			t.Text = jsonx.AppendUnescaped(t.Text, s.B[st:en])
+		} else {
+			t.Text = append(t.Text, s.B[st:en]...)
+		}
+	}
+	return nil
+}
+
+// delta reads a chat delta: its content, and whether it carries tool
+// calls, a function call or reasoning.
+func (t *Tracker) delta(s *jsonx.Scanner) error {
+	if s.I >= len(s.B) || s.B[s.I] != '{' {
+		return s.Value()
+	}
+	b := s.B
+	return s.Object(func(ks, ke int, esc bool) error {
+		key := b[ks:ke]
+		vs := s.I
+		switch {
+		case jsonx.Equal(key, esc, "content"):
+			return t.text(s)
+		case jsonx.Equal(key, esc, "tool_calls"), jsonx.Equal(key, esc, "function_call"),
+			jsonx.Equal(key, esc, "reasoning_content"), jsonx.Equal(key, esc, "reasoning"):
+			if err := s.Value(); err != nil {
+				return err
+			}
+			switch v := b[vs:s.I]; {
+			case string(v) == "null", string(v) == "[]", string(v) == `""`:
+			default:
+				t.ToolsOrReasoning = true
+			}
+			return nil
+		}
+		return s.Value()
+	})
+}
+
+// sglext reads SGLang's id object: prompt_token_ids, and the first
+// choice's list of completion_token_ids (or a flat token_ids).
+func (t *Tracker) sglext(s *jsonx.Scanner) error {
+	if s.I >= len(s.B) || s.B[s.I] != '{' {
+		return s.Value()
+	}
+	b := s.B
+	return s.Object(func(ks, ke int, esc bool) error {
+		key := b[ks:ke]
+		vs := s.I
+		switch {
+		case jsonx.Equal(key, esc, "prompt_token_ids"):
+			if err := s.Value(); err != nil {
+				return err
+			}
+			t.prompt(b[vs:s.I])
+			return nil
+		case jsonx.Equal(key, esc, "token_ids"):
+			if err := s.Value(); err != nil {
+				return err
+			}
+			t.output(b[vs:s.I])
+			return nil
+		case jsonx.Equal(key, esc, "completion_token_ids"):
+			if s.I >= len(b) || b[s.I] != '[' {
+				return s.Value()
+			}
+			first := true
+			return s.Array(func() error {
+				es := s.I
+				if err := s.Value(); err != nil {
+					return err
+				}
+				if first {
+					first = false
+					t.output(b[es:s.I])
+				}
+				return nil
+			})
+		}
+		return s.Value()
+	})
+}
