@@ -1,31 +1,45 @@
 #!/usr/bin/env bash
-# Router overhead, measured: the same `infera bench` load (unary and streaming,
-# several closed-loop concurrency levels) against
-#   (a) direct: the simulators themselves, in zero-latency mode (--time-scale 0),
-#       `infera bench` spreading requests over them in turn (no proxy hop),
-#   (b) nginx:  nginx round-robin proxy_pass in front of the simulators,
-#   (c) infera: `infera serve` in front of the same simulators,
-# all in one run, interleaved per cell, so the ratios to (a) hold on a noisy
-# machine. Two load generators (CLIENTS): `infera bench` and `wrk` (Debian's,
-# a C client with a Lua POST script; installed with apt when missing), so the
-# comparison does not rest on our own client's cost. For each cell it records
-# the CPU seconds the proxy process(es) used (utime+stime from /proc/PID/stat,
-# before and after; nginx: master and workers) per 1,000 requests, repeats
-# every cell REPEATS times (interleaved) and reports medians. The simulators are the ones `infera worker --engine sim` launches
-# and registers with serve's embedded etcd; nginx and the direct runs use
-# those same processes. Prints a markdown table (and writes it to
-# $OUT/overhead.md); every process it started is stopped on exit.
+# Router overhead, measured fairly: the same load (unary and streaming, several
+# closed-loop concurrency levels, and optional fixed-rate cells) against
+#   direct:   the simulators themselves, in zero-latency mode (--time-scale 0),
+#             the client spreading requests over them in turn (no proxy hop),
+#   nginx:    nginx round-robin proxy_pass in front of the simulators,
+#   infera:   `infera serve` (round-robin) in front of the same simulators,
+# plus, when listed in TARGETS, variants that run beside them on the same
+# simulators and the same etcd:
+#   infera-kv    serve with --router-policy kv-aware --tokenizer bytes (the
+#                routing work a cache-aware router does, reported on its own)
+#   infera-base  serve built from BASE_REF (a git ref; before/after in one run)
+#   infera-gmp1, infera-gmp2   serve with GOMAXPROCS=1 / 2
+#   infera-pin   serve pinned to CPU 0 (taskset)
+#   nginx-w1     nginx with worker_processes 1 (nginx is auto)
+# Every cell runs every target back to back, and the whole grid is repeated
+# REPEATS times, so A and B interleave (ABAB…) and share the machine's noise.
+#
+# etcd runs as its own process (Debian's etcd; ETCD=embedded keeps serve's
+# in-process one), so serve's CPU is the router's alone. Two load generators
+# (CLIENTS): `infera bench` and `wrk` (a C client with a Lua POST script);
+# fixed-rate cells (RATES) use `infera bench --rate`. Per cell it records
+# requests/s, p50/p99 latency, the proxy's CPU (utime+stime from
+# /proc/PID/stat; nginx: master and workers) per 1,000 requests, and the whole
+# box's busy CPU (/proc/stat) per 1,000 requests; "box − direct" subtracts the
+# same repeat's direct cell, so the load generator's and the engines' costs
+# cancel and what is left is what the proxy costs the machine (kernel work
+# included). Tables give medians with their spread (min–max) and the machine's
+# load before and after. Every process it started is stopped on exit.
 #
 # Needs: go, curl, jq; installs nginx and wrk (Debian packages) when missing.
 # Settings (environment):
 #   LEVELS="1 16 64"  concurrency levels      DURATION=5s   measured time per cell
 #   MODES="unary stream"                       WARMUP=200    requests per target first
-#   INPUT_LEN=128 OUTPUT_LEN=16 (words/tokens) SIMS=2        simulators behind the proxies
-#   TARGETS="direct nginx infera"              OUT=<temp dir> where JSON reports go
-#   CLIENTS="bench wrk" load generators        REPEATS=1     runs of every cell (medians)
+#   RATES=""  fixed rates (req/s), bench only  SIMS=2        simulators behind the proxies
+#   INPUT_LEN=128 OUTPUT_LEN=16 (words/tokens) OUT=<temp dir> where JSON reports go
+#   TARGETS="direct nginx infera" (and the variants above)
+#   CLIENTS="bench wrk" load generators        REPEATS=3     runs of every cell (medians)
 #   BIN=bin/infera (NO_BUILD=1 skips `go build`)  KEEP=1 keeps the temp dir and logs
+#   BASE_REF=main~1 the ref infera-base is built from   ETCD=external|embedded
 #   SERVE_FLAGS="" extra `infera serve` flags (e.g. --enable-profiling --admin-listen ...)
-#   SERVE_ENV="" environment of `infera serve` only (e.g. GOMAXPROCS=1 GOGC=400)
+#   SERVE_ENV="" environment of every `infera serve` (e.g. GOGC=400)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,11 +52,14 @@ OUTPUT_LEN=${OUTPUT_LEN:-16}
 SIMS=${SIMS:-2}
 TARGETS=${TARGETS:-"direct nginx infera"}
 CLIENTS=${CLIENTS:-"bench wrk"}
-REPEATS=${REPEATS:-1}
+REPEATS=${REPEATS:-3}
+RATES=${RATES:-}
+BASE_REF=${BASE_REF:-main~1}
+ETCD=${ETCD:-external}
 SERVE_FLAGS=${SERVE_FLAGS:-}
 SERVE_ENV=${SERVE_ENV:-}
 BIN=${BIN:-bin/infera}
-COMMAND="LEVELS=\"$LEVELS\" MODES=\"$MODES\" CLIENTS=\"$CLIENTS\" REPEATS=$REPEATS DURATION=$DURATION TARGETS=\"$TARGETS\" bash scripts/bench-overhead.sh"
+COMMAND="LEVELS=\"$LEVELS\" MODES=\"$MODES\" RATES=\"$RATES\" CLIENTS=\"$CLIENTS\" REPEATS=$REPEATS DURATION=$DURATION TARGETS=\"$TARGETS\" ETCD=$ETCD bash scripts/bench-overhead.sh"
 MODEL=sim-model
 
 log() { printf '[bench-overhead] %s\n' "$*" >&2; }
@@ -96,6 +113,16 @@ if [[ -z ${NO_BUILD:-} ]]; then
   CGO_ENABLED=0 go build -o "$BIN" .
 fi
 [[ -x $BIN ]] || die "$BIN not found"
+BASE_BIN=""
+if [[ " $TARGETS " == *" infera-base "* ]]; then
+  BASE_BIN=$(dirname "$BIN")/infera-base
+  log "building $BASE_BIN from $BASE_REF"
+  base_tree=$(mktemp -d "${TMPDIR:-/tmp}/infera-base.XXXXXX")
+  git worktree add -q --detach "$base_tree" "$BASE_REF" || die "cannot check out $BASE_REF"
+  (cd "$base_tree" && CGO_ENABLED=0 go build -o "$OLDPWD/$BASE_BIN" .) || die "cannot build $BASE_REF"
+  git worktree remove --force "$base_tree"
+  BASE_DESC="$BASE_REF = $(git rev-parse --short "$BASE_REF")"
+fi
 
 # --- processes and cleanup ---------------------------------------------------
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/infera-overhead.XXXXXX")
@@ -153,23 +180,60 @@ wait_for() {
   return 1
 }
 
-API_PORT=$(free_port)
+is_serve() { [[ $1 == infera* ]]; }
+is_nginx() { [[ $1 == nginx* ]]; }
+needs_fleet=""
+for t in $TARGETS; do is_serve "$t" && needs_fleet=1; done
+
 ETCD_PORT=$(free_port)
+ETCD_URL="http://127.0.0.1:$ETCD_PORT"
 SIM_PORTS=()
 for _ in $(seq 1 "$SIMS"); do SIM_PORTS+=("$(free_port)"); done
-NGINX_PORT=$(free_port)
+declare -A PORT=() PID_OF=()
 
-if [[ $TARGETS == *infera* ]]; then
-  log "starting infera serve on 127.0.0.1:$API_PORT (embedded etcd on 127.0.0.1:$ETCD_PORT)"
-  env $SERVE_ENV "$BIN" serve --listen "127.0.0.1:$API_PORT" \
-    --embedded-etcd-listen "127.0.0.1:$ETCD_PORT" --embedded-etcd-dir "$WORK/etcd" \
-    --log-level warn $SERVE_FLAGS >"$WORK/serve.log" 2>&1 &
+if [[ -n $needs_fleet && $ETCD == external ]]; then
+  command -v etcd >/dev/null || die "etcd is missing (apt-get install etcd-server, or ETCD=embedded)"
+  log "starting etcd on $ETCD_URL (its own process)"
+  etcd --name bench --data-dir "$WORK/etcd" --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
+    --listen-peer-urls "http://127.0.0.1:$(free_port)" --log-level warn >"$WORK/etcd.log" 2>&1 &
   PIDS+=($!)
-  SERVE_PID=$!
-  wait_for curl -fsS "http://127.0.0.1:$API_PORT/health" || die "infera serve did not come up (see $WORK/serve.log)"
+  wait_for curl -fsS "$ETCD_URL/health" || die "etcd did not come up (see $WORK/etcd.log)"
+fi
+
+# start_serve TARGET: one `infera serve` per infera* target, all on the same
+# etcd (with ETCD=embedded the first one runs it in-process).
+start_serve() {
+  local t=$1 port bin=$BIN env=() flags=() pin=()
+  port=$(free_port)
+  case $t in
+    infera-kv) flags=(--router-policy kv-aware --tokenizer bytes) ;;
+    infera-base) bin=$BASE_BIN ;;
+    infera-gmp1) env=(GOMAXPROCS=1) ;;
+    infera-gmp2) env=(GOMAXPROCS=2) ;;
+    infera-pin) pin=(taskset -c 0) ;;
+  esac
+  if [[ $ETCD == external || -n ${EMBEDDED_UP:-} ]]; then
+    flags+=(--etcd-endpoints "$ETCD_URL")
+  else
+    flags+=(--embedded-etcd-listen "127.0.0.1:$ETCD_PORT" --embedded-etcd-dir "$WORK/etcd")
+    EMBEDDED_UP=1
+  fi
+  log "starting $t: infera serve on 127.0.0.1:$port ${env[*]} ${pin[*]} ${flags[*]}"
+  env $SERVE_ENV "${env[@]}" "${pin[@]}" "$bin" serve --listen "127.0.0.1:$port" \
+    --log-level warn "${flags[@]}" $SERVE_FLAGS >"$WORK/serve-$t.log" 2>&1 &
+  PIDS+=($!)
+  PID_OF[$t]=$!
+  PORT[$t]=$port
+  wait_for curl -fsS "http://127.0.0.1:$port/health" || die "$t did not come up (see $WORK/serve-$t.log)"
+}
+for t in $TARGETS; do
+  if is_serve "$t"; then start_serve "$t"; fi
+done
+
+if [[ -n $needs_fleet ]]; then
   for i in "${!SIM_PORTS[@]}"; do
     log "starting infera worker --engine sim (sim on 127.0.0.1:${SIM_PORTS[$i]}, --time-scale 0)"
-    "$BIN" worker --engine sim --etcd-endpoints "http://127.0.0.1:$ETCD_PORT" --drain-timeout 2s --stop-grace 2s \
+    "$BIN" worker --engine sim --etcd-endpoints "$ETCD_URL" --drain-timeout 2s --stop-grace 2s \
       -- --host 127.0.0.1 --port "${SIM_PORTS[$i]}" --model "$MODEL" --time-scale 0 --log-level warn \
       >"$WORK/worker-$i.log" 2>&1 &
     PIDS+=($!)
@@ -190,38 +254,45 @@ for i in "${!SIM_PORTS[@]}"; do
   wait_for curl -fsS "http://127.0.0.1:${SIM_PORTS[$i]}/health" || die "sim $i is not healthy"
 done
 
-# Wait until serve routes to every simulator: its answers name each worker.
-probe='{"model":"'$MODEL'","messages":[{"role":"user","content":"hello"}],"max_tokens":1}'
-seen_all() {
-  local seen
-  seen=$(for _ in $(seq 1 $((4 * SIMS))); do
-    curl -fsS -o /dev/null -D - -H 'Content-Type: application/json' -d "$probe" \
-      "http://127.0.0.1:$API_PORT/v1/chat/completions" | tr -d '\r' | awk -F': ' 'tolower($1)=="x-infera-worker"{print $2}'
+# Wait until every serve routes to every simulator: its answers name each
+# worker (prompts differ, so that kv-aware spreads them too).
+seen_all() { # port
+  local seen i
+  seen=$(for i in $(seq 1 $((4 * SIMS))); do
+    curl -fsS -o /dev/null -D - -H 'Content-Type: application/json' \
+      -d '{"model":"'$MODEL'","messages":[{"role":"user","content":"hello '$i$RANDOM'"}],"max_tokens":1}' \
+      "http://127.0.0.1:$1/v1/chat/completions" | tr -d '\r' | awk -F': ' 'tolower($1)=="x-infera-worker"{print $2}'
   done | sort -u | wc -l)
   [[ $seen -ge $SIMS ]]
 }
-if [[ $TARGETS == *infera* ]]; then
-  wait_for seen_all || die "infera serve does not route to all $SIMS workers (see $WORK/serve.log)"
-fi
+for t in $TARGETS; do
+  if is_serve "$t"; then
+    wait_for seen_all "${PORT[$t]}" || die "$t does not route to all $SIMS workers (see $WORK/serve-$t.log)"
+  fi
+done
 
-if [[ $TARGETS == *nginx* ]]; then
-  mkdir -p "$WORK/nginx"
+# start_nginx TARGET: nginx (worker_processes auto) or nginx-w1 (1).
+start_nginx() {
+  local t=$1 port workers=auto dir=$WORK/$1
+  port=$(free_port)
+  [[ $t == nginx-w1 ]] && workers=1
+  mkdir -p "$dir"
   {
     [[ $(id -u) -eq 0 ]] && echo "user root;"
     cat <<CONF
-worker_processes auto;
+worker_processes $workers;
 daemon off;
 master_process on;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
 events { worker_connections 8192; }
 http {
   access_log off;
-  client_body_temp_path $WORK/nginx/body;
-  proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fastcgi;
-  uwsgi_temp_path $WORK/nginx/uwsgi;
-  scgi_temp_path $WORK/nginx/scgi;
+  client_body_temp_path $dir/body;
+  proxy_temp_path $dir/proxy;
+  fastcgi_temp_path $dir/fastcgi;
+  uwsgi_temp_path $dir/uwsgi;
+  scgi_temp_path $dir/scgi;
   keepalive_timeout 120s;
   keepalive_requests 1000000;
   upstream sims {
@@ -230,7 +301,7 @@ $(for p in "${SIM_PORTS[@]}"; do echo "    server 127.0.0.1:$p;"; done)
     keepalive_requests 1000000;
   }
   server {
-    listen 127.0.0.1:$NGINX_PORT;
+    listen 127.0.0.1:$port;
     location / {
       proxy_pass http://sims;
       proxy_http_version 1.1;
@@ -242,24 +313,26 @@ $(for p in "${SIM_PORTS[@]}"; do echo "    server 127.0.0.1:$p;"; done)
   }
 }
 CONF
-  } >"$WORK/nginx/nginx.conf"
-  log "starting nginx on 127.0.0.1:$NGINX_PORT (round-robin over ${SIM_PORTS[*]})"
-  "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" >"$WORK/nginx/stdout.log" 2>&1 &
+  } >"$dir/nginx.conf"
+  log "starting $t on 127.0.0.1:$port (worker_processes $workers, round-robin over ${SIM_PORTS[*]})"
+  "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout.log" 2>&1 &
   PIDS+=($!)
-  NGINX_PID=$!
-  wait_for curl -fsS "http://127.0.0.1:$NGINX_PORT/health" || die "nginx did not come up (see $WORK/nginx/error.log)"
-fi
+  PID_OF[$t]=$!
+  PORT[$t]=$port
+  wait_for curl -fsS "http://127.0.0.1:$port/health" || die "$t did not come up (see $dir/error.log)"
+}
+for t in $TARGETS; do
+  if is_nginx "$t"; then start_nginx "$t"; fi
+done
 
 url_of() {
-  case $1 in
-    direct)
-      local urls=() p
-      for p in "${SIM_PORTS[@]}"; do urls+=("http://127.0.0.1:$p"); done
-      (IFS=,; echo "${urls[*]}")
-      ;;
-    nginx) echo "http://127.0.0.1:$NGINX_PORT" ;;
-    infera) echo "http://127.0.0.1:$API_PORT" ;;
-  esac
+  if [[ $1 == direct ]]; then
+    local urls=() p
+    for p in "${SIM_PORTS[@]}"; do urls+=("http://127.0.0.1:$p"); done
+    (IFS=,; echo "${urls[*]}")
+  else
+    echo "http://127.0.0.1:${PORT[$1]}"
+  fi
 }
 
 bench() { # target mode concurrency out.json [extra flags]
@@ -301,8 +374,8 @@ wrk_one() { # url mode conc out.json
   [[ -s $4 ]] || die "wrk against $1 wrote no report"
 }
 
-# wrk_run target mode conc out.tsv-line: one wrk per URL (direct: one per
-# simulator, the connections split between them, results summed/averaged).
+# wrk_run target mode conc tag: one wrk per URL (direct: one per simulator,
+# the connections split between them, results summed/averaged).
 wrk_run() {
   local target=$1 mode=$2 conc=$3 tag=$4
   local urls=() i
@@ -329,15 +402,12 @@ wrk_run() {
   rm -f "$WORK/$tag"-*.json
 }
 
-# cpu_ticks target: utime+stime (clock ticks) of the proxy process(es).
+# proc_ticks target: utime+stime (clock ticks) of the proxy process(es).
 TICKS=$(getconf CLK_TCK)
-cpu_ticks() {
-  local pids=()
-  case $1 in
-    infera) pids=("$SERVE_PID") ;;
-    nginx) pids=("$NGINX_PID" $(pgrep -P "$NGINX_PID" || true)) ;;
-    *) echo 0; return ;;
-  esac
+proc_ticks() {
+  if [[ $1 == direct ]]; then echo 0; return; fi
+  local pids=("${PID_OF[$1]}")
+  is_nginx "$1" && pids+=($(pgrep -P "${PID_OF[$1]}" || true))
   local total=0 p rest
   for p in "${pids[@]}"; do
     [[ -r /proc/$p/stat ]] || continue
@@ -347,102 +417,129 @@ cpu_ticks() {
   done
   echo "$total"
 }
+# box_ticks: the whole machine's busy clock ticks (/proc/stat: user nice
+# system irq softirq steal; not idle or iowait).
+box_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat; }
 
 for target in $TARGETS; do
   log "warming up $target"
   bench "$target" stream 16 "$WORK/warmup-$target.json" --requests "$WARMUP"
 done
 
+# Cells: closed loop at each level (every client), fixed rate (bench only).
+CELLS=()
+for mode in $MODES; do
+  for conc in $LEVELS; do for client in $CLIENTS; do CELLS+=("$client $mode $conc"); done; done
+  for rate in $RATES; do CELLS+=("bench $mode r$rate"); done
+done
+
 LOAD_BEFORE=$(cat /proc/loadavg)
 RESULTS=$OUT/results.tsv
-printf 'client\tmode\tconc\trep\ttarget\trequests\treq_s\tp50_ms\tp99_ms\terrors\tcpu_s\n' >"$RESULTS"
+printf 'client\tmode\tconc\trep\ttarget\trequests\treq_s\tp50_ms\tp99_ms\terrors\tcpu_s\tbox_s\n' >"$RESULTS"
 for rep in $(seq 1 "$REPEATS"); do
-  for mode in $MODES; do
-    for conc in $LEVELS; do
-      for client in $CLIENTS; do
-        for target in $TARGETS; do
-          log "run $rep/$REPEATS: $client, $mode, concurrency $conc, $target, $DURATION"
-          t0=$(cpu_ticks "$target")
-          if [[ $client == bench ]]; then
-            f="$OUT/$mode-c$conc-$target-r$rep.json"
-            bench "$target" "$mode" "$conc" "$f" --requests 0 --duration "$DURATION"
-            line=$(jq -r '[.requests, .throughput.req_per_s, .e2e_ms.p50, .e2e_ms.p99, ([.errors[]] | add // 0)] | @tsv' "$f")
-          else
-            line=$(wrk_run "$target" "$mode" "$conc" "wrk-$mode-c$conc-$target-r$rep")
-          fi
-          t1=$(cpu_ticks "$target")
-          cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$TICKS" 'BEGIN { printf "%.3f", (b - a) / hz }')
-          printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$client" "$mode" "$conc" "$rep" "$target" "$line" "$cpu" >>"$RESULTS"
-        done
-      done
+  for cell in "${CELLS[@]}"; do
+    read -r client mode conc <<<"$cell"
+    for target in $TARGETS; do
+      log "run $rep/$REPEATS: $client, $mode, $conc, $target, $DURATION"
+      t0=$(proc_ticks "$target")
+      b0=$(box_ticks)
+      if [[ $client == bench ]]; then
+        f="$OUT/$mode-$conc-$target-r$rep.json"
+        if [[ $conc == r* ]]; then
+          bench "$target" "$mode" 1 "$f" --requests 0 --duration "$DURATION" --rate "${conc#r}"
+        else
+          bench "$target" "$mode" "$conc" "$f" --requests 0 --duration "$DURATION"
+        fi
+        line=$(jq -r '[.requests, .throughput.req_per_s, .e2e_ms.p50, .e2e_ms.p99, ([.errors[]] | add // 0)] | @tsv' "$f")
+      else
+        line=$(wrk_run "$target" "$mode" "$conc" "wrk-$mode-c$conc-$target-r$rep")
+      fi
+      t1=$(proc_ticks "$target")
+      b1=$(box_ticks)
+      cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$TICKS" 'BEGIN { printf "%.3f", (b - a) / hz }')
+      box=$(awk -v a="$b0" -v b="$b1" -v hz="$TICKS" 'BEGIN { printf "%.3f", (b - a) / hz }')
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$client" "$mode" "$conc" "$rep" "$target" "$line" "$cpu" "$box" >>"$RESULTS"
     done
   done
 done
 LOAD_AFTER=$(cat /proc/loadavg)
 
-# --- table: medians over the repeats; ratios within the same client/cell ----
-awk -F'\t' -v modes="$MODES" -v levels="$LEVELS" -v clients="$CLIENTS" -v targets="$TARGETS" '
-function median(key,   n, i, j, t, a) {
-  n = split(vals[key], a, " ")
+# --- tables: medians (min–max) over the repeats; ratios within a repeat ------
+# Ratios (× direct, × nginx) are taken per repeat, then their median: the two
+# runs of a ratio ran back to back. box − direct: the box's CPU per 1,000
+# requests minus the same repeat's direct cell.
+awk -F'\t' -v targets="$TARGETS" '
+function sortv(s, a,   n, i, j, t) {
+  n = split(s, a, " ")
   for (i = 2; i <= n; i++) { t = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
-  return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  return n
 }
+function med(s,   a, n) { n = sortv(s, a); if (!n) return ""; return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+function spread(s, fmt,   a, n) { n = sortv(s, a); if (!n) return "–"; return sprintf(fmt " (" fmt "–" fmt ")", med(s), a[1], a[n]) }
 NR > 1 {
-  k = $1 SUBSEP $2 SUBSEP $3 SUBSEP $5
-  vals[k, "rps"] = vals[k, "rps"] " " $7
-  vals[k, "p50"] = vals[k, "p50"] " " $8
-  vals[k, "p99"] = vals[k, "p99"] " " $9
-  vals[k, "cpu"] = vals[k, "cpu"] " " ($6 > 0 ? $11 * 1000 / $6 : 0)
+  cell = $1 SUBSEP $2 SUBSEP $3; k = cell SUBSEP $5; r = cell SUBSEP $4
+  if (!(cell in seen)) { seen[cell] = 1; order[++nc] = cell }
+  if (!((r) in repseen)) { repseen[r] = 1; reps[cell] = reps[cell] " " $4 }
+  rps[k] = rps[k] " " $7; p50[k] = p50[k] " " $8; p99[k] = p99[k] " " $9
+  if ($6 > 0) { cpu[k] = cpu[k] " " ($11 * 1000 / $6); box[k] = box[k] " " ($12 * 1000 / $6) }
   err[k] += $10
+  R[r SUBSEP $5] = $7; B[r SUBSEP $5] = ($6 > 0 ? $12 * 1000 / $6 : 0)
 }
 END {
-  nm = split(modes, M, " "); nl = split(levels, L, " "); nc = split(clients, C, " "); nt = split(targets, T, " ")
-  print "| client | mode | conc | target | req/s | × direct | × nginx | p50 ms | +p50 ms | p99 ms | +p99 ms | CPU s / 1k req | errors |"
-  print "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-  for (c = 1; c <= nc; c++) for (m = 1; m <= nm; m++) for (l = 1; l <= nl; l++) {
-    d = C[c] SUBSEP M[m] SUBSEP L[l] SUBSEP "direct"; g = C[c] SUBSEP M[m] SUBSEP L[l] SUBSEP "nginx"
-    drps = ((d, "rps") in vals) ? median(d SUBSEP "rps") : ""
-    grps = ((g, "rps") in vals) ? median(g SUBSEP "rps") : ""
-    dp50 = ((d, "p50") in vals) ? median(d SUBSEP "p50") : ""
-    dp99 = ((d, "p99") in vals) ? median(d SUBSEP "p99") : ""
+  nt = split(targets, T, " ")
+  print "| client | mode | conc | target | req/s (min–max) | × direct | × nginx | p50 ms | p99 ms | proxy CPU s / 1k req (min–max) | box CPU s / 1k req | box − direct | errors |"
+  print "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for (c = 1; c <= nc; c++) {
+    cell = order[c]; split(cell, parts, SUBSEP)
+    nr = split(reps[cell], RP, " ")
     for (t = 1; t <= nt; t++) {
-      k = C[c] SUBSEP M[m] SUBSEP L[l] SUBSEP T[t]
-      if (!((k, "rps") in vals)) continue
-      rps = median(k SUBSEP "rps"); p50 = median(k SUBSEP "p50"); p99 = median(k SUBSEP "p99"); cpu = median(k SUBSEP "cpu")
-      printf "| %s | %s | %s | %s | %.0f | %s | %s | %.2f | %s | %.2f | %s | %s | %d |\n", C[c], M[m], L[l], T[t], rps,
-        (drps > 0 ? sprintf("%.2f", rps / drps) : "–"), (grps > 0 ? sprintf("%.2f", rps / grps) : "–"),
-        p50, (dp50 != "" ? sprintf("%+.2f", p50 - dp50) : "–"), p99, (dp99 != "" ? sprintf("%+.2f", p99 - dp99) : "–"),
-        (T[t] == "direct" ? "–" : sprintf("%.3f", cpu)), err[k]
+      k = cell SUBSEP T[t]
+      if (!(k in rps)) continue
+      xd = ""; xg = ""; bd = ""
+      for (i = 1; i <= nr; i++) {
+        r = cell SUBSEP RP[i]
+        if (!((r SUBSEP T[t]) in R)) continue
+        if ((r SUBSEP "direct") in R && R[r SUBSEP "direct"] > 0) { xd = xd " " (R[r SUBSEP T[t]] / R[r SUBSEP "direct"]); bd = bd " " (B[r SUBSEP T[t]] - B[r SUBSEP "direct"]) }
+        if ((r SUBSEP "nginx") in R && R[r SUBSEP "nginx"] > 0) xg = xg " " (R[r SUBSEP T[t]] / R[r SUBSEP "nginx"])
+      }
+      printf "| %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %s | %d |\n", parts[1], parts[2], parts[3], T[t],
+        spread(rps[k], "%.0f"), (xd != "" ? spread(xd, "%.2f") : "–"), (xg != "" ? spread(xg, "%.2f") : "–"),
+        med(p50[k]), med(p99[k]),
+        (T[t] == "direct" ? "–" : spread(cpu[k], "%.4f")), spread(box[k], "%.4f"),
+        (T[t] == "direct" || bd == "" ? "–" : spread(bd, "%.4f")), err[k]
     }
   }
 }' "$RESULTS" >"$OUT/overhead.md"
 
-# --- verdict: infera against nginx (and direct at 64), per client/cell ------
+# --- verdict: each infera* target against nginx, per cell -------------------
 awk -F'|' '
-{ gsub(/ /, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $4); gsub(/ /, "", $5) }
-$5 == "infera" { k = $2 " " $3 " c" $4; ir[k] = $6 + 0; ix[k] = $8; id[k] = $7; ip50[k] = $10; ip99[k] = $12; icpu[k] = $13 + 0; conc[k] = $4; keys[++n] = k }
-$5 == "nginx"  { k = $2 " " $3 " c" $4; gp50[k] = $10; gp99[k] = $12; gcpu[k] = $13 + 0 }
+function num(s) { sub(/ *\(.*/, "", s); gsub(/ /, "", s); return s }
+{ for (i = 2; i <= 5; i++) gsub(/ /, "", $i) }
+$5 ~ /^infera/ { k = $2 " " $3 " " $4 " " $5; cell[k] = $2 " " $3 " " $4; keys[++n] = k; xg[k] = num($8); xd[k] = num($7); c[k] = num($11); b[k] = num($13); p50[k] = $9; p99[k] = $10 }
+$5 == "nginx" { g = $2 " " $3 " " $4; gc[g] = num($11); gb[g] = num($13); gp50[g] = $9; gp99[g] = $10 }
 END {
   if (!n) exit
   print ""
-  print "| cell | infera × nginx req/s | infera × direct | +p50 ms infera / nginx | +p99 ms infera / nginx | CPU/1k infera / nginx |"
-  print "|---|---:|---:|---:|---:|---:|"
-  for (i = 1; i <= n; i++) { k = keys[i]
-    printf "| %s | %s | %s | %s / %s | %s / %s | %.3f / %.3f |\n", k, ix[k], id[k], ip50[k], gp50[k], ip99[k], gp99[k], icpu[k], gcpu[k] }
+  print "| cell | target | req/s × nginx | req/s × direct | proxy CPU / 1k: target / nginx (ratio) | box − direct / 1k: target / nginx | p50 ms target / nginx | p99 ms target / nginx |"
+  print "|---|---|---:|---:|---:|---:|---:|---:|"
+  for (i = 1; i <= n; i++) { k = keys[i]; g = cell[k]; split(k, kk, " ")
+    printf "| %s | %s | %s | %s | %s / %s (%s) | %s / %s | %s / %s | %s / %s |\n", g, kk[4], xg[k], xd[k], c[k], gc[g],
+      (gc[g] > 0 ? sprintf("%.2f", c[k] / gc[g]) : "–"), b[k], gb[g], p50[k], gp50[g], p99[k], gp99[g] }
 }' "$OUT/overhead.md" >"$OUT/verdict.md"
 
 cpus=$(nproc)
-cat <<EOF
+cat <<SUMMARY
 
-Router overhead — $(date -u +%Y-%m-%dT%H:%MZ), $(uname -m), $cpus CPUs, infera $("$BIN" version | awk '{print $2}')
+Router overhead — $(date -u +%Y-%m-%dT%H:%MZ), $(uname -m), $cpus CPUs, infera $("$BIN" version | awk '{print $2}')${BASE_DESC:+, infera-base $BASE_DESC}
 command: $COMMAND
 load (1/5/15 min, /proc/loadavg): before $LOAD_BEFORE; after $LOAD_AFTER
-random workload, $INPUT_LEN-word prompts, $OUTPUT_LEN output tokens, closed loop, $DURATION per cell, median of $REPEATS run(s);
-$SIMS × \`infera sim --time-scale 0\`; direct = the client spreads requests over them itself
-(wrk: one wrk per simulator, connections split, req/s summed, latency averaged); latency = end-to-end (ms);
-CPU = utime+stime of the proxy (nginx: master + workers) per 1,000 requests; × nginx / × direct: same client, same cell.
+etcd: $ETCD; random workload, $INPUT_LEN-word prompts, $OUTPUT_LEN output tokens, $DURATION per cell, $REPEATS interleaved repeat(s),
+medians (min–max); conc r<N>: \`infera bench --rate N\` (open loop); $SIMS × \`infera sim --time-scale 0\`;
+direct = the client spreads requests over them itself (wrk: one wrk per simulator, connections split, req/s summed,
+latency averaged); latency = end-to-end (ms); proxy CPU = utime+stime of the proxy (nginx: master + workers);
+box CPU = the machine's busy time (/proc/stat); box − direct = that minus the same repeat's direct cell.
 
-EOF
+SUMMARY
 cat "$OUT/overhead.md"
 cat "$OUT/verdict.md"
 [[ $OUT != "$WORK"/* || -n ${KEEP:-} ]] && log "reports: $OUT"
