@@ -27,7 +27,7 @@ test-allocs: ## the zero-allocation tests (Test*Alloc*), without -race: the race
 # cgo shims behind build tags, run against the stub C libraries their tests
 # build from testdata/ (needs a C compiler); packages that exist only.
 CGO_TAGS ?= mooncake,mori,rocm
-CGO_PKGS  = $(foreach d,$(wildcard transport rocm),./$(d)/...)
+CGO_PKGS  = $(foreach d,$(wildcard transport rocm kvd/mcstore),./$(d)/...)
 
 test-cgo: ## cgo shims (mooncake, mori, rocm tags) against the stub libraries, with -race
 	CGO_ENABLED=1 $(GO) vet -tags $(CGO_TAGS) $(CGO_PKGS)
