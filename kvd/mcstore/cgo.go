@@ -82,6 +82,23 @@ import (
 	"unsafe"
 )
 
+// Mooncake Store's error codes the client tells apart (types.h ErrorCode).
+const (
+	codeBufferOverflow = -10
+	codeObjectNotFound = -704
+)
+
+// codeErr turns a negative return code into an error.
+func codeErr(op string, code int64) error {
+	switch code {
+	case codeObjectNotFound:
+		return ErrNotFound
+	case codeBufferOverflow:
+		return ErrTooLarge
+	}
+	return &StoreError{Op: op, Code: code}
+}
+
 // Store is a Mooncake Store client.
 type Store struct {
 	lib      *C.mcs_lib

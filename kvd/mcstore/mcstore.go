@@ -17,12 +17,6 @@ var (
 	ErrConfig = errors.New("mcstore: invalid config")
 )
 
-// Mooncake Store's error codes the client tells apart (types.h ErrorCode).
-const (
-	codeBufferOverflow = -10
-	codeObjectNotFound = -704
-)
-
 // Config is what mooncake_store_setup takes, with Infera's names (the
 // Python fleet's --mooncake-config keys and INFERA_L4_* variables).
 type Config struct {
@@ -77,17 +71,6 @@ func (c *Config) defaults() error {
 		return errors.Join(append([]error{ErrConfig}, missing...)...)
 	}
 	return nil
-}
-
-// codeErr turns a negative return code into an error.
-func codeErr(op string, code int64) error {
-	switch code {
-	case codeObjectNotFound:
-		return ErrNotFound
-	case codeBufferOverflow:
-		return ErrTooLarge
-	}
-	return &StoreError{Op: op, Code: code}
 }
 
 // StoreError is ErrStore with the operation and Mooncake's code.
