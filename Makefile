@@ -8,13 +8,17 @@ FUZZTIME       ?= 5m
 FUZZTIME_SMOKE ?= 5s
 STATICCHECK    ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: help build test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-kvd bench-kvd-sim bench-overhead fuzz fuzz-smoke lint run tokenizers sdks clean
+.PHONY: help build build-gpu test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-kvd bench-kvd-sim bench-overhead fuzz fuzz-smoke lint run tokenizers sdks clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 
 build: ## static, cgo-free binary at bin/infera
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) .
+
+GPU_BIN ?= bin/infera-gpu
+build-gpu: ## the GPU node's binary at bin/infera-gpu: cgo with the mooncake, mori and rocm shims (libraries loaded with dlopen at run time; it runs without them)
+	CGO_ENABLED=1 $(GO) build -trimpath -tags $(CGO_TAGS) -ldflags '$(LDFLAGS)' -o $(GPU_BIN) .
 
 test: lint tokenizers sdks test-race test-allocs test-cgo fuzz-smoke bench-smoke ## everything CI runs: lint, -race unit+integration+e2e, zero-allocation checks, cgo shims, fuzz and bench smoke
 

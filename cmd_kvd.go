@@ -18,6 +18,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvd"
 	"github.com/infera/infera/kvd/l4"
+	"github.com/infera/infera/kvd/mcstore"
 	"github.com/infera/infera/kvd/resp"
 	"github.com/infera/infera/kvd/tablespace"
 )
@@ -93,6 +94,21 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		// Deferred before the store's Close, so it runs after it (and
 		// before the tablespace's): the store's last write-throughs reach
 		// the tier's queue, which is written before Redis is left.
+		defer tier.Close()
+		opt.Long, opt.LongNotFound = tier, l4.ErrNotFound
+		collectors = append(collectors, tier.Collector())
+	}
+	if cfg.LongBackend == config.LongBackendMooncake {
+		m := cfg.Mooncake
+		tier, err := l4.OpenMooncake(l4.Options{Prefix: m.ClusterID + ":", Queue: cfg.L4Queue, Timeout: cfg.L4Timeout, MaxValueBytes: m.MaxValueBytes,
+			Below: opt.Long, BelowNotFound: opt.LongNotFound, Log: log.With().Str("tier", "l4").Logger()},
+			mcstore.Config{Library: m.Library, LocalHostname: m.LocalHostname, MetadataServer: m.MetadataServer, MasterAddress: m.MasterAddress,
+				GlobalSegmentSize: m.GlobalSegmentSize, LocalBufferSize: m.LocalBufferSize, Protocol: m.Protocol, DeviceName: m.DeviceName})
+		if err != nil {
+			return fmt.Errorf("kvd l4 mooncake: %w", err)
+		}
+		log.Info().Str("master", m.MasterAddress).Str("local", m.LocalHostname).Str("protocol", m.Protocol).Str("cluster_id", m.ClusterID).
+			Bool("below_l3", len(cfg.LongPaths) > 0).Msg("l4 on mooncake store")
 		defer tier.Close()
 		opt.Long, opt.LongNotFound = tier, l4.ErrNotFound
 		collectors = append(collectors, tier.Collector())

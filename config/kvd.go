@@ -2,6 +2,7 @@ package config
 
 import (
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -59,6 +60,13 @@ type KVD struct {
 	L4Timeout   time.Duration
 	l4RedisText []string
 
+	// LongBackend: tablespace (L3 + optional Redis L4) or mooncake (L4 on
+	// Mooncake Store, below L3 when --long-path is set); Mooncake holds
+	// its settings after Validate.
+	LongBackend    string
+	MooncakeConfig string
+	Mooncake       MooncakeL4
+
 	MaxBytes       int64 // RAM budget: the arena plus inline values
 	ArenaBytes     int64 // 0: no shared arena
 	MaxFrameBytes  int64
@@ -112,6 +120,8 @@ func (k *KVD) Flags() []cli.Flag {
 		Duration("l4-ttl", "TTL of entries written to L4 (long retention); 0 = none", &k.L4TTL, 24*time.Hour),
 		Int("l4-write-queue", "pending L4 write-behinds; more are dropped and counted", &k.L4Queue, 4096),
 		Duration("l4-timeout", "deadline of one L4 read on an L2/L3 miss (a slower or unreachable Redis counts as a miss)", &k.L4Timeout, 50*time.Millisecond),
+		String("long-backend", "where long entries go below RAM: tablespace (the L3 of --long-path, Redis L4 with --l4-redis) or mooncake (L4 on Mooncake Store, below L3 when --long-path is set; needs the GPU build)", &k.LongBackend, LongBackendTablespace),
+		String("mooncake-config", "YAML with the Mooncake Store settings (master_address, cluster_id, local_hostname, metadata_server, protocol, device_name, global_segment_size, local_buffer_size, max_value_bytes, library); INFERA_L4_<KEY> variables win over it", &k.MooncakeConfig, ""),
 	)
 }
 
@@ -196,6 +206,19 @@ func (k *KVD) Validate() error {
 		p.Addf("--long-write-queue must be at least 1")
 	}
 	k.validateRESPL4(&p)
+	switch k.LongBackend {
+	case LongBackendTablespace:
+		if k.MooncakeConfig != "" {
+			p.Addf("--mooncake-config is set but --long-backend is %s (want mooncake)", k.LongBackend)
+		}
+	case LongBackendMooncake:
+		if len(k.L4Redis) > 0 {
+			p.Addf("--long-backend mooncake and --l4-redis: one L4 only")
+		}
+		k.Mooncake = loadMooncakeL4(&p, k.MooncakeConfig, os.Getenv)
+	default:
+		p.Addf("--long-backend %q: want tablespace or mooncake", k.LongBackend)
+	}
 	return p.Err()
 }
 

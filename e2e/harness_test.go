@@ -82,9 +82,15 @@ func start(t *testing.T, name string, args ...string) *proc {
 // startEnv is start with an explicit environment.
 func startEnv(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
+	return startBinary(t, binary, name, env, args...)
+}
+
+// startBinary is startEnv for another build of infera (the GPU build).
+func startBinary(t *testing.T, bin, name string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, name: name, done: make(chan struct{})}
 	p.cond = sync.NewCond(&p.mu)
-	p.cmd = exec.Command(binary, args...)
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p.cmd.Env = env
 	stderr, err := p.cmd.StderrPipe()

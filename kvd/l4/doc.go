@@ -1,6 +1,15 @@
-// Package l4 is kvd's distributed tier on Redis or Valkey (`infera kvd
-// --l4-redis URL`), shared by every host's daemon so that a prefix
-// computed on one host is found by another.
+// Package l4 is kvd's distributed tier, shared by every host's daemon so
+// that a prefix computed on one host is found by another: on Redis or
+// Valkey (`infera kvd --l4-redis URL`, redis.go) or on Mooncake Store
+// (`--long-backend mooncake`, mooncake.go over kvd/mcstore, the GPU
+// build). Both are a Remote under one Tier, so write-behind, read-through,
+// checksums and outages behave the same on either.
+//
+// Mooncake keys are the Tier's (prefix = cluster_id + ":", then model,
+// compat_key and hex key, ':' and '%' escaped), not the Python fleet's
+// (`cluster_id:model\0compat\0hex`): Mooncake's C API takes keys as C
+// strings, which cannot hold the NUL bytes the reference puts in its keys,
+// so a Go and a Python kvd cannot share objects in one Mooncake pool.
 //
 // A Tier is a kvd.LongStore placed below the store: over the optional L3
 // tablespace (Options.Below) or right below RAM. It owns:

@@ -2,18 +2,15 @@ package l4
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"hash/crc32"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/kvd"
@@ -21,12 +18,41 @@ import (
 
 // Sentinel errors.
 var (
-	// ErrNotFound: neither the tier below nor Redis holds the key (an
-	// unreachable Redis and a failed checksum also read as not found).
+	// ErrNotFound: neither the tier below nor the remote store holds the
+	// key (an unreachable store and a failed checksum also read as not
+	// found).
 	ErrNotFound = errors.New("l4: not found")
 	// ErrConfig: invalid Options.
 	ErrConfig = errors.New("l4: invalid options")
+	// ErrRemoteMiss is what a Remote's Get returns for an absent key.
+	ErrRemoteMiss = errors.New("l4: remote miss")
 )
+
+// Op is one queued write to the remote store: Val nil deletes Key.
+type Op struct {
+	Key string
+	Val []byte
+}
+
+// Remote is the shared store a Tier writes behind and reads through:
+// Redis/Valkey (redis.go) or Mooncake Store (mooncake.go).
+type Remote interface {
+	// Name is the store's name in logs ("redis", "mooncake").
+	Name() string
+	// Ping answers nil while the store is reachable.
+	Ping(ctx context.Context) error
+	// Write applies a batch of writes and deletes (with the tier's TTL
+	// where the store has TTLs).
+	Write(ctx context.Context, batch []Op, ttl time.Duration) error
+	// Get returns the value under key, or ErrRemoteMiss.
+	Get(ctx context.Context, key string) ([]byte, error)
+	// Exists reports whether key is stored.
+	Exists(ctx context.Context, key string) (bool, error)
+	// Outage reports whether err means the store is unreachable (rather
+	// than a miss or a refused command).
+	Outage(err error) bool
+	Close() error
+}
 
 // Options configure a Tier.
 type Options struct {
@@ -43,6 +69,9 @@ type Options struct {
 	Batch int
 	// Timeout bounds one read on a miss below (and the health probe).
 	Timeout time.Duration
+	// MaxValueBytes: larger values are not written to the remote store
+	// (0 = no limit).
+	MaxValueBytes int64
 	// Below is the optional L3 tier (nil: L4 sits right below RAM);
 	// BelowNotFound is its miss error.
 	Below         kvd.LongStore
@@ -58,17 +87,12 @@ type Stats struct {
 	Outages                                    int64
 }
 
-type op struct {
-	key string // Redis key
-	val []byte // framed value; nil = delete
-}
-
-// Tier is the Redis/Valkey tier; it implements kvd.LongStore.
+// Tier is the L4 tier over a Remote; it implements kvd.LongStore.
 type Tier struct {
 	opt    Options
-	rdb    redis.UniversalClient
+	remote Remote
 	log    zerolog.Logger
-	q      chan op
+	q      chan Op
 	promQ  chan [2][]byte
 	stop   chan struct{}
 	wg     sync.WaitGroup
@@ -88,12 +112,20 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// Open connects to Redis (an unreachable Redis is an outage, not an
-// error: the tier starts down and recovers when Redis answers).
+// Open connects to Redis (Options.URLs; an unreachable Redis is an
+// outage, not an error: the tier starts down and recovers when Redis
+// answers).
 func Open(opt Options) (*Tier, error) {
-	if len(opt.URLs) == 0 {
-		return nil, errors.Join(ErrConfig, errors.New("no redis URL"))
+	r, err := openRedis(opt.URLs)
+	if err != nil {
+		return nil, err
 	}
+	return OpenRemote(opt, r)
+}
+
+// OpenRemote starts a tier over remote, which it owns from then on (Close
+// closes it).
+func OpenRemote(opt Options, remote Remote) (*Tier, error) {
 	if opt.Queue <= 0 {
 		opt.Queue = 4096
 	}
@@ -103,38 +135,15 @@ func Open(opt Options) (*Tier, error) {
 	if opt.Timeout <= 0 {
 		opt.Timeout = 50 * time.Millisecond
 	}
-	setLogger.Do(func() { redis.SetLogger(quietLogger{}) })
-	first, err := redis.ParseURL(opt.URLs[0])
-	if err != nil {
-		return nil, fmt.Errorf("l4 url %q: %w", opt.URLs[0], errors.Join(ErrConfig, err))
-	}
-	addrs := []string{first.Addr}
-	for _, u := range opt.URLs[1:] {
-		o, err := redis.ParseURL(u)
-		if err != nil {
-			return nil, fmt.Errorf("l4 url %q: %w", u, errors.Join(ErrConfig, err))
-		}
-		addrs = append(addrs, o.Addr)
-	}
-	var tlsCfg *tls.Config
-	if first.TLSConfig != nil {
-		tlsCfg = first.TLSConfig
-	}
-	t := &Tier{opt: opt, log: opt.Log, q: make(chan op, opt.Queue), promQ: make(chan [2][]byte, 256), stop: make(chan struct{})}
-	t.rdb = redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs: addrs, DB: first.DB, Username: first.Username, Password: first.Password, TLSConfig: tlsCfg,
-		IsClusterMode: len(addrs) > 1, Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
-		DialTimeout: 500 * time.Millisecond, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-		MaxRetries: 1, PoolSize: 16,
-	})
+	t := &Tier{opt: opt, remote: remote, log: opt.Log, q: make(chan Op, opt.Queue), promQ: make(chan [2][]byte, 256), stop: make(chan struct{})}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	err = t.rdb.Ping(ctx).Err()
+	err := remote.Ping(ctx)
 	cancel()
 	t.up.Store(true)
 	if err != nil {
 		t.markDown(err)
 	} else {
-		t.log.Info().Strs("addrs", addrs).Msg("l4 redis reachable")
+		t.log.Info().Str("remote", remote.Name()).Msg("l4 store reachable")
 	}
 	t.wg.Add(3)
 	go t.writer()
@@ -201,20 +210,11 @@ func unframe(b []byte) ([]byte, bool) {
 func (t *Tier) markDown(err error) {
 	if t.up.CompareAndSwap(true, false) {
 		t.outage.Add(1)
-		t.log.Warn().Err(err).Msg("l4 redis unreachable: serving from L2/L3, dropping L4 writes until it answers")
+		t.log.Warn().Err(err).Str("remote", t.remote.Name()).Msg("l4 store unreachable: serving from L2/L3, dropping L4 writes until it answers")
 	}
 }
 
-func (t *Tier) isNetErr(err error) bool {
-	return err != nil && !errors.Is(err, redis.Nil) && !isRedisReply(err)
-}
-
-func isRedisReply(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && !errors.Is(err, context.DeadlineExceeded)
-}
-
-// prober pings a down Redis until it answers.
+// prober pings a down store until it answers.
 func (t *Tier) prober() {
 	defer t.wg.Done()
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -229,16 +229,16 @@ func (t *Tier) prober() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), max(t.opt.Timeout, 200*time.Millisecond))
-		err := t.rdb.Ping(ctx).Err()
+		err := t.remote.Ping(ctx)
 		cancel()
 		if err == nil && t.up.CompareAndSwap(false, true) {
-			t.log.Info().Msg("l4 redis reachable again")
+			t.log.Info().Str("remote", t.remote.Name()).Msg("l4 store reachable again")
 		}
 	}
 }
 
-// enqueue never blocks: a full queue or a down Redis drops the write.
-func (t *Tier) enqueue(o op) {
+// enqueue never blocks: a full queue or a down store drops the write.
+func (t *Tier) enqueue(o Op) {
 	if t.closed.Load() || !t.up.Load() {
 		t.dropped.Add(1)
 		return
@@ -253,9 +253,9 @@ func (t *Tier) enqueue(o op) {
 // writer pipelines queued writes and deletes in batches.
 func (t *Tier) writer() {
 	defer t.wg.Done()
-	batch := make([]op, 0, t.opt.Batch)
+	batch := make([]Op, 0, t.opt.Batch)
 	for {
-		var o op
+		var o Op
 		select {
 		case o = <-t.q:
 		case <-t.stop:
@@ -289,7 +289,7 @@ func (t *Tier) writer() {
 	}
 }
 
-func (t *Tier) flush(batch []op) {
+func (t *Tier) flush(batch []Op) {
 	if len(batch) == 0 {
 		return
 	}
@@ -299,19 +299,9 @@ func (t *Tier) flush(batch []op) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, o := range batch {
-			if o.val == nil {
-				p.Del(ctx, o.key)
-			} else {
-				p.Set(ctx, o.key, o.val, t.opt.TTL)
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := t.remote.Write(ctx, batch, t.opt.TTL); err != nil {
 		t.writeErrs.Add(int64(len(batch)))
-		if t.isNetErr(err) {
+		if t.remote.Outage(err) {
 			t.markDown(err)
 		}
 		return
@@ -343,10 +333,10 @@ func (t *Tier) Put(key, value []byte) error {
 		}
 	}
 	rk, ok := t.redisKey(key)
-	if !ok {
+	if !ok || (t.opt.MaxValueBytes > 0 && int64(len(value)) > t.opt.MaxValueBytes) {
 		return nil
 	}
-	t.enqueue(op{key: rk, val: frame(value)})
+	t.enqueue(Op{Key: rk, Val: frame(value)})
 	return nil
 }
 
@@ -369,10 +359,10 @@ func (t *Tier) Get(key, dst []byte) ([]byte, error) {
 		return dst, ErrNotFound
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.opt.Timeout)
-	b, err := t.rdb.Get(ctx, rk).Bytes()
+	b, err := t.remote.Get(ctx, rk)
 	cancel()
 	if err != nil {
-		if t.isNetErr(err) && !errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, ErrRemoteMiss) && t.remote.Outage(err) && !errors.Is(err, context.DeadlineExceeded) {
 			t.markDown(err)
 		}
 		t.misses.Add(1)
@@ -382,7 +372,7 @@ func (t *Tier) Get(key, dst []byte) ([]byte, error) {
 	if !ok {
 		t.badSums.Add(1)
 		t.misses.Add(1)
-		t.enqueue(op{key: rk}) // a corrupt copy is deleted
+		t.enqueue(Op{Key: rk}) // a corrupt copy is deleted
 		return dst, ErrNotFound
 	}
 	t.hits.Add(1)
@@ -405,12 +395,12 @@ func (t *Tier) Exists(key []byte) bool {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.opt.Timeout)
-	n, err := t.rdb.Exists(ctx, rk).Result()
+	ok, err := t.remote.Exists(ctx, rk)
 	cancel()
-	if t.isNetErr(err) && !errors.Is(err, context.DeadlineExceeded) {
+	if err != nil && t.remote.Outage(err) && !errors.Is(err, context.DeadlineExceeded) {
 		t.markDown(err)
 	}
-	return err == nil && n > 0
+	return err == nil && ok
 }
 
 // Delete removes the key below and queues its deletion in Redis.
@@ -420,7 +410,7 @@ func (t *Tier) Delete(key []byte) error {
 		err = t.opt.Below.Delete(key)
 	}
 	if rk, ok := t.redisKey(key); ok {
-		t.enqueue(op{key: rk})
+		t.enqueue(Op{Key: rk})
 	}
 	return err
 }
@@ -458,7 +448,7 @@ func (t *Tier) Close() error {
 	}
 	close(t.stop)
 	t.wg.Wait()
-	return t.rdb.Close()
+	return t.remote.Close()
 }
 
 // Stats returns the counters.
@@ -467,13 +457,5 @@ func (t *Tier) Stats() Stats {
 		Hits: t.hits.Load(), Misses: t.misses.Load(), ChecksumFailures: t.badSums.Load(), Promotions: t.promotions.Load(), Outages: t.outage.Load()}
 }
 
-// Up reports whether Redis answered last time it was asked.
+// Up reports whether the store answered last time it was asked.
 func (t *Tier) Up() bool { return t.up.Load() }
-
-// quietLogger replaces go-redis's own stderr logging (one line per failed
-// dial during an outage); the tier logs the outage once itself.
-type quietLogger struct{}
-
-func (quietLogger) Printf(context.Context, string, ...any) {}
-
-var setLogger sync.Once
