@@ -69,6 +69,16 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		log.Info().Int64("arena_bytes", a.Size()).Bool("hugetlb", a.Hugetlb).Bool("mlock", a.Locked).Msg("shared arena ready")
 		arena = a
 	}
+	var pinned bool
+	if arena != nil {
+		unpin, ok, err := pinArena(arena.Memory(), cfg.ArenaHIPRegister, cfg.HIPLibrary, log)
+		if err != nil {
+			return err
+		}
+		// Deferred after the arena's Close, so it runs before it.
+		defer unpin()
+		pinned = ok
+	}
 	opt := kvd.StoreOptions{MaxBytes: cfg.MaxBytes, Arena: arena, SlotBytes: int(cfg.ArenaSlotBytes), PrefetchQueue: cfg.PrefetchQueue, LongQueue: cfg.LongQueue, Log: log}
 	if len(cfg.LongPaths) > 0 {
 		ts, err := openTablespace(ctx, cfg, log)
@@ -84,7 +94,7 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		}()
 		opt.Long, opt.LongNotFound = ts, tablespace.ErrNotFound
 	}
-	var collectors []prometheus.Collector
+	collectors := []prometheus.Collector{arenaHIPGauge(pinned)}
 	if len(cfg.L4Redis) > 0 {
 		tier, err := l4.Open(l4.Options{URLs: cfg.L4Redis, Prefix: cfg.L4Prefix, TTL: cfg.L4TTL, Queue: cfg.L4Queue, Timeout: cfg.L4Timeout,
 			Below: opt.Long, BelowNotFound: opt.LongNotFound, Log: log.With().Str("tier", "l4").Logger()})

@@ -25,6 +25,10 @@ type KVD struct {
 	SlotText      string
 	ArenaHugetlb  bool
 	ArenaMlock    bool
+	// ArenaHIPRegister: auto, on or off (the GPU build registers the arena
+	// with hipHostRegister); HIPLibrary is the runtime it loads.
+	ArenaHIPRegister string
+	HIPLibrary       string
 	PrefetchQueue int
 	LongQueue     int
 
@@ -95,6 +99,8 @@ func (k *KVD) Flags() []cli.Flag {
 		String("shared-arena-bytes", "size of the memfd arena shared with engines (zero-copy reads): auto (= --max-bytes), a size, or 0 for none", &k.ArenaText, "auto"),
 		String("arena-slot-bytes", "arena slot size, 16-byte header included (rounded up to 64); 0 = decided by the first value stored, as the reference does", &k.SlotText, "0"),
 		Bool("arena-hugetlb", "back the arena with 2 MiB huge pages (falls back to normal pages when none are reserved)", &k.ArenaHugetlb, false),
+		String("arena-hip-register", "register the arena with the GPUs (hipHostRegister, GPU build): auto (when HIP and a GPU are there), on (fail without) or off", &k.ArenaHIPRegister, "auto"),
+		String("hip-library", "HIP runtime library the GPU build loads", &k.HIPLibrary, "libamdhip64.so"),
 		Bool("arena-mlock", "lock the arena in RAM (falls back to unlocked memory when RLIMIT_MEMLOCK is too low)", &k.ArenaMlock, true),
 		String("max-frame-bytes", "largest request frame accepted; a longer one closes its connection", &k.MaxFrameText, "1GiB"),
 		Int("prefetch-queue", "pending prefetch_hint keys; more are dropped and counted", &k.PrefetchQueue, 64),
@@ -206,6 +212,11 @@ func (k *KVD) Validate() error {
 		p.Addf("--long-write-queue must be at least 1")
 	}
 	k.validateRESPL4(&p)
+	switch k.ArenaHIPRegister {
+	case "auto", "on", "off":
+	default:
+		p.Addf("--arena-hip-register %q: want auto, on or off", k.ArenaHIPRegister)
+	}
 	switch k.LongBackend {
 	case LongBackendTablespace:
 		if k.MooncakeConfig != "" {

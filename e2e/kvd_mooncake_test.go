@@ -3,36 +3,60 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/infera/infera/kvd"
 )
 
-// gpuBuild builds the GPU binary (cgo, tags mooncake,mori,rocm: the shims
-// included) and the stub Mooncake Store library, into dir.
-func gpuBuild(t *testing.T, dir string) (bin, lib string) {
+var (
+	gpuOnce                sync.Once
+	gpuBin, mcsLib, hipLib string
+	gpuErr                 error
+)
+
+// gpuBuild builds, once per run, the GPU binary (cgo, tags
+// mooncake,mori,rocm: the shims included) and the stub Mooncake Store and
+// HIP libraries, next to the default binary (removed with it).
+func gpuBuild(t *testing.T) (bin, mooncakeLib, hipStub string) {
 	t.Helper()
-	bin, lib = filepath.Join(dir, "infera-gpu"), filepath.Join(dir, "libmooncake_store.so")
-	build := exec.Command("go", "build", "-tags", "mooncake,mori,rocm", "-o", bin, "..")
-	build.Env = append(os.Environ(), "CGO_ENABLED=1")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags mooncake,mori,rocm: %v\n%s", err, out)
+	gpuOnce.Do(func() {
+		dir := filepath.Dir(binary)
+		gpuBin, mcsLib, hipLib = filepath.Join(dir, "infera-gpu"), filepath.Join(dir, "libmooncake_store.so"), filepath.Join(dir, "libhipstub.so")
+		build := exec.Command("go", "build", "-tags", "mooncake,mori,rocm", "-o", gpuBin, "..")
+		build.Env = append(os.Environ(), "CGO_ENABLED=1")
+		if out, err := build.CombinedOutput(); err != nil {
+			gpuErr = fmt.Errorf("go build -tags mooncake,mori,rocm: %v\n%s", err, out)
+			return
+		}
+		cc := os.Getenv("CC")
+		if cc == "" {
+			cc = "cc"
+		}
+		for lib, src := range map[string]string{
+			mcsLib: filepath.Join("..", "kvd", "mcstore", "testdata", "mooncake_store_stub.c"),
+			hipLib: filepath.Join("..", "rocm", "testdata", "hipstub", "hipstub.c"),
+		} {
+			if out, err := exec.Command(cc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", lib, src, "-lpthread").CombinedOutput(); err != nil {
+				gpuErr = fmt.Errorf("build %s: %v\n%s", src, err, out)
+				return
+			}
+		}
+	})
+	if gpuErr != nil {
+		t.Fatal(gpuErr)
 	}
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
-	if out, err := exec.Command(cc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", lib,
-		filepath.Join("..", "kvd", "mcstore", "testdata", "mooncake_store_stub.c")).CombinedOutput(); err != nil {
-		t.Fatalf("build the stub mooncake store: %v\n%s", err, out)
-	}
-	return bin, lib
+	return gpuBin, mcsLib, hipLib
 }
 
 // TestKVDMooncakeStore (the data plane through the shims, acceptance 1 and
@@ -43,7 +67,7 @@ func gpuBuild(t *testing.T, dir string) (bin, lib string) {
 // default build refuses the backend with a clear error.
 func TestKVDMooncakeStore(t *testing.T) {
 	dir := t.TempDir()
-	bin, lib := gpuBuild(t, dir)
+	bin, lib, _ := gpuBuild(t)
 	nm, err := exec.Command("go", "tool", "nm", bin).Output()
 	if err != nil {
 		t.Fatal(err)
@@ -113,5 +137,53 @@ func TestKVDMooncakeStore(t *testing.T) {
 	out, err := plain.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "built without the mooncake tag") {
 		t.Fatalf("default build with --long-backend mooncake: %v\n%s", err, out)
+	}
+}
+
+// TestKVDArenaHIPRegistered (acceptance 3): the GPU build of kvd registers
+// its arena with HIP (the stub runtime) exactly once and unregisters it
+// exactly once at shutdown, says so in its log and on /metrics, and runs
+// on without HIP (auto) or refuses to start without it (on).
+func TestKVDArenaHIPRegistered(t *testing.T) {
+	bin, _, hip := gpuBuild(t)
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "hip.trace")
+	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	args := func(sock, lib string, extra ...string) []string {
+		return append([]string{"kvd", "--socket", filepath.Join(dir, sock), "--max-bytes", "16MiB", "--shared-arena-bytes", "8MiB",
+			"--arena-mlock=false", "--hip-library", lib}, extra...)
+	}
+	p := startBinary(t, bin, "kvd-hip", append(cleanEnv(), "HIPSTUB_TRACE="+trace), args("a.sock", hip, "--admin-listen", admin)...)
+	p.waitLog("arena registered with HIP (hipHostRegister)", 20*time.Second)
+	p.waitLog("kvd serving", 20*time.Second)
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "infera_kvd_arena_hip_registered 1") {
+		t.Fatalf("no registered gauge in /metrics")
+	}
+	p.signal(syscall.SIGTERM)
+	if err := p.wait(20 * time.Second); err != nil {
+		t.Fatalf("kvd exit: %v", err)
+	}
+	p.waitLog("arena unregistered from HIP", time.Second)
+	got, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "hipHostRegister\nhipHostUnregister\n" {
+		t.Fatalf("HIP calls of one run:\n%s", got)
+	}
+
+	// No HIP runtime: auto serves without registering; on refuses.
+	q := startBinary(t, bin, "kvd-nohip", cleanEnv(), args("b.sock", "/nonexistent/libamdhip64.so", "--admin-listen", "")...)
+	q.waitLog("arena not registered with HIP: no HIP runtime or GPU here (engines copy through unpinned memory)", 20*time.Second)
+	q.waitLog("kvd serving", 20*time.Second)
+	out, err := exec.Command(bin, args("c.sock", "/nonexistent/libamdhip64.so", "--admin-listen", "", "--arena-hip-register", "on")...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--arena-hip-register on") {
+		t.Fatalf("--arena-hip-register on without HIP: %v\n%s", err, out)
 	}
 }

@@ -56,6 +56,18 @@ static hipError_t injected(const char *fn) {
 }
 #define INJECT(fn) do { hipError_t e_ = injected(fn); if (e_) return e_; } while (0)
 
+/* trace appends one line to the file HIPSTUB_TRACE names (when set), so a
+ * test can count the calls a process made. */
+static void trace(const char *line) {
+	const char *path = getenv("HIPSTUB_TRACE");
+	if (!path) return;
+	FILE *f = fopen(path, "a");
+	if (!f) return;
+	fputs(line, f);
+	fputc('\n', f);
+	fclose(f);
+}
+
 /* find returns the allocation holding [p, p+n), or NULL; call under mu. */
 static struct alloc *find(const void *p, size_t n) {
 	for (int i = 0; i < MAXALLOC; i++) {
@@ -176,6 +188,7 @@ hipError_t hipHostRegister(void *ptr, size_t size, unsigned int flags) {
 			/* Touch every page, as pinning faults them in. */
 			for (size_t off = 0; off < size; off += 4096) ((volatile char *)ptr)[off] = ((volatile char *)ptr)[off];
 			rc = hipSuccess;
+			trace("hipHostRegister");
 			break;
 		}
 	}
@@ -192,6 +205,7 @@ hipError_t hipHostUnregister(void *ptr) {
 		if (regs[i].p && regs[i].p == ptr) {
 			regs[i] = (struct reg){0};
 			rc = hipSuccess;
+			trace("hipHostUnregister");
 			break;
 		}
 	}
