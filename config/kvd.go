@@ -16,21 +16,21 @@ import (
 type KVD struct {
 	Log Log
 
-	Socket        string
-	AdminListen   string
-	AllowUIDs     []int
-	MaxBytesText  string
-	ArenaText     string
-	MaxFrameText  string
-	SlotText      string
-	ArenaHugetlb  bool
-	ArenaMlock    bool
+	Socket       string
+	AdminListen  string
+	AllowUIDs    []int
+	MaxBytesText string
+	ArenaText    string
+	MaxFrameText string
+	SlotText     string
+	ArenaHugetlb bool
+	ArenaMlock   bool
 	// ArenaHIPRegister: auto, on or off (the GPU build registers the arena
 	// with hipHostRegister); HIPLibrary is the runtime it loads.
 	ArenaHIPRegister string
 	HIPLibrary       string
-	PrefetchQueue int
-	LongQueue     int
+	PrefetchQueue    int
+	LongQueue        int
 
 	// L3 tablespace (kvd/tablespace); no path = no L3.
 	LongPath             string
