@@ -1,4 +1,4 @@
-//go:build !rocm
+//go:build !rocm || !cgo
 
 package main
 
@@ -8,7 +8,7 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// pinArena: a build without the rocm tag never registers the arena with
+// pinArena: a build without the rocm tag (or without cgo) never registers the arena with
 // HIP; --arena-hip-register on is then an error that names the build.
 func pinArena(mem []byte, mode, _ string, _ zerolog.Logger) (unpin func(), registered bool, err error) {
 	if mode == "on" && len(mem) > 0 {

@@ -1,4 +1,4 @@
-//go:build rocm
+//go:build rocm && cgo
 
 package main
 
