@@ -53,6 +53,6 @@ func TestStaticBuild(t *testing.T) {
 // not break a cgo-free build.
 func TestTaggedBuildCompiles(t *testing.T) {
 	const tags = "mooncake,mori,rocm"
-	goTool(t, []string{"CGO_ENABLED=1"}, "vet", "-tags", tags, "./transport/...")
+	goTool(t, []string{"CGO_ENABLED=1"}, "vet", "-tags", tags, "./transport/...", "./kvd/mcstore/...", "./rocm/...", ".")
 	goTool(t, []string{"CGO_ENABLED=0"}, "build", "-tags", tags, "-o", os.DevNull, ".")
 }
