@@ -1,0 +1,266 @@
+package peer_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/kvd"
+	"github.com/infera/infera/kvd/peer"
+	"github.com/infera/infera/transport"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	model  = []byte("Qwen/Qwen3-8B")
+	compat = []byte("tp0of1_pp0of1")
+)
+
+// newStore is a kvd store with a shared arena of 8 KiB slots.
+func newStore(t testing.TB) *kvd.Store {
+	t.Helper()
+	a, _, err := kvd.OpenArena(4<<20, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kvd.NewStore(kvd.StoreOptions{MaxBytes: 4 << 20, Arena: a, SlotBytes: 8 << 10, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		st.Close()
+		a.Close()
+	})
+	return st
+}
+
+// source is a kvd that serves its arena: its transport engine on one
+// loopback listener, its locate requests on another.
+type source struct {
+	store *kvd.Store
+	eng   *transport.TCP
+	srv   *peer.Server
+	addr  string
+}
+
+func startSource(t testing.TB, opt peer.ServerOptions) *source {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := transport.NewTCP(transport.TCPConfig{Listener: ln, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &source{store: newStore(t), eng: eng}
+	if s.srv, err = peer.NewServer(s.store, eng, opt); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.srv.Close()
+		eng.Close()
+	})
+	s.addr = servetest.Loopback(t, "peer", s.srv.Serve)
+	return s
+}
+
+// serveBench serves srv's locate requests on loopback for a benchmark.
+func serveBench(b *testing.B, srv *peer.Server) string {
+	b.Helper()
+	return servetest.Loopback(b, "peer", srv.Serve)
+}
+
+func newPuller(t testing.TB, secret []byte) *peer.Puller {
+	t.Helper()
+	eng, err := transport.NewTCP(transport.TCPConfig{Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := peer.NewPuller(eng, 256<<10, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Close()
+		eng.Close()
+	})
+	return p
+}
+
+func set(t testing.TB, st *kvd.Store, key string, value []byte) {
+	t.Helper()
+	if ok, reason := st.Set(&kvd.SetArgs{Model: model, CompatKey: compat, Key: []byte(key), Value: value}); !ok {
+		t.Fatalf("set %s: %s", key, reason)
+	}
+}
+
+// TestPullBlocks: blocks set on the source arrive byte for byte; keys it
+// does not hold are misses; the counters say so.
+func TestPullBlocks(t *testing.T) {
+	src := startSource(t, peer.ServerOptions{})
+	want := map[string][]byte{}
+	var keys [][]byte
+	for i := range 40 {
+		k := fmt.Sprintf("block-%02d", i)
+		v := bytes.Repeat([]byte{byte(i)}, 1000+i*150)
+		set(t, src.store, k, v)
+		want[k] = v
+		keys = append(keys, []byte(k))
+	}
+	keys = append(keys, []byte("absent"))
+	p := newPuller(t, nil)
+	got := map[string][]byte{}
+	st, err := p.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) { got[string(k)] = bytes.Clone(v) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Asked != 41 || st.Located != 40 || st.Pulled != 40 || st.Torn != 0 || len(got) != 40 {
+		t.Fatalf("stats %+v, got %d", st, len(got))
+	}
+	for k, v := range want {
+		if !bytes.Equal(got[k], v) {
+			t.Fatalf("%s: %d bytes, want %d", k, len(got[k]), len(v))
+		}
+	}
+	if s := src.srv.Stats(); s.Requests != 1 || s.Located != 40 {
+		t.Fatalf("server stats %+v", s)
+	}
+	// Many small batches: a scratch region that holds a few blocks only.
+	small := newPullerScratch(t, 16<<10)
+	n := 0
+	if _, err := small.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {
+		if !bytes.Equal(v, want[string(k)]) {
+			t.Errorf("%s: wrong bytes", k)
+		}
+		n++
+	}); err != nil || n != 40 {
+		t.Fatalf("small scratch: %d pulled, %v", n, err)
+	}
+}
+
+func newPullerScratch(t testing.TB, scratch int) *peer.Puller {
+	t.Helper()
+	eng, err := transport.NewTCP(transport.TCPConfig{Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := peer.NewPuller(eng, scratch, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Close()
+		eng.Close()
+	})
+	return p
+}
+
+// TestPullNeverTorn: blocks rewritten on the source while they are pulled
+// arrive whole or not at all (each value is one repeated byte: a torn read
+// would mix two).
+func TestPullNeverTorn(t *testing.T) {
+	src := startSource(t, peer.ServerOptions{})
+	var keys [][]byte
+	for i := range 16 {
+		k := fmt.Sprintf("hot-%d", i)
+		set(t, src.store, k, bytes.Repeat([]byte{0}, 6000))
+		keys = append(keys, []byte(k))
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for g := byte(1); ctx.Err() == nil; g++ {
+			for _, k := range keys {
+				src.store.Set(&kvd.SetArgs{Model: model, CompatKey: compat, Key: k, Value: bytes.Repeat([]byte{g}, 6000)})
+			}
+		}
+	}()
+	p := newPuller(t, nil)
+	pulled, torn := 0, 0
+	for range 200 {
+		st, err := p.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {
+			if len(v) != 6000 || bytes.Count(v, v[:1]) != len(v) {
+				t.Errorf("%s: torn value delivered", k)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pulled += st.Pulled
+		torn += st.Torn
+	}
+	cancel()
+	wg.Wait()
+	t.Logf("pulled %d, torn (dropped) %d", pulled, torn)
+	if pulled == 0 {
+		t.Fatal("nothing pulled")
+	}
+}
+
+// TestSourceDiesMidPull: a source that goes away while a puller reads
+// yields misses and an error, never wrong bytes.
+func TestSourceDiesMidPull(t *testing.T) {
+	src := startSource(t, peer.ServerOptions{})
+	var keys [][]byte
+	for i := range 200 {
+		k := fmt.Sprintf("b%03d", i)
+		set(t, src.store, k, bytes.Repeat([]byte{byte(i)}, 4000))
+		keys = append(keys, []byte(k))
+	}
+	p := newPullerScratch(t, 16<<10) // many batches: the engine closes between them
+	var once sync.Once
+	delivered := 0
+	_, err := p.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {
+		var i int
+		fmt.Sscanf(string(k), "b%03d", &i)
+		if len(v) != 4000 || bytes.Count(v, []byte{byte(i)}) != 4000 {
+			t.Errorf("%s: wrong bytes", k)
+		}
+		delivered++
+		once.Do(func() { src.eng.Close() })
+	})
+	if !errors.Is(err, peer.ErrUnavailable) || delivered == 0 || delivered == len(keys) {
+		t.Fatalf("delivered %d of %d, err %v", delivered, len(keys), err)
+	}
+	if s := p.Stats(); s.Failed != 1 {
+		t.Fatalf("puller stats %+v", s)
+	}
+}
+
+// TestSecretAndAllow: a wrong secret is denied; a network outside Allow
+// is refused before any request.
+func TestSecretAndAllow(t *testing.T) {
+	src := startSource(t, peer.ServerOptions{Secret: []byte("s3cret")})
+	set(t, src.store, "k", []byte("v"))
+	keys := [][]byte{[]byte("k")}
+	if _, err := newPuller(t, []byte("wrong")).Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {}); !errors.Is(err, peer.ErrDenied) {
+		t.Fatalf("wrong secret: %v", err)
+	}
+	n := 0
+	if _, err := newPuller(t, []byte("s3cret")).Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) { n++ }); err != nil || n != 1 {
+		t.Fatalf("right secret: %d %v", n, err)
+	}
+	fenced := startSource(t, peer.ServerOptions{Allow: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := newPuller(t, nil).Pull(ctx, fenced.addr, model, compat, keys, func(k, v []byte) {}); !errors.Is(err, peer.ErrUnavailable) {
+		t.Fatalf("outside Allow: %v", err)
+	}
+	if s := fenced.srv.Stats(); s.Refused != 1 || s.Requests != 0 {
+		t.Fatalf("fenced stats %+v", s)
+	}
+}

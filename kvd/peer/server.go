@@ -1,0 +1,210 @@
+package peer
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/kvd"
+	"github.com/infera/infera/transport"
+)
+
+const headerBytes = kvd.HeaderBytes
+
+// RegionName is the name of a kvd's arena region on its transport engine.
+const RegionName = "kvd-arena"
+
+// ServerOptions configure a Server.
+type ServerOptions struct {
+	// Secret, when set, must open every request.
+	Secret []byte
+	// Allow limits control connections to these networks (empty: any).
+	Allow []netip.Prefix
+	// IdleTimeout closes a control connection without a request for this
+	// long (default 60 s).
+	IdleTimeout time.Duration
+	Log         zerolog.Logger
+}
+
+// ServerStats count what the source served.
+type ServerStats struct {
+	Requests, Located, Denied, Refused int64
+}
+
+// Server answers locate requests for a store whose arena it registered on
+// a transport engine.
+type Server struct {
+	store  *kvd.Store
+	eng    transport.Engine
+	region *transport.Region
+	opt    ServerOptions
+
+	requests, located, denied, refused atomic.Int64
+}
+
+// NewServer registers the store's arena on eng (which serves it to
+// pullers) and returns the server of its locate requests.
+func NewServer(store *kvd.Store, eng transport.Engine, opt ServerOptions) (*Server, error) {
+	a := store.Arena()
+	if a == nil {
+		return nil, errors.New("peer: the store has no shared arena to serve")
+	}
+	if opt.IdleTimeout <= 0 {
+		opt.IdleTimeout = 60 * time.Second
+	}
+	r, err := eng.Register(RegionName, a.Memory())
+	if err != nil {
+		return nil, fmt.Errorf("peer: register the arena: %w", err)
+	}
+	return &Server{store: store, eng: eng, region: r, opt: opt}, nil
+}
+
+// Region is the arena's descriptor, as pullers see it.
+func (s *Server) Region() transport.Desc { return s.region.Desc() }
+
+// Stats returns the counters.
+func (s *Server) Stats() ServerStats {
+	return ServerStats{Requests: s.requests.Load(), Located: s.located.Load(), Denied: s.denied.Load(), Refused: s.refused.Load()}
+}
+
+// Close deregisters the arena (the engine is its owner's to close).
+func (s *Server) Close() error { return s.eng.Deregister(s.region) }
+
+// Serve answers locate requests on ln until ctx ends; it returns after
+// every connection it started has finished. Accept errors that pass (fd
+// exhaustion) are waited out.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	conns := map[net.Conn]struct{}{}
+	stop := context.AfterFunc(ctx, func() {
+		ln.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles()) {
+				time.Sleep(backoff)
+				backoff = min(2*backoff, time.Second)
+				continue
+			}
+			return fmt.Errorf("peer: accept: %w", err)
+		}
+		backoff = 5 * time.Millisecond
+		if !s.allowed(c.RemoteAddr()) {
+			s.refused.Add(1)
+			c.Close()
+			continue
+		}
+		mu.Lock()
+		conns[c] = struct{}{}
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(c)
+			mu.Lock()
+			delete(conns, c)
+			mu.Unlock()
+			c.Close()
+		}()
+	}
+}
+
+func (s *Server) allowed(a net.Addr) bool {
+	if len(s.opt.Allow) == 0 {
+		return true
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return false
+	}
+	ip := ap.Addr().Unmap()
+	for _, p := range s.opt.Allow {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// serveConn answers requests on c until it closes or sends a bad frame.
+func (s *Server) serveConn(c net.Conn) {
+	var (
+		hdr  [4]byte
+		body []byte
+		out  []byte
+		req  Request
+		resp Response
+		sc   kvd.Scratch
+	)
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(s.opt.IdleTimeout))
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
+		}
+		n := binary.LittleEndian.Uint32(hdr[:])
+		if n > MaxFrame {
+			s.opt.Log.Warn().Str("peer", c.RemoteAddr().String()).Uint32("frame_bytes", n).Msg("kvd peer: oversized frame; closing the connection")
+			return
+		}
+		if cap(body) < int(n) {
+			body = make([]byte, n)
+		}
+		body = body[:n]
+		if _, err := io.ReadFull(c, body); err != nil {
+			return
+		}
+		s.requests.Add(1)
+		resp = Response{Entries: resp.Entries[:0]}
+		if err := ParseRequest(body, &req); err != nil {
+			resp.Status = statusBad
+		} else if len(s.opt.Secret) > 0 && subtle.ConstantTimeCompare(req.Secret, s.opt.Secret) != 1 {
+			s.denied.Add(1)
+			resp.Status = statusDenied
+		} else {
+			resp.Region = s.region.Desc()
+			for _, k := range req.Keys {
+				h := s.store.Get(req.Model, req.Compat, k, &sc)
+				e := Entry{}
+				if h.Found && h.Arena {
+					e = Entry{Found: true, Offset: uint64(h.Offset), Length: uint32(h.Length), Version: h.Version}
+					s.located.Add(1)
+				}
+				resp.Entries = append(resp.Entries, e)
+			}
+		}
+		var err error
+		if out, err = AppendResponse(out[:0], &resp); err != nil {
+			return
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(s.opt.IdleTimeout))
+		if _, err := c.Write(out); err != nil || resp.Status == statusBad {
+			return
+		}
+	}
+}
