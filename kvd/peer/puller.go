@@ -40,7 +40,7 @@ type Puller struct {
 	body    []byte
 	resp    Response
 	ops     []transport.Op
-	idx     []int // the key of each block read
+	idx     []int               // the key of each block read
 	conns   map[string]net.Conn // control connections, kept between pulls
 
 	pulls, failed, located, pulled, torn, bytes atomic.Int64
