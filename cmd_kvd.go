@@ -128,7 +128,14 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		return err
 	}
 	defer store.Close()
-	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), Log: log, Collectors: collectors})
+	kp, err := startPeer(ctx, cfg, store, log)
+	if err != nil {
+		return err
+	}
+	defer kp.stop()
+	collectors = append(collectors, kp.collectors()...)
+	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), Log: log, Collectors: collectors,
+		PeerPrefetch: kp.hint})
 	ln, err := kvd.Listen(cfg.Socket)
 	if err != nil {
 		return err
@@ -168,7 +175,7 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 	} else {
 		respDone <- nil
 	}
-	log.Info().Str("socket", cfg.Socket).Str("admin", adminAddr).Str("resp", respAddr).Str("server_id", srv.ID()).Int64("max_bytes", cfg.MaxBytes).Msg("kvd serving")
+	log.Info().Str("socket", cfg.Socket).Str("admin", adminAddr).Str("resp", respAddr).Str("peer", kp.addr).Str("server_id", srv.ID()).Int64("max_bytes", cfg.MaxBytes).Msg("kvd serving")
 	if ready != nil {
 		ready <- adminAddr
 	}

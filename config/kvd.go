@@ -2,6 +2,7 @@ package config
 
 import (
 	"math"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -71,6 +72,14 @@ type KVD struct {
 	MooncakeConfig string
 	Mooncake       MooncakeL4
 
+	// kvd-to-kvd pulls (kvd/peer): PeerListen serves this kvd's arena to
+	// other hosts' kvds (empty: off); pulls are always possible.
+	PeerListen    string
+	PeerAdvertise string
+	PeerSecret    string
+	PeerAllow     []netip.Prefix
+	peerAllowText []string
+
 	MaxBytes       int64 // RAM budget: the arena plus inline values
 	ArenaBytes     int64 // 0: no shared arena
 	MaxFrameBytes  int64
@@ -126,6 +135,10 @@ func (k *KVD) Flags() []cli.Flag {
 		Duration("l4-ttl", "TTL of entries written to L4 (long retention); 0 = none", &k.L4TTL, 24*time.Hour),
 		Int("l4-write-queue", "pending L4 write-behinds; more are dropped and counted", &k.L4Queue, 4096),
 		Duration("l4-timeout", "deadline of one L4 read on an L2/L3 miss (a slower or unreachable Redis counts as a miss)", &k.L4Timeout, 50*time.Millisecond),
+		String("peer-listen", "host:port where other hosts' kvds locate blocks in this kvd's arena and read them (kvd-to-kvd pull; empty = off); the arena itself is read over a second port, the next one up", &k.PeerListen, ""),
+		String("peer-advertise", "host other kvds reach this one at (default: the --peer-listen host)", &k.PeerAdvertise, ""),
+		String("peer-secret", "shared secret every peer request must carry (empty = none; set it, or --peer-allow, outside a trusted network)", &k.PeerSecret, ""),
+		StringSlice("peer-allow", "networks (CIDR) whose kvds may pull from this one, comma-separated (empty = any)", nil),
 		String("long-backend", "where long entries go below RAM: tablespace (the L3 of --long-path, Redis L4 with --l4-redis) or mooncake (L4 on Mooncake Store, below L3 when --long-path is set; needs the GPU build)", &k.LongBackend, LongBackendTablespace),
 		String("mooncake-config", "YAML with the Mooncake Store settings (master_address, cluster_id, local_hostname, metadata_server, protocol, device_name, global_segment_size, local_buffer_size, max_value_bytes, library); INFERA_L4_<KEY> variables win over it", &k.MooncakeConfig, ""),
 	)
@@ -136,6 +149,7 @@ func (k *KVD) Finish(c *cli.Context) {
 	k.allowUIDText = SplitList(c.StringSlice("allow-uid"))
 	k.longPathsText = SplitList(c.StringSlice("long-paths"))
 	k.l4RedisText = SplitList(c.StringSlice("l4-redis"))
+	k.peerAllowText = SplitList(c.StringSlice("peer-allow"))
 }
 
 // Validate parses the sizes and reports every problem at once.
@@ -212,6 +226,22 @@ func (k *KVD) Validate() error {
 		p.Addf("--long-write-queue must be at least 1")
 	}
 	k.validateRESPL4(&p)
+	k.PeerAllow = k.PeerAllow[:0]
+	for _, c := range k.peerAllowText {
+		pfx, err := netip.ParsePrefix(c)
+		if err != nil {
+			p.Addf("--peer-allow %q: want a CIDR such as 10.0.0.0/8", c)
+			continue
+		}
+		k.PeerAllow = append(k.PeerAllow, pfx)
+	}
+	if k.PeerListen != "" {
+		if err := serveCheckListen(k.PeerListen); err != "" {
+			p.Addf("--peer-listen %q: %s", k.PeerListen, err)
+		} else if k.ArenaBytes == 0 {
+			p.Addf("--peer-listen needs the shared arena (--shared-arena-bytes is 0)")
+		}
+	}
 	switch k.ArenaHIPRegister {
 	case "auto", "on", "off":
 	default:

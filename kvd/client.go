@@ -568,6 +568,22 @@ func (cl *Client) PrefetchHintCtx(ctx context.Context, ns Namespace, keys [][]by
 	return cl.write(cl.enc.Frame())
 }
 
+// PrefetchFromCtx asks the daemon to pull keys from the kvd whose peer
+// control listener is source (kvd/peer) and keep them for deadline. No
+// reply. Beyond the reference protocol: a daemon without peer pulls warms
+// them from its L3 instead.
+func (cl *Client) PrefetchFromCtx(ctx context.Context, ns Namespace, source string, keys [][]byte, deadline time.Duration) (err error) {
+	stop, err := cl.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer cl.end(ctx, stop, &err)
+	cl.keysOp(OpPrefetchHint, ns, keys, 2)
+	cl.enc.Int("deadline_ms", deadline.Milliseconds())
+	cl.enc.Str("source", source)
+	return cl.write(cl.enc.Frame())
+}
+
 // BatchGet returns one value per key (nil: miss), copied into new
 // buffers. BatchGetInto reuses the caller's.
 func (cl *Client) BatchGet(ns Namespace, keys [][]byte) ([][]byte, error) {

@@ -41,7 +41,15 @@ type ServerOptions struct {
 	// Collectors are more metrics served on AdminHandler's /metrics (the
 	// RESP listener's, the L4 tier's).
 	Collectors []prometheus.Collector
+	// PeerPrefetch takes a prefetch_hint that names a source kvd (a router
+	// directing a pull from the host that computed the blocks; kvd/peer).
+	// It must not block or keep the slices (they alias the frame). Nil:
+	// such hints warm from L3 like any other.
+	PeerPrefetch func(source string, model, compat []byte, keys [][]byte, deadline time.Duration)
 }
+
+// maxPrefetchDeadlineMs bounds a prefetch_hint's deadline_ms (10 min).
+const maxPrefetchDeadlineMs = 600_000
 
 // Server speaks the kvd protocol on a Unix socket over a Store.
 type Server struct {
@@ -372,7 +380,12 @@ func (cn *conn) dispatch() error {
 		if !validKeys(m.Keys) {
 			return errBadRequest
 		}
-		st.Prefetch(m.Model, m.CompatKey, m.Keys, time.Duration(max(m.DeadlineMs, 1))*time.Millisecond)
+		deadline := time.Duration(min(max(m.DeadlineMs, 1), maxPrefetchDeadlineMs)) * time.Millisecond
+		if len(m.Source) > 0 && cn.s.opt.PeerPrefetch != nil {
+			cn.s.opt.PeerPrefetch(string(m.Source), m.Model, m.CompatKey, m.Keys, deadline)
+			return nil
+		}
+		st.Prefetch(m.Model, m.CompatKey, m.Keys, deadline)
 		return nil // no reply
 	case OpExists:
 		if !validKeys(m.Keys) {

@@ -139,6 +139,9 @@ type Message struct {
 	Length             int64
 	DeadlineMs         int64
 	HasDeadline        bool
+	// Source (prefetch_hint, beyond the reference): the control address
+	// of another host's kvd to pull the keys from (kvd/peer).
+	Source []byte
 
 	// Responses.
 	ServerID       []byte
@@ -323,6 +326,8 @@ func (d *Decoder) field(m *Message, k []byte) error {
 			ok = err == nil
 		}
 		m.HasDeadline = ok
+	case "source":
+		m.Source, err = d.strOrNil()
 	case "server_id":
 		m.ServerID, err = d.strOrNil()
 	case "shared_arena":
