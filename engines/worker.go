@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -48,6 +49,7 @@ type worker struct {
 	ep      Endpoint
 	local   string // base URL the worker uses to reach the engine itself
 	proc    *Process
+	nc      *nats.Conn // --kv-event-transport nats; nil otherwise
 }
 
 // Run runs a worker until ctx is cancelled or the engine exits. It starts the
@@ -105,6 +107,12 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 		ep:      launch.Endpoint,
 		local:   "http://" + net.JoinHostPort(localHost(launch.Endpoint.Host), strconv.Itoa(launch.Endpoint.Port)),
 	}
+	if wantsKVRelay(cfg) {
+		if err := w.connectNATS(ctx); err != nil {
+			return err
+		}
+		defer w.nc.Close()
+	}
 	// An engine that a previous worker on this port left behind (it died
 	// before the parent-death signal existed, or forked helpers that kept
 	// the port) is killed if the pidfile proves it is ours; anything else
@@ -149,6 +157,17 @@ func (w *worker) serve(ctx context.Context, cli *clientv3.Client) error {
 	rec := w.ep.Record(w.adapter.Name())
 	if err := rec.Validate(); err != nil {
 		return fmt.Errorf("worker: %w", err)
+	}
+	if w.nc != nil {
+		relay, err := w.startKVRelay(ctx, rec.WorkerID, w.nc)
+		if err != nil {
+			return err
+		}
+		if relay != nil {
+			// Closed after deregistration and drain: the engine's last
+			// events and the final view still reach NATS.
+			defer relay.Close()
+		}
 	}
 	reg := discovery.NewRegistrar(cli, w.cfg.Etcd.Prefix, rec,
 		discovery.RegistrarOptions{TTL: w.cfg.LeaseTTL, KeepAliveInterval: w.cfg.KeepAliveInterval}, w.base)

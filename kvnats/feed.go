@@ -60,6 +60,7 @@ type Feed struct {
 
 type rank struct {
 	key     kvcache.Key
+	srank   int // the rank in the subject and bucket key
 	subject string
 	w       *kvcache.Worker
 	cc      jetstream.ConsumeContext
@@ -92,10 +93,11 @@ func NewFeed(ctx context.Context, idx *kvcache.Index, js jetstream.JetStream, lo
 // addTimeout bounds the JetStream calls of one Add.
 const addTimeout = 10 * time.Second
 
-// Add follows k and returns its index handle; blockSize is the engine's
-// block size from discovery (0 = learn it). Adding a key already followed
-// returns its handle.
-func (f *Feed) Add(k kvcache.Key, blockSize int) (*kvcache.Worker, error) {
+// Add follows k, published on subject rank subjectRank (k's DP rank for an
+// engine that multiplexes ranks, 0 for a single-rank worker), and returns
+// its index handle; blockSize is the engine's block size from discovery
+// (0 = learn it). Adding a key already followed returns its handle.
+func (f *Feed) Add(k kvcache.Key, subjectRank, blockSize int) (*kvcache.Worker, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
@@ -108,7 +110,7 @@ func (f *Feed) Add(k kvcache.Key, blockSize int) (*kvcache.Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvnats: register %s: %w", k.Worker, err)
 	}
-	r := &rank{key: k, subject: Subject(k.Worker, k.DPRank), w: w, dec: kvcache.NewDecoder()}
+	r := &rank{key: k, srank: subjectRank, subject: Subject(k.Worker, subjectRank), w: w, dec: kvcache.NewDecoder()}
 	w.SetMode(kvcache.ModeApproximate)
 	ctx, cancel := context.WithTimeout(context.Background(), addTimeout)
 	defer cancel()
@@ -136,7 +138,7 @@ func (f *Feed) seed(ctx context.Context, r *rank) {
 	if f.kv == nil {
 		return
 	}
-	e, err := f.kv.Get(ctx, ViewKey(r.key.Worker, r.key.DPRank))
+	e, err := f.kv.Get(ctx, ViewKey(r.key.Worker, r.srank))
 	if err != nil {
 		if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			f.log.Warn().Err(err).Str("worker_id", r.key.Worker).Int("dp_rank", r.key.DPRank).Msg("kv view bucket unreadable")
@@ -165,7 +167,7 @@ func (r *rank) setCaughtUp(log zerolog.Logger) {
 // handle applies one message: the consumer's only goroutine calls it.
 func (r *rank) handle(idx *kvcache.Index, m jetstream.Msg, log zerolog.Logger) {
 	worker, rk, err := ParseSubject(m.Subject())
-	if err != nil || worker != r.key.Worker || rk != r.key.DPRank {
+	if err != nil || worker != r.key.Worker || rk != r.srank {
 		r.foreign.Add(1)
 		return
 	}

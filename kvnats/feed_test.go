@@ -99,7 +99,7 @@ func TestRelayToFeed(t *testing.T) {
 	_, js := connect(t, srv)
 	const worker = "127.0.0.1:18080"
 	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv-events")
-	relay, err := kvnats.NewRelay(t.Context(), kvnats.RelayConfig{WorkerID: worker, Endpoints: []string{pub.Endpoint()},
+	relay, err := kvnats.NewRelay(t.Context(), kvnats.RelayConfig{WorkerID: worker, Ranks: []kvnats.RelayRank{{Rank: 0, Endpoint: pub.Endpoint()}},
 		BlockSize: bs, BucketInterval: 50 * time.Millisecond}, js, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +112,7 @@ func TestRelayToFeed(t *testing.T) {
 
 	key := kvcache.Key{Worker: worker}
 	idx, feed := newFeed(t, js)
-	w, err := feed.Add(key, bs)
+	w, err := feed.Add(key, 0, bs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestRelayToFeed(t *testing.T) {
 
 	// A router that starts now replays the history.
 	idx2, feed2 := newFeed(t, js)
-	w2, err := feed2.Add(key, bs)
+	w2, err := feed2.Add(key, 0, bs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestRelayToFeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	idx3, feed3 := newFeed(t, js)
-	w3, err := feed3.Add(key, bs)
+	w3, err := feed3.Add(key, 0, bs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestFeedOutage(t *testing.T) {
 	const worker = "w-outage:1"
 	key := kvcache.Key{Worker: worker}
 	idx, feed := newFeed(t, js)
-	w, err := feed.Add(key, bs)
+	w, err := feed.Add(key, 0, bs)
 	if err != nil {
 		t.Fatal(err)
 	}

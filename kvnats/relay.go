@@ -22,13 +22,22 @@ const BucketInterval = 2 * time.Second
 // RelayConfig configures a worker's relay.
 type RelayConfig struct {
 	WorkerID string
-	// Endpoints are the engine's ZMQ PUB sockets, index = DP rank
-	// (tcp://127.0.0.1:PORT; the relay runs beside the engine).
-	Endpoints []string
+	// Ranks are the engine's ZMQ PUB sockets (tcp://127.0.0.1:PORT; the
+	// relay runs beside the engine) and the rank each publishes on: the
+	// DP rank of an engine that multiplexes ranks, else 0 (as the
+	// reference: a rank of an externally balanced deployment is a worker
+	// of its own).
+	Ranks []RelayRank
 	// BlockSize is the engine's block size (0 = learn it from the events).
 	BlockSize int
 	// BucketInterval overrides BucketInterval when > 0 (tests).
 	BucketInterval time.Duration
+}
+
+// RelayRank is one engine publisher a relay follows.
+type RelayRank struct {
+	Rank     int
+	Endpoint string
 }
 
 // RelayStats are a relay's counters over all ranks.
@@ -62,11 +71,14 @@ type Relay struct {
 // NewRelay creates the stream and bucket if needed and returns a relay
 // that Start starts.
 func NewRelay(ctx context.Context, cfg RelayConfig, js jetstream.JetStream, log zerolog.Logger) (*Relay, error) {
-	if cfg.WorkerID == "" || len(cfg.Endpoints) == 0 {
+	if cfg.WorkerID == "" || len(cfg.Ranks) == 0 {
 		return nil, fmt.Errorf("kvnats: relay needs a worker id and an endpoint")
 	}
-	for _, ep := range cfg.Endpoints {
-		if _, err := zmtp.DialAddr(ep); err != nil {
+	for _, rr := range cfg.Ranks {
+		if rr.Rank < 0 || rr.Rank >= maxRank {
+			return nil, fmt.Errorf("kvnats: relay rank %d", rr.Rank)
+		}
+		if _, err := zmtp.DialAddr(rr.Endpoint); err != nil {
 			return nil, fmt.Errorf("kvnats: relay endpoint: %w", err)
 		}
 	}
@@ -88,7 +100,10 @@ func NewRelay(ctx context.Context, cfg RelayConfig, js jetstream.JetStream, log 
 func (r *Relay) Start() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	for rk, ep := range r.cfg.Endpoints {
+	eps := make([]string, 0, len(r.cfg.Ranks))
+	for _, rr := range r.cfg.Ranks {
+		rk, ep := rr.Rank, rr.Endpoint
+		eps = append(eps, ep)
 		w, err := r.idx.Register(kvcache.Key{Worker: r.cfg.WorkerID, DPRank: rk}, r.cfg.BlockSize)
 		if err != nil {
 			cancel()
@@ -98,7 +113,7 @@ func (r *Relay) Start() error {
 		r.wg.Add(1)
 		go r.run(ctx, rk, ep, w)
 	}
-	r.log.Info().Strs("endpoints", r.cfg.Endpoints).Msg("kv events relay to nats up")
+	r.log.Info().Strs("endpoints", eps).Msg("kv events relay to nats up")
 	return nil
 }
 

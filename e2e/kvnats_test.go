@@ -1,0 +1,121 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"syscall"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/infera/infera/internal/natstest"
+)
+
+// startWorkerFlags is startWorker with worker flags before the sim's.
+func (f *fleet) startWorkerFlags(name string, workerFlags []string, simArgs ...string) (*proc, string) {
+	f.t.Helper()
+	args := append([]string{"worker", "--engine", "sim", "--etcd-endpoints", f.etcd,
+		"--lease-ttl", "5s", "--keepalive-interval", "1s", "--drain-timeout", "20s", "--stop-grace", "5s"}, workerFlags...)
+	args = append(append(args, "--", "--model", "sim-model"), simArgs...)
+	p := start(f.t, name, args...)
+	line := p.waitLog("worker registered", 60*time.Second)
+	id, _ := line["worker_id"].(string)
+	if id == "" {
+		f.t.Fatalf("worker registered line has no worker_id: %v", line)
+	}
+	return p, id
+}
+
+// TestKVEventsOverNATS (issue 33, acceptance 4): kv-aware routing with
+// --kv-event-transport nats (workers relay their sims' events to a real
+// nats-server's JetStream) reaches the hit ratio it reaches over ZMQ on
+// the shared-prefix workload (within 2 points), and a router started
+// after the fleet warmed up converges (every worker precise, at least
+// 90% of the hit ratio of the router that ran throughout), as over ZMQ.
+func TestKVEventsOverNATS(t *testing.T) {
+	nats := natstest.Start(t)
+	wl := sharedPrefix(192)
+	measure := func(transport string) (first, second, restarted benchReport) {
+		host := startServe(t) // the registry, so that the routers can stop
+		routerArgs := []string{"--etcd-endpoints", host.etcd, "--router-policy", "kv-aware", "--tokenizer", "bytes",
+			"--kv-event-transport", transport, "--nats-server", nats.URL()}
+		a := startServe(t, routerArgs...)
+		a.etcd = host.etcd
+		ids := map[string]bool{}
+		var procs []*proc
+		for i := range 4 {
+			args := append([]string{"--kv-blocks", "400"}, simTiming...)
+			p, id := a.startWorkerFlags(fmt.Sprintf("%s-worker-%d", transport, i),
+				[]string{"--kv-event-transport", transport, "--nats-server", nats.URL()}, args...)
+			procs = append(procs, p)
+			ids[id] = true
+		}
+		defer func() {
+			for _, p := range procs {
+				p.stop(syscall.SIGTERM)
+			}
+			host.serve.stop(syscall.SIGTERM)
+		}()
+		active := func(w map[string]string) bool {
+			for id := range ids {
+				if w[id] != "active" {
+					return false
+				}
+			}
+			return true
+		}
+		a.waitWorkers("all workers", 30*time.Second, active)
+		a.waitPrecise(ids, 30*time.Second)
+		bench := func(f *fleet, label string) benchReport {
+			t.Helper()
+			args := append([]string{"--url", f.base, "--model", "sim-model", "--label", label}, wl.args...)
+			rep, err := runBench(t, 10*time.Minute, args...)
+			if err != nil || rep.Requests != 192 || len(rep.Errors) != 0 {
+				t.Fatalf("%s: %v, %d requests, errors %v", label, err, rep.Requests, rep.Errors)
+			}
+			return rep
+		}
+		first = bench(a, transport+" cold")
+		second = bench(a, transport+" warm")
+		a.serve.stop(syscall.SIGTERM)
+		b := startServe(t, routerArgs...)
+		b.waitWorkers("all workers through B", 30*time.Second, active)
+		b.waitPrecise(ids, 30*time.Second)
+		restarted = bench(b, transport+" restarted router")
+		b.serve.stop(syscall.SIGTERM)
+		return first, second, restarted
+	}
+	zf, zs, zr := measure("zmq")
+	nf, ns, nr := measure("nats")
+	// The events did travel over NATS: one subject per worker.
+	nc, err := natsgo.Connect(nats.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(t.Context(), "INFERA_KV_EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs == 0 || info.State.NumSubjects != 4 {
+		t.Errorf("INFERA_KV_EVENTS holds %d messages on %d subjects, want some on 4", info.State.Msgs, info.State.NumSubjects)
+	}
+	t.Logf("hit ratio zmq: cold %.3f warm %.3f restarted %.3f; nats: cold %.3f warm %.3f restarted %.3f",
+		hitRatio(zf), hitRatio(zs), hitRatio(zr), hitRatio(nf), hitRatio(ns), hitRatio(nr))
+	if d := math.Abs(hitRatio(nf) - hitRatio(zf)); d > 0.02 {
+		t.Errorf("cold run: nats hit ratio %.3f vs zmq %.3f (more than 2 points apart)", hitRatio(nf), hitRatio(zf))
+	}
+	if hitRatio(nr) < 0.9*hitRatio(ns) {
+		t.Errorf("nats: restarted router's hit ratio %.3f is below 90%% of %.3f", hitRatio(nr), hitRatio(ns))
+	}
+}
