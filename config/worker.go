@@ -35,8 +35,11 @@ type Worker struct {
 	// KVEventTransport is --kv-event-transport: zmq (routers subscribe to
 	// the engine) or nats (the worker relays the engine's events to NATS).
 	KVEventTransport string
-	// NATS reaches the NATS server (--kv-event-transport nats).
+	// NATS reaches the NATS server (--kv-event-transport nats,
+	// --request-transport nats).
 	NATS NATS
+	// Requests: --request-transport and the nats-req-* settings.
+	Requests NATSRequests
 	// KVDSocket is --kvd-socket: the kvd daemon's Unix socket, passed to
 	// the engine (INFERA_KVD_SOCKET and its kvd connector); empty = none.
 	KVDSocket         string
@@ -101,6 +104,7 @@ func (w *Worker) Flags() []cli.Flag {
 	}
 	flags = append(flags, kvEventTransportFlag(&w.KVEventTransport))
 	flags = append(flags, w.NATS.Flags()...)
+	flags = append(flags, w.Requests.Flags()...)
 	flags = append(flags, etcd...)
 	flags = append(flags, Bool("enable-kv-events", "Infera's name: false is --no-kv-events (--no-enable-kv-events is an alias of it)", &w.inferaEnableKVEvents, true))
 	return withInferaAliases(append(flags, w.Log.Flags()...))
@@ -132,6 +136,10 @@ func (w *Worker) Validate() error {
 	w.Etcd.Validate(&p)
 	validateKVEventTransport(&p, w.KVEventTransport)
 	w.NATS.Validate(&p)
+	w.Requests.Validate(&p)
+	if w.Requests.Transport == RequestTransportNATS && w.Engine == "atom" {
+		p.Addf("--request-transport nats: ATOM workers are always reached over HTTP")
+	}
 	if w.KVEventTransport == KVEventTransportNATS && w.KVEventsRouter != "" {
 		p.Addf("--kv-events-router and --kv-event-transport nats are exclusive")
 	}

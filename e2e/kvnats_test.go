@@ -1,16 +1,23 @@
 package e2e
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/internal/natstest"
+	"github.com/infera/infera/natsreq"
 )
 
 // startWorkerFlags is startWorker with worker flags before the sim's.
@@ -117,5 +124,80 @@ func TestKVEventsOverNATS(t *testing.T) {
 	}
 	if hitRatio(nr) < 0.9*hitRatio(ns) {
 		t.Errorf("nats: restarted router's hit ratio %.3f is below 90%% of %.3f", hitRatio(nr), hitRatio(ns))
+	}
+}
+
+// TestWorkerRequestsOverNATS (issue 33, worker side): `infera worker
+// --request-transport nats --nats-req-max-pending 2` registers
+// request_transport nats (which this router lists as unroutable until its
+// request path speaks NATS), answers chat requests published to its
+// subject through JetStream, and deletes its durable consumer on SIGTERM.
+func TestWorkerRequestsOverNATS(t *testing.T) {
+	ns := natstest.Start(t)
+	f := startServe(t)
+	p, id := f.startWorkerFlags("nats-req-worker", []string{"--request-transport", "nats", "--nats-server", ns.URL(),
+		"--nats-req-max-pending", "2"})
+	defer p.stop(syscall.SIGTERM)
+	f.waitWorkers("the nats worker listed", 30*time.Second, func(w map[string]string) bool { return w[id] != "" })
+	resp, err := http.Get(f.base + "/v1/workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var listed struct {
+		Workers []struct {
+			WorkerID         string `json:"worker_id"`
+			RequestTransport string `json:"request_transport"`
+			Unroutable       string `json:"unroutable"`
+		} `json:"workers"`
+	}
+	if err := json.Unmarshal(body, &listed); err != nil || len(listed.Workers) != 1 ||
+		listed.Workers[0].RequestTransport != "nats" || listed.Workers[0].Unroutable != "unroutable: nats transport" {
+		t.Fatalf("/v1/workers: %v %s", err, body)
+	}
+
+	nc, err := natsgo.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cli, err := natsreq.NewClient(t.Context(), natsreq.ClientConfig{MaxPending: 2, IdleTimeout: 30 * time.Second}, nc, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if !cli.Admit(t.Context(), id) {
+		t.Fatal("idle worker refused")
+	}
+	env := &natsreq.Envelope{Path: "/v1/chat/completions", Stream: true,
+		Body: json.RawMessage(`{"model": "sim-model", "stream": true, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}`)}
+	x, err := cli.Exchange(t.Context(), id, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	for {
+		fr, err := x.Next()
+		if err != nil {
+			t.Fatalf("frame: %v (after %q)", err, out)
+		}
+		if fr.Type == natsreq.TypeDone {
+			if fr.Status != 200 || !strings.Contains(string(out), "data: [DONE]") {
+				t.Fatalf("done %d after %q", fr.Status, out)
+			}
+			break
+		}
+		out = append(out, fr.Data...)
+	}
+	x.Close()
+
+	p.stop(syscall.SIGTERM)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Consumer(t.Context(), natsreq.StreamName, natsreq.Durable(id)); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("durable consumer after SIGTERM: %v", err)
 	}
 }

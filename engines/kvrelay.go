@@ -13,6 +13,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvcache"
 	"github.com/infera/infera/kvnats"
+	"github.com/infera/infera/natsreq"
 	"github.com/infera/infera/natsx"
 )
 
@@ -88,4 +89,21 @@ func (w *worker) startKVRelay(ctx context.Context, workerID string, nc *nats.Con
 		return nil, fmt.Errorf("worker: kv events relay: %w", err)
 	}
 	return r, nil
+}
+
+// startRequests takes requests over NATS for workerID and proxies them to
+// the engine (--request-transport nats).
+func (w *worker) startRequests(ctx context.Context, workerID string) (*natsreq.Server, error) {
+	r := w.cfg.Requests
+	srv, err := natsreq.NewServer(natsreq.ServerConfig{WorkerID: workerID, EngineURL: w.local, IdleTimeout: r.IdleTimeout,
+		MaxDuration: r.MaxDuration, MaxPending: r.MaxPending}, w.nc, w.base)
+	if err != nil {
+		return nil, fmt.Errorf("worker: requests over nats: %w", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, natsConnectTimeout)
+	defer cancel()
+	if err := srv.Start(cctx); err != nil {
+		return nil, fmt.Errorf("worker: requests over nats: %w", err)
+	}
+	return srv, nil
 }

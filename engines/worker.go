@@ -16,6 +16,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/natsreq"
 )
 
 // ErrKeepAlive is wrapped when the registrar stops keeping the record alive
@@ -107,7 +108,7 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 		ep:      launch.Endpoint,
 		local:   "http://" + net.JoinHostPort(localHost(launch.Endpoint.Host), strconv.Itoa(launch.Endpoint.Port)),
 	}
-	if wantsKVRelay(cfg) {
+	if wantsKVRelay(cfg) || cfg.Requests.Transport == config.RequestTransportNATS {
 		if err := w.connectNATS(ctx); err != nil {
 			return err
 		}
@@ -158,7 +159,28 @@ func (w *worker) serve(ctx context.Context, cli *clientv3.Client) error {
 	if err := rec.Validate(); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if w.nc != nil {
+	// drainRequests drains requests over NATS on shutdown (a no-op on HTTP).
+	drainRequests := func() {}
+	var reqs *natsreq.Server
+	if w.cfg.Requests.Transport == config.RequestTransportNATS {
+		var err error
+		reqs, err = w.startRequests(ctx, rec.WorkerID)
+		if err != nil {
+			return err
+		}
+		rec.RequestTransport = config.RequestTransportNATS
+		stopped := false
+		defer func() {
+			if !stopped {
+				reqs.Stop(0)
+			}
+		}()
+		drainRequests = func() {
+			stopped = true
+			reqs.Stop(w.cfg.DrainTimeout)
+		}
+	}
+	if wantsKVRelay(w.cfg) {
 		relay, err := w.startKVRelay(ctx, rec.WorkerID, w.nc)
 		if err != nil {
 			return err
@@ -222,6 +244,16 @@ func (w *worker) serve(ctx context.Context, cli *clientv3.Client) error {
 		}
 		return fmt.Errorf("worker: %w: %w", ErrKeepAlive, keepErr)
 	case <-ctx.Done():
+	}
+	if reqs != nil {
+		// Routers stop sending once the record says draining; then the
+		// NATS requests drain (queued, in flight, hand-back).
+		sctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
+		if err := reg.SetStatus(sctx, discovery.StatusDraining); err != nil {
+			w.log.Warn().Err(err).Msg("set draining status failed")
+		}
+		cancel()
+		drainRequests()
 	}
 	w.drain(reg)
 	finish()
