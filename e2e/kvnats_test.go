@@ -91,6 +91,23 @@ func TestKVEventsOverNATS(t *testing.T) {
 		b.waitWorkers("all workers through B", 30*time.Second, active)
 		b.waitPrecise(ids, 30*time.Second)
 		restarted = bench(b, transport+" restarted router")
+		if transport == "nats" {
+			// Each worker's stream over NATS is in /metrics: caught up, batches applied.
+			resp, err := http.Get(b.base + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			text, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for id := range ids {
+				for _, want := range []string{`infera_router_kv_events_connected{dp_rank="0",worker_id="` + id + `"} 1`,
+					`infera_router_kv_event_batches_total{dp_rank="0",worker_id="` + id + `"} `} {
+					if !strings.Contains(string(text), want) {
+						t.Errorf("/metrics lacks %s", want)
+					}
+				}
+			}
+		}
 		b.serve.stop(syscall.SIGTERM)
 		return first, second, restarted
 	}
