@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvcache"
@@ -75,13 +74,9 @@ func (w *worker) startKVRelay(ctx context.Context, workerID string, nc *nats.Con
 	if err != nil {
 		return nil, fmt.Errorf("worker: kv events relay: %w", err)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("worker: kv events relay: %w", err)
-	}
 	cctx, cancel := context.WithTimeout(ctx, natsConnectTimeout)
 	defer cancel()
-	r, err := kvnats.NewRelay(cctx, kvnats.RelayConfig{WorkerID: workerID, Ranks: ranks, BlockSize: w.ep.BlockSize}, js, w.base)
+	r, err := kvnats.NewRelay(cctx, kvnats.RelayConfig{WorkerID: workerID, Ranks: ranks, BlockSize: w.ep.BlockSize}, nc, w.base)
 	if err != nil {
 		return nil, fmt.Errorf("worker: kv events relay: %w", err)
 	}

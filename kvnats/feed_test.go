@@ -96,11 +96,11 @@ func newFeed(t *testing.T, js jetstream.JetStream) (*kvcache.Index, *kvnats.Feed
 // that finds the stream purged is seeded from the bucket.
 func TestRelayToFeed(t *testing.T) {
 	srv := natstest.Start(t)
-	_, js := connect(t, srv)
+	nc, js := connect(t, srv)
 	const worker = "127.0.0.1:18080"
 	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv-events")
 	relay, err := kvnats.NewRelay(t.Context(), kvnats.RelayConfig{WorkerID: worker, Ranks: []kvnats.RelayRank{{Rank: 0, Endpoint: pub.Endpoint()}},
-		BlockSize: bs, BucketInterval: 50 * time.Millisecond}, js, zerolog.Nop())
+		BlockSize: bs, BucketInterval: 50 * time.Millisecond}, nc, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,4 +221,43 @@ func TestFeedOutage(t *testing.T) {
 	srv.Resume()
 	pubJS(e.stored(3, 6))
 	eventually(t, "6 blocks after the outage", func() bool { return idx.Match(w, rh) == 6 })
+}
+
+// TestRelayOutage: batches the engine publishes while the NATS server is
+// stopped (SIGSTOP) are held by the relay, in order, and reach the router
+// once the server continues; nothing restarts.
+func TestRelayOutage(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := connect(t, srv)
+	const worker = "127.0.0.1:18081"
+	pub := zmtptest.NewPublisher(t, "127.0.0.1:0", "kv-events")
+	relay, err := kvnats.NewRelay(t.Context(), kvnats.RelayConfig{WorkerID: worker, Ranks: []kvnats.RelayRank{{Rank: 0, Endpoint: pub.Endpoint()}},
+		BlockSize: bs}, nc, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	pub.WaitSubscriber(t)
+	idx, feed := newFeed(t, js)
+	w, err := feed.Add(kvcache.Key{Worker: worker}, 0, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, 9, 7000)
+	rh := e.routerHashes()
+	pub.Publish(0, e.stored(0, 3))
+	eventually(t, "3 blocks", func() bool { return idx.Match(w, rh) == 3 })
+	srv.Pause()
+	pub.Publish(1, e.stored(3, 6))
+	pub.Publish(2, e.stored(6, 9))
+	eventually(t, "the relay took both batches", func() bool { return relay.Stats().Received == 3 })
+	time.Sleep(300 * time.Millisecond)
+	srv.Resume()
+	eventually(t, "9 blocks after the outage", func() bool { return idx.Match(w, rh) == 9 })
+	if s := relay.Stats(); s.PublishFailures != 0 {
+		t.Fatalf("relay stats %+v", s)
+	}
 }

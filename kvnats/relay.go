@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -42,7 +43,7 @@ type RelayRank struct {
 
 // RelayStats are a relay's counters over all ranks.
 type RelayStats struct {
-	Received, Published, PublishFailures, BucketWrites uint64
+	Received, Published, PublishFailures, BucketWrites uint64 // Published: handed to the client in order
 }
 
 // Relay forwards one worker's engine KV events from its ZMQ sockets to
@@ -66,11 +67,18 @@ type Relay struct {
 	wg     sync.WaitGroup
 
 	received, published, failures, writes atomic.Uint64
+	loggedAt                              atomic.Uint64 // published count at the last failure logged
 }
+
+// relayMaxPending bounds the relay's unacknowledged publishes: the engine's
+// reader does not wait for each acknowledgement, so a slow or briefly
+// unreachable server holds batches here (in order) instead of the engine's
+// PUB socket dropping them; beyond it a publish fails after a short stall.
+const relayMaxPending = 4096
 
 // NewRelay creates the stream and bucket if needed and returns a relay
 // that Start starts.
-func NewRelay(ctx context.Context, cfg RelayConfig, js jetstream.JetStream, log zerolog.Logger) (*Relay, error) {
+func NewRelay(ctx context.Context, cfg RelayConfig, nc *nats.Conn, log zerolog.Logger) (*Relay, error) {
 	if cfg.WorkerID == "" || len(cfg.Ranks) == 0 {
 		return nil, fmt.Errorf("kvnats: relay needs a worker id and an endpoint")
 	}
@@ -85,15 +93,32 @@ func NewRelay(ctx context.Context, cfg RelayConfig, js jetstream.JetStream, log 
 	if cfg.BucketInterval <= 0 {
 		cfg.BucketInterval = BucketInterval
 	}
+	r := &Relay{cfg: cfg, idx: kvcache.NewIndex(kvcache.IndexConfig{}),
+		log: log.With().Str("component", "kv-events-relay").Str("worker_id", cfg.WorkerID).Logger()}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(relayMaxPending),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) { r.publishFailed(m.Subject, err) }))
+	if err != nil {
+		return nil, fmt.Errorf("kvnats: %w", err)
+	}
 	if _, err := EnsureStream(ctx, js); err != nil {
 		return nil, err
 	}
-	kv, err := EnsureBucket(ctx, js)
+	r.kv, err = EnsureBucket(ctx, js)
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, js: js, kv: kv, idx: kvcache.NewIndex(kvcache.IndexConfig{}),
-		log: log.With().Str("component", "kv-events-relay").Str("worker_id", cfg.WorkerID).Logger()}, nil
+	r.js = js
+	return r, nil
+}
+
+// publishFailed counts a batch the server did not take; the first failure
+// of a run of them is logged.
+func (r *Relay) publishFailed(subject string, err error) {
+	if r.failures.Add(1) == 1 || r.published.Load() > r.loggedAt.Load() {
+		r.loggedAt.Store(r.published.Load())
+		r.log.Warn().Err(err).Str("subject", subject).Uint64("failures_total", r.failures.Load()).
+			Msg("kv events relay: publish failed; routers miss this batch")
+	}
 }
 
 // Start starts one goroutine per rank.
@@ -123,12 +148,20 @@ func (r *Relay) Stats() RelayStats {
 		PublishFailures: r.failures.Load(), BucketWrites: r.writes.Load()}
 }
 
-// Close stops the ranks' goroutines, each writing its view a last time.
+// Close stops the ranks' goroutines, each writing its view a last time,
+// and waits (up to 5 s) for the server to acknowledge what was published.
 func (r *Relay) Close() {
 	if r.cancel != nil {
 		r.cancel()
 	}
 	r.wg.Wait()
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case <-r.js.PublishAsyncComplete():
+	case <-t.C:
+		r.log.Warn().Int("pending", r.js.PublishAsyncPending()).Msg("kv events relay: closed with batches unacknowledged")
+	}
 }
 
 // rankRelay is one rank's state, owned by its goroutine.
@@ -219,12 +252,9 @@ func (rr *rankRelay) session(ctx context.Context, ep string) error {
 // forward publishes payload verbatim and applies it to the rank's view.
 func (rr *rankRelay) forward(ctx context.Context, payload []byte) {
 	rr.received.Add(1)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err := rr.js.Publish(pctx, rr.subject, payload)
-	cancel()
-	if err != nil {
-		rr.failures.Add(1)
-		rr.log.Warn().Err(err).Int("dp_rank", rr.rank).Msg("kv events relay: publish failed")
+	// In order, acknowledged asynchronously (failures: publishFailed).
+	if _, err := rr.js.PublishAsync(rr.subject, payload); err != nil {
+		rr.publishFailed(rr.subject, err)
 	} else {
 		rr.published.Add(1)
 	}
