@@ -229,9 +229,9 @@ func (x *Exchange) Next() (Frame, error) {
 		}
 		return f, nil
 	case <-idle:
-		return Frame{}, fmt.Errorf("%w (%s)", ErrIdleTimeout, x.c.cfg.IdleTimeout)
+		return Frame{}, fmt.Errorf("%w: nats request stalled: no reply within %.0fs (idle timeout)", ErrIdleTimeout, x.c.cfg.IdleTimeout.Seconds())
 	case <-total:
-		return Frame{}, fmt.Errorf("%w (%s)", ErrTotalTimeout, x.c.cfg.MaxDuration)
+		return Frame{}, fmt.Errorf("%w: nats request exceeded total timeout %.0fs", ErrTotalTimeout, x.c.cfg.MaxDuration.Seconds())
 	case <-x.ctx.Done():
 		return Frame{}, x.ctx.Err()
 	}

@@ -26,7 +26,9 @@
 //     worker's consumer, cached 200 ms, unreadable = admit) and Exchange
 //     (fresh inbox, publish, frames back through Next under the idle and
 //     total deadlines and the caller's context; Close without done
-//     publishes the inbox to the cancel subject 3 times, 1 s apart).
+//     publishes the inbox to the cancel subject 3 times, 1 s apart); the
+//     timeouts' texts and the 429 bodies (AppendBacklogBody,
+//     PDBacklogBody, Retry-After: 1) are the reference's.
 //
 // Concurrency: Server runs one goroutine per request in flight and Stop
 // waits for them; Client is safe for concurrent use and Close waits for

@@ -205,3 +205,22 @@ func validPath(p string) bool {
 	}
 	return true
 }
+
+// Admission refusals as the reference answers them: 429 with
+// Retry-After: 1 and one of these bodies.
+const (
+	RetryAfter = "1"
+	// PDBacklogBody is the body when either leg of a disaggregated
+	// request is refused (no retry).
+	PDBacklogBody = `{"error":"PD worker request backlog over limit"}`
+)
+
+// AppendBacklogBody appends the body of a mixed request refused because
+// every candidate's backlog is over the limit (workerID: the last one
+// tried), JSON-escaped.
+func AppendBacklogBody(dst []byte, workerID string) []byte {
+	dst = append(dst, `{"error":"worker `...)
+	q, _ := json.Marshal(workerID)
+	dst = append(dst, q[1:len(q)-1]...)
+	return append(dst, ` request backlog over limit"}`...)
+}

@@ -109,3 +109,16 @@ func FuzzParseEnvelope(f *testing.F) {
 		}
 	})
 }
+
+func TestBacklogBodies(t *testing.T) {
+	if got := string(natsreq.AppendBacklogBody(nil, "10.0.0.1:8080")); got != `{"error":"worker 10.0.0.1:8080 request backlog over limit"}` {
+		t.Fatal(got)
+	}
+	var v map[string]string
+	if err := json.Unmarshal(natsreq.AppendBacklogBody(nil, `a"b`), &v); err != nil || v["error"] != `worker a"b request backlog over limit` {
+		t.Fatal(v, err)
+	}
+	if err := json.Unmarshal([]byte(natsreq.PDBacklogBody), &v); err != nil {
+		t.Fatal(err)
+	}
+}
