@@ -8,7 +8,7 @@ FUZZTIME       ?= 5m
 FUZZTIME_SMOKE ?= 5s
 STATICCHECK    ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: help build build-gpu test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-kvd bench-kvd-sim bench-overhead fuzz fuzz-smoke lint run tokenizers sdks clean
+.PHONY: help build build-gpu test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-kvd bench-kvd-sim bench-overhead fuzz fuzz-smoke lint run run-nats tokenizers sdks clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -79,6 +79,9 @@ sdks: ## install the pinned official Node SDKs (openai, @anthropic-ai/sdk) the e
 
 run: build ## local fleet: infera serve (embedded etcd) + two simulated workers; Ctrl-C stops all
 	bash scripts/run-local.sh
+
+run-nats: build ## local fleet on NATS: nats-server (JetStream) + serve (kv-aware, KV events over NATS) + two simulated workers
+	INFERA_RUN_NATS=1 bash scripts/run-local.sh
 
 clean:
 	rm -rf bin .run

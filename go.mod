@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/nats-io/nats.go v1.56.0
 	github.com/prometheus/client_golang v1.20.5
 	github.com/prometheus/common v0.62.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -15,7 +16,11 @@ require (
 	go.uber.org/goleak v1.3.0
 )
 
-require go.uber.org/atomic v1.12.0 // indirect
+require (
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+)
 
 require (
 	github.com/ardanlabs/jinja v1.8.0

@@ -195,6 +195,10 @@ type ServeKV struct {
 	// router binds for engines whose publishers connect (worker
 	// --kv-events-router); empty = none.
 	EventsListen string
+	// EventTransport is --kv-event-transport: zmq or nats.
+	EventTransport string
+	// NATS reaches the NATS server (--kv-event-transport nats).
+	NATS NATS
 }
 
 // defaultOverlapWeight is the default of --kv-overlap-weight, and so of the
@@ -206,7 +210,7 @@ func (k *ServeKV) flags() []cli.Flag {
 	prefill.DefaultText = "same as --kv-overlap-weight"
 	decode := Float("kv-decode-overlap-weight", "overlap weight of decode workers (disaggregated serving)", &k.DecodeOverlapWeight, defaultOverlapWeight)
 	decode.DefaultText = "same as --kv-overlap-weight"
-	return []cli.Flag{
+	return append([]cli.Flag{
 		String("tokenizer", "kv-aware tokenization: a Hugging Face tokenizer directory, \"bytes\", \"engine\" (ask the worker's /tokenize), or empty for approximate routing on text", &k.Tokenizer, ""),
 		Duration("tokenizer-engine-timeout", "longest POST /tokenize in --tokenizer engine mode (then the request is routed on its text)", &k.EngineTokenizeTimeout, 2*time.Second),
 		Float("kv-overlap-weight", "kv-aware cost weight of one uncached prompt block against one block of load", &k.OverlapWeight, defaultOverlapWeight),
@@ -224,7 +228,8 @@ func (k *ServeKV) flags() []cli.Flag {
 		Int("kv-provisional-max-blocks", "most provisional blocks per worker (and DP rank)", &k.ProvisionalMaxBlocks, 16384),
 		Duration("kv-rebuild-after", "after a KV-event stream joined a running engine or resynced, route the worker precisely again this long later (0: only once its engine clears its cache)", &k.RebuildAfter, 5*time.Second),
 		String("kv-events-listen", "bind one ZMQ SUB socket, tcp://HOST:PORT, that workers' engines connect to and publish KV events on (worker --kv-events-router); empty = subscribe to each worker's own endpoint only", &k.EventsListen, ""),
-	}
+		kvEventTransportFlag(&k.EventTransport),
+	}, k.NATS.Flags()...)
 }
 
 func (k *ServeKV) finish(c *cli.Context) {
@@ -287,6 +292,8 @@ func (k *ServeKV) validate(p *Problems) {
 	if k.RebuildAfter < 0 {
 		p.Addf("--kv-rebuild-after must not be negative")
 	}
+	validateKVEventTransport(p, k.EventTransport)
+	k.NATS.Validate(p)
 	if k.EventsListen != "" {
 		simEndpoint(p, "--kv-events-listen", k.EventsListen)
 	}

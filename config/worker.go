@@ -32,6 +32,14 @@ type Worker struct {
 	// router's --kv-events-listen socket; the engine's publisher connects
 	// there under the topic kv@<worker id> instead of binding a port.
 	KVEventsRouter string
+	// KVEventTransport is --kv-event-transport: zmq (routers subscribe to
+	// the engine) or nats (the worker relays the engine's events to NATS).
+	KVEventTransport string
+	// NATS reaches the NATS server (--kv-event-transport nats,
+	// --request-transport nats).
+	NATS NATS
+	// Requests: --request-transport and the nats-req-* settings.
+	Requests NATSRequests
 	// KVDSocket is --kvd-socket: the kvd daemon's Unix socket, passed to
 	// the engine (INFERA_KVD_SOCKET and its kvd connector); empty = none.
 	KVDSocket         string
@@ -94,6 +102,9 @@ func (w *Worker) Flags() []cli.Flag {
 		Bool("preflight", "print the PD preflight findings (GPUs, RDMA devices, ports, GIDs, advertise host, verdict) and exit, non-zero on a blocking finding", &w.Preflight, false),
 		Bool("json", "with --preflight: print the findings as JSON", &w.JSON, false),
 	}
+	flags = append(flags, kvEventTransportFlag(&w.KVEventTransport))
+	flags = append(flags, w.NATS.Flags()...)
+	flags = append(flags, w.Requests.Flags()...)
 	flags = append(flags, etcd...)
 	flags = append(flags, Bool("enable-kv-events", "Infera's name: false is --no-kv-events (--no-enable-kv-events is an alias of it)", &w.inferaEnableKVEvents, true))
 	return withInferaAliases(append(flags, w.Log.Flags()...))
@@ -123,6 +134,15 @@ func (w *Worker) Validate() error {
 	var p Problems
 	w.Log.Validate(&p)
 	w.Etcd.Validate(&p)
+	validateKVEventTransport(&p, w.KVEventTransport)
+	w.NATS.Validate(&p)
+	w.Requests.Validate(&p)
+	if w.Requests.Transport == RequestTransportNATS && w.Engine == "atom" {
+		p.Addf("--request-transport nats: ATOM workers are always reached over HTTP")
+	}
+	if w.KVEventTransport == KVEventTransportNATS && w.KVEventsRouter != "" {
+		p.Addf("--kv-events-router and --kv-event-transport nats are exclusive")
+	}
 	if w.KVEventsRouter != "" {
 		simEndpoint(&p, "--kv-events-router", w.KVEventsRouter)
 		if strings.Contains(w.KVEventsRouter, "*") || strings.HasSuffix(w.KVEventsRouter, ":0") {

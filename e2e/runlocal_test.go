@@ -18,8 +18,14 @@ import (
 // TestReadmeRunCommand runs the README's local fleet (`make run` is `make
 // build` + scripts/run-local.sh), streams the README's curl request through
 // it, then sends Ctrl-C (SIGINT to the foreground process group) and checks
-// that every process the script started is gone.
+// that every process the script started is gone. The "nats" variant is
+// `make run-nats`: nats-server too, KV events over NATS.
 func TestReadmeRunCommand(t *testing.T) {
+	t.Run("http", func(t *testing.T) { runReadmeFleet(t, false) })
+	t.Run("nats", func(t *testing.T) { runReadmeFleet(t, true) })
+}
+
+func runReadmeFleet(t *testing.T, nats bool) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("curl is needed by scripts/run-local.sh: install it (apt-get install curl)")
 	}
@@ -31,6 +37,11 @@ func TestReadmeRunCommand(t *testing.T) {
 		"INFERA_RUN_ETCD_PORT="+strconv.Itoa(etcdPort),
 		"INFERA_RUN_STATE="+t.TempDir(),
 	)
+	procs := 5 // serve, 2 workers, 2 sims
+	if nats {
+		script.Env = append(script.Env, "INFERA_RUN_NATS=1", "INFERA_RUN_NATS_PORT="+strconv.Itoa(freePort(t)))
+		procs++ // nats-server
+	}
 	script.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var logs strings.Builder
 	script.Stdout, script.Stderr = &logs, &logs
@@ -63,9 +74,19 @@ func TestReadmeRunCommand(t *testing.T) {
 		t.Fatalf("%v\n%s", err, data)
 	}
 
+	if nats {
+		// kv-aware with both workers' KV events caught up over NATS.
+		deadline := time.Now().Add(30 * time.Second)
+		for caughtUp(base) < 2 {
+			if time.Now().After(deadline) {
+				t.Fatal("the workers' KV events did not catch up over NATS")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 	started := descendants(script.Process.Pid)
-	if len(started) < 5 { // serve, 2 workers, 2 sims
-		t.Fatalf("expected serve, two workers and two sims under the script, found pids %v", started)
+	if len(started) < procs {
+		t.Fatalf("expected %d processes (serve, two workers, two sims, nats-server with NATS) under the script, found pids %v", procs, started)
 	}
 	// Ctrl-C in a terminal signals the whole foreground process group.
 	if err := syscall.Kill(-script.Process.Pid, syscall.SIGINT); err != nil {
@@ -175,4 +196,22 @@ func alivePIDs(pids []int) []int {
 		out = append(out, pid)
 	}
 	return out
+}
+
+// caughtUp counts the KV-event streams /metrics reports connected (over
+// NATS: caught up).
+func caughtUp(base string) int {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	text, _ := io.ReadAll(resp.Body)
+	n := 0
+	for line := range strings.SplitSeq(string(text), "\n") {
+		if strings.HasPrefix(line, "infera_router_kv_events_connected{") && strings.HasSuffix(line, " 1") {
+			n++
+		}
+	}
+	return n
 }

@@ -10,11 +10,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/natsreq"
 )
 
 // ErrKeepAlive is wrapped when the registrar stops keeping the record alive
@@ -48,6 +50,7 @@ type worker struct {
 	ep      Endpoint
 	local   string // base URL the worker uses to reach the engine itself
 	proc    *Process
+	nc      *nats.Conn // --kv-event-transport nats; nil otherwise
 }
 
 // Run runs a worker until ctx is cancelled or the engine exits. It starts the
@@ -105,6 +108,12 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 		ep:      launch.Endpoint,
 		local:   "http://" + net.JoinHostPort(localHost(launch.Endpoint.Host), strconv.Itoa(launch.Endpoint.Port)),
 	}
+	if wantsKVRelay(cfg) || cfg.Requests.Transport == config.RequestTransportNATS {
+		if err := w.connectNATS(ctx); err != nil {
+			return err
+		}
+		defer w.nc.Close()
+	}
 	// An engine that a previous worker on this port left behind (it died
 	// before the parent-death signal existed, or forked helpers that kept
 	// the port) is killed if the pidfile proves it is ours; anything else
@@ -149,6 +158,38 @@ func (w *worker) serve(ctx context.Context, cli *clientv3.Client) error {
 	rec := w.ep.Record(w.adapter.Name())
 	if err := rec.Validate(); err != nil {
 		return fmt.Errorf("worker: %w", err)
+	}
+	// drainRequests drains requests over NATS on shutdown (a no-op on HTTP).
+	drainRequests := func() {}
+	var reqs *natsreq.Server
+	if w.cfg.Requests.Transport == config.RequestTransportNATS {
+		var err error
+		reqs, err = w.startRequests(ctx, rec.WorkerID)
+		if err != nil {
+			return err
+		}
+		rec.RequestTransport = config.RequestTransportNATS
+		stopped := false
+		defer func() {
+			if !stopped {
+				reqs.Stop(0)
+			}
+		}()
+		drainRequests = func() {
+			stopped = true
+			reqs.Stop(w.cfg.DrainTimeout)
+		}
+	}
+	if wantsKVRelay(w.cfg) {
+		relay, err := w.startKVRelay(ctx, rec.WorkerID, w.nc)
+		if err != nil {
+			return err
+		}
+		if relay != nil {
+			// Closed after deregistration and drain: the engine's last
+			// events and the final view still reach NATS.
+			defer relay.Close()
+		}
 	}
 	reg := discovery.NewRegistrar(cli, w.cfg.Etcd.Prefix, rec,
 		discovery.RegistrarOptions{TTL: w.cfg.LeaseTTL, KeepAliveInterval: w.cfg.KeepAliveInterval}, w.base)
@@ -203,6 +244,16 @@ func (w *worker) serve(ctx context.Context, cli *clientv3.Client) error {
 		}
 		return fmt.Errorf("worker: %w: %w", ErrKeepAlive, keepErr)
 	case <-ctx.Done():
+	}
+	if reqs != nil {
+		// Routers stop sending once the record says draining; then the
+		// NATS requests drain (queued, in flight, hand-back).
+		sctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
+		if err := reg.SetStatus(sctx, discovery.StatusDraining); err != nil {
+			w.log.Warn().Err(err).Msg("set draining status failed")
+		}
+		cancel()
+		drainRequests()
 	}
 	w.drain(reg)
 	finish()

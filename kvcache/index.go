@@ -868,3 +868,40 @@ func (x *Index) lruMoveFrontLocked(w *Worker, i uint32) {
 	x.lruUnlinkLocked(w, i)
 	x.lruPushFrontLocked(w, i)
 }
+
+// Seed indexes router hashes for w without engine hashes, as a snapshot of
+// another view (the NATS view bucket) provides them: only eviction or a
+// clear removes them. It reports how many were new.
+func (x *Index) Seed(w *Worker, hashes []uint64) int {
+	if w == nil || w.idx != x {
+		return 0
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if w.removed.Load() {
+		return 0
+	}
+	n := 0
+	for _, h := range hashes {
+		if x.storeEngineLocked(w, h, 0, false) {
+			n++
+		}
+	}
+	return n
+}
+
+// AppendHashes appends the router hashes w holds, most recent first.
+func (x *Index) AppendHashes(dst []uint64, w *Worker) []uint64 {
+	if w == nil || w.idx != x {
+		return dst
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if w.removed.Load() {
+		return dst
+	}
+	for i := w.lruHead; i != 0; i = x.at(i).next {
+		dst = append(dst, x.at(i).hash)
+	}
+	return dst
+}

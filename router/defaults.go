@@ -5,6 +5,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/kvcache"
+	"github.com/infera/infera/natsx"
 )
 
 // engineIdleConnTimeout is KVAwareConfig.EngineIdleConnTimeout's default (no
@@ -88,5 +89,7 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		ProvisionalTTL:        k.ProvisionalTTL,
 		ProvisionalMaxBlocks:  k.ProvisionalMaxBlocks,
 		Subscriber:            sub,
+		EventTransport:        k.EventTransport,
+		NATS:                  natsx.Config{URL: k.NATS.URL, CredsFile: k.NATS.CredsFile, NKeyFile: k.NATS.NKeyFile, CAFile: k.NATS.CAFile},
 	}
 }

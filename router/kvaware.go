@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -8,11 +9,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/kvcache"
+	"github.com/infera/infera/kvnats"
+	"github.com/infera/infera/natsx"
 	"github.com/infera/infera/tokenizer"
 )
 
@@ -95,6 +101,13 @@ type KVAwareConfig struct {
 	// Subscriber tunes the KV-event streams.
 	Subscriber kvcache.SubscriberConfig
 
+	// EventTransport is "zmq" (default: subscribe to each engine) or
+	// "nats": follow each worker's events on the INFERA_KV_EVENTS
+	// JetStream stream its worker relays them to (kvnats.Feed), through
+	// the server NATS names.
+	EventTransport string
+	NATS           natsx.Config
+
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 }
@@ -163,6 +176,9 @@ type KVAware struct {
 
 	idx *kvcache.Index
 	sub *kvcache.Subscriber
+	// feed and nc: --kv-event-transport nats (nil otherwise).
+	feed *kvnats.Feed
+	nc   *nats.Conn
 	// listenAddr is the bound --kv-events-listen endpoint ("" when none).
 	listenAddr string
 
@@ -260,10 +276,17 @@ func NewKVAware(cfg KVAwareConfig, log zerolog.Logger) (*KVAware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kv events subscriber: %w", err)
 	}
+	if cfg.EventTransport == config.KVEventTransportNATS {
+		if err := p.startFeed(); err != nil {
+			p.sub.Close()
+			return nil, err
+		}
+	}
 	if cfg.EventsListen != "" {
 		addr, err := p.sub.Listen(cfg.EventsListen)
 		if err != nil {
 			p.sub.Close()
+			p.closeFeed()
 			return nil, err
 		}
 		p.listenAddr = addr
@@ -294,6 +317,7 @@ func (p *KVAware) Name() string { return PolicyKVAware }
 // Close stops every KV-event stream and waits for their goroutines.
 func (p *KVAware) Close() error {
 	p.sub.Close()
+	p.closeFeed()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, kw := range p.workers {
@@ -302,6 +326,45 @@ func (p *KVAware) Close() error {
 		}
 	}
 	return nil
+}
+
+// natsStartTimeout bounds connecting to NATS and opening the stream and
+// bucket at start-up.
+const natsStartTimeout = 15 * time.Second
+
+// startFeed connects to NATS and opens the KV-event feed: a server that is
+// down or refuses us is a start-up error.
+func (p *KVAware) startFeed() error {
+	ctx, cancel := context.WithTimeout(context.Background(), natsStartTimeout)
+	defer cancel()
+	cfg := p.cfg.NATS
+	if cfg.Name == "" {
+		cfg.Name = "infera-serve"
+	}
+	nc, err := natsx.Connect(ctx, cfg, p.log)
+	if err != nil {
+		return fmt.Errorf("kv events over nats: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err == nil {
+		p.feed, err = kvnats.NewFeed(ctx, p.idx, js, p.log)
+	}
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("kv events over nats: %w", err)
+	}
+	p.nc = nc
+	p.log.Info().Str("nats_server", natsx.Redacted(natsx.ResolveURL(cfg.URL))).Msg("kv events over nats")
+	return nil
+}
+
+func (p *KVAware) closeFeed() {
+	if p.feed != nil {
+		p.feed.Close()
+	}
+	if p.nc != nil {
+		p.nc.Close()
+	}
 }
 
 // EventsListenEndpoint returns the bound --kv-events-listen endpoint, "" when
@@ -431,6 +494,27 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 		if p.cfg.ProvisionalTTL > 0 && p.cfg.ProvisionalMaxBlocks > 0 {
 			t.prov = kvcache.NewPlacements(p.cfg.ProvisionalMaxBlocks, int64(p.cfg.ProvisionalTTL))
 		}
+		if p.feed != nil {
+			// Over NATS a worker whose record advertises an event
+			// publisher relays its events: a multiplexed rank on its own
+			// subject rank, any other worker on rank 0.
+			srank := 0
+			if pl.pin {
+				srank = pl.rank
+			}
+			if pl.ep == "" {
+				ts = append(ts, t)
+				continue
+			}
+			if h, err := p.feed.Add(t.key, srank, s.blockSize); err != nil {
+				p.log.Warn().Str("worker_id", kw.w.id).Int("dp_rank", pl.rank).Err(err).
+					Msg("cannot follow kv events over nats; worker routed approximately")
+			} else {
+				t.idx = h
+			}
+			ts = append(ts, t)
+			continue
+		}
 		src := kvcache.Source{Key: t.key, Endpoint: pl.ep, ReplayEndpoint: pl.rep, BlockSize: s.blockSize}
 		if pl.ep == "" && p.listenAddr != "" && pl.rank == 0 && !pl.pin {
 			// Its engine may publish through the listener.
@@ -465,7 +549,11 @@ func (p *KVAware) dropTargets(kw *kvWorker) {
 		return
 	}
 	for _, t := range *ts {
-		if t.idx != nil {
+		switch {
+		case t.idx == nil:
+		case p.feed != nil:
+			p.feed.Remove(t.key)
+		default:
 			p.sub.Remove(t.key)
 		}
 	}

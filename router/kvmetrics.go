@@ -153,6 +153,10 @@ func (p *KVAware) Collect(ch chan<- prometheus.Metric) {
 		if !t.sub {
 			continue
 		}
+		if p.feed != nil {
+			p.collectFeed(ch, t.key)
+			continue
+		}
 		st, ok := p.sub.Stats(t.key)
 		if !ok {
 			continue
@@ -186,4 +190,24 @@ func (p *KVAware) Collect(ch chan<- prometheus.Metric) {
 		counter(m.rebuilds, st.Rebuilds)
 		counter(m.learned, st.Learned)
 	}
+}
+
+// collectFeed exports what a KV-event stream over NATS knows of k: its
+// blocks, applied and rejected batches, and "connected" once its history
+// has replayed.
+func (p *KVAware) collectFeed(ch chan<- prometheus.Metric, k kvcache.Key) {
+	m := &p.m
+	st, ok := p.feed.Stats(k)
+	if !ok {
+		return
+	}
+	id, rank := k.Worker, strconv.Itoa(k.DPRank)
+	ch <- prometheus.MustNewConstMetric(m.workerBlocks, prometheus.GaugeValue, float64(st.Blocks), id, rank)
+	conn := 0.0
+	if st.CaughtUp {
+		conn = 1
+	}
+	ch <- prometheus.MustNewConstMetric(m.connected, prometheus.GaugeValue, conn, id, rank)
+	ch <- prometheus.MustNewConstMetric(m.batches, prometheus.CounterValue, float64(st.Batches), id, rank)
+	ch <- prometheus.MustNewConstMetric(m.batchesDropped, prometheus.CounterValue, float64(st.Bad), id, rank, "bad_message")
 }

@@ -3,6 +3,8 @@
 # etcd and two `infera worker --engine sim` (each launching `infera sim`).
 # Ctrl-C stops every process it started. Ports: INFERA_RUN_PORT (8000) for the
 # API, INFERA_RUN_ETCD_PORT (2379) for the embedded etcd.
+# INFERA_RUN_NATS=1 (make run-nats) also starts nats-server with JetStream on
+# INFERA_RUN_NATS_PORT (4222) and carries the KV events over NATS (kv-aware).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${INFERA_BIN:-bin/infera}
@@ -11,7 +13,9 @@ etcd_port=${INFERA_RUN_ETCD_PORT:-2379}
 workers=${INFERA_RUN_WORKERS:-2}
 model=${INFERA_RUN_MODEL:-sim-model}
 state=${INFERA_RUN_STATE:-.run}
-rm -rf "$state/etcd"
+nats=${INFERA_RUN_NATS:-}
+nats_port=${INFERA_RUN_NATS_PORT:-4222}
+rm -rf "$state/etcd" "$state/nats"
 mkdir -p "$state"
 
 # Each child in its own process group: a terminal's Ctrl-C reaches only this
@@ -20,6 +24,7 @@ mkdir -p "$state"
 set -m
 
 server=
+natsd=
 workers_pids=()
 stop() {
   trap - INT TERM EXIT
@@ -32,12 +37,30 @@ stop() {
     kill -TERM "$server" 2>/dev/null || true
     wait "$server" 2>/dev/null || true
   fi
+  if [ -n "$natsd" ]; then
+    kill -TERM "$natsd" 2>/dev/null || true
+    wait "$natsd" 2>/dev/null || true
+  fi
 }
 trap stop INT TERM EXIT
 
+serve_args=()
+worker_args=()
+if [ -n "$nats" ]; then
+  nats-server -a 127.0.0.1 -p "$nats_port" -js -sd "$state/nats" &
+  natsd=$!
+  url="nats://127.0.0.1:$nats_port"
+  serve_args=(--router-policy kv-aware --tokenizer bytes --kv-event-transport nats --nats-server "$url")
+  worker_args=(--kv-event-transport nats --nats-server "$url")
+  for _ in $(seq 1 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null && break
+    sleep 0.1
+  done
+fi
+
 "$bin" serve --listen "127.0.0.1:$port" \
   --embedded-etcd-listen "127.0.0.1:$etcd_port" --embedded-etcd-dir "$state/etcd" \
-  --log-format console &
+  --log-format console "${serve_args[@]}" &
 server=$!
 
 for _ in $(seq 1 100); do
@@ -46,7 +69,7 @@ for _ in $(seq 1 100); do
 done
 
 for i in $(seq 1 "$workers"); do
-  "$bin" worker --engine sim --etcd-endpoints "http://127.0.0.1:$etcd_port" --log-format console \
+  "$bin" worker --engine sim --etcd-endpoints "http://127.0.0.1:$etcd_port" --log-format console "${worker_args[@]}" \
     -- --model "$model" --time-scale 1 &
   workers_pids+=($!)
 done

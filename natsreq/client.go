@@ -1,0 +1,296 @@
+package natsreq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// Errors of an exchange. ErrIdleTimeout and ErrTotalTimeout map to 504,
+// ErrWorker (an rs-type error frame) and ErrTransport to 502; before the
+// first byte all of them are retryable on another worker.
+var (
+	ErrIdleTimeout  = errors.New("natsreq: no reply within the idle timeout")
+	ErrTotalTimeout = errors.New("natsreq: request exceeded the total timeout")
+	ErrWorker       = errors.New("natsreq: worker error")
+	ErrTransport    = errors.New("natsreq: transport error")
+	ErrDraining     = errors.New("natsreq: worker draining")
+	ErrClosed       = errors.New("natsreq: client closed")
+)
+
+// ClientConfig configures the router's side.
+type ClientConfig struct {
+	IdleTimeout time.Duration // reset per frame; 0 = none
+	MaxDuration time.Duration // whole request; 0 = none
+	// MaxPending > 0: requests are JetStream-published to INFERA_REQUESTS
+	// with rs-inbox, and Admit refuses a worker whose backlog reached it.
+	MaxPending int
+	// CancelGap overrides CancelGap when > 0 (tests).
+	CancelGap time.Duration
+}
+
+// Client is the router's side of requests over NATS, independent of the
+// router's request path: Admit reads a worker's backlog, Exchange sends
+// one envelope and streams the frames back, cancelling the worker's
+// request (its inbox on the cancel subject, CancelResends times
+// CancelGap apart) when the exchange ends without done.
+//
+// Concurrency: safe for concurrent use; the cancel resends are goroutines
+// owned by the Client, Close waits for them.
+type Client struct {
+	cfg ClientConfig
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log zerolog.Logger
+
+	mu      sync.Mutex
+	pending map[string]pendingInfo
+	closed  bool
+	wg      sync.WaitGroup
+	stop    chan struct{}
+}
+
+type pendingInfo struct {
+	at      time.Time
+	backlog uint64
+	ok      bool
+}
+
+// NewClient returns a client on nc; with MaxPending > 0 it creates the
+// INFERA_REQUESTS stream if needed.
+func NewClient(ctx context.Context, cfg ClientConfig, nc *nats.Conn, log zerolog.Logger) (*Client, error) {
+	if nc == nil || cfg.IdleTimeout < 0 || cfg.MaxDuration < 0 || cfg.MaxPending < 0 {
+		return nil, fmt.Errorf("natsreq: bad client config")
+	}
+	if cfg.CancelGap <= 0 {
+		cfg.CancelGap = CancelGap
+	}
+	c := &Client{cfg: cfg, nc: nc, log: log.With().Str("component", "nats-requests").Logger(),
+		pending: make(map[string]pendingInfo), stop: make(chan struct{})}
+	if cfg.MaxPending > 0 {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return nil, fmt.Errorf("natsreq: %w", err)
+		}
+		if err := EnsureStream(ctx, js); err != nil {
+			return nil, err
+		}
+		c.js = js
+	}
+	return c, nil
+}
+
+// Admit reports whether workerID may take one more request: always
+// without admission; else when its consumer's num_pending +
+// num_ack_pending (read at most every 200 ms per worker) is below
+// MaxPending. A backlog that cannot be read admits.
+func (c *Client) Admit(ctx context.Context, workerID string) bool {
+	if c.js == nil {
+		return true
+	}
+	c.mu.Lock()
+	p, ok := c.pending[workerID]
+	c.mu.Unlock()
+	if !ok || time.Since(p.at) >= pendingCacheTTL {
+		p = pendingInfo{at: time.Now()}
+		cons, err := c.js.Consumer(ctx, StreamName, Durable(workerID))
+		if err == nil {
+			var info *jetstream.ConsumerInfo
+			if info, err = cons.Info(ctx); err == nil {
+				p.backlog, p.ok = info.NumPending+uint64(info.NumAckPending), true
+			}
+		}
+		c.mu.Lock()
+		c.pending[workerID] = p
+		c.mu.Unlock()
+	}
+	return !p.ok || p.backlog < uint64(c.cfg.MaxPending)
+}
+
+// Frame is one reply frame.
+type Frame struct {
+	Type   string // TypeData, TypeDone, TypeError
+	Status int    // done: the engine's HTTP status
+	Data   []byte
+}
+
+// ParseFrame reads a reply message's headers: no rs-type is data; done
+// carries rs-status (200 when absent, as the reference reads it).
+func ParseFrame(h nats.Header, data []byte) (Frame, error) {
+	f := Frame{Type: TypeData, Data: data}
+	if t := h.Get(HeaderType); t != "" {
+		f.Type = t
+	}
+	switch f.Type {
+	case TypeData, TypeError:
+	case TypeDone:
+		f.Status = 200
+		if s := h.Get(HeaderStatus); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 100 || n > 999 {
+				return f, fmt.Errorf("%w: rs-status %q", ErrTransport, s)
+			}
+			f.Status = n
+		}
+	default:
+		return f, fmt.Errorf("%w: rs-type %q", ErrTransport, f.Type)
+	}
+	return f, nil
+}
+
+// Exchange is one request in flight. Next returns its frames; Close ends
+// it (cancelling the worker's request unless done or an error frame came).
+type Exchange struct {
+	c        *Client
+	workerID string
+	inbox    string
+	sub      *nats.Subscription
+	ch       chan *nats.Msg
+	ctx      context.Context
+	start    time.Time
+	finished bool
+	closed   bool
+}
+
+// Exchange publishes env to workerID and returns the exchange that reads
+// its answer. ctx bounds the whole exchange: when it ends, Next fails and
+// Close cancels the worker's request.
+func (c *Client) Exchange(ctx context.Context, workerID string, env *Envelope) (*Exchange, error) {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	inbox := c.nc.NewInbox()
+	ch := make(chan *nats.Msg, 256)
+	sub, err := c.nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, fmt.Errorf("%w: subscribe %w", ErrTransport, err)
+	}
+	payload := env.AppendJSON(nil)
+	if c.js != nil {
+		m := &nats.Msg{Subject: Subject(workerID), Data: payload, Header: nats.Header{HeaderInbox: []string{inbox}}}
+		_, err = c.js.PublishMsg(ctx, m)
+	} else {
+		err = c.nc.PublishMsg(&nats.Msg{Subject: Subject(workerID), Reply: inbox, Data: payload})
+	}
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("%w: publish: %w", ErrTransport, err)
+	}
+	return &Exchange{c: c, workerID: workerID, inbox: inbox, sub: sub, ch: ch, ctx: ctx, start: time.Now()}, nil
+}
+
+// Inbox is the exchange's reply inbox.
+func (x *Exchange) Inbox() string { return x.inbox }
+
+// Next returns the next frame. A done frame ends the exchange; an error
+// frame is returned as the frame and as ErrWorker (ErrDraining for a
+// worker's hand-back). Deadlines and ctx end it with ErrIdleTimeout,
+// ErrTotalTimeout or ctx's error.
+func (x *Exchange) Next() (Frame, error) {
+	if x.finished {
+		return Frame{}, fmt.Errorf("%w: exchange finished", ErrTransport)
+	}
+	var idle, total <-chan time.Time
+	if d := x.c.cfg.IdleTimeout; d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		idle = t.C
+	}
+	if d := x.c.cfg.MaxDuration; d > 0 {
+		t := time.NewTimer(time.Until(x.start.Add(d)))
+		defer t.Stop()
+		total = t.C
+	}
+	select {
+	case m := <-x.ch:
+		f, err := ParseFrame(m.Header, m.Data)
+		if err != nil {
+			return f, err
+		}
+		switch f.Type {
+		case TypeDone:
+			x.finished = true
+		case TypeError:
+			x.finished = true
+			if string(f.Data) == DrainingNotice {
+				return f, ErrDraining
+			}
+			return f, fmt.Errorf("%w: %s", ErrWorker, f.Data)
+		}
+		return f, nil
+	case <-idle:
+		return Frame{}, fmt.Errorf("%w: nats request stalled: no reply within %.0fs (idle timeout)", ErrIdleTimeout, x.c.cfg.IdleTimeout.Seconds())
+	case <-total:
+		return Frame{}, fmt.Errorf("%w: nats request exceeded total timeout %.0fs", ErrTotalTimeout, x.c.cfg.MaxDuration.Seconds())
+	case <-x.ctx.Done():
+		return Frame{}, x.ctx.Err()
+	}
+}
+
+// Close ends the exchange. Unless the worker finished it (done or an
+// error frame), the worker is told to cancel: the inbox is published to
+// its cancel subject CancelResends times, CancelGap apart, in the
+// background.
+func (x *Exchange) Close() {
+	if x.closed {
+		return
+	}
+	x.closed = true
+	_ = x.sub.Unsubscribe()
+	if x.finished {
+		return
+	}
+	x.c.sendCancel(x.workerID, x.inbox)
+}
+
+func (c *Client) sendCancel(workerID, inbox string) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		_ = c.nc.Publish(CancelSubject(workerID), []byte(inbox))
+		return
+	}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		for i := range CancelResends {
+			if err := c.nc.Publish(CancelSubject(workerID), []byte(inbox)); err != nil {
+				c.log.Debug().Err(err).Msg("nats requests: cancel not sent")
+			}
+			if i+1 == CancelResends {
+				return
+			}
+			t := time.NewTimer(c.cfg.CancelGap)
+			select {
+			case <-t.C:
+			case <-c.stop:
+				t.Stop()
+				return
+			}
+		}
+	}()
+}
+
+// Close stops the cancel resends still waiting and waits for them.
+func (c *Client) Close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	close(c.stop)
+	c.mu.Unlock()
+	c.wg.Wait()
+}

@@ -1,0 +1,262 @@
+package natsreq_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/natstest"
+	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/natsreq"
+	"github.com/infera/infera/sim"
+)
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// startSim runs the simulated engine in-process; it returns its base URL.
+func startSim(t *testing.T, tweak func(*config.Sim)) string {
+	t.Helper()
+	cfg := config.DefaultSim()
+	cfg.Port = 0
+	cfg.Model = "sim-model"
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	s, err := sim.New(cfg, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "http://" + servetest.Loopback(t, "sim", s.Serve)
+}
+
+func connect(t *testing.T, s *natstest.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+type pair struct {
+	srv *natsreq.Server
+	cli *natsreq.Client
+	nc  *nats.Conn
+}
+
+const workerID = "127.0.0.1:18000"
+
+// start runs a worker-side server in front of engine and a client, each on
+// its own connection, as worker and router have.
+func start(t *testing.T, ns *natstest.Server, engine string, scfg natsreq.ServerConfig, ccfg natsreq.ClientConfig) *pair {
+	t.Helper()
+	scfg.WorkerID, scfg.EngineURL = workerID, engine
+	srv, err := natsreq.NewServer(scfg, connect(t, ns), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			srv.Stop(0)
+		}
+	})
+	nc := connect(t, ns)
+	ccfg.CancelGap = 50 * time.Millisecond
+	cli, err := natsreq.NewClient(t.Context(), ccfg, nc, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cli.Close)
+	return &pair{srv: srv, cli: cli, nc: nc}
+}
+
+func chat(stream bool, maxTokens int) *natsreq.Envelope {
+	body, _ := json.Marshal(map[string]any{"model": "sim-model", "stream": stream, "max_tokens": maxTokens,
+		"messages": []map[string]string{{"role": "user", "content": "hello over nats"}}})
+	return &natsreq.Envelope{Path: "/v1/chat/completions", Stream: stream, Body: body}
+}
+
+// readAll reads frames until done or an error.
+func readAll(t *testing.T, x *natsreq.Exchange) ([]byte, int, error) {
+	t.Helper()
+	var out bytes.Buffer
+	for {
+		f, err := x.Next()
+		if err != nil {
+			return out.Bytes(), 0, err
+		}
+		if f.Type == natsreq.TypeDone {
+			return out.Bytes(), f.Status, nil
+		}
+		out.Write(f.Data)
+	}
+}
+
+func TestExchange(t *testing.T) {
+	for _, pending := range []int{0, 4} {
+		name := "core"
+		if pending > 0 {
+			name = "jetstream"
+		}
+		t.Run(name, func(t *testing.T) {
+			ns := natstest.Start(t)
+			p := start(t, ns, startSim(t, nil), natsreq.ServerConfig{MaxPending: pending, IdleTimeout: 10 * time.Second},
+				natsreq.ClientConfig{MaxPending: pending, IdleTimeout: 10 * time.Second})
+			// Unary: one data frame (the JSON answer), then done 200.
+			x, err := p.cli.Exchange(t.Context(), workerID, chat(false, 8))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, status, err := readAll(t, x)
+			x.Close()
+			var resp struct {
+				Choices []json.RawMessage `json:"choices"`
+			}
+			if err != nil || status != 200 || json.Unmarshal(body, &resp) != nil || len(resp.Choices) != 1 {
+				t.Fatalf("unary: %d %v %s", status, err, body)
+			}
+			// Streaming: SSE chunks, then done 200.
+			x, err = p.cli.Exchange(t.Context(), workerID, chat(true, 8))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, status, err = readAll(t, x)
+			x.Close()
+			if err != nil || status != 200 || !strings.HasPrefix(string(body), "data: ") || !strings.HasSuffix(strings.TrimSpace(string(body)), "data: [DONE]") {
+				t.Fatalf("stream: %d %v %s", status, err, body)
+			}
+			// A non-2xx answer: its data, then done with its status.
+			bad := chat(false, 8)
+			bad.Body = json.RawMessage(`{"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}`)
+			x, err = p.cli.Exchange(t.Context(), workerID, bad)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, status, err = readAll(t, x)
+			x.Close()
+			if err != nil || status != http.StatusNotFound || !bytes.Contains(body, []byte("error")) {
+				t.Fatalf("unknown model: %d %v %s", status, err, body)
+			}
+			if pending > 0 {
+				eventually(t, "backlog empty", func() bool { return p.cli.Admit(t.Context(), workerID) })
+			}
+		})
+	}
+}
+
+// TestExchangeCancel: a client that leaves mid-stream cancels the engine's
+// request on the worker (its inbox on the cancel subject).
+func TestExchangeCancel(t *testing.T) {
+	ns := natstest.Start(t)
+	p := start(t, ns, startSim(t, func(c *config.Sim) { c.DecodeMsPerToken = 20; c.TimeScale = 1 }),
+		natsreq.ServerConfig{}, natsreq.ClientConfig{})
+	cancels, err := p.nc.SubscribeSync(natsreq.CancelSubject(workerID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	x, err := p.cli.Exchange(ctx, workerID, chat(true, 2000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, err := x.Next(); err != nil || f.Type != natsreq.TypeData {
+		t.Fatalf("first frame %+v %v", f, err)
+	}
+	if p.srv.InFlight() != 1 {
+		t.Fatalf("in flight %d", p.srv.InFlight())
+	}
+	cancel()
+	if _, err := x.Next(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("after cancel: %v", err)
+	}
+	x.Close()
+	eventually(t, "the worker cancelled the engine request", func() bool { return p.srv.InFlight() == 0 })
+	for i := range natsreq.CancelResends {
+		m, err := cancels.NextMsg(5 * time.Second)
+		if err != nil || string(m.Data) != x.Inbox() {
+			t.Fatalf("cancel %d: %v %q", i, err, m.Data)
+		}
+	}
+}
+
+// TestExchangeIdleTimeout: an engine that sends nothing trips the idle
+// deadline (ErrIdleTimeout, a 504) and the worker drops the request.
+func TestExchangeIdleTimeout(t *testing.T) {
+	ns := natstest.Start(t)
+	p := start(t, ns, startSim(t, func(c *config.Sim) { c.HangBeforeFirstToken = 1 }),
+		natsreq.ServerConfig{}, natsreq.ClientConfig{IdleTimeout: 300 * time.Millisecond})
+	x, err := p.cli.Exchange(t.Context(), workerID, chat(true, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Next(); !errors.Is(err, natsreq.ErrIdleTimeout) {
+		t.Fatalf("hung engine: %v", err)
+	}
+	x.Close()
+	eventually(t, "the worker dropped the hung request", func() bool { return p.srv.InFlight() == 0 })
+}
+
+// TestAdmissionAndDrain: with --nats-req-max-pending 1, a worker with one
+// request in flight is refused; on drain its migratable request is handed
+// back (DrainingNotice) and its durable consumer deleted.
+func TestAdmissionAndDrain(t *testing.T) {
+	ns := natstest.Start(t)
+	p := start(t, ns, startSim(t, func(c *config.Sim) { c.DecodeMsPerToken = 20; c.TimeScale = 1 }),
+		natsreq.ServerConfig{MaxPending: 1}, natsreq.ClientConfig{MaxPending: 1})
+	if !p.cli.Admit(t.Context(), workerID) {
+		t.Fatal("idle worker refused")
+	}
+	env := chat(true, 2000)
+	env.Migratable = true
+	x, err := p.cli.Exchange(t.Context(), workerID, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	if f, err := x.Next(); err != nil || f.Type != natsreq.TypeData {
+		t.Fatalf("first frame %+v %v", f, err)
+	}
+	eventually(t, "backlog at the limit refuses", func() bool { return !p.cli.Admit(t.Context(), workerID) })
+
+	p.srv.Stop(200 * time.Millisecond)
+	for {
+		f, err := x.Next()
+		if errors.Is(err, natsreq.ErrDraining) {
+			break
+		}
+		if err != nil || f.Type != natsreq.TypeData {
+			t.Fatalf("during drain: %+v %v", f, err)
+		}
+	}
+	js, err := jetstream.New(p.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Consumer(t.Context(), natsreq.StreamName, natsreq.Durable(workerID)); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("durable consumer after drain: %v", err)
+	}
+}
