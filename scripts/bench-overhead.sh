@@ -37,7 +37,8 @@
 #   TARGETS="direct nginx infera" (and the variants above)
 #   CLIENTS="bench wrk" load generators        REPEATS=3     runs of every cell (medians)
 #   BIN=bin/infera (NO_BUILD=1 skips `go build`)  KEEP=1 keeps the temp dir and logs
-#   BASE_REF=main~1 the ref infera-base is built from   ETCD=external|embedded
+#   BASE_REF=main~1 the ref infera-base is built from (BASE_BIN=path: a binary instead)
+#   ETCD=external|embedded
 #   SERVE_FLAGS="" extra `infera serve` flags (e.g. --enable-profiling --admin-listen ...)
 #   SERVE_ENV="" environment of every `infera serve` (e.g. GOGC=400)
 set -euo pipefail
@@ -113,8 +114,11 @@ if [[ -z ${NO_BUILD:-} ]]; then
   CGO_ENABLED=0 go build -o "$BIN" .
 fi
 [[ -x $BIN ]] || die "$BIN not found"
-BASE_BIN=""
-if [[ " $TARGETS " == *" infera-base "* ]]; then
+BASE_BIN=${BASE_BIN:-}
+if [[ -n $BASE_BIN ]]; then
+  [[ -x $BASE_BIN ]] || die "BASE_BIN $BASE_BIN is not an executable"
+  BASE_DESC="$BASE_BIN ($("$BASE_BIN" version 2>/dev/null | awk '{print $2}'))"
+elif [[ " $TARGETS " == *" infera-base "* ]]; then
   BASE_BIN=$(dirname "$BIN")/infera-base
   log "building $BASE_BIN from $BASE_REF"
   base_tree=$(mktemp -d "${TMPDIR:-/tmp}/infera-base.XXXXXX")
