@@ -352,6 +352,22 @@ func probeStream(ctx context.Context, base, content string, maxTokens int, start
 	}
 }
 
+// scrape returns the text of url (a /metrics page); a failed GET fails
+// the test.
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
 // metricValue sums the samples of one metric family (all label sets whose
 // labels contain every filter) in a Prometheus text exposition.
 func metricValue(text, name string, filters ...string) float64 {

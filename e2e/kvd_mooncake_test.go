@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,13 +154,7 @@ func TestKVDArenaHIPRegistered(t *testing.T) {
 	p := startBinary(t, bin, "kvd-hip", append(cleanEnv(), "HIPSTUB_TRACE="+trace), args("a.sock", hip, "--admin-listen", admin)...)
 	p.waitLog("arena registered with HIP (hipHostRegister)", 20*time.Second)
 	p.waitLog("kvd serving", 20*time.Second)
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(body), "infera_kvd_arena_hip_registered 1") {
+	if metricValue(scrape(t, "http://"+admin+"/metrics"), "infera_kvd_arena_hip_registered") != 1 {
 		t.Fatalf("no registered gauge in /metrics")
 	}
 	p.signal(syscall.SIGTERM)

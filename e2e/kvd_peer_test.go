@@ -3,11 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"io"
-	"net/http"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -65,26 +62,13 @@ func TestKVDPeerPull(t *testing.T) {
 		keys = append(keys, k)
 		vals[string(k)] = v
 	}
-	metric := func(d daemon, name string) string {
-		resp, err := http.Get("http://" + d.admin + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		for _, line := range strings.Split(string(body), "\n") {
-			if strings.HasPrefix(line, name+" ") {
-				return strings.TrimPrefix(line, name+" ")
-			}
-		}
-		return ""
-	}
+	metric := func(d daemon, name string) float64 { return metricValue(scrape(t, "http://"+d.admin+"/metrics"), name) }
 	if err := cb.PrefetchFromCtx(ctx, ns, source, keys, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); metric(b, "infera_kvd_peer_pulled_blocks_total") != "8"; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); metric(b, "infera_kvd_peer_pulled_blocks_total") != 8; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("B pulled %q blocks", metric(b, "infera_kvd_peer_pulled_blocks_total"))
+			t.Fatalf("B pulled %v blocks", metric(b, "infera_kvd_peer_pulled_blocks_total"))
 		}
 	}
 	for _, k := range keys {
@@ -97,9 +81,9 @@ func TestKVDPeerPull(t *testing.T) {
 	if err := cc.PrefetchFromCtx(ctx, ns, source, keys, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); metric(c, "infera_kvd_peer_pulls_failed_total") != "1"; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); metric(c, "infera_kvd_peer_pulls_failed_total") != 1; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("C's failed pulls %q", metric(c, "infera_kvd_peer_pulls_failed_total"))
+			t.Fatalf("C's failed pulls %v", metric(c, "infera_kvd_peer_pulls_failed_total"))
 		}
 	}
 	if _, _, ok, _ := cc.Get(ns, keys[0], nil); ok {
@@ -111,9 +95,9 @@ func TestKVDPeerPull(t *testing.T) {
 	if err := cb.PrefetchFromCtx(ctx, ns, source, [][]byte{more}, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); metric(b, "infera_kvd_peer_pulls_failed_total") != "1"; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); metric(b, "infera_kvd_peer_pulls_failed_total") != 1; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("B's failed pulls %q", metric(b, "infera_kvd_peer_pulls_failed_total"))
+			t.Fatalf("B's failed pulls %v", metric(b, "infera_kvd_peer_pulls_failed_total"))
 		}
 	}
 	if _, _, ok, err := cb.Get(ns, more, nil); ok || err != nil {

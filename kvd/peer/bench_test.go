@@ -54,7 +54,7 @@ func BenchmarkPull(b *testing.B) {
 		keys = append(keys, k)
 	}
 	addr := serveBench(b, srv)
-	p := newPullerScratch(b, benchBlocks*(benchBlock+64))
+	p := newPuller(b, benchBlocks*(benchBlock+64), nil)
 	b.SetBytes(benchBlocks * benchBlock)
 	b.ReportAllocs()
 	b.ResetTimer()

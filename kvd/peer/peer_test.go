@@ -82,13 +82,15 @@ func serveBench(b *testing.B, srv *peer.Server) string {
 	return servetest.Loopback(b, "peer", srv.Serve)
 }
 
-func newPuller(t testing.TB, secret []byte) *peer.Puller {
+// newPuller is a puller with its own engine and a scratch region of
+// scratch bytes.
+func newPuller(t testing.TB, scratch int, secret []byte) *peer.Puller {
 	t.Helper()
 	eng, err := transport.NewTCP(transport.TCPConfig{Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := peer.NewPuller(eng, 256<<10, secret)
+	p, err := peer.NewPuller(eng, scratch, secret)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +122,7 @@ func TestPullBlocks(t *testing.T) {
 		keys = append(keys, []byte(k))
 	}
 	keys = append(keys, []byte("absent"))
-	p := newPuller(t, nil)
+	p := newPuller(t, 256<<10, nil)
 	got := map[string][]byte{}
 	st, err := p.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) { got[string(k)] = bytes.Clone(v) })
 	if err != nil {
@@ -138,7 +140,7 @@ func TestPullBlocks(t *testing.T) {
 		t.Fatalf("server stats %+v", s)
 	}
 	// Many small batches: a scratch region that holds a few blocks only.
-	small := newPullerScratch(t, 16<<10)
+	small := newPuller(t, 16<<10, nil)
 	n := 0
 	if _, err := small.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {
 		if !bytes.Equal(v, want[string(k)]) {
@@ -148,23 +150,6 @@ func TestPullBlocks(t *testing.T) {
 	}); err != nil || n != 40 {
 		t.Fatalf("small scratch: %d pulled, %v", n, err)
 	}
-}
-
-func newPullerScratch(t testing.TB, scratch int) *peer.Puller {
-	t.Helper()
-	eng, err := transport.NewTCP(transport.TCPConfig{Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := peer.NewPuller(eng, scratch, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.Close()
-		eng.Close()
-	})
-	return p
 }
 
 // TestPullNeverTorn: blocks rewritten on the source while they are pulled
@@ -189,7 +174,7 @@ func TestPullNeverTorn(t *testing.T) {
 			}
 		}
 	}()
-	p := newPuller(t, nil)
+	p := newPuller(t, 256<<10, nil)
 	pulled, torn := 0, 0
 	for range 200 {
 		st, err := p.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {
@@ -221,7 +206,7 @@ func TestSourceDiesMidPull(t *testing.T) {
 		set(t, src.store, k, bytes.Repeat([]byte{byte(i)}, 4000))
 		keys = append(keys, []byte(k))
 	}
-	p := newPullerScratch(t, 16<<10) // many batches: the engine closes between them
+	p := newPuller(t, 16<<10, nil) // many batches: the engine closes between them
 	var once sync.Once
 	delivered := 0
 	_, err := p.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {
@@ -247,17 +232,17 @@ func TestSecretAndAllow(t *testing.T) {
 	src := startSource(t, peer.ServerOptions{Secret: []byte("s3cret")})
 	set(t, src.store, "k", []byte("v"))
 	keys := [][]byte{[]byte("k")}
-	if _, err := newPuller(t, []byte("wrong")).Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {}); !errors.Is(err, peer.ErrDenied) {
+	if _, err := newPuller(t, 256<<10, []byte("wrong")).Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {}); !errors.Is(err, peer.ErrDenied) {
 		t.Fatalf("wrong secret: %v", err)
 	}
 	n := 0
-	if _, err := newPuller(t, []byte("s3cret")).Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) { n++ }); err != nil || n != 1 {
+	if _, err := newPuller(t, 256<<10, []byte("s3cret")).Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) { n++ }); err != nil || n != 1 {
 		t.Fatalf("right secret: %d %v", n, err)
 	}
 	fenced := startSource(t, peer.ServerOptions{Allow: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	if _, err := newPuller(t, nil).Pull(ctx, fenced.addr, model, compat, keys, func(k, v []byte) {}); !errors.Is(err, peer.ErrUnavailable) {
+	if _, err := newPuller(t, 256<<10, nil).Pull(ctx, fenced.addr, model, compat, keys, func(k, v []byte) {}); !errors.Is(err, peer.ErrUnavailable) {
 		t.Fatalf("outside Allow: %v", err)
 	}
 	if s := fenced.srv.Stats(); s.Refused != 1 || s.Requests != 0 {
