@@ -40,7 +40,7 @@ type Puller struct {
 	body    []byte
 	resp    Response
 	ops     []transport.Op
-	idx     []int               // the key of each block read
+	blocks  []block
 	conns   map[string]net.Conn // control connections, kept between pulls
 
 	pulls, failed, located, pulled, torn, bytes atomic.Int64
@@ -106,9 +106,10 @@ func (p *Puller) pull(ctx context.Context, addr string, model, compat []byte, ke
 	buf := p.scratch.Bytes()
 	remote := p.resp.Region
 	// Batches that fit the scratch region: each block's header and
-	// payload, then room for the headers read again.
+	// payload, then room for the headers read again. Blocks in adjacent
+	// slots (uniform KV blocks fill their slots) are read with one op.
 	for i := 0; i < len(keys); {
-		p.ops, p.idx = p.ops[:0], p.idx[:0]
+		p.ops, p.blocks = p.ops[:0], p.blocks[:0]
 		used := 0
 		for ; i < len(keys); i++ {
 			e := p.resp.Entries[i]
@@ -119,34 +120,40 @@ func (p *Puller) pull(ctx context.Context, addr string, model, compat []byte, ke
 			if need+headerBytes > len(buf) { // never fits: a miss
 				continue
 			}
-			if used+need+headerBytes*(len(p.ops)+1) > len(buf) {
+			if used+need+headerBytes*(len(p.blocks)+1) > len(buf) {
 				break
 			}
 			st.Located++
-			p.idx = append(p.idx, i)
-			p.ops = append(p.ops, transport.Op{Kind: transport.Read, Local: p.scratch, LocalOff: uint64(used),
-				Remote: remote, RemoteOff: e.Offset - headerBytes, Len: uint64(need)})
+			b := block{key: i, local: uint64(used), remote: e.Offset - headerBytes, n: uint64(need)}
+			p.blocks = append(p.blocks, b)
+			if last := len(p.ops) - 1; last >= 0 && p.ops[last].RemoteOff+p.ops[last].Len == b.remote &&
+				p.ops[last].LocalOff+p.ops[last].Len == b.local {
+				p.ops[last].Len += b.n
+			} else {
+				p.ops = append(p.ops, transport.Op{Kind: transport.Read, Local: p.scratch, LocalOff: b.local,
+					Remote: remote, RemoteOff: b.remote, Len: b.n})
+			}
 			used += need
 		}
-		if len(p.ops) == 0 {
+		if len(p.blocks) == 0 {
 			continue
 		}
-		n := len(p.ops)
+		n := len(p.blocks)
 		if err := transport.Transfer(ctx, p.eng, p.ops); err != nil {
 			return st, fmt.Errorf("%w: read %d blocks from %s: %w", ErrUnavailable, n, remote.Peer, err)
 		}
 		// The seqlock's second look: every header again, after the payloads.
-		for j := range n {
-			op := p.ops[j]
+		p.ops = p.ops[:0]
+		for j, b := range p.blocks {
 			p.ops = append(p.ops, transport.Op{Kind: transport.Read, Local: p.scratch, LocalOff: uint64(used + j*headerBytes),
-				Remote: remote, RemoteOff: op.RemoteOff, Len: headerBytes})
+				Remote: remote, RemoteOff: b.remote, Len: headerBytes})
 		}
-		if err := transport.Transfer(ctx, p.eng, p.ops[n:]); err != nil {
+		if err := transport.Transfer(ctx, p.eng, p.ops); err != nil {
 			return st, fmt.Errorf("%w: re-read %d headers from %s: %w", ErrUnavailable, n, remote.Peer, err)
 		}
-		for j, k := range p.idx {
-			e, op := p.resp.Entries[k], p.ops[j]
-			before := buf[op.LocalOff : op.LocalOff+headerBytes]
+		for j, b := range p.blocks {
+			e := p.resp.Entries[b.key]
+			before := buf[b.local : b.local+headerBytes]
 			after := buf[used+j*headerBytes : used+(j+1)*headerBytes]
 			v1, l1 := binary.LittleEndian.Uint32(before), binary.LittleEndian.Uint32(before[4:])
 			v2 := binary.LittleEndian.Uint32(after)
@@ -154,13 +161,21 @@ func (p *Puller) pull(ctx context.Context, addr string, model, compat []byte, ke
 				st.Torn++
 				continue
 			}
-			value := buf[op.LocalOff+headerBytes : op.LocalOff+op.Len]
+			value := buf[b.local+headerBytes : b.local+b.n]
 			st.Pulled++
 			st.Bytes += int64(len(value))
-			got(keys[k], value)
+			got(keys[b.key], value)
 		}
 	}
 	return st, nil
+}
+
+// block is one located block in a batch: its key, where it lands in the
+// scratch region and where it lies on the source (header included).
+type block struct {
+	key           int
+	local, remote uint64
+	n             uint64
 }
 
 // locate sends the request and reads the answer into p.resp, on the kept
