@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -24,10 +25,10 @@ const peerScratchBytes = 64 << 20
 // that prefetch hints naming a source use, and, with --peer-listen, the
 // listener that lets other hosts' kvds pull from this one.
 type kvdPeer struct {
-	pullEng    *transport.TCP
+	pullEng    transport.Engine
 	puller     *peer.Puller
 	prefetcher *peer.Prefetcher
-	srvEng     *transport.TCP
+	srvEng     transport.Engine // the pull engine itself with Mooncake
 	srv        *peer.Server
 	addr       string
 	cancel     context.CancelFunc
@@ -40,7 +41,21 @@ func startPeer(ctx context.Context, cfg config.KVD, store *kvd.Store, log zerolo
 	log = log.With().Str("component", "kvd-peer").Logger()
 	p := &kvdPeer{}
 	var err error
-	if p.pullEng, err = transport.NewTCP(transport.TCPConfig{Log: log}); err != nil {
+	if cfg.PeerTransport == "mooncake" {
+		// One Mooncake engine registers the arena and reads other kvds'.
+		name := cfg.PeerMooncakeName
+		if name == "" {
+			name = cfg.PeerListen
+		}
+		if name == "" {
+			host, _ := os.Hostname()
+			name = host + ":0"
+		}
+		if p.pullEng, err = newMooncakeEngine(cfg, name); err != nil {
+			return nil, fmt.Errorf("kvd peer (--peer-transport mooncake): %w", err)
+		}
+		log.Info().Str("segment", name).Str("metadata", cfg.PeerMooncakeMetadata).Msg("kvd peer transport: mooncake transfer engine")
+	} else if p.pullEng, err = transport.NewTCP(transport.TCPConfig{Log: log}); err != nil {
 		return nil, fmt.Errorf("kvd peer: %w", err)
 	}
 	if p.puller, err = peer.NewPuller(p.pullEng, peerScratchBytes, []byte(cfg.PeerSecret)); err != nil {
@@ -66,21 +81,29 @@ func (p *kvdPeer) listen(ctx context.Context, cfg config.KVD, store *kvd.Store, 
 		return fmt.Errorf("kvd peer listen: %w", err)
 	}
 	host, port, _ := net.SplitHostPort(ln.Addr().String())
-	n, _ := strconv.Atoi(port)
-	tln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(n+1)))
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("kvd peer listen (arena transport, the port after --peer-listen): %w", err)
-	}
 	adv := cfg.PeerAdvertise
 	if adv == "" {
 		adv = host
 	}
-	_, tport, _ := net.SplitHostPort(tln.Addr().String())
-	if p.srvEng, err = transport.NewTCP(transport.TCPConfig{Listener: tln, Advertise: net.JoinHostPort(adv, tport), Log: log}); err != nil {
-		ln.Close()
-		tln.Close()
-		return fmt.Errorf("kvd peer: %w", err)
+	transportAddr := ""
+	if cfg.PeerTransport == "mooncake" {
+		p.srvEng = p.pullEng
+		transportAddr = "mooncake"
+	} else {
+		n, _ := strconv.Atoi(port)
+		tln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(n+1)))
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("kvd peer listen (arena transport, the port after --peer-listen): %w", err)
+		}
+		_, tport, _ := net.SplitHostPort(tln.Addr().String())
+		eng, err := transport.NewTCP(transport.TCPConfig{Listener: tln, Advertise: net.JoinHostPort(adv, tport), Log: log})
+		if err != nil {
+			ln.Close()
+			tln.Close()
+			return fmt.Errorf("kvd peer: %w", err)
+		}
+		p.srvEng, transportAddr = eng, eng.Addr()
 	}
 	if p.srv, err = peer.NewServer(store, p.srvEng, peer.ServerOptions{Secret: []byte(cfg.PeerSecret), Allow: cfg.PeerAllow, Log: log}); err != nil {
 		ln.Close()
@@ -96,7 +119,7 @@ func (p *kvdPeer) listen(ctx context.Context, cfg config.KVD, store *kvd.Store, 
 			log.Error().Err(err).Msg("kvd peer listener stopped")
 		}
 	}()
-	log.Info().Str("peer_listen", p.addr).Str("arena_transport", p.srvEng.Addr()).Bool("secret", cfg.PeerSecret != "").
+	log.Info().Str("peer_listen", p.addr).Str("arena_transport", transportAddr).Bool("secret", cfg.PeerSecret != "").
 		Int("allowed_networks", len(cfg.PeerAllow)).Msg("kvd peer listener: other hosts' kvds may pull from this arena")
 	return nil
 }
@@ -118,7 +141,7 @@ func (p *kvdPeer) stop() {
 	if p.srv != nil {
 		_ = p.srv.Close()
 	}
-	if p.srvEng != nil {
+	if p.srvEng != nil && p.srvEng != p.pullEng {
 		_ = p.srvEng.Close()
 	}
 	p.prefetcher.Close()

@@ -79,6 +79,13 @@ type KVD struct {
 	PeerSecret    string
 	PeerAllow     []netip.Prefix
 	peerAllowText []string
+	// PeerTransport moves the bytes: tcp (every build) or mooncake (the
+	// GPU build: Mooncake Transfer Engine, RDMA where the NICs allow).
+	PeerTransport        string
+	PeerMooncakeLibrary  string
+	PeerMooncakeMetadata string
+	PeerMooncakeName     string
+	PeerMooncakeProtocol string
 
 	MaxBytes       int64 // RAM budget: the arena plus inline values
 	ArenaBytes     int64 // 0: no shared arena
@@ -138,6 +145,11 @@ func (k *KVD) Flags() []cli.Flag {
 		String("peer-listen", "host:port where other hosts' kvds locate blocks in this kvd's arena and read them (kvd-to-kvd pull; empty = off); the arena itself is read over a second port, the next one up", &k.PeerListen, ""),
 		String("peer-advertise", "host other kvds reach this one at (default: the --peer-listen host)", &k.PeerAdvertise, ""),
 		String("peer-secret", "shared secret every peer request must carry (empty = none; set it, or --peer-allow, outside a trusted network)", &k.PeerSecret, ""),
+		String("peer-transport", "what moves pulled blocks between kvds: tcp (every build) or mooncake (Mooncake Transfer Engine, the GPU build)", &k.PeerTransport, "tcp"),
+		String("peer-mooncake-library", "Mooncake Transfer Engine library the GPU build loads for --peer-transport mooncake", &k.PeerMooncakeLibrary, "libtransfer_engine.so"),
+		String("peer-mooncake-metadata", "Mooncake metadata connection string (P2PHANDSHAKE, etcd://…, http://…)", &k.PeerMooncakeMetadata, "P2PHANDSHAKE"),
+		String("peer-mooncake-name", "this kvd's Mooncake segment name, host:port (default: the --peer-listen address, or the host name for a kvd that only pulls)", &k.PeerMooncakeName, ""),
+		String("peer-mooncake-protocol", "Mooncake transport to install: rdma or tcp (empty: the engine decides)", &k.PeerMooncakeProtocol, ""),
 		StringSlice("peer-allow", "networks (CIDR) whose kvds may pull from this one, comma-separated (empty = any)", nil),
 		String("long-backend", "where long entries go below RAM: tablespace (the L3 of --long-path, Redis L4 with --l4-redis) or mooncake (L4 on Mooncake Store, below L3 when --long-path is set; needs the GPU build)", &k.LongBackend, LongBackendTablespace),
 		String("mooncake-config", "YAML with the Mooncake Store settings (master_address, cluster_id, local_hostname, metadata_server, protocol, device_name, global_segment_size, local_buffer_size, max_value_bytes, library); INFERA_L4_<KEY> variables win over it", &k.MooncakeConfig, ""),
@@ -234,6 +246,11 @@ func (k *KVD) Validate() error {
 			continue
 		}
 		k.PeerAllow = append(k.PeerAllow, pfx)
+	}
+	switch k.PeerTransport {
+	case "tcp", "mooncake":
+	default:
+		p.Addf("--peer-transport %q: want tcp or mooncake", k.PeerTransport)
 	}
 	if k.PeerListen != "" {
 		if err := serveCheckListen(k.PeerListen); err != "" {

@@ -20,17 +20,20 @@ import (
 var (
 	gpuOnce                sync.Once
 	gpuBin, mcsLib, hipLib string
+	teLib                  string // the stub Mooncake Transfer Engine
 	gpuErr                 error
 )
 
 // gpuBuild builds, once per run, the GPU binary (cgo, tags
-// mooncake,mori,rocm: the shims included) and the stub Mooncake Store and
-// HIP libraries, next to the default binary (removed with it).
+// mooncake,mori,rocm: the shims included) and the stub Mooncake Store,
+// Mooncake Transfer Engine and HIP libraries, next to the default binary
+// (removed with it).
 func gpuBuild(t *testing.T) (bin, mooncakeLib, hipStub string) {
 	t.Helper()
 	gpuOnce.Do(func() {
 		dir := filepath.Dir(binary)
 		gpuBin, mcsLib, hipLib = filepath.Join(dir, "infera-gpu"), filepath.Join(dir, "libmooncake_store.so"), filepath.Join(dir, "libhipstub.so")
+		teLib = filepath.Join(dir, "libtransfer_engine.so")
 		build := exec.Command("go", "build", "-tags", "mooncake,mori,rocm", "-o", gpuBin, "..")
 		build.Env = append(os.Environ(), "CGO_ENABLED=1")
 		if out, err := build.CombinedOutput(); err != nil {
@@ -44,6 +47,7 @@ func gpuBuild(t *testing.T) (bin, mooncakeLib, hipStub string) {
 		for lib, src := range map[string]string{
 			mcsLib: filepath.Join("..", "kvd", "mcstore", "testdata", "mooncake_store_stub.c"),
 			hipLib: filepath.Join("..", "rocm", "testdata", "hipstub", "hipstub.c"),
+			teLib:  filepath.Join("..", "transport", "testdata", "mooncake_stub.c"),
 		} {
 			if out, err := exec.Command(cc, "-Wall", "-Werror", "-shared", "-fPIC", "-o", lib, src, "-lpthread").CombinedOutput(); err != nil {
 				gpuErr = fmt.Errorf("build %s: %v\n%s", src, err, out)
@@ -70,7 +74,7 @@ func TestKVDMooncakeStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, sym := range []string{"mcs_load", "kvd/mcstore.Open", "kvd/l4.OpenMooncake"} {
+	for _, sym := range []string{"mcs_load", "kvd/mcstore.Open", "kvd/l4.OpenMooncake", "mc_load", "transport.NewMooncake", "infera_hip_open", "rocm.OpenHIP"} {
 		if !bytes.Contains(nm, []byte(sym)) {
 			t.Errorf("the GPU binary has no %s: the shim is not reached from product code", sym)
 		}
@@ -177,5 +181,85 @@ func TestKVDArenaHIPRegistered(t *testing.T) {
 	out, err := exec.Command(bin, args("c.sock", "/nonexistent/libamdhip64.so", "--admin-listen", "", "--arena-hip-register", "on")...).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--arena-hip-register on") {
 		t.Fatalf("--arena-hip-register on without HIP: %v\n%s", err, out)
+	}
+}
+
+// TestKVDPeerPullMooncake (acceptance 1, Mooncake transfer half): the GPU
+// build's kvd-to-kvd pull over the Mooncake Transfer Engine shim. The stub
+// engine moves bytes between the two kvd processes (process_vm_readv), so
+// the bytes B serves crossed processes through the shim; a dead source is
+// a miss.
+func TestKVDPeerPullMooncake(t *testing.T) {
+	bin, _, _ := gpuBuild(t)
+	dir := t.TempDir()
+	meta := filepath.Join(dir, "segments")
+	if err := os.Mkdir(meta, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	peerPort := freePort(t)
+	startKVD := func(name, segment string, extra ...string) (*proc, string, string) {
+		sock, admin := filepath.Join(dir, name+".sock"), "127.0.0.1:"+strconv.Itoa(freePort(t))
+		args := append([]string{"kvd", "--socket", sock, "--max-bytes", "32MiB", "--shared-arena-bytes", "16MiB",
+			"--arena-slot-bytes", "64KiB", "--arena-mlock=false", "--admin-listen", admin, "--hip-library", "/nonexistent",
+			"--peer-transport", "mooncake", "--peer-mooncake-library", teLib, "--peer-mooncake-metadata", "dir:" + meta,
+			"--peer-mooncake-name", segment}, extra...)
+		p := startBinary(t, bin, name, cleanEnv(), args...)
+		p.waitLog("kvd serving", 20*time.Second)
+		return p, sock, admin
+	}
+	a, sockA, _ := startKVD("kvd-a", "10.0.0.1:15001", "--peer-listen", "127.0.0.1:"+strconv.Itoa(peerPort))
+	_, sockB, adminB := startKVD("kvd-b", "10.0.0.2:15001")
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	dial := func(sock string) *kvd.Client {
+		c, err := kvd.Dial(ctx, sock, kvd.ClientOptions{SharedArena: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ca, cb := dial(sockA), dial(sockB)
+	ns := kvd.Namespace{Model: "Qwen/Qwen3-8B", CompatKey: "tp0of1_pp0of1"}
+	var keys [][]byte
+	for i := range 6 {
+		k := []byte("mc-block-" + strconv.Itoa(i))
+		if ok, reason, err := ca.Set(ns, k, bytes.Repeat([]byte{byte('A' + i)}, 50000), kvd.SetOptions{}); !ok || err != nil {
+			t.Fatal(reason, err)
+		}
+		keys = append(keys, k)
+	}
+	source := "127.0.0.1:" + strconv.Itoa(peerPort)
+	if err := cb.PrefetchFromCtx(ctx, ns, source, keys, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	pulled := func() float64 {
+		return metricValue(scrape(t, "http://"+adminB+"/metrics"), "infera_kvd_peer_pulled_blocks_total")
+	}
+	for deadline := time.Now().Add(10 * time.Second); pulled() != 6; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("B pulled %v blocks over the Mooncake shim", pulled())
+		}
+	}
+	for i, k := range keys {
+		got, _, ok, err := cb.Get(ns, k, nil)
+		if err != nil || !ok || !bytes.Equal(got, bytes.Repeat([]byte{byte('A' + i)}, 50000)) {
+			t.Fatalf("B serves %s: ok %v err %v", k, ok, err)
+		}
+	}
+	a.stop(syscall.SIGKILL)
+	if err := cb.PrefetchFromCtx(ctx, ns, source, [][]byte{[]byte("after-death")}, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	failed := func() float64 {
+		return metricValue(scrape(t, "http://"+adminB+"/metrics"), "infera_kvd_peer_pulls_failed_total")
+	}
+	for deadline := time.Now().Add(10 * time.Second); failed() != 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("B's failed pulls %v", failed())
+		}
+	}
+	if _, _, ok, _ := cb.Get(ns, []byte("after-death"), nil); ok {
+		t.Fatal("a block from a dead source")
 	}
 }

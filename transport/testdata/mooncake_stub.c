@@ -5,15 +5,28 @@
  * is an engine; a transfer is a memcpy between registered buffers, done on
  * the second status poll (the first reports PENDING, so callers must poll).
  *
+ * Across processes: an engine created with the metadata string "dir:DIR"
+ * publishes its pid and registered buffers in DIR/<name> (rewritten on every
+ * register and unregister, removed on destroy); openSegment of a name that
+ * is not in this process reads that file, and transfers with such a segment
+ * copy with process_vm_readv/process_vm_writev, checked against the
+ * buffers the file lists at submit time. A peer that died fails its tasks
+ * (MC_STATUS_FAILED), as the real engine's would.
+ *
  * Failures are injected through INFERA_STUB_FAIL, read at each call:
  *   register  registerLocalMemory returns MC_ERR_DEVICE_NOT_FOUND
  *   submit    submitTransfer returns MC_ERR_TOO_MANY_REQUESTS
  *   transfer  every task ends MC_STATUS_FAILED (nothing copied)
  *   timeout   every task ends MC_STATUS_TIMEOUT
  */
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "../mooncake_c.h"
 
@@ -32,7 +45,47 @@ struct engine {
 	int nbufs;
 	struct engine *segments[MAX_SEGMENTS]; /* segment id - 1 */
 	int live;
+	char dir[512]; /* "dir:" metadata: where engines publish themselves */
+	pid_t pid;     /* a segment in another process: its pid (0: this one) */
 };
+
+/* publish writes DIR/<name>: the pid, then "addr len" per buffer; call under mu. */
+static void publish(struct engine *e) {
+	if (e->dir[0] == '\0') return;
+	char path[1024], tmp[1100];
+	snprintf(path, sizeof path, "%s/%s", e->dir, e->name);
+	snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+	FILE *f = fopen(tmp, "w");
+	if (f == NULL) return;
+	fprintf(f, "%d\n", (int)getpid());
+	for (int i = 0; i < e->nbufs; i++) fprintf(f, "%lx %zu\n", (unsigned long)(uintptr_t)e->bufs[i].addr, e->bufs[i].len);
+	fclose(f);
+	rename(tmp, path);
+}
+
+/* load fills proxy r (a segment of another process) from DIR/<name>. */
+static int load(struct engine *r, const char *dir, const char *name) {
+	char path[1024];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	FILE *f = fopen(path, "r");
+	if (f == NULL) return -1;
+	int pid;
+	if (fscanf(f, "%d", &pid) != 1) {
+		fclose(f);
+		return -1;
+	}
+	r->pid = pid;
+	r->nbufs = 0;
+	unsigned long a;
+	size_t n;
+	while (r->nbufs < MAX_BUFFERS && fscanf(f, "%lx %zu", &a, &n) == 2) {
+		r->bufs[r->nbufs].addr = (char *)(uintptr_t)a;
+		r->bufs[r->nbufs].len = n;
+		r->nbufs++;
+	}
+	fclose(f);
+	return 0;
+}
 
 struct task {
 	mc_request_t req;
@@ -70,6 +123,8 @@ mc_engine_t createTransferEngine(const char *metadata, const char *name, const c
 			struct engine *e = calloc(1, sizeof *e);
 			strcpy(e->name, name);
 			e->live = 1;
+			if (metadata != NULL && strncmp(metadata, "dir:", 4) == 0) snprintf(e->dir, sizeof e->dir, "%s", metadata + 4);
+			publish(e);
 			engines[i] = e;
 			pthread_mutex_unlock(&mu);
 			return e;
@@ -80,9 +135,18 @@ mc_engine_t createTransferEngine(const char *metadata, const char *name, const c
 }
 
 void destroyTransferEngine(mc_engine_t engine) {
+	struct engine *e = engine;
 	pthread_mutex_lock(&mu);
 	for (int i = 0; i < MAX_ENGINES; i++) {
 		if (engines[i] == engine) engines[i] = NULL;
+	}
+	if (e->dir[0] != '\0') {
+		char path[1024];
+		snprintf(path, sizeof path, "%s/%s", e->dir, e->name);
+		unlink(path);
+	}
+	for (int s = 0; s < MAX_SEGMENTS; s++) {
+		if (e->segments[s] != NULL && e->segments[s]->pid != 0) free(e->segments[s]);
 	}
 	pthread_mutex_unlock(&mu);
 	free(engine);
@@ -114,6 +178,7 @@ int registerLocalMemory(mc_engine_t engine, void *addr, size_t length, const cha
 	e->bufs[e->nbufs].addr = addr;
 	e->bufs[e->nbufs].len = length;
 	e->nbufs++;
+	publish(e);
 	pthread_mutex_unlock(&mu);
 	return 0;
 }
@@ -129,6 +194,7 @@ int unregisterLocalMemory(mc_engine_t engine, void *addr) {
 			break;
 		}
 	}
+	publish(e);
 	pthread_mutex_unlock(&mu);
 	return rc;
 }
@@ -147,6 +213,22 @@ mc_segment_t openSegment(mc_engine_t engine, const char *name) {
 			}
 		}
 	}
+	if (id < 0 && e->dir[0] != '\0') { /* another process's engine */
+		struct engine *r = calloc(1, sizeof *r);
+		snprintf(r->name, sizeof r->name, "%s", name);
+		if (load(r, e->dir, name) != 0 || r->pid == getpid()) {
+			free(r);
+		} else {
+			for (int s = 0; s < MAX_SEGMENTS; s++) {
+				if (e->segments[s] == NULL) {
+					e->segments[s] = r;
+					id = s + 1;
+					break;
+				}
+			}
+			if (id < 0) free(r);
+		}
+	}
 	pthread_mutex_unlock(&mu);
 	return id;
 }
@@ -155,6 +237,7 @@ int closeSegment(mc_engine_t engine, mc_segment_t id) {
 	struct engine *e = engine;
 	if (id < 1 || id > MAX_SEGMENTS) return MC_ERR_INVALID_ARGUMENT;
 	pthread_mutex_lock(&mu);
+	if (e->segments[id - 1] != NULL && e->segments[id - 1]->pid != 0) free(e->segments[id - 1]);
 	e->segments[id - 1] = NULL;
 	pthread_mutex_unlock(&mu);
 	return 0;
@@ -189,6 +272,7 @@ int submitTransfer(mc_engine_t engine, mc_batch_t id, mc_request_t *entries, siz
 		int s = r->target_id - 1;
 		if (r->opcode != MC_OPCODE_READ && r->opcode != MC_OPCODE_WRITE) goto invalid;
 		if (s < 0 || s >= MAX_SEGMENTS || e->segments[s] == NULL) goto invalid;
+		if (e->segments[s]->pid != 0) load(e->segments[s], e->dir, e->segments[s]->name); /* its buffers now */
 		if (find(e, r->source, r->length) == NULL ||
 		    find(e->segments[s], (char *)(uintptr_t)r->target_offset, r->length) == NULL) {
 			pthread_mutex_unlock(&mu);
@@ -219,12 +303,22 @@ int getTransferStatus(mc_engine_t engine, mc_batch_t id, size_t task, mc_status_
 			t->status = MC_STATUS_PENDING;
 		} else {
 			char *remote = (char *)(uintptr_t)t->req.target_offset;
-			if (t->req.opcode == MC_OPCODE_READ) {
-				memcpy(t->req.source, remote, t->req.length);
+			struct engine *seg = b->e->segments[t->req.target_id - 1];
+			if (seg != NULL && seg->pid != 0) {
+				struct iovec l = {t->req.source, t->req.length}, r = {remote, t->req.length};
+				ssize_t n = t->req.opcode == MC_OPCODE_READ ? process_vm_readv(seg->pid, &l, 1, &r, 1, 0)
+				                                            : process_vm_writev(seg->pid, &l, 1, &r, 1, 0);
+				t->status = n == (ssize_t)t->req.length ? MC_STATUS_COMPLETED : MC_STATUS_FAILED;
+			} else if (seg == NULL) {
+				t->status = MC_STATUS_FAILED;
 			} else {
-				memcpy(remote, t->req.source, t->req.length);
+				if (t->req.opcode == MC_OPCODE_READ) {
+					memcpy(t->req.source, remote, t->req.length);
+				} else {
+					memcpy(remote, t->req.source, t->req.length);
+				}
+				t->status = MC_STATUS_COMPLETED;
 			}
-			t->status = MC_STATUS_COMPLETED;
 		}
 	}
 	st->status = t->status;
