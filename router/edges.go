@@ -22,9 +22,9 @@ var (
 	// ErrNoTokenizer: the router has no tokenizer of its own (kv-aware
 	// with --tokenizer bytes or a directory), so /tokenize and
 	// /detokenize are not served.
-	ErrNoTokenizer = errors.New("the router has no tokenizer")
+	ErrNoTokenizer = errors.New("router: the router has no tokenizer")
 	// ErrNoDecode: the router's tokenizer cannot turn ids back into text.
-	ErrNoDecode = errors.New("the router's tokenizer cannot detokenize")
+	ErrNoDecode = errors.New("router: the router's tokenizer cannot detokenize")
 )
 
 // routePolicy is the policy that picks workers for route rt: the router's
