@@ -20,10 +20,12 @@
 //
 // POST /v1/messages and /v1/messages/count_tokens speak Anthropic Messages
 // (anthropic.go, the anthropic package); the route's API translation lives
-// in dialect.go. GET /v1/models/{id}, POST /tokenize and /detokenize (the
-// router's tokenizer) are answered here (edges.go); POST /v1/embeddings and
-// /v1/responses are proxied as they are to the least-loaded worker
-// (routePolicy), without cache hints. With Config.KVDSocket, POST
+// in dialect.go. GET /v1/models/{id} (models.go), POST /tokenize and
+// /detokenize (tokenize.go, the router's tokenizer) are answered here; POST
+// /v1/embeddings and /v1/responses are proxied as they are to the
+// least-loaded worker (routes.go, routePolicy), without cache hints. The
+// request-id headers are requestid.go's; the metrics Infera's Python server
+// exported, inferametrics.go's. With Config.KVDSocket, POST
 // /v1/cache/prewarm (prewarm.go) forwards a prefetch_hint for the block
 // hashes it is given to kvd.
 //
