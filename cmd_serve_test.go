@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,29 +16,12 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/discovery/etcdtest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/sim"
 )
 
-// syncBuffer is a bytes.Buffer safe for the logger and the test at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // logField waits for a JSON log line with message msg and returns its field.
-func logField(t *testing.T, log *syncBuffer, msg, field string) any {
+func logField(t *testing.T, log *testkit.LogSink, msg, field string) any {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
@@ -72,7 +54,7 @@ func TestServeEmbeddedEtcd(t *testing.T) {
 	go func() { simDone <- eng.Serve(simCtx, ln) }()
 	defer func() { stopSim(); <-simDone }()
 
-	var stderr syncBuffer
+	var stderr testkit.LogSink
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
@@ -178,7 +160,7 @@ func TestServeKVAware(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 
-	var stderr syncBuffer
+	var stderr testkit.LogSink
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
@@ -259,7 +241,7 @@ func TestServeKVAware(t *testing.T) {
 // admin endpoints live on --admin-listen behind --admin-token.
 func TestServeAdminAndKeys(t *testing.T) {
 	t.Setenv("INFERA_API_KEYS", "k1,k2")
-	var stderr syncBuffer
+	var stderr testkit.LogSink
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
@@ -330,7 +312,7 @@ func TestServeUnwindsPartialStart(t *testing.T) {
 	// about, so a start that failed on the etcd port is tried again with a
 	// fresh one; a start that got past etcd must fail on the taken listener.
 	var etcdAddr string
-	var stderr *syncBuffer
+	var stderr *testkit.LogSink
 	for attempt := 0; ; attempt++ {
 		probe, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -338,7 +320,7 @@ func TestServeUnwindsPartialStart(t *testing.T) {
 		}
 		etcdAddr = probe.Addr().String()
 		_ = probe.Close()
-		stderr = &syncBuffer{}
+		stderr = &testkit.LogSink{}
 		err = newApp(io.Discard, stderr).RunContext(t.Context(), []string{"infera", "serve",
 			"--listen", taken.Addr().String(), "--embedded-etcd-listen", etcdAddr,
 			"--embedded-etcd-dir", t.TempDir(), "--router-policy", "least-load"})

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // fakeServer mimics an OpenAI-compatible engine behind `infera serve`: chat
@@ -178,8 +180,8 @@ func TestRunStreamingChat(t *testing.T) {
 	fs := &fakeServer{}
 	url := startFake(t, fs)
 	o := baseOptions(url)
-	var progress bytes.Buffer
-	o.Progress, o.ProgressInterval = &lockedWriter{w: &progress}, time.Millisecond
+	var progress testkit.LogSink
+	o.Progress, o.ProgressInterval = &progress, time.Millisecond
 	fs.tokenDelay = time.Millisecond
 	rep := run(t, o)
 	if rep.Requests != 40 || rep.Completed != 40 || len(rep.Errors) != 0 {
@@ -227,17 +229,6 @@ func TestRunStreamingChat(t *testing.T) {
 	if !strings.Contains(progress.String(), "done") {
 		t.Fatalf("no progress line written: %q", progress.String())
 	}
-}
-
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 func TestRunVariants(t *testing.T) {

@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -281,23 +283,57 @@ func TestTraceWorkloadBlocks(t *testing.T) {
 	}
 }
 
-func TestSharedTraceFixture(t *testing.T) {
-	path := filepath.Join("..", "..", "shared", "fixtures", "traces", "mooncake_synthetic_trace.jsonl")
-	if _, err := os.Stat(path); err != nil {
-		t.Skip("shared trace fixture not present")
+// writeMooncakeTrace writes n records in the layout of the Mooncake
+// synthetic trace (one JSON object a line, ", " and ": " separators, long
+// prompts of 512-token blocks, some sharing a prefix) and returns its path.
+func writeMooncakeTrace(t *testing.T, n int) string {
+	t.Helper()
+	var b strings.Builder
+	next := int64(0)
+	for i := range n {
+		blocks := 3 + i%70
+		var ids []string
+		for j := range blocks {
+			if i%3 == 1 && j < 2 {
+				ids = append(ids, strconv.Itoa(j)) // a shared system prompt
+				continue
+			}
+			ids = append(ids, strconv.FormatInt(next, 10))
+			next++
+		}
+		fmt.Fprintf(&b, "{\"timestamp\": %d, \"input_length\": %d, \"output_length\": %d, \"hash_ids\": [%s]}\n",
+			i*7, blocks*512-i%300, 1+i%9, strings.Join(ids, ", "))
 	}
-	recs, err := LoadTrace(path, 50)
-	if err != nil {
+	path := filepath.Join(t.TempDir(), "mooncake_synthetic_trace.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 50 {
-		t.Fatalf("limit 50 read %d records", len(recs))
+	return path
+}
+
+// TestSharedTraceFixture reads a trace in the Mooncake synthetic layout
+// (generated here; the team's shared fixture as well when it is checked
+// out next to the repository) and renders prompts of the recorded length.
+func TestSharedTraceFixture(t *testing.T) {
+	paths := []string{writeMooncakeTrace(t, 60)}
+	shared := filepath.Join("..", "..", "shared", "fixtures", "traces", "mooncake_synthetic_trace.jsonl")
+	if _, err := os.Stat(shared); err == nil {
+		paths = append(paths, shared)
 	}
-	w := &traceWorkload{seed: 0, records: recs}
-	for i := range 5 {
-		it := gen(w, i)
-		if n := len(strings.Fields(renderPrompt(it.messages))); n != recs[i].InputLength {
-			t.Fatalf("record %d: %d words, want %d", i, n, recs[i].InputLength)
+	for _, path := range paths {
+		recs, err := LoadTrace(path, 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != 50 {
+			t.Fatalf("limit 50 read %d records", len(recs))
+		}
+		w := &traceWorkload{seed: 0, records: recs}
+		for i := range 5 {
+			it := gen(w, i)
+			if n := len(strings.Fields(renderPrompt(it.messages))); n != recs[i].InputLength {
+				t.Fatalf("%s: record %d: %d words, want %d", path, i, n, recs[i].InputLength)
+			}
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/discovery/etcdtest"
+	"github.com/infera/infera/internal/testkit"
 )
 
 // With an outage grace, a worker missing from a re-list (its record was
@@ -19,13 +20,13 @@ import (
 func TestWatcherHoldsRemovalsAfterRelist(t *testing.T) {
 	eps := etcdtest.Start(t)
 	cli := etcdtest.Client(t, eps)
-	var logs logBuffer
+	var logs testkit.LogSink
 	put(t, cli, record("a:1"))
 	put(t, cli, record("b:1"))
 
 	var mu sync.Mutex
 	var sawWithout []string // snapshots that lacked a:1 or b:1
-	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), func(s *discovery.Snapshot) {
+	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), func(s *discovery.Snapshot) {
 		got := ids(s)
 		if !slices.Contains(got, "a:1") || !slices.Contains(got, "b:1") {
 			mu.Lock()
@@ -47,12 +48,12 @@ func TestWatcherHoldsRemovalsAfterRelist(t *testing.T) {
 	}, nil)
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
-	waitFor(t, "watch open", func() bool { return discovery.CloseWatch(w) })
-	waitFor(t, "the re-list", func() bool { return discovery.Lists(w) >= 2 && logs.count("etcd fleet re-listed") > 0 })
+	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	testkit.Eventually(t, "the re-list", func() bool { return discovery.Lists(w) >= 2 && logs.Count("etcd fleet re-listed") > 0 })
 	if got := ids(w.Snapshot()); !slices.Equal(got, []string{"a:1", "b:1"}) {
 		t.Fatalf("after the re-list the view is %v: b:1 was removed despite the grace", got)
 	}
-	if logs.count("worker missing from the re-list: kept while it may re-register") != 1 {
+	if logs.Count("worker missing from the re-list: kept while it may re-register") != 1 {
 		t.Fatalf("the hold is not logged once:\n%s", logs.String())
 	}
 
@@ -65,7 +66,7 @@ func TestWatcherHoldsRemovalsAfterRelist(t *testing.T) {
 	// Both re-register: the holds end.
 	put(t, cli, record("a:1"))
 	put(t, cli, record("b:1"))
-	waitFor(t, "holds ended", func() bool { return logs.count("held worker re-registered") == 2 })
+	testkit.Eventually(t, "holds ended", func() bool { return logs.Count("held worker re-registered") == 2 })
 	mu.Lock()
 	defer mu.Unlock()
 	if len(sawWithout) > 0 {
@@ -78,10 +79,10 @@ func TestWatcherHoldsRemovalsAfterRelist(t *testing.T) {
 func TestWatcherHeldWorkerExpires(t *testing.T) {
 	eps := etcdtest.Start(t)
 	cli := etcdtest.Client(t, eps)
-	var logs logBuffer
+	var logs testkit.LogSink
 	put(t, cli, record("a:1"))
 	put(t, cli, record("b:1"))
-	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), nil)
+	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
 	w.SetOutageGrace(300 * time.Millisecond)
 	discovery.SetWatcherHooks(w, func(n int) {
 		if n == 2 {
@@ -94,9 +95,9 @@ func TestWatcherHeldWorkerExpires(t *testing.T) {
 	}, nil)
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
-	waitFor(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
 	waitIDs(t, w, "a:1")
-	if logs.count("held worker did not re-register within the grace: removed") != 1 {
+	if logs.Count("held worker did not re-register within the grace: removed") != 1 {
 		t.Fatalf("the expiry is not logged once:\n%s", logs.String())
 	}
 }

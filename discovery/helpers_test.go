@@ -1,7 +1,6 @@
 package discovery_test
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"slices"
@@ -14,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/testkit"
 )
 
 const testPrefix = "/infera-test/workers/"
@@ -22,37 +22,8 @@ const testPrefix = "/infera-test/workers/"
 // the conditions they wait for are protocol outcomes, not timings.
 const waitDeadline = 30 * time.Second
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitDeadline)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// logBuffer collects log lines from several goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) count(msg string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), `"message":"`+msg+`"`)
-}
-
-func (b *logBuffer) logger() zerolog.Logger { return zerolog.New(b).Level(zerolog.DebugLevel) }
+// debugLogger logs JSON at debug level into b.
+func debugLogger(b *testkit.LogSink) zerolog.Logger { return zerolog.New(b).Level(zerolog.DebugLevel) }
 
 func record(id string) discovery.Record {
 	return discovery.Record{WorkerID: id, URL: "http://" + id, ModelName: "sim-model", Engine: "sim"}
@@ -93,7 +64,7 @@ func ids(s *discovery.Snapshot) []string {
 // waitIDs waits until the watcher's snapshot holds exactly want.
 func waitIDs(t *testing.T, w *discovery.Watcher, want ...string) {
 	t.Helper()
-	waitFor(t, "snapshot "+strings.Join(want, ","), func() bool {
+	testkit.Eventually(t, "snapshot "+strings.Join(want, ","), func() bool {
 		return slices.Equal(ids(w.Snapshot()), want)
 	})
 }
@@ -157,10 +128,4 @@ func leaseOf(t *testing.T, cli *clientv3.Client, id string) clientv3.LeaseID {
 		return 0
 	}
 	return clientv3.LeaseID(resp.Kvs[0].Lease)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

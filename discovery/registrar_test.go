@@ -10,6 +10,7 @@ import (
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/discovery/etcdtest"
+	"github.com/infera/infera/internal/testkit"
 )
 
 func TestRegistrarOptionDefaults(t *testing.T) {
@@ -52,7 +53,7 @@ func TestRegistrarRegisterAndSetStatus(t *testing.T) {
 	if err := r.SetStatus(t.Context(), discovery.StatusDraining); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "draining", func() bool {
+	testkit.Eventually(t, "draining", func() bool {
 		rec, ok := w.Snapshot().Get("a:1")
 		return ok && rec.Status == discovery.StatusDraining && !rec.Active()
 	})
@@ -62,7 +63,7 @@ func TestRegistrarRegisterAndSetStatus(t *testing.T) {
 	if err := r.SetStatus(t.Context(), discovery.StatusActive); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "active again", func() bool {
+	testkit.Eventually(t, "active again", func() bool {
 		rec, ok := w.Snapshot().Get("a:1")
 		return ok && rec.Active()
 	})
@@ -160,8 +161,8 @@ func TestRegistrarRevoke(t *testing.T) {
 // lease and the loss is logged once.
 func TestRegistrarReRegistersAfterLeaseLoss(t *testing.T) {
 	cli := etcdtest.Client(t, etcdtest.Start(t))
-	var logs logBuffer
-	r := discovery.NewRegistrar(cli, testPrefix, record("a:1"), discovery.RegistrarOptions{TTL: 10 * time.Second, KeepAliveInterval: 200 * time.Millisecond}, logs.logger())
+	var logs testkit.LogSink
+	r := discovery.NewRegistrar(cli, testPrefix, record("a:1"), discovery.RegistrarOptions{TTL: 10 * time.Second, KeepAliveInterval: 200 * time.Millisecond}, debugLogger(&logs))
 	if err := r.Register(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -170,13 +171,13 @@ func TestRegistrarReRegistersAfterLeaseLoss(t *testing.T) {
 	if _, err := cli.Revoke(t.Context(), old); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "record under a new lease", func() bool {
+	testkit.Eventually(t, "record under a new lease", func() bool {
 		l := leaseOf(t, cli, "a:1")
 		return l != 0 && l != old
 	})
 	// The line is written just after the put that the poll above saw.
-	waitFor(t, "re-registration logged", func() bool { return logs.count("worker record re-registered") == 1 })
-	if n := logs.count("etcd lease lost, re-registering"); n != 1 {
+	testkit.Eventually(t, "re-registration logged", func() bool { return logs.Count("worker record re-registered") == 1 })
+	if n := logs.Count("etcd lease lost, re-registering"); n != 1 {
 		t.Fatalf("lease loss logged %d times, want 1", n)
 	}
 }
@@ -186,37 +187,27 @@ func TestRegistrarReRegistersAfterLeaseLoss(t *testing.T) {
 // the record (with the status set meanwhile) under a new lease and revokes
 // the old one.
 func TestRegistrarReGrantsAfterOutageLongerThanTTL(t *testing.T) {
-	dir := t.TempDir()
-	addr := freeAddr(t)
-	start := func() *discovery.Embedded {
-		e, err := discovery.StartEmbedded(discovery.EmbeddedConfig{ClientListen: addr, Dir: dir}, zerolog.Nop())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
-	e := start()
-	cli := etcdtest.Client(t, e.Endpoints())
-	var logs logBuffer
-	r := discovery.NewRegistrar(cli, testPrefix, record("a:1"), discovery.RegistrarOptions{TTL: 2 * time.Second, KeepAliveInterval: 300 * time.Millisecond}, logs.logger())
+	etcd := etcdtest.StartRestartable(t)
+	cli := etcdtest.Client(t, etcd.Endpoints())
+	var logs testkit.LogSink
+	r := discovery.NewRegistrar(cli, testPrefix, record("a:1"), discovery.RegistrarOptions{TTL: 2 * time.Second, KeepAliveInterval: 300 * time.Millisecond}, debugLogger(&logs))
 	if err := r.Register(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	startRegistrar(t, r)
 	old := leaseOf(t, cli, "a:1")
 
-	e.Close()
+	etcd.Stop()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	err := r.SetStatus(ctx, discovery.StatusDraining)
 	cancel()
 	if err == nil {
 		t.Fatal("SetStatus succeeded with etcd down")
 	}
-	waitFor(t, "lease presumed lost", func() bool { return discovery.RegistrarStale(r) })
+	testkit.Eventually(t, "lease presumed lost", func() bool { return discovery.RegistrarStale(r) })
 
-	e = start()
-	defer e.Close()
-	waitFor(t, "record under a new lease", func() bool {
+	etcd.Start()
+	testkit.Eventually(t, "record under a new lease", func() bool {
 		l := leaseOf(t, cli, "a:1")
 		return l != 0 && l != old
 	})
@@ -231,13 +222,13 @@ func TestRegistrarReGrantsAfterOutageLongerThanTTL(t *testing.T) {
 	if rec.Status != discovery.StatusDraining {
 		t.Fatalf("status %q after recovery, want draining", rec.Status)
 	}
-	waitFor(t, "old lease revoked", func() bool {
+	testkit.Eventually(t, "old lease revoked", func() bool {
 		ttl, err := cli.TimeToLive(t.Context(), old)
 		return err == nil && ttl.TTL == -1
 	})
-	waitFor(t, "re-registration logged", func() bool { return logs.count("worker record re-registered") > 0 })
+	testkit.Eventually(t, "re-registration logged", func() bool { return logs.Count("worker record re-registered") > 0 })
 	for _, msg := range []string{"etcd unreachable, retrying", "etcd lease lost, re-registering", "worker record re-registered"} {
-		if n := logs.count(msg); n != 1 {
+		if n := logs.Count(msg); n != 1 {
 			t.Errorf("%q logged %d times, want 1", msg, n)
 		}
 	}

@@ -1,11 +1,9 @@
 package discovery_test
 
 import (
-	"bytes"
 	"context"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/discovery/etcdtest"
+	"github.com/infera/infera/internal/testkit"
 )
 
 // Records present before Run and put, updated and deleted afterwards all
@@ -48,7 +47,7 @@ func TestWatcherFollowsPrefix(t *testing.T) {
 	drain := record("b:1")
 	drain.Status = discovery.StatusDraining
 	put(t, cli, drain)
-	waitFor(t, "b:1 draining", func() bool {
+	testkit.Eventually(t, "b:1 draining", func() bool {
 		r, ok := w.Snapshot().Get("b:1")
 		return ok && !r.Active()
 	})
@@ -69,7 +68,7 @@ func TestWatcherFollowsPrefix(t *testing.T) {
 func TestWatcherIgnoresInvalidRecords(t *testing.T) {
 	eps := etcdtest.Start(t)
 	cli := etcdtest.Client(t, eps)
-	var logs logBuffer
+	var logs testkit.LogSink
 	const msg = "ignoring invalid worker record"
 
 	if _, err := cli.Put(t.Context(), testPrefix+"bad:1", `{"worker_id":"bad:1"}`); err != nil {
@@ -80,18 +79,18 @@ func TestWatcherIgnoresInvalidRecords(t *testing.T) {
 	}
 	put(t, cli, record("a:1"))
 
-	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), nil)
+	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1")
-	if n := logs.count(msg); n != 2 {
+	if n := logs.Count(msg); n != 2 {
 		t.Fatalf("%d invalid-record lines after the first list, want 2", n)
 	}
 
 	// A re-list sees the same two values: no new lines.
 	before := w.Snapshot()
-	waitFor(t, "watch open", func() bool { return discovery.CloseWatch(w) })
-	waitFor(t, "re-list", func() bool { return discovery.Lists(w) >= 2 && w.Snapshot() != before })
-	if n := logs.count(msg); n != 2 {
+	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	testkit.Eventually(t, "re-list", func() bool { return discovery.Lists(w) >= 2 && w.Snapshot() != before })
+	if n := logs.Count(msg); n != 2 {
 		t.Fatalf("%d invalid-record lines after a re-list, want still 2", n)
 	}
 
@@ -101,7 +100,7 @@ func TestWatcherIgnoresInvalidRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitIDs(t, w)
-	if n := logs.count(msg); n != 3 {
+	if n := logs.Count(msg); n != 3 {
 		t.Fatalf("%d invalid-record lines, want 3", n)
 	}
 
@@ -109,7 +108,7 @@ func TestWatcherIgnoresInvalidRecords(t *testing.T) {
 	put(t, cli, record("a:1"))
 	put(t, cli, record("bad:1"))
 	waitIDs(t, w, "a:1", "bad:1")
-	if n := logs.count(msg); n != 3 {
+	if n := logs.Count(msg); n != 3 {
 		t.Fatalf("%d invalid-record lines, want still 3", n)
 	}
 }
@@ -120,12 +119,12 @@ func TestWatcherIgnoresInvalidRecords(t *testing.T) {
 func TestWatcherRelistsAfterCompaction(t *testing.T) {
 	eps := etcdtest.Start(t)
 	cli := etcdtest.Client(t, eps)
-	var logs logBuffer
+	var logs testkit.LogSink
 	for _, id := range []string{"a:1", "b:1", "c:1"} {
 		put(t, cli, record(id))
 	}
 
-	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), nil)
+	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
 	discovery.SetWatcherHooks(w, nil, func(n int, rev int64) {
 		if n != 1 {
 			return
@@ -158,7 +157,7 @@ func TestWatcherRelistsAfterCompaction(t *testing.T) {
 	if n := discovery.Lists(w); n < 2 {
 		t.Fatalf("%d lists, want a re-list", n)
 	}
-	if logs.count("etcd watch compacted, re-listing") == 0 {
+	if logs.Count("etcd watch compacted, re-listing") == 0 {
 		t.Fatal("compaction was not the reason of the re-list")
 	}
 
@@ -172,11 +171,11 @@ func TestWatcherRelistsAfterCompaction(t *testing.T) {
 func TestWatcherRelistsAfterWatchCancel(t *testing.T) {
 	eps := etcdtest.Start(t)
 	cli := etcdtest.Client(t, eps)
-	var logs logBuffer
+	var logs testkit.LogSink
 	put(t, cli, record("a:1"))
 	put(t, cli, record("b:1"))
 
-	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), nil)
+	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
 	discovery.SetWatcherHooks(w, func(n int) {
 		if n != 2 {
 			return
@@ -194,12 +193,12 @@ func TestWatcherRelistsAfterWatchCancel(t *testing.T) {
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
 
-	waitFor(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
 	waitIDs(t, w, "a:1", "c:1")
 	if n := discovery.Lists(w); n < 2 {
 		t.Fatalf("%d lists, want a re-list", n)
 	}
-	if logs.count("etcd watch interrupted, re-listing") == 0 {
+	if logs.Count("etcd watch interrupted, re-listing") == 0 {
 		t.Fatal("no re-list was logged")
 	}
 	put(t, cli, record("d:1"))
@@ -210,17 +209,8 @@ func TestWatcherRelistsAfterWatchCancel(t *testing.T) {
 // etcd is back it converges to exactly the live records, and Run still
 // returns nil on cancel.
 func TestWatcherSurvivesEtcdRestart(t *testing.T) {
-	dir := t.TempDir()
-	addr := freeAddr(t)
-	start := func() *discovery.Embedded {
-		e, err := discovery.StartEmbedded(discovery.EmbeddedConfig{ClientListen: addr, Dir: dir}, zerolog.Nop())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
-	e := start()
-	cli := etcdtest.Client(t, e.Endpoints())
+	etcd := etcdtest.StartRestartable(t)
+	cli := etcdtest.Client(t, etcd.Endpoints())
 	put(t, cli, record("a:1"))
 	put(t, cli, record("b:1"))
 
@@ -228,12 +218,11 @@ func TestWatcherSurvivesEtcdRestart(t *testing.T) {
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
 
-	e.Close()
+	etcd.Stop()
 	if got := ids(w.Snapshot()); !slices.Equal(got, []string{"a:1", "b:1"}) {
 		t.Fatalf("view changed while etcd was down: %v", got)
 	}
-	e = start()
-	defer e.Close()
+	etcd.Start()
 	del(t, cli, "b:1")
 	put(t, cli, record("c:1"))
 	waitIDs(t, w, "a:1", "c:1")
@@ -243,66 +232,36 @@ func TestWatcherSurvivesEtcdRestart(t *testing.T) {
 // (however long the outage and however many retries), keeps its view, and
 // says once that etcd is back.
 func TestWatcherLogsOutageOnce(t *testing.T) {
-	dir := t.TempDir()
-	addr := freeAddr(t)
-	start := func() *discovery.Embedded {
-		e, err := discovery.StartEmbedded(discovery.EmbeddedConfig{ClientListen: addr, Dir: dir}, zerolog.Nop())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
-	e := start()
-	cli := etcdtest.Client(t, e.Endpoints())
+	etcd := etcdtest.StartRestartable(t)
+	cli := etcdtest.Client(t, etcd.Endpoints())
 	put(t, cli, record("a:1"))
 
-	logs := &syncBuffer{}
+	logs := &testkit.LogSink{}
 	w := discovery.NewWatcher(cli, testPrefix, zerolog.New(logs), nil)
 	discovery.SetProbeInterval(w, 100*time.Millisecond)
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1")
 
-	e.Close()
-	waitFor(t, "the outage to be logged", func() bool { return logs.count("keeping the last fleet snapshot") == 1 })
+	etcd.Stop()
+	testkit.Eventually(t, "the outage to be logged", func() bool { return strings.Count(logs.String(), "keeping the last fleet snapshot") == 1 })
 	// Many probe and list retries later, still one line, and the view kept.
 	lists := discovery.Lists(w)
-	waitFor(t, "more retries", func() bool { return discovery.Lists(w) >= lists+3 })
-	if n := logs.count("keeping the last fleet snapshot"); n != 1 {
+	testkit.Eventually(t, "more retries", func() bool { return discovery.Lists(w) >= lists+3 })
+	if n := strings.Count(logs.String(), "keeping the last fleet snapshot"); n != 1 {
 		t.Fatalf("outage logged %d times, want once:\n%s", n, logs.String())
 	}
 	if got := ids(w.Snapshot()); !slices.Equal(got, []string{"a:1"}) {
 		t.Fatalf("view changed while etcd was down: %v", got)
 	}
 
-	e = start()
-	defer e.Close()
-	waitFor(t, "the recovery to be logged", func() bool { return logs.count("etcd reachable again") == 1 })
+	etcd.Start()
+	testkit.Eventually(t, "the recovery to be logged", func() bool { return strings.Count(logs.String(), "etcd reachable again") == 1 })
 	put(t, cli, record("b:1"))
 	waitIDs(t, w, "a:1", "b:1")
-	if n := logs.count("keeping the last fleet snapshot"); n != 1 {
+	if n := strings.Count(logs.String(), "keeping the last fleet snapshot"); n != 1 {
 		t.Fatalf("outage logged %d times, want once:\n%s", n, logs.String())
 	}
 }
-
-// syncBuffer is a log sink safe for the watcher's goroutine and the test.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *syncBuffer) count(s string) int { return strings.Count(b.String(), s) }
 
 // Keys under the prefix that cannot be worker records (Infera's planner
 // writes planner/decision there) are skipped with one debug line per key,
@@ -311,7 +270,7 @@ func (b *syncBuffer) count(s string) int { return strings.Count(b.String(), s) }
 func TestWatcherSkipsNonWorkerKeys(t *testing.T) {
 	eps := etcdtest.Start(t)
 	cli := etcdtest.Client(t, eps)
-	var logs logBuffer
+	var logs testkit.LogSink
 	const skip = "skipping non-worker key under the prefix"
 	const invalid = "ignoring invalid worker record"
 
@@ -319,13 +278,13 @@ func TestWatcherSkipsNonWorkerKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	put(t, cli, record("a:1"))
-	w := discovery.NewWatcher(cli, testPrefix, logs.logger(), nil)
+	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1")
 
 	before := w.Snapshot()
-	waitFor(t, "watch open", func() bool { return discovery.CloseWatch(w) })
-	waitFor(t, "re-list", func() bool { return discovery.Lists(w) >= 2 && w.Snapshot() != before })
+	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	testkit.Eventually(t, "re-list", func() bool { return discovery.Lists(w) >= 2 && w.Snapshot() != before })
 
 	// Updates through the watch: the planner key changes, then a worker
 	// arrives so the test knows the events before it were applied.
@@ -337,10 +296,10 @@ func TestWatcherSkipsNonWorkerKeys(t *testing.T) {
 	}
 	put(t, cli, record("b:1"))
 	waitIDs(t, w, "a:1", "b:1")
-	if n := logs.count(skip); n != 2 {
+	if n := logs.Count(skip); n != 2 {
 		t.Fatalf("%d skip lines, want one per non-worker key (2)", n)
 	}
-	if n := logs.count(invalid); n != 0 {
+	if n := logs.Count(invalid); n != 0 {
 		t.Fatalf("%d invalid-record lines, want 0", n)
 	}
 	for _, line := range strings.Split(logs.String(), "\n") {

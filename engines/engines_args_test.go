@@ -435,7 +435,7 @@ func TestWarnLoopbackAdvertise(t *testing.T) {
 	} {
 		log, buf := newTestLogger(t)
 		warnLoopbackAdvertise(log, tc.adv, tc.endpoints)
-		got := len(buf.find(t, "advertising a loopback address to a remote etcd; other hosts cannot reach this engine (set --advertise-host)")) == 1
+		got := len(buf.Find(t, "advertising a loopback address to a remote etcd; other hosts cannot reach this engine (set --advertise-host)")) == 1
 		if got != tc.warn {
 			t.Errorf("advertise %s to %v: warned %v, want %v", tc.adv, tc.endpoints, got, tc.warn)
 		}

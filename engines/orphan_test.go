@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // supervisorEnv switches the test binary into a stand-in worker (see
@@ -73,7 +75,7 @@ func TestEngineDiesWithKilledWorker(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sup.Process.Kill(); _ = sup.Wait() })
 	var pid int
-	eventually(t, "the engine's pid", func() bool {
+	testkit.Eventually(t, "the engine's pid", func() bool {
 		data, err := os.ReadFile(pidPath)
 		pid, _ = strconv.Atoi(string(data))
 		return err == nil && pid > 0
@@ -89,7 +91,7 @@ func TestEngineDiesWithKilledWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = sup.Wait()
-	eventually(t, "the engine to die with its worker", func() bool { return processGone(pid) })
+	testkit.Eventually(t, "the engine to die with its worker", func() bool { return processGone(pid) })
 }
 
 // startStray starts a looping shell in its own group, outside any
@@ -111,7 +113,7 @@ func TestReclaimKillsRecordedEngine(t *testing.T) {
 	log, buf := newTestLogger(t)
 	stray := startStray(t)
 	pf := pidfilePath(t.TempDir(), 18123)
-	eventually(t, "the stray's exec", func() bool {
+	testkit.Eventually(t, "the stray's exec", func() bool {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", stray.Process.Pid))
 		return strings.Contains(string(b), "while")
 	})
@@ -127,8 +129,8 @@ func TestReclaimKillsRecordedEngine(t *testing.T) {
 	if _, err := os.Stat(pf.path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("pidfile left behind: %v", err)
 	}
-	if len(buf.find(t, "killing the engine a previous worker left behind")) != 1 {
-		t.Fatalf("the kill is not logged:\n%s", buf.messages(t))
+	if len(buf.Find(t, "killing the engine a previous worker left behind")) != 1 {
+		t.Fatalf("the kill is not logged:\n%s", logMessages(t, buf))
 	}
 }
 

@@ -108,7 +108,7 @@ func TestWorkerPDPreflight(t *testing.T) {
 			t.Fatalf("record %s: want a prefill worker advertised at 10.1.2.3", raw)
 		}
 		var warned bool
-		for _, e := range w.log.entries(t) {
+		for _, e := range w.log.Entries(t) {
 			if e["code"] == "no_rdma_device" && e["level"] == "warn" {
 				warned = true
 			}

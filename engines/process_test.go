@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // script writes a /bin/sh script into a temporary directory and returns a
@@ -51,7 +53,7 @@ func TestProcessCapturesOutput(t *testing.T) {
 	}
 	want := map[string]string{"hello out": "stdout", "hello err": "stderr", "crlf line": "stdout", "no newline": "stdout"}
 	for msg, stream := range want {
-		got := buf.find(t, msg)
+		got := buf.Find(t, msg)
 		if len(got) != 1 {
 			t.Fatalf("log has %d entries %q, want 1", len(got), msg)
 		}
@@ -61,7 +63,7 @@ func TestProcessCapturesOutput(t *testing.T) {
 		}
 	}
 	var truncated int
-	for _, e := range buf.entries(t) {
+	for _, e := range buf.Entries(t) {
 		if e["truncated"] == true {
 			truncated++
 			if msg, _ := e["message"].(string); len(msg) != maxLogLine || strings.Trim(msg, "x") != "" {
@@ -75,7 +77,7 @@ func TestProcessCapturesOutput(t *testing.T) {
 	if truncated != 1 {
 		t.Errorf("%d truncated entries, want 1", truncated)
 	}
-	if len(buf.find(t, "engine exited")) != 1 {
+	if len(buf.Find(t, "engine exited")) != 1 {
 		t.Error("no \"engine exited\" entry")
 	}
 }
@@ -152,7 +154,7 @@ while :; do sleep 0.05; done`, childPID, childPID, childPID)), log)
 	}
 	stopOnCleanup(t, p)
 	var child int
-	eventually(t, "child pid file", func() bool {
+	testkit.Eventually(t, "child pid file", func() bool {
 		b, err := os.ReadFile(childPID)
 		if err != nil {
 			return false
@@ -167,8 +169,8 @@ while :; do sleep 0.05; done`, childPID, childPID, childPID)), log)
 	if err := p.ExitErr(); !errors.As(err, &exitErr) || exitErr.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("ExitErr = %v, want death by SIGKILL", err)
 	}
-	eventually(t, "child of the group killed", func() bool { return processGone(child) })
-	if e := buf.find(t, "killing engine process group"); len(e) != 1 || e[0]["reason"] != "engine did not stop within grace" {
+	testkit.Eventually(t, "child of the group killed", func() bool { return processGone(child) })
+	if e := buf.Find(t, "killing engine process group"); len(e) != 1 || e[0]["reason"] != "engine did not stop within grace" {
 		t.Error("no log entry for the kill after grace")
 	}
 }
@@ -194,7 +196,7 @@ exit 4`, childPID, childPID, childPID, childPID)), log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "leftover child killed", func() bool { return processGone(child) })
+	testkit.Eventually(t, "leftover child killed", func() bool { return processGone(child) })
 }
 
 // TestStopConcurrent: many concurrent Stop calls all wait for the one
@@ -206,7 +208,7 @@ func TestStopConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Only once SIGTERM is ignored does the stop need its SIGKILL.
-	eventually(t, "script ready", func() bool { return len(buf.find(t, "ready")) == 1 })
+	testkit.Eventually(t, "script ready", func() bool { return len(buf.Find(t, "ready")) == 1 })
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
@@ -221,13 +223,13 @@ func TestStopConcurrent(t *testing.T) {
 	if err := p.ExitErr(); err == nil || errors.Is(err, ErrStillRunning) {
 		t.Fatalf("ExitErr = %v, want the kill", err)
 	}
-	if n := len(buf.find(t, "stopping engine")); n != 1 {
+	if n := len(buf.Find(t, "stopping engine")); n != 1 {
 		t.Errorf("%d SIGTERM rounds logged, want 1", n)
 	}
-	if n := len(buf.find(t, "killing engine process group")); n != 1 {
+	if n := len(buf.Find(t, "killing engine process group")); n != 1 {
 		t.Errorf("%d kills logged, want 1", n)
 	}
-	if n := len(buf.find(t, "engine exited")); n != 1 {
+	if n := len(buf.Find(t, "engine exited")); n != 1 {
 		t.Errorf("%d reaps logged, want exactly 1", n)
 	}
 }

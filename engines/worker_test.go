@@ -20,6 +20,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/discovery/etcdtest"
+	"github.com/infera/infera/internal/testkit"
 )
 
 const testPrefix = "/infera/workers/"
@@ -30,7 +31,7 @@ type workerRun struct {
 	t      *testing.T
 	cli    *clientv3.Client
 	state  string // the fake engine's --state-dir
-	log    *logBuffer
+	log    *testkit.LogSink
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -96,7 +97,7 @@ func (w *workerRun) waitRecord(cond func(discovery.Record) bool) (discovery.Reco
 	w.t.Helper()
 	var rec discovery.Record
 	var raw string
-	eventually(w.t, "worker record", func() bool {
+	testkit.Eventually(w.t, "worker record", func() bool {
 		select {
 		case err := <-w.done:
 			w.t.Fatalf("Run returned early: %v", err)
@@ -115,7 +116,7 @@ func (w *workerRun) waitRecord(cond func(discovery.Record) bool) (discovery.Reco
 	})
 	// The record is in etcd a moment before Register returns; a test that
 	// cancelled in between would see the worker give up registering.
-	eventually(w.t, "worker registered", func() bool { return len(w.log.find(w.t, "worker registered")) > 0 })
+	testkit.Eventually(w.t, "worker registered", func() bool { return len(w.log.Find(w.t, "worker registered")) > 0 })
 	return rec, raw
 }
 
@@ -147,8 +148,8 @@ func (w *workerRun) setRunning(n int) {
 func (w *workerRun) enginePID() int {
 	w.t.Helper()
 	var pid int
-	eventually(w.t, "engine started", func() bool {
-		e := w.log.find(w.t, "engine started")
+	testkit.Eventually(w.t, "engine started", func() bool {
+		e := w.log.Find(w.t, "engine started")
 		if len(e) == 0 {
 			return false
 		}
@@ -186,11 +187,11 @@ func TestWorkerRegistersAndDrains(t *testing.T) {
 	if !strings.HasPrefix(pub, "tcp://127.0.0.1:") || !strings.HasPrefix(replay, "tcp://127.0.0.1:") || pub == replay {
 		t.Errorf("kv_events_endpoint %q replay %q: want two tcp://127.0.0.1:<port>", pub, replay)
 	}
-	started := w.log.find(t, "engine started")
+	started := w.log.Find(t, "engine started")
 	if len(started) != 1 || !strings.Contains(fmt.Sprint(started[0]["args"]), "--kv-events-endpoint "+pub+" --kv-events-replay-endpoint "+replay) {
 		t.Errorf("engine started with %v, want the advertised endpoints passed to the sim", started)
 	}
-	reg := w.log.find(t, "worker registered")
+	reg := w.log.Find(t, "worker registered")
 	if len(reg) != 1 || reg[0]["worker_id"] != rec.WorkerID {
 		t.Fatalf("\"worker registered\" entries %v, want one with worker_id %s", reg, rec.WorkerID)
 	}
@@ -209,8 +210,8 @@ func TestWorkerRegistersAndDrains(t *testing.T) {
 	w.setRunning(1)
 	w.cancel()
 	w.waitRecord(func(r discovery.Record) bool { return r.Status == discovery.StatusDraining })
-	eventually(t, "drain polls seeing the running request", func() bool {
-		return len(w.log.find(t, "metrics scraped running=1")) >= 3
+	testkit.Eventually(t, "drain polls seeing the running request", func() bool {
+		return len(w.log.Find(t, "metrics scraped running=1")) >= 3
 	})
 	select {
 	case err := <-w.done:
@@ -220,7 +221,7 @@ func TestWorkerRegistersAndDrains(t *testing.T) {
 	if n := len(w.records()); n != 1 {
 		t.Fatalf("%d records while draining, want the draining one", n)
 	}
-	if len(w.log.find(t, "worker draining")) != 1 {
+	if len(w.log.Find(t, "worker draining")) != 1 {
 		t.Error("no \"worker draining\" entry")
 	}
 
@@ -231,12 +232,12 @@ func TestWorkerRegistersAndDrains(t *testing.T) {
 	if n := len(w.records()); n != 0 {
 		t.Fatalf("%d records after the drain, want none", n)
 	}
-	if len(w.log.find(t, "engine idle, drain complete")) != 1 {
+	if len(w.log.Find(t, "engine idle, drain complete")) != 1 {
 		t.Error("no \"engine idle, drain complete\" entry")
 	}
-	eventually(t, "engine stopped", func() bool { return processGone(pid) })
+	testkit.Eventually(t, "engine stopped", func() bool { return processGone(pid) })
 	// The engine's own output went into the worker log with its pid.
-	lines := w.log.find(t, "metrics scraped running=1")
+	lines := w.log.Find(t, "metrics scraped running=1")
 	if lines[0]["engine"] != "sim" || lines[0]["pid"] != float64(pid) {
 		t.Errorf("engine line %v: want engine=sim pid=%d", lines[0], pid)
 	}
@@ -256,7 +257,7 @@ func TestWorkerEngineDies(t *testing.T) {
 	if n := len(w.records()); n != 0 {
 		t.Fatalf("%d records after the engine died, want none", n)
 	}
-	if len(w.log.find(t, "worker deregistered")) != 1 {
+	if len(w.log.Find(t, "worker deregistered")) != 1 {
 		t.Error("no \"worker deregistered\" entry")
 	}
 }
@@ -272,9 +273,9 @@ func TestWorkerDrainTimeout(t *testing.T) {
 	if n := len(w.records()); n != 0 {
 		t.Fatalf("%d records after the drain timeout, want none", n)
 	}
-	e := w.log.find(t, "drain timeout passed with requests in flight")
+	e := w.log.Find(t, "drain timeout passed with requests in flight")
 	if len(e) != 1 || e[0]["running"] != float64(2) {
-		t.Fatalf("drain timeout entries %v, want one with running=2; log:\n%s", e, w.log.messages(t))
+		t.Fatalf("drain timeout entries %v, want one with running=2; log:\n%s", e, logMessages(t, w.log))
 	}
 }
 
@@ -313,7 +314,7 @@ func TestWorkerStopBeforeReady(t *testing.T) {
 	if n := len(w.records()); n != 0 {
 		t.Fatalf("%d records, want none", n)
 	}
-	eventually(t, "engine stopped", func() bool { return processGone(pid) })
+	testkit.Eventually(t, "engine stopped", func() bool { return processGone(pid) })
 }
 
 func TestWorkerReadyTimeout(t *testing.T) {
@@ -327,7 +328,7 @@ func TestWorkerReadyTimeout(t *testing.T) {
 	if err := w.wait(); !errors.Is(err, ErrNotHealthy) {
 		t.Fatalf("Run = %v, want ErrNotHealthy", err)
 	}
-	eventually(t, "engine stopped", func() bool { return processGone(pid) })
+	testkit.Eventually(t, "engine stopped", func() bool { return processGone(pid) })
 }
 
 func TestWorkerEngineFailsToStart(t *testing.T) {
@@ -428,14 +429,14 @@ func TestWorkerEtcdUnreachable(t *testing.T) {
 		c.KeepAliveInterval = 300 * time.Millisecond
 	})
 	pid := w.enginePID()
-	eventually(t, "registration retried", func() bool {
-		return len(w.log.find(t, "worker registration failed, retrying")) >= 2
+	testkit.Eventually(t, "registration retried", func() bool {
+		return len(w.log.Find(t, "worker registration failed, retrying")) >= 2
 	})
 	w.cancel()
 	if err := w.wait(); err != nil {
 		t.Fatalf("Run = %v, want nil", err)
 	}
-	eventually(t, "engine stopped", func() bool { return processGone(pid) })
+	testkit.Eventually(t, "engine stopped", func() bool { return processGone(pid) })
 }
 
 func ptrValue[T any](p *T) T {
@@ -464,7 +465,7 @@ func TestWorkerSGLang(t *testing.T) {
 	if !strings.HasPrefix(ptrValue(rec.KVEventsEndpoint), "tcp://127.0.0.1:") || rec.KVEventsReplayEndpoint == nil {
 		t.Fatalf("record %s: want the KV-event endpoints the worker configured", raw)
 	}
-	started := w.log.find(t, "engine started")
+	started := w.log.Find(t, "engine started")
 	if len(started) != 1 {
 		t.Fatalf("%d \"engine started\" entries, want one", len(started))
 	}
@@ -475,8 +476,8 @@ func TestWorkerSGLang(t *testing.T) {
 	w.setRunning(1)
 	w.cancel()
 	w.waitRecord(func(r discovery.Record) bool { return r.Status == discovery.StatusDraining })
-	eventually(t, "drain polls seeing the running request", func() bool {
-		return len(w.log.find(t, "metrics scraped running=1")) >= 2
+	testkit.Eventually(t, "drain polls seeing the running request", func() bool {
+		return len(w.log.Find(t, "metrics scraped running=1")) >= 2
 	})
 	w.setRunning(0)
 	if err := w.wait(); err != nil {

@@ -2,8 +2,12 @@
 // KV cache:
 //
 //   - block hashing (hash.go): AppendBlockHashes chains xxh64 over full
-//     blocks of token ids exactly as DESIGN §5 specifies; router and
-//     simulator both use it so their hashes agree.
+//     blocks of token ids exactly as DESIGN §5 specifies; the router's
+//     kv-aware pick and `infera tokenize` use it. Engines hash blocks their
+//     own way (the simulator, sim/cache.go, has its own chain with another
+//     seed, as vLLM has), so the index never compares engine hashes with
+//     router hashes: it rehashes the token ids a BlockStored event carries
+//     and keeps an engine-hash → router-hash map for removals and parents.
 //   - the prefix index (index.go): per worker and DP rank, the set of router
 //     block hashes its engine caches, the engine-hash → router-hash map that
 //     resolves removals and parents, bounded by MaxBlocks (the worker with

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/zmtp"
 )
 
@@ -85,7 +86,7 @@ func TestSubscriberListenerConnectingPublisher(t *testing.T) {
 	a.publish(t, 1, e.storeBatch(4, 8))
 	b.publish(t, 0, e.storeBatch(0, 2))
 	ka, kb := Key{Worker: "10.0.0.1:8000"}, Key{Worker: "10.0.0.2:8000"}
-	eventually(t, "both workers' batches", func() bool {
+	testkit.Eventually(t, "both workers' batches", func() bool {
 		return stats(t, s, ka).NextSeq == 2 && stats(t, s, kb).NextSeq == 1
 	})
 	if got := idx.Match(ws["10.0.0.1:8000"], e.routerHashes()); got != 8 {
@@ -101,7 +102,7 @@ func TestSubscriberListenerConnectingPublisher(t *testing.T) {
 	a.nc.Close()
 	a2 := dialListener(t, ep, WorkerTopic("10.0.0.1:8000"))
 	a2.publish(t, 0, e.storeBatch(0, 1))
-	eventually(t, "restart", func() bool { return stats(t, s, ka).Blocks == 1 })
+	testkit.Eventually(t, "restart", func() bool { return stats(t, s, ka).Blocks == 1 })
 	if got := idx.Match(ws["10.0.0.1:8000"], e.routerHashes()); got != 1 {
 		t.Fatalf("after restart worker a matches %d, want 1", got)
 	}

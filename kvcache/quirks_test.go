@@ -1,14 +1,13 @@
 package kvcache
 
 import (
-	"bytes"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/zmtp/zmtptest"
 )
 
@@ -53,7 +52,7 @@ func TestSubscriberReplayWithTopicFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "replay on connect", func() bool { return stats(t, s, key).Replays >= 1 })
+	testkit.Eventually(t, "replay on connect", func() bool { return stats(t, s, key).Replays >= 1 })
 	st := stats(t, s, key)
 	if st.NextSeq != 2 || st.Mode != ModePrecise || st.ReplayFailures != 0 || st.Gaps != 0 {
 		t.Fatalf("stats %+v", st)
@@ -90,7 +89,7 @@ func TestSubscriberFirstSeqNotZeroIsNotAGap(t *testing.T) {
 			e := newEngineSim(t, 8)
 			pub.Publish(41, e.storeBatch(0, 4))
 			pub.Publish(42, e.storeBatch(4, 8))
-			eventually(t, "both batches", func() bool { return stats(t, s, key).NextSeq == 43 })
+			testkit.Eventually(t, "both batches", func() bool { return stats(t, s, key).NextSeq == 43 })
 			st := stats(t, s, key)
 			if st.Gaps != 0 || st.Resyncs != 0 || st.Joins != 1 || st.Blocks != 8 || st.UnknownParent != 0 {
 				t.Fatalf("stats %+v", st)
@@ -108,28 +107,10 @@ func TestSubscriberFirstSeqNotZeroIsNotAGap(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink shared by stream goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestDropLogOncePerWorkerAndReason: blocks the index cannot take are
 // logged once per worker and reason, however often they come.
 func TestDropLogOncePerWorkerAndReason(t *testing.T) {
-	var logs syncBuffer
+	var logs testkit.LogSink
 	idx := NewIndex(IndexConfig{MaxBlocks: 1000})
 	cfg := DefaultSubscriberConfig()
 	cfg.BackoffMin, cfg.BackoffMax = 10*time.Millisecond, 50*time.Millisecond
@@ -160,7 +141,7 @@ func TestDropLogOncePerWorkerAndReason(t *testing.T) {
 			}
 		}
 		key := Key{Worker: workers[i]}
-		eventually(t, "all batches", func() bool { return stats(t, s, key).NextSeq == 6 })
+		testkit.Eventually(t, "all batches", func() bool { return stats(t, s, key).NextSeq == 6 })
 		if st := stats(t, s, key); st.UnknownParent != 3 || st.Skipped != 3 {
 			t.Fatalf("stats %+v", st)
 		}

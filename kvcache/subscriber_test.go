@@ -10,20 +10,9 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/zmtp/zmtptest"
 )
-
-// eventually polls cond until it holds or a generous deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // engineSim produces a consistent stream of vLLM-array batches for one
 // prompt family, remembering what the engine holds.
@@ -111,7 +100,7 @@ func TestSubscriberAppliesBatches(t *testing.T) {
 		pub.Publish(uint64(i), e.storeBatch(4*i, 4*i+4))
 	}
 	pub.Publish(10, e.removeBatch(38, 39))
-	eventually(t, "11 batches applied", func() bool { return stats(t, s, key).NextSeq == 11 })
+	testkit.Eventually(t, "11 batches applied", func() bool { return stats(t, s, key).NextSeq == 11 })
 	st := stats(t, s, key)
 	if st.Batches != 11 || st.Stored != 40 || st.Removed != 2 || st.Gaps != 0 || st.Mode != ModePrecise ||
 		!st.Connected || st.Blocks != 38 {
@@ -123,7 +112,7 @@ func TestSubscriberAppliesBatches(t *testing.T) {
 	// Messages that are not [topic, seq, payload] are counted, not applied.
 	pub.PublishFrames([]byte("only-two"), zmtptest.SeqBytes(11))
 	pub.Publish(11, e.removeBatch(37))
-	eventually(t, "batch 11", func() bool { return stats(t, s, key).NextSeq == 12 })
+	testkit.Eventually(t, "batch 11", func() bool { return stats(t, s, key).NextSeq == 12 })
 	if st := stats(t, s, key); st.BadMessages != 1 || st.Blocks != 37 || st.Mode != ModePrecise {
 		t.Fatalf("stats %+v", st)
 	}
@@ -148,7 +137,7 @@ func TestSubscriberGapRecoveredByReplay(t *testing.T) {
 	}
 	pub.WaitSubscriber(t)
 	// The replay on connect finds an empty buffer: a fresh engine, precise.
-	eventually(t, "replay on connect", func() bool { return stats(t, s, key).Replays == 1 })
+	testkit.Eventually(t, "replay on connect", func() bool { return stats(t, s, key).Replays == 1 })
 	if w.Approximate() {
 		t.Fatal("approximate after an empty replay")
 	}
@@ -156,12 +145,12 @@ func TestSubscriberGapRecoveredByReplay(t *testing.T) {
 	b0, b1, b2 := e.storeBatch(0, 4), e.storeBatch(4, 8), e.storeBatch(8, 12)
 	rep.Add(0, b0)
 	pub.Publish(0, b0)
-	eventually(t, "batch 0", func() bool { return stats(t, s, key).NextSeq == 1 })
+	testkit.Eventually(t, "batch 0", func() bool { return stats(t, s, key).NextSeq == 1 })
 	// Batch 1 is lost on the live stream (e.g. the PUB's high-water mark).
 	rep.Add(1, b1)
 	rep.Add(2, b2)
 	pub.Publish(2, b2)
-	eventually(t, "gap recovered", func() bool {
+	testkit.Eventually(t, "gap recovered", func() bool {
 		st := stats(t, s, key)
 		return st.NextSeq == 3 && st.Replays == 2 && st.Duplicates == 1
 	})
@@ -191,7 +180,7 @@ func TestSubscriberLateJoinReplaysFromZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "replay on connect", func() bool { return stats(t, s, key).NextSeq == 2 })
+	testkit.Eventually(t, "replay on connect", func() bool { return stats(t, s, key).NextSeq == 2 })
 	if st := stats(t, s, key); st.Mode != ModePrecise || st.Blocks != 8 || w.BlockSize() != 4 {
 		t.Fatalf("stats %+v block size %d", st, w.BlockSize())
 	}
@@ -215,7 +204,7 @@ func TestSubscriberReplayBufferTooShortJoins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "join", func() bool { return stats(t, s, key).NextSeq == 5 })
+	testkit.Eventually(t, "join", func() bool { return stats(t, s, key).NextSeq == 5 })
 	if st := stats(t, s, key); st.Joins != 1 || st.Resyncs != 0 || st.Gaps != 0 || st.Mode != ModeApproximate || st.Blocks != 4 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -235,12 +224,12 @@ func TestSubscriberGapWithoutReplayGoesApproximate(t *testing.T) {
 	pub.WaitSubscriber(t)
 	e := newEngineSim(t, 12)
 	pub.Publish(0, e.storeBatch(0, 4))
-	eventually(t, "batch 0", func() bool { return stats(t, s, key).NextSeq == 1 })
+	testkit.Eventually(t, "batch 0", func() bool { return stats(t, s, key).NextSeq == 1 })
 	if w.Approximate() {
 		t.Fatal("approximate after batch 0")
 	}
 	pub.Publish(2, e.storeBatch(8, 12)) // seq 1 lost; its parent (block 7) is unknown
-	eventually(t, "batch 2", func() bool { return stats(t, s, key).NextSeq == 3 })
+	testkit.Eventually(t, "batch 2", func() bool { return stats(t, s, key).NextSeq == 3 })
 	st := stats(t, s, key)
 	if st.Gaps != 1 || st.Resyncs != 1 || st.Mode != ModeApproximate || st.Blocks != 0 || st.UnknownParent != 4 {
 		t.Fatalf("stats %+v", st)
@@ -251,7 +240,7 @@ func TestSubscriberGapWithoutReplayGoesApproximate(t *testing.T) {
 	// The engine's cache is reset: the worker is known again.
 	pub.Publish(3, mp(t, []any{2.0, []any{[]any{"AllBlocksCleared"}}}))
 	pub.Publish(4, e.storeBatch(0, 4))
-	eventually(t, "rebuilt", func() bool { return stats(t, s, key).NextSeq == 5 })
+	testkit.Eventually(t, "rebuilt", func() bool { return stats(t, s, key).NextSeq == 5 })
 	if st := stats(t, s, key); st.Mode != ModePrecise || st.Blocks != 4 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -265,12 +254,12 @@ func TestSubscriberRebuildBlocks(t *testing.T) {
 	pub.WaitSubscriber(t)
 	e := newEngineSim(t, 12)
 	pub.Publish(3, e.storeBatch(0, 4)) // joined late, no replay: resync
-	eventually(t, "batch 3", func() bool { return stats(t, s, key).NextSeq == 4 })
+	testkit.Eventually(t, "batch 3", func() bool { return stats(t, s, key).NextSeq == 4 })
 	if !w.Approximate() {
 		t.Fatal("precise after resync")
 	}
 	pub.Publish(4, e.storeBatch(4, 8))
-	eventually(t, "batch 4", func() bool { return stats(t, s, key).NextSeq == 5 })
+	testkit.Eventually(t, "batch 4", func() bool { return stats(t, s, key).NextSeq == 5 })
 	if w.Approximate() {
 		t.Fatalf("still approximate after %d stored blocks", stats(t, s, key).Stored)
 	}
@@ -285,7 +274,7 @@ func TestSubscriberMalformedBatchResyncs(t *testing.T) {
 	e := newEngineSim(t, 4)
 	pub.Publish(0, e.storeBatch(0, 4))
 	pub.Publish(1, []byte{0xc1}) // never-used msgpack code
-	eventually(t, "bad batch", func() bool { return stats(t, s, key).NextSeq == 2 })
+	testkit.Eventually(t, "bad batch", func() bool { return stats(t, s, key).NextSeq == 2 })
 	if st := stats(t, s, key); st.BadMessages != 1 || st.Resyncs != 1 || st.Blocks != 0 || !w.Approximate() {
 		t.Fatalf("stats %+v", st)
 	}
@@ -301,16 +290,16 @@ func TestSubscriberReconnectsAndDetectsRestart(t *testing.T) {
 	e := newEngineSim(t, 8)
 	pub.Publish(0, e.storeBatch(0, 4))
 	pub.Publish(1, e.storeBatch(4, 8))
-	eventually(t, "two batches", func() bool { return stats(t, s, key).NextSeq == 2 })
+	testkit.Eventually(t, "two batches", func() bool { return stats(t, s, key).NextSeq == 2 })
 
 	// The engine dies and comes back on the same port with an empty cache.
 	pub.Close()
-	eventually(t, "disconnect noticed", func() bool { return !stats(t, s, key).Connected })
+	testkit.Eventually(t, "disconnect noticed", func() bool { return !stats(t, s, key).Connected })
 	pub2 := zmtptest.NewPublisher(t, addr, "kv@w")
 	pub2.WaitSubscriber(t)
 	other := &engineSim{t: t, bs: 4, tokens: seqTokens(8, func(i int) uint32 { return uint32(50 + i) })}
 	pub2.Publish(0, other.storeBatch(0, 2))
-	eventually(t, "restart handled", func() bool { st := stats(t, s, key); return st.Connects == 2 && st.NextSeq == 1 })
+	testkit.Eventually(t, "restart handled", func() bool { st := stats(t, s, key); return st.Connects == 2 && st.NextSeq == 1 })
 	if st := stats(t, s, key); st.Blocks != 2 || st.Mode != ModePrecise {
 		t.Fatalf("stats %+v", st)
 	}
@@ -330,7 +319,7 @@ func TestSubscriberDropsOversizedFrames(t *testing.T) {
 	pub.Publish(0, make([]byte, 4096))
 	// The connection is dropped before the frame is read, then redialled.
 	pub.WaitSubscriber(t)
-	eventually(t, "reconnect", func() bool { return stats(t, s, key).Connects == 2 })
+	testkit.Eventually(t, "reconnect", func() bool { return stats(t, s, key).Connects == 2 })
 	if st := stats(t, s, key); st.Batches != 0 || st.NextSeq != 0 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -353,7 +342,7 @@ func TestSubscriberWithZmq4PubSocket(t *testing.T) {
 	b0 := e.storeBatch(0, 4)
 	// A PUB drops what it sends before the subscription arrives: repeat
 	// batch 0 until it lands (repeats are counted as duplicates).
-	eventually(t, "batch 0", func() bool {
+	testkit.Eventually(t, "batch 0", func() bool {
 		if err := pub.Send(zmq4.NewMsgFrom([]byte{}, zmtptest.SeqBytes(0), b0)); err != nil {
 			t.Fatal(err)
 		}
@@ -362,7 +351,7 @@ func TestSubscriberWithZmq4PubSocket(t *testing.T) {
 	if err := pub.Send(zmq4.NewMsgFrom([]byte{}, zmtptest.SeqBytes(1), e.storeBatch(4, 8))); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "batch 1", func() bool { return stats(t, s, key).NextSeq == 2 })
+	testkit.Eventually(t, "batch 1", func() bool { return stats(t, s, key).NextSeq == 2 })
 	if idx.Match(w, e.routerHashes()) != 8 || w.Approximate() {
 		t.Fatalf("stats %+v", stats(t, s, key))
 	}

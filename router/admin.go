@@ -14,9 +14,9 @@ import (
 // Cache-view errors.
 var (
 	// ErrUnknownWorker: no worker of that id is attached.
-	ErrUnknownWorker = errors.New("unknown worker")
+	ErrUnknownWorker = errors.New("router: unknown worker")
 	// ErrUnknownRank: the worker has no such data-parallel rank.
-	ErrUnknownRank = errors.New("unknown data-parallel rank")
+	ErrUnknownRank = errors.New("router: unknown data-parallel rank")
 )
 
 // CacheView is what a policy knows about one worker's KV cache, for GET

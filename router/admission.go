@@ -10,9 +10,9 @@ import (
 var (
 	// ErrSaturated: every candidate worker stayed at --max-inflight-per-worker
 	// for the whole queue timeout.
-	ErrSaturated = errors.New("all workers are at their in-flight limit")
+	ErrSaturated = errors.New("router: all workers are at their in-flight limit")
 	// errNoCandidate: every candidate was tried already (or none is left).
-	errNoCandidate = errors.New("no untried worker left")
+	errNoCandidate = errors.New("router: no untried worker left")
 )
 
 // admission caps in-flight requests per worker and lets requests that

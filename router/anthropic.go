@@ -69,7 +69,7 @@ func anthropicResponse(ctx *fasthttp.RequestCtx, rel *relay) {
 
 // ErrNoTokenCount: count_tokens found neither a router tokenizer nor a
 // worker that counts.
-var ErrNoTokenCount = errors.New("no tokenizer to count with")
+var ErrNoTokenCount = errors.New("router: no tokenizer to count with")
 
 // countTokens serves POST /v1/messages/count_tokens: the request is
 // translated as for /v1/messages and its chat prompt rendered and counted

@@ -3,6 +3,7 @@ package router_test
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -40,7 +41,56 @@ func TestMessagesStreamThroughSim(t *testing.T) {
 	u := startSim(t, nil)
 	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), simRecord(u))
 	resp, b := tr.do(t, "POST", "/v1/messages", `{"model":"sim-model","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hello"}]}`)
-	t.Logf("%d %s", resp.StatusCode, b)
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("%d %q: %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	// Every event's name matches its data's type; the sequence is
+	// Anthropic's, with one text block of four deltas (max_tokens 4).
+	var names []string
+	var text strings.Builder
+	var delta struct {
+		Delta struct {
+			StopReason string `json:"stop_reason"`
+		}
+		Usage struct {
+			OutputTokens int `json:"output_tokens"`
+		}
+	}
+	for _, ev := range strings.Split(strings.TrimSpace(string(b)), "\n\n") {
+		if strings.HasPrefix(ev, ":") {
+			continue // a heartbeat comment on a slow machine
+		}
+		name, data, ok := strings.Cut(ev, "\ndata: ")
+		name = strings.TrimPrefix(name, "event: ")
+		var d struct {
+			Type  string
+			Delta struct{ Type, Text string }
+		}
+		if !ok || json.Unmarshal([]byte(data), &d) != nil || d.Type != name {
+			t.Fatalf("malformed event %q in:\n%s", ev, b)
+		}
+		names = append(names, name)
+		switch name {
+		case "content_block_delta":
+			if d.Delta.Type != "text_delta" {
+				t.Fatalf("delta of type %q", d.Delta.Type)
+			}
+			text.WriteString(d.Delta.Text)
+		case "message_delta":
+			if err := json.Unmarshal([]byte(data), &delta); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := []string{"message_start", "ping", "content_block_start",
+		"content_block_delta", "content_block_delta", "content_block_delta", "content_block_delta",
+		"content_block_stop", "message_delta", "message_stop"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("events %v, want %v", names, want)
+	}
+	if text.Len() == 0 || delta.Delta.StopReason != "max_tokens" || delta.Usage.OutputTokens != 4 {
+		t.Fatalf("text %q, stop_reason %q, output_tokens %d", text.String(), delta.Delta.StopReason, delta.Usage.OutputTokens)
+	}
 }
 
 func TestMessagesErrors(t *testing.T) {

@@ -1,5 +1,35 @@
 // Package router owns the front door: the fasthttp OpenAI endpoint, the fleet
 // view it routes on, the routing policies, the streaming relay, and metrics.
+// The sections below go from a request's arrival to its answer.
+//
+// # Front door
+//
+// The listener (frontdoor.go) counts client connections
+// (Config.MaxConnections, MaxConnectionsPerIP) and answers the ones over a
+// limit with an OpenAI error and Retry-After itself; headers have
+// ClientHeaderTimeout, bodies ClientReadTimeout; bodies above 64 KiB reach
+// Handle unread and are read into pooled buffers reserved from the shared
+// BodyBudgetBytes (503 before reading when full), released when the
+// response has been written (fasthttp ConnState) or the connection closes.
+// Oversized max_tokens are refused before any engine
+// (Config.MaxTokensCeiling); a bare-LF request line is refused at once
+// (barelf.go). Client API keys and the admin token are checked in constant
+// time (auth.go). GET /ready is 200 only with a routable worker.
+//
+// # Routes and dialects
+//
+// POST /v1/messages and /v1/messages/count_tokens speak Anthropic Messages
+// (anthropic.go, the anthropic package); the route's API translation lives
+// in dialect.go. GET /v1/models/{id} (models.go), POST /tokenize and
+// /detokenize (tokenize.go, the router's tokenizer) are answered here; POST
+// /v1/embeddings and /v1/responses are proxied as they are to the
+// least-loaded worker (routes.go, routePolicy), without cache hints. The
+// request-id headers are requestid.go's; the metrics Infera's Python server
+// exported, inferametrics.go's. With Config.KVDSocket, POST
+// /v1/cache/prewarm (prewarm.go) forwards a prefetch_hint for the block
+// hashes it is given to kvd.
+//
+// # Picking a worker
 //
 // Policies: round-robin, least-load and kv-aware (kvaware.go, kvpick.go,
 // kvprompt.go, kvmetrics.go; DESIGN §5). kv-aware tokenizes each prompt as
@@ -7,82 +37,68 @@
 // index its KV-event subscriber keeps (or, for a worker it cannot follow
 // precisely, against its own recorded placements) and picks the lowest
 // w×(blocks−hits) + active_blocks + recent (cold requests: among the
-// workers within their recent share of picks, KVAwareConfig.MaxShare). It
-// serves
-// GET /v1/admin/cache-view/{worker_id} (admin.go) and exports its series
-// with the router's /metrics. A warm pick with the bytes tokenizer or a
-// token-array prompt allocates nothing; a Hugging Face chat template
-// allocates while rendering.
+// workers within their recent share of picks, KVAwareConfig.MaxShare). Its
+// approximate view follows the request's retention class (a prompt marked
+// long, e.g. by cache_control, is remembered for keepTTL; one marked none
+// not at all). It serves GET /v1/admin/cache-view/{worker_id} (admin.go)
+// and exports its series with the router's /metrics. A warm pick with the
+// bytes tokenizer or a token-array prompt allocates nothing; a Hugging Face
+// chat template allocates while rendering. Each worker has a circuit
+// breaker (breaker.go) and an admission limit with a wake-up queue
+// (admission.go).
 //
-// With Config.KVDSocket, POST /v1/cache/prewarm (prewarm.go) forwards a
-// prefetch_hint for the block hashes it is given to kvd.
+// # Request path
 //
-// Requests and attempts (issue 16): a request (relay.go) owns one or more
-// attempts (attempt.go), each one leg on one worker holding its policy
-// ticket, admission slot and breaker probe from begin until endAttempt, the
-// one place an attempt ends; the streamed answer lives in stream.go, the
-// route's API translation in dialect.go.
+// A request (relay.go) owns one or more attempts (attempt.go), each one leg
+// on one worker holding its policy ticket, admission slot and breaker probe
+// from begin until endAttempt, the one place an attempt ends; the streamed
+// answer lives in stream.go.
 //
-// API breadth (issue 13): POST /v1/messages and /v1/messages/count_tokens
-// speak Anthropic Messages (anthropic.go, the anthropic package); GET
-// /v1/models/{id}, POST /tokenize and /detokenize (the router's tokenizer)
-// are answered here (edges.go); POST /v1/embeddings and /v1/responses are
-// proxied as they are to the least-loaded worker (routePolicy), without
-// cache hints. kv-aware's approximate view follows the request's retention
-// class (a prompt marked long, e.g. by cache_control, is remembered for
-// keepTTL; one marked none not at all).
+// # Failover
 //
-// Resilience (issue 5): a request runs as attempts on different workers
-// while nothing of the answer has reached the client (attempt.go: connect,
-// retryStream), up to Config.MaxRetries. Unary answers are buffered, so any
-// failure before the answer is complete may be retried; 4xx pass through.
-// A stream's status line and headers go out as soon as the first worker's
-// headers arrive, and SSE comments (": keep-alive") follow every
-// HeartbeatInterval of silence; until the first event is written a failing
-// worker (end of stream, error, first-byte timeout) is replaced and the
-// client sees the next worker's events after the comments. After the first
-// event a failure ends the stream with one SSE error event. Heartbeats and
-// the stream deadlines live in the upstream connection's Read
-// (upstream.go, deadlineConn.watch): the relay's own goroutine writes the
-// comment, and a failed write closes the worker connection — that is how a
-// client leaving a silent stream frees the engine's sequence. Each worker
-// has a circuit breaker (breaker.go) and an admission limit with a wake-up
-// queue (admission.go); client API keys and the admin token are checked in
-// constant time (auth.go).
+// A request runs as attempts on different workers while nothing of the
+// answer has reached the client (attempt.go: connect, retryStream), up to
+// Config.MaxRetries. Unary answers are buffered, so any failure before the
+// answer is complete may be retried; 4xx pass through. A stream's status
+// line and headers go out as soon as the first worker's headers arrive, and
+// SSE comments (": keep-alive") follow every HeartbeatInterval of silence;
+// until the first event is written a failing worker (end of stream, error,
+// first-byte timeout) is replaced and the client sees the next worker's
+// events after the comments. After the first event a failure ends the
+// stream with one SSE error event. Heartbeats and the stream deadlines live
+// in the upstream connection's Read (upstream.go, deadlineConn.watch): the
+// relay's own goroutine writes the comment, and a failed write closes the
+// worker connection — that is how a client leaving a silent stream frees
+// the engine's sequence.
 //
-// Front door (frontdoor.go, issue 12): the listener counts client
-// connections (Config.MaxConnections, MaxConnectionsPerIP) and answers the
-// ones over a limit with an OpenAI error and Retry-After itself; headers
-// have ClientHeaderTimeout, bodies ClientReadTimeout; bodies above 64 KiB
-// reach Handle unread and are read into pooled buffers reserved from the
-// shared BodyBudgetBytes (503 before reading when full), released when the
-// response has been written (fasthttp ConnState) or the connection closes.
-// GET /ready is 200 only with a routable worker.
+// # Stalled workers and departed clients
 //
-// Stalled workers and departed clients (issue 12): every upstream read
-// stamps its worker's progress (atomics, no allocation); a worker with
-// requests in flight and no progress for Config.StallWindow is skipped by
-// every policy and probed (stall.go), and requests waiting there for a
-// first byte move elsewhere. A unary request's client connection is read
-// while its answer is awaited, from 20 ms into the wait on (unary.go,
-// clientWatchDelay: faster answers cost no watch): a client that leaves closes the
-// upstream request, through the router's RoundTripper, which knows each
-// unary attempt's connection. Oversized max_tokens are refused before any
-// engine (Config.MaxTokensCeiling); a bare-LF request line is refused at
-// once (barelf.go).
+// Every upstream read stamps its worker's progress (atomics, no
+// allocation); a worker with requests in flight and no progress for
+// Config.StallWindow is skipped by every policy and probed (stall.go), and
+// requests waiting there for a first byte move elsewhere. A unary request's
+// client connection is read while its answer is awaited, from 20 ms into
+// the wait on (unary.go, clientWatchDelay: faster answers cost no watch): a
+// client that leaves closes the upstream request, through the router's
+// RoundTripper, which knows each unary attempt's connection.
 //
-// Prefill/decode disaggregation (issue 14, pd.go, pdproto.go,
-// pdmetrics.go): a model with prefill and decode workers is served by
-// pairs, the prefill leg an attempt of its own next to the relayed decode
-// attempt, each on its own connection so that either can be aborted;
-// bodies are shaped per protocol (vllm-nixl, vllm-mori-read and
+// # Prefill/decode disaggregation
+//
+// A model with prefill and decode workers (pd.go, pdproto.go, pdmetrics.go)
+// is served by pairs, the prefill leg an attempt of its own next to the
+// relayed decode attempt, each on its own connection so that either can be
+// aborted; bodies are shaped per protocol (vllm-nixl, vllm-mori-read and
 // atom-mooncake serial; sglang-bootstrap, vllm-mooncake and vllm-mori-write
-// concurrent) as shared/protocols/pd.md describes. A
-// concurrent prefill runs on a goroutine of its own, which only sends and
-// reads its leg and reports on a channel; its attempt ends on the
-// request's goroutine.
+// concurrent) as shared/protocols/pd.md describes. A concurrent prefill
+// runs on a goroutine of its own, which only sends and reads its leg and
+// reports on a channel; its attempt ends on the request's goroutine.
 //
-// Concurrency: the fleet view is an immutable value swapped through an atomic
-// pointer by the discovery watcher callback; request handlers only load it and
-// never lock on the request path. Policies are safe for concurrent use.
+// # Concurrency
+//
+// The fleet view is an immutable value swapped through an atomic pointer by
+// the discovery watcher callback; request handlers only load it and never
+// lock on the request path. Policies are safe for concurrent use. Every
+// goroutine has an owner that Serve waits for: the front door's closers of
+// refused and lingering connections, and the stall probes, are waited for
+// after the listener has closed and before the worker pools close.
 package router

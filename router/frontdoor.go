@@ -53,7 +53,7 @@ const (
 )
 
 // errBodyRead is the cause of a large body that could not be read whole.
-var errBodyRead = errors.New("read request body")
+var errBodyRead = errors.New("router: read request body")
 
 // frontDoor counts client connections and holds the body budget. All
 // methods are safe for concurrent use.
@@ -68,6 +68,11 @@ type frontDoor struct {
 
 	budget bodyBudget
 	held   sync.Map // net.Conn → *heldBody: the body its current request holds
+
+	// closers owns the goroutines that answer and close refused or
+	// lingering connections (each bounded by rejectWait and lingerTotal);
+	// Router.ServeAll waits for them after the listener has closed.
+	closers sync.WaitGroup
 }
 
 func newFrontDoor(cfg Config) *frontDoor {
@@ -148,7 +153,7 @@ func (fd *frontDoor) refuse(c net.Conn, status int, message, errType, code strin
 		_ = c.Close()
 		return
 	}
-	go func() {
+	fd.closers.Go(func() {
 		defer fd.rejecting.Add(-1)
 		body := openai.AppendError(nil, message, errType, code)
 		resp := make([]byte, 0, 256+len(body))
@@ -171,7 +176,7 @@ func (fd *frontDoor) refuse(c net.Conn, status int, message, errType, code strin
 			return
 		}
 		_ = c.Close()
-	}()
+	})
 }
 
 // readHead reads from c until the end of a request's header block, an
@@ -208,10 +213,10 @@ func (fd *frontDoor) lingerClose(c net.Conn) {
 		_ = c.Close()
 		return
 	}
-	go func() {
+	fd.closers.Go(func() {
 		defer fd.rejecting.Add(-1)
 		drainClose(c)
-	}()
+	})
 }
 
 // drainClose half-closes c (the answer is out), then reads and discards
@@ -271,7 +276,7 @@ func (c *frontConn) SyscallConn() (syscall.RawConn, error) {
 	return sc.SyscallConn()
 }
 
-var errNoSyscallConn = errors.New("front door connection has no socket")
+var errNoSyscallConn = errors.New("router: front door connection has no socket")
 
 // lingerOnClose marks the connection of ctx, when it is the front door's,
 // for a lingering close.

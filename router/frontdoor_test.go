@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/router"
 )
 
@@ -95,7 +96,7 @@ func TestFrontDoorConnectionLimits(t *testing.T) {
 
 	// Closing one frees its place.
 	a.Close()
-	eventually(t, "a place freed", func() bool {
+	testkit.Eventually(t, "a place freed", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			return false
@@ -138,7 +139,7 @@ func TestFrontDoorBodyBudget(t *testing.T) {
 	}
 	stall()
 	defer func() { c.Close() }()
-	eventually(t, "the budget to bind", func() bool {
+	testkit.Eventually(t, "the budget to bind", func() bool {
 		resp, body := tr.do(t, "POST", "/v1/chat/completions", big(200<<10))
 		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" && bytes.Contains(body, []byte(`"server_busy"`)) {
 			return true
@@ -152,7 +153,7 @@ func TestFrontDoorBodyBudget(t *testing.T) {
 	})
 	// The stalled client leaves: its share returns.
 	c.Close()
-	eventually(t, "the share to return", func() bool {
+	testkit.Eventually(t, "the share to return", func() bool {
 		resp, _ := tr.do(t, "POST", "/v1/chat/completions", big(900<<10))
 		return resp.StatusCode == http.StatusOK
 	})

@@ -201,18 +201,6 @@ func wantError(t *testing.T, resp *http.Response, body []byte, status int, code 
 	}
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // readEvent reads one SSE event (up to its blank line) from r.
 func readEvent(t *testing.T, r *bufio.Reader) string {
 	t.Helper()

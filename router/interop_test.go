@@ -1,7 +1,6 @@
 package router_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -17,28 +15,11 @@ import (
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/discovery/etcdtest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/router"
 )
 
 const interopPrefix = "/infera/workers/"
-
-// syncBuf collects log lines from several goroutines.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // startUpstreamOn is startUpstream on a given loopback (127.0.0.1 or ::1).
 func startUpstreamOn(t *testing.T, host string) *upstream {
@@ -72,7 +53,7 @@ func startUpstreamOn(t *testing.T, host string) *upstream {
 func TestInteropPythonRecords(t *testing.T) {
 	eps := etcdtest.Start(t)
 	cli := etcdtest.Client(t, eps)
-	var logs syncBuf
+	var logs testkit.LogSink
 	log := zerolog.New(&logs).Level(zerolog.DebugLevel)
 	tr := startRouterLog(t, router.RoundRobin{}, router.DefaultConfig(), log)
 
@@ -142,7 +123,7 @@ func TestInteropPythonRecords(t *testing.T) {
 		} `json:"workers"`
 		Revision int64 `json:"revision"`
 	}
-	eventually(t, "every record listed", func() bool {
+	testkit.Eventually(t, "every record listed", func() bool {
 		_, body := tr.do(t, http.MethodGet, "/v1/workers", "")
 		return json.Unmarshal(body, &list) == nil && len(list.Workers) == len(routable)+len(unroutable)
 	})

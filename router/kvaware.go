@@ -23,7 +23,7 @@ import (
 )
 
 // ErrKVConfig wraps invalid kv-aware settings.
-var ErrKVConfig = errors.New("invalid kv-aware configuration")
+var ErrKVConfig = errors.New("router: invalid kv-aware configuration")
 
 // Tokenizer modes of KVAwareConfig.TokenizerSpec besides a directory.
 const (

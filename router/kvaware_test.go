@@ -14,6 +14,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvcache"
 	"github.com/infera/infera/router"
 	"github.com/infera/infera/tokenizer"
@@ -227,7 +228,7 @@ func TestKVSimEventsIntegration(t *testing.T) {
 	tr := startRouter(t, p, router.DefaultConfig(), rec)
 	defer http.DefaultClient.CloseIdleConnections()
 
-	eventually(t, "the stream to be confirmed (precise)", func() bool {
+	testkit.Eventually(t, "the stream to be confirmed (precise)", func() bool {
 		_, v, _ := tr.cacheView(t, rec.WorkerID, "")
 		return v.Mode == "precise"
 	})
@@ -245,7 +246,7 @@ func TestKVSimEventsIntegration(t *testing.T) {
 	for i := range 3 {
 		complete(i)
 	}
-	eventually(t, "36 blocks in the index", func() bool {
+	testkit.Eventually(t, "36 blocks in the index", func() bool {
 		_, v, _ := tr.cacheView(t, rec.WorkerID, "")
 		return v.BlockCount == 36
 	})
@@ -267,7 +268,7 @@ func TestKVSimEventsIntegration(t *testing.T) {
 	for i := 3; i < 13; i++ {
 		complete(i)
 	}
-	eventually(t, "the index to follow evictions", func() bool {
+	testkit.Eventually(t, "the index to follow evictions", func() bool {
 		_, v, _ := tr.cacheView(t, rec.WorkerID, "")
 		return v.BlockCount <= kvBlocks && p.Index().Match(h, hashes) == 0
 	})
@@ -282,7 +283,7 @@ func TestKVSimEventsIntegration(t *testing.T) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	eventually(t, "the count to drop to 0", func() bool {
+	testkit.Eventually(t, "the count to drop to 0", func() bool {
 		_, v, _ := tr.cacheView(t, rec.WorkerID, "")
 		return v.BlockCount == 0
 	})
@@ -307,7 +308,7 @@ func TestKVChatTextPartsMatchSimulator(t *testing.T) {
 	p := newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerBytes }))
 	tr := startRouter(t, p, router.DefaultConfig(), rec)
 	defer http.DefaultClient.CloseIdleConnections()
-	eventually(t, "the stream to be confirmed (precise)", func() bool {
+	testkit.Eventually(t, "the stream to be confirmed (precise)", func() bool {
 		_, v, _ := tr.cacheView(t, rec.WorkerID, "")
 		return v.Mode == "precise"
 	})
@@ -351,7 +352,7 @@ func TestKVChatTextPartsMatchSimulator(t *testing.T) {
 	}
 	chat()
 	hashes := kvcache.AppendBlockHashes(nil, routerTokens, bs)
-	eventually(t, "the index to match the whole chat", func() bool {
+	testkit.Eventually(t, "the index to match the whole chat", func() bool {
 		h, ok := p.Index().Lookup(kvcache.Key{Worker: rec.WorkerID})
 		return ok && p.Index().Match(h, hashes) == full
 	})

@@ -20,7 +20,7 @@ import (
 // completion's prompt string encoded as is; a token-array prompt used as
 // given. A batch prompt is routed by its first element.
 
-var errTokenize = errors.New("engine tokenize failed")
+var errTokenize = errors.New("router: engine tokenize failed")
 
 // imageVisit hashes every image reference of messages into sc.img.
 func imageVisit(messages []byte, sc *kvScratch) int {

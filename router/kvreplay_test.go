@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/router"
 	"github.com/infera/infera/tokenizer"
 	"github.com/infera/infera/zmtp/zmtptest"
@@ -46,7 +47,7 @@ func TestKVReplayRecoversDroppedBatch(t *testing.T) {
 	rec.KVEventsEndpoint, rec.KVEventsReplayEndpoint, rec.KVBlockSize = &ep, &rp, &bs
 	tr := startRouter(t, newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerBytes })), router.DefaultConfig(), rec)
 	pub.WaitSubscriber(t)
-	eventually(t, "the stream to be confirmed", func() bool {
+	testkit.Eventually(t, "the stream to be confirmed", func() bool {
 		_, v, _ := tr.cacheView(t, rec.WorkerID, "")
 		return v.Mode == "precise"
 	})
@@ -59,7 +60,7 @@ func TestKVReplayRecoversDroppedBatch(t *testing.T) {
 			pub.Publish(uint64(seq), b)
 		}
 	}
-	eventually(t, "all 6 blocks indexed", func() bool {
+	testkit.Eventually(t, "all 6 blocks indexed", func() bool {
 		_, v, _ := tr.cacheView(t, rec.WorkerID, "")
 		return v.BlockCount == 6 && v.Mode == "precise"
 	})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/router"
 )
 
@@ -141,7 +142,7 @@ func TestUnaryClientGoneFreesEngine(t *testing.T) {
 	if got := simGauge(t, s, "vllm:generation_tokens_total"); got >= 1600 {
 		t.Fatalf("the engine generated all %v tokens for a client that left", got)
 	}
-	eventually(t, "the disconnect to be counted", func() bool {
+	testkit.Eventually(t, "the disconnect to be counted", func() bool {
 		return metric(t, tr, "infera_router_client_disconnects_total") == 1
 	})
 	if got := metric(t, tr, `infera_router_upstream_failures_total{reason="upstream_error"}`); got != 0 {
@@ -167,10 +168,10 @@ func TestUnaryClientGoneAtOnceFreesEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close()
-	eventually(t, "the disconnect to be counted", func() bool {
+	testkit.Eventually(t, "the disconnect to be counted", func() bool {
 		return metric(t, tr, "infera_router_client_disconnects_total") == 1
 	})
-	eventually(t, "the engine to drop the request", func() bool {
+	testkit.Eventually(t, "the engine to drop the request", func() bool {
 		return simGauge(t, s, "vllm:num_requests_running") == 0
 	})
 	if got := simGauge(t, s, "vllm:generation_tokens_total"); got >= 1600 {
@@ -220,7 +221,7 @@ func TestUnaryTTFTTimeoutNotRunTwice(t *testing.T) {
 	if both > 200*time.Millisecond {
 		t.Fatalf("both engines ran the request at once for %v", both)
 	}
-	eventually(t, "both engines idle", func() bool {
+	testkit.Eventually(t, "both engines idle", func() bool {
 		return simGauge(t, a, "vllm:num_requests_running") == 0 && simGauge(t, b, "vllm:num_requests_running") == 0
 	})
 	time.Sleep(time.Second)

@@ -20,6 +20,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/router"
 	"github.com/infera/infera/sim"
 )
@@ -607,12 +608,12 @@ func TestPDUnaryClientLeaves(t *testing.T) {
 				}
 				done <- err
 			}()
-			eventually(t, "the "+c.hang+" engine to hold the request", func() bool { return simGauge(t, held, "vllm:num_requests_running") == 1 })
+			testkit.Eventually(t, "the "+c.hang+" engine to hold the request", func() bool { return simGauge(t, held, "vllm:num_requests_running") == 1 })
 			cancel()
 			if err := <-done; err == nil {
 				t.Error("the request answered, want it cancelled")
 			}
-			eventually(t, "both engines to drop the request", func() bool {
+			testkit.Eventually(t, "both engines to drop the request", func() bool {
 				return simGauge(t, &upstream{addr: p.addr}, "vllm:num_requests_running") == 0 && simGauge(t, &upstream{addr: d.addr}, "vllm:num_requests_running") == 0
 			})
 		})

@@ -83,13 +83,13 @@ const pdSupported = discovery.ProtocolVLLMNixl + ", " + discovery.ProtocolSGLang
 var (
 	// ErrPDProtocol: the legs' protocols are missing, differ or are not
 	// built; the request is refused (500) before any leg is sent.
-	ErrPDProtocol = errors.New("protocol resolution failed")
+	ErrPDProtocol = errors.New("router: protocol resolution failed")
 	// ErrPDHandoff: a serial prefill answered without the hand-off the
 	// decode leg needs (502).
-	ErrPDHandoff = errors.New("prefill answer has no kv_transfer_params")
+	ErrPDHandoff = errors.New("router: prefill answer has no kv_transfer_params")
 	// ErrPDMeta: a worker's disagg_meta lacks a parameter its protocol
 	// needs (500: a registration mistake, not a transient fault).
-	ErrPDMeta = errors.New("disagg_meta incomplete")
+	ErrPDMeta = errors.New("router: disagg_meta incomplete")
 )
 
 // resolvePDProtocol returns the protocol both workers speak.
@@ -126,7 +126,9 @@ func setFields(body []byte, kv ...any) ([]byte, error) {
 		case string:
 			next, err = jsonx.SetField(nil, cur, key, []byte(v), maxEditDepth)
 		default:
-			panic("setFields: value of " + key)
+			// Every caller is in this package and passes literal pairs;
+			// another type is a programming error, not an input.
+			panic("router: setFields invariant broken: the value for field " + key + " must be nil (delete), []byte (raw JSON) or string (raw JSON)")
 		}
 		if err != nil {
 			return nil, fmt.Errorf("edit %s: %w", key, err)

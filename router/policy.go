@@ -14,11 +14,11 @@ import (
 // Policy errors.
 var (
 	// ErrUnknownPolicy: no policy of that name is registered.
-	ErrUnknownPolicy = errors.New("unknown routing policy")
+	ErrUnknownPolicy = errors.New("router: unknown routing policy")
 	// ErrDuplicatePolicy: a name was registered twice.
-	ErrDuplicatePolicy = errors.New("routing policy already registered")
+	ErrDuplicatePolicy = errors.New("router: routing policy already registered")
 	// ErrNoWorker: a policy was asked to pick from no candidates.
-	ErrNoWorker = errors.New("no worker available")
+	ErrNoWorker = errors.New("router: no worker available")
 )
 
 // PickInput is what a policy may look at for one request. Everything in it

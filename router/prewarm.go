@@ -52,9 +52,9 @@ const (
 // Prewarm errors.
 var (
 	// ErrPrewarmBody wraps every reason a prewarm body is refused.
-	ErrPrewarmBody = errors.New("invalid prewarm request")
+	ErrPrewarmBody = errors.New("router: invalid prewarm request")
 	// ErrNoKVD is returned when the router has no --kvd-socket.
-	ErrNoKVD = errors.New("no kvd configured")
+	ErrNoKVD = errors.New("router: no kvd configured")
 )
 
 // PrewarmRequest is a parsed prewarm body.

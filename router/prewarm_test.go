@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd/kvdtest"
 	"github.com/infera/infera/router"
 )
@@ -32,7 +33,7 @@ func TestPrewarmForwardsPrefetchHint(t *testing.T) {
 	}
 	// prefetch_hint has no reply: wait for the daemon to count it. This
 	// kvd has no L3, so both keys are dropped, and counted.
-	eventually(t, "the hint reaches kvd", func() bool {
+	testkit.Eventually(t, "the hint reaches kvd", func() bool {
 		c := st.Counters()
 		return c.PrefetchHints == 1 && c.PrefetchDropped == 2
 	})
@@ -41,7 +42,7 @@ func TestPrewarmForwardsPrefetchHint(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted || !strings.Contains(string(body), `"compat_key":"tp0of1_pp0of1"`) || !strings.Contains(string(body), `"deadline_ms":1000`) {
 		t.Fatalf("defaults: %d %s", resp.StatusCode, body)
 	}
-	eventually(t, "the second hint", func() bool { return st.Counters().PrefetchHints == 2 })
+	testkit.Eventually(t, "the second hint", func() bool { return st.Counters().PrefetchHints == 2 })
 
 	// Bad bodies: 400 with what is wrong.
 	for body, want := range map[string]string{

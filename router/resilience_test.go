@@ -15,6 +15,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/router"
 )
 
@@ -294,10 +295,10 @@ func TestSimHangClientGoneFreesSequence(t *testing.T) {
 	if ev := readEvent(t, br); ev != ": keep-alive\n\n" {
 		t.Fatalf("first bytes %q, want a heartbeat", ev)
 	}
-	eventually(t, "the engine to run the request", func() bool { return simGauge(t, s, "vllm:num_requests_running") == 1 })
+	testkit.Eventually(t, "the engine to run the request", func() bool { return simGauge(t, s, "vllm:num_requests_running") == 1 })
 	resp.Body.Close()
-	eventually(t, "the engine's running count to drop", func() bool { return simGauge(t, s, "vllm:num_requests_running") == 0 })
-	eventually(t, "the disconnect to be counted", func() bool { return metric(t, tr, "infera_router_client_disconnects_total") == 1 })
+	testkit.Eventually(t, "the engine's running count to drop", func() bool { return simGauge(t, s, "vllm:num_requests_running") == 0 })
+	testkit.Eventually(t, "the disconnect to be counted", func() bool { return metric(t, tr, "infera_router_client_disconnects_total") == 1 })
 }
 
 func TestAPIKeys(t *testing.T) {

@@ -75,7 +75,7 @@ type Config struct {
 }
 
 // ErrConfig wraps invalid router settings.
-var ErrConfig = errors.New("invalid router configuration")
+var ErrConfig = errors.New("router: invalid router configuration")
 
 func (c Config) validate() (Config, error) {
 	for _, d := range []struct {
@@ -136,7 +136,7 @@ func (c Config) validate() (Config, error) {
 }
 
 // ErrServe wraps failures of the HTTP server itself.
-var ErrServe = errors.New("router server")
+var ErrServe = errors.New("router: serve")
 
 // Router is the OpenAI front door: it routes each completion request to a
 // worker of the fleet view and relays the answer.
@@ -168,6 +168,10 @@ type Router struct {
 
 	idPrefix [17]byte // random hex + '-', the stem of generated request ids
 	idSeq    atomic.Uint64
+
+	// probes owns the stall probes (probeStalled), each bounded by its
+	// request timeout; ServeAll waits for them before closing the pools.
+	probes sync.WaitGroup
 }
 
 // New returns a router using policy. It serves nothing until Serve (or use
@@ -306,6 +310,10 @@ func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 	if adminErr != nil {
 		aerr = <-adminErr
 	}
+	// No connection is accepted and no request runs any more: wait for
+	// the goroutines requests and refusals started.
+	r.front.closers.Wait()
+	r.probes.Wait()
 	r.shutdownPools()
 	r.prewarm.close()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/router"
 )
 
@@ -502,7 +503,7 @@ func TestClientDisconnectClosesUpstream(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker kept streaming after the client went away")
 	}
-	eventually(t, "in-flight back to 0", func() bool {
+	testkit.Eventually(t, "in-flight back to 0", func() bool {
 		_, body := tr.do(t, "GET", "/metrics", "")
 		return strings.Contains(string(body), "infera_requests_in_flight 0") &&
 			strings.Contains(string(body), `infera_requests_total{outcome="client_gone",route="chat_completions"} 1`)

@@ -199,3 +199,13 @@ func (rt Route) generates() bool {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// routePolicy is the policy that picks workers for route rt: the router's
+// own for the generating routes; least load for embeddings and responses,
+// whose prompts no kv cache is kept for.
+func (r *Router) routePolicy(rt Route) Policy {
+	if rt.generates() {
+		return r.policy
+	}
+	return LeastLoad{}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/router"
 	"github.com/infera/infera/sim"
 )
@@ -31,7 +32,7 @@ func startSim(t *testing.T, tweak func(*config.Sim)) *upstream {
 	}
 	u := &upstream{addr: servetest.Loopback(t, "sim", s.Serve)}
 	if cfg.KVEventsEndpoint != "" {
-		eventually(t, "the simulator's event sockets", func() bool { return s.KVEventsEndpoint() != "" })
+		testkit.Eventually(t, "the simulator's event sockets", func() bool { return s.KVEventsEndpoint() != "" })
 		u.kvEvents, u.kvReplay = s.KVEventsEndpoint(), s.KVEventsReplayEndpoint()
 	}
 	return u
@@ -123,7 +124,7 @@ func TestSimClientDisconnectStopsGeneration(t *testing.T) {
 		t.Fatalf("running = %v during the stream, want 1", got)
 	}
 	resp.Body.Close()
-	eventually(t, "the engine's running count to drop", func() bool {
+	testkit.Eventually(t, "the engine's running count to drop", func() bool {
 		return simGauge(t, s, "vllm:num_requests_running") == 0
 	})
 	if got := simGauge(t, s, "vllm:generation_tokens_total"); got >= 4000 {

@@ -38,7 +38,7 @@ import (
 
 // errAttemptStalled ends the watched read of a stream stuck before its
 // first event, so that it is retried elsewhere.
-var errAttemptStalled = errors.New("worker stalled before the first event")
+var errAttemptStalled = errors.New("router: worker stalled before the first event")
 
 // progressGrain: progress stamps closer together than this are skipped, so
 // that busy streams do not all write the same cache line.
@@ -118,7 +118,7 @@ func (r *Router) probeStalled(w *Worker, now int64) {
 		return
 	}
 	st.lastProbe.Store(now)
-	go r.probe(w)
+	r.probes.Go(func() { r.probe(w) })
 }
 
 // probe asks w's engine for GET /health within the larger of the stall

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/router"
 )
 
@@ -93,7 +94,7 @@ func TestStallFrozenWorker(t *testing.T) {
 			resp.Header.Get("X-Infera-Worker"), resp.StatusCode, time.Since(start))
 	}
 	thaw()
-	eventually(t, "the thawed worker back", func() bool { return !workerStalled(t, tr, frozen.addr) })
+	testkit.Eventually(t, "the thawed worker back", func() bool { return !workerStalled(t, tr, frozen.addr) })
 	if got := metric(t, tr, `infera_router_worker_stalled{worker_id="`+frozen.addr+`"}`); got != 0 {
 		t.Fatalf("stalled gauge %v after the thaw", got)
 	}

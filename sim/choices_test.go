@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/tokenizer"
 )
 
@@ -336,7 +337,7 @@ func TestChoicesTimed(t *testing.T) {
 	}
 	// The counters are published after the step that finished the last
 	// choice, possibly after its answer went out.
-	eventually(t, "6 sequences, 72 tokens, no blocks held", func() bool {
+	testkit.Eventually(t, "6 sequences, 72 tokens, no blocks held", func() bool {
 		m := ts.metrics(t)
 		return m["vllm:request_success_total"].value == 6 && m["vllm:generation_tokens_total"].value == 72 && m["vllm:kv_cache_usage_perc"].value == 0
 	})
@@ -360,7 +361,7 @@ func TestChoicesDisconnectFreesAll(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	eventually(t, "running back to 0", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 0 })
+	testkit.Eventually(t, "running back to 0", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 0 })
 	m := ts.metrics(t)
 	if m["vllm:request_success_total"].value != 0 || m["vllm:kv_cache_usage_perc"].value != 0 {
 		t.Errorf("choices not aborted: success %v usage %v", m["vllm:request_success_total"].value, m["vllm:kv_cache_usage_perc"].value)

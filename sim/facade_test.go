@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testkit"
 )
 
 func TestApplyFacade(t *testing.T) {
@@ -219,7 +220,7 @@ func TestSGLangFlavorServer(t *testing.T) {
 	if code, _ := ts.post(t, "/flush_cache", ""); code != 200 {
 		t.Fatalf("/flush_cache %d", code)
 	}
-	eventually(t, "cache flushed", func() bool { return ts.srv.sched.pub.cached.Load() == 0 })
+	testkit.Eventually(t, "cache flushed", func() bool { return ts.srv.sched.pub.cached.Load() == 0 })
 
 	plain := startSim(t, nil)
 	if code, _ := plain.post(t, "/flush_cache", ""); code != 404 {

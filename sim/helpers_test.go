@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/rs/zerolog"
@@ -238,18 +237,6 @@ func (ts *testSim) gauge(t *testing.T, name string) float64 {
 		t.Fatalf("metric %s missing", name)
 	}
 	return m.value
-}
-
-// eventually polls cond until it holds or a generous deadline passes.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // chatBody builds a chat request body.

@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd"
 	"github.com/infera/infera/kvd/kvdtest"
 )
@@ -35,7 +36,7 @@ func evictionRun(t *testing.T, ts *testSim, waitStored func()) (cached int, pref
 	// after an answer.
 	settled := func(n float64) map[string]*dto {
 		var m map[string]*dto
-		eventually(t, "the requests' counters", func() bool {
+		testkit.Eventually(t, "the requests' counters", func() bool {
 			m = ts.metrics(t)
 			return m["infera_sim_first_tokens_total"].value == n
 		})
@@ -62,7 +63,7 @@ func TestSimKVDSecondLevelCache(t *testing.T) {
 	ts := startSim(t, kvdSimConfig(sock))
 	cached, prefilled, ttft := evictionRun(t, ts, func() {
 		// P's 10 full blocks (and then some of b's) went to kvd.
-		eventually(t, "evicted blocks stored in kvd", func() bool { return ts.gauge(t, "infera_sim_kvd_stored_blocks_total") >= 10 })
+		testkit.Eventually(t, "evicted blocks stored in kvd", func() bool { return ts.gauge(t, "infera_sim_kvd_stored_blocks_total") >= 10 })
 	})
 	if cached != 160 || prefilled != 1 {
 		t.Fatalf("with kvd: cached %d prefilled %v, want 160 loaded and 1 computed", cached, prefilled)
@@ -92,7 +93,7 @@ func TestSimKVDKeysMatchBlockKeys(t *testing.T) {
 	sock, _ := kvdtest.Start(t, 64<<20)
 	ts := startSim(t, kvdSimConfig(sock))
 	evictionRun(t, ts, func() {
-		eventually(t, "stored", func() bool { return ts.gauge(t, "infera_sim_kvd_stored_blocks_total") >= 10 })
+		testkit.Eventually(t, "stored", func() bool { return ts.gauge(t, "infera_sim_kvd_stored_blocks_total") >= 10 })
 	})
 	_, body := ts.post(t, "/tokenize", `{"model":"sim-model","prompt":"`+strings.Repeat("a", 161)+`"}`)
 	var tok struct{ Tokens []uint32 }
@@ -144,7 +145,7 @@ func TestKVDFetchAlloc(t *testing.T) {
 		tier.blockRemoved(h)
 	}
 	tier.flush()
-	eventually(t, "stored", func() bool { return tier.stored.Load() == uint64(len(hashes)) })
+	testkit.Eventually(t, "stored", func() bool { return tier.stored.Load() == uint64(len(hashes)) })
 	if n := tier.fetch(hashes); n != len(hashes) {
 		t.Fatalf("fetched %d of %d", n, len(hashes))
 	}

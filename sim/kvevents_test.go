@@ -15,6 +15,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvcache"
 	"github.com/infera/infera/zmtp/zmtptest"
 )
@@ -70,7 +71,7 @@ func startEventRig(t *testing.T, format string, edit func(*config.Sim), opts ...
 		t.Fatal(err)
 	}
 	r := &eventRig{ts: ts, idx: idx, sub: sub, key: key, w: w, bs: ts.srv.cfg.BlockSize}
-	eventually(t, "subscriber connected and confirmed", func() bool {
+	testkit.Eventually(t, "subscriber connected and confirmed", func() bool {
 		st := r.stats(t)
 		return st.Connected && st.Replays >= 1 && ts.srv.sockets.Load().subscribers() == 1
 	})
@@ -141,7 +142,7 @@ func (r *eventRig) waitSynced(t *testing.T) kvcache.Stats {
 func (r *eventRig) waitPublished(t *testing.T) {
 	t.Helper()
 	p := &r.ts.srv.sched.pub
-	eventually(t, "sim published every request's batch", func() bool { return p.success.Load() == r.requests })
+	testkit.Eventually(t, "sim published every request's batch", func() bool { return p.success.Load() == r.requests })
 }
 
 func promptTokens(seed, n int) []uint32 {
@@ -184,7 +185,7 @@ func TestKVEventsIndexMatchesCache(t *testing.T) {
 			if code != 200 {
 				t.Fatalf("reset: %d", code)
 			}
-			eventually(t, "reset published", func() bool { return r.ts.srv.sched.pub.cached.Load() == 0 })
+			testkit.Eventually(t, "reset published", func() bool { return r.ts.srv.sched.pub.cached.Load() == 0 })
 			st = r.waitSynced(t)
 			if st.Blocks != 0 || st.Cleared != 1 {
 				t.Errorf("after reset: %+v", st)
@@ -333,7 +334,7 @@ func TestKVEventsWireFormat(t *testing.T) {
 			ts.postJSON(t, "/v1/completions", complBody(t, map[string]any{"max_tokens": 20}, promptTokens(2, 40)))
 			ts.post(t, "/reset_prefix_cache", "")
 			var payloads [][]byte
-			eventually(t, "batches", func() bool {
+			testkit.Eventually(t, "batches", func() bool {
 				ring.mu.Lock()
 				defer ring.mu.Unlock()
 				payloads = payloads[:0]
@@ -484,7 +485,7 @@ func TestKVEventsRawSubscriber(t *testing.T) {
 	if err := zc.SendCmd(zmq4.CmdPing, []byte{0, 10, 'x'}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "subscribed", func() bool { return ts.srv.sockets.Load().subscribers() == 1 })
+	testkit.Eventually(t, "subscribed", func() bool { return ts.srv.sockets.Load().subscribers() == 1 })
 	ts.postJSON(t, "/v1/completions", complBody(t, map[string]any{"max_tokens": 2}, "a prompt long enough for two blocks of sixteen"))
 	gotPong, gotBatch := false, false
 	for !gotPong || !gotBatch {
@@ -565,7 +566,7 @@ func TestReplayFromBeforeTheBuffer(t *testing.T) {
 	for i := range 4 {
 		ts.postJSON(t, "/v1/completions", complBody(t, map[string]any{"max_tokens": 1}, promptTokens(i, 40)))
 	}
-	eventually(t, "4 batches", func() bool {
+	testkit.Eventually(t, "4 batches", func() bool {
 		ring := ts.srv.events.ring
 		ring.mu.Lock()
 		defer ring.mu.Unlock()

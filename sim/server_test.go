@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testkit"
 )
 
 func TestChatUnaryShape(t *testing.T) {
@@ -317,13 +318,13 @@ func TestMetricsNamesAndGauges(t *testing.T) {
 		resp := ts.stream(t, ctx, "/v1/chat/completions", body)
 		defer resp.Body.Close()
 	}
-	eventually(t, "1 running, 2 waiting", func() bool {
+	testkit.Eventually(t, "1 running, 2 waiting", func() bool {
 		m := ts.metrics(t)
 		return m["vllm:num_requests_running"].value == 1 && m["vllm:num_requests_waiting"].value == 2 &&
 			m["vllm:kv_cache_usage_perc"].value > 0
 	})
 	cancel()
-	eventually(t, "queue empty after the clients left", func() bool {
+	testkit.Eventually(t, "queue empty after the clients left", func() bool {
 		m := ts.metrics(t)
 		return m["vllm:num_requests_running"].value == 0 && m["vllm:num_requests_waiting"].value == 0 &&
 			m["vllm:kv_cache_usage_perc"].value == 0
@@ -346,7 +347,7 @@ func TestDisconnectFreesSequence(t *testing.T) {
 	}
 	cancel() // the client goes away mid-stream
 	resp.Body.Close()
-	eventually(t, "running back to 0", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 0 })
+	testkit.Eventually(t, "running back to 0", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 0 })
 	m := ts.metrics(t)
 	if m["vllm:request_success_total"].value != 0 || m["vllm:generation_tokens_total"].value >= 4000 {
 		t.Errorf("sequence was not aborted: success %v, generated %v", m["vllm:request_success_total"].value, m["vllm:generation_tokens_total"].value)
@@ -515,7 +516,7 @@ func TestModelsAndHealth(t *testing.T) {
 	if code, _ := ts.get(t, "/health"); code != http.StatusServiceUnavailable {
 		t.Errorf("health during slow start: %d", code)
 	}
-	eventually(t, "health 200", func() bool {
+	testkit.Eventually(t, "health 200", func() bool {
 		code, b := ts.get(t, "/health")
 		return code == http.StatusOK && len(b) == 0
 	})
@@ -551,10 +552,10 @@ func TestHangBeforeFirstToken(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	resp := ts.stream(t, ctx, "/v1/chat/completions", chatBody(t, map[string]any{"stream": true}, "hang"))
-	eventually(t, "hung request counted as running", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
+	testkit.Eventually(t, "hung request counted as running", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
 	cancel()
 	resp.Body.Close()
-	eventually(t, "hung request released", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 0 })
+	testkit.Eventually(t, "hung request released", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 0 })
 
 	// A unary hung request is released when its client goes away too.
 	ctx2, cancel2 := context.WithCancel(t.Context())
@@ -567,10 +568,10 @@ func TestHangBeforeFirstToken(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	eventually(t, "unary hung", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
+	testkit.Eventually(t, "unary hung", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
 	cancel2()
 	<-done
-	eventually(t, "unary released", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 0 })
+	testkit.Eventually(t, "unary released", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 0 })
 }
 
 func TestTimedLoadFinishes(t *testing.T) {
@@ -647,7 +648,7 @@ func TestShutdownEndsStreams(t *testing.T) {
 func TestRunLogsBoundAddress(t *testing.T) {
 	cfg := config.DefaultSim()
 	cfg.Port, cfg.TimeScale = 0, 0
-	logs := &syncBuffer{}
+	logs := &testkit.LogSink{}
 	srv, err := New(cfg, zerolog.New(logs))
 	if err != nil {
 		t.Fatal(err)
@@ -656,7 +657,7 @@ func TestRunLogsBoundAddress(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
 	var addr string
-	eventually(t, "sim listening log line", func() bool {
+	testkit.Eventually(t, "sim listening log line", func() bool {
 		for _, line := range strings.Split(logs.String(), "\n") {
 			var l struct{ Message, Addr string }
 			if json.Unmarshal([]byte(line), &l) == nil && l.Message == "sim listening" {
@@ -736,22 +737,4 @@ func TestConfigValidate(t *testing.T) {
 	if _, err := New(cfg, zerolog.Nop()); !errors.Is(err, config.ErrInvalid) {
 		t.Errorf("New accepted an invalid config: %v", err)
 	}
-}
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

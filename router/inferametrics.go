@@ -5,37 +5,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
 )
 
-// This file holds what a client, dashboard or alert written for Infera's
-// Python server relies on: its request-id header, the shapes of the info
-// endpoints and its metric names, labels and values (docs/operations.md,
-// "Moving from Python Infera").
-
-// inferaRequestIDHeader is the request-id header of Infera's Python server;
-// it is accepted and echoed beside X-Request-Id.
-const inferaRequestIDHeader = "X-Infera-Request-Id"
-
-// clientRequestID returns the id the client sent: X-Infera-Request-Id first
-// (Infera's), else X-Request-Id; nil when neither is present.
-func clientRequestID(h *fasthttp.RequestHeader) []byte {
-	if id := h.Peek(inferaRequestIDHeader); len(id) > 0 {
-		return id
-	}
-	return h.Peek("X-Request-Id")
-}
-
-// setRequestID appends the request's id to dst (the client's own when it is
-// valid, else a fresh one) and echoes it in both headers of the response.
-func (r *Router) setRequestID(ctx *fasthttp.RequestCtx, dst []byte) []byte {
-	dst = r.appendRequestID(dst, clientRequestID(&ctx.Request.Header))
-	ctx.Response.Header.SetBytesV("X-Request-Id", dst)
-	ctx.Response.Header.SetBytesV(inferaRequestIDHeader, dst)
-	return dst
-}
+// The metrics a dashboard or alert written for Infera's Python server relies
+// on: its metric names, labels and values (docs/operations.md, "Moving from
+// Python Infera").
 
 // Infera's infera_request_duration_seconds outcome label.
 const (
@@ -170,17 +146,4 @@ func (c inferaCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.picks, prometheus.CounterValue, metricValue(w.picks), role, w.id)
 	}
-}
-
-// appendModels renders GET /v1/models with created set as Infera sets it:
-// the time of the request, in Unix seconds.
-func appendModels(b []byte, names []string, now time.Time) []byte {
-	b = append(b, `{"object":"list","data":[`...)
-	for i, name := range names {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendModel(b, name, now)
-	}
-	return append(b, "]}"...)
 }

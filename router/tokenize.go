@@ -3,7 +3,6 @@ package router
 import (
 	"errors"
 	"strconv"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -12,58 +11,18 @@ import (
 	"github.com/infera/infera/tokenizer"
 )
 
-// The OpenAI edges the SDKs and vLLM clients rely on beside the completion
-// routes: GET /v1/models/{id}, and POST /tokenize and /detokenize answered
-// by the router's tokenizer. (POST /v1/embeddings and /v1/responses are
-// proxied routes: relay.go, routed by load — routePolicy.)
+// POST /tokenize and /detokenize (vLLM's), answered by the router's own
+// tokenizer.
 
 // Tokenize errors.
 var (
 	// ErrNoTokenizer: the router has no tokenizer of its own (kv-aware
 	// with --tokenizer bytes or a directory), so /tokenize and
 	// /detokenize are not served.
-	ErrNoTokenizer = errors.New("the router has no tokenizer")
+	ErrNoTokenizer = errors.New("router: the router has no tokenizer")
 	// ErrNoDecode: the router's tokenizer cannot turn ids back into text.
-	ErrNoDecode = errors.New("the router's tokenizer cannot detokenize")
+	ErrNoDecode = errors.New("router: the router's tokenizer cannot detokenize")
 )
-
-// routePolicy is the policy that picks workers for route rt: the router's
-// own for the generating routes; least load for embeddings and responses,
-// whose prompts no kv cache is kept for.
-func (r *Router) routePolicy(rt Route) Policy {
-	if rt.generates() {
-		return r.policy
-	}
-	return LeastLoad{}
-}
-
-// serveModel answers GET /v1/models/{id}: the model object of a model the
-// fleet serves (one /v1/models lists), else 404 in the OpenAI envelope.
-func (r *Router) serveModel(ctx *fasthttp.RequestCtx) {
-	const rt = RouteModel
-	r.requestID(ctx)
-	if !ctx.IsGet() && !ctx.IsHead() {
-		ctx.Response.Header.Set("Allow", "GET, HEAD")
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, "use GET for "+rt.Path(), openai.TypeInvalidRequest, "method_not_allowed")
-		r.metrics.request(rt, outcomeMethodNotAllowed).Inc()
-		return
-	}
-	// The path is decoded: an id with a slash (org/model) arrives whole,
-	// escaped as %2F or not.
-	id := ctx.Path()[len(modelPrefix):]
-	v := r.view.Load()
-	if v == nil {
-		v = &emptyView
-	}
-	if c := v.models[string(id)]; c == nil || len(c.Workers) == 0 {
-		writeError(ctx, fasthttp.StatusNotFound, "The model `"+clip(id)+"` does not exist.", openai.TypeNotFound, "model_not_found")
-		r.metrics.request(rt, outcomeModelNotFound).Inc()
-		return
-	}
-	ctx.SetContentType("application/json")
-	ctx.SetBody(appendModel(ctx.Response.Body()[:0], string(id), time.Now()))
-	r.metrics.request(rt, outcomeOK).Inc()
-}
 
 // tokenizeRequest is what /tokenize and /detokenize read beyond openai.Scan.
 type tokenizeRequest struct {
@@ -234,13 +193,4 @@ func readTokens(body []byte) (tokenizeRequest, error) {
 		return tokenizeRequest{}, errBadTokens
 	}
 	return tr, nil
-}
-
-// appendModel renders one model object, as in /v1/models.
-func appendModel(b []byte, name string, now time.Time) []byte {
-	b = append(b, `{"id":`...)
-	b = openai.AppendQuoted(b, name)
-	b = append(b, `,"object":"model","created":`...)
-	b = strconv.AppendInt(b, now.Unix(), 10)
-	return append(b, `,"owned_by":"infera"}`...)
 }

@@ -1,0 +1,84 @@
+package testkit
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// EventuallyTimeout is how long Eventually waits. It is generous: tests
+// share a few cores with other work, and what they wait for is an outcome,
+// not a timing.
+const EventuallyTimeout = 30 * time.Second
+
+// Eventually polls cond every few milliseconds until it holds, and fails
+// the test ("timed out waiting for what") after EventuallyTimeout.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(EventuallyTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// LogSink is an io.Writer safe for concurrent writers and readers: hand it
+// to a logger, read what was written from the test.
+type LogSink struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// Write appends p.
+func (s *LogSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+// String returns everything written so far.
+func (s *LogSink) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+// Count is how many zerolog JSON lines so far carry the message msg.
+func (s *LogSink) Count(msg string) int {
+	return strings.Count(s.String(), `"message":"`+msg+`"`)
+}
+
+// Entries parses every complete JSON log line written so far, failing the
+// test on a line that is not JSON.
+func (s *LogSink) Entries(t testing.TB) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(s.String(), "\n") {
+		if line == "" {
+			continue
+		}
+		var e map[string]any
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("log line %q is not JSON: %v", line, err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// Find returns the JSON log entries whose message equals msg.
+func (s *LogSink) Find(t testing.TB, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, e := range s.Entries(t) {
+		if e["message"] == msg {
+			out = append(out, e)
+		}
+	}
+	return out
+}

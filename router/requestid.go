@@ -1,0 +1,29 @@
+package router
+
+import "github.com/valyala/fasthttp"
+
+// The request-id headers: X-Request-Id and Infera's Python server's
+// X-Infera-Request-Id, both accepted and both echoed (docs/operations.md,
+// "Moving from Python Infera").
+
+// inferaRequestIDHeader is the request-id header of Infera's Python server;
+// it is accepted and echoed beside X-Request-Id.
+const inferaRequestIDHeader = "X-Infera-Request-Id"
+
+// clientRequestID returns the id the client sent: X-Infera-Request-Id first
+// (Infera's), else X-Request-Id; nil when neither is present.
+func clientRequestID(h *fasthttp.RequestHeader) []byte {
+	if id := h.Peek(inferaRequestIDHeader); len(id) > 0 {
+		return id
+	}
+	return h.Peek("X-Request-Id")
+}
+
+// setRequestID appends the request's id to dst (the client's own when it is
+// valid, else a fresh one) and echoes it in both headers of the response.
+func (r *Router) setRequestID(ctx *fasthttp.RequestCtx, dst []byte) []byte {
+	dst = r.appendRequestID(dst, clientRequestID(&ctx.Request.Header))
+	ctx.Response.Header.SetBytesV("X-Request-Id", dst)
+	ctx.Response.Header.SetBytesV(inferaRequestIDHeader, dst)
+	return dst
+}
