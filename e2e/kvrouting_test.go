@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -71,6 +72,11 @@ func runKVFleet(t *testing.T, fl kvFleet, workloads []kvWorkload, outDir string)
 		f.waitPrecise(ids, 20*time.Second)
 	}
 	out := map[string]benchReport{}
+	if outDir != "" {
+		if err := os.MkdirAll(outDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, wl := range workloads {
 		args := append([]string{"--url", f.base, "--model", "sim-model", "--label", fl.label()}, wl.args...)
 		report := filepath.Join(t.TempDir(), "report.json")
