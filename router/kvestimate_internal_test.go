@@ -161,3 +161,36 @@ func TestKVEstimatePickAllocs(t *testing.T) {
 		t.Fatalf("ttft pick: %.1f allocs, want 0", n)
 	}
 }
+
+// TestKVEstimateWarmShare: a prefix both workers hold spills from the
+// better one once it got more than MaxShareWarm × its fair share of the
+// picks; a conversation whose history only one holds stays there.
+func TestKVEstimateWarmShare(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	t.Run("hot prefix spills", func(t *testing.T) {
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		long := unique(6, 2000)
+		e.store(a, chatTokens(t, long))
+		e.store(b, chatTokens(t, long))
+		e.queue(b, 50) // b answers a little later
+		n := map[string]int{}
+		for range 60 {
+			n[e.serial(chat(long))]++
+		}
+		if n[b] == 0 || float64(n[a]) > 1.15*30+2 {
+			t.Fatalf("picks %v: the hot prefix did not spill within the share", n)
+		}
+	})
+	t.Run("history stays", func(t *testing.T) {
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		long := unique(7, 4000)
+		e.store(a, chatTokens(t, long))
+		for range 60 {
+			if got := e.serial(chat(long)); got != a {
+				t.Fatalf("a request whose prefix only %s holds went to %s", a, got)
+			}
+		}
+	})
+}

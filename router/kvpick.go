@@ -296,7 +296,7 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 }
 
 // pickByEstimate returns the target of the lowest estimated TTFT (sc.costs)
-// for a warm request; for a cold one, the target with the fewest picks over
+// for a warm request (within MaxShareWarm, see below); for a cold one, the target with the fewest picks over
 // the run (sc.picks) among those whose estimate is within the cold slack of
 // the best. Scans start at the rotating cursor and keep the first minimum.
 func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
@@ -306,10 +306,34 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 			best = i
 		}
 	}
-	if warm {
-		return best
-	}
 	limit := sc.costs[best]*coldSlackFactor + coldSlackSeconds
+	if warm {
+		// A warm request's best target above MaxShareWarm × its fair share
+		// of the run's picks (+1) hands it to the lowest estimate among
+		// those within the share, if that one answers within the slack: a
+		// hot prefix spreads to a second holder, a conversation whose
+		// history only its holder has stays.
+		total := 0.0
+		for i := range nt {
+			total += sc.picks[i]
+		}
+		fair := total / float64(nt)
+		share := p.cfg.MaxShareWarm
+		if share <= 0 || fair < minShareFair || sc.picks[best] < share*fair+1 {
+			return best
+		}
+		alt := -1
+		for k := range nt {
+			i := (start + k) % nt
+			if sc.picks[i] < share*fair+1 && sc.costs[i] <= limit && (alt < 0 || sc.costs[i] < sc.costs[alt]) {
+				alt = i
+			}
+		}
+		if alt < 0 {
+			return best
+		}
+		return alt
+	}
 	cold := -1
 	for k := range nt {
 		i := (start + k) % nt
