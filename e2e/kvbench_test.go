@@ -17,7 +17,7 @@ import (
 )
 
 // TestKVRoutingComparison is the full measurement behind docs/performance.md
-// (make bench-kv): shared-prefix, multi-turn and trace workloads against
+// (make bench-kv): shared-prefix, multi-turn, conversation and trace workloads against
 // kv-aware, round-robin and least-load, plus one simulator holding the whole
 // fleet's cache. It is built only with -tags kvbench and writes the reports, plots
 // and the markdown table into INFERA_KV_BENCH_OUT.
