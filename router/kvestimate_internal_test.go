@@ -1,9 +1,12 @@
 package router
 
 import (
+	"errors"
 	"math"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/openai"
 )
@@ -193,4 +196,18 @@ func TestKVEstimateWarmShare(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestKVCostConfig(t *testing.T) {
+	if _, err := NewKVAware(kvConfig(func(c *KVAwareConfig) { c.Cost = "fastest" }), zerolog.Nop()); !errors.Is(err, ErrKVConfig) {
+		t.Fatalf("cost fastest: %v", err)
+	}
+	p, err := NewKVAware(kvConfig(func(c *KVAwareConfig) { c.Cost = "" }), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.cfg.Cost != KVCostBlocks || p.ttft {
+		t.Fatalf("empty cost is %q", p.cfg.Cost)
+	}
 }
