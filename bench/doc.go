@@ -6,7 +6,7 @@
 // `infera serve`, which worker served each request.
 //
 // It owns:
-//   - workloads (random, shared-prefix, multi-turn, Mooncake trace) whose
+//   - workloads (random, shared-prefix, multi-turn, conversation, Mooncake trace) whose
 //     prompts are a pure function of the seed and are built from
 //     whitespace-separated words of a fixed vocabulary, so that prompts meant to
 //     share a prefix share it token for token under a bytes tokenizer and under

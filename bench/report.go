@@ -299,6 +299,12 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	loop := "closed loop, concurrency " + strconv.Itoa(c.Concurrency)
 	switch {
+	case c.Workload == WorkloadConversation:
+		rate := c.Rate
+		if rate <= 0 {
+			rate = convDefaultRate
+		}
+		loop = "Gamma-bursty sessions, " + f(rate, 2) + " sessions/s, think time ×" + f(c.TraceTimeScale, 3)
 	case c.Rate > 0:
 		loop = "Poisson open loop, " + f(c.Rate, 2) + " req/s"
 	case c.Workload == WorkloadTrace && c.TraceTimeScale > 0:

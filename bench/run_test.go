@@ -309,6 +309,22 @@ func TestRunVariants(t *testing.T) {
 					t.Fatalf("completed %d, message counts %v", rep.Completed, counts)
 				}
 			}},
+		{"conversation", func(o *Options) {
+			o.Workload, o.Requests, o.Turns, o.PrefixGroups, o.PrefixLen, o.Rate, o.TraceTimeScale = WorkloadConversation, 12, 3, 2, 20, 200, 0.001
+		}, fakeBehaviour{},
+			func(t *testing.T, rep *Report, fs *fakeServer) {
+				// Every request opens with a system message; follow-ups
+				// carry the conversation so far.
+				odd := 0
+				for _, n := range fs.seenMsgs {
+					if n%2 == 1 {
+						odd++
+					}
+				}
+				if rep.Completed != 12 || odd != 0 {
+					t.Fatalf("completed %d, message counts %v", rep.Completed, fs.seenMsgs)
+				}
+			}},
 		{"trace closed loop", func(o *Options) {
 			o.Workload, o.TracePath, o.Requests, o.TraceTimeScale = WorkloadTrace, filepath.Join("testdata", "trace_sample.jsonl"), 0, 0
 		}, fakeBehaviour{},

@@ -157,6 +157,22 @@ func (o *Options) Validate() error {
 		if o.Turns < 1 || o.Turns > 1000 {
 			add("turns %d out of range 1..1000", o.Turns)
 		}
+	case WorkloadConversation:
+		if o.Turns < 1 || o.Turns > convMaxTurns {
+			add("turns %d out of range 1..%d", o.Turns, convMaxTurns)
+		}
+		if o.PrefixGroups < 1 || o.PrefixGroups > 1<<16 {
+			add("prefix-groups %d out of range 1..%d", o.PrefixGroups, 1<<16)
+		}
+		if o.PrefixLen < 1 || o.PrefixLen > maxTraceInputLength {
+			add("prefix-len %d out of range 1..%d", o.PrefixLen, maxTraceInputLength)
+		}
+		if o.Requests > convMaxRequests {
+			add("requests %d: the conversation workload schedules at most %d", o.Requests, convMaxRequests)
+		}
+		if o.TraceTimeScale < 0 || math.IsNaN(o.TraceTimeScale) || math.IsInf(o.TraceTimeScale, 0) {
+			add("trace-time-scale %v: want a finite number >= 0", o.TraceTimeScale)
+		}
 	case WorkloadTrace:
 		if o.TracePath == "" && o.Trace == nil {
 			add("the trace workload needs a trace file")
@@ -174,7 +190,7 @@ func (o *Options) Validate() error {
 			add("trace-block-words %d: want 0..%d", o.TraceBlockWords, traceBlockTokens)
 		}
 	default:
-		add("workload %q: want random, shared-prefix, multi-turn or trace", o.Workload)
+		add("workload %q: want random, shared-prefix, multi-turn, conversation or trace", o.Workload)
 	}
 	if o.Progress != nil && o.ProgressInterval <= 0 {
 		add("progress interval must be positive")
@@ -220,6 +236,9 @@ func (o *Options) newWorkload() (workload, error) {
 	case WorkloadMultiTurn:
 		return &multiTurnWorkload{seed: o.Seed, sessions: o.Sessions, turns: o.Turns, inputLen: o.InputLen,
 			outputLen: o.OutputLen, spread: o.LenSpread, last: make([]chan struct{}, o.Sessions)}, nil
+	case WorkloadConversation:
+		return newConversationWorkload(o.Seed, o.Requests, o.Turns, o.InputLen, o.OutputLen, o.PrefixGroups, o.PrefixLen,
+			o.Rate, o.TraceTimeScale), nil
 	case WorkloadTrace:
 		recs := o.Trace
 		if recs == nil {
@@ -238,7 +257,7 @@ func (o *Options) newWorkload() (workload, error) {
 // openLoop reports whether requests are sent at set times rather than by
 // closed-loop workers.
 func (o *Options) openLoop() bool {
-	return o.Rate > 0 || (o.Workload == WorkloadTrace && o.TraceTimeScale > 0)
+	return o.Rate > 0 || (o.Workload == WorkloadTrace && o.TraceTimeScale > 0) || o.Workload == WorkloadConversation
 }
 
 // Run sends the workload described by opts and returns its report. It returns

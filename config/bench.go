@@ -62,7 +62,7 @@ func (b *Bench) Flags() []cli.Flag {
 		Float("rate", "Poisson open loop at this many requests/s instead of the closed loop (0: closed loop)", &b.Rate, 0),
 		Int("max-inflight", "cap on requests in flight in an open loop (--rate or trace timestamps)", &b.MaxInflight, 1024),
 		Duration("timeout", "per-request limit, from sending to the last byte", &b.Timeout, 60*time.Second),
-		String("workload", "random, shared-prefix, multi-turn or trace", &b.Workload, "random"),
+		String("workload", "random, shared-prefix, multi-turn, conversation (sessions shaped by published chat-trace statistics: bench/conversation.go) or trace", &b.Workload, "random"),
 		Int("input-len", "prompt length in words (≈ tokens) for random and multi-turn user turns", &b.InputLen, 256),
 		Int("output-len", "max_tokens of each request (multi-turn: also the synthetic assistant reply length)", &b.OutputLen, 64),
 		Float("len-spread", "draw input/output lengths uniformly within ±this fraction of the nominal length", &b.LenSpread, 0),
@@ -164,8 +164,9 @@ func (b *Bench) Validate() error {
 		if b.TraceTimeScale > 0 && b.Rate > 0 {
 			p.Addf("--rate conflicts with the trace's timestamps: add --trace-time-scale 0 to use --rate")
 		}
+	case "conversation":
 	default:
-		p.Addf("--workload %q: want random, shared-prefix, multi-turn or trace", b.Workload)
+		p.Addf("--workload %q: want random, shared-prefix, multi-turn, conversation or trace", b.Workload)
 	}
 	if !finiteAtLeast(b.TraceTimeScale, 0) {
 		p.Addf("--trace-time-scale %v: want a finite number >= 0", b.TraceTimeScale)

@@ -183,6 +183,8 @@ type ServeKV struct {
 	MaxShare float64
 	// MaxShareWarm is the same bound for warm requests (0: none).
 	MaxShareWarm float64
+	// Cost is the kv-aware cost mode: "blocks" or "ttft".
+	Cost string
 	// ProvisionalTTL and ProvisionalMaxBlocks bound the provisional hits
 	// of precisely routed workers (0 disables them).
 	ProvisionalTTL       time.Duration
@@ -224,6 +226,7 @@ func (k *ServeKV) flags() []cli.Flag {
 		Float("kv-recent-weight", "recent-miss charge per prompt block a finished request had to prefill", &k.RecentWeight, 0.5),
 		Float("kv-max-share", "kv-aware: a cold request (no worker holds a quarter of it) skips workers that recently got more than this many times their fair share of requests (0: no bound)", &k.MaxShare, 1.1),
 		Float("kv-max-share-warm", "kv-aware: the same bound for warm requests (a worker holds a quarter of the prompt): they skip workers that recently got more than this many times their fair share (0: no bound; looser than --kv-max-share, so that a conversation or a hot prefix leaves its worker only when that worker is clearly busier)", &k.MaxShareWarm, 1.15),
+		String("kv-cost", "kv-aware cost: \"blocks\" (uncached blocks weighed against load, with the --kv-max-share bounds) or \"ttft\" (an estimated time to first token from each worker's queued prefill and decode load, learned from the first tokens it returns; cold requests spread evenly)", &k.Cost, "blocks"),
 		Duration("kv-provisional-ttl", "how long a prompt the router just placed on a precisely routed worker counts as cached there before its KV events land (0 disables provisional hits)", &k.ProvisionalTTL, 2*time.Second),
 		Int("kv-provisional-max-blocks", "most provisional blocks per worker (and DP rank)", &k.ProvisionalMaxBlocks, 16384),
 		Duration("kv-rebuild-after", "after a KV-event stream joined a running engine or resynced, route the worker precisely again this long later (0: only once its engine clears its cache)", &k.RebuildAfter, 5*time.Second),
@@ -294,6 +297,9 @@ func (k *ServeKV) validate(p *Problems) {
 	}
 	validateKVEventTransport(p, k.EventTransport)
 	k.NATS.Validate(p)
+	if k.Cost != "blocks" && k.Cost != "ttft" {
+		p.Addf("--kv-cost must be blocks or ttft")
+	}
 	if k.EventsListen != "" {
 		simEndpoint(p, "--kv-events-listen", k.EventsListen)
 	}

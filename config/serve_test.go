@@ -78,8 +78,8 @@ func TestServeKVFlags(t *testing.T) {
 	}
 	// The per-role weights follow --kv-overlap-weight unless set.
 	t.Setenv("INFERA_KV_DECODE_OVERLAP_WEIGHT", "0.25")
-	s = parseServe(t, "--kv-overlap-weight", "2", "--tokenizer", "bytes")
-	if s.KV.OverlapWeight != 2 || s.KV.PrefillOverlapWeight != 2 || s.KV.DecodeOverlapWeight != 0.25 || s.KV.Tokenizer != "bytes" {
+	s = parseServe(t, "--kv-overlap-weight", "2", "--tokenizer", "bytes", "--kv-cost", "ttft")
+	if s.KV.Cost != "ttft" || s.KV.OverlapWeight != 2 || s.KV.PrefillOverlapWeight != 2 || s.KV.DecodeOverlapWeight != 0.25 || s.KV.Tokenizer != "bytes" {
 		t.Fatalf("kv weights: %+v", s.KV)
 	}
 	if err := s.Validate(); err != nil {
@@ -87,10 +87,10 @@ func TestServeKVFlags(t *testing.T) {
 	}
 	s = parseServe(t, "--tokenizer", t.TempDir(), "--kv-overlap-weight", "-1", "--kv-block-size", "0",
 		"--kv-index-max-blocks", "0", "--kv-approx-ttl", "0s", "--kv-recent-decay", "-1s", "--kv-approx-max-blocks", "0",
-		"--kv-max-share", "0.5", "--kv-provisional-ttl", "-1s", "--kv-rebuild-after", "-1s")
+		"--kv-max-share", "0.5", "--kv-provisional-ttl", "-1s", "--kv-rebuild-after", "-1s", "--kv-cost", "fastest")
 	err := s.Validate()
 	for _, want := range []string{"--tokenizer", "--kv-overlap-weight", "--kv-block-size", "--kv-index-max-blocks",
-		"--kv-approx-ttl", "--kv-recent-decay", "--kv-approx-max-blocks", "--kv-max-share", "--kv-provisional-ttl", "--kv-rebuild-after"} {
+		"--kv-approx-ttl", "--kv-recent-decay", "--kv-approx-max-blocks", "--kv-max-share", "--kv-provisional-ttl", "--kv-rebuild-after", "--kv-cost"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate error lacks %s: %v", want, err)
 		}

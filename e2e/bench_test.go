@@ -21,6 +21,9 @@ type benchReport struct {
 	TTFT          map[string]float64 `json:"ttft_ms"`
 	CacheHitRatio *float64           `json:"cache_hit_ratio"`
 	PerWorker     map[string]int     `json:"per_worker"`
+	// ModelTTFTMs is the simulators' own mean TTFT over the run (their
+	// step model, independent of the box's load): filled by runKVFleet.
+	ModelTTFTMs float64 `json:"-"`
 }
 
 // runBench runs `infera bench` to completion and decodes its --json report.

@@ -254,6 +254,13 @@ func startServe(t *testing.T, extra ...string) *fleet {
 // and waits for its registration; it returns the process and its worker id.
 func (f *fleet) startWorker(name string, simArgs ...string) (*proc, string) {
 	f.t.Helper()
+	p, id, _ := f.startWorkerURL(name, simArgs...)
+	return p, id
+}
+
+// startWorkerURL is startWorker that also returns the worker's URL.
+func (f *fleet) startWorkerURL(name string, simArgs ...string) (*proc, string, string) {
+	f.t.Helper()
 	args := append([]string{"worker", "--engine", "sim", "--etcd-endpoints", f.etcd,
 		"--lease-ttl", "5s", "--keepalive-interval", "1s", "--drain-timeout", "20s", "--stop-grace", "5s",
 		"--", "--model", "sim-model"}, simArgs...)
@@ -263,7 +270,8 @@ func (f *fleet) startWorker(name string, simArgs ...string) (*proc, string) {
 	if id == "" {
 		f.t.Fatalf("worker registered line has no worker_id: %v", line)
 	}
-	return p, id
+	url, _ := line["url"].(string)
+	return p, id, url
 }
 
 // workers returns the ids currently listed by GET /v1/workers.

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -15,7 +17,7 @@ import (
 )
 
 // TestKVRoutingComparison is the full measurement behind docs/performance.md
-// (make bench-kv): shared-prefix, multi-turn and trace workloads against
+// (make bench-kv): shared-prefix, multi-turn, conversation and trace workloads against
 // kv-aware, round-robin and least-load, plus one simulator holding the whole
 // fleet's cache. It is built only with -tags kvbench and writes the reports, plots
 // and the markdown table into INFERA_KV_BENCH_OUT.
@@ -39,6 +41,13 @@ func TestKVRoutingComparison(t *testing.T) {
 		// 0.29–0.58 from run to run with the dispatch order).
 		{name: "multi-turn", args: []string{"--workload", "multi-turn", "--sessions", "13", "--turns", "5",
 			"--input-len", "40", "--output-len", "16", "--requests", "780", "--concurrency", "8", "--seed", "2"}},
+		// Sessions shaped by published chat-trace statistics
+		// (bench/conversation.go), scaled to the simulators' 6400-token
+		// context: short messages, a few shared system prompts, bursty
+		// arrivals, think times compressed 50×.
+		{name: "conversation", args: []string{"--workload", "conversation", "--requests", "300", "--turns", "3",
+			"--input-len", "12", "--output-len", "24", "--prefix-groups", "8", "--prefix-len", "60",
+			"--rate", "6", "--trace-time-scale", "0.02", "--max-inflight", "64", "--seed", "4"}},
 		{name: "trace", args: []string{"--workload", "trace", "--trace", trace,
 			"--trace-block-words", "8", "--trace-time-scale", "0", "--concurrency", "8", "--seed", "3"}},
 	}
@@ -54,7 +63,7 @@ func TestKVRoutingComparison(t *testing.T) {
 		}
 	}
 	// INFERA_KV_BENCH_WORKLOADS (comma-separated names) runs only those
-	// workloads, also without plots and checks.
+	// workloads (with the plots and checks that concern them).
 	if names := os.Getenv("INFERA_KV_BENCH_WORKLOADS"); names != "" {
 		keep := map[string]bool{}
 		for _, n := range strings.Split(names, ",") {
@@ -70,113 +79,174 @@ func TestKVRoutingComparison(t *testing.T) {
 			t.Fatalf("INFERA_KV_BENCH_WORKLOADS=%s names none of the workloads", names)
 		}
 		workloads = sel
-		if len(only) == 0 {
-			for _, l := range kvPolicies {
-				only[l] = true
-			}
-		}
 	}
-	results := map[string]map[string]benchReport{} // fleet label → workload → report
-	for _, fl := range []kvFleet{
+	// Fairness (issue 37): the fleets run interleaved, A B C D A B C D …,
+	// INFERA_KV_BENCH_REPEATS times (at least 3), so that a change of the
+	// box's load over the run hits every fleet alike; each figure is the
+	// median over the repeats, and a percentile of kv-aware is judged
+	// against round-robin's with an ε taken from round-robin against
+	// itself (the largest relative difference between two of its repeats
+	// at that percentile).
+	repeats := 3
+	if v := os.Getenv("INFERA_KV_BENCH_REPEATS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("INFERA_KV_BENCH_REPEATS=%q: want a positive count", v)
+		}
+		repeats = n
+	}
+	fleets := []kvFleet{
 		{policy: "kv-aware", workers: workers, kvBlocks: kvBlocks, serveArgs: kvArgs},
 		{policy: "round-robin", workers: workers, kvBlocks: kvBlocks},
 		{policy: "least-load", workers: workers, kvBlocks: kvBlocks},
 		{policy: "round-robin", workers: 1, kvBlocks: workers * kvBlocks},
-	} {
-		if len(only) > 0 && !only[fl.label()] {
-			continue
-		}
-		results[fl.label()] = runKVFleet(t, fl, workloads, outDir)
 	}
-	if len(only) > 0 {
-		t.Logf("INFERA_KV_BENCH_ONLY=%q, INFERA_KV_BENCH_WORKLOADS=%q: reports in %s, no plots or checks",
-			os.Getenv("INFERA_KV_BENCH_ONLY"), os.Getenv("INFERA_KV_BENCH_WORKLOADS"), outDir)
+	runs := map[string]map[string][]benchReport{} // fleet label → workload → report per repeat
+	pcts := map[string]map[string][][]float64{}   // fleet label → workload → TTFT at kvPercentiles per repeat
+	all := true
+	for r := range repeats {
+		dir := filepath.Join(outDir, fmt.Sprintf("r%d", r+1))
+		for _, fl := range fleets {
+			label := fl.label()
+			if len(only) > 0 && !only[label] {
+				all = false
+				continue
+			}
+			res := runKVFleet(t, fl, workloads, dir)
+			if runs[label] == nil {
+				runs[label], pcts[label] = map[string][]benchReport{}, map[string][][]float64{}
+			}
+			for _, wl := range workloads {
+				runs[label][wl.name] = append(runs[label][wl.name], res[wl.name])
+				pcts[label][wl.name] = append(pcts[label][wl.name],
+					ttftPercentiles(t, filepath.Join(dir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(label, " ", "-")))))
+			}
+		}
+	}
+	if !all {
+		t.Logf("INFERA_KV_BENCH_ONLY=%q: reports in %s, no plots or checks", os.Getenv("INFERA_KV_BENCH_ONLY"), outDir)
 		return
 	}
-	// One TTFT CDF plot per workload, every fleet on it.
+	// One TTFT CDF plot per workload, every fleet of the last repeat on it.
+	last := filepath.Join(outDir, fmt.Sprintf("r%d", repeats))
 	for _, wl := range workloads {
 		plotArgs := []string{"bench", "plot"}
 		for _, label := range kvPolicies {
-			plotArgs = append(plotArgs, filepath.Join(outDir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(label, " ", "-"))))
+			plotArgs = append(plotArgs, filepath.Join(last, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(label, " ", "-"))))
 		}
 		plotArgs = append(plotArgs, "-o", filepath.Join(outDir, wl.name+"-ttft-cdf.svg"))
 		if out, err := exec.Command(binary, plotArgs...).CombinedOutput(); err != nil {
 			t.Errorf("infera %v: %v\n%s", plotArgs, err, out)
 		}
 	}
+	med := func(label, wl string, f func(benchReport) float64) float64 {
+		var v []float64
+		for _, rep := range runs[label][wl] {
+			v = append(v, f(rep))
+		}
+		return median(v)
+	}
+	medPct := func(label, wl string) []float64 {
+		out := make([]float64, len(kvPercentiles))
+		for k := range kvPercentiles {
+			var v []float64
+			for _, p := range pcts[label][wl] {
+				v = append(v, p[k])
+			}
+			out[k] = median(v)
+		}
+		return out
+	}
 	var table strings.Builder
-	table.WriteString("| workload | policy | hit ratio | TTFT p50 ms | TTFT p99 ms | req/s | max/fair share |\n|---|---|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&table, "%d interleaved repeats; medians over the repeats. Modelled TTFT: the simulators' own step model (independent of the box's load).\n\n", repeats)
+	table.WriteString("| workload | policy | hit ratio | TTFT mean ms measured | TTFT mean ms modelled | TTFT p50 ms | TTFT p99 ms | req/s | max/fair share |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, wl := range workloads {
 		for _, policy := range kvPolicies {
-			r := results[policy][wl.name]
 			n := workers
 			if policy == "one big cache" {
 				n = 1
 			}
-			fmt.Fprintf(&table, "| %s | %s | %.3f | %.1f | %.1f | %.1f | %.2f |\n", wl.name, policy, hitRatio(r),
-				r.TTFT["p50"], r.TTFT["p99"], r.Throughput.ReqPerS, fairShareRatio(r, n))
+			fmt.Fprintf(&table, "| %s | %s | %.3f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", wl.name, policy,
+				med(policy, wl.name, hitRatio), med(policy, wl.name, func(r benchReport) float64 { return r.TTFT["mean"] }),
+				med(policy, wl.name, func(r benchReport) float64 { return r.ModelTTFTMs }),
+				med(policy, wl.name, func(r benchReport) float64 { return r.TTFT["p50"] }),
+				med(policy, wl.name, func(r benchReport) float64 { return r.TTFT["p99"] }),
+				med(policy, wl.name, func(r benchReport) float64 { return r.Throughput.ReqPerS }),
+				med(policy, wl.name, func(r benchReport) float64 { return fairShareRatio(r, n) }))
 		}
 	}
-	// The per-percentile comparison: TTFT p10…p99 of every fleet on every
-	// workload, from the reports' CDFs (every sample: no workload here has
-	// more requests than a report's CDF keeps).
-	pct := map[string]map[string][]float64{} // policy → workload → TTFT at kvPercentiles
-	table.WriteString("\n| workload | policy |")
+	// The per-percentile comparison: kv-aware over round-robin, and ε.
+	table.WriteString("\n| workload | |")
 	for _, q := range kvPercentiles {
-		fmt.Fprintf(&table, " p%g ms |", q)
+		fmt.Fprintf(&table, " p%g |", q)
 	}
 	table.WriteString("\n|---|---|" + strings.Repeat("---:|", len(kvPercentiles)) + "\n")
+	eps := map[string][]float64{}
 	for _, wl := range workloads {
-		for _, policy := range kvPolicies {
-			if pct[policy] == nil {
-				pct[policy] = map[string][]float64{}
+		rr := pcts["round-robin"][wl.name]
+		e := make([]float64, len(kvPercentiles))
+		for k := range kvPercentiles {
+			for i := range rr {
+				for j := i + 1; j < len(rr); j++ {
+					if lo := min(rr[i][k], rr[j][k]); lo > 0 {
+						e[k] = max(e[k], math.Abs(rr[i][k]-rr[j][k])/lo)
+					}
+				}
 			}
-			v := ttftPercentiles(t, filepath.Join(outDir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(policy, " ", "-"))))
-			pct[policy][wl.name] = v
-			fmt.Fprintf(&table, "| %s | %s |", wl.name, policy)
-			for _, x := range v {
+		}
+		eps[wl.name] = e
+		for _, policy := range kvPolicies {
+			fmt.Fprintf(&table, "| %s | %s ms |", wl.name, policy)
+			for _, x := range medPct(policy, wl.name) {
 				fmt.Fprintf(&table, " %.1f |", x)
 			}
 			table.WriteString("\n")
 		}
+		kvp, rrp := medPct("kv-aware", wl.name), medPct("round-robin", wl.name)
+		fmt.Fprintf(&table, "| %s | kv-aware / round-robin |", wl.name)
+		for k := range kvPercentiles {
+			fmt.Fprintf(&table, " %.2f |", kvp[k]/rrp[k])
+		}
+		fmt.Fprintf(&table, "\n| %s | ε (round-robin vs itself) |", wl.name)
+		for _, x := range e {
+			fmt.Fprintf(&table, " %.2f |", x)
+		}
+		table.WriteString("\n")
 	}
 	t.Logf("\n%s", table.String())
 	if err := os.WriteFile(filepath.Join(outDir, "table.md"), []byte(table.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
-	kv, rr, big := results["kv-aware"]["shared-prefix"], results["round-robin"]["shared-prefix"], results["one big cache"]["shared-prefix"]
-	checks := []struct {
+	type check struct {
 		ok   bool
 		what string
-	}{
-		{kv.TTFT["p50"]*3 <= rr.TTFT["p50"], fmt.Sprintf("kv-aware TTFT p50 %.1f ms at least 3× lower than round-robin %.1f ms", kv.TTFT["p50"], rr.TTFT["p50"])},
-		{hitRatio(kv) >= 0.9*hitRatio(big), fmt.Sprintf("kv-aware hit ratio %.3f within 10%% of one big cache %.3f", hitRatio(kv), hitRatio(big))},
-		{kv.Throughput.ReqPerS >= rr.Throughput.ReqPerS, fmt.Sprintf("kv-aware throughput %.1f req/s not below round-robin %.1f", kv.Throughput.ReqPerS, rr.Throughput.ReqPerS)},
-		{fairShareRatio(kv, workers) <= 2, fmt.Sprintf("no worker above 2× its fair share (%.2f)", fairShareRatio(kv, workers))},
 	}
-	// Never worse than round-robin (issue 11): at every percentile of every
-	// workload, with the load spread within 15% of fair, and on the trace
-	// within 5% of the hit ratio of one cache holding everything.
+	var checks []check
+	if _, ok := runs["kv-aware"]["shared-prefix"]; ok {
+		kvp50, rrp50 := med("kv-aware", "shared-prefix", func(r benchReport) float64 { return r.TTFT["p50"] }),
+			med("round-robin", "shared-prefix", func(r benchReport) float64 { return r.TTFT["p50"] })
+		checks = append(checks, check{kvp50*3 <= rrp50, fmt.Sprintf("shared-prefix: kv-aware TTFT p50 %.1f ms at least 3× lower than round-robin %.1f ms", kvp50, rrp50)})
+	}
+	// Acceptance 1 of issue 37, per workload: every percentile within
+	// round-robin's own spread, p50 and p90 at most 0.8× round-robin's,
+	// the hit ratio at least 0.95 of one big cache's, the busiest worker
+	// at most 1.15× its fair share.
 	for _, wl := range workloads {
-		kvp, rrp := pct["kv-aware"][wl.name], pct["round-robin"][wl.name]
+		kvp, rrp, e := medPct("kv-aware", wl.name), medPct("round-robin", wl.name), eps[wl.name]
 		for k, q := range kvPercentiles {
-			checks = append(checks, struct {
-				ok   bool
-				what string
-			}{kvp[k] <= rrp[k], fmt.Sprintf("%s: kv-aware TTFT p%g %.1f ms not above round-robin %.1f ms", wl.name, q, kvp[k], rrp[k])})
+			checks = append(checks, check{kvp[k] <= rrp[k]*(1+e[k]),
+				fmt.Sprintf("%s: kv-aware TTFT p%g %.1f ms ≤ round-robin %.1f ms × (1+ε %.2f)", wl.name, q, kvp[k], rrp[k], e[k])})
+			if q == 50 || q == 90 {
+				checks = append(checks, check{kvp[k] <= 0.8*rrp[k],
+					fmt.Sprintf("%s: kv-aware TTFT p%g %.1f ms ≤ 0.8 × round-robin %.1f ms", wl.name, q, kvp[k], rrp[k])})
+			}
 		}
-		share := fairShareRatio(results["kv-aware"][wl.name], workers)
-		checks = append(checks, struct {
-			ok   bool
-			what string
-		}{share <= 1.15, fmt.Sprintf("%s: kv-aware's busiest worker at %.2f× its fair share (at most 1.15)", wl.name, share)})
+		kvh, bigh := med("kv-aware", wl.name, hitRatio), med("one big cache", wl.name, hitRatio)
+		checks = append(checks, check{kvh >= 0.95*bigh, fmt.Sprintf("%s: kv-aware hit ratio %.3f at least 0.95 of one big cache's %.3f", wl.name, kvh, bigh)})
+		share := med("kv-aware", wl.name, func(r benchReport) float64 { return fairShareRatio(r, workers) })
+		checks = append(checks, check{share <= 1.15, fmt.Sprintf("%s: kv-aware's busiest worker at %.2f× its fair share (at most 1.15)", wl.name, share)})
 	}
-	kvt, bigt := hitRatio(results["kv-aware"]["trace"]), hitRatio(results["one big cache"]["trace"])
-	checks = append(checks, struct {
-		ok   bool
-		what string
-	}{kvt >= 0.95*bigt, fmt.Sprintf("trace: kv-aware hit ratio %.3f at least 0.95 of one big cache's %.3f", kvt, bigt)})
 	var verdict strings.Builder
 	for _, c := range checks {
 		mark := "PASS"
@@ -190,6 +260,20 @@ func TestKVRoutingComparison(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(outDir, "checks.md"), []byte(verdict.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// median of v (0 for none).
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // kvPolicies are the compared fleets, as labelled in reports and tables.

@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"math"
+	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -38,11 +41,24 @@ func runKVFleet(t *testing.T, fl kvFleet, workloads []kvWorkload, outDir string)
 	f := startServe(t, append([]string{"--router-policy", fl.policy, "--tokenizer", "bytes"}, fl.serveArgs...)...)
 	ids := map[string]bool{}
 	var procs []*proc
+	var urls []string
 	for i := 0; i < fl.workers; i++ {
 		args := append([]string{"--kv-blocks", fmt.Sprint(fl.kvBlocks)}, simTiming...)
-		p, id := f.startWorker(fmt.Sprintf("%s-worker-%d", fl.policy, i), args...)
+		p, id, url := f.startWorkerURL(fmt.Sprintf("%s-worker-%d", fl.policy, i), args...)
 		procs = append(procs, p)
+		urls = append(urls, url)
 		ids[id] = true
+	}
+	// The simulators' modelled TTFT: the sum over workers of their model's
+	// TTFT and first tokens (infera_sim_model_ttft_seconds_total,
+	// infera_sim_first_tokens_total).
+	modelled := func() (sec, n float64) {
+		for _, u := range urls {
+			text := scrapeText(t, u+"/metrics")
+			sec += metricValue(text, "infera_sim_model_ttft_seconds_total")
+			n += metricValue(text, "infera_sim_first_tokens_total")
+		}
+		return sec, n
 	}
 	f.waitWorkers("all workers", 20*time.Second, func(w map[string]string) bool {
 		for id := range ids {
@@ -56,15 +72,24 @@ func runKVFleet(t *testing.T, fl kvFleet, workloads []kvWorkload, outDir string)
 		f.waitPrecise(ids, 20*time.Second)
 	}
 	out := map[string]benchReport{}
+	if outDir != "" {
+		if err := os.MkdirAll(outDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, wl := range workloads {
 		args := append([]string{"--url", f.base, "--model", "sim-model", "--label", fl.label()}, wl.args...)
 		report := filepath.Join(t.TempDir(), "report.json")
 		if outDir != "" {
 			report = filepath.Join(outDir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(fl.label(), " ", "-")))
 		}
+		sec0, n0 := modelled()
 		rep, err := runBenchTo(t, 15*time.Minute, report, args...)
 		if err != nil {
 			t.Fatalf("%s on %s: %v", wl.name, fl.policy, err)
+		}
+		if sec, n := modelled(); n > n0 {
+			rep.ModelTTFTMs = 1e3 * (sec - sec0) / (n - n0)
 		}
 		out[wl.name] = rep
 	}
@@ -73,6 +98,20 @@ func runKVFleet(t *testing.T, fl kvFleet, workloads []kvWorkload, outDir string)
 	}
 	f.serve.stop(syscall.SIGTERM)
 	return out
+}
+
+// scrapeText GETs a Prometheus exposition ("" on failure: a missing
+// figure, not a failed comparison).
+func scrapeText(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Logf("GET %s: %v", url, err)
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 // label names the fleet in tables and plots.

@@ -85,6 +85,7 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		RecentWeight:          k.RecentWeight,
 		MaxShare:              k.MaxShare,
 		MaxShareWarm:          k.MaxShareWarm,
+		Cost:                  k.Cost,
 		EventsListen:          k.EventsListen,
 		ProvisionalTTL:        k.ProvisionalTTL,
 		ProvisionalMaxBlocks:  k.ProvisionalMaxBlocks,

@@ -92,6 +92,11 @@ type KVAwareConfig struct {
 	ProvisionalTTL       time.Duration
 	ProvisionalMaxBlocks int
 
+	// Cost is the cost mode, KVCostBlocks ("" too) or KVCostTTFT
+	// (kvestimate.go; the MaxShare bounds, overlap weights and recent
+	// charge do not apply there).
+	Cost string
+
 	// EventsListen, when set, is the tcp://HOST:PORT SUB socket the policy
 	// binds for publishers that connect (--kv-events-listen): workers
 	// whose record advertises no event endpoint are followed there, under
@@ -132,6 +137,11 @@ func (c KVAwareConfig) validate() (KVAwareConfig, error) {
 		return c, fmt.Errorf("%w: recent half-life %s", ErrKVConfig, c.RecentHalfLife)
 	case c.EngineTokenizeTimeout <= 0 || c.EngineIdleConnTimeout <= 0:
 		return c, fmt.Errorf("%w: engine tokenize timeouts must be positive", ErrKVConfig)
+	case c.Cost != "" && c.Cost != KVCostBlocks && c.Cost != KVCostTTFT:
+		return c, fmt.Errorf("%w: cost %q", ErrKVConfig, c.Cost)
+	}
+	if c.Cost == "" {
+		c.Cost = KVCostBlocks
 	}
 	return c, nil
 }
@@ -188,6 +198,8 @@ type KVAware struct {
 	m kvMetrics
 
 	lastTokWarn atomic.Int64 // unix ns of the last tokenization warning
+
+	ttft bool // Cost == KVCostTTFT
 }
 
 // kvWorker is a Worker's PolicyState.
@@ -227,6 +239,7 @@ type kvTarget struct {
 	recentAt int64
 	picks    float64 // picks as of picksAt, halving every shareHalfLife
 	picksAt  int64
+	est      ttftModel // --kv-cost ttft (kvestimate.go)
 }
 
 // blockSize is the size the target's hashes use: the one its events
@@ -254,7 +267,8 @@ func NewKVAware(cfg KVAwareConfig, log zerolog.Logger) (*KVAware, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &KVAware{cfg: cfg, log: log.With().Str("component", "kv-aware").Logger(), workers: make(map[string]*kvWorker)}
+	p := &KVAware{cfg: cfg, log: log.With().Str("component", "kv-aware").Logger(), workers: make(map[string]*kvWorker),
+		ttft: cfg.Cost == KVCostTTFT}
 	switch {
 	case cfg.Tokenizer != nil:
 		p.tok = cfg.Tokenizer
@@ -408,6 +422,9 @@ func (p *KVAware) Attach(w *Worker) {
 	p.buildTargets(kw)
 	w.PolicyState = kw
 	p.workers[w.id] = kw
+	if p.ttft {
+		w.stall.setFirstTokenHook(kw)
+	}
 }
 
 // Update implements RecordAware: a changed event endpoint, block size or DP
@@ -440,6 +457,7 @@ func (p *KVAware) Detach(w *Worker) {
 		return
 	}
 	delete(p.workers, w.id)
+	w.stall.setFirstTokenHook(nil)
 	p.dropTargets(kw)
 	if kw.tokClient != nil {
 		kw.tokClient.CloseIdleConnections()
@@ -491,6 +509,7 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 			keep:   kvcache.NewPlacements(p.cfg.ApproxMaxBlocks, int64(max(p.cfg.ApproxTTL, keepTTL))),
 			active: make(map[uint64]int32),
 		}
+		t.est.init()
 		if p.cfg.ProvisionalTTL > 0 && p.cfg.ProvisionalMaxBlocks > 0 {
 			t.prov = kvcache.NewPlacements(p.cfg.ProvisionalMaxBlocks, int64(p.cfg.ProvisionalTTL))
 		}
@@ -630,6 +649,9 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 			delete(tg.active, h)
 		}
 	}
+	if p.ttft {
+		tg.est.leave(kt)
+	}
 	if p.cfg.RecentHalfLife > 0 && kt.miss > 0 {
 		tg.recent = p.decayed(tg.recent, tg.recentAt, now) + p.cfg.RecentWeight*float64(kt.miss)
 		tg.recentAt = now
@@ -649,6 +671,14 @@ type kvTicket struct {
 	target *kvTarget
 	hashes []uint64
 	miss   int
+
+	// --kv-cost ttft (kvestimate.go), guarded by target.mu.
+	uncached float64 // uncached prompt tokens
+	work     float64 // queued prompt tokens at the pick, uncached included
+	dec      int     // sequences decoding at the pick
+	wall     int64   // unix ns of the pick (wall clock: streams' starts are)
+	slot     int     // index in target.est.flight; -1 when not there
+	first    bool    // past its first token
 }
 
 var ticketPool = sync.Pool{New: func() any { return new(kvTicket) }}

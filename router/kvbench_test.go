@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +32,7 @@ type benchFleet struct {
 	close func()
 }
 
-func newBenchFleet(b *testing.B, n int, tok tokenizer.Tokenizer) *benchFleet {
+func newBenchFleet(b *testing.B, n int, tok tokenizer.Tokenizer, set ...func(*KVAwareConfig)) *benchFleet {
 	b.Helper()
 	// No recent-miss charge and no warm share bound: back-to-back picks
 	// of one prompt would otherwise (rightly) spread, and every pick
@@ -41,6 +42,9 @@ func newBenchFleet(b *testing.B, n int, tok tokenizer.Tokenizer) *benchFleet {
 		c.IndexMaxBlocks = benchIndexBlocks + 1<<16
 		c.RecentHalfLife = 0
 		c.MaxShareWarm = 0
+		for _, f := range set {
+			f(c)
+		}
 	}), zerolog.Nop())
 	if err != nil {
 		b.Fatal(err)
@@ -130,6 +134,33 @@ func BenchmarkKVPick(b *testing.B) {
 			}
 			f.close()
 		}
+	}
+}
+
+// BenchmarkKVPickFleet512 is issue 37's scale point: 512 precise workers
+// (1Mi blocks indexed, 2048 per worker), 32k-token prompts as token arrays,
+// under both cost modes. It reports the pick's p99 and, for the first fleet
+// built, the heap the fleet's policy state and index take per worker.
+func BenchmarkKVPickFleet512(b *testing.B) {
+	const workers = 512
+	for i, cost := range []string{KVCostBlocks, KVCostTTFT} {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		f := newBenchFleet(b, workers, nil, func(c *KVAwareConfig) { c.Cost = cost })
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perWorker := float64(after.HeapAlloc-min(after.HeapAlloc, before.HeapAlloc)) / workers
+		b.Run("cost="+cost+"/prompt=32k", func(b *testing.B) {
+			benchPick(b, f, nil, 32768)
+			if i == 0 {
+				// The first fleet only: the router of an earlier one
+				// stays reachable (its background goroutines), so later
+				// deltas would net out its release.
+				b.ReportMetric(perWorker, "heap-B/worker")
+			}
+		})
+		f.close()
 	}
 }
 

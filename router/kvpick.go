@@ -184,6 +184,12 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		load := float64(active + len(hs) - flight)
 		sc.costs[i] = w*float64(len(hs)-eff) + load + recent
 		sc.picks[i] = picks
+		if p.ttft {
+			t.mu.RLock()
+			sc.costs[i] = t.est.estimate(promptUncached(sc, kind, t, len(hs), eff, p.cfg.DefaultBlockSize))
+			sc.picks[i] = t.est.picks
+			t.mu.RUnlock()
+		}
 		sc.effs[i] = eff
 		total += picks
 		if eff >= minWarmBlocks && 4*eff >= len(hs) {
@@ -201,6 +207,9 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	// than the imbalance: multi-turn hit ratio 0.545 against 0.60). The
 	// scan starts at the rotating cursor and keeps the first minimum, so
 	// ties rotate.
+	if p.ttft {
+		return p.commit(in, sc, kind, now, p.pickByEstimate(sc, nt, start, warm))
+	}
 	share := p.cfg.MaxShare
 	if warm {
 		share = p.cfg.MaxShareWarm
@@ -209,7 +218,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	if fair := total / float64(nt); share > 0 && fair >= minShareFair {
 		bound = share*fair + 1
 	}
-	best, bestEff := -1, 0
+	best := -1
 	for pass := 0; best < 0 && pass < 2; pass++ {
 		bestCost := 0.0
 		for k := range nt {
@@ -218,17 +227,24 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 				continue
 			}
 			if best < 0 || sc.costs[i] < bestCost {
-				best, bestCost, bestEff = i, sc.costs[i], sc.effs[i]
+				best, bestCost = i, sc.costs[i]
 			}
 		}
 	}
 
+	return p.commit(in, sc, kind, now, best)
+}
+
+// commit charges the request to target best and returns its ticket.
+func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, best int) (Ticket, error) {
 	t := sc.targets[best]
 	hs := sc.sets[sc.setOf[best]].hashes
+	bestEff := sc.effs[best]
 	miss := len(hs) - bestEff
 	kt := ticketPool.Get().(*kvTicket)
 	kt.target = t
 	kt.miss = miss
+	kt.slot = -1
 	kt.hashes = append(kt.hashes[:0], hs...)
 	t.mu.Lock()
 	for _, h := range hs {
@@ -236,6 +252,9 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	}
 	t.picks = decayedFor(t.picks, t.picksAt, now, shareHalfLife) + 1
 	t.picksAt = now
+	if p.ttft {
+		t.est.enter(kt, promptUncached(sc, kind, t, len(hs), bestEff, p.cfg.DefaultBlockSize))
+	}
 	t.mu.Unlock()
 
 	precise := kind == keyTokens && t.precise()
@@ -274,6 +293,65 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	}
 	p.m.observe(kind, precise, len(hs), bestEff)
 	return Ticket{Worker: t.worker, State: kt, PinRank: t.pin, DPRank: t.key.DPRank}, nil
+}
+
+// pickByEstimate returns the target of the lowest estimated TTFT (sc.costs)
+// for a warm request (within MaxShareWarm, see below); for a cold one, the target with the fewest picks over
+// the run (sc.picks) among those whose estimate is within the cold slack of
+// the best. Scans start at the rotating cursor and keep the first minimum.
+func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
+	best := start
+	for k := 1; k < nt; k++ {
+		if i := (start + k) % nt; sc.costs[i] < sc.costs[best] {
+			best = i
+		}
+	}
+	limit := sc.costs[best]*coldSlackFactor + coldSlackSeconds
+	if warm {
+		// A warm request's best target above MaxShareWarm × its fair share
+		// of the run's picks (+1) hands it to the lowest estimate among
+		// those within the share, if that one answers within the slack: a
+		// hot prefix spreads to a second holder, a conversation whose
+		// history only its holder has stays.
+		total := 0.0
+		for i := range nt {
+			total += sc.picks[i]
+		}
+		fair := total / float64(nt)
+		share := p.cfg.MaxShareWarm
+		if share <= 0 || fair < minShareFair || sc.picks[best] < share*fair+1 {
+			return best
+		}
+		alt := -1
+		for k := range nt {
+			i := (start + k) % nt
+			if sc.picks[i] < share*fair+1 && sc.costs[i] <= limit && (alt < 0 || sc.costs[i] < sc.costs[alt]) {
+				alt = i
+			}
+		}
+		if alt < 0 {
+			return best
+		}
+		return alt
+	}
+	cold := -1
+	for k := range nt {
+		i := (start + k) % nt
+		if sc.costs[i] <= limit && (cold < 0 || sc.picks[i] < sc.picks[cold]) {
+			cold = i
+		}
+	}
+	return cold
+}
+
+// promptUncached is the prompt tokens target t would have to prefill: the
+// prompt's tokens beyond the eff blocks it holds (blocks of defBS tokens
+// where there are no tokens).
+func promptUncached(sc *kvScratch, kind keyKind, t *kvTarget, blocks, eff, defBS int) float64 {
+	if kind == keyTokens {
+		return float64(max(0, len(sc.tokens)-eff*t.blockSize()))
+	}
+	return float64(max(0, blocks-eff) * defBS)
 }
 
 // matchIndex fills sc.hits from the prefix index, one MatchMany per hash

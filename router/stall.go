@@ -51,6 +51,23 @@ type workerStall struct {
 	lastProbe   atomic.Int64
 	probing     atomic.Bool
 	servedStart atomic.Int64 // the latest arrival of a stream that got its first event
+	firstHook   atomic.Pointer[firstTokenBox]
+}
+
+// firstTokenHook is told of every stream's first event on its worker
+// (start and now in unix ns): the kv-aware TTFT estimate learns from it
+// (kvestimate.go).
+type firstTokenHook interface{ firstToken(start, now int64) }
+
+type firstTokenBox struct{ h firstTokenHook }
+
+// setFirstTokenHook installs h (nil: none).
+func (s *workerStall) setFirstTokenHook(h firstTokenHook) {
+	if h == nil {
+		s.firstHook.Store(nil)
+		return
+	}
+	s.firstHook.Store(&firstTokenBox{h: h})
 }
 
 // noteProgress stamps progress at now.
@@ -71,6 +88,9 @@ func (s *workerStall) busy() {
 // noteServed records that a stream which arrived at start got its first
 // event.
 func (s *workerStall) noteServed(start int64) {
+	if b := s.firstHook.Load(); b != nil {
+		b.h.firstToken(start, time.Now().UnixNano())
+	}
 	for {
 		cur := s.servedStart.Load()
 		if start <= cur || s.servedStart.CompareAndSwap(cur, start) {

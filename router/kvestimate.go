@@ -1,0 +1,206 @@
+package router
+
+import (
+	"time"
+)
+
+// Cost modes of the kv-aware policy (KVAwareConfig.Cost, --kv-cost).
+const (
+	// KVCostBlocks is the block cost w×(blocks−hits) + active + recent,
+	// with the MaxShare bounds (the default).
+	KVCostBlocks = "blocks"
+	// KVCostTTFT minimises an estimated time to first token (issue 37).
+	KVCostTTFT = "ttft"
+)
+
+// The TTFT estimate (--kv-cost ttft).
+//
+// Engines schedule a request's prefill behind the prefill already queued
+// there and interleave it with the decode steps of the requests running
+// there, so its time to first token on a target is modelled as
+//
+//	ttft ≈ base + perKTok × (queued + uncached)/1000 + perDecode × decoding
+//
+// where queued is the uncached prompt tokens of the requests the router
+// sent there that have not had their first token yet, uncached this
+// request's prompt tokens beyond the prefix the target holds (index,
+// provisional hits, or a prefix in flight there), and decoding the requests
+// there past their first token (the simulator's step-time model has the
+// same form: sim/scheduler.go). The three coefficients are learned per
+// target (worker and DP rank) from what it returns: every stream's first
+// event is matched to the request the router sent (workerStall.noteServed
+// calls the worker's firstTokenHook) and the observed TTFT, with the queued
+// work and decode load the request found at its pick, updates the
+// coefficients by normalised least mean squares. Unary answers have no
+// first event: their prompt counts as queued until they end.
+//
+// The pick minimises the estimate for a warm request (some target holds a
+// quarter of its prompt): it keeps the target holding its prefix unless
+// another one answers first. A cold request has no home to keep: it goes
+// to the target with the fewest picks over the run (the cumulative deficit
+// against a fair share) among those whose estimate is within
+// coldSlackFactor of the best, so that cold traffic spreads evenly without
+// being sent into a queue.
+//
+// The state lives in the target under its mutex, which Pick takes anyway;
+// nothing here allocates once a target's flight slice has grown.
+
+// Priors of a target's coefficients before it has returned anything:
+// 20 ms per step, 10k prompt tokens/s, 2 ms per running sequence.
+const (
+	priorBase      = 0.02
+	priorPerKTok   = 0.1
+	priorPerDecode = 0.002
+	// minPerKTok keeps uncached tokens costing something whatever the
+	// samples said (a worker never measured under prefill load).
+	minPerKTok = 1e-3
+	// nlmsStep is the learning rate of the normalised LMS update.
+	nlmsStep = 0.2
+	// coldSlackFactor: a cold request may go to a target whose estimate
+	// is up to this many times the best (plus coldSlackSeconds) to even
+	// out the picks.
+	coldSlackFactor  = 1.5
+	coldSlackSeconds = 0.005
+)
+
+// ttftModel is a target's estimate state, guarded by kvTarget.mu.
+type ttftModel struct {
+	base, perKTok, perDecode float64 // seconds; seconds per 1000 tokens; seconds per sequence
+	samples                  int64
+
+	queued   float64     // uncached prompt tokens of tickets before their first token
+	decoding int         // tickets past their first token
+	flight   []*kvTicket // tickets in flight here, in pick order
+	picks    float64     // picks over the run
+}
+
+func (m *ttftModel) init() {
+	m.base, m.perKTok, m.perDecode = priorBase, priorPerKTok, priorPerDecode
+}
+
+// estimate is the modelled TTFT of a request with uncached prompt tokens
+// picked here now.
+func (m *ttftModel) estimate(uncached float64) float64 {
+	return m.base + m.perKTok*(m.queued+uncached)/1000 + m.perDecode*float64(m.decoding)
+}
+
+// learn updates the coefficients with one observation: a request that
+// found work prompt tokens (its own uncached ones included) queued and dec
+// sequences decoding got its first token after ttft seconds.
+func (m *ttftModel) learn(work float64, dec int, ttft float64) {
+	x0, x1, x2 := 1.0, work/1000, float64(dec)
+	err := ttft - (m.base*x0 + m.perKTok*x1 + m.perDecode*x2)
+	g := nlmsStep * err / (1 + x0*x0 + x1*x1 + x2*x2)
+	m.base = max(0, m.base+g*x0)
+	m.perKTok = max(minPerKTok, m.perKTok+g*x1)
+	m.perDecode = max(0, m.perDecode+g*x2)
+	m.samples++
+}
+
+// enter charges a picked ticket to the target.
+func (m *ttftModel) enter(kt *kvTicket, uncached float64) {
+	kt.uncached = uncached
+	kt.work = m.queued + uncached
+	kt.dec = m.decoding
+	kt.first = false
+	kt.wall = time.Now().UnixNano()
+	kt.slot = len(m.flight)
+	m.flight = append(m.flight, kt)
+	m.queued += uncached
+	m.picks++
+}
+
+// leave removes a ticket at its release.
+func (m *ttftModel) leave(kt *kvTicket) {
+	i := kt.slot
+	if i < 0 || i >= len(m.flight) || m.flight[i] != kt {
+		return
+	}
+	last := len(m.flight) - 1
+	m.flight[i] = m.flight[last]
+	m.flight[i].slot = i
+	m.flight[last] = nil
+	m.flight = m.flight[:last]
+	kt.slot = -1
+	if kt.first {
+		m.decoding--
+	} else {
+		m.queued = max(0, m.queued-kt.uncached)
+	}
+}
+
+// latestBefore returns the ticket in flight here, not yet past its first
+// token, picked last at or before start (unix ns), or nil.
+func (m *ttftModel) latestBefore(start int64) *kvTicket {
+	var best *kvTicket
+	for _, kt := range m.flight {
+		if !kt.first && kt.wall <= start && (best == nil || kt.wall > best.wall) {
+			best = kt
+		}
+	}
+	return best
+}
+
+// firstToken implements firstTokenHook: a stream that reached worker kw at
+// start (unix ns) got its first event at now. The request is the one the
+// router picked last before start among kw's targets' tickets still
+// waiting for a first token.
+func (kw *kvWorker) firstToken(start, now int64) {
+	ts := kw.targets.Load()
+	if ts == nil {
+		return
+	}
+	var bt *kvTarget
+	var bk *kvTicket
+	var bw int64
+	for _, t := range *ts {
+		t.mu.RLock()
+		if kt := t.est.latestBefore(start); kt != nil && (bk == nil || kt.wall > bw) {
+			bt, bk, bw = t, kt, kt.wall
+		}
+		t.mu.RUnlock()
+	}
+	if bk == nil {
+		return
+	}
+	bt.mu.Lock()
+	defer bt.mu.Unlock()
+	m := &bt.est
+	// Released (and maybe reused) between the two locks?
+	if bk.slot < 0 || bk.slot >= len(m.flight) || m.flight[bk.slot] != bk || bk.first || bk.wall != bw {
+		return
+	}
+	bk.first = true
+	m.queued = max(0, m.queued-bk.uncached)
+	m.decoding++
+	if ttft := float64(now-bw) / float64(time.Second); ttft > 0 {
+		m.learn(bk.work, bk.dec, ttft)
+	}
+}
+
+// TTFTModel is a target's learned estimate, for tests and diagnostics.
+type TTFTModel struct {
+	Base, PerKTokens, PerDecode float64 // seconds
+	Samples                     int64
+	Queued                      float64 // prompt tokens before their first token
+	Decoding                    int
+}
+
+// TTFTModels returns the estimate state of every target of a worker.
+func (p *KVAware) TTFTModels(workerID string) []TTFTModel {
+	p.mu.Lock()
+	kw, ok := p.workers[workerID]
+	p.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	var out []TTFTModel
+	for _, t := range *kw.targets.Load() {
+		t.mu.RLock()
+		m := &t.est
+		out = append(out, TTFTModel{Base: m.base, PerKTokens: m.perKTok, PerDecode: m.perDecode,
+			Samples: m.samples, Queued: m.queued, Decoding: m.decoding})
+		t.mu.RUnlock()
+	}
+	return out
+}
