@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/servetest"
 	"github.com/infera/infera/lifecycle"
 	"github.com/infera/infera/openai"
 )
@@ -48,14 +49,8 @@ func startLegWorker(t *testing.T, status int, handler fasthttp.RequestHandler) *
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"ok":true}`)
 	}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- lifecycle.Serve(ctx, srv, ln, lifecycle.Options{Grace: 5 * time.Second}) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker serve: %v", err)
-		}
+	servetest.Run(t, "worker", ln, func(ctx context.Context, ln net.Listener) error {
+		return lifecycle.Serve(ctx, srv, ln, lifecycle.Options{Grace: 5 * time.Second})
 	})
 	return lw
 }
@@ -265,22 +260,10 @@ func TestStreamRouteEventHook(t *testing.T) {
 	d.name, d.event = "test-upper", upperEvents
 	r.dialects[RouteChatCompletions] = &d
 	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{up.record()}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	addr := servetest.Loopback(t, "router", r.Serve)
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr}).Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+	resp, err := (&http.Client{Transport: tr}).Post("http://"+addr+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"m","stream":true}`))
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +277,7 @@ func TestStreamRouteEventHook(t *testing.T) {
 		t.Fatalf("client got %q, want %q", body, want)
 	}
 	// Completions keeps the OpenAI dialect: events as they are.
-	resp, err = (&http.Client{Transport: tr}).Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+	resp, err = (&http.Client{Transport: tr}).Post("http://"+addr+"/v1/completions", "application/json",
 		strings.NewReader(`{"model":"m","stream":true}`))
 	if err != nil {
 		t.Fatal(err)

@@ -11,13 +11,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/servetest"
 )
 
 // testSim is an in-process sim on a free port with its own HTTP client.
@@ -46,34 +46,18 @@ func startSim(t testing.TB, edit func(*config.Sim), opts ...Option) *testSim {
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
 	tr := &http.Transport{}
-	ts := &testSim{srv: srv, url: "http://" + ln.Addr().String(), client: &http.Client{Transport: tr}}
-	var once sync.Once
-	var serveErr error
-	ts.stop = func() error {
-		once.Do(func() {
-			cancel()
-			serveErr = <-done
-		})
-		return serveErr
-	}
-	t.Cleanup(func() {
-		// Close the client's idle connections first: one it dialed but
-		// never used counts as busy for fasthttp's Shutdown until it is 5s
-		// old, as long as the shutdown grace.
-		tr.CloseIdleConnections()
-		if err := ts.stop(); err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		tr.CloseIdleConnections()
-	})
+	// Close the client's idle connections before the server stops (one it
+	// dialed but never used counts as busy for fasthttp's Shutdown until it
+	// is 5s old, as long as the shutdown grace) and after.
+	t.Cleanup(tr.CloseIdleConnections)
+	served := servetest.Start(t, "sim", ln, srv.Serve)
+	t.Cleanup(tr.CloseIdleConnections)
+	ts := &testSim{srv: srv, url: "http://" + ln.Addr().String(), client: &http.Client{Transport: tr}, stop: served.Stop}
 	select {
 	case <-srv.Ready():
-	case err := <-done:
-		t.Fatalf("Serve: %v", err)
+	case <-served.Done():
+		t.Fatalf("Serve: %v", served.Err())
 	}
 	if srv.Addr() != ln.Addr().String() {
 		t.Fatalf("Addr() = %q once ready, want %q", srv.Addr(), ln.Addr().String())
