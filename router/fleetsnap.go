@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/valyala/fasthttp"
 
@@ -491,4 +492,11 @@ func round6(x float64) float64 { return math.Round(x*1e6) / 1e6 }
 func fleetStreamQuery(v string) bool {
 	b, err := strconv.ParseBool(v)
 	return err == nil && b
+}
+
+// MustRegister adds collectors of the serving process (the discovery
+// filters' counters) to the router's registry, so that /metrics exports
+// them. It panics on a duplicate, as prometheus.Registry.MustRegister.
+func (r *Router) MustRegister(cs ...prometheus.Collector) {
+	r.metrics.reg.MustRegister(cs...)
 }
