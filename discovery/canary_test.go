@@ -78,3 +78,26 @@ func equal(a, b []string) bool {
 	}
 	return true
 }
+
+// FuzzCanaryCheck: any kv blocks (records come from etcd) filter without
+// panicking, never grow the snapshot and never drop a worker without a
+// canary.
+func FuzzCanaryCheck(f *testing.F) {
+	f.Add(`{"tokenizer_canary":[1,2,3]}`, `{"tokenizer_canary":[1,2,4]}`, `{}`)
+	f.Add(`{"tokenizer_canary":"x"}`, `null`, `{"tokenizer_canary":[1e99]}`)
+	f.Fuzz(func(t *testing.T, a, b, c string) {
+		check := discovery.NewCanaryCheck(nil)
+		snap := &discovery.Snapshot{Revision: 1, Workers: []discovery.Record{
+			canaryRec("a:1", "m", a), canaryRec("b:1", "m", b), canaryRec("c:1", "m", c), canaryRec("d:1", "m", ""),
+		}}
+		for range 2 {
+			got := check.Filter(snap)
+			if len(got.Workers) > len(snap.Workers) || len(got.Workers) == 0 {
+				t.Fatalf("filtered %v", canaryIDs(got))
+			}
+			if got.Workers[len(got.Workers)-1].WorkerID != "d:1" {
+				t.Fatalf("the worker without a canary was dropped: %v", canaryIDs(got))
+			}
+		}
+	})
+}

@@ -96,8 +96,11 @@ type FleetWorker struct {
 	// (kv-aware), "" otherwise; KVBlocks is the blocks it matches against.
 	Mode     string `json:"mode,omitempty"`
 	KVBlocks int    `json:"kv_blocks,omitempty"`
-	// Per-worker TTFT and hit ratios: null until the router records them
-	// per worker (the fleet's are in requests and kv).
+	// HitRatioPredicted: the share of its picks' prompt blocks the
+	// kv-aware policy expected the worker to hold (null without picks or
+	// another policy). Per-worker TTFT and the engine-reported ratio: null
+	// until the router records them per worker (the fleet's TTFT is in
+	// requests).
 	TTFTP50           *float64 `json:"ttft_p50_seconds"`
 	TTFTP99           *float64 `json:"ttft_p99_seconds"`
 	HitRatioPredicted *float64 `json:"hit_ratio_predicted"`
@@ -294,6 +297,10 @@ func (r *Router) sampleFleet(now time.Time) *FleetSnapshot {
 					fw.Mode = "precise"
 				}
 				fw.KVBlocks = view.BlockCount
+				if view.PromptBlocks > 0 {
+					h := round3(float64(view.HitBlocks) / float64(view.PromptBlocks))
+					fw.HitRatioPredicted = &h
+				}
 			}
 		}
 		snap.Workers = append(snap.Workers, fw)

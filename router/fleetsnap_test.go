@@ -118,3 +118,30 @@ func TestFleetStreamEndsOnShutdown(t *testing.T) {
 	}
 	readEvent(t, bufio.NewReader(resp.Body))
 }
+
+// Under kv-aware the snapshot gives each worker's mode and predicted hit
+// ratio: the same long prompt three times on one worker predicts its second
+// and third copies held (approximate mode, the router's placements).
+func TestFleetSnapshotKVPredicted(t *testing.T) {
+	up := jsonUpstream(t)
+	tr := startRouter(t, newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerBytes })),
+		router.DefaultConfig(), record(up, "m", discovery.StatusActive))
+	prompt := strings.Repeat("the same long prompt ", 64)
+	for range 3 {
+		if resp, body := tr.do(t, http.MethodPost, "/v1/completions", `{"model":"m","prompt":"`+prompt+`"}`); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+	}
+	_, body := tr.do(t, http.MethodGet, "/v1/admin/fleet", "")
+	var snap router.FleetSnapshot
+	if err := json.Unmarshal(body, &snap); err != nil || len(snap.Workers) != 1 {
+		t.Fatalf("fleet %s: %v", body, err)
+	}
+	w := snap.Workers[0]
+	if w.Mode != "approximate" || w.HitRatioPredicted == nil || *w.HitRatioPredicted < 0.5 || *w.HitRatioPredicted > 0.7 {
+		t.Fatalf("worker %+v (hit ratio %v), want approximate and about 2/3 predicted", w, w.HitRatioPredicted)
+	}
+	if snap.KV.HitRatioPredicted == nil || *snap.KV.HitRatioPredicted != *w.HitRatioPredicted || snap.KV.ApproximatePicks != 3 {
+		t.Fatalf("kv %+v", snap.KV)
+	}
+}

@@ -273,6 +273,8 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		p.idx.NotePrompt(t.idx, sc.tokens, hs, t.blockSize())
 	}
 	p.m.observe(kind, precise, len(hs), bestEff)
+	t.promptBlocks.Add(uint64(len(hs)))
+	t.hitBlocks.Add(uint64(bestEff))
 	return Ticket{Worker: t.worker, State: kt, PinRank: t.pin, DPRank: t.key.DPRank}, nil
 }
 
