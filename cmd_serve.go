@@ -132,7 +132,11 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 	if err != nil {
 		return fmt.Errorf("build router: %w", err)
 	}
-	watcher := discovery.NewWatcher(cli, etcdCfg.Prefix, log, rt.UpdateFleet)
+	onFleet := rt.UpdateFleet
+	if cfg.TokenizerCanaryCheck {
+		onFleet = canaryFilter(rt, log)
+	}
+	watcher := discovery.NewWatcher(cli, etcdCfg.Prefix, log, onFleet)
 	watcher.SetOutageGrace(cfg.OutageGrace)
 	spawn(func(ctx context.Context) {
 		if err := watcher.Run(ctx); err != nil {

@@ -102,6 +102,10 @@ type Serve struct {
 	// EnableProfiling serves Go's pprof endpoints (/debug/pprof/*) on
 	// AdminListen, behind AdminToken when set; it needs AdminListen.
 	EnableProfiling bool
+	// TokenizerCanaryCheck rejects a worker whose record's kv block carries
+	// a tokenizer_canary other than the first of its model's (the
+	// reference's rule; discovery.CanaryCheck).
+	TokenizerCanaryCheck bool
 	// MaxHeaderBytes bounds a request's headers (431 beyond).
 	MaxHeaderBytes int
 	// ClientWriteTimeout bounds one write to a client (a stalled reader).
@@ -362,6 +366,7 @@ func (s *Serve) Flags() []cli.Flag {
 		String("admin-listen", "host:port for /v1/workers, /v1/admin/* and /metrics (then not served on --listen)", &s.AdminListen, ""),
 		String("admin-token", "Bearer token required on the admin endpoints", &s.AdminToken, ""),
 		Bool("enable-profiling", "serve Go's pprof endpoints (/debug/pprof/) on --admin-listen, behind --admin-token when set", &s.EnableProfiling, false),
+		Bool("tokenizer-canary-check", "reject a worker whose kv block's tokenizer_canary differs from the first worker's of its model (counted in infera_canary_rejections_total); =false to route them anyway", &s.TokenizerCanaryCheck, true),
 		Int("max-header-bytes", "largest request header block; larger ones get 431", &s.MaxHeaderBytes, 16384),
 		Duration("client-write-timeout", "longest time one write to a client may block", &s.ClientWriteTimeout, 5*time.Minute),
 		Int("max-connections", "most concurrent client connections; beyond, a new connection gets 503 (OpenAI error, Retry-After)", &s.MaxConnections, 10000),

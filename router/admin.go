@@ -36,6 +36,10 @@ type CacheView struct {
 	PlacementBlocks int
 	// Precise: the worker is routed on a confirmed event stream.
 	Precise bool
+	// PromptBlocks counts the prompt blocks of the picks of this worker
+	// (rank), HitBlocks those it was expected to hold: the predicted hit
+	// ratio (GET /v1/admin/fleet).
+	PromptBlocks, HitBlocks uint64
 }
 
 // CacheViewer is implemented by policies that keep a view of the workers'

@@ -240,6 +240,10 @@ type kvTarget struct {
 	picks    float64 // picks as of picksAt, halving every shareHalfLife
 	picksAt  int64
 	est      ttftModel // --kv-cost ttft (kvestimate.go)
+
+	// Picks' prompt blocks and the blocks the target was expected to hold
+	// (the fleet snapshot's per-worker predicted hit ratio).
+	promptBlocks, hitBlocks atomic.Uint64
 }
 
 // blockSize is the size the target's hashes use: the one its events
@@ -615,6 +619,8 @@ func (p *KVAware) CacheView(workerID string, dpRank int, hasRank bool) (CacheVie
 			continue
 		}
 		found = true
+		v.PromptBlocks += t.promptBlocks.Load()
+		v.HitBlocks += t.hitBlocks.Load()
 		pl := t.place.Len()
 		v.PlacementBlocks += pl
 		if t.idx != nil {

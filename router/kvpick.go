@@ -292,6 +292,8 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 		p.idx.NotePrompt(t.idx, sc.tokens, hs, t.blockSize())
 	}
 	p.m.observe(kind, precise, len(hs), bestEff)
+	t.promptBlocks.Add(uint64(len(hs)))
+	t.hitBlocks.Add(uint64(bestEff))
 	return Ticket{Worker: t.worker, State: kt, PinRank: t.pin, DPRank: t.key.DPRank}, nil
 }
 

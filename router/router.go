@@ -164,7 +164,8 @@ type Router struct {
 	keys     keySet // client API keys
 	adminKey keySet // the admin token
 
-	prewarm *prewarmer // nil without Config.KVDSocket
+	prewarm *prewarmer   // nil without Config.KVDSocket
+	fleet   fleetSampler // GET /v1/admin/fleet (fleetsnap.go)
 
 	idPrefix [17]byte // random hex + '-', the stem of generated request ids
 	idSeq    atomic.Uint64
@@ -283,6 +284,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 	mainCtx, stopMain := context.WithCancel(ctx)
 	defer stopMain()
+	context.AfterFunc(mainCtx, r.fleet.stop) // fleet streams end before the drain waits on them
 	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopAdmin()
 	var adminErr chan error
@@ -381,6 +383,10 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 		r.serveCacheView(ctx)
 	case RoutePrewarm:
 		r.servePrewarm(ctx)
+	case RouteFleet:
+		r.serveFleet(ctx)
+	case RouteDashboard:
+		r.serveDashboard(ctx)
 	default:
 		r.requestID(ctx)
 		writeError(ctx, fasthttp.StatusNotFound, "unknown path "+clip(ctx.Path()), openai.TypeNotFound, "not_found")
@@ -395,7 +401,9 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 func (r *Router) allowed(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) bool {
 	var ks *keySet
 	switch {
-	case rt == RouteHealth || rt == RouteReady || rt == RouteOther:
+	case rt == RouteHealth || rt == RouteReady || rt == RouteOther || rt == RouteDashboard:
+		// The dashboard page is static (no fleet data): it asks for the
+		// admin token and sends it with its requests for the fleet.
 		return true
 	case rt.admin() && r.adminKey.enabled():
 		ks = &r.adminKey

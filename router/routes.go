@@ -24,6 +24,8 @@ const (
 	RouteMetrics
 	RouteCacheView // GET /v1/admin/cache-view/{worker_id}
 	RoutePrewarm   // POST /v1/cache/prewarm: a prefetch_hint to kvd (prewarm.go)
+	RouteFleet     // GET /v1/admin/fleet: the fleet snapshot, or its SSE stream (fleetsnap.go)
+	RouteDashboard // GET /dashboard: the live fleet page (webui)
 	RouteOther
 	numRoutes
 )
@@ -48,6 +50,8 @@ var routePaths = [numRoutes]string{
 	RouteMetrics:         "/metrics",
 	RouteCacheView:       cacheViewPrefix + "{worker_id}",
 	RoutePrewarm:         "/v1/cache/prewarm",
+	RouteFleet:           "/v1/admin/fleet",
+	RouteDashboard:       "/dashboard",
 	RouteOther:           "",
 }
 
@@ -75,6 +79,8 @@ var routeLabels = [numRoutes]string{
 	RouteMetrics:         "metrics",
 	RouteCacheView:       "cache_view",
 	RoutePrewarm:         "cache_prewarm",
+	RouteFleet:           "fleet",
+	RouteDashboard:       "dashboard",
 	RouteOther:           "other",
 }
 
@@ -133,6 +139,10 @@ func routeOf(path []byte) Route {
 		return RouteMetrics
 	case "/v1/cache/prewarm":
 		return RoutePrewarm
+	case "/v1/admin/fleet":
+		return RouteFleet
+	case "/dashboard":
+		return RouteDashboard
 	}
 	if len(path) > len(modelPrefix) && string(path[:len(modelPrefix)]) == modelPrefix {
 		return RouteModel
@@ -188,7 +198,7 @@ func (o outcome) String() string { return outcomeLabels[o] }
 // admin reports whether rt is an admin or fleet endpoint: served on
 // --admin-listen when there is one, behind --admin-token when set.
 func (rt Route) admin() bool {
-	return rt == RouteWorkers || rt == RouteMetrics || rt == RouteCacheView
+	return rt == RouteWorkers || rt == RouteMetrics || rt == RouteCacheView || rt == RouteFleet || rt == RouteDashboard
 }
 
 // generates reports whether the route's workers generate tokens: their
