@@ -2,8 +2,10 @@ package natstest
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -120,6 +122,19 @@ func (s *Server) Pause() {
 		s.t.Fatalf("SIGSTOP nats-server: %v", err)
 	}
 	s.paused = true
+	// The signal is delivered asynchronously: wait until the kernel shows
+	// the process stopped, so that nothing sent after Pause is answered.
+	stat := fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return
+		}
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+			return
+		}
+	}
+	s.t.Fatalf("nats-server %d did not stop after SIGSTOP", s.cmd.Process.Pid)
 }
 
 // Resume continues a paused server with SIGCONT.
