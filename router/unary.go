@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/infera/infera/router/upstream"
 	"github.com/valyala/fasthttp"
 )
 
@@ -145,9 +146,9 @@ func (t unaryTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request
 		return false, err
 	}
 	conn := cc.Conn()
-	if dc, ok := conn.(*deadlineConn); ok {
-		dc.owner = a
-		defer func() { dc.owner = nil }()
+	if dc, ok := conn.(*upstream.Conn); ok {
+		dc.SetOwner(a)
+		defer dc.SetOwner(nil)
 	}
 	resp.ParseNetConn(conn)
 	w.upConn = conn
@@ -177,6 +178,10 @@ func (t unaryTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request
 	}
 	return false, nil
 }
+
+// CanRetry implements upstream.Owner: whether the unary attempt may still
+// give up a stalled worker for another.
+func (a *attempt) CanRetry() bool { return a.rel.canRetry() }
 
 // unaryAttempts maps the upstream request of each unary attempt in flight
 // to its attempt, for unaryTransport.
