@@ -393,12 +393,14 @@ func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
 	a.deadline = deadline
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = rel.scan.Stream
+	var err error
 	if !resp.StreamBody && rel.watch.conn != nil {
-		// unaryTransport finds the attempt by its request.
-		rel.r.unary.add(req, a)
-		defer rel.r.unary.remove(req)
+		// Watched by the client watch: the attempt holds its connection.
+		err = a.exchangeUnary(a.ticket.Worker.client, req, resp)
+	} else {
+		err = a.ticket.Worker.client.DoDeadline(req, resp, deadline)
 	}
-	if err := a.ticket.Worker.client.DoDeadline(req, resp, deadline); err != nil {
+	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		return nil, err
 	}

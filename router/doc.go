@@ -66,8 +66,8 @@
 // first byte move elsewhere. A unary request's client connection is read
 // while its answer is awaited, from 20 ms into the wait on (unary.go,
 // clientWatchDelay: faster answers cost no watch): a client that leaves closes the
-// upstream request, through the router's RoundTripper, which knows each
-// unary attempt's connection. Oversized max_tokens are refused before any
+// upstream request: the attempt holds its pooled connection by hand
+// (attempt.exchangeUnary). Oversized max_tokens are refused before any
 // engine (Config.MaxTokensCeiling); a bare-LF request line is refused at
 // once (barelf.go).
 //
@@ -81,6 +81,14 @@
 // concurrent prefill runs on a goroutine of its own, which only sends and
 // reads its leg and reports on a channel; its attempt ends on the
 // request's goroutine.
+//
+// Upstream connections (router/upstream, issue 29): the package owns the
+// worker connections (dial, deadlines with slack, the connection set cut at
+// shutdown) and imports nothing from router. What a connection needs from
+// here is handed to it: the worker's stall accounting when it is dialed
+// (workerProgress, upstream.go), the unary attempt holding it
+// (attempt.exchangeUnary, an upstream.Owner) and the stream reading it
+// (relay.attach, an upstream.Watcher that writes the client's heartbeats).
 //
 // Concurrency: the fleet view is an immutable value swapped through an atomic
 // pointer by the discovery watcher callback; request handlers only load it and

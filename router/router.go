@@ -153,8 +153,7 @@ type Router struct {
 	workers map[string]*Worker        // by worker_id; guarded by fleetMu
 	cursors map[string]*atomic.Uint64 // per model; guarded by fleetMu
 
-	conns upstream.Set  // open upstream connections
-	unary unaryAttempts // unary attempts awaiting their answer (unary.go)
+	conns upstream.Set // open upstream connections
 
 	front *frontDoor // client connection and body budgets
 

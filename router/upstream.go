@@ -34,7 +34,6 @@ func (r *Router) newHostClient(addr string, tls bool, w *Worker) *fasthttp.HostC
 		// header parser may buffer.
 		ReadBufferSize: 16 << 10,
 		Dial:           func(addr string) (net.Conn, error) { return r.dial(addr, w) },
-		Transport:      unaryTransport{r},
 	}
 }
 
