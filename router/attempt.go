@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/infera/infera/router/upstream"
 	"github.com/valyala/fasthttp"
 )
 
@@ -33,7 +34,7 @@ type attempt struct {
 
 	resp   *fasthttp.Response // upstream response while streaming
 	src    io.Reader          // its body stream
-	conn   *deadlineConn      // its connection, watched while streaming
+	conn   *upstream.Conn     // its connection, watched while streaming
 	status int                // the worker's status; 0 before its headers
 	// readTimedOut: a watched read hit its deadline (fasthttp's chunk
 	// parser reports that without wrapping the timeout error).
@@ -47,7 +48,7 @@ type attempt struct {
 	failWhy failReason
 	failErr error
 
-	watch watchSlot // what conn watches: this attempt
+	watch upstream.WatchSlot // what conn watches: this attempt
 }
 
 // fail notes why the attempt failed; endAttempt counts, logs and remembers
@@ -305,7 +306,7 @@ func (a *attempt) classify(err error) failReason {
 	case errors.Is(err, fasthttp.ErrConnectionClosed) && a.ticket.Worker != nil && a.ticket.Worker.Stalled():
 		// fasthttp reports a read that failed before any byte of the
 		// headers as a closed connection: on a stalled worker, that is
-		// the read giving up (deadlineConn.readUnwatched).
+		// the read giving up (upstream.Conn, Progress.GiveUp).
 		return reasonStalled
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
 		return reasonBusy
@@ -392,12 +393,14 @@ func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
 	a.deadline = deadline
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = rel.scan.Stream
+	var err error
 	if !resp.StreamBody && rel.watch.conn != nil {
-		// unaryTransport finds the attempt by its request.
-		rel.r.unary.add(req, a)
-		defer rel.r.unary.remove(req)
+		// Watched by the client watch: the attempt holds its connection.
+		err = a.exchangeUnary(a.ticket.Worker.client, req, resp)
+	} else {
+		err = a.ticket.Worker.client.DoDeadline(req, resp, deadline)
 	}
-	if err := a.ticket.Worker.client.DoDeadline(req, resp, deadline); err != nil {
+	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		return nil, err
 	}

@@ -66,7 +66,7 @@
 // first-byte timeout) is replaced and the client sees the next worker's
 // events after the comments. After the first event a failure ends the
 // stream with one SSE error event. Heartbeats and the stream deadlines live
-// in the upstream connection's Read (upstream.go, deadlineConn.watch): the
+// in the upstream connection's Read (upstream.Conn.Watch): the
 // relay's own goroutine writes the comment, and a failed write closes the
 // worker connection — that is how a client leaving a silent stream frees
 // the engine's sequence.

@@ -36,8 +36,9 @@ type Worker struct {
 	rankCursor atomic.Uint64
 	picks      prometheus.Counter
 	breaker    breaker
-	stall      workerStall // progress and stall state (stall.go)
-	health     string      // the engine's GET /health, the stall probe
+	stall      workerStall    // progress and stall state (stall.go)
+	prog       workerProgress // the stall state as its connections see it (upstream.go)
+	health     string         // the engine's GET /health, the stall probe
 
 	// PolicyState belongs to the policy: a FleetAware policy may set it in
 	// Attach, before the worker is visible to Pick, and read it afterwards.
@@ -243,6 +244,7 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 		tls:   tls,
 		picks: r.metrics.picks.WithLabelValues(rec.WorkerID),
 	}
+	w.prog = workerProgress{r: r, w: w}
 	w.client = r.newHostClient(addr, tls, w)
 	base := u.Scheme + "://" + u.Host + trimSlash(u.EscapedPath())
 	for rt := range Route(numProxyRoutes) {

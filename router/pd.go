@@ -169,7 +169,7 @@ func (lc *legConn) do(r *Router, w *Worker, req *fasthttp.Request, deadline time
 
 // doPooled exchanges req for a whole answer on a connection of hc, the
 // worker's pool (dialed through Router.dial like every upstream
-// connection), as unaryTransport does for a mixed attempt: the connection
+// connection), as attempt.exchangeUnary does for a mixed attempt: the connection
 // is the leg's while the answer is awaited, so abort closes it (the
 // engine drops the request); after a complete answer it goes back to the
 // pool, after a failure or an abort it is closed.

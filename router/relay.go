@@ -12,6 +12,7 @@ import (
 
 	"github.com/infera/infera/anthropic"
 	"github.com/infera/infera/openai"
+	"github.com/infera/infera/router/upstream"
 )
 
 const (
@@ -397,7 +398,4 @@ func isEventStream(ct []byte) bool {
 	return bytes.HasPrefix(ct, []byte("text/event-stream"))
 }
 
-func isTimeout(err error) bool {
-	var t interface{ Timeout() bool }
-	return errors.As(err, &t) && t.Timeout()
-}
+func isTimeout(err error) bool { return upstream.IsTimeout(err) }

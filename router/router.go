@@ -16,6 +16,7 @@ import (
 
 	"github.com/infera/infera/lifecycle"
 	"github.com/infera/infera/openai"
+	"github.com/infera/infera/router/upstream"
 )
 
 // Config is the router's tuning. Start from DefaultConfig (the flag
@@ -152,8 +153,7 @@ type Router struct {
 	workers map[string]*Worker        // by worker_id; guarded by fleetMu
 	cursors map[string]*atomic.Uint64 // per model; guarded by fleetMu
 
-	conns connSet       // open upstream connections
-	unary unaryAttempts // unary attempts awaiting their answer (unary.go)
+	conns upstream.Set // open upstream connections
 
 	front *frontDoor // client connection and body budgets
 
@@ -303,7 +303,7 @@ func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 	err := lifecycle.Serve(mainCtx, r.Server(), r.front.listener(lfListener{ln}, r), lifecycle.Options{
 		Grace: r.cfg.ShutdownTimeout,
 		Overdue: func() {
-			n := r.conns.closeAll()
+			n := r.conns.CloseAll()
 			r.log.Warn().Int("connections", n).Dur("grace", r.cfg.ShutdownTimeout).Msg("shutdown grace over, cutting running streams")
 		},
 	})
@@ -329,7 +329,7 @@ func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 
 // shutdownPools closes every upstream connection pool.
 func (r *Router) shutdownPools() {
-	r.conns.closeAll()
+	r.conns.CloseAll()
 	r.fleetMu.Lock()
 	defer r.fleetMu.Unlock()
 	for _, w := range r.workers {

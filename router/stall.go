@@ -15,7 +15,7 @@ import (
 // clients' requests pile up there.
 //
 // Every upstream read that returns bytes stamps its worker's progress
-// (deadlineConn.Read); the first request after an idle spell stamps it too
+// (upstream.Conn.Read); the first request after an idle spell stamps it too
 // (admission.reserve). A worker with requests in flight and no progress
 // for StallWindow is suspected: every policy's candidates skip it (begin)
 // and it is probed (GET /health, at most every StallProbeInterval). An

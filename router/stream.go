@@ -10,25 +10,8 @@ import (
 	"github.com/infera/infera/openai"
 )
 
-// streamWatcher is what a watched upstream connection (deadlineConn)
-// asks of the stream reading it, from inside Read on the reader's own
-// goroutine.
-type streamWatcher interface {
-	// beforeRead returns the hard deadline of the next read and the
-	// heartbeat cadence (0: no heartbeats now).
-	beforeRead(now time.Time) (hard time.Time, beat time.Duration)
-	// heartbeat runs after a beat of silence; an error ends the read.
-	heartbeat() error
-	// noteReadTimeout reports that a read hit its hard deadline.
-	noteReadTimeout()
-}
-
-// watchSlot holds a connection's watcher (an atomic pointer to it swaps
-// the watcher without an allocation).
-type watchSlot struct{ streamWatcher }
-
 // attach makes resp the stream of attempt a and has its connection watch
-// a (stream deadlines and heartbeats, see deadlineConn).
+// a (stream deadlines and heartbeats, see upstream.Conn).
 func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
 	a.resp, a.src = resp, resp.BodyStream()
 	rel.pump.transform = rel.dialect.event
@@ -36,18 +19,18 @@ func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
 		rel.xlate.Reset()
 		rel.pump.transform = rel.xlateEvent
 	}
-	if c := rel.r.conns.lookup(resp.LocalAddr()); c != nil {
+	if c := rel.r.conns.Lookup(resp.LocalAddr()); c != nil {
 		a.conn = c
-		a.watch.streamWatcher = a
-		c.watch.Store(&a.watch)
+		a.watch.Watcher = a
+		c.Watch(&a.watch)
 	}
 }
 
-// beforeRead: the attempt's stream deadline, and heartbeats while the
+// BeforeRead: the attempt's stream deadline, and heartbeats while the
 // relay writes to its client; it also pushes the client's write deadline.
 // Until the first event, with stall detection on, the beat also comes every
 // stall tick, so that a stuck stream gives up its worker (heartbeat).
-func (a *attempt) beforeRead(now time.Time) (time.Time, time.Duration) {
+func (a *attempt) BeforeRead(now time.Time) (time.Time, time.Duration) {
 	rel := a.rel
 	r := rel.r
 	rel.keepWriting(now)
@@ -66,7 +49,7 @@ func (a *attempt) beforeRead(now time.Time) (time.Time, time.Duration) {
 
 // heartbeat runs at every beat of silence: it gives up a stuck worker
 // (errAttemptStalled), and writes the SSE comment when one is due.
-func (a *attempt) heartbeat() error {
+func (a *attempt) Heartbeat() error {
 	rel := a.rel
 	now := time.Now()
 	if a.stuck(now) {
@@ -80,7 +63,7 @@ func (a *attempt) heartbeat() error {
 	return rel.heartbeat()
 }
 
-func (a *attempt) noteReadTimeout() { a.readTimedOut = true }
+func (a *attempt) NoteReadTimeout() { a.readTimedOut = true }
 
 // readDeadline is the hard deadline of the next upstream read of a
 // stream: the first-byte deadline of the attempt until the first event
@@ -262,7 +245,7 @@ func (rel *relay) Close() error {
 func (rel *relay) closeUpstream(a *attempt) {
 	if a.conn != nil {
 		// Before the connection can go back to the pool.
-		a.conn.watch.Store(nil)
+		a.conn.Watch(nil)
 		a.conn = nil
 	}
 	if a.resp == nil {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/infera/infera/router/upstream"
 	"github.com/valyala/fasthttp"
 )
 
@@ -19,11 +20,11 @@ import (
 // simulator) learns to abort the request and free its slot. The request
 // ends as a disconnect, and is not retried.
 //
-// The upstream connection of a unary attempt is known through the router's
-// transport (unaryTransport, the HostClient's RoundTripper): it exchanges
-// the request on a pooled connection as fasthttp's own transport does, and
-// publishes the connection in the attempt while the answer is awaited.
-// Streams take fasthttp's transport unchanged.
+// A watched unary attempt holds its upstream connection by hand
+// (attempt.exchangeUnary): it takes one of the worker's pool, exchanges the
+// request on it as fasthttp's own transport does, and publishes it in the
+// watch while the answer is awaited. Streams take fasthttp's exchange
+// unchanged.
 //
 // The same mechanism is why a unary attempt that hits --ttft-timeout never
 // runs on two workers at once: its read fails at the deadline and the
@@ -51,9 +52,9 @@ type clientWatch struct {
 	stopping atomic.Bool
 	byte     bool // a byte arrived (a pipelined request): the connection closes after the answer
 	wg       sync.WaitGroup
-	// up is the connection of the attempt in flight (unaryTransport), a
+	// up is the connection of the attempt in flight (attempt.exchangeUnary), a
 	// pointer to upConn; whoever swaps it out owns it: the watcher closes
-	// it, the transport releases it.
+	// it, the attempt releases it.
 	up     atomic.Pointer[net.Conn]
 	upConn net.Conn
 }
@@ -126,28 +127,32 @@ func (w *clientWatch) stop(ctx *fasthttp.RequestCtx) bool {
 	return gone
 }
 
-// unaryTransport is the RoundTripper of every worker's HostClient.
-type unaryTransport struct{ r *Router }
-
-// RoundTrip implements fasthttp.RoundTripper.
-func (t unaryTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (bool, error) {
-	if resp.StreamBody {
-		return fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
-	}
-	a := t.r.unary.lookup(req)
-	if a == nil {
-		return fasthttp.DefaultTransport.RoundTrip(hc, req, resp)
-	}
+// exchangeUnary exchanges req for a whole answer on a connection of hc,
+// a's worker's pool, within a's deadline. The connection is held by hand
+// (not by hc.DoDeadline) so that the client watch can close it when its
+// client leaves, and so that the connection knows its owner (a stall gives
+// up only while a retry is left); after a complete answer it goes back to
+// the pool, after a failure it is closed.
+func (a *attempt) exchangeUnary(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) error {
 	w := &a.rel.watch
 	deadline := a.deadline
-	cc, err := hc.AcquireConn(time.Until(deadline), req.ConnectionClose())
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return fasthttp.ErrTimeout
+	}
+	// What hc.DoDeadline would set on its way to the connection.
+	req.URI().DisablePathNormalizing = hc.DisablePathNormalizing
+	if len(req.Header.UserAgent()) == 0 && hc.Name != "" {
+		req.Header.SetUserAgent(hc.Name)
+	}
+	cc, err := hc.AcquireConn(wait, req.ConnectionClose())
 	if err != nil {
-		return false, err
+		return err
 	}
 	conn := cc.Conn()
-	if dc, ok := conn.(*deadlineConn); ok {
-		dc.owner = a
-		defer func() { dc.owner = nil }()
+	if dc, ok := conn.(*upstream.Conn); ok {
+		dc.SetOwner(a)
+		defer dc.SetOwner(nil)
 	}
 	resp.ParseNetConn(conn)
 	w.upConn = conn
@@ -157,7 +162,7 @@ func (t unaryTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request
 		if w.up.Swap(nil) != nil {
 			hc.CloseConn(cc)
 		}
-		return false, errClientLeft
+		return errClientLeft
 	}
 	err = exchangeOn(hc, conn, req, resp, deadline)
 	mine := w.up.Swap(nil) != nil
@@ -165,47 +170,22 @@ func (t unaryTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request
 	case !mine:
 		// The watcher closed it: the client is gone.
 		hc.CloseConn(cc)
-		return false, errClientLeft
+		return errClientLeft
 	case err != nil:
 		hc.CloseConn(cc)
-		return false, err
+		return err
 	case req.ConnectionClose() || resp.ConnectionClose():
 		hc.CloseConn(cc)
 	default:
 		_ = conn.SetDeadline(time.Time{})
 		hc.ReleaseConn(cc)
 	}
-	return false, nil
+	return nil
 }
 
-// unaryAttempts maps the upstream request of each unary attempt in flight
-// to its attempt, for unaryTransport.
-type unaryAttempts struct {
-	mu sync.Mutex
-	m  map[*fasthttp.Request]*attempt
-}
-
-func (u *unaryAttempts) add(req *fasthttp.Request, a *attempt) {
-	u.mu.Lock()
-	if u.m == nil {
-		u.m = make(map[*fasthttp.Request]*attempt)
-	}
-	u.m[req] = a
-	u.mu.Unlock()
-}
-
-func (u *unaryAttempts) remove(req *fasthttp.Request) {
-	u.mu.Lock()
-	delete(u.m, req)
-	u.mu.Unlock()
-}
-
-func (u *unaryAttempts) lookup(req *fasthttp.Request) *attempt {
-	u.mu.Lock()
-	a := u.m[req]
-	u.mu.Unlock()
-	return a
-}
+// CanRetry implements upstream.Owner: whether the unary attempt may still
+// give up a stalled worker for another.
+func (a *attempt) CanRetry() bool { return a.rel.canRetry() }
 
 // exchangeOn writes req on conn, a connection taken from hc's pool, and
 // reads its whole answer into resp, both before deadline: the exchange

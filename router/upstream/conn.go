@@ -1,0 +1,276 @@
+package upstream
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrShuttingDown is returned by Dial once the Set is closed.
+var ErrShuttingDown = errors.New("upstream: router is shutting down")
+
+// Progress is the worker's progress accounting, given to a connection when
+// it is dialed; nil: untracked.
+type Progress interface {
+	// Progress stamps the worker's progress after a read returned bytes
+	// (now: unix ns).
+	Progress(now int64)
+	// StallTick is how often an unwatched read wakes to check for a
+	// stall; 0: stall detection is off.
+	StallTick() time.Duration
+	// GiveUp reports an error that ends an unwatched read waiting since
+	// start (the worker is confirmed stalled), or nil to keep waiting.
+	GiveUp(now, start time.Time) error
+}
+
+// Owner is the unary exchange using a connection.
+type Owner interface {
+	// CanRetry reports whether the exchange may still go elsewhere: an
+	// exchange with no retry left keeps waiting on a stalled worker.
+	CanRetry() bool
+}
+
+// Watcher is what a watched connection asks of the stream reading it, from
+// inside Read on the reader's own goroutine.
+type Watcher interface {
+	// BeforeRead returns the hard deadline of the next read and the
+	// heartbeat cadence (0: no heartbeats now).
+	BeforeRead(now time.Time) (hard time.Time, beat time.Duration)
+	// Heartbeat runs after a beat of silence; an error ends the read.
+	Heartbeat() error
+	// NoteReadTimeout reports that a read hit its hard deadline.
+	NoteReadTimeout()
+}
+
+// WatchSlot holds a connection's watcher (an atomic pointer to it swaps the
+// watcher without an allocation).
+type WatchSlot struct{ Watcher }
+
+// Dial connects to addr within connectTimeout and wraps the connection so
+// that every read and write gets its own deadline: an engine may stream for
+// many minutes, but must never go silent for longer than timeout.
+// (fasthttp's ReadTimeout would instead bound the whole response, cutting
+// long generations.) Bytes read are p's progress.
+func Dial(set *Set, addr string, connectTimeout, timeout time.Duration, p Progress) (*Conn, error) {
+	d := net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	dc := &Conn{Conn: c, timeout: timeout, set: set, local: c.LocalAddr(), prog: p}
+	if !set.add(dc) {
+		_ = c.Close()
+		return nil, ErrShuttingDown
+	}
+	return dc, nil
+}
+
+// Conn is an upstream connection with a per-operation idle timeout.
+//
+// Two more bounds apply on top. A deadline fasthttp sets (DoDeadline: the
+// first-byte and request timeouts of one attempt) caps every operation
+// until it is cleared. And while a stream watches the connection (Watch),
+// reads follow its deadlines and, whenever the worker is silent for a
+// heartbeat interval, the watcher runs from inside Read — the reading
+// goroutine is the stream's own, so nothing runs concurrently — and a
+// failed heartbeat ends the read.
+type Conn struct {
+	net.Conn
+	timeout time.Duration
+	set     *Set
+	local   net.Addr // the key of set.byLocal
+	once    sync.Once
+	prog    Progress // nil: not tracked
+	// owner is the unary exchange on it, read and written only on that
+	// exchange's goroutine; nil otherwise.
+	owner Owner
+
+	readHard  atomic.Int64 // unix ns; 0: none
+	writeHard atomic.Int64
+	// The deadlines last set on Conn (unix ns; 0: none or unknown), by
+	// its reading and its writing goroutine (setDeadline).
+	readSet, writeSet int64
+	watch             atomic.Pointer[WatchSlot] // the stream reading it, if watched
+}
+
+// SetOwner sets (nil: clears) the unary exchange using c.
+func (c *Conn) SetOwner(o Owner) { c.owner = o }
+
+// Watch makes s's watcher (nil: none) watch c's reads.
+func (c *Conn) Watch(s *WatchSlot) { c.watch.Store(s) }
+
+// Deadline slack. Resetting a connection's deadline costs a runtime timer
+// update, and a busy connection would pay it on every read and write. So
+// setDeadline sets a deadline a little later than wanted, and keeps the one
+// already set while it is no earlier than wanted and no later than that
+// slack: a timeout or tick by 1/deadlineSlackDiv of its wait (an idle
+// timeout of 5 min ends up to ~19 s late, a stall tick of 500 ms up to
+// ~31 ms), a hard deadline (fasthttp's first-byte and request deadlines,
+// a stream's) by 1/hardSlackDiv of its wait and at most hardSlackMax.
+const (
+	deadlineSlackDiv = 16
+	hardSlackDiv     = 64
+	hardSlackMax     = 20 * time.Millisecond
+)
+
+// setDeadline sets Conn's read (or write) deadline to dl (hard: a hard
+// deadline) unless *cur, the one already set, may stand for it.
+func (c *Conn) setDeadline(cur *int64, write bool, dl, now time.Time, hard bool) error {
+	want := dl.UnixNano()
+	slack := (want - now.UnixNano()) / deadlineSlackDiv
+	if hard {
+		slack = min(slack*deadlineSlackDiv/hardSlackDiv, int64(hardSlackMax))
+	}
+	slack = max(slack, 0)
+	if have := *cur; have >= want && have-want <= slack {
+		return nil
+	}
+	set := dl.Add(time.Duration(slack))
+	var err error
+	if write {
+		err = c.Conn.SetWriteDeadline(set)
+	} else {
+		err = c.Conn.SetReadDeadline(set)
+	}
+	if err != nil {
+		*cur = 0
+		return err
+	}
+	*cur = want + slack
+	return nil
+}
+
+// capExact returns the earlier of t and the hard deadline h (unix ns, 0:
+// none), and whether h won.
+func capExact(t time.Time, h int64) (time.Time, bool) {
+	if h != 0 && h < t.UnixNano() {
+		return time.Unix(0, h), true
+	}
+	return t, false
+}
+
+func (c *Conn) Read(p []byte) (int, error) {
+	now := time.Now()
+	sw := c.watch.Load()
+	if sw == nil {
+		return c.readUnwatched(p, now)
+	}
+	hard, every := sw.BeforeRead(now)
+	beat := now.Add(every)
+	for {
+		dl, isBeat := hard, false
+		if every > 0 && beat.Before(hard) {
+			dl, isBeat = beat, true
+		}
+		if err := c.setDeadline(&c.readSet, false, dl, now, !isBeat); err != nil {
+			return 0, err
+		}
+		n, err := c.Conn.Read(p)
+		if n > 0 || err == nil {
+			c.progress(n)
+			return n, err
+		}
+		if !isBeat || !IsTimeout(err) {
+			if IsTimeout(err) {
+				sw.NoteReadTimeout()
+			}
+			return n, err
+		}
+		if herr := sw.Heartbeat(); herr != nil {
+			return 0, herr
+		}
+		beat = beat.Add(every)
+		now = time.Now()
+	}
+}
+
+// progress stamps the worker's progress after a read of n bytes.
+func (c *Conn) progress(n int) {
+	if n > 0 && c.prog != nil {
+		c.prog.Progress(time.Now().UnixNano())
+	}
+}
+
+// readUnwatched is a read outside a watched stream: response headers, a
+// unary answer, a probe. With stall detection on it wakes every stall tick,
+// and gives up once Progress.GiveUp says so: nothing of the answer reached
+// the client yet, so the request can go elsewhere, and closing the
+// connection tells the engine to drop it.
+func (c *Conn) readUnwatched(p []byte, now time.Time) (int, error) {
+	hard, exact := capExact(now.Add(c.timeout), c.readHard.Load())
+	var tick time.Duration
+	if c.prog != nil {
+		tick = c.prog.StallTick()
+	}
+	start := now
+	for {
+		dl, isTick := hard, false
+		if tick > 0 && now.Add(tick).Before(hard) {
+			dl, isTick = now.Add(tick), true
+		}
+		if err := c.setDeadline(&c.readSet, false, dl, now, exact && !isTick); err != nil {
+			return 0, err
+		}
+		n, err := c.Conn.Read(p)
+		if n > 0 || err == nil || !isTick || !IsTimeout(err) {
+			c.progress(n)
+			return n, err
+		}
+		now = time.Now()
+		if gerr := c.prog.GiveUp(now, start); gerr != nil && (c.owner == nil || c.owner.CanRetry()) {
+			// A unary exchange with no retry left keeps waiting instead.
+			return 0, gerr
+		}
+	}
+}
+
+func (c *Conn) Write(p []byte) (int, error) {
+	now := time.Now()
+	dl, exact := capExact(now.Add(c.timeout), c.writeHard.Load())
+	if err := c.setDeadline(&c.writeSet, true, dl, now, exact); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(p)
+}
+
+// SetReadDeadline records fasthttp's deadline as a cap: Read sets the
+// real one.
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	c.readHard.Store(unixOrZero(t))
+	return nil
+}
+
+// SetWriteDeadline records fasthttp's deadline as a cap, like
+// SetReadDeadline.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	c.writeHard.Store(unixOrZero(t))
+	return nil
+}
+
+// SetDeadline sets both caps.
+func (c *Conn) SetDeadline(t time.Time) error {
+	c.readHard.Store(unixOrZero(t))
+	c.writeHard.Store(unixOrZero(t))
+	return nil
+}
+
+func unixOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// Close closes the connection and drops it from its Set.
+func (c *Conn) Close() error {
+	c.once.Do(func() { c.set.remove(c) })
+	return c.Conn.Close()
+}
+
+// IsTimeout reports whether err is a timeout.
+func IsTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}

@@ -1,0 +1,178 @@
+package upstream
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// echoServer accepts connections and answers each read with its bytes,
+// until the test ends.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close(); <-done })
+	return ln.Addr().String()
+}
+
+type countProgress struct {
+	n    atomic.Int64
+	tick time.Duration
+	err  error
+}
+
+func (p *countProgress) Progress(int64)                    { p.n.Add(1) }
+func (p *countProgress) StallTick() time.Duration          { return p.tick }
+func (p *countProgress) GiveUp(now, start time.Time) error { return p.err }
+
+func TestDialReadStampsProgressAndCloseAllCuts(t *testing.T) {
+	addr := echoServer(t)
+	var set Set
+	p := &countProgress{}
+	c, err := Dial(&set, addr, time.Second, 5*time.Second, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.Lookup(c.LocalAddr()) != c {
+		t.Fatal("Lookup does not find the dialed connection")
+	}
+	if _, err := c.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "hi" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+	if p.n.Load() == 0 {
+		t.Fatal("a read that returned bytes stamped no progress")
+	}
+	if n := set.CloseAll(); n != 1 {
+		t.Fatalf("CloseAll closed %d connections, want 1", n)
+	}
+	if set.Lookup(c.LocalAddr()) != nil {
+		t.Fatal("a closed connection is still in the set")
+	}
+	if _, err := Dial(&set, addr, time.Second, time.Second, nil); !errors.Is(err, ErrShuttingDown) {
+		t.Fatalf("Dial after CloseAll: %v, want ErrShuttingDown", err)
+	}
+}
+
+type owner bool
+
+func (o owner) CanRetry() bool { return bool(o) }
+
+// A silent worker: an unwatched read gives up with Progress.GiveUp's error
+// while its owner may retry, and keeps waiting (to the hard cap) when not.
+func TestReadUnwatchedGivesUpOnlyWithRetryLeft(t *testing.T) {
+	addr := echoServer(t)
+	var set Set
+	defer set.CloseAll()
+	stalled := errors.New("stalled")
+	p := &countProgress{tick: 10 * time.Millisecond, err: stalled}
+	c, err := Dial(&set, addr, time.Second, 5*time.Second, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1)
+	c.SetOwner(owner(true))
+	if _, err := c.Read(buf); !errors.Is(err, stalled) {
+		t.Fatalf("read with retry left: %v, want the GiveUp error", err)
+	}
+	c.SetOwner(owner(false))
+	_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := c.Read(buf); !IsTimeout(err) {
+		t.Fatalf("read with no retry left: %v, want the hard deadline's timeout", err)
+	}
+}
+
+type beater struct {
+	beats   atomic.Int64
+	stopAt  int64
+	stopErr error
+}
+
+func (b *beater) BeforeRead(now time.Time) (time.Time, time.Duration) {
+	return now.Add(5 * time.Second), 5 * time.Millisecond
+}
+
+func (b *beater) Heartbeat() error {
+	if b.beats.Add(1) >= b.stopAt {
+		return b.stopErr
+	}
+	return nil
+}
+
+func (b *beater) NoteReadTimeout() {}
+
+// A watched read runs the watcher's heartbeat at every beat of silence,
+// and the heartbeat's error ends the read.
+func TestWatchedReadHeartbeats(t *testing.T) {
+	addr := echoServer(t)
+	var set Set
+	defer set.CloseAll()
+	c, err := Dial(&set, addr, time.Second, 5*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := errors.New("client gone")
+	b := &beater{stopAt: 3, stopErr: gone}
+	slot := &WatchSlot{Watcher: b}
+	c.Watch(slot)
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, gone) {
+		t.Fatalf("watched read: %v, want the heartbeat's error", err)
+	}
+	if n := b.beats.Load(); n != 3 {
+		t.Fatalf("%d heartbeats, want 3", n)
+	}
+}
+
+func TestSetDeadlineSlackKeepsANearDeadline(t *testing.T) {
+	addr := echoServer(t)
+	var set Set
+	defer set.CloseAll()
+	c, err := Dial(&set, addr, time.Second, time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	var cur int64
+	if err := c.setDeadline(&cur, false, now.Add(16*time.Second), now, false); err != nil {
+		t.Fatal(err)
+	}
+	first := cur
+	if want := now.Add(17 * time.Second).UnixNano(); first != want {
+		t.Fatalf("deadline set at %d, want %d (1/16 slack)", first, want)
+	}
+	// A slightly later wish is covered by the slack: nothing is reset.
+	if err := c.setDeadline(&cur, false, now.Add(16*time.Second+time.Millisecond), now, false); err != nil || cur != first {
+		t.Fatalf("deadline reset to %d (%v), want it kept at %d", cur, err, first)
+	}
+	// A hard deadline's slack is at most hardSlackMax.
+	if err := c.setDeadline(&cur, false, now.Add(16*time.Second), now, true); err != nil {
+		t.Fatal(err)
+	}
+	if want := now.Add(16*time.Second + hardSlackMax).UnixNano(); cur != want {
+		t.Fatalf("hard deadline set at %d, want %d", cur, want)
+	}
+}
