@@ -102,7 +102,7 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		return err
 	}
 	defer store.Close()
-	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), Log: log, Collectors: collectors})
+	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), MaxConns: cfg.MaxConns, Log: log, Collectors: collectors})
 	ln, err := kvd.Listen(cfg.Socket)
 	if err != nil {
 		return err
@@ -125,7 +125,7 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 	respAddr := ""
 	if cfg.RESPListen != "" {
 		rs, err := resp.NewServer(store, resp.Options{Model: cfg.RESPModel, CompatKey: cfg.RESPCompatKey, Retention: cfg.RESPRetention,
-			User: cfg.RESPUser, Password: cfg.RESPPassword, MaxRequestBytes: int(cfg.MaxFrameBytes), Loops: cfg.RESPLoops, Log: log.With().Str("listener", "resp").Logger()})
+			User: cfg.RESPUser, Password: cfg.RESPPassword, MaxRequestBytes: int(cfg.MaxFrameBytes), Loops: cfg.RESPLoops, MaxClients: cfg.RESPMaxClients, Log: log.With().Str("listener", "resp").Logger()})
 		if err != nil {
 			ln.Close()
 			return err

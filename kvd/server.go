@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -27,6 +28,9 @@ import (
 // bytes less the temporary suffix.
 const MaxSocketPath = 103
 
+// DefaultMaxConns is the default cap on Unix-socket connections.
+const DefaultMaxConns = 4096
+
 // retainFrameBytes caps the read buffer a connection keeps between frames.
 const retainFrameBytes = 16 << 20
 
@@ -35,9 +39,14 @@ type ServerOptions struct {
 	// AllowUIDs are the peer uids accepted on the socket (SO_PEERCRED);
 	// empty means the daemon's own uid and root.
 	AllowUIDs []int
-	// MaxFrameBytes bounds one request frame (0 = DefaultMaxFrameBytes).
+	// MaxFrameBytes bounds one request frame and one reply (0 =
+	// DefaultMaxFrameBytes; at most MaxFrameLimit): a reply that would be
+	// longer is replaced by an error frame, code reply_too_large.
 	MaxFrameBytes int
-	Log           zerolog.Logger
+	// MaxConns caps the open connections (0 = DefaultMaxConns); one more
+	// is closed at once, before its hello.
+	MaxConns int
+	Log      zerolog.Logger
 	// Collectors are more metrics served on AdminHandler's /metrics (the
 	// RESP listener's, the L4 tier's).
 	Collectors []prometheus.Collector
@@ -55,17 +64,23 @@ type Server struct {
 	conns    map[*net.UnixConn]struct{}
 	wg       sync.WaitGroup
 
-	Rejected     atomic.Int64 // connections refused by the peer check
-	BadFrames    atomic.Int64 // connections closed on an undecodable frame
-	ConnsTotal   atomic.Int64
-	ConnsActive  atomic.Int64
-	RequestsByOp [numOps]atomic.Int64
+	Rejected        atomic.Int64 // connections refused by the peer check
+	Refused         atomic.Int64 // connections closed over MaxConns
+	RepliesTooLarge atomic.Int64 // replies replaced by reply_too_large
+	BadFrames       atomic.Int64 // connections closed on an undecodable frame
+	ConnsTotal      atomic.Int64
+	ConnsActive     atomic.Int64
+	RequestsByOp    [numOps]atomic.Int64
 }
 
 // NewServer returns a Server over store.
 func NewServer(store *Store, opt ServerOptions) *Server {
 	if opt.MaxFrameBytes <= 0 {
 		opt.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	opt.MaxFrameBytes = min(opt.MaxFrameBytes, MaxFrameLimit)
+	if opt.MaxConns <= 0 {
+		opt.MaxConns = DefaultMaxConns
 	}
 	if len(opt.AllowUIDs) == 0 {
 		opt.AllowUIDs = []int{os.Getuid(), 0}
@@ -125,15 +140,26 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	var err error
+	var retry AcceptRetry
 	for {
 		c, aerr := ln.AcceptUnix()
 		if aerr != nil {
+			if retry.Wait(ctx, aerr, s.log, "unix") {
+				continue
+			}
 			if ctx.Err() == nil {
 				err = fmt.Errorf("accept: %w", aerr)
 			}
 			break
 		}
+		retry.Reset()
 		s.mu.Lock()
+		if s.opt.MaxConns > 0 && len(s.conns) >= s.opt.MaxConns {
+			s.mu.Unlock()
+			s.Refused.Add(1)
+			c.Close()
+			continue
+		}
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
@@ -267,7 +293,13 @@ const (
 )
 
 // send writes the encoded answer, or holds it back (see coalesceBytes).
+// An answer over the frame limit is replaced by a reply_too_large error,
+// so no frame the client would refuse (or whose length would wrap) goes
+// out.
 func (cn *conn) send() error {
+	if cn.enc.Len()-4 > cn.s.opt.MaxFrameBytes {
+		return cn.replyTooLarge()
+	}
 	f := cn.enc.Frame()
 	if len(f) <= coalesceBytes && len(cn.out)+len(f) <= coalesceMax {
 		cn.out = append(cn.out, f...)
@@ -302,6 +334,13 @@ func (cn *conn) nextFrameBuffered() bool {
 	}
 	hdr, _ := cn.r.Peek(4)
 	return uint64(n) >= 4+uint64(binary.BigEndian.Uint32(hdr))
+}
+
+// replyTooLarge answers a request whose reply would pass the frame limit.
+func (cn *conn) replyTooLarge() error {
+	cn.s.RepliesTooLarge.Add(1)
+	cn.enc.Shrink(retainFrameBytes)
+	return cn.errorFrame("reply_too_large", "reply would exceed the frame limit of "+strconv.Itoa(cn.s.opt.MaxFrameBytes)+" bytes; ask for fewer keys")
 }
 
 func (cn *conn) errorFrame(code, msg string) error {
@@ -545,6 +584,9 @@ func (cn *conn) batchGet() error {
 			cn.enc.ElemBin(h.Inline)
 		default:
 			cn.enc.ElemNil()
+		}
+		if cn.enc.Len()-4 > cn.s.opt.MaxFrameBytes {
+			return cn.replyTooLarge() // stop before building more
 		}
 		cn.hits = append(cn.hits, Hit{Found: h.Found, Retention: h.Retention})
 	}

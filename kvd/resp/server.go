@@ -46,12 +46,20 @@ type Options struct {
 	// costs the least CPU per request). A command that reads L3 or L4
 	// holds its loop meanwhile; more loops keep other clients moving.
 	Loops int
-	Log   zerolog.Logger
+	// MaxClients caps the open connections (Redis's maxclients; 0 =
+	// 10000): one more is sent errMaxClients and closed.
+	MaxClients int
+	Log        zerolog.Logger
 }
+
+// errMaxClients is redis-server's reply to a connection over maxclients.
+const errMaxClients = "-ERR max number of clients reached\r\n"
 
 // Counters are the listener's own counters (INFO and metrics).
 type Counters struct {
 	ConnsActive, ConnsTotal, Commands, ProtocolErrors atomic.Int64
+	// Refused counts connections closed over MaxClients.
+	Refused atomic.Int64
 }
 
 // Server is the RESP listener over a kvd Store.
@@ -95,6 +103,9 @@ func NewServer(st *kvd.Store, opt Options) (*Server, error) {
 	if opt.MaxRequestBytes <= 0 {
 		opt.MaxRequestBytes = 1 << 30
 	}
+	if opt.MaxClients <= 0 {
+		opt.MaxClients = 10000
+	}
 	if opt.Loops <= 0 {
 		opt.Loops = 1
 	}
@@ -114,13 +125,26 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer stop()
 	loops := s.startLoops()
 	var err error
+	var retry kvd.AcceptRetry
 	for i := 0; ; i++ {
 		c, aerr := ln.Accept()
 		if aerr != nil {
+			if retry.Wait(ctx, aerr, s.opt.Log, "resp") {
+				continue
+			}
 			if ctx.Err() == nil {
 				err = aerr
 			}
 			break
+		}
+		retry.Reset()
+		if s.C.ConnsActive.Load() >= int64(s.opt.MaxClients) {
+			// As redis-server at maxclients: the error, then close.
+			s.C.Refused.Add(1)
+			_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			_, _ = io.WriteString(c, errMaxClients)
+			c.Close()
+			continue
 		}
 		if len(loops) > 0 {
 			taken, terr := loops[i%len(loops)].takeConn(c)
