@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
 	"runtime"
@@ -461,7 +462,7 @@ func (cn *conn) dispatch(args [][]byte) {
 			cn.out = append(cn.out, replyOK...)
 		default:
 			cn.out = append(cn.out, "-ERR Unrecognized option '"...)
-			cn.out = append(cn.out, args[2]...)
+			cn.out = appendTrunc(cn.out, args[2], len(args[2])) // CR/LF become spaces
 			cn.out = append(cn.out, "'\r\n"...)
 		}
 	case cmdClientGetName:
@@ -672,6 +673,15 @@ func (cn *conn) setCmd(args [][]byte) {
 			ttlMs = v * 1000
 		case flags&setPX != 0:
 			ttlMs = v
+		}
+		// Redis adds the relative time to now and refuses a sum that
+		// wrapped past LLONG_MAX.
+		if flags&(setEX|setPX) != 0 && ttlMs > math.MaxInt64-time.Now().UnixMilli() {
+			cn.out = appendErr(cn.out, "invalid expire time in 'set' command")
+			return
+		}
+		switch {
+		case flags&(setEX|setPX) != 0:
 		case flags&setEXAT != 0:
 			ttlMs = v*1000 - time.Now().UnixMilli()
 		default:
@@ -679,6 +689,7 @@ func (cn *conn) setCmd(args [][]byte) {
 		}
 	}
 	key, value := args[1], args[2]
+	getMark := len(cn.out) // replies before this command's stay
 	if flags&setGet != 0 {
 		cn.get(key) // the old value is the reply
 	}
@@ -695,8 +706,8 @@ func (cn *conn) setCmd(args [][]byte) {
 		cn.s.st.Delete(cn.s.model, cn.s.compt, key, &cn.sc)
 	} else if mark := len(cn.out); !cn.store(key, value, ttlMs, hasTTL) {
 		if flags&setGet != 0 { // the error replaces the old value
-			errReply := append([]byte(nil), cn.out[mark:]...)
-			cn.out = append(cn.out[:0], errReply...)
+			n := copy(cn.out[getMark:], cn.out[mark:])
+			cn.out = cn.out[:getMark+n]
 		}
 		return
 	}
@@ -766,8 +777,10 @@ func (cn *conn) hello(args [][]byte) {
 			}
 			j++
 		default:
+			// As addReplyErrorFormat: CR and LF become spaces, so an echoed
+			// option cannot inject a reply.
 			cn.out = append(cn.out, "-ERR Syntax error in HELLO option '"...)
-			cn.out = append(cn.out, args[j]...)
+			cn.out = appendTrunc(cn.out, args[j], len(args[j]))
 			cn.out = append(cn.out, "'\r\n"...)
 			return
 		}
