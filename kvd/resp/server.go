@@ -273,9 +273,10 @@ func (cn *conn) process() error {
 	if max(need, cn.w+1) > cn.s.opt.MaxRequestBytes {
 		return ErrRequestTooLarge
 	}
-	if need > len(cn.in) {
-		cn.in = append(cn.in[:cn.w], make([]byte, need-cn.w)...)
-	} else if cn.w == len(cn.in) {
+	// The buffer doubles when full of bytes that arrived, never to a
+	// length a bulk header merely claims: a "$500000000" header and three
+	// bytes cost one read buffer, not 500 MB.
+	if cn.w == len(cn.in) {
 		cn.in = append(cn.in, make([]byte, min(len(cn.in), cn.s.opt.MaxRequestBytes-len(cn.in)))...)
 	}
 	cn.need = need
@@ -306,13 +307,23 @@ func (cn *conn) serve() error {
 		if perr != nil {
 			return perr
 		}
-		n, err := cn.c.Read(cn.in[cn.w:])
-		cn.w += n
-		if err != nil {
-			return err
+		for {
+			n, err := cn.c.Read(cn.in[cn.w:])
+			cn.w += n
+			if err != nil {
+				return err
+			}
+			if !cn.incomplete() {
+				break
+			}
 		}
 	}
 }
+
+// incomplete says whether the buffer cannot yet hold the pending request
+// (fewer bytes than Parse's lower bound, and room to read more): parsing
+// again would only re-read the same prefix.
+func (cn *conn) incomplete() bool { return cn.w < cn.need && cn.w < len(cn.in) }
 
 // lowerName lower-cases a command name into the connection's scratch
 // (nil when too long to be a command).
