@@ -102,7 +102,7 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 		return err
 	}
 	defer store.Close()
-	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), MaxConns: cfg.MaxConns, Log: log, Collectors: collectors})
+	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), MaxConns: cfg.MaxConns, MaxLeasesPerConn: cfg.MaxLeases, LeaseTimeout: cfg.LeaseTimeout, Log: log, Collectors: collectors})
 	ln, err := kvd.Listen(cfg.Socket)
 	if err != nil {
 		return err

@@ -28,6 +28,14 @@ import (
 // bytes less the temporary suffix.
 const MaxSocketPath = 103
 
+// Lease limits (see ServerOptions).
+const (
+	DefaultMaxLeasesPerConn = 1024
+	DefaultLeaseTimeout     = time.Minute
+	// ReasonTooManyLeases: the connection holds MaxLeasesPerConn leases.
+	ReasonTooManyLeases = "too_many_leases"
+)
+
 // DefaultMaxConns is the default cap on Unix-socket connections.
 const DefaultMaxConns = 4096
 
@@ -43,6 +51,13 @@ type ServerOptions struct {
 	// DefaultMaxFrameBytes; at most MaxFrameLimit): a reply that would be
 	// longer is replaced by an error frame, code reply_too_large.
 	MaxFrameBytes int
+	// MaxLeasesPerConn caps the set_reserve leases one connection holds
+	// (0 = DefaultMaxLeasesPerConn): one more is refused with reason
+	// too_many_leases. LeaseTimeout (0 = DefaultLeaseTimeout) is how long
+	// a lease lives uncommitted: it is cancelled then, and a connection
+	// that stays silent past it while holding leases is closed.
+	MaxLeasesPerConn int
+	LeaseTimeout     time.Duration
 	// MaxConns caps the open connections (0 = DefaultMaxConns); one more
 	// is closed at once, before its hello.
 	MaxConns int
@@ -67,6 +82,8 @@ type Server struct {
 	Rejected        atomic.Int64 // connections refused by the peer check
 	Refused         atomic.Int64 // connections closed over MaxConns
 	RepliesTooLarge atomic.Int64 // replies replaced by reply_too_large
+	LeasesRefused   atomic.Int64 // set_reserve refused over MaxLeasesPerConn
+	LeasesExpired   atomic.Int64 // leases cancelled past LeaseTimeout
 	BadFrames       atomic.Int64 // connections closed on an undecodable frame
 	ConnsTotal      atomic.Int64
 	ConnsActive     atomic.Int64
@@ -79,6 +96,12 @@ func NewServer(store *Store, opt ServerOptions) *Server {
 		opt.MaxFrameBytes = DefaultMaxFrameBytes
 	}
 	opt.MaxFrameBytes = min(opt.MaxFrameBytes, MaxFrameLimit)
+	if opt.MaxLeasesPerConn <= 0 {
+		opt.MaxLeasesPerConn = DefaultMaxLeasesPerConn
+	}
+	if opt.LeaseTimeout <= 0 {
+		opt.LeaseTimeout = DefaultLeaseTimeout
+	}
 	if opt.MaxConns <= 0 {
 		opt.MaxConns = DefaultMaxConns
 	}
@@ -189,22 +212,24 @@ func (s *Server) peerAllowed(c *net.UnixConn) (int, bool) {
 }
 
 type conn struct {
-	s       *Server
-	c       *net.UnixConn
-	id      uint64
-	arena   bool // this client mapped the arena
-	hello   bool // the first frame was handled
-	enc     *Encoder
-	dec     *Decoder
-	msg     Message
-	buf     []byte
-	r       *bufio.Reader
-	out     []byte  // answers held back while pipelined requests are pending
-	sc      Scratch // L3 buffers
-	setArg  SetArgs
-	hits    []Hit // batch scratch
-	oks     []bool
-	reasons []string
+	s            *Server
+	c            *net.UnixConn
+	id           uint64
+	arena        bool // this client mapped the arena
+	hello        bool // the first frame was handled
+	enc          *Encoder
+	dec          *Decoder
+	msg          Message
+	buf          []byte
+	r            *bufio.Reader
+	out          []byte  // answers held back while pipelined requests are pending
+	sc           Scratch // L3 buffers
+	setArg       SetArgs
+	leases       []connLease // uncommitted leases, oldest first
+	readDeadline int64       // set on c while leases are held (unix ns)
+	hits         []Hit       // batch scratch
+	oks          []bool
+	reasons      []string
 }
 
 func (s *Server) handle(c *net.UnixConn) {
@@ -234,6 +259,17 @@ func (s *Server) handle(c *net.UnixConn) {
 	defer func() { _ = cn.flush() }() // answers to the frames before a bad one
 	for {
 		var err error
+		if len(cn.leases) > 0 {
+			// Silent past its oldest lease's deadline: closed, and
+			// CancelConn releases the slots.
+			if dl := cn.leases[0].deadline; dl != cn.readDeadline {
+				_ = c.SetReadDeadline(time.Unix(0, dl))
+				cn.readDeadline = dl
+			}
+		} else if cn.readDeadline != 0 {
+			_ = c.SetReadDeadline(time.Time{})
+			cn.readDeadline = 0
+		}
 		cn.buf, err = ReadFrame(r, cn.buf, s.opt.MaxFrameBytes)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
@@ -271,6 +307,37 @@ func (s *Server) handle(c *net.UnixConn) {
 }
 
 var errBadRequest = errors.New("request lacks a required field")
+
+// connLease is one lease a connection holds and when it lapses.
+type connLease struct {
+	token    uint64
+	deadline int64 // unix ns
+}
+
+// expireLeases cancels the connection's leases past their deadline.
+func (cn *conn) expireLeases(now int64) {
+	n := 0
+	for _, l := range cn.leases {
+		if now < l.deadline {
+			cn.leases[n] = l
+			n++
+			continue
+		}
+		cn.s.store.Cancel(l.token, cn.id)
+		cn.s.LeasesExpired.Add(1)
+	}
+	cn.leases = cn.leases[:n]
+}
+
+// dropLease forgets a committed or cancelled lease.
+func (cn *conn) dropLease(token uint64) {
+	for i, l := range cn.leases {
+		if l.token == token {
+			cn.leases = append(cn.leases[:i], cn.leases[i+1:]...)
+			return
+		}
+	}
+}
 
 func validKey(k []byte) bool { return len(k) > 0 && len(k) <= maxKeyBytes }
 
@@ -388,7 +455,19 @@ func (cn *conn) dispatch() error {
 	case OpBatchSet:
 		return cn.batchSet()
 	case OpSetReserve:
-		tok, slot, off, maxSize, reason := st.Reserve(int(min(m.Size, 1<<40)), cn.id)
+		var tok uint64
+		slot, off, maxSize, reason := int32(-1), 0, 0, ReasonTooManyLeases
+		if len(cn.leases) > 0 {
+			cn.expireLeases(time.Now().UnixNano())
+		}
+		if len(cn.leases) < cn.s.opt.MaxLeasesPerConn {
+			tok, slot, off, maxSize, reason = st.Reserve(int(min(m.Size, 1<<40)), cn.id)
+			if tok != 0 {
+				cn.leases = append(cn.leases, connLease{tok, time.Now().Add(cn.s.opt.LeaseTimeout).UnixNano()})
+			}
+		} else {
+			cn.s.LeasesRefused.Add(1)
+		}
 		cn.enc.Begin(OpSetReserveResponse, 5)
 		cn.enc.Int("lease_token", int64(tok))
 		cn.enc.Int("slot_id", int64(slot))
@@ -397,6 +476,10 @@ func (cn *conn) dispatch() error {
 		cn.enc.Str("reason", reason)
 		return cn.send()
 	case OpSetCommit:
+		if len(cn.leases) > 0 {
+			cn.expireLeases(time.Now().UnixNano())
+		}
+		cn.dropLease(uint64(m.LeaseToken))
 		ok, reason := st.Commit(&CommitArgs{Token: uint64(m.LeaseToken), Conn: cn.id, Model: m.Model, CompatKey: m.CompatKey,
 			Key: m.Key, Length: int(min(max(m.Length, -1), 1<<40)), Retention: m.Retention, TTLSeconds: m.TTL64()})
 		cn.enc.Begin(OpSetCommitResponse, 2)
@@ -404,6 +487,7 @@ func (cn *conn) dispatch() error {
 		cn.enc.Str("reason", reason)
 		return cn.send()
 	case OpSetCancel:
+		cn.dropLease(uint64(m.LeaseToken))
 		st.Cancel(uint64(m.LeaseToken), cn.id)
 		cn.enc.Begin(OpSetCancelResponse, 0)
 		return cn.send()

@@ -488,3 +488,37 @@ func TestBatchGetReplyOverFrameLimit(t *testing.T) {
 		t.Fatalf("replies too large %d", d.srv.RepliesTooLarge.Load())
 	}
 }
+
+// TestLeaseCapPerConnection: one connection cannot lease more than its
+// cap (the refusal names the cause, and other writers are unaffected),
+// and an uncommitted lease lapses after LeaseTimeout.
+func TestLeaseCapPerConnection(t *testing.T) {
+	d := startDaemon(t, daemonOpts{arenaBytes: 1 << 20, serverOpt: ServerOptions{MaxLeasesPerConn: 3, LeaseTimeout: 300 * time.Millisecond}})
+	hog := dial(t, d, ClientOptions{SharedArena: true})
+	for i := range 3 {
+		if l, err := hog.Reserve(1000); err != nil || l.Token == 0 {
+			t.Fatalf("reserve %d: %+v %v", i, l, err)
+		}
+	}
+	if l, err := hog.Reserve(1000); err != nil || l.Token != 0 || l.Reason != ReasonTooManyLeases {
+		t.Fatalf("reserve over the cap: %+v %v", l, err)
+	}
+	other := dial(t, d, ClientOptions{SharedArena: true})
+	if l, err := other.Reserve(1000); err != nil || l.Token == 0 {
+		t.Fatalf("another connection's reserve: %+v %v", l, err)
+	}
+	// The hog stays silent past its leases' deadline: it is closed and
+	// its slots return.
+	time.Sleep(400 * time.Millisecond)
+	if _, err := hog.Reserve(1000); err == nil {
+		t.Fatal("a connection silent past its lease deadline was kept")
+	}
+	for deadline := time.Now().Add(5 * time.Second); d.store.Counters().LeasesCancelled < 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leases cancelled %d, want 3", d.store.Counters().LeasesCancelled)
+		}
+	}
+	if d.srv.LeasesRefused.Load() != 1 {
+		t.Fatalf("refused %d", d.srv.LeasesRefused.Load())
+	}
+}
