@@ -134,8 +134,8 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 	}
 	defer kp.stop()
 	collectors = append(collectors, kp.collectors()...)
-	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), Log: log, Collectors: collectors,
-		PeerPrefetch: kp.hint})
+	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), MaxConns: cfg.MaxConns,
+		MaxLeasesPerConn: cfg.MaxLeases, LeaseTimeout: cfg.LeaseTimeout, Log: log, Collectors: collectors, PeerPrefetch: kp.hint})
 	ln, err := kvd.Listen(cfg.Socket)
 	if err != nil {
 		return err
@@ -158,7 +158,7 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 	respAddr := ""
 	if cfg.RESPListen != "" {
 		rs, err := resp.NewServer(store, resp.Options{Model: cfg.RESPModel, CompatKey: cfg.RESPCompatKey, Retention: cfg.RESPRetention,
-			User: cfg.RESPUser, Password: cfg.RESPPassword, MaxRequestBytes: int(cfg.MaxFrameBytes), Loops: cfg.RESPLoops, Log: log.With().Str("listener", "resp").Logger()})
+			User: cfg.RESPUser, Password: cfg.RESPPassword, MaxRequestBytes: int(cfg.MaxFrameBytes), Loops: cfg.RESPLoops, MaxClients: cfg.RESPMaxClients, Log: log.With().Str("listener", "resp").Logger()})
 		if err != nil {
 			ln.Close()
 			return err

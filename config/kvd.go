@@ -49,13 +49,17 @@ type KVD struct {
 	ContainerBytes int64
 
 	// RESP listener (kvd/resp); empty RESPListen = none.
-	RESPListen    string
-	RESPUser      string
-	RESPPassword  string
-	RESPModel     string
-	RESPCompatKey string
-	RESPRetention string
-	RESPLoops     int
+	RESPListen     string
+	RESPUser       string
+	RESPPassword   string
+	RESPModel      string
+	RESPCompatKey  string
+	RESPRetention  string
+	RESPLoops      int
+	RESPMaxClients int
+	MaxConns       int
+	MaxLeases      int
+	LeaseTimeout   time.Duration
 
 	// L4 on Redis/Valkey (kvd/l4); no URL = no L4.
 	L4Redis     []string
@@ -136,6 +140,10 @@ func (k *KVD) Flags() []cli.Flag {
 		String("resp-model", "kvd namespace (model) of keys set over RESP", &k.RESPModel, "resp"),
 		String("resp-compat-key", "kvd namespace compat_key of keys set over RESP", &k.RESPCompatKey, ""),
 		String("resp-retention", "retention of values set over RESP: none, ephemeral, short or long (long ones go down to L3/L4)", &k.RESPRetention, "short"),
+		Int("resp-max-clients", "open RESP connections allowed (Redis's maxclients); one more gets -ERR max number of clients reached and is closed", &k.RESPMaxClients, 10000),
+		Int("max-leases-per-conn", "uncommitted set_reserve leases one connection may hold; one more is refused with reason too_many_leases", &k.MaxLeases, 1024),
+		Duration("lease-timeout", "an uncommitted lease is cancelled after this; a connection silent this long while holding leases is closed", &k.LeaseTimeout, time.Minute),
+		Int("max-conns", "open Unix-socket connections allowed; one more is closed before its hello", &k.MaxConns, 4096),
 		Int("resp-loops", "event loops serving RESP connections (1 = as redis-server's one thread, the least CPU per request; more keep clients moving while a GET reads L3/L4)", &k.RESPLoops, 1),
 		StringSlice("l4-redis", "L4 tier on Redis/Valkey: redis:// or rediss:// URL (user:password@, /db); several (comma-separated) = one cluster's seed nodes", nil),
 		String("l4-prefix", "prefix of every L4 key (before model and compat_key), to share one Redis between fleets", &k.L4Prefix, "infera:kv:"),
@@ -230,6 +238,18 @@ func (k *KVD) Validate() error {
 	}
 	if k.LongSnapshotInterval < 0 {
 		p.Addf("--long-snapshot-interval must not be negative")
+	}
+	if k.RESPMaxClients < 1 {
+		p.Addf("--resp-max-clients must be at least 1")
+	}
+	if k.MaxLeases < 1 {
+		p.Addf("--max-leases-per-conn must be at least 1")
+	}
+	if k.LeaseTimeout <= 0 {
+		p.Addf("--lease-timeout must be positive")
+	}
+	if k.MaxConns < 1 {
+		p.Addf("--max-conns must be at least 1")
 	}
 	if k.PrefetchQueue < 1 {
 		p.Addf("--prefetch-queue must be at least 1")

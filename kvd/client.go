@@ -82,6 +82,7 @@ func Dial(ctx context.Context, path string, opt ClientOptions) (*Client, error) 
 	if cl.max <= 0 {
 		cl.max = DefaultMaxFrameBytes
 	}
+	cl.max = min(cl.max, MaxFrameLimit)
 	if !opt.NoHello {
 		if dl, ok := ctx.Deadline(); ok {
 			_ = cl.c.SetDeadline(dl)
@@ -217,6 +218,14 @@ func (cl *Client) Close() error {
 	return err
 }
 
+// writeFrame writes the encoded frame, refusing one over the frame limit.
+func (cl *Client) writeFrame() error {
+	if n := cl.enc.Len() - 4; n > cl.max {
+		return fmt.Errorf("%w: request of %d bytes, limit %d", ErrFrameTooLarge, n, cl.max)
+	}
+	return cl.write(cl.enc.Frame())
+}
+
 // write sends b; a failure is a socket failure.
 func (cl *Client) write(b []byte) error {
 	if _, err := cl.c.Write(b); err != nil {
@@ -227,7 +236,7 @@ func (cl *Client) write(b []byte) error {
 
 // roundTrip sends the encoded frame and decodes the answer into cl.msg.
 func (cl *Client) roundTrip(want ...Op) error {
-	if err := cl.write(cl.enc.Frame()); err != nil {
+	if err := cl.writeFrame(); err != nil {
 		return err
 	}
 	return cl.read(want...)
@@ -565,7 +574,7 @@ func (cl *Client) PrefetchHintCtx(ctx context.Context, ns Namespace, keys [][]by
 	defer cl.end(ctx, stop, &err)
 	cl.keysOp(OpPrefetchHint, ns, keys, 1)
 	cl.enc.Int("deadline_ms", deadline.Milliseconds())
-	return cl.write(cl.enc.Frame())
+	return cl.writeFrame()
 }
 
 // PrefetchFromCtx asks the daemon to pull keys from the kvd whose peer

@@ -21,7 +21,11 @@
 //     it, or one namespace's keys through LongPrefixDeleter);
 //   - the Unix-socket server (Server, Listen): socket created 0600, stale
 //     socket replaced, peer uids checked with SO_PEERCRED, "no-hello" mode,
-//     leases cancelled with their connection, a frame size limit, and an
+//     leases cancelled with their connection, capped per connection and
+//     lapsing after ServerOptions.LeaseTimeout, a frame size limit for
+//     requests and replies (a reply over it becomes reply_too_large; no
+//     frame of 4 GiB or more), a connection cap, an accept loop that
+//     backs off through EMFILE (AcceptRetry, shared with kvd/resp), and an
 //     undecodable frame closing only its own connection; Prometheus metrics
 //     (AdminHandler);
 //   - the client (Client), used by tests and `infera kvd stat` (and meant

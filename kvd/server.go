@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -27,6 +28,17 @@ import (
 // bytes less the temporary suffix.
 const MaxSocketPath = 103
 
+// Lease limits (see ServerOptions).
+const (
+	DefaultMaxLeasesPerConn = 1024
+	DefaultLeaseTimeout     = time.Minute
+	// ReasonTooManyLeases: the connection holds MaxLeasesPerConn leases.
+	ReasonTooManyLeases = "too_many_leases"
+)
+
+// DefaultMaxConns is the default cap on Unix-socket connections.
+const DefaultMaxConns = 4096
+
 // retainFrameBytes caps the read buffer a connection keeps between frames.
 const retainFrameBytes = 16 << 20
 
@@ -35,9 +47,21 @@ type ServerOptions struct {
 	// AllowUIDs are the peer uids accepted on the socket (SO_PEERCRED);
 	// empty means the daemon's own uid and root.
 	AllowUIDs []int
-	// MaxFrameBytes bounds one request frame (0 = DefaultMaxFrameBytes).
+	// MaxFrameBytes bounds one request frame and one reply (0 =
+	// DefaultMaxFrameBytes; at most MaxFrameLimit): a reply that would be
+	// longer is replaced by an error frame, code reply_too_large.
 	MaxFrameBytes int
-	Log           zerolog.Logger
+	// MaxLeasesPerConn caps the set_reserve leases one connection holds
+	// (0 = DefaultMaxLeasesPerConn): one more is refused with reason
+	// too_many_leases. LeaseTimeout (0 = DefaultLeaseTimeout) is how long
+	// a lease lives uncommitted: it is cancelled then, and a connection
+	// that stays silent past it while holding leases is closed.
+	MaxLeasesPerConn int
+	LeaseTimeout     time.Duration
+	// MaxConns caps the open connections (0 = DefaultMaxConns); one more
+	// is closed at once, before its hello.
+	MaxConns int
+	Log      zerolog.Logger
 	// Collectors are more metrics served on AdminHandler's /metrics (the
 	// RESP listener's, the L4 tier's).
 	Collectors []prometheus.Collector
@@ -63,17 +87,31 @@ type Server struct {
 	conns    map[*net.UnixConn]struct{}
 	wg       sync.WaitGroup
 
-	Rejected     atomic.Int64 // connections refused by the peer check
-	BadFrames    atomic.Int64 // connections closed on an undecodable frame
-	ConnsTotal   atomic.Int64
-	ConnsActive  atomic.Int64
-	RequestsByOp [numOps]atomic.Int64
+	Rejected        atomic.Int64 // connections refused by the peer check
+	Refused         atomic.Int64 // connections closed over MaxConns
+	RepliesTooLarge atomic.Int64 // replies replaced by reply_too_large
+	LeasesRefused   atomic.Int64 // set_reserve refused over MaxLeasesPerConn
+	LeasesExpired   atomic.Int64 // leases cancelled past LeaseTimeout
+	BadFrames       atomic.Int64 // connections closed on an undecodable frame
+	ConnsTotal      atomic.Int64
+	ConnsActive     atomic.Int64
+	RequestsByOp    [numOps]atomic.Int64
 }
 
 // NewServer returns a Server over store.
 func NewServer(store *Store, opt ServerOptions) *Server {
 	if opt.MaxFrameBytes <= 0 {
 		opt.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	opt.MaxFrameBytes = min(opt.MaxFrameBytes, MaxFrameLimit)
+	if opt.MaxLeasesPerConn <= 0 {
+		opt.MaxLeasesPerConn = DefaultMaxLeasesPerConn
+	}
+	if opt.LeaseTimeout <= 0 {
+		opt.LeaseTimeout = DefaultLeaseTimeout
+	}
+	if opt.MaxConns <= 0 {
+		opt.MaxConns = DefaultMaxConns
 	}
 	if len(opt.AllowUIDs) == 0 {
 		opt.AllowUIDs = []int{os.Getuid(), 0}
@@ -133,15 +171,26 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	var err error
+	var retry AcceptRetry
 	for {
 		c, aerr := ln.AcceptUnix()
 		if aerr != nil {
+			if retry.Wait(ctx, aerr, s.log, "unix") {
+				continue
+			}
 			if ctx.Err() == nil {
 				err = fmt.Errorf("accept: %w", aerr)
 			}
 			break
 		}
+		retry.Reset()
 		s.mu.Lock()
+		if s.opt.MaxConns > 0 && len(s.conns) >= s.opt.MaxConns {
+			s.mu.Unlock()
+			s.Refused.Add(1)
+			c.Close()
+			continue
+		}
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
@@ -171,22 +220,24 @@ func (s *Server) peerAllowed(c *net.UnixConn) (int, bool) {
 }
 
 type conn struct {
-	s       *Server
-	c       *net.UnixConn
-	id      uint64
-	arena   bool // this client mapped the arena
-	hello   bool // the first frame was handled
-	enc     *Encoder
-	dec     *Decoder
-	msg     Message
-	buf     []byte
-	r       *bufio.Reader
-	out     []byte  // answers held back while pipelined requests are pending
-	sc      Scratch // L3 buffers
-	setArg  SetArgs
-	hits    []Hit // batch scratch
-	oks     []bool
-	reasons []string
+	s            *Server
+	c            *net.UnixConn
+	id           uint64
+	arena        bool // this client mapped the arena
+	hello        bool // the first frame was handled
+	enc          *Encoder
+	dec          *Decoder
+	msg          Message
+	buf          []byte
+	r            *bufio.Reader
+	out          []byte  // answers held back while pipelined requests are pending
+	sc           Scratch // L3 buffers
+	setArg       SetArgs
+	leases       []connLease // uncommitted leases, oldest first
+	readDeadline int64       // set on c while leases are held (unix ns)
+	hits         []Hit       // batch scratch
+	oks          []bool
+	reasons      []string
 }
 
 func (s *Server) handle(c *net.UnixConn) {
@@ -216,6 +267,17 @@ func (s *Server) handle(c *net.UnixConn) {
 	defer func() { _ = cn.flush() }() // answers to the frames before a bad one
 	for {
 		var err error
+		if len(cn.leases) > 0 {
+			// Silent past its oldest lease's deadline: closed, and
+			// CancelConn releases the slots.
+			if dl := cn.leases[0].deadline; dl != cn.readDeadline {
+				_ = c.SetReadDeadline(time.Unix(0, dl))
+				cn.readDeadline = dl
+			}
+		} else if cn.readDeadline != 0 {
+			_ = c.SetReadDeadline(time.Time{})
+			cn.readDeadline = 0
+		}
 		cn.buf, err = ReadFrame(r, cn.buf, s.opt.MaxFrameBytes)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
@@ -254,6 +316,37 @@ func (s *Server) handle(c *net.UnixConn) {
 
 var errBadRequest = errors.New("request lacks a required field")
 
+// connLease is one lease a connection holds and when it lapses.
+type connLease struct {
+	token    uint64
+	deadline int64 // unix ns
+}
+
+// expireLeases cancels the connection's leases past their deadline.
+func (cn *conn) expireLeases(now int64) {
+	n := 0
+	for _, l := range cn.leases {
+		if now < l.deadline {
+			cn.leases[n] = l
+			n++
+			continue
+		}
+		cn.s.store.Cancel(l.token, cn.id)
+		cn.s.LeasesExpired.Add(1)
+	}
+	cn.leases = cn.leases[:n]
+}
+
+// dropLease forgets a committed or cancelled lease.
+func (cn *conn) dropLease(token uint64) {
+	for i, l := range cn.leases {
+		if l.token == token {
+			cn.leases = append(cn.leases[:i], cn.leases[i+1:]...)
+			return
+		}
+	}
+}
+
 func validKey(k []byte) bool { return len(k) > 0 && len(k) <= maxKeyBytes }
 
 func validKeys(ks [][]byte) bool {
@@ -275,7 +368,13 @@ const (
 )
 
 // send writes the encoded answer, or holds it back (see coalesceBytes).
+// An answer over the frame limit is replaced by a reply_too_large error,
+// so no frame the client would refuse (or whose length would wrap) goes
+// out.
 func (cn *conn) send() error {
+	if cn.enc.Len()-4 > cn.s.opt.MaxFrameBytes {
+		return cn.replyTooLarge()
+	}
 	f := cn.enc.Frame()
 	if len(f) <= coalesceBytes && len(cn.out)+len(f) <= coalesceMax {
 		cn.out = append(cn.out, f...)
@@ -310,6 +409,13 @@ func (cn *conn) nextFrameBuffered() bool {
 	}
 	hdr, _ := cn.r.Peek(4)
 	return uint64(n) >= 4+uint64(binary.BigEndian.Uint32(hdr))
+}
+
+// replyTooLarge answers a request whose reply would pass the frame limit.
+func (cn *conn) replyTooLarge() error {
+	cn.s.RepliesTooLarge.Add(1)
+	cn.enc.Shrink(retainFrameBytes)
+	return cn.errorFrame("reply_too_large", "reply would exceed the frame limit of "+strconv.Itoa(cn.s.opt.MaxFrameBytes)+" bytes; ask for fewer keys")
 }
 
 func (cn *conn) errorFrame(code, msg string) error {
@@ -357,7 +463,19 @@ func (cn *conn) dispatch() error {
 	case OpBatchSet:
 		return cn.batchSet()
 	case OpSetReserve:
-		tok, slot, off, maxSize, reason := st.Reserve(int(min(m.Size, 1<<40)), cn.id)
+		var tok uint64
+		slot, off, maxSize, reason := int32(-1), 0, 0, ReasonTooManyLeases
+		if len(cn.leases) > 0 {
+			cn.expireLeases(time.Now().UnixNano())
+		}
+		if len(cn.leases) < cn.s.opt.MaxLeasesPerConn {
+			tok, slot, off, maxSize, reason = st.Reserve(int(min(m.Size, 1<<40)), cn.id)
+			if tok != 0 {
+				cn.leases = append(cn.leases, connLease{tok, time.Now().Add(cn.s.opt.LeaseTimeout).UnixNano()})
+			}
+		} else {
+			cn.s.LeasesRefused.Add(1)
+		}
 		cn.enc.Begin(OpSetReserveResponse, 5)
 		cn.enc.Int("lease_token", int64(tok))
 		cn.enc.Int("slot_id", int64(slot))
@@ -366,6 +484,10 @@ func (cn *conn) dispatch() error {
 		cn.enc.Str("reason", reason)
 		return cn.send()
 	case OpSetCommit:
+		if len(cn.leases) > 0 {
+			cn.expireLeases(time.Now().UnixNano())
+		}
+		cn.dropLease(uint64(m.LeaseToken))
 		ok, reason := st.Commit(&CommitArgs{Token: uint64(m.LeaseToken), Conn: cn.id, Model: m.Model, CompatKey: m.CompatKey,
 			Key: m.Key, Length: int(min(max(m.Length, -1), 1<<40)), Retention: m.Retention, TTLSeconds: m.TTL64()})
 		cn.enc.Begin(OpSetCommitResponse, 2)
@@ -373,6 +495,7 @@ func (cn *conn) dispatch() error {
 		cn.enc.Str("reason", reason)
 		return cn.send()
 	case OpSetCancel:
+		cn.dropLease(uint64(m.LeaseToken))
 		st.Cancel(uint64(m.LeaseToken), cn.id)
 		cn.enc.Begin(OpSetCancelResponse, 0)
 		return cn.send()
@@ -558,6 +681,9 @@ func (cn *conn) batchGet() error {
 			cn.enc.ElemBin(h.Inline)
 		default:
 			cn.enc.ElemNil()
+		}
+		if cn.enc.Len()-4 > cn.s.opt.MaxFrameBytes {
+			return cn.replyTooLarge() // stop before building more
 		}
 		cn.hits = append(cn.hits, Hit{Found: h.Found, Retention: h.Retention})
 	}

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/servetest"
 )
 
 var ns = Namespace{Model: "m", CompatKey: "tp0of1"}
@@ -432,5 +434,91 @@ func TestListenRejectsLongPath(t *testing.T) {
 	long := "/" + string(bytes.Repeat([]byte("a"), MaxSocketPath))
 	if _, err := Listen(long); !errors.Is(err, ErrConfig) {
 		t.Fatalf("err %v", err)
+	}
+}
+
+func TestAcceptSurvivesFDExhaustion(t *testing.T) {
+	d := startDaemon(t, daemonOpts{})
+	servetest.ExhaustFDs(t, func() (io.Closer, error) { return net.Dial("unix", d.path) })
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var c *Client
+		if c, err = Dial(context.Background(), d.path, ClientOptions{ClientID: t.Name()}); err == nil {
+			c.Close()
+			return
+		}
+	}
+	t.Fatalf("kvd not serving after fd exhaustion: %v", err)
+}
+
+func TestMaxConns(t *testing.T) {
+	d := startDaemon(t, daemonOpts{serverOpt: ServerOptions{MaxConns: 1}})
+	_ = dial(t, d, ClientOptions{})
+	if c, err := Dial(context.Background(), d.path, ClientOptions{ClientID: t.Name(), Timeout: 2 * time.Second}); err == nil {
+		c.Close()
+		t.Fatal("second connection over MaxConns 1 was served")
+	}
+	if d.srv.Refused.Load() != 1 {
+		t.Fatalf("refused %d", d.srv.Refused.Load())
+	}
+}
+
+// TestBatchGetReplyOverFrameLimit: a batch_get naming one large key many
+// times gets reply_too_large, not a giant frame, and the connection's
+// next exchange is well formed.
+func TestBatchGetReplyOverFrameLimit(t *testing.T) {
+	d := startDaemon(t, daemonOpts{maxBytes: 4 << 20, serverOpt: ServerOptions{MaxFrameBytes: 64 << 10}})
+	c := dial(t, d, ClientOptions{})
+	v := value(1, 10<<10)
+	if ok, reason, err := c.Set(ns, key(1), v, SetOptions{}); err != nil || !ok {
+		t.Fatalf("set: %v %s", err, reason)
+	}
+	keys := make([][]byte, 10)
+	for i := range keys {
+		keys[i] = key(1)
+	}
+	if _, err := c.BatchGet(ns, keys); !errors.Is(err, ErrServer) || !bytes.Contains([]byte(err.Error()), []byte("reply_too_large")) {
+		t.Fatalf("batch_get over the limit: %v", err)
+	}
+	got, err := c.BatchGet(ns, keys[:3])
+	if err != nil || len(got) != 3 || !bytes.Equal(got[2], v) {
+		t.Fatalf("next batch_get: %v", err)
+	}
+	if d.srv.RepliesTooLarge.Load() != 1 {
+		t.Fatalf("replies too large %d", d.srv.RepliesTooLarge.Load())
+	}
+}
+
+// TestLeaseCapPerConnection: one connection cannot lease more than its
+// cap (the refusal names the cause, and other writers are unaffected),
+// and an uncommitted lease lapses after LeaseTimeout.
+func TestLeaseCapPerConnection(t *testing.T) {
+	d := startDaemon(t, daemonOpts{arenaBytes: 1 << 20, serverOpt: ServerOptions{MaxLeasesPerConn: 3, LeaseTimeout: 300 * time.Millisecond}})
+	hog := dial(t, d, ClientOptions{SharedArena: true})
+	for i := range 3 {
+		if l, err := hog.Reserve(1000); err != nil || l.Token == 0 {
+			t.Fatalf("reserve %d: %+v %v", i, l, err)
+		}
+	}
+	if l, err := hog.Reserve(1000); err != nil || l.Token != 0 || l.Reason != ReasonTooManyLeases {
+		t.Fatalf("reserve over the cap: %+v %v", l, err)
+	}
+	other := dial(t, d, ClientOptions{SharedArena: true})
+	if l, err := other.Reserve(1000); err != nil || l.Token == 0 {
+		t.Fatalf("another connection's reserve: %+v %v", l, err)
+	}
+	// The hog stays silent past its leases' deadline: it is closed and
+	// its slots return.
+	time.Sleep(400 * time.Millisecond)
+	if _, err := hog.Reserve(1000); err == nil {
+		t.Fatal("a connection silent past its lease deadline was kept")
+	}
+	for deadline := time.Now().Add(5 * time.Second); d.store.Counters().LeasesCancelled < 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leases cancelled %d, want 3", d.store.Counters().LeasesCancelled)
+		}
+	}
+	if d.srv.LeasesRefused.Load() != 1 {
+		t.Fatalf("refused %d", d.srv.LeasesRefused.Load())
 	}
 }

@@ -23,6 +23,8 @@ const (
 	SlotAlign = 64
 	// DefaultMaxFrameBytes bounds one frame unless configured otherwise.
 	DefaultMaxFrameBytes = 1 << 30
+	// MaxFrameLimit is the largest frame the 4-byte length can say.
+	MaxFrameLimit = 1<<32 - 1
 	// maxKeyBytes bounds a key, model or compat_key.
 	maxKeyBytes = 4096
 	// maxDepth bounds nesting when skipping values (metadata maps).
@@ -600,8 +602,13 @@ func (en *Encoder) Begin(op Op, fields int) {
 }
 
 // Frame finishes the frame and returns it (valid until the next Begin).
+// Callers check Len against their limit first: a frame past MaxFrameLimit
+// cannot be said in its header, and panics rather than wrap.
 func (en *Encoder) Frame() []byte {
 	b := en.buf.Bytes()
+	if len(b)-4 > MaxFrameLimit {
+		panic("kvd: frame of 4 GiB or more")
+	}
 	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
 	return b
 }

@@ -139,7 +139,7 @@ func ParsePrewarm(body []byte) (PrewarmRequest, error) {
 				return err
 			}
 			n, ok := jsonx.ParseInt(body[start:s.I])
-			if !ok || n < 1 || time.Duration(n)*time.Millisecond > MaxPrewarmDeadline {
+			if !ok || n < 1 || n > MaxPrewarmDeadline.Milliseconds() { // compared in ms: n*time.Millisecond could wrap
 				fieldErr = fmt.Errorf("%w: deadline_ms must be an integer from 1 to %d", ErrPrewarmBody, MaxPrewarmDeadline.Milliseconds())
 				return fieldErr
 			}
@@ -182,13 +182,49 @@ func prewarmString(s *jsonx.Scanner) (string, error) {
 	return string(v), nil
 }
 
-// prewarmer holds the router's kvd connection, dialed on first use and
-// again after a failure.
+// prewarmer holds the router's idle kvd connections. A hint takes one
+// (or dials a new one) under a lock held only to pick it, so concurrent
+// hints against a stalled kvd each wait out their own dial in parallel.
 type prewarmer struct {
 	socket string
 	mu     sync.Mutex
-	cl     *kvd.Client
+	idle   []*kvd.Client // at most maxIdlePrewarmConns
 	closed bool
+}
+
+// maxIdlePrewarmConns bounds the kvd connections kept between hints.
+const maxIdlePrewarmConns = 4
+
+// errKVDUnavailable is what a client sees when a hint failed; the cause,
+// with the socket path, goes to the log only.
+var errKVDUnavailable = errors.New("kvd unavailable: the prefetch hint was not delivered")
+
+// take returns an idle connection, or nil to dial one.
+func (p *prewarmer) take() (*kvd.Client, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, fmt.Errorf("prewarm: %w", kvd.ErrClientClosed)
+	}
+	if n := len(p.idle); n > 0 {
+		cl := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		return cl, nil
+	}
+	return nil, nil
+}
+
+// put keeps a healthy connection for the next hint.
+func (p *prewarmer) put(cl *kvd.Client) {
+	p.mu.Lock()
+	if !p.closed && len(p.idle) < maxIdlePrewarmConns {
+		p.idle = append(p.idle, cl)
+		cl = nil
+	}
+	p.mu.Unlock()
+	if cl != nil {
+		_ = cl.Close()
+	}
 }
 
 // hint forwards one prefetch_hint.
@@ -196,31 +232,28 @@ func (p *prewarmer) hint(req PrewarmRequest) error {
 	if p == nil || p.socket == "" {
 		return ErrNoKVD
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return fmt.Errorf("prewarm: %w", kvd.ErrClientClosed)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), kvdDialTimeout)
 	defer cancel()
 	ns := kvd.Namespace{Model: req.Model, CompatKey: req.CompatKey}
 	for {
-		reused := p.cl != nil
+		cl, err := p.take()
+		if err != nil {
+			return err
+		}
+		reused := cl != nil
 		if !reused {
-			cl, err := kvd.Dial(ctx, p.socket, kvd.ClientOptions{ClientID: "infera-serve", Timeout: kvdDialTimeout})
-			if err != nil {
+			if cl, err = kvd.Dial(ctx, p.socket, kvd.ClientOptions{ClientID: "infera-serve", Timeout: kvdDialTimeout}); err != nil {
 				return fmt.Errorf("prewarm: %w", err)
 			}
-			p.cl = cl
 		}
-		err := p.cl.PrefetchHintCtx(ctx, ns, req.Keys, req.Deadline)
+		err = cl.PrefetchHintCtx(ctx, ns, req.Keys, req.Deadline)
 		if err == nil {
+			p.put(cl)
 			return nil
 		}
 		// The client gave the connection up. One used before may be to a
 		// daemon that restarted since: once more on a new one.
-		_ = p.cl.Close()
-		p.cl = nil
+		_ = cl.Close()
 		if !reused {
 			return fmt.Errorf("prewarm: %w", err)
 		}
@@ -232,11 +265,11 @@ func (p *prewarmer) close() {
 		return
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
-	if p.cl != nil {
-		_ = p.cl.Close()
-		p.cl = nil
+	idle := p.idle
+	p.idle, p.closed = nil, true
+	p.mu.Unlock()
+	for _, cl := range idle {
+		_ = cl.Close()
 	}
 }
 
@@ -264,7 +297,7 @@ func (r *Router) servePrewarm(ctx *fasthttp.RequestCtx) {
 	if err := r.prewarm.hint(req); err != nil {
 		r.log.Warn().Err(err).Str("socket", r.prewarm.socket).Msg("prewarm not forwarded to kvd")
 		ctx.Response.Header.Set("Retry-After", "1")
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "kvd unavailable: "+err.Error(), openai.TypeServer, "kvd_unavailable")
+		writeError(ctx, fasthttp.StatusServiceUnavailable, errKVDUnavailable.Error(), openai.TypeServer, "kvd_unavailable")
 		r.metrics.request(rt, outcomeUpstreamError).Inc()
 		return
 	}

@@ -3,9 +3,11 @@ package router_test
 import (
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,6 +79,74 @@ func TestPrewarmWithoutKVD(t *testing.T) {
 	tr = startRouter(t, &router.RoundRobin{}, withConfig(func(c *router.Config) { c.KVDSocket = filepath.Join(t.TempDir(), "none.sock") }))
 	resp, body = tr.do(t, http.MethodPost, "/v1/cache/prewarm", `{"model":"m","block_hashes":["0011223344556677"]}`)
 	wantError(t, resp, body, http.StatusServiceUnavailable, "kvd_unavailable")
+	if strings.Contains(string(body), ".sock") {
+		t.Fatalf("the socket path reached the client: %s", body)
+	}
+}
+
+// TestPrewarmDeadlineOverflow: a deadline_ms whose nanoseconds wrap int64
+// (or that passes the limit) is a 400, not a negative duration.
+func TestPrewarmDeadlineOverflow(t *testing.T) {
+	sock, _ := kvdtest.Start(t, 1<<20)
+	tr := startRouter(t, &router.RoundRobin{}, withConfig(func(c *router.Config) { c.KVDSocket = sock }))
+	for _, ms := range []string{"9223372036854", "9223372036854775807", "18446744073709551616", "0", "-5"} {
+		resp, body := tr.do(t, http.MethodPost, "/v1/cache/prewarm", `{"model":"m","block_hashes":["0011223344556677"],"deadline_ms":`+ms+`}`)
+		wantError(t, resp, body, http.StatusBadRequest, "invalid_prewarm")
+	}
+}
+
+// TestPrewarmStalledKVDConcurrent: against a kvd that accepts and never
+// answers, 12 concurrent prewarms each answer 503 within the dial
+// timeout, side by side (no lock is held across the dial).
+func TestPrewarmStalledKVDConcurrent(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "stalled.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c) // read nothing, answer nothing
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	tr := startRouter(t, &router.RoundRobin{}, withConfig(func(c *router.Config) { c.KVDSocket = sock }))
+	const n = 12
+	took := make(chan time.Duration, n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			t0 := time.Now()
+			resp, body := tr.do(t, http.MethodPost, "/v1/cache/prewarm", `{"model":"m","block_hashes":["0011223344556677"]}`)
+			wantError(t, resp, body, http.StatusServiceUnavailable, "kvd_unavailable")
+			took <- time.Since(t0)
+		})
+	}
+	wg.Wait()
+	close(took)
+	// The dial timeout is 2 s: one after another would take 24 s.
+	if total := time.Since(start); total > 8*time.Second {
+		t.Fatalf("12 prewarms against a stalled kvd took %v: they queued", total)
+	}
+	for d := range took {
+		if d > 6*time.Second {
+			t.Fatalf("one prewarm took %v", d)
+		}
+	}
 }
 
 func TestParsePrewarm(t *testing.T) {
@@ -97,7 +167,7 @@ func TestParsePrewarm(t *testing.T) {
 func FuzzParsePrewarm(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","block_hashes":["0011223344556677"],"compat_key":"c","deadline_ms":5}`,
-		`{"model":"m\"","block_hashes":[]}`, `[]`, `{`, `{"deadline_ms":-1}`, `{"block_hashes":["0011223344556677",2]}`,
+		`{"model":"m\"","block_hashes":[]}`, `{"model":"m","block_hashes":["0011223344556677"],"deadline_ms":9223372036854}`, `[]`, `{`, `{"deadline_ms":-1}`, `{"block_hashes":["0011223344556677",2]}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/infera/infera/internal/redistest"
+	"github.com/infera/infera/kvd"
 )
 
 // step is one request of a session replayed against both servers.
@@ -102,6 +103,47 @@ func TestRedisParity(t *testing.T) {
 	}
 	if got := kc.do(encode("CLIENT", "SETINFO", "color", "red")); string(got) != "-ERR Unrecognized option 'color'\r\n" {
 		t.Errorf("CLIENT SETINFO color: %q", got)
+	}
+	// Redis 7.2 replies with addReplyErrorFormat, which turns CR and LF
+	// into spaces: no reply injection.
+	if got := kc.do(encode("CLIENT", "SETINFO", "x\r\n+OK", "red")); string(got) != "-ERR Unrecognized option 'x  +OK'\r\n" {
+		t.Errorf("CLIENT SETINFO with CR/LF: %q", got)
+	}
+}
+
+// TestRedisParityHostile: the replies a hostile or careless client could
+// make differ, compared with redis-server 7.0.
+func TestRedisParityHostile(t *testing.T) {
+	rs := redistest.Start(t)
+	kl := startListener(t, Options{}, nil)
+	replay(t, rs.Addr, kl.addr, []step{
+		cmd("HELLO", "2", "x\r\n+OK"), cmd("HELLO", "2", "\n"),
+		cmd("SET", "k", "v", "EX", "9223372036854775"), cmd("SET", "k", "v", "EX", "9223372036854774"),
+		cmd("SET", "k", "v", "PX", "9223372036854775807"), cmd("SET", "k", "v", "PX", "9223372036854000000"),
+		cmd("SET", "k", "v", "EX", "9223372036854776"), cmd("SET", "k", "v", "EXAT", "9223372036854775"),
+		cmd("SET", "k", "v", "PX", "9223372036854775808"), cmd("GET", "k"),
+	})
+}
+
+// TestRedisParityFailedSetGet: a SET … GET refused for memory answers the
+// error in place of the old value and keeps the replies pipelined before
+// it (redis-server at maxmemory answers -OOM the same way).
+func TestRedisParityFailedSetGet(t *testing.T) {
+	rs := redistest.Start(t, "--maxmemory", "1")
+	kl := startListener(t, Options{}, func(o *kvd.StoreOptions) { o.Arena, o.SlotBytes, o.MaxBytes = nil, 0, 1<<20 })
+	big := strings.Repeat("b", 2<<20) // over kvd's whole store
+	pipe := append(append(encode("PING"), encode("ECHO", "before")...), encode("SET", "k", big, "GET")...)
+	pipe = append(pipe, encode("PING")...)
+	var replies [2][]byte
+	for i, addr := range []string{rs.Addr, kl.addr} {
+		c := dialRaw(t, addr)
+		replies[i] = c.do(pipe)
+		for range 3 {
+			replies[i] = append(replies[i], c.read()...)
+		}
+	}
+	if want := "+PONG\r\n$6\r\nbefore\r\n-OOM command not allowed when used memory > 'maxmemory'.\r\n+PONG\r\n"; string(replies[0]) != want || string(replies[1]) != want {
+		t.Fatalf("pipelined PING ECHO SET-GET(oom) PING:\n redis %q\n kvd   %q", replies[0], replies[1])
 	}
 }
 

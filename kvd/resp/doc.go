@@ -4,7 +4,11 @@
 // unchanged.
 //
 // It owns the request parser (Parse: multibulk and inline requests,
-// Redis's limits and protocol-error texts; fuzzed) and the commands
+// Redis's limits and protocol-error texts; fuzzed; an incomplete request
+// reports a lower bound of its length, so a connection parses again only
+// once that much arrived, and its input buffer grows with the bytes that
+// arrived, never to a length a header claims), the connection cap
+// (Options.MaxClients, Redis's maxclients reply) and the commands
 // client start-up and key-value use need — HELLO (protocol 2; 3 is
 // refused with Redis's NOPROTO error), PING, ECHO, AUTH (password or ACL
 // user), SELECT 0, CLIENT SETNAME/SETINFO/GETNAME/ID, GET, SET

@@ -17,7 +17,7 @@ func FuzzParse(f *testing.F) {
 	for _, s := range []string{
 		"*1\r\n$4\r\nPING\r\n", "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n", "PING\r\n", "SET a b\n", "*0\r\n", "*-1\r\n",
 		"*1\r\n:x\r\n", "*abc\r\n", "*1\r\n$-5\r\n", "*2\r\n$3\r\nGET\r\n$100\r\nshort", "\r\n", "*1\r\n$0\r\n\r\n",
-		"*11\r\n", "*1\r\n$16385\r\n",
+		"*11\r\n", "*1\r\n$16385\r\n", "*3\r\n$1\r\na\r\n$0\r\n\r\n$2\r\nbc\r\n",
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
@@ -41,6 +41,17 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("need %d but have %d", need, len(b))
 			}
 			return
+		}
+		if b[0] == '*' {
+			// need is a lower bound: every prefix of a complete request is
+			// incomplete and claims no more than the whole (a parser that
+			// waits for need bytes then never misses the request).
+			for k := range n {
+				_, pn, pneed, perr := Parse(b[:k], nil, 1<<20, unauth)
+				if perr == nil && (pn != 0 || pneed > n) {
+					t.Fatalf("prefix %d of %d: n %d need %d", k, n, pn, pneed)
+				}
+			}
 		}
 		for _, a := range args {
 			if len(a) > 0 && !within(b, a) {

@@ -245,6 +245,9 @@ func (l *loop) readable(cn *conn) error {
 			return errEOF
 		}
 		cn.w += n
+		if cn.incomplete() {
+			return nil // n < space: the socket is drained
+		}
 		if perr := cn.process(); perr != nil {
 			cn.closing, cn.closeErr = true, perr
 			return l.flush(cn) // errClosing once the last reply is written

@@ -90,12 +90,15 @@ func parseInt(b []byte) (int64, bool) {
 // the arguments, aliasing b, appended to args[:0], and the bytes consumed.
 //
 // n == 0 with a nil error means b holds no complete request yet; need is
-// then the total length the request needs when it is known (a bulk
-// length was read), so the caller can grow its buffer once. A request
+// then a lower bound of the request's total length (0 = unknown): the
+// caller need not parse again before that much has arrived. A request
 // that Redis ignores (an empty inline line, "*0" or a negative count)
 // returns n > 0 and no arguments. maxBulk bounds one argument; a client
 // that still has to authenticate (unauth) may send at most 10 arguments of
 // at most 16 KiB, as in Redis.
+// minBulk is the shortest bulk argument: "$0\r\n" and two bytes.
+const minBulk = 6
+
 func Parse(b []byte, args [][]byte, maxBulk int, unauth bool) (out [][]byte, n, need int, err error) {
 	out = args[:0]
 	if len(b) == 0 {
@@ -129,8 +132,13 @@ func Parse(b []byte, args [][]byte, maxBulk int, unauth bool) (out [][]byte, n, 
 		return out, pos, 0, nil
 	}
 	for i := int64(0); i < count; i++ {
+		// What is missing is at least minBulk bytes per argument still
+		// to come: the caller parses again only when that much is here,
+		// so a request dripped in small reads is not re-parsed from its
+		// start on every read.
+		atLeast := pos + int(count-i)*minBulk
 		if pos >= len(b) {
-			return out[:0], 0, 0, nil
+			return out[:0], 0, atLeast, nil
 		}
 		if b[pos] != '$' {
 			return out[:0], 0, 0, expectedDollar(b[pos])
@@ -141,13 +149,13 @@ func Parse(b []byte, args [][]byte, maxBulk int, unauth bool) (out [][]byte, n, 
 			if len(rest) > inlineMax {
 				return out[:0], 0, 0, errBigBulk
 			}
-			return out[:0], 0, 0, nil
+			return out[:0], 0, max(atLeast, len(b)+1), nil
 		}
 		if nl > inlineMax {
 			return out[:0], 0, 0, errBigBulk
 		}
 		if nl+1 >= len(rest) {
-			return out[:0], 0, 0, nil
+			return out[:0], 0, max(atLeast, len(b)+1), nil
 		}
 		l, ok := parseInt(rest[1:nl])
 		if !ok || l < 0 || l > int64(maxBulk) {
@@ -159,7 +167,7 @@ func Parse(b []byte, args [][]byte, maxBulk int, unauth bool) (out [][]byte, n, 
 		start := pos + nl + 2
 		end := start + int(l)
 		if end+2 > len(b) {
-			return out[:0], 0, end + 2, nil
+			return out[:0], 0, end + 2 + int(count-i-1)*minBulk, nil
 		}
 		out = append(out, b[start:end:end])
 		pos = end + 2 // Redis skips the two bytes after a bulk without checking them

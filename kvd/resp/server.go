@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
 	"runtime"
@@ -46,12 +47,20 @@ type Options struct {
 	// costs the least CPU per request). A command that reads L3 or L4
 	// holds its loop meanwhile; more loops keep other clients moving.
 	Loops int
-	Log   zerolog.Logger
+	// MaxClients caps the open connections (Redis's maxclients; 0 =
+	// 10000): one more is sent errMaxClients and closed.
+	MaxClients int
+	Log        zerolog.Logger
 }
+
+// errMaxClients is redis-server's reply to a connection over maxclients.
+const errMaxClients = "-ERR max number of clients reached\r\n"
 
 // Counters are the listener's own counters (INFO and metrics).
 type Counters struct {
 	ConnsActive, ConnsTotal, Commands, ProtocolErrors atomic.Int64
+	// Refused counts connections closed over MaxClients.
+	Refused atomic.Int64
 }
 
 // Server is the RESP listener over a kvd Store.
@@ -95,6 +104,9 @@ func NewServer(st *kvd.Store, opt Options) (*Server, error) {
 	if opt.MaxRequestBytes <= 0 {
 		opt.MaxRequestBytes = 1 << 30
 	}
+	if opt.MaxClients <= 0 {
+		opt.MaxClients = 10000
+	}
 	if opt.Loops <= 0 {
 		opt.Loops = 1
 	}
@@ -114,13 +126,26 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer stop()
 	loops := s.startLoops()
 	var err error
+	var retry kvd.AcceptRetry
 	for i := 0; ; i++ {
 		c, aerr := ln.Accept()
 		if aerr != nil {
+			if retry.Wait(ctx, aerr, s.opt.Log, "resp") {
+				continue
+			}
 			if ctx.Err() == nil {
 				err = aerr
 			}
 			break
+		}
+		retry.Reset()
+		if s.C.ConnsActive.Load() >= int64(s.opt.MaxClients) {
+			// As redis-server at maxclients: the error, then close.
+			s.C.Refused.Add(1)
+			_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			_, _ = io.WriteString(c, errMaxClients)
+			c.Close()
+			continue
 		}
 		if len(loops) > 0 {
 			taken, terr := loops[i%len(loops)].takeConn(c)
@@ -248,9 +273,10 @@ func (cn *conn) process() error {
 	if max(need, cn.w+1) > cn.s.opt.MaxRequestBytes {
 		return ErrRequestTooLarge
 	}
-	if need > len(cn.in) {
-		cn.in = append(cn.in[:cn.w], make([]byte, need-cn.w)...)
-	} else if cn.w == len(cn.in) {
+	// The buffer doubles when full of bytes that arrived, never to a
+	// length a bulk header merely claims: a "$500000000" header and three
+	// bytes cost one read buffer, not 500 MB.
+	if cn.w == len(cn.in) {
 		cn.in = append(cn.in, make([]byte, min(len(cn.in), cn.s.opt.MaxRequestBytes-len(cn.in)))...)
 	}
 	cn.need = need
@@ -281,13 +307,23 @@ func (cn *conn) serve() error {
 		if perr != nil {
 			return perr
 		}
-		n, err := cn.c.Read(cn.in[cn.w:])
-		cn.w += n
-		if err != nil {
-			return err
+		for {
+			n, err := cn.c.Read(cn.in[cn.w:])
+			cn.w += n
+			if err != nil {
+				return err
+			}
+			if !cn.incomplete() {
+				break
+			}
 		}
 	}
 }
+
+// incomplete says whether the buffer cannot yet hold the pending request
+// (fewer bytes than Parse's lower bound, and room to read more): parsing
+// again would only re-read the same prefix.
+func (cn *conn) incomplete() bool { return cn.w < cn.need && cn.w < len(cn.in) }
 
 // lowerName lower-cases a command name into the connection's scratch
 // (nil when too long to be a command).
@@ -437,7 +473,7 @@ func (cn *conn) dispatch(args [][]byte) {
 			cn.out = append(cn.out, replyOK...)
 		default:
 			cn.out = append(cn.out, "-ERR Unrecognized option '"...)
-			cn.out = append(cn.out, args[2]...)
+			cn.out = appendTrunc(cn.out, args[2], len(args[2])) // CR/LF become spaces
 			cn.out = append(cn.out, "'\r\n"...)
 		}
 	case cmdClientGetName:
@@ -648,6 +684,15 @@ func (cn *conn) setCmd(args [][]byte) {
 			ttlMs = v * 1000
 		case flags&setPX != 0:
 			ttlMs = v
+		}
+		// Redis adds the relative time to now and refuses a sum that
+		// wrapped past LLONG_MAX.
+		if flags&(setEX|setPX) != 0 && ttlMs > math.MaxInt64-time.Now().UnixMilli() {
+			cn.out = appendErr(cn.out, "invalid expire time in 'set' command")
+			return
+		}
+		switch {
+		case flags&(setEX|setPX) != 0:
 		case flags&setEXAT != 0:
 			ttlMs = v*1000 - time.Now().UnixMilli()
 		default:
@@ -655,6 +700,7 @@ func (cn *conn) setCmd(args [][]byte) {
 		}
 	}
 	key, value := args[1], args[2]
+	getMark := len(cn.out) // replies before this command's stay
 	if flags&setGet != 0 {
 		cn.get(key) // the old value is the reply
 	}
@@ -671,8 +717,8 @@ func (cn *conn) setCmd(args [][]byte) {
 		cn.s.st.Delete(cn.s.model, cn.s.compt, key, &cn.sc)
 	} else if mark := len(cn.out); !cn.store(key, value, ttlMs, hasTTL) {
 		if flags&setGet != 0 { // the error replaces the old value
-			errReply := append([]byte(nil), cn.out[mark:]...)
-			cn.out = append(cn.out[:0], errReply...)
+			n := copy(cn.out[getMark:], cn.out[mark:])
+			cn.out = cn.out[:getMark+n]
 		}
 		return
 	}
@@ -742,8 +788,10 @@ func (cn *conn) hello(args [][]byte) {
 			}
 			j++
 		default:
+			// As addReplyErrorFormat: CR and LF become spaces, so an echoed
+			// option cannot inject a reply.
 			cn.out = append(cn.out, "-ERR Syntax error in HELLO option '"...)
-			cn.out = append(cn.out, args[j]...)
+			cn.out = appendTrunc(cn.out, args[j], len(args[j]))
 			cn.out = append(cn.out, "'\r\n"...)
 			return
 		}

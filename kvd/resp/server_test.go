@@ -2,10 +2,13 @@ package resp
 
 import (
 	"bytes"
+	"io"
+	"net"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/infera/infera/internal/servetest"
 	"github.com/infera/infera/kvd"
 )
 
@@ -89,5 +92,49 @@ func TestRequestLimit(t *testing.T) {
 	_, _ = c.c.Write(req)
 	if !c.eof() {
 		t.Fatal("connection not closed")
+	}
+}
+
+func TestAcceptSurvivesFDExhaustion(t *testing.T) {
+	l := startListener(t, Options{}, nil)
+	servetest.ExhaustFDs(t, func() (io.Closer, error) { return net.Dial("tcp", l.addr) })
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", l.addr, time.Second)
+		if err == nil {
+			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+			_, _ = c.Write(encode("PING"))
+			buf := make([]byte, 7)
+			_, err = io.ReadFull(c, buf)
+			c.Close()
+			if err == nil && string(buf) == "+PONG\r\n" {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listener not serving after fd exhaustion: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestMaxClients(t *testing.T) {
+	l := startListener(t, Options{MaxClients: 2}, nil)
+	a, b := dialRaw(t, l.addr), dialRaw(t, l.addr)
+	if got := a.do(encode("PING")); string(got) != "+PONG\r\n" {
+		t.Fatalf("PING: %q", got)
+	}
+	_ = b.do(encode("PING"))
+	c, err := net.Dial("tcp", l.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	got, _ := io.ReadAll(c)
+	if string(got) != "-ERR max number of clients reached\r\n" {
+		t.Fatalf("over maxclients: %q", got)
+	}
+	if l.srv.C.Refused.Load() != 1 {
+		t.Fatalf("refused %d", l.srv.C.Refused.Load())
 	}
 }

@@ -1,0 +1,94 @@
+package resp
+
+import (
+	"bufio"
+	"net"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestHugeBulkHeaderCostsWhatArrived: a 500 MB bulk header followed by
+// three bytes, on eight connections, grows the heap by what arrived, not
+// by what the header claims.
+func TestHugeBulkHeaderCostsWhatArrived(t *testing.T) {
+	l := startListener(t, Options{}, nil)
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range 8 {
+		c := dialRaw(t, l.addr)
+		if _, err := c.c.Write([]byte("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$500000000\r\nabc")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each connection is answered in turn: a PING after them all means
+	// every header was read.
+	if got := dialRaw(t, l.addr).do(encode("PING")); string(got) != "+PONG\r\n" {
+		t.Fatalf("PING: %q", got)
+	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapSys) - int64(before.HeapSys); grew > 64<<20 {
+		t.Fatalf("heap grew by %d MB for eight 500 MB headers", grew>>20)
+	}
+}
+
+// TestDrippedMultibulk: a request of 100,000 tiny arguments sent a few
+// bytes at a time is parsed as it arrives (not from its start on every
+// read), answered correctly, and another client's PING keeps answering
+// meanwhile.
+func TestDrippedMultibulk(t *testing.T) {
+	l := startListener(t, Options{}, nil)
+	const n = 100_000
+	var b strings.Builder
+	b.WriteString("*" + strconv.Itoa(n+1) + "\r\n$6\r\nEXISTS\r\n")
+	for range n {
+		b.WriteString("$1\r\nx\r\n")
+	}
+	req := b.String()
+	slow, err := net.Dial("tcp", l.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < len(req); i += 4096 {
+			if _, err := slow.Write([]byte(req[i:min(i+4096, len(req))])); err != nil {
+				done <- err
+				return
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		done <- nil
+	}()
+	ping := dialRaw(t, l.addr)
+	var worst time.Duration
+	for sent := false; !sent; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent = true
+		default:
+		}
+		t0 := time.Now()
+		if got := ping.do(encode("PING")); string(got) != "+PONG\r\n" {
+			t.Fatalf("PING: %q", got)
+		}
+		worst = max(worst, time.Since(t0))
+	}
+	// Generous for a shared CI machine: the quadratic re-parse made this
+	// hundreds of milliseconds per PING.
+	if worst > time.Second {
+		t.Errorf("slowest PING while a multibulk dripped: %v", worst)
+	}
+	r := &rconn{t: t, c: slow, r: bufio.NewReader(slow)}
+	if got := r.read(); string(got) != ":0\r\n" {
+		t.Fatalf("EXISTS of %d args: %q", n, got)
+	}
+}
