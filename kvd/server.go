@@ -468,7 +468,7 @@ func (cn *conn) get() error {
 		cn.enc.Int("length", int64(h.Length))
 		cn.enc.Int("version", int64(h.Version))
 		cn.enc.Str("retention", h.Retention.String())
-		cn.enc.Int("slot_size", int64(st.SlotSize()))
+		cn.enc.Int("slot_size", int64(h.SlotSize))
 		return cn.send()
 	case h.Arena:
 		cn.enc.Begin(OpGetResponse, 2)
