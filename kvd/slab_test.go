@@ -124,3 +124,50 @@ func TestLeasedPageNotReclaimed(t *testing.T) {
 		t.Fatalf("none value over full arena: %v %q", ok, reason)
 	}
 }
+
+// TestTwoBlockSizesShareOneKvd (issue 31, acceptance 1): two engines'
+// clients whose KV blocks differ in size (16 KiB and 80 KiB, as two
+// models on one host) share one kvd: whichever stores first, both keep
+// storing zero-copy into the arena and read their own bytes back, single
+// and batched.
+func TestTwoBlockSizesShareOneKvd(t *testing.T) {
+	d := startDaemon(t, daemonOpts{arenaBytes: 16 << 20})
+	type engine struct {
+		c    *Client
+		ns   Namespace
+		size int
+	}
+	engines := []engine{
+		{dial(t, d, ClientOptions{SharedArena: true}), Namespace{Model: "small-model", CompatKey: "tp0of1"}, 16 << 10},
+		{dial(t, d, ClientOptions{SharedArena: true}), Namespace{Model: "big-model", CompatKey: "tp0of1"}, 80 << 10},
+	}
+	for round := range 2 {
+		for _, e := range engines {
+			var keys [][]byte
+			for k := range 8 {
+				kk := key(round*100 + k)
+				keys = append(keys, kk)
+				if ok, reason, err := e.c.Set(e.ns, kk, value(k, e.size), SetOptions{Retention: "long"}); !ok || err != nil {
+					t.Fatalf("%s set: %q %v", e.ns.Model, reason, err)
+				}
+			}
+			got, err := e.c.BatchGet(e.ns, keys)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k := range keys {
+				if !bytes.Equal(got[k], value(k, e.size)) {
+					t.Fatalf("%s batch value %d differs", e.ns.Model, k)
+				}
+			}
+		}
+	}
+	for _, e := range engines {
+		if v, _, ok, err := e.c.Get(e.ns, key(3), nil); !ok || err != nil || !bytes.Equal(v, value(3, e.size)) {
+			t.Fatalf("%s get: %v %v", e.ns.Model, ok, err)
+		}
+	}
+	if c := d.store.Counters(); c.InlineEntries != 0 || c.ArenaEntries != 32 || c.Evictions != 0 {
+		t.Fatalf("counters %+v", c)
+	}
+}
