@@ -265,5 +265,13 @@ func kvdStat(ctx context.Context, cfg config.KVDStat, w io.Writer) error {
 	}
 	_, err = fmt.Fprintf(w, "server     %s\nentries    %d\nhost       %d bytes\nlong (L3)  %d bytes\ngets       %d (hits %d, misses %d, hit ratio %.3f)\nsets       %d\nevictions  %d\n",
 		cl.ServerID, st.Entries, st.HostBytes, st.LongBytes, st.GetsTotal, st.HitsTotal, st.MissesTotal, hitRatio, st.SetsTotal, st.EvictionsTotal)
+	n := min(len(st.ClassSlotBytes), len(st.ClassPages), len(st.ClassSlots), len(st.ClassUsedSlots), len(st.ClassValueBytes))
+	for i := range n {
+		if err != nil {
+			break
+		}
+		_, err = fmt.Fprintf(w, "class %7d B  pages %d  slots %d/%d used  values %d bytes\n",
+			st.ClassSlotBytes[i], st.ClassPages[i], st.ClassUsedSlots[i], st.ClassSlots[i], st.ClassValueBytes[i])
+	}
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -75,8 +76,12 @@ func TestKVDCommand(t *testing.T) {
 	if st.Entries != 3 || st.HostBytes != 3000 || st.MissesTotal != 1 || st.ServerID != cl.ServerID {
 		t.Fatalf("stat: %+v", st)
 	}
+	// Per-class use: the 1000-byte values share the 1024-byte class.
+	if fmt.Sprint(st.ClassSlotBytes, st.ClassUsedSlots, st.ClassValueBytes) != "[1024] [3] [3000]" {
+		t.Fatalf("stat classes: %+v", st)
+	}
 	out.Reset()
-	if code := run([]string{"infera", "kvd", "stat", "--socket", cfg.Socket}, &out, &out); code != 0 || !strings.Contains(out.String(), "entries    3") {
+	if code := run([]string{"infera", "kvd", "stat", "--socket", cfg.Socket}, &out, &out); code != 0 || !strings.Contains(out.String(), "entries    3") || !strings.Contains(out.String(), "class    1024 B  pages 1  slots 3/256 used  values 3000 bytes") {
 		t.Fatalf("stat: exit %d: %s", code, out.String())
 	}
 	out.Reset()

@@ -117,7 +117,7 @@ func (k *KVD) Flags() []cli.Flag {
 		StringSlice("allow-uid", "peer uids allowed on the socket (SO_PEERCRED), comma-separated; unset = the daemon's own uid and root", nil),
 		String("max-bytes", "host-RAM budget (L2): the shared arena plus values kept inline, e.g. 64GiB", &k.MaxBytesText, "4GiB"),
 		String("shared-arena-bytes", "size of the memfd arena shared with engines (zero-copy reads): auto (= --max-bytes), a size, or 0 for none", &k.ArenaText, "auto"),
-		String("arena-slot-bytes", "arena slot size, 16-byte header included (rounded up to 64); 0 = decided by the first value stored, as the reference does", &k.SlotText, "0"),
+		String("arena-slot-bytes", "largest arena slot (the arena's page), 16-byte header included (rounded up to 64); size classes cut pages into smaller slots; 0 = arena/16 within 64KiB–4MiB", &k.SlotText, "0"),
 		Bool("arena-hugetlb", "back the arena with 2 MiB huge pages (falls back to normal pages when none are reserved)", &k.ArenaHugetlb, false),
 		String("arena-hip-register", "register the arena with the GPUs (hipHostRegister, GPU build): auto (when HIP and a GPU are there), on (fail without) or off", &k.ArenaHIPRegister, "auto"),
 		String("hip-library", "HIP runtime library the GPU build loads", &k.HIPLibrary, "libamdhip64.so"),

@@ -53,7 +53,8 @@ func TestSeqlockNeverServesWrongBytes(t *testing.T) {
 
 func seqlockRace(t *testing.T, n int) {
 	slot := (n/12*12 + HeaderBytes + SlotAlign - 1) / SlotAlign * SlotAlign
-	d := startDaemon(t, daemonOpts{arenaBytes: int64(6 * slot)}) // 6 slots for 4 keys: slots get reused
+	// 6 slots for 4 keys: slots get reused.
+	d := startDaemon(t, daemonOpts{arenaBytes: int64(6 * slot), storeOpt: func(o *StoreOptions) { o.SlotBytes = slot }})
 	mk := func(k, ctr int) []byte {
 		return bytes.Repeat([]byte(fmt.Sprintf("k%02d-c%06d;", k, ctr)), n/12)
 	}

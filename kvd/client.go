@@ -863,7 +863,8 @@ func (cl *Client) StatsCtx(ctx context.Context) (_ StatsCounters, err error) {
 		return StatsCounters{}, err
 	}
 	defer cl.end(ctx, stop, &err)
-	cl.enc.Begin(OpStats, 0)
+	cl.enc.Begin(OpStats, 1)
+	cl.enc.Bool("classes", true) // the per-class lists (a kvd extension)
 	if err := cl.roundTrip(OpStatsResponse); err != nil {
 		return StatsCounters{}, err
 	}

@@ -9,12 +9,17 @@
 //     event decoder shares), byte fields aliasing the frame;
 //   - the L2 shared arena (Arena): a memfd mapped MAP_SHARED and passed to
 //     clients after hello_ack with SCM_RIGHTS and a one-byte "F" marker;
-//     slots of roundup(first value + 16, 64) bytes, each with a 16-byte
-//     little-endian header (version u32, even = stable, odd = being
-//     written; length u32; 8 reserved bytes) read with a seqlock;
+//     cut into pages (StoreOptions.SlotBytes, or arena/16 clamped to
+//     64 KiB–4 MiB) that size classes (slab.go: page/k bytes, multiples
+//     of 64) take and give back, so values of every size up to a page
+//     live side by side; each slot keeps the 16-byte little-endian header
+//     the protocol fixes (version u32, even = stable, odd = being written;
+//     length u32; 8 reserved bytes), read with a seqlock, and each hit
+//     carries its slot's size;
 //   - the RAM store (Store): index by (model, compat_key, key), eviction
-//     that respects retention (none < ephemeral < short < long, then LRU,
-//     never displacing a higher class), TTLs, retention-downgrade refusal,
+//     that respects retention (none < ephemeral < short < long, then LRU
+//     across size classes, never displacing a higher retention: a class
+//     short of slots takes a page whose entries may all go), TTLs, retention-downgrade refusal,
 //     leases for zero-copy writes, and, over an optional L3 LongStore (the
 //     tablespace), asynchronous write-through of long entries, promotion of
 //     L3 hits, the bounded prefetch queue, and clears that reach L3 (all of

@@ -2,6 +2,7 @@ package kvd
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -27,6 +28,9 @@ var (
 	mHostBytes   = newMetric("infera_kvd_host_bytes", "Value bytes held in host RAM (arena plus inline).", prometheus.GaugeValue)
 	mArenaBytes  = newMetric("infera_kvd_arena_capacity_bytes", "Size of the shared arena.", prometheus.GaugeValue)
 	mSlots       = newMetric("infera_kvd_arena_slots", "Arena slots, by state.", prometheus.GaugeValue, "state")
+	mPages       = newMetric("infera_kvd_arena_pages", "Arena pages, by state (free or held by a size class).", prometheus.GaugeValue, "state")
+	mClassSlots  = newMetric("infera_kvd_arena_class_slots", "Arena slots of each size class holding pages, by state.", prometheus.GaugeValue, "slot_bytes", "state")
+	mClassBytes  = newMetric("infera_kvd_arena_class_value_bytes", "Value bytes stored in each size class.", prometheus.GaugeValue, "slot_bytes")
 	mLongBytes   = newMetric("infera_kvd_long_bytes", "Bytes in the L3 tablespace.", prometheus.GaugeValue)
 	mLongEntries = newMetric("infera_kvd_long_entries", "Entries in the L3 tablespace.", prometheus.GaugeValue)
 	mOps         = newMetric("infera_kvd_requests_total", "Requests by op.", prometheus.CounterValue, "op")
@@ -49,7 +53,7 @@ var (
 	mBadFrames   = newMetric("infera_kvd_bad_frames_total", "Connections closed on an undecodable or oversized frame.", prometheus.CounterValue)
 )
 
-var allMetrics = []metric{mEntries, mHostBytes, mArenaBytes, mSlots, mLongBytes, mLongEntries, mOps, mGets, mHits, mMisses, mSets,
+var allMetrics = []metric{mEntries, mHostBytes, mArenaBytes, mSlots, mPages, mClassSlots, mClassBytes, mLongBytes, mLongEntries, mOps, mGets, mHits, mMisses, mSets,
 	mRejected, mEvictions, mExpired, mLeases, mLeasesAct, mLongWrites, mLongHits, mPrefetch, mTorn, mConns, mConnsTotal, mRefused, mBadFrames}
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
@@ -74,6 +78,14 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	emit(mSlots, s.NumSlots-s.FreeSlots-s.LeasesActive, "used")
 	emit(mSlots, s.LeasesActive, "leased")
 	emit(mSlots, s.FreeSlots, "free")
+	emit(mPages, s.FreePages, "free")
+	emit(mPages, s.Pages-s.FreePages, "held")
+	for _, cs := range s.Classes {
+		size := strconv.FormatInt(cs.SlotSize, 10)
+		emit(mClassSlots, cs.UsedSlots, size, "used")
+		emit(mClassSlots, cs.Slots-cs.UsedSlots, size, "free")
+		emit(mClassBytes, cs.ValueBytes, size)
+	}
 	emit(mLongBytes, s.LongBytes)
 	emit(mLongEntries, s.LongEntries)
 	for op := OpHello; op <= OpStats; op++ {

@@ -30,6 +30,9 @@ func TestAdminMetrics(t *testing.T) {
 		`infera_kvd_arena_capacity_bytes 1.048576e+06`,
 		`infera_kvd_connections 1`,
 		`infera_kvd_prefetch_total{stage="useful"} 0`,
+		`infera_kvd_arena_pages{state="held"} 1`,
+		`infera_kvd_arena_class_slots{slot_bytes="128",state="used"} 1`,
+		`infera_kvd_arena_class_value_bytes{slot_bytes="128"} 100`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)

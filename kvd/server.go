@@ -527,7 +527,7 @@ func (cn *conn) dispatch() error {
 		return cn.send()
 	case OpStats:
 		c := st.Counters()
-		cn.enc.Begin(OpStatsResponse, 9)
+		cn.enc.Begin(OpStatsResponse, int(iff(m.StatsClasses, 14, 9)))
 		cn.enc.Int("entries", c.Entries)
 		cn.enc.Int("host_bytes", c.HostBytes)
 		cn.enc.Int("spillover_bytes", 0)
@@ -537,6 +537,23 @@ func (cn *conn) dispatch() error {
 		cn.enc.Int("hits_total", c.Hits)
 		cn.enc.Int("misses_total", c.Misses)
 		cn.enc.Int("evictions_total", c.Evictions)
+		if m.StatsClasses {
+			for _, f := range [...]struct {
+				name string
+				v    func(ClassStat) int64
+			}{
+				{"class_slot_bytes", func(c ClassStat) int64 { return c.SlotSize }},
+				{"class_pages", func(c ClassStat) int64 { return c.Pages }},
+				{"class_slots", func(c ClassStat) int64 { return c.Slots }},
+				{"class_used_slots", func(c ClassStat) int64 { return c.UsedSlots }},
+				{"class_value_bytes", func(c ClassStat) int64 { return c.ValueBytes }},
+			} {
+				cn.enc.Array(f.name, len(c.Classes))
+				for _, cs := range c.Classes {
+					cn.enc.ElemInt(f.v(cs))
+				}
+			}
+		}
 		return cn.send()
 	}
 	return cn.errorFrame("bad_op", "unsupported message type: "+truncate(m.Op.String(), 64))
@@ -604,7 +621,7 @@ func (cn *conn) get() error {
 		cn.enc.Int("length", int64(h.Length))
 		cn.enc.Int("version", int64(h.Version))
 		cn.enc.Str("retention", h.Retention.String())
-		cn.enc.Int("slot_size", int64(st.SlotSize()))
+		cn.enc.Int("slot_size", int64(h.SlotSize))
 		return cn.send()
 	case h.Arena:
 		cn.enc.Begin(OpGetResponse, 2)

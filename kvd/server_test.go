@@ -91,15 +91,16 @@ func TestGoClientArenaRoundTrip(t *testing.T) {
 	if _, _, ok, _ := c.Get(Namespace{Model: "other"}, key(1), nil); ok {
 		t.Fatal("namespaces leak into each other")
 	}
-	// Values larger than the slot geometry stay inline.
-	big := value(3, 10000)
+	// Values larger than the largest slot (the 64 KiB page of a 1 MiB
+	// arena) stay inline.
+	big := value(3, 100_000)
 	if ok, reason, _ := c.Set(ns, key(3), big, SetOptions{}); ok {
 		t.Fatalf("a value larger than the slot was accepted with no inline budget (%q)", reason)
 	}
 
 	// Lease path.
 	l, err := c.Reserve(3000)
-	if err != nil || l.Token == 0 || l.PayloadMaxSize != 4032-HeaderBytes {
+	if err != nil || l.Token == 0 || l.PayloadMaxSize < 3000 || (l.PayloadMaxSize+HeaderBytes)%SlotAlign != 0 {
 		t.Fatalf("reserve: %+v %v", l, err)
 	}
 	lv := value(4, 3000)
@@ -113,7 +114,7 @@ func TestGoClientArenaRoundTrip(t *testing.T) {
 	if ok, reason, _ := c.Commit(l.Token, ns, key(5), 10, SetOptions{}); ok || reason != ReasonUnknownLease {
 		t.Fatalf("second commit of a lease: %v %q", ok, reason)
 	}
-	if l, _ := c.Reserve(5000); l.Token != 0 || l.Reason != ReasonOversize {
+	if l, _ := c.Reserve(100_000); l.Token != 0 || l.Reason != ReasonOversize {
 		t.Fatalf("oversize reserve: %+v", l)
 	}
 	l2, _ := c.Reserve(100)
@@ -151,7 +152,7 @@ func TestInlineClientAndBatch(t *testing.T) {
 	d := startDaemon(t, daemonOpts{arenaBytes: 1 << 20, maxBytes: 2 << 20})
 	c := dial(t, d, ClientOptions{}) // no arena: values come inline
 	keys := [][]byte{key(1), key(2), key(3)}
-	vals := [][]byte{value(1, 500), value(2, 500), value(3, 2000)} // the last one is inline on the daemon
+	vals := [][]byte{value(1, 500), value(2, 500), value(3, 100_000)} // the last one (over the 64 KiB page) is inline on the daemon
 	oks, reasons, err := c.BatchSet(ns, keys, vals, SetOptions{Retention: "ephemeral"})
 	if err != nil || len(oks) != 3 || !oks[0] || !oks[1] || !oks[2] {
 		t.Fatalf("batch set: %v %v %v", oks, reasons, err)

@@ -94,8 +94,10 @@ type StoreOptions struct {
 	// Arena, when set, holds values that fit its slot; the rest are inline
 	// within MaxBytes - Arena.Size().
 	Arena *Arena
-	// SlotBytes, when positive, fixes the arena's slot size (header
-	// included, rounded up to 64) at start instead of at the first put.
+	// SlotBytes, when positive, is the arena's largest slot (header
+	// included, rounded up to 64): its page size. Zero picks
+	// arena/16, at least 64 KiB or the whole arena, at most 4 MiB.
+	// Values that fit no slot are inline.
 	SlotBytes int
 	// Long is the optional L3 tier; LongNotFound is its miss error.
 	Long         LongStore
@@ -117,14 +119,22 @@ type entry struct {
 	nsLen      int    // bytes of key that are the namespace
 	ret        Retention
 	expires    int64 // unix ns; 0 = no TTL
-	slot       int32 // arena slot, -1 = inline
+	slot       int   // arena slot's start offset, -1 = inline
 	length     int
 	inline     []byte // immutable once stored
 	warmed     bool   // inserted by prefetch, not yet read
+	used       uint64 // Store.ticks at the last use: LRU order across classes
 	prev, next *entry
 }
 
 type lruList struct{ head, tail *entry }
+
+// touch makes e the most recently used entry of its list. Caller holds mu.
+func (s *Store) touch(e *entry) {
+	s.ticks++
+	e.used = s.ticks
+	s.list(e).pushFront(e)
+}
 
 func (l *lruList) pushFront(e *entry) {
 	e.prev, e.next = nil, l.head
@@ -152,7 +162,7 @@ func (l *lruList) remove(e *entry) {
 }
 
 type lease struct {
-	slot int32
+	slot int
 	size int
 	conn uint64
 }
@@ -170,7 +180,9 @@ type Counters struct {
 	Gets, Sets, Hits, Misses, Evictions  int64
 	EvictionsByRetention                 [numRetentions]int64
 	Expired, Rejected                    int64
-	SlotSize, NumSlots, FreeSlots        int64
+	SlotSize, NumSlots, FreeSlots        int64 // largest slot; slots in pages held; free among them
+	Pages, FreePages                     int64
+	Classes                              []ClassStat // classes holding pages
 	LeasesActive                         int64
 	LeasesCommitted, LeasesCancelled     int64
 	LongWrites, LongWriteErrors          int64
@@ -192,11 +204,10 @@ type Store struct {
 
 	mu           sync.Mutex
 	index        map[string]*entry
-	arenaLRU     [numRetentions]lruList
+	arenaLRU     [][numRetentions]lruList // by size class
 	inlineLRU    [numRetentions]lruList
-	slotSize     int
-	numSlots     int
-	free         []int32
+	sl           *slabs // nil without an arena
+	ticks        uint64 // use counter for entry.used
 	leases       map[uint64]lease
 	nextLease    uint64
 	inlineBytes  int64
@@ -240,11 +251,17 @@ func NewStore(opt StoreOptions) (*Store, error) {
 	if s.arena != nil {
 		s.inlineBudget = max(opt.MaxBytes-s.arena.Size(), 0)
 	}
-	if opt.SlotBytes > 0 {
-		if s.arena == nil || int64(opt.SlotBytes) > s.arena.Size() || opt.SlotBytes <= HeaderBytes {
-			return nil, errors.Join(ErrConfig, errors.New("slot bytes must fit the arena and exceed the slot header"))
+	if opt.SlotBytes > 0 && (s.arena == nil || int64(opt.SlotBytes) > s.arena.Size() || opt.SlotBytes <= HeaderBytes) {
+		return nil, errors.Join(ErrConfig, errors.New("slot bytes must fit the arena and exceed the slot header"))
+	}
+	if s.arena != nil {
+		// Pages of arena/16 (at least 64 KiB or the whole arena, at most 4 MiB).
+		page := int(min(defaultPageBytes, max(s.arena.Size()/16, min(s.arena.Size(), 64<<10)))) / SlotAlign * SlotAlign
+		if opt.SlotBytes > 0 {
+			page = min((opt.SlotBytes+SlotAlign-1)/SlotAlign*SlotAlign, int(s.arena.Size())/SlotAlign*SlotAlign)
 		}
-		s.initGeometry(opt.SlotBytes - HeaderBytes)
+		s.sl = newSlabs(s.arena.Size(), max(page, 2*SlotAlign))
+		s.arenaLRU = make([][numRetentions]lruList, len(s.sl.classes))
 	}
 	if opt.Long != nil {
 		s.longQ = make(chan string, opt.LongQueue)
@@ -259,11 +276,26 @@ func NewStore(opt StoreOptions) (*Store, error) {
 // Arena is the store's shared arena (nil without one).
 func (s *Store) Arena() *Arena { return s.arena }
 
-// SlotSize is the arena's slot size (0 until the first put).
+// defaultPageBytes is the largest arena page (and slot) when
+// StoreOptions.SlotBytes is not set.
+const defaultPageBytes = 4 << 20
+
+// SlotSize is the arena's largest slot size (its page size; 0 without an
+// arena). Each hit carries its own slot's size.
 func (s *Store) SlotSize() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.slotSize
+	if s.sl == nil {
+		return 0
+	}
+	return s.sl.pageSize
+}
+
+// MaxArenaValue is the largest value an arena slot holds (0 without an
+// arena).
+func (s *Store) MaxArenaValue() int {
+	if s.sl == nil {
+		return 0
+	}
+	return s.sl.maxPayload()
 }
 
 // Close stops the workers after the pending long writes are written.
@@ -309,7 +341,7 @@ func (s *Store) lookup(now int64) *entry {
 
 func (s *Store) list(e *entry) *lruList {
 	if e.slot >= 0 {
-		return &s.arenaLRU[e.ret]
+		return &s.arenaLRU[s.sl.pages[e.slot/s.sl.pageSize].class][e.ret]
 	}
 	return &s.inlineLRU[e.ret]
 }
@@ -319,7 +351,7 @@ func (s *Store) removeLocked(e *entry) {
 	s.list(e).remove(e)
 	delete(s.index, e.key)
 	if e.slot >= 0 {
-		s.free = append(s.free, e.slot)
+		s.sl.release(e.slot, e, false)
 		s.arenaBytes -= int64(e.length)
 		s.arenaEntries--
 	} else {
@@ -342,32 +374,56 @@ func (s *Store) evictLocked(lists *[numRetentions]lruList, maxRet Retention) boo
 	return false
 }
 
-// initGeometry fixes the slot size from the first value. Caller holds mu.
-func (s *Store) initGeometry(size int) {
-	if s.slotSize != 0 || s.arena == nil {
-		return
+// allocSlot takes a free slot of class c: a free one, one of a free page,
+// or one freed by evicting entries of retention ≤ maxRet, lowest
+// retention first and least recently used first across classes: at each
+// retention, the class's own least recently used entry, unless another
+// class's least recently used entry is older and its page can be taken
+// (no lease on it, no entry above that retention) — then every entry of
+// that page is evicted and the page changes class. The slot comes back
+// leased (see slabs.lease). Caller holds mu.
+func (s *Store) allocSlot(c int, maxRet Retention) (int, bool) {
+	for r := Retention(0); ; {
+		if off, ok := s.sl.takeFree(c); ok {
+			s.sl.lease(off)
+			return off, true
+		}
+		if r > maxRet {
+			return -1, false
+		}
+		own := s.arenaLRU[c][r].tail
+		pg := -1
+		if own != nil {
+			// An older entry of another class whose page can go.
+			oldest := own.used
+			for oc := range s.arenaLRU {
+				if e := s.arenaLRU[oc][r].tail; oc != c && e != nil && e.used < oldest && s.sl.canReclaim(e.slot/s.sl.pageSize, r) {
+					pg, oldest = e.slot/s.sl.pageSize, e.used
+				}
+			}
+			if pg < 0 {
+				s.evictEntry(own)
+				continue
+			}
+		} else if pg = s.sl.reclaimable(c, r); pg < 0 {
+			r++
+			continue
+		}
+		for _, e := range s.sl.pages[pg].owners {
+			if e != nil {
+				s.evictEntry(e)
+			}
+		}
+		if s.sl.pages[pg].class >= 0 {
+			r++ // a slot of the page is being written outside mu
+		}
 	}
-	ss := (size + HeaderBytes + SlotAlign - 1) / SlotAlign * SlotAlign
-	n := int(s.arena.Size() / int64(ss))
-	if n == 0 {
-		return
-	}
-	s.slotSize, s.numSlots = ss, n
-	s.free = make([]int32, n)
-	for i := range n {
-		s.free[i] = int32(n - 1 - i) // pop from the end: slot 0 first
-	}
-	s.log.Info().Int("slot_size", ss).Int("num_slots", n).Msg("arena slot geometry fixed")
 }
 
-// allocSlot takes a free slot or evicts an arena entry of class ≤ maxRet.
-func (s *Store) allocSlot(maxRet Retention) (int32, bool) {
-	if len(s.free) == 0 && !s.evictLocked(&s.arenaLRU, maxRet) {
-		return -1, false
-	}
-	slot := s.free[len(s.free)-1]
-	s.free = s.free[:len(s.free)-1]
-	return slot, true
+func (s *Store) evictEntry(e *entry) {
+	s.c.EvictionsByRetention[e.ret]++
+	s.c.Evictions++
+	s.removeLocked(e)
 }
 
 // SetArgs is one set.
@@ -421,20 +477,23 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 	if old := s.lookup(s.nowNs()); old != nil && ret < old.ret {
 		return false, ReasonDowngrade
 	}
-	s.initGeometry(len(value))
-	toArena := s.arena != nil && s.slotSize != 0 && len(value)+HeaderBytes <= s.slotSize
+	cls := -1
+	if s.sl != nil {
+		cls = s.sl.classFor(len(value))
+	}
+	toArena := cls >= 0
 	if !toArena && int64(len(value)) > s.inlineBudget {
 		return false, ReasonLargerThanStore
 	}
 	var old *entry // the entry replaced, reused for the new value
-	slot := int32(-1)
+	slot := -1
 	if toArena {
 		var ok bool
-		slot, ok = s.allocSlot(ret)
+		slot, ok = s.allocSlot(cls, ret)
 		if !ok {
 			return false, ReasonDisplaceHigher
 		}
-		base := int(slot) * s.slotSize
+		base := slot
 		beginWrite(s.arena.mem, base)
 		if len(value) >= unlockedCopyBytes {
 			s.mu.Unlock()
@@ -448,7 +507,7 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 		// Another writer may have stored the key meanwhile.
 		if old = s.lookup(s.nowNs()); old != nil {
 			if ret < old.ret {
-				s.free = append(s.free, slot)
+				s.sl.release(slot, nil, true)
 				return false, ReasonDowngrade
 			}
 			s.removeLocked(old)
@@ -478,7 +537,10 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 		s.inlineBytes += int64(len(value))
 	}
 	s.index[e.key] = e
-	s.list(e).pushFront(e)
+	if toArena {
+		s.sl.own(e, true)
+	}
+	s.touch(e)
 	if ret == RetentionLong && !fromL3 {
 		s.writeThroughLocked(e.key)
 	}
@@ -511,6 +573,7 @@ type Hit struct {
 	Offset    int
 	Length    int
 	Version   uint32
+	SlotSize  int // the arena slot's size, header included
 	Inline    []byte
 	Retention Retention
 }
@@ -572,17 +635,17 @@ func (s *Store) getRAM(model, compat, key []byte) (Hit, bool, uint64) {
 		e.warmed = false
 		s.c.PrefetchUseful++
 	}
-	l := s.list(e)
-	l.remove(e)
-	l.pushFront(e)
+	s.list(e).remove(e)
+	s.touch(e)
 	return s.hitLocked(e), false, s.clears
 }
 
 func (s *Store) hitLocked(e *entry) Hit {
 	h := Hit{Found: true, Length: e.length, Retention: e.ret}
 	if e.slot >= 0 {
-		base := int(e.slot) * s.slotSize
+		base := e.slot
 		h.Arena, h.Offset, h.Version = true, base+HeaderBytes, slotVersion(s.arena.mem, base+HeaderBytes)
+		h.SlotSize = s.sl.classes[s.sl.pages[base/s.sl.pageSize].class].size
 	} else {
 		h.Inline = e.inline
 	}
@@ -642,22 +705,21 @@ func (s *Store) Reserve(size int, conn uint64) (token uint64, slot int32, payloa
 	if int64(size) > s.arena.Size() {
 		return 0, -1, 0, 0, ReasonOversize
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.initGeometry(size)
-	if s.slotSize == 0 || size+HeaderBytes > s.slotSize {
+	cls := s.sl.classFor(size)
+	if cls < 0 {
 		return 0, -1, 0, 0, ReasonOversize
 	}
-	slot, ok := s.allocSlot(RetentionLong)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	base, ok := s.allocSlot(cls, RetentionLong)
 	if !ok {
 		return 0, -1, 0, 0, ReasonArenaFull
 	}
 	token = s.nextLease
 	s.nextLease++
-	s.leases[token] = lease{slot: slot, size: size, conn: conn}
-	base := int(slot) * s.slotSize
+	s.leases[token] = lease{slot: base, size: size, conn: conn}
 	beginWrite(s.arena.mem, base)
-	return token, slot, base + HeaderBytes, s.slotSize - HeaderBytes, ""
+	return token, -1, base + HeaderBytes, s.sl.classes[cls].size - HeaderBytes, ""
 }
 
 // CommitArgs is one set_commit.
@@ -700,7 +762,7 @@ func (s *Store) Commit(a *CommitArgs) (bool, string) {
 	}
 	s.c.Sets++
 	delete(s.leases, a.Token)
-	base := int(l.slot) * s.slotSize
+	base := l.slot
 	now := s.nowNs()
 	s.kb = Composite(s.kb, a.Model, a.CompatKey, a.Key)
 	old := s.lookup(now)
@@ -719,7 +781,8 @@ func (s *Store) Commit(a *CommitArgs) (bool, string) {
 		e.expires = now + min(a.TTLSeconds, maxTTLSeconds)*int64(time.Second)
 	}
 	s.index[e.key] = e
-	s.list(e).pushFront(e)
+	s.sl.own(e, true)
+	s.touch(e)
 	s.arenaBytes += int64(a.Length)
 	s.arenaEntries++
 	s.c.LeasesCommitted++
@@ -730,10 +793,9 @@ func (s *Store) Commit(a *CommitArgs) (bool, string) {
 }
 
 // releaseLocked returns a leased slot with an even version again.
-func (s *Store) releaseLocked(slot int32) {
-	base := int(slot) * s.slotSize
-	endWrite(s.arena.mem, base, 0)
-	s.free = append(s.free, slot)
+func (s *Store) releaseLocked(slot int) {
+	endWrite(s.arena.mem, slot, 0)
+	s.sl.release(slot, nil, true)
 }
 
 // Cancel drops a lease of conn; unknown or foreign tokens are ignored.
@@ -816,7 +878,14 @@ func (s *Store) Counters() Counters {
 	c.InlineEntries = c.Entries - s.arenaEntries
 	c.HostBytes = s.arenaBytes + s.inlineBytes
 	c.InlineBytes = s.inlineBytes
-	c.SlotSize, c.NumSlots, c.FreeSlots = int64(s.slotSize), int64(s.numSlots), int64(len(s.free))
+	if s.sl != nil {
+		c.SlotSize, c.Pages, c.FreePages = int64(s.sl.pageSize), int64(len(s.sl.pages)), int64(len(s.sl.free))
+		c.Classes = s.sl.stats(nil)
+		for _, cs := range c.Classes {
+			c.NumSlots += cs.Slots
+			c.FreeSlots += cs.Slots - cs.UsedSlots
+		}
+	}
 	c.LeasesActive = int64(len(s.leases))
 	s.mu.Unlock()
 	if s.opt.Long != nil {
@@ -922,7 +991,7 @@ func (s *Store) longWriter() {
 			continue
 		}
 		if e.slot >= 0 {
-			base := int(e.slot) * s.slotSize
+			base := e.slot
 			buf = append(buf[:0], s.arena.mem[base+HeaderBytes:base+HeaderBytes+e.length]...)
 		} else {
 			buf = append(buf[:0], e.inline...)

@@ -65,33 +65,48 @@ func TestLMCacheRedisBackend(t *testing.T) {
 			}
 			expect(encode("CLIENT", "SETINFO", "LIB-NAME", "redis-py"), "+OK\r\n")
 			expect(encode("CLIENT", "SETINFO", "LIB-VER", "5.2.1"), "+OK\r\n")
-			const chunks, size = 8, 300 << 10
-			for i := range chunks {
-				k := lmcacheKey(0, i)
-				expect(encode("SET", k+"kv_bytes", string(payload(i, size))), "+OK\r\n")
-				expect(encode("SET", k+"metadata", string(remoteMetadata(size))), "+OK\r\n")
-			}
-			// batched_async_contains: EXISTS per key until the first miss.
-			for i := range chunks {
-				expect(encode("EXISTS", lmcacheKey(0, i)+"metadata"), ":1\r\n")
-			}
-			expect(encode("EXISTS", lmcacheKey(0, chunks)+"metadata"), ":0\r\n")
-			for i := range chunks {
-				k := lmcacheKey(0, i)
-				expect(encode("GET", k+"metadata"), string(appendBulk(nil, remoteMetadata(size))))
-				expect(encode("GET", k+"kv_bytes"), string(appendBulk(nil, payload(i, size))))
-			}
-			// A missing chunk: GET metadata answers nil and the get stops.
-			expect(encode("GET", lmcacheKey(0, chunks)+"metadata"), "$-1\r\n")
-			// Payload evicted but metadata left: GET kv_bytes is nil, then DEL metadata.
-			k := lmcacheKey(0, 3)
-			expect(encode("DEL", k+"kv_bytes"), ":1\r\n")
-			expect(encode("GET", k+"metadata"), string(appendBulk(nil, remoteMetadata(size))))
-			expect(encode("GET", k+"kv_bytes"), "$-1\r\n")
-			expect(encode("DEL", k+"metadata"), ":1\r\n")
-			expect(encode("EXISTS", k+"metadata"), ":0\r\n")
+			lmcacheRedisSequence(t, c)
 		})
 	}
+}
+
+// lmcacheRedisSequence is the redis:// backend's data path on a connected
+// c: SET kv_bytes then metadata per chunk, EXISTS until the first miss,
+// GET metadata then kv_bytes, and the cleanup of a chunk whose payload
+// is gone.
+func lmcacheRedisSequence(t *testing.T, c *rconn) {
+	t.Helper()
+	expect := func(req []byte, want string) {
+		t.Helper()
+		if got := c.do(req); string(got) != want {
+			t.Fatalf("%q: got %q, want %q", req[:min(len(req), 60)], got[:min(len(got), 60)], want[:min(len(want), 60)])
+		}
+	}
+	const chunks, size = 8, 300 << 10
+	for i := range chunks {
+		k := lmcacheKey(0, i)
+		expect(encode("SET", k+"kv_bytes", string(payload(i, size))), "+OK\r\n")
+		expect(encode("SET", k+"metadata", string(remoteMetadata(size))), "+OK\r\n")
+	}
+	// batched_async_contains: EXISTS per key until the first miss.
+	for i := range chunks {
+		expect(encode("EXISTS", lmcacheKey(0, i)+"metadata"), ":1\r\n")
+	}
+	expect(encode("EXISTS", lmcacheKey(0, chunks)+"metadata"), ":0\r\n")
+	for i := range chunks {
+		k := lmcacheKey(0, i)
+		expect(encode("GET", k+"metadata"), string(appendBulk(nil, remoteMetadata(size))))
+		expect(encode("GET", k+"kv_bytes"), string(appendBulk(nil, payload(i, size))))
+	}
+	// A missing chunk: GET metadata answers nil and the get stops.
+	expect(encode("GET", lmcacheKey(0, chunks)+"metadata"), "$-1\r\n")
+	// Payload evicted but metadata left: GET kv_bytes is nil, then DEL metadata.
+	k := lmcacheKey(0, 3)
+	expect(encode("DEL", k+"kv_bytes"), ":1\r\n")
+	expect(encode("GET", k+"metadata"), string(appendBulk(nil, remoteMetadata(size))))
+	expect(encode("GET", k+"kv_bytes"), "$-1\r\n")
+	expect(encode("DEL", k+"metadata"), ":1\r\n")
+	expect(encode("EXISTS", k+"metadata"), ":0\r\n")
 }
 
 // respWorker is one worker connection of LMCache's native RESP backend:

@@ -5,15 +5,19 @@ import "strconv"
 // Reply encoders: each appends one RESP2 value to b.
 
 var (
-	replyOK      = []byte("+OK\r\n")
-	replyPong    = []byte("+PONG\r\n")
-	replyNil     = []byte("$-1\r\n")
-	replyNoAuth  = []byte("-NOAUTH Authentication required.\r\n")
-	replySyntax  = []byte("-ERR syntax error\r\n")
-	replyNotInt  = []byte("-ERR value is not an integer or out of range\r\n")
-	replyOOM     = []byte("-OOM command not allowed when used memory > 'maxmemory'.\r\n")
-	replyNoProto = []byte("-NOPROTO unsupported protocol version\r\n")
-	replyBadPass = []byte("-WRONGPASS invalid username-password pair or user is disabled.\r\n")
+	replyOK     = []byte("+OK\r\n")
+	replyPong   = []byte("+PONG\r\n")
+	replyNil    = []byte("$-1\r\n")
+	replyNoAuth = []byte("-NOAUTH Authentication required.\r\n")
+	replySyntax = []byte("-ERR syntax error\r\n")
+	replyNotInt = []byte("-ERR value is not an integer or out of range\r\n")
+	replyOOM    = []byte("-OOM command not allowed when used memory > 'maxmemory'.\r\n")
+	// replyOOMHeld and replyOOMLarge say why kvd refused (the "-OOM"
+	// prefix is what clients match).
+	replyOOMHeld  = []byte("-OOM command not allowed when used memory > 'maxmemory': kvd's memory is held by values of equal or higher retention.\r\n")
+	replyOOMLarge = []byte("-OOM command not allowed when used memory > 'maxmemory': the value is larger than kvd's largest arena slot and its inline budget.\r\n")
+	replyNoProto  = []byte("-NOPROTO unsupported protocol version\r\n")
+	replyBadPass  = []byte("-WRONGPASS invalid username-password pair or user is disabled.\r\n")
 )
 
 func appendBulk(b, v []byte) []byte {

@@ -596,7 +596,11 @@ func (cn *conn) store(key, value []byte, ttlMs int64, hasTTL bool) bool {
 		return true
 	}
 	switch reason {
-	case kvd.ReasonLargerThanStore, kvd.ReasonDisplaceHigher, kvd.ReasonArenaFull:
+	case kvd.ReasonDisplaceHigher:
+		cn.out = append(cn.out, replyOOMHeld...)
+	case kvd.ReasonLargerThanStore:
+		cn.out = append(cn.out, replyOOMLarge...)
+	case kvd.ReasonArenaFull:
 		cn.out = append(cn.out, replyOOM...)
 	default:
 		cn.out = appendErr(cn.out, "kvd refused the value: "+reason)

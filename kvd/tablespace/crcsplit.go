@@ -106,6 +106,49 @@ func (c *crcSplitter) copyCRC(dst, src []byte) uint32 {
 	return crc32Combine(first, second, len(src)-mid)
 }
 
+// readCRC reads buf from fd at off and returns the CRC-32C of its first
+// vlen bytes, overlapping the read with the check: for a large value the
+// first half is read, handed to the helper to sum while the second half is
+// read here, and the second half is summed here when its read is done.
+// Half boundaries are whole pages, so O_DIRECT reads stay aligned. When the
+// helper is busy (or the value small) it reads, then sums, alone.
+func (c *crcSplitter) readCRC(fd int, buf []byte, off int64, vlen int) (uint32, error) {
+	mid := vlen / 2 &^ 4095
+	if c == nil || vlen < crcSplitMin || !c.busy.CompareAndSwap(false, true) {
+		if err := preadFull(fd, buf, off); err != nil {
+			return 0, err
+		}
+		return c.copyCRC(nil, buf[:vlen]), nil
+	}
+	h := &c.half
+	defer func() {
+		h.dst, h.src = nil, nil
+		c.busy.Store(false)
+	}()
+	if err := preadFull(fd, buf[:mid], off); err != nil {
+		return 0, err
+	}
+	h.src, h.dst = buf[:mid], nil
+	select {
+	case c.work <- h:
+	case <-c.stop: // closed: all of it here
+		if err := preadFull(fd, buf[mid:], off+int64(mid)); err != nil {
+			return 0, err
+		}
+		return crc(buf[:vlen]), nil
+	}
+	err := preadFull(fd, buf[mid:], off+int64(mid))
+	var second uint32
+	if err == nil {
+		second = crc(buf[mid:vlen])
+	}
+	<-h.done // the helper reads buf until then
+	if err != nil {
+		return 0, err
+	}
+	return crc32Combine(h.sum, second, vlen-mid), nil
+}
+
 // crc32Combine returns the CRC-32C of A||B from crcA = CRC(A), crcB =
 // CRC(B) and len(B): appending n bytes multiplies A's remainder by x^(8n)
 // modulo the polynomial, and the initial and final inversions of the

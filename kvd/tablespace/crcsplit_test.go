@@ -3,6 +3,7 @@ package tablespace
 import (
 	"bytes"
 	"math/rand/v2"
+	"os"
 	"testing"
 )
 
@@ -75,4 +76,71 @@ func FuzzCRC32Combine(f *testing.F) {
 			t.Fatalf("cut %d of %d: %08x want %08x", cut, len(b), got, want)
 		}
 	})
+}
+
+// TestReadCRC: reading a slot with the check overlapped (first half summed
+// by the helper while the second half is read) gives the bytes and the
+// CRC-32C of a plain read then sum, split or not, helper busy or not; a
+// failed read is an error, with the helper released.
+func TestReadCRC(t *testing.T) {
+	c := newCRCSplitter()
+	defer c.close()
+	r := rand.New(rand.NewPCG(5, 6))
+	f, err := os.CreateTemp(t.TempDir(), "slots")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	data := make([]byte, 3<<20)
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	fd := int(f.Fd())
+	for _, busy := range []bool{false, true} {
+		if busy {
+			c.busy.Store(true)
+		}
+		for _, n := range []int{100, crcSplitMin - 1, crcSplitMin, 1 << 20, 1<<20 + 12345} {
+			const off = 8192
+			buf := make([]byte, n+64) // the slot header and key after the value
+			got, err := c.readCRC(fd, buf, off, n)
+			if err != nil || got != crc(data[off:off+n]) || !bytes.Equal(buf, data[off:off+n+64]) {
+				t.Fatalf("busy %v n %d: %v crc %08x want %08x", busy, n, err, got, crc(data[off:off+n]))
+			}
+		}
+		c.busy.Store(false)
+	}
+	for _, off := range []int64{int64(len(data)), int64(len(data)) - 600<<10} { // first half or second half fails
+		if _, err := c.readCRC(fd, make([]byte, 1<<20), off, 1<<20); err == nil {
+			t.Fatal("read past the end succeeded")
+		}
+	}
+	if c.busy.Load() {
+		t.Fatal("a failed read kept the helper")
+	}
+	var none *crcSplitter
+	if got, err := none.readCRC(fd, make([]byte, 1<<20), 0, 1<<20); err != nil || got != crc(data[:1<<20]) {
+		t.Fatal("nil splitter")
+	}
+}
+
+// TestReadCRCAllocs: the overlapped read and check allocates nothing.
+func TestReadCRCAllocs(t *testing.T) {
+	c := newCRCSplitter()
+	defer c.close()
+	f, err := os.CreateTemp(t.TempDir(), "slots")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(make([]byte, 2<<20)); err != nil {
+		t.Fatal(err)
+	}
+	fd, buf := int(f.Fd()), make([]byte, 1<<20)
+	if n := testing.AllocsPerRun(20, func() { _, _ = c.readCRC(fd, buf, 4096, len(buf)) }); n != 0 {
+		t.Fatalf("readCRC allocates %v", n)
+	}
 }

@@ -47,6 +47,9 @@
 // LRU entry.
 // Recovery = snapshot + replay of the journal of the same epoch; a torn or
 // corrupt tail is cut at the last whole record.
+// A Get of a large value (≥ 256 KiB) overlaps its read and its check: the
+// first half (whole pages) is read and handed to the CRC helper goroutine,
+// which sums it while the second half is read (crcsplit.go, readCRC).
 //
 // Concurrency: a *Tablespace is safe for concurrent use by many goroutines.
 // Put returns once the block is durable. Close must not race with other calls

@@ -745,9 +745,9 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 	// In place when dst can take the aligned read (see ReadBuffer).
 	if cap(dst) >= n && (!s.direct || uintptrOf(dst[:1])%ioAlign == 0) {
 		buf := dst[:n]
-		err := preadFull(s.fds[c], buf, off)
+		sum, err := s.t.sums.readCRC(s.fds[c], buf, off, vlen)
 		if err == nil {
-			if v, ok := verifySlot(s.t.sums, buf, seq, key, vlen); ok {
+			if v, ok := verifySlotCRC(buf, seq, key, vlen, sum); ok {
 				s.t.st.bytesRead.Add(uint64(n))
 				return v, nil
 			}
@@ -755,9 +755,9 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 		return s.readFailed(key, sl, seq, err, dst)
 	}
 	bp := s.t.getBuf()
-	err := preadFull(s.fds[c], (*bp)[:n], off)
+	sum, err := s.t.sums.readCRC(s.fds[c], (*bp)[:n], off, vlen)
 	if err == nil {
-		if v, ok := verifySlot(s.t.sums, (*bp)[:n], seq, key, vlen); ok {
+		if v, ok := verifySlotCRC((*bp)[:n], seq, key, vlen, sum); ok {
 			dst = append(dst[:0], v...)
 			s.t.putBuf(bp)
 			s.t.st.bytesRead.Add(uint64(n))

@@ -1,0 +1,5 @@
+//go:build !race
+
+package tablespace
+
+const raceEnabled = false
