@@ -99,22 +99,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		stop()
 		wg.Wait()
 	}()
-	backoff := 5 * time.Millisecond
+	var retry kvd.AcceptRetry
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles()) {
-				time.Sleep(backoff)
-				backoff = min(2*backoff, time.Second)
+			if retry.Wait(ctx, err, s.opt.Log, "kvd-peer") {
 				continue
 			}
 			return fmt.Errorf("peer: accept: %w", err)
 		}
-		backoff = 5 * time.Millisecond
+		retry.Reset()
 		if !s.allowed(c.RemoteAddr()) {
 			s.refused.Add(1)
 			c.Close()
