@@ -11,14 +11,15 @@
 #          a second baseline, raw, preads those very slots (same offsets,
 #          O_DIRECT, unchecked) in the same round; verify = CRC-32C CPU µs/MiB
 #   DIR=/var/lib/infera/kvd ROUNDS=21 bash scripts/bench-tablespace.sh
+#   (TEST_BIN=path: a prebuilt `go test -c ./kvd/tablespace/` binary)
 set -euo pipefail
 dir=${DIR:-${TMPDIR:-/tmp}}
 rounds=${ROUNDS:-21}
 cd "$(dirname "$0")/.."
 work=$(mktemp -d "$dir/tsbench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-go test -c -o "$work/tablespace.test" ./kvd/tablespace/
-echo "filesystem: $(df -T "$work" | tail -1 | awk '{print $1, $2}')  cores: $(nproc)  $(go env GOVERSION)"
+if [ -n "${TEST_BIN:-}" ]; then cp "$TEST_BIN" "$work/tablespace.test"; else go test -c -o "$work/tablespace.test" ./kvd/tablespace/; fi
+echo "filesystem: $(df -T "$work" | tail -1 | awk '{print $1, $2}')  cores: $(nproc)  $(go env GOVERSION 2>/dev/null || echo prebuilt)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 out=$(INFERA_TABLESPACE_BENCH_DIR="$work" "$work/tablespace.test" -test.run '^$' -test.bench '^BenchmarkVsDD$' \
   -test.benchtime "${rounds}x")

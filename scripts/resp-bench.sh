@@ -10,6 +10,7 @@
 #   RETENTION (short; long sends values down to L3 when --long-path is
 #   given in KVD_ARGS), KVD_ARGS (extra kvd flags).
 #   -d 65536 runs requests/10, -d 1048576 requests/100.
+#   BIN=path uses a prebuilt infera instead of building one.
 #   Needs redis-server and redis-tools; taskset pins the client to CPU 0
 #   and the servers to CPU 1 when the machine has two or more.
 #
@@ -32,7 +33,7 @@ pin_client="" pin_server=""
 if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
   pin_client="taskset -c 0" pin_server="taskset -c 1"
 fi
-go build -o "$work/infera" .
+if [ -n "${BIN:-}" ]; then cp "$BIN" "$work/infera"; else go build -o "$work/infera" .; fi
 start_kvd() { # NAME PORT GOMAXPROCS(empty = default)
   env ${3:+GOMAXPROCS=$3} $pin_server "$work/infera" kvd --socket "$work/$1.sock" --admin-listen "" \
     --max-bytes 2GiB --shared-arena-bytes 1GiB --arena-mlock=false --resp-listen "$2" \
