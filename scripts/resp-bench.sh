@@ -58,7 +58,7 @@ one() {
   a=$(cpu "$2")
   rps=$($pin_client redis-benchmark -p "$3" -t "$4" -d "$5" -n "$6" -c "$c" -P "$pipe" --csv | tail -n 1 | cut -d, -f2 | tr -d '"')
   b=$(cpu "$2")
-  echo "$1 $4 $5 $rps $(echo "($b - $a) * 1000000 / $tck / $6" | bc -l) $7" >>"$work/results"
+  echo "$1 $4 $5 $rps $(awk -v a="$a" -v b="$b" -v t="$tck" -v n="$6" 'BEGIN { printf "%.4f", (b - a) * 1000000 / t / n }') $7" >>"$work/results"
 }
 echo "uptime: $(uptime)"
 echo "command: ${pin_client:+$pin_client }redis-benchmark -p PORT -t TEST -d D -n N -c $c -P $pipe --csv  (N = $n; /10 at 64 KiB, /100 at 1 MiB), $rounds rounds, servers ${pin_server:-unpinned}, retention $retention"
