@@ -22,6 +22,7 @@ const DefaultWorkerEtcdEndpoint = "http://127.0.0.1:2379"
 type Worker struct {
 	Log  Log
 	Etcd Etcd
+	Kube Kube
 
 	Engine        string // adapter name, e.g. "sim"
 	EngineBin     string // engine executable; empty = the adapter's default
@@ -95,6 +96,7 @@ func (w *Worker) Flags() []cli.Flag {
 		Bool("json", "with --preflight: print the findings as JSON", &w.JSON, false),
 	}
 	flags = append(flags, etcd...)
+	flags = append(flags, w.Kube.Flags(false)...)
 	flags = append(flags, Bool("enable-kv-events", "Infera's name: false is --no-kv-events (--no-enable-kv-events is an alias of it)", &w.inferaEnableKVEvents, true))
 	return withInferaAliases(append(flags, w.Log.Flags()...))
 }
@@ -123,6 +125,7 @@ func (w *Worker) Validate() error {
 	var p Problems
 	w.Log.Validate(&p)
 	w.Etcd.Validate(&p)
+	w.Kube.Validate(&p, false)
 	if w.KVEventsRouter != "" {
 		simEndpoint(&p, "--kv-events-router", w.KVEventsRouter)
 		if strings.Contains(w.KVEventsRouter, "*") || strings.HasSuffix(w.KVEventsRouter, ":0") {
