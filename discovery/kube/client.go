@@ -296,3 +296,18 @@ func (c *Client) PatchPod(ctx context.Context, ns, name string, patch []byte) er
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, MaxPodBytes))
 	return resp.Body.Close()
 }
+
+// Do sends one request and returns the body of a 2xx answer (at most
+// MaxPodBytes); other answers are a *StatusError.
+func (c *Client) Do(ctx context.Context, method, path, ctype string, body []byte) ([]byte, error) {
+	resp, err := c.do(ctx, method, path, ctype, body)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxPodBytes))
+	if err != nil {
+		return nil, fmt.Errorf("kube: read %s %s: %w", method, path, err)
+	}
+	return b, nil
+}
