@@ -100,49 +100,51 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 		started.Push(func() error { stop(); <-done; return nil })
 	}
 
-	etcdCfg := cfg.Etcd
-	if len(etcdCfg.Endpoints) == 0 {
-		emb, err := discovery.StartEmbedded(discovery.EmbeddedConfig{
-			ClientListen: cfg.EmbeddedEtcdListen,
-			Dir:          cfg.EmbeddedEtcdDir,
-		}, log)
-		if err != nil {
-			return fmt.Errorf("start embedded etcd: %w", err)
-		}
-		started.Push(func() error { emb.Close(); return nil })
-		etcdCfg.Endpoints = emb.Endpoints()
-		log.Info().Strs("endpoints", etcdCfg.Endpoints).Str("dir", cfg.EmbeddedEtcdDir).Msg("embedded etcd started")
-		spawn(func(ctx context.Context) {
-			select {
-			case err := <-emb.Err():
-				log.Error().Err(err).Msg("embedded etcd failed")
-				cancel(fmt.Errorf("%w: %w", errEmbeddedEtcdFailed, err))
-			case <-ctx.Done():
-			}
-		})
-	}
-
-	cli, err := discovery.NewClient(etcdCfg, log)
-	if err != nil {
-		return fmt.Errorf("connect to etcd: %w", err)
-	}
-	started.Push(cli.Close)
-
 	rt, err := router.New(router.ServeConfig(cfg), policy, log)
 	if err != nil {
 		return fmt.Errorf("build router: %w", err)
 	}
-	onFleet := rt.UpdateFleet
-	if cfg.TokenizerCanaryCheck {
-		onFleet = canaryFilter(rt, log)
-	}
-	watcher := discovery.NewWatcher(cli, etcdCfg.Prefix, log, onFleet)
-	watcher.SetOutageGrace(cfg.OutageGrace)
-	spawn(func(ctx context.Context) {
-		if err := watcher.Run(ctx); err != nil {
-			cancel(fmt.Errorf("fleet watcher: %w", err))
+	etcdCfg := cfg.Etcd
+	if cfg.Kube.Backend == config.DiscoveryKubernetes {
+		if err := startKubeWatcher(cfg, log, rt, spawn, cancel, &started); err != nil {
+			return err
 		}
-	})
+	} else {
+		if len(etcdCfg.Endpoints) == 0 {
+			emb, err := discovery.StartEmbedded(discovery.EmbeddedConfig{
+				ClientListen: cfg.EmbeddedEtcdListen,
+				Dir:          cfg.EmbeddedEtcdDir,
+			}, log)
+			if err != nil {
+				return fmt.Errorf("start embedded etcd: %w", err)
+			}
+			started.Push(func() error { emb.Close(); return nil })
+			etcdCfg.Endpoints = emb.Endpoints()
+			log.Info().Strs("endpoints", etcdCfg.Endpoints).Str("dir", cfg.EmbeddedEtcdDir).Msg("embedded etcd started")
+			spawn(func(ctx context.Context) {
+				select {
+				case err := <-emb.Err():
+					log.Error().Err(err).Msg("embedded etcd failed")
+					cancel(fmt.Errorf("%w: %w", errEmbeddedEtcdFailed, err))
+				case <-ctx.Done():
+				}
+			})
+		}
+
+		cli, err := discovery.NewClient(etcdCfg, log)
+		if err != nil {
+			return fmt.Errorf("connect to etcd: %w", err)
+		}
+		started.Push(cli.Close)
+
+		watcher := discovery.NewWatcher(cli, etcdCfg.Prefix, log, fleetUpdater(cfg, rt, log))
+		watcher.SetOutageGrace(cfg.OutageGrace)
+		spawn(func(ctx context.Context) {
+			if err := watcher.Run(ctx); err != nil {
+				cancel(fmt.Errorf("fleet watcher: %w", err))
+			}
+		})
+	}
 
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", cfg.Listen)

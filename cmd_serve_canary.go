@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/router"
 )
@@ -22,4 +23,13 @@ func canaryFilter(rt *router.Router, log zerolog.Logger) func(*discovery.Snapsho
 		Help: "Worker records rejected because their tokenizer canary differs from the first worker's of their model (--tokenizer-canary-check).",
 	}, func() float64 { return float64(check.Rejections()) }))
 	return func(s *discovery.Snapshot) { rt.UpdateFleet(check.Filter(s)) }
+}
+
+// fleetUpdater is what every discovery backend calls with a new fleet:
+// the router's update, behind the canary check unless it is turned off.
+func fleetUpdater(cfg config.Serve, rt *router.Router, log zerolog.Logger) func(*discovery.Snapshot) {
+	if cfg.TokenizerCanaryCheck {
+		return canaryFilter(rt, log)
+	}
+	return rt.UpdateFleet
 }

@@ -16,6 +16,7 @@ import (
 type Serve struct {
 	Log  Log
 	Etcd Etcd
+	Kube Kube
 
 	// Listen is the host:port of the OpenAI endpoint (port 0 picks one).
 	Listen string
@@ -335,6 +336,7 @@ func DefaultServe() Serve {
 // Flags returns the serve flags, binding each to its field.
 func (s *Serve) Flags() []cli.Flag {
 	flags := append(s.Log.Flags(), s.Etcd.Flags()...)
+	flags = append(flags, s.Kube.Flags(true)...)
 	return withInferaAliases(append(append(flags,
 		String("listen", "host:port of the OpenAI endpoint (port 0 picks a free port; the bound address is logged)", &s.Listen, "0.0.0.0:8000"),
 		String("router-policy", "routing policy: round-robin, least-load or kv-aware", &s.RouterPolicy, "round-robin"),
@@ -394,6 +396,7 @@ func (s *Serve) Validate() error {
 	var p Problems
 	s.Log.Validate(&p)
 	s.Etcd.Validate(&p)
+	s.Kube.Validate(&p, true)
 	if err := serveCheckListen(s.Listen); err != "" {
 		p.Addf("--listen %q: %s", s.Listen, err)
 	}

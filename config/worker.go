@@ -22,6 +22,7 @@ const DefaultWorkerEtcdEndpoint = "http://127.0.0.1:2379"
 type Worker struct {
 	Log  Log
 	Etcd Etcd
+	Kube Kube
 
 	Engine        string // adapter name, e.g. "sim"
 	EngineBin     string // engine executable; empty = the adapter's default
@@ -106,6 +107,7 @@ func (w *Worker) Flags() []cli.Flag {
 	flags = append(flags, w.NATS.Flags()...)
 	flags = append(flags, w.Requests.Flags()...)
 	flags = append(flags, etcd...)
+	flags = append(flags, w.Kube.Flags(false)...)
 	flags = append(flags, Bool("enable-kv-events", "Infera's name: false is --no-kv-events (--no-enable-kv-events is an alias of it)", &w.inferaEnableKVEvents, true))
 	return withInferaAliases(append(flags, w.Log.Flags()...))
 }
@@ -143,6 +145,7 @@ func (w *Worker) Validate() error {
 	if w.KVEventTransport == KVEventTransportNATS && w.KVEventsRouter != "" {
 		p.Addf("--kv-events-router and --kv-event-transport nats are exclusive")
 	}
+	w.Kube.Validate(&p, false)
 	if w.KVEventsRouter != "" {
 		simEndpoint(&p, "--kv-events-router", w.KVEventsRouter)
 		if strings.Contains(w.KVEventsRouter, "*") || strings.HasSuffix(w.KVEventsRouter, ":0") {

@@ -7,12 +7,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
@@ -66,6 +66,10 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	if cfg.Kube.Backend == config.DiscoveryKubernetes && cfg.AdvertiseHost == "" {
+		// Under Kubernetes the Pod IP is what other Pods reach (downward API).
+		cfg.AdvertiseHost = os.Getenv("POD_IP")
+	}
 	opts := Options{Bin: cfg.EngineBin, Python: cfg.Python, AdvertiseHost: cfg.AdvertiseHost, NoKVEvents: cfg.NoKVEvents,
 		KVEventsRouter: cfg.KVEventsRouter, KVDSocket: cfg.KVDSocket}
 	launch, err := PrepareLaunch(adapter, opts, cfg.EngineArgs)
@@ -90,15 +94,29 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 		}
 	}
 
-	cli, err := discovery.NewClient(cfg.Etcd, base)
-	if err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	defer func() {
-		if err := cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
-			log.Debug().Err(err).Msg("close etcd client")
+	var newKeeper func(discovery.Record) recordKeeper
+	if cfg.Kube.Backend == config.DiscoveryKubernetes {
+		nk, closeKube, err := kubeKeeper(&cfg, base)
+		if err != nil {
+			return fmt.Errorf("worker: %w", err)
 		}
-	}()
+		defer closeKube()
+		newKeeper = nk
+	} else {
+		cli, err := discovery.NewClient(cfg.Etcd, base)
+		if err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+		defer func() {
+			if err := cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
+				log.Debug().Err(err).Msg("close etcd client")
+			}
+		}()
+		newKeeper = func(rec discovery.Record) recordKeeper {
+			return discovery.NewRegistrar(cli, cfg.Etcd.Prefix, rec,
+				discovery.RegistrarOptions{TTL: cfg.LeaseTTL, KeepAliveInterval: cfg.KeepAliveInterval}, base)
+		}
+	}
 
 	w := &worker{
 		cfg:     cfg,
@@ -141,10 +159,10 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 	}
 	// Whatever happens below, the engine does not outlive the worker.
 	defer w.stopEngine()
-	return w.serve(ctx, cli)
+	return w.serve(ctx, newKeeper)
 }
 
-func (w *worker) serve(ctx context.Context, cli *clientv3.Client) error {
+func (w *worker) serve(ctx context.Context, newKeeper func(discovery.Record) recordKeeper) error {
 	if err := w.proc.WaitHealthy(ctx, w.local+"/health", w.cfg.HealthInterval, w.cfg.ReadyTimeout); err != nil {
 		if ctx.Err() != nil && !errors.Is(err, ErrExited) {
 			w.log.Info().Msg("stopped before the engine was ready")
@@ -191,8 +209,7 @@ func (w *worker) serve(ctx context.Context, cli *clientv3.Client) error {
 			defer relay.Close()
 		}
 	}
-	reg := discovery.NewRegistrar(cli, w.cfg.Etcd.Prefix, rec,
-		discovery.RegistrarOptions{TTL: w.cfg.LeaseTTL, KeepAliveInterval: w.cfg.KeepAliveInterval}, w.base)
+	reg := newKeeper(rec)
 	if err := w.register(ctx, reg); err != nil {
 		if ctx.Err() != nil && !errors.Is(err, ErrExited) {
 			w.log.Info().Msg("stopped before the worker was registered")
@@ -262,7 +279,7 @@ func (w *worker) serve(ctx context.Context, cli *clientv3.Client) error {
 
 // register writes the record, retrying while etcd is unreachable: the engine
 // is up (which may have taken minutes), so waiting for etcd beats exiting.
-func (w *worker) register(ctx context.Context, reg *discovery.Registrar) error {
+func (w *worker) register(ctx context.Context, reg recordKeeper) error {
 	pause := 250 * time.Millisecond
 	for {
 		err := reg.Register(ctx)
@@ -289,7 +306,7 @@ func (w *worker) register(ctx context.Context, reg *discovery.Registrar) error {
 
 // drain marks the record draining and waits until the engine reports no
 // running or waiting request, --drain-timeout passes, or the engine exits.
-func (w *worker) drain(reg *discovery.Registrar) {
+func (w *worker) drain(reg recordKeeper) {
 	sctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
 	err := reg.SetStatus(sctx, discovery.StatusDraining)
 	cancel()
@@ -424,7 +441,7 @@ func (w *worker) stats(ctx context.Context) (Stats, error) {
 // revoke deletes the record now, under a fresh bounded context: it runs on
 // the way out, when the caller's context is usually already cancelled.
 // registered says whether the record is known to exist (for the log).
-func (w *worker) revoke(reg *discovery.Registrar, registered bool) {
+func (w *worker) revoke(reg recordKeeper, registered bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), etcdOpTimeout)
 	defer cancel()
 	if err := reg.Revoke(ctx); err != nil {

@@ -1,0 +1,182 @@
+// Package kubetest starts a real kube-apiserver (built by
+// scripts/kube-apiserver.sh when absent) on an etcd of its own for tests,
+// and removes both when the test ends.
+package kubetest
+
+import (
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/discovery/kube"
+)
+
+// Token is the static bearer token of the test API server (system:masters).
+const Token = "kubetest-token"
+
+// Server is a running kube-apiserver.
+type Server struct {
+	Config kube.Config
+	t      testing.TB
+	dir    string
+	bin    string
+	port   int
+	etcd   string
+	cmd    *exec.Cmd
+}
+
+func repoRoot() string {
+	_, f, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(f), "..", "..", "..")
+}
+
+// Binary returns the kube-apiserver binary, building it if needed.
+func Binary(t testing.TB) string {
+	out, err := exec.Command("bash", filepath.Join(repoRoot(), "scripts", "kube-apiserver.sh")).Output()
+	if err != nil {
+		t.Fatalf("build kube-apiserver: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func writePEM(t testing.TB, path, typ string, der []byte) {
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Start runs etcd and kube-apiserver until the test ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin := Binary(t)
+	dir := t.TempDir()
+	// CA and serving certificate for 127.0.0.1.
+	caKey, _ := rsa.GenerateKey(rand.Reader, 2048)
+	caTpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubetest-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTpl, caTpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	srvKey, _ := rsa.GenerateKey(rand.Reader, 2048)
+	srvTpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"}}
+	srvDER, err := x509.CreateCertificate(rand.Reader, srvTpl, ca, &srvKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(t, filepath.Join(dir, "ca.crt"), "CERTIFICATE", caDER)
+	writePEM(t, filepath.Join(dir, "srv.crt"), "CERTIFICATE", srvDER)
+	writePEM(t, filepath.Join(dir, "srv.key"), "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(srvKey))
+	saKey, _ := rsa.GenerateKey(rand.Reader, 2048)
+	writePEM(t, filepath.Join(dir, "sa.key"), "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(saKey))
+	pub, _ := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	writePEM(t, filepath.Join(dir, "sa.pub"), "PUBLIC KEY", pub)
+	if err := os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(Token+",admin,admin,system:masters\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	ep, ec := freePort(t), freePort(t)
+	etcd := exec.Command("etcd", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", "http://127.0.0.1:"+strconv.Itoa(ec), "--advertise-client-urls", "http://127.0.0.1:"+strconv.Itoa(ec),
+		"--listen-peer-urls", "http://127.0.0.1:"+strconv.Itoa(ep), "--initial-advertise-peer-urls", "http://127.0.0.1:"+strconv.Itoa(ep),
+		"--initial-cluster", "default=http://127.0.0.1:"+strconv.Itoa(ep), "--unsafe-no-fsync",
+		"--experimental-watch-progress-notify-interval=200ms", "--log-level", "error")
+	if err := etcd.Start(); err != nil {
+		t.Fatalf("start etcd: %v", err)
+	}
+	t.Cleanup(func() { _ = etcd.Process.Kill(); _ = etcd.Wait() })
+
+	s := &Server{t: t, dir: dir, bin: bin, port: freePort(t), etcd: "http://127.0.0.1:" + strconv.Itoa(ec)}
+	caPEM, _ := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	s.Config = kube.Config{Server: "https://127.0.0.1:" + strconv.Itoa(s.port), Token: Token, CAPEM: caPEM, Namespace: "default"}
+	s.startAPI()
+	t.Cleanup(s.stopAPI)
+	return s
+}
+
+func (s *Server) startAPI() {
+	d := s.dir
+	s.cmd = exec.Command(s.bin, "--etcd-servers="+s.etcd, "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(s.port), "--tls-cert-file="+d+"/srv.crt", "--tls-private-key-file="+d+"/srv.key",
+		"--client-ca-file="+d+"/ca.crt", "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+d+"/sa.pub", "--service-account-signing-key-file="+d+"/sa.key",
+		"--service-cluster-ip-range=10.0.0.0/24", "--token-auth-file="+d+"/tokens.csv", "--authorization-mode=AlwaysAllow",
+		"--disable-admission-plugins=ServiceAccount", "--endpoint-reconciler-type=none")
+	logf, err := os.Create(filepath.Join(d, "apiserver.log"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("start kube-apiserver: %v", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(s.Config.CAPEM)
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	defer hc.CloseIdleConnections()
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		req, _ := http.NewRequest(http.MethodGet, s.Config.Server+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+Token)
+		if resp, err := hc.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	log, _ := os.ReadFile(filepath.Join(d, "apiserver.log"))
+	s.t.Fatalf("kube-apiserver not ready: %s", tail(log))
+}
+
+func (s *Server) stopAPI() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart stops and starts the API server on the same port and etcd.
+func (s *Server) Restart() {
+	s.stopAPI()
+	s.startAPI()
+}
+
+func tail(b []byte) string {
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return fmt.Sprintf("%s", b)
+}
