@@ -10,7 +10,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"fmt"
 	"math/big"
 	"net"
 	"net/http"
@@ -178,5 +177,5 @@ func tail(b []byte) string {
 	if len(b) > 4000 {
 		b = b[len(b)-4000:]
 	}
-	return fmt.Sprintf("%s", b)
+	return string(b)
 }
