@@ -143,7 +143,7 @@ func OpenRemote(opt Options, remote Remote) (*Tier, error) {
 	if err != nil {
 		t.markDown(err)
 	} else {
-		t.log.Info().Str("remote", remote.Name()).Msg("l4 store reachable")
+		t.log.Info().Str("remote", remote.Name()).Msg("l4 " + remote.Name() + " reachable")
 	}
 	t.wg.Add(3)
 	go t.writer()
@@ -210,7 +210,7 @@ func unframe(b []byte) ([]byte, bool) {
 func (t *Tier) markDown(err error) {
 	if t.up.CompareAndSwap(true, false) {
 		t.outage.Add(1)
-		t.log.Warn().Err(err).Str("remote", t.remote.Name()).Msg("l4 store unreachable: serving from L2/L3, dropping L4 writes until it answers")
+		t.log.Warn().Err(err).Str("remote", t.remote.Name()).Msg("l4 " + t.remote.Name() + " unreachable: serving from L2/L3, dropping L4 writes until it answers")
 	}
 }
 
@@ -232,7 +232,7 @@ func (t *Tier) prober() {
 		err := t.remote.Ping(ctx)
 		cancel()
 		if err == nil && t.up.CompareAndSwap(false, true) {
-			t.log.Info().Str("remote", t.remote.Name()).Msg("l4 store reachable again")
+			t.log.Info().Str("remote", t.remote.Name()).Msg("l4 " + t.remote.Name() + " reachable again")
 		}
 	}
 }
