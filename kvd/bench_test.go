@@ -29,6 +29,12 @@ func sizeName(n int) string {
 // at least 4 and at most 1024 values.
 func batchCount(n int) int { return min(max((16<<20)/n, 4), 1024) }
 
+// slotArena is a daemon whose arena holds count values of n bytes: pages
+// (the size classes' unit) of one n-byte slot each, so that every size fits.
+func slotArena(count, n int) daemonOpts {
+	return daemonOpts{arenaBytes: int64(count * (n + 64)), storeOpt: func(o *StoreOptions) { o.SlotBytes = n + 64 }}
+}
+
 // BenchmarkMemcpy is the baseline of the single-op benchmarks: one copy of
 // the same size between two buffers.
 func BenchmarkMemcpy(b *testing.B) {
@@ -75,7 +81,7 @@ func BenchmarkMemcpyBatch(b *testing.B) {
 func BenchmarkArenaGet(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run(sizeName(n), func(b *testing.B) {
-			d := startDaemon(b, daemonOpts{arenaBytes: int64(8 * (n + 64))})
+			d := startDaemon(b, slotArena(8, n))
 			c := dial(b, d, ClientOptions{SharedArena: true})
 			k := key(1)
 			if ok, reason, err := c.Set(ns, k, value(1, n), SetOptions{}); !ok || err != nil {
@@ -101,7 +107,7 @@ func BenchmarkArenaGetBatch(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run(sizeName(n), func(b *testing.B) {
 			k := batchCount(n)
-			d := startDaemon(b, daemonOpts{arenaBytes: int64((k + 1) * (n + 64))})
+			d := startDaemon(b, slotArena(k+1, n))
 			c := dial(b, d, ClientOptions{SharedArena: true})
 			keys, vals := make([][]byte, k), make([][]byte, k)
 			for i := range keys {
@@ -144,7 +150,7 @@ func allTrue(bs []bool) bool {
 // returns the slot reference, and the version check; no bytes move.
 func BenchmarkArenaGetRef(b *testing.B) {
 	n := 1 << 20
-	d := startDaemon(b, daemonOpts{arenaBytes: int64(8 * (n + 64))})
+	d := startDaemon(b, slotArena(8, n))
 	c := dial(b, d, ClientOptions{SharedArena: true})
 	k := key(1)
 	c.Set(ns, k, value(1, n), SetOptions{})
@@ -162,7 +168,7 @@ func BenchmarkArenaGetRef(b *testing.B) {
 func BenchmarkArenaSet(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run(sizeName(n), func(b *testing.B) {
-			d := startDaemon(b, daemonOpts{arenaBytes: int64(8 * (n + 64))})
+			d := startDaemon(b, slotArena(8, n))
 			c := dial(b, d, ClientOptions{SharedArena: true})
 			v := value(1, n)
 			keys := [][]byte{key(0), key(1), key(2), key(3)}
@@ -188,7 +194,7 @@ func BenchmarkArenaSetBatch(b *testing.B) {
 		b.Run(sizeName(n), func(b *testing.B) {
 			k := batchCount(n)
 			// Room for the live batch and the one being written.
-			d := startDaemon(b, daemonOpts{arenaBytes: int64((2*k + 1) * (n + 64))})
+			d := startDaemon(b, slotArena(2*k+1, n))
 			c := dial(b, d, ClientOptions{SharedArena: true})
 			keys, vals := make([][]byte, k), make([][]byte, k)
 			for i := range keys {
@@ -220,7 +226,7 @@ func BenchmarkArenaSetBatch(b *testing.B) {
 // clients without the arena), for comparison.
 func BenchmarkInlineSet(b *testing.B) {
 	n := 1 << 20
-	d := startDaemon(b, daemonOpts{arenaBytes: int64(8 * (n + 64))})
+	d := startDaemon(b, slotArena(8, n))
 	c := dial(b, d, ClientOptions{})
 	v := value(1, n)
 	b.SetBytes(int64(n))
