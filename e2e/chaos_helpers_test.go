@@ -368,6 +368,22 @@ func scrape(t *testing.T, url string) string {
 	return string(body)
 }
 
+// waitMetric waits up to 10 s for metric name on the /metrics page of
+// admin (host:port) to read want; what the test waits for is what.
+func waitMetric(t *testing.T, admin, name string, want float64, what string) {
+	t.Helper()
+	url := "http://" + admin + "/metrics"
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got := metricValue(scrape(t, url), name)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s is %v, want %v", what, name, got, want)
+		}
+	}
+}
+
 // metricValue sums the samples of one metric family (all label sets whose
 // labels contain every filter) in a Prometheus text exposition.
 func metricValue(text, name string, filters ...string) float64 {

@@ -233,14 +233,7 @@ func TestKVDPeerPullMooncake(t *testing.T) {
 	if err := cb.PrefetchFromCtx(ctx, ns, source, keys, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	pulled := func() float64 {
-		return metricValue(scrape(t, "http://"+adminB+"/metrics"), "infera_kvd_peer_pulled_blocks_total")
-	}
-	for deadline := time.Now().Add(10 * time.Second); pulled() != 6; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("B pulled %v blocks over the Mooncake shim", pulled())
-		}
-	}
+	waitMetric(t, adminB, "infera_kvd_peer_pulled_blocks_total", 6, "B pulls A's blocks over the Mooncake shim")
 	for i, k := range keys {
 		got, _, ok, err := cb.Get(ns, k, nil)
 		if err != nil || !ok || !bytes.Equal(got, bytes.Repeat([]byte{byte('A' + i)}, 50000)) {
@@ -251,14 +244,7 @@ func TestKVDPeerPullMooncake(t *testing.T) {
 	if err := cb.PrefetchFromCtx(ctx, ns, source, [][]byte{[]byte("after-death")}, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	failed := func() float64 {
-		return metricValue(scrape(t, "http://"+adminB+"/metrics"), "infera_kvd_peer_pulls_failed_total")
-	}
-	for deadline := time.Now().Add(10 * time.Second); failed() != 1; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("B's failed pulls %v", failed())
-		}
-	}
+	waitMetric(t, adminB, "infera_kvd_peer_pulls_failed_total", 1, "B's pull from a dead source fails")
 	if _, _, ok, _ := cb.Get(ns, []byte("after-death"), nil); ok {
 		t.Fatal("a block from a dead source")
 	}

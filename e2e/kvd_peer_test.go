@@ -62,15 +62,10 @@ func TestKVDPeerPull(t *testing.T) {
 		keys = append(keys, k)
 		vals[string(k)] = v
 	}
-	metric := func(d daemon, name string) float64 { return metricValue(scrape(t, "http://"+d.admin+"/metrics"), name) }
 	if err := cb.PrefetchFromCtx(ctx, ns, source, keys, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); metric(b, "infera_kvd_peer_pulled_blocks_total") != 8; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("B pulled %v blocks", metric(b, "infera_kvd_peer_pulled_blocks_total"))
-		}
-	}
+	waitMetric(t, b.admin, "infera_kvd_peer_pulled_blocks_total", 8, "B pulls A's blocks")
 	for _, k := range keys {
 		got, _, ok, err := cb.Get(ns, k, nil)
 		if err != nil || !ok || !bytes.Equal(got, vals[string(k)]) {
@@ -81,11 +76,7 @@ func TestKVDPeerPull(t *testing.T) {
 	if err := cc.PrefetchFromCtx(ctx, ns, source, keys, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); metric(c, "infera_kvd_peer_pulls_failed_total") != 1; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("C's failed pulls %v", metric(c, "infera_kvd_peer_pulls_failed_total"))
-		}
-	}
+	waitMetric(t, c.admin, "infera_kvd_peer_pulls_failed_total", 1, "C's pull with the wrong secret fails")
 	if _, _, ok, _ := cc.Get(ns, keys[0], nil); ok {
 		t.Fatal("a kvd with the wrong secret got a block")
 	}
@@ -95,11 +86,7 @@ func TestKVDPeerPull(t *testing.T) {
 	if err := cb.PrefetchFromCtx(ctx, ns, source, [][]byte{more}, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); metric(b, "infera_kvd_peer_pulls_failed_total") != 1; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("B's failed pulls %v", metric(b, "infera_kvd_peer_pulls_failed_total"))
-		}
-	}
+	waitMetric(t, b.admin, "infera_kvd_peer_pulls_failed_total", 1, "B's pull from a dead source fails")
 	if _, _, ok, err := cb.Get(ns, more, nil); ok || err != nil {
 		t.Fatalf("block from a dead source: ok %v err %v", ok, err)
 	}
