@@ -32,8 +32,12 @@ type attempt struct {
 	start            time.Time // when the worker was picked
 	deadline         time.Time // of the exchange (do): first byte, or the request's
 
+	// x is the attempt's exchange with its worker (kept across attempts
+	// and requests); it holds the connection while the answer is awaited
+	// and, for a stream, until closeUpstream.
+	x      *upstream.Exchange
 	resp   *fasthttp.Response // upstream response while streaming
-	src    io.Reader          // its body stream
+	src    io.Reader          // its body stream (x)
 	conn   *upstream.Conn     // its connection, watched while streaming
 	status int                // the worker's status; 0 before its headers
 	// readTimedOut: a watched read hit its deadline (fasthttp's chunk
@@ -87,106 +91,6 @@ func (rel *relay) endAttempt(a *attempt, status int, err error, v verdict) {
 		r.log.Info().Str("worker_id", w.id).Msg("worker circuit breaker closed")
 	}
 	a.ticket, a.probe = Ticket{}, false
-}
-
-// canRetry reports whether another attempt is allowed and some candidate
-// is left to take it (else the last worker's own answer is worth more
-// than a generic error).
-func (rel *relay) canRetry() bool {
-	if rel.watch.gone.Load() {
-		return false // the client left: nobody to answer
-	}
-	if rel.attempts > rel.r.cfg.MaxRetries || !time.Now().Before(rel.deadline) {
-		return false
-	}
-	if !rel.refreshModel() {
-		return false
-	}
-	for _, w := range rel.model.Workers {
-		if !slices.Contains(rel.tried, w) {
-			return true
-		}
-	}
-	return false
-}
-
-// refreshModel replaces the request's candidates with the current fleet
-// view's: a retry or a queued request must not go to a worker that was
-// removed or started draining since the request arrived. Workers keep their
-// identity across views, so the tried list stays valid. It reports false
-// when the model has no worker left at all.
-func (rel *relay) refreshModel() bool {
-	v := rel.r.view.Load()
-	if v == nil {
-		return true
-	}
-	c := v.models[rel.model.Model]
-	if c == nil {
-		return false
-	}
-	rel.model = c
-	return true
-}
-
-// countAttempt counts one more attempt of the relayed answer (a retry
-// after the first, by the last failure's reason).
-func (rel *relay) countAttempt() {
-	if rel.attempts > 0 {
-		rel.r.metrics.retries[rel.lastWhy].Inc()
-	}
-	rel.attempts++
-}
-
-// connect runs attempts until a worker answers with a status line the
-// client may see: below 500, or a 5xx when no retry is left (relayed as
-// is). It returns nil and the error that ended the last attempt when no
-// worker answered: ErrSaturated, errNoCandidate, or the upstream failure
-// (lastWhy says which). queue allows waiting for an admission slot.
-func (rel *relay) connect(queue bool) (*fasthttp.Response, error) {
-	a := &rel.att
-	for {
-		if err := rel.begin(a, queue && rel.attempts == 0); err != nil {
-			if rel.attempts > 0 && rel.lastErr != nil {
-				return nil, rel.lastErr // no worker left for a retry
-			}
-			return nil, err
-		}
-		rel.countAttempt()
-		resp, err := rel.send(a)
-		if err == nil && resp.StatusCode() < 500 {
-			a.status = resp.StatusCode()
-			return resp, nil
-		}
-		status, why := 0, reasonStatus5xx
-		if err != nil && rel.watch.gone.Load() {
-			// Not the worker's fault: its connection was closed for a
-			// client that left.
-			rel.endAttempt(a, 0, errClientLeft, verdictNeutral)
-			return nil, errClientLeft
-		}
-		if err != nil {
-			why = a.classify(err)
-		} else {
-			status = resp.StatusCode()
-			err = errStatus5xx
-		}
-		a.fail(why, err)
-		if !rel.canRetry() {
-			if resp != nil {
-				// The worker's own 5xx, relayed; the attempt ends (with its
-				// noted failure) when the request finishes.
-				a.status = status
-				return resp, nil
-			}
-			rel.endAttempt(a, status, err, verdictFault)
-			return nil, err
-		}
-		if resp != nil {
-			_ = resp.CloseBodyStream()
-			fasthttp.ReleaseResponse(resp)
-		}
-		rel.endAttempt(a, status, err, verdictFault)
-	}
 }
 
 // begin starts attempt a: it picks a worker among the model's candidates
@@ -258,8 +162,8 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 				r.routePolicy(rel.route).Release(t, Result{})
 				continue
 			}
-			body, hb, ht := a.body, a.hintBuf[:0], a.hintTmp[:0]
-			*a = attempt{rel: rel, body: body, hintBuf: hb, hintTmp: ht, ticket: t, start: time.Now()}
+			body, hb, ht, x := a.body, a.hintBuf[:0], a.hintTmp[:0], a.x
+			*a = attempt{rel: rel, body: body, hintBuf: hb, hintTmp: ht, x: x, ticket: t, start: time.Now()}
 			a.probe = t.Worker.breaker.admit(now)
 			rel.tried = append(rel.tried, t.Worker)
 			t.Worker.picks.Inc()
@@ -324,16 +228,6 @@ func (a *attempt) classify(err error) failReason {
 	return reasonUpstreamError
 }
 
-// send sends attempt a's request to its worker and returns the response
-// once the status line and headers are in; the body is still to be read
-// (streamed). The attempt's deadline caps it: the first-byte timeout (for
-// a unary request that is its whole answer) and the request's own.
-func (rel *relay) send(a *attempt) (*fasthttp.Response, error) {
-	req := rel.upstreamRequest(a)
-	defer fasthttp.ReleaseRequest(req)
-	return a.do(req)
-}
-
 // upstreamRequest builds attempt a's request to its worker (release it
 // with fasthttp.ReleaseRequest). It reads the client's request, so it runs
 // on the request's goroutine; the request it returns may be sent (do)
@@ -391,63 +285,48 @@ func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
 		deadline = rel.deadline
 	}
 	a.deadline = deadline
-	resp := fasthttp.AcquireResponse()
-	resp.StreamBody = rel.scan.Stream
-	var err error
-	if !resp.StreamBody && rel.watch.conn != nil {
-		// Watched by the client watch: the attempt holds its connection.
-		err = a.exchangeUnary(a.ticket.Worker.client, req, resp)
-	} else {
-		err = a.ticket.Worker.client.DoDeadline(req, resp, deadline)
+	var owner upstream.Owner
+	if !rel.scan.Stream {
+		// A unary attempt gives up a stalled worker only while a retry
+		// is left (upstream.Owner).
+		owner = a
 	}
-	if err != nil {
+	return a.exchange(req, deadline, rel.scan.Stream, owner)
+}
+
+// exchange sends req to a's worker on a's exchange and returns its answer:
+// with stream, once its headers are in (the body is read from a.x and
+// ended by closeUpstream), else whole. a.x must have begun
+// (relay.beginExchange); owner is the connection's owner meanwhile.
+func (a *attempt) exchange(req *fasthttp.Request, deadline time.Time, stream bool, owner upstream.Owner) (*fasthttp.Response, error) {
+	if a.x == nil {
+		a.x = new(upstream.Exchange) // a leg run without beginExchange
+	}
+	resp := fasthttp.AcquireResponse()
+	resp.StreamBody = stream
+	if err := a.x.Do(a.ticket.Worker.client, req, resp, deadline, owner); err != nil {
 		fasthttp.ReleaseResponse(resp)
 		return nil, err
 	}
 	return resp, nil
 }
 
-// retryStream replaces the failed upstream of a stream that has sent no
-// event yet (its attempt already ended) by another worker's stream. It
-// returns false when no retry is left or no worker answered with an event
-// stream.
-func (rel *relay) retryStream() bool {
-	if rel.pd != nil {
-		// A disaggregated stream is not replaced once its status line
-		// went out: its decode leg is paired with one prefill (pd.go).
-		return false
+// dropResponse ends resp, an answer of a's exchange that is not relayed
+// (a 5xx, an answer that is not a stream): the exchange ends, the
+// response goes back to its pool.
+func (a *attempt) dropResponse(resp *fasthttp.Response) {
+	a.x.Release()
+	fasthttp.ReleaseResponse(resp)
+}
+
+// beginExchange readies a's exchange for a new leg. A client that left
+// before aborts it at once (the watch aborts an exchange only once).
+func (rel *relay) beginExchange(a *attempt) {
+	if a.x == nil {
+		a.x = new(upstream.Exchange)
 	}
-	a := &rel.att
-	rel.pump.n, rel.pump.midEvent = 0, false
-	for rel.canRetry() {
-		if rel.begin(a, false) != nil {
-			return false
-		}
-		rel.countAttempt()
-		resp, err := rel.send(a)
-		if err == nil && resp.StatusCode() < 300 && isEventStream(resp.Header.ContentType()) && resp.BodyStream() != nil {
-			a.status = resp.StatusCode()
-			rel.status = a.status
-			rel.attach(a, resp)
-			return true
-		}
-		status, why, v := 0, reasonUpstreamError, verdictFault
-		switch {
-		case err != nil:
-			why = a.classify(err)
-		default:
-			status = resp.StatusCode()
-			err = errNotEventFeed
-			if status >= 500 {
-				why, err = reasonStatus5xx, errStatus5xx
-			} else if status >= 400 {
-				v = verdictNeutral
-			}
-			_ = resp.CloseBodyStream()
-			fasthttp.ReleaseResponse(resp)
-		}
-		a.fail(why, err)
-		rel.endAttempt(a, status, err, v)
+	a.x.Begin()
+	if rel.watch.gone.Load() {
+		a.x.Abort()
 	}
-	return false
 }

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/openai"
+	"github.com/infera/infera/router/upstream"
 )
 
 // Prefill/decode disaggregation (DESIGN §6, issue 14).
@@ -27,17 +27,14 @@ import (
 // workers too, those serve it as a mixed model. A complete pair always
 // wins over mixed workers.
 //
-// A leg's connection is known to it (legConn) while it runs, so that a
-// leg can be aborted at any moment — while its request is being sent,
-// while its engine computes, while its answer streams — by closing that
-// connection: this is how a failed prefill cancels the decode that waits
-// for its KV, and how a client that leaves cancels both legs. A unary leg
-// (every prefill, a unary decode) takes a connection of the worker's pool
-// and gives it back after a complete answer, as a mixed attempt does; a
-// streamed decode runs on a connection dialed for it and closed after it
-// (fasthttp keeps a streamed answer's pooled connection to itself until
-// the headers are in, too late for an abort while the decode waits for
-// its KV). Every wait has a deadline: the prefill leg
+// Each leg exchanges its request on a connection of its worker's pool that
+// it holds (upstream.Exchange), so that a leg can be aborted at any moment
+// — while its request is being sent, while its engine computes, while its
+// answer streams — by closing that connection: this is how a failed
+// prefill cancels the decode that waits for its KV, and how a client that
+// leaves cancels both legs. A whole answer gives the connection back to
+// the pool; so does a streamed decode read to its end. Every wait has a
+// deadline: the prefill leg
 // --pd-prefill-timeout, the decode leg --ttft-timeout then
 // --stream-idle-timeout, both the request's --request-timeout.
 //
@@ -48,11 +45,9 @@ import (
 
 // pdRequest is the PD state of one request.
 type pdRequest struct {
-	proto  *pdProtocol
-	legs   pdLegs
-	pre    attempt // the prefill leg; the decode leg is rel.att
-	preLeg legConn
-	decLeg legConn
+	proto *pdProtocol
+	legs  pdLegs
+	pre   attempt // the prefill leg; the decode leg is rel.att
 	// A concurrent protocol's prefill runs on its own goroutine, which
 	// sends its result on preDone; preRunning says one is in flight.
 	preDone    chan pdResult
@@ -67,154 +62,6 @@ type pdResult struct {
 	status int
 	err    error
 	why    string // metrics label of the failure
-}
-
-// legConn is the connection of one leg; abort closes it (and refuses to
-// dial one later).
-type legConn struct {
-	mu      sync.Mutex
-	conn    net.Conn
-	aborted bool
-}
-
-var errLegAborted = errors.New("leg aborted")
-
-func (lc *legConn) abort() {
-	lc.mu.Lock()
-	lc.aborted = true
-	c := lc.conn
-	lc.mu.Unlock()
-	if c != nil {
-		_ = c.Close()
-	}
-}
-
-// reset readies lc for another pair's leg.
-func (lc *legConn) reset() {
-	lc.mu.Lock()
-	lc.conn, lc.aborted = nil, false
-	lc.mu.Unlock()
-}
-
-// pdCancel is what the client watch of a unary PD request closes when its
-// client leaves (clientWatch.up): both legs, which tells both engines to
-// drop the request.
-type pdCancel struct {
-	net.Conn // nil: the watch only calls Close
-	pd       *pdRequest
-}
-
-func (c pdCancel) Close() error {
-	c.pd.preLeg.abort()
-	c.pd.decLeg.abort()
-	return nil
-}
-
-func (lc *legConn) wasAborted() bool {
-	lc.mu.Lock()
-	defer lc.mu.Unlock()
-	return lc.aborted
-}
-
-// do sends req to w within deadline. With stream the body is left to
-// read (a streamed decode) on a connection of the leg's own; else it is
-// read whole, on a connection of the worker's pool (doPooled).
-func (lc *legConn) do(r *Router, w *Worker, req *fasthttp.Request, deadline time.Time, stream bool) (*fasthttp.Response, error) {
-	if !stream && w.client != nil {
-		return lc.doPooled(w.client, req, deadline)
-	}
-	req.SetConnectionClose()
-	hc := &fasthttp.HostClient{
-		Addr:                      w.addr,
-		IsTLS:                     w.tls,
-		Name:                      "infera",
-		MaxConns:                  1,
-		MaxConnWaitTimeout:        r.cfg.ConnectTimeout,
-		MaxIdemponentCallAttempts: 1,
-		MaxResponseBodySize:       maxUnaryResponseBytes,
-		DisablePathNormalizing:    true,
-		ReadBufferSize:            16 << 10,
-		Dial: func(addr string) (net.Conn, error) {
-			lc.mu.Lock()
-			aborted := lc.aborted
-			lc.mu.Unlock()
-			if aborted {
-				return nil, errLegAborted
-			}
-			c, err := r.dial(addr, w)
-			if err != nil {
-				return nil, err
-			}
-			lc.mu.Lock()
-			lc.conn, aborted = c, lc.aborted
-			lc.mu.Unlock()
-			if aborted {
-				_ = c.Close()
-				return nil, errLegAborted
-			}
-			return c, nil
-		},
-	}
-	resp := fasthttp.AcquireResponse()
-	resp.StreamBody = stream
-	if err := hc.DoDeadline(req, resp, deadline); err != nil {
-		fasthttp.ReleaseResponse(resp)
-		if lc.wasAborted() {
-			return nil, fmt.Errorf("%w: %w", errLegAborted, err)
-		}
-		return nil, err
-	}
-	return resp, nil
-}
-
-// doPooled exchanges req for a whole answer on a connection of hc, the
-// worker's pool (dialed through Router.dial like every upstream
-// connection), as attempt.exchangeUnary does for a mixed attempt: the connection
-// is the leg's while the answer is awaited, so abort closes it (the
-// engine drops the request); after a complete answer it goes back to the
-// pool, after a failure or an abort it is closed.
-func (lc *legConn) doPooled(hc *fasthttp.HostClient, req *fasthttp.Request, deadline time.Time) (*fasthttp.Response, error) {
-	if lc.wasAborted() {
-		return nil, errLegAborted
-	}
-	cc, err := hc.AcquireConn(time.Until(deadline), req.ConnectionClose())
-	if err != nil {
-		return nil, err
-	}
-	conn := cc.Conn()
-	lc.mu.Lock()
-	aborted := lc.aborted
-	if !aborted {
-		lc.conn = conn
-	}
-	lc.mu.Unlock()
-	if aborted {
-		hc.ReleaseConn(cc) // unused: still good
-		return nil, errLegAborted
-	}
-	resp := fasthttp.AcquireResponse()
-	err = exchangeOn(hc, conn, req, resp, deadline)
-	lc.mu.Lock()
-	aborted, lc.conn = lc.aborted, nil
-	lc.mu.Unlock()
-	switch {
-	case aborted || err != nil:
-		hc.CloseConn(cc)
-		fasthttp.ReleaseResponse(resp)
-		if aborted {
-			if err == nil {
-				err = errLegAborted
-			}
-			return nil, fmt.Errorf("%w: %w", errLegAborted, err)
-		}
-		return nil, err
-	case req.ConnectionClose() || resp.ConnectionClose():
-		hc.CloseConn(cc)
-	default:
-		_ = conn.SetDeadline(time.Time{})
-		hc.ReleaseConn(cc)
-	}
-	return resp, nil
 }
 
 // disaggregated reports whether the model is served through the PD path:
@@ -243,43 +90,16 @@ func (rel *relay) servePD() {
 		r.finish(rel, outcomeNoWorker, fasthttp.StatusServiceUnavailable)
 		return
 	}
-	rel.pd = &pdRequest{preDone: make(chan pdResult, 1)}
+	rel.pd = &pdRequest{preDone: make(chan pdResult, 1), pre: attempt{x: new(upstream.Exchange)}}
 	if !rel.scan.Stream {
 		// A unary answer writes nothing until it is complete: a client
 		// that leaves is noticed by the watch, which aborts both legs.
-		rel.watch.start(rel.ctx.Conn())
-		var c net.Conn = pdCancel{pd: rel.pd}
-		rel.watch.up.Store(&c)
+		rel.watch.start(rel.ctx.Conn(), rel.att.x, rel.pd.pre.x)
 	}
-	for {
-		done, err := rel.pdTry()
-		if done {
-			return
-		}
-		if !rel.canRetryPD(err) {
-			if rel.watch.stop(rel.ctx) {
-				rel.clientLeft()
-				return
-			}
-			rel.pdFail(err)
-			return
-		}
+	if ok, err := rel.failover(nil); !ok {
+		rel.giveUp(err)
 	}
 }
-
-// canRetryPD reports whether another pair may be tried after err.
-func (rel *relay) canRetryPD(err error) bool {
-	if errors.Is(err, ErrPDProtocol) || errors.Is(err, ErrPDMeta) || errors.Is(err, ErrSaturated) || errors.Is(err, errNoCandidate) {
-		return false
-	}
-	if rel.watch.gone.Load() || rel.attempts > rel.r.cfg.MaxRetries || !time.Now().Before(rel.deadline) || !rel.refreshModel() {
-		return false
-	}
-	c := rel.model
-	return slices.ContainsFunc(c.Prefill, rel.untried) && slices.ContainsFunc(c.Decode, rel.untried)
-}
-
-func (rel *relay) untried(w *Worker) bool { return !slices.Contains(rel.tried, w) }
 
 // forget lets a later pair use w again (the other side of the pair
 // failed, not w).
@@ -302,13 +122,8 @@ func (rel *relay) pdTry() (bool, error) {
 		return false, err
 	}
 	rel.countAttempt()
-	pd.preLeg.reset()
-	pd.decLeg.reset()
-	if rel.watch.gone.Load() {
-		// The client left while the last pair ended.
-		pd.preLeg.abort()
-		pd.decLeg.abort()
-	}
+	rel.beginExchange(&pd.pre)
+	rel.beginExchange(&rel.att)
 	p, d := pd.pre.ticket.Worker, rel.att.ticket.Worker
 	proto, err := resolvePDProtocol(p, d)
 	if err != nil {
@@ -360,7 +175,7 @@ func (rel *relay) pdTry() (bool, error) {
 	req := rel.upstreamRequest(&pd.pre)
 	pd.legs.setRequestID(req)
 	pd.preRunning = true
-	go pd.runPrefill(r, p, req, rel.prefillDeadline())
+	go pd.runPrefill(p, req, rel.prefillDeadline(), rel.att.x)
 	return rel.pdDecode()
 }
 
@@ -433,7 +248,7 @@ func (rel *relay) pdSerial() (bool, error) {
 	p, d := pd.pre.ticket.Worker, rel.att.ticket.Worker
 	req := rel.upstreamRequest(&pd.pre)
 	pd.legs.setRequestID(req)
-	resp, err := pd.preLeg.do(r, p, req, rel.prefillDeadline(), false)
+	resp, err := pd.pre.exchange(req, rel.prefillDeadline(), false, nil)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		res := prefillError(p, err)
@@ -495,7 +310,7 @@ func (rel *relay) pdSerial() (bool, error) {
 func prefillError(p *Worker, err error) pdResult {
 	why := "upstream_error"
 	switch {
-	case errors.Is(err, errLegAborted):
+	case errors.Is(err, upstream.ErrAborted):
 		why = "aborted"
 	case errors.Is(err, fasthttp.ErrTimeout) || isTimeout(err):
 		why = "timeout"
@@ -517,9 +332,10 @@ func isDialError(err error) bool {
 
 // runPrefill is a concurrent protocol's prefill leg, on its own
 // goroutine: it sends req, drains the answer and reports on preDone. A
-// failure aborts the decode leg, which would wait for KV that never comes.
-func (pd *pdRequest) runPrefill(r *Router, w *Worker, req *fasthttp.Request, deadline time.Time) {
-	resp, err := pd.preLeg.do(r, w, req, deadline, false)
+// failure aborts the decode leg (dec), which would wait for KV that never
+// comes.
+func (pd *pdRequest) runPrefill(w *Worker, req *fasthttp.Request, deadline time.Time, dec *upstream.Exchange) {
+	resp, err := pd.pre.exchange(req, deadline, false, nil)
 	fasthttp.ReleaseRequest(req)
 	var res pdResult
 	if err != nil {
@@ -537,7 +353,7 @@ func (pd *pdRequest) runPrefill(r *Router, w *Worker, req *fasthttp.Request, dea
 	}
 	if res.err != nil && res.why != "aborted" {
 		pd.preFailed.Store(&res)
-		pd.decLeg.abort()
+		dec.Abort()
 	}
 	pd.preDone <- res
 }
@@ -550,7 +366,7 @@ func (rel *relay) waitPrefill(abort bool) pdResult {
 		return pdResult{}
 	}
 	if abort {
-		pd.preLeg.abort()
+		pd.pre.x.Abort()
 	}
 	res := <-pd.preDone
 	pd.preRunning = false
@@ -605,13 +421,12 @@ func (rel *relay) pdDecode() (bool, error) {
 	if rel.deadline.Before(deadline) {
 		deadline = rel.deadline
 	}
-	resp, err := pd.decLeg.do(r, d, req, deadline, rel.scan.Stream)
+	resp, err := a.exchange(req, deadline, rel.scan.Stream, nil)
 	fasthttp.ReleaseRequest(req)
 	if err == nil && resp.StatusCode() >= 500 {
-		err = fmt.Errorf("decode worker %s answered %d: %s", d.id, resp.StatusCode(), clip(leadBody(resp)))
+		err = fmt.Errorf("decode worker %s answered %d: %s", d.id, resp.StatusCode(), clip(leadBody(resp, a.x)))
 		a.status = resp.StatusCode()
-		_ = resp.CloseBodyStream()
-		fasthttp.ReleaseResponse(resp)
+		a.dropResponse(resp)
 		resp = nil
 	}
 	if err != nil && rel.watch.gone.Load() {
@@ -625,7 +440,7 @@ func (rel *relay) pdDecode() (bool, error) {
 	if err != nil {
 		res := rel.waitPrefill(true)
 		why := a.classify(err)
-		if !errors.Is(err, errLegAborted) {
+		if !errors.Is(err, upstream.ErrAborted) {
 			err = fmt.Errorf("decode worker %s: %w", d.id, err)
 		}
 		if res.err != nil && res.why != "aborted" {
@@ -674,10 +489,10 @@ func decodeWhy(why failReason) string {
 	return why.String()
 }
 
-// leadBody returns the first bytes of a response's body, for an error
-// message.
-func leadBody(resp *fasthttp.Response) []byte {
-	if src := resp.BodyStream(); src != nil {
+// leadBody returns the first bytes of a response's body (streamed: read
+// from src), for an error message.
+func leadBody(resp *fasthttp.Response, src io.Reader) []byte {
+	if resp.BodyStream() != nil {
 		b, _ := io.ReadAll(io.LimitReader(src, 512))
 		return b
 	}
@@ -795,8 +610,8 @@ func (rel *relay) beginLeg(a *attempt, prefill bool) error {
 		r.policy.Release(t, Result{})
 		return ErrSaturated
 	}
-	hb, ht := a.hintBuf[:0], a.hintTmp[:0]
-	*a = attempt{rel: rel, hintBuf: hb, hintTmp: ht, ticket: t, start: time.Now()}
+	hb, ht, x := a.hintBuf[:0], a.hintTmp[:0], a.x
+	*a = attempt{rel: rel, hintBuf: hb, hintTmp: ht, x: x, ticket: t, start: time.Now()}
 	a.probe = t.Worker.breaker.admit(now)
 	rel.tried = append(rel.tried, t.Worker)
 	t.Worker.picks.Inc()

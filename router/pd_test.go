@@ -568,6 +568,38 @@ func TestPDLegsReuseConnections(t *testing.T) {
 	}
 }
 
+// TestPDStreamedDecodeReusesConnections: a streamed decode leg takes a
+// connection of the decode worker's pool and gives it back once the stream
+// was read to its end, as a mixed stream does; it does not dial one of its
+// own per request.
+func TestPDStreamedDecodeReusesConnections(t *testing.T) {
+	for _, proto := range []string{discovery.ProtocolVLLMNixl, discovery.ProtocolSGLangBootstrap, discovery.ProtocolVLLMMooncake} {
+		t.Run(proto, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			dl := &countingListener{Listener: ln}
+			p := startPDSim(t, "prefill", proto, nil)
+			d := startPDSimOn(t, dl, "decode", proto, nil)
+			tr := pdRouter(t, nil, p.record(discovery.DisaggPrefill, proto), d.record(discovery.DisaggDecode, proto))
+			const n = 8
+			for i := range n {
+				resp, b := tr.do(t, http.MethodPost, "/v1/chat/completions", pdStreamChat(pdChat))
+				if resp.StatusCode != 200 || !strings.Contains(string(b), "data: [DONE]") {
+					t.Fatalf("stream %d: %d %s", i, resp.StatusCode, b)
+				}
+			}
+			// A connection dialed per streamed decode would be n; the
+			// pool's idle timeout (50ms in tests) may retire one now and
+			// then.
+			if got := dl.n.Load(); got >= n/2 {
+				t.Errorf("decode accepted %d connections for %d streamed requests: streamed decode legs do not reuse connections", got, n)
+			}
+		})
+	}
+}
+
 // TestPDUnaryClientLeaves: a unary PD client that leaves cancels both
 // legs: the engines' running counts drop to 0, whichever leg was running.
 func TestPDUnaryClientLeaves(t *testing.T) {

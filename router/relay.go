@@ -81,6 +81,7 @@ type relay struct {
 	clientErr error
 	wdlAt     time.Time
 
+	streaming bool // a stream's status line went out: only a stream may replace it
 	firstByte bool // an event reached the client
 	done      bool // the stream reached its end (or failed) in WriteTo/Read
 	outcome   outcome
@@ -93,6 +94,7 @@ var relayPool = sync.Pool{New: func() any {
 		pump: eventPump{buf: make([]byte, relayBufSize)},
 	}
 	rel.xlateEvent = rel.xlate.Event
+	rel.att.x = new(upstream.Exchange)
 	rel.watch.init()
 	return rel
 }}
@@ -114,11 +116,11 @@ func (rel *relay) reset() {
 	clear(rel.tried)
 	clear(rel.sub.Workers)
 	tried, cands := rel.tried[:0], rel.sub.Workers[:0]
-	hintBuf, hintTmp := rel.att.hintBuf[:0], rel.att.hintTmp[:0]
+	hintBuf, hintTmp, x := rel.att.hintBuf[:0], rel.att.hintTmp[:0], rel.att.x
 	xlate, xlateEvent := rel.xlate, rel.xlateEvent
 	timer := rel.watch.timer
 	*rel = relay{id: id, pump: pump, tried: tried, reqBuf: reqBuf, xlate: xlate, xlateEvent: xlateEvent}
-	rel.att.hintBuf, rel.att.hintTmp = hintBuf, hintTmp
+	rel.att.hintBuf, rel.att.hintTmp, rel.att.x = hintBuf, hintTmp, x
 	rel.watch.timer = timer
 	rel.sub.Workers = cands
 	// Keep the scanner's scratch buffer (an escaped model name) too.
@@ -195,35 +197,11 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 		return
 	}
 	rel.ctx, rel.body, rel.model = ctx, body, c
-
-	a := &rel.att
 	if !rel.scan.Stream {
-		rel.watch.start(ctx.Conn())
+		rel.watch.start(ctx.Conn(), rel.att.x)
 	}
-	for {
-		resp, err := rel.connect(true)
-		if resp == nil {
-			if rel.watch.stop(ctx) {
-				rel.clientLeft()
-				return
-			}
-			rel.fail(err)
-			return
-		}
-		answered, err := rel.answer(resp)
-		if answered {
-			return
-		}
-		a.fail(a.classify(err), err)
-		rel.endAttempt(a, 0, err, verdictFault)
-		if !rel.canRetry() {
-			if rel.watch.stop(ctx) {
-				rel.clientLeft()
-				return
-			}
-			rel.fail(err)
-			return
-		}
+	if ok, err := rel.failover(nil); !ok {
+		rel.giveUp(err)
 	}
 }
 
@@ -240,6 +218,7 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 	}
 	if rel.status < 300 && isEventStream(resp.Header.ContentType()) && resp.BodyStream() != nil {
 		rel.watch.stop(ctx)
+		rel.streaming = true
 		rel.attach(a, resp)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		// The client sees the headers at once, not with the first
@@ -249,9 +228,12 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		ctx.SetBodyStream(rel, -1)
 		return true, nil // Close finishes the request
 	}
-	err := readUnary(ctx, resp, rel.pump.buf)
-	_ = resp.CloseBodyStream()
-	fasthttp.ReleaseResponse(resp)
+	var src io.Reader
+	if resp.BodyStream() != nil {
+		src = a.x // read through the exchange, which notes the end
+	}
+	err := readUnary(ctx, resp, src, rel.pump.buf)
+	a.dropResponse(resp)
 	if err == nil {
 		rel.watch.stop(ctx)
 		if rel.dialect.response != nil {
@@ -318,9 +300,8 @@ func retryAfterSeconds(d time.Duration) int {
 }
 
 // readUnary copies a complete (non-SSE) worker answer into the client
-// response.
-func readUnary(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, buf []byte) error {
-	src := resp.BodyStream()
+// response: resp's body, or read from src when resp streams it.
+func readUnary(ctx *fasthttp.RequestCtx, resp *fasthttp.Response, src io.Reader, buf []byte) error {
 	if src == nil {
 		// Read whole by fasthttp (a unary request): hand its buffer over
 		// instead of copying, and give resp the client's old one, at its

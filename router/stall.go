@@ -197,5 +197,5 @@ func (a *attempt) stuck(now time.Time) bool {
 		return false
 	}
 	// Stuck; leave only for a worker that can take it.
-	return rel.canRetry()
+	return rel.retryable(nil)
 }

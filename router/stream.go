@@ -13,13 +13,13 @@ import (
 // attach makes resp the stream of attempt a and has its connection watch
 // a (stream deadlines and heartbeats, see upstream.Conn).
 func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
-	a.resp, a.src = resp, resp.BodyStream()
+	a.resp, a.src = resp, a.x
 	rel.pump.transform = rel.dialect.event
 	if rel.dialect.stream {
 		rel.xlate.Reset()
 		rel.pump.transform = rel.xlateEvent
 	}
-	if c := rel.r.conns.Lookup(resp.LocalAddr()); c != nil {
+	if c := a.x.Conn(); c != nil {
 		a.conn = c
 		a.watch.Watcher = a
 		c.Watch(&a.watch)
@@ -124,7 +124,7 @@ func (rel *relay) SupportsBodyWriteTo() bool { return true }
 // upstream body is closed at once, which closes the worker connection so
 // that the engine stops generating. A worker that fails before the first
 // event reached the client — the stream ends, breaks or times out — is
-// replaced by another (retryStream): the client has only seen headers and
+// replaced by another (failover): the client has only seen headers and
 // heartbeat comments. After the first event a failure ends the stream with
 // one SSE error event, since the status line went out long ago.
 func (rel *relay) WriteTo(w io.Writer) (int64, error) {
@@ -177,8 +177,10 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		rel.closeUpstream(a)
 		a.fail(why, rerr)
 		rel.endAttempt(a, a.status, rerr, verdictFault)
-		if !rel.firstByte && rel.retryStream() {
-			continue
+		if !rel.firstByte {
+			if ok, _ := rel.failover(rerr); ok {
+				continue
+			}
 		}
 		rel.outcome, rel.err = outcomeStreamError, rel.lastErr
 		k, err := w.Write(rel.errorEvent())
@@ -251,8 +253,7 @@ func (rel *relay) closeUpstream(a *attempt) {
 	if a.resp == nil {
 		return
 	}
-	_ = a.resp.CloseBodyStream()
-	fasthttp.ReleaseResponse(a.resp)
+	a.dropResponse(a.resp)
 	a.resp, a.src = nil, nil
 }
 

@@ -20,11 +20,10 @@ import (
 // simulator) learns to abort the request and free its slot. The request
 // ends as a disconnect, and is not retried.
 //
-// A watched unary attempt holds its upstream connection by hand
-// (attempt.exchangeUnary): it takes one of the worker's pool, exchanges the
-// request on it as fasthttp's own transport does, and publishes it in the
-// watch while the answer is awaited. Streams take fasthttp's exchange
-// unchanged.
+// Every leg exchanges its request on a connection it holds
+// (upstream.Exchange); the watch knows the request's exchanges and aborts
+// them, which closes whatever connection they hold and refuses the next
+// one.
 //
 // The same mechanism is why a unary attempt that hits --ttft-timeout never
 // runs on two workers at once: its read fails at the deadline and the
@@ -52,11 +51,10 @@ type clientWatch struct {
 	stopping atomic.Bool
 	byte     bool // a byte arrived (a pipelined request): the connection closes after the answer
 	wg       sync.WaitGroup
-	// up is the connection of the attempt in flight (attempt.exchangeUnary), a
-	// pointer to upConn; whoever swaps it out owns it: the watcher closes
-	// it, the attempt releases it.
-	up     atomic.Pointer[net.Conn]
-	upConn net.Conn
+	// legs are the request's exchanges, aborted when the client leaves
+	// (nil: none). A leg that begins an exchange after that sees gone
+	// (relay.beginExchange).
+	legs [2]*upstream.Exchange
 }
 
 // init makes w's timer; w must not move afterwards (it lives in a pooled
@@ -66,12 +64,14 @@ func (w *clientWatch) init() {
 	w.timer.Stop()
 }
 
-// start begins watching c after clientWatchDelay (nil: nothing to watch).
-func (w *clientWatch) start(c net.Conn) {
+// start begins watching c after clientWatchDelay (nil: nothing to watch);
+// legs are the exchanges to abort when its client leaves.
+func (w *clientWatch) start(c net.Conn, legs ...*upstream.Exchange) {
 	if c == nil {
 		return
 	}
 	w.conn = c
+	copy(w.legs[:], legs)
 	w.wg.Add(1)
 	w.timer.Reset(clientWatchDelay)
 }
@@ -96,8 +96,10 @@ func (w *clientWatch) run() {
 		return
 	}
 	w.gone.Store(true)
-	if up := w.up.Swap(nil); up != nil {
-		_ = (*up).Close()
+	for _, x := range w.legs {
+		if x != nil {
+			x.Abort()
+		}
 	}
 }
 
@@ -121,91 +123,12 @@ func (w *clientWatch) stop(ctx *fasthttp.RequestCtx) bool {
 		ctx.SetConnectionClose()
 	}
 	gone := w.gone.Load()
-	w.conn, w.upConn, w.byte = nil, nil, false
+	w.conn, w.legs, w.byte = nil, [2]*upstream.Exchange{}, false
 	w.gone.Store(false)
 	w.stopping.Store(false)
 	return gone
 }
 
-// exchangeUnary exchanges req for a whole answer on a connection of hc,
-// a's worker's pool, within a's deadline. The connection is held by hand
-// (not by hc.DoDeadline) so that the client watch can close it when its
-// client leaves, and so that the connection knows its owner (a stall gives
-// up only while a retry is left); after a complete answer it goes back to
-// the pool, after a failure it is closed.
-func (a *attempt) exchangeUnary(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) error {
-	w := &a.rel.watch
-	deadline := a.deadline
-	wait := time.Until(deadline)
-	if wait <= 0 {
-		return fasthttp.ErrTimeout
-	}
-	// What hc.DoDeadline would set on its way to the connection.
-	req.URI().DisablePathNormalizing = hc.DisablePathNormalizing
-	if len(req.Header.UserAgent()) == 0 && hc.Name != "" {
-		req.Header.SetUserAgent(hc.Name)
-	}
-	cc, err := hc.AcquireConn(wait, req.ConnectionClose())
-	if err != nil {
-		return err
-	}
-	conn := cc.Conn()
-	if dc, ok := conn.(*upstream.Conn); ok {
-		dc.SetOwner(a)
-		defer dc.SetOwner(nil)
-	}
-	resp.ParseNetConn(conn)
-	w.upConn = conn
-	w.up.Store(&w.upConn)
-	if w.gone.Load() {
-		// The client left while the connection was acquired.
-		if w.up.Swap(nil) != nil {
-			hc.CloseConn(cc)
-		}
-		return errClientLeft
-	}
-	err = exchangeOn(hc, conn, req, resp, deadline)
-	mine := w.up.Swap(nil) != nil
-	switch {
-	case !mine:
-		// The watcher closed it: the client is gone.
-		hc.CloseConn(cc)
-		return errClientLeft
-	case err != nil:
-		hc.CloseConn(cc)
-		return err
-	case req.ConnectionClose() || resp.ConnectionClose():
-		hc.CloseConn(cc)
-	default:
-		_ = conn.SetDeadline(time.Time{})
-		hc.ReleaseConn(cc)
-	}
-	return nil
-}
-
 // CanRetry implements upstream.Owner: whether the unary attempt may still
 // give up a stalled worker for another.
-func (a *attempt) CanRetry() bool { return a.rel.canRetry() }
-
-// exchangeOn writes req on conn, a connection taken from hc's pool, and
-// reads its whole answer into resp, both before deadline: the exchange
-// the pooled client would make, done by hand so that the caller holds
-// conn and can abort it (a client that leaves, a PD leg cancelled).
-func exchangeOn(hc *fasthttp.HostClient, conn net.Conn, req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time) error {
-	err := conn.SetWriteDeadline(deadline)
-	if err == nil {
-		bw := hc.AcquireWriter(conn)
-		if err = req.Write(bw); err == nil {
-			err = bw.Flush()
-		}
-		hc.ReleaseWriter(bw)
-	}
-	if err == nil {
-		if err = conn.SetReadDeadline(deadline); err == nil {
-			br := hc.AcquireReader(conn)
-			err = resp.ReadLimitBody(br, hc.MaxResponseBodySize)
-			hc.ReleaseReader(br)
-		}
-	}
-	return err
-}
+func (a *attempt) CanRetry() bool { return a.rel.retryable(nil) }

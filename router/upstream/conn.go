@@ -59,7 +59,7 @@ func Dial(set *Set, addr string, connectTimeout, timeout time.Duration, p Progre
 	if err != nil {
 		return nil, err
 	}
-	dc := &Conn{Conn: c, timeout: timeout, set: set, local: c.LocalAddr(), prog: p}
+	dc := &Conn{Conn: c, timeout: timeout, set: set, prog: p}
 	if !set.add(dc) {
 		_ = c.Close()
 		return nil, ErrShuttingDown
@@ -80,7 +80,6 @@ type Conn struct {
 	net.Conn
 	timeout time.Duration
 	set     *Set
-	local   net.Addr // the key of set.byLocal
 	once    sync.Once
 	prog    Progress // nil: not tracked
 	// owner is the unary exchange on it, read and written only on that

@@ -11,7 +11,16 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// fasthttp refreshes its Date header from one process-wide
+		// goroutine started on first use and never stopped.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		// fasthttp's worker-pool cleaner notices Serve's end only after
+		// its idle sleep (MaxIdleWorkerDuration) and then exits by itself.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+	)
+}
 
 // echoServer accepts connections and answers each read with its bytes,
 // until the test ends.
@@ -54,8 +63,8 @@ func TestDialReadStampsProgressAndCloseAllCuts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if set.Lookup(c.LocalAddr()) != c {
-		t.Fatal("Lookup does not find the dialed connection")
+	if set.Len() != 1 {
+		t.Fatal("the dialed connection is not in the set")
 	}
 	if _, err := c.Write([]byte("hi")); err != nil {
 		t.Fatal(err)
@@ -70,7 +79,7 @@ func TestDialReadStampsProgressAndCloseAllCuts(t *testing.T) {
 	if n := set.CloseAll(); n != 1 {
 		t.Fatalf("CloseAll closed %d connections, want 1", n)
 	}
-	if set.Lookup(c.LocalAddr()) != nil {
+	if set.Len() != 0 {
 		t.Fatal("a closed connection is still in the set")
 	}
 	if _, err := Dial(&set, addr, time.Second, time.Second, nil); !errors.Is(err, ErrShuttingDown) {

@@ -1,6 +1,16 @@
-// Package upstream owns the router's connections to workers: dialing,
-// per-operation deadlines with slack, the set of open connections that
-// shutdown cuts, and the hooks a streamed exchange reads through.
+// Package upstream owns the router's connections to workers and the
+// exchanges on them.
+//
+// Connections (Conn, Dial, Set): dialing, per-operation deadlines with
+// slack, the set of open connections that shutdown cuts, and the hooks a
+// streamed read runs through (heartbeats, stall give-up).
+//
+// Exchanges (Exchange): one request and its answer on a connection of a
+// worker's pool, held by the leg from acquisition to release, so that an
+// abort (a client that left, a failed prefill) cuts it at any moment. Every
+// leg — a mixed worker's unary or streamed answer, a PD prefill, a unary or
+// streamed PD decode — is one Exchange; a stream read to its end gives its
+// connection back to the pool.
 //
 // It imports nothing from the router. What a connection needs from above
 // is handed to it, never looked up: the worker's progress accounting
@@ -9,5 +19,6 @@
 //
 // Concurrency: a Conn is used by one goroutine at a time for reads and one
 // for writes, as net.Conn; its deadline caps and its watcher are atomics
-// that another goroutine may set. A Set is safe for concurrent use.
+// that another goroutine may set. A Set is safe for concurrent use. An
+// Exchange runs on one goroutine; only Abort may come from another.
 package upstream

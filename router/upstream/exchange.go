@@ -1,0 +1,254 @@
+package upstream
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// ErrAborted is the error of an exchange cut by Abort.
+var ErrAborted = errors.New("upstream: exchange aborted")
+
+// Exchange is one request and its answer on a connection of a worker's
+// pool (fasthttp.HostClient). The leg holds the connection from the moment
+// it is taken from the pool until Release, so that Abort can cut it at any
+// moment — while the request is written, while the engine computes, while
+// the answer streams — which is how an engine learns that the client left
+// or that the leg's other half failed. A whole answer gives the
+// connection back to the pool; a stream gives it back once read to its
+// end, and closes it otherwise.
+//
+// Exchanges are reused: Begin readies one for the next leg. One goroutine
+// runs Do, Read and Release; Abort may come from any goroutine.
+type Exchange struct {
+	mu      sync.Mutex
+	aborted bool
+	conn    net.Conn // the held connection, nil when none
+
+	lease  connLease // the pool's handle of conn
+	hc     *fasthttp.HostClient
+	br     *bufio.Reader // a stream's reader, until Release
+	resp   *fasthttp.Response
+	body   io.Reader // a stream's body
+	eof    bool      // the stream was read to its end
+	closed bool      // the connection must not go back to the pool
+}
+
+// Begin readies x for a new leg: a past abort is forgotten. It runs on the
+// leg's goroutine before the leg is published to whoever may abort it.
+func (x *Exchange) Begin() {
+	x.mu.Lock()
+	x.aborted = false
+	x.mu.Unlock()
+}
+
+// Abort cuts the exchange: its connection is closed now, and a Do not
+// started yet fails with ErrAborted. It is safe from any goroutine, and
+// until the next Begin.
+func (x *Exchange) Abort() {
+	x.mu.Lock()
+	x.aborted = true
+	c := x.conn
+	x.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
+}
+
+// Aborted reports whether Abort cut the exchange since Begin.
+func (x *Exchange) Aborted() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.aborted
+}
+
+// Conn is the held connection when Dial made it (what a stream's watcher
+// watches), else nil.
+func (x *Exchange) Conn() *Conn {
+	c, _ := x.conn.(*Conn)
+	return c
+}
+
+// Do writes req on a connection of hc and reads its answer into resp
+// before deadline. With stream (resp.StreamBody) only the headers are read
+// and the connection stays held: Read reads the body, Release ends it.
+// Otherwise the whole answer is read and the connection goes back to the
+// pool at once (closed after a failure). owner, if not nil, is the
+// connection's owner while the answer is awaited (Conn.SetOwner).
+func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time, owner Owner) error {
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return fasthttp.ErrTimeout
+	}
+	if x.lease == nil {
+		x.lease = newLease((*fasthttp.HostClient).AcquireConn, (*fasthttp.HostClient).ReleaseConn, (*fasthttp.HostClient).CloseConn)
+	}
+	// What hc.DoDeadline would set on its way to the connection.
+	req.URI().DisablePathNormalizing = hc.DisablePathNormalizing
+	if len(req.Header.UserAgent()) == 0 && hc.Name != "" {
+		req.Header.SetUserAgent(hc.Name)
+	}
+	if x.Aborted() {
+		return ErrAborted
+	}
+	conn, err := x.lease.acquire(hc, wait, req.ConnectionClose())
+	if err != nil {
+		return err
+	}
+	x.mu.Lock()
+	aborted := x.aborted
+	if !aborted {
+		x.conn = conn
+	}
+	x.mu.Unlock()
+	if aborted {
+		x.lease.put(hc) // unused: still good
+		return ErrAborted
+	}
+	x.hc, x.eof, x.closed = hc, false, false
+	uc, _ := conn.(*Conn)
+	if uc != nil && owner != nil {
+		uc.SetOwner(owner)
+		defer uc.SetOwner(nil)
+	}
+	resp.ParseNetConn(conn)
+	err = conn.SetWriteDeadline(deadline)
+	if err == nil {
+		bw := hc.AcquireWriter(conn)
+		if err = req.Write(bw); err == nil {
+			err = bw.Flush()
+		}
+		hc.ReleaseWriter(bw)
+	}
+	var br *bufio.Reader
+	if err == nil {
+		if err = conn.SetReadDeadline(deadline); err == nil {
+			br = hc.AcquireReader(conn)
+			err = resp.ReadLimitBody(br, hc.MaxResponseBodySize)
+		}
+	}
+	if err == io.EOF {
+		// Closed before the first byte of the answer: named as fasthttp's
+		// own exchange names it.
+		err = fasthttp.ErrConnectionClosed
+	}
+	if err == nil && resp.StreamBody && resp.BodyStream() != nil {
+		x.br, x.resp, x.body = br, resp, resp.BodyStream()
+		x.closed = req.ConnectionClose()
+		return nil
+	}
+	if br != nil {
+		hc.ReleaseReader(br)
+	}
+	x.closed = err != nil || req.ConnectionClose() || resp.ConnectionClose()
+	if x.release(err) && err != nil {
+		err = fmt.Errorf("%w: %w", ErrAborted, err)
+	}
+	return err
+}
+
+// Read reads the streamed answer's body, noting its end.
+func (x *Exchange) Read(p []byte) (int, error) {
+	if x.body == nil {
+		return 0, io.EOF
+	}
+	n, err := x.body.Read(p)
+	if err == io.EOF {
+		x.eof = true
+	}
+	return n, err
+}
+
+// Release ends a streamed exchange (a no-op otherwise): the body stream is
+// closed, and the connection goes back to the pool if the stream was read
+// to its end, else it is closed (the engine learns the answer is not
+// wanted). resp is the caller's to release afterwards.
+func (x *Exchange) Release() {
+	if x.resp == nil {
+		return
+	}
+	_ = x.resp.CloseBodyStream()
+	x.hc.ReleaseReader(x.br)
+	x.closed = x.closed || !x.eof || x.resp.ConnectionClose()
+	x.br, x.resp, x.body = nil, nil, nil
+	x.release(nil)
+}
+
+// release gives the held connection back (or closes it); err is the
+// exchange's failure, if any. It reports whether the exchange was aborted.
+func (x *Exchange) release(err error) bool {
+	x.mu.Lock()
+	aborted := x.aborted
+	x.conn = nil
+	x.mu.Unlock()
+	if x.closed || aborted || err != nil {
+		x.lease.close(x.hc)
+	} else {
+		_ = x.lease.held().SetDeadline(time.Time{})
+		x.lease.put(x.hc)
+	}
+	x.hc = nil
+	return aborted
+}
+
+// connLease holds one connection taken from a HostClient's pool.
+// fasthttp's pooled-connection type is unexported: a HostClient hands it
+// out (AcquireConn) and takes it back (ReleaseConn, CloseConn), but it
+// cannot be named in a struct field outside fasthttp. lease is generic
+// over it, its type argument inferred from the method expressions, and
+// reached through this interface.
+type connLease interface {
+	acquire(hc *fasthttp.HostClient, wait time.Duration, connClose bool) (net.Conn, error)
+	held() net.Conn
+	put(hc *fasthttp.HostClient)
+	close(hc *fasthttp.HostClient)
+}
+
+type lease[C interface{ Conn() net.Conn }] struct {
+	cc     C
+	zero   C
+	have   bool
+	acq    func(*fasthttp.HostClient, time.Duration, bool) (C, error)
+	putC   func(*fasthttp.HostClient, C)
+	closeC func(*fasthttp.HostClient, C)
+}
+
+func newLease[C interface{ Conn() net.Conn }](acq func(*fasthttp.HostClient, time.Duration, bool) (C, error), put, closeConn func(*fasthttp.HostClient, C)) connLease {
+	return &lease[C]{acq: acq, putC: put, closeC: closeConn}
+}
+
+func (l *lease[C]) acquire(hc *fasthttp.HostClient, wait time.Duration, connClose bool) (net.Conn, error) {
+	cc, err := l.acq(hc, wait, connClose)
+	if err != nil {
+		return nil, err
+	}
+	l.cc, l.have = cc, true
+	return cc.Conn(), nil
+}
+
+func (l *lease[C]) held() net.Conn {
+	if !l.have {
+		return nil
+	}
+	return l.cc.Conn()
+}
+
+func (l *lease[C]) put(hc *fasthttp.HostClient) {
+	if l.have {
+		l.putC(hc, l.cc)
+		l.cc, l.have = l.zero, false
+	}
+}
+
+func (l *lease[C]) close(hc *fasthttp.HostClient) {
+	if l.have {
+		l.closeC(hc, l.cc)
+		l.cc, l.have = l.zero, false
+	}
+}

@@ -1,0 +1,185 @@
+package upstream
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// streamServer is an HTTP server whose /stream answers with a chunked body
+// of three parts and whose /slow answers after release is closed; it
+// counts the connections it accepted.
+type streamServer struct {
+	addr     string
+	accepted atomic.Int64
+	release  chan struct{}
+}
+
+type countingLn struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l countingLn) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+func startStreamServer(t *testing.T) *streamServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &streamServer{addr: ln.Addr().String(), release: make(chan struct{})}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/stream":
+			ctx.SetContentType("text/event-stream")
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+				for i := range 3 {
+					_, _ = w.WriteString("data: " + string(rune('a'+i)) + "\n\n")
+					_ = w.Flush()
+				}
+			})
+		case "/slow":
+			<-s.release
+			ctx.SetBodyString("late")
+		default:
+			ctx.SetBodyString("whole")
+		}
+	}}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(countingLn{ln, &s.accepted}) }()
+	t.Cleanup(func() {
+		select {
+		case <-s.release:
+		default:
+			close(s.release)
+		}
+		_ = srv.Shutdown()
+		<-done
+	})
+	return s
+}
+
+func exchangeClient(set *Set, addr string) *fasthttp.HostClient {
+	return &fasthttp.HostClient{
+		Addr:                addr,
+		MaxConns:            4,
+		MaxResponseBodySize: 1 << 20,
+		// Short, so that fasthttp's pool cleaner ends with the test.
+		MaxIdleConnDuration: 10 * time.Millisecond,
+		Dial: func(addr string) (net.Conn, error) {
+			return Dial(set, addr, time.Second, 5*time.Second, nil)
+		},
+	}
+}
+
+func exchangeOnce(t *testing.T, x *Exchange, hc *fasthttp.HostClient, addr, path string, stream bool) (*fasthttp.Response, error) {
+	t.Helper()
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.SetRequestURI("http://" + addr + path)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetBodyString("{}")
+	resp := fasthttp.AcquireResponse()
+	resp.StreamBody = stream
+	x.Begin()
+	if err := x.Do(hc, req, resp, time.Now().Add(5*time.Second), nil); err != nil {
+		fasthttp.ReleaseResponse(resp)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// TestExchangeStreamReadToEndReusesConnection: streams read to their end
+// and whole answers share one pooled connection; a stream left unread is
+// closed, not pooled.
+func TestExchangeStreamReadToEndReusesConnection(t *testing.T) {
+	s := startStreamServer(t)
+	var set Set
+	hc := exchangeClient(&set, s.addr)
+	var x Exchange
+	for range 3 {
+		resp, err := exchangeOnce(t, &x, hc, s.addr, "/stream", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.Conn() == nil {
+			t.Fatal("a streamed exchange does not expose its connection")
+		}
+		b, err := io.ReadAll(&x)
+		if err != nil || string(b) != "data: a\n\ndata: b\n\ndata: c\n\n" {
+			t.Fatalf("stream body %q, %v", b, err)
+		}
+		x.Release()
+		fasthttp.ReleaseResponse(resp)
+		resp, err = exchangeOnce(t, &x, hc, s.addr, "/whole", false)
+		if err != nil || string(resp.Body()) != "whole" {
+			t.Fatalf("whole answer %v", err)
+		}
+		fasthttp.ReleaseResponse(resp)
+	}
+	if n := s.accepted.Load(); n != 1 {
+		t.Fatalf("server accepted %d connections for 6 exchanges, want 1 (pooled)", n)
+	}
+	// A stream released before its end: its connection is closed.
+	resp, err := exchangeOnce(t, &x, hc, s.addr, "/stream", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.Release()
+	fasthttp.ReleaseResponse(resp)
+	if n := set.Len(); n != 0 {
+		t.Fatalf("%d connections open after an unfinished stream was released, want 0", n)
+	}
+	hc.CloseIdleConnections()
+}
+
+// TestExchangeAbort: Abort cuts an exchange waiting for its answer (the
+// connection is closed, Do fails with ErrAborted), and refuses the next
+// Do until Begin.
+func TestExchangeAbort(t *testing.T) {
+	s := startStreamServer(t)
+	var set Set
+	hc := exchangeClient(&set, s.addr)
+	var x Exchange
+	done := make(chan error, 1)
+	go func() {
+		_, err := exchangeOnce(t, &x, hc, s.addr, "/slow", false)
+		done <- err
+	}()
+	for set.Len() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // the request is written and awaited
+	x.Abort()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrAborted) {
+			t.Fatalf("aborted exchange: %v, want ErrAborted", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Abort did not cut the exchange")
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.SetRequestURI("http://" + s.addr + "/whole")
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := x.Do(hc, req, resp, time.Now().Add(time.Second), nil); !errors.Is(err, ErrAborted) {
+		t.Fatalf("Do after Abort without Begin: %v, want ErrAborted", err)
+	}
+	close(s.release)
+	hc.CloseIdleConnections()
+}
