@@ -55,7 +55,6 @@ const maxRankQuery = 1 << 16
 
 // serveCacheView answers GET /v1/admin/cache-view/{worker_id}[?dp_rank=N].
 func (r *Router) serveCacheView(ctx *fasthttp.RequestCtx) {
-	r.requestID(ctx)
 	if !ctx.IsGet() && !ctx.IsHead() {
 		ctx.Response.Header.Set("Allow", "GET, HEAD")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "use GET for "+RouteCacheView.Path(), openai.TypeInvalidRequest, "method_not_allowed")
@@ -126,7 +125,6 @@ func isProfilePath(path []byte) bool {
 // is set. Its requests count under the "other" route.
 func (r *Router) serveProfile(ctx *fasthttp.RequestCtx) {
 	if r.adminKey.enabled() && !r.authorized(ctx, &r.adminKey, RouteOther) {
-		r.requestID(ctx)
 		return
 	}
 	pprofhandler.PprofHandler(ctx)

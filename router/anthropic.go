@@ -77,7 +77,6 @@ var ErrNoTokenCount = errors.New("router: no tokenizer to count with")
 // (its POST /tokenize with the messages).
 func (r *Router) countTokens(ctx *fasthttp.RequestCtx) {
 	const rt = RouteCountTokens
-	r.requestID(ctx)
 	if !ctx.IsPost() {
 		ctx.Response.Header.Set("Allow", "POST")
 		writeAnthropicError(ctx, fasthttp.StatusMethodNotAllowed, "use POST for "+rt.Path(), "", "")

@@ -49,27 +49,33 @@
 //
 // # Request path
 //
-// A request (relay.go) owns one or more attempts (attempt.go), each one leg
-// on one worker holding its policy ticket, admission slot and breaker probe
-// from begin until endAttempt, the one place an attempt ends; the streamed
-// answer lives in stream.go.
+// Router.serve resolves the request id once and dispatches; a generating
+// route is a request (relay.go) that runs a plan of legs (plan.go): [worker]
+// for a mixed model, [prefill, decode] for a disaggregated one (pd.go).
+// Each leg is an attempt (attempt.go) on one worker, holding its policy
+// ticket, admission slot and breaker probe from begin until endAttempt, the
+// one place an attempt ends and its outcome is recorded; each exchanges its
+// request as an upstream.Exchange on a pooled connection it holds, so that
+// it can be aborted at any moment. The streamed answer lives in stream.go.
+// docs/architecture.md ("Request path") walks it with file references.
 //
 // # Failover
 //
-// A request runs as attempts on different workers while nothing of the
-// answer has reached the client (attempt.go: connect, retryStream), up to
+// failover (plan.go) is the one loop: while nothing of the answer has
+// reached the client, a failed plan is replaced by another on untried
+// workers, as long as retryable (the one retry predicate) allows, up to
 // Config.MaxRetries. Unary answers are buffered, so any failure before the
 // answer is complete may be retried; 4xx pass through. A stream's status
 // line and headers go out as soon as the first worker's headers arrive, and
 // SSE comments (": keep-alive") follow every HeartbeatInterval of silence;
 // until the first event is written a failing worker (end of stream, error,
-// first-byte timeout) is replaced and the client sees the next worker's
-// events after the comments. After the first event a failure ends the
-// stream with one SSE error event. Heartbeats and the stream deadlines live
-// in the upstream connection's Read (upstream.Conn.Watch): the
-// relay's own goroutine writes the comment, and a failed write closes the
-// worker connection — that is how a client leaving a silent stream frees
-// the engine's sequence.
+// first-byte timeout) is replaced by failover and the client sees the next
+// worker's events after the comments. After the first event a failure ends
+// the stream with one SSE error event. Heartbeats and the stream deadlines
+// live in the upstream connection's Read (upstream.Conn.Watch): the relay's
+// own goroutine writes the comment, and a failed write closes the worker
+// connection — that is how a client leaving a silent stream frees the
+// engine's sequence.
 //
 // # Stalled workers and departed clients
 //
@@ -79,14 +85,14 @@
 // requests waiting there for a first byte move elsewhere. A unary request's
 // client connection is read while its answer is awaited, from 20 ms into
 // the wait on (unary.go, clientWatchDelay: faster answers cost no watch): a
-// client that leaves closes the upstream request, through the router's
-// RoundTripper, which knows each unary attempt's connection.
+// client that leaves aborts the request's exchanges, which closes their
+// connections (the engine drops the request).
 //
 // # Prefill/decode disaggregation
 //
 // A model with prefill and decode workers (pd.go, pdproto.go, pdmetrics.go)
 // is served by pairs, the prefill leg an attempt of its own next to the
-// relayed decode attempt, each on its own connection so that either can be
+// relayed decode attempt, each an exchange of its own so that either can be
 // aborted; bodies are shaped per protocol (vllm-nixl, vllm-mori-read and
 // atom-mooncake serial; sglang-bootstrap, vllm-mooncake and vllm-mori-write
 // concurrent) as shared/protocols/pd.md describes. A concurrent prefill

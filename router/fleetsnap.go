@@ -167,7 +167,6 @@ type FleetKVD struct {
 
 // serveFleet answers GET /v1/admin/fleet: the snapshot, or its SSE stream.
 func (r *Router) serveFleet(ctx *fasthttp.RequestCtx) {
-	r.requestID(ctx)
 	if !ctx.IsGet() && !ctx.IsHead() {
 		ctx.Response.Header.Set("Allow", "GET, HEAD")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "use GET for "+RouteFleet.Path(), openai.TypeInvalidRequest, "method_not_allowed")
@@ -208,7 +207,6 @@ func (r *Router) serveFleet(ctx *fasthttp.RequestCtx) {
 
 // serveDashboard answers GET /dashboard: the embedded fleet page.
 func (r *Router) serveDashboard(ctx *fasthttp.RequestCtx) {
-	r.requestID(ctx)
 	if !ctx.IsGet() && !ctx.IsHead() {
 		ctx.Response.Header.Set("Allow", "GET, HEAD")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "use GET for "+RouteDashboard.Path(), openai.TypeInvalidRequest, "method_not_allowed")

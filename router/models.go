@@ -16,7 +16,6 @@ import (
 // fleet serves (one /v1/models lists), else 404 in the OpenAI envelope.
 func (r *Router) serveModel(ctx *fasthttp.RequestCtx) {
 	const rt = RouteModel
-	r.requestID(ctx)
 	if !ctx.IsGet() && !ctx.IsHead() {
 		ctx.Response.Header.Set("Allow", "GET, HEAD")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "use GET for "+rt.Path(), openai.TypeInvalidRequest, "method_not_allowed")

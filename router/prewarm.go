@@ -276,7 +276,6 @@ func (p *prewarmer) close() {
 // servePrewarm answers POST /v1/cache/prewarm.
 func (r *Router) servePrewarm(ctx *fasthttp.RequestCtx) {
 	const rt = RoutePrewarm
-	r.requestID(ctx)
 	if !ctx.IsPost() {
 		ctx.Response.Header.Set("Allow", "POST")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "use POST for "+rt.Path(), openai.TypeInvalidRequest, "method_not_allowed")

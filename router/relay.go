@@ -128,11 +128,12 @@ func (rel *relay) reset() {
 	rel.scan.Model = nil
 }
 
-// proxy serves POST /v1/chat/completions and /v1/completions.
-func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
+// proxy serves the generating routes (chat, completions, messages,
+// embeddings, responses); id is the request's id (Router.serve).
+func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte) {
 	rel := acquireRelay(r, route)
 	r.metrics.inflight.Inc()
-	rel.id = r.setRequestID(ctx, rel.id[:0])
+	rel.id = append(rel.id[:0], id...)
 	werr := rel.dialect.writeError
 
 	if !ctx.IsPost() {

@@ -364,13 +364,18 @@ func (r *Router) HandleAdmin(ctx *fasthttp.RequestCtx) {
 	r.serve(ctx, rt, true)
 }
 
+// serve resolves the request's id (the one place it is resolved: echoed
+// in the response, handed to the request path), checks access and
+// dispatches by route.
 func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
+	var idBuf [maxRequestIDBytes]byte
+	id := r.setRequestID(ctx, idBuf[:0])
 	if !r.allowed(ctx, rt, adminAddr) {
 		return
 	}
 	switch rt {
 	case RouteChatCompletions, RouteCompletions, RouteMessages, RouteEmbeddings, RouteResponses:
-		r.proxy(ctx, rt)
+		r.proxy(ctx, rt, id)
 	case RouteCountTokens:
 		r.countTokens(ctx)
 	case RouteModel:
@@ -388,7 +393,6 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 	case RouteDashboard:
 		r.serveDashboard(ctx)
 	default:
-		r.requestID(ctx)
 		writeError(ctx, fasthttp.StatusNotFound, "unknown path "+clip(ctx.Path()), openai.TypeNotFound, "not_found")
 		r.metrics.request(RouteOther, outcomeNotFound).Inc()
 	}
@@ -417,13 +421,11 @@ func (r *Router) allowed(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) boo
 	if r.authorized(ctx, ks, rt) {
 		return true
 	}
-	r.requestID(ctx)
 	return false
 }
 
 // serveInfo answers the read-only endpoints.
 func (r *Router) serveInfo(ctx *fasthttp.RequestCtx, rt Route) {
-	r.requestID(ctx)
 	if !ctx.IsGet() && !ctx.IsHead() {
 		ctx.Response.Header.Set("Allow", "GET, HEAD")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "use GET for "+rt.Path(), openai.TypeInvalidRequest, "method_not_allowed")

@@ -42,7 +42,6 @@ type tokenizeRequest struct {
 // the engine's BOS policy). Without a router tokenizer both answer 501 with
 // code tokenizer_unavailable.
 func (r *Router) serveTokenize(ctx *fasthttp.RequestCtx, rt Route) {
-	r.requestID(ctx)
 	if !ctx.IsPost() {
 		ctx.Response.Header.Set("Allow", "POST")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "use POST for "+rt.Path(), openai.TypeInvalidRequest, "method_not_allowed")
