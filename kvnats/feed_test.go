@@ -12,23 +12,13 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/infera/infera/internal/natstest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvcache"
 	"github.com/infera/infera/kvnats"
 	"github.com/infera/infera/zmtp/zmtptest"
 )
 
 const bs = 4
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // engine is a stand-in engine's prompt: blocks of distinct tokens.
 type engine struct {
@@ -116,14 +106,14 @@ func TestRelayToFeed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "empty rank precise", func() bool { return !w.Approximate() })
+	testkit.Eventually(t, "empty rank precise", func() bool { return !w.Approximate() })
 
 	e := newEngine(t, 8, 1000)
 	p1, p2 := e.stored(0, 4), e.stored(4, 8)
 	pub.Publish(0, p1)
 	pub.Publish(1, p2)
 	rh := e.routerHashes()
-	eventually(t, "8 blocks indexed", func() bool { return idx.Match(w, rh) == 8 })
+	testkit.Eventually(t, "8 blocks indexed", func() bool { return idx.Match(w, rh) == 8 })
 
 	// Verbatim: the stream holds the engine's payloads byte for byte.
 	st, err := js.Stream(t.Context(), kvnats.StreamName)
@@ -145,7 +135,7 @@ func TestRelayToFeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := slices.Sorted(slices.Values(rh))
-	eventually(t, "view bucket", func() bool {
+	testkit.Eventually(t, "view bucket", func() bool {
 		en, err := kv.Get(t.Context(), kvnats.ViewKey(worker, 0))
 		if err != nil {
 			return false
@@ -160,7 +150,7 @@ func TestRelayToFeed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "restarted router converged", func() bool { return idx2.Match(w2, rh) == 8 && !w2.Approximate() })
+	testkit.Eventually(t, "restarted router converged", func() bool { return idx2.Match(w2, rh) == 8 && !w2.Approximate() })
 	if s, _ := feed2.Stats(key); s.Batches != 2 || s.Bad != 0 || s.Foreign != 0 {
 		t.Fatalf("restarted feed stats %+v", s)
 	}
@@ -215,12 +205,12 @@ func TestFeedOutage(t *testing.T) {
 		}
 	}
 	pubJS(e.stored(0, 3))
-	eventually(t, "3 blocks", func() bool { return idx.Match(w, rh) == 3 })
+	testkit.Eventually(t, "3 blocks", func() bool { return idx.Match(w, rh) == 3 })
 	srv.Pause()
 	time.Sleep(300 * time.Millisecond)
 	srv.Resume()
 	pubJS(e.stored(3, 6))
-	eventually(t, "6 blocks after the outage", func() bool { return idx.Match(w, rh) == 6 })
+	testkit.Eventually(t, "6 blocks after the outage", func() bool { return idx.Match(w, rh) == 6 })
 }
 
 // TestRelayOutage: batches the engine publishes while the NATS server is
@@ -249,14 +239,14 @@ func TestRelayOutage(t *testing.T) {
 	e := newEngine(t, 9, 7000)
 	rh := e.routerHashes()
 	pub.Publish(0, e.stored(0, 3))
-	eventually(t, "3 blocks", func() bool { return idx.Match(w, rh) == 3 })
+	testkit.Eventually(t, "3 blocks", func() bool { return idx.Match(w, rh) == 3 })
 	srv.Pause()
 	pub.Publish(1, e.stored(3, 6))
 	pub.Publish(2, e.stored(6, 9))
-	eventually(t, "the relay took both batches", func() bool { return relay.Stats().Received == 3 })
+	testkit.Eventually(t, "the relay took both batches", func() bool { return relay.Stats().Received == 3 })
 	time.Sleep(300 * time.Millisecond)
 	srv.Resume()
-	eventually(t, "9 blocks after the outage", func() bool { return idx.Match(w, rh) == 9 })
+	testkit.Eventually(t, "9 blocks after the outage", func() bool { return idx.Match(w, rh) == 9 })
 	if s := relay.Stats(); s.PublishFailures != 0 {
 		t.Fatalf("relay stats %+v", s)
 	}

@@ -17,20 +17,10 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/natstest"
 	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/natsreq"
 	"github.com/infera/infera/sim"
 )
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // startSim runs the simulated engine in-process; it returns its base URL.
 func startSim(t *testing.T, tweak func(*config.Sim)) string {
@@ -162,7 +152,7 @@ func TestExchange(t *testing.T) {
 				t.Fatalf("unknown model: %d %v %s", status, err, body)
 			}
 			if pending > 0 {
-				eventually(t, "backlog empty", func() bool { return p.cli.Admit(t.Context(), workerID) })
+				testkit.Eventually(t, "backlog empty", func() bool { return p.cli.Admit(t.Context(), workerID) })
 			}
 		})
 	}
@@ -194,7 +184,7 @@ func TestExchangeCancel(t *testing.T) {
 		t.Fatalf("after cancel: %v", err)
 	}
 	x.Close()
-	eventually(t, "the worker cancelled the engine request", func() bool { return p.srv.InFlight() == 0 })
+	testkit.Eventually(t, "the worker cancelled the engine request", func() bool { return p.srv.InFlight() == 0 })
 	for i := range natsreq.CancelResends {
 		m, err := cancels.NextMsg(5 * time.Second)
 		if err != nil || string(m.Data) != x.Inbox() {
@@ -217,7 +207,7 @@ func TestExchangeIdleTimeout(t *testing.T) {
 		t.Fatalf("hung engine: %v", err)
 	}
 	x.Close()
-	eventually(t, "the worker dropped the hung request", func() bool { return p.srv.InFlight() == 0 })
+	testkit.Eventually(t, "the worker dropped the hung request", func() bool { return p.srv.InFlight() == 0 })
 }
 
 // TestAdmissionAndDrain: with --nats-req-max-pending 1, a worker with one
@@ -240,7 +230,7 @@ func TestAdmissionAndDrain(t *testing.T) {
 	if f, err := x.Next(); err != nil || f.Type != natsreq.TypeData {
 		t.Fatalf("first frame %+v %v", f, err)
 	}
-	eventually(t, "backlog at the limit refuses", func() bool { return !p.cli.Admit(t.Context(), workerID) })
+	testkit.Eventually(t, "backlog at the limit refuses", func() bool { return !p.cli.Admit(t.Context(), workerID) })
 
 	p.srv.Stop(200 * time.Millisecond)
 	for {
