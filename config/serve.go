@@ -51,6 +51,9 @@ type Serve struct {
 	// RequestMaxRetries is how many other workers a request may be retried
 	// on while nothing of its answer has reached the client.
 	RequestMaxRetries int
+	// MigrationLimit is how many times a stream that breaks after its
+	// first event may be continued on another worker (0: never).
+	MigrationLimit int
 	// BreakerFailureThreshold consecutive faults open a worker's breaker
 	// for BreakerCooldown, doubled on each re-trip up to
 	// BreakerMaxCooldown.
@@ -349,6 +352,7 @@ func (s *Serve) Flags() []cli.Flag {
 		Int("max-conns-per-worker", "most concurrent connections (in-flight requests) to one worker", &s.MaxConnsPerWorker, 1024),
 		Duration("shutdown-timeout", "on SIGTERM, longest wait for in-flight requests before cutting them", &s.ShutdownTimeout, 30*time.Second),
 		Int("request-max-retries", "retries of a failed request on other workers, while nothing of its answer reached the client", &s.RequestMaxRetries, 1),
+		Int("migration-limit", "continuations of a stream that breaks after its first event (engine lost, drained, silent), each on another worker (0 = off: the stream ends with an error event)", &s.MigrationLimit, 3),
 		Int("breaker-failure-threshold", "consecutive faults (connect errors, 5xx, timeouts) that open a worker's circuit breaker", &s.BreakerFailureThreshold, 3),
 		Duration("breaker-cooldown", "first open period of a tripped breaker, doubled on each re-trip", &s.BreakerCooldown, 5*time.Second),
 		Duration("breaker-max-cooldown", "longest open period of a breaker", &s.BreakerMaxCooldown, 60*time.Second),
@@ -475,6 +479,9 @@ func serveCheckListen(hostPort string) string {
 func (s *Serve) validateResilience(p *Problems) {
 	if s.RequestMaxRetries < 0 || s.RequestMaxRetries > 16 {
 		p.Addf("--request-max-retries must be from 0 to 16")
+	}
+	if s.MigrationLimit < 0 || s.MigrationLimit > 16 {
+		p.Addf("--migration-limit must be from 0 to 16")
 	}
 	if s.BreakerFailureThreshold < 1 {
 		p.Addf("--breaker-failure-threshold must be positive")

@@ -24,6 +24,8 @@ import (
 type attempt struct {
 	rel  *relay
 	body []byte // what the worker gets (nil: the request's body)
+	// exact: the body is an exact continuation, for /v1/completions.
+	exact bool
 	// The body with the worker's cache hints (cachehints.go) and its
 	// scratch buffer, kept across attempts and requests.
 	hintBuf, hintTmp []byte
@@ -235,7 +237,11 @@ func (a *attempt) classify(err error) failReason {
 func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
 	r, ctx, w := rel.r, rel.ctx, a.ticket.Worker
 	req := fasthttp.AcquireRequest()
-	req.SetRequestURI(w.uri[rel.route])
+	route := rel.route
+	if a.exact {
+		route = RouteCompletions // an exact continuation (migrate.go)
+	}
+	req.SetRequestURI(w.uri[route])
 	req.Header.SetMethod(fasthttp.MethodPost)
 	if ct := ctx.Request.Header.ContentType(); len(ct) > 0 {
 		req.Header.SetContentTypeBytes(ct)
@@ -271,6 +277,7 @@ func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
 				body = a.hintBuf
 			}
 		}
+		body = rel.askIDs(a, body) // migrate.go
 	}
 	req.SetBodyRaw(body)
 	return req

@@ -36,6 +36,7 @@ func ServeConfig(s config.Serve) Config {
 		ShutdownTimeout:   s.ShutdownTimeout,
 
 		MaxRetries:           s.RequestMaxRetries,
+		MigrationLimit:       s.MigrationLimit,
 		BreakerThreshold:     s.BreakerFailureThreshold,
 		BreakerCooldown:      s.BreakerCooldown,
 		BreakerMaxCool:       s.BreakerMaxCooldown,

@@ -77,6 +77,14 @@
 // connection — that is how a client leaving a silent stream frees the
 // engine's sequence.
 //
+// # Stream continuation
+//
+// A stream that breaks after its first event (migrate.go) is continued on
+// another worker, up to Config.MigrationLimit times: failover runs a
+// continuation leg (tryContinue) built by the continuation package from
+// what the client already got; the relay observes and strips the token ids
+// it asked the engine for in the pump's transform (trackedEvent).
+//
 // # Stalled workers and departed clients
 //
 // Every upstream read stamps its worker's progress (atomics, no

@@ -36,6 +36,7 @@ type metrics struct {
 	breakerTrips *prometheus.CounterVec
 	stalls       *prometheus.CounterVec // confirmed stalls by worker
 	pd           *pdMetrics             // disaggregated serving (pdmetrics.go)
+	mig          *migrationMetrics      // stream continuation (migrate.go)
 }
 
 // failReason says why an attempt on a worker failed.
@@ -168,6 +169,7 @@ func newMetrics() *metrics {
 		retries, failures, timeouts, rejected, m.disconnects, m.breakerTrips, m.stalls)
 	m.reg.MustRegister(m.newInferaMetrics()...)
 	m.pd = newPDMetrics(m.reg)
+	m.mig = newMigrationMetrics(m.reg)
 	for i := range numReasons {
 		m.retries[i] = retries.WithLabelValues(reasonLabels[i])
 		m.failures[i] = failures.WithLabelValues(reasonLabels[i])

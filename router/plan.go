@@ -16,7 +16,8 @@ import (
 //     protocol table says (pdTry, pd.go)
 //
 // A failed plan is replaced by another on workers the request has not
-// tried (failover), by one loop (failover) under one retry predicate
+// tried (failover); a stream that breaks after its first event is
+// continued by a continuation leg (migrate.go), by one loop (failover) under one retry predicate
 // (retryable); every attempt ends in endAttempt (attempt.go), the one place
 // that records its outcome (metrics, policy ticket, admission slot,
 // breaker verdict), and the request in Router.finish.
@@ -77,6 +78,9 @@ func (rel *relay) retryable(err error) bool {
 	if !rel.refreshModel() {
 		return false
 	}
+	if rel.firstByte {
+		return rel.canContinue() // migrate.go
+	}
 	c := rel.model
 	if rel.pd != nil {
 		if rel.streaming {
@@ -116,6 +120,9 @@ func (rel *relay) giveUp(err error) {
 // With the status line already out (a stream replacing one that failed
 // before its first event), only an event stream settles.
 func (rel *relay) tryMixed() (bool, error) {
+	if rel.firstByte {
+		return rel.tryContinue() // migrate.go
+	}
 	a := &rel.att
 	resumed := rel.streaming
 	if err := rel.begin(a, !resumed && rel.attempts == 0); err != nil {
@@ -142,22 +149,7 @@ func (rel *relay) tryMixed() (bool, error) {
 	}
 	a.status = resp.StatusCode()
 	if resumed {
-		if a.status < 300 && isEventStream(resp.Header.ContentType()) && resp.BodyStream() != nil {
-			rel.status = a.status
-			rel.attach(a, resp)
-			return true, nil
-		}
-		why, err, v := reasonUpstreamError, errNotEventFeed, verdictFault
-		switch {
-		case a.status >= 500:
-			why, err = reasonStatus5xx, errStatus5xx
-		case a.status >= 400:
-			v = verdictNeutral
-		}
-		a.dropResponse(resp)
-		a.fail(why, err)
-		rel.endAttempt(a, a.status, err, v)
-		return false, err
+		return rel.takeStream(a, resp)
 	}
 	if a.status >= 500 {
 		a.fail(reasonStatus5xx, errStatus5xx)
@@ -175,6 +167,27 @@ func (rel *relay) tryMixed() (bool, error) {
 	}
 	a.fail(a.classify(err), err)
 	rel.endAttempt(a, 0, err, verdictFault)
+	return false, err
+}
+
+// takeStream attaches resp, the answer of attempt a, as the stream that
+// replaces a failed or broken one (settled), or ends a with why it cannot:
+// an answer that is not an event stream.
+func (rel *relay) takeStream(a *attempt, resp *fasthttp.Response) (bool, error) {
+	if a.status < 300 && isEventStream(resp.Header.ContentType()) && resp.BodyStream() != nil {
+		rel.attach(a, resp)
+		return true, nil
+	}
+	why, err, v := reasonUpstreamError, errNotEventFeed, verdictFault
+	switch {
+	case a.status >= 500:
+		why, err = reasonStatus5xx, errStatus5xx
+	case a.status >= 400:
+		v = verdictNeutral
+	}
+	a.dropResponse(resp)
+	a.fail(why, err)
+	rel.endAttempt(a, a.status, err, v)
 	return false, err
 }
 

@@ -68,6 +68,11 @@ type relay struct {
 	xlate      anthropic.Stream
 	xlateEvent func(dst, ev []byte) []byte
 
+	// mig is a stream's continuation state (migrate.go); trackEvent its
+	// Tracker as the pump's transform, bound once per pooled relay.
+	mig        migration
+	trackEvent func(dst, ev []byte) []byte
+
 	watch  clientWatch // a unary request's client, while its answer is awaited (unary.go)
 	att    attempt     // the attempt whose answer is relayed
 	pd     *pdRequest  // a disaggregated request's prefill leg (pd.go); nil: none
@@ -94,6 +99,7 @@ var relayPool = sync.Pool{New: func() any {
 		pump: eventPump{buf: make([]byte, relayBufSize)},
 	}
 	rel.xlateEvent = rel.xlate.Event
+	rel.trackEvent = rel.trackedEvent
 	rel.att.x = new(upstream.Exchange)
 	rel.watch.init()
 	return rel
@@ -118,8 +124,9 @@ func (rel *relay) reset() {
 	tried, cands := rel.tried[:0], rel.sub.Workers[:0]
 	hintBuf, hintTmp, x := rel.att.hintBuf[:0], rel.att.hintTmp[:0], rel.att.x
 	xlate, xlateEvent := rel.xlate, rel.xlateEvent
+	mig, trackEvent := rel.mig.reuse(), rel.trackEvent
 	timer := rel.watch.timer
-	*rel = relay{id: id, pump: pump, tried: tried, reqBuf: reqBuf, xlate: xlate, xlateEvent: xlateEvent}
+	*rel = relay{id: id, pump: pump, tried: tried, reqBuf: reqBuf, xlate: xlate, xlateEvent: xlateEvent, mig: mig, trackEvent: trackEvent}
 	rel.att.hintBuf, rel.att.hintTmp, rel.att.x = hintBuf, hintTmp, x
 	rel.watch.timer = timer
 	rel.sub.Workers = cands
@@ -187,8 +194,9 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte) {
 		r.finish(rel, outcomeModelNotFound, fasthttp.StatusNotFound)
 		return
 	}
+	rel.ctx, rel.body, rel.model = ctx, body, c
+	rel.startMigration()
 	if c.disaggregated() {
-		rel.ctx, rel.body, rel.model = ctx, body, c
 		rel.servePD()
 		return
 	}
@@ -197,7 +205,6 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte) {
 		r.finish(rel, outcomeNoWorker, fasthttp.StatusServiceUnavailable)
 		return
 	}
-	rel.ctx, rel.body, rel.model = ctx, body, c
 	if !rel.scan.Stream {
 		rel.watch.start(ctx.Conn(), rel.att.x)
 	}
@@ -251,6 +258,7 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 var (
 	errStatus5xx    = errors.New("worker answered 5xx")
 	errStreamEnded  = errors.New("worker stream ended before its first event")
+	errStreamCut    = errors.New("worker stream ended without its end marker")
 	errNotEventFeed = errors.New("retried worker did not answer with an event stream")
 )
 

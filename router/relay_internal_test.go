@@ -156,6 +156,41 @@ func TestRelayWriteToAllocs(t *testing.T) {
 	}
 }
 
+// TestRelayWriteToTrackedAllocs: a stream tracked for continuation (ids
+// asked of the engine, observed and stripped from every event) relays
+// without allocating per event either.
+func TestRelayWriteToTrackedAllocs(t *testing.T) {
+	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := []byte("data: {\"id\":\"chatcmpl-8c1f\",\"object\":\"chat.completion.chunk\",\"created\":1730000000,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"token_ids\":[1234],\"finish_reason\":null}]}\n\n")
+	const events = 1000
+	stream := append(bytes.Repeat(ev, events), "data: [DONE]\n\n"...)
+	var out bytes.Buffer
+	src := &eofReader{}
+	rel := testRelay(r, relayBufSize)
+	rel.trackEvent = rel.trackedEvent
+	rel.mig.on = true
+	run := func() {
+		out.Reset()
+		rel.mig.track.Reset(true)
+		src.data, src.size = stream, len(ev)
+		rel.att.src, rel.done, rel.firstByte = src, false, false
+		rel.pump.transform = rel.trackEvent
+		if _, err := rel.WriteTo(&out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run()
+	if bytes.Contains(out.Bytes(), []byte("token_ids")) || len(rel.mig.track.OutIDs) != events {
+		t.Fatalf("tracked stream: ids not stripped, or %d of %d output ids seen", len(rel.mig.track.OutIDs), events)
+	}
+	if n := testing.AllocsPerRun(20, run); n != 0 {
+		t.Fatalf("relaying %d tracked events allocates %.1f times, want 0", events, n)
+	}
+}
+
 // testRelay is a relay of a 200 chat stream, outside the pool.
 func testRelay(r *Router, bufSize int) *relay {
 	rel := &relay{r: r, route: RouteChatCompletions, dialect: r.dialects[RouteChatCompletions],

@@ -36,15 +36,17 @@ func metric(t *testing.T, tr *testRouter, series string) float64 {
 	return -1
 }
 
-// prefer picks the worker with id first when it is a candidate, else the
-// first candidate: it fixes which worker a test's first attempt hits.
-type prefer struct{ first string }
+// prefer picks the first candidate in its order of worker ids (else the
+// first candidate): it fixes which worker a test's attempts hit, in turn.
+type prefer []string
 
 func (p prefer) Name() string { return "prefer" }
 func (p prefer) Pick(_ *router.PickInput, c *router.Candidates) (router.Ticket, error) {
-	for _, w := range c.Workers {
-		if w.ID() == p.first {
-			return router.Ticket{Worker: w}, nil
+	for _, id := range p {
+		for _, w := range c.Workers {
+			if w.ID() == id {
+				return router.Ticket{Worker: w}, nil
+			}
 		}
 	}
 	return router.Ticket{Worker: c.Workers[0]}, nil

@@ -34,6 +34,7 @@ type Config struct {
 
 	// Failover and circuit breaking.
 	MaxRetries       int           // retries on other workers before the first byte; 0: no failover
+	MigrationLimit   int           // continuations of a broken stream on other workers; 0: none
 	BreakerThreshold int           // consecutive faults that open a breaker
 	BreakerCooldown  time.Duration // first open period
 	BreakerMaxCool   time.Duration // longest open period
@@ -418,10 +419,7 @@ func (r *Router) allowed(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) boo
 	default:
 		return true
 	}
-	if r.authorized(ctx, ks, rt) {
-		return true
-	}
-	return false
+	return r.authorized(ctx, ks, rt)
 }
 
 // serveInfo answers the read-only endpoints.

@@ -62,7 +62,7 @@ func workerStalled(t *testing.T, tr *testRouter, id string) bool {
 func TestStallFrozenWorker(t *testing.T) {
 	frozen, thaw := frozenUpstream(t)
 	healthy := namedSSE(t, "healthy", 3)
-	tr := startRouter(t, prefer{first: frozen.addr}, withConfig(func(c *router.Config) {
+	tr := startRouter(t, prefer{frozen.addr}, withConfig(func(c *router.Config) {
 		c.StallWindow = 300 * time.Millisecond
 		c.StallProbeInterval = 100 * time.Millisecond
 		c.MaxRetries = 1
@@ -109,7 +109,7 @@ func TestStallFrozenWorker(t *testing.T) {
 func TestStallOff(t *testing.T) {
 	frozen, _ := frozenUpstream(t)
 	healthy := namedSSE(t, "healthy", 1)
-	tr := startRouter(t, prefer{first: frozen.addr}, withConfig(func(c *router.Config) {
+	tr := startRouter(t, prefer{frozen.addr}, withConfig(func(c *router.Config) {
 		c.StallWindow = 0
 		c.TTFTTimeout = 1500 * time.Millisecond
 		c.MaxRetries = 1

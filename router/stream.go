@@ -16,8 +16,13 @@ func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
 	a.resp, a.src = resp, a.x
 	rel.pump.transform = rel.dialect.event
 	if rel.dialect.stream {
-		rel.xlate.Reset()
+		if !rel.firstByte {
+			rel.xlate.Reset() // a continuation goes on with the client's stream
+		}
 		rel.pump.transform = rel.xlateEvent
+	}
+	if rel.mig.on {
+		rel.pump.transform = rel.trackEvent // migrate.go: then the dialect's
 	}
 	if c := a.x.Conn(); c != nil {
 		a.conn = c
@@ -154,7 +159,7 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		if rerr == nil {
 			continue
 		}
-		if rerr == io.EOF && (rel.firstByte || rel.pump.n > 0) {
+		if rerr == io.EOF && (rel.firstByte || rel.pump.n > 0) && rel.streamComplete() {
 			// A last event without its blank line goes out as it is.
 			k, err := rel.pump.flush(w)
 			total += int64(k)
@@ -166,21 +171,30 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 			return total, nil
 		}
 		why := reasonStreamEnded
-		if rerr == io.EOF {
+		switch {
+		case rerr == io.EOF && rel.firstByte:
+			rerr = errStreamCut
+		case rerr == io.EOF:
 			rerr = errStreamEnded
-		} else {
+		default:
 			why = a.classify(rerr)
 		}
 		if rel.firstByte && why == reasonUpstreamError {
 			why = reasonStreamError
 		}
+		if rel.firstByte {
+			rel.mig.broken = a.ticket.Worker
+		}
 		rel.closeUpstream(a)
 		a.fail(why, rerr)
 		rel.endAttempt(a, a.status, rerr, verdictFault)
-		if !rel.firstByte {
-			if ok, _ := rel.failover(rerr); ok {
-				continue
-			}
+		// Before the first event: another worker's stream; after it: a
+		// continuation (migrate.go), when the stream may be continued.
+		if ok, _ := rel.failover(rerr); ok {
+			continue
+		}
+		if rel.firstByte {
+			rel.migrationFailed()
 		}
 		rel.outcome, rel.err = outcomeStreamError, rel.lastErr
 		k, err := w.Write(rel.errorEvent())

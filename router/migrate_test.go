@@ -1,0 +1,216 @@
+package router_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/router"
+	"github.com/infera/infera/sim"
+)
+
+// startDyingSim runs a simulator of flavor that "crashes" after streaming
+// dieAfter tokens in total (0: never): its streams are cut without their
+// end, as a killed engine's; the process stays (the exit is a no-op).
+func startDyingSim(t *testing.T, flavor string, dieAfter int64) discovery.Record {
+	t.Helper()
+	cfg := config.DefaultSim()
+	cfg.Port = 0
+	cfg.Flavor = flavor
+	cfg.DieAfterTokens = dieAfter
+	s, err := sim.New(cfg, zerolog.Nop(), sim.WithExit(func(int) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &upstream{addr: servetest.Loopback(t, "sim", s.Serve)}
+	rec := simRecord(u)
+	rec.Engine, rec.RealEngine = flavor, "sim"
+	return rec
+}
+
+// streamText sends a streaming request and returns the text the client
+// read, its finish reason, whether an error event came, and the raw body.
+func streamText(t *testing.T, tr *testRouter, path, body string) (text, finish string, errored bool, raw string) {
+	t.Helper()
+	resp, b := tr.do(t, http.MethodPost, path, body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
+	}
+	raw = string(b)
+	var sb strings.Builder
+	for line := range strings.SplitSeq(raw, "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var c struct {
+			Error   json.RawMessage
+			Type    string
+			Delta   struct{ Text string }
+			Choices []struct {
+				Text         string
+				Delta        struct{ Content string }
+				FinishReason *string `json:"finish_reason"`
+			}
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Fatalf("chunk %s: %v", data, err)
+		}
+		if len(c.Error) > 0 || c.Type == "error" {
+			errored = true
+		}
+		sb.WriteString(c.Delta.Text) // Anthropic content_block_delta
+		for _, ch := range c.Choices {
+			sb.WriteString(ch.Text + ch.Delta.Content)
+			if ch.FinishReason != nil {
+				finish = *ch.FinishReason
+			}
+		}
+	}
+	return sb.String(), finish, errored, raw
+}
+
+func migrationConfig(limit int) router.Config {
+	cfg := router.DefaultConfig()
+	cfg.MigrationLimit = limit
+	return cfg
+}
+
+const (
+	contChat        = `{"model":"sim-model","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"Tell me a long story about routers"}]}`
+	contCompletions = `{"model":"sim-model","stream":true,"max_tokens":40,"prompt":"Once upon a time in a data center"}`
+)
+
+// TestContinuationExact: a vLLM-shaped stream cut mid-way is continued on
+// another worker from the prompt's and output's token ids: the client reads
+// the text of an unbroken run, one finish, no error event, no id field, and
+// only chat chunks on chat; the continuation is counted.
+func TestContinuationExact(t *testing.T) {
+	for _, c := range []struct{ path, body, object string }{
+		{"/v1/chat/completions", contChat, `"object":"chat.completion.chunk"`},
+		{"/v1/completions", contCompletions, `"object":"text_completion"`},
+	} {
+		t.Run(c.path, func(t *testing.T) {
+			healthy := startDyingSim(t, config.FlavorVLLM, 0)
+			want, wantFinish, _, _ := streamText(t, startRouter(t, router.RoundRobin{}, router.DefaultConfig(), healthy), c.path, c.body)
+
+			dying := startDyingSim(t, config.FlavorVLLM, 7)
+			tr := startRouter(t, prefer{dying.WorkerID, healthy.WorkerID}, migrationConfig(3), dying, healthy)
+			got, finish, errored, raw := streamText(t, tr, c.path, c.body)
+			if errored || got != want || finish != wantFinish {
+				t.Fatalf("continued stream: text %q finish %q error %v, want %q %q\n%s", got, finish, errored, want, wantFinish, raw)
+			}
+			for _, f := range []string{`"token_ids"`, `"prompt_token_ids"`, `"sglext"`} {
+				if strings.Contains(raw, f) {
+					t.Fatalf("the client saw %s:\n%s", f, raw)
+				}
+			}
+			for line := range strings.SplitSeq(raw, "\n") {
+				if strings.HasPrefix(line, "data: {") && !strings.Contains(line, c.object) {
+					t.Fatalf("the client saw a chunk of another kind: %s", line)
+				}
+			}
+			if n := metric(t, tr, `infera_migrations_total{reason="stream_broken"}`); n != 1 {
+				t.Fatalf("infera_migrations_total{stream_broken} = %v, want 1", n)
+			}
+		})
+	}
+}
+
+// TestContinuationBreaksAgain: a continuation that breaks in turn is
+// continued again (exactly, from the ids both legs delivered).
+func TestContinuationBreaksAgain(t *testing.T) {
+	healthy := startDyingSim(t, config.FlavorVLLM, 0)
+	want, _, _, _ := streamText(t, startRouter(t, router.RoundRobin{}, router.DefaultConfig(), healthy), "/v1/chat/completions", contChat)
+	first, second := startDyingSim(t, config.FlavorVLLM, 5), startDyingSim(t, config.FlavorVLLM, 9)
+	tr := startRouter(t, prefer{first.WorkerID, second.WorkerID, healthy.WorkerID}, migrationConfig(3), first, second, healthy)
+	got, _, errored, raw := streamText(t, tr, "/v1/chat/completions", contChat)
+	if errored || got != want {
+		t.Fatalf("twice continued: %q (error %v), want %q\n%s", got, errored, want, raw)
+	}
+	if n := metric(t, tr, `infera_migrations_total{reason="stream_broken"}`); n != 2 {
+		t.Fatalf("migrations %v, want 2", n)
+	}
+}
+
+// TestContinuationLimit: past --migration-limit a broken stream ends with
+// the error event, counted as a failed migration (limit); with the limit
+// at 0 nothing is tracked or counted.
+func TestContinuationLimit(t *testing.T) {
+	first, second, third := startDyingSim(t, config.FlavorVLLM, 5), startDyingSim(t, config.FlavorVLLM, 9), startDyingSim(t, config.FlavorVLLM, 0)
+	order := prefer{first.WorkerID, second.WorkerID, third.WorkerID}
+	tr := startRouter(t, order, migrationConfig(1), first, second, third)
+	_, _, errored, raw := streamText(t, tr, "/v1/chat/completions", contChat)
+	if !errored {
+		t.Fatalf("a stream broken twice with --migration-limit 1 ended without an error event:\n%s", raw)
+	}
+	if n := metric(t, tr, `infera_migrations_failed_total{reason="limit"}`); n != 1 {
+		t.Fatalf("failed migrations (limit) %v, want 1", n)
+	}
+	// Off: the broken stream ends with the error event, nothing is
+	// asked of the engine, nothing counted.
+	d0, h0 := startDyingSim(t, config.FlavorVLLM, 5), startDyingSim(t, config.FlavorVLLM, 0)
+	off := startRouter(t, prefer{d0.WorkerID, h0.WorkerID}, migrationConfig(0), d0, h0)
+	_, _, errored, raw = streamText(t, off, "/v1/chat/completions", contChat)
+	if !errored || strings.Contains(raw, "token_ids") {
+		t.Fatalf("--migration-limit 0: a broken stream did not end with the error event, or ids were asked:\n%s", raw)
+	}
+	for _, r := range []string{"limit", "poisoned", "no_candidate", "no_first_byte"} {
+		if n := metric(t, off, `infera_migrations_failed_total{reason="`+r+`"}`); n != 0 {
+			t.Fatalf("--migration-limit 0 counted a failed migration (%s): %v", r, n)
+		}
+	}
+}
+
+// TestContinuationPoisoned: a request that is never continued (n > 1)
+// ends with today's error event when its engine dies.
+func TestContinuationPoisoned(t *testing.T) {
+	dying, healthy := startDyingSim(t, config.FlavorVLLM, 5), startDyingSim(t, config.FlavorVLLM, 0)
+	tr := startRouter(t, prefer{dying.WorkerID, healthy.WorkerID}, migrationConfig(3), dying, healthy)
+	body := strings.Replace(contChat, `"stream":true`, `"stream":true,"n":2`, 1)
+	_, _, errored, raw := streamText(t, tr, "/v1/chat/completions", body)
+	if !errored {
+		t.Fatalf("an n=2 stream was continued:\n%s", raw)
+	}
+	if n := metric(t, tr, `infera_migrations_total{reason="stream_broken"}`); n != 0 {
+		t.Fatalf("migrations %v, want 0", n)
+	}
+}
+
+// TestContinuationText: engines that give no ids (ATOM and the like) are
+// continued on the text path: the stream ends with a finish and no error.
+func TestContinuationText(t *testing.T) {
+	dying, healthy := startDyingSim(t, config.FlavorVLLM, 6), startDyingSim(t, config.FlavorVLLM, 0)
+	dying.Engine, healthy.Engine = discovery.EngineATOM, discovery.EngineATOM
+	tr := startRouter(t, prefer{dying.WorkerID, healthy.WorkerID}, migrationConfig(3), dying, healthy)
+	for _, c := range []struct{ path, body string }{{"/v1/chat/completions", contChat}, {"/v1/completions", contCompletions}} {
+		got, finish, errored, raw := streamText(t, tr, c.path, c.body)
+		if errored || finish == "" || got == "" {
+			t.Fatalf("%s: text continuation: %q finish %q error %v\n%s", c.path, got, finish, errored, raw)
+		}
+		if strings.Contains(raw, "token_ids") {
+			t.Fatalf("%s: ids asked of an engine that takes none:\n%s", c.path, raw)
+		}
+	}
+}
+
+// TestContinuationAnthropic: an Anthropic Messages stream continues too
+// (the dialect translates the continued OpenAI stream): the client reads
+// the unbroken text and one message_stop, no error event.
+func TestContinuationAnthropic(t *testing.T) {
+	const body = `{"model":"sim-model","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"Tell me a long story about routers"}]}`
+	healthy := startDyingSim(t, config.FlavorVLLM, 0)
+	want, _, _, _ := streamText(t, startRouter(t, router.RoundRobin{}, router.DefaultConfig(), healthy), "/v1/messages", body)
+	dying := startDyingSim(t, config.FlavorVLLM, 7)
+	tr := startRouter(t, prefer{dying.WorkerID, healthy.WorkerID}, migrationConfig(3), dying, healthy)
+	got, _, errored, raw := streamText(t, tr, "/v1/messages", body)
+	if errored || got != want || strings.Count(raw, "event: message_stop") != 1 || strings.Count(raw, "event: message_start") != 1 {
+		t.Fatalf("continued Anthropic stream: %q (error %v), want %q\n%s", got, errored, want, raw)
+	}
+}
