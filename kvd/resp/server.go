@@ -185,6 +185,7 @@ type conn struct {
 	out    []byte
 	sc     kvd.Scratch
 	set    kvd.SetArgs
+	mset   kvd.SetManyArgs
 	authed bool
 	quit   bool
 	name   []byte
@@ -401,10 +402,15 @@ func (cn *conn) dispatch(args [][]byte) {
 			cn.out = appendErr(cn.out, "wrong number of arguments for 'mset' command")
 			return
 		}
-		for i := 1; i < len(args); i += 2 {
-			if !cn.store(args[i], args[i+1], 0, false) {
-				return
-			}
+		// All or nothing, as in Redis (where MSET is refused whole at
+		// maxmemory): a pair kvd cannot store leaves every key as it was.
+		m := &cn.mset
+		m.Model, m.CompatKey, m.Pairs, m.Retention = cn.s.model, cn.s.compt, args[1:], cn.s.ret
+		ok, reason := cn.s.st.SetMany(m)
+		m.Pairs = nil
+		if !ok {
+			cn.refused(reason)
+			return
 		}
 		cn.out = append(cn.out, replyOK...)
 	case cmdExists:
@@ -592,9 +598,15 @@ func (cn *conn) store(key, value []byte, ttlMs int64, hasTTL bool) bool {
 		a.TTL, a.HasTTL = float64(ttlMs)/1000, true
 	}
 	ok, reason := cn.s.st.Set(a)
-	if ok {
-		return true
+	if !ok {
+		cn.refused(reason)
 	}
+	return ok
+}
+
+// refused answers a value kvd would not store, with Redis's OOM error
+// for memory and kvd's reason otherwise.
+func (cn *conn) refused(reason string) {
 	switch reason {
 	case kvd.ReasonDisplaceHigher:
 		cn.out = append(cn.out, replyOOMHeld...)
@@ -605,7 +617,6 @@ func (cn *conn) store(key, value []byte, ttlMs int64, hasTTL bool) bool {
 	default:
 		cn.out = appendErr(cn.out, "kvd refused the value: "+reason)
 	}
-	return false
 }
 
 const (
