@@ -25,7 +25,8 @@ type listener struct {
 }
 
 // startListener runs a RESP Server over a fresh Store (a 64 MiB arena
-// with 2 MiB slots, larger values inline).
+// with 2 MiB slots, larger values inline). opt.Log is as given (the zero
+// Logger writes nothing).
 func startListener(t testing.TB, opt Options, storeOpt func(*kvd.StoreOptions)) *listener {
 	t.Helper()
 	a, _, err := kvd.OpenArena(64<<20, false, false)
@@ -40,7 +41,6 @@ func startListener(t testing.TB, opt Options, storeOpt func(*kvd.StoreOptions)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	opt.Log = zerolog.Nop()
 	srv, err := NewServer(st, opt)
 	if err != nil {
 		t.Fatal(err)
