@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/internal/testkit"
@@ -21,8 +22,14 @@ const outputLogMsg = "resp client disconnected over its output buffer limit"
 // clients are served meanwhile, and once its socket has taken nothing for
 // OutputTimeout it is disconnected, counted and logged.
 func TestClientNotReadingIsBounded(t *testing.T) {
+	for _, mode := range []string{"loop", "goroutine"} {
+		t.Run(mode, func(t *testing.T) { testClientNotReading(t, mode == "goroutine") })
+	}
+}
+
+func testClientNotReading(t *testing.T, plain bool) {
 	var sink testkit.LogSink
-	l := startListener(t, Options{OutputTimeout: 2 * time.Second, Log: zerolog.New(&sink)}, nil)
+	l := startListenerMode(t, Options{OutputTimeout: 2 * time.Second, Log: zerolog.New(&sink)}, nil, plain)
 	ping := dialRaw(t, l.addr)
 	if got := ping.do(encode("SET", "v", strings.Repeat("x", 1<<20))); string(got) != "+OK\r\n" {
 		t.Fatalf("SET: %q", got)
@@ -64,7 +71,13 @@ func TestClientNotReadingIsBounded(t *testing.T) {
 // of a pipeline whose replies are far larger than the output limit (its
 // later requests wait for the earlier replies instead).
 func TestPipelinedLargeRepliesServed(t *testing.T) {
-	l := startListener(t, Options{MaxOutputBytes: 4 << 20}, nil)
+	for _, mode := range []string{"loop", "goroutine"} {
+		t.Run(mode, func(t *testing.T) { testPipelinedLarge(t, mode == "goroutine") })
+	}
+}
+
+func testPipelinedLarge(t *testing.T, plain bool) {
+	l := startListenerMode(t, Options{MaxOutputBytes: 4 << 20}, nil, plain)
 	c := dialRaw(t, l.addr)
 	val := strings.Repeat("y", 1<<20)
 	c.do(encode("SET", "v", val))
@@ -117,5 +130,22 @@ func TestMGetOverOutputLimit(t *testing.T) {
 	}
 	if n := len(sink.Find(t, outputLogMsg)); n != 1 {
 		t.Fatalf("%d disconnect log lines, want 1", n)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(l.srv.Collector())
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() == "infera_kvd_resp_output_disconnects_total" {
+			for _, m := range f.GetMetric() {
+				got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if got["limit"] != 1 || got["stalled"] != 0 || len(got) != 2 {
+		t.Fatalf("infera_kvd_resp_output_disconnects_total: %v", got)
 	}
 }
