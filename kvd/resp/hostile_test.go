@@ -36,10 +36,11 @@ func TestHugeBulkHeaderCostsWhatArrived(t *testing.T) {
 	}
 }
 
-// TestDrippedMultibulk: a request of 100,000 tiny arguments sent a few
-// bytes at a time is parsed as it arrives (not from its start on every
-// read), answered correctly, and another client's PING keeps answering
-// meanwhile.
+// TestDrippedMultibulk: a request of 100,000 tiny arguments sent 4 KiB
+// at a time over a real socket is answered correctly, and another
+// client's PING keeps answering meanwhile. That its parse is incremental
+// is TestDrippedMultibulkParsedIncrementally; the PING latency is
+// BenchmarkPingWhileDripping (a figure, not asserted here).
 func TestDrippedMultibulk(t *testing.T) {
 	l := startListener(t, Options{}, nil)
 	const n = 100_000
@@ -66,7 +67,6 @@ func TestDrippedMultibulk(t *testing.T) {
 		done <- nil
 	}()
 	ping := dialRaw(t, l.addr)
-	var worst time.Duration
 	for sent := false; !sent; {
 		select {
 		case err := <-done:
@@ -76,16 +76,9 @@ func TestDrippedMultibulk(t *testing.T) {
 			sent = true
 		default:
 		}
-		t0 := time.Now()
 		if got := ping.do(encode("PING")); string(got) != "+PONG\r\n" {
 			t.Fatalf("PING: %q", got)
 		}
-		worst = max(worst, time.Since(t0))
-	}
-	// Generous for a shared CI machine: the quadratic re-parse made this
-	// hundreds of milliseconds per PING.
-	if worst > time.Second {
-		t.Errorf("slowest PING while a multibulk dripped: %v", worst)
 	}
 	r := &rconn{t: t, c: slow, r: bufio.NewReader(slow)}
 	if got := r.read(); string(got) != ":0\r\n" {
