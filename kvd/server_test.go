@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/internal/testkit"
 )
 
 var ns = Namespace{Model: "m", CompatKey: "tp0of1"}
@@ -370,13 +371,7 @@ func TestLeasesCancelledOnDisconnect(t *testing.T) {
 	c.Close()
 	// The server cancels the leases when it sees the connection close;
 	// wait for that through the public counters.
-	deadline := time.Now().Add(10 * time.Second)
-	for d.store.Counters().LeasesActive != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("leases survived their connection")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.Eventually(t, "the leases cancelled with their connection", func() bool { return d.store.Counters().LeasesActive == 0 })
 	if l, _ := other.Reserve(1000); l.Token == 0 {
 		t.Fatalf("slots not freed: %+v", l)
 	}
@@ -441,15 +436,13 @@ func TestListenRejectsLongPath(t *testing.T) {
 func TestAcceptSurvivesFDExhaustion(t *testing.T) {
 	d := startDaemon(t, daemonOpts{})
 	servetest.ExhaustFDs(t, func() (io.Closer, error) { return net.Dial("unix", d.path) })
-	var err error
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		var c *Client
-		if c, err = Dial(context.Background(), d.path, ClientOptions{ClientID: t.Name()}); err == nil {
+	testkit.Eventually(t, "kvd serving after fd exhaustion", func() bool {
+		c, err := Dial(context.Background(), d.path, ClientOptions{ClientID: t.Name()})
+		if err == nil {
 			c.Close()
-			return
 		}
-	}
-	t.Fatalf("kvd not serving after fd exhaustion: %v", err)
+		return err == nil
+	})
 }
 
 func TestMaxConns(t *testing.T) {
@@ -514,11 +507,7 @@ func TestLeaseCapPerConnection(t *testing.T) {
 	if _, err := hog.Reserve(1000); err == nil {
 		t.Fatal("a connection silent past its lease deadline was kept")
 	}
-	for deadline := time.Now().Add(5 * time.Second); d.store.Counters().LeasesCancelled < 3; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("leases cancelled %d, want 3", d.store.Counters().LeasesCancelled)
-		}
-	}
+	testkit.Eventually(t, "3 leases cancelled", func() bool { return d.store.Counters().LeasesCancelled >= 3 })
 	if d.srv.LeasesRefused.Load() != 1 {
 		t.Fatalf("refused %d", d.srv.LeasesRefused.Load())
 	}
