@@ -37,6 +37,7 @@ func testClientNotReading(t *testing.T, plain bool) {
 	var before runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
+	rss0 := rssBytes(t)
 
 	c, err := net.Dial("tcp", l.addr)
 	if err != nil {
@@ -49,6 +50,7 @@ func testClientNotReading(t *testing.T, plain bool) {
 		t.Fatal(err)
 	}
 	var peak uint64
+	var peakRSS int64
 	testkit.Eventually(t, "the non-reading client disconnected", func() bool {
 		if got := ping.do(encode("PING")); string(got) != "+PONG\r\n" {
 			t.Fatalf("PING while a client does not read: %q", got)
@@ -56,10 +58,14 @@ func testClientNotReading(t *testing.T, plain bool) {
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
 		peak = max(peak, m.HeapInuse)
+		peakRSS = max(peakRSS, rssBytes(t))
 		return l.srv.C.OutputStalled.Load() == 1
 	})
 	if grew := int64(peak) - int64(before.HeapInuse); grew > 64<<20 {
 		t.Fatalf("heap grew by %d MB for a client that does not read", grew>>20)
+	}
+	if grew := peakRSS - rss0; grew > 64<<20 {
+		t.Fatalf("RSS grew by %d MB for a client that does not read", grew>>20)
 	}
 	if n := len(sink.Find(t, outputLogMsg)); n != 1 {
 		t.Fatalf("%d disconnect log lines, want 1:\n%s", n, sink.String())
