@@ -149,7 +149,7 @@ func (k *KVD) Flags() []cli.Flag {
 		Duration("resp-output-timeout", "a RESP client that takes none of its waiting replies for this long is disconnected (one that sends and does not read); 0 = never", &k.RESPOutputTimeout, time.Minute),
 		Int("resp-max-clients", "open RESP connections allowed (Redis's maxclients); one more gets -ERR max number of clients reached and is closed", &k.RESPMaxClients, 10000),
 		Int("max-leases-per-conn", "uncommitted set_reserve leases one connection may hold; one more is refused with reason too_many_leases", &k.MaxLeases, 1024),
-		Duration("lease-timeout", "an uncommitted lease is cancelled after this; a connection silent this long while holding leases is closed", &k.LeaseTimeout, time.Minute),
+		Duration("lease-timeout", "an uncommitted lease is cancelled after this; a connection silent (or not reading its replies) this long while holding leases is closed", &k.LeaseTimeout, time.Minute),
 		Int("max-conns", "open Unix-socket connections allowed; one more is closed before its hello", &k.MaxConns, 4096),
 		Int("resp-loops", "event loops serving RESP connections (1 = as redis-server's one thread, the least CPU per request; more keep clients moving while a GET reads L3/L4)", &k.RESPLoops, 1),
 		StringSlice("l4-redis", "L4 tier on Redis/Valkey: redis:// or rediss:// URL (user:password@, /db); several (comma-separated) = one cluster's seed nodes", nil),

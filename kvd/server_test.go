@@ -512,3 +512,43 @@ func TestLeaseCapPerConnection(t *testing.T) {
 		t.Fatalf("refused %d", d.srv.LeasesRefused.Load())
 	}
 }
+
+// TestLeaseHolderNotReadingClosed: a connection that holds a lease and
+// sends requests without reading their replies (its writes block) is
+// closed at the lease's deadline like a silent one, and the lease
+// released; without leases, what such a connection costs is its own
+// blocked reply (back-pressure).
+func TestLeaseHolderNotReadingClosed(t *testing.T) {
+	d := startDaemon(t, daemonOpts{arenaBytes: 4 << 20, serverOpt: ServerOptions{LeaseTimeout: 300 * time.Millisecond}})
+	c := dial(t, d, ClientOptions{})
+	v := value(1, 200<<10)
+	if ok, reason, err := c.Set(ns, key(1), v, SetOptions{}); err != nil || !ok {
+		t.Fatalf("set: %v %s", err, reason)
+	}
+	raw := rawConn(t, d)
+	en := NewEncoder()
+	en.Begin(OpSetReserve, 1)
+	en.Int("size", 100)
+	writeFrame(t, raw, en.Frame()[4:])
+	if m, err := readMsg(t, raw); err != nil || m.LeaseToken == 0 {
+		t.Fatalf("reserve: %+v %v", m, err)
+	}
+	// 64 gets of a 200 KiB value, none read: far more than the socket
+	// buffers hold, so the server's write blocks.
+	en.Begin(OpGet, 3)
+	en.Bin("key", key(1))
+	en.Str("model", ns.Model)
+	en.Str("compat_key", ns.CompatKey)
+	get := en.Frame()
+	var req []byte
+	for range 64 {
+		req = append(req, get...)
+	}
+	if _, err := raw.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the lease released with its connection", func() bool {
+		c := d.store.Counters()
+		return c.LeasesActive == 0 && c.LeasesCancelled == 1
+	})
+}
