@@ -155,3 +155,26 @@ func TestMGetOverOutputLimit(t *testing.T) {
 		t.Fatalf("infera_kvd_resp_output_disconnects_total: %v", got)
 	}
 }
+
+// TestAuthFloodNotReadingIsHeld: a client that pipelines password
+// guesses without reading the answers gets only about the output hold's
+// worth of them tried (plus what the socket buffers take) before its
+// input waits, and is then disconnected: a flood of 200,000 guesses in
+// one write is not 200,000 tries.
+func TestAuthFloodNotReadingIsHeld(t *testing.T) {
+	l := startListener(t, Options{Password: "secret", OutputTimeout: time.Second}, nil)
+	c, err := net.Dial("tcp", l.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	const guesses = 200_000
+	go func() { _, _ = c.Write(bytes.Repeat(encode("AUTH", "guess"), guesses)) }() // blocks once kvd stops reading
+	testkit.Eventually(t, "the flooding client disconnected", func() bool { return l.srv.C.OutputStalled.Load() == 1 })
+	tried := l.srv.C.Commands.Load()
+	t.Logf("%d of %d guesses tried", tried, guesses)
+	if tried >= guesses/2 {
+		t.Fatalf("%d of %d guesses tried by a client that does not read", tried, guesses)
+	}
+}
