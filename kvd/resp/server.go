@@ -327,7 +327,7 @@ func (cn *conn) process() error {
 		cn.w = copy(cn.in, cn.in[cn.r:cn.w])
 		cn.r = 0
 	}
-	if max(need, cn.w+1) > cn.s.opt.MaxRequestBytes {
+	if !cn.held && max(need, cn.w+1) > cn.s.opt.MaxRequestBytes {
 		return ErrRequestTooLarge
 	}
 	// The buffer doubles when full of bytes that arrived, never to a
