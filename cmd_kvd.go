@@ -134,6 +134,16 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 	}
 	defer kp.stop()
 	collectors = append(collectors, kp.collectors()...)
+	var rs *resp.Server
+	if cfg.RESPListen != "" {
+		rs, err = resp.NewServer(store, resp.Options{Model: cfg.RESPModel, CompatKey: cfg.RESPCompatKey, Retention: cfg.RESPRetention,
+			User: cfg.RESPUser, Password: cfg.RESPPassword, MaxRequestBytes: int(cfg.MaxFrameBytes), Loops: cfg.RESPLoops, MaxClients: cfg.RESPMaxClients,
+			MaxOutputBytes: int(cfg.RESPMaxOutput), OutputTimeout: respOutputTimeout(cfg.RESPOutputTimeout), Log: log.With().Str("listener", "resp").Logger()})
+		if err != nil {
+			return err
+		}
+		collectors = append(collectors, rs.Collector())
+	}
 	srv := kvd.NewServer(store, kvd.ServerOptions{AllowUIDs: cfg.AllowUIDs, MaxFrameBytes: int(cfg.MaxFrameBytes), MaxConns: cfg.MaxConns,
 		MaxLeasesPerConn: cfg.MaxLeases, LeaseTimeout: cfg.LeaseTimeout, Log: log, Collectors: collectors, PeerPrefetch: kp.hint})
 	ln, err := kvd.Listen(cfg.Socket)
@@ -156,13 +166,7 @@ func runKVD(ctx context.Context, cfg config.KVD, log zerolog.Logger, ready chan<
 	}
 	respDone := make(chan error, 1)
 	respAddr := ""
-	if cfg.RESPListen != "" {
-		rs, err := resp.NewServer(store, resp.Options{Model: cfg.RESPModel, CompatKey: cfg.RESPCompatKey, Retention: cfg.RESPRetention,
-			User: cfg.RESPUser, Password: cfg.RESPPassword, MaxRequestBytes: int(cfg.MaxFrameBytes), Loops: cfg.RESPLoops, MaxClients: cfg.RESPMaxClients, Log: log.With().Str("listener", "resp").Logger()})
-		if err != nil {
-			ln.Close()
-			return err
-		}
+	if rs != nil {
 		rln, err := net.Listen("tcp", cfg.RESPListen)
 		if err != nil {
 			ln.Close()
@@ -274,4 +278,13 @@ func kvdStat(ctx context.Context, cfg config.KVDStat, w io.Writer) error {
 			st.ClassSlotBytes[i], st.ClassPages[i], st.ClassUsedSlots[i], st.ClassSlots[i], st.ClassValueBytes[i])
 	}
 	return err
+}
+
+// respOutputTimeout maps --resp-output-timeout 0 (never) to the listener's
+// "never" (negative; its 0 is the default).
+func respOutputTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

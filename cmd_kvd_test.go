@@ -27,6 +27,7 @@ func TestKVDCommand(t *testing.T) {
 	cfg.Socket = filepath.Join(t.TempDir(), "run", "kvd.sock")
 	cfg.MaxBytesText, cfg.ArenaText, cfg.AdminListen = "8MiB", "4MiB", "127.0.0.1:0"
 	cfg.ArenaMlock = false
+	cfg.RESPListen = "127.0.0.1:0" // its counters join /metrics
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,9 @@ func TestKVDCommand(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), `infera_kvd_entries{placement="arena"} 3`) {
+	if !strings.Contains(string(body), `infera_kvd_entries{placement="arena"} 3`) ||
+		!strings.Contains(string(body), `infera_kvd_resp_output_disconnects_total{reason="stalled"} 0`) ||
+		!strings.Contains(string(body), "infera_kvd_resp_connections 0") {
 		t.Fatalf("metrics:\n%s", body)
 	}
 }

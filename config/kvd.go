@@ -57,9 +57,14 @@ type KVD struct {
 	RESPRetention  string
 	RESPLoops      int
 	RESPMaxClients int
-	MaxConns       int
-	MaxLeases      int
-	LeaseTimeout   time.Duration
+	// RESPMaxOutput bounds one RESP client's unwritten replies;
+	// RESPOutputTimeout disconnects one that reads none of them that long.
+	RESPMaxOutput     int64
+	RESPOutputTimeout time.Duration
+	respMaxOutputText string
+	MaxConns          int
+	MaxLeases         int
+	LeaseTimeout      time.Duration
 
 	// L4 on Redis/Valkey (kvd/l4); no URL = no L4.
 	L4Redis     []string
@@ -140,9 +145,11 @@ func (k *KVD) Flags() []cli.Flag {
 		String("resp-model", "kvd namespace (model) of keys set over RESP", &k.RESPModel, "resp"),
 		String("resp-compat-key", "kvd namespace compat_key of keys set over RESP", &k.RESPCompatKey, ""),
 		String("resp-retention", "retention of values set over RESP: none, ephemeral, short or long (long ones go down to L3/L4)", &k.RESPRetention, "short"),
+		String("resp-max-output-bytes", "replies one RESP client may have waiting unwritten (Redis's client-output-buffer-limit); one command's reply past it (an MGET of many large values) disconnects the client", &k.respMaxOutputText, "1GiB"),
+		Duration("resp-output-timeout", "a RESP client that takes none of its waiting replies for this long is disconnected (one that sends and does not read); 0 = never", &k.RESPOutputTimeout, time.Minute),
 		Int("resp-max-clients", "open RESP connections allowed (Redis's maxclients); one more gets -ERR max number of clients reached and is closed", &k.RESPMaxClients, 10000),
 		Int("max-leases-per-conn", "uncommitted set_reserve leases one connection may hold; one more is refused with reason too_many_leases", &k.MaxLeases, 1024),
-		Duration("lease-timeout", "an uncommitted lease is cancelled after this; a connection silent this long while holding leases is closed", &k.LeaseTimeout, time.Minute),
+		Duration("lease-timeout", "an uncommitted lease is cancelled after this; a connection silent (or not reading its replies) this long while holding leases is closed", &k.LeaseTimeout, time.Minute),
 		Int("max-conns", "open Unix-socket connections allowed; one more is closed before its hello", &k.MaxConns, 4096),
 		Int("resp-loops", "event loops serving RESP connections (1 = as redis-server's one thread, the least CPU per request; more keep clients moving while a GET reads L3/L4)", &k.RESPLoops, 1),
 		StringSlice("l4-redis", "L4 tier on Redis/Valkey: redis:// or rediss:// URL (user:password@, /db); several (comma-separated) = one cluster's seed nodes", nil),
@@ -238,6 +245,12 @@ func (k *KVD) Validate() error {
 	}
 	if k.LongSnapshotInterval < 0 {
 		p.Addf("--long-snapshot-interval must not be negative")
+	}
+	if k.RESPMaxOutput, err = ParseBytes(k.respMaxOutputText); err != nil || k.RESPMaxOutput < 1<<20 || k.RESPMaxOutput > 8<<30 {
+		p.Addf("--resp-max-output-bytes %q: want a size from 1MiB to 8GiB", k.respMaxOutputText)
+	}
+	if k.RESPOutputTimeout < 0 {
+		p.Addf("--resp-output-timeout must not be negative")
 	}
 	if k.RESPMaxClients < 1 {
 		p.Addf("--resp-max-clients must be at least 1")

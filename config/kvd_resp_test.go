@@ -38,3 +38,18 @@ func TestKVDRESPAndL4Flags(t *testing.T) {
 		}
 	}
 }
+
+func TestKVDRESPOutputFlags(t *testing.T) {
+	k, err := parseKVD(t)
+	if err != nil || k.RESPMaxOutput != 1<<30 || k.RESPOutputTimeout != time.Minute {
+		t.Fatalf("defaults: %v %d %v", err, k.RESPMaxOutput, k.RESPOutputTimeout)
+	}
+	t.Setenv("INFERA_RESP_MAX_OUTPUT_BYTES", "64MiB")
+	if k, err := parseKVD(t, "--resp-output-timeout", "0"); err != nil || k.RESPMaxOutput != 64<<20 || k.RESPOutputTimeout != 0 {
+		t.Fatalf("env and 0: %v %d %v", err, k.RESPMaxOutput, k.RESPOutputTimeout)
+	}
+	_, err = parseKVD(t, "--resp-max-output-bytes", "1KiB", "--resp-output-timeout", "-1s")
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "--resp-max-output-bytes") || !strings.Contains(err.Error(), "--resp-output-timeout") {
+		t.Fatalf("bad values: %v", err)
+	}
+}

@@ -20,14 +20,17 @@
 //     that respects retention (none < ephemeral < short < long, then LRU
 //     across size classes, never displacing a higher retention: a class
 //     short of slots takes a page whose entries may all go), TTLs, retention-downgrade refusal,
-//     leases for zero-copy writes, and, over an optional L3 LongStore (the
+//     leases for zero-copy writes, all-or-nothing sets of several keys
+//     (SetMany: room and slots found before any key is published; RESP's
+//     MSET), and, over an optional L3 LongStore (the
 //     tablespace), asynchronous write-through of long entries, promotion of
 //     L3 hits, the bounded prefetch queue, and clears that reach L3 (all of
 //     it, or one namespace's keys through LongPrefixDeleter);
 //   - the Unix-socket server (Server, Listen): socket created 0600, stale
 //     socket replaced, peer uids checked with SO_PEERCRED, "no-hello" mode,
 //     leases cancelled with their connection, capped per connection and
-//     lapsing after ServerOptions.LeaseTimeout, a frame size limit for
+//     lapsing after ServerOptions.LeaseTimeout (a connection holding one
+//     that is silent or does not read its replies past it is closed), a frame size limit for
 //     requests and replies (a reply over it becomes reply_too_large; no
 //     frame of 4 GiB or more), a connection cap, an accept loop that
 //     backs off through EMFILE (AcceptRetry, shared with kvd/resp), and an

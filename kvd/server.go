@@ -55,7 +55,8 @@ type ServerOptions struct {
 	// (0 = DefaultMaxLeasesPerConn): one more is refused with reason
 	// too_many_leases. LeaseTimeout (0 = DefaultLeaseTimeout) is how long
 	// a lease lives uncommitted: it is cancelled then, and a connection
-	// that stays silent past it while holding leases is closed.
+	// that stays silent past it while holding leases, or whose reply
+	// blocks that long (it does not read), is closed.
 	MaxLeasesPerConn int
 	LeaseTimeout     time.Duration
 	// MaxConns caps the open connections (0 = DefaultMaxConns); one more
@@ -234,7 +235,7 @@ type conn struct {
 	sc           Scratch // L3 buffers
 	setArg       SetArgs
 	leases       []connLease // uncommitted leases, oldest first
-	readDeadline int64       // set on c while leases are held (unix ns)
+	readDeadline int64       // read and write deadline set on c while leases are held (unix ns)
 	hits         []Hit       // batch scratch
 	oks          []bool
 	reasons      []string
@@ -268,14 +269,15 @@ func (s *Server) handle(c *net.UnixConn) {
 	for {
 		var err error
 		if len(cn.leases) > 0 {
-			// Silent past its oldest lease's deadline: closed, and
+			// Silent past its oldest lease's deadline, or not reading
+			// its replies (a write blocked that long): closed, and
 			// CancelConn releases the slots.
 			if dl := cn.leases[0].deadline; dl != cn.readDeadline {
-				_ = c.SetReadDeadline(time.Unix(0, dl))
+				_ = c.SetDeadline(time.Unix(0, dl))
 				cn.readDeadline = dl
 			}
 		} else if cn.readDeadline != 0 {
-			_ = c.SetReadDeadline(time.Time{})
+			_ = c.SetDeadline(time.Time{})
 			cn.readDeadline = 0
 		}
 		cn.buf, err = ReadFrame(r, cn.buf, s.opt.MaxFrameBytes)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/internal/testkit"
 )
 
 var ns = Namespace{Model: "m", CompatKey: "tp0of1"}
@@ -370,13 +371,7 @@ func TestLeasesCancelledOnDisconnect(t *testing.T) {
 	c.Close()
 	// The server cancels the leases when it sees the connection close;
 	// wait for that through the public counters.
-	deadline := time.Now().Add(10 * time.Second)
-	for d.store.Counters().LeasesActive != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("leases survived their connection")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.Eventually(t, "the leases cancelled with their connection", func() bool { return d.store.Counters().LeasesActive == 0 })
 	if l, _ := other.Reserve(1000); l.Token == 0 {
 		t.Fatalf("slots not freed: %+v", l)
 	}
@@ -441,15 +436,13 @@ func TestListenRejectsLongPath(t *testing.T) {
 func TestAcceptSurvivesFDExhaustion(t *testing.T) {
 	d := startDaemon(t, daemonOpts{})
 	servetest.ExhaustFDs(t, func() (io.Closer, error) { return net.Dial("unix", d.path) })
-	var err error
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		var c *Client
-		if c, err = Dial(context.Background(), d.path, ClientOptions{ClientID: t.Name()}); err == nil {
+	testkit.Eventually(t, "kvd serving after fd exhaustion", func() bool {
+		c, err := Dial(context.Background(), d.path, ClientOptions{ClientID: t.Name()})
+		if err == nil {
 			c.Close()
-			return
 		}
-	}
-	t.Fatalf("kvd not serving after fd exhaustion: %v", err)
+		return err == nil
+	})
 }
 
 func TestMaxConns(t *testing.T) {
@@ -514,12 +507,48 @@ func TestLeaseCapPerConnection(t *testing.T) {
 	if _, err := hog.Reserve(1000); err == nil {
 		t.Fatal("a connection silent past its lease deadline was kept")
 	}
-	for deadline := time.Now().Add(5 * time.Second); d.store.Counters().LeasesCancelled < 3; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("leases cancelled %d, want 3", d.store.Counters().LeasesCancelled)
-		}
-	}
+	testkit.Eventually(t, "3 leases cancelled", func() bool { return d.store.Counters().LeasesCancelled >= 3 })
 	if d.srv.LeasesRefused.Load() != 1 {
 		t.Fatalf("refused %d", d.srv.LeasesRefused.Load())
 	}
+}
+
+// TestLeaseHolderNotReadingClosed: a connection that holds a lease and
+// sends requests without reading their replies (its writes block) is
+// closed at the lease's deadline like a silent one, and the lease
+// released; without leases, what such a connection costs is its own
+// blocked reply (back-pressure).
+func TestLeaseHolderNotReadingClosed(t *testing.T) {
+	d := startDaemon(t, daemonOpts{arenaBytes: 4 << 20, serverOpt: ServerOptions{LeaseTimeout: 300 * time.Millisecond}})
+	c := dial(t, d, ClientOptions{})
+	v := value(1, 200<<10)
+	if ok, reason, err := c.Set(ns, key(1), v, SetOptions{}); err != nil || !ok {
+		t.Fatalf("set: %v %s", err, reason)
+	}
+	raw := rawConn(t, d)
+	en := NewEncoder()
+	en.Begin(OpSetReserve, 1)
+	en.Int("size", 100)
+	writeFrame(t, raw, en.Frame()[4:])
+	if m, err := readMsg(t, raw); err != nil || m.LeaseToken == 0 {
+		t.Fatalf("reserve: %+v %v", m, err)
+	}
+	// 64 gets of a 200 KiB value, none read: far more than the socket
+	// buffers hold, so the server's write blocks.
+	en.Begin(OpGet, 3)
+	en.Bin("key", key(1))
+	en.Str("model", ns.Model)
+	en.Str("compat_key", ns.CompatKey)
+	get := en.Frame()
+	var req []byte
+	for range 64 {
+		req = append(req, get...)
+	}
+	if _, err := raw.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the lease released with its connection", func() bool {
+		c := d.store.Counters()
+		return c.LeasesActive == 0 && c.LeasesCancelled == 1
+	})
 }

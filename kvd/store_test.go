@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd/tablespace"
 )
 
@@ -224,17 +225,6 @@ func TestNamespaceClear(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out waiting for", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func TestLongWriteThroughPromotionPrefetch(t *testing.T) {
 	long := newTablespace(t)
 	d := startDaemon(t, daemonOpts{arenaBytes: 4 * 1024, long: long})
@@ -244,7 +234,7 @@ func TestLongWriteThroughPromotionPrefetch(t *testing.T) {
 		t.Fatal(reason)
 	}
 	c.Set(ns, key(2), value(2, 1000), SetOptions{Retention: "short"})
-	waitFor(t, "write-through", func() bool { return d.store.Counters().LongWrites == 1 })
+	testkit.Eventually(t, "write-through", func() bool { return d.store.Counters().LongWrites == 1 })
 	if long.Len() != 1 {
 		t.Fatalf("l3 holds %d entries; only long ones belong there", long.Len())
 	}
@@ -253,7 +243,7 @@ func TestLongWriteThroughPromotionPrefetch(t *testing.T) {
 	for k := 10; k < 14; k++ {
 		c.Set(ns, key(k), value(k, 1000), SetOptions{Retention: "long"})
 	}
-	waitFor(t, "write-through", func() bool { return d.store.Counters().LongWrites == 5 })
+	testkit.Eventually(t, "write-through", func() bool { return d.store.Counters().LongWrites == 5 })
 	if d.store.Counters().Entries != 4 {
 		t.Fatal("arena not full")
 	}
@@ -277,7 +267,7 @@ func TestLongWriteThroughPromotionPrefetch(t *testing.T) {
 	if err := c.PrefetchHint(ns, [][]byte{key(10), key(99)}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "prefetch", func() bool { return d.store.Counters().PrefetchFetched == 1 })
+	testkit.Eventually(t, "prefetch", func() bool { return d.store.Counters().PrefetchFetched == 1 })
 	if cn := d.store.Counters(); cn.PrefetchHints != 1 || cn.PrefetchUseful != 0 {
 		t.Fatalf("prefetch counters %+v", cn)
 	}
@@ -442,7 +432,7 @@ func TestNamespaceClearReachesL3(t *testing.T) {
 					}
 				}
 			}
-			waitFor(t, "write-through", func() bool { return long.Len() == 8 })
+			testkit.Eventually(t, "write-through", func() bool { return long.Len() == 8 })
 			if n, err := c.Clear(a); err != nil || n != 4 {
 				t.Fatalf("clear: %d %v", n, err)
 			}

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/infera/infera/internal/redistest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd"
 	"github.com/infera/infera/kvd/tablespace"
 )
@@ -77,17 +78,6 @@ func (h *host) get(key string) ([]byte, bool) {
 	return v, ok
 }
 
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func client(t *testing.T, addr string) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, DisableIdentity: true})
 	t.Cleanup(func() { c.Close() })
@@ -108,7 +98,7 @@ func TestWriteBehindReadThrough(t *testing.T) {
 		t.Fatalf("redis key %q", rk)
 	}
 	ctx := context.Background()
-	eventually(t, "write-behind", func() bool { return rc.Exists(ctx, rk).Val() == 1 })
+	testkit.Eventually(t, "write-behind", func() bool { return rc.Exists(ctx, rk).Val() == 1 })
 	if ttl := rc.TTL(ctx, rk).Val(); ttl <= 0 || ttl > time.Hour {
 		t.Fatalf("ttl %v", ttl)
 	}
@@ -141,7 +131,7 @@ func TestWriteBehindReadThrough(t *testing.T) {
 	}
 	// Deleting on A deletes in Redis too.
 	a.store.Delete(model, compat, []byte("block-1"), nil)
-	eventually(t, "delete-behind", func() bool { return rc.Exists(ctx, rk).Val() == 0 })
+	testkit.Eventually(t, "delete-behind", func() bool { return rc.Exists(ctx, rk).Val() == 0 })
 }
 
 // TestChecksumMismatchIsMiss: a corrupted Redis value is a miss (and is
@@ -153,7 +143,7 @@ func TestChecksumMismatchIsMiss(t *testing.T) {
 	a.set(t, "blk", []byte("the real kv bytes"))
 	rk := a.tier.RedisKey(model, compat, []byte("blk"))
 	ctx := context.Background()
-	eventually(t, "write-behind", func() bool { return rc.Exists(ctx, rk).Val() == 1 })
+	testkit.Eventually(t, "write-behind", func() bool { return rc.Exists(ctx, rk).Val() == 1 })
 	rc.SetRange(ctx, rk, int64(headerSize+2), "X")
 	if _, ok := b.get("blk"); ok {
 		t.Fatal("corrupted value served")
@@ -161,7 +151,7 @@ func TestChecksumMismatchIsMiss(t *testing.T) {
 	if s := b.tier.Stats(); s.ChecksumFailures != 1 || s.Hits != 0 {
 		t.Fatalf("stats %+v", s)
 	}
-	eventually(t, "corrupt copy deleted", func() bool { return rc.Exists(ctx, rk).Val() == 0 })
+	testkit.Eventually(t, "corrupt copy deleted", func() bool { return rc.Exists(ctx, rk).Val() == 0 })
 	rc.Set(ctx, rk, "not a kvd value", 0) // a foreign value is a miss too
 	if _, ok := b.get("blk"); ok {
 		t.Fatal("foreign value served")
@@ -177,7 +167,7 @@ func TestOutage(t *testing.T) {
 	a.set(t, "before", []byte("v0"))
 	rc := client(t, rs.Addr)
 	ctx := context.Background()
-	eventually(t, "write-behind", func() bool { return rc.Exists(ctx, a.tier.RedisKey(model, compat, []byte("before"))).Val() == 1 })
+	testkit.Eventually(t, "write-behind", func() bool { return rc.Exists(ctx, a.tier.RedisKey(model, compat, []byte("before"))).Val() == 1 })
 	rs.Kill()
 	for i := range 50 {
 		a.set(t, "during-"+string(rune('a'+i%26))+string(rune('a'+i/26)), []byte("v1"))
@@ -188,19 +178,19 @@ func TestOutage(t *testing.T) {
 	if _, ok := a.get("never-stored"); ok {
 		t.Fatal("miss during outage answered a value")
 	}
-	eventually(t, "down gauge", func() bool { return !a.tier.Up() })
+	testkit.Eventually(t, "down gauge", func() bool { return !a.tier.Up() })
 	a.set(t, "while-down", []byte("v2"))
-	eventually(t, "L3 write during outage", func() bool {
+	testkit.Eventually(t, "L3 write during outage", func() bool {
 		return a.ts.Exists(kvd.Composite(nil, model, compat, []byte("while-down")))
 	})
 	if s := a.tier.Stats(); s.WritesDropped == 0 || s.Outages != 1 {
 		t.Fatalf("stats during outage %+v", s)
 	}
 	rs.Restart()
-	eventually(t, "recovery", a.tier.Up)
+	testkit.Eventually(t, "recovery", a.tier.Up)
 	a.set(t, "after", []byte("v3"))
 	rc2 := client(t, rs.Addr)
-	eventually(t, "write after recovery", func() bool {
+	testkit.Eventually(t, "write after recovery", func() bool {
 		return rc2.Exists(ctx, a.tier.RedisKey(model, compat, []byte("after"))).Val() == 1
 	})
 }
@@ -213,14 +203,14 @@ func TestL3ThenL4(t *testing.T) {
 	a, b := newHost(t, rs.URL(), true), newHost(t, rs.URL(), true)
 	a.set(t, "shared", []byte("prefix kv"))
 	ctx := context.Background()
-	eventually(t, "write-behind", func() bool { return rc.Exists(ctx, a.tier.RedisKey(model, compat, []byte("shared"))).Val() == 1 })
+	testkit.Eventually(t, "write-behind", func() bool { return rc.Exists(ctx, a.tier.RedisKey(model, compat, []byte("shared"))).Val() == 1 })
 	if !a.ts.Exists(kvd.Composite(nil, model, compat, []byte("shared"))) {
 		t.Fatal("not written to A's L3")
 	}
 	if v, ok := b.get("shared"); !ok || string(v) != "prefix kv" {
 		t.Fatal("B did not read through L4")
 	}
-	eventually(t, "promotion into B's L3", func() bool { return b.ts.Exists(kvd.Composite(nil, model, compat, []byte("shared"))) })
+	testkit.Eventually(t, "promotion into B's L3", func() bool { return b.ts.Exists(kvd.Composite(nil, model, compat, []byte("shared"))) })
 	if b.tier.Stats().Promotions != 1 {
 		t.Fatalf("stats %+v", b.tier.Stats())
 	}
@@ -260,7 +250,7 @@ func TestCluster(t *testing.T) {
 	for i := range n {
 		a.set(t, "blk-"+strconv.Itoa(i), []byte("value-"+strconv.Itoa(i)))
 	}
-	eventually(t, "write-behind to the cluster", func() bool { return a.tier.Stats().Writes == n })
+	testkit.Eventually(t, "write-behind to the cluster", func() bool { return a.tier.Stats().Writes == n })
 	for i := range n {
 		if v, ok := b.get("blk-" + strconv.Itoa(i)); !ok || string(v) != "value-"+strconv.Itoa(i) {
 			t.Fatalf("block %d not read through the cluster", i)

@@ -206,3 +206,26 @@ func TestRedisParityAuth(t *testing.T) {
 		}
 	})
 }
+
+// TestRedisParityMSetAllOrNothing: an MSET one of whose values kvd cannot
+// store is refused whole, as redis-server at maxmemory refuses it (-OOM,
+// no pair stored), and the pairs before the refused one are not stored.
+func TestRedisParityMSetAllOrNothing(t *testing.T) {
+	rs := redistest.Start(t, "--maxmemory", "1")
+	kl := startListener(t, Options{}, func(o *kvd.StoreOptions) { o.Arena, o.SlotBytes, o.MaxBytes = nil, 0, 1<<20 })
+	big := strings.Repeat("b", 2<<20) // over kvd's whole store
+	const oom = "-OOM command not allowed when used memory > 'maxmemory'"
+	pipe := append(encode("MSET", "a", "1", "b", big, "c", "3"), encode("PING")...)
+	var replies [2][]byte
+	for i, addr := range []string{rs.Addr, kl.addr} {
+		c := dialRaw(t, addr)
+		replies[i] = append(c.do(pipe), c.read()...)
+	}
+	if string(replies[0]) != oom+".\r\n+PONG\r\n" {
+		t.Fatalf("redis: %q", replies[0])
+	}
+	if k := string(replies[1]); !strings.HasPrefix(k, oom) || !strings.HasSuffix(k, ".\r\n+PONG\r\n") || strings.Count(k, "\r\n") != 2 {
+		t.Fatalf("MSET with a value over kvd's store:\n redis %q\n kvd   %q", replies[0], replies[1])
+	}
+	replay(t, rs.Addr, kl.addr, []step{cmd("EXISTS", "a", "b", "c"), cmd("MGET", "a", "b", "c"), cmd("DBSIZE")})
+}

@@ -8,11 +8,16 @@
 // reports a lower bound of its length, so a connection parses again only
 // once that much arrived, and its input buffer grows with the bytes that
 // arrived, never to a length a header claims), the connection cap
-// (Options.MaxClients, Redis's maxclients reply) and the commands
+// (Options.MaxClients, Redis's maxclients reply), the output limits (a
+// connection's requests wait in its input while 1 MiB of its replies are
+// unwritten; Options.MaxOutputBytes and Options.OutputTimeout disconnect
+// a client past them, counted, logged at most once per 10 s, exported by
+// Collector) and the commands
 // client start-up and key-value use need — HELLO (protocol 2; 3 is
 // refused with Redis's NOPROTO error), PING, ECHO, AUTH (password or ACL
 // user), SELECT 0, CLIENT SETNAME/SETINFO/GETNAME/ID, GET, SET
-// (NX/XX/GET/EX/PX/EXAT/PXAT), MGET, MSET, EXISTS, DEL, DBSIZE, INFO,
+// (NX/XX/GET/EX/PX/EXAT/PXAT), MGET, MSET (all or nothing:
+// kvd.Store.SetMany), EXISTS, DEL, DBSIZE, INFO,
 // COMMAND (COUNT/INFO/DOCS), CONFIG GET, QUIT — with replies byte-exact
 // as Redis RedisVersion gives them (checked against a real redis-server
 // in the tests). Keys live in one kvd namespace (Options.Model and

@@ -98,6 +98,8 @@ func FuzzProcessChunks(f *testing.F) {
 		"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n", "PING\r\nPING x\r\nGET k\n",
 		"*2\r\n$4\r\nECHO\r\n$70000\r\n" + strings.Repeat("v", 70000) + "\r\n*1\r\n$4\r\nPING\r\n",
 		"*1\r\n$4\r\nQUIT\r\n*1\r\n$4\r\nPING\r\n", "*1\r\nx\r\n", "MSET a 1 b 2\r\nMGET a b c\r\nDEL a\r\nEXISTS a b\r\n",
+		// Replies past the output hold: the GETs after it wait for them.
+		"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$600000\r\n" + strings.Repeat("v", 600000) + "\r\n" + strings.Repeat("GET k\r\n", 5) + "PING\r\n",
 	} {
 		f.Add([]byte(s), uint16(1), uint16(7))
 		f.Add([]byte(s), uint16(5000), uint16(3))
@@ -133,11 +135,16 @@ func processStream(t *testing.T, b []byte, chunk, step int) ([]byte, error) {
 		cn.w += n
 		b = b[n:]
 		chunk += step
-		err := cn.process()
-		out = append(out, cn.out...)
-		cn.resetOut()
-		if err != nil {
-			return out, err
+		for {
+			err := cn.process()
+			out = append(out, cn.out...)
+			cn.resetOut()
+			if err != nil {
+				return out, err
+			}
+			if !cn.held { // requests wait for 1 MiB of replies: written, they go on
+				break
+			}
 		}
 	}
 	return out, nil

@@ -3,6 +3,7 @@ package resp
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -25,8 +26,16 @@ type listener struct {
 }
 
 // startListener runs a RESP Server over a fresh Store (a 64 MiB arena
-// with 2 MiB slots, larger values inline).
+// with 2 MiB slots, larger values inline). opt.Log is as given (the zero
+// Logger writes nothing).
 func startListener(t testing.TB, opt Options, storeOpt func(*kvd.StoreOptions)) *listener {
+	t.Helper()
+	return startListenerMode(t, opt, storeOpt, false)
+}
+
+// startListenerMode is startListener; plain serves each connection from
+// a goroutine of its own (connections the event loops cannot take).
+func startListenerMode(t testing.TB, opt Options, storeOpt func(*kvd.StoreOptions), plain bool) *listener {
 	t.Helper()
 	a, _, err := kvd.OpenArena(64<<20, false, false)
 	if err != nil {
@@ -40,7 +49,6 @@ func startListener(t testing.TB, opt Options, storeOpt func(*kvd.StoreOptions)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	opt.Log = zerolog.Nop()
 	srv, err := NewServer(st, opt)
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +57,11 @@ func startListener(t testing.TB, opt Options, storeOpt func(*kvd.StoreOptions)) 
 		st.Close()
 		a.Close()
 	})
-	addr := servetest.Loopback(t, "resp", srv.Serve)
+	serve := srv.Serve
+	if plain {
+		serve = func(ctx context.Context, ln net.Listener) error { return srv.Serve(ctx, plainListener{ln}) }
+	}
+	addr := servetest.Loopback(t, "resp", serve)
 	return &listener{addr: addr, store: st, srv: srv}
 }
 

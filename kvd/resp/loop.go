@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -42,6 +43,8 @@ type loop struct {
 	conns map[int32]*conn
 
 	pending []*conn // replies to write at the end of this batch (run's goroutine only)
+	waiting int     // connections waiting for EPOLLOUT (run's goroutine only)
+	timed   bool    // the epoll fd has a read deadline: a stall check is due
 }
 
 func newLoop(s *Server) (*loop, error) {
@@ -172,7 +175,13 @@ func (l *loop) run() {
 		return n > 0 || werr != nil // none ready: park until some are
 	}
 	for {
+		l.armStallCheck()
 		err := l.raw.Read(wait)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			l.timed = false
+			l.closeStalled()
+			continue
+		}
 		if err == nil {
 			err = werr
 		}
@@ -195,7 +204,9 @@ func (l *loop) run() {
 			}
 			var err error
 			if cn.waitOut {
-				err = l.flush(cn)
+				if err = l.flush(cn); err == nil && !cn.waitOut && cn.held {
+					err = l.work(cn) // the requests that waited for these replies
+				}
 			} else {
 				err = l.readable(cn)
 			}
@@ -248,22 +259,43 @@ func (l *loop) readable(cn *conn) error {
 		if cn.incomplete() {
 			return nil // n < space: the socket is drained
 		}
-		if perr := cn.process(); perr != nil {
-			cn.closing, cn.closeErr = true, perr
-			return l.flush(cn) // errClosing once the last reply is written
-		}
-		if len(cn.out) > deferredReplyMax {
-			if err := l.flush(cn); err != nil || cn.waitOut {
-				return err
-			}
-		} else if len(cn.out) > 0 {
-			l.deferFlush(cn)
+		if err := l.work(cn); err != nil || cn.waitOut {
+			return err
 		}
 		if n < space || cn.need == 0 {
 			return nil
 		}
 	}
 	return nil
+}
+
+// work answers the requests in cn's input and writes (or defers) the
+// replies. Requests held back for their replies (holdOutput) are answered
+// as the socket takes the replies; when it stops taking them, cn waits
+// for EPOLLOUT with the rest of its input unanswered.
+func (l *loop) work(cn *conn) error {
+	for {
+		perr := cn.process()
+		if errors.Is(perr, ErrOutputTooLarge) {
+			return perr // closed at once, the replies dropped (as Redis)
+		}
+		if perr != nil {
+			cn.closing, cn.closeErr = true, perr
+			return l.flush(cn) // errClosing once the last reply is written
+		}
+		if !cn.held {
+			if len(cn.out) > deferredReplyMax {
+				return l.flush(cn)
+			}
+			if len(cn.out) > 0 {
+				l.deferFlush(cn)
+			}
+			return nil
+		}
+		if err := l.flush(cn); err != nil || cn.waitOut {
+			return err
+		}
+	}
 }
 
 var (
@@ -274,6 +306,7 @@ var (
 // flush writes cn.out; what the socket does not take is written on
 // EPOLLOUT, and until then cn is not read.
 func (l *loop) flush(cn *conn) error {
+	wrote := false
 	for cn.outOff < len(cn.out) {
 		n, err := rawWrite(cn.fd, cn.out[cn.outOff:])
 		if err == unix.EINTR {
@@ -282,7 +315,12 @@ func (l *loop) flush(cn *conn) error {
 		if err == unix.EAGAIN {
 			if !cn.waitOut {
 				cn.waitOut = true
+				l.waiting++
+				cn.stallAt = time.Now().UnixNano()
 				return l.interest(cn, unix.EPOLLOUT)
+			}
+			if wrote { // some bytes went: not stalled
+				cn.stallAt = time.Now().UnixNano()
 			}
 			return nil
 		}
@@ -290,6 +328,7 @@ func (l *loop) flush(cn *conn) error {
 			return err
 		}
 		cn.outOff += n
+		wrote = wrote || n > 0
 	}
 	cn.resetOut()
 	if cn.closing {
@@ -297,9 +336,40 @@ func (l *loop) flush(cn *conn) error {
 	}
 	if cn.waitOut {
 		cn.waitOut = false
+		l.waiting--
 		return l.interest(cn, unix.EPOLLIN)
 	}
 	return nil
+}
+
+// armStallCheck sets a read deadline on the epoll fd while connections
+// wait for EPOLLOUT, so the loop wakes to close the ones stalled past
+// OutputTimeout; without such connections the loop waits without one.
+func (l *loop) armStallCheck() {
+	t := l.s.opt.OutputTimeout
+	if t <= 0 || l.waiting == 0 || l.timed {
+		return
+	}
+	_ = l.epf.SetReadDeadline(time.Now().Add(max(t/4, 10*time.Millisecond)))
+	l.timed = true
+}
+
+// closeStalled closes the connections whose replies have waited, the
+// socket taking none of them, for OutputTimeout.
+func (l *loop) closeStalled() {
+	_ = l.epf.SetReadDeadline(time.Time{})
+	limit := time.Now().Add(-l.s.opt.OutputTimeout).UnixNano()
+	var stalled []*conn
+	l.mu.Lock()
+	for _, cn := range l.conns {
+		if cn.waitOut && cn.stallAt <= limit {
+			stalled = append(stalled, cn)
+		}
+	}
+	l.mu.Unlock()
+	for _, cn := range stalled {
+		l.closeConn(cn, ErrOutputStalled)
+	}
 }
 
 func (l *loop) interest(cn *conn, events uint32) error {
@@ -308,6 +378,9 @@ func (l *loop) interest(cn *conn, events uint32) error {
 
 func (l *loop) closeConn(cn *conn, err error) {
 	cn.dead = true // a reply still queued for this batch is dropped
+	if cn.waitOut {
+		l.waiting--
+	}
 	l.mu.Lock()
 	delete(l.conns, int32(cn.fd))
 	l.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd"
 )
 
@@ -70,12 +71,7 @@ func TestQuitFlushesAndCloses(t *testing.T) {
 
 func waitConns(t *testing.T, s *Server, n int64) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); s.C.ConnsActive.Load() != n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections active, want %d", s.C.ConnsActive.Load(), n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, strconv.FormatInt(n, 10)+" connections active", func() bool { return s.C.ConnsActive.Load() == n })
 }
 
 // TestConcurrentClients: many clients on the loops at once, each reading

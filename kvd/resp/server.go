@@ -50,7 +50,20 @@ type Options struct {
 	// MaxClients caps the open connections (Redis's maxclients; 0 =
 	// 10000): one more is sent errMaxClients and closed.
 	MaxClients int
-	Log        zerolog.Logger
+	// MaxOutputBytes bounds the replies waiting to be written to one
+	// client (Redis's client-output-buffer-limit hard limit; 0 = 1 GiB):
+	// a client past it is disconnected at once, its replies dropped. A
+	// client's requests are answered only while fewer than 1 MiB of its
+	// replies wait (the rest of its input waits for them), so only one
+	// command's reply can pass it: an MGET of many large values. One
+	// value alone never does (a GET is always answered).
+	MaxOutputBytes int
+	// OutputTimeout disconnects a client whose replies have waited that
+	// long while its socket took none of them — one that sends requests
+	// and does not read (Redis's soft limit and its seconds; 0 = 60 s,
+	// negative = never).
+	OutputTimeout time.Duration
+	Log           zerolog.Logger
 }
 
 // errMaxClients is redis-server's reply to a connection over maxclients.
@@ -61,6 +74,9 @@ type Counters struct {
 	ConnsActive, ConnsTotal, Commands, ProtocolErrors atomic.Int64
 	// Refused counts connections closed over MaxClients.
 	Refused atomic.Int64
+	// OutputLimit and OutputStalled count clients disconnected over
+	// MaxOutputBytes and OutputTimeout.
+	OutputLimit, OutputStalled atomic.Int64
 }
 
 // Server is the RESP listener over a kvd Store.
@@ -79,6 +95,8 @@ type Server struct {
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
+
+	outLog outputLog
 }
 
 // Sentinel errors.
@@ -88,6 +106,12 @@ var (
 	// ErrRequestTooLarge: a client's unanswered requests outgrew
 	// MaxRequestBytes (its connection is closed).
 	ErrRequestTooLarge = errors.New("resp: request buffer over the limit")
+	// ErrOutputTooLarge: a client's unwritten replies passed
+	// MaxOutputBytes (its connection is closed, the replies dropped).
+	ErrOutputTooLarge = errors.New("resp: output buffer over the limit")
+	// ErrOutputStalled: a client took none of its replies for
+	// OutputTimeout (its connection is closed).
+	ErrOutputStalled = errors.New("resp: client not reading its replies")
 )
 
 // NewServer makes a listener over st.
@@ -109,6 +133,12 @@ func NewServer(st *kvd.Store, opt Options) (*Server, error) {
 	}
 	if opt.Loops <= 0 {
 		opt.Loops = 1
+	}
+	if opt.MaxOutputBytes <= 0 {
+		opt.MaxOutputBytes = 1 << 30
+	}
+	if opt.OutputTimeout == 0 {
+		opt.OutputTimeout = time.Minute
 	}
 	opt.MaxBulkBytes = min(opt.MaxBulkBytes, opt.MaxRequestBytes-64)
 	user := opt.User
@@ -185,11 +215,14 @@ type conn struct {
 	out    []byte
 	sc     kvd.Scratch
 	set    kvd.SetArgs
+	mset   kvd.SetManyArgs
 	authed bool
 	quit   bool
 	name   []byte
 	lower  [24]byte
-	need   int // length the request at the front needs, when known
+	need   int  // length the request at the front needs, when known
+	held   bool // requests wait in the input until the replies are written (holdOutput)
+	over   bool // the replies passed MaxOutputBytes: close
 
 	// Event-loop driver state (loop.go).
 	fd       int
@@ -199,12 +232,18 @@ type conn struct {
 	closeErr error // why (for the log)
 	queued   bool  // in the loop's pending list (replies written at the end of the batch)
 	dead     bool  // closed by the loop: a queued flush skips it
+	stallAt  int64 // unix ns: waiting for EPOLLOUT since, or since the last bytes written
 }
 
 const (
 	readBuf    = 64 << 10
 	retainBuf  = 16 << 20
 	maxNameLen = 24
+	// holdOutput: with this many reply bytes waiting, a connection's next
+	// request waits until they are written, so a client that does not
+	// read costs about this much (and one command's reply), not a reply
+	// per request its input holds.
+	holdOutput = 1 << 20
 )
 
 func (s *Server) handle(c net.Conn) {
@@ -224,6 +263,16 @@ func (s *Server) handle(c net.Conn) {
 
 // logClosed logs why a connection ended, unless the client ended it.
 func (s *Server) logClosed(cn *conn, err error) {
+	switch {
+	case errors.Is(err, ErrOutputTooLarge):
+		s.C.OutputLimit.Add(1)
+		s.outLog.log(s.opt.Log, cn, err, "limit", int64(s.opt.MaxOutputBytes))
+		return
+	case errors.Is(err, ErrOutputStalled):
+		s.C.OutputStalled.Add(1)
+		s.outLog.log(s.opt.Log, cn, err, "stalled", int64(len(cn.out)-cn.outOff))
+		return
+	}
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, errEOF) && !errors.Is(err, errQuit) && !errors.Is(err, net.ErrClosed) &&
 		!errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
 		s.opt.Log.Debug().Err(err).Uint64("client_id", cn.id).Msg("resp connection closed")
@@ -240,7 +289,12 @@ var errQuit = errors.New("resp: quit")
 // error closes the connection once cn.out is written.
 func (cn *conn) process() error {
 	need := 0
+	cn.held = false
 	for cn.r < cn.w {
+		if len(cn.out)-cn.outOff >= holdOutput {
+			cn.held = true // replies first; the rest of the input stays
+			break
+		}
 		args, n, nd, err := Parse(cn.in[cn.r:cn.w], cn.args, cn.s.opt.MaxBulkBytes, !cn.authed)
 		cn.args = args
 		if err != nil {
@@ -256,6 +310,9 @@ func (cn *conn) process() error {
 		if len(args) > 0 {
 			cn.s.C.Commands.Add(1)
 			cn.dispatch(args)
+			if cn.over {
+				return ErrOutputTooLarge
+			}
 			if cn.quit {
 				return errQuit
 			}
@@ -270,13 +327,13 @@ func (cn *conn) process() error {
 		cn.w = copy(cn.in, cn.in[cn.r:cn.w])
 		cn.r = 0
 	}
-	if max(need, cn.w+1) > cn.s.opt.MaxRequestBytes {
+	if !cn.held && max(need, cn.w+1) > cn.s.opt.MaxRequestBytes {
 		return ErrRequestTooLarge
 	}
 	// The buffer doubles when full of bytes that arrived, never to a
 	// length a bulk header merely claims: a "$500000000" header and three
 	// bytes cost one read buffer, not 500 MB.
-	if cn.w == len(cn.in) {
+	if cn.w == len(cn.in) && !cn.held {
 		cn.in = append(cn.in, make([]byte, min(len(cn.in), cn.s.opt.MaxRequestBytes-len(cn.in)))...)
 	}
 	cn.need = need
@@ -297,8 +354,11 @@ func (cn *conn) resetOut() {
 func (cn *conn) serve() error {
 	for {
 		perr := cn.process()
+		if errors.Is(perr, ErrOutputTooLarge) {
+			return perr // dropped, not written
+		}
 		if len(cn.out) > 0 {
-			_, err := cn.c.Write(cn.out)
+			err := cn.writeOut()
 			cn.resetOut()
 			if err != nil {
 				return err
@@ -306,6 +366,9 @@ func (cn *conn) serve() error {
 		}
 		if perr != nil {
 			return perr
+		}
+		if cn.held {
+			continue // the requests already read, before reading more
 		}
 		for {
 			n, err := cn.c.Read(cn.in[cn.w:])
@@ -316,6 +379,28 @@ func (cn *conn) serve() error {
 			if !cn.incomplete() {
 				break
 			}
+		}
+	}
+}
+
+// writeOut writes cn.out from the connection's goroutine; a client that
+// takes none of it for OutputTimeout is ErrOutputStalled.
+func (cn *conn) writeOut() error {
+	b := cn.out
+	for {
+		if t := cn.s.opt.OutputTimeout; t > 0 {
+			_ = cn.c.SetWriteDeadline(time.Now().Add(t))
+		}
+		n, err := cn.c.Write(b)
+		b = b[n:]
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		if n == 0 {
+			return ErrOutputStalled
 		}
 	}
 }
@@ -401,10 +486,15 @@ func (cn *conn) dispatch(args [][]byte) {
 			cn.out = appendErr(cn.out, "wrong number of arguments for 'mset' command")
 			return
 		}
-		for i := 1; i < len(args); i += 2 {
-			if !cn.store(args[i], args[i+1], 0, false) {
-				return
-			}
+		// All or nothing, as in Redis (where MSET is refused whole at
+		// maxmemory): a pair kvd cannot store leaves every key as it was.
+		m := &cn.mset
+		m.Model, m.CompatKey, m.Pairs, m.Retention = cn.s.model, cn.s.compt, args[1:], cn.s.ret
+		ok, reason := cn.s.st.SetMany(m)
+		m.Pairs = nil
+		if !ok {
+			cn.refused(reason)
+			return
 		}
 		cn.out = append(cn.out, replyOK...)
 	case cmdExists:
@@ -572,6 +662,12 @@ func (cn *conn) get(key []byte) {
 		cn.out = append(cn.out, replyNil...)
 		return
 	}
+	// Over the output limit before this value (an MGET of many large
+	// values): the connection closes, its replies dropped.
+	if len(cn.out)-cn.outOff > cn.s.opt.MaxOutputBytes || cn.over {
+		cn.over = true
+		return
+	}
 	mark := len(cn.out)
 	cn.out = append(cn.out, '$')
 	cn.out = strconv.AppendInt(cn.out, int64(h.Length), 10)
@@ -592,9 +688,15 @@ func (cn *conn) store(key, value []byte, ttlMs int64, hasTTL bool) bool {
 		a.TTL, a.HasTTL = float64(ttlMs)/1000, true
 	}
 	ok, reason := cn.s.st.Set(a)
-	if ok {
-		return true
+	if !ok {
+		cn.refused(reason)
 	}
+	return ok
+}
+
+// refused answers a value kvd would not store, with Redis's OOM error
+// for memory and kvd's reason otherwise.
+func (cn *conn) refused(reason string) {
 	switch reason {
 	case kvd.ReasonDisplaceHigher:
 		cn.out = append(cn.out, replyOOMHeld...)
@@ -605,7 +707,6 @@ func (cn *conn) store(key, value []byte, ttlMs int64, hasTTL bool) bool {
 	default:
 		cn.out = appendErr(cn.out, "kvd refused the value: "+reason)
 	}
-	return false
 }
 
 const (

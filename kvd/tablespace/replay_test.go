@@ -7,7 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // A Put's slot write and its journal append run concurrently, so a crash
@@ -63,9 +64,8 @@ func TestJournalledPutWithoutData(t *testing.T) {
 			for _, p := range puts {
 				go func() { errs <- ts.Put([]byte(p.key), val(p.key, p.n)) }()
 			}
-			for journalPuts(t, dir, cfg) < records+len(puts) { // the records are in the file (and synced, or about to be)
-				time.Sleep(time.Millisecond)
-			}
+			// The records are in the file (and synced, or about to be).
+			testkit.Eventually(t, "the journal records", func() bool { return journalPuts(t, dir, cfg) >= records+len(puts) })
 			copyDir(t, dir, cp)
 			writeContainers(t, dir, cp, containers)
 			close(release)
