@@ -4,11 +4,14 @@
 package kubetest
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"net"
@@ -178,4 +181,41 @@ func tail(b []byte) string {
 		b = b[len(b)-4000:]
 	}
 	return string(b)
+}
+
+// Kubeconfig writes a kubeconfig for the server (namespace default) into
+// the test's temporary directory and returns its path, for child processes
+// (infera serve and worker take it with --kubeconfig).
+func (s *Server) Kubeconfig(t testing.TB) string {
+	t.Helper()
+	ca := base64.StdEncoding.EncodeToString(s.Config.CAPEM)
+	kc := "apiVersion: v1\nkind: Config\ncurrent-context: kubetest\n" +
+		"clusters:\n- name: kubetest\n  cluster:\n    server: " + s.Config.Server + "\n    certificate-authority-data: " + ca + "\n" +
+		"users:\n- name: admin\n  user:\n    token: " + Token + "\n" +
+		"contexts:\n- name: kubetest\n  context:\n    cluster: kubetest\n    user: admin\n    namespace: default\n"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// CreateRunningPod creates Pod name in namespace default with labels and a
+// node name (so that a graceful delete sets a deletion timestamp and keeps
+// the Pod), then sets its phase to Running through the status subresource:
+// there is no kubelet.
+func CreateRunningPod(t testing.TB, cli *kube.Client, name string, labels map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	lb, _ := json.Marshal(labels)
+	pod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":` + strconv.Quote(name) + `,"labels":` + string(lb) + `},` +
+		`"spec":{"nodeName":"node-a","containers":[{"name":"w","image":"infera"}]}}`
+	const pods = "/api/v1/namespaces/default/pods"
+	if _, err := cli.Do(ctx, http.MethodPost, pods, "application/json", []byte(pod)); err != nil {
+		t.Fatalf("create pod %s: %v", name, err)
+	}
+	if _, err := cli.Do(ctx, http.MethodPatch, pods+"/"+name+"/status", "application/merge-patch+json",
+		[]byte(`{"status":{"phase":"Running"}}`)); err != nil {
+		t.Fatalf("pod %s status: %v", name, err)
+	}
 }
