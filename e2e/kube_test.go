@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -197,4 +198,40 @@ func TestKubeFleet(t *testing.T) {
 	k.waitWorkers("the deleted Pod's worker to leave", 20*time.Second, func(w map[string]string) bool {
 		return len(w) == 0
 	})
+}
+
+// TestKubePythonWorkerAnnotation: a Pod annotated the way the reference's
+// Python workers write it (json.dumps of their payload: no status, no
+// replay endpoint) is routed by a Go server, and leaves when the
+// annotation is cleared, as a Python worker deregisters.
+func TestKubePythonWorkerAnnotation(t *testing.T) {
+	k := startKubeServe(t)
+	sim := start(t, "sim", "sim", "--port", "0", "--time-scale", "0", "--model", "sim-model")
+	addr, _ := sim.waitLog("sim listening", 30*time.Second)["addr"].(string)
+	if addr == "" {
+		t.Fatal("sim listening line has no addr")
+	}
+	kubetest.CreateRunningPod(t, k.cli, "py-worker", map[string]string{"app": "infera-worker"})
+	payload := `{"worker_id": "` + addr + `", "url": "http://` + addr + `", "model_name": "sim-model", "engine": "vllm", ` +
+		`"disagg_mode": "mixed", "disagg_meta": {}, "kv_events_endpoint": null, "kv_block_size": null, "dp_rank": null, ` +
+		`"dp_size": null, "request_transport": "http"}`
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{kube.AnnotationKey: payload}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podPath := "/api/v1/namespaces/default/pods/py-worker"
+	if _, err := k.cli.Do(t.Context(), http.MethodPatch, podPath, "application/merge-patch+json", patch); err != nil {
+		t.Fatal(err)
+	}
+	k.waitWorkers("the Python-registered worker", 20*time.Second, func(w map[string]string) bool { return w[addr] == "active" })
+	for i := range 4 {
+		status, worker, body, err := chat(t.Context(), k.base, i%2 == 1, fmt.Sprintf("python %d", i), 2)
+		if err != nil || status != http.StatusOK || worker != addr {
+			t.Fatalf("request %d: status %d worker %q err %v body %s", i, status, worker, err, body)
+		}
+	}
+	if _, err := k.cli.Do(t.Context(), http.MethodPatch, podPath, "application/merge-patch+json", []byte(kube.ClearPatch)); err != nil {
+		t.Fatal(err)
+	}
+	k.waitWorkers("the cleared worker to leave", 20*time.Second, func(w map[string]string) bool { return len(w) == 0 })
 }
