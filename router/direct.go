@@ -11,6 +11,15 @@ import (
 // prefill header too, runs PD on exactly that pair. Without the header a
 // request is routed as usual. Nothing is written into the body (the
 // reference leaks an internal body key to engines; not copied).
+//
+// Not wired yet (router.go, relay.go, attempt.go and pd.go are being
+// reshaped): --router-mode auto|direct (INFERA_ROUTER_MODE) sets a
+// Config.Direct; proxy, after the model's candidates are found, calls
+// pickDirect when it is set, answers a Refusal with 503 (outcome
+// no_worker), sends a pick with Prefill to the PD path and one without to
+// the mixed path whatever the model's pools; begin takes the picked worker
+// (or pair) as the only candidate with no policy Pick, no breaker or stall
+// skip and no DP-rank pin; canRetry and canRetryPD answer false.
 const (
 	// HeaderDirectWorker names the worker (decode worker of a PD pair).
 	HeaderDirectWorker = "X-Worker-Instance-Id"

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net/http"
 	"net/url"
@@ -313,7 +314,10 @@ func ParseScaleBody(body []byte) ([]ScaleRequest, error) {
 	var top any
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
-	if err := dec.Decode(&top); err != nil || dec.More() {
+	if err := dec.Decode(&top); err != nil {
+		return nil, scaleErr(http.StatusBadRequest, "body must be JSON")
+	}
+	if _, err := dec.Token(); err != io.EOF { // one value, as json.loads reads
 		return nil, scaleErr(http.StatusBadRequest, "body must be JSON")
 	}
 	var services json.RawMessage

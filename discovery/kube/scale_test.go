@@ -161,6 +161,8 @@ func TestScalingAPIAgainstAPIServer(t *testing.T) {
 		"Edit the InferaDeployment directly if that is the intent."
 	for _, c := range []struct{ body, msg string }{
 		{`{"services":`, "body must be JSON"},
+		{`{"services":{"decode":3}}}`, "body must be JSON"},
+		{``, "body must be JSON"},
 		{`{"pools":{"decode":3}}`, `body must be {"services": {"<name>": {"replicas": N}}}`},
 		{`{"services":[3]}`, `body must be {"services": {"<name>": {"replicas": N}}}`},
 		{`{"services":{}}`, "no services named"},
