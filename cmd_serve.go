@@ -104,6 +104,9 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 	if err != nil {
 		return fmt.Errorf("build router: %w", err)
 	}
+	if err := startScaleAPI(cfg, log, rt, &started); err != nil {
+		return err
+	}
 	etcdCfg := cfg.Etcd
 	if cfg.Kube.Backend == config.DiscoveryKubernetes {
 		if err := startKubeWatcher(cfg, log, rt, spawn, cancel, &started); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/rs/zerolog"
 
@@ -33,5 +34,30 @@ func startKubeWatcher(cfg config.Serve, log zerolog.Logger, rt *router.Router,
 			cancel(fmt.Errorf("pod watcher: %w", err))
 		}
 	})
+	return nil
+}
+
+// startScaleAPI enables GET/POST /v1/admin/scale (--enable-scaling-api):
+// the InferaDeployment of this server's Pod (POD_NAME) in its namespace,
+// over the in-cluster credentials or --kubeconfig, whichever discovery
+// backend feeds the fleet. The deployment is resolved at the first request,
+// as the reference does, so a missing label or permission is an answer of
+// the API, not a failed start.
+func startScaleAPI(cfg config.Serve, log zerolog.Logger, rt *router.Router, started *lifecycle.Stack) error {
+	if !cfg.Kube.EnableScaling {
+		return nil
+	}
+	kc, err := kube.LoadConfig(cfg.Kube.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("scaling api: kubernetes credentials: %w", err)
+	}
+	cli, err := kube.NewClient(kc)
+	if err != nil {
+		return fmt.Errorf("scaling api: kubernetes client: %w", err)
+	}
+	started.Push(func() error { cli.Close(); return nil })
+	ns := kube.Namespace(cfg.Kube.Namespace, kc)
+	rt.SetScaleAPI(kube.NewScaler(cli, ns, os.Getenv("POD_NAME"), log))
+	log.Info().Str("namespace", ns).Msg("scaling API enabled: GET/POST /v1/admin/scale resizes this deployment's pools (needs RBAC to patch inferadeployments)")
 	return nil
 }

@@ -17,6 +17,9 @@ type Kube struct {
 	Namespace  string // Pods' namespace; empty: POD_NAMESPACE, the service account's, else default
 	Selector   string // serve: label selector of the worker Pods (required for kubernetes)
 	Kubeconfig string // out-of-cluster credentials; empty: in-cluster, $KUBECONFIG, ~/.kube/config
+	// EnableScaling (serve): GET/POST /v1/admin/scale reads and patches the
+	// InferaDeployment named by the server Pod's infera.amd.com/deployment label.
+	EnableScaling bool
 }
 
 // Flags returns the backend flags; serve adds the label selector.
@@ -27,7 +30,8 @@ func (k *Kube) Flags(serve bool) []cli.Flag {
 		withDefaultText(String("kubeconfig", "kubeconfig for out-of-cluster use (kubernetes backend)", &k.Kubeconfig, ""), "in-cluster service account, else $KUBECONFIG, else ~/.kube/config"),
 	}
 	if serve {
-		fs = append(fs, String("k8s-label-selector", "label selector of the worker Pods the server watches (required with --discovery-backend kubernetes)", &k.Selector, ""))
+		fs = append(fs, String("k8s-label-selector", "label selector of the worker Pods the server watches (required with --discovery-backend kubernetes)", &k.Selector, ""),
+			Bool("enable-scaling-api", "serve GET/POST /v1/admin/scale: read and set the replicas of this server's InferaDeployment (found from its Pod's infera.amd.com/deployment label; needs POD_NAME, Kubernetes credentials and RBAC to get/patch inferadeployments); off: 403", &k.EnableScaling, false))
 	}
 	return fs
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
+	"strings"
 
 	"github.com/rs/zerolog"
 )
@@ -40,15 +42,61 @@ func systemInterfaces() ([]netInterface, error) {
 	return out, nil
 }
 
+// DefaultNodePortRange is Kubernetes' default --service-node-port-range.
+// Any Service may claim a port in it cluster-wide at any time, and kube-proxy
+// (IPVS) then owns that port on every node address: an engine listening there
+// answers on loopback but is refused from the node IP it advertises. Ports the
+// worker allocates keep out of it (INFERA_NODEPORT_RANGE), as the reference's
+// do.
+const DefaultNodePortRange = "30000-32767"
+
+// reservedPorts is the window auto-allocated ports avoid: INFERA_NODEPORT_RANGE
+// ("lo-hi"), "none" or "off" for no window; an empty or unreadable value keeps
+// the default (a manifest rendering an unset variable as "" must not drop the
+// guard). ok is false without a window.
+func reservedPorts(lookup func(string) (string, bool)) (lo, hi int, ok bool) {
+	spec := DefaultNodePortRange
+	if v, set := lookup("INFERA_NODEPORT_RANGE"); set && strings.TrimSpace(v) != "" {
+		spec = strings.TrimSpace(v)
+	}
+	if strings.EqualFold(spec, "none") || strings.EqualFold(spec, "off") {
+		return 0, 0, false
+	}
+	if lo, hi, ok := parsePortRange(spec); ok {
+		return lo, hi, true
+	}
+	lo, hi, _ = parsePortRange(DefaultNodePortRange)
+	return lo, hi, true
+}
+
+func parsePortRange(s string) (int, int, bool) {
+	a, b, found := strings.Cut(s, "-")
+	lo, err1 := strconv.Atoi(strings.TrimSpace(a))
+	hi, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if !found || err1 != nil || err2 != nil || lo < 0 || hi < lo || hi > 65535 {
+		return 0, 0, false
+	}
+	return lo, hi, true
+}
+
 // freePortBlock asks the kernel for a free TCP port on host and checks that
 // the n-1 ports after it are free too (engines put data-parallel rank r on
-// base port + r). Another process can take a port before the engine binds
-// it; the engine then fails to start, which the worker reports, rather than
-// serving on an unexpected port.
+// base port + r). A block touching the NodePort window (reservedPorts) is
+// not taken; when the kernel keeps handing out ports there (a host whose
+// ephemeral range overlaps it), random blocks below the window are tried.
+// Another process can take a port before the engine binds it; the engine
+// then fails to start, which the worker reports, rather than serving on an
+// unexpected port.
 func freePortBlock(host string, n int) (int, error) {
+	return freePortBlockOutside(host, n, os.LookupEnv)
+}
+
+func freePortBlockOutside(host string, n int, lookup func(string) (string, bool)) (int, error) {
 	if n < 1 {
 		return 0, fmt.Errorf("find free ports on %q: want at least one, got %d", host, n)
 	}
+	lo, hi, guard := reservedPorts(lookup)
+	reserved := func(base int) bool { return guard && base+n-1 >= lo && base <= hi }
 	var lastErr error
 	for range portBlockAttempts {
 		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
@@ -56,26 +104,55 @@ func freePortBlock(host string, n int) (int, error) {
 			return 0, fmt.Errorf("find free port on %q: %w", host, err)
 		}
 		base := l.Addr().(*net.TCPAddr).Port
-		held := []net.Listener{l}
-		ok := base+n-1 <= 65535
-		for p := base + 1; ok && p < base+n; p++ {
-			ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
-			if err != nil {
-				lastErr, ok = err, false
-				break
-			}
-			held = append(held, ln)
+		if reserved(base) {
+			_ = l.Close()
+			lastErr = fmt.Errorf("port %d is in the NodePort range %d-%d (INFERA_NODEPORT_RANGE)", base, lo, hi)
+			break
 		}
-		for _, ln := range held {
-			if err := ln.Close(); err != nil && lastErr == nil {
+		if ok, err := holdBlock(host, base, n, l); ok {
+			return base, nil
+		} else if err != nil {
+			lastErr = err
+		}
+	}
+	if guard && lo-n >= 1024 && lastErr != nil {
+		for range portBlockAttempts {
+			var r [2]byte
+			_, _ = rand.Read(r[:])
+			base := 1024 + int(uint16(r[0])<<8|uint16(r[1]))%(lo-n-1024+1)
+			if ok, err := holdBlock(host, base, n, nil); ok {
+				return base, nil
+			} else if err != nil {
 				lastErr = err
 			}
 		}
-		if ok {
-			return base, nil
-		}
 	}
 	return 0, fmt.Errorf("find %d consecutive free ports on %q: gave up after %d attempts (last: %v)", n, host, portBlockAttempts, lastErr)
+}
+
+// holdBlock checks that ports base..base+n-1 are free on host (first, when
+// not nil, already listens on base) and releases them.
+func holdBlock(host string, base, n int, first net.Listener) (bool, error) {
+	var held []net.Listener
+	if first != nil {
+		held = append(held, first)
+	}
+	var lastErr error
+	ok := base+n-1 <= 65535
+	for p := base + len(held); ok && p < base+n; p++ {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err != nil {
+			lastErr, ok = err, false
+			break
+		}
+		held = append(held, ln)
+	}
+	for _, ln := range held {
+		if err := ln.Close(); err != nil && lastErr == nil {
+			lastErr = err
+		}
+	}
+	return ok, lastErr
 }
 
 // isUnspecified reports whether host binds every interface. Empty counts:

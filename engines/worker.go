@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -163,6 +164,9 @@ func Run(ctx context.Context, cfg config.Worker, log zerolog.Logger) error {
 }
 
 func (w *worker) serve(ctx context.Context, newKeeper func(discovery.Record) recordKeeper) error {
+	if rank := followerRank(w.cfg.EngineArgs, os.LookupEnv); rank > 0 {
+		return w.follow(ctx, rank)
+	}
 	if err := w.proc.WaitHealthy(ctx, w.local+"/health", w.cfg.HealthInterval, w.cfg.ReadyTimeout); err != nil {
 		if ctx.Err() != nil && !errors.Is(err, ErrExited) {
 			w.log.Info().Msg("stopped before the engine was ready")
@@ -458,5 +462,34 @@ func (w *worker) stopEngine() {
 	defer cancel()
 	if err := w.proc.Stop(ctx, w.cfg.StopGrace); err != nil {
 		w.log.Error().Err(err).Msg("engine did not stop")
+	}
+}
+
+// followerRank is the node rank of a member of a multi-node engine group
+// (a LeaderWorkerSet): the engine's --node-rank, else LWS_WORKER_INDEX; 0
+// for the leader, a single node or an unreadable value.
+func followerRank(args []string, lookup func(string) (string, bool)) int {
+	v, ok, err := firstEngineFlag(args, "node-rank")
+	if !ok || err != nil {
+		v, _ = lookup("LWS_WORKER_INDEX")
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// follow supervises the engine of a multi-node follower (node rank > 0)
+// until ctx ends or the engine exits: a follower runs its tensor-parallel
+// part only and cannot serve the API, so it never registers (node rank 0
+// does), as the reference's workers.
+func (w *worker) follow(ctx context.Context, rank int) error {
+	w.log.Info().Int("node_rank", rank).Msg("multinode follower: not registering (node rank 0 serves and registers)")
+	select {
+	case <-w.proc.Done():
+		return fmt.Errorf("worker: %w unexpectedly: %s", ErrExited, exitStatus(w.proc.ExitErr()))
+	case <-ctx.Done():
+		return nil
 	}
 }

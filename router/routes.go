@@ -26,6 +26,7 @@ const (
 	RoutePrewarm   // POST /v1/cache/prewarm: a prefetch_hint to kvd (prewarm.go)
 	RouteFleet     // GET /v1/admin/fleet: the fleet snapshot, or its SSE stream (fleetsnap.go)
 	RouteDashboard // GET /dashboard: the live fleet page (webui)
+	RouteScale     // GET/POST /v1/admin/scale: the InferaDeployment's pool sizes (scale.go)
 	RouteOther
 	numRoutes
 )
@@ -52,6 +53,7 @@ var routePaths = [numRoutes]string{
 	RoutePrewarm:         "/v1/cache/prewarm",
 	RouteFleet:           "/v1/admin/fleet",
 	RouteDashboard:       "/dashboard",
+	RouteScale:           "/v1/admin/scale",
 	RouteOther:           "",
 }
 
@@ -81,6 +83,7 @@ var routeLabels = [numRoutes]string{
 	RoutePrewarm:         "cache_prewarm",
 	RouteFleet:           "fleet",
 	RouteDashboard:       "dashboard",
+	RouteScale:           "scale",
 	RouteOther:           "other",
 }
 
@@ -143,6 +146,8 @@ func routeOf(path []byte) Route {
 		return RouteFleet
 	case "/dashboard":
 		return RouteDashboard
+	case "/v1/admin/scale":
+		return RouteScale
 	}
 	if len(path) > len(modelPrefix) && string(path[:len(modelPrefix)]) == modelPrefix {
 		return RouteModel
@@ -198,7 +203,7 @@ func (o outcome) String() string { return outcomeLabels[o] }
 // admin reports whether rt is an admin or fleet endpoint: served on
 // --admin-listen when there is one, behind --admin-token when set.
 func (rt Route) admin() bool {
-	return rt == RouteWorkers || rt == RouteMetrics || rt == RouteCacheView || rt == RouteFleet || rt == RouteDashboard
+	return rt == RouteWorkers || rt == RouteMetrics || rt == RouteCacheView || rt == RouteFleet || rt == RouteDashboard || rt == RouteScale
 }
 
 // generates reports whether the route's workers generate tokens: their

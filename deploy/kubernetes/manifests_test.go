@@ -21,12 +21,16 @@ import (
 
 // resource maps apiVersion/kind to the collection path prefix and plural.
 var resource = map[string][2]string{
-	"v1/ServiceAccount":                        {"/api/v1", "serviceaccounts"},
-	"v1/Service":                               {"/api/v1", "services"},
-	"apps/v1/Deployment":                       {"/apis/apps/v1", "deployments"},
-	"rbac.authorization.k8s.io/v1/Role":        {"/apis/rbac.authorization.k8s.io/v1", "roles"},
-	"rbac.authorization.k8s.io/v1/RoleBinding": {"/apis/rbac.authorization.k8s.io/v1", "rolebindings"},
+	"v1/ServiceAccount":                                {"/api/v1", "serviceaccounts"},
+	"v1/Service":                                       {"/api/v1", "services"},
+	"apps/v1/Deployment":                               {"/apis/apps/v1", "deployments"},
+	"rbac.authorization.k8s.io/v1/Role":                {"/apis/rbac.authorization.k8s.io/v1", "roles"},
+	"rbac.authorization.k8s.io/v1/RoleBinding":         {"/apis/rbac.authorization.k8s.io/v1", "rolebindings"},
+	"apiextensions.k8s.io/v1/CustomResourceDefinition": {"/apis/apiextensions.k8s.io/v1", "customresourcedefinitions"},
 }
+
+// clusterScoped kinds are created without a namespace in their path.
+var clusterScoped = map[string]bool{"CustomResourceDefinition": true}
 
 func TestManifestsServerSideDryRun(t *testing.T) {
 	files, err := filepath.Glob("*.yaml")
@@ -72,6 +76,9 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 				ns = "default"
 			}
 			path := r[0] + "/namespaces/" + ns + "/" + r[1] + "?dryRun=All&fieldValidation=Strict"
+			if clusterScoped[head.Kind] {
+				path = r[0] + "/" + r[1] + "?dryRun=All&fieldValidation=Strict"
+			}
 			if _, err := cli.Do(context.Background(), http.MethodPost, path, "application/json", js); err != nil {
 				t.Errorf("%s #%d (%s): %v", f, i, head.Kind, err)
 			}

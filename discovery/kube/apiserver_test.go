@@ -17,17 +17,7 @@ import (
 const podsPath = "/api/v1/namespaces/default/pods"
 
 func createRunningPod(t *testing.T, cli *kube.Client, name string) {
-	t.Helper()
-	ctx := context.Background()
-	pod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + name + `","labels":{"app":"infera-worker"}},` +
-		`"spec":{"nodeName":"node-a","containers":[{"name":"w","image":"infera"}]}}`
-	if _, err := cli.Do(ctx, http.MethodPost, podsPath, "application/json", []byte(pod)); err != nil {
-		t.Fatalf("create pod %s: %v", name, err)
-	}
-	if _, err := cli.Do(ctx, http.MethodPatch, podsPath+"/"+name+"/status", "application/merge-patch+json",
-		[]byte(`{"status":{"phase":"Running"}}`)); err != nil {
-		t.Fatalf("pod %s status: %v", name, err)
-	}
+	kubetest.CreateRunningPod(t, cli, name, map[string]string{"app": "infera-worker"})
 }
 
 func rec(id string) discovery.Record {

@@ -4,11 +4,15 @@
 package kubetest
 
 import (
+	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"net"
@@ -22,11 +26,18 @@ import (
 	"testing"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/infera/infera/discovery/kube"
 )
 
 // Token is the static bearer token of the test API server (system:masters).
 const Token = "kubetest-token"
+
+// UserTokens are static bearer tokens of users without any group: the API
+// server authorizes with RBAC, so they may do only what a test grants them
+// with a Role and RoleBinding naming the user (the map's key).
+var UserTokens = map[string]string{"alice": "kubetest-alice", "bob": "kubetest-bob", "carol": "kubetest-carol"}
 
 // Server is a running kube-apiserver.
 type Server struct {
@@ -99,7 +110,11 @@ func Start(t testing.TB) *Server {
 	writePEM(t, filepath.Join(dir, "sa.key"), "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(saKey))
 	pub, _ := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
 	writePEM(t, filepath.Join(dir, "sa.pub"), "PUBLIC KEY", pub)
-	if err := os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(Token+",admin,admin,system:masters\n"), 0o600); err != nil {
+	tokens := Token + ",admin,admin,system:masters\n"
+	for user, tok := range UserTokens {
+		tokens += tok + "," + user + "," + user + "\n"
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(tokens), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -128,7 +143,7 @@ func (s *Server) startAPI() {
 		"--secure-port="+strconv.Itoa(s.port), "--tls-cert-file="+d+"/srv.crt", "--tls-private-key-file="+d+"/srv.key",
 		"--client-ca-file="+d+"/ca.crt", "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+d+"/sa.pub", "--service-account-signing-key-file="+d+"/sa.key",
-		"--service-cluster-ip-range=10.0.0.0/24", "--token-auth-file="+d+"/tokens.csv", "--authorization-mode=AlwaysAllow",
+		"--service-cluster-ip-range=10.0.0.0/24", "--token-auth-file="+d+"/tokens.csv", "--authorization-mode=RBAC",
 		"--disable-admission-plugins=ServiceAccount", "--endpoint-reconciler-type=none")
 	logf, err := os.Create(filepath.Join(d, "apiserver.log"))
 	if err != nil {
@@ -178,4 +193,118 @@ func tail(b []byte) string {
 		b = b[len(b)-4000:]
 	}
 	return string(b)
+}
+
+// Kubeconfig writes a kubeconfig for the server (namespace default) into
+// the test's temporary directory and returns its path, for child processes
+// (infera serve and worker take it with --kubeconfig).
+func (s *Server) Kubeconfig(t testing.TB) string {
+	t.Helper()
+	ca := base64.StdEncoding.EncodeToString(s.Config.CAPEM)
+	kc := "apiVersion: v1\nkind: Config\ncurrent-context: kubetest\n" +
+		"clusters:\n- name: kubetest\n  cluster:\n    server: " + s.Config.Server + "\n    certificate-authority-data: " + ca + "\n" +
+		"users:\n- name: admin\n  user:\n    token: " + Token + "\n" +
+		"contexts:\n- name: kubetest\n  context:\n    cluster: kubetest\n    user: admin\n    namespace: default\n"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// CreateRunningPod creates Pod name in namespace default with labels and a
+// node name (so that a graceful delete sets a deletion timestamp and keeps
+// the Pod), then sets its phase to Running through the status subresource:
+// there is no kubelet.
+func CreateRunningPod(t testing.TB, cli *kube.Client, name string, labels map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	lb, _ := json.Marshal(labels)
+	pod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":` + strconv.Quote(name) + `,"labels":` + string(lb) + `},` +
+		`"spec":{"nodeName":"node-a","containers":[{"name":"w","image":"infera"}]}}`
+	const pods = "/api/v1/namespaces/default/pods"
+	if _, err := cli.Do(ctx, http.MethodPost, pods, "application/json", []byte(pod)); err != nil {
+		t.Fatalf("create pod %s: %v", name, err)
+	}
+	if _, err := cli.Do(ctx, http.MethodPatch, pods+"/"+name+"/status", "application/merge-patch+json",
+		[]byte(`{"status":{"phase":"Running"}}`)); err != nil {
+		t.Fatalf("pod %s status: %v", name, err)
+	}
+}
+
+// As returns the server's configuration with another bearer token.
+func (s *Server) As(token string) kube.Config {
+	c := s.Config
+	c.Token = token
+	return c
+}
+
+// Apply creates the objects of a YAML or JSON document (several YAML
+// documents separated by "---" lines) as the admin: namespaced kinds in
+// namespace default. Kinds it knows: CustomResourceDefinition (it waits
+// until the new resource is served), Role, RoleBinding, Pod, and any
+// InferaDeployment.
+func Apply(t testing.TB, cli *kube.Client, doc []byte) {
+	t.Helper()
+	ctx := context.Background()
+	for _, d := range bytes.Split(doc, []byte("\n---\n")) {
+		if len(bytes.TrimSpace(d)) == 0 {
+			continue
+		}
+		js, err := yaml.YAMLToJSON(d)
+		if err != nil {
+			t.Fatalf("apply: %v", err)
+		}
+		var head struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+			Spec struct {
+				Group string `json:"group"`
+				Names struct {
+					Plural string `json:"plural"`
+				} `json:"names"`
+				Versions []struct {
+					Name string `json:"name"`
+				} `json:"versions"`
+			} `json:"spec"`
+		}
+		if err := json.Unmarshal(js, &head); err != nil {
+			t.Fatalf("apply: %v", err)
+		}
+		var path string
+		switch head.Kind {
+		case "CustomResourceDefinition":
+			path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+		case "Role":
+			path = "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles"
+		case "RoleBinding":
+			path = "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings"
+		case "Pod":
+			path = "/api/v1/namespaces/default/pods"
+		case "InferaDeployment":
+			path = "/apis/" + kube.CRGroup + "/" + kube.CRVersion + "/namespaces/default/" + kube.CRPlural
+		default:
+			t.Fatalf("apply: no path known for kind %q", head.Kind)
+		}
+		if _, err := cli.Do(ctx, http.MethodPost, path, "application/json", js); err != nil {
+			t.Fatalf("apply %s %s: %v", head.Kind, head.Metadata.Name, err)
+		}
+		if head.Kind != "CustomResourceDefinition" || len(head.Spec.Versions) == 0 {
+			continue
+		}
+		list := "/apis/" + head.Spec.Group + "/" + head.Spec.Versions[0].Name + "/" + head.Spec.Names.Plural
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			_, err := cli.Do(ctx, http.MethodGet, list, "", nil)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("custom resource %s not served: %v", list, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 }
