@@ -294,6 +294,7 @@ type streamOutcome struct {
 	done       bool   // saw data: [DONE]
 	errorEvent string // the message of an in-stream error event
 	chunks     int
+	text       string // the content the chunks carried, in order
 	end        time.Time
 	err        error // transport error (reset, timeout)
 }
@@ -324,6 +325,8 @@ func probeStream(ctx context.Context, base, content string, maxTokens int, start
 	out.status = resp.StatusCode
 	out.worker = resp.Header.Get("X-Infera-Worker")
 	rd := bufio.NewReader(resp.Body)
+	var text strings.Builder
+	defer func() { out.text = text.String() }()
 	for {
 		line, err := rd.ReadString('\n')
 		if payload, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: "); ok {
@@ -339,6 +342,16 @@ func probeStream(ctx context.Context, base, content string, maxTokens int, start
 				}
 			default:
 				out.chunks++
+				var c struct {
+					Choices []struct {
+						Delta struct{ Content string }
+					}
+				}
+				if json.Unmarshal([]byte(payload), &c) == nil {
+					for _, ch := range c.Choices {
+						text.WriteString(ch.Delta.Content)
+					}
+				}
 				signal()
 			}
 		}

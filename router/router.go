@@ -155,6 +155,7 @@ type Router struct {
 	cursors map[string]*atomic.Uint64 // per model; guarded by fleetMu
 
 	conns upstream.Set // open upstream connections
+	scale ScaleAPI     // GET/POST /v1/admin/scale; nil: disabled (scale.go)
 
 	front *frontDoor // client connection and body budgets
 
@@ -393,6 +394,8 @@ func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 		r.serveFleet(ctx)
 	case RouteDashboard:
 		r.serveDashboard(ctx)
+	case RouteScale:
+		r.ServeScale(ctx)
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, "unknown path "+clip(ctx.Path()), openai.TypeNotFound, "not_found")
 		r.metrics.request(RouteOther, outcomeNotFound).Inc()

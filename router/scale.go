@@ -3,7 +3,6 @@ package router
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -23,27 +22,9 @@ type ScaleAPI interface {
 	ScalePost(ctx context.Context, body []byte) ([]byte, error)
 }
 
-// scaleAPIs holds the scaling API of each router that has one
-// (SetScaleAPI). A side table rather than a Router field while router.go
-// is being reshaped: the only hook router.go needs is the route's case in
-// serve, "case RouteScale: r.ServeScale(ctx)". Entries are few (one per
-// serving process) and never removed.
-var scaleAPIs sync.Map // *Router → ScaleAPI
-
 // SetScaleAPI enables GET/POST /v1/admin/scale with api; call it before
 // serving. Without it the route answers 403 (disabled).
-func (r *Router) SetScaleAPI(api ScaleAPI) {
-	if api != nil {
-		scaleAPIs.Store(r, api)
-	}
-}
-
-func (r *Router) scaleAPI() ScaleAPI {
-	if v, ok := scaleAPIs.Load(r); ok {
-		return v.(ScaleAPI)
-	}
-	return nil
-}
+func (r *Router) SetScaleAPI(api ScaleAPI) { r.scale = api }
 
 // ScaleTimeout bounds one scaling request (a few API server calls).
 const ScaleTimeout = 30 * time.Second
@@ -56,8 +37,7 @@ const scaleDisabled = "scaling API disabled; start the server with --enable-scal
 // are the reference's: the view as JSON, errors as {"detail": message}.
 // Authentication (the admin token) is the caller's: serve's allowed.
 func (r *Router) ServeScale(ctx *fasthttp.RequestCtx) {
-	r.requestID(ctx)
-	api := r.scaleAPI()
+	api := r.scale
 	post := ctx.IsPost()
 	if !ctx.IsGet() && !post {
 		ctx.Response.Header.Set("Allow", "GET, POST")

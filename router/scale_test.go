@@ -65,7 +65,7 @@ func TestScaleEndpoint(t *testing.T) {
 		}
 		r.SetScaleAPI(api)
 		return "http://" + servetest.Loopback(t, "scale", func(ctx context.Context, ln net.Listener) error {
-			return lifecycle.Serve(ctx, &fasthttp.Server{Handler: r.ServeScale}, ln, lifecycle.Options{Grace: time.Second})
+			return lifecycle.Serve(ctx, &fasthttp.Server{Handler: r.Handle}, ln, lifecycle.Options{Grace: time.Second})
 		})
 	}
 	client := &http.Client{Transport: &http.Transport{}}

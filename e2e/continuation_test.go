@@ -1,0 +1,168 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Issue 30, acceptance 1: streams that survive their engine. Four simulated
+// workers stream under `infera bench` at 32 concurrency for 60 s while an
+// engine is SIGKILLed (and its worker restarted) every 10 s and one worker
+// is drained (SIGTERM, a short --drain-timeout: streams still running then
+// are cut) and restarted. With --migration-limit on, no stream fails: each
+// broken one is continued on another worker, and long probe streams read
+// exactly the text of the same request run without faults (the simulator's
+// text is a function of the prompt and the tokens before).
+
+const (
+	contRun       = 60 * time.Second
+	contKillEvery = 10 * time.Second
+	contProbes    = 8
+	contProbeLen  = 400
+)
+
+// contSimArgs: real time, fast prefill, slow enough decode that streams are
+// mid-way when the faults strike.
+var contSimArgs = []string{"--time-scale", "1", "--prefill-tokens-per-s", "1000000", "--decode-ms-per-token", "2"}
+
+func TestChaosStreamingContinued(t *testing.T) {
+	f := startServe(t, "--log-level", "info", "--request-max-retries", "2",
+		"--ttft-timeout", "3s", "--stream-idle-timeout", "3s", "--migration-limit", "3")
+	type member struct {
+		name string
+		p    *proc
+		id   string
+	}
+	var (
+		mu      sync.Mutex
+		members = map[string]*member{}
+		starts  int
+	)
+	startMember := func(name string) *member {
+		starts++
+		p, id := f.startWorkerFlags(fmt.Sprintf("worker-%s-%d", name, starts), []string{"--drain-timeout", "2s"}, contSimArgs...)
+		m := &member{name: name, p: p, id: id}
+		mu.Lock()
+		members[name] = m
+		mu.Unlock()
+		return m
+	}
+	for _, name := range []string{"a", "b", "c", "d"} {
+		startMember(name)
+	}
+	f.waitWorkers("four active workers", 30*time.Second, func(w map[string]string) bool {
+		n := 0
+		for _, s := range w {
+			if s == "active" {
+				n++
+			}
+		}
+		return n == 4
+	})
+
+	// The text of every probe without faults.
+	want := make([]string, contProbes)
+	for i := range want {
+		o := probeStream(t.Context(), f.base, probePrompt(i), contProbeLen, nil)
+		if o.err != nil || !o.done || o.errorEvent != "" {
+			t.Fatalf("reference probe %d: %+v", i, o)
+		}
+		want[i] = o.text
+	}
+
+	b := startBench(t, "--url", f.base, "--model", "sim-model", "--requests", "0",
+		"--duration", contRun.String(), "--concurrency", "32", "--input-len", "32", "--output-len", "48",
+		"--stream=true", "--timeout", "5m")
+
+	// Probe rounds: long streams started before each fault, read to their
+	// end.
+	type probeResult struct {
+		round, i int
+		out      streamOutcome
+	}
+	results := make(chan probeResult, 64)
+	var probesWG sync.WaitGroup
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	probeRound := func(round int) {
+		started := make([]chan struct{}, contProbes)
+		for i := range contProbes {
+			started[i] = make(chan struct{})
+			probesWG.Go(func() {
+				results <- probeResult{round, i, probeStream(ctx, f.base, probePrompt(i), contProbeLen, started[i])}
+			})
+		}
+		for _, ch := range started {
+			select {
+			case <-ch:
+			case <-time.After(30 * time.Second):
+				t.Errorf("round %d: a probe stream did not start", round)
+			}
+		}
+	}
+
+	// The faults: a kill every contKillEvery (victims in turn: a, b, c),
+	// the drain of d after the second kill.
+	victims := []string{"a", "b", "c"}
+	end := time.Now().Add(contRun - 5*time.Second)
+	for round := 0; time.Now().Before(end); round++ {
+		time.Sleep(contKillEvery / 2)
+		probeRound(round)
+		mu.Lock()
+		v := members[victims[round%len(victims)]]
+		mu.Unlock()
+		if err := syscall.Kill(enginePID(t, v.p), syscall.SIGKILL); err != nil {
+			t.Fatalf("kill the engine of %s: %v", v.name, err)
+		}
+		if err := v.p.wait(20 * time.Second); err == nil {
+			t.Errorf("worker %s exited 0 after its engine was killed", v.name)
+		}
+		startMember(v.name)
+		if round == 1 {
+			probeRound(100 + round)
+			mu.Lock()
+			d := members["d"]
+			mu.Unlock()
+			d.p.signal(syscall.SIGTERM)
+			if err := d.p.wait(40 * time.Second); err != nil {
+				t.Errorf("drained worker exited with %v, want 0", err)
+			}
+			startMember("d")
+		}
+		time.Sleep(contKillEvery / 2)
+	}
+
+	rep, out, err := b.wait(t, 2*contRun)
+	if err != nil || len(rep.Errors) != 0 {
+		t.Errorf("bench: %v; failed streams %v, want none; output:\n%s", err, rep.Errors, out)
+	}
+	probesWG.Wait()
+	close(results)
+	n := 0
+	for r := range results {
+		n++
+		o := r.out
+		if o.err != nil || !o.done || o.errorEvent != "" {
+			t.Errorf("probe %d of round %d (worker %s) failed: done=%t error=%q transport=%v", r.i, r.round, o.worker, o.done, o.errorEvent, o.err)
+			continue
+		}
+		if o.text != want[r.i] {
+			t.Errorf("probe %d of round %d (worker %s): continued text differs from the unbroken run\n got %q\nwant %q", r.i, r.round, o.worker, o.text, want[r.i])
+		}
+	}
+	metrics := scrape(t, f.base+"/metrics")
+	broken := metricValue(metrics, "infera_migrations_total", `reason="stream_broken"`)
+	draining := metricValue(metrics, "infera_migrations_total", `reason="worker_draining"`)
+	failed := metricValue(metrics, "infera_migrations_failed_total")
+	if broken == 0 || draining == 0 || failed != 0 {
+		t.Errorf("migrations: %v broken, %v draining, %v failed; want some of both and none failed", broken, draining, failed)
+	}
+	t.Logf("continued chaos: %d requests, %d probes, migrations %v (stream_broken) + %v (worker_draining), per worker %v",
+		rep.Requests, n, broken, draining, rep.PerWorker)
+}
+
+func probePrompt(i int) string { return fmt.Sprintf("probe %d: tell a long story about a routed fleet", i) }
