@@ -165,4 +165,6 @@ func TestChaosStreamingContinued(t *testing.T) {
 		rep.Requests, n, broken, draining, rep.PerWorker)
 }
 
-func probePrompt(i int) string { return fmt.Sprintf("probe %d: tell a long story about a routed fleet", i) }
+func probePrompt(i int) string {
+	return fmt.Sprintf("probe %d: tell a long story about a routed fleet", i)
+}

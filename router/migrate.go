@@ -186,20 +186,37 @@ func (rel *relay) streamComplete() bool {
 
 // canContinue is retryable's rule once the first event reached the client:
 // a tracked stream, not poisoned, under the limit, with time left and an
-// untried worker of the model. Disaggregated streams are not continued yet.
+// untried worker to continue on (continuationPool).
 func (rel *relay) canContinue() bool {
 	m := &rel.mig
-	if !m.on || rel.pd != nil || m.count >= rel.r.cfg.MigrationLimit || m.track.Poisoned != continuation.PoisonNone {
+	if !m.on || m.count >= rel.r.cfg.MigrationLimit || m.track.Poisoned != continuation.PoisonNone {
 		return false
 	}
-	return slices.ContainsFunc(rel.model.Workers, rel.untried)
+	pool, _ := rel.continuationPool()
+	return slices.ContainsFunc(pool, rel.untried)
+}
+
+// continuationPool is where a broken stream continues: the model's mixed
+// workers; for a disaggregated stream without any, its decode pool when
+// the PD protocol's decode engines compute a request without a hand-off
+// themselves (vLLM's connectors and ATOM do; SGLang's decode-mode engine
+// refuses a request without its bootstrap room). decode says which.
+func (rel *relay) continuationPool() (pool []*Worker, decode bool) {
+	c := rel.model
+	if rel.pd == nil || len(c.Workers) > 0 {
+		return c.Workers, false
+	}
+	if rel.pd.proto != nil && rel.pd.proto.name == discovery.ProtocolSGLangBootstrap {
+		return nil, false
+	}
+	return c.Decode, true
 }
 
 // migrationFailed counts a broken tracked stream that ends with the error
 // event, by the reason it could not be continued.
 func (rel *relay) migrationFailed() {
 	m := &rel.mig
-	if !m.on || rel.pd != nil {
+	if !m.on {
 		return
 	}
 	why := migrateFailNoCandidate
@@ -208,8 +225,10 @@ func (rel *relay) migrationFailed() {
 		why = migrateFailPoisoned
 	case m.count >= rel.r.cfg.MigrationLimit:
 		why = migrateFailLimit
-	case m.count > 0 && slices.ContainsFunc(rel.model.Workers, rel.untried):
-		why = migrateFailNoFirstByte
+	default:
+		if pool, _ := rel.continuationPool(); m.count > 0 && slices.ContainsFunc(pool, rel.untried) {
+			why = migrateFailNoFirstByte
+		}
 	}
 	rel.r.metrics.mig.failed[why].Inc()
 }
@@ -224,7 +243,11 @@ var errNotContinuable = errors.New("router: stream cannot be continued")
 func (rel *relay) tryContinue() (bool, error) {
 	a := &rel.att
 	broken := rel.mig.broken
-	if err := rel.begin(a, false); err != nil {
+	begin := rel.begin
+	if _, decode := rel.continuationPool(); decode {
+		begin = rel.beginLeg // the decode pool (prefill false)
+	}
+	if err := begin(a, false); err != nil {
 		return false, errNoRetry
 	}
 	rec := a.ticket.Worker.Record()

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -212,5 +213,46 @@ func TestContinuationAnthropic(t *testing.T) {
 	got, _, errored, raw := streamText(t, tr, "/v1/messages", body)
 	if errored || got != want || strings.Count(raw, "event: message_stop") != 1 || strings.Count(raw, "event: message_start") != 1 {
 		t.Fatalf("continued Anthropic stream: %q (error %v), want %q\n%s", got, errored, want, raw)
+	}
+}
+
+// TestContinuationPD: a disaggregated stream whose decode engine dies
+// mid-way continues on another decode worker (vLLM's decode engines compute
+// a request without a hand-off), exactly: the client reads the unbroken
+// run's text, one finish, no error event. With SGLang's bootstrap protocol
+// (decode engines refuse requests without their room) and no mixed worker,
+// it is not continued.
+func TestContinuationPD(t *testing.T) {
+	const body = `{"model":"sim-model","stream":true,"max_tokens":30,"messages":[{"role":"user","content":"tell me about disaggregated serving please"}]}`
+	for _, c := range []struct {
+		proto     string
+		continued bool
+	}{{discovery.ProtocolVLLMNixl, true}, {discovery.ProtocolVLLMMooncake, true}, {discovery.ProtocolSGLangBootstrap, false}} {
+		t.Run(c.proto, func(t *testing.T) {
+			healthy := startDyingSim(t, config.FlavorVLLM, 0)
+			want, wantFinish, _, _ := streamText(t, startRouter(t, router.RoundRobin{}, router.DefaultConfig(), healthy), "/v1/chat/completions", body)
+			p := startPDSim(t, "prefill", c.proto, nil)
+			dying := startPDSim(t, "decode", c.proto, func(s *config.Sim) { s.DieAfterTokens = 7 })
+			d := startPDSim(t, "decode", c.proto, nil)
+			drec, dyrec := d.record(discovery.DisaggDecode, c.proto), dying.record(discovery.DisaggDecode, c.proto)
+			drec.Engine, dyrec.Engine = discovery.EngineVLLM, discovery.EngineVLLM
+			tr := startRouter(t, prefer{dyrec.WorkerID, drec.WorkerID}, withConfig(func(cfg *router.Config) {
+				cfg.PDPrefillTimeout = 5 * time.Second
+				cfg.MigrationLimit = 3
+			}), p.record(discovery.DisaggPrefill, c.proto), dyrec, drec)
+			got, finish, errored, raw := streamText(t, tr, "/v1/chat/completions", body)
+			if !c.continued {
+				if !errored {
+					t.Fatalf("a %s decode stream was continued on a decode engine that refuses it:\n%s", c.proto, raw)
+				}
+				return
+			}
+			if errored || got != want || finish != wantFinish {
+				t.Fatalf("continued PD stream: %q finish %q error %v, want %q %q\n%s", got, finish, errored, want, wantFinish, raw)
+			}
+			if n := metric(t, tr, `infera_migrations_total{reason="stream_broken"}`); n != 1 {
+				t.Fatalf("migrations %v, want 1", n)
+			}
+		})
 	}
 }

@@ -171,7 +171,7 @@ func (rel *relay) pdTry() (bool, error) {
 		rel.endLegs(verdictNeutral)
 		return false, err
 	}
-	rel.att.body = dbody
+	rel.att.body = rel.askIDs(&rel.att, dbody) // migrate.go: a broken decode stream continues exactly
 	req := rel.upstreamRequest(&pd.pre)
 	pd.legs.setRequestID(req)
 	pd.preRunning = true
@@ -301,7 +301,7 @@ func (rel *relay) pdSerial() (bool, error) {
 		rel.endAttempt(&rel.att, 0, nil, verdictNeutral)
 		return false, err
 	}
-	rel.att.body = dbody
+	rel.att.body = rel.askIDs(&rel.att, dbody) // migrate.go: a broken decode stream continues exactly
 	rel.att.start = time.Now() // its first-byte deadline starts now
 	return rel.pdDecode()
 }

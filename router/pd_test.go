@@ -54,7 +54,9 @@ func startPDSimOn(t *testing.T, ln net.Listener, role, protocol string, tweak fu
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	s, err := sim.New(cfg, zerolog.Nop())
+	// An in-process sim that "crashes" (--die-after-tokens) must not take
+	// the test binary with it.
+	s, err := sim.New(cfg, zerolog.Nop(), sim.WithExit(func(int) {}))
 	if err != nil {
 		_ = ln.Close()
 		t.Fatal(err)

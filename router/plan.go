@@ -14,6 +14,8 @@ import (
 //   - mixed: [worker]  (tryMixed, below)
 //   - disaggregated: [prefill, decode], serial or concurrent as the PD
 //     protocol table says (pdTry, pd.go)
+//   - continuation: [worker] once a stream broke after its first event,
+//     continuing what the client already got (tryContinue, migrate.go)
 //
 // A failed plan is replaced by another on workers the request has not
 // tried (failover); a stream that breaks after its first event is
@@ -44,7 +46,10 @@ func (rel *relay) failover(after error) (bool, error) {
 
 // try runs one plan.
 func (rel *relay) try() (bool, error) {
-	if rel.pd != nil {
+	switch {
+	case rel.firstByte:
+		return rel.tryContinue() // migrate.go: the continuation leg
+	case rel.pd != nil:
 		return rel.pdTry()
 	}
 	return rel.tryMixed()
@@ -120,9 +125,6 @@ func (rel *relay) giveUp(err error) {
 // With the status line already out (a stream replacing one that failed
 // before its first event), only an event stream settles.
 func (rel *relay) tryMixed() (bool, error) {
-	if rel.firstByte {
-		return rel.tryContinue() // migrate.go
-	}
 	a := &rel.att
 	resumed := rel.streaming
 	if err := rel.begin(a, !resumed && rel.attempts == 0); err != nil {

@@ -83,4 +83,19 @@ run([
     const bad = new Anthropic({ baseURL: base, apiKey: 'wrong-key', maxRetries: 0 });
     await rejects(bad.messages.create({ model, max_tokens: 2, messages: [{ role: 'user', content: 'x' }] }), AuthenticationError, 401);
   }],
+  // A Messages stream continued on another worker mid-way (run by
+  // TestSDKStreamContinued): the SDK assembles one message with the text
+  // of an unbroken run.
+  ['messages_stream_continued', async () => {
+    for (let i = 0; i < 3; i++) {
+      const s = client.messages.stream({ model, max_tokens: Number(process.env.CONT_MAX_TOKENS), messages: [{ role: 'user', content: process.env.CONT_PROMPT }] });
+      let text = '';
+      s.on('text', (t) => { text += t; });
+      const m = await s.finalMessage();
+      assert.equal(text, process.env.CONT_TEXT);
+      assert.equal(m.content.length, 1);
+      assert.equal(m.content[0].text, text);
+      assert.equal(m.stop_reason, 'max_tokens');
+    }
+  }],
 ]);

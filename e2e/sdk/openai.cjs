@@ -129,4 +129,21 @@ run([
     const bad = new OpenAI({ baseURL: base + '/v1', apiKey: 'wrong-key', maxRetries: 0 });
     await rejects(bad.chat.completions.create({ model, max_tokens: 2, messages: [{ role: 'user', content: 'x' }] }), AuthenticationError, 401);
   }],
+  // Streams that break mid-way on their engine and are continued on
+  // another worker (run by TestSDKStreamContinued): the SDK reads one
+  // unbroken stream, the text of an unbroken run (CONT_TEXT), one finish.
+  ['chat_stream_continued', async () => {
+    for (let i = 0; i < 3; i++) {
+      const s = await client.chat.completions.create({ model, max_tokens: Number(process.env.CONT_MAX_TOKENS), stream: true, messages: [{ role: 'user', content: process.env.CONT_PROMPT }] });
+      let text = '', finish = null;
+      for await (const c of s) {
+        if (c.choices.length > 0) {
+          text += c.choices[0].delta.content || '';
+          finish = c.choices[0].finish_reason || finish;
+        }
+      }
+      assert.equal(text, process.env.CONT_TEXT);
+      assert.equal(finish, 'length');
+    }
+  }],
 ]);
