@@ -85,10 +85,23 @@ func serveBench(b *testing.B, srv *peer.Server) string {
 // newPuller is a puller with its own engine and a scratch region of
 // scratch bytes.
 func newPuller(t testing.TB, scratch int, secret []byte) *peer.Puller {
+	return newPullerOrdered(t, scratch, secret, true)
+}
+
+// unordered hides the TCP engine's InOrder, as an engine that may run a
+// batch's ops in any order (Mooncake, MoRI) lacks it: the puller re-reads
+// headers in a batch of their own.
+type unordered struct{ transport.Engine }
+
+func newPullerOrdered(t testing.TB, scratch int, secret []byte, ordered bool) *peer.Puller {
 	t.Helper()
-	eng, err := transport.NewTCP(transport.TCPConfig{Log: zerolog.Nop()})
+	tcp, err := transport.NewTCP(transport.TCPConfig{Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var eng transport.Engine = tcp
+	if !ordered {
+		eng = unordered{tcp}
 	}
 	p, err := peer.NewPuller(eng, scratch, secret)
 	if err != nil {
@@ -109,8 +122,15 @@ func set(t testing.TB, st *kvd.Store, key string, value []byte) {
 }
 
 // TestPullBlocks: blocks set on the source arrive byte for byte; keys it
-// does not hold are misses; the counters say so.
+// does not hold are misses; the counters say so. Both ways of re-reading
+// the headers (in the payloads' batch, or after it).
 func TestPullBlocks(t *testing.T) {
+	for _, ordered := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) { testPullBlocks(t, ordered) })
+	}
+}
+
+func testPullBlocks(t *testing.T, ordered bool) {
 	src := startSource(t, peer.ServerOptions{})
 	want := map[string][]byte{}
 	var keys [][]byte
@@ -122,7 +142,7 @@ func TestPullBlocks(t *testing.T) {
 		keys = append(keys, []byte(k))
 	}
 	keys = append(keys, []byte("absent"))
-	p := newPuller(t, 256<<10, nil)
+	p := newPullerOrdered(t, 256<<10, nil, ordered)
 	got := map[string][]byte{}
 	st, err := p.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) { got[string(k)] = bytes.Clone(v) })
 	if err != nil {
@@ -140,7 +160,7 @@ func TestPullBlocks(t *testing.T) {
 		t.Fatalf("server stats %+v", s)
 	}
 	// Many small batches: a scratch region that holds a few blocks only.
-	small := newPuller(t, 16<<10, nil)
+	small := newPullerOrdered(t, 16<<10, nil, ordered)
 	n := 0
 	if _, err := small.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {
 		if !bytes.Equal(v, want[string(k)]) {
@@ -156,6 +176,12 @@ func TestPullBlocks(t *testing.T) {
 // arrive whole or not at all (each value is one repeated byte: a torn read
 // would mix two).
 func TestPullNeverTorn(t *testing.T) {
+	for _, ordered := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) { testPullNeverTorn(t, ordered) })
+	}
+}
+
+func testPullNeverTorn(t *testing.T, ordered bool) {
 	src := startSource(t, peer.ServerOptions{})
 	var keys [][]byte
 	for i := range 16 {
@@ -174,7 +200,7 @@ func TestPullNeverTorn(t *testing.T) {
 			}
 		}
 	}()
-	p := newPuller(t, 256<<10, nil)
+	p := newPullerOrdered(t, 256<<10, nil, ordered)
 	pulled, torn := 0, 0
 	for range 200 {
 		st, err := p.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {
