@@ -275,3 +275,71 @@ func TestSecretAndAllow(t *testing.T) {
 		t.Fatalf("fenced stats %+v", s)
 	}
 }
+
+// TestHintPulls: a hint sent to kvd H's control listener, naming kvd G as
+// the source, has H pull G's blocks into its store before the reply (the
+// hint's wait); a wrong secret is denied; a kvd without a prefetcher
+// refuses hints.
+func TestHintPulls(t *testing.T) {
+	g := startSource(t, peer.ServerOptions{Secret: []byte("fleet")})
+	var keys [][]byte
+	for i := range 12 {
+		k := fmt.Sprintf("pfx-%02d", i)
+		set(t, g.store, k, bytes.Repeat([]byte{byte(i + 1)}, 3000))
+		keys = append(keys, []byte(k))
+	}
+	// H: its own store, a puller and prefetcher, and a control listener
+	// that takes hints.
+	hStore := newStore(t)
+	pf := peer.NewPrefetcher(hStore, newPuller(t, 256<<10, []byte("fleet")), 8, zerolog.Nop())
+	t.Cleanup(pf.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := transport.NewTCP(transport.TCPConfig{Listener: ln, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	hSrv, err := peer.NewServer(hStore, eng, peer.ServerOptions{Secret: []byte("fleet"), Hint: pf.HintWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hSrv.Close() })
+	hAddr := servetest.Loopback(t, "peer-h", hSrv.Serve)
+
+	hinter := peer.NewHinter([]byte("fleet"))
+	defer hinter.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	r, err := hinter.Send(ctx, hAddr, peer.Hint{Model: model, Compat: compat, Source: g.addr, Keys: keys, Deadline: 5 * time.Second, Wait: peer.MaxHintWait})
+	if err != nil || !r.Done || r.Pulled != 12 {
+		t.Fatalf("hint: %+v %v", r, err)
+	}
+	var sc kvd.Scratch
+	for _, k := range keys {
+		if h := hStore.Get(model, compat, k, &sc); !h.Found {
+			t.Fatalf("%s not in H after the hint", k)
+		}
+	}
+	if s := hSrv.Stats(); s.Hints != 1 {
+		t.Fatalf("H server stats %+v", s)
+	}
+	// Kept connection: a second hint on it (no wait).
+	if r, err := hinter.Send(ctx, hAddr, peer.Hint{Model: model, Compat: compat, Source: g.addr, Keys: keys[:1], Deadline: time.Second}); err != nil || r.Done {
+		t.Fatalf("second hint: %+v %v", r, err)
+	}
+	wrong := peer.NewHinter([]byte("nope"))
+	defer wrong.Close()
+	if _, err := wrong.Send(ctx, hAddr, peer.Hint{Model: model, Compat: compat, Source: g.addr, Keys: keys, Deadline: time.Second}); !errors.Is(err, peer.ErrDenied) {
+		t.Fatalf("wrong secret: %v", err)
+	}
+	// G serves locates but takes no hints.
+	if _, err := hinter.Send(ctx, g.addr, peer.Hint{Model: model, Compat: compat, Source: hAddr, Keys: keys, Deadline: time.Second}); !errors.Is(err, peer.ErrProtocol) {
+		t.Fatalf("hint to a kvd without a prefetcher: %v", err)
+	}
+	if _, err := hinter.Send(ctx, hAddr, peer.Hint{Model: model, Compat: compat, Source: "no-port", Keys: keys, Deadline: time.Second}); !errors.Is(err, peer.ErrProtocol) {
+		t.Fatalf("bad source: %v", err)
+	}
+}

@@ -37,6 +37,7 @@ type pullJob struct {
 	keys          [][]byte
 	deadline      time.Duration
 	at            time.Time
+	done          chan int // HintWait's: the blocks pulled, once finished
 }
 
 // NewPrefetcher starts a prefetcher of queue pending hints.
@@ -53,16 +54,47 @@ func NewPrefetcher(st *kvd.Store, p *Puller, queue int, log zerolog.Logger) *Pre
 
 // Hint queues a pull (it copies what it keeps; it never blocks).
 func (f *Prefetcher) Hint(source string, model, compat []byte, keys [][]byte, deadline time.Duration) {
+	f.queue(source, model, compat, keys, deadline, nil)
+}
+
+// HintWait queues a pull as Hint does and waits at most wait for it to
+// finish: done says it did, pulled how many blocks arrived. A pull still
+// running at wait goes on (its blocks are for the requests that follow).
+// It is a HintFunc.
+func (f *Prefetcher) HintWait(source string, model, compat []byte, keys [][]byte, deadline, wait time.Duration) (pulled int, done bool) {
+	if wait <= 0 {
+		f.queue(source, model, compat, keys, deadline, nil)
+		return 0, false
+	}
+	ch := make(chan int, 1)
+	if !f.queue(source, model, compat, keys, deadline, ch) {
+		return 0, false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case n := <-ch:
+		return n, true
+	case <-t.C:
+		return 0, false
+	case <-f.ctx.Done():
+		return 0, false
+	}
+}
+
+func (f *Prefetcher) queue(source string, model, compat []byte, keys [][]byte, deadline time.Duration, done chan int) bool {
 	f.hints.Add(1)
 	j := pullJob{source: source, model: append([]byte(nil), model...), compat: append([]byte(nil), compat...),
-		deadline: deadline, at: time.Now()}
+		deadline: deadline, at: time.Now(), done: done}
 	for _, k := range keys {
 		j.keys = append(j.keys, append([]byte(nil), k...))
 	}
 	select {
 	case f.q <- j:
+		return true
 	default:
 		f.dropped.Add(1)
+		return false
 	}
 }
 
@@ -85,6 +117,9 @@ func (f *Prefetcher) run() {
 		end := j.at.Add(j.deadline)
 		if !time.Now().Before(end) {
 			f.late.Add(1)
+			if j.done != nil {
+				j.done <- 0
+			}
 			continue
 		}
 		pctx, pcancel := context.WithDeadline(ctx, end)
@@ -93,6 +128,9 @@ func (f *Prefetcher) run() {
 			f.st.Set(&kvd.SetArgs{Model: j.model, CompatKey: j.compat, Key: key, Value: value, TTL: ttl, HasTTL: true})
 		})
 		pcancel()
+		if j.done != nil {
+			j.done <- st.Pulled
+		}
 		f.pulled.Add(int64(st.Pulled))
 		f.bytes.Add(st.Bytes)
 		if err != nil {
