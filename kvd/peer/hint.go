@@ -32,7 +32,7 @@ const (
 	// MaxHintDeadline bounds how long pulled blocks stay pinned.
 	MaxHintDeadline = 10 * time.Minute
 	// MaxHintWait bounds how long a hint's sender may be kept waiting.
-	MaxHintWait = 5 * time.Second
+	MaxHintWait    = 5 * time.Second
 	maxSourceBytes = 255
 )
 
