@@ -34,7 +34,7 @@ func TestKVDPeerPullRouted(t *testing.T) {
 		sock, admin, peer string
 	}
 	startKVD := func(name string) host {
-		port := freePort(t)
+		port := freePortPair(t)
 		h := host{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t)),
 			peer: "127.0.0.1:" + strconv.Itoa(port)}
 		p := start(t, name, "kvd", "--socket", h.sock, "--max-bytes", "32MiB", "--shared-arena-bytes", "16MiB",
@@ -115,7 +115,7 @@ func TestKVDPeerPullRouted(t *testing.T) {
 	p1, p2 := prompt('A'), prompt('B')
 
 	// Host G computes both prefixes; its KV events tell the router.
-	_, gID, _ := startWorker("worker-g", g, true, "--step-overhead-ms", "20")
+	_, gID, _ := startWorker("worker-g", g, true, "--step-overhead-ms", "50")
 	waitListed(gID)
 	for _, p := range []string{p1, p2} {
 		if w, c := ask(p); w != gID || c != 0 {
