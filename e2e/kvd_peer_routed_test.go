@@ -160,11 +160,13 @@ func TestKVDPeerPullRouted(t *testing.T) {
 	}
 
 	// measure sends p to H (whose sim is at url) and returns its cached
-	// tokens and modelled TTFT.
-	measure := func(p, hID, hURL string) (int, float64) {
+	// tokens, modelled TTFT and the wall-clock time of the request.
+	measure := func(p, hID, hURL string) (int, float64, time.Duration) {
 		t.Helper()
 		before := metric(hURL, "infera_sim_model_ttft_seconds_total")
+		begin := time.Now()
 		w, cached := ask(p)
+		wall := time.Since(begin)
 		if w != hID {
 			t.Fatalf("request went to %s, want H %s (G %s is busy)", w, hID, gID)
 		}
@@ -173,14 +175,14 @@ func TestKVDPeerPullRouted(t *testing.T) {
 				t.Fatalf("H's first-token counter did not settle")
 			}
 		}
-		return cached, metric(hURL, "infera_sim_model_ttft_seconds_total") - before
+		return cached, metric(hURL, "infera_sim_model_ttft_seconds_total") - before, wall
 	}
 
 	// Without the pull: H's record names no kvd, the router cannot direct
 	// one, and H recomputes p2.
 	hp, hID, hURL := startWorker("worker-h-plain", h, false)
 	waitListed(hID)
-	cachedWithout, ttftWithout := measure(p2, hID, hURL)
+	cachedWithout, ttftWithout, wallWithout := measure(p2, hID, hURL)
 	hp.stop(syscall.SIGTERM)
 	f.waitWorkers(hID+" gone", 30*time.Second, func(ws map[string]string) bool { _, ok := ws[hID]; return !ok })
 
@@ -188,21 +190,26 @@ func TestKVDPeerPullRouted(t *testing.T) {
 	// blocks from G's kvd and waits for the pull; H's sim loads them.
 	_, hID, hURL = startWorker("worker-h", h, true)
 	waitListed(hID)
-	cachedWith, ttftWith := measure(p1, hID, hURL)
+	cachedWith, ttftWith, wallWith := measure(p1, hID, hURL)
 
 	routerMetrics := getText(f.base + "/metrics")
 	pulledHints := metricValue(routerMetrics, "infera_router_kvd_peer_hints_total", `outcome="pulled"`)
 	otherHints := metricValue(routerMetrics, "infera_router_kvd_peer_hints_total") - pulledHints
-	kvdPulled := metricValue(scrape(t, "http://"+h.admin+"/metrics"), "infera_kvd_peer_pulled_blocks_total")
+	hMetrics := scrape(t, "http://"+h.admin+"/metrics")
+	kvdPulled := metricValue(hMetrics, "infera_kvd_peer_pulled_blocks_total")
+	useful := metricValue(hMetrics, "infera_kvd_prefetch_total", `stage="useful"`)
 	simLoaded := metric(hURL, "infera_sim_kvd_hit_blocks_total")
-	t.Logf("kvd-peer routed: modelled TTFT %.4fs with the pull (%d cached tokens), %.4fs without (%d cached), %.2fx; hints pulled %v other %v, blocks pulled by H's kvd %v, loaded by H's sim %v",
-		ttftWith, cachedWith, ttftWithout, cachedWithout, ttftWithout/ttftWith, pulledHints, otherHints, kvdPulled, simLoaded)
+	t.Logf("kvd-peer routed: modelled TTFT %.4fs with the pull (%d cached tokens), %.4fs without (%d cached), %.2fx; wall %v with, %v without (not asserted); hints pulled %v other %v, blocks pulled by H's kvd %v, useful %v, loaded by H's sim %v",
+		ttftWith, cachedWith, ttftWithout, cachedWithout, ttftWithout/ttftWith, wallWith.Round(time.Millisecond), wallWithout.Round(time.Millisecond),
+		pulledHints, otherHints, kvdPulled, useful, simLoaded)
 	if cachedWithout != 0 {
 		t.Fatalf("without the pull H had %d cached tokens, want 0", cachedWithout)
 	}
-	if pulledHints != 1 || otherHints != 0 || kvdPulled != 10 || simLoaded != 10 || cachedWith != 160 {
-		t.Fatalf("with the pull: hints pulled %v (others %v), H's kvd pulled %v, H's sim loaded %v, cached %d; want 1, 0, 10, 10, 160",
-			pulledHints, otherHints, kvdPulled, simLoaded, cachedWith)
+	// useful: H's sim read every pulled block, each after its pull
+	// finished (a get before it would have been a miss, not a hit).
+	if pulledHints != 1 || otherHints != 0 || kvdPulled != 10 || useful != 10 || simLoaded != 10 || cachedWith != 160 {
+		t.Fatalf("with the pull: hints pulled %v (others %v), H's kvd pulled %v (useful %v), H's sim loaded %v, cached %d; want 1, 0, 10 (10), 10, 160",
+			pulledHints, otherHints, kvdPulled, useful, simLoaded, cachedWith)
 	}
 	if !(ttftWith < ttftWithout) {
 		t.Fatalf("modelled TTFT %vs with the pull, %vs without", ttftWith, ttftWithout)

@@ -323,6 +323,9 @@ func TestHintPulls(t *testing.T) {
 			t.Fatalf("%s not in H after the hint", k)
 		}
 	}
+	if c := hStore.Counters(); c.PrefetchUseful != 12 {
+		t.Fatalf("useful prefetches %d, want 12 (every pulled block read once)", c.PrefetchUseful)
+	}
 	if s := hSrv.Stats(); s.Hints != 1 {
 		t.Fatalf("H server stats %+v", s)
 	}

@@ -15,7 +15,8 @@ import (
 // Prefetcher runs the pulls that prefetch hints naming a source ask for
 // (kvd.ServerOptions.PeerPrefetch): a bounded queue, one worker, every
 // pull bounded by its hint's deadline; pulled blocks go into the store
-// for that deadline, as L3 prefetches do. A full queue drops the hint; a
+// for that deadline, as L3 prefetches do, and the first get of each counts
+// as a useful prefetch. A full queue drops the hint; a
 // hint whose deadline passed before its pull began is late and skipped;
 // a failed pull leaves its keys to the engine (never on its path).
 type Prefetcher struct {
@@ -125,7 +126,7 @@ func (f *Prefetcher) run() {
 		pctx, pcancel := context.WithDeadline(ctx, end)
 		ttl := j.deadline.Seconds()
 		st, err := f.p.Pull(pctx, j.source, j.model, j.compat, j.keys, func(key, value []byte) {
-			f.st.Set(&kvd.SetArgs{Model: j.model, CompatKey: j.compat, Key: key, Value: value, TTL: ttl, HasTTL: true})
+			f.st.Set(&kvd.SetArgs{Model: j.model, CompatKey: j.compat, Key: key, Value: value, TTL: ttl, HasTTL: true, Warmed: true})
 		})
 		pcancel()
 		if j.done != nil {
