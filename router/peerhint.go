@@ -46,7 +46,7 @@ func newPeerHints(secret string, wait time.Duration, log zerolog.Logger) *peerHi
 		h: peer.NewHinter([]byte(secret)), wait: wait, log: log,
 		hints: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infera_router_kvd_peer_hints_total",
-			Help: "Prefetch hints the router sent a worker's kvd naming another host's kvd as the source, by outcome (pulled: finished within --kvd-peer-wait; pending: still pulling when the request went on; failed: not delivered or refused).",
+			Help: "Prefetch hints the router sent a worker's kvd naming another host's kvd as the source, by outcome (pulled: finished within --kvd-peer-wait; pending: not finished when the request went on, still pulling or dropped by the kvd's full queue, which its own infera_kvd_peer_hints_total tells apart; failed: not delivered or refused).",
 		}, []string{"outcome"}),
 		pulled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "infera_router_kvd_peer_pulled_blocks_total",
