@@ -64,3 +64,19 @@ func FuzzParseHint(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseHintReply: any reply body is parsed or refused without
+// panicking; a parsed reply has a known status.
+func FuzzParseHintReply(f *testing.F) {
+	f.Add([]byte("IKPA\x01\x00\x01\x0a\x00\x00\x00"))
+	f.Add([]byte("IKPA\x01\x02\x00\x00\x00\x00\x00"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var r peer.HintReply
+		if peer.ParseHintReply(body, &r) != nil {
+			return
+		}
+		if r.Status > 2 || len(body) != 11 {
+			t.Fatalf("accepted %+v from %d bytes", r, len(body))
+		}
+	})
+}
