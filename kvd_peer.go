@@ -105,7 +105,7 @@ func (p *kvdPeer) listen(ctx context.Context, cfg config.KVD, store *kvd.Store, 
 		}
 		p.srvEng, transportAddr = eng, eng.Addr()
 	}
-	if p.srv, err = peer.NewServer(store, p.srvEng, peer.ServerOptions{Secret: []byte(cfg.PeerSecret), Allow: cfg.PeerAllow, Log: log}); err != nil {
+	if p.srv, err = peer.NewServer(store, p.srvEng, peer.ServerOptions{Secret: []byte(cfg.PeerSecret), Allow: cfg.PeerAllow, Hint: p.prefetcher.HintWait, Log: log}); err != nil {
 		ln.Close()
 		return err
 	}

@@ -209,6 +209,14 @@ type ServeKV struct {
 	EventTransport string
 	// NATS reaches the NATS server (--kv-event-transport nats).
 	NATS NATS
+	// PeerHints (--kvd-peer-hints) directs kvd-to-kvd pulls: a request
+	// sent to a worker whose host's kvd lacks a prefix another host's kvd
+	// holds is preceded by a hint to the first to pull it from the second
+	// (records' kvd_peer), waited for at most PeerWait; PeerSecret is the
+	// kvds' --peer-secret.
+	PeerHints  bool
+	PeerSecret string
+	PeerWait   time.Duration
 }
 
 // defaultOverlapWeight is the default of --kv-overlap-weight, and so of the
@@ -240,6 +248,9 @@ func (k *ServeKV) flags() []cli.Flag {
 		Duration("kv-rebuild-after", "after a KV-event stream joined a running engine or resynced, route the worker precisely again this long later (0: only once its engine clears its cache)", &k.RebuildAfter, 5*time.Second),
 		String("kv-events-listen", "bind one ZMQ SUB socket, tcp://HOST:PORT, that workers' engines connect to and publish KV events on (worker --kv-events-router); empty = subscribe to each worker's own endpoint only", &k.EventsListen, ""),
 		kvEventTransportFlag(&k.EventTransport),
+		Bool("kvd-peer-hints", "kv-aware: before sending a request to a worker whose host's kvd lacks a prefix that a worker on another host holds, have that kvd pull the blocks from the other host's kvd (both workers' records name their kvd's peer listener: worker --kvd-peer)", &k.PeerHints, false),
+		String("kvd-peer-secret", "the kvds' --peer-secret, carried by every prefetch hint the router sends (--kvd-peer-hints)", &k.PeerSecret, ""),
+		Duration("kvd-peer-wait", "longest wait for a directed pull before the request goes on to the engine (which computes what has not arrived); at most 5s", &k.PeerWait, 100*time.Millisecond),
 	}, k.NATS.Flags()...)
 }
 
@@ -253,6 +264,9 @@ func (k *ServeKV) finish(c *cli.Context) {
 }
 
 func (k *ServeKV) validate(p *Problems) {
+	if k.PeerWait < 0 || k.PeerWait > 5*time.Second {
+		p.Addf("--kvd-peer-wait %v: want 0 to 5s", k.PeerWait)
+	}
 	switch k.Tokenizer {
 	case "", TokenizerBytes, TokenizerEngine:
 	default:

@@ -26,6 +26,10 @@ type SimKVD struct {
 	// Timeout bounds one kvd request; a kvd that does not answer in time
 	// is skipped (recompute) and dialed again later.
 	Timeout time.Duration
+	// WriteThrough stores every block when the GPU cache takes it (as
+	// vLLM's kvd connector saves what it computes, off the token path)
+	// instead of when it is evicted.
+	WriteThrough bool
 }
 
 func (k *SimKVD) flags() []cli.Flag {
@@ -36,6 +40,7 @@ func (k *SimKVD) flags() []cli.Flag {
 		Float("kvd-load-ms-per-block", "modelled time to load one block from kvd, in ms (a recompute costs block-size / prefill-tokens-per-s)", &k.LoadMsPerBlock, 0.1),
 		String("kvd-retention", "retention of the blocks stored in kvd: none, ephemeral, short or long (long ones go down to kvd's L3)", &k.Retention, "long"),
 		Duration("kvd-timeout", "longest kvd request; past it the block is recomputed and kvd dialed again later", &k.Timeout, 200*time.Millisecond),
+		Bool("kvd-write-through", "store each block in kvd when it is computed (as vLLM's kvd connector saves what it computes), not when the GPU cache evicts it, so other hosts' kvds can pull it at once", &k.WriteThrough, false),
 	}
 }
 

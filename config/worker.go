@@ -43,7 +43,11 @@ type Worker struct {
 	Requests NATSRequests
 	// KVDSocket is --kvd-socket: the kvd daemon's Unix socket, passed to
 	// the engine (INFERA_KVD_SOCKET and its kvd connector); empty = none.
-	KVDSocket         string
+	KVDSocket string
+	// KVDPeer is --kvd-peer: host:port of the control listener of the kvd
+	// on this host (its --peer-listen), written to the worker record as
+	// kvd_peer so that routers direct kvd-to-kvd pulls; empty = none.
+	KVDPeer           string
 	LeaseTTL          time.Duration // etcd lease TTL of the record
 	KeepAliveInterval time.Duration // how often the lease is refreshed
 	ReadyTimeout      time.Duration // how long the engine may take to answer /health
@@ -90,6 +94,7 @@ func (w *Worker) Flags() []cli.Flag {
 		Bool("no-kv-events", "do not configure the engine's KV-event publisher nor advertise one", &w.NoKVEvents, false),
 		String("kv-events-router", "tcp://HOST:PORT of a router's --kv-events-listen: the engine's KV-event publisher connects there (topic kv@<worker id>) instead of binding a port routers subscribe to", &w.KVEventsRouter, ""),
 		String("kvd-socket", "Unix socket of infera kvd: the engine gets it in INFERA_KVD_SOCKET, vLLM the kvd connector in --kv-transfer-config (merged with yours), SGLang kvd as its HiCache storage backend, the simulator kvd as its second-level cache (empty = none)", &w.KVDSocket, ""),
+		String("kvd-peer", "host:port of this host's kvd peer listener (its --peer-listen address as other hosts reach it), advertised in the worker record (kvd_peer) so that the router can have this kvd pull a prompt's blocks from the kvd of the host that computed them (empty = none)", &w.KVDPeer, ""),
 		Duration("lease-ttl", "etcd lease TTL of the worker record", &w.LeaseTTL, 10*time.Second),
 		Duration("keepalive-interval", "etcd lease keepalive interval (less than --lease-ttl)", &w.KeepAliveInterval, 3*time.Second),
 		Duration("ready-timeout", "how long the engine may take to become healthy", &w.ReadyTimeout, 10*time.Minute),
@@ -177,6 +182,11 @@ func (w *Worker) Validate() error {
 	}
 	if w.KVDSocket != "" && !ValidKVDSocket(w.KVDSocket) {
 		p.Addf("--kvd-socket %q: want an absolute path of at most 103 bytes", w.KVDSocket)
+	}
+	if w.KVDPeer != "" {
+		if host, port, err := net.SplitHostPort(w.KVDPeer); err != nil || host == "" || port == "" {
+			p.Addf("--kvd-peer %q: want host:port", w.KVDPeer)
+		}
 	}
 	if w.ReadyTimeout <= 0 {
 		p.Addf("--ready-timeout %v: must be positive", w.ReadyTimeout)

@@ -114,6 +114,11 @@ type Record struct {
 	// engine it imitates (`infera sim --flavor vllm` registers as vllm so
 	// that Python servers route it, with real_engine "sim").
 	RealEngine string `json:"real_engine,omitempty"`
+	// KVDPeer is ours: host:port of the control listener (--peer-listen)
+	// of the kvd beside this worker, where routers send prefetch hints
+	// and other hosts' kvds locate its blocks (kvd/peer). Absent when the
+	// worker runs without one; Infera's Python readers ignore it.
+	KVDPeer string `json:"kvd_peer,omitempty"`
 }
 
 // DecodeRecord parses and validates an etcd value. Unknown fields are ignored
@@ -294,6 +299,11 @@ func (r *Record) Validate() error {
 	}
 	if r.RealEngine != "" && !isToken(r.RealEngine, maxProtocolBytes) {
 		return invalidf("real_engine %q: want up to %d characters of [a-z0-9._-]", clip(r.RealEngine), maxProtocolBytes)
+	}
+	if r.KVDPeer != "" {
+		if err := checkHostPort(r.KVDPeer); err != nil {
+			return invalidf("kvd_peer %q: %v", clip(r.KVDPeer), err)
+		}
 	}
 	return nil
 }

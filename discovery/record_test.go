@@ -57,6 +57,7 @@ func TestRecordRoundTrip(t *testing.T) {
 		DPSize:                 8,
 		RequestTransport:       "http",
 		Status:                 discovery.StatusDraining,
+		KVDPeer:                "10.0.0.7:7070",
 	}
 	for _, r := range []discovery.Record{validRecord(), full} {
 		b, err := r.Encode()
@@ -190,6 +191,9 @@ func TestDecodeRecordRejects(t *testing.T) {
 		{"worker_id bad unbracketed ipv6", set("worker_id", "fe80::zz:80"), "worker_id"},
 		{"worker_id ipv6 zone", set("worker_id", "fe80::1%eth0:80"), "worker_id"},
 		{"real_engine bad", set("real_engine", "Sim Engine"), "real_engine"},
+		{"kvd_peer without port", set("kvd_peer", "10.0.0.7"), "kvd_peer"},
+		{"kvd_peer bad host", set("kvd_peer", "h/x:7070"), "kvd_peer"},
+		{"kvd_peer wrong type", set("kvd_peer", 7070), "json"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -20,7 +20,7 @@ import (
 // serving.
 func TestKVDPeerPull(t *testing.T) {
 	dir := t.TempDir()
-	peerPort := freePort(t)
+	peerPort := freePortPair(t)
 	type daemon struct {
 		p     *proc
 		sock  string

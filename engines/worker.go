@@ -178,6 +178,7 @@ func (w *worker) serve(ctx context.Context, newKeeper func(discovery.Record) rec
 	w.resolveBlockSize(ctx)
 
 	rec := w.ep.Record(w.adapter.Name())
+	rec.KVDPeer = w.cfg.KVDPeer
 	if err := rec.Validate(); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}

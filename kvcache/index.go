@@ -375,6 +375,35 @@ func (x *Index) Touch(w *Worker, hashes []uint64) {
 	}
 }
 
+// AppendEngineHashes appends to dst the engine's own hashes of the leading
+// router hashes w holds, as its KV events named them, stopping at the
+// first block w does not hold or whose engine hash is unknown (a learned
+// prefix block). Engines that key their kvd blocks by these hashes (the
+// simulator) can be asked for exactly those blocks. It takes the writers'
+// lock: not for the per-request path.
+func (x *Index) AppendEngineHashes(dst []uint64, w *Worker, hashes []uint64) []uint64 {
+	if w == nil || w.idx != x {
+		return dst
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if w.removed.Load() {
+		return dst
+	}
+	for _, h := range hashes {
+		i := x.findLocked(h, w)
+		if i == 0 {
+			break
+		}
+		e := x.at(i).engine
+		if rh, ok := w.engine[e]; !ok || rh != h {
+			break
+		}
+		dst = append(dst, e)
+	}
+	return dst
+}
+
 // Match returns how many leading hashes w caches (the longest cached
 // prefix, in blocks). It does not allocate.
 func (x *Index) Match(w *Worker, hashes []uint64) int {

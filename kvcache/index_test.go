@@ -449,3 +449,31 @@ func TestIndexConcurrent(t *testing.T) {
 		t.Fatalf("live blocks %d > allocated %d", total, x.Len())
 	}
 }
+
+// TestIndexAppendEngineHashes: the engine hashes of the leading blocks a
+// worker holds, as its events named them, up to the first it lacks.
+func TestIndexAppendEngineHashes(t *testing.T) {
+	x := NewIndex(IndexConfig{MaxBlocks: 1000})
+	w := mustRegister(t, x, "w1", 4)
+	other := mustRegister(t, x, "w2", 4)
+	tokens := seqTokens(16, func(i int) uint32 { return uint32(7 + i) })
+	want := AppendBlockHashes(nil, tokens, 4) // 4 full blocks
+	x.Apply(w, batchOf(stored([]uint64{901, 902, 903}, nil, tokens[:12], 4)))
+	if got := x.AppendEngineHashes(nil, w, want); !slices.Equal(got, []uint64{901, 902, 903}) {
+		t.Fatalf("engine hashes %v", got)
+	}
+	if got := x.AppendEngineHashes([]uint64{1}, w, want[1:2]); !slices.Equal(got, []uint64{1, 902}) {
+		t.Fatalf("appended %v", got)
+	}
+	if got := x.AppendEngineHashes(nil, other, want); len(got) != 0 {
+		t.Fatalf("a worker holding nothing: %v", got)
+	}
+	x.Apply(w, batchOf(removed(902)))
+	if got := x.AppendEngineHashes(nil, w, want); !slices.Equal(got, []uint64{901}) {
+		t.Fatalf("after a removal %v", got)
+	}
+	x.Unregister(w)
+	if got := x.AppendEngineHashes(nil, w, want); len(got) != 0 {
+		t.Fatalf("unregistered: %v", got)
+	}
+}

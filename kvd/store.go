@@ -432,6 +432,9 @@ type SetArgs struct {
 	Retention                    []byte // wire name; nil = short
 	TTL                          float64
 	HasTTL                       bool
+	// Warmed marks a prefetched value (a kvd-to-kvd pull): its first get
+	// counts as a useful prefetch, as an L3 prefetch's does.
+	Warmed bool
 }
 
 // Set stores a value. A non-empty reason says why it was refused.
@@ -460,6 +463,10 @@ func (s *Store) Set(a *SetArgs) (bool, string) {
 	ok, reason := s.putLocked(a.Model, a.CompatKey, a.Key, a.Value, ret, expires, false)
 	if !ok {
 		s.c.Rejected++
+	} else if a.Warmed {
+		if e := s.index[string(s.kb)]; e != nil {
+			e.warmed = true
+		}
 	}
 	return ok, reason
 }

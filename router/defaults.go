@@ -93,5 +93,8 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		Subscriber:            sub,
 		EventTransport:        k.EventTransport,
 		NATS:                  natsx.Config{URL: k.NATS.URL, CredsFile: k.NATS.CredsFile, NKeyFile: k.NATS.NKeyFile, CAFile: k.NATS.CAFile},
+		PeerHints:             k.PeerHints,
+		PeerSecret:            k.PeerSecret,
+		PeerWait:              k.PeerWait,
 	}
 }

@@ -113,6 +113,13 @@ type KVAwareConfig struct {
 	EventTransport string
 	NATS           natsx.Config
 
+	// PeerHints directs kvd-to-kvd pulls (peerhint.go): PeerSecret is the
+	// kvds' --peer-secret, PeerWait the longest wait for a pull before the
+	// request goes on.
+	PeerHints  bool
+	PeerSecret string
+	PeerWait   time.Duration
+
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 }
@@ -200,6 +207,8 @@ type KVAware struct {
 	lastTokWarn atomic.Int64 // unix ns of the last tokenization warning
 
 	ttft bool // Cost == KVCostTTFT
+
+	peer *peerHints // nil unless PeerHints
 }
 
 // kvWorker is a Worker's PolicyState.
@@ -310,6 +319,9 @@ func NewKVAware(cfg KVAwareConfig, log zerolog.Logger) (*KVAware, error) {
 		p.listenAddr = addr
 	}
 	p.m = newKVMetrics()
+	if cfg.PeerHints {
+		p.peer = newPeerHints(cfg.PeerSecret, cfg.PeerWait, p.log)
+	}
 	tok := "none"
 	switch {
 	case p.tok != nil:
@@ -334,6 +346,9 @@ func (p *KVAware) Name() string { return PolicyKVAware }
 
 // Close stops every KV-event stream and waits for their goroutines.
 func (p *KVAware) Close() error {
+	if p.peer != nil {
+		p.peer.h.Close()
+	}
 	p.sub.Close()
 	p.closeFeed()
 	p.mu.Lock()

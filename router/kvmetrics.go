@@ -118,11 +118,17 @@ func (p *KVAware) Describe(ch chan<- *prometheus.Desc) {
 		m.blocksStored, m.blocksRemoved, m.blocksDropped, m.batchesDropped, m.gaps, m.replays, m.replayFailures, m.resyncs, m.joins, m.rebuilds, m.learned} {
 		ch <- d
 	}
+	if p.peer != nil {
+		p.peer.describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector.
 func (p *KVAware) Collect(ch chan<- prometheus.Metric) {
 	m := &p.m
+	if p.peer != nil {
+		p.peer.collect(ch)
+	}
 	p.mu.Lock()
 	type target struct {
 		key kvcache.Key

@@ -291,6 +291,9 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 		// (kvcache/learn.go).
 		p.idx.NotePrompt(t.idx, sc.tokens, hs, t.blockSize())
 	}
+	if p.peer != nil && kind == keyTokens {
+		p.peer.direct(p, sc, best)
+	}
 	p.m.observe(kind, precise, len(hs), bestEff)
 	t.promptBlocks.Add(uint64(len(hs)))
 	t.hitBlocks.Add(uint64(bestEff))

@@ -53,7 +53,9 @@ type kvdTier struct {
 	set        kvd.SetOptions
 	timeout    time.Duration
 	blockBytes int
-	log        zerolog.Logger
+	// writeThrough: blocks are stored when cached, not when evicted.
+	writeThrough bool
+	log          zerolog.Logger
 
 	// Scheduler goroutine: the get connection and its scratch.
 	get     *kvd.Client
@@ -74,15 +76,16 @@ type kvdTier struct {
 
 func newKVDTier(cfg *config.Sim, name string, log zerolog.Logger) *kvdTier {
 	return &kvdTier{
-		socket:     cfg.KVD.Socket,
-		ns:         kvd.Namespace{Model: name, CompatKey: cfg.KVD.CompatKey},
-		set:        kvd.SetOptions{Retention: cfg.KVD.Retention},
-		timeout:    cfg.KVD.Timeout,
-		blockBytes: cfg.KVD.BlockBytes,
-		log:        log.With().Str("component", "sim_kvd").Str("socket", cfg.KVD.Socket).Logger(),
-		wq:         make(chan []uint64, kvdWriteQueue),
-		spare:      make(chan []uint64, kvdWriteQueue+1),
-		stop:       make(chan struct{}),
+		socket:       cfg.KVD.Socket,
+		ns:           kvd.Namespace{Model: name, CompatKey: cfg.KVD.CompatKey},
+		set:          kvd.SetOptions{Retention: cfg.KVD.Retention},
+		timeout:      cfg.KVD.Timeout,
+		blockBytes:   cfg.KVD.BlockBytes,
+		writeThrough: cfg.KVD.WriteThrough,
+		log:          log.With().Str("component", "sim_kvd").Str("socket", cfg.KVD.Socket).Logger(),
+		wq:           make(chan []uint64, kvdWriteQueue),
+		spare:        make(chan []uint64, kvdWriteQueue+1),
+		stop:         make(chan struct{}),
 	}
 }
 
@@ -167,10 +170,22 @@ func (t *kvdTier) fail(what string, err error) {
 	t.log.Warn().Err(err).Float64("retry_in_seconds", kvdRedial.Seconds()).Msg(what + " failed, recomputing")
 }
 
-// The eviction observer (cacheObserver), on the scheduler goroutine.
-func (t *kvdTier) blockStored(uint64, uint64, []uint32) {}
-func (t *kvdTier) blockRemoved(hash uint64)             { t.evicted = append(t.evicted, hash) }
-func (t *kvdTier) allCleared()                          {}
+// The eviction observer (cacheObserver), on the scheduler goroutine: a
+// block goes to the writer when evicted, or with --kvd-write-through when
+// cached (t.evicted holds either).
+func (t *kvdTier) blockStored(hash, _ uint64, _ []uint32) {
+	if t.writeThrough {
+		t.evicted = append(t.evicted, hash)
+	}
+}
+
+func (t *kvdTier) blockRemoved(hash uint64) {
+	if !t.writeThrough {
+		t.evicted = append(t.evicted, hash)
+	}
+}
+
+func (t *kvdTier) allCleared() {}
 
 // flush hands the round's evictions to the writer; a full queue drops
 // them (counted). Scheduler goroutine.

@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -155,4 +156,32 @@ func TestKVDFetchAlloc(t *testing.T) {
 	if a := testing.AllocsPerRun(200, func() { tier.fetch(hashes) }); a != 0 {
 		t.Fatalf("fetch allocates %v per call", a)
 	}
+}
+
+// TestSimKVDWriteThrough: with --kvd-write-through a prompt's blocks are in
+// kvd as soon as it is answered, with nothing evicted.
+func TestSimKVDWriteThrough(t *testing.T) {
+	sock, _ := kvdtest.Start(t, 64<<20)
+	ts := startSim(t, func(c *config.Sim) {
+		kvdSimConfig(sock)(c)
+		c.KVBlocks = 64
+		c.KVD.WriteThrough = true
+	})
+	p := strings.Repeat("w", 161)
+	ts.postJSON(t, "/v1/completions", complBody(t, map[string]any{"max_tokens": 1}, p))
+	_, body := ts.post(t, "/tokenize", `{"model":"sim-model","prompt":"`+p+`"}`)
+	var tok struct{ Tokens []uint32 }
+	if err := json.Unmarshal(body, &tok); err != nil {
+		t.Fatal(err)
+	}
+	keys := BlockKeys(tok.Tokens, 16)
+	cl, err := kvd.Dial(t.Context(), sock, kvd.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	testkit.Eventually(t, "the prompt's 10 blocks written through to kvd", func() bool {
+		present, err := cl.Exists(kvd.Namespace{Model: "sim-model", CompatKey: "tp0of1_pp0of1"}, keys, nil)
+		return err == nil && len(present) == 10 && !slices.Contains(present, false)
+	})
 }

@@ -84,6 +84,10 @@ func NewTCP(cfg TCPConfig) (*TCP, error) {
 // regions); empty for a client-only engine.
 func (t *TCP) Addr() string { return t.peer }
 
+// InOrder is true: a batch's ops run one group after another, each on one
+// connection whose peer serves its requests in turn (transport.Ordered).
+func (t *TCP) InOrder() bool { return true }
+
 // Register serves buf under name.
 func (t *TCP) Register(name string, buf []byte) (*Region, error) {
 	if err := checkName(name); err != nil || len(buf) == 0 {

@@ -121,6 +121,15 @@ type Engine interface {
 	Close() error
 }
 
+// Ordered is implemented by an engine that runs the ops of one batch in
+// the order given, each op's remote access complete before the next op's
+// begins (InOrder true). A caller that needs one read after another (a
+// seqlock's second look at a header) may then put both in one batch;
+// with any other engine it submits the second once the first completed.
+type Ordered interface {
+	InOrder() bool
+}
+
 // Batch is a submitted set of ops.
 type Batch interface {
 	// Poll reports whether every op has completed and, once done, the

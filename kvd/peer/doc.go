@@ -19,12 +19,19 @@
 //     document, across hosts). A source that dies mid-pull fails the
 //     transfer: every key of the batch is a miss, never wrong bytes.
 //
+// A third exchange, the hint (hint.go), rides on the locate listener: a
+// router (Hinter) asks a kvd to pull keys from a named source kvd and may
+// wait, bounded, for the pull (Prefetcher.HintWait), so that the request
+// it sends next finds the blocks in that kvd's RAM.
+//
 // Server serves locate requests for a Store and owns the arena's region on
 // its engine; Puller pulls through its own engine into a reused scratch
 // region. The control listener is off unless kvd is started with
 // --peer-listen, and its connections can be limited to allowed networks.
 //
 // Concurrency: a Server serves connections concurrently (one goroutine
-// each, owned and waited for by Serve). A Puller is safe for concurrent use;
-// pulls are serialised on its scratch region.
+// each, owned and waited for by Serve; a hint waits on its connection's
+// goroutine). A Puller is safe for concurrent use; pulls are serialised on
+// its scratch region. A Hinter is safe for concurrent use (one exchange at
+// a time per kept connection).
 package peer

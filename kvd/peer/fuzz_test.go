@@ -3,6 +3,7 @@ package peer_test
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/kvd/peer"
 	"github.com/infera/infera/transport"
@@ -41,6 +42,41 @@ func FuzzParseResponse(f *testing.F) {
 			if e.Found && (e.Offset < 16 || e.Offset+uint64(e.Length) > r.Region.Len || e.Version%2 != 0) {
 				t.Fatalf("accepted %+v in a %d-byte region", e, r.Region.Len)
 			}
+		}
+	})
+}
+
+// FuzzParseHint: any hint body is parsed or refused without panicking; a
+// parsed hint names a host:port source and encodes back to the same body.
+func FuzzParseHint(f *testing.F) {
+	good, _ := peer.AppendHint(nil, &peer.Hint{Secret: []byte("s"), Model: []byte("m"), Compat: []byte("c"), Source: "10.0.0.7:7000",
+		Keys: [][]byte{[]byte("k1")}, Deadline: time.Second, Wait: 20 * time.Millisecond})
+	f.Add(good[4:])
+	f.Add([]byte("IKPH\x01"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var h peer.Hint
+		if peer.ParseHint(body, &h) != nil {
+			return
+		}
+		out, err := peer.AppendHint(nil, &h)
+		if err != nil || !bytes.Equal(out[4:], body) {
+			t.Fatalf("round trip: %v\n%x\n%x", err, body, out)
+		}
+	})
+}
+
+// FuzzParseHintReply: any reply body is parsed or refused without
+// panicking; a parsed reply has a known status.
+func FuzzParseHintReply(f *testing.F) {
+	f.Add([]byte("IKPA\x01\x00\x01\x0a\x00\x00\x00"))
+	f.Add([]byte("IKPA\x01\x02\x00\x00\x00\x00\x00"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var r peer.HintReply
+		if peer.ParseHintReply(body, &r) != nil {
+			return
+		}
+		if r.Status > 2 || len(body) != 11 {
+			t.Fatalf("accepted %+v from %d bytes", r, len(body))
 		}
 	})
 }

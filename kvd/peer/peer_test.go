@@ -85,10 +85,23 @@ func serveBench(b *testing.B, srv *peer.Server) string {
 // newPuller is a puller with its own engine and a scratch region of
 // scratch bytes.
 func newPuller(t testing.TB, scratch int, secret []byte) *peer.Puller {
+	return newPullerOrdered(t, scratch, secret, true)
+}
+
+// unordered hides the TCP engine's InOrder, as an engine that may run a
+// batch's ops in any order (Mooncake, MoRI) lacks it: the puller re-reads
+// headers in a batch of their own.
+type unordered struct{ transport.Engine }
+
+func newPullerOrdered(t testing.TB, scratch int, secret []byte, ordered bool) *peer.Puller {
 	t.Helper()
-	eng, err := transport.NewTCP(transport.TCPConfig{Log: zerolog.Nop()})
+	tcp, err := transport.NewTCP(transport.TCPConfig{Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var eng transport.Engine = tcp
+	if !ordered {
+		eng = unordered{tcp}
 	}
 	p, err := peer.NewPuller(eng, scratch, secret)
 	if err != nil {
@@ -109,8 +122,15 @@ func set(t testing.TB, st *kvd.Store, key string, value []byte) {
 }
 
 // TestPullBlocks: blocks set on the source arrive byte for byte; keys it
-// does not hold are misses; the counters say so.
+// does not hold are misses; the counters say so. Both ways of re-reading
+// the headers (in the payloads' batch, or after it).
 func TestPullBlocks(t *testing.T) {
+	for _, ordered := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) { testPullBlocks(t, ordered) })
+	}
+}
+
+func testPullBlocks(t *testing.T, ordered bool) {
 	src := startSource(t, peer.ServerOptions{})
 	want := map[string][]byte{}
 	var keys [][]byte
@@ -122,7 +142,7 @@ func TestPullBlocks(t *testing.T) {
 		keys = append(keys, []byte(k))
 	}
 	keys = append(keys, []byte("absent"))
-	p := newPuller(t, 256<<10, nil)
+	p := newPullerOrdered(t, 256<<10, nil, ordered)
 	got := map[string][]byte{}
 	st, err := p.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) { got[string(k)] = bytes.Clone(v) })
 	if err != nil {
@@ -140,7 +160,7 @@ func TestPullBlocks(t *testing.T) {
 		t.Fatalf("server stats %+v", s)
 	}
 	// Many small batches: a scratch region that holds a few blocks only.
-	small := newPuller(t, 16<<10, nil)
+	small := newPullerOrdered(t, 16<<10, nil, ordered)
 	n := 0
 	if _, err := small.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {
 		if !bytes.Equal(v, want[string(k)]) {
@@ -156,6 +176,12 @@ func TestPullBlocks(t *testing.T) {
 // arrive whole or not at all (each value is one repeated byte: a torn read
 // would mix two).
 func TestPullNeverTorn(t *testing.T) {
+	for _, ordered := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) { testPullNeverTorn(t, ordered) })
+	}
+}
+
+func testPullNeverTorn(t *testing.T, ordered bool) {
 	src := startSource(t, peer.ServerOptions{})
 	var keys [][]byte
 	for i := range 16 {
@@ -174,7 +200,7 @@ func TestPullNeverTorn(t *testing.T) {
 			}
 		}
 	}()
-	p := newPuller(t, 256<<10, nil)
+	p := newPullerOrdered(t, 256<<10, nil, ordered)
 	pulled, torn := 0, 0
 	for range 200 {
 		st, err := p.Pull(t.Context(), src.addr, model, compat, keys, func(k, v []byte) {
@@ -247,5 +273,76 @@ func TestSecretAndAllow(t *testing.T) {
 	}
 	if s := fenced.srv.Stats(); s.Refused != 1 || s.Requests != 0 {
 		t.Fatalf("fenced stats %+v", s)
+	}
+}
+
+// TestHintPulls: a hint sent to kvd H's control listener, naming kvd G as
+// the source, has H pull G's blocks into its store before the reply (the
+// hint's wait); a wrong secret is denied; a kvd without a prefetcher
+// refuses hints.
+func TestHintPulls(t *testing.T) {
+	g := startSource(t, peer.ServerOptions{Secret: []byte("fleet")})
+	var keys [][]byte
+	for i := range 12 {
+		k := fmt.Sprintf("pfx-%02d", i)
+		set(t, g.store, k, bytes.Repeat([]byte{byte(i + 1)}, 3000))
+		keys = append(keys, []byte(k))
+	}
+	// H: its own store, a puller and prefetcher, and a control listener
+	// that takes hints.
+	hStore := newStore(t)
+	pf := peer.NewPrefetcher(hStore, newPuller(t, 256<<10, []byte("fleet")), 8, zerolog.Nop())
+	t.Cleanup(pf.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := transport.NewTCP(transport.TCPConfig{Listener: ln, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	hSrv, err := peer.NewServer(hStore, eng, peer.ServerOptions{Secret: []byte("fleet"), Hint: pf.HintWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hSrv.Close() })
+	hAddr := servetest.Loopback(t, "peer-h", hSrv.Serve)
+
+	hinter := peer.NewHinter([]byte("fleet"))
+	defer hinter.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	r, err := hinter.Send(ctx, hAddr, peer.Hint{Model: model, Compat: compat, Source: g.addr, Keys: keys, Deadline: 5 * time.Second, Wait: peer.MaxHintWait})
+	if err != nil || !r.Done || r.Pulled != 12 {
+		t.Fatalf("hint: %+v %v", r, err)
+	}
+	var sc kvd.Scratch
+	for _, k := range keys {
+		if h := hStore.Get(model, compat, k, &sc); !h.Found {
+			t.Fatalf("%s not in H after the hint", k)
+		}
+	}
+	if c := hStore.Counters(); c.PrefetchUseful != 12 {
+		t.Fatalf("useful prefetches %d, want 12 (every pulled block read once)", c.PrefetchUseful)
+	}
+	if s := hSrv.Stats(); s.Hints != 1 {
+		t.Fatalf("H server stats %+v", s)
+	}
+	// Kept connection: a second hint on it (no wait).
+	if r, err := hinter.Send(ctx, hAddr, peer.Hint{Model: model, Compat: compat, Source: g.addr, Keys: keys[:1], Deadline: time.Second}); err != nil || r.Done {
+		t.Fatalf("second hint: %+v %v", r, err)
+	}
+	wrong := peer.NewHinter([]byte("nope"))
+	defer wrong.Close()
+	if _, err := wrong.Send(ctx, hAddr, peer.Hint{Model: model, Compat: compat, Source: g.addr, Keys: keys, Deadline: time.Second}); !errors.Is(err, peer.ErrDenied) {
+		t.Fatalf("wrong secret: %v", err)
+	}
+	// G serves locates but takes no hints.
+	if _, err := hinter.Send(ctx, g.addr, peer.Hint{Model: model, Compat: compat, Source: hAddr, Keys: keys, Deadline: time.Second}); !errors.Is(err, peer.ErrProtocol) {
+		t.Fatalf("hint to a kvd without a prefetcher: %v", err)
+	}
+	if _, err := hinter.Send(ctx, hAddr, peer.Hint{Model: model, Compat: compat, Source: "no-port", Keys: keys, Deadline: time.Second}); !errors.Is(err, peer.ErrProtocol) {
+		t.Fatalf("bad source: %v", err)
 	}
 }

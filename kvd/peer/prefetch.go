@@ -15,7 +15,8 @@ import (
 // Prefetcher runs the pulls that prefetch hints naming a source ask for
 // (kvd.ServerOptions.PeerPrefetch): a bounded queue, one worker, every
 // pull bounded by its hint's deadline; pulled blocks go into the store
-// for that deadline, as L3 prefetches do. A full queue drops the hint; a
+// for that deadline, as L3 prefetches do, and the first get of each counts
+// as a useful prefetch. A full queue drops the hint; a
 // hint whose deadline passed before its pull began is late and skipped;
 // a failed pull leaves its keys to the engine (never on its path).
 type Prefetcher struct {
@@ -37,6 +38,7 @@ type pullJob struct {
 	keys          [][]byte
 	deadline      time.Duration
 	at            time.Time
+	done          chan int // HintWait's: the blocks pulled, once finished
 }
 
 // NewPrefetcher starts a prefetcher of queue pending hints.
@@ -53,16 +55,47 @@ func NewPrefetcher(st *kvd.Store, p *Puller, queue int, log zerolog.Logger) *Pre
 
 // Hint queues a pull (it copies what it keeps; it never blocks).
 func (f *Prefetcher) Hint(source string, model, compat []byte, keys [][]byte, deadline time.Duration) {
+	f.queue(source, model, compat, keys, deadline, nil)
+}
+
+// HintWait queues a pull as Hint does and waits at most wait for it to
+// finish: done says it did, pulled how many blocks arrived. A pull still
+// running at wait goes on (its blocks are for the requests that follow).
+// It is a HintFunc.
+func (f *Prefetcher) HintWait(source string, model, compat []byte, keys [][]byte, deadline, wait time.Duration) (pulled int, done bool) {
+	if wait <= 0 {
+		f.queue(source, model, compat, keys, deadline, nil)
+		return 0, false
+	}
+	ch := make(chan int, 1)
+	if !f.queue(source, model, compat, keys, deadline, ch) {
+		return 0, false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case n := <-ch:
+		return n, true
+	case <-t.C:
+		return 0, false
+	case <-f.ctx.Done():
+		return 0, false
+	}
+}
+
+func (f *Prefetcher) queue(source string, model, compat []byte, keys [][]byte, deadline time.Duration, done chan int) bool {
 	f.hints.Add(1)
 	j := pullJob{source: source, model: append([]byte(nil), model...), compat: append([]byte(nil), compat...),
-		deadline: deadline, at: time.Now()}
+		deadline: deadline, at: time.Now(), done: done}
 	for _, k := range keys {
 		j.keys = append(j.keys, append([]byte(nil), k...))
 	}
 	select {
 	case f.q <- j:
+		return true
 	default:
 		f.dropped.Add(1)
+		return false
 	}
 }
 
@@ -85,14 +118,20 @@ func (f *Prefetcher) run() {
 		end := j.at.Add(j.deadline)
 		if !time.Now().Before(end) {
 			f.late.Add(1)
+			if j.done != nil {
+				j.done <- 0
+			}
 			continue
 		}
 		pctx, pcancel := context.WithDeadline(ctx, end)
 		ttl := j.deadline.Seconds()
 		st, err := f.p.Pull(pctx, j.source, j.model, j.compat, j.keys, func(key, value []byte) {
-			f.st.Set(&kvd.SetArgs{Model: j.model, CompatKey: j.compat, Key: key, Value: value, TTL: ttl, HasTTL: true})
+			f.st.Set(&kvd.SetArgs{Model: j.model, CompatKey: j.compat, Key: key, Value: value, TTL: ttl, HasTTL: true, Warmed: true})
 		})
 		pcancel()
+		if j.done != nil {
+			j.done <- st.Pulled
+		}
 		f.pulled.Add(int64(st.Pulled))
 		f.bytes.Add(st.Bytes)
 		if err != nil {

@@ -36,6 +36,7 @@ type Puller struct {
 
 	mu      sync.Mutex // one pull at a time uses the scratch region
 	scratch *transport.Region
+	inOrder bool // eng runs a batch's ops in order (transport.Ordered)
 	req     []byte
 	body    []byte
 	resp    Response
@@ -53,7 +54,8 @@ func NewPuller(eng transport.Engine, scratchBytes int, secret []byte) (*Puller, 
 	if err != nil {
 		return nil, fmt.Errorf("peer: register the scratch region: %w", err)
 	}
-	return &Puller{eng: eng, secret: secret, scratch: r}, nil
+	o, ok := eng.(transport.Ordered)
+	return &Puller{eng: eng, secret: secret, scratch: r, inOrder: ok && o.InOrder()}, nil
 }
 
 // Close closes the kept control connections and deregisters the scratch
@@ -106,8 +108,10 @@ func (p *Puller) pull(ctx context.Context, addr string, model, compat []byte, ke
 	buf := p.scratch.Bytes()
 	remote := p.resp.Region
 	// Batches that fit the scratch region: each block's header and
-	// payload, then room for the headers read again. Blocks in adjacent
-	// slots (uniform KV blocks fill their slots) are read with one op.
+	// payload, then room for the headers read again. Blocks in nearby
+	// slots (uniform KV blocks fill their slots, a page apart) are read
+	// with one op that spans the few bytes between them too: a gap costs
+	// less than another request and response.
 	for i := 0; i < len(keys); {
 		p.ops, p.blocks = p.ops[:0], p.blocks[:0]
 		used := 0
@@ -120,36 +124,53 @@ func (p *Puller) pull(ctx context.Context, addr string, model, compat []byte, ke
 			if need+headerBytes > len(buf) { // never fits: a miss
 				continue
 			}
-			if used+need+headerBytes*(len(p.blocks)+1) > len(buf) {
+			b := block{key: i, local: uint64(used), remote: e.Offset - headerBytes, n: uint64(need)}
+			last := len(p.ops) - 1
+			extend := false
+			if last >= 0 {
+				end := p.ops[last].RemoteOff + p.ops[last].Len
+				if b.remote >= end && b.remote-end <= maxGap {
+					b.local += b.remote - end
+					extend = true
+				}
+			}
+			if int(b.local)+need+headerBytes*(len(p.blocks)+1) > len(buf) {
 				break
 			}
 			st.Located++
-			b := block{key: i, local: uint64(used), remote: e.Offset - headerBytes, n: uint64(need)}
 			p.blocks = append(p.blocks, b)
-			if last := len(p.ops) - 1; last >= 0 && p.ops[last].RemoteOff+p.ops[last].Len == b.remote &&
-				p.ops[last].LocalOff+p.ops[last].Len == b.local {
-				p.ops[last].Len += b.n
+			if extend {
+				p.ops[last].Len = b.remote + b.n - p.ops[last].RemoteOff
 			} else {
 				p.ops = append(p.ops, transport.Op{Kind: transport.Read, Local: p.scratch, LocalOff: b.local,
 					Remote: remote, RemoteOff: b.remote, Len: b.n})
 			}
-			used += need
+			used = int(b.local + b.n)
 		}
 		if len(p.blocks) == 0 {
 			continue
 		}
 		n := len(p.blocks)
-		if err := transport.Transfer(ctx, p.eng, p.ops); err != nil {
-			return st, fmt.Errorf("%w: read %d blocks from %s: %w", ErrUnavailable, n, remote.Peer, err)
-		}
-		// The seqlock's second look: every header again, after the payloads.
-		p.ops = p.ops[:0]
+		// The seqlock's second look: every header again, after the
+		// payloads. An engine that runs a batch's ops in order takes them
+		// in the same batch (no second round trip); any other gets them
+		// as a batch of their own once the payloads have landed.
+		data := len(p.ops)
 		for j, b := range p.blocks {
 			p.ops = append(p.ops, transport.Op{Kind: transport.Read, Local: p.scratch, LocalOff: uint64(used + j*headerBytes),
 				Remote: remote, RemoteOff: b.remote, Len: headerBytes})
 		}
-		if err := transport.Transfer(ctx, p.eng, p.ops); err != nil {
-			return st, fmt.Errorf("%w: re-read %d headers from %s: %w", ErrUnavailable, n, remote.Peer, err)
+		if p.inOrder {
+			if err := transport.Transfer(ctx, p.eng, p.ops); err != nil {
+				return st, fmt.Errorf("%w: read %d blocks from %s: %w", ErrUnavailable, n, remote.Peer, err)
+			}
+		} else {
+			if err := transport.Transfer(ctx, p.eng, p.ops[:data]); err != nil {
+				return st, fmt.Errorf("%w: read %d blocks from %s: %w", ErrUnavailable, n, remote.Peer, err)
+			}
+			if err := transport.Transfer(ctx, p.eng, p.ops[data:]); err != nil {
+				return st, fmt.Errorf("%w: re-read %d headers from %s: %w", ErrUnavailable, n, remote.Peer, err)
+			}
 		}
 		for j, b := range p.blocks {
 			e := p.resp.Entries[b.key]
@@ -169,6 +190,10 @@ func (p *Puller) pull(ctx context.Context, addr string, model, compat []byte, ke
 	}
 	return st, nil
 }
+
+// maxGap is the most bytes between two blocks on the source that one read
+// spans rather than splitting into two ops.
+const maxGap = 4 << 10
 
 // block is one located block in a batch: its key, where it lands in the
 // scratch region and where it lies on the source (header included).

@@ -33,12 +33,15 @@ type ServerOptions struct {
 	// IdleTimeout closes a control connection without a request for this
 	// long (default 60 s).
 	IdleTimeout time.Duration
-	Log         zerolog.Logger
+	// Hint, when set, takes hint requests (hint.go): a router asking this
+	// kvd to pull blocks from another one. Nil refuses them.
+	Hint HintFunc
+	Log  zerolog.Logger
 }
 
 // ServerStats count what the source served.
 type ServerStats struct {
-	Requests, Located, Denied, Refused int64
+	Requests, Located, Denied, Refused, Hints int64
 }
 
 // Server answers locate requests for a store whose arena it registered on
@@ -49,7 +52,7 @@ type Server struct {
 	region *transport.Region
 	opt    ServerOptions
 
-	requests, located, denied, refused atomic.Int64
+	requests, located, denied, refused, hints atomic.Int64
 }
 
 // NewServer registers the store's arena on eng (which serves it to
@@ -74,7 +77,7 @@ func (s *Server) Region() transport.Desc { return s.region.Desc() }
 
 // Stats returns the counters.
 func (s *Server) Stats() ServerStats {
-	return ServerStats{Requests: s.requests.Load(), Located: s.located.Load(), Denied: s.denied.Load(), Refused: s.refused.Load()}
+	return ServerStats{Requests: s.requests.Load(), Located: s.located.Load(), Denied: s.denied.Load(), Refused: s.refused.Load(), Hints: s.hints.Load()}
 }
 
 // Close deregisters the arena (the engine is its owner's to close).
@@ -156,6 +159,7 @@ func (s *Server) serveConn(c net.Conn) {
 		body []byte
 		out  []byte
 		req  Request
+		hint Hint
 		resp Response
 		sc   kvd.Scratch
 	)
@@ -177,6 +181,15 @@ func (s *Server) serveConn(c net.Conn) {
 			return
 		}
 		s.requests.Add(1)
+		if len(body) >= 4 && [4]byte(body[:4]) == hintMagic {
+			r := s.serveHint(body, &hint)
+			out = appendHintReply(out[:0], r)
+			_ = c.SetWriteDeadline(time.Now().Add(s.opt.IdleTimeout))
+			if _, err := c.Write(out); err != nil || r.Status == statusBad {
+				return
+			}
+			continue
+		}
 		resp = Response{Entries: resp.Entries[:0]}
 		if err := ParseRequest(body, &req); err != nil {
 			resp.Status = statusBad
@@ -204,4 +217,18 @@ func (s *Server) serveConn(c net.Conn) {
 			return
 		}
 	}
+}
+
+// serveHint checks a hint and hands it to the prefetcher.
+func (s *Server) serveHint(body []byte, h *Hint) HintReply {
+	if err := ParseHint(body, h); err != nil || s.opt.Hint == nil {
+		return HintReply{Status: statusBad}
+	}
+	if len(s.opt.Secret) > 0 && subtle.ConstantTimeCompare(h.Secret, s.opt.Secret) != 1 {
+		s.denied.Add(1)
+		return HintReply{Status: statusDenied}
+	}
+	s.hints.Add(1)
+	pulled, done := s.opt.Hint(h.Source, h.Model, h.Compat, h.Keys, h.Deadline, h.Wait)
+	return HintReply{Status: statusOK, Done: done, Pulled: uint32(pulled)}
 }

@@ -1,0 +1,116 @@
+package router
+
+import (
+	"context"
+	"encoding/binary"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/kvd/peer"
+)
+
+// Directed kvd-to-kvd pulls (--kvd-peer-hints, issue 32). Each worker's
+// record may name the peer listener of the kvd on its host (kvd_peer,
+// worker --kvd-peer). When the kv-aware pick sends a request to worker H
+// while another worker G, on a host with another kvd, holds more of the
+// prompt's leading blocks, the router first sends H's kvd a prefetch hint
+// naming G's kvd as the source (kvd/peer's hint exchange) and waits at
+// most --kvd-peer-wait for the pull, so that H's engine finds the blocks
+// in its kvd's RAM instead of computing them. The keys are G's engine
+// block hashes of the blocks H lacks, as G's KV events named them, 8
+// bytes big-endian: the kvd keys the simulator stores blocks under
+// (engines whose connectors key blocks otherwise, vLLM's chunk keys, are
+// not served yet), in the namespace (served model, DefaultPrewarmCompatKey).
+//
+// The hint is off the engine's path when it fails: a kvd that is down,
+// refuses, or does not finish in time costs at most the wait, and the
+// engine computes what did not arrive. It runs on the picking request's
+// goroutine, only when both records name different kvds and G holds more.
+
+// peerHintDeadline is how long pulled blocks stay pinned in H's RAM.
+const peerHintDeadline = 30 * time.Second
+
+type peerHints struct {
+	h    *peer.Hinter
+	wait time.Duration
+	log  zerolog.Logger
+
+	hints  *prometheus.CounterVec
+	pulled prometheus.Counter
+}
+
+func newPeerHints(secret string, wait time.Duration, log zerolog.Logger) *peerHints {
+	return &peerHints{
+		h: peer.NewHinter([]byte(secret)), wait: wait, log: log,
+		hints: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "infera_router_kvd_peer_hints_total",
+			Help: "Prefetch hints the router sent a worker's kvd naming another host's kvd as the source, by outcome (pulled: finished within --kvd-peer-wait; pending: not finished when the request went on, still pulling or dropped by the kvd's full queue, which its own infera_kvd_peer_hints_total tells apart; failed: not delivered or refused).",
+		}, []string{"outcome"}),
+		pulled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "infera_router_kvd_peer_pulled_blocks_total",
+			Help: "Blocks the hinted kvds reported pulled before the request went on.",
+		}),
+	}
+}
+
+// direct sends the pick's target the hint, if another target on another
+// kvd holds more of the prompt (precise matches only).
+func (ph *peerHints) direct(p *KVAware, sc *kvScratch, best int) {
+	dst := sc.targets[best]
+	dstRec := dst.worker.Record()
+	if dstRec == nil || dstRec.KVDPeer == "" {
+		return
+	}
+	src, most := -1, sc.hits[best]
+	for i, t := range sc.targets {
+		if sc.hits[i] <= most || sc.setOf[i] != sc.setOf[best] || !t.precise() {
+			continue
+		}
+		if rec := t.worker.Record(); rec != nil && rec.KVDPeer != "" && rec.KVDPeer != dstRec.KVDPeer {
+			src, most = i, sc.hits[i]
+		}
+	}
+	if src < 0 {
+		return
+	}
+	hs := sc.sets[sc.setOf[best]].hashes
+	eng := p.idx.AppendEngineHashes(nil, sc.targets[src].idx, hs[sc.hits[best]:most])
+	if len(eng) == 0 {
+		return
+	}
+	keys := make([][]byte, len(eng))
+	buf := make([]byte, 8*len(eng))
+	for i, e := range eng {
+		keys[i] = binary.BigEndian.AppendUint64(buf[8*i:8*i], e)
+	}
+	source := sc.targets[src].worker.Record().KVDPeer
+	ctx, cancel := context.WithTimeout(context.Background(), ph.wait+kvdDialTimeout)
+	defer cancel()
+	r, err := ph.h.Send(ctx, dstRec.KVDPeer, peer.Hint{Model: []byte(dstRec.ModelName), Compat: []byte(DefaultPrewarmCompatKey),
+		Source: source, Keys: keys, Deadline: peerHintDeadline, Wait: ph.wait})
+	switch {
+	case err != nil:
+		ph.hints.WithLabelValues("failed").Inc()
+		ph.log.Warn().Err(err).Str("kvd", dstRec.KVDPeer).Str("source", source).Int("blocks", len(keys)).
+			Msg("kvd peer hint not delivered; the engine computes the blocks")
+	case r.Done:
+		ph.hints.WithLabelValues("pulled").Inc()
+		ph.pulled.Add(float64(r.Pulled))
+		ph.log.Debug().Str("kvd", dstRec.KVDPeer).Str("source", source).Int("blocks", len(keys)).Uint32("pulled", r.Pulled).
+			Msg("kvd peer pull directed")
+	default:
+		ph.hints.WithLabelValues("pending").Inc()
+	}
+}
+
+func (ph *peerHints) describe(ch chan<- *prometheus.Desc) {
+	ph.hints.Describe(ch)
+	ph.pulled.Describe(ch)
+}
+
+func (ph *peerHints) collect(ch chan<- prometheus.Metric) {
+	ph.hints.Collect(ch)
+	ph.pulled.Collect(ch)
+}
