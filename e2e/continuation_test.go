@@ -168,3 +168,79 @@ func TestChaosStreamingContinued(t *testing.T) {
 func probePrompt(i int) string {
 	return fmt.Sprintf("probe %d: tell a long story about a routed fleet", i)
 }
+
+// TestChaosPDStreamingContinued (issue 30, acceptance 2): the same with a
+// disaggregated fleet (one prefill and three decode workers, vllm-nixl):
+// a decode engine SIGKILLed mid-stream (twice, its worker restarted) fails
+// no stream; each broken decode continues on another decode worker, and
+// long probes read the unbroken run's text.
+func TestChaosPDStreamingContinued(t *testing.T) {
+	f := startServe(t, "--log-level", "info", "--request-max-retries", "2",
+		"--ttft-timeout", "3s", "--stream-idle-timeout", "3s", "--migration-limit", "3")
+	pdArgs := func(role string) []string {
+		return append([]string{"--pd-role", role, "--pd-protocol", "vllm-nixl"}, contSimArgs...)
+	}
+	wflags := []string{"--disaggregation-allow-tcp", "--drain-timeout", "2s"}
+	f.startWorkerFlags("pd-prefill", wflags, pdArgs("prefill")...)
+	decode := make([]*proc, 3)
+	for i := range decode {
+		decode[i], _ = f.startWorkerFlags(fmt.Sprintf("pd-decode-%d", i), wflags, pdArgs("decode")...)
+	}
+	f.waitWorkers("four active PD workers", 30*time.Second, func(w map[string]string) bool { return len(w) == 4 })
+	want := make([]string, contProbes)
+	for i := range want {
+		o := probeStream(t.Context(), f.base, probePrompt(i), contProbeLen, nil)
+		if o.err != nil || !o.done || o.errorEvent != "" {
+			t.Fatalf("reference probe %d: %+v", i, o)
+		}
+		want[i] = o.text
+	}
+	b := startBench(t, "--url", f.base, "--model", "sim-model", "--requests", "0",
+		"--duration", "25s", "--concurrency", "16", "--input-len", "32", "--output-len", "48",
+		"--stream=true", "--timeout", "5m")
+	type probeResult struct {
+		i   int
+		out streamOutcome
+	}
+	results := make(chan probeResult, 2*contProbes)
+	var wg sync.WaitGroup
+	for round := range 2 {
+		time.Sleep(4 * time.Second)
+		started := make([]chan struct{}, contProbes)
+		for i := range contProbes {
+			started[i] = make(chan struct{})
+			wg.Go(func() { results <- probeResult{i, probeStream(t.Context(), f.base, probePrompt(i), contProbeLen, started[i])} })
+		}
+		for _, ch := range started {
+			<-ch
+		}
+		victim := decode[round]
+		if err := syscall.Kill(enginePID(t, victim), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if err := victim.wait(20 * time.Second); err == nil {
+			t.Errorf("decode worker %d exited 0 after its engine was killed", round)
+		}
+		decode[round], _ = f.startWorkerFlags(fmt.Sprintf("pd-decode-%d-again", round), wflags, pdArgs("decode")...)
+	}
+	rep, out, err := b.wait(t, 2*time.Minute)
+	if err != nil || len(rep.Errors) != 0 {
+		t.Errorf("bench: %v; failed streams %v, want none; output:\n%s", err, rep.Errors, out)
+	}
+	wg.Wait()
+	close(results)
+	for r := range results {
+		o := r.out
+		if o.err != nil || !o.done || o.errorEvent != "" || o.text != want[r.i] {
+			t.Errorf("probe %d (decode %s): done=%t error=%q transport=%v, text equal %t", r.i, o.worker, o.done, o.errorEvent, o.err, o.text == want[r.i])
+		}
+	}
+	metrics := scrape(t, f.base+"/metrics")
+	if n := metricValue(metrics, "infera_migrations_total"); n == 0 {
+		t.Errorf("no stream was continued: the kills broke nothing")
+	}
+	if n := metricValue(metrics, "infera_migrations_failed_total"); n != 0 {
+		t.Errorf("%v failed migrations", n)
+	}
+	t.Logf("continued PD chaos: %d requests, migrations %v", rep.Requests, metricValue(metrics, "infera_migrations_total"))
+}
