@@ -209,7 +209,9 @@ func TestChaosPDStreamingContinued(t *testing.T) {
 		started := make([]chan struct{}, contProbes)
 		for i := range contProbes {
 			started[i] = make(chan struct{})
-			wg.Go(func() { results <- probeResult{i, probeStream(t.Context(), f.base, probePrompt(i), contProbeLen, started[i])} })
+			wg.Go(func() {
+				results <- probeResult{i, probeStream(t.Context(), f.base, probePrompt(i), contProbeLen, started[i])}
+			})
 		}
 		for _, ch := range started {
 			<-ch
