@@ -103,8 +103,9 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	if n == 0 {
 		return Ticket{}, ErrNoWorker
 	}
+	began := time.Now()
 	sc := kvScratchPool.Get().(*kvScratch)
-	defer sc.release()
+	defer p.pickDone(sc, began)
 	rot := c.Next()
 
 	sc.targets = sc.targets[:0]
@@ -233,6 +234,12 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	}
 
 	return p.commit(in, sc, kind, now, best)
+}
+
+// pickDone pools the scratch and observes the pick's duration.
+func (p *KVAware) pickDone(sc *kvScratch, began time.Time) {
+	sc.release()
+	p.m.pickSeconds.Observe(time.Since(began).Seconds())
 }
 
 // commit charges the request to target best and returns its ticket.
