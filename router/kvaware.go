@@ -234,8 +234,8 @@ type kvTarget struct {
 	prov *kvcache.Placements // provisional hits (precise mode); nil when disabled
 
 	mu       sync.RWMutex
-	active   map[uint64]int32 // in-flight prompt blocks → requests holding them
-	recent   float64          // miss charge as of recentAt
+	active   blockCounts // in-flight prompt blocks → requests holding them
+	recent   float64     // miss charge as of recentAt
 	recentAt int64
 	picks    float64 // picks as of picksAt, halving every shareHalfLife
 	picksAt  int64
@@ -511,7 +511,6 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 			bs:     bs,
 			place:  kvcache.NewPlacements(p.cfg.ApproxMaxBlocks, int64(p.cfg.ApproxTTL)),
 			keep:   kvcache.NewPlacements(p.cfg.ApproxMaxBlocks, int64(max(p.cfg.ApproxTTL, keepTTL))),
-			active: make(map[uint64]int32),
 		}
 		t.est.init()
 		if p.cfg.ProvisionalTTL > 0 && p.cfg.ProvisionalMaxBlocks > 0 {
@@ -649,11 +648,7 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 	now := p.cfg.Now().UnixNano()
 	tg.mu.Lock()
 	for _, h := range kt.hashes {
-		if n := tg.active[h] - 1; n > 0 {
-			tg.active[h] = n
-		} else {
-			delete(tg.active, h)
-		}
+		tg.active.Remove(h)
 	}
 	if p.ttft {
 		tg.est.leave(kt)

@@ -231,15 +231,15 @@ func TestKVActiveBlocksCountSharedPrefixOnce(t *testing.T) {
 	if common < 320/16 {
 		t.Fatalf("only %d common blocks", common)
 	}
-	if got, want := len(tg.active), na+nb-common; got != want {
+	if got, want := tg.active.Len(), na+nb-common; got != want {
 		t.Fatalf("active blocks %d, want %d (%d + %d - %d shared)", got, want, na, nb, common)
 	}
 	e.p.Release(a, Result{})
-	if got := len(tg.active); got != nb {
+	if got := tg.active.Len(); got != nb {
 		t.Fatalf("after one release: %d active, want %d", got, nb)
 	}
 	e.p.Release(b, Result{})
-	if got := len(tg.active); got != 0 {
+	if got := tg.active.Len(); got != 0 {
 		t.Fatalf("after both releases: %d active", got)
 	}
 }

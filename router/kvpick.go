@@ -161,12 +161,12 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		t.mu.RLock()
 		flight := 0
 		for flight < len(hs) {
-			if _, ok := t.active[hs[flight]]; !ok {
+			if !t.active.Has(hs[flight]) {
 				break
 			}
 			flight++
 		}
-		active := len(t.active)
+		active := t.active.Len()
 		recent := p.decayed(t.recent, t.recentAt, now)
 		picks := decayedFor(t.picks, t.picksAt, now, shareHalfLife)
 		t.mu.RUnlock()
@@ -255,7 +255,7 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	kt.hashes = append(kt.hashes[:0], hs...)
 	t.mu.Lock()
 	for _, h := range hs {
-		t.active[h]++
+		t.active.Add(h)
 	}
 	t.picks = decayedFor(t.picks, t.picksAt, now, shareHalfLife) + 1
 	t.picksAt = now
