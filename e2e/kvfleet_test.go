@@ -1,18 +1,26 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/discovery"
 )
 
 // startEtcdCluster runs an n-member etcd cluster of real etcd processes on
@@ -271,7 +279,7 @@ func seenBy(t *testing.T, rs []*fleet, cond func(map[string]string) bool) time.D
 	t.Helper()
 	began := time.Now()
 	seen := make([]bool, len(rs))
-	for left := len(rs); left > 0; time.Sleep(5 * time.Millisecond) {
+	for left := len(rs); left > 0; time.Sleep(10 * time.Millisecond) {
 		if time.Since(began) > 15*time.Second {
 			t.Fatalf("not every replica saw the change within 15 s: %v", seen)
 		}
@@ -373,4 +381,224 @@ func pickQuantiles(text string) (p50, p99, n float64) {
 		return math.Inf(1)
 	}
 	return q(0.5), q(0.99), n
+}
+
+// TestKVFleet512Replicas (issue 37, acceptance 3 at fleet scale): four
+// kv-aware serve replicas on a 3-member etcd cluster of real processes in
+// front of 512 workers. The workers are an in-process fleet of records
+// (registrars with their own leases, as `infera worker` keeps them) over
+// ten real simulator processes with KV events: worker i is
+// 127.0.0.<1+i/10>:<port of sim i%10>, its event stream and replay socket
+// that sim's (the sims listen on every loopback address), so every replica keeps 512
+// event streams and 512 pick targets.
+//   - Every replica lists all 512; a join and a leave among them are seen by
+//     every replica (the time until the last one does is logged; the issue
+//     asks ≤ 1 s).
+//   - Under load through every replica, the etcd leader is SIGKILLed: no
+//     request fails and no worker's lease is lost.
+//   - Logged: the replicas' pick p50/p99 (infera_router_kv_pick_seconds) and
+//     resident memory per worker (VmRSS before and after the fleet
+//     registered, over the worker count).
+//
+// INFERA_E2E_KV_FLEET_RECORDS changes the fleet size.
+func TestKVFleet512Replicas(t *testing.T) {
+	// Ten sims: each holds a tenth of the records' event streams from each
+	// replica, 4 × 52 = 208 connections, within a sim's 256 per socket.
+	const replicas, sims = 4, 10
+	workers := 512
+	if v := os.Getenv("INFERA_E2E_KV_FLEET_RECORDS"); v != "" {
+		var err error
+		if workers, err = strconv.Atoi(v); err != nil || workers < sims || workers > 60*sims {
+			t.Fatalf("INFERA_E2E_KV_FLEET_RECORDS=%q: want %d..%d", v, sims, 60*sims)
+		}
+	}
+	members := startEtcdCluster(t, 3)
+	var eps []string
+	for _, e := range members {
+		eps = append(eps, e.endpoint())
+	}
+	endpoints := func(k int) string {
+		return strings.Join(append(slices.Clone(eps[k%len(eps):]), eps[:k%len(eps)]...), ",")
+	}
+
+	type simAddr struct{ port, events, replay string }
+	var simAddrs []simAddr
+	for s := range sims {
+		p := start(t, fmt.Sprintf("fleet-sim-%d", s), append([]string{"sim", "--model", "sim-model",
+			"--host", "0.0.0.0", "--port", "0", "--kv-events-endpoint", "tcp://*:0", "--kv-events-replay-endpoint", "tcp://*:0",
+			"--kv-blocks", "2000"}, simTiming...)...)
+		line := p.waitLog("sim listening", 60*time.Second)
+		addr, _ := line["addr"].(string)
+		ev, _ := line["kv_events_endpoint"].(string)
+		replay, _ := line["kv_events_replay_endpoint"].(string)
+		_, port, err := net.SplitHostPort(addr)
+		evPort, replayPort := ev[strings.LastIndexByte(ev, ':')+1:], replay[strings.LastIndexByte(replay, ':')+1:]
+		if err != nil || evPort == "" || replayPort == "" {
+			t.Fatalf("sim listening line without addr or KV event endpoints: %v", line)
+		}
+		simAddrs = append(simAddrs, simAddr{port, evPort, replayPort})
+	}
+
+	var rs []*fleet
+	for r := range replicas {
+		f := startServe(t, "--log-level", "info", "--etcd-endpoints", endpoints(r),
+			"--router-policy", "kv-aware", "--tokenizer", "bytes")
+		f.etcd = endpoints(r)
+		rs = append(rs, f)
+	}
+	rss := func() []float64 {
+		var out []float64
+		for _, f := range rs {
+			out = append(out, rssBytes(f.serve.cmd.Process.Pid))
+		}
+		return out
+	}
+	rss0 := rss()
+
+	cli, err := discovery.NewClient(config.Etcd{Endpoints: eps, Prefix: "/infera/workers/", DialTimeout: 5 * time.Second}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		_ = cli.Close()
+	})
+	id := func(i int) string {
+		return fmt.Sprintf("127.0.0.%d:%s", 1+i/sims, simAddrs[i%sims].port)
+	}
+	bs := 16
+	register := func(i int) *discovery.Registrar {
+		host := fmt.Sprintf("127.0.0.%d", 1+i/sims)
+		ev := "tcp://" + host + ":" + simAddrs[i%sims].events
+		replay := "tcp://" + host + ":" + simAddrs[i%sims].replay
+		rec := discovery.Record{WorkerID: id(i), URL: "http://" + id(i), ModelName: "sim-model", Engine: discovery.EngineSim,
+			DisaggMode: discovery.DisaggMixed, DPSize: 1, RequestTransport: discovery.TransportHTTP, Status: discovery.StatusActive,
+			KVEventsEndpoint: &ev, KVEventsReplayEndpoint: &replay, KVBlockSize: &bs}
+		reg := discovery.NewRegistrar(cli, "/infera/workers/", rec,
+			discovery.RegistrarOptions{TTL: 10 * time.Second, KeepAliveInterval: 2 * time.Second}, zerolog.Nop())
+		if err := reg.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = reg.Run(ctx)
+		}()
+		return reg
+	}
+	began := time.Now()
+	regs := make([]*discovery.Registrar, workers)
+	for i := range workers {
+		regs[i] = register(i)
+	}
+	registered := time.Since(began)
+	listed := seenBy(t, rs, func(w map[string]string) bool { return len(w) == workers })
+	t.Logf("%d workers registered in %v; every replica listed them %v later", workers, registered, listed)
+	// The event streams connect (precise mode) before the measurements.
+	all := map[string]bool{}
+	for i := range workers {
+		all[id(i)] = true
+	}
+	for _, f := range rs {
+		f.waitPrecise(all, 60*time.Second)
+	}
+	rss1 := rss()
+	for r := range rs {
+		t.Logf("replica %d: resident memory %.1f MB with no worker, %.1f MB with %d (event streams connected, nothing cached yet): %.1f KB per worker",
+			r, rss0[r]/1e6, rss1[r]/1e6, workers, (rss1[r]-rss0[r])/float64(workers)/1e3)
+	}
+
+	joinLeave := func(when string) {
+		t.Helper()
+		extra := workers // the next address
+		reg := register(extra)
+		join := seenBy(t, rs, func(w map[string]string) bool { return w[id(extra)] == "active" })
+		if err := reg.Revoke(ctx); err != nil {
+			t.Fatal(err)
+		}
+		revoked := time.Now()
+		seenBy(t, rs, func(w map[string]string) bool { _, ok := w[id(extra)]; return !ok })
+		t.Logf("%s: with %d workers a join was seen by every replica after %v, a leave after %v",
+			when, workers, join, time.Since(revoked))
+	}
+	joinLeave("idle")
+
+	var loads []*bgBench
+	for r, f := range rs {
+		loads = append(loads, startBench(t, "--url", f.base, "--model", "sim-model",
+			"--workload", "shared-prefix", "--prefix-groups", "16", "--prefix-len", "150", "--suffix-len", "10",
+			"--output-len", "8", "--requests", "0", "--duration", "16s", "--concurrency", "2",
+			"--seed", strconv.Itoa(r+1), fmt.Sprintf("--stream=%t", r%2 == 0), "--timeout", "2m"))
+	}
+	time.Sleep(3 * time.Second) // pacing: let the load run before the fault
+	lead := etcdLeader(members)
+	if lead < 0 {
+		t.Fatal("no etcd member names a leader")
+	}
+	members[lead].kill()
+	killed := time.Now()
+	for {
+		if l := etcdLeader(members); l >= 0 && l != lead {
+			t.Logf("SIGKILLed etcd leader %s under load; %s leads after %v", members[lead].name, members[l].name, time.Since(killed))
+			break
+		}
+		if time.Since(killed) > 30*time.Second {
+			t.Fatal("the surviving etcd members elected no leader within 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	joinLeave("after the leader kill, under load")
+	total := 0
+	for r, b := range loads {
+		rep, out, err := b.wait(t, 3*time.Minute)
+		if err != nil || len(rep.Errors) != 0 || rep.Requests == 0 {
+			t.Errorf("load through replica %d across the leader kill: %v; %d requests, errors %v; output:\n%s", r, err, rep.Requests, rep.Errors, out)
+		}
+		total += rep.Requests
+	}
+	t.Logf("load across the leader kill: %d requests through %d replicas, none failed", total, replicas)
+
+	// No lease was lost: one TTL later every replica still lists the whole
+	// fleet, active.
+	time.Sleep(10 * time.Second) // pacing: one lease TTL of the records
+	for r, f := range rs {
+		f.waitWorkers(fmt.Sprintf("replica %d to list all %d workers after the fault", r, workers), 30*time.Second, func(w map[string]string) bool {
+			return allActiveIDs(w, all) && len(w) == workers
+		})
+	}
+	sameList(t, rs, "after the leader kill")
+	for r, f := range rs {
+		p50, p99, n := pickQuantiles(scrape(t, f.base+"/metrics"))
+		t.Logf("replica %d: %d kv-aware picks over %d workers, p50 ≤ %g ms, p99 ≤ %g ms (histogram bucket bounds)", r, int(n), workers, 1e3*p50, 1e3*p99)
+		if n == 0 {
+			t.Errorf("replica %d observed no kv-aware pick", r)
+		}
+	}
+}
+
+// rssBytes is a process's resident memory (VmRSS), 0 if unreadable.
+func rssBytes(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+func allActiveIDs(w map[string]string, ids map[string]bool) bool {
+	for id := range ids {
+		if w[id] != "active" {
+			return false
+		}
+	}
+	return true
 }

@@ -658,6 +658,9 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 		tg.recentAt = now
 	}
 	tg.mu.Unlock()
+	if kt.touch > 0 {
+		p.idx.Touch(tg.idx, kt.hashes[:kt.touch])
+	}
 	kt.target = nil
 	kt.hashes = kt.hashes[:0]
 	if cap(kt.hashes) > maxRetainTokens/16 {
@@ -672,6 +675,7 @@ type kvTicket struct {
 	target *kvTarget
 	hashes []uint64
 	miss   int
+	touch  int // leading hashes to Touch in the index at release: the cached prefix relied on
 
 	// --kv-cost ttft (kvestimate.go), guarded by target.mu.
 	uncached float64 // uncached prompt tokens

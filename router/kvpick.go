@@ -252,6 +252,7 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	kt.target = t
 	kt.miss = miss
 	kt.slot = -1
+	kt.touch = 0
 	kt.hashes = append(kt.hashes[:0], hs...)
 	t.mu.Lock()
 	for _, h := range hs {
@@ -286,12 +287,14 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 		if t.prov != nil && ret != openai.RetentionNone {
 			t.prov.Record(hs, now)
 		}
-		if h := sc.hits[best]; h > 0 {
-			// Engines report no event on a cache hit; keep the prefix
-			// the router just relied on from being the index's first
-			// eviction (provisional blocks not yet indexed are skipped).
-			p.idx.Touch(t.idx, hs[:h])
-		}
+		// Engines report no event on a cache hit; the prefix the router
+		// just relied on is kept from being the index's first eviction
+		// (provisional blocks not yet indexed are skipped) when the
+		// request ends (Release): Touch takes the index's write lock,
+		// which every event batch of every worker takes too, and at 512
+		// workers a pick waiting there behind the streams' batches took
+		// milliseconds instead of microseconds.
+		kt.touch = sc.hits[best]
 	}
 	if kind == keyTokens && t.idx != nil {
 		// For blocks the engine chains from a parent this index never saw
