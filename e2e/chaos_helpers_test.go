@@ -55,6 +55,9 @@ type etcdServer struct {
 	clientPort int
 	peerPort   int
 	p          *proc
+	// name and cluster are the member's name and --initial-cluster in a
+	// cluster of several (startEtcdCluster); empty for a single server.
+	name, cluster string
 }
 
 // newEtcdServer finds the etcd binary and picks ports and a data directory;
@@ -73,16 +76,35 @@ func (e *etcdServer) endpoint() string { return fmt.Sprintf("http://127.0.0.1:%d
 // start launches etcd and waits until it answers /health.
 func (e *etcdServer) start(timeout time.Duration) {
 	e.t.Helper()
-	peer := fmt.Sprintf("http://127.0.0.1:%d", e.peerPort)
-	e.p = startExe(e.t, "etcd", e.bin,
-		"--name", "infera-e2e",
+	e.launch()
+	e.waitHealthy(timeout)
+}
+
+func (e *etcdServer) peerURL() string { return fmt.Sprintf("http://127.0.0.1:%d", e.peerPort) }
+
+// launch starts the etcd process without waiting for it: a cluster's
+// members are healthy only once a quorum of them runs.
+func (e *etcdServer) launch() {
+	e.t.Helper()
+	name, cluster := e.name, e.cluster
+	if name == "" {
+		name, cluster = "infera-e2e", "infera-e2e="+e.peerURL()
+	}
+	e.p = startExe(e.t, "etcd-"+name, e.bin,
+		"--name", name,
 		"--data-dir", e.dir,
 		"--listen-client-urls", e.endpoint(),
 		"--advertise-client-urls", e.endpoint(),
-		"--listen-peer-urls", peer,
-		"--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "infera-e2e="+peer,
+		"--listen-peer-urls", e.peerURL(),
+		"--initial-advertise-peer-urls", e.peerURL(),
+		"--initial-cluster", cluster,
+		"--initial-cluster-token", "infera-e2e",
 		"--logger", "zap", "--log-outputs", "stderr")
+}
+
+// waitHealthy waits until etcd answers /health.
+func (e *etcdServer) waitHealthy(timeout time.Duration) {
+	e.t.Helper()
 	deadline := time.Now().Add(timeout)
 	var lastErr error
 	for time.Now().Before(deadline) {

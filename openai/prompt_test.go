@@ -1,8 +1,12 @@
 package openai_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/infera/infera/openai"
@@ -75,6 +79,45 @@ func TestAppendTokenIDs(t *testing.T) {
 	}
 }
 
+// TestAppendTokenIDsFastPath covers the 8-bytes-at-a-time path against
+// encoding/json: every digit count 1..10 before a comma, a space, the
+// closing bracket and the end of the input, and leading zeros.
+func TestAppendTokenIDsFastPath(t *testing.T) {
+	var cases []string
+	for _, v := range []uint64{0, 7, 10, 99, 100, 12345, 99999, 100000, 149999, 1234567, 9999999, 10000000, 99999999, 123456789, 4294967295} {
+		d := strconv.FormatUint(v, 10)
+		for _, tail := range []string{",1]", ",22,333]", "]", " ,5]", ", 5]", ",0123456]", "]   "} {
+			cases = append(cases, "["+d+tail, "[1,"+d+tail, "[ "+d+tail, "[0,"+d+tail)
+		}
+		cases = append(cases, "[0"+d+",1]", "["+d+",]", "["+d+",x]", "["+d+"1,2]", "["+d+"a,2]")
+	}
+	for _, c := range cases {
+		checkTokenIDs(t, []byte(c))
+	}
+}
+
+// checkTokenIDs compares AppendTokenIDs with encoding/json on one input.
+func checkTokenIDs(t *testing.T, b []byte) {
+	t.Helper()
+	got, err := openai.AppendTokenIDs(nil, b)
+	var want []uint32
+	jerr := json.Unmarshal(b, &want)
+	trimmed := bytes.TrimLeft(b, " \t\r\n")
+	if jerr == nil && len(trimmed) > 0 && trimmed[0] == '[' {
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("%q: got %v %v, want %v", b, got, err, want)
+		}
+	} else if err == nil {
+		t.Errorf("%q: got %v, encoding/json refuses it (%v)", b, got, jerr)
+	}
+}
+
+func FuzzAppendTokenIDs(f *testing.F) {
+	f.Add([]byte(`[1,22,333,4444,55555,666666,7777777,88888888]`))
+	f.Add([]byte(`[ 0 ,01,4294967296]`))
+	f.Fuzz(func(t *testing.T, b []byte) { checkTokenIDs(t, b) })
+}
+
 func TestAppendUnescaped(t *testing.T) {
 	if got := string(openai.AppendUnescaped(nil, []byte(`a\"b\u00e9\n`))); got != "a\"bé\n" {
 		t.Fatalf("got %q", got)
@@ -141,4 +184,26 @@ func FuzzVisitImages(f *testing.F) {
 		_, _ = openai.FirstPrompt(b)
 		_, _ = openai.AppendTokenIDs(nil, b)
 	})
+}
+
+// BenchmarkAppendTokenIDs parses a 32k-token array of ids below 150000
+// (a large vocabulary's 5- and 6-digit mix).
+func BenchmarkAppendTokenIDs(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteByte('[')
+	x := uint64(1)
+	for i := range 32768 {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		x = x*6364136223846793005 + 1442695040888963407
+		sb.WriteString(strconv.FormatUint(x>>33%150000, 10))
+	}
+	sb.WriteByte(']')
+	arr := []byte(sb.String())
+	ids := make([]uint32, 0, 32768)
+	b.SetBytes(int64(len(arr)))
+	for b.Loop() {
+		ids, _ = openai.AppendTokenIDs(ids[:0], arr)
+	}
 }

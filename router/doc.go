@@ -32,7 +32,7 @@
 // # Picking a worker
 //
 // Policies: round-robin, least-load and kv-aware (kvaware.go, kvpick.go,
-// kvprompt.go, kvmetrics.go; DESIGN §5). kv-aware tokenizes each prompt as
+// kvprompt.go, kvestimate.go, kvactive.go, kvmetrics.go; DESIGN §5). kv-aware tokenizes each prompt as
 // the engine does, hashes its KV blocks, matches them against the prefix
 // index its KV-event subscriber keeps (or, for a worker it cannot follow
 // precisely, against its own recorded placements) and picks the lowest

@@ -243,8 +243,8 @@ type kvTarget struct {
 	prov *kvcache.Placements // provisional hits (precise mode); nil when disabled
 
 	mu       sync.RWMutex
-	active   map[uint64]int32 // in-flight prompt blocks → requests holding them
-	recent   float64          // miss charge as of recentAt
+	active   blockCounts // in-flight prompt blocks → requests holding them
+	recent   float64     // miss charge as of recentAt
 	recentAt int64
 	picks    float64 // picks as of picksAt, halving every shareHalfLife
 	picksAt  int64
@@ -526,7 +526,6 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 			bs:     bs,
 			place:  kvcache.NewPlacements(p.cfg.ApproxMaxBlocks, int64(p.cfg.ApproxTTL)),
 			keep:   kvcache.NewPlacements(p.cfg.ApproxMaxBlocks, int64(max(p.cfg.ApproxTTL, keepTTL))),
-			active: make(map[uint64]int32),
 		}
 		t.est.init()
 		if p.cfg.ProvisionalTTL > 0 && p.cfg.ProvisionalMaxBlocks > 0 {
@@ -664,11 +663,7 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 	now := p.cfg.Now().UnixNano()
 	tg.mu.Lock()
 	for _, h := range kt.hashes {
-		if n := tg.active[h] - 1; n > 0 {
-			tg.active[h] = n
-		} else {
-			delete(tg.active, h)
-		}
+		tg.active.Remove(h)
 	}
 	if p.ttft {
 		tg.est.leave(kt)
@@ -678,6 +673,9 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 		tg.recentAt = now
 	}
 	tg.mu.Unlock()
+	if kt.touch > 0 {
+		p.idx.Touch(tg.idx, kt.hashes[:kt.touch])
+	}
 	kt.target = nil
 	kt.hashes = kt.hashes[:0]
 	if cap(kt.hashes) > maxRetainTokens/16 {
@@ -692,6 +690,7 @@ type kvTicket struct {
 	target *kvTarget
 	hashes []uint64
 	miss   int
+	touch  int // leading hashes to Touch in the index at release: the cached prefix relied on
 
 	// --kv-cost ttft (kvestimate.go), guarded by target.mu.
 	uncached float64 // uncached prompt tokens

@@ -231,15 +231,15 @@ func TestKVActiveBlocksCountSharedPrefixOnce(t *testing.T) {
 	if common < 320/16 {
 		t.Fatalf("only %d common blocks", common)
 	}
-	if got, want := len(tg.active), na+nb-common; got != want {
+	if got, want := tg.active.Len(), na+nb-common; got != want {
 		t.Fatalf("active blocks %d, want %d (%d + %d - %d shared)", got, want, na, nb, common)
 	}
 	e.p.Release(a, Result{})
-	if got := len(tg.active); got != nb {
+	if got := tg.active.Len(); got != nb {
 		t.Fatalf("after one release: %d active, want %d", got, nb)
 	}
 	e.p.Release(b, Result{})
-	if got := len(tg.active); got != 0 {
+	if got := tg.active.Len(); got != 0 {
 		t.Fatalf("after both releases: %d active", got)
 	}
 }
@@ -692,5 +692,38 @@ func TestKVMaxShareWarmBoundsHotPrefix(t *testing.T) {
 				t.Fatalf("holder took %.2f× its fair share: the warm bound pushed it below fair: %v", share, counts)
 			}
 		})
+	}
+}
+
+// TestKVTouchAtRelease: the cached prefix a pick relied on becomes the most
+// recent in the index's LRU when its request ends (Release), not in the
+// pick, which takes no index write lock.
+func TestKVTouchAtRelease(t *testing.T) {
+	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	a := kvRecord(0, nil).WorkerID
+	old := unique(1, 600)
+	e.store(a, chatTokens(t, old))
+	tg := e.target0(a)
+	// A later prompt stored after it (sharing the chat header's block).
+	recent := chatTokens(t, unique(2, 600))
+	engine := make([]uint64, len(recent)/16)
+	for i := range engine {
+		engine[i] = 1<<40 + uint64(i)
+	}
+	e.p.idx.Apply(tg.idx, &kvcache.Batch{Events: []kvcache.Event{{Type: kvcache.EventBlockStored, Hashes: engine, Tokens: recent[:len(engine)*16], BlockSize: 16}}})
+	first := func() uint64 { return e.p.idx.AppendHashes(nil, tg.idx)[0] }
+	before := first()
+	tk := e.pick(chat(old + " and then"))
+	if tk.Worker.id != a {
+		t.Fatalf("picked %s, not the holder %s", tk.Worker.id, a)
+	}
+	if got := first(); got != before {
+		t.Fatalf("the pick touched the index: most recent %x, was %x", got, before)
+	}
+	root := tk.State.(*kvTicket).hashes[0]
+	e.p.Release(tk, Result{Status: 200})
+	if got := first(); got != root {
+		t.Fatalf("after release the most recent block is %x, want the prefix's root %x", got, root)
 	}
 }

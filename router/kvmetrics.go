@@ -13,6 +13,7 @@ import (
 // scrape time.
 type kvMetrics struct {
 	hitBlocks      prometheus.Histogram
+	pickSeconds    prometheus.Histogram
 	promptBlocks   prometheus.Counter
 	hitBlocksTotal prometheus.Counter
 	picks          [3][2]prometheus.Counter // [keyKind][precise]
@@ -45,6 +46,12 @@ func newKVMetrics() kvMetrics {
 			Name:    "infera_router_kv_hit_blocks",
 			Help:    "Prompt blocks the chosen worker was expected to hold (cached or being prefilled), per kv-aware pick.",
 			Buckets: append([]float64{0}, prometheus.ExponentialBuckets(1, 2, 14)...), // 0, 1 .. 8192
+		}),
+		pickSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "infera_router_kv_pick_seconds",
+			Help: "Time of one kv-aware pick: keying the prompt (tokenizing), matching it against every target, costing and charging the choice.",
+			// 10 µs .. ~20 ms; 1 ms (issue 37's bound at 512 workers) is a bucket edge.
+			Buckets: []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1.5e-3, 2.5e-3, 5e-3, 1e-2, 2e-2},
 		}),
 		promptBlocks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "infera_router_kv_prompt_blocks_total",
@@ -109,6 +116,7 @@ func (m *kvMetrics) observe(kind keyKind, precise bool, blocks, hits int) {
 func (p *KVAware) Describe(ch chan<- *prometheus.Desc) {
 	m := &p.m
 	m.hitBlocks.Describe(ch)
+	m.pickSeconds.Describe(ch)
 	m.promptBlocks.Describe(ch)
 	m.hitBlocksTotal.Describe(ch)
 	m.picksVec.Describe(ch)
@@ -148,6 +156,7 @@ func (p *KVAware) Collect(ch chan<- prometheus.Metric) {
 	p.mu.Unlock()
 
 	m.hitBlocks.Collect(ch)
+	m.pickSeconds.Collect(ch)
 	m.promptBlocks.Collect(ch)
 	m.hitBlocksTotal.Collect(ch)
 	m.picksVec.Collect(ch)
