@@ -194,6 +194,8 @@ type ServeKV struct {
 	// of precisely routed workers (0 disables them).
 	ProvisionalTTL       time.Duration
 	ProvisionalMaxBlocks int
+	// DivergenceCheck turns the kv divergence alarm on (router/kvdivergence.go).
+	DivergenceCheck bool
 	// RebuildAfter: a worker whose event stream joined a running engine
 	// or resynced is precise again this long after (0: only on
 	// AllBlocksCleared).
@@ -234,6 +236,7 @@ func (k *ServeKV) flags() []cli.Flag {
 		String("kv-cost", "kv-aware cost: \"blocks\" (uncached blocks weighed against load, with the --kv-max-share bounds) or \"ttft\" (an estimated time to first token from each worker's queued prefill and decode load, learned from the first tokens it returns; cold requests spread evenly)", &k.Cost, "blocks"),
 		Duration("kv-provisional-ttl", "how long a prompt the router just placed on a precisely routed worker counts as cached there before its KV events land (0 disables provisional hits)", &k.ProvisionalTTL, 2*time.Second),
 		Int("kv-provisional-max-blocks", "most provisional blocks per worker (and DP rank)", &k.ProvisionalMaxBlocks, 16384),
+		Bool("kv-divergence-check", "compare each worker's engine-reported usage (prompt_tokens, cached_tokens) with the kv-aware prediction and warn once when they diverge (a tokenizer or chat-template mismatch); =false turns the alarm off", &k.DivergenceCheck, true),
 		Duration("kv-rebuild-after", "after a KV-event stream joined a running engine or resynced, route the worker precisely again this long later (0: only once its engine clears its cache)", &k.RebuildAfter, 5*time.Second),
 		String("kv-events-listen", "bind one ZMQ SUB socket, tcp://HOST:PORT, that workers' engines connect to and publish KV events on (worker --kv-events-router); empty = subscribe to each worker's own endpoint only", &k.EventsListen, ""),
 		kvEventTransportFlag(&k.EventTransport),

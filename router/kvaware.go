@@ -92,6 +92,11 @@ type KVAwareConfig struct {
 	ProvisionalTTL       time.Duration
 	ProvisionalMaxBlocks int
 
+	// Divergence tunes the divergence alarm (kvdivergence.go; Window 0:
+	// kvcache.DefaultDivergenceConfig); DivergenceOff turns it off.
+	Divergence    kvcache.DivergenceConfig
+	DivergenceOff bool
+
 	// Cost is the cost mode, KVCostBlocks ("" too) or KVCostTTFT
 	// (kvestimate.go; the MaxShare bounds, overlap weights and recent
 	// charge do not apply there).
@@ -200,6 +205,8 @@ type KVAware struct {
 	lastTokWarn atomic.Int64 // unix ns of the last tokenization warning
 
 	ttft bool // Cost == KVCostTTFT
+
+	div *kvcache.Divergence // the divergence alarm (kvdivergence.go); nil: off
 }
 
 // kvWorker is a Worker's PolicyState.
@@ -310,6 +317,13 @@ func NewKVAware(cfg KVAwareConfig, log zerolog.Logger) (*KVAware, error) {
 		p.listenAddr = addr
 	}
 	p.m = newKVMetrics()
+	if dc, err := divergenceConfig(cfg); err != nil {
+		p.sub.Close()
+		p.closeFeed()
+		return nil, fmt.Errorf("%w: %w", ErrKVConfig, err)
+	} else if dc != nil {
+		p.div, _ = kvcache.NewDivergence(*dc)
+	}
 	tok := "none"
 	switch {
 	case p.tok != nil:
@@ -467,6 +481,9 @@ func (p *KVAware) Detach(w *Worker) {
 		kw.tokClient.CloseIdleConnections()
 	}
 	p.m.approxGauge.DeleteLabelValues(w.id)
+	if p.div != nil {
+		p.div.Forget(w.id)
+	}
 }
 
 // buildTargets creates kw's targets for kw.shape and starts their streams.
@@ -677,6 +694,9 @@ type kvTicket struct {
 	target *kvTarget
 	hashes []uint64
 	miss   int
+	// The divergence alarm's prediction (kvdivergence.go): cached prompt
+	// tokens on target, the prompt's tokens (0: not keyed by tokens).
+	predTokens, promptTokens int64
 
 	// --kv-cost ttft (kvestimate.go), guarded by target.mu.
 	uncached float64 // uncached prompt tokens

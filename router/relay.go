@@ -367,6 +367,7 @@ func (r *Router) finish(rel *relay, o outcome, status int) {
 	if rel.pd != nil {
 		rel.endPD()
 	}
+	r.noteUsage(rel, o) // issue 35: the divergence alarm (kvdivergence.go)
 	rel.endAttempt(&rel.att, status, rel.err, verdictOf(o, status))
 	rel.reset()
 	relayPool.Put(rel)

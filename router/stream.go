@@ -15,6 +15,7 @@ import (
 func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
 	a.resp, a.src = resp, resp.BodyStream()
 	rel.pump.transform = rel.dialect.event
+	rel.pump.usage.want = rel.wantUsage() // issue 35: the divergence alarm (kvdivergence.go)
 	if rel.dialect.stream {
 		rel.xlate.Reset()
 		rel.pump.transform = rel.xlateEvent
@@ -273,7 +274,8 @@ type eventPump struct {
 	// Without one, an event larger than buf passes through in pieces;
 	// with one, buf grows to hold it whole (up to maxTransformEvent).
 	transform func(dst, ev []byte) []byte
-	out       []byte // transformed events of one step (pooled)
+	out       []byte   // transformed events of one step (pooled)
+	usage     usageTap // issue 35: the divergence alarm (kvdivergence.go)
 }
 
 // reuse returns the pump emptied, keeping its buffers.
@@ -326,6 +328,7 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 		if k < 0 {
 			break
 		}
+		p.usage.note(p.buf[end : end+k]) // issue 35: the divergence alarm (kvdivergence.go)
 		if p.transform != nil {
 			out = p.transform(out, p.buf[end:end+k])
 		}
