@@ -85,6 +85,7 @@ type relay struct {
 	done      bool // the stream reached its end (or failed) in WriteTo/Read
 	outcome   outcome
 	err       error
+	trace     reqTrace // issue 35: tracing (tracing.go)
 }
 
 var relayPool = sync.Pool{New: func() any {
@@ -129,6 +130,7 @@ func (rel *relay) reset() {
 // proxy serves POST /v1/chat/completions and /v1/completions.
 func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route) {
 	rel := acquireRelay(r, route)
+	r.traceStart(rel, ctx) // issue 35: tracing (tracing.go)
 	r.metrics.inflight.Inc()
 	rel.id = r.setRequestID(ctx, rel.id[:0])
 	werr := rel.dialect.writeError
@@ -369,6 +371,7 @@ func (r *Router) finish(rel *relay, o outcome, status int) {
 	}
 	r.noteUsage(rel, o) // issue 35: the divergence alarm (kvdivergence.go)
 	rel.endAttempt(&rel.att, status, rel.err, verdictOf(o, status))
+	r.traceFinish(rel, o, status) // issue 35: tracing (tracing.go)
 	rel.reset()
 	relayPool.Put(rel)
 }

@@ -139,6 +139,7 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		total += int64(n)
 		if n > 0 && !rel.firstByte {
 			rel.firstByte = true
+			rel.traceFirstByte() // issue 35: tracing (tracing.go)
 			rel.r.metrics.ttft[rel.route].Observe(time.Since(rel.start).Seconds())
 			if w := a.ticket.Worker; w != nil {
 				w.stall.noteServed(a.start.UnixNano())
