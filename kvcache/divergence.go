@@ -93,6 +93,9 @@ func (c DivergenceCause) String() string {
 type DivergenceSample struct {
 	Predicted, Reported        int64 // cached prompt tokens: the router's prediction, the engine's report
 	RouterPrompt, EnginePrompt int64 // prompt tokens as each counted them
+	// NoCached: the engine reported no cached count (Predicted and
+	// Reported are 0 and take no part in the reported hit ratio).
+	NoCached bool
 }
 
 type divergenceState struct {
@@ -124,7 +127,8 @@ type DivergenceStatus struct {
 	// Differing: those whose counts differ.
 	Counted, Differing int
 	// EnginePrompt and EngineCached sum the engine's prompt and cached
-	// tokens over the counted observations (its reported hit ratio).
+	// tokens over the counted observations that reported both (its
+	// reported hit ratio).
 	EnginePrompt, EngineCached int64
 	// LastDiffering is the last observation whose counts differed.
 	LastDiffering DivergenceSample
@@ -197,8 +201,10 @@ func (st *divergenceState) add(s DivergenceSample) {
 	st.sumRep += s.Reported
 	if counted(s) {
 		st.counted++
-		st.sumEngPrompt += s.EnginePrompt
-		st.sumEngCached += s.Reported
+		if !s.NoCached {
+			st.sumEngPrompt += s.EnginePrompt
+			st.sumEngCached += s.Reported
+		}
 		if s.RouterPrompt != s.EnginePrompt {
 			st.differ++
 			st.last = s
@@ -211,8 +217,10 @@ func (st *divergenceState) remove(s DivergenceSample) {
 	st.sumRep -= s.Reported
 	if counted(s) {
 		st.counted--
-		st.sumEngPrompt -= s.EnginePrompt
-		st.sumEngCached -= s.Reported
+		if !s.NoCached {
+			st.sumEngPrompt -= s.EnginePrompt
+			st.sumEngCached -= s.Reported
+		}
 		if s.RouterPrompt != s.EnginePrompt {
 			st.differ--
 		}

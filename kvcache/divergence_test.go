@@ -135,13 +135,16 @@ func TestDivergencePromptCounts(t *testing.T) {
 		if st := d.ObserveSample("unknown", kvcache.DivergenceSample{RouterPrompt: 120}, now); st.Divergent || st.Counted != 0 {
 			t.Fatalf("unknown counts: %+v", st)
 		}
+		if st := d.ObserveSample("no-cached", kvcache.DivergenceSample{RouterPrompt: 120, EnginePrompt: 120, NoCached: true}, now); st.Divergent || st.EnginePrompt != 0 || st.Counted == 0 {
+			t.Fatalf("no cached count: %+v", st)
+		}
 	}
 	if fired != 8 {
 		t.Fatalf("fired at %d, want 8 (MinPrompts)", fired)
 	}
 	seen := map[string]bool{}
 	d.Each(func(w string, st kvcache.DivergenceStatus) { seen[w] = st.Divergent })
-	if len(seen) != 3 || !seen["other-template"] || seen["matched"] {
+	if len(seen) != 4 || !seen["other-template"] || seen["matched"] {
 		t.Fatalf("Each: %v", seen)
 	}
 	if st := d.Status("matched"); st.EnginePrompt != 50*120 || st.EngineCached != 50*64 {

@@ -96,7 +96,7 @@ func (r *Router) noteUsage(rel *relay, o outcome) {
 
 // observeUsage records one answered request of kt's worker.
 func (p *KVAware) observeUsage(kt *kvTicket, prompt, cached int64) {
-	s := kvcache.DivergenceSample{RouterPrompt: kt.promptTokens, EnginePrompt: prompt}
+	s := kvcache.DivergenceSample{RouterPrompt: kt.promptTokens, EnginePrompt: prompt, NoCached: cached < 0}
 	if cached >= 0 {
 		// Without the engine's count the cached-token rule learns nothing.
 		s.Predicted, s.Reported = kt.predTokens, cached

@@ -14,8 +14,8 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 printf 'module jaegerbuild\n\ngo 1.25\n' >go.mod
-GOFLAGS=-mod=mod go get "github.com/jaegertracing/jaeger@$ver" >&2
+go get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$ver" >&2
 mkdir -p "$(dirname "$out")"
-GOFLAGS=-mod=mod go build -trimpath -o "$out.tmp" -ldflags "-s -w" github.com/jaegertracing/jaeger/cmd/jaeger >&2
+go build -o "$out.tmp" github.com/jaegertracing/jaeger/cmd/jaeger >&2
 mv "$out.tmp" "$out"
 echo "$out"
