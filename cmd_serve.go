@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v2"
@@ -14,6 +15,7 @@ import (
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/lifecycle"
 	"github.com/infera/infera/router"
+	"github.com/infera/infera/tracing"
 )
 
 // serveCommand is `infera serve`: the OpenAI front door of the fleet.
@@ -100,7 +102,23 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 		started.Push(func() error { stop(); <-done; return nil })
 	}
 
-	rt, err := router.New(router.ServeConfig(cfg), policy, log)
+	tracer, err := tracing.New(ctx, tracing.Config{Endpoint: cfg.OTLPTracesEndpoint, SampleRatio: cfg.OTLPTracesSampleRatio})
+	if err != nil {
+		return fmt.Errorf("start tracing: %w", err)
+	}
+	if tracer != nil {
+		// Stopped after the servers have drained: what they traced is
+		// exported before serve returns.
+		started.Push(func() error {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return tracer.Shutdown(sctx)
+		})
+		log.Info().Str("endpoint", cfg.OTLPTracesEndpoint).Float64("sample_ratio", cfg.OTLPTracesSampleRatio).Msg("exporting OpenTelemetry traces")
+	}
+	rcfg := router.ServeConfig(cfg)
+	rcfg.Tracer = tracer
+	rt, err := router.New(rcfg, policy, log)
 	if err != nil {
 		return fmt.Errorf("build router: %w", err)
 	}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -131,6 +132,11 @@ type Serve struct {
 	OutageGrace time.Duration
 	// LogPrompts allows request bodies in debug logs.
 	LogPrompts bool
+	// OTLPTracesEndpoint is the OTLP/gRPC receiver of OpenTelemetry
+	// traces (http://HOST:PORT); "" turns tracing off.
+	OTLPTracesEndpoint string
+	// OTLPTracesSampleRatio is the share of new traces recorded.
+	OTLPTracesSampleRatio float64
 	// KVDSocket is the Unix socket of infera kvd; it enables POST
 	// /v1/cache/prewarm, forwarded as prefetch hints (empty: 503).
 	KVDSocket string
@@ -197,6 +203,8 @@ type ServeKV struct {
 	// of precisely routed workers (0 disables them).
 	ProvisionalTTL       time.Duration
 	ProvisionalMaxBlocks int
+	// DivergenceCheck turns the kv divergence alarm on (router/kvdivergence.go).
+	DivergenceCheck bool
 	// RebuildAfter: a worker whose event stream joined a running engine
 	// or resynced is precise again this long after (0: only on
 	// AllBlocksCleared).
@@ -245,6 +253,7 @@ func (k *ServeKV) flags() []cli.Flag {
 		String("kv-cost", "kv-aware cost: \"blocks\" (uncached blocks weighed against load, with the --kv-max-share bounds) or \"ttft\" (an estimated time to first token from each worker's queued prefill and decode load, learned from the first tokens it returns; cold requests spread evenly)", &k.Cost, "blocks"),
 		Duration("kv-provisional-ttl", "how long a prompt the router just placed on a precisely routed worker counts as cached there before its KV events land (0 disables provisional hits)", &k.ProvisionalTTL, 2*time.Second),
 		Int("kv-provisional-max-blocks", "most provisional blocks per worker (and DP rank)", &k.ProvisionalMaxBlocks, 16384),
+		Bool("kv-divergence-check", "compare each worker's engine-reported usage (prompt_tokens, cached_tokens) with the kv-aware prediction and warn once when they diverge (a tokenizer or chat-template mismatch); =false turns the alarm off", &k.DivergenceCheck, true),
 		Duration("kv-rebuild-after", "after a KV-event stream joined a running engine or resynced, route the worker precisely again this long later (0: only once its engine clears its cache)", &k.RebuildAfter, 5*time.Second),
 		String("kv-events-listen", "bind one ZMQ SUB socket, tcp://HOST:PORT, that workers' engines connect to and publish KV events on (worker --kv-events-router); empty = subscribe to each worker's own endpoint only", &k.EventsListen, ""),
 		kvEventTransportFlag(&k.EventTransport),
@@ -395,6 +404,8 @@ func (s *Serve) Flags() []cli.Flag {
 		Int64("body-budget-bytes", "most bytes of request bodies above 64 KiB read or held at once, all clients together; a body that does not fit gets 503 (Retry-After) before it is read", &s.BodyBudgetBytes, 1<<30),
 		Duration("etcd-outage-grace", "after an etcd watch outage, how long removals learned from the re-list wait for the worker to re-register (about the workers' --keepalive-interval plus margin; 0 = remove at once)", &s.OutageGrace, 10*time.Second),
 		Bool("log-prompts", "allow request bodies in debug logs", &s.LogPrompts, false),
+		String("otlp-traces-endpoint", "export OpenTelemetry traces of proxied requests over OTLP/gRPC to this receiver, http://HOST:PORT (plaintext) or https://HOST:PORT, e.g. a Jaeger or an OpenTelemetry Collector on :4317; engines get each leg's W3C traceparent (empty = tracing off)", &s.OTLPTracesEndpoint, ""),
+		Float("otlp-traces-sample-ratio", "share of new traces recorded with --otlp-traces-endpoint (0..1); a request arriving with a traceparent follows its sampled flag", &s.OTLPTracesSampleRatio, 1),
 		String("kvd-socket", "Unix socket of infera kvd: enables POST /v1/cache/prewarm (model, block_hashes as 16-hex-digit kvd keys, compat_key, deadline_ms), forwarded to kvd as a prefetch_hint (empty = the route answers 503)", &s.KVDSocket, ""),
 		String("embedded-etcd-listen", "client host:port of the embedded etcd started when no --etcd-endpoints are given", &s.EmbeddedEtcdListen, "127.0.0.1:2379"),
 		String("embedded-etcd-dir", "data directory of the embedded etcd", &s.EmbeddedEtcdDir, filepath.Join(DefaultStateDir(), "etcd")),
@@ -457,6 +468,14 @@ func (s *Serve) Validate() error {
 	}
 	if s.PDMinUncachedTokens < 0 {
 		p.Addf("--pd-min-uncached-tokens must not be negative")
+	}
+	if e := s.OTLPTracesEndpoint; e != "" {
+		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Port() == "" {
+			p.Addf("--otlp-traces-endpoint %q: want http://HOST:PORT or https://HOST:PORT", e)
+		}
+	}
+	if r := s.OTLPTracesSampleRatio; !(r >= 0 && r <= 1) {
+		p.Addf("--otlp-traces-sample-ratio %v: want a fraction in [0, 1]", r)
 	}
 	if s.KVDSocket != "" && !ValidKVDSocket(s.KVDSocket) {
 		p.Addf("--kvd-socket %q: want an absolute path of at most 103 bytes", s.KVDSocket)

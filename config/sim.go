@@ -88,7 +88,7 @@ type Sim struct {
 	// to that rank; its decode finds the KV on disagg_prefill_dp_rank.
 	PDDPSize int
 	// RecordRequests appends every completion request received (path,
-	// PD headers, body) as one JSON line to this file; "" = off.
+	// PD headers, traceparent, body) as one JSON line to this file; "" = off.
 	RecordRequests string
 
 	// KVD is kvd as a second-level cache (--kvd-*).
@@ -168,7 +168,7 @@ func (s *Sim) Flags() []cli.Flag {
 		Duration("pd-kv-timeout", "longest wait of a decode for the KV its request names (then HTTP 500)", &s.PDKVTimeout, 30*time.Second),
 		String("pd-engine-id", "engine id a vLLM-flavoured prefill hands off (kv_transfer_params.remote_engine_id)", &s.PDEngineID, "sim-engine"),
 		Int("pd-dp-size", "data-parallel ranks of an sglang-bootstrap PD role: the prefill serves KV per rank (X-Data-Parallel-Rank, else bootstrap_room % size) and refuses rooms not aligned to it", &s.PDDPSize, 1),
-		String("record-requests", "append every completion request received (path, PD headers, body) as a JSON line to this file", &s.RecordRequests, ""),
+		String("record-requests", "append every completion request received (path, PD headers, W3C traceparent, body) as a JSON line to this file", &s.RecordRequests, ""),
 		String("flavor", "imitate an engine's command line, metrics and events: vllm, sglang or atom; must be the last sim flag, the engine's own arguments follow it (e.g. --flavor vllm serve MODEL --port 8000)", &s.Flavor, ""),
 	)
 }

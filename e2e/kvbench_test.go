@@ -304,22 +304,3 @@ func ttftPercentiles(t *testing.T, path string) []float64 {
 	}
 	return out
 }
-
-// traceFixture is a sample of the synthetic Mooncake trace of
-// ../shared/fixtures/traces/mooncake_synthetic_trace.jsonl: every record
-// whose first hash id is 1 mod 8 (one prefix family in eight, all of its
-// records, in trace order), lines copied verbatim into testdata (see
-// testdata/README.md) so that a fresh clone runs the same benchmark. A
-// contiguous slice of a few hundred records reuses almost nothing within
-// reach of the fleet's cache; sampling whole families keeps the trace's
-// reuse at a working set the fleet can hold.
-func traceFixture(t *testing.T) string {
-	abs, err := filepath.Abs(filepath.Join("testdata", "mooncake_synthetic_trace_sampled.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(abs); err != nil {
-		t.Fatalf("trace fixture: %v", err)
-	}
-	return abs
-}

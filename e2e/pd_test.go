@@ -123,8 +123,9 @@ func (f *fleet) startPDWorker(t *testing.T, proto pdProto, role, name string, en
 }
 
 type pdGot struct {
-	RequestID string         `json:"request_id"`
-	Body      map[string]any `json:"body"`
+	RequestID   string         `json:"request_id"`
+	Traceparent string         `json:"traceparent"`
+	Body        map[string]any `json:"body"`
 }
 
 func (w *pdWorker) got(t *testing.T) []pdGot {

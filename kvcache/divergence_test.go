@@ -57,7 +57,7 @@ func TestDivergenceFiresOnMismatchQuietOnMatch(t *testing.T) {
 // WarnEvery.
 func TestDivergenceRecoversAndRateLimits(t *testing.T) {
 	cfg := kvcache.DefaultDivergenceConfig()
-	cfg.Window, cfg.MinPredicted, cfg.WarnEvery = 4, 100, time.Minute
+	cfg.Window, cfg.MinPredicted, cfg.WarnEvery, cfg.MinRequests = 4, 100, time.Minute, 4
 	d, err := kvcache.NewDivergence(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -108,5 +108,46 @@ func TestDivergenceObserveAllocs(t *testing.T) {
 	d.Observe("w", 1, 1, now)
 	if n := testing.AllocsPerRun(100, func() { d.Observe("w", 512, 0, now) }); n != 0 {
 		t.Fatalf("Observe allocates %v per call", n)
+	}
+}
+
+// The prompt-count rule: a router rendering another template counts other
+// tokens for every prompt, even where the cached counts agree; unknown
+// counts (0) take no part; a matched worker stays quiet.
+func TestDivergencePromptCounts(t *testing.T) {
+	d := newDivergence(t)
+	now := time.Unix(1_700_000_000, 0)
+	fired := 0
+	for i := 1; i <= 60; i++ {
+		st := d.ObserveSample("other-template", kvcache.DivergenceSample{Predicted: 64, Reported: 64, RouterPrompt: 120, EnginePrompt: 104}, now)
+		if st.Warn {
+			if fired != 0 {
+				t.Fatalf("second warning at %d", i)
+			}
+			fired = i
+			if st.Cause != kvcache.CausePromptTokens || st.Cause.String() != "prompt_tokens" || st.LastDiffering.RouterPrompt != 120 {
+				t.Fatalf("status %+v", st)
+			}
+		}
+		if st := d.ObserveSample("matched", kvcache.DivergenceSample{Predicted: 64, Reported: 64, RouterPrompt: 120, EnginePrompt: 120}, now); st.Divergent {
+			t.Fatalf("matched divergent: %+v", st)
+		}
+		if st := d.ObserveSample("unknown", kvcache.DivergenceSample{RouterPrompt: 120}, now); st.Divergent || st.Counted != 0 {
+			t.Fatalf("unknown counts: %+v", st)
+		}
+		if st := d.ObserveSample("no-cached", kvcache.DivergenceSample{RouterPrompt: 120, EnginePrompt: 120, NoCached: true}, now); st.Divergent || st.EnginePrompt != 0 || st.Counted == 0 {
+			t.Fatalf("no cached count: %+v", st)
+		}
+	}
+	if fired != 8 {
+		t.Fatalf("fired at %d, want 8 (MinPrompts)", fired)
+	}
+	seen := map[string]bool{}
+	d.Each(func(w string, st kvcache.DivergenceStatus) { seen[w] = st.Divergent })
+	if len(seen) != 4 || !seen["other-template"] || seen["matched"] {
+		t.Fatalf("Each: %v", seen)
+	}
+	if st := d.Status("matched"); st.EnginePrompt != 50*120 || st.EngineCached != 50*64 {
+		t.Fatalf("matched sums %+v", st)
 	}
 }

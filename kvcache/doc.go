@@ -29,9 +29,10 @@
 //     searched when a stored block's parent is unknown.
 //   - the divergence detector (divergence.go): per worker, the cached
 //     prompt tokens the router predicted against those the engine reports,
-//     over a window of requests; a worker whose engine reports far fewer
-//     (a tokenizer or chat-template mismatch) is divergent, with one
-//     rate-limited warning due.
+//     and the prompt's token count as each counted it, over a window of
+//     requests; a worker whose engine reports far fewer hits, or counts
+//     most prompts differently (a tokenizer or chat-template mismatch), is
+//     divergent, with one rate-limited warning due.
 //   - the subscriber (subscriber.go, zmtp.go): one ZMQ SUB stream per worker
 //     (pure Go ZMTP via go-zeromq/zmq4), sequence-gap detection, recovery
 //     through the engine's replay socket, resync when that is impossible,

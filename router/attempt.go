@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/router/upstream"
+	"github.com/infera/infera/tracing"
 	"github.com/valyala/fasthttp"
 )
 
@@ -55,6 +56,7 @@ type attempt struct {
 	failErr error
 
 	watch upstream.WatchSlot // what conn watches: this attempt
+	span  tracing.Span       // tracing.go
 }
 
 // fail notes why the attempt failed; endAttempt counts, logs and remembers
@@ -74,6 +76,7 @@ func (rel *relay) endAttempt(a *attempt, status int, err error, v verdict) {
 		return
 	}
 	r := rel.r
+	rel.traceEnd(a, status, err) // tracing.go
 	if a.failed {
 		r.metrics.failures[a.failWhy].Inc()
 		if k, ok := a.failWhy.timeout(a.failErr); ok {
@@ -104,6 +107,7 @@ func (rel *relay) endAttempt(a *attempt, status int, err error, v verdict) {
 // fleet-wide blip into an outage.
 func (rel *relay) begin(a *attempt, queue bool) error {
 	r := rel.r
+	defer rel.traceBegin(a, rel.trace.now()) // tracing.go
 	var (
 		wake     <-chan struct{}
 		timer    *time.Timer
@@ -154,6 +158,7 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 		if len(cands) > 0 {
 			rel.sub.Model, rel.sub.cursor = c.Model, c.cursor
 			rel.in = PickInput{Route: rel.route, Body: rel.body, Request: &rel.scan, RequestID: rel.id}
+			rel.trace.markPick() // tracing.go
 			t, err := r.routePolicy(rel.route).Pick(&rel.in, &rel.sub)
 			rel.in = PickInput{}
 			if err != nil || t.Worker == nil {
@@ -259,6 +264,7 @@ func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
 		}
 	}
 	req.Header.SetBytesV("X-Request-Id", rel.id)
+	rel.traceInject(a, &req.Header) // tracing.go
 	if a.ticket.PinRank {
 		var rank [20]byte
 		req.Header.SetBytesV("X-Data-Parallel-Rank", strconv.AppendInt(rank[:0], int64(a.ticket.DPRank), 10))

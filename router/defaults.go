@@ -90,6 +90,7 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		EventsListen:          k.EventsListen,
 		ProvisionalTTL:        k.ProvisionalTTL,
 		ProvisionalMaxBlocks:  k.ProvisionalMaxBlocks,
+		DivergenceOff:         !k.DivergenceCheck,
 		Subscriber:            sub,
 		EventTransport:        k.EventTransport,
 		NATS:                  natsx.Config{URL: k.NATS.URL, CredsFile: k.NATS.CredsFile, NKeyFile: k.NATS.NKeyFile, CAFile: k.NATS.CAFile},

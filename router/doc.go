@@ -41,7 +41,9 @@
 // approximate view follows the request's retention class (a prompt marked
 // long, e.g. by cache_control, is remembered for keepTTL; one marked none
 // not at all). It serves GET /v1/admin/cache-view/{worker_id} (admin.go)
-// and exports its series with the router's /metrics. A warm pick with the
+// and exports its series with the router's /metrics. Its divergence alarm
+// (kvdivergence.go) compares each worker's engine-reported usage with the
+// prediction and the router's prompt token count. A warm pick with the
 // bytes tokenizer or a token-array prompt allocates nothing; a Hugging Face
 // chat template allocates while rendering. Each worker has a circuit
 // breaker (breaker.go) and an admission limit with a wake-up queue

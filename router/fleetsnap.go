@@ -98,13 +98,18 @@ type FleetWorker struct {
 	KVBlocks int    `json:"kv_blocks,omitempty"`
 	// HitRatioPredicted: the share of its picks' prompt blocks the
 	// kv-aware policy expected the worker to hold (null without picks or
-	// another policy). Per-worker TTFT and the engine-reported ratio: null
-	// until the router records them per worker (the fleet's TTFT is in
-	// requests).
+	// another policy). HitRatioReported: the engine's cached share of
+	// the prompts of those picks it reported usage for (null until then).
+	// Per-worker TTFT: null until the router records it per worker (the
+	// fleet's TTFT is in requests).
 	TTFTP50           *float64 `json:"ttft_p50_seconds"`
 	TTFTP99           *float64 `json:"ttft_p99_seconds"`
 	HitRatioPredicted *float64 `json:"hit_ratio_predicted"`
 	HitRatioReported  *float64 `json:"hit_ratio_reported"`
+	// Divergence: the divergence alarm (kvdivergence.go), once the engine
+	// reported usage for kv-aware picks of the worker; hit_ratio_reported
+	// is then the engine's cached share of those prompts.
+	Divergence *FleetDivergence `json:"divergence,omitempty"`
 }
 
 // FleetPD is disaggregated serving: the pools of each PD model and the
@@ -253,6 +258,7 @@ func (r *Router) sampleFleet(now time.Time) *FleetSnapshot {
 	dt := now.Sub(s.prevAt).Seconds()
 	rated := !s.prevAt.IsZero() && dt > 0
 	cv, _ := r.policy.(CacheViewer)
+	dv, _ := r.policy.(divergenceViewer)
 	for _, w := range v.workers {
 		rec := w.Record()
 		fw := FleetWorker{
@@ -300,6 +306,9 @@ func (r *Router) sampleFleet(now time.Time) *FleetSnapshot {
 					fw.HitRatioPredicted = &h
 				}
 			}
+		}
+		if dv != nil {
+			fleetDivergence(dv, &fw)
 		}
 		snap.Workers = append(snap.Workers, fw)
 	}

@@ -161,13 +161,16 @@ func (tr *testRouter) chat(t *testing.T, model string) (*http.Response, []byte) 
 
 // stream opens a streaming request and returns the response and a reader of
 // its body; the caller closes the body.
-func (tr *testRouter) stream(t *testing.T, body string) (*http.Response, *bufio.Reader) {
+func (tr *testRouter) stream(t *testing.T, body string, headers ...string) (*http.Response, *bufio.Reader) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, tr.url+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
 	resp, err := tr.client.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -92,6 +92,11 @@ type KVAwareConfig struct {
 	ProvisionalTTL       time.Duration
 	ProvisionalMaxBlocks int
 
+	// Divergence tunes the divergence alarm (kvdivergence.go; Window 0:
+	// kvcache.DefaultDivergenceConfig); DivergenceOff turns it off.
+	Divergence    kvcache.DivergenceConfig
+	DivergenceOff bool
+
 	// Cost is the cost mode, KVCostBlocks ("" too) or KVCostTTFT
 	// (kvestimate.go; the MaxShare bounds, overlap weights and recent
 	// charge do not apply there).
@@ -208,7 +213,8 @@ type KVAware struct {
 
 	ttft bool // Cost == KVCostTTFT
 
-	peer *peerHints // nil unless PeerHints
+	peer *peerHints          // nil unless PeerHints
+	div  *kvcache.Divergence // the divergence alarm (kvdivergence.go); nil: off
 }
 
 // kvWorker is a Worker's PolicyState.
@@ -321,6 +327,13 @@ func NewKVAware(cfg KVAwareConfig, log zerolog.Logger) (*KVAware, error) {
 	p.m = newKVMetrics()
 	if cfg.PeerHints {
 		p.peer = newPeerHints(cfg.PeerSecret, cfg.PeerWait, p.log)
+	}
+	if dc, err := divergenceConfig(cfg); err != nil {
+		p.sub.Close()
+		p.closeFeed()
+		return nil, fmt.Errorf("%w: %w", ErrKVConfig, err)
+	} else if dc != nil {
+		p.div, _ = kvcache.NewDivergence(*dc)
 	}
 	tok := "none"
 	switch {
@@ -482,6 +495,9 @@ func (p *KVAware) Detach(w *Worker) {
 		kw.tokClient.CloseIdleConnections()
 	}
 	p.m.approxGauge.DeleteLabelValues(w.id)
+	if p.div != nil {
+		p.div.Forget(w.id)
+	}
 }
 
 // buildTargets creates kw's targets for kw.shape and starts their streams.
@@ -691,6 +707,9 @@ type kvTicket struct {
 	hashes []uint64
 	miss   int
 	touch  int // leading hashes to Touch in the index at release: the cached prefix relied on
+	// The divergence alarm's prediction (kvdivergence.go): cached prompt
+	// tokens on target, the prompt's tokens (0: not keyed by tokens).
+	predTokens, promptTokens int64
 
 	// --kv-cost ttft (kvestimate.go), guarded by target.mu.
 	uncached float64 // uncached prompt tokens

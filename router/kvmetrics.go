@@ -20,6 +20,8 @@ type kvMetrics struct {
 	picksVec       *prometheus.CounterVec
 	tokenizeErrors prometheus.Counter
 	approxGauge    *prometheus.GaugeVec // set at scrape time
+	divWarnings    prometheus.Counter
+	div            divergenceMetrics
 
 	indexBlocks, indexMax *prometheus.Desc
 	workerBlocks          *prometheus.Desc
@@ -70,6 +72,11 @@ func newKVMetrics() kvMetrics {
 			Help: "1 while a worker (any of its DP ranks) is routed approximately: no tokenizer, no KV event stream, or a stream not yet confirmed or resyncing.",
 		}, []string{"worker_id"}),
 	}
+	m.divWarnings = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "infera_router_kv_divergence_warnings_total",
+		Help: "Warnings that a worker's engine-reported prompt cache diverges from the kv-aware prediction (one per worker per hour at most).",
+	})
+	m.div = newDivergenceMetrics()
 	for k, key := range []string{"tokens", "text", "images"} {
 		for prec, mode := range []string{"approximate", "precise"} {
 			m.picks[k][prec] = picks.WithLabelValues(key, mode)
@@ -122,6 +129,8 @@ func (p *KVAware) Describe(ch chan<- *prometheus.Desc) {
 	m.picksVec.Describe(ch)
 	m.tokenizeErrors.Describe(ch)
 	m.approxGauge.Describe(ch)
+	m.divWarnings.Describe(ch)
+	m.div.describe(ch)
 	for _, d := range []*prometheus.Desc{m.indexBlocks, m.indexMax, m.workerBlocks, m.connected, m.batches, m.events,
 		m.blocksStored, m.blocksRemoved, m.blocksDropped, m.batchesDropped, m.gaps, m.replays, m.replayFailures, m.resyncs, m.joins, m.rebuilds, m.learned} {
 		ch <- d
@@ -162,6 +171,8 @@ func (p *KVAware) Collect(ch chan<- prometheus.Metric) {
 	m.picksVec.Collect(ch)
 	m.tokenizeErrors.Collect(ch)
 	m.approxGauge.Collect(ch)
+	m.divWarnings.Collect(ch)
+	m.div.collect(ch, p.div)
 	ch <- prometheus.MustNewConstMetric(m.indexBlocks, prometheus.GaugeValue, float64(p.idx.Len()))
 	ch <- prometheus.MustNewConstMetric(m.indexMax, prometheus.GaugeValue, float64(p.idx.MaxBlocks()))
 	for _, t := range targets {

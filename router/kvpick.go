@@ -254,6 +254,7 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	kt.slot = -1
 	kt.touch = 0
 	kt.hashes = append(kt.hashes[:0], hs...)
+	kt.predTokens, kt.promptTokens = divergenceTokens(sc, kind, best)
 	t.mu.Lock()
 	for _, h := range hs {
 		t.active.Add(h)

@@ -557,6 +557,7 @@ func (rel *relay) pdFail(err error) {
 // policy's pick. It does not queue: a full pool is ErrSaturated.
 func (rel *relay) beginLeg(a *attempt, prefill bool) error {
 	r := rel.r
+	defer rel.traceBegin(a, rel.trace.now()) // tracing.go
 	if !rel.refreshModel() {
 		return errNoCandidate
 	}
@@ -601,6 +602,7 @@ func (rel *relay) beginLeg(a *attempt, prefill bool) error {
 	}
 	rel.sub.Model, rel.sub.cursor = c.Model, cursor
 	rel.in = PickInput{Route: rel.route, Body: rel.body, Request: &rel.scan, RequestID: rel.id}
+	rel.trace.markPick() // tracing.go
 	t, err := r.policy.Pick(&rel.in, &rel.sub)
 	rel.in = PickInput{}
 	if err != nil || t.Worker == nil {

@@ -104,11 +104,12 @@ func (p *pdSim) record(mode discovery.DisaggMode, protocol string) discovery.Rec
 }
 
 type gotRequest struct {
-	Path      string         `json:"path"`
-	Role      string         `json:"role"`
-	RequestID string         `json:"request_id"`
-	DPRank    string         `json:"dp_rank"`
-	Body      map[string]any `json:"body"`
+	Path        string         `json:"path"`
+	Role        string         `json:"role"`
+	RequestID   string         `json:"request_id"`
+	DPRank      string         `json:"dp_rank"`
+	Traceparent string         `json:"traceparent"`
+	Body        map[string]any `json:"body"`
 }
 
 // got returns the requests the sim received.

@@ -91,6 +91,7 @@ type relay struct {
 	done      bool // the stream reached its end (or failed) in WriteTo/Read
 	outcome   outcome
 	err       error
+	trace     reqTrace // tracing.go
 }
 
 var relayPool = sync.Pool{New: func() any {
@@ -139,6 +140,7 @@ func (rel *relay) reset() {
 // embeddings, responses); id is the request's id (Router.serve).
 func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte) {
 	rel := acquireRelay(r, route)
+	r.traceStart(rel, ctx) // tracing.go
 	r.metrics.inflight.Inc()
 	rel.id = append(rel.id[:0], id...)
 	werr := rel.dialect.writeError
@@ -357,7 +359,9 @@ func (r *Router) finish(rel *relay, o outcome, status int) {
 	if rel.pd != nil {
 		rel.endPD()
 	}
+	r.noteUsage(rel, o) // the divergence alarm (kvdivergence.go)
 	rel.endAttempt(&rel.att, status, rel.err, verdictOf(o, status))
+	r.traceFinish(rel, o, status) // tracing.go
 	rel.reset()
 	relayPool.Put(rel)
 }

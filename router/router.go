@@ -17,6 +17,7 @@ import (
 	"github.com/infera/infera/lifecycle"
 	"github.com/infera/infera/openai"
 	"github.com/infera/infera/router/upstream"
+	"github.com/infera/infera/tracing"
 )
 
 // Config is the router's tuning. Start from DefaultConfig (the flag
@@ -71,6 +72,7 @@ type Config struct {
 	// KVDSocket is kvd's Unix socket: POST /v1/cache/prewarm forwards
 	// prefetch hints there (prewarm.go); "": the route answers 503.
 	KVDSocket string
+	Tracer    *tracing.Tracer // OpenTelemetry traces (tracing.go); nil: off
 
 	// Now is the clock of the circuit breakers (tests)
 	Now func() time.Time

@@ -15,6 +15,7 @@ import (
 func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
 	a.resp, a.src = resp, a.x
 	rel.pump.transform = rel.dialect.event
+	rel.pump.usage.want = rel.wantUsage() // the divergence alarm (kvdivergence.go)
 	if rel.dialect.stream {
 		if !rel.firstByte {
 			rel.xlate.Reset() // a continuation goes on with the client's stream
@@ -143,6 +144,7 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		total += int64(n)
 		if n > 0 && !rel.firstByte {
 			rel.firstByte = true
+			rel.traceFirstByte() // tracing.go
 			rel.r.metrics.ttft[rel.route].Observe(time.Since(rel.start).Seconds())
 			if w := a.ticket.Worker; w != nil {
 				w.stall.noteServed(a.start.UnixNano())
@@ -288,7 +290,8 @@ type eventPump struct {
 	// Without one, an event larger than buf passes through in pieces;
 	// with one, buf grows to hold it whole (up to maxTransformEvent).
 	transform func(dst, ev []byte) []byte
-	out       []byte // transformed events of one step (pooled)
+	out       []byte   // transformed events of one step (pooled)
+	usage     usageTap // the divergence alarm (kvdivergence.go)
 }
 
 // reuse returns the pump emptied, keeping its buffers.
@@ -341,6 +344,7 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 		if k < 0 {
 			break
 		}
+		p.usage.note(p.buf[end : end+k]) // the divergence alarm (kvdivergence.go)
 		if p.transform != nil {
 			out = p.transform(out, p.buf[end:end+k])
 		}

@@ -484,6 +484,8 @@ func (l *requestLog) record(ctx *fasthttp.RequestCtx, role string, body []byte) 
 	b = appendJSONString(b, ctx.Request.Header.Peek("X-Request-Id"))
 	b = append(b, `,"dp_rank":`...)
 	b = appendJSONString(b, ctx.Request.Header.Peek("X-Data-Parallel-Rank"))
+	b = append(b, `,"traceparent":`...)
+	b = appendJSONString(b, ctx.Request.Header.Peek("traceparent"))
 	b = append(b, `,"body":`...)
 	var compact bytes.Buffer
 	if json.Compact(&compact, body) == nil {
