@@ -23,8 +23,8 @@ import (
 //	                                    running prefill when concurrent) to the decode's first
 //	                                    token (or its end): the KV transfer and first step
 //
-// The request path calls in with one line per place (marked "tracing.go"
-// tracing"); with tracing off each call is a nil check, allocates nothing,
+// The request path calls in with one line per place (marked
+// "tracing.go"); with tracing off each call is a nil check, allocates nothing,
 // and a client's traceparent and tracestate go upstream unchanged.
 
 // reqTrace is a request's spans (in relay).
