@@ -59,7 +59,22 @@ type loopDoor struct {
 	inflight atomic.Int64 // connections handed to goroutines
 	next     int
 	served   sync.WaitGroup // the serving goroutines
+
+	// Serving goroutines waiting for a connection (a goroutine keeps
+	// the stack the request path grew, which a fresh one would grow
+	// again for every request); at most maxIdleServers wait.
+	poolMu sync.Mutex
+	idle   []*server
+	closed bool // guarded by poolMu: drain ended the pool
 }
+
+// server is a goroutine serving loop connections one after another.
+type server struct {
+	work chan *loopConn
+}
+
+// maxIdleServers bounds the serving goroutines kept waiting.
+const maxIdleServers = 1024
 
 // frontLoop owns the connections waiting for a request.
 type frontLoop struct {
@@ -86,9 +101,14 @@ type frontLoop struct {
 // the go statement one way and the loop's mutex the other.
 type loopConn struct {
 	l  *frontLoop
-	nc net.Conn // the socket, for blocking fallbacks and Close
-	fd int
-	fc *frontConn
+	fd int // the socket (a duplicate; the accepted net.Conn is closed)
+	// slow is the socket in Go's netpoller, made for a read or write
+	// that has to wait (a body that trickles, the client watch, a full
+	// socket) and closed before the loop waits for the connection again
+	// (else every byte would wake the netpoller too); guarded by dmu.
+	slow         net.Conn
+	laddr, raddr net.Addr
+	fc           *frontConn
 
 	in   []byte // read by the loop, not yet by fasthttp: in[r:w]
 	r, w int
@@ -241,6 +261,7 @@ func (d *loopDoor) drain() {
 	for _, l := range d.loops {
 		l.wg.Wait()
 	}
+	d.closePool()
 	d.served.Wait()
 }
 
@@ -290,11 +311,21 @@ func (l *frontLoop) take(fc *frontConn) error {
 		return err
 	}
 	fd := -1
-	if err := raw.Control(func(s uintptr) { fd = int(s) }); err != nil {
+	var derr error
+	if err := raw.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || derr != nil {
+		_ = fc.Close()
+		return errors.Join(err, derr)
+	}
+	laddr, raddr := nc.LocalAddr(), nc.RemoteAddr()
+	// Out of Go's netpoller: the loop's epoll set alone watches it.
+	_ = nc.Close()
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		fc.Conn = closedConn{nc}
 		_ = fc.Close()
 		return err
 	}
-	lc := &loopConn{l: l, nc: nc, fd: fd, fc: fc, in: make([]byte, loopReadBuf)}
+	lc := &loopConn{l: l, fd: fd, fc: fc, in: make([]byte, loopReadBuf), laddr: laddr, raddr: raddr}
 	fc.lc = lc
 	fc.Conn = &lfGuardConn{Conn: lc}
 	l.mu.Lock()
@@ -559,14 +590,53 @@ func (l *frontLoop) dispatch(lc *loopConn) {
 	lc.idle = false
 	d := l.d
 	d.inflight.Add(1)
+	d.poolMu.Lock()
+	if n := len(d.idle); n > 0 {
+		s := d.idle[n-1]
+		d.idle[n-1] = nil
+		d.idle = d.idle[:n-1]
+		d.poolMu.Unlock()
+		s.work <- lc
+		return
+	}
+	d.poolMu.Unlock()
 	d.served.Add(1)
-	go d.serveConn(lc)
+	s := &server{work: make(chan *loopConn, 1)}
+	s.work <- lc
+	go d.runServer(s)
+}
+
+// runServer serves the connections handed to s until the pool is full
+// or closed.
+func (d *loopDoor) runServer(s *server) {
+	defer d.served.Done()
+	for lc := range s.work {
+		d.serveConn(lc)
+		d.poolMu.Lock()
+		if d.closed || len(d.idle) >= maxIdleServers {
+			d.poolMu.Unlock()
+			return
+		}
+		d.idle = append(d.idle, s)
+		d.poolMu.Unlock()
+	}
+}
+
+// closePool ends the waiting serving goroutines; one still serving ends
+// when it is done.
+func (d *loopDoor) closePool() {
+	d.poolMu.Lock()
+	d.closed = true
+	for _, s := range d.idle {
+		close(s.work)
+	}
+	d.idle = nil
+	d.poolMu.Unlock()
 }
 
 // serveConn runs fasthttp on lc until it has answered what arrived; the
 // connection then goes back to its loop, or closes.
 func (d *loopDoor) serveConn(lc *loopConn) {
-	defer d.served.Done()
 	defer d.inflight.Add(-1)
 	_ = d.srv.ServeConn(lc.fc)
 	if !lc.handBack {
@@ -574,6 +644,7 @@ func (d *loopDoor) serveConn(lc *loopConn) {
 	}
 	lc.handBack = false
 	lc.served = true
+	lc.dropSlow()
 	l := lc.l
 	l.mu.Lock()
 	if l.stopping || d.draining.Load() {
@@ -583,14 +654,11 @@ func (d *loopDoor) serveConn(lc *loopConn) {
 	}
 	l.returned = append(l.returned, lc)
 	l.mu.Unlock()
+	// No wake-up: the loop adopts it (its idle deadline) at its next
+	// event or tick, whichever comes first.
 	if err := l.p.Mod(lc.fd, epoll.In|epoll.OneShot); err != nil {
-		l.mu.Lock()
-		lc.closed = true // the loop drops it from returned
-		l.mu.Unlock()
-		_ = lc.fc.Close()
-		return
+		_ = lc.fc.Close() // the loop drops it from returned
 	}
-	l.p.Wake()
 }
 
 // close closes a connection the loop owns.
@@ -655,11 +723,14 @@ func (lc *loopConn) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	lc.rArmed = true
-	err := lc.nc.SetReadDeadline(lc.rd)
+	slow, err := lc.slowConn()
+	if err == nil {
+		err = slow.SetReadDeadline(lc.rd)
+	}
 	lc.dmu.Unlock()
 	n := 0
 	if err == nil {
-		n, err = lc.nc.Read(p)
+		n, err = slow.Read(p)
 	}
 	lc.dmu.Lock()
 	lc.rArmed = false
@@ -679,15 +750,18 @@ func (lc *loopConn) Write(p []byte) (int, error) {
 			continue
 		case unix.EAGAIN:
 		default:
-			return done, &net.OpError{Op: "write", Net: "tcp", Addr: lc.nc.RemoteAddr(), Err: os.NewSyscallError("write", err)}
+			return done, &net.OpError{Op: "write", Net: "tcp", Addr: lc.raddr, Err: os.NewSyscallError("write", err)}
 		}
 		// The socket is full: wait for it through the netpoller.
 		lc.dmu.Lock()
 		lc.wArmed = true
-		err = lc.nc.SetWriteDeadline(lc.wd)
+		slow, err := lc.slowConn()
+		if err == nil {
+			err = slow.SetWriteDeadline(lc.wd)
+		}
 		lc.dmu.Unlock()
 		if err == nil {
-			n, err = lc.nc.Write(p[done:])
+			n, err = slow.Write(p[done:])
 			done += n
 		}
 		lc.dmu.Lock()
@@ -715,11 +789,42 @@ func (lc *loopConn) Close() error {
 	lc.closed = true
 	delete(l.conns, int32(lc.fd))
 	l.mu.Unlock()
-	return lc.nc.Close()
+	lc.dropSlow()
+	return unix.Close(lc.fd) // also leaves the epoll set
 }
 
-func (lc *loopConn) LocalAddr() net.Addr  { return lc.nc.LocalAddr() }
-func (lc *loopConn) RemoteAddr() net.Addr { return lc.nc.RemoteAddr() }
+// slowConn returns lc.slow, made when missing; dmu is held.
+func (lc *loopConn) slowConn() (net.Conn, error) {
+	if lc.slow != nil {
+		return lc.slow, nil
+	}
+	fd, err := unix.FcntlInt(uintptr(lc.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("router: dup client socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "client")
+	c, err := net.FileConn(f) // its own duplicate
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	lc.slow = c
+	return c, nil
+}
+
+// dropSlow closes lc.slow (the connection goes back to its loop, or
+// closes).
+func (lc *loopConn) dropSlow() {
+	lc.dmu.Lock()
+	if lc.slow != nil {
+		_ = lc.slow.Close()
+		lc.slow = nil
+	}
+	lc.dmu.Unlock()
+}
+
+func (lc *loopConn) LocalAddr() net.Addr  { return lc.laddr }
+func (lc *loopConn) RemoteAddr() net.Addr { return lc.raddr }
 
 func (lc *loopConn) SetDeadline(t time.Time) error {
 	_ = lc.SetReadDeadline(t)
@@ -732,8 +837,8 @@ func (lc *loopConn) SetReadDeadline(t time.Time) error {
 	lc.dmu.Lock()
 	defer lc.dmu.Unlock()
 	lc.rd = t
-	if lc.rArmed {
-		return lc.nc.SetReadDeadline(t)
+	if lc.rArmed && lc.slow != nil {
+		return lc.slow.SetReadDeadline(t)
 	}
 	return nil
 }
@@ -742,8 +847,14 @@ func (lc *loopConn) SetWriteDeadline(t time.Time) error {
 	lc.dmu.Lock()
 	defer lc.dmu.Unlock()
 	lc.wd = t
-	if lc.wArmed {
-		return lc.nc.SetWriteDeadline(t)
+	if lc.wArmed && lc.slow != nil {
+		return lc.slow.SetWriteDeadline(t)
 	}
 	return nil
 }
+
+// closedConn is an accepted connection already closed (take failed after
+// closing it): the front door's Close only does its accounting.
+type closedConn struct{ net.Conn }
+
+func (closedConn) Close() error { return nil }

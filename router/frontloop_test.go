@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -344,4 +345,48 @@ func TestFrontDoorsAgreeMutated(t *testing.T) {
 			t.Errorf("front doors disagree on %q (split %v):\ngoroutine: %q\nloop:      %q", s, splits, a, b)
 		}
 	}
+}
+
+// BenchmarkFrontDoor: unary chat completions over 16 keep-alive
+// connections through each front door (client, router and upstream in
+// this process: compare the two, not with other figures).
+func BenchmarkFrontDoor(b *testing.B) {
+	fd := startFrontDoors(b, router.DefaultConfig())
+	for _, c := range []struct{ name, addr string }{{"goroutine", fd.goroutine}, {"loop", fd.loop}} {
+		b.Run(c.name, func(b *testing.B) {
+			req := []byte(chatReq(""))
+			cpu0 := processCPU()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				conn, err := net.Dial("tcp", c.addr)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				var resp fasthttp.Response
+				for pb.Next() {
+					if _, err := conn.Write(req); err != nil {
+						b.Error(err)
+						return
+					}
+					if err := resp.Read(br); err != nil || resp.StatusCode() != 200 {
+						b.Errorf("%v %d", err, resp.StatusCode())
+						return
+					}
+				}
+			})
+			// The process's CPU (client, router and upstream) per request:
+			// on a busy machine a steadier comparison than the wall time.
+			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// processCPU is this process's user+system CPU time in nanoseconds.
+func processCPU() int64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }

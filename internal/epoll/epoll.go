@@ -115,18 +115,28 @@ func (p *Poller) Wake() {
 
 // Add puts fd in the set with events; the events report fd as their Fd.
 func (p *Poller) Add(fd int, events uint32) error {
-	return unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: events, Fd: int32(fd)})
+	return rawEpollCtl(p.ep, unix.EPOLL_CTL_ADD, fd, events)
 }
 
 // Mod changes fd's events (re-arms a one-shot fd).
 func (p *Poller) Mod(fd int, events uint32) error {
-	return unix.EpollCtl(p.ep, unix.EPOLL_CTL_MOD, fd, &unix.EpollEvent{Events: events, Fd: int32(fd)})
+	return rawEpollCtl(p.ep, unix.EPOLL_CTL_MOD, fd, events)
 }
 
 // Del takes fd out of the set (closing fd does too, when it has no
 // duplicates).
 func (p *Poller) Del(fd int) error {
-	return unix.EpollCtl(p.ep, unix.EPOLL_CTL_DEL, fd, nil)
+	return rawEpollCtl(p.ep, unix.EPOLL_CTL_DEL, fd, 0)
+}
+
+// rawEpollCtl is epoll_ctl as a raw system call (it never blocks).
+func rawEpollCtl(ep, op, fd int, events uint32) error {
+	ev := unix.EpollEvent{Events: events, Fd: int32(fd)}
+	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(ep), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(&ev)), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
 }
 
 // Wait parks until descriptors are ready and returns their events (valid
