@@ -4,11 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/infera/infera/internal/epoll"
 )
 
 // The event loops: connections are served the way redis-server serves
@@ -32,11 +33,8 @@ const maxEvents = 256
 const deferredReplyMax = 1 << 20
 
 type loop struct {
-	s    *Server
-	ep   int // epoll fd, owned by epf
-	epf  *os.File
-	raw  syscall.RawConn
-	wake int // eventfd: stop
+	s *Server
+	p *epoll.Poller // its wake-up stops the loop
 
 	mu    sync.Mutex
 	conns map[int32]*conn
@@ -45,36 +43,11 @@ type loop struct {
 }
 
 func newLoop(s *Server) (*loop, error) {
-	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	p, err := epoll.New(maxEvents)
 	if err != nil {
-		return nil, fmt.Errorf("resp: epoll_create: %w", err)
+		return nil, fmt.Errorf("resp: %w", err)
 	}
-	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(ep)
-		return nil, fmt.Errorf("resp: eventfd: %w", err)
-	}
-	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, wake, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wake)}); err != nil {
-		unix.Close(ep)
-		unix.Close(wake)
-		return nil, fmt.Errorf("resp: epoll_ctl: %w", err)
-	}
-	// The loop waits for its epoll set through Go's netpoller (an epoll fd
-	// is itself pollable) rather than in a blocking epoll_wait, which
-	// would have the runtime hand its P to another thread on every wait.
-	if err := unix.SetNonblock(ep, true); err != nil {
-		unix.Close(ep)
-		unix.Close(wake)
-		return nil, fmt.Errorf("resp: set nonblock: %w", err)
-	}
-	f := os.NewFile(uintptr(ep), "resp-epoll")
-	raw, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		unix.Close(wake)
-		return nil, fmt.Errorf("resp: epoll poller: %w", err)
-	}
-	return &loop{s: s, ep: ep, epf: f, raw: raw, wake: wake, conns: map[int32]*conn{}}, nil
+	return &loop{s: s, p: p, conns: map[int32]*conn{}}, nil
 }
 
 // startLoops makes Options.Loops loops; nil (and connections get
@@ -100,16 +73,10 @@ func (s *Server) startLoops() []*loop {
 	return loops
 }
 
-func (l *loop) closeFDs() {
-	l.epf.Close()
-	unix.Close(l.wake)
-}
+func (l *loop) closeFDs() { l.p.Close() }
 
 // stop makes the loop close its connections and return.
-func (l *loop) stop() {
-	var one = [8]byte{1}
-	_, _ = unix.Write(l.wake, one[:])
-}
+func (l *loop) stop() { l.p.Wake() }
 
 // takeConn moves an accepted connection from Go's netpoller into the
 // loop: its descriptor is duplicated and the net.Conn closed (the socket
@@ -145,7 +112,7 @@ func (l *loop) takeConn(c net.Conn) (bool, error) {
 	l.mu.Lock()
 	l.conns[int32(fd)] = cn
 	l.mu.Unlock()
-	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil {
+	if err := l.p.Add(fd, epoll.In); err != nil {
 		l.mu.Lock()
 		delete(l.conns, int32(fd))
 		l.mu.Unlock()
@@ -159,34 +126,19 @@ func (l *loop) takeConn(c net.Conn) (bool, error) {
 func (l *loop) run() {
 	defer l.s.wg.Done()
 	defer l.closeFDs()
-	events := make([]unix.EpollEvent, maxEvents)
-	// One closure for the loop's life (one per wait would allocate).
-	var n int
-	var werr error
-	wait := func(fd uintptr) bool {
-		n, werr = rawEpollPoll(int(fd), events)
-		if werr == unix.EINTR {
-			n, werr = 0, nil
-			return true
-		}
-		return n > 0 || werr != nil // none ready: park until some are
-	}
 	for {
-		err := l.raw.Read(wait)
-		if err == nil {
-			err = werr
-		}
+		events, woken, _, err := l.p.Wait()
 		if err != nil {
 			l.s.opt.Log.Error().Err(err).Msg("resp epoll_wait failed")
 			l.closeAll()
 			return
 		}
-		for i := range n {
+		if woken {
+			l.closeAll()
+			return
+		}
+		for i := range events {
 			ev := &events[i]
-			if int(ev.Fd) == l.wake {
-				l.closeAll()
-				return
-			}
 			l.mu.Lock()
 			cn := l.conns[ev.Fd]
 			l.mu.Unlock()
@@ -235,7 +187,7 @@ func (l *loop) flushPending() {
 func (l *loop) readable(cn *conn) error {
 	for range 8 { // a large request in one event, up to a point
 		space := len(cn.in) - cn.w
-		n, err := rawRead(cn.fd, cn.in[cn.w:])
+		n, err := epoll.Read(cn.fd, cn.in[cn.w:])
 		switch {
 		case err == unix.EAGAIN || err == unix.EINTR:
 			return nil
@@ -275,14 +227,14 @@ var (
 // EPOLLOUT, and until then cn is not read.
 func (l *loop) flush(cn *conn) error {
 	for cn.outOff < len(cn.out) {
-		n, err := rawWrite(cn.fd, cn.out[cn.outOff:])
+		n, err := epoll.Write(cn.fd, cn.out[cn.outOff:])
 		if err == unix.EINTR {
 			continue
 		}
 		if err == unix.EAGAIN {
 			if !cn.waitOut {
 				cn.waitOut = true
-				return l.interest(cn, unix.EPOLLOUT)
+				return l.interest(cn, epoll.Out)
 			}
 			return nil
 		}
@@ -297,13 +249,13 @@ func (l *loop) flush(cn *conn) error {
 	}
 	if cn.waitOut {
 		cn.waitOut = false
-		return l.interest(cn, unix.EPOLLIN)
+		return l.interest(cn, epoll.In)
 	}
 	return nil
 }
 
 func (l *loop) interest(cn *conn, events uint32) error {
-	return unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, cn.fd, &unix.EpollEvent{Events: events, Fd: int32(cn.fd)})
+	return l.p.Mod(cn.fd, events)
 }
 
 func (l *loop) closeConn(cn *conn, err error) {
