@@ -182,9 +182,13 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 		log.Info().Str("addr", adminLn.Addr().String()).Bool("admin_token", cfg.AdminToken != "").Msg("infera serve admin listening")
 	}
 	log.Info().Str("addr", ln.Addr().String()).Str("policy", policy.Name()).
-		Strs("etcd_endpoints", etcdCfg.Endpoints).Int("api_keys", len(cfg.Keys())).Msg("infera serve listening")
+		Strs("etcd_endpoints", etcdCfg.Endpoints).Int("api_keys", len(cfg.Keys())).Str("front_door", cfg.FrontDoor).Msg("infera serve listening")
 
-	serveErr := rt.ServeAll(ctx, ln, adminLn)
+	serve := rt.ServeAll
+	if cfg.FrontDoor == "loop" {
+		serve = rt.ServeLoop
+	}
+	serveErr := serve(ctx, ln, adminLn)
 	_ = started.Stop()
 	if serveErr != nil {
 		return serveErr

@@ -124,6 +124,10 @@ type Serve struct {
 	// MaxConnectionsPerIP caps concurrent connections from one client
 	// address (0: no cap).
 	MaxConnectionsPerIP int
+	// FrontDoor is how client connections are served: "goroutine" (one
+	// goroutine per connection, fasthttp's server) or "loop" (epoll event
+	// loops; router.ServeLoop).
+	FrontDoor string
 	// BodyBudgetBytes bounds the bytes of large request bodies being read
 	// or held at once, all clients together.
 	BodyBudgetBytes int64
@@ -399,6 +403,7 @@ func (s *Serve) Flags() []cli.Flag {
 		Int("max-header-bytes", "largest request header block; larger ones get 431", &s.MaxHeaderBytes, 16384),
 		Duration("client-write-timeout", "longest time one write to a client may block", &s.ClientWriteTimeout, 5*time.Minute),
 		Int("max-connections", "most concurrent client connections; beyond, a new connection gets 503 (OpenAI error, Retry-After)", &s.MaxConnections, 10000),
+		String("front-door", "how client connections are served: goroutine (a goroutine per connection) or loop (epoll event loops hand complete requests to goroutines; same answers)", &s.FrontDoor, "goroutine"),
 		Int("max-connections-per-ip", "most concurrent client connections from one address (0 = no cap); beyond, 429 (OpenAI error, Retry-After)", &s.MaxConnectionsPerIP, 0),
 		Duration("client-header-timeout", "longest wait for a request's headers, from the connection's opening (idle connections that send nothing are closed after it); the body then has --client-read-timeout", &s.ClientHeaderTimeout, 10*time.Second),
 		Int64("body-budget-bytes", "most bytes of request bodies above 64 KiB read or held at once, all clients together; a body that does not fit gets 503 (Retry-After) before it is read", &s.BodyBudgetBytes, 1<<30),
@@ -558,6 +563,9 @@ func (s *Serve) validateSecurity(p *Problems) {
 	}
 	if s.MaxConnections < 1 {
 		p.Addf("--max-connections must be positive")
+	}
+	if s.FrontDoor != "goroutine" && s.FrontDoor != "loop" {
+		p.Addf("--front-door must be goroutine or loop")
 	}
 	if s.MaxConnectionsPerIP < 0 {
 		p.Addf("--max-connections-per-ip must not be negative")

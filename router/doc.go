@@ -16,6 +16,18 @@
 // (barelf.go). Client API keys and the admin token are checked in constant
 // time (auth.go). GET /ready is 200 only with a routable worker.
 //
+// ServeLoop (frontloop.go, `--front-door loop`) is ServeAll with the
+// connections held by epoll event loops (internal/epoll) instead of a
+// goroutine each: a loop reads with raw non-blocking reads until a request's
+// header block is in, then a pooled serving goroutine runs fasthttp's
+// ServeConn on what arrived (the same parser, limits and handlers, so the
+// answers are the goroutine front door's: FuzzFrontDoorsAgree); when
+// fasthttp would wait for the next request the connection goes back to its
+// loop. Header and keep-alive deadlines live in a per-loop timer wheel
+// ticking on a timerfd; a read or write that has to wait (a trickling body,
+// the client watch, a full socket) falls back to a netpoller duplicate of
+// the socket with the runtime deadline fasthttp asked for.
+//
 // # Routes and dialects
 //
 // POST /v1/messages and /v1/messages/count_tokens speak Anthropic Messages

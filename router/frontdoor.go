@@ -260,6 +260,9 @@ type frontConn struct {
 	// small holds the body of the current request when it is small
 	// (readBody); used only by the connection's serving goroutine.
 	small []byte
+	// lc is the connection beneath, with the loop front door
+	// (frontloop.go); nil with the goroutine one.
+	lc *loopConn
 }
 
 // NetConn returns the accepted connection under the front door's wrapper.
@@ -287,6 +290,10 @@ func lingerOnClose(ctx *fasthttp.RequestCtx) {
 }
 
 func (c *frontConn) Close() error {
+	if c.lc != nil && c.lc.handBack {
+		// fasthttp is done with it for now; the loop keeps it open.
+		return nil
+	}
 	var err error
 	if c.linger.Load() && !c.closed.Load() {
 		c.fd.lingerClose(c.Conn)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -125,7 +126,7 @@ func startRouterLog(t testing.TB, policy router.Policy, cfg router.Config, log z
 	if workers != nil {
 		r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: workers})
 	}
-	addr := servetest.Loopback(t, "router", r.Serve)
+	addr := servetest.Loopback(t, "router", testServe(r))
 	tr := &http.Transport{DisableCompression: true}
 	t.Cleanup(tr.CloseIdleConnections) // before the router stops: cleanups run last-in first-out
 	return &testRouter{Router: r, url: "http://" + addr, client: &http.Client{Transport: tr}}
@@ -232,4 +233,14 @@ func kvConfig(set func(*router.KVAwareConfig)) router.KVAwareConfig {
 	c := router.DefaultKVAwareConfig()
 	set(&c)
 	return c
+}
+
+// testServe is the serve function the tests' routers run: the goroutine
+// front door, or the loop one with INFERA_FRONT_DOOR=loop (the front-door
+// tests run unchanged against both).
+func testServe(r *router.Router) func(context.Context, net.Listener) error {
+	if os.Getenv("INFERA_FRONT_DOOR") == "loop" {
+		return func(ctx context.Context, ln net.Listener) error { return r.ServeLoop(ctx, ln, nil) }
+	}
+	return r.Serve
 }

@@ -12,6 +12,7 @@
 #   infera-base  serve built from BASE_REF (a git ref; before/after in one run)
 #   infera-gmp1, infera-gmp2   serve with GOMAXPROCS=1 / 2
 #   infera-pin   serve pinned to CPU 0 (taskset)
+#   infera-loop  serve with --front-door loop (the epoll front door)
 #   nginx-w1     nginx with worker_processes 1 (nginx is auto)
 # Every cell runs every target back to back, and the whole grid is repeated
 # REPEATS times, so A and B interleave (ABAB…) and share the machine's noise.
@@ -215,6 +216,7 @@ start_serve() {
     infera-gmp1) env=(GOMAXPROCS=1) ;;
     infera-gmp2) env=(GOMAXPROCS=2) ;;
     infera-pin) pin=(taskset -c 0) ;;
+    infera-loop) flags=(--front-door loop) ;;
   esac
   if [[ $ETCD == external || -n ${EMBEDDED_UP:-} ]]; then
     flags+=(--etcd-endpoints "$ETCD_URL")

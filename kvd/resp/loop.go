@@ -4,12 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/infera/infera/internal/epoll"
 )
 
 // The event loops: connections are served the way redis-server serves
@@ -33,51 +34,30 @@ const maxEvents = 256
 const deferredReplyMax = 1 << 20
 
 type loop struct {
-	s    *Server
-	ep   int // epoll fd, owned by epf
-	epf  *os.File
-	raw  syscall.RawConn
-	wake int // eventfd: stop
+	s *Server
+	p *epoll.Poller // its wake-up stops the loop
 
 	mu    sync.Mutex
 	conns map[int32]*conn
 
 	pending []*conn // replies to write at the end of this batch (run's goroutine only)
 	waiting int     // connections waiting for EPOLLOUT (run's goroutine only)
-	timed   bool    // the epoll fd has a read deadline: a stall check is due
 }
 
 func newLoop(s *Server) (*loop, error) {
-	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	p, err := epoll.New(maxEvents)
 	if err != nil {
-		return nil, fmt.Errorf("resp: epoll_create: %w", err)
+		return nil, fmt.Errorf("resp: %w", err)
 	}
-	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(ep)
-		return nil, fmt.Errorf("resp: eventfd: %w", err)
+	if t := s.opt.OutputTimeout; t > 0 {
+		// The stall check's tick: a connection whose replies wait past
+		// OutputTimeout is closed at most a quarter of it late.
+		if err := p.SetTick(max(t/4, 10*time.Millisecond)); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("resp: %w", err)
+		}
 	}
-	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, wake, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wake)}); err != nil {
-		unix.Close(ep)
-		unix.Close(wake)
-		return nil, fmt.Errorf("resp: epoll_ctl: %w", err)
-	}
-	// The loop waits for its epoll set through Go's netpoller (an epoll fd
-	// is itself pollable) rather than in a blocking epoll_wait, which
-	// would have the runtime hand its P to another thread on every wait.
-	if err := unix.SetNonblock(ep, true); err != nil {
-		unix.Close(ep)
-		unix.Close(wake)
-		return nil, fmt.Errorf("resp: set nonblock: %w", err)
-	}
-	f := os.NewFile(uintptr(ep), "resp-epoll")
-	raw, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		unix.Close(wake)
-		return nil, fmt.Errorf("resp: epoll poller: %w", err)
-	}
-	return &loop{s: s, ep: ep, epf: f, raw: raw, wake: wake, conns: map[int32]*conn{}}, nil
+	return &loop{s: s, p: p, conns: map[int32]*conn{}}, nil
 }
 
 // startLoops makes Options.Loops loops; nil (and connections get
@@ -103,16 +83,10 @@ func (s *Server) startLoops() []*loop {
 	return loops
 }
 
-func (l *loop) closeFDs() {
-	l.epf.Close()
-	unix.Close(l.wake)
-}
+func (l *loop) closeFDs() { l.p.Close() }
 
 // stop makes the loop close its connections and return.
-func (l *loop) stop() {
-	var one = [8]byte{1}
-	_, _ = unix.Write(l.wake, one[:])
-}
+func (l *loop) stop() { l.p.Wake() }
 
 // takeConn moves an accepted connection from Go's netpoller into the
 // loop: its descriptor is duplicated and the net.Conn closed (the socket
@@ -148,7 +122,7 @@ func (l *loop) takeConn(c net.Conn) (bool, error) {
 	l.mu.Lock()
 	l.conns[int32(fd)] = cn
 	l.mu.Unlock()
-	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil {
+	if err := l.p.Add(fd, epoll.In); err != nil {
 		l.mu.Lock()
 		delete(l.conns, int32(fd))
 		l.mu.Unlock()
@@ -162,40 +136,22 @@ func (l *loop) takeConn(c net.Conn) (bool, error) {
 func (l *loop) run() {
 	defer l.s.wg.Done()
 	defer l.closeFDs()
-	events := make([]unix.EpollEvent, maxEvents)
-	// One closure for the loop's life (one per wait would allocate).
-	var n int
-	var werr error
-	wait := func(fd uintptr) bool {
-		n, werr = rawEpollPoll(int(fd), events)
-		if werr == unix.EINTR {
-			n, werr = 0, nil
-			return true
-		}
-		return n > 0 || werr != nil // none ready: park until some are
-	}
 	for {
-		l.armStallCheck()
-		err := l.raw.Read(wait)
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			l.timed = false
-			l.closeStalled()
-			continue
-		}
-		if err == nil {
-			err = werr
-		}
+		events, woken, ticked, err := l.p.Wait()
 		if err != nil {
 			l.s.opt.Log.Error().Err(err).Msg("resp epoll_wait failed")
 			l.closeAll()
 			return
 		}
-		for i := range n {
+		if woken {
+			l.closeAll()
+			return
+		}
+		if ticked && l.waiting > 0 {
+			l.closeStalled()
+		}
+		for i := range events {
 			ev := &events[i]
-			if int(ev.Fd) == l.wake {
-				l.closeAll()
-				return
-			}
 			l.mu.Lock()
 			cn := l.conns[ev.Fd]
 			l.mu.Unlock()
@@ -246,7 +202,7 @@ func (l *loop) flushPending() {
 func (l *loop) readable(cn *conn) error {
 	for range 8 { // a large request in one event, up to a point
 		space := len(cn.in) - cn.w
-		n, err := rawRead(cn.fd, cn.in[cn.w:])
+		n, err := epoll.Read(cn.fd, cn.in[cn.w:])
 		switch {
 		case err == unix.EAGAIN || err == unix.EINTR:
 			return nil
@@ -308,7 +264,7 @@ var (
 func (l *loop) flush(cn *conn) error {
 	wrote := false
 	for cn.outOff < len(cn.out) {
-		n, err := rawWrite(cn.fd, cn.out[cn.outOff:])
+		n, err := epoll.Write(cn.fd, cn.out[cn.outOff:])
 		if err == unix.EINTR {
 			continue
 		}
@@ -317,7 +273,7 @@ func (l *loop) flush(cn *conn) error {
 				cn.waitOut = true
 				l.waiting++
 				cn.stallAt = time.Now().UnixNano()
-				return l.interest(cn, unix.EPOLLOUT)
+				return l.interest(cn, epoll.Out)
 			}
 			if wrote { // some bytes went: not stalled
 				cn.stallAt = time.Now().UnixNano()
@@ -337,27 +293,14 @@ func (l *loop) flush(cn *conn) error {
 	if cn.waitOut {
 		cn.waitOut = false
 		l.waiting--
-		return l.interest(cn, unix.EPOLLIN)
+		return l.interest(cn, epoll.In)
 	}
 	return nil
-}
-
-// armStallCheck sets a read deadline on the epoll fd while connections
-// wait for EPOLLOUT, so the loop wakes to close the ones stalled past
-// OutputTimeout; without such connections the loop waits without one.
-func (l *loop) armStallCheck() {
-	t := l.s.opt.OutputTimeout
-	if t <= 0 || l.waiting == 0 || l.timed {
-		return
-	}
-	_ = l.epf.SetReadDeadline(time.Now().Add(max(t/4, 10*time.Millisecond)))
-	l.timed = true
 }
 
 // closeStalled closes the connections whose replies have waited, the
 // socket taking none of them, for OutputTimeout.
 func (l *loop) closeStalled() {
-	_ = l.epf.SetReadDeadline(time.Time{})
 	limit := time.Now().Add(-l.s.opt.OutputTimeout).UnixNano()
 	var stalled []*conn
 	l.mu.Lock()
@@ -373,7 +316,7 @@ func (l *loop) closeStalled() {
 }
 
 func (l *loop) interest(cn *conn, events uint32) error {
-	return unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, cn.fd, &unix.EpollEvent{Events: events, Fd: int32(cn.fd)})
+	return l.p.Mod(cn.fd, events)
 }
 
 func (l *loop) closeConn(cn *conn, err error) {

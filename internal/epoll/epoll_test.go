@@ -1,0 +1,73 @@
+package epoll_test
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+
+	"github.com/infera/infera/internal/epoll"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A pipe's read end in a one-shot set: Wait reports it once per arming,
+// Wake and the tick come through as flags, raw Read and Write move bytes.
+func TestPoller(t *testing.T) {
+	p, err := epoll.New(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	if err := p.Add(fds[0], epoll.In|epoll.OneShot); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := epoll.Read(fds[0], make([]byte, 4)); err != unix.EAGAIN {
+		t.Fatalf("read of an empty pipe: %v, want EAGAIN", err)
+	}
+	if n, err := epoll.Write(fds[1], []byte("ping")); n != 4 || err != nil {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	ev, woken, ticked, err := p.Wait()
+	if err != nil || len(ev) != 1 || int(ev[0].Fd) != fds[0] || woken || ticked {
+		t.Fatalf("wait: %v %v %v %v", ev, woken, ticked, err)
+	}
+	// One-shot: still readable, but not reported until re-armed.
+	p.Wake()
+	ev, woken, _, err = p.Wait()
+	if err != nil || len(ev) != 0 || !woken {
+		t.Fatalf("wait after wake: %v %v %v", ev, woken, err)
+	}
+	if err := p.Mod(fds[0], epoll.In|epoll.OneShot); err != nil {
+		t.Fatal(err)
+	}
+	if ev, _, _, err = p.Wait(); err != nil || len(ev) != 1 {
+		t.Fatalf("wait after re-arming: %v %v", ev, err)
+	}
+	buf := make([]byte, 8)
+	if n, err := epoll.Read(fds[0], buf); n != 4 || err != nil || string(buf[:n]) != "ping" {
+		t.Fatalf("read: %q %v", buf[:n], err)
+	}
+	if err := p.Del(fds[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetTick(time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, _, ticked, err := p.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ticked {
+			break
+		}
+	}
+}

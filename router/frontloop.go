@@ -1,0 +1,860 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
+
+	"github.com/infera/infera/internal/epoll"
+	"github.com/infera/infera/lifecycle"
+)
+
+// The loop front door (ServeLoop, `infera serve --front-door loop`): client
+// connections wait in a few epoll loops instead of a goroutine each. A loop
+// reads a connection's bytes with raw non-blocking reads until a request's
+// header block is complete (or over MaxHeaderBytes, or the request line
+// ends with a bare LF), and only then hands the connection to a goroutine
+// that serves what arrived through the same fasthttp machinery as the
+// goroutine front door (Server.ServeConn on the connection, parse, body
+// limits, Expect: 100-continue, pipelining, the router's handlers):
+// parsing and every answer are byte for byte the goroutine front door's
+// (FuzzFrontDoorsAgree). When the goroutine has answered everything the
+// loop had read and nothing more is buffered, fasthttp's next read ends
+// the hand-off (no read that finds nothing, no park on the socket) and
+// the connection goes back to its loop.
+//
+// Deadlines of connections in a loop (header, idle keep-alive) live in a
+// timer wheel ticking on a timerfd; a served connection's reads and writes
+// are raw system calls, and only one that would block falls back to the
+// socket's Go netpoller with the runtime deadline fasthttp asked for.
+
+const (
+	loopMaxEvents = 256
+	wheelSlots    = 512
+	loopReadBuf   = 4 << 10
+)
+
+// errLoopTimeout is what a connection's read returns after its loop's
+// timer cut it (fasthttp answers it as it answers a read deadline).
+var errLoopTimeout = os.ErrDeadlineExceeded
+
+// loopDoor is one ServeLoop's front door.
+type loopDoor struct {
+	r        *Router
+	srv      *fasthttp.Server
+	loops    []*frontLoop
+	tick     time.Duration
+	draining atomic.Bool
+	inflight atomic.Int64 // connections handed to goroutines
+	next     int
+	served   sync.WaitGroup // the serving goroutines
+
+	// Serving goroutines waiting for a connection (a goroutine keeps
+	// the stack the request path grew, which a fresh one would grow
+	// again for every request); at most maxIdleServers wait.
+	poolMu sync.Mutex
+	idle   []*server
+	closed bool // guarded by poolMu: drain ended the pool
+}
+
+// server is a goroutine serving loop connections one after another.
+type server struct {
+	work chan *loopConn
+}
+
+// maxIdleServers bounds the serving goroutines kept waiting.
+const maxIdleServers = 1024
+
+// frontLoop owns the connections waiting for a request.
+type frontLoop struct {
+	d  *loopDoor
+	p  *epoll.Poller
+	wg sync.WaitGroup // run
+
+	mu       sync.Mutex
+	conns    map[int32]*loopConn // every connection of the loop, served or waiting
+	returned []*loopConn         // handed back by their goroutines; guarded by mu
+	stopping bool                // guarded by mu
+
+	// The loop goroutine's own.
+	wheel   [wheelSlots]*loopConn
+	now     int64 // ticks since the loop started
+	done    int64 // the last tick expire handled
+	started time.Time
+}
+
+// loopConn is a client connection of the loop front door; it is the
+// net.Conn fasthttp serves (beneath frontConn and the bare-LF guard).
+// Ownership moves between the loop (waiting for a request: in, the wheel
+// fields) and one serving goroutine (everything else); the hand-over is
+// the go statement one way and the loop's mutex the other.
+type loopConn struct {
+	l  *frontLoop
+	fd int // the socket (a duplicate; the accepted net.Conn is closed)
+	// slow is the socket in Go's netpoller, made for a read or write
+	// that has to wait (a body that trickles, the client watch, a full
+	// socket) and closed before the loop waits for the connection again
+	// (else every byte would wake the netpoller too); guarded by dmu.
+	slow         net.Conn
+	laddr, raddr net.Addr
+	fc           *frontConn
+
+	in   []byte // read by the loop, not yet by fasthttp: in[r:w]
+	r, w int
+	// ends of the loop's reads in in (the first nmarks): fasthttp reads
+	// what arrived in the pieces it arrived in, as from the socket (its
+	// errors can depend on where a read ends).
+	marks  [8]int
+	nmarks int
+	scan   int  // in[r:scan] holds no header end
+	served bool // a request was answered (keep-alive)
+
+	// Wheel (loop only).
+	deadline   int64 // tick
+	prev, next *loopConn
+	inWheel    bool
+
+	// Serving goroutine.
+	failErr  error // read error the loop saw (EOF, reset, its timeout), after in
+	idle     bool  // fasthttp answered the last request (ConnState idle)
+	handBack bool  // the next read ended the hand-off
+	closed   bool
+
+	dmu    sync.Mutex // deadlines, and a read the client watch may run
+	rd, wd time.Time
+	rArmed bool
+	wArmed bool
+}
+
+// ServeLoop is ServeAll with the loop front door (see above) instead of a
+// goroutine per connection; behaviour and answers are the same.
+func (r *Router) ServeLoop(ctx context.Context, ln, adminLn net.Listener) error {
+	mainCtx, stopMain := context.WithCancel(ctx)
+	defer stopMain()
+	context.AfterFunc(mainCtx, r.fleet.stop)
+	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAdmin()
+	var adminErr chan error
+	if adminLn != nil {
+		adminErr = make(chan error, 1)
+		go func() {
+			err := lifecycle.Serve(adminCtx, r.AdminServer(), lfListener{adminLn}, lifecycle.Options{Grace: r.cfg.ShutdownTimeout})
+			stopMain()
+			adminErr <- err
+		}()
+	}
+	err := r.serveLoopDoor(mainCtx, ln)
+	stopAdmin()
+	var aerr error
+	if adminErr != nil {
+		aerr = <-adminErr
+	}
+	r.front.closers.Wait()
+	r.probes.Wait()
+	r.shutdownPools()
+	r.prewarm.close()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrServe, err)
+	}
+	if aerr != nil {
+		return fmt.Errorf("%w: admin: %w", ErrServe, aerr)
+	}
+	return nil
+}
+
+// serveLoopDoor accepts on ln into the loops until ctx ends, then drains
+// as lifecycle.Serve does: no new connections, idle ones closed, in-flight
+// requests given ShutdownTimeout (answers say Connection: close), then the
+// running streams are cut.
+func (r *Router) serveLoopDoor(ctx context.Context, ln net.Listener) error {
+	d := &loopDoor{r: r, srv: r.Server()}
+	d.tick = min(r.cfg.ClientHeaderTimeout, r.cfg.ClientReadTimeout, r.cfg.ClientIdleTimeout) / 8
+	d.tick = max(min(d.tick, 250*time.Millisecond), 2*time.Millisecond)
+	d.srv.Handler = d.handle
+	d.srv.ConnState = d.connState
+	nloops := 1
+	for range nloops {
+		l, err := d.newLoop()
+		if err != nil {
+			for _, l := range d.loops {
+				l.p.Close()
+			}
+			_ = ln.Close()
+			return err
+		}
+		d.loops = append(d.loops, l)
+	}
+	for _, l := range d.loops {
+		l.wg.Add(1)
+		go l.run()
+	}
+	acceptErr := make(chan error, 1)
+	go func() { acceptErr <- d.accept(ln) }()
+	var err error
+	select {
+	case err = <-acceptErr:
+	case <-ctx.Done():
+		_ = ln.Close()
+		<-acceptErr
+	}
+	d.drain()
+	return err
+}
+
+// accept takes connections through the front door's limits into the loops.
+func (d *loopDoor) accept(ln net.Listener) error {
+	fl := d.r.front.listener(ln, d.r)
+	for {
+		c, err := fl.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return err
+		}
+		fc := c.(*frontConn)
+		l := d.loops[d.next%len(d.loops)]
+		d.next++
+		if err := l.take(fc); err != nil {
+			d.r.log.Warn().Err(err).Msg("client connection dropped")
+		}
+	}
+}
+
+// drain stops the front door: idle connections close at once, requests in
+// flight get ShutdownTimeout, then the streams still running are cut.
+func (d *loopDoor) drain() {
+	d.draining.Store(true)
+	for _, l := range d.loops {
+		l.p.Wake()
+	}
+	deadline := time.Now().Add(d.r.cfg.ShutdownTimeout)
+	for d.inflight.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d.inflight.Load() > 0 {
+		n := d.r.conns.CloseAll()
+		d.r.log.Warn().Int("connections", n).Dur("grace", d.r.cfg.ShutdownTimeout).Msg("shutdown grace over, cutting running streams")
+	}
+	for _, l := range d.loops {
+		l.mu.Lock()
+		l.stopping = true
+		l.mu.Unlock()
+		l.p.Wake()
+	}
+	for _, l := range d.loops {
+		l.wg.Wait()
+	}
+	d.closePool()
+	d.served.Wait()
+}
+
+func (d *loopDoor) newLoop() (*frontLoop, error) {
+	p, err := epoll.New(loopMaxEvents)
+	if err != nil {
+		return nil, fmt.Errorf("router: loop front door: %w", err)
+	}
+	if err := p.SetTick(d.tick); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("router: loop front door: %w", err)
+	}
+	return &frontLoop{d: d, p: p, conns: map[int32]*loopConn{}, started: time.Now()}, nil
+}
+
+// handle is the router's handler; while draining, answers close their
+// connection.
+func (d *loopDoor) handle(ctx *fasthttp.RequestCtx) {
+	d.r.Handle(ctx)
+	if d.draining.Load() {
+		ctx.SetConnectionClose()
+	}
+}
+
+// connState follows fasthttp's view of a served connection: idle once its
+// answer is out (the next read with nothing buffered ends the hand-off).
+func (d *loopDoor) connState(c net.Conn, st fasthttp.ConnState) {
+	if fc, ok := c.(*frontConn); ok && fc.lc != nil && (st == fasthttp.StateIdle || st == fasthttp.StateActive) {
+		fc.lc.dmu.Lock()
+		fc.lc.idle = st == fasthttp.StateIdle
+		fc.lc.dmu.Unlock()
+	}
+	d.r.front.connState(c, st)
+}
+
+// take moves an accepted connection into the loop.
+func (l *frontLoop) take(fc *frontConn) error {
+	nc := fc.Conn
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		_ = fc.Close()
+		return errNoSyscallConn
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		_ = fc.Close()
+		return err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || derr != nil {
+		_ = fc.Close()
+		return errors.Join(err, derr)
+	}
+	laddr, raddr := nc.LocalAddr(), nc.RemoteAddr()
+	// Out of Go's netpoller: the loop's epoll set alone watches it.
+	_ = nc.Close()
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		fc.Conn = closedConn{nc}
+		_ = fc.Close()
+		return err
+	}
+	lc := &loopConn{l: l, fd: fd, fc: fc, in: make([]byte, loopReadBuf), laddr: laddr, raddr: raddr}
+	fc.lc = lc
+	fc.Conn = &lfGuardConn{Conn: lc}
+	l.mu.Lock()
+	if l.stopping || l.d.draining.Load() {
+		l.mu.Unlock()
+		_ = fc.Close()
+		return nil
+	}
+	l.conns[int32(fd)] = lc
+	// Scheduled by the loop (its wheel is its own) with the header
+	// timeout, from now.
+	lc.deadline = -1
+	l.returned = append(l.returned, lc)
+	l.mu.Unlock()
+	if err := l.p.Add(fd, epoll.In|epoll.OneShot); err != nil {
+		l.mu.Lock()
+		delete(l.conns, int32(fd))
+		l.mu.Unlock()
+		_ = fc.Close()
+		return fmt.Errorf("router: epoll_ctl: %w", err)
+	}
+	l.p.Wake()
+	return nil
+}
+
+func (l *frontLoop) run() {
+	defer l.wg.Done()
+	defer l.p.Close()
+	for {
+		evs, _, ticked, err := l.p.Wait()
+		if err != nil {
+			l.d.r.log.Error().Err(err).Msg("front door epoll_wait failed")
+			l.closeAll()
+			return
+		}
+		if l.adopt() {
+			l.closeAll()
+			return
+		}
+		if ticked {
+			l.expire()
+		}
+		for i := range evs {
+			l.mu.Lock()
+			lc := l.conns[evs[i].Fd]
+			if lc != nil && lc.closed {
+				lc = nil
+			}
+			l.mu.Unlock()
+			if lc == nil {
+				continue
+			}
+			l.readable(lc)
+		}
+	}
+}
+
+// tickNow is the loop's clock in ticks.
+func (l *frontLoop) tickNow() int64 {
+	return int64(time.Since(l.started) / l.d.tick)
+}
+
+// adopt takes back the connections their goroutines returned, each with
+// its deadline (header timeout for a new one, idle timeout after an
+// answer), and closes the idle ones while draining. true: stop the loop.
+func (l *frontLoop) adopt() bool {
+	l.mu.Lock()
+	ret := l.returned
+	l.returned = nil
+	for i, lc := range ret {
+		if lc.closed {
+			ret[i] = nil
+		}
+	}
+	stopping := l.stopping
+	l.mu.Unlock()
+	l.now = l.tickNow()
+	draining := l.d.draining.Load()
+	cfg := &l.d.r.cfg
+	for _, lc := range ret {
+		switch {
+		case lc == nil:
+		case draining && lc.r == lc.w:
+			l.close(lc)
+		case lc.deadline == -1:
+			l.schedule(lc, min(cfg.ClientHeaderTimeout, cfg.ClientReadTimeout))
+		default:
+			l.schedule(lc, cfg.ClientIdleTimeout)
+		}
+	}
+	if draining {
+		// Idle connections close; those a request is arriving on keep
+		// their header deadline.
+		for _, lc := range l.snapshot() {
+			if lc.inWheel && lc.r == lc.w {
+				l.close(lc)
+			}
+		}
+	}
+	return stopping
+}
+
+func (l *frontLoop) snapshot() []*loopConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]*loopConn, 0, len(l.conns))
+	for _, lc := range l.conns {
+		out = append(out, lc)
+	}
+	return out
+}
+
+// schedule (re)places lc in the wheel, due d from now.
+func (l *frontLoop) schedule(lc *loopConn, d time.Duration) {
+	l.unschedule(lc)
+	lc.deadline = max(l.now+int64((d+l.d.tick-1)/l.d.tick), l.done+1)
+	slot := &l.wheel[lc.deadline%wheelSlots]
+	lc.prev, lc.next = nil, *slot
+	if *slot != nil {
+		(*slot).prev = lc
+	}
+	*slot = lc
+	lc.inWheel = true
+}
+
+func (l *frontLoop) unschedule(lc *loopConn) {
+	if !lc.inWheel {
+		return
+	}
+	if lc.prev != nil {
+		lc.prev.next = lc.next
+	} else {
+		l.wheel[lc.deadline%wheelSlots] = lc.next
+	}
+	if lc.next != nil {
+		lc.next.prev = lc.prev
+	}
+	lc.prev, lc.next, lc.inWheel = nil, nil, false
+}
+
+// expire handles the wheel's slots up to now: a connection past its
+// deadline with nothing read after an answer closes (fasthttp's idle
+// timeout); any other is served with the timeout as its read error, so
+// that fasthttp answers it as it answers its own read deadline.
+func (l *frontLoop) expire() {
+	l.now = l.tickNow()
+	from := max(l.done+1, l.now-wheelSlots+1)
+	for t := from; t <= l.now; t++ {
+		for lc := l.wheel[t%wheelSlots]; lc != nil; {
+			next := lc.next
+			if lc.deadline <= l.now {
+				l.unschedule(lc)
+				if lc.served && lc.r == lc.w {
+					l.close(lc)
+				} else {
+					lc.failErr = errLoopTimeout
+					l.dispatch(lc)
+				}
+			}
+			lc = next
+		}
+	}
+	l.done = l.now
+}
+
+// readable reads what lc's socket has and serves lc once a request's
+// header block is in (or cannot be: too large, bare LF, EOF, an error).
+func (l *frontLoop) readable(lc *loopConn) {
+	maxHead := l.d.r.cfg.MaxHeaderBytes
+	wasEmpty := lc.r == lc.w
+	for {
+		if lc.w == len(lc.in) {
+			if lc.r > 0 {
+				lc.w = copy(lc.in, lc.in[lc.r:lc.w])
+				lc.scan -= lc.r
+				for i := range lc.nmarks {
+					lc.marks[i] -= lc.r
+				}
+				lc.r = 0
+			} else if len(lc.in) < maxHead+loopReadBuf {
+				grown := make([]byte, min(2*len(lc.in), maxHead+loopReadBuf))
+				copy(grown, lc.in[:lc.w])
+				lc.in = grown
+			} else {
+				break
+			}
+		}
+		n, err := epoll.Read(lc.fd, lc.in[lc.w:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			break
+		}
+		if err != nil || n == 0 {
+			if lc.r == lc.w {
+				l.close(lc)
+				return
+			}
+			lc.failErr = io.EOF
+			if err != nil {
+				lc.failErr = err
+			}
+			l.unschedule(lc)
+			l.dispatch(lc)
+			return
+		}
+		lc.w += n
+		lc.mark()
+		if lc.w < len(lc.in) {
+			break
+		}
+	}
+	if lc.headComplete(maxHead) {
+		l.unschedule(lc)
+		l.dispatch(lc)
+		return
+	}
+	if wasEmpty && lc.r < lc.w && lc.served {
+		// The first byte of the next request: its header timeout starts.
+		l.schedule(lc, min(l.d.r.cfg.ClientHeaderTimeout, l.d.r.cfg.ClientReadTimeout))
+	}
+	if err := l.p.Mod(lc.fd, epoll.In|epoll.OneShot); err != nil {
+		l.close(lc)
+	}
+}
+
+// headComplete: in[r:w] holds a header block, or more than maxHead, or
+// (on a connection's first request) a request line ending in a bare LF.
+func (lc *loopConn) headComplete(maxHead int) bool {
+	b := lc.in[lc.r:lc.w]
+	if len(b) >= maxHead {
+		return true
+	}
+	from := max(lc.scan-lc.r-3, 0)
+	if bytes.Contains(b[from:], crlfcrlf) {
+		return true
+	}
+	lc.scan = lc.w
+	if !lc.served {
+		if i := bytes.IndexByte(b, '\n'); i >= 0 && (i == 0 || b[i-1] != '\r') {
+			return true
+		}
+	}
+	return false
+}
+
+var crlfcrlf = []byte("\r\n\r\n")
+
+// mark records the end of a read; past len(marks) reads, the last one
+// grows.
+func (lc *loopConn) mark() {
+	if lc.nmarks < len(lc.marks) {
+		lc.nmarks++
+	}
+	lc.marks[lc.nmarks-1] = lc.w
+}
+
+// dispatch hands lc to a goroutine that serves what arrived.
+func (l *frontLoop) dispatch(lc *loopConn) {
+	lc.scan = lc.r
+	lc.idle = false
+	d := l.d
+	d.inflight.Add(1)
+	d.poolMu.Lock()
+	if n := len(d.idle); n > 0 {
+		s := d.idle[n-1]
+		d.idle[n-1] = nil
+		d.idle = d.idle[:n-1]
+		d.poolMu.Unlock()
+		s.work <- lc
+		return
+	}
+	d.poolMu.Unlock()
+	d.served.Add(1)
+	s := &server{work: make(chan *loopConn, 1)}
+	s.work <- lc
+	go d.runServer(s)
+}
+
+// runServer serves the connections handed to s until the pool is full
+// or closed.
+func (d *loopDoor) runServer(s *server) {
+	defer d.served.Done()
+	for lc := range s.work {
+		d.serveConn(lc)
+		d.poolMu.Lock()
+		if d.closed || len(d.idle) >= maxIdleServers {
+			d.poolMu.Unlock()
+			return
+		}
+		d.idle = append(d.idle, s)
+		d.poolMu.Unlock()
+	}
+}
+
+// closePool ends the waiting serving goroutines; one still serving ends
+// when it is done.
+func (d *loopDoor) closePool() {
+	d.poolMu.Lock()
+	d.closed = true
+	for _, s := range d.idle {
+		close(s.work)
+	}
+	d.idle = nil
+	d.poolMu.Unlock()
+}
+
+// serveConn runs fasthttp on lc until it has answered what arrived; the
+// connection then goes back to its loop, or closes.
+func (d *loopDoor) serveConn(lc *loopConn) {
+	defer d.inflight.Add(-1)
+	_ = d.srv.ServeConn(lc.fc)
+	if !lc.handBack {
+		return // closed
+	}
+	lc.handBack = false
+	lc.served = true
+	lc.dropSlow()
+	l := lc.l
+	l.mu.Lock()
+	if l.stopping || d.draining.Load() {
+		l.mu.Unlock()
+		_ = lc.fc.Close()
+		return
+	}
+	l.returned = append(l.returned, lc)
+	l.mu.Unlock()
+	// No wake-up: the loop adopts it (its idle deadline) at its next
+	// event or tick, whichever comes first.
+	if err := l.p.Mod(lc.fd, epoll.In|epoll.OneShot); err != nil {
+		_ = lc.fc.Close() // the loop drops it from returned
+	}
+}
+
+// close closes a connection the loop owns.
+func (l *frontLoop) close(lc *loopConn) {
+	l.unschedule(lc)
+	_ = lc.fc.Close()
+}
+
+// closeAll closes every connection the loop owns (served ones close when
+// their goroutines return and find the loop stopping).
+func (l *frontLoop) closeAll() {
+	l.mu.Lock()
+	ret := l.returned
+	l.returned = nil
+	for i, lc := range ret {
+		if lc.closed {
+			ret[i] = nil
+		}
+	}
+	l.mu.Unlock()
+	for _, lc := range ret {
+		if lc != nil {
+			l.close(lc)
+		}
+	}
+	for _, lc := range l.snapshot() {
+		if lc.inWheel {
+			l.close(lc)
+		}
+	}
+}
+
+// net.Conn, for fasthttp and the router's handlers.
+
+func (lc *loopConn) Read(p []byte) (int, error) {
+	lc.dmu.Lock()
+	if lc.r < lc.w {
+		end := lc.w
+		if lc.nmarks > 0 {
+			end = lc.marks[0]
+		}
+		n := copy(p, lc.in[lc.r:end])
+		lc.r += n
+		if lc.r == end && lc.nmarks > 0 {
+			copy(lc.marks[:], lc.marks[1:lc.nmarks])
+			lc.nmarks--
+		}
+		if lc.r == lc.w {
+			lc.r, lc.w, lc.scan, lc.nmarks = 0, 0, 0, 0
+		}
+		lc.dmu.Unlock()
+		return n, nil
+	}
+	if err := lc.failErr; err != nil {
+		lc.dmu.Unlock()
+		return 0, err
+	}
+	if lc.idle && !lc.l.d.draining.Load() {
+		// fasthttp waits for the next request: the loop does that.
+		lc.handBack = true
+		lc.dmu.Unlock()
+		return 0, io.EOF
+	}
+	lc.rArmed = true
+	slow, err := lc.slowConn()
+	if err == nil {
+		err = slow.SetReadDeadline(lc.rd)
+	}
+	lc.dmu.Unlock()
+	n := 0
+	if err == nil {
+		n, err = slow.Read(p)
+	}
+	lc.dmu.Lock()
+	lc.rArmed = false
+	lc.dmu.Unlock()
+	return n, err
+}
+
+func (lc *loopConn) Write(p []byte) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, err := epoll.Write(lc.fd, p[done:])
+		switch err {
+		case nil:
+			done += n
+			continue
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+		default:
+			return done, &net.OpError{Op: "write", Net: "tcp", Addr: lc.raddr, Err: os.NewSyscallError("write", err)}
+		}
+		// The socket is full: wait for it through the netpoller.
+		lc.dmu.Lock()
+		lc.wArmed = true
+		slow, err := lc.slowConn()
+		if err == nil {
+			err = slow.SetWriteDeadline(lc.wd)
+		}
+		lc.dmu.Unlock()
+		if err == nil {
+			n, err = slow.Write(p[done:])
+			done += n
+		}
+		lc.dmu.Lock()
+		lc.wArmed = false
+		lc.dmu.Unlock()
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// Close closes the socket, unless the read that ended fasthttp's serving
+// handed the connection back to its loop.
+func (lc *loopConn) Close() error {
+	if lc.handBack {
+		return nil
+	}
+	l := lc.l
+	l.mu.Lock()
+	if lc.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	lc.closed = true
+	delete(l.conns, int32(lc.fd))
+	l.mu.Unlock()
+	lc.dropSlow()
+	return unix.Close(lc.fd) // also leaves the epoll set
+}
+
+// slowConn returns lc.slow, made when missing; dmu is held.
+func (lc *loopConn) slowConn() (net.Conn, error) {
+	if lc.slow != nil {
+		return lc.slow, nil
+	}
+	fd, err := unix.FcntlInt(uintptr(lc.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("router: dup client socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "client")
+	c, err := net.FileConn(f) // its own duplicate
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	lc.slow = c
+	return c, nil
+}
+
+// dropSlow closes lc.slow (the connection goes back to its loop, or
+// closes).
+func (lc *loopConn) dropSlow() {
+	lc.dmu.Lock()
+	if lc.slow != nil {
+		_ = lc.slow.Close()
+		lc.slow = nil
+	}
+	lc.dmu.Unlock()
+}
+
+func (lc *loopConn) LocalAddr() net.Addr  { return lc.laddr }
+func (lc *loopConn) RemoteAddr() net.Addr { return lc.raddr }
+
+func (lc *loopConn) SetDeadline(t time.Time) error {
+	_ = lc.SetReadDeadline(t)
+	return lc.SetWriteDeadline(t)
+}
+
+// SetReadDeadline records t for a read that has to wait; a read waiting
+// now (the client watch's) gets it at once.
+func (lc *loopConn) SetReadDeadline(t time.Time) error {
+	lc.dmu.Lock()
+	defer lc.dmu.Unlock()
+	lc.rd = t
+	if lc.rArmed && lc.slow != nil {
+		return lc.slow.SetReadDeadline(t)
+	}
+	return nil
+}
+
+func (lc *loopConn) SetWriteDeadline(t time.Time) error {
+	lc.dmu.Lock()
+	defer lc.dmu.Unlock()
+	lc.wd = t
+	if lc.wArmed && lc.slow != nil {
+		return lc.slow.SetWriteDeadline(t)
+	}
+	return nil
+}
+
+// closedConn is an accepted connection already closed (take failed after
+// closing it): the front door's Close only does its accounting.
+type closedConn struct{ net.Conn }
+
+func (closedConn) Close() error { return nil }

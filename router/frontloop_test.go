@@ -1,0 +1,392 @@
+package router_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/router"
+)
+
+// frontDoors runs two routers over the same fleet (one upstream answering
+// chat completions, unary or streamed): one with the goroutine front door
+// (Serve), one with the loop front door (ServeLoop).
+type frontDoors struct {
+	goroutine, loop string // addresses
+}
+
+func startFrontDoors(t testing.TB, cfg router.Config) frontDoors {
+	t.Helper()
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if bytes.Contains(ctx.PostBody(), []byte(`"stream":true`)) {
+			ctx.SetContentType("text/event-stream")
+			ctx.SetBodyString("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"cmpl-1","object":"chat.completion","choices":[]}`)
+	})
+	cfg.IdleConnTimeout = 50 * time.Millisecond
+	var fd frontDoors
+	for i, serve := range []func(*router.Router) func(context.Context, net.Listener) error{
+		func(r *router.Router) func(context.Context, net.Listener) error { return r.Serve },
+		func(r *router.Router) func(context.Context, net.Listener) error {
+			return func(ctx context.Context, ln net.Listener) error { return r.ServeLoop(ctx, ln, nil) }
+		},
+	} {
+		log := zerolog.Nop() // a fuzz target may not log through f
+		if _, ok := t.(*testing.F); !ok {
+			log = testLog(t)
+		}
+		r, err := router.New(cfg, router.RoundRobin{}, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
+		addr := servetest.Loopback(t, "router", serve(r))
+		if i == 0 {
+			fd.goroutine = addr
+		} else {
+			fd.loop = addr
+		}
+	}
+	return fd
+}
+
+// exchange writes req to a new connection of addr (in pieces split at
+// the given offsets, each after a pause), half-closes it when closeWrite,
+// and returns everything the router sends until it closes or wait passes.
+func exchange(t testing.TB, addr string, req []byte, splits []int, closeWrite bool, wait time.Duration) []byte {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	prev := 0
+	for _, s := range append(splits, len(req)) {
+		if s < prev || s > len(req) {
+			continue
+		}
+		if _, err := c.Write(req[prev:s]); err != nil {
+			break
+		}
+		prev = s
+		time.Sleep(5 * time.Millisecond)
+	}
+	if closeWrite {
+		_ = c.(*net.TCPConn).CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	got, _ := io.ReadAll(c)
+	return got
+}
+
+// What differs between two routers by design: the date, the generated
+// request ids.
+var (
+	dateRE  = regexp.MustCompile(`(?m)^Date: [^\r\n]*`)
+	reqIDRE = regexp.MustCompile(`[0-9a-f]{16}-[0-9]+`)
+)
+
+func normalise(b []byte) string {
+	b = dateRE.ReplaceAll(b, []byte("Date: -"))
+	return string(reqIDRE.ReplaceAll(b, []byte("ID")))
+}
+
+const chatBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`
+
+const streamBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true}`
+
+func chatReq(extra string) string { return postReq(chatBody, extra) }
+
+func postReq(body, extra string) string {
+	return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}
+
+// frontDoorSeeds are the cases of the front-door tests: keep-alive and
+// pipelining, Expect: 100-continue, chunked bodies, smuggling attempts,
+// bare LF, oversized headers and bodies, HEAD, HTTP/1.0, streams.
+var frontDoorSeeds = []string{
+	chatReq(""),
+	chatReq("") + chatReq("") + chatReq("Connection: close\r\n"),
+	chatReq("Expect: 100-continue\r\n"),
+	"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + strconv.FormatInt(int64(len(chatBody)), 16) + "\r\n" + chatBody + "\r\n0\r\n\r\n",
+	"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+	"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nabcde",
+	"GET /health HTTP/1.1\nHost: x\n\n",
+	"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 20000) + "\r\n\r\n",
+	"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{",
+	"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n",
+	"GET /v1/models HTTP/1.0\r\n\r\n",
+	"GET /v1/models HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+	postReq(streamBody, ""),
+	postReq(streamBody, "") + chatReq(""),
+	"GARBAGE\r\n\r\n",
+	"\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+	"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n",
+}
+
+// FuzzFrontDoorsAgree: the same bytes, sent the same way, get the same
+// answer from both front doors (date and request ids aside).
+func FuzzFrontDoorsAgree(f *testing.F) {
+	for _, s := range frontDoorSeeds {
+		f.Add([]byte(s), uint16(0), uint16(0))
+		f.Add([]byte(s), uint16(len(s)/2), uint16(0))
+	}
+	cfg := router.DefaultConfig()
+	cfg.MaxBodyBytes = 1 << 20
+	cfg.MaxHeaderBytes = 4096
+	cfg.ClientHeaderTimeout = time.Second
+	cfg.ClientReadTimeout = time.Second
+	fd := startFrontDoors(f, cfg)
+	f.Fuzz(func(t *testing.T, req []byte, split1, split2 uint16) {
+		if len(req) > 64<<10 {
+			return
+		}
+		splits := []int{int(split1), int(split2)}
+		if split2 <= split1 {
+			splits = splits[:1]
+		}
+		a := normalise(exchange(t, fd.goroutine, req, splits, true, 5*time.Second))
+		b := normalise(exchange(t, fd.loop, req, splits, true, 5*time.Second))
+		if a != b {
+			t.Fatalf("front doors disagree on %q:\ngoroutine: %q\nloop:      %q", req, a, b)
+		}
+	})
+}
+
+// TestFrontLoopKeepAlive: one connection carries many requests one after
+// the other, each answered in full, through the loop front door.
+func TestFrontLoopKeepAlive(t *testing.T) {
+	fd := startFrontDoors(t, router.DefaultConfig())
+	c, err := net.Dial("tcp", fd.loop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for i := range 50 {
+		req := chatReq("")
+		if i%2 == 1 {
+			req = postReq(streamBody, "")
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || resp.Close {
+			t.Fatalf("request %d: %d close=%v %q %v", i, resp.StatusCode, resp.Close, body, err)
+		}
+		if i%2 == 1 && !bytes.Contains(body, []byte("data: [DONE]")) {
+			t.Fatalf("request %d: stream %q", i, body)
+		}
+	}
+}
+
+// TestFrontLoopSlowHeaders: a client that sends its headers a byte at a
+// time is cut at the header timeout, as by the goroutine front door, and
+// a keep-alive connection that stays silent is closed at the idle timeout.
+func TestFrontLoopSlowHeaders(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.ClientHeaderTimeout = 300 * time.Millisecond
+	cfg.ClientIdleTimeout = 300 * time.Millisecond
+	fd := startFrontDoors(t, cfg)
+	for _, addr := range []string{fd.goroutine, fd.loop} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		req := "GET /health HTTP/1.1\r\nHost: x\r\n"
+		var werr error
+		for i := 0; i < len(req) && werr == nil && time.Since(start) < 5*time.Second; i++ {
+			_, werr = c.Write([]byte{req[i]})
+			time.Sleep(50 * time.Millisecond)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, _ := io.ReadAll(c)
+		c.Close()
+		if el := time.Since(start); el > 5*time.Second {
+			t.Fatalf("%s: slow headers not cut after %v (got %q)", addr, el, got)
+		}
+		// Idle keep-alive.
+		c, err = net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		start = time.Now()
+		var b [1]byte
+		if _, err := c.Read(b[:]); err != io.EOF {
+			t.Fatalf("%s: idle connection: read %v, want EOF", addr, err)
+		}
+		if el := time.Since(start); el > 5*time.Second {
+			t.Fatalf("%s: idle connection closed after %v", addr, el)
+		}
+		c.Close()
+	}
+}
+
+// TestFrontLoopDrain: at shutdown a request in flight is answered (with
+// Connection: close) and idle connections are closed.
+func TestFrontLoopDrain(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		entered <- struct{}{}
+		<-release
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"cmpl-1"}`)
+	})
+	cfg := router.DefaultConfig()
+	cfg.IdleConnTimeout = 50 * time.Millisecond
+	cfg.ShutdownTimeout = 10 * time.Second
+	r, err := router.New(cfg, router.RoundRobin{}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.ServeLoop(ctx, ln, nil) }()
+	idle, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	busy, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	if _, err := io.WriteString(busy, chatReq("")); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	cancel()
+	_ = idle.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var b [1]byte
+	if _, err := idle.Read(b[:]); err != io.EOF {
+		t.Fatalf("idle connection at shutdown: %v, want EOF", err)
+	}
+	close(release)
+	_ = busy.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(busy), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !resp.Close || string(body) != `{"id":"cmpl-1"}` {
+		t.Fatalf("in-flight answer at shutdown: %d close=%v %q", resp.StatusCode, resp.Close, body)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFrontDoorsAgreeMutated: FuzzFrontDoorsAgree's check over a fixed
+// set of mutations of its seeds (flipped bytes, cut requests, split
+// writes), in every test run.
+func TestFrontDoorsAgreeMutated(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.MaxBodyBytes = 1 << 20
+	cfg.MaxHeaderBytes = 4096
+	cfg.ClientHeaderTimeout = time.Second
+	cfg.ClientReadTimeout = time.Second
+	fd := startFrontDoors(t, cfg)
+	rng := rand.New(rand.NewPCG(36, 1))
+	for range 120 {
+		s := []byte(frontDoorSeeds[rng.IntN(len(frontDoorSeeds))])
+		for k := rng.IntN(4); k >= 0; k-- {
+			s[rng.IntN(len(s))] = byte(rng.IntN(256))
+		}
+		if rng.IntN(3) == 0 {
+			s = s[:rng.IntN(len(s))]
+		}
+		splits := []int{rng.IntN(len(s) + 1)}
+		a := normalise(exchange(t, fd.goroutine, s, splits, true, 5*time.Second))
+		b := normalise(exchange(t, fd.loop, s, splits, true, 5*time.Second))
+		if a != b {
+			t.Errorf("front doors disagree on %q (split %v):\ngoroutine: %q\nloop:      %q", s, splits, a, b)
+		}
+	}
+}
+
+// BenchmarkFrontDoor: unary chat completions over 16 keep-alive
+// connections through each front door (client, router and upstream in
+// this process: compare the two, not with other figures).
+func BenchmarkFrontDoor(b *testing.B) {
+	fd := startFrontDoors(b, router.DefaultConfig())
+	for _, c := range []struct{ name, addr string }{{"goroutine", fd.goroutine}, {"loop", fd.loop}} {
+		b.Run(c.name, func(b *testing.B) {
+			req := []byte(chatReq(""))
+			cpu0 := processCPU()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				conn, err := net.Dial("tcp", c.addr)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				var resp fasthttp.Response
+				for pb.Next() {
+					if _, err := conn.Write(req); err != nil {
+						b.Error(err)
+						return
+					}
+					if err := resp.Read(br); err != nil || resp.StatusCode() != 200 {
+						b.Errorf("%v %d", err, resp.StatusCode())
+						return
+					}
+				}
+			})
+			// The process's CPU (client, router and upstream) per request:
+			// on a busy machine a steadier comparison than the wall time.
+			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// processCPU is this process's user+system CPU time in nanoseconds.
+func processCPU() int64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
