@@ -164,7 +164,9 @@ type Tablespace struct {
 
 	closed  atomic.Bool
 	bufs    sync.Pool
-	sums    *crcSplitter // large slots' copy and checksum on two cores
+	sums    *crcSplitter    // large slots' copy and checksum on two cores
+	aio     chan *aioReader // large O_DIRECT reads overlapped with their check (aio.go)
+	aioN    int
 	stop    chan struct{}
 	compact chan struct{} // a journal outgrew JournalCompactBytes
 	wg      sync.WaitGroup
@@ -189,6 +191,10 @@ func Open(cfg Config) (*Tablespace, error) {
 		t.shards = append(t.shards, s)
 	}
 	t.direct = t.shards[0].direct
+	if t.direct {
+		t.aio = newAIOReaders(aioReaders)
+		t.aioN = len(t.aio)
+	}
 	t.wg.Add(1)
 	go t.snapshotLoop(cfg.SnapshotInterval)
 	return t, nil
@@ -289,6 +295,22 @@ func (t *Tablespace) Get(key, dst []byte) ([]byte, error) {
 	}
 	t.st.hits.Add(1)
 	return out, nil
+}
+
+// readCRC reads a slot and sums its value, overlapping the two: with an
+// AIO reader when one is free for a large O_DIRECT read (aio.go), else
+// with the CRC helper (crcsplit.go).
+func (t *Tablespace) readCRC(fd int, buf []byte, off int64, vlen int) (uint32, error) {
+	if t.aioN > 0 && vlen >= crcSplitMin {
+		select {
+		case r := <-t.aio:
+			sum, err := r.readCRC(fd, buf, off, vlen)
+			t.aio <- r
+			return sum, err
+		default:
+		}
+	}
+	return t.sums.readCRC(fd, buf, off, vlen)
 }
 
 // Exists reports whether key is indexed (no IO, no LRU refresh).
@@ -402,5 +424,8 @@ func (t *Tablespace) Close() error {
 		}
 	}
 	t.sums.close() // a call still in flight finds no helper and sums alone
+	for range t.aioN {
+		(<-t.aio).close()
+	}
 	return errors.Join(errs...)
 }
