@@ -27,6 +27,11 @@ import (
 // that does not store (NX/XX, an expiry in the past, a syntax error) or a
 // connection that closes gives the slot back (Store.AbortWrite).
 //
+// A slot is taken for a value only once an eighth of it has arrived, or
+// when the connection already sent a large value at least half as large
+// in full: as the input buffer grows only with bytes that arrived, a
+// header's claim alone does not take arena memory (nor evict for it).
+//
 // Once a connection sent a large SET, a read into its empty input buffer
 // takes at most bigPeek bytes (enough for the next request's header), so
 // the next large value is not read into the buffer first; the first read
@@ -46,7 +51,7 @@ type bigSet struct {
 	val   []byte // the slot's payload, the value's length
 	got   int    // bytes of val read
 	ready bool   // val is complete; the request at the front of in names it
-	hint  bool   // the connection sends large SETs: peek before reading more
+	last  int    // the last large value read in full (0: none, or peeking is off)
 	iov   [2]unix.Iovec
 }
 
@@ -64,15 +69,15 @@ func (cn *conn) read() (n, space int, err error) {
 		return cn.readBig()
 	}
 	b := cn.in[cn.w:]
-	peek := cn.big.hint && cn.w == 0 && len(b) > bigPeek
+	peek := cn.big.last > 0 && cn.w == 0 && len(b) > bigPeek
 	if peek {
 		b = b[:bigPeek]
 	}
 	n, err = rawRead(cn.fd, b)
 	cn.w += n
 	if peek && n > 0 {
-		if _, _, vlen, ok := bigSetHeader(cn.in[:cn.w]); !ok || vlen < bigSetMin {
-			cn.big.hint = false
+		if _, _, vlen, ok := bigSetHeader(cn.in[:cn.w]); !ok || vlen < bigSetMin || vlen > 2*cn.big.last {
+			cn.big.last = 0
 		}
 	}
 	return n, len(b), err
@@ -85,14 +90,15 @@ func (cn *conn) startBig() {
 		return
 	}
 	hdr, start, vlen, ok := bigSetHeader(cn.in[:cn.w])
-	if !ok || vlen < bigSetMin || vlen > cn.s.opt.MaxBulkBytes || start+vlen <= cn.w {
+	if !ok || vlen < bigSetMin || vlen > cn.s.opt.MaxBulkBytes || start+vlen <= cn.w ||
+		(cn.w-start < vlen/8 && vlen > 2*cn.big.last) {
 		return
 	}
 	val, ok := cn.s.st.BeginWrite(&cn.big.w, vlen, cn.s.ret)
 	if !ok {
 		return // the usual path, whose Set gives the reason
 	}
-	cn.big.val, cn.big.ready, cn.big.hint = val, false, true
+	cn.big.val, cn.big.ready = val, false
 	cn.big.got = copy(val, cn.in[start:cn.w])
 	cn.w = hdr + copy(cn.in[hdr:], "$0\r\n")
 	cn.need = 0
@@ -126,7 +132,7 @@ func (cn *conn) readBig() (n, space int, err error) {
 	b.got += v
 	cn.w += n - v
 	if b.got == len(b.val) {
-		b.ready = true
+		b.ready, b.last = true, len(b.val)
 	}
 	return n, len(rest) + len(tail), nil
 }

@@ -109,11 +109,27 @@ func TestBigSet(t *testing.T) {
 		t.Fatalf("pipelined: got %d bytes, want %d", len(got), len(want))
 	}
 	noLeakedSlots(t, l.store)
+	// A header's claim alone takes no slot: a new connection's 1 MiB SET
+	// with 1000 bytes of its value sent holds none.
+	c3 := dialRaw(t, l.addr)
+	sets := l.srv.C.BigSets.Load()
+	drip(t, c3, encode("SET", "claim", string(bigValue(1<<20, 4)))[:1100])
+	if _, err := c.c.Write(encode("PING")); err != nil || string(c.read()) != "+PONG\r\n" {
+		t.Fatal("PING after the claim")
+	}
+	noLeakedSlots(t, l.store)
+	if l.srv.C.BigSets.Load() != sets {
+		t.Fatal("a slot was taken for a value's header")
+	}
+	c3.c.Close()
 	// A connection closed in the middle of a value gives its slot back.
 	c2 := dialRaw(t, l.addr)
 	drip(t, c2, encode("SET", "gone", string(v1))[:40<<10])
 	c2.c.Close()
-	waitFor(t, func() bool { return l.srv.C.ConnsActive.Load() == 1 })
+	waitFor(t, func() bool { return l.srv.C.ConnsActive.Load() == 1 }) // c's
+	if l.srv.C.BigSets.Load() != sets+1 {
+		t.Fatal("the value was not being read into a slot")
+	}
 	noLeakedSlots(t, l.store)
 	expect(encode("EXISTS", "gone"), []byte(":0\r\n"))
 }
