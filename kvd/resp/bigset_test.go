@@ -206,3 +206,51 @@ func TestBigSetAlloc(t *testing.T) {
 	}
 	noLeakedSlots(t, l.store)
 }
+
+// FuzzBigSetHeader: whatever bigSetHeader accepts is a SET whose value
+// header starts at hdr, and the rewrite a large SET makes (its value
+// header turned into "$0\r\n", the value itself elsewhere) parses to the
+// same request with an empty value: the parser, options and errors are
+// unchanged by reading the value into its slot.
+func FuzzBigSetHeader(f *testing.F) {
+	for _, s := range []string{
+		"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$40000\r\n", "*5\r\n$3\r\nset\r\n$3\r\nkey\r\n$65536\r\nxx",
+		"*3\r\n$3\r\nGET\r\n$1\r\nk\r\n$5\r\n", "*2\r\n$3\r\nSET\r\n$1\r\nk\r\n", "*3\r\n$3\r\nSET\r\n$1\r\nkXY$3\r\n",
+		"*4\r\n$3\r\nsEt\r\n$0\r\n\r\n$7\r\n",
+	} {
+		f.Add([]byte(s), []byte("\r\n$2\r\nNX\r\n"))
+	}
+	f.Fuzz(func(t *testing.T, b, rest []byte) {
+		hdr, start, vlen, ok := bigSetHeader(b)
+		if !ok {
+			return
+		}
+		if hdr >= start || start > len(b) || vlen < 0 || !bytes.HasPrefix(b[hdr:], []byte("$"+strconv.Itoa(vlen)+"\r\n")) {
+			t.Fatalf("hdr %d start %d vlen %d of %q", hdr, start, vlen, b)
+		}
+		vlen = min(vlen, 1<<16)
+		value := bytes.Repeat([]byte{'v'}, vlen)
+		head := append(append([]byte(nil), b[:hdr]...), "$"+strconv.Itoa(vlen)+"\r\n"...)
+		whole := append(append(append([]byte(nil), head...), value...), rest...)
+		rewritten := append(append(append([]byte(nil), b[:hdr]...), "$0\r\n"...), rest...)
+		wargs, wn, _, werr := Parse(whole, nil, 1<<20, false)
+		rargs, rn, _, rerr := Parse(rewritten, nil, 1<<20, false)
+		if (werr == nil) != (rerr == nil) || (werr != nil && werr.Error() != rerr.Error()) {
+			t.Fatalf("errors differ: %v / %v", werr, rerr)
+		}
+		if (wn == 0) != (rn == 0) || (wn > 0 && wn-rn != len(head)-hdr+vlen-4) || len(wargs) != len(rargs) {
+			t.Fatalf("parsed %d (%d args) vs rewritten %d (%d args)", wn, len(wargs), rn, len(rargs))
+		}
+		if wn == 0 {
+			return
+		}
+		if !eqFold(wargs[0], "set") || len(wargs) < 3 || !bytes.Equal(wargs[2], value) || len(rargs[2]) != 0 {
+			t.Fatalf("not a SET of the value: %q", wargs[:min(len(wargs), 3)])
+		}
+		for i := range wargs {
+			if i != 2 && !bytes.Equal(wargs[i], rargs[i]) {
+				t.Fatalf("argument %d differs: %q / %q", i, wargs[i], rargs[i])
+			}
+		}
+	})
+}
