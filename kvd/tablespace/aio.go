@@ -21,7 +21,9 @@ import (
 //
 // An aioReader is one AIO context and its buffers; the Tablespace keeps a
 // few in a channel and a Get that finds none free reads with readCRC.
-// Without AIO (io_setup refused) there are none.
+// Without AIO (io_setup refused), or when the slots are too small to hold a
+// value of crcSplitMin, there are none (io_setup and io_destroy cost
+// milliseconds: a tablespace of small slots does not pay them).
 
 const (
 	aioChunks    = 16        // chunks per read at most

@@ -149,17 +149,20 @@ func TestReadCRCAllocs(t *testing.T) {
 // TestAIOReadCRC: an O_DIRECT slot read with AIO (every chunk submitted at
 // once, each summed once it arrived) gives the bytes and CRC-32C of a
 // plain read then sum, for values of one chunk to a whole 2 MiB buffer; a
-// read past the end of the file is the error pread gives. Skipped where
-// the kernel refuses AIO or the filesystem O_DIRECT.
+// read past the end of the file is the error pread gives. Skipped only
+// where the kernel refuses AIO (Gets then never use it).
 func TestAIOReadCRC(t *testing.T) {
 	r, err := newAIOReader()
 	if err != nil {
 		t.Skipf("no AIO: %v", err)
 	}
 	defer r.close()
-	f, err := openContainer(filepath.Join(t.TempDir(), "c"), 4<<20, true, false)
-	if err != nil {
-		t.Skipf("no O_DIRECT: %v", err)
+	path := filepath.Join(t.TempDir(), "c")
+	f, err := openContainer(path, 4<<20, true, false)
+	if err != nil { // no O_DIRECT here: AIO on a buffered file reads the same
+		if f, err = openContainer(path, 4<<20, false, false); err != nil {
+			t.Fatal(err)
+		}
 	}
 	defer f.Close()
 	data := alignedBuf(4 << 20)

@@ -191,7 +191,7 @@ func Open(cfg Config) (*Tablespace, error) {
 		t.shards = append(t.shards, s)
 	}
 	t.direct = t.shards[0].direct
-	if t.direct {
+	if t.direct && t.MaxValueBytes() >= crcSplitMin { // only large values read with AIO
 		t.aio = newAIOReaders(aioReaders)
 		t.aioN = len(t.aio)
 	}
