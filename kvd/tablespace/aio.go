@@ -19,11 +19,12 @@ import (
 // overlap holds on a machine whose cores are all busy, where handing a
 // half to the CRC helper (readCRC) waits for the helper to be scheduled.
 //
-// An aioReader is one AIO context and its buffers; the Tablespace keeps a
-// few in a channel and a Get that finds none free reads with readCRC.
-// Without AIO (io_setup refused), or when the slots are too small to hold a
-// value of crcSplitMin, there are none (io_setup and io_destroy cost
-// milliseconds: a tablespace of small slots does not pay them).
+// An aioReader is one AIO context and its buffers; the Tablespace makes up
+// to aioReaders of them as large Gets need them and keeps them in a
+// channel, and a Get that finds none free reads with readCRC. Without AIO
+// (io_setup refused), or when the slots are too small to hold a value of
+// crcSplitMin, there are none (io_destroy waits tens of milliseconds: a
+// tablespace that never reads a large value does not pay it).
 
 const (
 	aioChunks    = 16        // chunks per read at most
@@ -73,19 +74,6 @@ func newAIOReader() (*aioReader, error) {
 
 func (r *aioReader) close() {
 	_, _, _ = unix.Syscall(unix.SYS_IO_DESTROY, r.ctx, 0, 0)
-}
-
-// newAIOReaders makes up to n readers (none when AIO is unavailable).
-func newAIOReaders(n int) chan *aioReader {
-	ch := make(chan *aioReader, n)
-	for range n {
-		r, err := newAIOReader()
-		if err != nil {
-			break
-		}
-		ch <- r
-	}
-	return ch
 }
 
 // readCRC reads buf (whole pages, aligned) from fd at off and returns the

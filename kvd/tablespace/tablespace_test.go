@@ -38,9 +38,7 @@ func crash(ts *Tablespace) {
 		_ = s.close(false)
 	}
 	ts.sums.close()
-	for range ts.aioN {
-		(<-ts.aio).close()
-	}
+	ts.closeAIO()
 }
 
 func val(key string, n int) []byte {
@@ -589,9 +587,6 @@ func TestLargeGetsAIO(t *testing.T) {
 	ts := mustOpen(t, Config{Paths: []string{t.TempDir()}, Bytes: 8 << 20, SlotBytes: 1 << 20, ContainerBytes: 4 << 20,
 		Logger: zerolog.Nop()})
 	defer ts.Close()
-	if ts.direct && ts.aioN != aioReaders {
-		t.Fatalf("O_DIRECT without AIO readers (%d)", ts.aioN)
-	}
 	values := make([][]byte, 6)
 	for i := range values {
 		v := make([]byte, ts.MaxValueBytes()-i*70001)
@@ -623,5 +618,15 @@ func TestLargeGetsAIO(t *testing.T) {
 	wg.Wait()
 	if st := ts.Stats(); st.Corrupt != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+	if r, err := newAIOReader(); err == nil { // AIO is there
+		r.close()
+		if ts.direct && ts.aioLive.Load() == 0 {
+			t.Fatal("large O_DIRECT Gets made no AIO reader")
+		}
+	}
+	dst, key := ts.ReadBuffer(), []byte("big1")
+	if n := testing.AllocsPerRun(10, func() { dst, _ = ts.Get(key, dst) }); n != 0 || !bytes.Equal(dst, values[1]) {
+		t.Fatalf("large get: %v allocations, equal %v", n, bytes.Equal(dst, values[1]))
 	}
 }
