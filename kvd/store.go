@@ -492,15 +492,11 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 	if !toArena && int64(len(value)) > s.inlineBudget {
 		return false, ReasonLargerThanStore
 	}
-	var old *entry // the entry replaced, reused for the new value
-	slot := -1
 	if toArena {
-		var ok bool
-		slot, ok = s.allocSlot(cls, ret)
+		base, ok := s.allocSlot(cls, ret)
 		if !ok {
 			return false, ReasonDisplaceHigher
 		}
-		base := slot
 		beginWrite(s.arena.mem, base)
 		if len(value) >= unlockedCopyBytes {
 			s.mu.Unlock()
@@ -511,47 +507,66 @@ func (s *Store) putLocked(model, compat, key, value []byte, ret Retention, expir
 			copy(s.arena.mem[base+HeaderBytes:], value)
 		}
 		endWrite(s.arena.mem, base, len(value))
-		// Another writer may have stored the key meanwhile.
-		if old = s.lookup(s.nowNs()); old != nil {
-			if ret < old.ret {
-				s.sl.release(slot, nil, true)
-				return false, ReasonDowngrade
-			}
-			s.removeLocked(old)
-		}
-		s.arenaBytes += int64(len(value))
-		s.arenaEntries++
-	} else {
-		if old = s.index[string(s.kb)]; old != nil {
-			s.removeLocked(old)
-		}
-		for s.inlineBytes+int64(len(value)) > s.inlineBudget {
-			if !s.evictLocked(&s.inlineLRU, ret) {
-				return false, ReasonDisplaceHigher
-			}
+		return s.publishLocked(model, compat, base, len(value), ret, expires, fromL3)
+	}
+	old := s.index[string(s.kb)] // the entry replaced, reused for the new value
+	if old != nil {
+		s.removeLocked(old)
+	}
+	for s.inlineBytes+int64(len(value)) > s.inlineBudget {
+		if !s.evictLocked(&s.inlineLRU, ret) {
+			return false, ReasonDisplaceHigher
 		}
 	}
-	// An overwrite reuses the replaced entry and its key string (nothing
-	// outside mu keeps an *entry), so setting an existing key in the arena
-	// allocates nothing.
+	e := s.entryLocked(old, model, compat, -1, len(value), ret, expires)
+	e.inline = append(make([]byte, 0, len(value)), value...)
+	s.inlineBytes += int64(len(value))
+	s.indexLocked(e, fromL3)
+	return true, ""
+}
+
+// publishLocked indexes a written arena slot (leased by allocSlot, its
+// version even again) under the composite key in s.kb, replacing the
+// key's entry unless that has a higher retention (then the slot is freed
+// and the set refused: another writer may have stored the key while the
+// slot was written outside mu). Caller holds mu.
+func (s *Store) publishLocked(model, compat []byte, slot, length int, ret Retention, expires int64, fromL3 bool) (bool, string) {
+	old := s.lookup(s.nowNs())
+	if old != nil {
+		if ret < old.ret {
+			s.sl.release(slot, nil, true)
+			return false, ReasonDowngrade
+		}
+		s.removeLocked(old)
+	}
+	s.arenaBytes += int64(length)
+	s.arenaEntries++
+	e := s.entryLocked(old, model, compat, slot, length, ret, expires)
+	s.sl.own(e, true)
+	s.indexLocked(e, fromL3)
+	return true, ""
+}
+
+// entryLocked makes the entry for the key in s.kb. An overwrite reuses the
+// replaced entry and its key string (nothing outside mu keeps an *entry),
+// so setting an existing key in the arena allocates nothing.
+func (s *Store) entryLocked(old *entry, model, compat []byte, slot, length int, ret Retention, expires int64) *entry {
 	e := old
 	if e == nil {
 		e = &entry{key: string(s.kb)}
 	}
-	*e = entry{key: e.key, nsLen: 4 + len(model) + len(compat), ret: ret, expires: expires, slot: slot, length: len(value)}
-	if !toArena {
-		e.inline = append(make([]byte, 0, len(value)), value...)
-		s.inlineBytes += int64(len(value))
-	}
+	*e = entry{key: e.key, nsLen: 4 + len(model) + len(compat), ret: ret, expires: expires, slot: slot, length: length}
+	return e
+}
+
+// indexLocked makes e findable and recently used, and queues a long
+// entry's write to L3 unless it came from there.
+func (s *Store) indexLocked(e *entry, fromL3 bool) {
 	s.index[e.key] = e
-	if toArena {
-		s.sl.own(e, true)
-	}
 	s.touch(e)
-	if ret == RetentionLong && !fromL3 {
+	if e.ret == RetentionLong && !fromL3 {
 		s.writeThroughLocked(e.key)
 	}
-	return true, ""
 }
 
 func (s *Store) writeThroughLocked(key string) {

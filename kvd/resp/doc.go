@@ -35,7 +35,10 @@
 // wrapped net.Conn) gets a goroutine of its own instead. Either way a
 // connection owns its input and output buffers and handles its requests
 // in order. Arguments alias the input buffer: a value is read from the
-// socket once and copied once, into its arena slot; a GET copies once,
+// socket once and copied once, into its arena slot — a SET value of 32 KiB
+// or more is read from the socket straight into its slot (bigset.go:
+// Store.BeginWrite/CommitWrite) and not copied at all; a GET copies once,
 // from the slot into the output buffer (checked against a concurrent
-// rewrite). GET, SET and MSET of an existing key allocate nothing.
+// rewrite). GET, SET (large ones included) and MSET of an existing key
+// allocate nothing.
 package resp

@@ -201,8 +201,7 @@ func (l *loop) flushPending() {
 // the buffer and writes the replies. A non-nil error closes cn.
 func (l *loop) readable(cn *conn) error {
 	for range 8 { // a large request in one event, up to a point
-		space := len(cn.in) - cn.w
-		n, err := epoll.Read(cn.fd, cn.in[cn.w:])
+		n, space, err := cn.read() // bigset.go: a large SET's value goes to its slot
 		switch {
 		case err == unix.EAGAIN || err == unix.EINTR:
 			return nil
@@ -211,7 +210,6 @@ func (l *loop) readable(cn *conn) error {
 		case n == 0:
 			return errEOF
 		}
-		cn.w += n
 		if cn.incomplete() {
 			return nil // n < space: the socket is drained
 		}
@@ -329,6 +327,7 @@ func (l *loop) closeConn(cn *conn, err error) {
 	l.mu.Unlock()
 	unix.Close(cn.fd) // also leaves the epoll set
 	l.s.C.ConnsActive.Add(-1)
+	cn.dropBig()
 	if err == errClosing {
 		err = cn.closeErr
 	}
@@ -343,5 +342,6 @@ func (l *loop) closeAll() {
 	for _, cn := range conns {
 		unix.Close(cn.fd)
 		l.s.C.ConnsActive.Add(-1)
+		cn.dropBig()
 	}
 }

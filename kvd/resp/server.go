@@ -77,6 +77,9 @@ type Counters struct {
 	// OutputLimit and OutputStalled count clients disconnected over
 	// MaxOutputBytes and OutputTimeout.
 	OutputLimit, OutputStalled atomic.Int64
+	// BigSets counts SET values read straight into their arena slots
+	// (bigset.go).
+	BigSets atomic.Int64
 }
 
 // Server is the RESP listener over a kvd Store.
@@ -233,6 +236,7 @@ type conn struct {
 	queued   bool  // in the loop's pending list (replies written at the end of the batch)
 	dead     bool  // closed by the loop: a queued flush skips it
 	stallAt  int64 // unix ns: waiting for EPOLLOUT since, or since the last bytes written
+	big      bigSet
 }
 
 const (
@@ -408,7 +412,9 @@ func (cn *conn) writeOut() error {
 // incomplete says whether the buffer cannot yet hold the pending request
 // (fewer bytes than Parse's lower bound, and room to read more): parsing
 // again would only re-read the same prefix.
-func (cn *conn) incomplete() bool { return cn.w < cn.need && cn.w < len(cn.in) }
+func (cn *conn) incomplete() bool {
+	return cn.big.reading() || cn.w < cn.need && cn.w < len(cn.in)
+}
 
 // lowerName lower-cases a command name into the connection's scratch
 // (nil when too long to be a command).
@@ -687,7 +693,13 @@ func (cn *conn) store(key, value []byte, ttlMs int64, hasTTL bool) bool {
 	if hasTTL {
 		a.TTL, a.HasTTL = float64(ttlMs)/1000, true
 	}
-	ok, reason := cn.s.st.Set(a)
+	var ok bool
+	var reason string
+	if cn.big.ready { // this SET's value is in its slot (bigset.go)
+		ok, reason = cn.storeBig(a)
+	} else {
+		ok, reason = cn.s.st.Set(a)
+	}
 	if !ok {
 		cn.refused(reason)
 	}
@@ -738,6 +750,9 @@ func eqFold(b []byte, s string) bool {
 // Redis 7.0's option parsing (parseExtendedStringArgumentsOrReply) and
 // errors.
 func (cn *conn) setCmd(args [][]byte) {
+	if cn.big.ready { // stored below, or given back
+		defer cn.dropBig()
+	}
 	flags := 0
 	var expire []byte
 	const anyTTL = setEX | setPX | setEXAT | setPXAT

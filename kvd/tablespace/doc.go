@@ -47,9 +47,14 @@
 // LRU entry.
 // Recovery = snapshot + replay of the journal of the same epoch; a torn or
 // corrupt tail is cut at the last whole record.
-// A Get of a large value (≥ 256 KiB) overlaps its read and its check: the
-// first half (whole pages) is read and handed to the CRC helper goroutine,
-// which sums it while the second half is read (crcsplit.go, readCRC).
+// A Get of a large value (≥ 256 KiB) overlaps its read and its check.
+// Under O_DIRECT it reads the slot with Linux AIO (aio.go): every chunk of
+// the slot (128 KiB or more) is submitted at once, and the caller sums
+// each as soon as it and those before it arrived, so only the last chunk's
+// sum follows the read, on the caller's own core. Without AIO, or when
+// its few contexts are all in use, the first half (whole pages) is read
+// and handed to the CRC helper goroutine, which sums it while the second
+// half is read (crcsplit.go, readCRC).
 //
 // Concurrency: a *Tablespace is safe for concurrent use by many goroutines.
 // Put returns once the block is durable. Close must not race with other calls

@@ -745,7 +745,7 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 	// In place when dst can take the aligned read (see ReadBuffer).
 	if cap(dst) >= n && (!s.direct || uintptrOf(dst[:1])%ioAlign == 0) {
 		buf := dst[:n]
-		sum, err := s.t.sums.readCRC(s.fds[c], buf, off, vlen)
+		sum, err := s.t.readCRC(s.fds[c], buf, off, vlen)
 		if err == nil {
 			if v, ok := verifySlotCRC(buf, seq, key, vlen, sum); ok {
 				s.t.st.bytesRead.Add(uint64(n))
@@ -755,7 +755,7 @@ func (s *shard) get(key, dst []byte) ([]byte, error) {
 		return s.readFailed(key, sl, seq, err, dst)
 	}
 	bp := s.t.getBuf()
-	sum, err := s.t.sums.readCRC(s.fds[c], (*bp)[:n], off, vlen)
+	sum, err := s.t.readCRC(s.fds[c], (*bp)[:n], off, vlen)
 	if err == nil {
 		if v, ok := verifySlotCRC((*bp)[:n], seq, key, vlen, sum); ok {
 			dst = append(dst[:0], v...)

@@ -164,7 +164,10 @@ type Tablespace struct {
 
 	closed  atomic.Bool
 	bufs    sync.Pool
-	sums    *crcSplitter // large slots' copy and checksum on two cores
+	sums    *crcSplitter    // large slots' copy and checksum on two cores
+	aio     chan *aioReader // free AIO readers (aio.go), made on first need
+	aioTry  atomic.Int32    // readers tried to make (at most aioReaders)
+	aioLive atomic.Int32    // readers made
 	stop    chan struct{}
 	compact chan struct{} // a journal outgrew JournalCompactBytes
 	wg      sync.WaitGroup
@@ -189,6 +192,9 @@ func Open(cfg Config) (*Tablespace, error) {
 		t.shards = append(t.shards, s)
 	}
 	t.direct = t.shards[0].direct
+	if t.direct && t.MaxValueBytes() >= crcSplitMin { // only large values read with AIO
+		t.aio = make(chan *aioReader, aioReaders)
+	}
 	t.wg.Add(1)
 	go t.snapshotLoop(cfg.SnapshotInterval)
 	return t, nil
@@ -289,6 +295,49 @@ func (t *Tablespace) Get(key, dst []byte) ([]byte, error) {
 	}
 	t.st.hits.Add(1)
 	return out, nil
+}
+
+// readCRC reads a slot and sums its value, overlapping the two: with an
+// AIO reader when one is free for a large O_DIRECT read (aio.go), else
+// with the CRC helper (crcsplit.go).
+func (t *Tablespace) readCRC(fd int, buf []byte, off int64, vlen int) (uint32, error) {
+	if t.aio != nil && vlen >= crcSplitMin {
+		if r := t.takeAIO(); r != nil {
+			sum, err := r.readCRC(fd, buf, off, vlen)
+			t.aio <- r
+			return sum, err
+		}
+	}
+	return t.sums.readCRC(fd, buf, off, vlen)
+}
+
+// takeAIO takes a free AIO reader, making one while fewer than aioReaders
+// were tried; nil when all are in use (or AIO is refused).
+func (t *Tablespace) takeAIO() *aioReader {
+	select {
+	case r := <-t.aio:
+		return r
+	default:
+	}
+	if t.aioTry.Add(1) > aioReaders {
+		return nil
+	}
+	r, err := newAIOReader()
+	if err != nil {
+		return nil
+	}
+	t.aioLive.Add(1)
+	return r
+}
+
+// closeAIO destroys the AIO readers (all returned: Close does not race
+// with Gets), in parallel: io_destroy waits tens of milliseconds.
+func (t *Tablespace) closeAIO() {
+	var wg sync.WaitGroup
+	for range t.aioLive.Load() {
+		wg.Go((<-t.aio).close)
+	}
+	wg.Wait()
 }
 
 // Exists reports whether key is indexed (no IO, no LRU refresh).
@@ -402,5 +451,6 @@ func (t *Tablespace) Close() error {
 		}
 	}
 	t.sums.close() // a call still in flight finds no helper and sums alone
+	t.closeAIO()
 	return errors.Join(errs...)
 }
