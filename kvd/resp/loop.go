@@ -322,16 +322,18 @@ func (l *loop) closeConn(cn *conn, err error) {
 	if cn.waitOut {
 		l.waiting--
 	}
+	if err == errClosing {
+		err = cn.closeErr
+	}
+	// Counted and logged before the socket closes: a client that sees the
+	// close finds the counters already telling why.
+	l.s.logClosed(cn, err)
 	l.mu.Lock()
 	delete(l.conns, int32(cn.fd))
 	l.mu.Unlock()
 	unix.Close(cn.fd) // also leaves the epoll set
 	l.s.C.ConnsActive.Add(-1)
 	cn.dropBig()
-	if err == errClosing {
-		err = cn.closeErr
-	}
-	l.s.logClosed(cn, err)
 }
 
 func (l *loop) closeAll() {
