@@ -302,7 +302,7 @@ func (rel *relay) pdSerial() (bool, error) {
 		return false, err
 	}
 	rel.att.body = rel.askIDs(&rel.att, dbody) // migrate.go: a broken decode stream continues exactly
-	rel.att.start = time.Now() // its first-byte deadline starts now
+	rel.att.start = time.Now()                 // its first-byte deadline starts now
 	return rel.pdDecode()
 }
 
