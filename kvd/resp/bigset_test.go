@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/infera/infera/internal/redistest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd"
 )
 
@@ -126,21 +127,12 @@ func TestBigSet(t *testing.T) {
 	c2 := dialRaw(t, l.addr)
 	drip(t, c2, encode("SET", "gone", string(v1))[:40<<10])
 	c2.c.Close()
-	waitFor(t, func() bool { return l.srv.C.ConnsActive.Load() == 1 }) // c's
+	testkit.Eventually(t, "one connection open", func() bool { return l.srv.C.ConnsActive.Load() == 1 }) // c's
 	if l.srv.C.BigSets.Load() != sets+1 {
 		t.Fatal("the value was not being read into a slot")
 	}
 	noLeakedSlots(t, l.store)
 	expect(encode("EXISTS", "gone"), []byte(":0\r\n"))
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for dl := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(dl) {
-			t.Fatal("condition not met in 10 s")
-		}
-	}
 }
 
 // TestBigSetRedisParity: large SETs (read into their slots) answer as
