@@ -64,15 +64,7 @@ func TestChaosStreamingContinued(t *testing.T) {
 		return n == 4
 	})
 
-	// The text of every probe without faults.
-	want := make([]string, contProbes)
-	for i := range want {
-		o := probeStream(t.Context(), f.base, probePrompt(i), contProbeLen, nil)
-		if o.err != nil || !o.done || o.errorEvent != "" {
-			t.Fatalf("reference probe %d: %+v", i, o)
-		}
-		want[i] = o.text
-	}
+	want := probeTexts(t, f.base) // without faults
 
 	b := startBench(t, "--url", f.base, "--model", "sim-model", "--requests", "0",
 		"--duration", contRun.String(), "--concurrency", "32", "--input-len", "32", "--output-len", "48",
@@ -165,6 +157,20 @@ func TestChaosStreamingContinued(t *testing.T) {
 		rep.Requests, n, broken, draining, rep.PerWorker)
 }
 
+// probeTexts streams every probe once and returns the texts read.
+func probeTexts(t *testing.T, base string) []string {
+	t.Helper()
+	want := make([]string, contProbes)
+	for i := range want {
+		o := probeStream(t.Context(), base, probePrompt(i), contProbeLen, nil)
+		if o.err != nil || !o.done || o.errorEvent != "" {
+			t.Fatalf("reference probe %d: %+v", i, o)
+		}
+		want[i] = o.text
+	}
+	return want
+}
+
 func probePrompt(i int) string {
 	return fmt.Sprintf("probe %d: tell a long story about a routed fleet", i)
 }
@@ -187,14 +193,7 @@ func TestChaosPDStreamingContinued(t *testing.T) {
 		decode[i], _ = f.startWorkerFlags(fmt.Sprintf("pd-decode-%d", i), wflags, pdArgs("decode")...)
 	}
 	f.waitWorkers("four active PD workers", 30*time.Second, func(w map[string]string) bool { return len(w) == 4 })
-	want := make([]string, contProbes)
-	for i := range want {
-		o := probeStream(t.Context(), f.base, probePrompt(i), contProbeLen, nil)
-		if o.err != nil || !o.done || o.errorEvent != "" {
-			t.Fatalf("reference probe %d: %+v", i, o)
-		}
-		want[i] = o.text
-	}
+	want := probeTexts(t, f.base) // without faults
 	b := startBench(t, "--url", f.base, "--model", "sim-model", "--requests", "0",
 		"--duration", "25s", "--concurrency", "16", "--input-len", "32", "--output-len", "48",
 		"--stream=true", "--timeout", "5m")
