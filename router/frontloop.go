@@ -49,6 +49,13 @@ const (
 // timer cut it (fasthttp answers it as it answers a read deadline).
 var errLoopTimeout = os.ErrDeadlineExceeded
 
+// loopConn.state.
+const (
+	stLoop int32 = iota
+	stServer
+	stReturned
+)
+
 // loopDoor is one ServeLoop's front door.
 type loopDoor struct {
 	r        *Router
@@ -119,6 +126,12 @@ type loopConn struct {
 	nmarks int
 	scan   int  // in[r:scan] holds no header end
 	served bool // a request was answered (keep-alive)
+
+	// Who has it: the loop, a serving goroutine, or back from one and
+	// not yet adopted; pending: the loop saw an event it could not act
+	// on (the socket is edge-triggered: read it once the loop has it).
+	state   atomic.Int32
+	pending atomic.Bool
 
 	// Wheel (loop only).
 	deadline   int64 // tick
@@ -338,9 +351,11 @@ func (l *frontLoop) take(fc *frontConn) error {
 	// Scheduled by the loop (its wheel is its own) with the header
 	// timeout, from now.
 	lc.deadline = -1
+	lc.state.Store(stReturned)
+	lc.pending.Store(true) // read it once in the loop: edge-triggered
 	l.returned = append(l.returned, lc)
 	l.mu.Unlock()
-	if err := l.p.Add(fd, epoll.In|epoll.OneShot); err != nil {
+	if err := l.p.Add(fd, epoll.In|epoll.Edge); err != nil {
 		l.mu.Lock()
 		delete(l.conns, int32(fd))
 		l.mu.Unlock()
@@ -378,7 +393,17 @@ func (l *frontLoop) run() {
 			if lc == nil {
 				continue
 			}
-			l.readable(lc)
+			if lc.state.Load() == stLoop {
+				l.readable(lc)
+				continue
+			}
+			// A goroutine serves it: the bytes are read once it is back
+			// (see serveConn); if it just came back, take it now.
+			lc.pending.Store(true)
+			if lc.state.Load() == stReturned && l.adopt() {
+				l.closeAll()
+				return
+			}
 		}
 	}
 }
@@ -406,14 +431,21 @@ func (l *frontLoop) adopt() bool {
 	draining := l.d.draining.Load()
 	cfg := &l.d.r.cfg
 	for _, lc := range ret {
+		if lc == nil {
+			continue
+		}
+		lc.state.Store(stLoop)
 		switch {
-		case lc == nil:
 		case draining && lc.r == lc.w:
 			l.close(lc)
+			continue
 		case lc.deadline == -1:
 			l.schedule(lc, min(cfg.ClientHeaderTimeout, cfg.ClientReadTimeout))
 		default:
 			l.schedule(lc, cfg.ClientIdleTimeout)
+		}
+		if lc.pending.Swap(false) {
+			l.readable(lc)
 		}
 	}
 	if draining {
@@ -548,9 +580,6 @@ func (l *frontLoop) readable(lc *loopConn) {
 		// The first byte of the next request: its header timeout starts.
 		l.schedule(lc, min(l.d.r.cfg.ClientHeaderTimeout, l.d.r.cfg.ClientReadTimeout))
 	}
-	if err := l.p.Mod(lc.fd, epoll.In|epoll.OneShot); err != nil {
-		l.close(lc)
-	}
 }
 
 // headComplete: in[r:w] holds a header block, or more than maxHead, or
@@ -588,6 +617,7 @@ func (lc *loopConn) mark() {
 func (l *frontLoop) dispatch(lc *loopConn) {
 	lc.scan = lc.r
 	lc.idle = false
+	lc.state.Store(stServer)
 	d := l.d
 	d.inflight.Add(1)
 	d.poolMu.Lock()
@@ -654,10 +684,15 @@ func (d *loopDoor) serveConn(lc *loopConn) {
 	}
 	l.returned = append(l.returned, lc)
 	l.mu.Unlock()
-	// No wake-up: the loop adopts it (its idle deadline) at its next
-	// event or tick, whichever comes first.
-	if err := l.p.Mod(lc.fd, epoll.In|epoll.OneShot); err != nil {
-		_ = lc.fc.Close() // the loop drops it from returned
+	// No system call: the socket stays in the loop's set (edge-
+	// triggered), and the loop adopts it (its idle deadline) at its
+	// next event or tick. Bytes that arrived meanwhile made an event
+	// the loop could not act on: it marked the connection pending, and
+	// then it is woken now. (State before pending, and the loop
+	// pending before state: one of the two sees the other.)
+	lc.state.Store(stReturned)
+	if lc.pending.Load() {
+		l.p.Wake()
 	}
 }
 

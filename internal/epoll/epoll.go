@@ -16,6 +16,7 @@ const (
 	In      = unix.EPOLLIN
 	Out     = unix.EPOLLOUT
 	OneShot = unix.EPOLLONESHOT
+	Edge    = unix.EPOLLET
 )
 
 // ErrPoller wraps a failure to make or use an epoll set.
