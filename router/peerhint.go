@@ -11,7 +11,7 @@ import (
 	"github.com/infera/infera/kvd/peer"
 )
 
-// Directed kvd-to-kvd pulls (--kvd-peer-hints, issue 32). Each worker's
+// Directed kvd-to-kvd pulls (--kvd-peer-hints). Each worker's
 // record may name the peer listener of the kvd on its host (kvd_peer,
 // worker --kvd-peer). When the kv-aware pick sends a request to worker H
 // while another worker G, on a host with another kvd, holds more of the

@@ -116,6 +116,10 @@ func (rel *relay) traceBegin(a *attempt, at time.Time) {
 	leg.String("infera.engine", rec.Engine)
 	leg.String("server.address", w.url)
 	leg.Int("infera.leg.attempt", int64(rel.attempts))
+	if rel.firstByte {
+		// A continuation leg (migrate.go): the how-manieth.
+		leg.Int("infera.leg.continuation", int64(rel.mig.count+1))
+	}
 	a.span = leg
 }
 
