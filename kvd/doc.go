@@ -43,9 +43,10 @@
 //     pipelined on the connection), and a ...Ctx variant of every method
 //     bounded by its context and ClientOptions.Timeout;
 //   - the entry points of the listeners and tiers in its subpackages
-//     (tiers.go: Store.Delete across RAM and L3, Store.AppendHit for a
-//     copy checked against a concurrent rewrite, SlotWrite for a value a
-//     listener reads straight into its slot, SplitComposite): the RESP
+//     (storeapi.go: Store.Delete across RAM and L3, Store.AppendHit for a
+//     copy checked against a concurrent rewrite, SplitComposite;
+//     slotwrite.go: SlotWrite for a value a listener reads straight into
+//     its slot): the RESP
 //     listener is kvd/resp, the Redis/Valkey L4 tier (a LongStore over
 //     the tablespace) is kvd/l4, and ServerOptions.Collectors puts their
 //     metrics on /metrics.
