@@ -100,7 +100,11 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 		started.Push(func() error { stop(); <-done; return nil })
 	}
 
-	rt, err := router.New(router.ServeConfig(cfg), policy, log)
+	rcfg := router.ServeConfig(cfg)
+	if rcfg.NATSRequests, err = startNATSRequests(cfg, log, &started); err != nil {
+		return err
+	}
+	rt, err := router.New(rcfg, policy, log)
 	if err != nil {
 		return fmt.Errorf("build router: %w", err)
 	}

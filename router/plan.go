@@ -65,7 +65,7 @@ func (rel *relay) retryable(err error) bool {
 	switch {
 	case errors.Is(err, errNoRetry), errors.Is(err, errClientLeft),
 		errors.Is(err, ErrPDProtocol), errors.Is(err, ErrPDMeta),
-		errors.Is(err, ErrSaturated), errors.Is(err, errNoCandidate):
+		errors.Is(err, ErrSaturated), errors.Is(err, errNoCandidate), errors.Is(err, errBacklog):
 		return false
 	}
 	if rel.watch.gone.Load() {
