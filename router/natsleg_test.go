@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -273,4 +274,104 @@ func TestNATSMixedFleet(t *testing.T) {
 	if !strings.Contains(string(body), `"unroutable":"unroutable: nats transport"`) {
 		t.Fatalf("workers without a nats client: %d %s", resp.StatusCode, body)
 	}
+}
+
+// fakeNATSWorker answers the requests published to a worker's subject with
+// answer (a worker that misbehaves on the wire) and returns its record.
+func fakeNATSWorker(t *testing.T, ns *natstest.Server, answer func(nc *nats.Conn, inbox string)) discovery.Record {
+	t.Helper()
+	nc := natsConn(t, ns)
+	id := "127.0.0.1:" + strconv.Itoa(natstest.FreePort(t))
+	sub, err := nc.Subscribe(natsreq.Subject(id), func(m *nats.Msg) { answer(nc, m.Reply) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return discovery.Record{
+		WorkerID: id, URL: "http://" + id, ModelName: "sim-model", Engine: "sim",
+		DisaggMode: discovery.DisaggMixed, DPSize: 1, RequestTransport: config.RequestTransportNATS, Status: discovery.StatusActive,
+	}
+}
+
+func frame(nc *nats.Conn, inbox, typ string, data []byte) {
+	_ = nc.PublishMsg(&nats.Msg{Subject: inbox, Data: data, Header: nats.Header{natsreq.HeaderType: []string{typ}}})
+}
+
+// TestNATSErrorsOnTheWire: an error frame before the first byte moves the
+// request to another worker; silence after the first event ends the stream
+// with an in-stream timeout error event; a worker's draining hand-back
+// mid-stream ends it with an error event too.
+func TestNATSErrorsOnTheWire(t *testing.T) {
+	ns := natstest.Start(t)
+	broken := fakeNATSWorker(t, ns, func(nc *nats.Conn, inbox string) {
+		frame(nc, inbox, natsreq.TypeError, []byte("engine exploded"))
+	})
+	good, _ := natsWorker(t, ns, startSim(t, nil), 0)
+	c := natsClient(t, ns, natsreq.ClientConfig{})
+	tr := natsRouter(t, c, func(c *router.Config) { c.BreakerThreshold = 100 }, broken, good)
+	for i := range 4 {
+		resp, body := tr.chat(t, "sim-model")
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Infera-Worker") != good.WorkerID {
+			t.Fatalf("chat %d: %d %q %s", i, resp.StatusCode, resp.Header.Get("X-Infera-Worker"), body)
+		}
+	}
+
+	for _, tc := range []struct {
+		name, after string
+		then        func(nc *nats.Conn, inbox string)
+	}{
+		{"idle", "worker timed out", func(*nats.Conn, string) {}},
+		{"draining", "worker draining", func(nc *nats.Conn, inbox string) {
+			frame(nc, inbox, natsreq.TypeError, []byte(natsreq.DrainingNotice))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			silent := fakeNATSWorker(t, ns, func(nc *nats.Conn, inbox string) {
+				frame(nc, inbox, natsreq.TypeData, []byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"))
+				tc.then(nc, inbox)
+			})
+			tr := natsRouter(t, c, func(c *router.Config) { c.StreamIdleTimeout = 300 * time.Millisecond }, silent)
+			resp, r := tr.stream(t, `{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+			defer resp.Body.Close()
+			if ev := readEvent(t, r); !strings.Contains(ev, `"content":"a"`) {
+				t.Fatalf("first event %q", ev)
+			}
+			if ev := readEvent(t, r); !strings.Contains(ev, `"error"`) || !strings.Contains(ev, tc.after) {
+				t.Fatalf("after the first event: %q", ev)
+			}
+		})
+	}
+}
+
+// TestNATSUnaryClientLeaves: a unary client that leaves while its answer is
+// awaited cancels the worker's request.
+func TestNATSUnaryClientLeaves(t *testing.T) {
+	ns := natstest.Start(t)
+	sim := startSim(t, func(c *config.Sim) { c.DecodeMsPerToken = 20; c.TimeScale = 1 })
+	rec, srv := natsWorker(t, ns, sim, 0)
+	tr := natsRouter(t, natsClient(t, ns, natsreq.ClientConfig{}), nil, rec)
+	ctx, cancel := context.WithCancel(t.Context())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, tr.url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"sim-model","max_tokens":5000,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		resp, err := tr.client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	testkit.Eventually(t, "the request on the worker", func() bool { return srv.InFlight() == 1 })
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the request completed")
+	}
+	testkit.Eventually(t, "the worker cancelled the request", func() bool { return srv.InFlight() == 0 })
+	testkit.Eventually(t, "the engine dropped the request", func() bool { return simGauge(t, sim, "vllm:num_requests_running") == 0 })
 }
