@@ -215,7 +215,10 @@ func (a *attempt) exchangeNATS(req *fasthttp.Request, deadline time.Time, stream
 	if a.x.Aborted() {
 		return nil, upstream.ErrAborted
 	}
-	env := natsreq.Envelope{Path: string(req.URI().RequestURI()), Stream: stream, Headers: natsHeaders(req), Body: req.Body()}
+	// A stream is migratable: a draining worker hands it back (the
+	// drain notice, an error frame) instead of cancelling it, and the
+	// router continues it elsewhere like any stream that broke.
+	env := natsreq.Envelope{Path: string(req.URI().RequestURI()), Stream: stream, Headers: natsHeaders(req), Body: req.Body(), Migratable: stream}
 	ctx, cancel := context.WithCancel(context.Background())
 	nx, err := a.rel.r.cfg.NATSRequests.Exchange(ctx, w.id, &env)
 	if err != nil {

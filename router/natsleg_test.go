@@ -175,8 +175,8 @@ func TestNATSFailover(t *testing.T) {
 		ccfg natsreq.ClientConfig
 		set  func(*router.Config)
 	}{
-		{"ttft-timeout", natsreq.ClientConfig{}, func(c *router.Config) { c.TTFTTimeout = 300 * time.Millisecond }},
-		{"nats-idle-timeout", natsreq.ClientConfig{IdleTimeout: 300 * time.Millisecond}, nil},
+		{"ttft-timeout", natsreq.ClientConfig{}, func(c *router.Config) { c.TTFTTimeout = time.Second }},
+		{"nats-idle-timeout", natsreq.ClientConfig{IdleTimeout: time.Second}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := natsRouter(t, natsClient(t, ns, tc.ccfg), func(c *router.Config) {
