@@ -375,3 +375,44 @@ func TestNATSUnaryClientLeaves(t *testing.T) {
 	testkit.Eventually(t, "the worker cancelled the request", func() bool { return srv.InFlight() == 0 })
 	testkit.Eventually(t, "the engine dropped the request", func() bool { return simGauge(t, sim, "vllm:num_requests_running") == 0 })
 }
+
+// TestNATSOutage: with the NATS server stopped (SIGSTOP), requests for the
+// NATS worker fail over to the HTTP worker after the first-byte deadline
+// and every client is answered; a fleet of NATS workers only answers 504;
+// once the server resumes the NATS worker serves again, without a restart.
+func TestNATSOutage(t *testing.T) {
+	ns := natstest.Start(t)
+	httpRec := simRecord(startSim(t, nil))
+	natsRec, _ := natsWorker(t, ns, startSim(t, nil), 0)
+	c := natsClient(t, ns, natsreq.ClientConfig{})
+	set := func(c *router.Config) { c.TTFTTimeout = time.Second; c.BreakerThreshold = 100 }
+	tr := natsRouter(t, c, set, httpRec, natsRec)
+	only := natsRouter(t, c, set, natsRec)
+
+	ns.Pause()
+	for i := range 4 {
+		resp, body := tr.chat(t, "sim-model")
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Infera-Worker") != httpRec.WorkerID {
+			t.Fatalf("chat %d during the outage: %d %q %s", i, resp.StatusCode, resp.Header.Get("X-Infera-Worker"), body)
+		}
+	}
+	resp, body := only.chat(t, "sim-model")
+	wantError(t, resp, body, http.StatusGatewayTimeout, "upstream_timeout")
+	ns.Resume()
+
+	testkit.Eventually(t, "the NATS worker serves again", func() bool {
+		resp, _ := only.chat(t, "sim-model")
+		return resp.StatusCode == http.StatusOK
+	})
+	seen := map[string]int{}
+	for range 4 {
+		resp, body := tr.chat(t, "sim-model")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("after the outage: %d %s", resp.StatusCode, body)
+		}
+		seen[resp.Header.Get("X-Infera-Worker")]++
+	}
+	if seen[natsRec.WorkerID] == 0 || seen[httpRec.WorkerID] == 0 {
+		t.Fatalf("after the outage, requests by worker %v", seen)
+	}
+}
