@@ -29,6 +29,7 @@ type attempt struct {
 	hintBuf, hintTmp []byte
 	ticket           Ticket
 	probe            bool      // the ticket's worker admitted this attempt as its breaker probe
+	nats             bool      // a PD leg that travels over NATS (natsleg.go, pdOverNATS)
 	start            time.Time // when the worker was picked
 	deadline         time.Time // of the exchange (do): first byte, or the request's
 
@@ -310,7 +311,7 @@ func (a *attempt) exchange(req *fasthttp.Request, deadline time.Time, stream boo
 	if a.x == nil {
 		a.x = new(upstream.Exchange) // a leg run without beginExchange
 	}
-	if a.rel.pd == nil && a.rel.r.overNATS(a.ticket.Worker) {
+	if a.nats || (a.rel.pd == nil && a.rel.r.overNATS(a.ticket.Worker)) {
 		return a.exchangeNATS(req, deadline, stream) // natsleg.go
 	}
 	resp := fasthttp.AcquireResponse()

@@ -31,7 +31,11 @@ import (
 // classified as HTTP ones (timeouts as timeouts, error frames as upstream
 // errors), so failover moves the request to another worker.
 //
-// Disaggregated legs stay on HTTP (the record's URL is the engine's).
+// A disaggregated pair goes over NATS only when its protocol is
+// concurrent and both workers take NATS (pdOverNATS); serial-pull
+// protocols stay on HTTP, as the reference does (the record's URL is the
+// engine's). Both legs' backlogs are checked first: either full is 429
+// with the PD body, no retry.
 //
 // With --nats-req-max-pending a worker whose JetStream backlog reached it
 // is skipped at pick (backlogged); when every untried candidate is, the
@@ -85,8 +89,12 @@ func (r *Router) backlogged(w *Worker) bool {
 // errBacklog: every untried candidate's backlog is over the limit.
 var errBacklog = errors.New("router: worker request backlog over limit")
 
-// backlogError is errBacklog naming the last worker refused.
-type backlogError struct{ worker string }
+// backlogError is errBacklog naming the last worker refused (pd: a leg
+// of a disaggregated pair).
+type backlogError struct {
+	worker string
+	pd     bool
+}
 
 func (e *backlogError) Error() string {
 	return "router: worker " + e.worker + " request backlog over limit"
@@ -100,7 +108,11 @@ func (rel *relay) failBacklog(be *backlogError) {
 	ctx.Response.Header.Set("Retry-After", natsreq.RetryAfter)
 	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
 	ctx.SetContentType("application/json")
-	ctx.Response.SetBodyRaw(natsreq.AppendBacklogBody(ctx.Response.Body()[:0], be.worker))
+	if be.pd {
+		ctx.Response.SetBodyString(natsreq.PDBacklogBody)
+	} else {
+		ctx.Response.SetBodyRaw(natsreq.AppendBacklogBody(ctx.Response.Body()[:0], be.worker))
+	}
 	rel.r.metrics.rejected[rejected429].Inc()
 	rel.r.finish(rel, outcomeTooManyRequests, fasthttp.StatusTooManyRequests)
 }
@@ -283,4 +295,22 @@ func natsHeaders(req *fasthttp.Request) map[string]string {
 		h[string(k)] = string(v)
 	}
 	return h
+}
+
+// pdOverNATS decides, once a pair and its protocol are known, whether its
+// legs travel over NATS: a concurrent protocol with both workers on NATS.
+// Either worker's backlog at the limit refuses the request (no retry).
+func (rel *relay) pdOverNATS() error {
+	pd, r := rel.pd, rel.r
+	p, d := pd.pre.ticket.Worker, rel.att.ticket.Worker
+	if pd.proto.topology != pdConcurrent || !r.overNATS(p) || !r.overNATS(d) {
+		return nil
+	}
+	for _, w := range [...]*Worker{p, d} {
+		if r.backlogged(w) {
+			return &backlogError{worker: w.id, pd: true}
+		}
+	}
+	pd.pre.nats, rel.att.nats = true, true
+	return nil
 }

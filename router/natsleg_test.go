@@ -416,3 +416,90 @@ func TestNATSOutage(t *testing.T) {
 		t.Fatalf("after the outage, requests by worker %v", seen)
 	}
 }
+
+// TestNATSPD: a pair of a concurrent protocol whose workers both take NATS
+// exchanges both legs over NATS (the prefill's envelope never streams); a
+// serial protocol's pair stays on HTTP, as the reference's.
+func TestNATSPD(t *testing.T) {
+	ns := natstest.Start(t)
+	mon := natsConn(t, ns)
+	type seen struct {
+		subject string
+		stream  bool
+	}
+	envs := make(chan seen, 64)
+	if _, err := mon.Subscribe(natsreq.SubjectPrefix+".>", func(m *nats.Msg) {
+		e, err := natsreq.ParseEnvelope(m.Data)
+		if err != nil {
+			t.Errorf("envelope %q: %v", m.Data, err)
+		}
+		envs <- seen{m.Subject, e.Stream}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mon.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c := natsClient(t, ns, natsreq.ClientConfig{})
+	for _, proto := range []string{discovery.ProtocolSGLangBootstrap, discovery.ProtocolVLLMMooncake, discovery.ProtocolVLLMNixl} {
+		t.Run(proto, func(t *testing.T) {
+			p := startPDSim(t, "prefill", proto, nil)
+			d := startPDSim(t, "decode", proto, nil)
+			recs := []discovery.Record{p.record(discovery.DisaggPrefill, proto), d.record(discovery.DisaggDecode, proto)}
+			for i := range recs {
+				recs[i].RequestTransport = config.RequestTransportNATS
+				srv, err := natsreq.NewServer(natsreq.ServerConfig{WorkerID: recs[i].WorkerID, EngineURL: recs[i].URL}, natsConn(t, ns), zerolog.Nop())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := srv.Start(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { srv.Stop(0) })
+			}
+			cfg := withConfig(func(c *router.Config) { c.PDPrefillTimeout = 5 * time.Second; c.TTFTTimeout = 10 * time.Second })
+			cfg.NATSRequests = c
+			tr := startRouter(t, &router.RoundRobin{}, cfg, recs...)
+			for _, stream := range []bool{false, true} {
+				body := pdChat
+				if stream {
+					body = pdStreamChat(pdChat)
+				}
+				resp, out := tr.do(t, http.MethodPost, "/v1/chat/completions", body)
+				if resp.StatusCode != http.StatusOK || strings.Contains(string(out), `"error"`) || resp.Header.Get("X-Infera-PD") != "disaggregated" {
+					t.Fatalf("stream %v: %d %s (prefill got %v, decode got %v)", stream, resp.StatusCode, out, p.got(t), d.got(t))
+				}
+				if stream && !strings.Contains(string(out), "data: [DONE]") {
+					t.Fatalf("stream without its end: %s", out)
+				}
+				if proto == discovery.ProtocolVLLMNixl {
+					continue
+				}
+				got := map[string]bool{}
+				for range 2 {
+					select {
+					case e := <-envs:
+						got[e.subject] = e.stream
+					case <-time.After(10 * time.Second):
+						t.Fatalf("stream %v: envelopes %v, want both legs'", stream, got)
+					}
+				}
+				ps, pok := got[natsreq.Subject(recs[0].WorkerID)]
+				ds, dok := got[natsreq.Subject(recs[1].WorkerID)]
+				if !pok || !dok || ps || ds != stream {
+					t.Fatalf("stream %v: envelopes by subject %v", stream, got)
+				}
+			}
+			if proto == discovery.ProtocolVLLMNixl {
+				select {
+				case e := <-envs:
+					t.Fatalf("a serial protocol's leg over NATS: %v", e)
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+			if len(p.got(t)) != 2 || len(d.got(t)) != 2 {
+				t.Fatalf("prefill got %d, decode %d", len(p.got(t)), len(d.got(t)))
+			}
+		})
+	}
+}

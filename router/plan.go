@@ -101,6 +101,10 @@ func (rel *relay) giveUp(err error) {
 	if errors.Is(err, errNoRetry) {
 		err = rel.lastErr
 	}
+	if be := (*backlogError)(nil); errors.As(err, &be) {
+		rel.failBacklog(be) // natsleg.go
+		return
+	}
 	if rel.pd != nil {
 		rel.pdFail(err)
 		return

@@ -260,11 +260,7 @@ func (rel *relay) fail(err error) {
 	if r.cfg.LogPrompts {
 		r.log.Debug().Bytes("request_id", rel.id).Bytes("body", rel.body).Msg("failed request")
 	}
-	var be *backlogError
 	switch {
-	case errors.As(err, &be):
-		rel.failBacklog(be) // natsleg.go
-		return
 	case errors.Is(err, ErrSaturated):
 		ctx.Response.Header.Set("Retry-After", itoa(retryAfterSeconds(r.cfg.QueueTimeout)))
 		werr(ctx, fasthttp.StatusTooManyRequests, "every worker serving model `"+rel.model.Model+"` is at its in-flight limit; retry later", openai.TypeServer, "too_many_requests")
