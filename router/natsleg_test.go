@@ -503,3 +503,44 @@ func TestNATSPD(t *testing.T) {
 		})
 	}
 }
+
+// TestNATSPDBacklog: a pair over NATS whose decode worker's backlog is at
+// the limit is refused with 429 and the reference's PD body, no retry;
+// the accepted request completes.
+func TestNATSPDBacklog(t *testing.T) {
+	ns := natstest.Start(t)
+	proto := discovery.ProtocolSGLangBootstrap
+	p := startPDSim(t, "prefill", proto, nil)
+	d := startPDSim(t, "decode", proto, func(c *config.Sim) { c.TimeScale = 1; c.DecodeMsPerToken = 20 })
+	recs := []discovery.Record{p.record(discovery.DisaggPrefill, proto), d.record(discovery.DisaggDecode, proto)}
+	for i := range recs {
+		recs[i].RequestTransport = config.RequestTransportNATS
+		srv, err := natsreq.NewServer(natsreq.ServerConfig{WorkerID: recs[i].WorkerID, EngineURL: recs[i].URL, MaxPending: 1}, natsConn(t, ns), zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Stop(0) })
+	}
+	cfg := withConfig(func(c *router.Config) { c.PDPrefillTimeout = 5 * time.Second })
+	cfg.NATSRequests = natsClient(t, ns, natsreq.ClientConfig{MaxPending: 1})
+	tr := startRouter(t, &router.RoundRobin{}, cfg, recs...)
+
+	resp, r := tr.stream(t, strings.Replace(pdStreamChat(pdChat), `"max_tokens":5`, `"max_tokens":100`, 1))
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("first: %d", resp.StatusCode)
+	}
+	readEvent(t, r)
+	time.Sleep(250 * time.Millisecond) // past the backlog cache
+	resp2, body := tr.do(t, http.MethodPost, "/v1/chat/completions", pdChat)
+	if resp2.StatusCode != http.StatusTooManyRequests || resp2.Header.Get("Retry-After") != "1" || string(body) != natsreq.PDBacklogBody {
+		t.Fatalf("over the backlog: %d %q %s", resp2.StatusCode, resp2.Header.Get("Retry-After"), body)
+	}
+	data := readSSE(t, r)
+	if len(data) == 0 || data[len(data)-1] != "[DONE]" {
+		t.Fatalf("the accepted stream did not complete: %q", data)
+	}
+}
