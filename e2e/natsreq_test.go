@@ -194,3 +194,36 @@ func TestRequestsOverNATSMixedFleet(t *testing.T) {
 	}
 	testkit.Eventually(t, "one envelope per request to the NATS worker", func() bool { return mon.requests.Load() == int64(seen[idNATS]) })
 }
+
+// TestPDOverNATSEndToEnd (issue 33, acceptance 1, PD): serve and a PD pair
+// of workers with --request-transport nats, for the concurrent protocols
+// (sglang-bootstrap, vllm-mooncake): unary and streamed answers, both legs
+// as envelopes on the workers' request subjects, the bodies as the
+// protocol shapes them, the decode verifying the prefill's KV.
+func TestPDOverNATSEndToEnd(t *testing.T) {
+	for _, proto := range pdProtos {
+		if proto.name != "sglang-bootstrap" && proto.name != "vllm-mooncake" {
+			continue
+		}
+		t.Run(proto.name, func(t *testing.T) {
+			ns := natstest.Start(t)
+			mon := monitorNATS(t, ns.URL())
+			natsFlags := []string{"--request-transport", "nats", "--nats-server", ns.URL()}
+			f := startServe(t, natsFlags...)
+			p1 := f.startPDWorkerFlags(t, proto, "prefill", proto.engine+"-nats-p1", natsFlags)
+			d1 := f.startPDWorkerFlags(t, proto, "decode", proto.engine+"-nats-d1", natsFlags)
+			status, ph, dh, body := pdDoProto(t, f, proto, "explain disaggregated prefill and decode", false, 6)
+			if status != 200 || ph != p1.id || dh != d1.id || strings.Contains(body, `"error"`) {
+				t.Fatalf("unary: %d via %s/%s: %s", status, ph, dh, body)
+			}
+			checkLegs(t, proto.name, []*pdWorker{p1}, d1, false)
+			status, _, _, body = pdDoProto(t, f, proto, "explain disaggregated prefill and decode", true, 6)
+			if status != 200 || !strings.HasSuffix(strings.TrimSpace(body), "data: [DONE]") || strings.Contains(body, `"error"`) {
+				t.Fatalf("stream: %d %s", status, body)
+			}
+			checkLegs(t, proto.name, []*pdWorker{p1}, d1, true)
+			checkVerified(t, d1)
+			testkit.Eventually(t, "both legs of both requests over NATS", func() bool { return mon.requests.Load() == 4 })
+		})
+	}
+}
