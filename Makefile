@@ -80,7 +80,7 @@ sdks: ## install the pinned official Node SDKs (openai, @anthropic-ai/sdk) the e
 run: build ## local fleet: infera serve (embedded etcd) + two simulated workers; Ctrl-C stops all
 	bash scripts/run-local.sh
 
-run-nats: build ## local fleet on NATS: nats-server (JetStream) + serve (kv-aware, KV events over NATS) + two simulated workers
+run-nats: build ## local fleet on NATS: nats-server (JetStream) + serve (kv-aware, KV events and requests over NATS) + two simulated workers
 	INFERA_RUN_NATS=1 bash scripts/run-local.sh
 
 clean:

@@ -20,6 +20,8 @@ func TestNATSRefusedAtStartup(t *testing.T) {
 		{"infera", "serve", "--listen", "127.0.0.1:0", "--router-policy", "kv-aware", "--tokenizer", "bytes",
 			"--kv-event-transport", "nats", "--nats-server", url,
 			"--embedded-etcd-listen", "127.0.0.1:" + strconv.Itoa(natstest.FreePort(t)), "--embedded-etcd-dir", filepath.Join(t.TempDir(), "etcd")},
+		{"infera", "serve", "--listen", "127.0.0.1:0", "--request-transport", "nats", "--nats-server", url,
+			"--embedded-etcd-listen", "127.0.0.1:" + strconv.Itoa(natstest.FreePort(t)), "--embedded-etcd-dir", filepath.Join(t.TempDir(), "etcd")},
 		{"infera", "worker", "--engine", "sim", "--request-transport", "nats", "--nats-server", url,
 			"--etcd-endpoints", "http://127.0.0.1:" + strconv.Itoa(natstest.FreePort(t)), "--", "--model", "m"},
 	} {

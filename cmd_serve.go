@@ -118,6 +118,9 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 	}
 	rcfg := router.ServeConfig(cfg)
 	rcfg.Tracer = tracer
+	if rcfg.NATSRequests, err = startNATSRequests(cfg, log, &started); err != nil {
+		return err
+	}
 	rt, err := router.New(rcfg, policy, log)
 	if err != nil {
 		return fmt.Errorf("build router: %w", err)

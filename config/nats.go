@@ -91,13 +91,25 @@ type NATSRequests struct {
 	MaxPending  int           // --nats-req-max-pending: > 0 = JetStream admission
 }
 
-// Flags returns the request transport flags.
+// Flags returns the worker's request transport flags.
 func (r *NATSRequests) Flags() []cli.Flag {
+	return r.flags("how the router reaches this worker: http, or nats (the worker takes requests on infera.req.<token> and proxies them to its engine; the record says request_transport nats)",
+		"so that routers refuse it once its backlog reaches this many (must match the routers')")
+}
+
+// ServeFlags returns the router's request transport flags: the same names,
+// variables and defaults as the worker's.
+func (r *NATSRequests) ServeFlags() []cli.Flag {
+	return r.flags("how the router reaches workers: http, or nats (the router connects to --nats-server at start-up, a refusal is fatal, and sends requests over NATS to the workers whose record says request_transport nats; the others stay on HTTP)",
+		"so that a worker whose backlog (its durable consumer's pending and unacknowledged requests, read at most every 200ms) reaches this many gets no more requests; when every candidate is full the client gets 429 with Retry-After: 1 (must match the workers')")
+}
+
+func (r *NATSRequests) flags(transport, pending string) []cli.Flag {
 	return []cli.Flag{
-		String("request-transport", "how the router reaches this worker: http, or nats (the worker takes requests on infera.req.<token> and proxies them to its engine; the record says request_transport nats)", &r.Transport, RequestTransportHTTP),
-		Duration("nats-req-idle-timeout", "requests over NATS: longest wait for the engine's next bytes, reset per chunk (0 = none)", &r.IdleTimeout, 900*time.Second),
+		String("request-transport", transport, &r.Transport, RequestTransportHTTP),
+		Duration("nats-req-idle-timeout", "requests over NATS: longest wait for the next bytes of an answer, reset per chunk (0 = none)", &r.IdleTimeout, 900*time.Second),
 		Duration("nats-req-max-duration", "requests over NATS: longest whole request (0 = none)", &r.MaxDuration, 0),
-		Int("nats-req-max-pending", "requests over NATS: > 0 takes them from the INFERA_REQUESTS JetStream work queue through this worker's durable consumer, so that routers refuse it once its backlog reaches this many (must match the routers')", &r.MaxPending, 0),
+		Int("nats-req-max-pending", "requests over NATS: > 0 sends them through the INFERA_REQUESTS JetStream work queue, one durable consumer per worker, "+pending, &r.MaxPending, 0),
 	}
 }
 

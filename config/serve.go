@@ -154,6 +154,9 @@ type Serve struct {
 
 	// KV is the kv-aware policy's configuration.
 	KV ServeKV
+	// Requests: --request-transport and the nats-req-* settings (the
+	// server is KV.NATS's).
+	Requests NATSRequests
 
 	// Infera's --host/--port, folded into Listen by Finish.
 	inferaHost string
@@ -414,7 +417,7 @@ func (s *Serve) Flags() []cli.Flag {
 		String("kvd-socket", "Unix socket of infera kvd: enables POST /v1/cache/prewarm (model, block_hashes as 16-hex-digit kvd keys, compat_key, deadline_ms), forwarded to kvd as a prefetch_hint (empty = the route answers 503)", &s.KVDSocket, ""),
 		String("embedded-etcd-listen", "client host:port of the embedded etcd started when no --etcd-endpoints are given", &s.EmbeddedEtcdListen, "127.0.0.1:2379"),
 		String("embedded-etcd-dir", "data directory of the embedded etcd", &s.EmbeddedEtcdDir, filepath.Join(DefaultStateDir(), "etcd")),
-	), append(s.KV.flags(), serveInferaFlags(&s.inferaHost, &s.inferaPort)...)...))
+	), append(append(s.KV.flags(), s.Requests.ServeFlags()...), serveInferaFlags(&s.inferaHost, &s.inferaPort)...)...))
 }
 
 // Finish copies slice flags out of the parsed command line.
@@ -488,6 +491,7 @@ func (s *Serve) Validate() error {
 	s.validateResilience(&p)
 	s.validateSecurity(&p)
 	s.KV.validate(&p)
+	s.Requests.Validate(&p)
 	if len(s.Etcd.Endpoints) == 0 {
 		// Only then is the embedded etcd started.
 		if err := serveCheckListen(s.EmbeddedEtcdListen); err != "" {

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -161,5 +162,34 @@ func TestServeEnableProfiling(t *testing.T) {
 	bare := parseServe(t)
 	if err := bare.Validate(); err == nil || !strings.Contains(err.Error(), "--enable-profiling needs --admin-listen") {
 		t.Fatalf("profiling without --admin-listen: %v", err)
+	}
+}
+
+// TestServeRequestTransport: serve's --request-transport and nats-req-*
+// flags share the worker's names, variables and defaults.
+func TestServeRequestTransport(t *testing.T) {
+	s := parseServe(t)
+	if r := s.Requests; r.Transport != config.RequestTransportHTTP || r.IdleTimeout != 900*time.Second || r.MaxDuration != 0 || r.MaxPending != 0 {
+		t.Fatalf("defaults %+v", r)
+	}
+	t.Setenv("INFERA_NATS_REQ_MAX_PENDING", "8")
+	t.Setenv("INFERA_NATS_REQ_IDLE_TIMEOUT", "0")
+	t.Setenv("NATS_SERVER", "nats://10.0.0.1:4222")
+	s = parseServe(t, "--request-transport", "nats", "--nats-req-max-duration", "1h")
+	s.KnownPolicies = []string{"round-robin"}
+	if r := s.Requests; r.Transport != config.RequestTransportNATS || r.IdleTimeout != 0 || r.MaxDuration != time.Hour || r.MaxPending != 8 ||
+		s.KV.NATS.URL != "nats://10.0.0.1:4222" {
+		t.Fatalf("flags and variables: %+v %q", r, s.KV.NATS.URL)
+	}
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s = parseServe(t, "--request-transport", "grpc", "--nats-req-max-pending", "-1")
+	s.KnownPolicies = []string{"round-robin"}
+	err := s.Validate()
+	for _, want := range []string{"--request-transport \"grpc\"", "--nats-req-max-pending"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate error lacks %s: %v", want, err)
+		}
 	}
 }

@@ -103,6 +103,12 @@ type pdWorker struct {
 // settings (fault injection).
 func (f *fleet) startPDWorker(t *testing.T, proto pdProto, role, name string, env ...string) *pdWorker {
 	t.Helper()
+	return f.startPDWorkerFlags(t, proto, role, name, nil, env...)
+}
+
+// startPDWorkerFlags is startPDWorker with extra worker flags.
+func (f *fleet) startPDWorkerFlags(t *testing.T, proto pdProto, role, name string, flags []string, env ...string) *pdWorker {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".jsonl")
 	e := append(shimEnv(t), "INFERA_RECORD_REQUESTS="+logPath, "INFERA_TIME_SCALE=0.05", "INFERA_PD_KV_TIMEOUT=20s")
 	if proto.env != nil {
@@ -111,8 +117,8 @@ func (f *fleet) startPDWorker(t *testing.T, proto pdProto, role, name string, en
 	e = append(e, env...)
 	args := []string{"worker", "--engine", proto.engine, "--etcd-endpoints", f.etcd,
 		"--advertise-host", "127.0.0.1", "--lease-ttl", "5s", "--keepalive-interval", "1s",
-		"--drain-timeout", "10s", "--stop-grace", "5s", "--disaggregation-allow-tcp", "--"}
-	args = append(args, proto.args(t, role)...)
+		"--drain-timeout", "10s", "--stop-grace", "5s", "--disaggregation-allow-tcp"}
+	args = append(append(append(args, flags...), "--"), proto.args(t, role)...)
 	p := startEnv(t, name, e, args...)
 	id, _ := p.waitLog("worker registered", 60*time.Second)["worker_id"].(string)
 	if id == "" {

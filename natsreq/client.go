@@ -155,6 +155,7 @@ type Exchange struct {
 	ch       chan *nats.Msg
 	ctx      context.Context
 	start    time.Time
+	last     time.Time // the last frame's arrival (zero: none yet)
 	finished bool
 	closed   bool
 }
@@ -196,13 +197,25 @@ func (x *Exchange) Inbox() string { return x.inbox }
 // frame is returned as the frame and as ErrWorker (ErrDraining for a
 // worker's hand-back). Deadlines and ctx end it with ErrIdleTimeout,
 // ErrTotalTimeout or ctx's error.
-func (x *Exchange) Next() (Frame, error) {
+func (x *Exchange) Next() (Frame, error) { return x.NextBefore(nil) }
+
+// ErrNoFrameYet is NextBefore's answer when wake came first; the exchange
+// goes on.
+var ErrNoFrameYet = errors.New("natsreq: no frame yet")
+
+// NextBefore is Next, except that it returns ErrNoFrameYet when wake fires
+// first (nil: never), leaving the exchange as it was: the caller's own
+// deadlines and heartbeats. The idle deadline runs from the last frame.
+func (x *Exchange) NextBefore(wake <-chan time.Time) (Frame, error) {
 	if x.finished {
 		return Frame{}, fmt.Errorf("%w: exchange finished", ErrTransport)
 	}
+	if x.last.IsZero() {
+		x.last = x.start
+	}
 	var idle, total <-chan time.Time
 	if d := x.c.cfg.IdleTimeout; d > 0 {
-		t := time.NewTimer(d)
+		t := time.NewTimer(time.Until(x.last.Add(d)))
 		defer t.Stop()
 		idle = t.C
 	}
@@ -213,6 +226,7 @@ func (x *Exchange) Next() (Frame, error) {
 	}
 	select {
 	case m := <-x.ch:
+		x.last = time.Now()
 		f, err := ParseFrame(m.Header, m.Data)
 		if err != nil {
 			return f, err
@@ -228,6 +242,8 @@ func (x *Exchange) Next() (Frame, error) {
 			return f, fmt.Errorf("%w: %s", ErrWorker, f.Data)
 		}
 		return f, nil
+	case <-wake:
+		return Frame{}, ErrNoFrameYet
 	case <-idle:
 		return Frame{}, fmt.Errorf("%w: nats request stalled: no reply within %.0fs (idle timeout)", ErrIdleTimeout, x.c.cfg.IdleTimeout.Seconds())
 	case <-total:

@@ -25,7 +25,9 @@
 //   - Client (router side): Admit (num_pending + num_ack_pending of the
 //     worker's consumer, cached 200 ms, unreadable = admit) and Exchange
 //     (fresh inbox, publish, frames back through Next under the idle and
-//     total deadlines and the caller's context; Close without done
+//     total deadlines and the caller's context, or NextBefore, which also
+//     returns at the caller's own wake-up and leaves the exchange going,
+//     the idle deadline running from the last frame; Close without done
 //     publishes the inbox to the cancel subject 3 times, 1 s apart); the
 //     timeouts' texts and the 429 bodies (AppendBacklogBody,
 //     PDBacklogBody, Retry-After: 1) are the reference's.

@@ -250,3 +250,54 @@ func TestAdmissionAndDrain(t *testing.T) {
 		t.Fatalf("durable consumer after drain: %v", err)
 	}
 }
+
+// TestExchangeNextBefore: the caller's wake-up returns ErrNoFrameYet and
+// leaves the exchange going (its frames still arrive); the idle deadline
+// runs from the last frame, not from each wait.
+func TestExchangeNextBefore(t *testing.T) {
+	ns := natstest.Start(t)
+	p := start(t, ns, startSim(t, func(c *config.Sim) { c.HangBeforeFirstToken = 1 }),
+		natsreq.ServerConfig{}, natsreq.ClientConfig{IdleTimeout: 600 * time.Millisecond})
+	x, err := p.cli.Exchange(t.Context(), workerID, chat(true, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	t0 := time.Now()
+	woke := 0
+	for {
+		_, err := x.NextBefore(time.After(50 * time.Millisecond))
+		if errors.Is(err, natsreq.ErrNoFrameYet) {
+			woke++
+			continue
+		}
+		if !errors.Is(err, natsreq.ErrIdleTimeout) || woke < 3 || time.Since(t0) < 550*time.Millisecond {
+			t.Fatalf("after %d wake-ups and %v: %v", woke, time.Since(t0), err)
+		}
+		break
+	}
+
+	q := start(t, natstest.Start(t), startSim(t, nil), natsreq.ServerConfig{}, natsreq.ClientConfig{})
+	x, err = q.cli.Exchange(t.Context(), workerID, chat(true, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	var out []byte
+	for {
+		f, err := x.NextBefore(time.After(time.Millisecond))
+		if errors.Is(err, natsreq.ErrNoFrameYet) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("frame: %v", err)
+		}
+		if f.Type == natsreq.TypeDone {
+			break
+		}
+		out = append(out, f.Data...)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(string(out)), "data: [DONE]") {
+		t.Fatalf("stream through wake-ups: %q", out)
+	}
+}

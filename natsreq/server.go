@@ -132,8 +132,20 @@ func (s *Server) Start(ctx context.Context) error {
 	} else {
 		s.sub, err = s.nc.Subscribe(subject, func(m *nats.Msg) { s.onRequest(m.Reply, m.Data, nil) })
 	}
+	if err == nil {
+		// The subscriptions are live on the server before Start returns
+		// (and the worker registers): a router's first request must not
+		// find nobody subscribed.
+		err = s.nc.FlushTimeout(5 * time.Second)
+	}
 	if err != nil {
 		_ = s.cancelSub.Unsubscribe()
+		if s.sub != nil {
+			_ = s.sub.Unsubscribe()
+		}
+		if s.cc != nil {
+			s.cc.Stop()
+		}
 		return fmt.Errorf("natsreq: take requests on %s: %w", subject, err)
 	}
 	s.log.Info().Str("subject", subject).Str("engine", s.cfg.EngineURL).Int("max_pending", s.cfg.MaxPending).

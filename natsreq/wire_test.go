@@ -122,3 +122,43 @@ func TestBacklogBodies(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// FuzzParseFrame: a reply frame from a worker (outside input) is data,
+// done with a status from 100 to 999, or error, else ErrTransport; its
+// payload is passed on as it came.
+func FuzzParseFrame(f *testing.F) {
+	f.Add("", "", []byte("data: {}\n\n"))
+	f.Add("done", "200", []byte(nil))
+	f.Add("done", "", []byte(nil))
+	f.Add("done", "99", []byte(nil))
+	f.Add("error", "", []byte("infera: worker draining"))
+	f.Add("bogus", "1e3", []byte("x"))
+	f.Fuzz(func(t *testing.T, typ, status string, data []byte) {
+		h := nats.Header{}
+		if typ != "" {
+			h.Set(natsreq.HeaderType, typ)
+		}
+		if status != "" {
+			h.Set(natsreq.HeaderStatus, status)
+		}
+		fr, err := natsreq.ParseFrame(h, data)
+		if err != nil {
+			if !errors.Is(err, natsreq.ErrTransport) {
+				t.Fatalf("unwrapped %v", err)
+			}
+			return
+		}
+		switch fr.Type {
+		case natsreq.TypeData, natsreq.TypeError:
+		case natsreq.TypeDone:
+			if fr.Status < 100 || fr.Status > 999 {
+				t.Fatalf("done with status %d", fr.Status)
+			}
+		default:
+			t.Fatalf("frame type %q", fr.Type)
+		}
+		if string(fr.Data) != string(data) {
+			t.Fatalf("payload changed")
+		}
+	})
+}

@@ -32,6 +32,7 @@ type attempt struct {
 	hintBuf, hintTmp []byte
 	ticket           Ticket
 	probe            bool      // the ticket's worker admitted this attempt as its breaker probe
+	nats             bool      // a PD leg that travels over NATS (natsleg.go, pdOverNATS)
 	start            time.Time // when the worker was picked
 	deadline         time.Time // of the exchange (do): first byte, or the request's
 
@@ -130,13 +131,18 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 		now := r.cfg.Now()
 		nowNano := time.Now().UnixNano()
 		cands := rel.sub.Workers[:0]
-		untried, open := 0, 0
+		untried, open, backlogged := 0, 0, 0
+		var full *Worker
 		for _, w := range c.Workers {
 			if slices.Contains(rel.tried, w) {
 				continue
 			}
 			untried++
 			if r.admit.saturated(w) {
+				continue
+			}
+			if r.backlogged(w) { // natsleg.go
+				backlogged, full = backlogged+1, w
 				continue
 			}
 			if !w.breaker.available(now) || r.skipStalled(w, nowNano) {
@@ -147,9 +153,12 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 			}
 			cands = append(cands, w)
 		}
+		if len(cands) == 0 && backlogged == untried && full != nil {
+			return &backlogError{worker: full.id}
+		}
 		if len(cands) == 0 && open > 0 {
 			for _, w := range c.Workers {
-				if !slices.Contains(rel.tried, w) && !r.admit.saturated(w) {
+				if !slices.Contains(rel.tried, w) && !r.admit.saturated(w) && !r.backlogged(w) {
 					cands = append(cands, w)
 				}
 			}
@@ -314,6 +323,9 @@ func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
 func (a *attempt) exchange(req *fasthttp.Request, deadline time.Time, stream bool, owner upstream.Owner) (*fasthttp.Response, error) {
 	if a.x == nil {
 		a.x = new(upstream.Exchange) // a leg run without beginExchange
+	}
+	if a.nats || (a.rel.pd == nil && a.rel.r.overNATS(a.ticket.Worker)) {
+		return a.exchangeNATS(req, deadline, stream) // natsleg.go
 	}
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = stream

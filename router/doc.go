@@ -70,7 +70,13 @@
 // ticket, admission slot and breaker probe from begin until endAttempt, the
 // one place an attempt ends and its outcome is recorded; each exchanges its
 // request as an upstream.Exchange on a pooled connection it holds, so that
-// it can be aborted at any moment. The streamed answer lives in stream.go.
+// it can be aborted at any moment. A worker that takes its requests over
+// NATS (its record says so, and Config.NATSRequests is set) gets the same
+// attempt with a NATS leg held by its exchange (natsleg.go): the frames are
+// shaped as an HTTP answer, timeouts and error frames fail over as HTTP
+// failures do, aborting or releasing it cancels the worker's request, and
+// a worker whose JetStream backlog is full is skipped at pick (all full:
+// 429). The streamed answer lives in stream.go.
 // docs/architecture.md ("Request path") walks it with file references.
 //
 // # Failover

@@ -63,7 +63,8 @@ type view struct {
 	models   map[string]*Candidates
 	workers  []*Worker
 	active   int
-	routable int // active mixed workers: candidates of whole requests (/ready)
+	routable int  // active mixed workers: candidates of whole requests (/ready)
+	nats     bool // the router sends requests over NATS (natsleg.go)
 
 	// modelNames lists the models with active candidates, sorted, for
 	// GET /v1/models (rendered per request: created is the request time).
@@ -135,10 +136,10 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 		}
 		// Only mixed workers take whole requests; prefill/decode workers
 		// are paired by the PD path (pd.go).
-		if reason := rec.Unroutable(); reason != "" {
+		if reason := r.unroutable(&rec); reason != "" {
 			unroutable[reason]++
 		}
-		if !rec.Active() {
+		if !r.active(&rec) {
 			continue
 		}
 		// Infera counts every active worker, whatever its role, in
@@ -179,7 +180,7 @@ func (r *Router) UpdateFleet(snap *discovery.Snapshot) {
 	}
 	r.workers = next
 
-	v := &view{revision: snap.Revision, models: models, workers: all, active: active, routable: routable}
+	v := &view{revision: snap.Revision, models: models, workers: all, active: active, routable: routable, nats: r.cfg.NATSRequests != nil}
 	v.render()
 	r.view.Store(v)
 	r.metrics.setFleet(byMode, unroutable)
@@ -329,7 +330,7 @@ func (v *view) render() {
 	v.workerObjs = make([][]byte, len(v.workers))
 	for i, w := range v.workers {
 		rec := w.Record()
-		data, err := json.Marshal(listedWorker{Record: rec, Unroutable: rec.Unroutable()})
+		data, err := json.Marshal(listedWorker{Record: rec, Unroutable: unroutable(rec, v.nats)})
 		if err != nil || len(data) < 2 || data[len(data)-1] != '}' {
 			// Records passed discovery's validation and encode by construction.
 			data = []byte(`{"worker_id":` + strconv.Quote(w.id) + `}`)

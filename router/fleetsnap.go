@@ -264,7 +264,7 @@ func (r *Router) sampleFleet(now time.Time) *FleetSnapshot {
 		fw := FleetWorker{
 			WorkerID: w.id, URL: w.url, Model: rec.ModelName, Engine: rec.Engine, Role: string(rec.DisaggMode),
 			DPSize: rec.EffectiveDPSize(), DPRank: rec.DPRank, Transport: rec.RequestTransport, Status: string(rec.Status),
-			Stalled: w.Stalled(), Unroutable: rec.Unroutable(), InFlight: w.InFlight(),
+			Stalled: w.Stalled(), Unroutable: r.unroutable(rec), InFlight: w.InFlight(),
 		}
 		if fw.Role == "" {
 			fw.Role = "mixed"
@@ -280,7 +280,7 @@ func (r *Router) sampleFleet(now time.Time) *FleetSnapshot {
 		switch {
 		case fw.Unroutable != "":
 			fw.State = "unroutable"
-		case !rec.Active():
+		case !r.active(rec):
 			fw.State = fw.Status
 		case fw.Stalled:
 			fw.State = "stalled"

@@ -131,6 +131,10 @@ func (rel *relay) pdTry() (bool, error) {
 		return false, err
 	}
 	pd.proto = proto
+	if err := rel.pdOverNATS(); err != nil { // natsleg.go
+		rel.endLegs(verdictNeutral)
+		return false, err
+	}
 
 	if n := r.cfg.PDMinUncachedTokens; n > 0 {
 		if unc, ok := uncachedTokens(pd.pre.ticket); ok && unc < n {

@@ -71,7 +71,7 @@ func (rel *relay) retryable(err error) bool {
 	switch {
 	case errors.Is(err, errNoRetry), errors.Is(err, errClientLeft),
 		errors.Is(err, ErrPDProtocol), errors.Is(err, ErrPDMeta),
-		errors.Is(err, ErrSaturated), errors.Is(err, errNoCandidate):
+		errors.Is(err, ErrSaturated), errors.Is(err, errNoCandidate), errors.Is(err, errBacklog):
 		return false
 	}
 	if rel.watch.gone.Load() {
@@ -109,6 +109,10 @@ func (rel *relay) giveUp(err error) {
 	}
 	if errors.Is(err, errNoRetry) {
 		err = rel.lastErr
+	}
+	if be := (*backlogError)(nil); errors.As(err, &be) {
+		rel.failBacklog(be) // natsleg.go
+		return
 	}
 	if rel.pd != nil {
 		rel.pdFail(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/lifecycle"
+	"github.com/infera/infera/natsreq"
 	"github.com/infera/infera/openai"
 	"github.com/infera/infera/router/upstream"
 	"github.com/infera/infera/tracing"
@@ -73,6 +74,10 @@ type Config struct {
 	// prefetch hints there (prewarm.go); "": the route answers 503.
 	KVDSocket string
 	Tracer    *tracing.Tracer // OpenTelemetry traces (tracing.go); nil: off
+	// NATSRequests sends requests over NATS to the workers whose record
+	// says request_transport nats (natsleg.go); nil: such workers are
+	// unroutable. Its owner closes it after Serve.
+	NATSRequests *natsreq.Client
 
 	// Now is the clock of the circuit breakers (tests)
 	Now func() time.Time

@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/infera/infera/natsreq"
 	"github.com/infera/infera/openai"
 )
 
@@ -189,7 +190,11 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		}
 		rel.closeUpstream(a)
 		a.fail(why, rerr)
-		rel.endAttempt(a, a.status, rerr, verdictFault)
+		v := verdictFault
+		if errors.Is(rerr, natsreq.ErrDraining) {
+			v = verdictNeutral // a draining worker handed the stream back: not its fault
+		}
+		rel.endAttempt(a, a.status, rerr, v)
 		// Before the first event: another worker's stream; after it: a
 		// continuation (migrate.go), when the stream may be continued.
 		if ok, _ := rel.failover(rerr); ok {

@@ -4,7 +4,8 @@
 # Ctrl-C stops every process it started. Ports: INFERA_RUN_PORT (8000) for the
 # API, INFERA_RUN_ETCD_PORT (2379) for the embedded etcd.
 # INFERA_RUN_NATS=1 (make run-nats) also starts nats-server with JetStream on
-# INFERA_RUN_NATS_PORT (4222) and carries the KV events over NATS (kv-aware).
+# INFERA_RUN_NATS_PORT (4222) and carries the KV events and the requests over
+# NATS (kv-aware), as Infera's production fleets do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${INFERA_BIN:-bin/infera}
@@ -50,8 +51,8 @@ if [ -n "$nats" ]; then
   nats-server -a 127.0.0.1 -p "$nats_port" -js -sd "$state/nats" &
   natsd=$!
   url="nats://127.0.0.1:$nats_port"
-  serve_args=(--router-policy kv-aware --tokenizer bytes --kv-event-transport nats --nats-server "$url")
-  worker_args=(--kv-event-transport nats --nats-server "$url")
+  serve_args=(--router-policy kv-aware --tokenizer bytes --kv-event-transport nats --request-transport nats --nats-server "$url")
+  worker_args=(--kv-event-transport nats --request-transport nats --nats-server "$url")
   for _ in $(seq 1 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null && break
     sleep 0.1

@@ -10,7 +10,9 @@
 // abort (a client that left, a failed prefill) cuts it at any moment. Every
 // leg — a mixed worker's unary or streamed answer, a PD prefill, a unary or
 // streamed PD decode — is one Exchange; a stream read to its end gives its
-// connection back to the pool.
+// connection back to the pool. An answer on another transport (requests
+// over NATS) is a Leg the Exchange holds (Hold): Read reads it, Abort
+// aborts it, Release ends it, as they do a connection.
 //
 // It imports nothing from the router. What a connection needs from above
 // is handed to it, never looked up: the worker's progress accounting

@@ -38,6 +38,31 @@ type Exchange struct {
 	body   io.Reader // a stream's body
 	eof    bool      // the stream was read to its end
 	closed bool      // the connection must not go back to the pool
+
+	// leg is an answer held on another transport (Hold), nil when none.
+	leg Leg
+}
+
+// Leg is an answer that travels on another transport than a pooled
+// connection (requests over NATS): an exchange that holds one (Hold) reads
+// its body from it, aborts it with Abort and ends it with Release. Abort
+// may come from any goroutine; Read and Release come from the leg's.
+type Leg interface {
+	io.Reader
+	Abort()
+	Release()
+}
+
+// Hold makes l the exchange's answer until Release; an exchange aborted
+// since Begin aborts l at once.
+func (x *Exchange) Hold(l Leg) {
+	x.mu.Lock()
+	x.leg = l
+	aborted := x.aborted
+	x.mu.Unlock()
+	if aborted {
+		l.Abort()
+	}
 }
 
 // Begin readies x for a new leg: a past abort is forgotten. It runs on the
@@ -54,10 +79,13 @@ func (x *Exchange) Begin() {
 func (x *Exchange) Abort() {
 	x.mu.Lock()
 	x.aborted = true
-	c := x.conn
+	c, l := x.conn, x.leg
 	x.mu.Unlock()
 	if c != nil {
 		_ = c.Close()
+	}
+	if l != nil {
+		l.Abort()
 	}
 }
 
@@ -153,8 +181,16 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 	return err
 }
 
-// Read reads the streamed answer's body, noting its end.
+// Read reads the streamed answer's body (or the held leg's), noting its
+// end.
 func (x *Exchange) Read(p []byte) (int, error) {
+	if x.leg != nil {
+		n, err := x.leg.Read(p)
+		if err == io.EOF {
+			x.eof = true
+		}
+		return n, err
+	}
 	if x.body == nil {
 		return 0, io.EOF
 	}
@@ -168,8 +204,17 @@ func (x *Exchange) Read(p []byte) (int, error) {
 // Release ends a streamed exchange (a no-op otherwise): the body stream is
 // closed, and the connection goes back to the pool if the stream was read
 // to its end, else it is closed (the engine learns the answer is not
-// wanted). resp is the caller's to release afterwards.
+// wanted). resp is the caller's to release afterwards. A held leg is
+// released instead.
 func (x *Exchange) Release() {
+	if x.leg != nil {
+		x.mu.Lock()
+		l := x.leg
+		x.leg = nil
+		x.mu.Unlock()
+		l.Release()
+		return
+	}
 	if x.resp == nil {
 		return
 	}
