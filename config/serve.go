@@ -23,6 +23,9 @@ type Serve struct {
 	Listen string
 	// RouterPolicy names the routing policy (see KnownPolicies).
 	RouterPolicy string
+	// RouterMode is auto (the router picks) or direct (a Gateway API
+	// Inference Extension endpoint picker names the worker in a header).
+	RouterMode string
 	// MaxBodyBytes bounds a request body; larger bodies get 413.
 	MaxBodyBytes int
 	// ClientReadTimeout bounds reading one request (headers and body) from a
@@ -373,6 +376,7 @@ func (s *Serve) Flags() []cli.Flag {
 	return withInferaAliases(append(append(flags,
 		String("listen", "host:port of the OpenAI endpoint (port 0 picks a free port; the bound address is logged)", &s.Listen, "0.0.0.0:8000"),
 		String("router-policy", "routing policy: round-robin, least-load or kv-aware", &s.RouterPolicy, "round-robin"),
+		String("router-mode", "auto (the router picks) or direct (an endpoint picker names the worker in X-Worker-Instance-Id, and the prefill worker of a PD pair in X-Prefill-Instance-Id: that worker or pair serves the request, no failover; requests without the header are routed as in auto)", &s.RouterMode, "auto"),
 		Int("max-body-bytes", "largest request body accepted; larger ones get 413", &s.MaxBodyBytes, 32<<20),
 		Duration("client-read-timeout", "longest time to read one request from a client", &s.ClientReadTimeout, 60*time.Second),
 		Duration("client-idle-timeout", "longest time a client keep-alive connection may sit idle", &s.ClientIdleTimeout, 120*time.Second),
@@ -442,6 +446,9 @@ func (s *Serve) Validate() error {
 		p.Addf("--router-policy must not be empty")
 	case len(s.KnownPolicies) > 0 && !slices.Contains(s.KnownPolicies, s.RouterPolicy):
 		p.Addf("--router-policy %q: want one of %s", s.RouterPolicy, strings.Join(s.KnownPolicies, ", "))
+	}
+	if s.RouterMode != "auto" && s.RouterMode != "direct" {
+		p.Addf("--router-mode %q: want auto or direct", s.RouterMode)
 	}
 	if s.MaxBodyBytes <= 0 {
 		p.Addf("--max-body-bytes must be positive")

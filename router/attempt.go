@@ -109,6 +109,9 @@ func (rel *relay) endAttempt(a *attempt, status int, err error, v verdict) {
 func (rel *relay) begin(a *attempt, queue bool) error {
 	r := rel.r
 	defer rel.traceBegin(a, rel.trace.now()) // tracing.go
+	if rel.direct.Present {
+		return rel.beginDirect(a, rel.direct.Worker, "X-Infera-Worker")
+	}
 	var (
 		wake     <-chan struct{}
 		timer    *time.Timer

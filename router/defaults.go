@@ -37,6 +37,7 @@ func ServeConfig(s config.Serve) Config {
 
 		MaxRetries:           s.RequestMaxRetries,
 		MigrationLimit:       s.MigrationLimit,
+		Direct:               s.RouterMode == "direct",
 		BreakerThreshold:     s.BreakerFailureThreshold,
 		BreakerCooldown:      s.BreakerCooldown,
 		BreakerMaxCool:       s.BreakerMaxCooldown,

@@ -1,6 +1,9 @@
 package router
 
 import (
+	"slices"
+	"time"
+
 	"github.com/valyala/fasthttp"
 )
 
@@ -12,14 +15,13 @@ import (
 // request is routed as usual. Nothing is written into the body (the
 // reference leaks an internal body key to engines; not copied).
 //
-// Not wired yet (router.go, relay.go, attempt.go and pd.go are being
-// reshaped): --router-mode auto|direct (INFERA_ROUTER_MODE) sets a
-// Config.Direct; proxy, after the model's candidates are found, calls
-// pickDirect when it is set, answers a Refusal with 503 (outcome
-// no_worker), sends a pick with Prefill to the PD path and one without to
-// the mixed path whatever the model's pools; begin takes the picked worker
-// (or pair) as the only candidate with no policy Pick, no breaker or stall
-// skip and no DP-rank pin; canRetry and canRetryPD answer false.
+// --router-mode direct (INFERA_ROUTER_MODE) sets Config.Direct; proxy,
+// once the model's candidates are found, calls pickDirect, answers a
+// Refusal with 503 (outcome no_worker), and sends a pick with Prefill to
+// the PD path and one without to the mixed path whatever the model's
+// pools; begin and beginLeg take the named worker as the only candidate
+// (beginDirect: no policy Pick, no breaker or stall skip, no DP-rank pin);
+// retryable answers false.
 const (
 	// HeaderDirectWorker names the worker (decode worker of a PD pair).
 	HeaderDirectWorker = "X-Worker-Instance-Id"
@@ -134,4 +136,26 @@ func pyQuote(s string) string {
 		}
 	}
 	return string(append(b, q))
+}
+
+// beginDirect starts attempt a on w, the worker the endpoint picker named
+// (hdr: the response header naming it): an admission slot (a full worker
+// is ErrSaturated: the picker chose it), the breaker's probe admission,
+// no policy pick. A worker already tried is not tried again.
+func (rel *relay) beginDirect(a *attempt, w *Worker, hdr string) error {
+	r := rel.r
+	if w == nil || slices.Contains(rel.tried, w) {
+		return errNoCandidate
+	}
+	if !r.admit.reserve(w) {
+		return ErrSaturated
+	}
+	now := r.cfg.Now()
+	body, hb, ht, x := a.body, a.hintBuf[:0], a.hintTmp[:0], a.x
+	*a = attempt{rel: rel, body: body, hintBuf: hb, hintTmp: ht, x: x, ticket: Ticket{Worker: w}, start: time.Now()}
+	a.probe = w.breaker.admit(now)
+	rel.tried = append(rel.tried, w)
+	w.picks.Inc()
+	rel.ctx.Response.Header.Set(hdr, w.id)
+	return nil
 }

@@ -562,6 +562,12 @@ func (rel *relay) pdFail(err error) {
 func (rel *relay) beginLeg(a *attempt, prefill bool) error {
 	r := rel.r
 	defer rel.traceBegin(a, rel.trace.now()) // tracing.go
+	if rel.direct.Present {
+		if prefill {
+			return rel.beginDirect(a, rel.direct.Prefill, "X-Infera-Prefill-Worker")
+		}
+		return rel.beginDirect(a, rel.direct.Worker, "X-Infera-Worker")
+	}
 	if !rel.refreshModel() {
 		return errNoCandidate
 	}

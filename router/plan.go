@@ -74,8 +74,10 @@ func (rel *relay) retryable(err error) bool {
 		errors.Is(err, ErrSaturated), errors.Is(err, errNoCandidate), errors.Is(err, errBacklog):
 		return false
 	}
-	if rel.watch.gone.Load() {
-		return false // the client left: nobody to answer
+	if rel.watch.gone.Load() || rel.direct.Present {
+		// The client left: nobody to answer; or an endpoint picker named
+		// the worker: no other takes its place.
+		return false
 	}
 	if rel.attempts > rel.r.cfg.MaxRetries || !time.Now().Before(rel.deadline) {
 		return false

@@ -73,6 +73,8 @@ type relay struct {
 	mig        migration
 	trackEvent func(dst, ev []byte) []byte
 
+	direct DirectPick // the worker (or PD pair) an endpoint picker named (direct.go)
+
 	watch  clientWatch // a unary request's client, while its answer is awaited (unary.go)
 	att    attempt     // the attempt whose answer is relayed
 	pd     *pdRequest  // a disaggregated request's prefill leg (pd.go); nil: none
@@ -196,13 +198,20 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte) {
 		r.finish(rel, outcomeModelNotFound, fasthttp.StatusNotFound)
 		return
 	}
+	if r.cfg.Direct {
+		if rel.direct = pickDirect(&ctx.Request.Header, c); rel.direct.Refusal != "" {
+			werr(ctx, fasthttp.StatusServiceUnavailable, rel.direct.Refusal, openai.TypeUnavailable, "no_worker_available")
+			r.finish(rel, outcomeNoWorker, fasthttp.StatusServiceUnavailable)
+			return
+		}
+	}
 	rel.ctx, rel.body, rel.model = ctx, body, c
 	rel.startMigration()
-	if c.disaggregated() {
+	if pd := c.disaggregated(); (pd && !rel.direct.Present) || rel.direct.Prefill != nil {
 		rel.servePD()
 		return
 	}
-	if len(c.Workers) == 0 {
+	if len(c.Workers) == 0 && !rel.direct.Present {
 		werr(ctx, fasthttp.StatusServiceUnavailable, "no active worker serves model `"+c.Model+"`", openai.TypeUnavailable, "no_worker_available")
 		r.finish(rel, outcomeNoWorker, fasthttp.StatusServiceUnavailable)
 		return

@@ -35,8 +35,10 @@ type Config struct {
 	ShutdownTimeout   time.Duration // grace for in-flight requests
 
 	// Failover and circuit breaking.
-	MaxRetries       int           // retries on other workers before the first byte; 0: no failover
-	MigrationLimit   int           // continuations of a broken stream on other workers; 0: none
+	MaxRetries     int // retries on other workers before the first byte; 0: no failover
+	MigrationLimit int // continuations of a broken stream on other workers; 0: none
+	// Direct: an endpoint picker's headers name the worker (direct.go).
+	Direct           bool
 	BreakerThreshold int           // consecutive faults that open a breaker
 	BreakerCooldown  time.Duration // first open period
 	BreakerMaxCool   time.Duration // longest open period
