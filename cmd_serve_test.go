@@ -61,8 +61,7 @@ func TestServeEmbeddedEtcd(t *testing.T) {
 	go func() {
 		done <- newApp(io.Discard, &stderr).RunContext(ctx, []string{"infera", "serve",
 			"--listen", "127.0.0.1:0", "--embedded-etcd-listen", "127.0.0.1:0",
-			"--embedded-etcd-dir", t.TempDir(), "--router-policy", "least-load",
-			"--front-door", "loop"}) // the other serve tests run the default (goroutine)
+			"--embedded-etcd-dir", t.TempDir(), "--router-policy", "least-load"})
 	}()
 	endpoints, _ := logField(t, &stderr, "embedded etcd started", "endpoints").([]any)
 	addr, _ := logField(t, &stderr, "infera serve listening", "addr").(string)
