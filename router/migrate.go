@@ -184,7 +184,16 @@ func (rel *relay) streamComplete() bool {
 	return !rel.mig.on || t.Done || t.Finished || t.Poisoned != continuation.PoisonNone
 }
 
-// canContinue is retryable's rule once the first event reached the client:
+// continuing reports whether a failed stream can only go on as a
+// continuation: its first event reached the client, or it is a
+// disaggregated stream whose status line went out (its decode leg is
+// paired with one prefill: another pair cannot take its place, a
+// continuation of nothing delivered yet can).
+func (rel *relay) continuing() bool {
+	return rel.firstByte || (rel.pd != nil && rel.streaming)
+}
+
+// canContinue is retryable's rule once a stream can only be continued:
 // a tracked stream, not poisoned, under the limit, with time left and an
 // untried worker to continue on (continuationPool).
 func (rel *relay) canContinue() bool {
@@ -251,10 +260,19 @@ func (rel *relay) tryContinue() (bool, error) {
 		return false, errNoRetry
 	}
 	rec := a.ticket.Worker.Record()
-	c, err := continuation.Build(rel.body, &rel.mig.track, continuation.Options{
-		Chat:   rel.route != RouteCompletions,
-		Engine: engineOf(rec),
-	})
+	var c continuation.Continuation
+	var err error
+	if rel.firstByte {
+		c, err = continuation.Build(rel.body, &rel.mig.track, continuation.Options{
+			Chat:   rel.route != RouteCompletions,
+			Engine: engineOf(rec),
+		})
+	} else {
+		// Nothing reached the client yet (a disaggregated stream broken
+		// before its first event): the client's own request, as a mixed
+		// attempt sends it (nil body: hints and the ids asked again).
+		c = continuation.Continuation{}
+	}
 	if err != nil {
 		rel.endAttempt(a, 0, nil, verdictNeutral)
 		if rel.mig.track.Poisoned == continuation.PoisonNone {

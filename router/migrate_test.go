@@ -3,6 +3,7 @@ package router_test
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -254,5 +255,48 @@ func TestContinuationPD(t *testing.T) {
 				t.Fatalf("migrations %v, want 1", n)
 			}
 		})
+	}
+}
+
+// headersThenClose is a decode engine that answers a stream's status line
+// and headers, then dies before its first event.
+func headersThenClose(t *testing.T) *upstream {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return &upstream{addr: strings.TrimPrefix(srv.URL, "http://")}
+}
+
+// TestContinuationPDBeforeFirstEvent: a disaggregated stream whose decode
+// engine dies after its status line but before its first event is not
+// lost: another pair cannot take its place (the status line went out), so
+// it continues on another decode worker with the client's own request.
+func TestContinuationPDBeforeFirstEvent(t *testing.T) {
+	const body = `{"model":"sim-model","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"tell me about disaggregated serving please"}]}`
+	proto := discovery.ProtocolVLLMNixl
+	p := startPDSim(t, "prefill", proto, nil)
+	d := startPDSim(t, "decode", proto, nil)
+	dead := headersThenClose(t)
+	drec := d.record(discovery.DisaggDecode, proto)
+	deadRec := record(dead, "sim-model", discovery.StatusActive)
+	deadRec.DisaggMode, deadRec.DisaggMeta = discovery.DisaggDecode, drec.DisaggMeta
+	tr := startRouter(t, prefer{deadRec.WorkerID, drec.WorkerID}, withConfig(func(cfg *router.Config) {
+		cfg.PDPrefillTimeout = 5 * time.Second
+		cfg.MigrationLimit = 3
+	}), p.record(discovery.DisaggPrefill, proto), deadRec, drec)
+	got, finish, errored, raw := streamText(t, tr, "/v1/chat/completions", body)
+	if errored || got == "" || finish != "length" {
+		t.Fatalf("a PD stream broken before its first event: %q finish %q error %v\n%s", got, finish, errored, raw)
+	}
+	if n := metric(t, tr, `infera_migrations_total{reason="stream_broken"}`); n != 1 {
+		t.Fatalf("migrations %v, want 1", n)
 	}
 }

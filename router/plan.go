@@ -47,7 +47,7 @@ func (rel *relay) failover(after error) (bool, error) {
 // try runs one plan.
 func (rel *relay) try() (bool, error) {
 	switch {
-	case rel.firstByte:
+	case rel.continuing():
 		return rel.tryContinue() // migrate.go: the continuation leg
 	case rel.pd != nil:
 		return rel.pdTry()
@@ -85,7 +85,7 @@ func (rel *relay) retryable(err error) bool {
 	if !rel.refreshModel() {
 		return false
 	}
-	if rel.firstByte {
+	if rel.continuing() {
 		return rel.canContinue() // migrate.go
 	}
 	c := rel.model

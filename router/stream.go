@@ -185,9 +185,7 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		if rel.firstByte && why == reasonUpstreamError {
 			why = reasonStreamError
 		}
-		if rel.firstByte {
-			rel.mig.broken = a.ticket.Worker
-		}
+		rel.mig.broken = a.ticket.Worker // for a continuation (migrate.go)
 		rel.closeUpstream(a)
 		a.fail(why, rerr)
 		v := verdictFault
@@ -200,7 +198,7 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		if ok, _ := rel.failover(rerr); ok {
 			continue
 		}
-		if rel.firstByte {
+		if rel.continuing() {
 			rel.migrationFailed()
 		}
 		rel.outcome, rel.err = outcomeStreamError, rel.lastErr
