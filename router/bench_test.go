@@ -19,7 +19,8 @@ import (
 const benchEvent = "data: {\"id\":\"chatcmpl-8c1f\",\"object\":\"chat.completion.chunk\",\"created\":1730000000,\"model\":\"Qwen/Qwen3-8B\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
 
 // eventUpstream streams max_tokens events as fast as it can, flushing each,
-// and answers a small JSON body to non-streaming requests.
+// then the end marker, as an engine does; it answers a small JSON body to
+// non-streaming requests.
 func eventUpstream(b *testing.B) *upstream {
 	ev := []byte(benchEvent)
 	return startUpstream(b, func(ctx *fasthttp.RequestCtx) {
@@ -42,9 +43,14 @@ func eventUpstream(b *testing.B) *upstream {
 					return
 				}
 			}
+			_, _ = w.WriteString(doneEvent)
+			_ = w.Flush()
 		})
 	})
 }
+
+// doneEvent ends a stream (a stream without it is one that broke).
+const doneEvent = "data: [DONE]\n\n"
 
 // streamEvents sends one streaming request for n events to url and reads the
 // whole response.
@@ -71,7 +77,7 @@ func streamEvents(b *testing.B, client *fasthttp.HostClient, url string, n int, 
 		}
 	}
 	_ = resp.CloseBodyStream()
-	if resp.StatusCode() != 200 || total != n*len(benchEvent) {
+	if resp.StatusCode() != 200 || total != n*len(benchEvent)+len(doneEvent) {
 		b.Fatalf("status %d, %d bytes for %d events", resp.StatusCode(), total, n)
 	}
 }
