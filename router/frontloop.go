@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/infera/infera/internal/epoll"
-	"github.com/infera/infera/lifecycle"
 )
 
 // The loop front door (ServeLoop, `infera serve --front-door loop`): client
@@ -153,37 +152,7 @@ type loopConn struct {
 // ServeLoop is ServeAll with the loop front door (see above) instead of a
 // goroutine per connection; behaviour and answers are the same.
 func (r *Router) ServeLoop(ctx context.Context, ln, adminLn net.Listener) error {
-	mainCtx, stopMain := context.WithCancel(ctx)
-	defer stopMain()
-	context.AfterFunc(mainCtx, r.fleet.stop)
-	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopAdmin()
-	var adminErr chan error
-	if adminLn != nil {
-		adminErr = make(chan error, 1)
-		go func() {
-			err := lifecycle.Serve(adminCtx, r.AdminServer(), lfListener{adminLn}, lifecycle.Options{Grace: r.cfg.ShutdownTimeout})
-			stopMain()
-			adminErr <- err
-		}()
-	}
-	err := r.serveLoopDoor(mainCtx, ln)
-	stopAdmin()
-	var aerr error
-	if adminErr != nil {
-		aerr = <-adminErr
-	}
-	r.front.closers.Wait()
-	r.probes.Wait()
-	r.shutdownPools()
-	r.prewarm.close()
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrServe, err)
-	}
-	if aerr != nil {
-		return fmt.Errorf("%w: admin: %w", ErrServe, aerr)
-	}
-	return nil
+	return r.serveFront(ctx, adminLn, func(mainCtx context.Context) error { return r.serveLoopDoor(mainCtx, ln) })
 }
 
 // serveLoopDoor accepts on ln into the loops until ctx ends, then drains

@@ -293,6 +293,24 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 // after the client server has drained, so that /metrics covers the drain.
 // It returns promptly when ctx is already done.
 func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
+	return r.serveFront(ctx, adminLn, func(mainCtx context.Context) error {
+		// The front door counts connections outermost (its handlers find
+		// *frontConn through ctx.Conn()); the bare-LF guard reads beneath it.
+		return lifecycle.Serve(mainCtx, r.Server(), r.front.listener(lfListener{ln}, r), lifecycle.Options{
+			Grace: r.cfg.ShutdownTimeout,
+			Overdue: func() {
+				n := r.conns.CloseAll()
+				r.log.Warn().Int("connections", n).Dur("grace", r.cfg.ShutdownTimeout).Msg("shutdown grace over, cutting running streams")
+			},
+		})
+	})
+}
+
+// serveFront runs a front door (front, serving the client address until
+// its context ends and then draining it) beside the admin server on
+// adminLn (nil: none), then stops everything else the router runs: the
+// one shutdown sequence of both front doors (ServeAll, ServeLoop).
+func (r *Router) serveFront(ctx context.Context, adminLn net.Listener, front func(context.Context) error) error {
 	mainCtx, stopMain := context.WithCancel(ctx)
 	defer stopMain()
 	context.AfterFunc(mainCtx, r.fleet.stop) // fleet streams end before the drain waits on them
@@ -309,15 +327,7 @@ func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 			adminErr <- err
 		}()
 	}
-	// The front door counts connections outermost (its handlers find
-	// *frontConn through ctx.Conn()); the bare-LF guard reads beneath it.
-	err := lifecycle.Serve(mainCtx, r.Server(), r.front.listener(lfListener{ln}, r), lifecycle.Options{
-		Grace: r.cfg.ShutdownTimeout,
-		Overdue: func() {
-			n := r.conns.CloseAll()
-			r.log.Warn().Int("connections", n).Dur("grace", r.cfg.ShutdownTimeout).Msg("shutdown grace over, cutting running streams")
-		},
-	})
+	err := front(mainCtx)
 	stopAdmin()
 	var aerr error
 	if adminErr != nil {
