@@ -77,18 +77,7 @@ func AppendHint(dst []byte, h *Hint) ([]byte, error) {
 	dst = appendBytes16(dst, []byte(h.Source))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(h.Deadline.Milliseconds()))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(h.Wait.Milliseconds()))
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(h.Keys)))
-	for _, k := range h.Keys {
-		if len(k) == 0 || len(k) > MaxKeyBytes {
-			return dst[:start], ErrProtocol
-		}
-		dst = appendBytes16(dst, k)
-	}
-	if len(dst)-start-4 > MaxFrame {
-		return dst[:start], ErrProtocol
-	}
-	binary.LittleEndian.PutUint32(dst[start:], uint32(len(dst)-start-4))
-	return dst, nil
+	return appendKeysFrame(dst, start, h.Keys)
 }
 
 // ParseHint reads a hint body; its byte slices alias body.
@@ -105,18 +94,9 @@ func ParseHint(body []byte, h *Hint) error {
 		return ErrProtocol
 	}
 	h.Deadline, h.Wait = dl, wait
-	h.Keys = h.Keys[:0]
-	for range n {
-		k := d.bytes16(MaxKeyBytes)
-		if d.bad || len(k) == 0 {
-			return ErrProtocol
-		}
-		h.Keys = append(h.Keys, k)
-	}
-	if d.bad || len(d.b) != 0 {
-		return ErrProtocol
-	}
-	return nil
+	var err error
+	h.Keys, err = d.keys(h.Keys[:0], n)
+	return err
 }
 
 // appendHintReply appends r as one frame.

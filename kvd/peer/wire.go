@@ -70,8 +70,14 @@ func AppendRequest(dst []byte, r *Request) ([]byte, error) {
 	dst = appendBytes16(dst, r.Secret)
 	dst = appendBytes16(dst, r.Model)
 	dst = appendBytes16(dst, r.Compat)
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(r.Keys)))
-	for _, k := range r.Keys {
+	return appendKeysFrame(dst, start, r.Keys)
+}
+
+// appendKeysFrame ends a frame begun at start (its length still to write)
+// with keys, counted then each length-prefixed, and writes its length.
+func appendKeysFrame(dst []byte, start int, keys [][]byte) ([]byte, error) {
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(keys)))
+	for _, k := range keys {
 		if len(k) == 0 || len(k) > MaxKeyBytes {
 			return dst[:start], ErrProtocol
 		}
@@ -96,18 +102,24 @@ func ParseRequest(body []byte, r *Request) error {
 	if d.bad || n > MaxKeys {
 		return ErrProtocol
 	}
-	r.Keys = r.Keys[:0]
+	var err error
+	r.Keys, err = d.keys(r.Keys[:0], n)
+	return err
+}
+
+// keys reads n non-empty keys, the end of the body (appended to dst).
+func (d *decoder) keys(dst [][]byte, n uint32) ([][]byte, error) {
 	for range n {
 		k := d.bytes16(MaxKeyBytes)
 		if d.bad || len(k) == 0 {
-			return ErrProtocol
+			return dst, ErrProtocol
 		}
-		r.Keys = append(r.Keys, k)
+		dst = append(dst, k)
 	}
 	if d.bad || len(d.b) != 0 {
-		return ErrProtocol
+		return dst, ErrProtocol
 	}
-	return nil
+	return dst, nil
 }
 
 // AppendResponse appends r as one frame.
