@@ -307,8 +307,10 @@ func TestStripKeepsClientIDs(t *testing.T) {
 	var tr continuation.Tracker
 	tr.Reset(added)
 	ev := []byte("data: {\"choices\":[{\"index\":0,\"text\":\"a\",\"token_ids\":[97]}],\"prompt_token_ids\":[120]}\n\n")
-	if got := tr.ObserveEvent(ev); !bytes.Equal(got, ev) || !slices.Equal(tr.OutIDs, []uint32{97}) || !slices.Equal(tr.PromptIDs, []uint32{120}) {
-		t.Fatalf("%s ids %v %v", got, tr.OutIDs, tr.PromptIDs)
+	got := tr.ObserveEvent(ev)
+	prompt, err := tr.PromptIDs(nil)
+	if !bytes.Equal(got, ev) || !slices.Equal(tr.OutIDs, []uint32{97}) || !slices.Equal(prompt, []uint32{120}) || err != nil {
+		t.Fatalf("%s ids %v %v %v", got, tr.OutIDs, prompt, err)
 	}
 	if _, _, err := continuation.AskIDs(nil, []byte(`[1]`)); err == nil {
 		t.Fatal("AskIDs of a non-object")

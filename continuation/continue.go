@@ -162,7 +162,11 @@ func Build(body []byte, t *Tracker, o Options) (Continuation, error) {
 	exact := t.HasPrompt && t.IDChunks == t.TextChunks && !f.chatOnly &&
 		len(t.OutIDs) >= t.TextChunks
 	if exact {
-		return buildExact(body, t, f, o)
+		// The prompt's ids are read only now; ids an engine garbled
+		// leave the text path.
+		if prompt, err := t.PromptIDs(nil); err == nil {
+			return buildExact(body, t, prompt, f, o)
+		}
 	}
 	return buildText(body, t, f, o)
 }
@@ -176,22 +180,22 @@ func limit(asked int64, produced int) int64 {
 	return max(asked-int64(produced), 1)
 }
 
-func buildExact(body []byte, t *Tracker, f requestFields, o Options) (Continuation, error) {
+func buildExact(body []byte, t *Tracker, prompt []uint32, f requestFields, o Options) (Continuation, error) {
 	c := Continuation{Path: o.CompletionsPath, Exact: true, Reshape: o.Chat, Produced: len(t.OutIDs)}
 	asked := f.maxTokens
 	if o.Chat && f.maxCompletion >= 0 {
 		asked = f.maxCompletion
 	}
-	ids := make([]byte, 0, 8*(len(t.PromptIDs)+len(t.OutIDs))+2)
+	ids := make([]byte, 0, 8*(len(prompt)+len(t.OutIDs))+2)
 	ids = append(ids, '[')
-	for i, id := range t.PromptIDs {
+	for i, id := range prompt {
 		if i > 0 {
 			ids = append(ids, ',')
 		}
 		ids = strconv.AppendUint(ids, uint64(id), 10)
 	}
 	for i, id := range t.OutIDs {
-		if i > 0 || len(t.PromptIDs) > 0 {
+		if i > 0 || len(prompt) > 0 {
 			ids = append(ids, ',')
 		}
 		ids = strconv.AppendUint(ids, uint64(id), 10)

@@ -41,9 +41,8 @@ type Tracker struct {
 	// the client did not).
 	Strip bool
 
-	// PromptIDs are the prompt's token ids (HasPrompt: an engine gave
-	// them); OutIDs the output ids delivered so far.
-	PromptIDs []uint32
+	// HasPrompt: an engine gave the prompt's token ids (PromptIDs reads
+	// them); OutIDs are the output ids delivered so far.
 	HasPrompt bool
 	OutIDs    []uint32
 	// Text is the text delivered so far (unescaped); TextChunks counts the
@@ -63,23 +62,46 @@ type Tracker struct {
 	// "id", "created" and "model" (for reshaped chunks).
 	ID, Created, Model []byte
 
+	// promptRaw is the prompt's ids as the engine wrote them (a JSON
+	// array, copied): a long prompt's ids are most of a stream's first
+	// chunk, and only a continuation needs them as numbers.
+	promptRaw []byte
+
 	out      []byte
 	chunkIDs bool // the chunk being read carried output ids
 	chunkTxt bool // ... or text
+
+	shape chunkShape // what the full read of the chunk found (fast.go)
+	tmpl  template   // the chunk layout the fast path matches (fast.go)
+	// noFast turns the fast path off (tests compare the two paths);
+	// fastChunks counts the chunks it read.
+	noFast     bool
+	fastChunks int
 }
 
 // Reset readies t for a new stream, keeping its buffers.
 func (t *Tracker) Reset(strip bool) {
 	*t = Tracker{
 		Strip:     strip,
-		PromptIDs: t.PromptIDs[:0],
 		OutIDs:    t.OutIDs[:0],
 		Text:      t.Text[:0],
 		ID:        t.ID[:0],
 		Created:   t.Created[:0],
 		Model:     t.Model[:0],
+		promptRaw: t.promptRaw[:0],
 		out:       t.out[:0],
+		tmpl:      template{b: t.tmpl.b[:0]},
+		noFast:    t.noFast,
 	}
+}
+
+// PromptIDs appends the prompt's token ids to dst (HasPrompt: an engine
+// gave them). They are validated here, when a continuation needs them.
+func (t *Tracker) PromptIDs(dst []uint32) ([]uint32, error) {
+	if !t.HasPrompt {
+		return dst, nil
+	}
+	return openai.AppendTokenIDs(dst, t.promptRaw)
 }
 
 var (
@@ -101,14 +123,19 @@ func (t *Tracker) ObserveEvent(ev []byte) []byte {
 	if start < len(ev) && ev[start] == ' ' {
 		start++
 	}
-	end := start
-	for end < len(ev) && ev[end] != '\n' && ev[end] != '\r' {
-		end++
-	}
+	end := lineEnd(ev, start)
 	data := ev[start:end]
 	if bytes.Equal(data, doneData) {
 		t.Done = true
 		return ev
+	}
+	if a, b, ok := t.matchFast(data); ok {
+		if a < 0 {
+			return ev
+		}
+		// One copy: the event without the cut.
+		t.out = append(append(t.out[:0], ev[:start+a]...), ev[start+b:]...)
+		return t.out
 	}
 	kept := t.Observe(data)
 	if len(kept) == len(data) { // nothing stripped
@@ -122,13 +149,30 @@ func (t *Tracker) ObserveEvent(ev []byte) []byte {
 	return t.out[n:]
 }
 
+// lineEnd is the offset of the end of the line that starts at i: its
+// '\n' or '\r', or the end of b.
+func lineEnd(b []byte, i int) int {
+	end := len(b)
+	if j := bytes.IndexByte(b[i:], '\n'); j >= 0 {
+		end = i + j
+	}
+	if j := bytes.IndexByte(b[i:end], '\r'); j >= 0 {
+		end = i + j
+	}
+	return end
+}
+
 // Observe reads one chunk's JSON payload and returns the payload the
 // client should see: data itself, or a copy without the id fields when
 // t.Strip and there were any. A chunk that cannot be read poisons the
 // stream and is returned unchanged.
 func (t *Tracker) Observe(data []byte) []byte {
+	if out, ok := t.observeFast(data); ok {
+		return out
+	}
 	t.out = t.out[:0]
 	t.chunkIDs, t.chunkTxt = false, false
+	t.shape = chunkShape{}
 	s := jsonx.Scanner{B: data, MaxDepth: maxDepth, Lenient: true}
 	s.SkipWS()
 	if s.I >= len(data) || data[s.I] != '{' {
@@ -147,12 +191,13 @@ func (t *Tracker) Observe(data []byte) []byte {
 			t.out = append(t.out, data[ks-1:vs]...)
 			return t.choices(&s, &stripped)
 		case jsonx.Equal(key, esc, "prompt_token_ids"):
-			if err := s.Value(); err != nil {
+			if err := skipIDs(&s); err != nil {
 				return err
 			}
 			t.prompt(data[vs:s.I])
 			if t.Strip {
 				stripped = true
+				t.shape.stripped(ks-1, s.I)
 				return nil
 			}
 		case jsonx.Equal(key, esc, "sglext"):
@@ -161,6 +206,7 @@ func (t *Tracker) Observe(data []byte) []byte {
 			}
 			if t.Strip {
 				stripped = true
+				t.shape.stripped(ks-1, s.I)
 				return nil
 			}
 		default:
@@ -187,9 +233,11 @@ func (t *Tracker) Observe(data []byte) []byte {
 		}
 	}
 	if !stripped {
+		t.learn(data, data)
 		return data
 	}
 	t.out = append(t.out, '}')
+	t.learn(data, t.out)
 	return t.out
 }
 
@@ -218,21 +266,38 @@ func (t *Tracker) remember(key []byte, esc bool, raw []byte) {
 	}
 }
 
-// prompt records the prompt's ids (the first time an engine gives them).
+// prompt records the prompt's ids (the first time an engine gives them),
+// as written: PromptIDs validates them when they are needed.
 func (t *Tracker) prompt(raw []byte) {
+	if len(raw) < 2 || raw[0] != '[' || raw[len(raw)-1] != ']' {
+		return // null, or not ids at all
+	}
+	t.shape.prompts++
 	if t.HasPrompt {
 		return
 	}
-	ids, err := openai.AppendTokenIDs(t.PromptIDs[:0], raw)
-	if err != nil {
-		t.PromptIDs = ids[:0]
-		return
-	}
-	t.PromptIDs, t.HasPrompt = ids, true
+	t.promptRaw, t.HasPrompt = append(t.promptRaw[:0], raw...), true
 }
 
-// output records a chunk's output ids.
-func (t *Tracker) output(raw []byte) {
+// skipIDs moves s past the id array at s.I. An array of numbers holds no
+// ']' before its end, so the end is found without reading every number
+// (a long prompt's ids are thousands of them); what lies between is
+// validated when the ids are read (AppendTokenIDs). Anything else is
+// skipped as any JSON value.
+func skipIDs(s *jsonx.Scanner) error {
+	if s.I < len(s.B) && s.B[s.I] == '[' {
+		if j := bytes.IndexByte(s.B[s.I:], ']'); j > 0 {
+			s.I += j + 1
+			return nil
+		}
+	}
+	return s.Value()
+}
+
+// output records a chunk's output ids, at offset at of the chunk.
+func (t *Tracker) output(raw []byte, at int) {
+	t.shape.ids++
+	t.shape.idSpan = [2]int{at, at + len(raw)}
 	n := len(t.OutIDs)
 	ids, err := openai.AppendTokenIDs(t.OutIDs, raw)
 	if err != nil {
@@ -288,17 +353,19 @@ func (t *Tracker) choice(s *jsonx.Scanner, stripped *bool) error {
 		switch {
 		case jsonx.Equal(key, esc, "token_ids"):
 			if err = s.Value(); err == nil {
-				t.output(b[vs:s.I])
+				t.output(b[vs:s.I], vs)
 				if t.Strip {
 					*stripped = true
+					t.shape.stripped(ks-1, s.I)
 					return nil
 				}
 			}
 		case jsonx.Equal(key, esc, "prompt_token_ids"):
-			if err = s.Value(); err == nil {
+			if err = skipIDs(s); err == nil {
 				t.prompt(b[vs:s.I])
 				if t.Strip {
 					*stripped = true
+					t.shape.stripped(ks-1, s.I)
 					return nil
 				}
 			}
@@ -312,7 +379,7 @@ func (t *Tracker) choice(s *jsonx.Scanner, stripped *bool) error {
 			err = t.delta(s)
 		case jsonx.Equal(key, esc, "finish_reason"):
 			if err = s.Value(); err == nil && b[vs] != 'n' {
-				t.Finished = true
+				t.Finished, t.shape.finished = true, true
 			}
 		default:
 			err = s.Value()
@@ -331,16 +398,20 @@ func (t *Tracker) choice(s *jsonx.Scanner, stripped *bool) error {
 // text appends the string value at s.I (null: nothing) to t.Text.
 func (t *Tracker) text(s *jsonx.Scanner) error {
 	if s.I < len(s.B) && s.B[s.I] == 'n' {
+		t.shape.nullTexts++
 		return s.Literal("null")
 	}
 	if s.I >= len(s.B) || s.B[s.I] != '"' {
 		t.poison(PoisonUnparseable)
 		return s.Value()
 	}
+	vs := s.I
 	st, en, esc, err := s.String()
 	if err != nil {
 		return err
 	}
+	t.shape.texts++
+	t.shape.text = [2]int{vs, s.I}
 	if en > st {
 		t.chunkTxt = true
 		if esc {
@@ -373,7 +444,7 @@ func (t *Tracker) delta(s *jsonx.Scanner) error {
 			switch v := b[vs:s.I]; {
 			case string(v) == "null", string(v) == "[]", string(v) == `""`:
 			default:
-				t.ToolsOrReasoning = true
+				t.ToolsOrReasoning, t.shape.tools = true, true
 			}
 			return nil
 		}
@@ -393,7 +464,7 @@ func (t *Tracker) sglext(s *jsonx.Scanner) error {
 		vs := s.I
 		switch {
 		case jsonx.Equal(key, esc, "prompt_token_ids"):
-			if err := s.Value(); err != nil {
+			if err := skipIDs(s); err != nil {
 				return err
 			}
 			t.prompt(b[vs:s.I])
@@ -402,7 +473,7 @@ func (t *Tracker) sglext(s *jsonx.Scanner) error {
 			if err := s.Value(); err != nil {
 				return err
 			}
-			t.output(b[vs:s.I])
+			t.output(b[vs:s.I], vs)
 			return nil
 		case jsonx.Equal(key, esc, "completion_token_ids"):
 			if s.I >= len(b) || b[s.I] != '[' {
@@ -416,7 +487,7 @@ func (t *Tracker) sglext(s *jsonx.Scanner) error {
 				}
 				if first {
 					first = false
-					t.output(b[es:s.I])
+					t.output(b[es:s.I], es)
 				}
 				return nil
 			})

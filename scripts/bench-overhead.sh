@@ -13,6 +13,7 @@
 #   infera-gmp1, infera-gmp2   serve with GOMAXPROCS=1 / 2
 #   infera-pin   serve pinned to CPU 0 (taskset)
 #   infera-loop  serve with --front-door loop (the epoll front door)
+#   infera-nomig serve with --migration-limit 0 (streams not tracked for continuation)
 #   nginx-w1     nginx with worker_processes 1 (nginx is auto)
 # Every cell runs every target back to back, and the whole grid is repeated
 # REPEATS times, so A and B interleave (ABAB…) and share the machine's noise.
@@ -217,6 +218,7 @@ start_serve() {
     infera-gmp2) env=(GOMAXPROCS=2) ;;
     infera-pin) pin=(taskset -c 0) ;;
     infera-loop) flags=(--front-door loop) ;;
+    infera-nomig) env=(INFERA_MIGRATION_LIMIT=0) ;;
   esac
   if [[ $ETCD == external || -n ${EMBEDDED_UP:-} ]]; then
     flags+=(--etcd-endpoints "$ETCD_URL")

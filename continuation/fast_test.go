@@ -1,0 +1,162 @@
+package continuation_test
+
+import (
+	"bytes"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/infera/infera/continuation"
+)
+
+// trackerState is what a tracker remembers of a stream, for comparing the
+// fast path with the full read.
+func trackerState(t *testing.T, tr *continuation.Tracker) string {
+	t.Helper()
+	prompt, err := tr.PromptIDs(nil)
+	var b bytes.Buffer
+	b.WriteString("text=" + strconv.Quote(string(tr.Text)))
+	b.WriteString(" out=" + strconv.Quote(string(slices.AppendSeq([]byte(nil), func(yield func(byte) bool) {
+		for _, id := range tr.OutIDs {
+			for _, c := range strconv.FormatUint(uint64(id), 10) + "," {
+				if !yield(byte(c)) {
+					return
+				}
+			}
+		}
+	}))))
+	b.WriteString(" prompt=" + strconv.FormatBool(tr.HasPrompt) + strconv.Itoa(len(prompt)) + strconv.FormatBool(err == nil))
+	b.WriteString(" chunks=" + strconv.Itoa(tr.TextChunks) + "/" + strconv.Itoa(tr.IDChunks))
+	b.WriteString(" fin=" + strconv.FormatBool(tr.Finished) + strconv.FormatBool(tr.Done) + strconv.FormatBool(tr.ToolsOrReasoning))
+	b.WriteString(" poison=" + tr.Poisoned.String())
+	b.WriteString(" id=" + string(tr.ID) + " created=" + string(tr.Created) + " model=" + string(tr.Model))
+	return b.String()
+}
+
+// observeBoth feeds the same events to a tracker with its fast path and to
+// one without, and fails at the first difference in what the client gets
+// or in what the trackers remember.
+func observeBoth(t *testing.T, strip bool, events ...[]byte) (fast *continuation.Tracker) {
+	t.Helper()
+	// a and b read payloads (Observe), c and d whole SSE events.
+	var a, b, c, d continuation.Tracker
+	for _, tr := range []*continuation.Tracker{&a, &b, &c, &d} {
+		tr.Reset(strip)
+	}
+	continuation.DisableFast(&b)
+	continuation.DisableFast(&d)
+	for i, ev := range events {
+		ga := append([]byte(nil), a.Observe(ev)...)
+		gb := b.Observe(ev)
+		if !bytes.Equal(ga, gb) {
+			t.Fatalf("event %d %q: fast path gave %q, full read %q", i, ev, ga, gb)
+		}
+		if sa, sb := trackerState(t, &a), trackerState(t, &b); sa != sb {
+			t.Fatalf("event %d %q: fast path state %s, full read %s", i, ev, sa, sb)
+		}
+		sse := append(append([]byte("data: "), ev...), "\n\n"...)
+		gc := append([]byte(nil), c.ObserveEvent(sse)...)
+		gd := d.ObserveEvent(sse)
+		if !bytes.Equal(gc, gd) {
+			t.Fatalf("event %d %q: fast path gave %q, full read %q", i, sse, gc, gd)
+		}
+		if sc, sd := trackerState(t, &c), trackerState(t, &d); sc != sd {
+			t.Fatalf("event %d %q: fast path state %s, full read %s", i, sse, sc, sd)
+		}
+	}
+	return &a
+}
+
+// vllmChunk is a chat chunk as vLLM writes it with return_token_ids.
+func vllmChunk(text string, id int) []byte {
+	return []byte(`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":` +
+		strconv.Quote(text) + `},"logprobs":null,"finish_reason":null,"token_ids":[` + strconv.Itoa(id) + `]}]}`)
+}
+
+// TestFastPathReadsSteadyChunks: after the first chunks, a vLLM stream's
+// chunks are read through the fast path, and the client's copies and
+// the tracker's state are those of the full read.
+func TestFastPathReadsSteadyChunks(t *testing.T) {
+	first := []byte(`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1,2,3,4]}`)
+	events := [][]byte{first}
+	for i := range 16 {
+		events = append(events, vllmChunk("tok"+strconv.Itoa(i)+" \u00e9\"\\", 1000+i))
+	}
+	events = append(events, []byte(`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":[33]}]}`))
+	for _, strip := range []bool{true, false} {
+		tr := observeBoth(t, strip, events...)
+		if n := continuation.FastChunks(tr); n != 15 {
+			t.Errorf("strip %v: %d of 18 chunks through the fast path, want 15 (all but the first, the one that taught the layout and the last)", strip, n)
+		}
+		if strip {
+			if got := tr.Observe(vllmChunk("x", 7)); bytes.Contains(got, []byte("token_ids")) || !bytes.Contains(got, []byte(`"finish_reason":null}]}`)) {
+				t.Errorf("stripped chunk %s", got)
+			}
+		}
+	}
+}
+
+// TestFastPathDeclines: chunks that differ from the layout outside its
+// holes — another choice index, a finish reason, tool calls, an id array
+// that is not one, a text that is not a string, bytes after the end —
+// are read in full.
+func TestFastPathDeclines(t *testing.T) {
+	base := vllmChunk("a", 1)
+	for _, c := range []string{
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":1,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[2]}]}`,
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":"stop","token_ids":[2]}]}`,
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":null},"logprobs":null,"finish_reason":null,"token_ids":[2]}]}`,
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[2.5]}]}`,
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[4294967296]}]}`,
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b\x01"},"logprobs":null,"finish_reason":null,"token_ids":[2]}]}`,
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[2]}]}]`,
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[2]}`,
+	} {
+		for _, strip := range []bool{true, false} {
+			tr := observeBoth(t, strip, base, base, []byte(c), base)
+			if n := continuation.FastChunks(tr); n != 2 {
+				t.Errorf("%s: %d chunks through the fast path, want 2 (the 2nd and 4th)", c, n)
+			}
+		}
+	}
+}
+
+// TestObserveSteadyAllocs: reading a stream's steady chunks allocates
+// nothing once the tracker's buffers have grown.
+func TestObserveSteadyAllocs(t *testing.T) {
+	var tr continuation.Tracker
+	tr.Reset(true)
+	ev := append(append([]byte("data: "), vllmChunk("token", 1234)...), "\n\n"...)
+	for range 3 {
+		tr.ObserveEvent(ev)
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		if len(tr.OutIDs) > 1<<12 {
+			tr.Reset(true)
+		}
+		tr.ObserveEvent(ev)
+	}); n != 0 {
+		t.Fatalf("%v allocations per chunk", n)
+	}
+}
+
+// FuzzFastAgrees: whatever two chunks an engine sends, in any order, the
+// fast path gives the client the same bytes and the tracker the same state
+// as reading every chunk in full.
+func FuzzFastAgrees(f *testing.F) {
+	for _, p := range [][2]string{
+		{string(vllmChunk("a", 1)), string(vllmChunk("bc\\n", 22))},
+		{`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"x","logprobs":null,"finish_reason":null,"token_ids":[5]}]}`,
+			`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"yz","logprobs":null,"finish_reason":null,"token_ids":[6,7]}]}`},
+		{`{"id":"s","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":null}],"sglext":{"completion_token_ids":[[5]]}}`,
+			`{"id":"s","object":"text_completion","choices":[{"index":0,"text":"\u00e9","finish_reason":null}],"sglext":{"completion_token_ids":[[9,8]]}}`},
+		{`{"choices":[{"token_ids":[1],"index":0,"delta":{"content":"a"}}]}`, `{"choices":[{"token_ids":[],"index":0,"delta":{"content":""}}]}`},
+		{`{"choices":[{"index":0,"delta":{"content":"a"}}]}`, `{"choices":[{"index":0,"delta":{"content":"b","tool_calls":[{"index":1}]}}]}`},
+	} {
+		f.Add([]byte(p[0]), []byte(p[1]), true)
+		f.Add([]byte(p[0]), []byte(p[1]), false)
+	}
+	f.Fuzz(func(t *testing.T, a, b []byte, strip bool) {
+		observeBoth(t, strip, a, a, b, a, b, b)
+	})
+}
