@@ -120,9 +120,10 @@ func TestExactContinuationThroughSim(t *testing.T) {
 			strip := false
 			if continuation.AsksIDs(engine, true) {
 				var err error
-				if first, strip, err = continuation.AskIDs(nil, first); err != nil || !strip {
-					t.Fatalf("AskIDs: %v %v", strip, err)
+				if first, err = continuation.AskIDs(nil, first); err != nil {
+					t.Fatalf("AskIDs: %v", err)
 				}
+				strip = true
 			}
 			evs := events(t, a+"/v1/chat/completions", string(first))
 			for _, cut := range []int{2, 5, 17, len(evs) - 3} {
@@ -180,7 +181,7 @@ func TestContinuationThatBreaksAgain(t *testing.T) {
 	a := startSim(t, config.FlavorVLLM)
 	const body = `{"model":"sim-model","stream":true,"max_tokens":40,"prompt":"Once upon a time"}`
 	want, _, _ := deliver(t, new(continuation.Tracker), events(t, a+"/v1/completions", body), false)
-	first, _, _ := continuation.AskIDs(nil, []byte(body))
+	first, _ := continuation.AskIDs(nil, []byte(body))
 	var tr continuation.Tracker
 	tr.Reset(true)
 	got, _, _ := deliver(t, &tr, events(t, a+"/v1/completions", string(first))[:7], false)
@@ -249,12 +250,12 @@ func TestPoisoned(t *testing.T) {
 		`{"model":"m","n":2,"messages":[]}`,
 		`{"model":"m","best_of":3,"prompt":"x"}`,
 	} {
-		if err := continuation.CheckRequest([]byte(body)); !errors.Is(err, continuation.ErrPoisoned) {
+		if _, err := continuation.Build([]byte(body), new(continuation.Tracker), continuation.Options{}); !errors.Is(err, continuation.ErrPoisoned) {
 			t.Errorf("%s: %v", body, err)
 		}
 	}
-	if err := continuation.CheckRequest([]byte(`{"model":"m","n":1,"best_of":null,"prompt":"x"}`)); err != nil {
-		t.Errorf("n=1: %v", err)
+	if continuation.Continuable(2, 1) || continuation.Continuable(1, 3) || !continuation.Continuable(1, 1) {
+		t.Error("Continuable: n > 1 or best_of > 1 is never continued, 1 and 1 is")
 	}
 	build := func(body string, chunks ...string) error {
 		var tr continuation.Tracker
@@ -296,24 +297,29 @@ func TestPoisoned(t *testing.T) {
 	}
 }
 
-// TestStripKeepsClientIDs: ids the client asked for itself are not
-// stripped; AskIDs leaves its body alone.
+// TestStripKeepsClientIDs: AskIDs adds the field as the body's first
+// member without reading the body; ids the client asked for itself (the
+// router leaves its body alone then) are not stripped.
 func TestStripKeepsClientIDs(t *testing.T) {
-	body := `{"model":"m","return_token_ids":true,"prompt":"x"}`
-	out, added, err := continuation.AskIDs(nil, []byte(body))
-	if err != nil || added || string(out) != body {
-		t.Fatalf("%s %v %v", out, added, err)
+	for body, want := range map[string]string{
+		`{"model":"m","prompt":"x"}`: `{"return_token_ids":true,"model":"m","prompt":"x"}`,
+		" \n{ \"model\":\"m\"}":      " \n{\"return_token_ids\":true, \"model\":\"m\"}",
+		`{ }`:                        `{"return_token_ids":true }`,
+	} {
+		if out, err := continuation.AskIDs([]byte("x"), []byte(body)); err != nil || string(out) != "x"+want {
+			t.Errorf("AskIDs(%q) = %q %v, want %q", body, out, err, want)
+		}
+	}
+	if _, err := continuation.AskIDs(nil, []byte(`[1]`)); err == nil {
+		t.Fatal("AskIDs of a non-object")
 	}
 	var tr continuation.Tracker
-	tr.Reset(added)
+	tr.Reset(false)
 	ev := []byte("data: {\"choices\":[{\"index\":0,\"text\":\"a\",\"token_ids\":[97]}],\"prompt_token_ids\":[120]}\n\n")
 	got := tr.ObserveEvent(ev)
 	prompt, err := tr.PromptIDs(nil)
 	if !bytes.Equal(got, ev) || !slices.Equal(tr.OutIDs, []uint32{97}) || !slices.Equal(prompt, []uint32{120}) || err != nil {
 		t.Fatalf("%s ids %v %v %v", got, tr.OutIDs, prompt, err)
-	}
-	if _, _, err := continuation.AskIDs(nil, []byte(`[1]`)); err == nil {
-		t.Fatal("AskIDs of a non-object")
 	}
 }
 

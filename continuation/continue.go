@@ -28,7 +28,7 @@ var poisonErrors = [...]*PoisonError{
 
 func poisoned(p Poison) error { return poisonErrors[p] }
 
-// requestFields is what Build and CheckRequest read of a request body.
+// requestFields is what Build reads of a request body.
 type requestFields struct {
 	n, bestOf        int64 // 1 when absent
 	maxTokens        int64 // -1 when absent or null
@@ -87,18 +87,10 @@ func intOr(v []byte, def int64) int64 {
 	return def
 }
 
-// CheckRequest says whether a request's stream may ever be continued:
-// nil, or a *PoisonError (n > 1, best_of > 1), or the body's parse error.
-func CheckRequest(body []byte) error {
-	f, err := readRequest(body)
-	if err != nil {
-		return err
-	}
-	if f.n > 1 || f.bestOf > 1 {
-		return poisoned(PoisonChoices)
-	}
-	return nil
-}
+// Continuable says whether a request's stream may ever be continued, from
+// its "n" and "best_of" (1 when absent): a stream of several choices
+// cannot.
+func Continuable(n, bestOf int64) bool { return n <= 1 && bestOf <= 1 }
 
 // Continuation is a request that continues a broken stream.
 type Continuation struct {
@@ -156,7 +148,7 @@ func Build(body []byte, t *Tracker, o Options) (Continuation, error) {
 	if err != nil {
 		return Continuation{}, err
 	}
-	if f.n > 1 || f.bestOf > 1 {
+	if !Continuable(f.n, f.bestOf) {
 		return Continuation{}, poisoned(PoisonChoices)
 	}
 	exact := t.HasPrompt && t.IDChunks == t.TextChunks && !f.chatOnly &&

@@ -7,20 +7,24 @@
 //   - Asking (ids.go): AsksIDs says which engines and endpoints accept
 //     "return_token_ids" (vLLM: chat and completions; SGLang: completions
 //     only, it refuses the field on streaming chat; ATOM and others: never),
-//     and AskIDs adds the field to a body.
+//     and AskIDs adds the field to a body that has none (one copy, no
+//     parse: the router's scan of the request says whether the client set
+//     it).
 //   - Reading (tracker.go): a Tracker observes each chunk of a stream: the
 //     delivered text, the prompt's and the output's token ids in vLLM's
 //     (choices[].token_ids, prompt_token_ids) and SGLang's ("sglext")
 //     shapes, the finish, and whatever makes the stream impossible to
 //     continue (more than one choice, an unparseable chunk; tool calls or
 //     reasoning matter on the text path). It strips the id fields the
-//     router asked for before the client sees a chunk.
+//     router asked for before the client sees a chunk. A stream's steady
+//     chunks are read through a template of their layout (fast.go): only
+//     the text string and the id array are read, the rest compared.
 //   - Continuing (continue.go): Build makes the continuation request:
 //     exact (prompt ids + output ids on /v1/completions) when the ids cover
 //     every delivered chunk and the request has no chat-only fields, else
 //     text (the delivered text as the assistant's turn, or appended to a
 //     completion prompt); max_tokens / max_completion_tokens reduced by
-//     what was produced, at least 1. CheckRequest refuses what is never
+//     what was produced, at least 1. Continuable refuses what is never
 //     continued (n > 1, best_of > 1). ReshapeChat turns a continuation's
 //     completion chunk into the chat chunk the client expects.
 //

@@ -35,38 +35,20 @@ func AsksIDs(e Engine, chat bool) bool {
 	return false
 }
 
-// AskIDs appends to dst the request body with "return_token_ids": true,
-// unless the client set the field itself: then the body is copied
-// unchanged and added is false (the client wants the ids, so they must not
-// be stripped from its chunks).
-func AskIDs(dst, body []byte) (out []byte, added bool, err error) {
-	has, err := hasField(body, "return_token_ids")
-	if err != nil {
-		return dst, false, err
+// AskIDs appends to dst the request body with "return_token_ids": true
+// as its first member. body is a JSON object without the field (the
+// caller's scan of it says so: a client that set the field wants the ids
+// and gets them unstripped), so nothing is parsed: a streamed request pays
+// one copy of its body, not a read of it.
+func AskIDs(dst, body []byte) ([]byte, error) {
+	i := jsonx.SkipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return dst, ErrNotObject
 	}
-	if has {
-		return append(dst, body...), false, nil
+	dst = append(dst, body[:i+1]...)
+	dst = append(dst, `"return_token_ids":true`...)
+	if j := jsonx.SkipSpace(body, i+1); j < len(body) && body[j] != '}' {
+		dst = append(dst, ',')
 	}
-	out, err = jsonx.SetField(dst, body, "return_token_ids", []byte("true"), maxDepth)
-	return out, err == nil, err
-}
-
-// hasField reports whether the object body has a top-level member key.
-func hasField(body []byte, key string) (bool, error) {
-	s := jsonx.Scanner{B: body, MaxDepth: maxDepth}
-	s.SkipWS()
-	if s.I >= len(body) || body[s.I] != '{' {
-		return false, ErrNotObject
-	}
-	found := false
-	err := s.Object(func(ks, ke int, esc bool) error {
-		if jsonx.Equal(body[ks:ke], esc, key) {
-			found = true
-		}
-		return s.Value()
-	})
-	if err == nil {
-		err = s.End()
-	}
-	return found, err
+	return append(dst, body[i+1:]...), nil
 }

@@ -76,6 +76,11 @@ type Request struct {
 	HasPriority, HasInferaRetention, HasLegacyRetention bool
 	KVTransferParams                                    Span
 	KVTransferRetention                                 bool
+	// N and BestOf are "n" and "best_of" (1 when absent, null or not an
+	// integer); HasReturnTokenIDs: the client set "return_token_ids"
+	// itself (stream continuation asks engines for ids otherwise).
+	N, BestOf         int64
+	HasReturnTokenIDs bool
 
 	scratch []byte
 }
@@ -139,6 +144,9 @@ const (
 	fieldInferaRetention
 	fieldLegacyRetention
 	fieldKVTransferParams
+	fieldN
+	fieldBestOf
+	fieldReturnTokenIDs
 	numFields
 )
 
@@ -173,6 +181,7 @@ func Scan(body []byte, r *Request) error {
 	r.Retention = RetentionUnset
 	r.HasPriority, r.HasInferaRetention, r.HasLegacyRetention = false, false, false
 	r.KVTransferParams, r.KVTransferRetention = Span{}, false
+	r.N, r.BestOf, r.HasReturnTokenIDs = 1, 1, false
 	r.scratch = r.scratch[:0]
 
 	s := newScanner(body)
@@ -230,7 +239,7 @@ func Scan(body []byte, r *Request) error {
 // topState is what the top-level object pass remembers until the end, so that
 // a later duplicate key can override an earlier (possibly bad) value.
 type topState struct {
-	bad           uint16 // bit per field whose last value had the wrong type
+	bad           uint32 // bit per field whose last value had the wrong type
 	model         Span   // raw (still escaped) string content of the last model
 	modelEscaped  bool
 	maxTokens     int64
@@ -382,6 +391,23 @@ func (s *scanner) topField(field int, r *Request, st *topState) error {
 			st.cacheKey = ve > vs
 		}
 		return nil
+	case fieldN, fieldBestOf:
+		start := s.I
+		if err := s.Value(); err != nil {
+			return err
+		}
+		v, ok := jsonx.ParseInt(s.B[start:s.I])
+		if !ok {
+			v = 1
+		}
+		if field == fieldN {
+			r.N = v
+		} else {
+			r.BestOf = v
+		}
+		return nil
+	case fieldReturnTokenIDs:
+		r.HasReturnTokenIDs = true
 	case fieldPriority:
 		r.HasPriority = true
 	case fieldInferaRetention:
@@ -472,6 +498,12 @@ func lookupField(raw []byte, escaped bool) int {
 		return fieldInferaRetention
 	case "_infera_retention":
 		return fieldLegacyRetention
+	case "n":
+		return fieldN
+	case "best_of":
+		return fieldBestOf
+	case "return_token_ids":
+		return fieldReturnTokenIDs
 	case "kv_transfer_params":
 		return fieldKVTransferParams
 	}

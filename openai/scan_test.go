@@ -437,3 +437,26 @@ func TestScanCacheHints(t *testing.T) {
 		}
 	}
 }
+
+// Scan reads what stream continuation needs: n and best_of (1 unless an
+// integer), and whether the client asked for token ids itself.
+func TestScanChoicesAndIDs(t *testing.T) {
+	for _, tc := range []struct {
+		body      string
+		n, bestOf int64
+		ids       bool
+	}{
+		{body: `{"model":"m"}`, n: 1, bestOf: 1},
+		{body: `{"model":"m","n":2,"best_of":3,"return_token_ids":false}`, n: 2, bestOf: 3, ids: true},
+		{body: `{"model":"m","n":null,"best_of":"4","\u006e":5}`, n: 5, bestOf: 1},
+		{body: `{"model":"m","n":1.5,"return_token_ids":null}`, n: 1, bestOf: 1, ids: true},
+	} {
+		var r openai.Request
+		if err := openai.Scan([]byte(tc.body), &r); err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		if r.N != tc.n || r.BestOf != tc.bestOf || r.HasReturnTokenIDs != tc.ids {
+			t.Errorf("%s: got n %d best_of %d ids %v", tc.body, r.N, r.BestOf, r.HasReturnTokenIDs)
+		}
+	}
+}

@@ -95,7 +95,7 @@ func (rel *relay) startMigration() {
 	if rel.r.cfg.MigrationLimit <= 0 || !rel.scan.Stream || !rel.route.generates() {
 		return
 	}
-	if continuation.CheckRequest(rel.body) != nil {
+	if !continuation.Continuable(rel.scan.N, rel.scan.BestOf) {
 		return
 	}
 	rel.mig.on = true
@@ -122,14 +122,15 @@ func (rel *relay) askIDs(a *attempt, body []byte) []byte {
 	if !rel.mig.on || !continuation.AsksIDs(engineOf(a.ticket.Worker.Record()), rel.route != RouteCompletions) {
 		return body
 	}
-	out, added, err := continuation.AskIDs(rel.mig.askBuf[:0], body)
+	if rel.scan.HasReturnTokenIDs {
+		return body // the client asked for them itself: they are not stripped
+	}
+	out, err := continuation.AskIDs(rel.mig.askBuf[:0], body)
 	rel.mig.askBuf = out
 	if err != nil {
 		return body
 	}
-	if added {
-		rel.mig.track.Strip = true // the router asked: the client must not see them
-	}
+	rel.mig.track.Strip = true // the router asked: the client must not see them
 	return out
 }
 

@@ -125,6 +125,33 @@ func TestContinuationExact(t *testing.T) {
 	}
 }
 
+// TestContinuationClientAskedIDs: a client that set return_token_ids
+// itself reads the ids in every chunk (the router asked nothing, so it
+// strips nothing), and its stream is still continued exactly.
+func TestContinuationClientAskedIDs(t *testing.T) {
+	const body = `{"return_token_ids":true,"model":"sim-model","stream":true,"max_tokens":40,"prompt":"Once upon a time in a data center"}`
+	healthy := startDyingSim(t, config.FlavorVLLM, 0)
+	want, _, _, _ := streamText(t, startRouter(t, router.RoundRobin{}, router.DefaultConfig(), healthy), "/v1/completions", contCompletions)
+	dying := startDyingSim(t, config.FlavorVLLM, 7)
+	tr := startRouter(t, prefer{dying.WorkerID, healthy.WorkerID}, migrationConfig(3), dying, healthy)
+	got, _, errored, raw := streamText(t, tr, "/v1/completions", body)
+	if errored || got != want {
+		t.Fatalf("continued stream: text %q error %v, want %q\n%s", got, errored, want, raw)
+	}
+	chunks, withIDs := 0, 0
+	for line := range strings.SplitSeq(raw, "\n") {
+		if strings.HasPrefix(line, "data: {") {
+			chunks++
+			if strings.Contains(line, `"token_ids":[`) {
+				withIDs++
+			}
+		}
+	}
+	if chunks == 0 || withIDs != chunks || !strings.Contains(raw, `"prompt_token_ids":[`) {
+		t.Fatalf("%d of %d chunks carried the ids the client asked for:\n%s", withIDs, chunks, raw)
+	}
+}
+
 // TestContinuationBreaksAgain: a continuation that breaks in turn is
 // continued again (exactly, from the ids both legs delivered).
 func TestContinuationBreaksAgain(t *testing.T) {
