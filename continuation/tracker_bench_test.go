@@ -1,6 +1,7 @@
 package continuation_test
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/infera/infera/continuation"
@@ -27,5 +28,34 @@ func BenchmarkObserveEvent(b *testing.B) {
 				t.ObserveEvent(ev)
 			}
 		})
+	}
+}
+
+// BenchmarkObserveStream: one 16-token vLLM chat stream as the router
+// tracks it (ids asked and stripped): the first chunk with a 700-id
+// prompt, 15 steady chunks, the finish and [DONE] (one op = one stream).
+func BenchmarkObserveStream(b *testing.B) {
+	prompt := make([]byte, 0, 4096)
+	prompt = append(prompt, '[')
+	for i := range 700 {
+		if i > 0 {
+			prompt = append(prompt, ',')
+		}
+		prompt = strconv.AppendInt(prompt, int64(32+i%90), 10)
+	}
+	prompt = append(prompt, ']')
+	head := `data: {"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,`
+	evs := [][]byte{[]byte(head + `"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":` + string(prompt) + "}\n\n")}
+	for i := range 15 {
+		evs = append(evs, []byte(head+`"delta":{"content":"t`+strconv.Itoa(i)+`"},"logprobs":null,"finish_reason":null,"token_ids":[`+strconv.Itoa(100+i)+"]}]}\n\n"))
+	}
+	evs = append(evs, []byte(head+`"delta":{"content":"!"},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":[33]}]}`+"\n\n"), []byte("data: [DONE]\n\n"))
+	var t continuation.Tracker
+	b.ReportAllocs()
+	for range b.N {
+		t.Reset(true)
+		for _, ev := range evs {
+			t.ObserveEvent(ev)
+		}
 	}
 }
