@@ -331,7 +331,14 @@ func (k *KVD) Validate() error {
 		}
 	}
 	if len(k.Etcd.Endpoints) > 0 {
+		// Etcd.Prefix is --etcd-kvd-prefix here.
+		if !strings.HasPrefix(k.Etcd.Prefix, "/") {
+			p.Addf("--etcd-kvd-prefix %q: must start with /", k.Etcd.Prefix)
+		}
+		prefix := k.Etcd.Prefix
+		k.Etcd.Prefix = "/"
 		k.Etcd.Validate(&p)
+		k.Etcd.Prefix = prefix
 		if k.PeerListen == "" {
 			p.Addf("--etcd-endpoints registers this kvd's peer listener: set --peer-listen too")
 		} else if h := k.PeerRegistryHost(); h == "" {

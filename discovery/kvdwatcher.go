@@ -23,7 +23,9 @@ type KVDSnapshot struct {
 	byHost map[string]int
 }
 
-func newKVDSnapshot(rev int64, kvds []KVDRecord) *KVDSnapshot {
+// NewKVDSnapshot returns the snapshot of kvds (sorted in place) at rev,
+// as KVDWatcher publishes them.
+func NewKVDSnapshot(rev int64, kvds []KVDRecord) *KVDSnapshot {
 	slices.SortFunc(kvds, func(a, b KVDRecord) int { return strings.Compare(a.Peer, b.Peer) })
 	s := &KVDSnapshot{Revision: rev, KVDs: kvds, byHost: make(map[string]int, len(kvds))}
 	for i, k := range kvds {
@@ -69,7 +71,7 @@ type KVDWatcher struct {
 func NewKVDWatcher(cli *clientv3.Client, prefix string, log zerolog.Logger, onChange func(*KVDSnapshot)) *KVDWatcher {
 	w := &KVDWatcher{onChange: onChange, recs: map[string]KVDRecord{}, invalid: map[string]int64{}}
 	w.watchLoop = newWatchLoop(cli, prefix, log.With().Str("component", "discovery_kvd_watcher").Str("prefix", prefix).Logger(), "kvd registry", "kvds", w)
-	w.snap.Store(newKVDSnapshot(0, nil))
+	w.snap.Store(NewKVDSnapshot(0, nil))
 	return w
 }
 
@@ -160,7 +162,7 @@ func (w *KVDWatcher) publish(rev int64) {
 	for _, r := range w.recs {
 		kvds = append(kvds, r)
 	}
-	s := newKVDSnapshot(rev, kvds)
+	s := NewKVDSnapshot(rev, kvds)
 	w.snap.Store(s)
 	w.markSynced()
 	if w.onChange != nil {
