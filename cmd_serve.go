@@ -168,6 +168,15 @@ func runServe(ctx context.Context, cfg config.Serve, policies *router.Registry, 
 				cancel(fmt.Errorf("fleet watcher: %w", err))
 			}
 		})
+		if cfg.KV.PeerHints {
+			// The kvd registry names each worker's host's kvd.
+			kvds := discovery.NewKVDWatcher(cli, cfg.KV.KVDPrefix, log, rt.UpdateKVDs)
+			spawn(func(ctx context.Context) {
+				if err := kvds.Run(ctx); err != nil {
+					cancel(fmt.Errorf("kvd registry watcher: %w", err))
+				}
+			})
+		}
 	}
 
 	var lc net.ListenConfig

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/kvd"
 	"github.com/infera/infera/kvd/peer"
 	"github.com/infera/infera/transport"
@@ -31,6 +33,9 @@ type kvdPeer struct {
 	srvEng     transport.Engine // the pull engine itself with Mooncake
 	srv        *peer.Server
 	addr       string
+	segment    string         // the Mooncake segment name, with --peer-transport mooncake
+	fence      *registryFence // with --etcd-endpoints
+	registry   *kvdRegistry
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
 }
@@ -51,6 +56,7 @@ func startPeer(ctx context.Context, cfg config.KVD, store *kvd.Store, log zerolo
 			host, _ := os.Hostname()
 			name = host + ":0"
 		}
+		p.segment = name
 		if p.pullEng, err = newMooncakeEngine(cfg, name); err != nil {
 			return nil, fmt.Errorf("kvd peer (--peer-transport mooncake): %w", err)
 		}
@@ -66,19 +72,39 @@ func startPeer(ctx context.Context, cfg config.KVD, store *kvd.Store, log zerolo
 	if cfg.PeerListen == "" || store.Arena() == nil {
 		return p, nil
 	}
-	if err := p.listen(ctx, cfg, store, log); err != nil {
+	if len(cfg.Etcd.Endpoints) > 0 {
+		p.fence = &registryFence{log: log}
+	}
+	desc, err := p.listen(ctx, cfg, store, log)
+	if err != nil {
 		p.stop()
 		return nil, err
+	}
+	if p.fence != nil {
+		// Other kvds admit this one's pulls by its registered host: pull
+		// from the --peer-listen address when it names one.
+		if host, _, _ := net.SplitHostPort(cfg.PeerListen); host != "" {
+			if a, err := netip.ParseAddr(host); err == nil && !a.IsUnspecified() {
+				p.puller.SetSource(a)
+			}
+		}
+		rec := discovery.KVDRecord{Host: cfg.PeerRegistryHost(), Peer: p.addr, Transport: desc}
+		if p.registry, err = startRegistry(ctx, cfg, rec, p.fence, log); err != nil {
+			p.stop()
+			return nil, err
+		}
 	}
 	return p, nil
 }
 
 // listen serves locate requests on --peer-listen and the arena's bytes
-// on the port after it.
-func (p *kvdPeer) listen(ctx context.Context, cfg config.KVD, store *kvd.Store, log zerolog.Logger) error {
+// on the port after it; it returns the arena's transport as the kvd
+// registry describes it.
+func (p *kvdPeer) listen(ctx context.Context, cfg config.KVD, store *kvd.Store, log zerolog.Logger) (discovery.KVDTransport, error) {
+	var desc discovery.KVDTransport
 	ln, err := net.Listen("tcp", cfg.PeerListen)
 	if err != nil {
-		return fmt.Errorf("kvd peer listen: %w", err)
+		return desc, fmt.Errorf("kvd peer listen: %w", err)
 	}
 	host, port, _ := net.SplitHostPort(ln.Addr().String())
 	adv := cfg.PeerAdvertise
@@ -89,25 +115,31 @@ func (p *kvdPeer) listen(ctx context.Context, cfg config.KVD, store *kvd.Store, 
 	if cfg.PeerTransport == "mooncake" {
 		p.srvEng = p.pullEng
 		transportAddr = "mooncake"
+		desc = discovery.KVDTransport{Kind: discovery.KVDTransportMooncake, Addr: p.segment}
 	} else {
 		n, _ := strconv.Atoi(port)
 		tln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(n+1)))
 		if err != nil {
 			ln.Close()
-			return fmt.Errorf("kvd peer listen (arena transport, the port after --peer-listen): %w", err)
+			return desc, fmt.Errorf("kvd peer listen (arena transport, the port after --peer-listen): %w", err)
 		}
 		_, tport, _ := net.SplitHostPort(tln.Addr().String())
 		eng, err := transport.NewTCP(transport.TCPConfig{Listener: tln, Advertise: net.JoinHostPort(adv, tport), Log: log})
 		if err != nil {
 			ln.Close()
 			tln.Close()
-			return fmt.Errorf("kvd peer: %w", err)
+			return desc, fmt.Errorf("kvd peer: %w", err)
 		}
 		p.srvEng, transportAddr = eng, eng.Addr()
+		desc = discovery.KVDTransport{Kind: discovery.KVDTransportTCP, Addr: eng.Addr()}
 	}
-	if p.srv, err = peer.NewServer(store, p.srvEng, peer.ServerOptions{Secret: []byte(cfg.PeerSecret), Allow: cfg.PeerAllow, Hint: p.prefetcher.HintWait, Log: log}); err != nil {
+	opt := peer.ServerOptions{Secret: []byte(cfg.PeerSecret), Allow: cfg.PeerAllow, Hint: p.prefetcher.HintWait, Log: log}
+	if p.fence != nil {
+		opt.Registered = p.fence.registered
+	}
+	if p.srv, err = peer.NewServer(store, p.srvEng, opt); err != nil {
 		ln.Close()
-		return err
+		return desc, err
 	}
 	p.addr = net.JoinHostPort(adv, port)
 	sctx, cancel := context.WithCancel(ctx)
@@ -120,8 +152,8 @@ func (p *kvdPeer) listen(ctx context.Context, cfg config.KVD, store *kvd.Store, 
 		}
 	}()
 	log.Info().Str("peer_listen", p.addr).Str("arena_transport", transportAddr).Bool("secret", cfg.PeerSecret != "").
-		Int("allowed_networks", len(cfg.PeerAllow)).Msg("kvd peer listener: other hosts' kvds may pull from this arena")
-	return nil
+		Int("allowed_networks", len(cfg.PeerAllow)).Bool("registered_only", p.fence != nil).Msg("kvd peer listener: other hosts' kvds may pull from this arena")
+	return desc, nil
 }
 
 // hint is kvd.ServerOptions.PeerPrefetch.
@@ -130,10 +162,17 @@ func (p *kvdPeer) hint(source string, model, compat []byte, keys [][]byte, deadl
 }
 
 func (p *kvdPeer) collectors() []prometheus.Collector {
-	return []prometheus.Collector{p.prefetcher.Collector()}
+	cs := []prometheus.Collector{p.prefetcher.Collector()}
+	if p.srv != nil {
+		cs = append(cs, p.srv.Collector())
+	}
+	return cs
 }
 
 func (p *kvdPeer) stop() {
+	if p.registry != nil {
+		p.registry.stop()
+	}
 	if p.cancel != nil {
 		p.cancel()
 		p.wg.Wait()

@@ -2,6 +2,7 @@ package config
 
 import (
 	"math"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -95,6 +96,12 @@ type KVD struct {
 	PeerMooncakeMetadata string
 	PeerMooncakeName     string
 	PeerMooncakeProtocol string
+	// Etcd (--etcd-endpoints, off when empty) registers this kvd in the
+	// kvd registry under Etcd.Prefix (--etcd-kvd-prefix) and fences the
+	// peer listener by it; LeaseTTL and KeepAliveInterval tune the lease.
+	Etcd              Etcd
+	LeaseTTL          time.Duration
+	KeepAliveInterval time.Duration
 
 	MaxBytes       int64 // RAM budget: the arena plus inline values
 	ArenaBytes     int64 // 0: no shared arena
@@ -116,7 +123,7 @@ const DefaultKVDSocket = "/run/infera/kvd.sock"
 
 // Flags returns the kvd flags, binding each to its field.
 func (k *KVD) Flags() []cli.Flag {
-	return append(k.Log.Flags(),
+	return append(append(k.Log.Flags(),
 		String("socket", "Unix socket the daemon listens on (created 0600; a stale socket is replaced)", &k.Socket, DefaultKVDSocket),
 		String("admin-listen", "host:port of the Prometheus /metrics and /health endpoint (empty = none)", &k.AdminListen, "127.0.0.1:9478"),
 		StringSlice("allow-uid", "peer uids allowed on the socket (SO_PEERCRED), comma-separated; unset = the daemon's own uid and root", nil),
@@ -165,14 +172,45 @@ func (k *KVD) Flags() []cli.Flag {
 		String("peer-mooncake-metadata", "Mooncake metadata connection string (P2PHANDSHAKE, etcd://…, http://…)", &k.PeerMooncakeMetadata, "P2PHANDSHAKE"),
 		String("peer-mooncake-name", "this kvd's Mooncake segment name, host:port (default: the --peer-listen address, or the host name for a kvd that only pulls)", &k.PeerMooncakeName, ""),
 		String("peer-mooncake-protocol", "Mooncake transport to install: rdma or tcp (empty: the engine decides)", &k.PeerMooncakeProtocol, ""),
-		StringSlice("peer-allow", "networks (CIDR) whose kvds may pull from this one, comma-separated (empty = any)", nil),
+		StringSlice("peer-allow", "networks (CIDR) whose kvds may pull from this one, comma-separated (empty = any; with --etcd-endpoints, the networks admitted beside the registered kvds: the routers' that send hints)", nil),
+		Duration("lease-ttl", "etcd lease TTL of this kvd's record in the kvd registry (--etcd-endpoints)", &k.LeaseTTL, 10*time.Second),
+		Duration("keepalive-interval", "etcd lease keepalive interval (less than --lease-ttl)", &k.KeepAliveInterval, 3*time.Second),
 		String("long-backend", "where long entries go below RAM: tablespace (the L3 of --long-path, Redis L4 with --l4-redis) or mooncake (L4 on Mooncake Store, below L3 when --long-path is set; needs the GPU build)", &k.LongBackend, LongBackendTablespace),
 		String("mooncake-config", "YAML with the Mooncake Store settings (master_address, cluster_id, local_hostname, metadata_server, protocol, device_name, global_segment_size, local_buffer_size, max_value_bytes, library); INFERA_L4_<KEY> variables win over it", &k.MooncakeConfig, ""),
-	)
+	), k.etcdFlags()...)
+}
+
+// DefaultKVDPrefix is the etcd prefix of the kvd registry (kvd and serve
+// --etcd-kvd-prefix): beside Infera's worker prefix, not below it.
+const DefaultKVDPrefix = "/infera/kvds/"
+
+// KVDPrefixFlag is --etcd-kvd-prefix, for kvd and serve.
+func KVDPrefixFlag(dest *string) cli.Flag {
+	return String("etcd-kvd-prefix", "key prefix of the kvd registry: kvds register their host, peer listener and transport there (kvd --etcd-endpoints), routers read it to name the kvd of a worker's host", dest, DefaultKVDPrefix)
+}
+
+// etcdFlags are the shared etcd client flags with the kvd registry's
+// prefix in place of the worker prefix, and no endpoint by default.
+func (k *KVD) etcdFlags() []cli.Flag {
+	var out []cli.Flag
+	for _, f := range k.Etcd.Flags() {
+		switch f.Names()[0] {
+		case "etcd-prefix":
+			out = append(out, KVDPrefixFlag(&k.Etcd.Prefix))
+		case "etcd-endpoints":
+			sf := f.(*cli.StringSliceFlag)
+			sf.Usage = "etcd endpoints (host:port or URL), comma-separated: register this kvd in the kvd registry and serve the peer listener only to registered kvds (and --peer-allow); needs --peer-listen (empty = no registry)"
+			out = append(out, sf)
+		default:
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // Finish copies slice flags out of the parsed command line.
 func (k *KVD) Finish(c *cli.Context) {
+	k.Etcd.Finish(c)
 	k.allowUIDText = SplitList(c.StringSlice("allow-uid"))
 	k.longPathsText = SplitList(c.StringSlice("long-paths"))
 	k.l4RedisText = SplitList(c.StringSlice("l4-redis"))
@@ -292,6 +330,27 @@ func (k *KVD) Validate() error {
 			p.Addf("--peer-listen needs the shared arena (--shared-arena-bytes is 0)")
 		}
 	}
+	if len(k.Etcd.Endpoints) > 0 {
+		// Etcd.Prefix is --etcd-kvd-prefix here.
+		if !strings.HasPrefix(k.Etcd.Prefix, "/") {
+			p.Addf("--etcd-kvd-prefix %q: must start with /", k.Etcd.Prefix)
+		}
+		prefix := k.Etcd.Prefix
+		k.Etcd.Prefix = "/"
+		k.Etcd.Validate(&p)
+		k.Etcd.Prefix = prefix
+		if k.PeerListen == "" {
+			p.Addf("--etcd-endpoints registers this kvd's peer listener: set --peer-listen too")
+		} else if h := k.PeerRegistryHost(); h == "" {
+			p.Addf("--etcd-endpoints: --peer-listen %q binds every address; set --peer-advertise to the host other kvds and this host's workers know it by", k.PeerListen)
+		}
+		if k.LeaseTTL < time.Second {
+			p.Addf("--lease-ttl must be at least 1s")
+		}
+		if k.KeepAliveInterval <= 0 || k.KeepAliveInterval >= k.LeaseTTL {
+			p.Addf("--keepalive-interval must be positive and less than --lease-ttl")
+		}
+	}
 	switch k.ArenaHIPRegister {
 	case "auto", "on", "off":
 	default:
@@ -311,6 +370,21 @@ func (k *KVD) Validate() error {
 		p.Addf("--long-backend %q: want tablespace or mooncake", k.LongBackend)
 	}
 	return p.Err()
+}
+
+// PeerRegistryHost is the host this kvd registers (--peer-advertise, or
+// the --peer-listen host), without brackets; "" when neither names one
+// (the listener binds every address).
+func (k *KVD) PeerRegistryHost() string {
+	h := k.PeerAdvertise
+	if h == "" {
+		h, _, _ = net.SplitHostPort(k.PeerListen)
+	}
+	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	if a, err := netip.ParseAddr(h); err == nil && a.IsUnspecified() {
+		return ""
+	}
+	return h
 }
 
 // KVDStat configures `infera kvd stat`.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/urfave/cli/v2"
 )
@@ -78,5 +79,32 @@ func TestParseBytes(t *testing.T) {
 		if _, err := ParseBytes(in); err == nil {
 			t.Errorf("ParseBytes(%q) accepted", in)
 		}
+	}
+}
+
+// The kvd registry: off without endpoints; INFERA_ETCD_ENDPOINTS turns it
+// on; it needs a peer listener with a concrete host; the prefix flag is
+// the registry's, not the workers'.
+func TestKVDRegistryFlags(t *testing.T) {
+	k, err := parseKVD(t)
+	if err != nil || len(k.Etcd.Endpoints) != 0 || k.Etcd.Prefix != DefaultKVDPrefix || k.LeaseTTL != 10*time.Second {
+		t.Fatalf("defaults: %v %+v", err, k.Etcd)
+	}
+	t.Setenv("INFERA_ETCD_ENDPOINTS", "http://10.0.0.1:2379")
+	if _, err := parseKVD(t); err == nil || !strings.Contains(err.Error(), "set --peer-listen too") {
+		t.Fatalf("registry without a listener: %v", err)
+	}
+	if _, err := parseKVD(t, "--peer-listen", ":9480"); err == nil || !strings.Contains(err.Error(), "--peer-advertise") {
+		t.Fatalf("registry with a wildcard listener: %v", err)
+	}
+	k, err = parseKVD(t, "--peer-listen", "0.0.0.0:9480", "--peer-advertise", "node-7", "--etcd-kvd-prefix", "/fleet/kvds")
+	if err != nil || k.Etcd.Endpoints[0] != "http://10.0.0.1:2379" || k.Etcd.Prefix != "/fleet/kvds/" || k.PeerRegistryHost() != "node-7" {
+		t.Fatalf("registry: %v %+v host %q", err, k.Etcd, k.PeerRegistryHost())
+	}
+	if k, err := parseKVD(t, "--peer-listen", "[fd00::7]:9480"); err != nil || k.PeerRegistryHost() != "fd00::7" {
+		t.Fatalf("IPv6 listener: %v host %q", err, k.PeerRegistryHost())
+	}
+	if _, err := parseKVD(t, "--peer-listen", "10.0.0.7:9480", "--keepalive-interval", "20s"); err == nil || !strings.Contains(err.Error(), "--keepalive-interval") {
+		t.Fatalf("keepalive above the TTL: %v", err)
 	}
 }

@@ -235,6 +235,10 @@ type ServeKV struct {
 	PeerHints  bool
 	PeerSecret string
 	PeerWait   time.Duration
+	// KVDPrefix (--etcd-kvd-prefix) is the kvd registry the router reads,
+	// with --kvd-peer-hints and the etcd backend, to name each worker's
+	// host's kvd.
+	KVDPrefix string
 }
 
 // defaultOverlapWeight is the default of --kv-overlap-weight, and so of the
@@ -267,13 +271,15 @@ func (k *ServeKV) flags() []cli.Flag {
 		Duration("kv-rebuild-after", "after a KV-event stream joined a running engine or resynced, route the worker precisely again this long later (0: only once its engine clears its cache)", &k.RebuildAfter, 5*time.Second),
 		String("kv-events-listen", "bind one ZMQ SUB socket, tcp://HOST:PORT, that workers' engines connect to and publish KV events on (worker --kv-events-router); empty = subscribe to each worker's own endpoint only", &k.EventsListen, ""),
 		kvEventTransportFlag(&k.EventTransport),
-		Bool("kvd-peer-hints", "kv-aware: before sending a request to a worker whose host's kvd lacks a prefix that a worker on another host holds, have that kvd pull the blocks from the other host's kvd (both workers' records name their kvd's peer listener: worker --kvd-peer)", &k.PeerHints, false),
+		Bool("kvd-peer-hints", "kv-aware: before sending a request to a worker whose host's kvd lacks a prefix that a worker on another host holds, have that kvd pull the blocks from the other host's kvd (each host's kvd is the one registered in the kvd registry for the host of the worker's id, kvd --etcd-endpoints; else the one its record names, worker --kvd-peer)", &k.PeerHints, false),
+		KVDPrefixFlag(&k.KVDPrefix),
 		String("kvd-peer-secret", "the kvds' --peer-secret, carried by every prefetch hint the router sends (--kvd-peer-hints)", &k.PeerSecret, ""),
 		Duration("kvd-peer-wait", "longest wait for a directed pull before the request goes on to the engine (which computes what has not arrived); at most 5s", &k.PeerWait, 100*time.Millisecond),
 	}, k.NATS.Flags()...)
 }
 
 func (k *ServeKV) finish(c *cli.Context) {
+	k.KVDPrefix = withSlash(k.KVDPrefix)
 	if !c.IsSet("kv-prefill-overlap-weight") {
 		k.PrefillOverlapWeight = k.OverlapWeight
 	}
@@ -283,6 +289,9 @@ func (k *ServeKV) finish(c *cli.Context) {
 }
 
 func (k *ServeKV) validate(p *Problems) {
+	if !strings.HasPrefix(k.KVDPrefix, "/") {
+		p.Addf("--etcd-kvd-prefix %q: must start with /", k.KVDPrefix)
+	}
 	if k.PeerWait < 0 || k.PeerWait > 5*time.Second {
 		p.Addf("--kvd-peer-wait %v: want 0 to 5s", k.PeerWait)
 	}

@@ -49,3 +49,39 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeKVDRecord: as FuzzDecodeRecord, for the kvd registry's records.
+func FuzzDecodeKVDRecord(f *testing.F) {
+	for _, s := range []string{
+		`{"host":"10.0.0.7","peer":"10.0.0.7:9480","transport":{"kind":"tcp","addr":"10.0.0.7:9481"}}`,
+		`{"host":"[fd00::7]","peer":"fd00::7:9480","transport":{"kind":"tcp","addr":"fd00::7:9481"}}`,
+		`{"host":"node-7","peer":"node-7:9480","transport":{"kind":"mooncake","addr":"node-7:12001"}}`,
+		`{"host":"n","peer":"n:1","transport":{"kind":"mori","addr":"key"},"x":[1]}`,
+		`{"host":"n","peer":"n:1","transport":{"kind":"tcp"}}`,
+		`null`,
+		`{}`,
+		``,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r, err := discovery.DecodeKVDRecord(data)
+		if err != nil {
+			if !errors.Is(err, discovery.ErrInvalidKVDRecord) {
+				t.Fatalf("error does not wrap ErrInvalidKVDRecord: %v", err)
+			}
+			return
+		}
+		enc, err := r.Encode()
+		if err != nil {
+			t.Fatalf("accepted record does not encode: %v\nrecord %#v", err, r)
+		}
+		again, err := discovery.DecodeKVDRecord(enc)
+		if err != nil {
+			t.Fatalf("re-encoded record rejected: %v\n%s", err, enc)
+		}
+		if again != r {
+			t.Fatalf("round trip changed the record\nfirst  %#v\nsecond %#v", r, again)
+		}
+	})
+}

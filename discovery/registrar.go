@@ -44,18 +44,23 @@ const (
 // Registrar keeps one worker record in etcd under a lease. Register writes
 // it, Run keeps the lease alive and re-registers after the lease is lost,
 // SetStatus rewrites it, Revoke removes it at once. All methods may be called
-// concurrently with Run.
+// concurrently with Run. The same lease logic keeps a kvd's record
+// (KVDRegistrar).
 type Registrar struct {
 	cli        *clientv3.Client
 	key        string
+	what       string // "worker record" or "kvd record", for logs
 	ttl        time.Duration
 	ttlSeconds int64
 	interval   time.Duration
 	rpcTimeout time.Duration
 	log        zerolog.Logger
 
-	mu      sync.Mutex
-	rec     Record
+	mu  sync.Mutex
+	rec Record
+	// encode returns the value to write; called with mu held. For a
+	// worker it encodes rec, whose status SetStatus changes.
+	encode  func() ([]byte, error)
 	lease   clientv3.LeaseID // 0: none granted yet
 	stale   bool             // lease lost or presumed lost: grant a new one
 	needPut bool             // the record under lease is not (known to be) current
@@ -69,6 +74,15 @@ type Registrar struct {
 // NewRegistrar returns a registrar for rec under prefix+rec.WorkerID. The
 // record is validated by Register.
 func NewRegistrar(cli *clientv3.Client, prefix string, rec Record, opts RegistrarOptions, log zerolog.Logger) *Registrar {
+	r := newRegistrar(cli, prefix+rec.WorkerID, "worker record", opts, log.With().Str("component", "discovery_registrar").Str("worker_id", rec.WorkerID).Logger())
+	r.rec = rec
+	r.encode = func() ([]byte, error) { return r.rec.Encode() }
+	return r
+}
+
+// newRegistrar holds the lease logic both records share; the caller sets
+// encode (and rec for a worker).
+func newRegistrar(cli *clientv3.Client, key, what string, opts RegistrarOptions, log zerolog.Logger) *Registrar {
 	ttl := opts.TTL
 	if ttl <= 0 {
 		ttl = DefaultLeaseTTL
@@ -84,15 +98,15 @@ func NewRegistrar(cli *clientv3.Client, prefix string, rec Record, opts Registra
 	}
 	return &Registrar{
 		cli:        cli,
-		key:        prefix + rec.WorkerID,
+		key:        key,
+		what:       what,
 		ttl:        ttl,
 		ttlSeconds: secs,
 		interval:   interval,
 		// A keepalive that has not answered within one interval is treated
 		// as failed so that retries start while the lease still has time.
 		rpcTimeout: max(interval, 500*time.Millisecond),
-		log:        log.With().Str("component", "discovery_registrar").Str("worker_id", rec.WorkerID).Logger(),
-		rec:        rec,
+		log:        log,
 		revokedCh:  make(chan struct{}),
 	}
 }
@@ -106,7 +120,7 @@ func (r *Registrar) Register(ctx context.Context) error {
 	if r.revoked {
 		return ErrRevoked
 	}
-	if _, err := r.rec.Encode(); err != nil {
+	if _, err := r.encode(); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.ttl)
@@ -114,7 +128,7 @@ func (r *Registrar) Register(ctx context.Context) error {
 	if err := r.registerLocked(ctx); err != nil {
 		return fmt.Errorf("register %s: %w", r.key, err)
 	}
-	r.log.Debug().Int64("lease_id", int64(r.lease)).Dur("ttl", r.ttl).Msg("worker record written")
+	r.log.Debug().Int64("lease_id", int64(r.lease)).Dur("ttl", r.ttl).Msg(r.what + " written")
 	return nil
 }
 
@@ -252,7 +266,7 @@ func (r *Registrar) repairLocked(ctx context.Context) error {
 		return err
 	}
 	if r.state != leaseOK {
-		r.log.Info().Int64("lease_id", int64(r.lease)).Msg("worker record re-registered")
+		r.log.Info().Int64("lease_id", int64(r.lease)).Msg(r.what + " re-registered")
 		r.state = leaseOK
 	}
 	return nil
@@ -282,7 +296,7 @@ func (r *Registrar) registerLocked(ctx context.Context) error {
 }
 
 func (r *Registrar) putLocked(ctx context.Context) error {
-	value, err := r.rec.Encode()
+	value, err := r.encode()
 	if err != nil {
 		return err
 	}
@@ -348,3 +362,27 @@ func (r *Registrar) Record() Record {
 	defer r.mu.Unlock()
 	return r.rec
 }
+
+// KVDRegistrar keeps one kvd's record in etcd under a lease, with the
+// worker registrar's lease logic (keepalive, re-registration after a lost
+// lease, backoff while etcd is away). The record does not change while
+// registered.
+type KVDRegistrar struct{ r *Registrar }
+
+// NewKVDRegistrar returns a registrar for rec under prefix+rec.Peer. The
+// record is validated by Register.
+func NewKVDRegistrar(cli *clientv3.Client, prefix string, rec KVDRecord, opts RegistrarOptions, log zerolog.Logger) *KVDRegistrar {
+	r := newRegistrar(cli, prefix+bracketHostPort(rec.Peer), "kvd record", opts,
+		log.With().Str("component", "discovery_registrar").Str("kvd_peer", rec.Peer).Logger())
+	r.encode = rec.Encode
+	return &KVDRegistrar{r: r}
+}
+
+// Register writes the record under a fresh lease (see Registrar.Register).
+func (k *KVDRegistrar) Register(ctx context.Context) error { return k.r.Register(ctx) }
+
+// Run keeps the lease alive until ctx ends or Revoke (see Registrar.Run).
+func (k *KVDRegistrar) Run(ctx context.Context) error { return k.r.Run(ctx) }
+
+// Revoke removes the record at once and stops Run.
+func (k *KVDRegistrar) Revoke(ctx context.Context) error { return k.r.Revoke(ctx) }

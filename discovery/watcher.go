@@ -42,30 +42,38 @@ type watcherHooks struct {
 	afterList  func(n int, rev int64) // runs before the watch from rev+1 starts
 }
 
-// Watcher keeps an immutable view of the worker records under one prefix:
-// it lists the prefix at revision R, watches from R+1, and whenever the watch
-// cannot continue exactly (compaction, cancel, lost leader, closed stream)
-// lists again and rebuilds the view from scratch, so a worker deleted while
-// the watch was down cannot survive as a phantom.
-type Watcher struct {
-	cli      *clientv3.Client
-	prefix   string
-	log      zerolog.Logger
-	onChange func(*Snapshot)
+// registryView is what a watchLoop keeps current: the worker fleet
+// (Watcher) or the kvd registry (KVDWatcher). Its methods run on the
+// loop's Run goroutine.
+type registryView interface {
+	// rebuild replaces the view with the listed keys (n counts lists from 1).
+	rebuild(kvs []*mvccpb.KeyValue, rev int64, n int)
+	// apply applies one watch response.
+	apply(events []*clientv3.Event, rev int64)
+	// nextExpiry and expireHeld drive held removals (Watcher.SetOutageGrace).
+	nextExpiry() (time.Time, bool)
+	expireHeld(now time.Time)
+	// size is the number of entries, for logs.
+	size() int
+}
 
-	snap     atomic.Pointer[Snapshot]
+// watchLoop lists one prefix at revision R, watches from R+1, and whenever
+// the watch cannot continue exactly (compaction, cancel, lost leader,
+// closed stream) lists again and has its view rebuilt from scratch, so an
+// entry deleted while the watch was down cannot survive as a phantom. The
+// worker fleet and the kvd registry share it.
+type watchLoop struct {
+	cli    *clientv3.Client
+	prefix string
+	log    zerolog.Logger
+	view   registryView
+	// what names the view in logs ("fleet", "kvd registry"); countField
+	// is the log field of its size ("workers", "kvds").
+	what, countField string
+
 	synced   chan struct{}
 	syncOnce sync.Once
 	lists    atomic.Int64
-
-	// invalid maps the key of each invalid record to the mod revision that
-	// was reported, so each bad value is logged once, not on every re-list.
-	// Owned by the Run goroutine.
-	invalid map[string]int64
-	// foreign holds the keys under the prefix that cannot be worker records
-	// (a '/' after the prefix, like Infera's planner/decision), each logged
-	// once at debug level and otherwise skipped. Owned by the Run goroutine.
-	foreign map[string]struct{}
 
 	mu      sync.Mutex
 	current clientv3.Watcher // watch stream of the running session
@@ -79,6 +87,38 @@ type Watcher struct {
 	// when it ends. Owned by the Run goroutine.
 	outage bool
 
+	hooks watcherHooks
+}
+
+func newWatchLoop(cli *clientv3.Client, prefix string, log zerolog.Logger, what, countField string, view registryView) watchLoop {
+	return watchLoop{cli: cli, prefix: prefix, log: log, view: view, what: what, countField: countField,
+		synced: make(chan struct{}), probeInterval: defaultProbeInterval, listTimeout: listTimeout}
+}
+
+// Synced is closed once the first list has been published, so a server can
+// wait for a real view before it answers "no worker".
+func (w *watchLoop) Synced() <-chan struct{} { return w.synced }
+
+func (w *watchLoop) markSynced() { w.syncOnce.Do(func() { close(w.synced) }) }
+
+// Watcher keeps an immutable view of the worker records under one prefix
+// (watchLoop): a worker deleted while the watch was down cannot survive as
+// a phantom.
+type Watcher struct {
+	watchLoop
+	onChange func(*Snapshot)
+
+	snap atomic.Pointer[Snapshot]
+
+	// invalid maps the key of each invalid record to the mod revision that
+	// was reported, so each bad value is logged once, not on every re-list.
+	// Owned by the Run goroutine.
+	invalid map[string]int64
+	// foreign holds the keys under the prefix that cannot be worker records
+	// (a '/' after the prefix, like Infera's planner/decision), each logged
+	// once at debug level and otherwise skipped. Owned by the Run goroutine.
+	foreign map[string]struct{}
+
 	// grace holds removals after a re-list (see SetOutageGrace); held maps
 	// each held worker id to when it is removed after all, and recovered
 	// is when the last re-list ended the watch's interruption. Owned by
@@ -86,8 +126,6 @@ type Watcher struct {
 	grace     time.Duration
 	held      map[string]time.Time
 	recovered time.Time
-
-	hooks watcherHooks
 }
 
 // SetOutageGrace makes the watcher hold, for d, each removal it learns from
@@ -104,18 +142,12 @@ func (w *Watcher) SetOutageGrace(d time.Duration) { w.grace = d }
 // quickly because it delays the next update.
 func NewWatcher(cli *clientv3.Client, prefix string, log zerolog.Logger, onChange func(*Snapshot)) *Watcher {
 	w := &Watcher{
-		cli:      cli,
-		prefix:   prefix,
-		log:      log.With().Str("component", "discovery_watcher").Str("prefix", prefix).Logger(),
 		onChange: onChange,
-		synced:   make(chan struct{}),
 		invalid:  make(map[string]int64),
 		foreign:  make(map[string]struct{}),
 		held:     make(map[string]time.Time),
-
-		probeInterval: defaultProbeInterval,
-		listTimeout:   listTimeout,
 	}
+	w.watchLoop = newWatchLoop(cli, prefix, log.With().Str("component", "discovery_watcher").Str("prefix", prefix).Logger(), "fleet", "workers", w)
 	w.snap.Store(&Snapshot{})
 	return w
 }
@@ -124,14 +156,10 @@ func NewWatcher(cli *clientv3.Client, prefix string, log zerolog.Logger, onChang
 // first list).
 func (w *Watcher) Snapshot() *Snapshot { return w.snap.Load() }
 
-// Synced is closed once the first list has been published, so a server can
-// wait for a real fleet view before it answers "no worker".
-func (w *Watcher) Synced() <-chan struct{} { return w.synced }
-
 // Run lists and watches until ctx is done, then returns nil. Failures never
 // end it: it re-lists with a capped, jittered backoff while etcd is away.
 // Call it once, from one goroutine.
-func (w *Watcher) Run(ctx context.Context) error {
+func (w *watchLoop) Run(ctx context.Context) error {
 	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
 	for {
 		watched, err := w.session(ctx)
@@ -144,9 +172,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 			// keeps routing on the snapshot it has.
 			if !w.outage {
 				w.outage = true
-				s := w.Snapshot()
-				w.log.Warn().Err(err).Int("workers", len(s.Workers)).Int64("revision", s.Revision).
-					Msg("etcd unreachable: keeping the last fleet snapshot and retrying")
+				w.log.Warn().Err(err).Int(w.countField, w.view.size()).
+					Msg("etcd unreachable: keeping the last " + w.what + " snapshot and retrying")
 			} else {
 				w.log.Debug().Err(err).Msg("etcd still unreachable")
 			}
@@ -166,7 +193,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 
 // session does one list and the watch that follows it. It returns how long
 // the watch ran (-1 when the list failed) and why it ended.
-func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
+func (w *watchLoop) session(ctx context.Context) (time.Duration, error) {
 	n := int(w.lists.Add(1))
 	if w.hooks.beforeList != nil {
 		w.hooks.beforeList(n)
@@ -178,12 +205,12 @@ func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
 		return -1, fmt.Errorf("list %s: %w", w.prefix, err)
 	}
 	rev := resp.Header.Revision
-	w.expireHeld(time.Now())
-	w.rebuild(resp.Kvs, rev, n)
+	w.view.expireHeld(time.Now())
+	w.view.rebuild(resp.Kvs, rev, n)
 	if w.outage {
 		w.outage = false
-		w.log.Info().Int64("revision", rev).Int("workers", len(w.Snapshot().Workers)).
-			Msg("etcd reachable again: fleet view re-listed")
+		w.log.Info().Int64("revision", rev).Int(w.countField, w.view.size()).
+			Msg("etcd reachable again: " + w.what + " view re-listed")
 	}
 	if w.hooks.afterList != nil {
 		w.hooks.afterList(n, rev)
@@ -222,13 +249,13 @@ func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
 	defer expiry.Stop()
 	for {
 		var expire <-chan time.Time
-		if next, ok := w.nextExpiry(); ok {
+		if next, ok := w.view.nextExpiry(); ok {
 			expiry.Reset(time.Until(next))
 			expire = expiry.C
 		}
 		select {
 		case <-expire:
-			w.expireHeld(time.Now())
+			w.view.expireHeld(time.Now())
 			continue
 		case wr, ok := <-ch:
 			if !ok {
@@ -241,7 +268,7 @@ func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
 				return time.Since(start), errWatchCanceled
 			}
 			if len(wr.Events) > 0 {
-				w.apply(wr.Events, wr.Header.Revision)
+				w.view.apply(wr.Events, wr.Header.Revision)
 			}
 		case err := <-probeFailed:
 			return time.Since(start), fmt.Errorf("%w: %w", errEtcdUnreachable, err)
@@ -252,7 +279,7 @@ func (w *Watcher) session(ctx context.Context) (time.Duration, error) {
 // probe reads one key count (a linearizable read, so it needs a quorum)
 // every probeInterval until ctx ends, and reports the first failure on
 // failed. Owned by one session.
-func (w *Watcher) probe(ctx context.Context, failed chan<- error) {
+func (w *watchLoop) probe(ctx context.Context, failed chan<- error) {
 	t := time.NewTicker(w.probeInterval)
 	defer t.Stop()
 	for {
@@ -404,9 +431,11 @@ func (w *Watcher) reportInvalid(key string, modRev int64, err error) {
 	w.log.Warn().Str("key", clip(key)).Int64("mod_revision", modRev).Err(err).Msg("ignoring invalid worker record")
 }
 
+func (w *Watcher) size() int { return len(w.Snapshot().Workers) }
+
 func (w *Watcher) publish(s *Snapshot) {
 	w.snap.Store(s)
-	w.syncOnce.Do(func() { close(w.synced) })
+	w.markSynced()
 	if w.onChange != nil {
 		w.onChange(s)
 	}
@@ -414,7 +443,7 @@ func (w *Watcher) publish(s *Snapshot) {
 
 // closeWatch closes the running session's watch stream, which ends its
 // watch channel exactly as a server-side cancel does. For tests.
-func (w *Watcher) closeWatch() bool {
+func (w *watchLoop) closeWatch() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.current == nil {

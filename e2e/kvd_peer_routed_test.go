@@ -13,54 +13,66 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/discovery/etcdtest"
+	"github.com/infera/infera/kvd"
+	"github.com/infera/infera/kvd/peer"
 )
 
 // TestKVDPeerPullRouted (issue 32, acceptance 2): the router directs a
-// kvd-to-kvd pull. Two "hosts", each an `infera kvd` with a peer listener
-// and an `infera worker --engine sim` using it (--kvd-write-through: the
-// sim stores what it computes, as vLLM's kvd connector does). A prompt's
-// prefix is computed on host G; while G is busy (two long streams in
-// flight), the next request for it goes to host H. Without kvd_peer in H's
-// record the router cannot direct a pull and H recomputes the prefix; with
-// it the router first hints H's kvd, naming G's kvd as the source, H's kvd
-// pulls the 10 blocks before the sim asks, and the sim loads them: 160
-// cached tokens and a lower modelled TTFT (the sim's own step model, not
-// wall time). The summary line ("kvd-peer routed") is what
-// docs/performance.md records.
+// kvd-to-kvd pull. Two "hosts" on loopback, G (127.0.0.2) and H
+// (127.0.0.3), each an `infera kvd` with a peer listener on its host's
+// address, registered in the kvd registry of the fleet's etcd (kvd
+// --etcd-endpoints), and an `infera worker --engine sim` on the same
+// address using it (--kvd-write-through: the sim stores what it computes,
+// as vLLM's kvd connector does). No worker record names a kvd: the router
+// finds each worker's kvd in the registry by the host of its id, and the
+// kvds serve their peer listeners only to registered kvds (and to the
+// router's address, --peer-allow). A prompt's prefix is computed on host
+// G; while G is busy (two long streams in flight), the next request for
+// it goes to host H. Without a kvd registered for H's host (the worker on
+// 127.0.0.4) the router cannot direct a pull and H recomputes the prefix;
+// with it the router first hints H's kvd, naming G's registered kvd as the
+// source, H's kvd pulls the 10 blocks before the sim asks, and the sim
+// loads them: 160 cached tokens and a lower modelled TTFT (the sim's own
+// step model, not wall time). The summary line ("kvd-peer routed") is
+// what docs/performance.md records.
 func TestKVDPeerPullRouted(t *testing.T) {
 	dir := t.TempDir()
 	const secret = "fleet-secret"
 	type host struct {
-		sock, admin, peer string
+		ip, sock, admin, peer string
 	}
-	startKVD := func(name string) host {
+	f := startServe(t, "--router-policy", "kv-aware", "--tokenizer", "bytes", "--kv-overlap-weight", "1",
+		"--kvd-peer-hints", "--kvd-peer-secret", secret, "--kvd-peer-wait", "3s")
+	startKVD := func(name, ip string) host {
 		port := freePortPair(t)
-		h := host{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t)),
-			peer: "127.0.0.1:" + strconv.Itoa(port)}
+		h := host{ip: ip, sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t)),
+			peer: ip + ":" + strconv.Itoa(port)}
 		p := start(t, name, "kvd", "--socket", h.sock, "--max-bytes", "32MiB", "--shared-arena-bytes", "16MiB",
 			"--arena-slot-bytes", "64KiB", "--arena-mlock=false", "--admin-listen", h.admin,
-			"--peer-listen", h.peer, "--peer-secret", secret)
+			"--peer-listen", h.peer, "--peer-secret", secret, "--peer-allow", "127.0.0.1/32",
+			"--etcd-endpoints", f.etcd, "--lease-ttl", "5s", "--keepalive-interval", "1s")
+		line := p.waitLog("kvd registered", 20*time.Second)
+		if line["host"] != ip || line["peer"] != h.peer || line["transport"] != "tcp" {
+			t.Fatalf("%s registered %v", name, line)
+		}
 		p.waitLog("kvd serving", 20*time.Second)
 		return h
 	}
-	g, h := startKVD("kvd-g"), startKVD("kvd-h")
+	g, h := startKVD("kvd-g", "127.0.0.2"), startKVD("kvd-h", "127.0.0.3")
 
-	f := startServe(t, "--router-policy", "kv-aware", "--tokenizer", "bytes", "--kv-overlap-weight", "1",
-		"--kvd-peer-hints", "--kvd-peer-secret", secret, "--kvd-peer-wait", "3s")
-	startWorker := func(name string, kv host, advertise bool, simArgs ...string) (*proc, string, string) {
+	startWorker := func(name string, kv host, ip string, simArgs ...string) (*proc, string, string) {
 		args := []string{"worker", "--engine", "sim", "--etcd-endpoints", f.etcd,
 			"--lease-ttl", "5s", "--keepalive-interval", "1s", "--drain-timeout", "5s", "--stop-grace", "5s",
 			"--kvd-socket", kv.sock}
-		if advertise {
-			args = append(args, "--kvd-peer", kv.peer)
-		}
-		args = append(append(args, "--", "--model", "sim-model", "--max-model-len", "8192", "--kvd-block-bytes", "4096",
+		args = append(append(args, "--", "--host", ip, "--model", "sim-model", "--max-model-len", "8192", "--kvd-block-bytes", "4096",
 			"--kvd-write-through"), simArgs...)
 		p := start(t, name, args...)
 		line := p.waitLog("worker registered", 60*time.Second)
 		id, _ := line["worker_id"].(string)
-		if id == "" {
-			t.Fatalf("worker registered line has no worker_id: %v", line)
+		if !strings.HasPrefix(id, ip+":") {
+			t.Fatalf("worker registered line has worker_id %q, want one on %s: %v", id, ip, line)
 		}
 		return p, id, "http://" + id
 	}
@@ -115,7 +127,7 @@ func TestKVDPeerPullRouted(t *testing.T) {
 	p1, p2 := prompt('A'), prompt('B')
 
 	// Host G computes both prefixes; its KV events tell the router.
-	_, gID, _ := startWorker("worker-g", g, true, "--step-overhead-ms", "50")
+	_, gID, _ := startWorker("worker-g", g, g.ip, "--step-overhead-ms", "50")
 	waitListed(gID)
 	for _, p := range []string{p1, p2} {
 		if w, c := ask(p); w != gID || c != 0 {
@@ -178,17 +190,19 @@ func TestKVDPeerPullRouted(t *testing.T) {
 		return cached, metric(hURL, "infera_sim_model_ttft_seconds_total") - before, wall
 	}
 
-	// Without the pull: H's record names no kvd, the router cannot direct
-	// one, and H recomputes p2.
-	hp, hID, hURL := startWorker("worker-h-plain", h, false)
+	// Without the pull: no kvd is registered for the host of H's worker
+	// (127.0.0.4; it still uses H's kvd), the router cannot direct one,
+	// and H recomputes p2.
+	hp, hID, hURL := startWorker("worker-h-plain", h, "127.0.0.4")
 	waitListed(hID)
 	cachedWithout, ttftWithout, wallWithout := measure(p2, hID, hURL)
 	hp.stop(syscall.SIGTERM)
 	f.waitWorkers(hID+" gone", 30*time.Second, func(ws map[string]string) bool { _, ok := ws[hID]; return !ok })
 
-	// With it: H's record names its kvd; the router hints it to pull p1's
-	// blocks from G's kvd and waits for the pull; H's sim loads them.
-	_, hID, hURL = startWorker("worker-h", h, true)
+	// With it: H's worker on H's host, where the registry names H's kvd;
+	// the router hints it to pull p1's blocks from G's registered kvd and
+	// waits for the pull; H's sim loads them.
+	_, hID, hURL = startWorker("worker-h", h, h.ip)
 	waitListed(hID)
 	cachedWith, ttftWith, wallWith := measure(p1, hID, hURL)
 
@@ -213,5 +227,104 @@ func TestKVDPeerPullRouted(t *testing.T) {
 	}
 	if !(ttftWith < ttftWithout) {
 		t.Fatalf("modelled TTFT %vs with the pull, %vs without", ttftWith, ttftWithout)
+	}
+	// The hint named H's and G's kvds as the registry has them.
+	directed := f.serve.waitLog("kvd peer pull directed", 10*time.Second)
+	if directed["kvd"] != h.peer || directed["source"] != g.peer {
+		t.Fatalf("hint sent to %v naming source %v, want %s and %s", directed["kvd"], directed["source"], h.peer, g.peer)
+	}
+	// Nothing was refused: H's kvd pulled from its registered address.
+	if n := metricValue(scrape(t, "http://"+g.admin+"/metrics"), "infera_kvd_peer_connections_refused_total"); n != 0 {
+		t.Fatalf("G's kvd refused %v connections", n)
+	}
+}
+
+// TestKVDPeerUnregisteredRefused: a kvd registered in the kvd registry
+// (G, 127.0.0.2) serves its peer listener only to registered kvds. A kvd
+// that is not registered (X, 127.0.0.4, no --etcd-endpoints), hinted to
+// pull a block from G, is refused before any request: G counts and logs
+// the refusal, X's pull fails and it holds nothing. A registered kvd (Y,
+// 127.0.0.5) hinted the same pulls the block.
+func TestKVDPeerUnregisteredRefused(t *testing.T) {
+	dir := t.TempDir()
+	const secret = "fleet-secret"
+	etcd := etcdtest.Start(t)[0]
+	type host struct {
+		proc              *proc
+		sock, admin, peer string
+	}
+	startKVD := func(name, ip string, extra ...string) host {
+		port := freePortPair(t)
+		h := host{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t)), peer: ip + ":" + strconv.Itoa(port)}
+		h.proc = start(t, name, append([]string{"kvd", "--socket", h.sock, "--max-bytes", "32MiB", "--shared-arena-bytes", "16MiB",
+			"--arena-slot-bytes", "64KiB", "--arena-mlock=false", "--admin-listen", h.admin, "--peer-listen", h.peer, "--peer-secret", secret,
+			"--log-level", "debug"}, extra...)...)
+		h.proc.waitLog("kvd serving", 20*time.Second)
+		return h
+	}
+	registered := []string{"--etcd-endpoints", etcd, "--lease-ttl", "5s", "--keepalive-interval", "1s"}
+	g := startKVD("kvd-g", "127.0.0.2", registered...)
+	x := startKVD("kvd-x", "127.0.0.4")
+	// The test's hints come from 127.0.0.1, as a router's would.
+	y := startKVD("kvd-y", "127.0.0.5", append(registered, "--peer-allow", "127.0.0.1/32")...)
+
+	ns := kvd.Namespace{Model: "m", CompatKey: "c"}
+	cl, err := kvd.Dial(t.Context(), g.sock, kvd.ClientOptions{ClientID: "e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	block := []byte(strings.Repeat("registered bytes ", 200))
+	if ok, reason, err := cl.Set(ns, []byte("k"), block, kvd.SetOptions{Retention: "short"}); err != nil || !ok {
+		t.Fatalf("set on G: %v %s", err, reason)
+	}
+	hinter := peer.NewHinter([]byte(secret))
+	defer hinter.Close()
+	hint := func(to host) peer.HintReply {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		r, err := hinter.Send(ctx, to.peer, peer.Hint{Model: []byte(ns.Model), Compat: []byte(ns.CompatKey), Source: g.peer,
+			Keys: [][]byte{[]byte("k")}, Deadline: 30 * time.Second, Wait: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("hint to %s: %v", to.peer, err)
+		}
+		return r
+	}
+
+	if r := hint(x); !r.Done || r.Pulled != 0 {
+		t.Fatalf("unregistered X: %+v, want done with nothing pulled", r)
+	}
+	g.proc.waitLog("kvd peer: connection refused: source is not a registered kvd's host nor in --peer-allow", 10*time.Second)
+	if n := metricValue(scrape(t, "http://"+g.admin+"/metrics"), "infera_kvd_peer_connections_refused_total", `reason="unregistered"`); n < 1 {
+		t.Fatalf("G counted %v unregistered refusals", n)
+	}
+	if n := metricValue(scrape(t, "http://"+x.admin+"/metrics"), "infera_kvd_peer_pulls_failed_total"); n < 1 {
+		t.Fatalf("X's failed pulls %v", n)
+	}
+	xc, err := kvd.Dial(t.Context(), x.sock, kvd.ClientOptions{ClientID: "e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer xc.Close()
+	if _, _, ok, err := xc.Get(ns, []byte("k"), nil); err != nil || ok {
+		t.Fatalf("X holds the block after a refused pull: %v %v", ok, err)
+	}
+
+	// Y is registered: G admits it once its registry view lists Y.
+	deadline := time.Now().Add(20 * time.Second)
+	for hint(y).Pulled != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("registered Y never pulled from G; G's log:\n%s", g.proc.logText())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	yc, err := kvd.Dial(t.Context(), y.sock, kvd.ClientOptions{ClientID: "e2e"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer yc.Close()
+	if v, _, ok, err := yc.Get(ns, []byte("k"), nil); err != nil || !ok || string(v) != string(block) {
+		t.Fatalf("Y's pulled block: ok %v err %v, %d bytes", ok, err, len(v))
 	}
 }

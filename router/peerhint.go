@@ -3,17 +3,23 @@ package router
 import (
 	"context"
 	"encoding/binary"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/kvd/peer"
 )
 
-// Directed kvd-to-kvd pulls (--kvd-peer-hints). Each worker's
-// record may name the peer listener of the kvd on its host (kvd_peer,
-// worker --kvd-peer). When the kv-aware pick sends a request to worker H
+// Directed kvd-to-kvd pulls (--kvd-peer-hints). The kvd of a worker's
+// host is the one the kvd registry names for the host of its worker_id
+// (kvds register themselves: kvd --etcd-endpoints; the router watches
+// --etcd-kvd-prefix and hands each snapshot to UpdateKVDs); for a host
+// without a registered kvd, the worker's record may still name its kvd's
+// peer listener (kvd_peer, worker --kvd-peer), and the registry wins when
+// both do. When the kv-aware pick sends a request to worker H
 // while another worker G, on a host with another kvd, holds more of the
 // prompt's leading blocks, the router first sends H's kvd a prefetch hint
 // naming G's kvd as the source (kvd/peer's hint exchange) and waits at
@@ -27,7 +33,8 @@ import (
 // The hint is off the engine's path when it fails: a kvd that is down,
 // refuses, or does not finish in time costs at most the wait, and the
 // engine computes what did not arrive. It runs on the picking request's
-// goroutine, only when both records name different kvds and G holds more.
+// goroutine, only when both workers have a kvd, they differ, and G holds
+// more.
 
 // peerHintDeadline is how long pulled blocks stay pinned in H's RAM.
 const peerHintDeadline = 30 * time.Second
@@ -36,6 +43,7 @@ type peerHints struct {
 	h    *peer.Hinter
 	wait time.Duration
 	log  zerolog.Logger
+	kvds atomic.Pointer[discovery.KVDSnapshot] // the kvd registry; nil: none seen
 
 	hints  *prometheus.CounterVec
 	pulled prometheus.Counter
@@ -55,21 +63,35 @@ func newPeerHints(secret string, wait time.Duration, log zerolog.Logger) *peerHi
 	}
 }
 
+// kvdOf names the peer listener of the kvd on rec's host: the kvd
+// registry's for the host of its worker_id, else the record's kvd_peer
+// ("" when neither names one).
+func kvdOf(kvds *discovery.KVDSnapshot, rec *discovery.Record) string {
+	if rec == nil {
+		return ""
+	}
+	if k, ok := kvds.ByHost(discovery.HostOf(rec.WorkerID)); ok {
+		return k.Peer
+	}
+	return rec.KVDPeer
+}
+
 // direct sends the pick's target the hint, if another target on another
 // kvd holds more of the prompt (precise matches only).
 func (ph *peerHints) direct(p *KVAware, sc *kvScratch, best int) {
-	dst := sc.targets[best]
-	dstRec := dst.worker.Record()
-	if dstRec == nil || dstRec.KVDPeer == "" {
+	kvds := ph.kvds.Load()
+	dstRec := sc.targets[best].worker.Record()
+	dstKVD := kvdOf(kvds, dstRec)
+	if dstKVD == "" {
 		return
 	}
-	src, most := -1, sc.hits[best]
+	src, most, source := -1, sc.hits[best], ""
 	for i, t := range sc.targets {
 		if sc.hits[i] <= most || sc.setOf[i] != sc.setOf[best] || !t.precise() {
 			continue
 		}
-		if rec := t.worker.Record(); rec != nil && rec.KVDPeer != "" && rec.KVDPeer != dstRec.KVDPeer {
-			src, most = i, sc.hits[i]
+		if k := kvdOf(kvds, t.worker.Record()); k != "" && k != dstKVD {
+			src, most, source = i, sc.hits[i], k
 		}
 	}
 	if src < 0 {
@@ -85,23 +107,38 @@ func (ph *peerHints) direct(p *KVAware, sc *kvScratch, best int) {
 	for i, e := range eng {
 		keys[i] = binary.BigEndian.AppendUint64(buf[8*i:8*i], e)
 	}
-	source := sc.targets[src].worker.Record().KVDPeer
 	ctx, cancel := context.WithTimeout(context.Background(), ph.wait+kvdDialTimeout)
 	defer cancel()
-	r, err := ph.h.Send(ctx, dstRec.KVDPeer, peer.Hint{Model: []byte(dstRec.ModelName), Compat: []byte(DefaultPrewarmCompatKey),
+	r, err := ph.h.Send(ctx, dstKVD, peer.Hint{Model: []byte(dstRec.ModelName), Compat: []byte(DefaultPrewarmCompatKey),
 		Source: source, Keys: keys, Deadline: peerHintDeadline, Wait: ph.wait})
 	switch {
 	case err != nil:
 		ph.hints.WithLabelValues("failed").Inc()
-		ph.log.Warn().Err(err).Str("kvd", dstRec.KVDPeer).Str("source", source).Int("blocks", len(keys)).
+		ph.log.Warn().Err(err).Str("kvd", dstKVD).Str("source", source).Int("blocks", len(keys)).
 			Msg("kvd peer hint not delivered; the engine computes the blocks")
 	case r.Done:
 		ph.hints.WithLabelValues("pulled").Inc()
 		ph.pulled.Add(float64(r.Pulled))
-		ph.log.Debug().Str("kvd", dstRec.KVDPeer).Str("source", source).Int("blocks", len(keys)).Uint32("pulled", r.Pulled).
+		ph.log.Debug().Str("kvd", dstKVD).Str("source", source).Int("blocks", len(keys)).Uint32("pulled", r.Pulled).
 			Msg("kvd peer pull directed")
 	default:
 		ph.hints.WithLabelValues("pending").Inc()
+	}
+}
+
+// updateKVDs takes a new snapshot of the kvd registry.
+func (p *KVAware) updateKVDs(s *discovery.KVDSnapshot) {
+	if p.peer != nil {
+		p.peer.kvds.Store(s)
+	}
+}
+
+// UpdateKVDs hands the router a snapshot of the kvd registry (discovery's
+// KVDWatcher), from which directed kvd-to-kvd pulls name each worker's
+// kvd; without --kvd-peer-hints it is ignored. Safe from any goroutine.
+func (r *Router) UpdateKVDs(s *discovery.KVDSnapshot) {
+	if k, ok := r.policy.(interface{ updateKVDs(*discovery.KVDSnapshot) }); ok {
+		k.updateKVDs(s)
 	}
 }
 

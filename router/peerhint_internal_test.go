@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,17 +76,28 @@ func startPeerKVD(t *testing.T, secret string, hints bool) *peerKVD {
 // prefix in the router's index and its blocks in G's kvd under its
 // engine hashes; it returns the env, the prompt and the blocks' keys.
 func peerHintEnv(t *testing.T, gPeer, hPeer string, wait time.Duration, gStore *kvd.Store) (*kvEnv, string, [][]byte) {
+	return peerHintEnvRecords(t, kvRecord(0, func(r *discovery.Record) { r.KVDPeer = gPeer }),
+		kvRecord(1, func(r *discovery.Record) { r.KVDPeer = hPeer }), wait, gStore)
+}
+
+// onHost moves a test record to host (its worker_id and url).
+func onHost(rec discovery.Record, host string) discovery.Record {
+	rec.WorkerID = host + rec.WorkerID[strings.LastIndexByte(rec.WorkerID, ':'):]
+	rec.URL = "http://" + rec.WorkerID
+	return rec
+}
+
+// peerHintEnvRecords is peerHintEnv with G's and H's records given.
+func peerHintEnvRecords(t *testing.T, gRec, hRec discovery.Record, wait time.Duration, gStore *kvd.Store) (*kvEnv, string, [][]byte) {
 	t.Helper()
 	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
 		c.TokenizerSpec, c.RecentWeight, c.ProvisionalTTL = TokenizerBytes, 0, 0
 		c.PeerHints, c.PeerSecret, c.PeerWait = true, "s3cret", wait
-	}),
-		kvRecord(0, func(r *discovery.Record) { r.KVDPeer = gPeer }),
-		kvRecord(1, func(r *discovery.Record) { r.KVDPeer = hPeer }))
+	}), gRec, hRec)
 	e.makePrecise()
 	prompt := unique(7, 320)
 	tokens := chatTokens(t, prompt)
-	g := kvRecord(0, nil).WorkerID
+	g := gRec.WorkerID
 	e.store(g, tokens)
 	hs := kvcache.AppendBlockHashes(nil, tokens, 16)
 	eng := e.p.idx.AppendEngineHashes(nil, (*e.p.workers[g].targets.Load())[0].idx, hs)
@@ -108,9 +120,11 @@ func peerHintEnv(t *testing.T, gPeer, hPeer string, wait time.Duration, gStore *
 
 // pickH repeats the warm request until the warm share bound sends one to
 // H (worker 1), the pick that directs a pull.
-func (e *kvEnv) pickH(body string) {
+func (e *kvEnv) pickH(body string) { e.pickTo(kvRecord(1, nil).WorkerID, body) }
+
+// pickTo repeats the request until a pick sends it to worker h.
+func (e *kvEnv) pickTo(h, body string) {
 	e.t.Helper()
-	h := kvRecord(1, nil).WorkerID
 	for range 50 {
 		got := e.serial(body)
 		e.clock.advance(10 * time.Millisecond)
@@ -142,6 +156,34 @@ func TestPeerHintDirectsPull(t *testing.T) {
 		if hit := h.store.Get([]byte("m"), []byte(DefaultPrewarmCompatKey), k, &sc); !hit.Found {
 			t.Fatalf("block %d not in H's kvd when the pick returned", i)
 		}
+	}
+}
+
+// TestPeerHintFromRegistry: the kvds are named by the kvd registry, by the
+// host of each worker's id: G's record names no kvd, H's names a dead one
+// (a stale kvd_peer), and the registry wins: H's kvd pulls from G's.
+func TestPeerHintFromRegistry(t *testing.T) {
+	g, h := startPeerKVD(t, "s3cret", false), startPeerKVD(t, "s3cret", true)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	gRec := onHost(kvRecord(0, nil), "10.0.0.1")
+	hRec := onHost(kvRecord(1, func(r *discovery.Record) { r.KVDPeer = dead }), "10.0.0.2")
+	e, body, keys := peerHintEnvRecords(t, gRec, hRec, 5*time.Second, g.store)
+	kvdRec := func(host, peer string) discovery.KVDRecord {
+		return discovery.KVDRecord{Host: host, Peer: peer, Transport: discovery.KVDTransport{Kind: discovery.KVDTransportTCP, Addr: peer}}
+	}
+	e.r.UpdateKVDs(discovery.NewKVDSnapshot(1, []discovery.KVDRecord{kvdRec("10.0.0.1", g.addr), kvdRec("10.0.0.2", h.addr)}))
+	e.pickTo(hRec.WorkerID, body)
+	if m := gatherLabeled(t, e.r, "infera_router_kvd_peer_hints_total", "pulled"); m != 1 {
+		t.Fatalf("pulled hints %v (failed %v)", m, gatherLabeled(t, e.r, "infera_router_kvd_peer_hints_total", "failed"))
+	}
+	n := int(gather(t, e.r, "infera_router_kvd_peer_pulled_blocks_total").GetCounter().GetValue())
+	if n < len(keys)-2 || n > len(keys) {
+		t.Fatalf("pulled %d blocks of G's %d", n, len(keys))
 	}
 }
 

@@ -276,6 +276,60 @@ func TestSecretAndAllow(t *testing.T) {
 	}
 }
 
+// TestRegisteredOnly: with the registry fence (Registered) the listener
+// serves a puller whose connections come from a registered kvd's host and
+// refuses, counted, one from any other address; Allow still admits its
+// networks (routers). Two "hosts" on loopback: 127.0.0.1 and 127.0.0.2.
+func TestRegisteredOnly(t *testing.T) {
+	registered := netip.MustParseAddr("127.0.0.2")
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	src := startSource(t, peer.ServerOptions{Registered: func(ip netip.Addr) bool { return ip == registered },
+		Log: zerolog.New(lockedWriter{&mu, &logs})})
+	set(t, src.store, "k", []byte("v"))
+	keys := [][]byte{[]byte("k")}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	for range 2 {
+		if _, err := newPuller(t, 256<<10, nil).Pull(ctx, src.addr, model, compat, keys, func(k, v []byte) {}); !errors.Is(err, peer.ErrUnavailable) {
+			t.Fatalf("unregistered source: %v", err)
+		}
+	}
+	p := newPuller(t, 256<<10, nil)
+	p.SetSource(registered)
+	n := 0
+	if _, err := p.Pull(ctx, src.addr, model, compat, keys, func(k, v []byte) { n++ }); err != nil || n != 1 {
+		t.Fatalf("registered source: %d %v", n, err)
+	}
+	if s := src.srv.Stats(); s.Refused != 2 || s.Unregistered != 2 || s.Requests != 1 {
+		t.Fatalf("stats %+v, want 2 refused (unregistered) and 1 request", s)
+	}
+	mu.Lock()
+	refusals := bytes.Count(logs.Bytes(), []byte("not a registered kvd"))
+	mu.Unlock()
+	if refusals != 1 {
+		t.Fatalf("%d refusal log lines, want 1 (rate-limited):\n%s", refusals, logs.String())
+	}
+	// Allow admits routers' networks beside the registry.
+	routed := startSource(t, peer.ServerOptions{Registered: func(netip.Addr) bool { return false },
+		Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
+	set(t, routed.store, "k", []byte("v"))
+	if _, err := newPuller(t, 256<<10, nil).Pull(ctx, routed.addr, model, compat, keys, func(k, v []byte) {}); err != nil {
+		t.Fatalf("allowed network: %v", err)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
 // TestHintPulls: a hint sent to kvd H's control listener, naming kvd G as
 // the source, has H pull G's blocks into its store before the reply (the
 // hint's wait); a wrong secret is denied; a kvd without a prefetcher

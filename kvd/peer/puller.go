@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,7 @@ type Puller struct {
 	ops     []transport.Op
 	blocks  []block
 	conns   map[string]net.Conn // control connections, kept between pulls
+	source  net.Addr            // local address of control connections (nil: the system's choice)
 
 	pulls, failed, located, pulled, torn, bytes atomic.Int64
 }
@@ -68,6 +70,21 @@ func (p *Puller) Close() error {
 	}
 	p.mu.Unlock()
 	return p.eng.Deregister(p.scratch)
+}
+
+// SetSource makes the puller's control connections come from ip (any
+// port): a source kvd fenced by the kvd registry (ServerOptions.Registered)
+// serves only connections from registered hosts, and on a multi-homed host,
+// or several "hosts" on one loopback, the system's choice may be another
+// address. The zero Addr restores the system's choice.
+func (p *Puller) SetSource(ip netip.Addr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ip.IsValid() {
+		p.source = &net.TCPAddr{IP: ip.AsSlice()}
+	} else {
+		p.source = nil
+	}
 }
 
 // Stats returns the totals.
@@ -213,7 +230,7 @@ func (p *Puller) locate(ctx context.Context, addr string, model, compat []byte, 
 	for attempt := 0; ; attempt++ {
 		c, kept := p.conns[addr]
 		if !kept {
-			var d net.Dialer
+			d := net.Dialer{LocalAddr: p.source}
 			if c, err = d.DialContext(ctx, "tcp", addr); err != nil {
 				return fmt.Errorf("%w: %w", ErrUnavailable, err)
 			}

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/kvd"
@@ -28,8 +29,16 @@ const RegionName = "kvd-arena"
 type ServerOptions struct {
 	// Secret, when set, must open every request.
 	Secret []byte
-	// Allow limits control connections to these networks (empty: any).
+	// Allow limits control connections to these networks (empty: any,
+	// unless Registered is set).
 	Allow []netip.Prefix
+	// Registered, when set, fences the listener by the kvd registry: a
+	// connection is served only when its source address is the host of a
+	// registered kvd (Registered reports it) or lies in Allow (routers
+	// sending hints are not kvds: their networks go in Allow). It is
+	// called once per accepted connection and must be safe for concurrent
+	// use; before the registry is known it should report false (closed).
+	Registered func(netip.Addr) bool
 	// IdleTimeout closes a control connection without a request for this
 	// long (default 60 s).
 	IdleTimeout time.Duration
@@ -42,6 +51,9 @@ type ServerOptions struct {
 // ServerStats count what the source served.
 type ServerStats struct {
 	Requests, Located, Denied, Refused, Hints int64
+	// Unregistered counts the refused connections (within Refused) whose
+	// source was not a registered kvd (ServerOptions.Registered).
+	Unregistered int64
 }
 
 // Server answers locate requests for a store whose arena it registered on
@@ -53,6 +65,37 @@ type Server struct {
 	opt    ServerOptions
 
 	requests, located, denied, refused, hints atomic.Int64
+	unregistered                              atomic.Int64 // refused: not a registered kvd
+	refusedLog                                refusalLog
+}
+
+// refusalLogEvery paces the log line of refused connections.
+const refusalLogEvery = 10 * time.Second
+
+// refusalLog logs refused connections at most once per refusalLogEvery,
+// saying how many went unlogged since.
+type refusalLog struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int64
+}
+
+func (l *refusalLog) log(log zerolog.Logger, peer net.Addr, registry bool) {
+	l.mu.Lock()
+	now := time.Now()
+	if !l.last.IsZero() && now.Sub(l.last) < refusalLogEvery {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	n := l.suppressed
+	l.last, l.suppressed = now, 0
+	l.mu.Unlock()
+	msg := "kvd peer: connection refused: source outside --peer-allow"
+	if registry {
+		msg = "kvd peer: connection refused: source is not a registered kvd's host nor in --peer-allow"
+	}
+	log.Warn().Str("peer", peer.String()).Int64("suppressed", n).Msg(msg)
 }
 
 // NewServer registers the store's arena on eng (which serves it to
@@ -77,7 +120,8 @@ func (s *Server) Region() transport.Desc { return s.region.Desc() }
 
 // Stats returns the counters.
 func (s *Server) Stats() ServerStats {
-	return ServerStats{Requests: s.requests.Load(), Located: s.located.Load(), Denied: s.denied.Load(), Refused: s.refused.Load(), Hints: s.hints.Load()}
+	return ServerStats{Requests: s.requests.Load(), Located: s.located.Load(), Denied: s.denied.Load(), Refused: s.refused.Load(),
+		Unregistered: s.unregistered.Load(), Hints: s.hints.Load()}
 }
 
 // Close deregisters the arena (the engine is its owner's to close).
@@ -117,6 +161,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		retry.Reset()
 		if !s.allowed(c.RemoteAddr()) {
 			s.refused.Add(1)
+			if s.opt.Registered != nil {
+				s.unregistered.Add(1)
+			}
+			s.refusedLog.log(s.opt.Log, c.RemoteAddr(), s.opt.Registered != nil)
 			c.Close()
 			continue
 		}
@@ -136,14 +184,20 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 func (s *Server) allowed(a net.Addr) bool {
-	if len(s.opt.Allow) == 0 {
+	if len(s.opt.Allow) == 0 && s.opt.Registered == nil {
 		return true
 	}
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
+	var ip netip.Addr
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ip = ta.AddrPort().Addr().Unmap().WithZone("")
+	} else if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+		ip = ap.Addr().Unmap().WithZone("")
+	} else {
 		return false
 	}
-	ip := ap.Addr().Unmap()
+	if s.opt.Registered != nil && s.opt.Registered(ip) {
+		return true
+	}
 	for _, p := range s.opt.Allow {
 		if p.Contains(ip) {
 			return true
@@ -231,4 +285,27 @@ func (s *Server) serveHint(body []byte, h *Hint) HintReply {
 	s.hints.Add(1)
 	pulled, done := s.opt.Hint(h.Source, h.Model, h.Compat, h.Keys, h.Deadline, h.Wait)
 	return HintReply{Status: statusOK, Done: done, Pulled: uint32(pulled)}
+}
+
+var (
+	mConnsRefused = prometheus.NewDesc("infera_kvd_peer_connections_refused_total",
+		"connections to the peer listener closed before any request, by reason (unregistered: the source is neither a registered kvd's host nor in --peer-allow; network: outside --peer-allow)", []string{"reason"}, nil)
+	mDenied = prometheus.NewDesc("infera_kvd_peer_requests_denied_total", "peer requests and hints refused for a wrong --peer-secret", nil, nil)
+)
+
+// Collector exposes the listener's refusals.
+func (s *Server) Collector() prometheus.Collector { return serverCollector{s} }
+
+type serverCollector struct{ s *Server }
+
+func (c serverCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- mConnsRefused
+	ch <- mDenied
+}
+
+func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.s.Stats()
+	ch <- prometheus.MustNewConstMetric(mConnsRefused, prometheus.CounterValue, float64(st.Unregistered), "unregistered")
+	ch <- prometheus.MustNewConstMetric(mConnsRefused, prometheus.CounterValue, float64(st.Refused-st.Unregistered), "network")
+	ch <- prometheus.MustNewConstMetric(mDenied, prometheus.CounterValue, float64(st.Denied))
 }
