@@ -108,13 +108,21 @@ func itoa(n int) string {
 // BenchmarkStreamRelay measures relayed SSE events per second through a real
 // router over loopback (one op = one event), against the same stream read
 // from the worker directly.
+//
+// router tracks the stream for continuation (the default: every event read
+// by the continuation Tracker); router-untracked runs with
+// --migration-limit 0, the relay alone.
 func BenchmarkStreamRelay(b *testing.B) {
 	up := eventUpstream(b)
 	tr := startRouter(b, router.RoundRobin{}, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
+	untracked := router.DefaultConfig()
+	untracked.MigrationLimit = 0
+	tu := startRouter(b, router.RoundRobin{}, untracked, record(up, "m", discovery.StatusActive))
 	const perRequest = 10000
 	for _, bc := range []struct{ name, addr string }{
 		{"direct", up.addr},
 		{"router", strings.TrimPrefix(tr.url, "http://")},
+		{"router-untracked", strings.TrimPrefix(tu.url, "http://")},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			client := benchClient(bc.addr)
