@@ -38,9 +38,10 @@ func trackerState(t *testing.T, tr *continuation.Tracker) string {
 // or in what the trackers remember.
 func observeBoth(t *testing.T, strip bool, events ...[]byte) (fast *continuation.Tracker) {
 	t.Helper()
-	// a and b read payloads (Observe), c and d whole SSE events.
-	var a, b, c, d continuation.Tracker
-	for _, tr := range []*continuation.Tracker{&a, &b, &c, &d} {
+	// a and b read payloads (Observe), c and d whole SSE events, e appends
+	// them (AppendEvent).
+	var a, b, c, d, e continuation.Tracker
+	for _, tr := range []*continuation.Tracker{&a, &b, &c, &d, &e} {
 		tr.Reset(strip)
 	}
 	continuation.DisableFast(&b)
@@ -62,6 +63,12 @@ func observeBoth(t *testing.T, strip bool, events ...[]byte) (fast *continuation
 		}
 		if sc, sd := trackerState(t, &c), trackerState(t, &d); sc != sd {
 			t.Fatalf("event %d %q: fast path state %s, full read %s", i, sse, sc, sd)
+		}
+		if ge := e.AppendEvent([]byte("x"), sse); string(ge) != "x"+string(gd) {
+			t.Fatalf("event %d %q: AppendEvent gave %q, full read %q", i, sse, ge, gd)
+		}
+		if se, sd := trackerState(t, &e), trackerState(t, &d); se != sd {
+			t.Fatalf("event %d %q: AppendEvent state %s, full read %s", i, sse, se, sd)
 		}
 	}
 	return &a

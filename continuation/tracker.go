@@ -115,20 +115,11 @@ var (
 // rewritten as one "data: " line. The result is valid until the next call.
 // Events without a data line (comments, heartbeats) pass unchanged.
 func (t *Tracker) ObserveEvent(ev []byte) []byte {
-	i := bytes.Index(ev, dataPrefix)
-	if i < 0 || (i > 0 && ev[i-1] != '\n' && ev[i-1] != '\r') {
+	start, end, ok := t.eventData(ev)
+	if !ok {
 		return ev
 	}
-	start := i + len(dataPrefix)
-	if start < len(ev) && ev[start] == ' ' {
-		start++
-	}
-	end := lineEnd(ev, start)
 	data := ev[start:end]
-	if bytes.Equal(data, doneData) {
-		t.Done = true
-		return ev
-	}
 	if a, b, ok := t.matchFast(data); ok {
 		if a < 0 {
 			return ev
@@ -137,6 +128,48 @@ func (t *Tracker) ObserveEvent(ev []byte) []byte {
 		t.out = append(append(t.out[:0], ev[:start+a]...), ev[start+b:]...)
 		return t.out
 	}
+	return t.observeData(ev, start, end)
+}
+
+// AppendEvent is ObserveEvent appending the event the client should see
+// to dst: a steady chunk is copied once, straight to where it goes.
+func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
+	start, end, ok := t.eventData(ev)
+	if !ok {
+		return append(dst, ev...)
+	}
+	if a, b, ok := t.matchFast(ev[start:end]); ok {
+		if a < 0 {
+			return append(dst, ev...)
+		}
+		return append(append(dst, ev[:start+a]...), ev[start+b:]...)
+	}
+	return append(dst, t.observeData(ev, start, end)...)
+}
+
+// eventData finds the payload of ev's data line, ev[start:end]; ok false:
+// the event has none, or it is [DONE] (noted).
+func (t *Tracker) eventData(ev []byte) (start, end int, ok bool) {
+	i := bytes.Index(ev, dataPrefix)
+	if i < 0 || (i > 0 && ev[i-1] != '\n' && ev[i-1] != '\r') {
+		return 0, 0, false
+	}
+	start = i + len(dataPrefix)
+	if start < len(ev) && ev[start] == ' ' {
+		start++
+	}
+	end = lineEnd(ev, start)
+	if bytes.Equal(ev[start:end], doneData) {
+		t.Done = true
+		return 0, 0, false
+	}
+	return start, end, true
+}
+
+// observeData reads the payload ev[start:end] in full and returns the
+// event the client should see.
+func (t *Tracker) observeData(ev []byte, start, end int) []byte {
+	data := ev[start:end]
 	kept := t.Observe(data)
 	if len(kept) == len(data) { // nothing stripped
 		return ev

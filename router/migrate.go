@@ -140,6 +140,9 @@ func (rel *relay) askIDs(a *attempt, body []byte) []byte {
 // to the route dialect's own translation.
 func (rel *relay) trackedEvent(dst, ev []byte) []byte {
 	m := &rel.mig
+	if !m.reshape && !rel.dialect.stream && rel.dialect.event == nil {
+		return m.track.AppendEvent(dst, ev) // the common case: one copy
+	}
 	ev = m.track.ObserveEvent(ev)
 	if m.reshape {
 		if data, ok := eventData(ev); ok && !bytes.Equal(data, []byte("[DONE]")) {
