@@ -31,8 +31,10 @@
 // and, with the kvd registry (kvd --etcd-endpoints), to the hosts of
 // registered kvds (ServerOptions.Registered, fed by discovery's
 // KVDWatcher in the kvd command; refusals are counted and logged at most
-// once per 10 s). A Puller fenced out that way dials from its own host's
-// address (Puller.SetSource) so that its sources recognise it.
+// once per 10 s). Server.Admit is the same decision for other listeners:
+// the kvd command fences its arena's transport port with it. A Puller
+// dials from its own host's address (Puller.SetSource) so that fenced
+// sources recognise it.
 //
 // Concurrency: a Server serves connections concurrently (one goroutine
 // each, owned and waited for by Serve; a hint waits on its connection's
