@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +33,7 @@ type kvdPeer struct {
 	prefetcher *peer.Prefetcher
 	srvEng     transport.Engine // the pull engine itself with Mooncake
 	srv        *peer.Server
+	admit      atomic.Pointer[peer.Server] // srv, once it fences the arena's port
 	addr       string
 	segment    string         // the Mooncake segment name, with --peer-transport mooncake
 	fence      *registryFence // with --etcd-endpoints
@@ -61,7 +63,7 @@ func startPeer(ctx context.Context, cfg config.KVD, store *kvd.Store, log zerolo
 			return nil, fmt.Errorf("kvd peer (--peer-transport mooncake): %w", err)
 		}
 		log.Info().Str("segment", name).Str("metadata", cfg.PeerMooncakeMetadata).Msg("kvd peer transport: mooncake transfer engine")
-	} else if p.pullEng, err = transport.NewTCP(transport.TCPConfig{Log: log}); err != nil {
+	} else if p.pullEng, err = transport.NewTCP(transport.TCPConfig{LocalAddr: localAddr(pullSource(cfg)), Log: log}); err != nil {
 		return nil, fmt.Errorf("kvd peer: %w", err)
 	}
 	if p.puller, err = peer.NewPuller(p.pullEng, peerScratchBytes, []byte(cfg.PeerSecret)); err != nil {
@@ -81,13 +83,7 @@ func startPeer(ctx context.Context, cfg config.KVD, store *kvd.Store, log zerolo
 		return nil, err
 	}
 	if p.fence != nil {
-		// Other kvds admit this one's pulls by its registered host: pull
-		// from the --peer-listen address when it names one.
-		if host, _, _ := net.SplitHostPort(cfg.PeerListen); host != "" {
-			if a, err := netip.ParseAddr(host); err == nil && !a.IsUnspecified() {
-				p.puller.SetSource(a)
-			}
-		}
+		p.puller.SetSource(pullSource(cfg))
 		rec := discovery.KVDRecord{Host: cfg.PeerRegistryHost(), Peer: p.addr, Transport: desc}
 		if p.registry, err = startRegistry(ctx, cfg, rec, p.fence, log); err != nil {
 			p.stop()
@@ -95,6 +91,30 @@ func startPeer(ctx context.Context, cfg config.KVD, store *kvd.Store, log zerolo
 		}
 	}
 	return p, nil
+}
+
+// pullSource is the local address pulls dial from: with the kvd registry
+// other kvds admit this one's pulls by its registered host, so they come
+// from the --peer-listen address when it names one (nil: the system's
+// choice: the zero Addr).
+func pullSource(cfg config.KVD) netip.Addr {
+	if len(cfg.Etcd.Endpoints) == 0 {
+		return netip.Addr{}
+	}
+	host, _, _ := net.SplitHostPort(cfg.PeerListen)
+	a, err := netip.ParseAddr(host)
+	if err != nil || a.IsUnspecified() {
+		return netip.Addr{}
+	}
+	return a
+}
+
+// localAddr is a dialer's local address for ip (nil for the zero Addr).
+func localAddr(ip netip.Addr) net.Addr {
+	if !ip.IsValid() {
+		return nil
+	}
+	return &net.TCPAddr{IP: ip.AsSlice()}
 }
 
 // listen serves locate requests on --peer-listen and the arena's bytes
@@ -124,7 +144,16 @@ func (p *kvdPeer) listen(ctx context.Context, cfg config.KVD, store *kvd.Store, 
 			return desc, fmt.Errorf("kvd peer listen (arena transport, the port after --peer-listen): %w", err)
 		}
 		_, tport, _ := net.SplitHostPort(tln.Addr().String())
-		eng, err := transport.NewTCP(transport.TCPConfig{Listener: tln, Advertise: net.JoinHostPort(adv, tport), Log: log})
+		tcfg := transport.TCPConfig{Listener: tln, Advertise: net.JoinHostPort(adv, tport), Log: log}
+		if p.fence != nil || len(cfg.PeerAllow) > 0 {
+			// The arena's bytes go to whom the locate listener serves;
+			// nobody before that listener's server exists.
+			tcfg.Admit = func(remote net.Addr) bool {
+				srv := p.admit.Load()
+				return srv != nil && srv.Admit(remote)
+			}
+		}
+		eng, err := transport.NewTCP(tcfg)
 		if err != nil {
 			ln.Close()
 			tln.Close()
@@ -141,6 +170,7 @@ func (p *kvdPeer) listen(ctx context.Context, cfg config.KVD, store *kvd.Store, 
 		ln.Close()
 		return desc, err
 	}
+	p.admit.Store(p.srv)
 	p.addr = net.JoinHostPort(adv, port)
 	sctx, cancel := context.WithCancel(ctx)
 	p.cancel = cancel

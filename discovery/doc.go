@@ -2,10 +2,14 @@
 // compatible with Infera fleets), the registrar that keeps a worker's record
 // alive under a lease, the fleet watcher that turns etcd state into immutable
 // snapshots (holding, for Watcher.SetOutageGrace, the removals a re-list
-// reports while workers re-register after an etcd outage), and the embedded
-// single-node etcd used when no cluster is given.
+// reports while workers re-register after an etcd outage), the kvd registry
+// (KVDRecord: a kvd's host, peer listener and transport, kept by
+// KVDRegistrar on the registrar's lease code and read by KVDWatcher on the
+// watcher's list/watch loop), and the embedded single-node etcd used when
+// no cluster is given.
 //
-// Concurrency: a Registrar and a Watcher are each driven by one goroutine
-// (their Run method) owned by the caller; Snapshot values are immutable and
-// published through an atomic pointer, so readers never lock.
+// Concurrency: a Registrar (KVDRegistrar) and a Watcher (KVDWatcher) are
+// each driven by one goroutine (their Run method) owned by the caller;
+// Snapshot and KVDSnapshot values are immutable and published through an
+// atomic pointer, so readers never lock.
 package discovery

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/infera/infera/discovery/etcdtest"
 	"github.com/infera/infera/kvd"
 	"github.com/infera/infera/kvd/peer"
+	"github.com/infera/infera/transport"
 )
 
 // TestKVDPeerPullRouted (issue 32, acceptance 2): the router directs a
@@ -301,6 +303,27 @@ func TestKVDPeerUnregisteredRefused(t *testing.T) {
 	}
 	if n := metricValue(scrape(t, "http://"+x.admin+"/metrics"), "infera_kvd_peer_pulls_failed_total"); n < 1 {
 		t.Fatalf("X's failed pulls %v", n)
+	}
+	// Nor can an unregistered host read G's arena over its byte port (the
+	// one after the peer listener) without asking where blocks lie.
+	refusedBefore := metricValue(scrape(t, "http://"+g.admin+"/metrics"), "infera_kvd_peer_connections_refused_total", `reason="unregistered"`)
+	eng, err := transport.NewTCP(transport.TCPConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	scratch, err := eng.Register("scratch", make([]byte, 64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gHost, gPort, _ := net.SplitHostPort(g.peer)
+	gp, _ := strconv.Atoi(gPort)
+	arena := transport.Desc{Peer: net.JoinHostPort(gHost, strconv.Itoa(gp+1)), Name: peer.RegionName, Len: 16 << 20}
+	if err := transport.Transfer(t.Context(), eng, []transport.Op{{Kind: transport.Read, Local: scratch, Remote: arena, Len: 64}}); err == nil {
+		t.Fatal("an unregistered host read G's arena over its byte port")
+	}
+	if n := metricValue(scrape(t, "http://"+g.admin+"/metrics"), "infera_kvd_peer_connections_refused_total", `reason="unregistered"`); n <= refusedBefore {
+		t.Fatalf("G's byte port refusal not counted (%v, before %v)", n, refusedBefore)
 	}
 	xc, err := kvd.Dial(t.Context(), x.sock, kvd.ClientOptions{ClientID: "e2e"})
 	if err != nil {

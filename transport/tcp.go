@@ -26,6 +26,14 @@ type TCPConfig struct {
 	// IOTimeout bounds every batch's network I/O on both sides when the
 	// context has no earlier deadline (default 30 s).
 	IOTimeout time.Duration
+	// Admit, when set, decides on each accepted connection by its remote
+	// address: one it rejects is closed before any frame (kvd's registry
+	// fence). It must be safe for concurrent use.
+	Admit func(remote net.Addr) bool
+	// LocalAddr, when set, is the local address connections to peers are
+	// dialed from (any port), so that a peer fencing by source address
+	// recognises this host.
+	LocalAddr net.Addr
 	// Log receives connection-level failures.
 	Log zerolog.Logger
 }
@@ -168,6 +176,10 @@ func (t *TCP) accept(ln net.Listener) {
 				t.cfg.Log.Warn().Err(err).Msg("transport accept failed")
 			}
 			return
+		}
+		if t.cfg.Admit != nil && !t.cfg.Admit(c.RemoteAddr()) {
+			_ = c.Close()
+			continue
 		}
 		t.mu.Lock()
 		if t.closed {
@@ -423,7 +435,7 @@ func (t *TCP) getConn(ctx context.Context, peer string) (c *tcpConn, reused bool
 		return c, true, nil
 	}
 	t.mu.Unlock()
-	d := net.Dialer{Timeout: t.cfg.DialTimeout}
+	d := net.Dialer{Timeout: t.cfg.DialTimeout, LocalAddr: t.cfg.LocalAddr}
 	nc, err := d.DialContext(ctx, "tcp", peer)
 	if err != nil {
 		return nil, false, fmt.Errorf("dial %s: %w: %w", peer, ErrUnavailable, err)

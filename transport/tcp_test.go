@@ -90,6 +90,41 @@ func TestTCPUnreachablePeer(t *testing.T) {
 	}
 }
 
+// TestTCPAdmitAndLocalAddr: a serving engine with Admit serves only the
+// remote addresses it admits; a client dialing from LocalAddr is one of
+// them, a client dialing from another loopback address is not.
+func TestTCPAdmitAndLocalAddr(t *testing.T) {
+	admitted := net.ParseIP("127.0.0.2")
+	srv, err := NewTCP(TCPConfig{Listener: listen(t), Log: zerolog.Nop(), Admit: func(a net.Addr) bool {
+		ta, ok := a.(*net.TCPAddr)
+		return ok && ta.IP.Equal(admitted)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Close() }()
+	remote := mustRegister(t, srv, "r", []byte("12345678"))
+	for _, tt := range []struct {
+		local net.Addr
+		ok    bool
+	}{{nil, false}, {&net.TCPAddr{IP: admitted}, true}} {
+		cli, err := NewTCP(TCPConfig{LocalAddr: tt.local, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 8)
+		local := mustRegister(t, cli, "l", buf)
+		err = Transfer(context.Background(), cli, []Op{{Kind: Read, Local: local, Remote: remote.Desc(), Len: 8}})
+		if tt.ok && (err != nil || string(buf) != "12345678") {
+			t.Errorf("from %v: %v %q", tt.local, err, buf)
+		}
+		if !tt.ok && err == nil {
+			t.Errorf("from %v: served, want refused", tt.local)
+		}
+		_ = cli.Close()
+	}
+}
+
 func TestTCPClosed(t *testing.T) {
 	srv, cli := tcpPair(t)
 	remote := mustRegister(t, srv, "r", make([]byte, 8))

@@ -27,7 +27,14 @@
 // Server serves locate requests for a Store and owns the arena's region on
 // its engine; Puller pulls through its own engine into a reused scratch
 // region. The control listener is off unless kvd is started with
-// --peer-listen, and its connections can be limited to allowed networks.
+// --peer-listen, and its connections can be limited to allowed networks
+// and, with the kvd registry (kvd --etcd-endpoints), to the hosts of
+// registered kvds (ServerOptions.Registered, fed by discovery's
+// KVDWatcher in the kvd command; refusals are counted and logged at most
+// once per 10 s). Server.Admit is the same decision for other listeners:
+// the kvd command fences its arena's transport port with it. A Puller
+// dials from its own host's address (Puller.SetSource) so that fenced
+// sources recognise it.
 //
 // Concurrency: a Server serves connections concurrently (one goroutine
 // each, owned and waited for by Serve; a hint waits on its connection's

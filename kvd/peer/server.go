@@ -159,12 +159,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			return fmt.Errorf("peer: accept: %w", err)
 		}
 		retry.Reset()
-		if !s.allowed(c.RemoteAddr()) {
-			s.refused.Add(1)
-			if s.opt.Registered != nil {
-				s.unregistered.Add(1)
-			}
-			s.refusedLog.log(s.opt.Log, c.RemoteAddr(), s.opt.Registered != nil)
+		if !s.Admit(c.RemoteAddr()) {
 			c.Close()
 			continue
 		}
@@ -181,6 +176,22 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			c.Close()
 		}()
 	}
+}
+
+// Admit decides on a connection from remote as the listener does (Allow,
+// Registered), counting and logging a refusal. The kvd command also fences
+// its arena's transport port with it (transport.TCPConfig.Admit), so that
+// a peer refused here cannot read the arena's bytes directly either.
+func (s *Server) Admit(remote net.Addr) bool {
+	if s.allowed(remote) {
+		return true
+	}
+	s.refused.Add(1)
+	if s.opt.Registered != nil {
+		s.unregistered.Add(1)
+	}
+	s.refusedLog.log(s.opt.Log, remote, s.opt.Registered != nil)
+	return false
 }
 
 func (s *Server) allowed(a net.Addr) bool {
