@@ -166,7 +166,9 @@ declare -A USED=()
 free_port() {
   local p
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 40000))
+    # Below the ephemeral range (32768+ on Linux), where other programs' outgoing
+    # connections and :0 listeners take ports between our check and our bind.
+    p=$((20000 + RANDOM % 12000))
     [[ -n ${USED[$p]:-} ]] && continue
     if ! ss -Htln "sport = :$p" 2>/dev/null | grep -q .; then
       USED[$p]=1
