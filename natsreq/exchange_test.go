@@ -152,7 +152,7 @@ func TestExchange(t *testing.T) {
 				t.Fatalf("unknown model: %d %v %s", status, err, body)
 			}
 			if pending > 0 {
-				testkit.Eventually(t, "backlog empty", func() bool { return p.cli.Admit(t.Context(), workerID) })
+				testkit.Eventually(t, "backlog empty", func() bool { return p.cli.Admit(workerID) })
 			}
 		})
 	}
@@ -217,7 +217,7 @@ func TestAdmissionAndDrain(t *testing.T) {
 	ns := natstest.Start(t)
 	p := start(t, ns, startSim(t, func(c *config.Sim) { c.DecodeMsPerToken = 20; c.TimeScale = 1 }),
 		natsreq.ServerConfig{MaxPending: 1}, natsreq.ClientConfig{MaxPending: 1})
-	if !p.cli.Admit(t.Context(), workerID) {
+	if !p.cli.Admit(workerID) {
 		t.Fatal("idle worker refused")
 	}
 	env := chat(true, 2000)
@@ -230,7 +230,7 @@ func TestAdmissionAndDrain(t *testing.T) {
 	if f, err := x.Next(); err != nil || f.Type != natsreq.TypeData {
 		t.Fatalf("first frame %+v %v", f, err)
 	}
-	testkit.Eventually(t, "backlog at the limit refuses", func() bool { return !p.cli.Admit(t.Context(), workerID) })
+	testkit.Eventually(t, "backlog at the limit refuses", func() bool { return !p.cli.Admit(workerID) })
 
 	p.srv.Stop(200 * time.Millisecond)
 	for {
@@ -299,5 +299,57 @@ func TestExchangeNextBefore(t *testing.T) {
 	}
 	if !strings.HasSuffix(strings.TrimSpace(string(out)), "data: [DONE]") {
 		t.Fatalf("stream through wake-ups: %q", out)
+	}
+}
+
+// TestAdmitNeverWaits: Admit answers from the cached backlog and reads it
+// again in the background, so that a NATS server that hangs (SIGSTOP)
+// never holds a pick: while it is stopped every Admit returns at once,
+// the last backlog read refuses until it is too old, then the unknown
+// backlog admits; once the server resumes the backlog is read again, and
+// Close stops a read still waiting on a stopped server.
+func TestAdmitNeverWaits(t *testing.T) {
+	ns := natstest.Start(t)
+	p := start(t, ns, startSim(t, func(c *config.Sim) { c.HangBeforeFirstToken = 1 }),
+		natsreq.ServerConfig{MaxPending: 1}, natsreq.ClientConfig{MaxPending: 1})
+	if !p.cli.Admit(workerID) {
+		t.Fatal("a worker whose backlog was never read refused")
+	}
+	x, err := p.cli.Exchange(t.Context(), workerID, chat(true, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	testkit.Eventually(t, "the request on the worker", func() bool { return p.srv.InFlight() == 1 })
+	testkit.Eventually(t, "backlog at the limit refuses", func() bool { return !p.cli.Admit(workerID) })
+
+	ns.Pause()
+	// The slowest Admit while the server is stopped: a read that waited on
+	// it would take its whole timeout (500 ms) at least every 200 ms.
+	var slowest time.Duration
+	admitted := false
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && !admitted; time.Sleep(20 * time.Millisecond) {
+		start := time.Now()
+		admitted = p.cli.Admit(workerID)
+		slowest = max(slowest, time.Since(start))
+	}
+	if !admitted {
+		t.Fatal("a backlog read before the outage still refuses 20 s into it")
+	}
+	if slowest >= 250*time.Millisecond {
+		t.Fatalf("an Admit took %v during the outage: it waited on NATS", slowest)
+	}
+	ns.Resume()
+	testkit.Eventually(t, "the backlog read again after the outage", func() bool { return !p.cli.Admit(workerID) })
+
+	// Close with a read in flight on a stopped server returns at once.
+	ns.Pause()
+	defer ns.Resume()
+	time.Sleep(250 * time.Millisecond) // past the cache TTL
+	p.cli.Admit(workerID)              // starts a read that hangs
+	start := time.Now()
+	p.cli.Close()
+	if d := time.Since(start); d >= 400*time.Millisecond {
+		t.Fatalf("Close took %v with a backlog read in flight", d)
 	}
 }

@@ -71,19 +71,12 @@ func (r *Router) overNATS(w *Worker) bool {
 	return rec != nil && rec.RequestTransport == config.RequestTransportNATS
 }
 
-// natsAdmitTimeout bounds one read of a worker's backlog at pick.
-const natsAdmitTimeout = 500 * time.Millisecond
-
 // backlogged reports whether w, a worker over NATS with admission, has a
-// backlog at the limit (natsreq.Client.Admit: cached 200 ms, unreadable =
-// admit).
+// backlog at the limit (natsreq.Client.Admit: the cached backlog, read
+// again in the background every 200 ms; unreadable or unknown = admit).
+// It never waits on NATS.
 func (r *Router) backlogged(w *Worker) bool {
-	if !r.overNATS(w) {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), natsAdmitTimeout)
-	defer cancel()
-	return !r.cfg.NATSRequests.Admit(ctx, w.id)
+	return r.overNATS(w) && !r.cfg.NATSRequests.Admit(w.id)
 }
 
 // errBacklog: every untried candidate's backlog is over the limit.

@@ -223,8 +223,14 @@ func TestNATSBacklog(t *testing.T) {
 		t.Fatalf("first stream: %d", resp.StatusCode)
 	}
 	readEvent(t, r)
-	time.Sleep(250 * time.Millisecond) // past the backlog cache
-	resp2, body := tr.chat(t, "sim-model")
+	// The backlog is read in the background: once a read saw the stream,
+	// the worker is refused.
+	var resp2 *http.Response
+	var body []byte
+	testkit.Eventually(t, "the backlog read refuses", func() bool {
+		resp2, body = tr.chat(t, "sim-model")
+		return resp2.StatusCode != http.StatusOK
+	})
 	if resp2.StatusCode != http.StatusTooManyRequests || resp2.Header.Get("Retry-After") != "1" ||
 		string(body) != `{"error":"worker `+rec.WorkerID+` request backlog over limit"}` {
 		t.Fatalf("over the backlog: %d %q %s", resp2.StatusCode, resp2.Header.Get("Retry-After"), body)
@@ -534,13 +540,45 @@ func TestNATSPDBacklog(t *testing.T) {
 		t.Fatalf("first: %d", resp.StatusCode)
 	}
 	readEvent(t, r)
-	time.Sleep(250 * time.Millisecond) // past the backlog cache
-	resp2, body := tr.do(t, http.MethodPost, "/v1/chat/completions", pdChat)
+	var resp2 *http.Response
+	var body []byte
+	testkit.Eventually(t, "the backlog read refuses", func() bool {
+		resp2, body = tr.do(t, http.MethodPost, "/v1/chat/completions", pdChat)
+		return resp2.StatusCode != http.StatusOK
+	})
 	if resp2.StatusCode != http.StatusTooManyRequests || resp2.Header.Get("Retry-After") != "1" || string(body) != natsreq.PDBacklogBody {
 		t.Fatalf("over the backlog: %d %q %s", resp2.StatusCode, resp2.Header.Get("Retry-After"), body)
 	}
 	data := readSSE(t, r)
 	if len(data) == 0 || data[len(data)-1] != "[DONE]" {
 		t.Fatalf("the accepted stream did not complete: %q", data)
+	}
+}
+
+// TestNATSDrainHandBackContinues: a worker whose record the router still
+// sees active hands a stream back with the drain notice after its first
+// event: the stream continues on another worker over NATS, ends with
+// [DONE] and no error event, and counts as a worker_draining migration
+// (the notice, not the record's status, says why it broke), not as a
+// fault of the worker.
+func TestNATSDrainHandBackContinues(t *testing.T) {
+	ns := natstest.Start(t)
+	handing := fakeNATSWorker(t, ns, func(nc *nats.Conn, inbox string) {
+		frame(nc, inbox, natsreq.TypeData, []byte("data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n"))
+		frame(nc, inbox, natsreq.TypeError, []byte(natsreq.DrainingNotice))
+	})
+	good, _ := natsWorker(t, ns, startSim(t, nil), 0)
+	cfg := migrationConfig(3)
+	cfg.NATSRequests = natsClient(t, ns, natsreq.ClientConfig{})
+	tr := startRouter(t, prefer{handing.WorkerID, good.WorkerID}, cfg, handing, good)
+	_, _, errored, raw := streamText(t, tr, "/v1/chat/completions", contChat)
+	if errored || !strings.HasSuffix(strings.TrimSpace(raw), "data: [DONE]") || !strings.Contains(raw, `"content":"a"`) {
+		t.Fatalf("handed-back stream: error %v\n%s", errored, raw)
+	}
+	if n := metric(t, tr, `infera_migrations_total{reason="worker_draining"}`); n != 1 {
+		t.Fatalf("infera_migrations_total{worker_draining} = %v, want 1", n)
+	}
+	if n := metric(t, tr, `infera_migrations_total{reason="stream_broken"}`); n != 0 {
+		t.Fatalf("infera_migrations_total{stream_broken} = %v, want 0", n)
 	}
 }
