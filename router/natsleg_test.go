@@ -582,3 +582,35 @@ func TestNATSDrainHandBackContinues(t *testing.T) {
 		t.Fatalf("infera_migrations_total{stream_broken} = %v, want 0", n)
 	}
 }
+
+// TestNATSStalledWorkerGivenUp: a NATS worker whose engine hangs (no
+// frame, no idle timeout on the NATS client, a long first-byte timeout)
+// is given up once the stall is confirmed, as an HTTP worker is: the
+// unary request and the stream waiting there move to another worker long
+// before --ttft-timeout.
+func TestNATSStalledWorkerGivenUp(t *testing.T) {
+	ns := natstest.Start(t)
+	hung, hungSrv := natsWorker(t, ns, startSim(t, func(c *config.Sim) { c.HangBeforeFirstToken = 1 }), 0)
+	good, _ := natsWorker(t, ns, startSim(t, nil), 0)
+	cfg := withConfig(func(c *router.Config) {
+		c.StallWindow = 300 * time.Millisecond
+		c.StallProbeInterval = 100 * time.Millisecond
+		c.TTFTTimeout = time.Minute
+		c.MaxRetries = 1
+	})
+	cfg.NATSRequests = natsClient(t, ns, natsreq.ClientConfig{})
+	tr := startRouter(t, prefer{hung.WorkerID, good.WorkerID}, cfg, hung, good)
+
+	start := time.Now()
+	resp, body := tr.chat(t, "sim-model")
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Infera-Worker") != good.WorkerID {
+		t.Fatalf("unary: %d %q %s", resp.StatusCode, resp.Header.Get("X-Infera-Worker"), body)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("the unary request left the stalled worker after %v", d)
+	}
+	if got := metric(t, tr, `infera_router_upstream_failures_total{reason="stalled"}`); got != 1 {
+		t.Fatalf("stalled attempts = %v, want 1", got)
+	}
+	testkit.Eventually(t, "the stalled worker's request cancelled", func() bool { return hungSrv.InFlight() == 0 })
+}
