@@ -22,6 +22,10 @@ var (
 	ErrWorker       = errors.New("natsreq: worker error")
 	ErrTransport    = errors.New("natsreq: transport error")
 	ErrDraining     = errors.New("natsreq: worker draining")
+	// ErrNoResponders: nobody takes requests on the worker's subject (a
+	// worker gone, or draining, on core NATS): the server's no-responders
+	// status came back at once. An ErrTransport.
+	ErrNoResponders = fmt.Errorf("%w: no worker subscribed to the request subject", ErrTransport)
 	ErrClosed       = errors.New("natsreq: client closed")
 )
 
@@ -245,6 +249,13 @@ func (x *Exchange) Inbox() string { return x.inbox }
 // ErrTotalTimeout or ctx's error.
 func (x *Exchange) Next() (Frame, error) { return x.NextBefore(nil) }
 
+// noRespondersStatus is the NATS server's status (Status header, no
+// payload) on a reply inbox when nobody subscribed to the subject.
+const (
+	statusHeader       = "Status"
+	noRespondersStatus = "503"
+)
+
 // ErrNoFrameYet is NextBefore's answer when wake came first; the exchange
 // goes on.
 var ErrNoFrameYet = errors.New("natsreq: no frame yet")
@@ -273,6 +284,10 @@ func (x *Exchange) NextBefore(wake <-chan time.Time) (Frame, error) {
 	select {
 	case m := <-x.ch:
 		x.last = time.Now()
+		if len(m.Data) == 0 && m.Header.Get(statusHeader) == noRespondersStatus {
+			x.finished = true // nobody to cancel
+			return Frame{}, ErrNoResponders
+		}
 		f, err := ParseFrame(m.Header, m.Data)
 		if err != nil {
 			return f, err

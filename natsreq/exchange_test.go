@@ -353,3 +353,24 @@ func TestAdmitNeverWaits(t *testing.T) {
 		t.Fatalf("Close took %v with a backlog read in flight", d)
 	}
 }
+
+// TestExchangeNoResponders: on core NATS a request for a worker nobody
+// serves (gone, or draining and unsubscribed) fails at once with
+// ErrNoResponders, an ErrTransport, instead of waiting for the idle
+// timeout.
+func TestExchangeNoResponders(t *testing.T) {
+	ns := natstest.Start(t)
+	cli, err := natsreq.NewClient(t.Context(), natsreq.ClientConfig{IdleTimeout: 10 * time.Second}, connect(t, ns), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	x, err := cli.Exchange(t.Context(), "127.0.0.1:1", chat(false, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	if _, err := x.Next(); !errors.Is(err, natsreq.ErrNoResponders) || !errors.Is(err, natsreq.ErrTransport) {
+		t.Fatalf("next: %v, want ErrNoResponders", err)
+	}
+}
