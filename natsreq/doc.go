@@ -18,10 +18,15 @@
 //     engine and streams the answer back; a non-2xx answer is its data
 //     then done with that status; idle (reset per chunk) and total
 //     deadlines; an inbox on the cancel subject cancels that request.
-//     Stop drains: queued-but-undelivered requests first (poll 0.2 s),
+//     Stop drains: queued-but-undelivered requests first (poll 0.2 s,
+//     the first look one poll in, so routers see the record draining),
 //     then in-flight ones until the deadline, then migratable ones get
 //     the error frame "infera: worker draining" and the rest "request
-//     cancelled"; the durable consumer is deleted.
+//     cancelled"; requests queued after the consumer stopped get the
+//     same frames at once (the router retries them elsewhere); the
+//     durable consumer is deleted. On core NATS a request for a worker
+//     nobody serves fails at once on the server's no-responders status
+//     (ErrNoResponders).
 //   - Client (router side): Admit (num_pending + num_ack_pending of the
 //     worker's consumer, cached 200 ms and read again in the background,
 //     one read per worker at a time, so Admit never waits on NATS; never

@@ -374,3 +374,70 @@ func TestExchangeNoResponders(t *testing.T) {
 		t.Fatalf("next: %v, want ErrNoResponders", err)
 	}
 }
+
+// TestDrainRefusesLateRequests: a request a router queues for a draining
+// worker after its consumer stopped taking them is answered at the end of
+// the drain (the drain notice for a migratable one, "request cancelled"
+// for the rest), so that the router retries it elsewhere at once instead
+// of waiting for its idle timeout; the queue is left empty.
+func TestDrainRefusesLateRequests(t *testing.T) {
+	ns := natstest.Start(t)
+	p := start(t, ns, startSim(t, func(c *config.Sim) { c.DecodeMsPerToken = 20; c.TimeScale = 1 }),
+		natsreq.ServerConfig{MaxPending: 8}, natsreq.ClientConfig{MaxPending: 8, IdleTimeout: time.Minute})
+	running := chat(true, 2000)
+	running.Migratable = true
+	x, err := p.cli.Exchange(t.Context(), workerID, running)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	if f, err := x.Next(); err != nil || f.Type != natsreq.TypeData {
+		t.Fatalf("first frame %+v %v", f, err)
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		p.srv.Stop(1500 * time.Millisecond)
+	}()
+	// After the drain's first look at the queue (one poll) the consumer
+	// stops; these arrive after it.
+	time.Sleep(700 * time.Millisecond)
+	late := chat(true, 4)
+	late.Migratable = true
+	lx, err := p.cli.Exchange(t.Context(), workerID, late)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lx.Close()
+	ux, err := p.cli.Exchange(t.Context(), workerID, chat(false, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ux.Close()
+	if _, err := lx.Next(); !errors.Is(err, natsreq.ErrDraining) {
+		t.Fatalf("late migratable request: %v, want the drain notice", err)
+	}
+	if f, err := ux.Next(); !errors.Is(err, natsreq.ErrWorker) || string(f.Data) != natsreq.CancelledText {
+		t.Fatalf("late unary request: %+v %v, want %q", f, err, natsreq.CancelledText)
+	}
+	<-stopped
+	for {
+		if _, err := x.Next(); err != nil {
+			if !errors.Is(err, natsreq.ErrDraining) {
+				t.Fatalf("the running stream: %v, want the drain notice", err)
+			}
+			break
+		}
+	}
+	js, err := jetstream.New(p.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(t.Context(), natsreq.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := st.Info(t.Context()); err != nil || info.State.Msgs != 0 {
+		t.Fatalf("requests left in %s: %+v %v", natsreq.StreamName, info, err)
+	}
+}
