@@ -197,7 +197,7 @@ func TestWorkerRequestsOverNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	if !cli.Admit(t.Context(), id) {
+	if !cli.Admit(id) {
 		t.Fatal("idle worker refused")
 	}
 	env := &natsreq.Envelope{Path: "/v1/chat/completions", Stream: true,

@@ -22,6 +22,10 @@ var (
 	ErrWorker       = errors.New("natsreq: worker error")
 	ErrTransport    = errors.New("natsreq: transport error")
 	ErrDraining     = errors.New("natsreq: worker draining")
+	// ErrNoResponders: nobody takes requests on the worker's subject (a
+	// worker gone, or draining, on core NATS): the server's no-responders
+	// status came back at once. An ErrTransport.
+	ErrNoResponders = fmt.Errorf("%w: no worker subscribed to the request subject", ErrTransport)
 	ErrClosed       = errors.New("natsreq: client closed")
 )
 
@@ -42,8 +46,9 @@ type ClientConfig struct {
 // request (its inbox on the cancel subject, CancelResends times
 // CancelGap apart) when the exchange ends without done.
 //
-// Concurrency: safe for concurrent use; the cancel resends are goroutines
-// owned by the Client, Close waits for them.
+// Concurrency: safe for concurrent use; the cancel resends and the
+// backlog reads (one per worker at a time) are goroutines owned by the
+// Client, Close stops and waits for them.
 type Client struct {
 	cfg ClientConfig
 	nc  *nats.Conn
@@ -51,16 +56,23 @@ type Client struct {
 	log zerolog.Logger
 
 	mu      sync.Mutex
-	pending map[string]pendingInfo
+	pending map[string]*pendingInfo
 	closed  bool
 	wg      sync.WaitGroup
 	stop    chan struct{}
+	// reads is the context of the background backlog reads, cancelled
+	// by Close.
+	reads       context.Context
+	cancelReads context.CancelFunc
 }
 
+// pendingInfo is one worker's cached backlog.
 type pendingInfo struct {
-	at      time.Time
-	backlog uint64
-	ok      bool
+	at         time.Time // when the last read began (zero: never read)
+	used       time.Time // when Admit last asked
+	backlog    uint64
+	ok         bool // the last read succeeded
+	refreshing bool // a read is in flight
 }
 
 // NewClient returns a client on nc; with MaxPending > 0 it creates the
@@ -73,7 +85,8 @@ func NewClient(ctx context.Context, cfg ClientConfig, nc *nats.Conn, log zerolog
 		cfg.CancelGap = CancelGap
 	}
 	c := &Client{cfg: cfg, nc: nc, log: log.With().Str("component", "nats-requests").Logger(),
-		pending: make(map[string]pendingInfo), stop: make(chan struct{})}
+		pending: make(map[string]*pendingInfo), stop: make(chan struct{})}
+	c.reads, c.cancelReads = context.WithCancel(context.Background())
 	if cfg.MaxPending > 0 {
 		js, err := jetstream.New(nc)
 		if err != nil {
@@ -89,29 +102,66 @@ func NewClient(ctx context.Context, cfg ClientConfig, nc *nats.Conn, log zerolog
 
 // Admit reports whether workerID may take one more request: always
 // without admission; else when its consumer's num_pending +
-// num_ack_pending (read at most every 200 ms per worker) is below
-// MaxPending. A backlog that cannot be read admits.
-func (c *Client) Admit(ctx context.Context, workerID string) bool {
+// num_ack_pending is below MaxPending. It never waits on NATS: it answers
+// from the cached backlog and, once that is pendingCacheTTL old, starts
+// one background read for the worker (at most one in flight per worker).
+// A backlog never read yet, unreadable, or last read more than
+// pendingMaxAge ago (its reads hanging in a NATS outage) is unknown and
+// admits, as the reference admits a backlog it cannot read.
+func (c *Client) Admit(workerID string) bool {
 	if c.js == nil {
 		return true
 	}
+	now := time.Now()
 	c.mu.Lock()
-	p, ok := c.pending[workerID]
-	c.mu.Unlock()
-	if !ok || time.Since(p.at) >= pendingCacheTTL {
-		p = pendingInfo{at: time.Now()}
-		cons, err := c.js.Consumer(ctx, StreamName, Durable(workerID))
-		if err == nil {
-			var info *jetstream.ConsumerInfo
-			if info, err = cons.Info(ctx); err == nil {
-				p.backlog, p.ok = info.NumPending+uint64(info.NumAckPending), true
-			}
-		}
-		c.mu.Lock()
+	p := c.pending[workerID]
+	if p == nil {
+		c.forgetLocked(now)
+		p = &pendingInfo{}
 		c.pending[workerID] = p
-		c.mu.Unlock()
 	}
-	return !p.ok || p.backlog < uint64(c.cfg.MaxPending)
+	p.used = now
+	if !p.refreshing && !c.closed && now.Sub(p.at) >= pendingCacheTTL {
+		p.refreshing = true
+		c.wg.Add(1)
+		go c.refresh(workerID, p)
+	}
+	admit := !p.ok || now.Sub(p.at) >= pendingMaxAge || p.backlog < uint64(c.cfg.MaxPending)
+	c.mu.Unlock()
+	return admit
+}
+
+// refresh reads workerID's backlog into p, within pendingReadTimeout or
+// until the Client closes.
+func (c *Client) refresh(workerID string, p *pendingInfo) {
+	defer c.wg.Done()
+	at := time.Now()
+	ctx, cancel := context.WithTimeout(c.reads, pendingReadTimeout)
+	defer cancel()
+	var backlog uint64
+	cons, err := c.js.Consumer(ctx, StreamName, Durable(workerID))
+	if err == nil {
+		var info *jetstream.ConsumerInfo
+		if info, err = cons.Info(ctx); err == nil {
+			backlog = info.NumPending + uint64(info.NumAckPending)
+		}
+	}
+	c.mu.Lock()
+	p.refreshing = false
+	p.at, p.backlog, p.ok = at, backlog, err == nil
+	c.mu.Unlock()
+	if err != nil {
+		c.log.Debug().Err(err).Str("worker_id", workerID).Msg("nats requests: backlog unreadable, admitting")
+	}
+}
+
+// forgetLocked drops the backlogs nobody asked for in pendingForget.
+func (c *Client) forgetLocked(now time.Time) {
+	for id, p := range c.pending {
+		if !p.refreshing && now.Sub(p.used) >= pendingForget {
+			delete(c.pending, id)
+		}
+	}
 }
 
 // Frame is one reply frame.
@@ -199,6 +249,13 @@ func (x *Exchange) Inbox() string { return x.inbox }
 // ErrTotalTimeout or ctx's error.
 func (x *Exchange) Next() (Frame, error) { return x.NextBefore(nil) }
 
+// noRespondersStatus is the NATS server's status (Status header, no
+// payload) on a reply inbox when nobody subscribed to the subject.
+const (
+	statusHeader       = "Status"
+	noRespondersStatus = "503"
+)
+
 // ErrNoFrameYet is NextBefore's answer when wake came first; the exchange
 // goes on.
 var ErrNoFrameYet = errors.New("natsreq: no frame yet")
@@ -227,6 +284,10 @@ func (x *Exchange) NextBefore(wake <-chan time.Time) (Frame, error) {
 	select {
 	case m := <-x.ch:
 		x.last = time.Now()
+		if len(m.Data) == 0 && m.Header.Get(statusHeader) == noRespondersStatus {
+			x.finished = true // nobody to cancel
+			return Frame{}, ErrNoResponders
+		}
 		f, err := ParseFrame(m.Header, m.Data)
 		if err != nil {
 			return f, err
@@ -298,7 +359,8 @@ func (c *Client) sendCancel(workerID, inbox string) {
 	}()
 }
 
-// Close stops the cancel resends still waiting and waits for them.
+// Close stops the cancel resends still waiting and the backlog reads in
+// flight, and waits for them.
 func (c *Client) Close() {
 	c.mu.Lock()
 	if c.closed {
@@ -307,6 +369,7 @@ func (c *Client) Close() {
 	}
 	c.closed = true
 	close(c.stop)
+	c.cancelReads()
 	c.mu.Unlock()
 	c.wg.Wait()
 }

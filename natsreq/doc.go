@@ -18,12 +18,19 @@
 //     engine and streams the answer back; a non-2xx answer is its data
 //     then done with that status; idle (reset per chunk) and total
 //     deadlines; an inbox on the cancel subject cancels that request.
-//     Stop drains: queued-but-undelivered requests first (poll 0.2 s),
+//     Stop drains: queued-but-undelivered requests first (poll 0.2 s,
+//     the first look one poll in, so routers see the record draining),
 //     then in-flight ones until the deadline, then migratable ones get
 //     the error frame "infera: worker draining" and the rest "request
-//     cancelled"; the durable consumer is deleted.
+//     cancelled"; requests queued after the consumer stopped get the
+//     same frames at once (the router retries them elsewhere); the
+//     durable consumer is deleted. On core NATS a request for a worker
+//     nobody serves fails at once on the server's no-responders status
+//     (ErrNoResponders).
 //   - Client (router side): Admit (num_pending + num_ack_pending of the
-//     worker's consumer, cached 200 ms, unreadable = admit) and Exchange
+//     worker's consumer, cached 200 ms and read again in the background,
+//     one read per worker at a time, so Admit never waits on NATS; never
+//     read, unreadable or older than 1 s = admit) and Exchange
 //     (fresh inbox, publish, frames back through Next under the idle and
 //     total deadlines and the caller's context, or NextBefore, which also
 //     returns at the caller's own wake-up and leaves the exchange going,
@@ -33,6 +40,7 @@
 //     PDBacklogBody, Retry-After: 1) are the reference's.
 //
 // Concurrency: Server runs one goroutine per request in flight and Stop
-// waits for them; Client is safe for concurrent use and Close waits for
-// its cancel resends; an Exchange belongs to one goroutine.
+// waits for them; Client is safe for concurrent use and Close stops and
+// waits for its cancel resends and backlog reads; an Exchange belongs to
+// one goroutine.
 package natsreq

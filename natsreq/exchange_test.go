@@ -152,7 +152,7 @@ func TestExchange(t *testing.T) {
 				t.Fatalf("unknown model: %d %v %s", status, err, body)
 			}
 			if pending > 0 {
-				testkit.Eventually(t, "backlog empty", func() bool { return p.cli.Admit(t.Context(), workerID) })
+				testkit.Eventually(t, "backlog empty", func() bool { return p.cli.Admit(workerID) })
 			}
 		})
 	}
@@ -217,7 +217,7 @@ func TestAdmissionAndDrain(t *testing.T) {
 	ns := natstest.Start(t)
 	p := start(t, ns, startSim(t, func(c *config.Sim) { c.DecodeMsPerToken = 20; c.TimeScale = 1 }),
 		natsreq.ServerConfig{MaxPending: 1}, natsreq.ClientConfig{MaxPending: 1})
-	if !p.cli.Admit(t.Context(), workerID) {
+	if !p.cli.Admit(workerID) {
 		t.Fatal("idle worker refused")
 	}
 	env := chat(true, 2000)
@@ -230,7 +230,7 @@ func TestAdmissionAndDrain(t *testing.T) {
 	if f, err := x.Next(); err != nil || f.Type != natsreq.TypeData {
 		t.Fatalf("first frame %+v %v", f, err)
 	}
-	testkit.Eventually(t, "backlog at the limit refuses", func() bool { return !p.cli.Admit(t.Context(), workerID) })
+	testkit.Eventually(t, "backlog at the limit refuses", func() bool { return !p.cli.Admit(workerID) })
 
 	p.srv.Stop(200 * time.Millisecond)
 	for {
@@ -299,5 +299,145 @@ func TestExchangeNextBefore(t *testing.T) {
 	}
 	if !strings.HasSuffix(strings.TrimSpace(string(out)), "data: [DONE]") {
 		t.Fatalf("stream through wake-ups: %q", out)
+	}
+}
+
+// TestAdmitNeverWaits: Admit answers from the cached backlog and reads it
+// again in the background, so that a NATS server that hangs (SIGSTOP)
+// never holds a pick: while it is stopped every Admit returns at once,
+// the last backlog read refuses until it is too old, then the unknown
+// backlog admits; once the server resumes the backlog is read again, and
+// Close stops a read still waiting on a stopped server.
+func TestAdmitNeverWaits(t *testing.T) {
+	ns := natstest.Start(t)
+	p := start(t, ns, startSim(t, func(c *config.Sim) { c.HangBeforeFirstToken = 1 }),
+		natsreq.ServerConfig{MaxPending: 1}, natsreq.ClientConfig{MaxPending: 1})
+	if !p.cli.Admit(workerID) {
+		t.Fatal("a worker whose backlog was never read refused")
+	}
+	x, err := p.cli.Exchange(t.Context(), workerID, chat(true, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	testkit.Eventually(t, "the request on the worker", func() bool { return p.srv.InFlight() == 1 })
+	testkit.Eventually(t, "backlog at the limit refuses", func() bool { return !p.cli.Admit(workerID) })
+
+	ns.Pause()
+	// The slowest Admit while the server is stopped: a read that waited on
+	// it would take its whole timeout (500 ms) at least every 200 ms.
+	var slowest time.Duration
+	admitted := false
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && !admitted; time.Sleep(20 * time.Millisecond) {
+		start := time.Now()
+		admitted = p.cli.Admit(workerID)
+		slowest = max(slowest, time.Since(start))
+	}
+	if !admitted {
+		t.Fatal("a backlog read before the outage still refuses 20 s into it")
+	}
+	if slowest >= 250*time.Millisecond {
+		t.Fatalf("an Admit took %v during the outage: it waited on NATS", slowest)
+	}
+	ns.Resume()
+	testkit.Eventually(t, "the backlog read again after the outage", func() bool { return !p.cli.Admit(workerID) })
+
+	// Close with a read in flight on a stopped server returns at once.
+	ns.Pause()
+	defer ns.Resume()
+	time.Sleep(250 * time.Millisecond) // past the cache TTL
+	p.cli.Admit(workerID)              // starts a read that hangs
+	start := time.Now()
+	p.cli.Close()
+	if d := time.Since(start); d >= 400*time.Millisecond {
+		t.Fatalf("Close took %v with a backlog read in flight", d)
+	}
+}
+
+// TestExchangeNoResponders: on core NATS a request for a worker nobody
+// serves (gone, or draining and unsubscribed) fails at once with
+// ErrNoResponders, an ErrTransport, instead of waiting for the idle
+// timeout.
+func TestExchangeNoResponders(t *testing.T) {
+	ns := natstest.Start(t)
+	cli, err := natsreq.NewClient(t.Context(), natsreq.ClientConfig{IdleTimeout: 10 * time.Second}, connect(t, ns), zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	x, err := cli.Exchange(t.Context(), "127.0.0.1:1", chat(false, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	if _, err := x.Next(); !errors.Is(err, natsreq.ErrNoResponders) || !errors.Is(err, natsreq.ErrTransport) {
+		t.Fatalf("next: %v, want ErrNoResponders", err)
+	}
+}
+
+// TestDrainRefusesLateRequests: a request a router queues for a draining
+// worker after its consumer stopped taking them is answered at the end of
+// the drain (the drain notice for a migratable one, "request cancelled"
+// for the rest), so that the router retries it elsewhere at once instead
+// of waiting for its idle timeout; the queue is left empty.
+func TestDrainRefusesLateRequests(t *testing.T) {
+	ns := natstest.Start(t)
+	p := start(t, ns, startSim(t, func(c *config.Sim) { c.DecodeMsPerToken = 20; c.TimeScale = 1 }),
+		natsreq.ServerConfig{MaxPending: 8}, natsreq.ClientConfig{MaxPending: 8, IdleTimeout: time.Minute})
+	running := chat(true, 2000)
+	running.Migratable = true
+	x, err := p.cli.Exchange(t.Context(), workerID, running)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	if f, err := x.Next(); err != nil || f.Type != natsreq.TypeData {
+		t.Fatalf("first frame %+v %v", f, err)
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		p.srv.Stop(1500 * time.Millisecond)
+	}()
+	// After the drain's first look at the queue (one poll) the consumer
+	// stops; these arrive after it.
+	time.Sleep(700 * time.Millisecond)
+	late := chat(true, 4)
+	late.Migratable = true
+	lx, err := p.cli.Exchange(t.Context(), workerID, late)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lx.Close()
+	ux, err := p.cli.Exchange(t.Context(), workerID, chat(false, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ux.Close()
+	if _, err := lx.Next(); !errors.Is(err, natsreq.ErrDraining) {
+		t.Fatalf("late migratable request: %v, want the drain notice", err)
+	}
+	if f, err := ux.Next(); !errors.Is(err, natsreq.ErrWorker) || string(f.Data) != natsreq.CancelledText {
+		t.Fatalf("late unary request: %+v %v, want %q", f, err, natsreq.CancelledText)
+	}
+	<-stopped
+	for {
+		if _, err := x.Next(); err != nil {
+			if !errors.Is(err, natsreq.ErrDraining) {
+				t.Fatalf("the running stream: %v, want the drain notice", err)
+			}
+			break
+		}
+	}
+	js, err := jetstream.New(p.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(t.Context(), natsreq.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := st.Info(t.Context()); err != nil || info.State.Msgs != 0 {
+		t.Fatalf("requests left in %s: %+v %v", natsreq.StreamName, info, err)
 	}
 }

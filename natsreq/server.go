@@ -352,6 +352,9 @@ func (s *Server) Stop(timeout time.Duration) {
 	s.wg.Wait()
 	if s.js != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if timeout > 0 {
+			s.refuseQueued(ctx)
+		}
 		if err := s.js.DeleteConsumer(ctx, StreamName, Durable(s.cfg.WorkerID)); err != nil {
 			s.log.Debug().Err(err).Msg("nats requests: durable consumer not deleted")
 		}
@@ -365,10 +368,13 @@ func (s *Server) Stop(timeout time.Duration) {
 
 // awaitQueued waits until the durable consumer has delivered everything
 // queued for this worker, or deadline; an unreadable consumer ends the wait.
+// The first look is one poll after the start, which gives routers a
+// moment to see the record draining before the consumer stops.
 func (s *Server) awaitQueued(deadline time.Time) {
 	if s.js == nil {
 		return
 	}
+	time.Sleep(max(0, min(queuedPoll, time.Until(deadline))))
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		c, err := s.js.Consumer(ctx, StreamName, Durable(s.cfg.WorkerID))
@@ -385,5 +391,44 @@ func (s *Server) awaitQueued(deadline time.Time) {
 			return
 		}
 		time.Sleep(min(queuedPoll, time.Until(deadline)))
+	}
+}
+
+// refuseQueued answers the requests a router queued after the consumer
+// stopped taking them (it had not seen the record draining yet), so that
+// they go elsewhere at once instead of waiting for the router's deadline:
+// a migratable one gets DrainingNotice, the rest CancelledText, as requests
+// still running at the drain deadline do; nothing reached an engine, so
+// the router retries them on another worker.
+func (s *Server) refuseQueued(ctx context.Context) {
+	cons, err := s.js.Consumer(ctx, StreamName, Durable(s.cfg.WorkerID))
+	if err != nil {
+		return
+	}
+	refused := 0
+	for {
+		batch, err := cons.FetchNoWait(64)
+		if err != nil {
+			break
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			text := CancelledText
+			if env, err := ParseEnvelope(m.Data()); err == nil && env.Migratable {
+				text = DrainingNotice
+			}
+			if inbox := m.Headers().Get(HeaderInbox); inbox != "" {
+				s.reply(inbox, TypeError, []byte(text), 0)
+			}
+			_ = m.Ack()
+		}
+		refused += n
+		if n == 0 || ctx.Err() != nil {
+			break
+		}
+	}
+	if refused > 0 {
+		s.log.Info().Int("refused", refused).Msg("nats requests: requests queued after the drain began sent back to the router")
 	}
 }

@@ -45,6 +45,15 @@ const (
 	// AckWait and pendingCacheTTL as the reference.
 	AckWait         = time.Hour
 	pendingCacheTTL = 200 * time.Millisecond
+	// pendingMaxAge: a backlog read longer ago than this (its refreshes
+	// failing or hanging, as in a NATS outage) is unknown, which admits,
+	// as the reference admits a backlog it cannot read.
+	pendingMaxAge = time.Second
+	// pendingReadTimeout bounds one background read of a backlog.
+	pendingReadTimeout = 500 * time.Millisecond
+	// pendingForget: a worker whose backlog nobody asked for this long
+	// (gone from the fleet) is dropped from the cache.
+	pendingForget = time.Minute
 	// queuedPoll is the drain's poll of the consumer's undelivered backlog.
 	queuedPoll = 200 * time.Millisecond
 	// maxEnvelopeBytes bounds an envelope a worker accepts.

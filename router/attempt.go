@@ -328,7 +328,7 @@ func (a *attempt) exchange(req *fasthttp.Request, deadline time.Time, stream boo
 		a.x = new(upstream.Exchange) // a leg run without beginExchange
 	}
 	if a.nats || (a.rel.pd == nil && a.rel.r.overNATS(a.ticket.Worker)) {
-		return a.exchangeNATS(req, deadline, stream) // natsleg.go
+		return a.exchangeNATS(req, deadline, stream, owner) // natsleg.go
 	}
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = stream

@@ -34,6 +34,7 @@ type migration struct {
 	count   int     // continuations so far
 	reshape bool    // the leg's completion chunks go to a chat client
 	broken  *Worker // the worker whose stream broke last
+	drained bool    // it broke with a worker's drain notice (NATS hand-back)
 	track   continuation.Tracker
 	askBuf  []byte // a leg's body asking for token ids
 	scratch []byte // a reshaped event
@@ -290,7 +291,7 @@ func (rel *relay) tryContinue() (bool, error) {
 	a.body = c.Body
 	a.exact = c.Exact
 	why := migrateBroken
-	if broken != nil && broken.Record().Status == discovery.StatusDraining {
+	if rel.mig.drained || broken != nil && broken.Record().Status == discovery.StatusDraining {
 		why = migrateDraining
 	}
 	rel.r.metrics.mig.migrations[why].Inc()

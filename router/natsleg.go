@@ -71,19 +71,12 @@ func (r *Router) overNATS(w *Worker) bool {
 	return rec != nil && rec.RequestTransport == config.RequestTransportNATS
 }
 
-// natsAdmitTimeout bounds one read of a worker's backlog at pick.
-const natsAdmitTimeout = 500 * time.Millisecond
-
 // backlogged reports whether w, a worker over NATS with admission, has a
-// backlog at the limit (natsreq.Client.Admit: cached 200 ms, unreadable =
-// admit).
+// backlog at the limit (natsreq.Client.Admit: the cached backlog, read
+// again in the background every 200 ms; unreadable or unknown = admit).
+// It never waits on NATS.
 func (r *Router) backlogged(w *Worker) bool {
-	if !r.overNATS(w) {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), natsAdmitTimeout)
-	defer cancel()
-	return !r.cfg.NATSRequests.Admit(ctx, w.id)
+	return r.overNATS(w) && !r.cfg.NATSRequests.Admit(w.id)
 }
 
 // errBacklog: every untried candidate's backlog is over the limit.
@@ -218,8 +211,9 @@ func (l *natsLeg) nextWatched() (natsreq.Frame, error) {
 
 // exchangeNATS is attempt.exchange over NATS: it publishes req's envelope
 // to a's worker and returns the answer as an HTTP one, within deadline
-// (the first frame of a stream, the whole unary answer).
-func (a *attempt) exchangeNATS(req *fasthttp.Request, deadline time.Time, stream bool) (*fasthttp.Response, error) {
+// (the first frame of a stream, the whole unary answer), giving up a
+// worker confirmed stalled (stall.go) as an HTTP exchange does.
+func (a *attempt) exchangeNATS(req *fasthttp.Request, deadline time.Time, stream bool, owner upstream.Owner) (*fasthttp.Response, error) {
 	w := a.ticket.Worker
 	if time.Until(deadline) <= 0 {
 		return nil, fasthttp.ErrTimeout
@@ -240,13 +234,29 @@ func (a *attempt) exchangeNATS(req *fasthttp.Request, deadline time.Time, stream
 	l := &natsLeg{a: a, nx: nx, cancel: cancel}
 	a.x.Hold(l)
 	resp := fasthttp.AcquireResponse()
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
+	// The wait wakes every stall tick, as upstream.Conn's unwatched read
+	// does: a worker confirmed stalled is given up after a stall window,
+	// unless owner (a unary request) has no retry left.
+	start := time.Now()
+	tick := w.prog.StallTick()
 	var body []byte
 	for {
+		dl, isTick := deadline, false
+		if now := time.Now(); tick > 0 && now.Add(tick).Before(deadline) {
+			dl, isTick = now.Add(tick), true
+		}
+		t := time.NewTimer(time.Until(dl))
 		f, err := nx.NextBefore(t.C)
+		t.Stop()
+		if errors.Is(err, natsreq.ErrNoFrameYet) && isTick {
+			if gerr := w.prog.GiveUp(time.Now(), start); gerr == nil || owner != nil && !owner.CanRetry() {
+				continue
+			}
+			err = errAttemptStalled
+		}
 		if err != nil {
 			switch {
+			case errors.Is(err, errAttemptStalled):
 			case errors.Is(err, natsreq.ErrNoFrameYet):
 				err = fasthttp.ErrTimeout
 			case ctx.Err() != nil:

@@ -223,8 +223,14 @@ func TestNATSBacklog(t *testing.T) {
 		t.Fatalf("first stream: %d", resp.StatusCode)
 	}
 	readEvent(t, r)
-	time.Sleep(250 * time.Millisecond) // past the backlog cache
-	resp2, body := tr.chat(t, "sim-model")
+	// The backlog is read in the background: once a read saw the stream,
+	// the worker is refused.
+	var resp2 *http.Response
+	var body []byte
+	testkit.Eventually(t, "the backlog read refuses", func() bool {
+		resp2, body = tr.chat(t, "sim-model")
+		return resp2.StatusCode != http.StatusOK
+	})
 	if resp2.StatusCode != http.StatusTooManyRequests || resp2.Header.Get("Retry-After") != "1" ||
 		string(body) != `{"error":"worker `+rec.WorkerID+` request backlog over limit"}` {
 		t.Fatalf("over the backlog: %d %q %s", resp2.StatusCode, resp2.Header.Get("Retry-After"), body)
@@ -534,8 +540,12 @@ func TestNATSPDBacklog(t *testing.T) {
 		t.Fatalf("first: %d", resp.StatusCode)
 	}
 	readEvent(t, r)
-	time.Sleep(250 * time.Millisecond) // past the backlog cache
-	resp2, body := tr.do(t, http.MethodPost, "/v1/chat/completions", pdChat)
+	var resp2 *http.Response
+	var body []byte
+	testkit.Eventually(t, "the backlog read refuses", func() bool {
+		resp2, body = tr.do(t, http.MethodPost, "/v1/chat/completions", pdChat)
+		return resp2.StatusCode != http.StatusOK
+	})
 	if resp2.StatusCode != http.StatusTooManyRequests || resp2.Header.Get("Retry-After") != "1" || string(body) != natsreq.PDBacklogBody {
 		t.Fatalf("over the backlog: %d %q %s", resp2.StatusCode, resp2.Header.Get("Retry-After"), body)
 	}
@@ -543,4 +553,64 @@ func TestNATSPDBacklog(t *testing.T) {
 	if len(data) == 0 || data[len(data)-1] != "[DONE]" {
 		t.Fatalf("the accepted stream did not complete: %q", data)
 	}
+}
+
+// TestNATSDrainHandBackContinues: a worker whose record the router still
+// sees active hands a stream back with the drain notice after its first
+// event: the stream continues on another worker over NATS, ends with
+// [DONE] and no error event, and counts as a worker_draining migration
+// (the notice, not the record's status, says why it broke), not as a
+// fault of the worker.
+func TestNATSDrainHandBackContinues(t *testing.T) {
+	ns := natstest.Start(t)
+	handing := fakeNATSWorker(t, ns, func(nc *nats.Conn, inbox string) {
+		frame(nc, inbox, natsreq.TypeData, []byte("data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n"))
+		frame(nc, inbox, natsreq.TypeError, []byte(natsreq.DrainingNotice))
+	})
+	good, _ := natsWorker(t, ns, startSim(t, nil), 0)
+	cfg := migrationConfig(3)
+	cfg.NATSRequests = natsClient(t, ns, natsreq.ClientConfig{})
+	tr := startRouter(t, prefer{handing.WorkerID, good.WorkerID}, cfg, handing, good)
+	_, _, errored, raw := streamText(t, tr, "/v1/chat/completions", contChat)
+	if errored || !strings.HasSuffix(strings.TrimSpace(raw), "data: [DONE]") || !strings.Contains(raw, `"content":"a"`) {
+		t.Fatalf("handed-back stream: error %v\n%s", errored, raw)
+	}
+	if n := metric(t, tr, `infera_migrations_total{reason="worker_draining"}`); n != 1 {
+		t.Fatalf("infera_migrations_total{worker_draining} = %v, want 1", n)
+	}
+	if n := metric(t, tr, `infera_migrations_total{reason="stream_broken"}`); n != 0 {
+		t.Fatalf("infera_migrations_total{stream_broken} = %v, want 0", n)
+	}
+}
+
+// TestNATSStalledWorkerGivenUp: a NATS worker whose engine hangs (no
+// frame, no idle timeout on the NATS client, a long first-byte timeout)
+// is given up once the stall is confirmed, as an HTTP worker is: the
+// unary request and the stream waiting there move to another worker long
+// before --ttft-timeout.
+func TestNATSStalledWorkerGivenUp(t *testing.T) {
+	ns := natstest.Start(t)
+	hung, hungSrv := natsWorker(t, ns, startSim(t, func(c *config.Sim) { c.HangBeforeFirstToken = 1 }), 0)
+	good, _ := natsWorker(t, ns, startSim(t, nil), 0)
+	cfg := withConfig(func(c *router.Config) {
+		c.StallWindow = 300 * time.Millisecond
+		c.StallProbeInterval = 100 * time.Millisecond
+		c.TTFTTimeout = time.Minute
+		c.MaxRetries = 1
+	})
+	cfg.NATSRequests = natsClient(t, ns, natsreq.ClientConfig{})
+	tr := startRouter(t, prefer{hung.WorkerID, good.WorkerID}, cfg, hung, good)
+
+	start := time.Now()
+	resp, body := tr.chat(t, "sim-model")
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Infera-Worker") != good.WorkerID {
+		t.Fatalf("unary: %d %q %s", resp.StatusCode, resp.Header.Get("X-Infera-Worker"), body)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("the unary request left the stalled worker after %v", d)
+	}
+	if got := metric(t, tr, `infera_router_upstream_failures_total{reason="stalled"}`); got != 1 {
+		t.Fatalf("stalled attempts = %v, want 1", got)
+	}
+	testkit.Eventually(t, "the stalled worker's request cancelled", func() bool { return hungSrv.InFlight() == 0 })
 }

@@ -186,6 +186,7 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 			why = reasonStreamError
 		}
 		rel.mig.broken = a.ticket.Worker // for a continuation (migrate.go)
+		rel.mig.drained = errors.Is(rerr, natsreq.ErrDraining)
 		rel.closeUpstream(a)
 		a.fail(why, rerr)
 		v := verdictFault
