@@ -61,6 +61,16 @@
 // breaker (breaker.go) and an admission limit with a wake-up queue
 // (admission.go).
 //
+// With KVAwareConfig.PeerHints (peerhint.go), a pick that sends a prompt to
+// a worker while a worker on another host's kvd holds more of its leading
+// blocks first has the target's kvd pull them from the other kvd (a
+// kvd/peer hint, waited on for at most PeerWait, never failing the
+// request). Hints name blocks by the simulator's kvd keys (engine block
+// hashes, 8 bytes big-endian), so they go only between workers whose real
+// engine is the simulator; other pairs are counted as unsupported: vLLM's
+// connector keys chunks by sha256 over full block digests (kvd/chunkkey),
+// which its KV events do not carry (docs/operations.md).
+//
 // # Request path
 //
 // Router.serve resolves the request id once and dispatches; a generating

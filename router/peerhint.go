@@ -26,9 +26,14 @@ import (
 // most --kvd-peer-wait for the pull, so that H's engine finds the blocks
 // in its kvd's RAM instead of computing them. The keys are G's engine
 // block hashes of the blocks H lacks, as G's KV events named them, 8
-// bytes big-endian: the kvd keys the simulator stores blocks under
-// (engines whose connectors key blocks otherwise, vLLM's chunk keys, are
-// not served yet), in the namespace (served model, DefaultPrewarmCompatKey).
+// bytes big-endian: the kvd keys the simulator stores blocks under, in the
+// namespace (served model, DefaultPrewarmCompatKey). Hints go only between
+// workers whose real engine is the simulator (simKeyed); for any other
+// pair the skip is counted (outcome "unsupported") and nothing is sent.
+// vLLM's kvd connector stores chunks under sha256 over the chunk's full
+// block digests (kvd/chunkkey derives them), in a namespace of the model
+// path and the TP/PP rank; vLLM's KV events carry only the low 8 bytes of
+// each digest, so the router cannot name those keys (docs/operations.md).
 //
 // The hint is off the engine's path when it fails: a kvd that is down,
 // refuses, or does not finish in time costs at most the wait, and the
@@ -54,7 +59,7 @@ func newPeerHints(secret string, wait time.Duration, log zerolog.Logger) *peerHi
 		h: peer.NewHinter([]byte(secret)), wait: wait, log: log,
 		hints: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infera_router_kvd_peer_hints_total",
-			Help: "Prefetch hints the router sent a worker's kvd naming another host's kvd as the source, by outcome (pulled: finished within --kvd-peer-wait; pending: not finished when the request went on, still pulling or dropped by the kvd's full queue, which its own infera_kvd_peer_hints_total tells apart; failed: not delivered or refused).",
+			Help: "Prefetch hints the router sent a worker's kvd naming another host's kvd as the source, by outcome (pulled: finished within --kvd-peer-wait; pending: not finished when the request went on, still pulling or dropped by the kvd's full queue, which its own infera_kvd_peer_hints_total tells apart; failed: not delivered or refused; unsupported: not sent, another host's kvd held more of the prompt but the workers' engine keys its kvd blocks in a way the router cannot name, e.g. vLLM's chunk keys).",
 		}, []string{"outcome"}),
 		pulled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "infera_router_kvd_peer_pulled_blocks_total",
@@ -97,6 +102,10 @@ func (ph *peerHints) direct(p *KVAware, sc *kvScratch, best int) {
 	if src < 0 {
 		return
 	}
+	if !simKeyed(dstRec) || !simKeyed(sc.targets[src].worker.Record()) {
+		ph.hints.WithLabelValues("unsupported").Inc()
+		return
+	}
 	hs := sc.sets[sc.setOf[best]].hashes
 	eng := p.idx.AppendEngineHashes(nil, sc.targets[src].idx, hs[sc.hits[best]:most])
 	if len(eng) == 0 {
@@ -124,6 +133,23 @@ func (ph *peerHints) direct(p *KVAware, sc *kvScratch, best int) {
 	default:
 		ph.hints.WithLabelValues("pending").Inc()
 	}
+}
+
+// simKeyed reports whether rec's engine keeps its blocks in kvd under the
+// keys a hint can name: the simulator's (its engine block hashes, 8 bytes
+// big-endian), whatever engine it imitates (real_engine "sim"). vLLM's
+// connector keys chunks by sha256 over the full block digests (kvd/chunkkey),
+// of which KV events carry only the low 8 bytes; SGLang's and ATOM's
+// connectors are not served either.
+func simKeyed(rec *discovery.Record) bool {
+	if rec == nil {
+		return false
+	}
+	e := rec.RealEngine
+	if e == "" {
+		e = rec.Engine
+	}
+	return e == discovery.EngineSim
 }
 
 // updateKVDs takes a new snapshot of the kvd registry.

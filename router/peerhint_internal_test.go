@@ -224,3 +224,47 @@ func gatherLabeled(t *testing.T, r *Router, name, label string) float64 {
 	}
 	return 0
 }
+
+// TestPeerHintSkipsUnsupportedEngine: when either worker's engine keys its
+// kvd blocks otherwise than the simulator (a vLLM worker: chunk keys over
+// digests the KV events do not carry whole), no hint is sent, the pick
+// does not wait, and the skip is counted.
+func TestPeerHintSkipsUnsupportedEngine(t *testing.T) {
+	vllm := func(r *discovery.Record) { r.Engine, r.RealEngine = discovery.EngineVLLM, "" }
+	sim := func(r *discovery.Record) { r.Engine, r.RealEngine = discovery.EngineVLLM, discovery.EngineSim }
+	for _, tc := range []struct {
+		name   string
+		g, h   func(*discovery.Record)
+		hinted bool
+	}{
+		{"vllm to vllm", vllm, vllm, false},
+		{"sim to vllm", sim, vllm, false},
+		{"vllm to sim", vllm, sim, false},
+		{"sim imitating vllm", sim, sim, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, h := startPeerKVD(t, "s3cret", false), startPeerKVD(t, "s3cret", true)
+			gRec := kvRecord(0, func(r *discovery.Record) { tc.g(r); r.KVDPeer = g.addr })
+			hRec := kvRecord(1, func(r *discovery.Record) { tc.h(r); r.KVDPeer = h.addr })
+			e, body, keys := peerHintEnvRecords(t, gRec, hRec, 5*time.Second, g.store)
+			e.pickH(body)
+			unsupported := gatherLabeled(t, e.r, "infera_router_kvd_peer_hints_total", "unsupported")
+			pulled := gatherLabeled(t, e.r, "infera_router_kvd_peer_hints_total", "pulled")
+			if tc.hinted {
+				if unsupported != 0 || pulled != 1 {
+					t.Fatalf("unsupported %v pulled %v, want 0 and 1", unsupported, pulled)
+				}
+				return
+			}
+			if unsupported != 1 || pulled != 0 {
+				t.Fatalf("unsupported %v pulled %v, want 1 and 0", unsupported, pulled)
+			}
+			var sc kvd.Scratch
+			for i, k := range keys {
+				if h.store.Get([]byte("m"), []byte(DefaultPrewarmCompatKey), k, &sc).Found {
+					t.Fatalf("block %d pulled into H's kvd without a hint", i)
+				}
+			}
+		})
+	}
+}
