@@ -68,7 +68,7 @@
 // request). Hints name blocks by the simulator's kvd keys (engine block
 // hashes, 8 bytes big-endian), so they go only between workers whose real
 // engine is the simulator; other pairs are counted as unsupported: vLLM's
-// connector keys chunks by sha256 over full block digests (kvd/chunkkey),
+// connector keys chunks by sha256 over full block digests,
 // which its KV events do not carry (docs/operations.md).
 //
 // # Request path

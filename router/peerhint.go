@@ -31,7 +31,7 @@ import (
 // workers whose real engine is the simulator (simKeyed); for any other
 // pair the skip is counted (outcome "unsupported") and nothing is sent.
 // vLLM's kvd connector stores chunks under sha256 over the chunk's full
-// block digests (kvd/chunkkey derives them), in a namespace of the model
+// block digests, in a namespace of the model
 // path and the TP/PP rank; vLLM's KV events carry only the low 8 bytes of
 // each digest, so the router cannot name those keys (docs/operations.md).
 //
@@ -138,7 +138,7 @@ func (ph *peerHints) direct(p *KVAware, sc *kvScratch, best int) {
 // simKeyed reports whether rec's engine keeps its blocks in kvd under the
 // keys a hint can name: the simulator's (its engine block hashes, 8 bytes
 // big-endian), whatever engine it imitates (real_engine "sim"). vLLM's
-// connector keys chunks by sha256 over the full block digests (kvd/chunkkey),
+// connector keys chunks by sha256 over the full block digests,
 // of which KV events carry only the low 8 bytes; SGLang's and ATOM's
 // connectors are not served either.
 func simKeyed(rec *discovery.Record) bool {
