@@ -720,9 +720,13 @@ func (lc *loopConn) Read(p []byte) (int, error) {
 		lc.dmu.Unlock()
 		return 0, err
 	}
-	if lc.idle && !lc.l.d.draining.Load() {
-		// fasthttp waits for the next request: the loop does that.
-		lc.handBack = true
+	if lc.idle {
+		// fasthttp waits for the next request: the loop does that, or,
+		// while draining, nobody does: the connection closes, as
+		// fasthttp's Shutdown closes an idle one. (Waiting here instead
+		// would hold the drain for the whole ShutdownTimeout, this
+		// goroutine counted in flight, on a client that sends nothing.)
+		lc.handBack = !lc.l.d.draining.Load()
 		lc.dmu.Unlock()
 		return 0, io.EOF
 	}
