@@ -40,7 +40,14 @@ func logField(t *testing.T, log *testkit.LogSink, msg, field string) any {
 // TestServeEmbeddedEtcd runs `infera serve` with its embedded etcd on free
 // ports, registers an in-process sim the way a worker does, routes a request
 // to it, and stops on cancellation.
-func TestServeEmbeddedEtcd(t *testing.T) {
+func TestServeEmbeddedEtcd(t *testing.T) { testServeEmbeddedEtcd(t) }
+
+// TestServeEmbeddedEtcdLoopDoor is TestServeEmbeddedEtcd with the loop
+// front door (the stop right after an answer once waited the whole
+// --shutdown-timeout with it).
+func TestServeEmbeddedEtcdLoopDoor(t *testing.T) { testServeEmbeddedEtcd(t, "--front-door", "loop") }
+
+func testServeEmbeddedEtcd(t *testing.T, flags ...string) {
 	eng, err := sim.New(func() config.Sim { c := config.DefaultSim(); c.Port = 0; return c }(), zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
@@ -59,9 +66,9 @@ func TestServeEmbeddedEtcd(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- newApp(io.Discard, &stderr).RunContext(ctx, []string{"infera", "serve",
+		done <- newApp(io.Discard, &stderr).RunContext(ctx, append([]string{"infera", "serve",
 			"--listen", "127.0.0.1:0", "--embedded-etcd-listen", "127.0.0.1:0",
-			"--embedded-etcd-dir", t.TempDir(), "--router-policy", "least-load"})
+			"--embedded-etcd-dir", t.TempDir(), "--router-policy", "least-load"}, flags...))
 	}()
 	endpoints, _ := logField(t, &stderr, "embedded etcd started", "endpoints").([]any)
 	addr, _ := logField(t, &stderr, "infera serve listening", "addr").(string)

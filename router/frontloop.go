@@ -31,7 +31,12 @@ import (
 // (FuzzFrontDoorsAgree). When the goroutine has answered everything the
 // loop had read and nothing more is buffered, fasthttp's next read ends
 // the hand-off (no read that finds nothing, no park on the socket) and
-// the connection goes back to its loop.
+// the connection goes back to its loop. A goroutine that has answered
+// takes the loop's turn when no one else runs it (proc): it adopts its
+// connection at once and, while other requests are in flight, polls the
+// loop's set (epoll_wait 0) for the next connection whose request is in
+// and serves that one itself: under load most requests then start
+// without a hand-off (no loop wake-up, no goroutine park and wake).
 //
 // Deadlines of connections in a loop (header, idle keep-alive) live in a
 // timer wheel ticking on a timerfd; a served connection's reads and writes
@@ -77,6 +82,7 @@ type loopDoor struct {
 // server is a goroutine serving loop connections one after another.
 type server struct {
 	work chan *loopConn
+	evs  [1]unix.EpollEvent // its turns' polls (see turn)
 }
 
 // maxIdleServers bounds the serving goroutines kept waiting.
@@ -88,12 +94,21 @@ type frontLoop struct {
 	p  *epoll.Poller
 	wg sync.WaitGroup // run
 
+	// proc is held by whoever runs the loop's work (adopt, expire,
+	// reads, the wheel): the loop goroutine after each wait, or a
+	// serving goroutine taking its turn (see turn). The fields below it
+	// and the loop-owned fields of loopConn are guarded by it.
+	proc    sync.Mutex
+	keeping bool      // a turn: the first connection dispatched is kept
+	kept    *loopConn // for the goroutine taking the turn
+	gone    bool      // the loop ended: its poller is closed
+
 	mu       sync.Mutex
 	conns    map[int32]*loopConn // every connection of the loop, served or waiting
 	returned []*loopConn         // handed back by their goroutines; guarded by mu
 	stopping bool                // guarded by mu
 
-	// The loop goroutine's own.
+	// Guarded by proc.
 	wheel   [wheelSlots]*loopConn
 	now     int64 // ticks since the loop started
 	done    int64 // the last tick expire handled
@@ -337,44 +352,54 @@ func (l *frontLoop) take(fc *frontConn) error {
 
 func (l *frontLoop) run() {
 	defer l.wg.Done()
-	defer l.p.Close()
 	for {
 		evs, _, ticked, err := l.p.Wait()
+		l.proc.Lock()
 		if err != nil {
 			l.d.r.log.Error().Err(err).Msg("front door epoll_wait failed")
+		}
+		if err != nil || l.work(evs, ticked) {
 			l.closeAll()
+			l.p.Close()
+			l.gone = true
+			l.proc.Unlock()
 			return
 		}
-		if l.adopt() {
-			l.closeAll()
-			return
+		l.proc.Unlock()
+	}
+}
+
+// work adopts what came back, expires the wheel when it ticked and takes
+// the events; proc is held. true: stop the loop.
+func (l *frontLoop) work(evs []unix.EpollEvent, ticked bool) bool {
+	if l.adopt() {
+		return true
+	}
+	if ticked {
+		l.expire()
+	}
+	for i := range evs {
+		l.mu.Lock()
+		lc := l.conns[evs[i].Fd]
+		if lc != nil && lc.closed {
+			lc = nil
 		}
-		if ticked {
-			l.expire()
+		l.mu.Unlock()
+		if lc == nil {
+			continue
 		}
-		for i := range evs {
-			l.mu.Lock()
-			lc := l.conns[evs[i].Fd]
-			if lc != nil && lc.closed {
-				lc = nil
-			}
-			l.mu.Unlock()
-			if lc == nil {
-				continue
-			}
-			if lc.state.Load() == stLoop {
-				l.readable(lc)
-				continue
-			}
-			// A goroutine serves it: the bytes are read once it is back
-			// (see serveConn); if it just came back, take it now.
-			lc.pending.Store(true)
-			if lc.state.Load() == stReturned && l.adopt() {
-				l.closeAll()
-				return
-			}
+		if lc.state.Load() == stLoop {
+			l.readable(lc)
+			continue
+		}
+		// A goroutine serves it: the bytes are read once it is back
+		// (see serveConn); if it just came back, take it now.
+		lc.pending.Store(true)
+		if lc.state.Load() == stReturned && l.adopt() {
+			return true
 		}
 	}
+	return false
 }
 
 // tickNow is the loop's clock in ticks.
@@ -589,6 +614,10 @@ func (l *frontLoop) dispatch(lc *loopConn) {
 	lc.state.Store(stServer)
 	d := l.d
 	d.inflight.Add(1)
+	if l.keeping && l.kept == nil {
+		l.kept = lc
+		return
+	}
 	d.poolMu.Lock()
 	if n := len(d.idle); n > 0 {
 		s := d.idle[n-1]
@@ -610,7 +639,9 @@ func (l *frontLoop) dispatch(lc *loopConn) {
 func (d *loopDoor) runServer(s *server) {
 	defer d.served.Done()
 	for lc := range s.work {
-		d.serveConn(lc)
+		for lc != nil {
+			lc = d.serveConn(lc, s)
+		}
 		d.poolMu.Lock()
 		if d.closed || len(d.idle) >= maxIdleServers {
 			d.poolMu.Unlock()
@@ -634,23 +665,81 @@ func (d *loopDoor) closePool() {
 }
 
 // serveConn runs fasthttp on lc until it has answered what arrived; the
-// connection then goes back to its loop, or closes.
-func (d *loopDoor) serveConn(lc *loopConn) {
+// connection then goes back to its loop, or closes. It returns the
+// connection s serves next, if its turn (see turn) found one.
+func (d *loopDoor) serveConn(lc *loopConn, s *server) *loopConn {
 	defer d.inflight.Add(-1)
 	_ = d.srv.ServeConn(lc.fc)
 	if !lc.handBack {
-		return // closed
+		return nil // closed
 	}
 	lc.handBack = false
 	lc.served = true
 	lc.dropSlow()
 	l := lc.l
+	if l.proc.TryLock() {
+		next := l.turn(lc, s)
+		l.proc.Unlock()
+		return next
+	}
+	l.giveBack(lc)
+	return nil
+}
+
+// turn: a serving goroutine that has answered lc runs the loop's work
+// itself (proc held): lc goes back at once, and while other requests are
+// in flight (the front door is busy) it polls the loop's set for the
+// next connection whose request is in, and keeps the first for itself.
+// Under load the connections ready to serve are then taken by the
+// goroutines finishing a request, without a hand-off (a loop wake-up and
+// a goroutine park and wake per request); idle, it costs no system call.
+func (l *frontLoop) turn(lc *loopConn, s *server) *loopConn {
+	d := l.d
+	l.mu.Lock()
+	if l.gone || l.stopping || d.draining.Load() {
+		l.mu.Unlock()
+		_ = lc.fc.Close()
+		return nil
+	}
+	lc.state.Store(stReturned)
+	l.returned = append(l.returned, lc)
+	l.mu.Unlock()
+	l.keeping = true
+	stop := l.adopt() // lc's deadline, and its pending read if any
+	for range 4 {
+		if stop || l.kept != nil || d.inflight.Load() <= 1 {
+			break
+		}
+		evs, woken, ticked, err := l.p.Poll(s.evs[:])
+		if err != nil || len(evs) == 0 && !woken && !ticked {
+			break
+		}
+		stop = l.work(evs, ticked)
+	}
+	l.keeping = false
+	next := l.kept
+	l.kept = nil
+	if stop {
+		// The loop goroutine stops itself (a wake-up this turn took
+		// may have been the one meant for it).
+		l.p.Wake()
+	}
+	return next
+}
+
+// giveBack hands a connection served to the end of what arrived back to
+// its loop goroutine (another goroutine is running the loop's work).
+func (l *frontLoop) giveBack(lc *loopConn) {
+	d := l.d
 	l.mu.Lock()
 	if l.stopping || d.draining.Load() {
 		l.mu.Unlock()
 		_ = lc.fc.Close()
 		return
 	}
+	// State before the list: once listed, the connection may be
+	// adopted (stLoop) at any moment.
+	lc.state.Store(stReturned)
 	l.returned = append(l.returned, lc)
 	l.mu.Unlock()
 	// No system call: the socket stays in the loop's set (edge-
@@ -659,7 +748,6 @@ func (d *loopDoor) serveConn(lc *loopConn) {
 	// the loop could not act on: it marked the connection pending, and
 	// then it is woken now. (State before pending, and the loop
 	// pending before state: one of the two sees the other.)
-	lc.state.Store(stReturned)
 	if lc.pending.Load() {
 		l.p.Wake()
 	}
@@ -720,9 +808,13 @@ func (lc *loopConn) Read(p []byte) (int, error) {
 		lc.dmu.Unlock()
 		return 0, err
 	}
-	if lc.idle && !lc.l.d.draining.Load() {
-		// fasthttp waits for the next request: the loop does that.
-		lc.handBack = true
+	if lc.idle {
+		// fasthttp waits for the next request: the loop does that, or,
+		// while draining, nobody does: the connection closes, as
+		// fasthttp's Shutdown closes an idle one. (Waiting here instead
+		// would hold the drain for the whole ShutdownTimeout, this
+		// goroutine counted in flight, on a client that sends nothing.)
+		lc.handBack = !lc.l.d.draining.Load()
 		lc.dmu.Unlock()
 		return 0, io.EOF
 	}

@@ -4,13 +4,17 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -391,4 +395,147 @@ func processCPU() int64 {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// TestFrontDoorShutdownRace: shutdowns racing keep-alive connections that
+// have just been answered and new connections arriving end promptly with
+// every connection closed, through both front doors. (The loop door once
+// let a serving goroutine that had just answered wait for the next
+// request while draining: the drain waited the whole ShutdownTimeout.)
+func TestFrontDoorShutdownRace(t *testing.T) {
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if bytes.Contains(ctx.PostBody(), []byte(`"stream":true`)) {
+			ctx.SetContentType("text/event-stream")
+			ctx.SetBodyString("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"cmpl-1"}`)
+	})
+	cfg := router.DefaultConfig()
+	cfg.IdleConnTimeout = 50 * time.Millisecond
+	cfg.ShutdownTimeout = 30 * time.Second // far beyond the bound below
+	for _, door := range []string{"goroutine", "loop"} {
+		for round := range 12 {
+			if !shutdownRace(t, up, cfg, door) {
+				t.Fatalf("%s door, round %d: see above", door, round)
+			}
+		}
+	}
+}
+
+// shutdownRace runs one round of TestFrontDoorShutdownRace: keep-alive
+// clients and dialers send requests until one of them, just answered,
+// stops the router.
+func shutdownRace(t *testing.T, up *upstream, cfg router.Config, door string) bool {
+	r, err := router.New(cfg, router.RoundRobin{}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		if door == "loop" {
+			done <- r.ServeLoop(ctx, ln, nil)
+		} else {
+			done <- r.Serve(ctx, ln)
+		}
+	}()
+	const bound = 15 * time.Second // generous: a sound shutdown takes milliseconds
+	var (
+		answered atomic.Int64
+		mu       sync.Mutex
+		conns    []net.Conn
+		hung     atomic.Int64 // connections neither answered nor closed
+		wg       sync.WaitGroup
+	)
+	// client sends requests on one connection (keepAlive: many) until it
+	// is closed; the 40th answer overall stops the router.
+	client := func(keepAlive bool) bool {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			return false // the listener is closed
+		}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		br := bufio.NewReader(c)
+		// Streams: the relay's work after an answer's last byte widens
+		// the window between that byte and the next read.
+		req := postReq(streamBody, "")
+		if !keepAlive {
+			req = postReq(streamBody, "Connection: close\r\n")
+		}
+		for {
+			_ = c.SetDeadline(time.Now().Add(bound))
+			if _, err := io.WriteString(c, req); err != nil {
+				return true
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					hung.Add(1)
+				}
+				return true
+			}
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != 200 {
+				return true
+			}
+			if answered.Add(1) == 40 {
+				cancel()
+			}
+			if resp.Close || ctx.Err() != nil {
+				// The server closes it next.
+				if _, err := br.ReadByte(); errors.Is(err, os.ErrDeadlineExceeded) {
+					hung.Add(1)
+				}
+				return true
+			}
+		}
+	}
+	for range 8 {
+		wg.Add(1)
+		go func() { defer wg.Done(); client(true) }()
+	}
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for client(false) {
+			}
+		}()
+	}
+	ok := true
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("%s door: serve: %v", door, err)
+			ok = false
+		}
+	case <-time.After(bound):
+		t.Errorf("%s door: no shutdown %v after the stop, with no request in flight", door, bound)
+		ok = false
+	}
+	wg.Wait()
+	if n := hung.Load(); n > 0 {
+		t.Errorf("%s door: %d connections neither answered nor closed at shutdown", door, n)
+		ok = false
+	}
+	mu.Lock()
+	for _, c := range conns {
+		c.Close()
+	}
+	mu.Unlock()
+	if !ok {
+		<-done
+	}
+	return ok
 }

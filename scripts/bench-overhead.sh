@@ -28,7 +28,9 @@
 # same repeat's direct cell, so the load generator's and the engines' costs
 # cancel and what is left is what the proxy costs the machine (kernel work
 # included). Tables give medians with their spread (min–max) and the machine's
-# load before and after. Every process it started is stopped on exit.
+# load before and after, and the added latency at concurrency 1 (p50/p99
+# minus direct's) of every infera* target beside nginx's. Every process it
+# started is stopped on exit.
 #
 # Needs: go, curl, jq; installs nginx and wrk (Debian packages) when missing.
 # Settings (environment):
@@ -536,6 +538,49 @@ END {
     printf "| %s | %s | %s | %s | %s / %s (%s) | %s / %s | %s / %s | %s / %s |\n", g, kk[4], xg[k], xd[k], c[k], gc[g],
       (gc[g] > 0 ? sprintf("%.2f", c[k] / gc[g]) : "–"), b[k], gb[g], p50[k], gp50[g], p99[k], gp99[g] }
 }' "$OUT/overhead.md" >"$OUT/verdict.md"
+
+# --- added latency at concurrency 1 (acceptance: every infera* ≤ nginx) -----
+# Per repeat, a target's p50/p99 minus the same repeat's direct cell; medians
+# (min–max) over the repeats.
+awk -F'\t' -v targets="$TARGETS" '
+function sortv(s, a,   n, i, j, t) {
+  n = split(s, a, " ")
+  for (i = 2; i <= n; i++) { t = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+  return n
+}
+function med(s,   a, n) { n = sortv(s, a); if (!n) return ""; return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+function spread(s,   a, n) { n = sortv(s, a); if (!n) return "–"; return sprintf("%+.3f (%+.3f–%+.3f)", med(s), a[1], a[n]) }
+NR > 1 && $3 == "1" {
+  cell = $1 SUBSEP $2; r = cell SUBSEP $4
+  if (!(cell in seen)) { seen[cell] = 1; order[++nc] = cell }
+  if (!(r in repseen)) { repseen[r] = 1; reps[cell] = reps[cell] " " $4 }
+  P50[r SUBSEP $5] = $8; P99[r SUBSEP $5] = $9
+}
+END {
+  if (!nc) exit
+  nt = split(targets, T, " ")
+  print ""
+  print "Added latency at concurrency 1 (ms, target − direct of the same repeat; medians, min–max):"
+  print ""
+  print "| client | mode | target | +p50 ms | +p99 ms | nginx +p50 ms | nginx +p99 ms | ≤ nginx (p50, p99) |"
+  print "|---|---|---|---:|---:|---:|---:|---|"
+  for (c = 1; c <= nc; c++) {
+    cell = order[c]; split(cell, parts, SUBSEP)
+    nr = split(reps[cell], RP, " ")
+    gp50 = ""; gp99 = ""
+    for (i = 1; i <= nr; i++) { r = cell SUBSEP RP[i]
+      if ((r SUBSEP "nginx") in P50 && (r SUBSEP "direct") in P50) { gp50 = gp50 " " (P50[r SUBSEP "nginx"] - P50[r SUBSEP "direct"]); gp99 = gp99 " " (P99[r SUBSEP "nginx"] - P99[r SUBSEP "direct"]) } }
+    for (t = 1; t <= nt; t++) {
+      if (T[t] !~ /^infera/) continue
+      a50 = ""; a99 = ""
+      for (i = 1; i <= nr; i++) { r = cell SUBSEP RP[i]
+        if ((r SUBSEP T[t]) in P50 && (r SUBSEP "direct") in P50) { a50 = a50 " " (P50[r SUBSEP T[t]] - P50[r SUBSEP "direct"]); a99 = a99 " " (P99[r SUBSEP T[t]] - P99[r SUBSEP "direct"]) } }
+      if (a50 == "") continue
+      ok = (gp50 == "" ? "–" : ((med(a50) <= med(gp50) ? "yes" : "no") ", " (med(a99) <= med(gp99) ? "yes" : "no")))
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", parts[1], parts[2], T[t], spread(a50), spread(a99), spread(gp50), spread(gp99), ok
+    }
+  }
+}' "$RESULTS" >>"$OUT/verdict.md"
 
 cpus=$(nproc)
 cat <<SUMMARY

@@ -151,7 +151,26 @@ func (p *Poller) Wait() (ev []unix.EpollEvent, woken, ticked bool, err error) {
 	if err != nil {
 		return nil, false, false, fmt.Errorf("%w: epoll_wait: %w", ErrPoller, err)
 	}
-	ev = p.events[:p.n]
+	return p.sift(p.events[:p.n])
+}
+
+// Poll is Wait without the wait, into the caller's buf (another goroutine
+// may be in Wait meanwhile: each ready descriptor's event goes to one of
+// them). It returns at once, with no events when none are ready.
+func (p *Poller) Poll(buf []unix.EpollEvent) (ev []unix.EpollEvent, woken, ticked bool, err error) {
+	n, err := rawEpollPoll(p.ep, buf)
+	if err == unix.EINTR {
+		return nil, false, false, nil
+	}
+	if err != nil {
+		return nil, false, false, fmt.Errorf("%w: epoll_wait: %w", ErrPoller, err)
+	}
+	return p.sift(buf[:n])
+}
+
+// sift takes the eventfd's and timerfd's events out of ev (resetting
+// their counters) and reports them.
+func (p *Poller) sift(ev []unix.EpollEvent) (_ []unix.EpollEvent, woken, ticked bool, err error) {
 	for i := 0; i < len(ev); {
 		switch int(ev[i].Fd) {
 		case p.wake:

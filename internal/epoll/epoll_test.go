@@ -71,3 +71,41 @@ func TestPoller(t *testing.T) {
 		}
 	}
 }
+
+// Poll returns at once: nothing when nothing is ready, else an
+// edge-triggered descriptor's event once, into the caller's buffer, with
+// Wake's flag.
+func TestPollerPoll(t *testing.T) {
+	p, err := epoll.New(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	if err := p.Add(fds[0], epoll.In|epoll.Edge); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]unix.EpollEvent, 1)
+	if ev, woken, ticked, err := p.Poll(buf); len(ev) != 0 || woken || ticked || err != nil {
+		t.Fatalf("poll of nothing: %v %v %v %v", ev, woken, ticked, err)
+	}
+	if _, err := epoll.Write(fds[1], []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	ev, _, _, err := p.Poll(buf)
+	if err != nil || len(ev) != 1 || int(ev[0].Fd) != fds[0] {
+		t.Fatalf("poll: %v %v", ev, err)
+	}
+	if ev, _, _, _ := p.Poll(buf); len(ev) != 0 {
+		t.Fatalf("edge-triggered event reported twice: %v", ev)
+	}
+	p.Wake()
+	if ev, woken, _, err := p.Poll(buf); len(ev) != 0 || !woken || err != nil {
+		t.Fatalf("poll after wake: %v %v %v", ev, woken, err)
+	}
+}

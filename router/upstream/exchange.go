@@ -143,7 +143,6 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 	uc, _ := conn.(*Conn)
 	if uc != nil && owner != nil {
 		uc.SetOwner(owner)
-		defer uc.SetOwner(nil)
 	}
 	resp.ParseNetConn(conn)
 	err = conn.SetWriteDeadline(deadline)
@@ -160,6 +159,11 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 			br = hc.AcquireReader(conn)
 			err = resp.ReadLimitBody(br, hc.MaxResponseBodySize)
 		}
+	}
+	if uc != nil && owner != nil {
+		// Cleared before release below puts the connection back in the
+		// pool, where another exchange may take it (and set its owner).
+		uc.SetOwner(nil)
 	}
 	if err == io.EOF {
 		// Closed before the first byte of the answer: named as fasthttp's
