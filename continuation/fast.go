@@ -103,6 +103,9 @@ func (t *Tracker) learn(data, out []byte) {
 	} else if len(out) != len(data) {
 		return
 	}
+	if bytes.IndexByte(data, '\n') >= 0 || bytes.IndexByte(data, '\r') >= 0 {
+		return // a layout must be one line: AppendEvent matches whole events
+	}
 	nt.b, nt.ok = append(t.tmpl.b[:0], data...), true
 	t.tmpl = nt
 }
@@ -142,8 +145,8 @@ func (t *Tracker) matchFast(data []byte) (a, b int, ok bool) {
 				return a, b, false
 			}
 			j := bytes.IndexByte(data[pos:], ']')
-			if j < 0 {
-				return a, b, false
+			if j < 0 || bytes.IndexByte(data[pos:pos+j], '\n') >= 0 || bytes.IndexByte(data[pos:pos+j], '\r') >= 0 {
+				return a, b, false // (a line break would end an event's data line)
 			}
 			ids = [2]int{pos, pos + j + 1}
 			pos += j + 1

@@ -104,6 +104,8 @@ func (t *Tracker) PromptIDs(dst []uint32) ([]uint32, error) {
 	return openai.AppendTokenIDs(dst, t.promptRaw)
 }
 
+const dataSpace = "data: "
+
 var (
 	dataPrefix = []byte("data:")
 	doneData   = []byte("[DONE]")
@@ -134,6 +136,18 @@ func (t *Tracker) ObserveEvent(ev []byte) []byte {
 // AppendEvent is ObserveEvent appending the event the client should see
 // to dst: a steady chunk is copied once, straight to where it goes.
 func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
+	// An event as engines write it, "data: <chunk>\n\n", is matched
+	// against the layout whole: the layout and the holes hold no line
+	// break, so the chunk is the event's data line without searching.
+	if n := len(ev); n > len(dataSpace)+2 && string(ev[:len(dataSpace)]) == dataSpace && ev[n-1] == '\n' && ev[n-2] == '\n' {
+		if a, b, ok := t.matchFast(ev[len(dataSpace) : n-2]); ok {
+			if a < 0 {
+				return append(dst, ev...)
+			}
+			a, b = a+len(dataSpace), b+len(dataSpace)
+			return append(append(dst, ev[:a]...), ev[b:]...)
+		}
+	}
 	start, end, ok := t.eventData(ev)
 	if !ok {
 		return append(dst, ev...)

@@ -28,6 +28,22 @@ func BenchmarkObserveEvent(b *testing.B) {
 				t.ObserveEvent(ev)
 			}
 		})
+		// AppendEvent, as the relay calls it: the event matched whole,
+		// appended to the step's output.
+		b.Run(c.name+"/append", func(b *testing.B) {
+			var t continuation.Tracker
+			t.Reset(true)
+			ev := []byte(c.ev)
+			out := make([]byte, 0, 4096)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(ev)))
+			for i := range b.N {
+				if i%4096 == 0 {
+					t.Reset(true)
+				}
+				out = t.AppendEvent(out[:0], ev)
+			}
+		})
 	}
 }
 
