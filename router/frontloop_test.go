@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -209,6 +210,75 @@ func TestFrontLoopKeepAlive(t *testing.T) {
 			t.Fatalf("request %d: stream %q", i, body)
 		}
 	}
+}
+
+// TestFrontLoopConcurrentKeepAlive: many keep-alive connections at once,
+// unary and streamed requests, some pipelined in pairs: every answer comes
+// whole and in order through both doors (with the loop door, serving
+// goroutines take most of these requests on their turns, not from the
+// loop goroutine).
+func TestFrontLoopConcurrentKeepAlive(t *testing.T) {
+	fd := startFrontDoors(t, router.DefaultConfig())
+	for _, addr := range []string{fd.goroutine, fd.loop} {
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for c := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- keepAliveClient(addr, c, 30)
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Errorf("%s: %v", addr, err)
+			}
+		}
+	}
+}
+
+// keepAliveClient sends n requests on one connection (every third a pair
+// in one write) and checks every answer.
+func keepAliveClient(addr string, c, n int) error {
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	for i := 0; i < n; {
+		stream := (c+i)%2 == 1
+		req := chatReq("")
+		if stream {
+			req = postReq(streamBody, "")
+		}
+		k := 1
+		if i%3 == 2 && i+1 < n {
+			req, k = req+req, 2
+		}
+		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.WriteString(conn, req); err != nil {
+			return fmt.Errorf("connection %d request %d: %w", c, i, err)
+		}
+		for range k {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				return fmt.Errorf("connection %d request %d: %w", c, i, err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != 200 || resp.Close {
+				return fmt.Errorf("connection %d request %d: %d close=%v %q %v", c, i, resp.StatusCode, resp.Close, body, err)
+			}
+			if stream != bytes.Contains(body, []byte("data: [DONE]")) {
+				return fmt.Errorf("connection %d request %d: stream %v, body %q", c, i, stream, body)
+			}
+			i++
+		}
+	}
+	return nil
 }
 
 // TestFrontLoopSlowHeaders: a client that sends its headers a byte at a
