@@ -247,7 +247,11 @@ func (c *Client) ExchangeBy(ctx context.Context, workerID string, env *Envelope,
 			defer cancel()
 		}
 		if _, err = c.js.PublishMsg(pctx, m); err != nil && ctx.Err() == nil && errors.Is(pctx.Err(), context.DeadlineExceeded) {
+			// The request may still reach the stream (a server that
+			// resumes): the worker is told to cancel it, as for an
+			// exchange abandoned without done.
 			_ = sub.Unsubscribe()
+			c.sendCancel(workerID, inbox)
 			return nil, ErrPublishTimeout
 		}
 	} else {

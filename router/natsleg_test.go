@@ -434,17 +434,17 @@ func testNATSOutage(t *testing.T, pending int) {
 		resp, _ := only.chat(t, "sim-model")
 		return resp.StatusCode == http.StatusOK
 	})
+	// Both workers serve again (with admission, once the requests the
+	// resumed server still delivered are done).
 	seen := map[string]int{}
-	for range 4 {
+	testkit.Eventually(t, "both workers serve after the outage", func() bool {
 		resp, body := tr.chat(t, "sim-model")
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("after the outage: %d %s", resp.StatusCode, body)
 		}
 		seen[resp.Header.Get("X-Infera-Worker")]++
-	}
-	if seen[natsRec.WorkerID] == 0 || seen[httpRec.WorkerID] == 0 {
-		t.Fatalf("after the outage, requests by worker %v", seen)
-	}
+		return seen[natsRec.WorkerID] > 0 && seen[httpRec.WorkerID] > 0
+	})
 }
 
 // TestNATSPD: a pair of a concurrent protocol whose workers both take NATS
