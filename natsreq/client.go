@@ -27,6 +27,9 @@ var (
 	// status came back at once. An ErrTransport.
 	ErrNoResponders = fmt.Errorf("%w: no worker subscribed to the request subject", ErrTransport)
 	ErrClosed       = errors.New("natsreq: client closed")
+	// ErrPublishTimeout: the JetStream publish was not acknowledged by
+	// ExchangeBy's deadline.
+	ErrPublishTimeout = errors.New("natsreq: request not acknowledged by the stream before the deadline")
 )
 
 // ClientConfig configures the router's side.
@@ -214,6 +217,14 @@ type Exchange struct {
 // its answer. ctx bounds the whole exchange: when it ends, Next fails and
 // Close cancels the worker's request.
 func (c *Client) Exchange(ctx context.Context, workerID string, env *Envelope) (*Exchange, error) {
+	return c.ExchangeBy(ctx, workerID, env, time.Time{})
+}
+
+// ExchangeBy is Exchange whose JetStream publish (which waits for the
+// stream's acknowledgement) gives up at publishBy (zero: the client's
+// default API timeout) with ErrPublishTimeout: in a NATS outage the
+// caller's first-byte deadline holds.
+func (c *Client) ExchangeBy(ctx context.Context, workerID string, env *Envelope, publishBy time.Time) (*Exchange, error) {
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
@@ -229,7 +240,20 @@ func (c *Client) Exchange(ctx context.Context, workerID string, env *Envelope) (
 	payload := env.AppendJSON(nil)
 	if c.js != nil {
 		m := &nats.Msg{Subject: Subject(workerID), Data: payload, Header: nats.Header{HeaderInbox: []string{inbox}}}
-		_, err = c.js.PublishMsg(ctx, m)
+		pctx := ctx
+		if !publishBy.IsZero() {
+			var cancel context.CancelFunc
+			pctx, cancel = context.WithDeadline(ctx, publishBy)
+			defer cancel()
+		}
+		if _, err = c.js.PublishMsg(pctx, m); err != nil && ctx.Err() == nil && errors.Is(pctx.Err(), context.DeadlineExceeded) {
+			// The request may still reach the stream (a server that
+			// resumes): the worker is told to cancel it, as for an
+			// exchange abandoned without done.
+			_ = sub.Unsubscribe()
+			c.sendCancel(workerID, inbox)
+			return nil, ErrPublishTimeout
+		}
 	} else {
 		err = c.nc.PublishMsg(&nats.Msg{Subject: Subject(workerID), Reply: inbox, Data: payload})
 	}

@@ -325,7 +325,7 @@ func TestAdmitNeverWaits(t *testing.T) {
 
 	ns.Pause()
 	// The slowest Admit while the server is stopped: a read that waited on
-	// it would take its whole timeout (500 ms) at least every 200 ms.
+	// it would take its whole timeout (1 s) at least every 200 ms.
 	var slowest time.Duration
 	admitted := false
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && !admitted; time.Sleep(20 * time.Millisecond) {
@@ -336,7 +336,7 @@ func TestAdmitNeverWaits(t *testing.T) {
 	if !admitted {
 		t.Fatal("a backlog read before the outage still refuses 20 s into it")
 	}
-	if slowest >= 250*time.Millisecond {
+	if slowest >= 500*time.Millisecond {
 		t.Fatalf("an Admit took %v during the outage: it waited on NATS", slowest)
 	}
 	ns.Resume()
@@ -349,7 +349,7 @@ func TestAdmitNeverWaits(t *testing.T) {
 	p.cli.Admit(workerID)              // starts a read that hangs
 	start := time.Now()
 	p.cli.Close()
-	if d := time.Since(start); d >= 400*time.Millisecond {
+	if d := time.Since(start); d >= 700*time.Millisecond {
 		t.Fatalf("Close took %v with a backlog read in flight", d)
 	}
 }
@@ -400,22 +400,29 @@ func TestDrainRefusesLateRequests(t *testing.T) {
 		p.srv.Stop(1500 * time.Millisecond)
 	}()
 	// After the drain's first look at the queue (one poll) the consumer
-	// stops; these arrive after it.
+	// stops; these arrive after it. (Should a loaded machine deliver them
+	// before, they run into the drain deadline and end the same way.)
 	time.Sleep(700 * time.Millisecond)
-	late := chat(true, 4)
+	late := chat(true, 2000)
 	late.Migratable = true
 	lx, err := p.cli.Exchange(t.Context(), workerID, late)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lx.Close()
-	ux, err := p.cli.Exchange(t.Context(), workerID, chat(false, 4))
+	ux, err := p.cli.Exchange(t.Context(), workerID, chat(false, 2000))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ux.Close()
-	if _, err := lx.Next(); !errors.Is(err, natsreq.ErrDraining) {
-		t.Fatalf("late migratable request: %v, want the drain notice", err)
+	for {
+		f, err := lx.Next()
+		if errors.Is(err, natsreq.ErrDraining) {
+			break
+		}
+		if err != nil || f.Type != natsreq.TypeData {
+			t.Fatalf("late migratable request: %+v %v, want the drain notice", f, err)
+		}
 	}
 	if f, err := ux.Next(); !errors.Is(err, natsreq.ErrWorker) || string(f.Data) != natsreq.CancelledText {
 		t.Fatalf("late unary request: %+v %v, want %q", f, err, natsreq.CancelledText)

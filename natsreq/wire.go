@@ -49,8 +49,9 @@ const (
 	// failing or hanging, as in a NATS outage) is unknown, which admits,
 	// as the reference admits a backlog it cannot read.
 	pendingMaxAge = time.Second
-	// pendingReadTimeout bounds one background read of a backlog.
-	pendingReadTimeout = 500 * time.Millisecond
+	// pendingReadTimeout bounds one background read of a backlog (no
+	// pick waits for it).
+	pendingReadTimeout = time.Second
 	// pendingForget: a worker whose backlog nobody asked for this long
 	// (gone from the fleet) is dropped from the cache.
 	pendingForget = time.Minute

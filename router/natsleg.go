@@ -226,9 +226,12 @@ func (a *attempt) exchangeNATS(req *fasthttp.Request, deadline time.Time, stream
 	// router continues it elsewhere like any stream that broke.
 	env := natsreq.Envelope{Path: string(req.URI().RequestURI()), Stream: stream, Headers: natsHeaders(req), Body: req.Body(), Migratable: stream}
 	ctx, cancel := context.WithCancel(context.Background())
-	nx, err := a.rel.r.cfg.NATSRequests.Exchange(ctx, w.id, &env)
+	nx, err := a.rel.r.cfg.NATSRequests.ExchangeBy(ctx, w.id, &env, deadline)
 	if err != nil {
 		cancel()
+		if errors.Is(err, natsreq.ErrPublishTimeout) {
+			err = fasthttp.ErrTimeout // a NATS outage: the first-byte deadline
+		}
 		return nil, err
 	}
 	l := &natsLeg{a: a, nx: nx, cancel: cancel}

@@ -386,20 +386,44 @@ func TestNATSUnaryClientLeaves(t *testing.T) {
 // NATS worker fail over to the HTTP worker after the first-byte deadline
 // and every client is answered; a fleet of NATS workers only answers 504;
 // once the server resumes the NATS worker serves again, without a restart.
+// With JetStream admission too: neither the backlog read nor the publish
+// (which waits for the stream's acknowledgement) holds a request past its
+// first-byte deadline.
 func TestNATSOutage(t *testing.T) {
+	for _, pending := range []int{0, 4} {
+		name := "core"
+		if pending > 0 {
+			name = "jetstream"
+		}
+		t.Run(name, func(t *testing.T) { testNATSOutage(t, pending) })
+	}
+}
+
+func testNATSOutage(t *testing.T, pending int) {
 	ns := natstest.Start(t)
 	httpRec := simRecord(startSim(t, nil))
-	natsRec, _ := natsWorker(t, ns, startSim(t, nil), 0)
-	c := natsClient(t, ns, natsreq.ClientConfig{})
+	natsRec, _ := natsWorker(t, ns, startSim(t, nil), pending)
+	c := natsClient(t, ns, natsreq.ClientConfig{MaxPending: pending})
 	set := func(c *router.Config) { c.TTFTTimeout = time.Second; c.BreakerThreshold = 100 }
 	tr := natsRouter(t, c, set, httpRec, natsRec)
 	only := natsRouter(t, c, set, natsRec)
+	// The backlog read once before the outage.
+	testkit.Eventually(t, "the NATS worker serves", func() bool {
+		resp, _ := only.chat(t, "sim-model")
+		return resp.StatusCode == http.StatusOK
+	})
 
 	ns.Pause()
 	for i := range 4 {
+		start := time.Now()
 		resp, body := tr.chat(t, "sim-model")
 		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Infera-Worker") != httpRec.WorkerID {
 			t.Fatalf("chat %d during the outage: %d %q %s", i, resp.StatusCode, resp.Header.Get("X-Infera-Worker"), body)
+		}
+		// At most one first-byte deadline on the NATS worker (1 s), far
+		// from the JetStream client's 5 s publish timeout.
+		if d := time.Since(start); d > 4*time.Second {
+			t.Fatalf("chat %d during the outage took %v", i, d)
 		}
 	}
 	resp, body := only.chat(t, "sim-model")
@@ -410,17 +434,17 @@ func TestNATSOutage(t *testing.T) {
 		resp, _ := only.chat(t, "sim-model")
 		return resp.StatusCode == http.StatusOK
 	})
+	// Both workers serve again (with admission, once the requests the
+	// resumed server still delivered are done).
 	seen := map[string]int{}
-	for range 4 {
+	testkit.Eventually(t, "both workers serve after the outage", func() bool {
 		resp, body := tr.chat(t, "sim-model")
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("after the outage: %d %s", resp.StatusCode, body)
 		}
 		seen[resp.Header.Get("X-Infera-Worker")]++
-	}
-	if seen[natsRec.WorkerID] == 0 || seen[httpRec.WorkerID] == 0 {
-		t.Fatalf("after the outage, requests by worker %v", seen)
-	}
+		return seen[natsRec.WorkerID] > 0 && seen[httpRec.WorkerID] > 0
+	})
 }
 
 // TestNATSPD: a pair of a concurrent protocol whose workers both take NATS
