@@ -105,15 +105,18 @@ func BenchmarkGet(b *testing.B) {
 // BenchmarkVsDD measures the tablespace against dd with the same flags on
 // the same filesystem, finely interleaved: every iteration is one round of
 // three pairs over vsDDBlocks 1 MiB blocks each, dd and the tablespace
-// taking turns going first, and each pair's ratio is taken within its
-// round, so load drift on a shared machine hits both sides alike.
+// (and raw, for get) taking turns going first, and each pair's ratio is
+// taken within its round, so load drift on a shared machine hits both
+// sides alike.
 //
 //	put:   dd oflag=direct,dsync        vs Put, one writer (O_DIRECT|O_DSYNC slot + journal fdatasync)
 //	group: dd oflag=direct conv=fsync   vs Put, 4 writers, GroupCommit
 //	get:   dd iflag=direct              vs Get into a ReadBuffer (O_DIRECT, CRC-32C checked)
 //	       dd reads a file holding the very bytes of the slots the gets
 //	       read; a second baseline ("raw") preads those slots at their
-//	       offsets with O_DIRECT, unchecked, in the same round; and the
+//	       offsets (where the round's gets find them: the put pair moves
+//	       the keys to other slots) with O_DIRECT, unchecked, in the same
+//	       round; and the
 //	       check's CPU cost is reported as µs per MiB (verify-us/MiB).
 //
 // dd's own rate (from its summary line) excludes its process start; the
@@ -153,17 +156,24 @@ func BenchmarkVsDD(b *testing.B) {
 		n   int
 	}
 	slots := make([]slotAt, len(keys))
+	// locateSlots finds where the keys' slots are now: every put pair
+	// writes the keys again, into other slots, so raw looks them up
+	// before each get pair and reads what the gets read.
+	locateSlots := func() {
+		for i, k := range keys {
+			sh := single.shardFor(k)
+			sh.mu.Lock()
+			sl := sh.index[string(k)]
+			sh.mu.Unlock()
+			c, off := sh.locate(sl)
+			slots[i] = slotAt{sh.fds[c], off, alignUp(len(v) + slotHeaderSize + len(k))}
+		}
+	}
+	locateSlots()
 	same := make([]byte, 0, vsDDBlocks<<20)
 	raw := alignedBuf(1 << 20)
-	for i, k := range keys {
-		sh := single.shardFor(k)
-		sh.mu.Lock()
-		sl := sh.index[string(k)]
-		sh.mu.Unlock()
-		c, off := sh.locate(sl)
-		n := alignUp(len(v) + slotHeaderSize + len(k))
-		slots[i] = slotAt{sh.fds[c], off, n}
-		if err := preadFull(sh.fds[c], raw[:n], off); err != nil {
+	for _, sa := range slots {
+		if err := preadFull(sa.fd, raw[:sa.n], sa.off); err != nil {
 			b.Fatal(err)
 		}
 		same = append(same, raw[:1<<20]...)
@@ -241,24 +251,29 @@ func BenchmarkVsDD(b *testing.B) {
 	b.ResetTimer()
 	for round := 0; round < b.N; round++ {
 		for _, p := range pairs {
-			var d, t float64
-			ddRun := func() {
-				if d, err = runDD(dd, p.ddArgs...); err != nil {
-					b.Fatal(err)
-				}
+			var d, t, rr float64
+			steps := []func(){
+				func() {
+					if d, err = runDD(dd, p.ddArgs...); err != nil {
+						b.Fatal(err)
+					}
+				},
+				func() { t = timed(p.ts) },
 			}
-			if round%2 == 0 {
-				ddRun()
-				t = timed(p.ts)
-			} else {
-				t = timed(p.ts)
-				ddRun()
+			if p.name == "get" { // the second baseline, in the same round
+				locateSlots()
+				steps = append(steps, func() { rr = timed(rawRead) })
+			}
+			// Who goes first rotates by round (dd, tablespace and, for
+			// get, raw), so that none is always run on a warmer or
+			// colder machine than the others.
+			for i := range steps {
+				steps[(round+i)%len(steps)]()
 			}
 			r := res[p.name]
 			r[0], r[1], r[2] = append(r[0], d), append(r[1], t), append(r[2], t/d)
 			res[p.name] = r
-			if p.name == "get" { // the second baseline, in the same round
-				rr := timed(rawRead)
+			if p.name == "get" {
 				rawRates, rawRatios = append(rawRates, rr), append(rawRatios, t/rr)
 			}
 		}
