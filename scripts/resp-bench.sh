@@ -10,7 +10,8 @@
 #   RETENTION (short; long sends values down to L3 when --long-path is
 #   given in KVD_ARGS), KVD_ARGS (extra kvd flags).
 #   -d 65536 runs requests/10, -d 1048576 requests/100.
-#   BIN=path uses a prebuilt infera instead of building one.
+#   BIN=path uses a prebuilt infera instead of building one; RESULTS=path
+#   keeps every run's line (server test size ops/s cpu_us/req round).
 #   Needs redis-server and redis-tools; taskset pins the client to CPU 0
 #   and the servers to CPU 1 when the machine has two or more.
 #
@@ -113,3 +114,4 @@ awk '
     }
   }' "$work/results"
 echo "uptime: $(uptime)"
+[ -z "${RESULTS:-}" ] || cp "$work/results" "$RESULTS"

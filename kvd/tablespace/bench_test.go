@@ -3,6 +3,8 @@ package tablespace
 import (
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -326,4 +328,87 @@ func runDD(dd string, args ...string) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("dd %v: no rate in %q", args, out)
+}
+
+// BenchmarkGetPerOp compares one Get with the raw O_DIRECT pread of the
+// same slot op by op: every iteration reads each of vsDDBlocks slots once
+// per variant, the variants in a random order per slot, each into its own
+// aligned buffer, and reports the median over all ops of raw's time over
+// the variant's (1.00 = as fast as the raw read) and each variant's median
+// µs. Variants: get (Tablespace.Get), pread+crc (one pread, then crcUpdate
+// of the value: Get's check without AIO) and pread+crc32 (the same with
+// hash/crc32, the checksum Get used before crcUpdate). Finer than
+// BenchmarkVsDD's rounds of 32 reads when the load drifts within seconds.
+//
+//	INFERA_TABLESPACE_BENCH_DIR=/var/tmp go test -run '^$' -bench GetPerOp -benchtime 40x ./kvd/tablespace/
+func BenchmarkGetPerOp(b *testing.B) {
+	ts := benchTablespace(b, true)
+	v := benchValue(ts)
+	keys := make([][]byte, vsDDBlocks)
+	type slotAt struct {
+		fd  int
+		off int64
+		n   int
+	}
+	slots := make([]slotAt, len(keys))
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "k%d", i)
+		if err := ts.Put(keys[i], v); err != nil {
+			b.Fatal(err)
+		}
+		sh := ts.shardFor(keys[i])
+		sh.mu.Lock()
+		sl := sh.index[string(keys[i])]
+		sh.mu.Unlock()
+		c, off := sh.locate(sl)
+		slots[i] = slotAt{sh.fds[c], off, alignUp(len(v) + slotHeaderSize + len(keys[i]))}
+	}
+	names := []string{"raw", "get", "pread+crc", "pread+crc32"}
+	bufs := make([][]byte, len(names))
+	for i := range bufs {
+		bufs[i] = alignedBuf(int(ts.cfg.SlotBytes))
+	}
+	dst := bufs[1][:0]
+	us := make([][]float64, len(names))
+	rng := rand.New(rand.NewPCG(1, 2))
+	b.ResetTimer()
+	for range b.N {
+		for i, sa := range slots {
+			for _, vi := range rng.Perm(len(names)) {
+				var err error
+				t0 := time.Now()
+				switch vi {
+				case 0:
+					err = preadFull(sa.fd, bufs[0][:sa.n], sa.off)
+				case 1:
+					dst, err = ts.Get(keys[i], dst)
+				case 2:
+					if err = preadFull(sa.fd, bufs[2][:sa.n], sa.off); err == nil {
+						_ = crcUpdate(0, bufs[2][:len(v)])
+					}
+				case 3:
+					if err = preadFull(sa.fd, bufs[3][:sa.n], sa.off); err == nil {
+						_ = crc32.Checksum(bufs[3][:len(v)], castagnoli)
+					}
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				us[vi] = append(us[vi], float64(time.Since(t0).Nanoseconds())/1e3)
+			}
+		}
+	}
+	b.StopTimer()
+	for vi, name := range names {
+		b.ReportMetric(median(us[vi]), name+"-us")
+		if vi == 0 {
+			continue
+		}
+		r := make([]float64, len(us[vi]))
+		for j := range r {
+			r[j] = us[0][j] / us[vi][j]
+		}
+		b.ReportMetric(median(r), "raw/"+name)
+	}
+	b.ReportMetric(0, "ns/op")
 }
