@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # RESP comparison of `infera kvd --resp-listen` with redis-server, same
 # redis-benchmark parameters, same run (docs/performance.md). The judged
-# figure is server CPU (time on CPU of all its threads, schedstat) per request; ops/s comes with
+# figure is server CPU (time on CPU of all its threads, schedstat) per request
+# (medians, and each round's kvd/redis ratio with a bootstrap 95% interval); ops/s comes with
 # the ratio kvd/redis of each round and a bootstrap 95% interval of its
 # mean over the interleaved rounds (who goes first rotates every round).
 #
@@ -111,6 +112,37 @@ awk '
         if (("kvd1", key, i) in got) r1 = r1 " " got["kvd1", key, i] / got["redis", key, i] }
       split(key, kk, " ")
       printf "%-8s %-4s %11.0f %11.0f %11.0f %10.2f %10.2f %10.2f %16s %16s\n", kk[1], kk[2], med(rps["redis", key]), med(rps["kvd", key]), med(rps["kvd1", key]), med(us["redis", key]), med(us["kvd", key]), med(us["kvd1", key]), ci(rk), ci(r1)
+    }
+  }' "$work/results"
+# CPU per request, paired by round: each round's kvd (kvd1) µs/request over
+# redis-server's in the same round; median, range and bootstrap 95% interval
+# of the mean (the judged figure, less distorted by load than ops/s).
+printf '\n%-8s %-4s %6s %22s %22s\n' size test rounds 'kvd/redis cpu med ci95' 'kvd1/redis cpu med ci95'
+awk '
+  function sorted(s, a,   k, i, j, t) {
+    k = split(s, a, " ")
+    for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+    return k }
+  function med(s,   a, k, m) {
+    k = sorted(s, a); if (k == 0) return 0; m = int((k + 1) / 2); return (k % 2) ? a[m] : (a[m] + a[m + 1]) / 2 }
+  function ci(s,   x, k, b, i, sum, means) {
+    k = split(s, x, " "); if (k == 0) return "-"
+    means = ""
+    for (b = 0; b < 2000; b++) { sum = 0; for (i = 0; i < k; i++) sum += x[1 + int(rand() * k)]; means = means " " sum / k }
+    k = sorted(means, x); return sprintf("%.2f-%.2f", x[1 + int(0.025 * k)], x[int(0.975 * k)]) }
+  BEGIN { srand(31) }
+  { key = $3 " " toupper($2); us[$1, key, $6] = $5
+    if (!(key in keys)) { keys[key] = ++nk; names[nk] = key }
+    if ($6 > nr) nr = $6 }
+  END {
+    for (j = 1; j <= nk; j++) {
+      key = names[j]; rk = ""; r1 = ""; n = 0
+      for (i = 1; i <= nr; i++) if ((("redis", key, i) in us) && us["redis", key, i] > 0) {
+        n++
+        if (("kvd", key, i) in us) rk = rk " " us["kvd", key, i] / us["redis", key, i]
+        if (("kvd1", key, i) in us) r1 = r1 " " us["kvd1", key, i] / us["redis", key, i] }
+      split(key, kk, " ")
+      printf "%-8s %-4s %6d %9.2f %12s %9.2f %12s\n", kk[1], kk[2], n, med(rk), ci(rk), med(r1), ci(r1)
     }
   }' "$work/results"
 echo "uptime: $(uptime)"
