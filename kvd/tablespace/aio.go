@@ -1,7 +1,6 @@
 package tablespace
 
 import (
-	"hash/crc32"
 	"syscall"
 	"unsafe"
 
@@ -122,7 +121,7 @@ func (r *aioReader) readCRC(fd int, buf []byte, off int64, vlen int) (uint32, er
 		for !failed && next < k && r.done[next] {
 			a, b := next*chunk, min((next+1)*chunk, vlen)
 			if a < b {
-				sum = crc32.Update(sum, castagnoli, buf[a:b])
+				sum = crcUpdate(sum, buf[a:b])
 			}
 			next++
 		}

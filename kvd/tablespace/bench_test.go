@@ -3,6 +3,8 @@ package tablespace
 import (
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,15 +107,18 @@ func BenchmarkGet(b *testing.B) {
 // BenchmarkVsDD measures the tablespace against dd with the same flags on
 // the same filesystem, finely interleaved: every iteration is one round of
 // three pairs over vsDDBlocks 1 MiB blocks each, dd and the tablespace
-// taking turns going first, and each pair's ratio is taken within its
-// round, so load drift on a shared machine hits both sides alike.
+// (and raw, for get) taking turns going first, and each pair's ratio is
+// taken within its round, so load drift on a shared machine hits both
+// sides alike.
 //
 //	put:   dd oflag=direct,dsync        vs Put, one writer (O_DIRECT|O_DSYNC slot + journal fdatasync)
 //	group: dd oflag=direct conv=fsync   vs Put, 4 writers, GroupCommit
 //	get:   dd iflag=direct              vs Get into a ReadBuffer (O_DIRECT, CRC-32C checked)
 //	       dd reads a file holding the very bytes of the slots the gets
 //	       read; a second baseline ("raw") preads those slots at their
-//	       offsets with O_DIRECT, unchecked, in the same round; and the
+//	       offsets (where the round's gets find them: the put pair moves
+//	       the keys to other slots) with O_DIRECT, unchecked, in the same
+//	       round; and the
 //	       check's CPU cost is reported as µs per MiB (verify-us/MiB).
 //
 // dd's own rate (from its summary line) excludes its process start; the
@@ -153,17 +158,24 @@ func BenchmarkVsDD(b *testing.B) {
 		n   int
 	}
 	slots := make([]slotAt, len(keys))
+	// locateSlots finds where the keys' slots are now: every put pair
+	// writes the keys again, into other slots, so raw looks them up
+	// before each get pair and reads what the gets read.
+	locateSlots := func() {
+		for i, k := range keys {
+			sh := single.shardFor(k)
+			sh.mu.Lock()
+			sl := sh.index[string(k)]
+			sh.mu.Unlock()
+			c, off := sh.locate(sl)
+			slots[i] = slotAt{sh.fds[c], off, alignUp(len(v) + slotHeaderSize + len(k))}
+		}
+	}
+	locateSlots()
 	same := make([]byte, 0, vsDDBlocks<<20)
 	raw := alignedBuf(1 << 20)
-	for i, k := range keys {
-		sh := single.shardFor(k)
-		sh.mu.Lock()
-		sl := sh.index[string(k)]
-		sh.mu.Unlock()
-		c, off := sh.locate(sl)
-		n := alignUp(len(v) + slotHeaderSize + len(k))
-		slots[i] = slotAt{sh.fds[c], off, n}
-		if err := preadFull(sh.fds[c], raw[:n], off); err != nil {
+	for _, sa := range slots {
+		if err := preadFull(sa.fd, raw[:sa.n], sa.off); err != nil {
 			b.Fatal(err)
 		}
 		same = append(same, raw[:1<<20]...)
@@ -241,24 +253,29 @@ func BenchmarkVsDD(b *testing.B) {
 	b.ResetTimer()
 	for round := 0; round < b.N; round++ {
 		for _, p := range pairs {
-			var d, t float64
-			ddRun := func() {
-				if d, err = runDD(dd, p.ddArgs...); err != nil {
-					b.Fatal(err)
-				}
+			var d, t, rr float64
+			steps := []func(){
+				func() {
+					if d, err = runDD(dd, p.ddArgs...); err != nil {
+						b.Fatal(err)
+					}
+				},
+				func() { t = timed(p.ts) },
 			}
-			if round%2 == 0 {
-				ddRun()
-				t = timed(p.ts)
-			} else {
-				t = timed(p.ts)
-				ddRun()
+			if p.name == "get" { // the second baseline, in the same round
+				locateSlots()
+				steps = append(steps, func() { rr = timed(rawRead) })
+			}
+			// Who goes first rotates by round (dd, tablespace and, for
+			// get, raw), so that none is always run on a warmer or
+			// colder machine than the others.
+			for i := range steps {
+				steps[(round+i)%len(steps)]()
 			}
 			r := res[p.name]
 			r[0], r[1], r[2] = append(r[0], d), append(r[1], t), append(r[2], t/d)
 			res[p.name] = r
-			if p.name == "get" { // the second baseline, in the same round
-				rr := timed(rawRead)
+			if p.name == "get" {
 				rawRates, rawRatios = append(rawRates, rr), append(rawRatios, t/rr)
 			}
 		}
@@ -311,4 +328,87 @@ func runDD(dd string, args ...string) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("dd %v: no rate in %q", args, out)
+}
+
+// BenchmarkGetPerOp compares one Get with the raw O_DIRECT pread of the
+// same slot op by op: every iteration reads each of vsDDBlocks slots once
+// per variant, the variants in a random order per slot, each into its own
+// aligned buffer, and reports the median over all ops of raw's time over
+// the variant's (1.00 = as fast as the raw read) and each variant's median
+// µs. Variants: get (Tablespace.Get), pread+crc (one pread, then crcUpdate
+// of the value: Get's check without AIO) and pread+crc32 (the same with
+// hash/crc32, the checksum Get used before crcUpdate). Finer than
+// BenchmarkVsDD's rounds of 32 reads when the load drifts within seconds.
+//
+//	INFERA_TABLESPACE_BENCH_DIR=/var/tmp go test -run '^$' -bench GetPerOp -benchtime 40x ./kvd/tablespace/
+func BenchmarkGetPerOp(b *testing.B) {
+	ts := benchTablespace(b, true)
+	v := benchValue(ts)
+	keys := make([][]byte, vsDDBlocks)
+	type slotAt struct {
+		fd  int
+		off int64
+		n   int
+	}
+	slots := make([]slotAt, len(keys))
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "k%d", i)
+		if err := ts.Put(keys[i], v); err != nil {
+			b.Fatal(err)
+		}
+		sh := ts.shardFor(keys[i])
+		sh.mu.Lock()
+		sl := sh.index[string(keys[i])]
+		sh.mu.Unlock()
+		c, off := sh.locate(sl)
+		slots[i] = slotAt{sh.fds[c], off, alignUp(len(v) + slotHeaderSize + len(keys[i]))}
+	}
+	names := []string{"raw", "get", "pread+crc", "pread+crc32"}
+	bufs := make([][]byte, len(names))
+	for i := range bufs {
+		bufs[i] = alignedBuf(int(ts.cfg.SlotBytes))
+	}
+	dst := bufs[1][:0]
+	us := make([][]float64, len(names))
+	rng := rand.New(rand.NewPCG(1, 2))
+	b.ResetTimer()
+	for range b.N {
+		for i, sa := range slots {
+			for _, vi := range rng.Perm(len(names)) {
+				var err error
+				t0 := time.Now()
+				switch vi {
+				case 0:
+					err = preadFull(sa.fd, bufs[0][:sa.n], sa.off)
+				case 1:
+					dst, err = ts.Get(keys[i], dst)
+				case 2:
+					if err = preadFull(sa.fd, bufs[2][:sa.n], sa.off); err == nil {
+						_ = crcUpdate(0, bufs[2][:len(v)])
+					}
+				case 3:
+					if err = preadFull(sa.fd, bufs[3][:sa.n], sa.off); err == nil {
+						_ = crc32.Checksum(bufs[3][:len(v)], castagnoli)
+					}
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				us[vi] = append(us[vi], float64(time.Since(t0).Nanoseconds())/1e3)
+			}
+		}
+	}
+	b.StopTimer()
+	for vi, name := range names {
+		b.ReportMetric(median(us[vi]), name+"-us")
+		if vi == 0 {
+			continue
+		}
+		r := make([]float64, len(us[vi]))
+		for j := range r {
+			r[j] = us[0][j] / us[vi][j]
+		}
+		b.ReportMetric(median(r), "raw/"+name)
+	}
+	b.ReportMetric(0, "ns/op")
 }

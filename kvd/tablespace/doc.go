@@ -54,7 +54,9 @@
 // sum follows the read, on the caller's own core. Without AIO, or when
 // its few contexts are all in use, the first half (whole pages) is read
 // and handed to the CRC helper goroutine, which sums it while the second
-// half is read (crcsplit.go, readCRC).
+// half is read (crcsplit.go, readCRC). CRC-32C of 1 KiB or more folds 256
+// bytes per step with AVX-512 carry-less multiplies where the CPU has
+// them (crc32c.go, about twice hash/crc32's rate), else is hash/crc32's.
 //
 // Concurrency: a *Tablespace is safe for concurrent use by many goroutines.
 // Put returns once the block is durable. Close must not race with other calls

@@ -8,7 +8,7 @@ import (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-func crc(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+func crc(b []byte) uint32 { return crcUpdate(0, b) }
 
 // A slot holds the value first (so an aligned read lands it at offset 0 of
 // the caller's buffer), then a 32-byte header, then the key. Header,
@@ -32,7 +32,7 @@ func encodeSlot(sums *crcSplitter, buf []byte, seq uint64, key, val []byte) int 
 	binary.LittleEndian.PutUint16(h[20:], uint16(len(key)))
 	clear(h[22:32])
 	copy(buf[vl+slotHeaderSize:], key)
-	binary.LittleEndian.PutUint32(h[4:], crc32.Update(valueCRC, castagnoli, buf[vl+8:n]))
+	binary.LittleEndian.PutUint32(h[4:], crcUpdate(valueCRC, buf[vl+8:n]))
 	return n
 }
 
@@ -57,7 +57,7 @@ func verifySlotCRC(buf []byte, seq uint64, key []byte, vlen int, valueCRC uint32
 		binary.LittleEndian.Uint32(h[16:]) != uint32(vlen) ||
 		binary.LittleEndian.Uint16(h[20:]) != uint16(len(key)) ||
 		string(h[slotHeaderSize:]) != string(key) ||
-		binary.LittleEndian.Uint32(h[4:]) != crc32.Update(valueCRC, castagnoli, h[8:]) {
+		binary.LittleEndian.Uint32(h[4:]) != crcUpdate(valueCRC, h[8:]) {
 		return nil, false
 	}
 	return buf[:vlen], true
