@@ -45,6 +45,8 @@
 #   ETCD=external|embedded
 #   SERVE_FLAGS="" extra `infera serve` flags (e.g. --enable-profiling --admin-listen ...)
 #   SERVE_ENV="" environment of every `infera serve` (e.g. GOGC=400)
+#   SIM_ARGS="--time-scale 0" the simulators' model flags (e.g. "--time-scale 1
+#     --decode-ms-per-token 2": tokens paced as an engine paces them, one event per read)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,8 +65,9 @@ BASE_REF=${BASE_REF:-main~1}
 ETCD=${ETCD:-external}
 SERVE_FLAGS=${SERVE_FLAGS:-}
 SERVE_ENV=${SERVE_ENV:-}
+SIM_ARGS=${SIM_ARGS:-"--time-scale 0"}
 BIN=${BIN:-bin/infera}
-COMMAND="LEVELS=\"$LEVELS\" MODES=\"$MODES\" RATES=\"$RATES\" CLIENTS=\"$CLIENTS\" REPEATS=$REPEATS DURATION=$DURATION TARGETS=\"$TARGETS\" ETCD=$ETCD bash scripts/bench-overhead.sh"
+COMMAND="SIM_ARGS=\"$SIM_ARGS\" LEVELS=\"$LEVELS\" MODES=\"$MODES\" RATES=\"$RATES\" CLIENTS=\"$CLIENTS\" REPEATS=$REPEATS DURATION=$DURATION TARGETS=\"$TARGETS\" ETCD=$ETCD bash scripts/bench-overhead.sh"
 MODEL=sim-model
 
 log() { printf '[bench-overhead] %s\n' "$*" >&2; }
@@ -244,9 +247,9 @@ done
 
 if [[ -n $needs_fleet ]]; then
   for i in "${!SIM_PORTS[@]}"; do
-    log "starting infera worker --engine sim (sim on 127.0.0.1:${SIM_PORTS[$i]}, --time-scale 0)"
+    log "starting infera worker --engine sim (sim on 127.0.0.1:${SIM_PORTS[$i]}, $SIM_ARGS)"
     "$BIN" worker --engine sim --etcd-endpoints "$ETCD_URL" --drain-timeout 2s --stop-grace 2s \
-      -- --host 127.0.0.1 --port "${SIM_PORTS[$i]}" --model "$MODEL" --time-scale 0 --log-level warn \
+      -- --host 127.0.0.1 --port "${SIM_PORTS[$i]}" --model "$MODEL" $SIM_ARGS --log-level warn \
       >"$WORK/worker-$i.log" 2>&1 &
     PIDS+=($!)
   done
@@ -256,8 +259,8 @@ if [[ -n $needs_fleet ]]; then
 else
   # Without serve there is no fleet to register with: run the simulators bare.
   for i in "${!SIM_PORTS[@]}"; do
-    log "starting infera sim on 127.0.0.1:${SIM_PORTS[$i]} (--time-scale 0)"
-    "$BIN" sim --host 127.0.0.1 --port "${SIM_PORTS[$i]}" --model "$MODEL" --time-scale 0 --log-level warn \
+    log "starting infera sim on 127.0.0.1:${SIM_PORTS[$i]} ($SIM_ARGS)"
+    "$BIN" sim --host 127.0.0.1 --port "${SIM_PORTS[$i]}" --model "$MODEL" $SIM_ARGS --log-level warn \
       >"$WORK/sim-$i.log" 2>&1 &
     PIDS+=($!)
   done
@@ -589,7 +592,7 @@ Router overhead — $(date -u +%Y-%m-%dT%H:%MZ), $(uname -m), $cpus CPUs, infera
 command: $COMMAND
 load (1/5/15 min, /proc/loadavg): before $LOAD_BEFORE; after $LOAD_AFTER
 etcd: $ETCD; random workload, $INPUT_LEN-word prompts, $OUTPUT_LEN output tokens, $DURATION per cell, $REPEATS interleaved repeat(s),
-medians (min–max); conc r<N>: \`infera bench --rate N\` (open loop); $SIMS × \`infera sim --time-scale 0\`;
+medians (min–max); conc r<N>: \`infera bench --rate N\` (open loop); $SIMS × \`infera sim $SIM_ARGS\`;
 direct = the client spreads requests over them itself (wrk: one wrk per simulator, connections split, req/s summed,
 latency averaged); latency = end-to-end (ms); proxy CPU = utime+stime of the proxy (nginx: master + workers);
 box CPU = the machine's busy time (/proc/stat); box − direct = that minus the same repeat's direct cell.
