@@ -23,10 +23,13 @@
 // ServeConn on what arrived (the same parser, limits and handlers, so the
 // answers are the goroutine front door's: FuzzFrontDoorsAgree); when
 // fasthttp would wait for the next request the connection goes back to its
-// loop. The loop's work (a mutex, proc) is run by the loop goroutine after
-// each wait or by a serving goroutine that has just answered (its turn: it
-// adopts its connection and, while others are in flight, polls for the
-// next ready request and serves it itself). Header and keep-alive deadlines live in a per-loop timer wheel
+// loop. A loop's leader (one of the serving goroutines) waits on its set;
+// a wait that brings requests in makes the leader keep one to serve itself
+// and promote a waiting goroutine to lead (leader/follower). The loop's
+// work (a mutex, proc) is run by the leader after each wait or by a
+// serving goroutine that has just answered (its turn: it adopts its
+// connection and, while others are in flight, polls for the next ready
+// request and serves it itself). Header and keep-alive deadlines live in a per-loop timer wheel
 // ticking on a timerfd; a read or write that has to wait (a trickling body,
 // the client watch, a full socket) falls back to a netpoller duplicate of
 // the socket with the runtime deadline fasthttp asked for.

@@ -460,6 +460,36 @@ func BenchmarkFrontDoor(b *testing.B) {
 	}
 }
 
+// BenchmarkFrontDoorSerial is the concurrency-1 path: one keep-alive
+// connection, one request at a time (each starts with the connection
+// waiting in its loop).
+func BenchmarkFrontDoorSerial(b *testing.B) {
+	fd := startFrontDoors(b, router.DefaultConfig())
+	for _, c := range []struct{ name, addr string }{{"goroutine", fd.goroutine}, {"loop", fd.loop}} {
+		b.Run(c.name, func(b *testing.B) {
+			req := []byte(chatReq(""))
+			conn, err := net.Dial("tcp", c.addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			br := bufio.NewReader(conn)
+			var resp fasthttp.Response
+			cpu0 := processCPU()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := conn.Write(req); err != nil {
+					b.Fatal(err)
+				}
+				if err := resp.Read(br); err != nil || resp.StatusCode() != 200 {
+					b.Fatalf("%v %d", err, resp.StatusCode())
+				}
+			}
+			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
 // processCPU is this process's user+system CPU time in nanoseconds.
 func processCPU() int64 {
 	var ru syscall.Rusage
