@@ -116,7 +116,43 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 		}
 		return dst, nil
 	}
+	// Bulk: 64 bytes at a time (the chunk functions). A chunk that stops
+	// early (other white space, an id of 9+ digits, a leading zero, the
+	// end) leaves ids to the per-id path below, for a number of ids that
+	// doubles with every such chunk in a row, so that an array the chunks
+	// do not fit (pretty-printed, one id a line) costs little more than
+	// the per-id path alone.
+	slow, backoff := 0, 3
+	spaced := false // the last chunk had spaces: try spacedTokenIDChunk first
 	for {
+		if slow == 0 && i+72 <= len(arr) {
+			blk := (*[72]byte)(arr[i : i+72])
+			k, ok := 0, false
+			if !spaced {
+				dst, k, ok = compactTokenIDChunk(dst, blk)
+			}
+			if !ok {
+				dst, k, ok = spacedTokenIDChunk(dst, blk)
+				spaced = ok
+			}
+			if ok {
+				backoff = 3
+			} else {
+				slow, backoff = 1<<backoff, min(backoff+1, 8)
+			}
+			if k > 0 {
+				if i += k; arr[i] <= ' ' {
+					i = jsonx.SkipSpace(arr, i)
+				}
+				continue
+			}
+			if slow == 0 { // a 9+-digit id or a leading zero first
+				slow = 1
+			}
+		}
+		if slow > 0 {
+			slow--
+		}
 		// The common case: up to 7 digits and a comma, read 8 bytes at a
 		// time without a branch per digit (token ids of a large
 		// vocabulary are 5 or 6 digits in random mix, which a per-digit
@@ -168,6 +204,128 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 	}
 }
 
+// The chunk functions append the ids of b's first 64 bytes that end there
+// with a comma and return the offset just past the last such comma (0 when
+// there is none). b starts at an id (not white space). Each id is 1..8
+// digits without a leading zero; an id that is not so stops the chunk (the
+// caller's per-id path then reads it, and decides). The loads of 8 bytes
+// run up to 7 bytes past the 64. Commas are found for all 64 bytes at once
+// (SWAR masks, bit k for byte k), so that where an id starts does not wait
+// on parsing the one before it: the ids of a chunk are parsed in parallel.
+
+// compactTokenIDChunk reads 64 bytes of only digits and commas (ok false,
+// nothing read, otherwise): one validity test for the chunk, and ids
+// written without append's capacity test when dst has room for the most a
+// chunk holds (32).
+func compactTokenIDChunk(dst []uint32, b *[72]byte) (out []uint32, k int, ok bool) {
+	const (
+		ones = 0x0101010101010101
+		hi   = 0x8080808080808080
+		lo7  = 0x7f7f7f7f7f7f7f7f
+	)
+	var commas uint64
+	valid := uint64(hi)
+	for k := 0; k < 8; k++ {
+		w := binary.LittleEndian.Uint64(b[8*k:])
+		l := w & lo7
+		digit := (l + 0x50*ones) &^ (l + 0x46*ones) &^ w
+		z := w ^ ','*ones
+		comma := ^(((z & lo7) + lo7) | z) & hi
+		valid &= digit | comma
+		commas |= gatherHigh(comma) << (8 * k)
+	}
+	if valid != hi {
+		return dst, 0, false
+	}
+	s := 0
+	if cap(dst)-len(dst) < 32 {
+		for commas != 0 {
+			c := bits.TrailingZeros64(commas)
+			commas &= commas - 1
+			n := c - s
+			w := binary.LittleEndian.Uint64(b[s&63:])
+			if uint(n-1) >= 8 || (n > 1 && byte(w) == '0') {
+				break
+			}
+			dst = append(dst, uint32(parseDigits(w, n)))
+			s = c + 1
+		}
+		return dst, s, true
+	}
+	m := len(dst)
+	o := dst[m : m+32]
+	j := 0
+	for commas != 0 {
+		c := bits.TrailingZeros64(commas)
+		commas &= commas - 1
+		n := c - s
+		w := binary.LittleEndian.Uint64(b[s&63:])
+		if uint(n-1) >= 8 || (n > 1 && byte(w) == '0') {
+			break
+		}
+		o[j&31] = uint32(parseDigits(w, n))
+		j++
+		s = c + 1
+	}
+	return dst[:m+j], s, true
+}
+
+// spacedTokenIDChunk reads ids separated by a comma and at most one space
+// after it (the ", " of Python's json.dumps) up to the first other byte; ok
+// says whether that byte came late enough (48 or more) for chunks to pay.
+func spacedTokenIDChunk(dst []uint32, b *[72]byte) (out []uint32, k int, ok bool) {
+	const (
+		ones = 0x0101010101010101
+		hi   = 0x8080808080808080
+		lo7  = 0x7f7f7f7f7f7f7f7f
+	)
+	var commas, spaces uint64
+	stop := 64 // the first byte that is not a digit, a comma or a space
+	for k := 0; k < 8; k++ {
+		w := binary.LittleEndian.Uint64(b[8*k:])
+		l := w & lo7
+		digit := (l + 0x50*ones) &^ (l + 0x46*ones) &^ w & hi
+		z := w ^ ','*ones
+		comma := ^(((z & lo7) + lo7) | z) & hi
+		z = w ^ ' '*ones
+		space := ^(((z & lo7) + lo7) | z) & hi
+		commas |= gatherHigh(comma) << (8 * k)
+		if space != 0 {
+			spaces |= gatherHigh(space) << (8 * k)
+		}
+		if bad := ^(digit | comma | space) & hi; bad != 0 {
+			stop = 8*k + bits.TrailingZeros64(bad)/8
+			break
+		}
+	}
+	// A space is allowed only right after a comma.
+	if lone := spaces &^ (commas << 1); lone != 0 {
+		stop = min(stop, bits.TrailingZeros64(lone))
+	}
+	commas &= 1<<uint(stop) - 1 // all ones when stop is 64
+	after := spaces & (commas << 1)
+	s := 0
+	for commas != 0 {
+		c := bits.TrailingZeros64(commas)
+		commas &= commas - 1
+		s += int(after>>uint(s)) & 1
+		n := c - s
+		w := binary.LittleEndian.Uint64(b[s&63:])
+		if uint(n-1) >= 8 || (n > 1 && byte(w) == '0') {
+			break
+		}
+		dst = append(dst, uint32(parseDigits(w, n)))
+		s = c + 1
+	}
+	return dst, s, stop >= 48
+}
+
+// gatherHigh packs the high bits of x's bytes (x holds no other bits) into
+// its low 8 bits, byte k's into bit k.
+func gatherHigh(x uint64) uint64 {
+	return (x >> 7) * 0x0102040810204080 >> 56
+}
+
 // leadingDigits is the number of ASCII digits w starts with, its bytes
 // read little-endian (8 when all are digits). A byte b is a digit when its
 // high nibble is 3 and b+6 has a high nibble of 3 too (b ≤ '9'); the +6 of
@@ -185,7 +343,7 @@ func leadingDigits(w uint64) int {
 // little-endian, first digit lowest): shifted to the top so that the bytes
 // below are leading zeros, then combined pairwise.
 func parseDigits(w uint64, n int) uint64 {
-	w = (w << (8 * (8 - uint(n)))) & 0x0f0f0f0f0f0f0f0f
+	w = (w << ((64 - 8*uint(n)) & 63)) & 0x0f0f0f0f0f0f0f0f
 	w = (w * 2561) >> 8
 	w = ((w & 0x00ff00ff00ff00ff) * 6553601) >> 16
 	return ((w & 0x0000ffff0000ffff) * 42949672960001) >> 32
