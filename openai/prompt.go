@@ -218,22 +218,17 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 // written without append's capacity test when dst has room for the most a
 // chunk holds (32).
 func compactTokenIDChunk(dst []uint32, b *[72]byte) (out []uint32, k int, ok bool) {
-	const (
-		ones = 0x0101010101010101
-		hi   = 0x8080808080808080
-		lo7  = 0x7f7f7f7f7f7f7f7f
-	)
-	var commas uint64
-	valid := uint64(hi)
-	for k := 0; k < 8; k++ {
-		w := binary.LittleEndian.Uint64(b[8*k:])
-		l := w & lo7
-		digit := (l + 0x50*ones) &^ (l + 0x46*ones) &^ w
-		z := w ^ ','*ones
-		comma := ^(((z & lo7) + lo7) | z) & hi
-		valid &= digit | comma
-		commas |= gatherHigh(comma) << (8 * k)
-	}
+	const hi = 0x8080808080808080
+	c0, v0 := compactWord(binary.LittleEndian.Uint64(b[0:]))
+	c1, v1 := compactWord(binary.LittleEndian.Uint64(b[8:]))
+	c2, v2 := compactWord(binary.LittleEndian.Uint64(b[16:]))
+	c3, v3 := compactWord(binary.LittleEndian.Uint64(b[24:]))
+	c4, v4 := compactWord(binary.LittleEndian.Uint64(b[32:]))
+	c5, v5 := compactWord(binary.LittleEndian.Uint64(b[40:]))
+	c6, v6 := compactWord(binary.LittleEndian.Uint64(b[48:]))
+	c7, v7 := compactWord(binary.LittleEndian.Uint64(b[56:]))
+	commas := c0 | c1<<8 | c2<<16 | c3<<24 | c4<<32 | c5<<40 | c6<<48 | c7<<56
+	valid := v0 & v1 & v2 & v3 & v4 & v5 & v6 & v7 & hi
 	if valid != hi {
 		return dst, 0, false
 	}
@@ -268,6 +263,21 @@ func compactTokenIDChunk(dst []uint32, b *[72]byte) (out []uint32, k int, ok boo
 		s = c + 1
 	}
 	return dst[:m+j], s, true
+}
+
+// compactWord returns the comma bits of w's bytes (byte k's in bit k) and
+// their validity (byte k's high bit set when it is a digit or a comma).
+func compactWord(w uint64) (commas, valid uint64) {
+	const (
+		ones = 0x0101010101010101
+		hi   = 0x8080808080808080
+		lo7  = 0x7f7f7f7f7f7f7f7f
+	)
+	l := w & lo7
+	digit := (l + 0x50*ones) &^ (l + 0x46*ones) &^ w
+	z := w ^ ','*ones
+	comma := ^(((z & lo7) + lo7) | z) & hi
+	return gatherHigh(comma), digit | comma
 }
 
 // spacedTokenIDChunk reads ids separated by a comma and at most one space
