@@ -122,37 +122,20 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 	// doubles with every such chunk in a row, so that an array the chunks
 	// do not fit (pretty-printed, one id a line) costs little more than
 	// the per-id path alone.
-	slow, backoff := 0, 3
-	spaced := false // the last chunk had spaces: try spacedTokenIDChunk first
+	var st chunkState
+	slow := 0 // ids left to the per-id path
 	for {
-		if slow == 0 && i+72 <= len(arr) {
-			blk := (*[72]byte)(arr[i : i+72])
-			k, ok := 0, false
-			if !spaced {
-				dst, k, ok = compactTokenIDChunk(dst, blk)
-			}
-			if !ok {
-				dst, k, ok = spacedTokenIDChunk(dst, blk)
-				spaced = ok
-			}
-			if ok {
-				backoff = 3
-			} else {
-				slow, backoff = 1<<backoff, min(backoff+1, 8)
-			}
+		if slow <= 0 && i+72 <= len(arr) {
+			var k int
+			dst, k, slow = st.read(dst, (*[72]byte)(arr[i:i+72]))
 			if k > 0 {
 				if i += k; arr[i] <= ' ' {
 					i = jsonx.SkipSpace(arr, i)
 				}
 				continue
 			}
-			if slow == 0 { // a 9+-digit id or a leading zero first
-				slow = 1
-			}
 		}
-		if slow > 0 {
-			slow--
-		}
+		slow--
 		// The common case: up to 7 digits and a comma, read 8 bytes at a
 		// time without a branch per digit (token ids of a large
 		// vocabulary are 5 or 6 digits in random mix, which a per-digit
@@ -202,6 +185,41 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 			return dst, ErrBadPrompt
 		}
 	}
+}
+
+// chunkState is AppendTokenIDs's choice of chunk function, kept out of
+// its per-id loop.
+type chunkState struct {
+	backoff uint8 // log2 of the ids the next chunk that stops early leaves
+	spaced  bool  // the last chunk had spaces: skip compactTokenIDChunk
+}
+
+// read reads one chunk (below) and returns how many ids the per-id path
+// reads next: none after a chunk that read to its end, 8, 16, … 256 after
+// each chunk in a row that stopped early, and 1 after one that read nothing.
+//
+//go:noinline
+func (st *chunkState) read(dst []uint32, b *[72]byte) (out []uint32, k, slow int) {
+	ok := false
+	if !st.spaced {
+		dst, k, ok = compactTokenIDChunk(dst, b)
+	}
+	if !ok {
+		if dst, k, ok = commaSpaceTokenIDChunk(dst, b); !ok {
+			dst, k, ok = spacedTokenIDChunk(dst, b)
+		}
+		st.spaced = ok
+	}
+	if ok {
+		st.backoff = 0
+	} else {
+		slow = 8 << st.backoff
+		st.backoff = min(st.backoff+1, 5)
+	}
+	if k == 0 {
+		slow = max(slow, 1)
+	}
+	return dst, k, slow
 }
 
 // The chunk functions append the ids of b's first 64 bytes that end there
@@ -278,6 +296,63 @@ func compactWord(w uint64) (commas, valid uint64) {
 	z := w ^ ','*ones
 	comma := ^(((z & lo7) + lo7) | z) & hi
 	return gatherHigh(comma), digit | comma
+}
+
+// commaSpaceTokenIDChunk is compactTokenIDChunk for ids separated by ", "
+// (Python's json.dumps, and so most Python clients): 64 bytes of digits,
+// commas and spaces where every comma and only a comma is followed by a
+// space (ok false, nothing read, otherwise).
+func commaSpaceTokenIDChunk(dst []uint32, b *[72]byte) (out []uint32, k int, ok bool) {
+	const hi = 0x8080808080808080
+	// Each word's spaces must be its commas moved one byte up, the top
+	// comma of the word before moving into its first byte.
+	c0, s0, v0 := commaSpaceWord(binary.LittleEndian.Uint64(b[0:]))
+	c1, s1, v1 := commaSpaceWord(binary.LittleEndian.Uint64(b[8:]))
+	c2, s2, v2 := commaSpaceWord(binary.LittleEndian.Uint64(b[16:]))
+	c3, s3, v3 := commaSpaceWord(binary.LittleEndian.Uint64(b[24:]))
+	c4, s4, v4 := commaSpaceWord(binary.LittleEndian.Uint64(b[32:]))
+	c5, s5, v5 := commaSpaceWord(binary.LittleEndian.Uint64(b[40:]))
+	c6, s6, v6 := commaSpaceWord(binary.LittleEndian.Uint64(b[48:]))
+	c7, s7, v7 := commaSpaceWord(binary.LittleEndian.Uint64(b[56:]))
+	bad := (s0 ^ c0<<8) | (s1 ^ (c1<<8 | c0>>56)) | (s2 ^ (c2<<8 | c1>>56)) | (s3 ^ (c3<<8 | c2>>56)) |
+		(s4 ^ (c4<<8 | c3>>56)) | (s5 ^ (c5<<8 | c4>>56)) | (s6 ^ (c6<<8 | c5>>56)) | (s7 ^ (c7<<8 | c6>>56)) |
+		(^(v0 & v1 & v2 & v3 & v4 & v5 & v6 & v7) & hi)
+	commas := gatherHigh(c0) | gatherHigh(c1)<<8 | gatherHigh(c2)<<16 | gatherHigh(c3)<<24 |
+		gatherHigh(c4)<<32 | gatherHigh(c5)<<40 | gatherHigh(c6)<<48 | gatherHigh(c7)<<56
+	if bad != 0 {
+		return dst, 0, false
+	}
+	s := 0
+	for commas != 0 {
+		c := bits.TrailingZeros64(commas)
+		commas &= commas - 1
+		n := c - s
+		w := binary.LittleEndian.Uint64(b[s&63:])
+		if uint(n-1) >= 8 || (n > 1 && byte(w) == '0') {
+			break
+		}
+		dst = append(dst, uint32(parseDigits(w, n)))
+		s = c + 2
+	}
+	// A comma at 63 leaves s at 65: its space is the next chunk's to skip.
+	return dst, min(s, 64), true
+}
+
+// commaSpaceWord returns the high bits of w's commas, spaces, and bytes
+// that are either or a digit.
+func commaSpaceWord(w uint64) (commas, spaces, valid uint64) {
+	const (
+		ones = 0x0101010101010101
+		hi   = 0x8080808080808080
+		lo7  = 0x7f7f7f7f7f7f7f7f
+	)
+	l := w & lo7
+	digit := (l + 0x50*ones) &^ (l + 0x46*ones) &^ w
+	z := w ^ ','*ones
+	commas = ^(((z & lo7) + lo7) | z) & hi
+	z = w ^ ' '*ones
+	spaces = ^(((z & lo7) + lo7) | z) & hi
+	return commas, spaces, digit | commas | spaces
 }
 
 // spacedTokenIDChunk reads ids separated by a comma and at most one space
