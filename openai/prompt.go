@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"math"
 	"math/bits"
 
 	"github.com/infera/infera/jsonx"
@@ -118,24 +119,28 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 	}
 	// Bulk: 64 bytes at a time (the chunk functions). A chunk that stops
 	// early (other white space, an id of 9+ digits, a leading zero, the
-	// end) leaves ids to the per-id path below, for a number of ids that
-	// doubles with every such chunk in a row, so that an array the chunks
-	// do not fit (pretty-printed, one id a line) costs little more than
-	// the per-id path alone.
+	// end) leaves the bytes after it to the per-id path below, a span
+	// that doubles with every such chunk in a row, so that an array the
+	// chunks do not fit (pretty-printed, one id a line) costs little more
+	// than the per-id path alone.
 	var st chunkState
-	slow := 0 // ids left to the per-id path
+	chunkAt := i // where the next chunk may start; before it, the per-id path
 	for {
-		if slow <= 0 && i+72 <= len(arr) {
-			var k int
-			dst, k, slow = st.read(dst, (*[72]byte)(arr[i:i+72]))
-			if k > 0 {
-				if i += k; arr[i] <= ' ' {
-					i = jsonx.SkipSpace(arr, i)
+		if i >= chunkAt {
+			if i+72 > len(arr) {
+				chunkAt = math.MaxInt
+			} else {
+				var k, skip int
+				dst, k, skip = st.read(dst, (*[72]byte)(arr[i:i+72]))
+				chunkAt = i + k + skip
+				if k > 0 {
+					if i += k; arr[i] <= ' ' {
+						i = jsonx.SkipSpace(arr, i)
+					}
+					continue
 				}
-				continue
 			}
 		}
-		slow--
 		// The common case: up to 7 digits and a comma, read 8 bytes at a
 		// time without a branch per digit (token ids of a large
 		// vocabulary are 5 or 6 digits in random mix, which a per-digit
@@ -190,16 +195,17 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 // chunkState is AppendTokenIDs's choice of chunk function, kept out of
 // its per-id loop.
 type chunkState struct {
-	backoff uint8 // log2 of the ids the next chunk that stops early leaves
+	backoff uint8 // log2 of the bytes/64 the next chunk that stops early leaves
 	spaced  bool  // the last chunk had spaces: skip compactTokenIDChunk
 }
 
-// read reads one chunk (below) and returns how many ids the per-id path
-// reads next: none after a chunk that read to its end, 8, 16, … 256 after
-// each chunk in a row that stopped early, and 1 after one that read nothing.
+// read reads one chunk (below) and returns how many bytes after it the
+// per-id path reads before the next chunk: none after a chunk that read to
+// its end, 64, 128, … 2048 after each chunk in a row that stopped early,
+// and 1 after one that read nothing.
 //
 //go:noinline
-func (st *chunkState) read(dst []uint32, b *[72]byte) (out []uint32, k, slow int) {
+func (st *chunkState) read(dst []uint32, b *[72]byte) (out []uint32, k, skip int) {
 	ok := false
 	if !st.spaced {
 		dst, k, ok = compactTokenIDChunk(dst, b)
@@ -213,13 +219,13 @@ func (st *chunkState) read(dst []uint32, b *[72]byte) (out []uint32, k, slow int
 	if ok {
 		st.backoff = 0
 	} else {
-		slow = 8 << st.backoff
+		skip = 64 << st.backoff
 		st.backoff = min(st.backoff+1, 5)
 	}
 	if k == 0 {
-		slow = max(slow, 1)
+		skip = max(skip, 1)
 	}
-	return dst, k, slow
+	return dst, k, skip
 }
 
 // The chunk functions append the ids of b's first 64 bytes that end there
