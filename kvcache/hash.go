@@ -2,15 +2,11 @@ package kvcache
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
-
-// hashChunkTokens is how many tokens are staged per xxhash write. Blocks up
-// to this size (every engine's default) are hashed with one Sum64 call over a
-// stack buffer; larger blocks stream through a stack Digest.
-const hashChunkTokens = 256
 
 // AppendBlockHashes appends to dst the chained hash of every full block of
 // blockSize tokens (DESIGN §5):
@@ -36,38 +32,85 @@ func appendChainedHashes(dst []uint64, prev uint64, tokens []uint32, blockSize i
 		return dst
 	}
 	dst = slices.Grow(dst, n)
-	var buf [8 + 4*hashChunkTokens]byte
-	if blockSize <= hashChunkTokens {
-		size := 8 + 4*blockSize
-		for i := range n {
-			binary.LittleEndian.PutUint64(buf[:8], prev)
-			b := buf[8:size]
-			for j, t := range tokens[i*blockSize : (i+1)*blockSize] {
-				binary.LittleEndian.PutUint32(b[4*j:], t)
-			}
-			prev = xxhash.Sum64(buf[:size])
-			dst = append(dst, prev)
-		}
-		return dst
-	}
-	var d xxhash.Digest
 	for i := range n {
-		d.Reset()
-		binary.LittleEndian.PutUint64(buf[:8], prev)
-		off := 8
-		for _, t := range tokens[i*blockSize : (i+1)*blockSize] {
-			if off == len(buf) {
-				_, _ = d.Write(buf[:off])
-				off = 0
-			}
-			binary.LittleEndian.PutUint32(buf[off:], t)
-			off += 4
-		}
-		_, _ = d.Write(buf[:off])
-		prev = d.Sum64()
+		prev = blockHash(prev, tokens[i*blockSize:(i+1)*blockSize])
 		dst = append(dst, prev)
 	}
 	return dst
+}
+
+// The primes of XXH64.
+const (
+	xxPrime1 uint64 = 11400714785074694791
+	xxPrime2 uint64 = 14029467366897019727
+	xxPrime3 uint64 = 1609587929392839161
+	xxPrime4 uint64 = 9650029242287828579
+	xxPrime5 uint64 = 2870177450012600261
+)
+
+// blockHash is xxh64(LE64(prev) ‖ LE32(t_0) … LE32(t_{n-1})) with seed 0,
+// computed from the words themselves rather than from a copy of them in a
+// byte buffer: XXH64 reads its input as little-endian 64-bit lanes, and
+// such a lane here is prev or a pair of tokens, low token first. The
+// tests hold it to cespare/xxhash's Sum64 of the bytes, and to the
+// algorithm's published vectors.
+func blockHash(prev uint64, t []uint32) uint64 {
+	size := uint64(8 + 4*len(t))
+	var h uint64
+	if size >= 32 {
+		// The first 32-byte stripe is prev and t_0..t_5, each later one
+		// 8 tokens.
+		p1, p2 := xxPrime1, xxPrime2 // wrapping sums, not constants
+		v1 := xxRound(p1+p2, prev)
+		v2 := xxRound(xxPrime2, tokenPair(t[0], t[1]))
+		v3 := xxRound(0, tokenPair(t[2], t[3]))
+		v4 := xxRound(-p1, tokenPair(t[4], t[5]))
+		t = t[6:]
+		for len(t) >= 8 {
+			v1 = xxRound(v1, tokenPair(t[0], t[1]))
+			v2 = xxRound(v2, tokenPair(t[2], t[3]))
+			v3 = xxRound(v3, tokenPair(t[4], t[5]))
+			v4 = xxRound(v4, tokenPair(t[6], t[7]))
+			t = t[8:]
+		}
+		h = bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+		h = xxMerge(h, v1)
+		h = xxMerge(h, v2)
+		h = xxMerge(h, v3)
+		h = xxMerge(h, v4)
+		h += size
+	} else {
+		h = xxPrime5 + size
+		h ^= xxRound(0, prev)
+		h = bits.RotateLeft64(h, 27)*xxPrime1 + xxPrime4
+	}
+	for len(t) >= 2 {
+		h ^= xxRound(0, tokenPair(t[0], t[1]))
+		h = bits.RotateLeft64(h, 27)*xxPrime1 + xxPrime4
+		t = t[2:]
+	}
+	if len(t) == 1 {
+		h ^= uint64(t[0]) * xxPrime1
+		h = bits.RotateLeft64(h, 23)*xxPrime2 + xxPrime3
+	}
+	h ^= h >> 33
+	h *= xxPrime2
+	h ^= h >> 29
+	h *= xxPrime3
+	h ^= h >> 32
+	return h
+}
+
+func tokenPair(lo, hi uint32) uint64 { return uint64(lo) | uint64(hi)<<32 }
+
+func xxRound(acc, lane uint64) uint64 {
+	acc += lane * xxPrime2
+	return bits.RotateLeft64(acc, 31) * xxPrime1
+}
+
+func xxMerge(acc, v uint64) uint64 {
+	acc ^= xxRound(0, v)
+	return acc*xxPrime1 + xxPrime4
 }
 
 // AppendByteHashes appends the chained hash of every full chunk of chunkSize

@@ -128,3 +128,36 @@ func TestAppendBlockHashesZeroAlloc(t *testing.T) {
 		}
 	}
 }
+
+// TestBlockHashLengths: blockHash is XXH64 of prev and the tokens' bytes at
+// every length around the algorithm's 8-, 32-byte and stripe boundaries.
+func TestBlockHashLengths(t *testing.T) {
+	for n := range 80 {
+		toks := seqTokens(n, func(i int) uint32 { return uint32(i*2654435761) ^ 0x80000001 })
+		for _, prev := range []uint64{0, 5, 1<<64 - 1} {
+			checkBlockHash(t, prev, toks)
+		}
+	}
+}
+
+func checkBlockHash(t *testing.T, prev uint64, toks []uint32) {
+	t.Helper()
+	b := binary.LittleEndian.AppendUint64(nil, prev)
+	for _, x := range toks {
+		b = binary.LittleEndian.AppendUint32(b, x)
+	}
+	if got, want := blockHash(prev, toks), xxhash.Sum64(b); got != want {
+		t.Fatalf("%d tokens, prev %#x: got %#x, want %#x", len(toks), prev, got, want)
+	}
+}
+
+func FuzzBlockHash(f *testing.F) {
+	f.Add(uint64(0), []byte("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"))
+	f.Fuzz(func(t *testing.T, prev uint64, raw []byte) {
+		toks := make([]uint32, len(raw)/4)
+		for i := range toks {
+			toks[i] = binary.LittleEndian.Uint32(raw[4*i:])
+		}
+		checkBlockHash(t, prev, toks)
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"math"
 	"math/bits"
 
 	"github.com/infera/infera/jsonx"
@@ -116,7 +117,30 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 		}
 		return dst, nil
 	}
+	// Bulk: 64 bytes at a time (the chunk functions). A chunk that stops
+	// early (other white space, an id of 9+ digits, a leading zero, the
+	// end) leaves the bytes after it to the per-id path below, a span
+	// that doubles with every such chunk in a row, so that an array the
+	// chunks do not fit (pretty-printed, one id a line) costs little more
+	// than the per-id path alone.
+	var st chunkState
+	chunkAt := i // where the next chunk may start; before it, the per-id path
 	for {
+		if i >= chunkAt {
+			if i+72 > len(arr) {
+				chunkAt = math.MaxInt
+			} else {
+				var k, skip int
+				dst, k, skip = st.read(dst, (*[72]byte)(arr[i:i+72]))
+				chunkAt = i + k + skip
+				if k > 0 {
+					if i += k; arr[i] <= ' ' {
+						i = jsonx.SkipSpace(arr, i)
+					}
+					continue
+				}
+			}
+		}
 		// The common case: up to 7 digits and a comma, read 8 bytes at a
 		// time without a branch per digit (token ids of a large
 		// vocabulary are 5 or 6 digits in random mix, which a per-digit
@@ -168,6 +192,231 @@ func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
 	}
 }
 
+// chunkState is AppendTokenIDs's choice of chunk function, kept out of
+// its per-id loop.
+type chunkState struct {
+	backoff uint8 // log2 of the bytes/64 the next chunk that stops early leaves
+	spaced  bool  // the last chunk had spaces: skip compactTokenIDChunk
+}
+
+// read reads one chunk (below) and returns how many bytes after it the
+// per-id path reads before the next chunk: none after a chunk that read to
+// its end, 64, 128, … 2048 after each chunk in a row that stopped early,
+// and 1 after one that read nothing.
+//
+//go:noinline
+func (st *chunkState) read(dst []uint32, b *[72]byte) (out []uint32, k, skip int) {
+	ok := false
+	if !st.spaced {
+		dst, k, ok = compactTokenIDChunk(dst, b)
+	}
+	if !ok {
+		if dst, k, ok = commaSpaceTokenIDChunk(dst, b); !ok {
+			dst, k, ok = spacedTokenIDChunk(dst, b)
+		}
+		st.spaced = ok
+	}
+	if ok {
+		st.backoff = 0
+	} else {
+		skip = 64 << st.backoff
+		st.backoff = min(st.backoff+1, 5)
+	}
+	if k == 0 {
+		skip = max(skip, 1)
+	}
+	return dst, k, skip
+}
+
+// The chunk functions append the ids of b's first 64 bytes that end there
+// with a comma and return the offset just past the last such comma (0 when
+// there is none). b starts at an id (not white space). Each id is 1..8
+// digits without a leading zero; an id that is not so stops the chunk (the
+// caller's per-id path then reads it, and decides). The loads of 8 bytes
+// run up to 7 bytes past the 64. Commas are found for all 64 bytes at once
+// (SWAR masks, bit k for byte k), so that where an id starts does not wait
+// on parsing the one before it: the ids of a chunk are parsed in parallel.
+
+// compactTokenIDChunk reads 64 bytes of only digits and commas (ok false,
+// nothing read, otherwise): one validity test for the chunk, and ids
+// written without append's capacity test when dst has room for the most a
+// chunk holds (32).
+func compactTokenIDChunk(dst []uint32, b *[72]byte) (out []uint32, k int, ok bool) {
+	const hi = 0x8080808080808080
+	c0, v0 := compactWord(binary.LittleEndian.Uint64(b[0:]))
+	c1, v1 := compactWord(binary.LittleEndian.Uint64(b[8:]))
+	c2, v2 := compactWord(binary.LittleEndian.Uint64(b[16:]))
+	c3, v3 := compactWord(binary.LittleEndian.Uint64(b[24:]))
+	c4, v4 := compactWord(binary.LittleEndian.Uint64(b[32:]))
+	c5, v5 := compactWord(binary.LittleEndian.Uint64(b[40:]))
+	c6, v6 := compactWord(binary.LittleEndian.Uint64(b[48:]))
+	c7, v7 := compactWord(binary.LittleEndian.Uint64(b[56:]))
+	commas := c0 | c1<<8 | c2<<16 | c3<<24 | c4<<32 | c5<<40 | c6<<48 | c7<<56
+	valid := v0 & v1 & v2 & v3 & v4 & v5 & v6 & v7 & hi
+	if valid != hi {
+		return dst, 0, false
+	}
+	s := 0
+	if cap(dst)-len(dst) < 32 {
+		for commas != 0 {
+			c := bits.TrailingZeros64(commas)
+			commas &= commas - 1
+			n := c - s
+			w := binary.LittleEndian.Uint64(b[s&63:])
+			if uint(n-1) >= 8 || (n > 1 && byte(w) == '0') {
+				break
+			}
+			dst = append(dst, uint32(parseDigits(w, n)))
+			s = c + 1
+		}
+		return dst, s, true
+	}
+	m := len(dst)
+	o := dst[m : m+32]
+	j := 0
+	for commas != 0 {
+		c := bits.TrailingZeros64(commas)
+		commas &= commas - 1
+		n := c - s
+		w := binary.LittleEndian.Uint64(b[s&63:])
+		if uint(n-1) >= 8 || (n > 1 && byte(w) == '0') {
+			break
+		}
+		o[j&31] = uint32(parseDigits(w, n))
+		j++
+		s = c + 1
+	}
+	return dst[:m+j], s, true
+}
+
+// compactWord returns the comma bits of w's bytes (byte k's in bit k) and
+// their validity (byte k's high bit set when it is a digit or a comma).
+func compactWord(w uint64) (commas, valid uint64) {
+	const (
+		ones = 0x0101010101010101
+		hi   = 0x8080808080808080
+		lo7  = 0x7f7f7f7f7f7f7f7f
+	)
+	l := w & lo7
+	digit := (l + 0x50*ones) &^ (l + 0x46*ones) &^ w
+	z := w ^ ','*ones
+	comma := ^(((z & lo7) + lo7) | z) & hi
+	return gatherHigh(comma), digit | comma
+}
+
+// commaSpaceTokenIDChunk is compactTokenIDChunk for ids separated by ", "
+// (Python's json.dumps, and so most Python clients): 64 bytes of digits,
+// commas and spaces where every comma and only a comma is followed by a
+// space (ok false, nothing read, otherwise).
+func commaSpaceTokenIDChunk(dst []uint32, b *[72]byte) (out []uint32, k int, ok bool) {
+	const hi = 0x8080808080808080
+	// Each word's spaces must be its commas moved one byte up, the top
+	// comma of the word before moving into its first byte.
+	c0, s0, v0 := commaSpaceWord(binary.LittleEndian.Uint64(b[0:]))
+	c1, s1, v1 := commaSpaceWord(binary.LittleEndian.Uint64(b[8:]))
+	c2, s2, v2 := commaSpaceWord(binary.LittleEndian.Uint64(b[16:]))
+	c3, s3, v3 := commaSpaceWord(binary.LittleEndian.Uint64(b[24:]))
+	c4, s4, v4 := commaSpaceWord(binary.LittleEndian.Uint64(b[32:]))
+	c5, s5, v5 := commaSpaceWord(binary.LittleEndian.Uint64(b[40:]))
+	c6, s6, v6 := commaSpaceWord(binary.LittleEndian.Uint64(b[48:]))
+	c7, s7, v7 := commaSpaceWord(binary.LittleEndian.Uint64(b[56:]))
+	bad := (s0 ^ c0<<8) | (s1 ^ (c1<<8 | c0>>56)) | (s2 ^ (c2<<8 | c1>>56)) | (s3 ^ (c3<<8 | c2>>56)) |
+		(s4 ^ (c4<<8 | c3>>56)) | (s5 ^ (c5<<8 | c4>>56)) | (s6 ^ (c6<<8 | c5>>56)) | (s7 ^ (c7<<8 | c6>>56)) |
+		(^(v0 & v1 & v2 & v3 & v4 & v5 & v6 & v7) & hi)
+	commas := gatherHigh(c0) | gatherHigh(c1)<<8 | gatherHigh(c2)<<16 | gatherHigh(c3)<<24 |
+		gatherHigh(c4)<<32 | gatherHigh(c5)<<40 | gatherHigh(c6)<<48 | gatherHigh(c7)<<56
+	if bad != 0 {
+		return dst, 0, false
+	}
+	s := 0
+	for commas != 0 {
+		c := bits.TrailingZeros64(commas)
+		commas &= commas - 1
+		n := c - s
+		w := binary.LittleEndian.Uint64(b[s&63:])
+		if uint(n-1) >= 8 || (n > 1 && byte(w) == '0') {
+			break
+		}
+		dst = append(dst, uint32(parseDigits(w, n)))
+		s = c + 2
+	}
+	// A comma at 63 leaves s at 65: its space is the next chunk's to skip.
+	return dst, min(s, 64), true
+}
+
+// commaSpaceWord returns the high bits of w's commas, spaces, and bytes
+// that are either or a digit.
+func commaSpaceWord(w uint64) (commas, spaces, valid uint64) {
+	const (
+		ones = 0x0101010101010101
+		hi   = 0x8080808080808080
+		lo7  = 0x7f7f7f7f7f7f7f7f
+	)
+	l := w & lo7
+	digit := (l + 0x50*ones) &^ (l + 0x46*ones) &^ w
+	z := w ^ ','*ones
+	commas = ^(((z & lo7) + lo7) | z) & hi
+	z = w ^ ' '*ones
+	spaces = ^(((z & lo7) + lo7) | z) & hi
+	return commas, spaces, digit | commas | spaces
+}
+
+// spacedTokenIDChunk reads ids separated by a comma and at most one space
+// after it (the ", " of Python's json.dumps) up to the first other byte; ok
+// says whether that byte came late enough (48 or more) for chunks to pay.
+func spacedTokenIDChunk(dst []uint32, b *[72]byte) (out []uint32, k int, ok bool) {
+	const (
+		ones = 0x0101010101010101
+		hi   = 0x8080808080808080
+		lo7  = 0x7f7f7f7f7f7f7f7f
+	)
+	var commas, spaces uint64
+	stop := 64 // the first byte that is not a digit, a comma or a space
+	for k := 0; k < 8; k++ {
+		w := binary.LittleEndian.Uint64(b[8*k:])
+		l := w & lo7
+		digit := (l + 0x50*ones) &^ (l + 0x46*ones) &^ w & hi
+		z := w ^ ','*ones
+		comma := ^(((z & lo7) + lo7) | z) & hi
+		z = w ^ ' '*ones
+		space := ^(((z & lo7) + lo7) | z) & hi
+		commas |= gatherHigh(comma) << (8 * k)
+		if space != 0 {
+			spaces |= gatherHigh(space) << (8 * k)
+		}
+		if bad := ^(digit | comma | space) & hi; bad != 0 {
+			stop = 8*k + bits.TrailingZeros64(bad)/8
+			break
+		}
+	}
+	// A space is allowed only right after a comma.
+	if lone := spaces &^ (commas << 1); lone != 0 {
+		stop = min(stop, bits.TrailingZeros64(lone))
+	}
+	commas &= 1<<uint(stop) - 1 // all ones when stop is 64
+	after := spaces & (commas << 1)
+	s := 0
+	for commas != 0 {
+		c := bits.TrailingZeros64(commas)
+		commas &= commas - 1
+		s += int(after>>uint(s)) & 1
+		n := c - s
+		w := binary.LittleEndian.Uint64(b[s&63:])
+		if uint(n-1) >= 8 || (n > 1 && byte(w) == '0') {
+			break
+		}
+		dst = append(dst, uint32(parseDigits(w, n)))
+		s = c + 1
+	}
+	return dst, s, stop >= 48
+}
+
+// gatherHigh packs the high bits of x's bytes (x holds no other bits) into
+// its low 8 bits, byte k's into bit k.
+func gatherHigh(x uint64) uint64 {
+	return (x >> 7) * 0x0102040810204080 >> 56
+}
+
 // leadingDigits is the number of ASCII digits w starts with, its bytes
 // read little-endian (8 when all are digits). A byte b is a digit when its
 // high nibble is 3 and b+6 has a high nibble of 3 too (b ≤ '9'); the +6 of
@@ -185,7 +434,7 @@ func leadingDigits(w uint64) int {
 // little-endian, first digit lowest): shifted to the top so that the bytes
 // below are leading zeros, then combined pairwise.
 func parseDigits(w uint64, n int) uint64 {
-	w = (w << (8 * (8 - uint(n)))) & 0x0f0f0f0f0f0f0f0f
+	w = (w << ((64 - 8*uint(n)) & 63)) & 0x0f0f0f0f0f0f0f0f
 	w = (w * 2561) >> 8
 	w = ((w & 0x00ff00ff00ff00ff) * 6553601) >> 16
 	return ((w & 0x0000ffff0000ffff) * 42949672960001) >> 32

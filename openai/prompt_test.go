@@ -115,7 +115,145 @@ func checkTokenIDs(t *testing.T, b []byte) {
 func FuzzAppendTokenIDs(f *testing.F) {
 	f.Add([]byte(`[1,22,333,4444,55555,666666,7777777,88888888]`))
 	f.Add([]byte(`[ 0 ,01,4294967296]`))
-	f.Fuzz(func(t *testing.T, b []byte) { checkTokenIDs(t, b) })
+	f.Fuzz(func(t *testing.T, b []byte) { checkTokenIDsRef(t, b) })
+}
+
+// refTokenIDs is AppendTokenIDs written plainly, one byte at a time: the
+// reference for its ids, its error and the ids it appended before one.
+func refTokenIDs(dst []uint32, b []byte) ([]uint32, error) {
+	ws := func(i int) int {
+		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+			i++
+		}
+		return i
+	}
+	i := ws(0)
+	if i >= len(b) || b[i] != '[' {
+		return dst, openai.ErrBadPrompt
+	}
+	if i = ws(i + 1); i < len(b) && b[i] == ']' {
+		if ws(i+1) != len(b) {
+			return dst, openai.ErrBadPrompt
+		}
+		return dst, nil
+	}
+	for {
+		start := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		v, err := strconv.ParseUint(string(b[start:i]), 10, 32)
+		if err != nil || (i-start > 1 && b[start] == '0') {
+			return dst, openai.ErrBadPrompt
+		}
+		dst = append(dst, uint32(v))
+		if i = ws(i); i >= len(b) {
+			return dst, openai.ErrBadPrompt
+		}
+		switch b[i] {
+		case ',':
+			i = ws(i + 1)
+		case ']':
+			if ws(i+1) != len(b) {
+				return dst, openai.ErrBadPrompt
+			}
+			return dst, nil
+		default:
+			return dst, openai.ErrBadPrompt
+		}
+	}
+}
+
+// genTokenArray builds a long token array from choices: each byte picks an
+// id's digit count, its value, the separator after it and, rarely, a
+// mutation (a leading zero, a stray byte, a long id), so that the 64-byte
+// chunks of AppendTokenIDs meet every case at every offset.
+func genTokenArray(choices []byte) []byte {
+	b := []byte{'['}
+	seps := []string{",", ",", ",", ", ", " ,", ",\n  ", ",  ", ",\t"}
+	x := uint64(len(choices)) + 1
+	for i, c := range choices {
+		if i > 0 {
+			b = append(b, seps[c>>5]...)
+		}
+		x = x*6364136223846793005 + 1442695040888963407
+		switch {
+		case c&31 == 31: // a mutation
+			b = append(b, "0x-]9 1a,,0199999999994294967296"[x>>40%30:][:1+x>>50%3]...)
+		case c&31 == 30:
+			b = append(b, '0')
+			b = strconv.AppendUint(b, x>>33%1000, 10)
+		default:
+			d := 1 + int(c&31)%10 // digits
+			v := x >> 20 % 10000000000
+			for v >= 1<<32 || (d < 10 && v >= pow10(d)) {
+				v /= 10
+			}
+			b = strconv.AppendUint(b, v, 10)
+		}
+	}
+	return append(b, ']')
+}
+
+func pow10(d int) uint64 {
+	p := uint64(1)
+	for range d {
+		p *= 10
+	}
+	return p
+}
+
+// checkTokenIDsRef compares AppendTokenIDs with refTokenIDs (ids, the ids
+// before an error, and whether there is one) and with encoding/json.
+func checkTokenIDsRef(t *testing.T, b []byte) {
+	t.Helper()
+	pre := []uint32{7}
+	got, err := openai.AppendTokenIDs(pre, b)
+	want, werr := refTokenIDs(pre, b)
+	if (err == nil) != (werr == nil) || !slices.Equal(got, want) {
+		t.Fatalf("%q:\ngot  %v %v\nwant %v %v", b, got, err, want, werr)
+	}
+	checkTokenIDs(t, b)
+}
+
+// TestAppendTokenIDsLong: long arrays in every separator style, with ids of
+// 1..10 digits and mutations, against the plain reference and encoding/json.
+func TestAppendTokenIDsLong(t *testing.T) {
+	x := uint64(3)
+	for n := range 3000 {
+		choices := make([]byte, 1+n%200)
+		for i := range choices {
+			x = x*6364136223846793005 + 1442695040888963407
+			choices[i] = byte(x >> 56)
+			switch n % 4 {
+			case 0: // compact, 5 and 6 digits
+				choices[i] = byte(4 + x>>40%2)
+			case 1: // ", ", 1..8 digits
+				choices[i] = 0x60 | byte(x>>40%8)
+			case 2: // compact, rare mutations
+				if x>>40%50 != 0 {
+					choices[i] &= 0x1f
+					if choices[i] >= 30 {
+						choices[i] = 3
+					}
+				}
+			}
+		}
+		checkTokenIDsRef(t, genTokenArray(choices))
+	}
+}
+
+func FuzzAppendTokenIDsLong(f *testing.F) {
+	f.Add([]byte("\x04\x05\x04\x05\x04\x05\x04\x05\x04\x05\x04\x05\x04\x05\x04\x05\x04\x05\x04\x05\x1f\x04\x05\x04"))
+	f.Add([]byte("\x64\x65\x64\x65\x64\x65\x64\x65\x64\x65\x64\x65\x64\x65\x64\x65\x64\x65\x64\x65\x1e"))
+	f.Fuzz(func(t *testing.T, choices []byte) {
+		b := genTokenArray(choices)
+		checkTokenIDsRef(t, b)
+		// Cut anywhere: a truncated array is refused alike.
+		if len(choices) > 0 {
+			checkTokenIDsRef(t, b[:int(choices[0])*len(b)/256])
+		}
+	})
 }
 
 func TestAppendUnescaped(t *testing.T) {
@@ -184,6 +322,33 @@ func FuzzVisitImages(f *testing.F) {
 		_, _ = openai.FirstPrompt(b)
 		_, _ = openai.AppendTokenIDs(nil, b)
 	})
+}
+
+// BenchmarkAppendTokenIDsSeparators is BenchmarkAppendTokenIDs's array with
+// the separators of other encoders: Python's json.dumps (", ") and pretty
+// printers (",\n  ").
+func BenchmarkAppendTokenIDsSeparators(b *testing.B) {
+	for _, sep := range []string{", ", ",\n  "} {
+		b.Run(strconv.Quote(sep), func(b *testing.B) {
+			var sb strings.Builder
+			sb.WriteByte('[')
+			x := uint64(1)
+			for i := range 32768 {
+				if i > 0 {
+					sb.WriteString(sep)
+				}
+				x = x*6364136223846793005 + 1442695040888963407
+				sb.WriteString(strconv.FormatUint(x>>33%150000, 10))
+			}
+			sb.WriteByte(']')
+			arr := []byte(sb.String())
+			ids := make([]uint32, 0, 32768)
+			b.SetBytes(int64(len(arr)))
+			for b.Loop() {
+				ids, _ = openai.AppendTokenIDs(ids[:0], arr)
+			}
+		})
+	}
 }
 
 // BenchmarkAppendTokenIDs parses a 32k-token array of ids below 150000
