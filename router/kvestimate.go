@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"time"
 )
 
@@ -34,13 +35,18 @@ const (
 // coefficients by normalised least mean squares. Unary answers have no
 // first event: their prompt counts as queued until they end.
 //
-// The pick minimises the estimate for a warm request (some target holds a
-// quarter of its prompt): it keeps the target holding its prefix unless
-// another one answers first. A cold request has no home to keep: it goes
-// to the target with the fewest picks over the run (the cumulative deficit
-// against a fair share) among those whose estimate is within
-// coldSlackFactor of the best, so that cold traffic spreads evenly without
-// being sent into a queue.
+// The pick compares costs: the estimate, plus on a target that holds less
+// of the prompt than the best holder the extra tokens it would prefill again
+// (redoCost). A warm request (some target holds a quarter of its prompt)
+// goes to the lowest cost: it keeps the target holding its prefix unless
+// another one answers first even after redoing it. A cold request has no
+// home to keep: it goes to the target furthest below its fair share of the
+// picks and of the uncached tokens taken in (the cumulative deficit, with a
+// memory of deficitHalfLife picks per target) among those whose cost is
+// within coldSlackFactor of the best, so that cold traffic and the caches'
+// intake spread evenly without being sent into a queue. A choice above the
+// share bound (MaxShareWarm, MaxShare × the fair share of the decayed
+// picks) goes to the lowest cost within the bound and the slack, if any.
 //
 // The state lives in the target under its mutex, which Pick takes anyway;
 // nothing here allocates once a target's flight slice has grown.
@@ -61,6 +67,11 @@ const (
 	// out the picks.
 	coldSlackFactor  = 1.5
 	coldSlackSeconds = 0.005
+	// deficitHalfLife is the memory of the deficit in picks per target:
+	// a target's picks halve every deficitHalfLife × targets picks of the
+	// fleet, so that the deficit follows the traffic of the last few
+	// hundred requests rather than the whole life of the router.
+	deficitHalfLife = 32
 )
 
 // ttftModel is a target's estimate state, guarded by kvTarget.mu.
@@ -71,7 +82,9 @@ type ttftModel struct {
 	queued   float64     // uncached prompt tokens of tickets before their first token
 	decoding int         // tickets past their first token
 	flight   []*kvTicket // tickets in flight here, in pick order
-	picks    float64     // picks over the run
+	picks    float64     // picks, decayed by the fleet's picks since picksAt (pickCount)
+	picksAt  int64       // KVAware.seq at the last update of picks and fills
+	fills    float64     // uncached prompt tokens charged here, decayed as picks
 }
 
 func (m *ttftModel) init() {
@@ -97,8 +110,27 @@ func (m *ttftModel) learn(work float64, dec int, ttft float64) {
 	m.samples++
 }
 
-// enter charges a picked ticket to the target.
-func (m *ttftModel) enter(kt *kvTicket, uncached float64) {
+// pickCount returns the target's picks as seen at fleet pick seq, halving
+// every halfLife picks of the fleet.
+func (m *ttftModel) pickCount(seq int64, halfLife float64) float64 {
+	if d := seq - m.picksAt; d > 0 && m.picks > 0 {
+		return m.picks * math.Exp2(-float64(d)/halfLife)
+	}
+	return m.picks
+}
+
+// fillCount returns the uncached tokens charged here (what the target's
+// cache has to take in) as seen at fleet pick seq, decayed as picks.
+func (m *ttftModel) fillCount(seq int64, halfLife float64) float64 {
+	if d := seq - m.picksAt; d > 0 && m.fills > 0 {
+		return m.fills * math.Exp2(-float64(d)/halfLife)
+	}
+	return m.fills
+}
+
+// enter charges a picked ticket to the target; seq is the fleet's pick
+// count before this pick.
+func (m *ttftModel) enter(kt *kvTicket, uncached float64, seq int64, halfLife float64) {
 	kt.uncached = uncached
 	kt.work = m.queued + uncached
 	kt.dec = m.decoding
@@ -107,7 +139,9 @@ func (m *ttftModel) enter(kt *kvTicket, uncached float64) {
 	kt.slot = len(m.flight)
 	m.flight = append(m.flight, kt)
 	m.queued += uncached
-	m.picks++
+	m.picks = m.pickCount(seq, halfLife) + 1
+	m.fills = m.fillCount(seq, halfLife) + uncached
+	m.picksAt = seq
 }
 
 // leave removes a ticket at its release.
