@@ -40,13 +40,18 @@ const (
 // (redoCost). A warm request (some target holds a quarter of its prompt)
 // goes to the lowest cost: it keeps the target holding its prefix unless
 // another one answers first even after redoing it. A cold request has no
-// home to keep: it goes to the target furthest below its fair share of the
-// picks and of the uncached tokens taken in (the cumulative deficit, with a
-// memory of deficitHalfLife picks per target) among those whose cost is
-// within coldSlackFactor of the best, so that cold traffic and the caches'
-// intake spread evenly without being sent into a queue. A choice above the
-// share bound (MaxShareWarm, MaxShare × the fair share of the decayed
-// picks) goes to the lowest cost within the bound and the slack, if any.
+// home to keep: it goes to the target furthest below its fair shares (the
+// cumulative deficit, with a memory of deficitHalfLife picks per target) of
+// the picks, of the uncached tokens its cache took in, and of the prompt
+// blocks its requests in flight hold, among those whose cost is within
+// coldSlackFactor of the best: cold traffic, what the caches take in and what
+// they must keep spread evenly without a request being sent into a queue.
+// A choice that would take its target above the share bound (MaxShareWarm
+// for warm, MaxShare for cold requests, × the fair share of the decayed
+// picks) goes to the lowest cost within the bound and the slack; if there
+// is none and the target is above twice the bound's excess (1.3× fair for
+// 1.15), to the lowest cost within the bound wherever it is: a hot prefix
+// gets a second holder, which the bound within the slack then uses.
 //
 // The state lives in the target under its mutex, which Pick takes anyway;
 // nothing here allocates once a target's flight slice has grown.
@@ -60,8 +65,12 @@ const (
 	// minPerKTok keeps uncached tokens costing something whatever the
 	// samples said (a worker never measured under prefill load).
 	minPerKTok = 1e-3
-	// nlmsStep is the learning rate of the normalised LMS update.
-	nlmsStep = 0.2
+	// nlmsStep is the learning rate of the normalised LMS update. At 0.2
+	// the coefficients of identical workers followed the last few samples
+	// (measured TTFTs on a loaded box) and drifted apart, and warm requests
+	// moved to whichever worker had looked faster lately (multi-turn: 34–76
+	// moves off a holder per 780 requests, 16–23 at 0.05).
+	nlmsStep = 0.05
 	// coldSlackFactor: a cold request may go to a target whose estimate
 	// is up to this many times the best (plus coldSlackSeconds) to even
 	// out the picks.

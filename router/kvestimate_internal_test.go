@@ -191,14 +191,36 @@ func TestKVEstimateWarmShare(t *testing.T) {
 		}
 	})
 	t.Run("history stays", func(t *testing.T) {
+		// The conversation's holder is not far above its share: two cold
+		// requests after each turn let the other worker make up for it.
 		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
 		e.makePrecise()
 		long := unique(7, 4000)
 		e.store(a, chatTokens(t, long))
-		for range 60 {
+		for i := range 60 {
 			if got := e.serial(chat(long)); got != a {
-				t.Fatalf("a request whose prefix only %s holds went to %s", a, got)
+				t.Fatalf("turn %d: a request whose prefix only %s holds went to %s", i, a, got)
 			}
+			e.serial(chat(unique(500+2*i, 300)))
+			e.serial(chat(unique(501+2*i, 300)))
+		}
+	})
+	t.Run("far above its share, a history gets a second holder", func(t *testing.T) {
+		// All the traffic is one conversation that only a holds: above
+		// twice the bound's excess (1.3× fair) a pick goes to b whatever
+		// the estimate.
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		long := unique(9, 4000)
+		e.store(a, chatTokens(t, long))
+		n := map[string]int{}
+		for range 60 {
+			n[e.serial(chat(long))]++
+		}
+		seq, hl := e.p.seq.Load(), deficitHalfLife*2.0
+		pa, pb := e.target0(a).est.pickCount(seq, hl), e.target0(b).est.pickCount(seq, hl)
+		if n[b] == 0 || pa > 1.3*(pa+pb)/2+1 {
+			t.Fatalf("picks %v (decayed: a %.1f, b %.1f): the holder stayed far above its share", n, pa, pb)
 		}
 	})
 }
@@ -309,5 +331,35 @@ func TestKVEstimateDeficitDecays(t *testing.T) {
 	}
 	if got := m.fillCount(9+int64(2*hl), hl); math.Abs(got-m.fills/4) > 1e-9 {
 		t.Fatalf("fills two half-lives later: %.3f, want %.3f", got, m.fills/4)
+	}
+}
+
+// TestKVEstimateColdSpreadsHeld: a cold request avoids the worker whose
+// requests in flight hold the most prompt blocks (what its cache must keep
+// now), even when that worker has had fewer picks.
+func TestKVEstimateColdSpreadsHeld(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	// a: one long conversation, cached there, in flight past its first
+	// token (nothing queued, nothing taken in, 250 blocks held).
+	long, short := unique(10, 4000), unique(11, 300)
+	e.store(a, chatTokens(t, long))
+	e.store(b, chatTokens(t, short))
+	tk := e.pick(chat(long))
+	defer e.p.Release(tk, Result{Status: 200})
+	if tk.Worker.id != a {
+		t.Fatalf("the conversation went to %s, not its holder %s", tk.Worker.id, a)
+	}
+	tk.Worker.stall.noteServed(time.Now().UnixNano())
+	// b: two short requests it holds, ended.
+	for range 2 {
+		if got := e.serial(chat(short)); got != b {
+			t.Fatalf("a short request went to %s, not its holder %s", got, b)
+		}
+	}
+	// By picks alone a is behind (1 against 2); by what it holds it is not.
+	if got := e.serial(chat(unique(12, 300))); got != b {
+		t.Fatalf("a cold request went to %s, whose requests in flight hold %.0f blocks", got, float64(e.target0(a).active.Len()))
 	}
 }

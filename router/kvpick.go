@@ -28,6 +28,7 @@ type kvScratch struct {
 	costs   []float64 // per target: its cost
 	uncs    []float64 // per target: uncached prompt tokens (--kv-cost ttft)
 	fills   []float64 // per target: decayed uncached tokens charged (--kv-cost ttft)
+	held    []float64 // per target: distinct prompt blocks in flight (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
 	handles []*kvcache.Worker
@@ -162,6 +163,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.uncs = growF(sc.uncs, nt)
 		sc.rates = growF(sc.rates, nt)
 		sc.fills = growF(sc.fills, nt)
+		sc.held = growF(sc.held, nt)
 	}
 	total := 0.0
 	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
@@ -201,6 +203,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
 			sc.fills[i] = t.est.fillCount(seq, halfLife)
+			sc.held[i] = float64(active)
 			t.mu.RUnlock()
 		}
 		sc.effs[i] = eff
@@ -331,12 +334,15 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // pickByEstimate returns the target of the lowest cost (sc.costs: the
 // estimated TTFT, plus the prefill a target that holds less of the prompt
 // than the best holder makes the fleet redo) for a warm request; for a cold
-// one, the target with the largest deficit (fewest decayed picks, sc.picks)
-// among those whose cost is within the cold slack of the best. A choice that
-// would take its target above its share bound (MaxShareWarm for warm,
-// MaxShare for cold requests, × the fair share of the decayed picks, this
-// one counted) goes instead to the lowest cost among the targets it would
-// not. Scans start at the rotating cursor and keep the first minimum.
+// one, the target furthest below its fair shares of the decayed picks
+// (sc.picks), cache intake (sc.fills) and blocks in flight (sc.held) among
+// those whose cost is within the cold slack of the best. A choice that would
+// take its target above its share bound (MaxShareWarm for warm, MaxShare for
+// cold requests, × the fair share of the decayed picks, this one counted)
+// goes instead to the lowest cost within the bound and the slack, or
+// within the bound alone when the target is above twice the bound's excess
+// (kvestimate.go). Scans start at the rotating cursor and keep the first
+// minimum.
 func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	redoCost(sc, nt)
 	best := start
@@ -346,22 +352,30 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		}
 	}
 	limit := sc.costs[best]*coldSlackFactor + coldSlackSeconds
-	total, fills := 1.0, 0.0
+	total, fills, held := 1.0, 0.0, 0.0
 	for i := range nt {
 		total += sc.picks[i]
 		fills += sc.fills[i]
+		held += sc.held[i]
 	}
 	fair := total / float64(nt)
 	share := p.cfg.MaxShareWarm
 	if !warm {
-		// The deficit of a cold request is against both fair shares: of
-		// the picks (the balance the share bound keeps) and of the
-		// uncached tokens (what each cache has to take in: spread by
-		// count alone, a few long one-off prompts evicted one worker's
-		// prefixes; trace hit ratio 0.60 of one big cache's against 0.76).
+		// The deficit of a cold request is against three fair shares: of
+		// the picks (the balance the share bound keeps), of the uncached
+		// tokens (what each cache has to take in: by count alone a few
+		// long one-off prompts evicted one worker's prefixes, trace hit
+		// ratio 0.76 of one big cache's against 0.99), and of the prompt
+		// blocks held by requests in flight (what each cache must keep
+		// now: without it new conversations joined the worker whose
+		// running ones filled its cache, multi-turn 0.74 against 0.95).
 		share = p.cfg.MaxShare
-		fairFill := max(fills/float64(nt), 1)
-		score := func(i int) float64 { return sc.picks[i]/fair + sc.fills[i]/fairFill }
+		// Each fair share is floored at what this request adds (its
+		// uncached tokens, its blocks): shares far smaller than that are
+		// noise, not a deficit.
+		fairFill := max(fills/float64(nt), sc.uncs[best], 1)
+		fairHeld := max(held/float64(nt), float64(len(sc.sets[sc.setOf[best]].hashes)), 1)
+		score := func(i int) float64 { return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld }
 		cold, low := best, score(best)
 		for k := range nt {
 			i := (start + k) % nt
@@ -379,15 +393,26 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	}
 	// Above the bound: the lowest cost among the targets within it, if
 	// that one answers within the slack. A hot prefix spreads to a second
-	// holder or to a cheap copy; a long conversation stays where its
-	// history is (tried: moving it whatever the cost, which kept every
-	// workload within 1.1× fair but sent 100-block histories to workers
-	// 10× slower to answer; conversation hit ratio 0.93 against 0.97).
+	// holder; a long conversation stays where its history is. Only a
+	// target above twice the bound's excess gives up a request whatever
+	// the cost: the one copy that gives a hot prefix a second holder
+	// (tried: moving every request above the bound whatever the cost kept
+	// every workload within 1.1× fair, but sent 100-block histories to
+	// workers 10× slower to answer: hit ratio 0.82–0.91 of one big cache's
+	// against 0.96–0.98, conversation TTFT p99 4.3 s).
 	alt := -1
 	for k := range nt {
 		i := (start + k) % nt
 		if sc.picks[i]+1 <= bound && sc.costs[i] <= limit && (alt < 0 || sc.costs[i] < sc.costs[alt]) {
 			alt = i
+		}
+	}
+	if alt < 0 && sc.picks[best]+1 > (2*share-1)*fair {
+		for k := range nt {
+			i := (start + k) % nt
+			if sc.picks[i]+1 <= bound && (alt < 0 || sc.costs[i] < sc.costs[alt]) {
+				alt = i
+			}
 		}
 	}
 	if alt < 0 {
