@@ -364,11 +364,12 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		// The deficit of a cold request is against three fair shares: of
 		// the picks (the balance the share bound keeps), of the uncached
 		// tokens (what each cache has to take in: by count alone a few
-		// long one-off prompts evicted one worker's prefixes, trace hit
-		// ratio 0.76 of one big cache's against 0.99), and of the prompt
-		// blocks held by requests in flight (what each cache must keep
-		// now: without it new conversations joined the worker whose
-		// running ones filled its cache, multi-turn 0.74 against 0.95).
+		// long one-off prompts evicted one worker's prefixes: trace hit
+		// ratio 0.60 of one big cache's against 0.76 with it, single
+		// runs), and of the prompt blocks held by requests in flight
+		// (what each cache must keep now: without it new conversations
+		// joined the worker whose running ones filled its cache,
+		// multi-turn 0.74 against 0.95 with it, single runs).
 		share = p.cfg.MaxShare
 		// Each fair share is floored at what this request adds (its
 		// uncached tokens, its blocks): shares far smaller than that are
