@@ -212,6 +212,9 @@ type KVAware struct {
 	lastTokWarn atomic.Int64 // unix ns of the last tokenization warning
 
 	ttft bool // Cost == KVCostTTFT
+	// seq counts the picks (--kv-cost ttft): the clock of the deficit's
+	// decay (kvestimate.go).
+	seq atomic.Int64
 
 	peer *peerHints          // nil unless PeerHints
 	div  *kvcache.Divergence // the divergence alarm (kvdivergence.go); nil: off

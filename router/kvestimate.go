@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"time"
 )
 
@@ -34,13 +35,23 @@ const (
 // coefficients by normalised least mean squares. Unary answers have no
 // first event: their prompt counts as queued until they end.
 //
-// The pick minimises the estimate for a warm request (some target holds a
-// quarter of its prompt): it keeps the target holding its prefix unless
-// another one answers first. A cold request has no home to keep: it goes
-// to the target with the fewest picks over the run (the cumulative deficit
-// against a fair share) among those whose estimate is within
-// coldSlackFactor of the best, so that cold traffic spreads evenly without
-// being sent into a queue.
+// The pick compares costs: the estimate, plus on a target that holds less
+// of the prompt than the best holder the extra tokens it would prefill again
+// (redoCost). A warm request (some target holds a quarter of its prompt)
+// goes to the lowest cost: it keeps the target holding its prefix unless
+// another one answers first even after redoing it. A cold request has no
+// home to keep: it goes to the target furthest below its fair shares (the
+// cumulative deficit, with a memory of deficitHalfLife picks per target) of
+// the picks, of the uncached tokens its cache took in, and of the prompt
+// blocks its requests in flight hold, among those whose cost is within
+// coldSlackFactor of the best: cold traffic, what the caches take in and what
+// they must keep spread evenly without a request being sent into a queue.
+// A choice that would take its target above the share bound (MaxShareWarm
+// for warm, MaxShare for cold requests, × the fair share of the decayed
+// picks) goes to the lowest cost within the bound and the slack; if there
+// is none and the target is above twice the bound's excess (1.3× fair for
+// 1.15), to the lowest cost within the bound wherever it is: a hot prefix
+// gets a second holder, which the bound within the slack then uses.
 //
 // The state lives in the target under its mutex, which Pick takes anyway;
 // nothing here allocates once a target's flight slice has grown.
@@ -54,13 +65,22 @@ const (
 	// minPerKTok keeps uncached tokens costing something whatever the
 	// samples said (a worker never measured under prefill load).
 	minPerKTok = 1e-3
-	// nlmsStep is the learning rate of the normalised LMS update.
-	nlmsStep = 0.2
+	// nlmsStep is the learning rate of the normalised LMS update. At 0.2
+	// the coefficients of identical workers followed the last few samples
+	// (measured TTFTs on a loaded box) and drifted apart, and warm requests
+	// moved to whichever worker had looked faster lately (multi-turn: 34–76
+	// moves off a holder per 780 requests, 16–23 at 0.05).
+	nlmsStep = 0.05
 	// coldSlackFactor: a cold request may go to a target whose estimate
 	// is up to this many times the best (plus coldSlackSeconds) to even
 	// out the picks.
 	coldSlackFactor  = 1.5
 	coldSlackSeconds = 0.005
+	// deficitHalfLife is the memory of the deficit in picks per target:
+	// a target's picks halve every deficitHalfLife × targets picks of the
+	// fleet, so that the deficit follows the traffic of the last few
+	// hundred requests rather than the whole life of the router.
+	deficitHalfLife = 32
 )
 
 // ttftModel is a target's estimate state, guarded by kvTarget.mu.
@@ -71,7 +91,9 @@ type ttftModel struct {
 	queued   float64     // uncached prompt tokens of tickets before their first token
 	decoding int         // tickets past their first token
 	flight   []*kvTicket // tickets in flight here, in pick order
-	picks    float64     // picks over the run
+	picks    float64     // picks, decayed by the fleet's picks since picksAt (pickCount)
+	picksAt  int64       // KVAware.seq at the last update of picks and fills
+	fills    float64     // uncached prompt tokens charged here, decayed as picks
 }
 
 func (m *ttftModel) init() {
@@ -97,8 +119,27 @@ func (m *ttftModel) learn(work float64, dec int, ttft float64) {
 	m.samples++
 }
 
-// enter charges a picked ticket to the target.
-func (m *ttftModel) enter(kt *kvTicket, uncached float64) {
+// pickCount returns the target's picks as seen at fleet pick seq, halving
+// every halfLife picks of the fleet.
+func (m *ttftModel) pickCount(seq int64, halfLife float64) float64 {
+	if d := seq - m.picksAt; d > 0 && m.picks > 0 {
+		return m.picks * math.Exp2(-float64(d)/halfLife)
+	}
+	return m.picks
+}
+
+// fillCount returns the uncached tokens charged here (what the target's
+// cache has to take in) as seen at fleet pick seq, decayed as picks.
+func (m *ttftModel) fillCount(seq int64, halfLife float64) float64 {
+	if d := seq - m.picksAt; d > 0 && m.fills > 0 {
+		return m.fills * math.Exp2(-float64(d)/halfLife)
+	}
+	return m.fills
+}
+
+// enter charges a picked ticket to the target; seq is the fleet's pick
+// count before this pick.
+func (m *ttftModel) enter(kt *kvTicket, uncached float64, seq int64, halfLife float64) {
 	kt.uncached = uncached
 	kt.work = m.queued + uncached
 	kt.dec = m.decoding
@@ -107,7 +148,9 @@ func (m *ttftModel) enter(kt *kvTicket, uncached float64) {
 	kt.slot = len(m.flight)
 	m.flight = append(m.flight, kt)
 	m.queued += uncached
-	m.picks++
+	m.picks = m.pickCount(seq, halfLife) + 1
+	m.fills = m.fillCount(seq, halfLife) + uncached
+	m.picksAt = seq
 }
 
 // leave removes a ticket at its release.

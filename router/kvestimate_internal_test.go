@@ -167,7 +167,8 @@ func TestKVEstimatePickAllocs(t *testing.T) {
 
 // TestKVEstimateWarmShare: a prefix both workers hold spills from the
 // better one once another pick would take it above MaxShareWarm × its fair
-// share of the picks; a conversation whose history only one holds stays there.
+// share of the (decayed) picks; a conversation whose history only one holds
+// stays there.
 func TestKVEstimateWarmShare(t *testing.T) {
 	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
 	t.Run("hot prefix spills", func(t *testing.T) {
@@ -181,20 +182,45 @@ func TestKVEstimateWarmShare(t *testing.T) {
 		for range 60 {
 			n[e.serial(chat(long))]++
 		}
-		// The bound holds after every pick: never above 1.15 × 30.
-		if n[b] == 0 || float64(n[a]) > 1.15*30 {
-			t.Fatalf("picks %v: the hot prefix did not spill within the share", n)
+		// The bound holds after every pick, on the picks as the deficit
+		// counts them (halving every deficitHalfLife × 2 picks).
+		seq, hl := e.p.seq.Load(), deficitHalfLife*2.0
+		pa, pb := e.target0(a).est.pickCount(seq, hl), e.target0(b).est.pickCount(seq, hl)
+		if n[b] == 0 || n[a] <= n[b] || pa > 1.15*(pa+pb)/2 {
+			t.Fatalf("picks %v (decayed: a %.1f, b %.1f): the hot prefix did not spill within the share", n, pa, pb)
 		}
 	})
 	t.Run("history stays", func(t *testing.T) {
+		// The conversation's holder is not far above its share: two cold
+		// requests after each turn let the other worker make up for it.
 		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
 		e.makePrecise()
 		long := unique(7, 4000)
 		e.store(a, chatTokens(t, long))
-		for range 60 {
+		for i := range 60 {
 			if got := e.serial(chat(long)); got != a {
-				t.Fatalf("a request whose prefix only %s holds went to %s", a, got)
+				t.Fatalf("turn %d: a request whose prefix only %s holds went to %s", i, a, got)
 			}
+			e.serial(chat(unique(500+2*i, 300)))
+			e.serial(chat(unique(501+2*i, 300)))
+		}
+	})
+	t.Run("far above its share, a history gets a second holder", func(t *testing.T) {
+		// All the traffic is one conversation that only a holds: above
+		// twice the bound's excess (1.3× fair) a pick goes to b whatever
+		// the estimate.
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		long := unique(9, 4000)
+		e.store(a, chatTokens(t, long))
+		n := map[string]int{}
+		for range 60 {
+			n[e.serial(chat(long))]++
+		}
+		seq, hl := e.p.seq.Load(), deficitHalfLife*2.0
+		pa, pb := e.target0(a).est.pickCount(seq, hl), e.target0(b).est.pickCount(seq, hl)
+		if n[b] == 0 || pa > 1.3*(pa+pb)/2+1 {
+			t.Fatalf("picks %v (decayed: a %.1f, b %.1f): the holder stayed far above its share", n, pa, pb)
 		}
 	})
 }
@@ -210,5 +236,130 @@ func TestKVCostConfig(t *testing.T) {
 	defer p.Close()
 	if p.cfg.Cost != KVCostBlocks || p.ttft {
 		t.Fatalf("empty cost is %q", p.cfg.Cost)
+	}
+}
+
+// TestKVEstimateRedoCharge: a warm request leaves its holder only when
+// another target answers first after redoing the prefix it does not hold:
+// a holder whose queue is a little longer than the whole prompt's prefill
+// elsewhere keeps it, one whose queue is several times longer does not.
+func TestKVEstimateRedoCharge(t *testing.T) {
+	long := unique(8, 3000)
+	tokens := chatTokens(t, long)
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	full := float64(len(tokens))
+	for _, tc := range []struct {
+		name   string
+		queued float64 // on A, which holds the prompt; B holds nothing
+		want   string
+	}{
+		// Raw estimates: A base + k(queued + tail), B base + k×full, so
+		// B's is lower in both cases; with the redo B costs base + 2k×full
+		// less the tail.
+		{"a queue a little longer than the prefill elsewhere stays", 1.5 * full, a},
+		{"a queue several times longer moves", 3 * full, b},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+			e.makePrecise()
+			e.store(a, tokens)
+			e.queue(a, tc.queued)
+			estA := e.target0(a).est.estimate(float64(len(tokens) % 16))
+			estB := e.target0(b).est.estimate(full)
+			if estB >= estA {
+				t.Fatalf("B's raw estimate %.4f s is not below A's %.4f s", estB, estA)
+			}
+			tk := e.pick(chat(long))
+			defer e.p.Release(tk, Result{Status: 200})
+			if tk.Worker.id != tc.want {
+				t.Fatalf("picked %s, want %s (raw estimates A %.4f s, B %.4f s)", tk.Worker.id, tc.want, estA, estB)
+			}
+		})
+	}
+}
+
+// TestKVEstimateColdSpreadsFill: cold requests spread by picks and by the
+// uncached tokens each cache takes in. Every fourth prompt is eight times
+// longer: by counts alone, rotating over four workers, they would all land
+// on one worker's cache (that worker taking in 20×2400 + 60×300/4 tokens of
+// the 66,000, 2.9× its fair part); greedily against both fair shares the
+// worker that took in most took in 1.49× its part, with 14–26 requests each.
+func TestKVEstimateColdSpreadsFill(t *testing.T) {
+	e := newKVEnv(t, ttftConfig(), fleet(4)...)
+	e.makePrecise()
+	n, fill := map[string]int{}, map[string]int{}
+	total := 0
+	for i := range 80 {
+		size := 300
+		if i%4 == 0 {
+			size = 2400
+		}
+		id := e.serial(chat(unique(400+i, size)))
+		n[id]++
+		fill[id] += size
+		total += size
+	}
+	for id, c := range n {
+		if c < 12 || c > 28 {
+			t.Fatalf("worker %s got %d of 80 cold requests: %v", id, c, n)
+		}
+		if f := float64(fill[id]) / (float64(total) / 4); f > 1.6 {
+			t.Fatalf("worker %s took in %.2f× its fair part of the uncached tokens: %v", id, f, fill)
+		}
+	}
+}
+
+// TestKVEstimateDeficitDecays: a target's picks halve every
+// deficitHalfLife × targets picks of the fleet, so that a worker that joins
+// a long-running fleet is not sent every cold request until it has caught
+// up with the others' whole history.
+func TestKVEstimateDeficitDecays(t *testing.T) {
+	var m ttftModel
+	m.init()
+	const hl = deficitHalfLife * 4.0
+	var kt kvTicket
+	for i := range 10 {
+		m.enter(&kt, 100, int64(i), hl)
+		m.leave(&kt)
+	}
+	at := m.pickCount(9, hl)
+	if math.Abs(at-10) > 0.5 {
+		t.Fatalf("picks right after: %.2f, want about 10", at)
+	}
+	if got := m.pickCount(9+int64(hl), hl); math.Abs(got-at/2) > 1e-9 {
+		t.Fatalf("picks %d fleet picks later: %.3f, want %.3f", int64(hl), got, at/2)
+	}
+	if got := m.fillCount(9+int64(2*hl), hl); math.Abs(got-m.fills/4) > 1e-9 {
+		t.Fatalf("fills two half-lives later: %.3f, want %.3f", got, m.fills/4)
+	}
+}
+
+// TestKVEstimateColdSpreadsHeld: a cold request avoids the worker whose
+// requests in flight hold the most prompt blocks (what its cache must keep
+// now), even when that worker has had fewer picks.
+func TestKVEstimateColdSpreadsHeld(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	// a: one long conversation, cached there, in flight past its first
+	// token (nothing queued, nothing taken in, 250 blocks held).
+	long, short := unique(10, 4000), unique(11, 300)
+	e.store(a, chatTokens(t, long))
+	e.store(b, chatTokens(t, short))
+	tk := e.pick(chat(long))
+	defer e.p.Release(tk, Result{Status: 200})
+	if tk.Worker.id != a {
+		t.Fatalf("the conversation went to %s, not its holder %s", tk.Worker.id, a)
+	}
+	tk.Worker.stall.noteServed(time.Now().UnixNano())
+	// b: two short requests it holds, ended.
+	for range 2 {
+		if got := e.serial(chat(short)); got != b {
+			t.Fatalf("a short request went to %s, not its holder %s", got, b)
+		}
+	}
+	// By picks alone a is behind (1 against 2); by what it holds it is not.
+	if got := e.serial(chat(unique(12, 300))); got != b {
+		t.Fatalf("a cold request went to %s, whose requests in flight hold %.0f blocks", got, float64(e.target0(a).active.Len()))
 	}
 }

@@ -26,6 +26,10 @@ type kvScratch struct {
 	hits    []int     // per target: cached prefix (index or placements)
 	effs    []int     // per target: hits or the prefix in flight there
 	costs   []float64 // per target: its cost
+	uncs    []float64 // per target: uncached prompt tokens (--kv-cost ttft)
+	fills   []float64 // per target: decayed uncached tokens charged (--kv-cost ttft)
+	held    []float64 // per target: distinct prompt blocks in flight (--kv-cost ttft)
+	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
 	handles []*kvcache.Worker
 	out     []int
@@ -123,6 +127,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 
 	kind := p.keyPrompt(in, sc, sc.targets[start].worker)
 	now := p.cfg.Now().UnixNano()
+	seq, halfLife := p.seq.Load(), deficitHalfLife*float64(nt)
 
 	// Hashes and cached prefixes per target.
 	sc.setOf = grow(sc.setOf, nt)
@@ -154,6 +159,12 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	sc.costs = growF(sc.costs, nt)
 	sc.picks = growF(sc.picks, nt)
 	sc.effs = grow(sc.effs, nt)
+	if p.ttft {
+		sc.uncs = growF(sc.uncs, nt)
+		sc.rates = growF(sc.rates, nt)
+		sc.fills = growF(sc.fills, nt)
+		sc.held = growF(sc.held, nt)
+	}
 	total := 0.0
 	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
 	for i, t := range sc.targets {
@@ -186,9 +197,13 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.costs[i] = w*float64(len(hs)-eff) + load + recent
 		sc.picks[i] = picks
 		if p.ttft {
+			u := promptUncached(sc, kind, t, len(hs), eff, p.cfg.DefaultBlockSize)
 			t.mu.RLock()
-			sc.costs[i] = t.est.estimate(promptUncached(sc, kind, t, len(hs), eff, p.cfg.DefaultBlockSize))
-			sc.picks[i] = t.est.picks
+			sc.costs[i] = t.est.estimate(u)
+			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
+			sc.picks[i] = t.est.pickCount(seq, halfLife)
+			sc.fills[i] = t.est.fillCount(seq, halfLife)
+			sc.held[i] = float64(active)
 			t.mu.RUnlock()
 		}
 		sc.effs[i] = eff
@@ -209,7 +224,8 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	// scan starts at the rotating cursor and keeps the first minimum, so
 	// ties rotate.
 	if p.ttft {
-		return p.commit(in, sc, kind, now, p.pickByEstimate(sc, nt, start, warm))
+		b := p.pickByEstimate(sc, nt, start, warm)
+		return p.commit(in, sc, kind, now, b, seq, halfLife)
 	}
 	share := p.cfg.MaxShare
 	if warm {
@@ -233,7 +249,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		}
 	}
 
-	return p.commit(in, sc, kind, now, best)
+	return p.commit(in, sc, kind, now, best, 0, 0)
 }
 
 // pickDone pools the scratch and observes the pick's duration.
@@ -243,7 +259,8 @@ func (p *KVAware) pickDone(sc *kvScratch, began time.Time) {
 }
 
 // commit charges the request to target best and returns its ticket.
-func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, best int) (Ticket, error) {
+// seq and halfLife are the deficit's clock (--kv-cost ttft).
+func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, best int, seq int64, halfLife float64) (Ticket, error) {
 	t := sc.targets[best]
 	hs := sc.sets[sc.setOf[best]].hashes
 	bestEff := sc.effs[best]
@@ -262,9 +279,12 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	t.picks = decayedFor(t.picks, t.picksAt, now, shareHalfLife) + 1
 	t.picksAt = now
 	if p.ttft {
-		t.est.enter(kt, promptUncached(sc, kind, t, len(hs), bestEff, p.cfg.DefaultBlockSize))
+		t.est.enter(kt, promptUncached(sc, kind, t, len(hs), bestEff, p.cfg.DefaultBlockSize), seq, halfLife)
 	}
 	t.mu.Unlock()
+	if p.ttft {
+		p.seq.Add(1)
+	}
 
 	precise := kind == keyTokens && t.precise()
 	// The retention class the engine is told (cachehints.go) decides what
@@ -311,11 +331,20 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	return Ticket{Worker: t.worker, State: kt, PinRank: t.pin, DPRank: t.key.DPRank}, nil
 }
 
-// pickByEstimate returns the target of the lowest estimated TTFT (sc.costs)
-// for a warm request (within MaxShareWarm, see below); for a cold one, the target with the fewest picks over
-// the run (sc.picks) among those whose estimate is within the cold slack of
-// the best. Scans start at the rotating cursor and keep the first minimum.
+// pickByEstimate returns the target of the lowest cost (sc.costs: the
+// estimated TTFT, plus the prefill a target that holds less of the prompt
+// than the best holder makes the fleet redo) for a warm request; for a cold
+// one, the target furthest below its fair shares of the decayed picks
+// (sc.picks), cache intake (sc.fills) and blocks in flight (sc.held) among
+// those whose cost is within the cold slack of the best. A choice that would
+// take its target above its share bound (MaxShareWarm for warm, MaxShare for
+// cold requests, × the fair share of the decayed picks, this one counted)
+// goes instead to the lowest cost within the bound and the slack, or
+// within the bound alone when the target is above twice the bound's excess
+// (kvestimate.go). Scans start at the rotating cursor and keep the first
+// minimum.
 func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
+	redoCost(sc, nt)
 	best := start
 	for k := 1; k < nt; k++ {
 		if i := (start + k) % nt; sc.costs[i] < sc.costs[best] {
@@ -323,45 +352,91 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		}
 	}
 	limit := sc.costs[best]*coldSlackFactor + coldSlackSeconds
-	if warm {
-		// A warm request whose best target this pick would take above
-		// MaxShareWarm × its fair share of the run's picks (this one
-		// counted) goes to the lowest estimate among those it would not,
-		// if that one answers within the slack: a hot prefix spreads to a
-		// second holder, a conversation whose history only its holder has
-		// stays. The bound is checked after the pick, with no slack of one
-		// request: with "+1" a 300-request run on 4 workers let the busiest
-		// reach 1.16× fair against a bound of 1.15.
-		total := 1.0
-		for i := range nt {
-			total += sc.picks[i]
-		}
-		fair := total / float64(nt)
-		share := p.cfg.MaxShareWarm
-		bound := share * fair
-		if share <= 0 || fair < minShareFair || sc.picks[best]+1 <= bound {
-			return best
-		}
-		alt := -1
+	total, fills, held := 1.0, 0.0, 0.0
+	for i := range nt {
+		total += sc.picks[i]
+		fills += sc.fills[i]
+		held += sc.held[i]
+	}
+	fair := total / float64(nt)
+	share := p.cfg.MaxShareWarm
+	if !warm {
+		// The deficit of a cold request is against three fair shares: of
+		// the picks (the balance the share bound keeps), of the uncached
+		// tokens (what each cache has to take in: by count alone a few
+		// long one-off prompts evicted one worker's prefixes: trace hit
+		// ratio 0.60 of one big cache's against 0.76 with it, single
+		// runs), and of the prompt blocks held by requests in flight
+		// (what each cache must keep now: without it new conversations
+		// joined the worker whose running ones filled its cache,
+		// multi-turn 0.74 against 0.95 with it, single runs).
+		share = p.cfg.MaxShare
+		// Each fair share is floored at what this request adds (its
+		// uncached tokens, its blocks): shares far smaller than that are
+		// noise, not a deficit.
+		fairFill := max(fills/float64(nt), sc.uncs[best], 1)
+		fairHeld := max(held/float64(nt), float64(len(sc.sets[sc.setOf[best]].hashes)), 1)
+		score := func(i int) float64 { return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld }
+		cold, low := best, score(best)
 		for k := range nt {
 			i := (start + k) % nt
-			if sc.picks[i]+1 <= bound && sc.costs[i] <= limit && (alt < 0 || sc.costs[i] < sc.costs[alt]) {
+			if sc.costs[i] <= limit {
+				if v := score(i); v < low {
+					cold, low = i, v
+				}
+			}
+		}
+		best = cold
+	}
+	bound := share * fair
+	if share <= 0 || fair < minShareFair || sc.picks[best]+1 <= bound {
+		return best
+	}
+	// Above the bound: the lowest cost among the targets within it, if
+	// that one answers within the slack. A hot prefix spreads to a second
+	// holder; a long conversation stays where its history is. Only a
+	// target above twice the bound's excess gives up a request whatever
+	// the cost: the one copy that gives a hot prefix a second holder
+	// (tried: moving every request above the bound whatever the cost kept
+	// every workload within 1.1× fair, but sent 100-block histories to
+	// workers 10× slower to answer: hit ratio 0.82–0.91 of one big cache's
+	// against 0.96–0.98, conversation TTFT p99 4.3 s).
+	alt := -1
+	for k := range nt {
+		i := (start + k) % nt
+		if sc.picks[i]+1 <= bound && sc.costs[i] <= limit && (alt < 0 || sc.costs[i] < sc.costs[alt]) {
+			alt = i
+		}
+	}
+	if alt < 0 && sc.picks[best]+1 > (2*share-1)*fair {
+		for k := range nt {
+			i := (start + k) % nt
+			if sc.picks[i]+1 <= bound && (alt < 0 || sc.costs[i] < sc.costs[alt]) {
 				alt = i
 			}
 		}
-		if alt < 0 {
-			return best
-		}
-		return alt
 	}
-	cold := -1
-	for k := range nt {
-		i := (start + k) % nt
-		if sc.costs[i] <= limit && (cold < 0 || sc.picks[i] < sc.picks[cold]) {
-			cold = i
-		}
+	if alt < 0 {
+		return best
 	}
-	return cold
+	return alt
+}
+
+// redoCost adds to each target's estimate the prefill it would redo against
+// the target holding most of the prompt: its extra uncached tokens at its
+// own rate. A request moved off its holder makes the fleet prefill that
+// prefix again, and the requests queued behind it there wait for it too;
+// without the charge a warm request left its holder whenever the holder's
+// queue was a little longer, and four workers' caches filled with copies
+// (multi-turn hit ratio 0.77 of one big cache's, the trace 0.68).
+func redoCost(sc *kvScratch, nt int) {
+	lo := sc.uncs[0]
+	for i := 1; i < nt; i++ {
+		lo = min(lo, sc.uncs[i])
+	}
+	for i := range nt {
+		sc.costs[i] += sc.rates[i] * (sc.uncs[i] - lo) / 1000
+	}
 }
 
 // promptUncached is the prompt tokens target t would have to prefill: the
