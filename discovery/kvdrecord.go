@@ -1,7 +1,6 @@
 package discovery
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -56,35 +55,12 @@ type KVDRecord struct {
 // ignored, an IPv6 host is kept without brackets and host:port fields get
 // them. Every error wraps ErrInvalidKVDRecord.
 func DecodeKVDRecord(value []byte) (KVDRecord, error) {
-	if len(value) > MaxKVDRecordBytes {
-		return KVDRecord{}, fmt.Errorf("%w: %d bytes exceeds %d", ErrInvalidKVDRecord, len(value), MaxKVDRecordBytes)
-	}
-	var r KVDRecord
-	if err := json.Unmarshal(value, &r); err != nil {
-		return KVDRecord{}, fmt.Errorf("%w: decode json: %w", ErrInvalidKVDRecord, err)
-	}
-	r.normalize()
-	if err := r.Validate(); err != nil {
-		return KVDRecord{}, err
-	}
-	return r, nil
+	return decodeWire[KVDRecord](value, MaxKVDRecordBytes, ErrInvalidKVDRecord)
 }
 
 // Encode validates the record and returns its JSON value.
 func (r *KVDRecord) Encode() ([]byte, error) {
-	c := *r
-	c.normalize()
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	b, err := json.Marshal(&c)
-	if err != nil {
-		return nil, fmt.Errorf("%w: encode json: %w", ErrInvalidKVDRecord, err)
-	}
-	if len(b) > MaxKVDRecordBytes {
-		return nil, fmt.Errorf("%w: encoded %d bytes exceeds %d", ErrInvalidKVDRecord, len(b), MaxKVDRecordBytes)
-	}
-	return b, nil
+	return encodeWire(r, MaxKVDRecordBytes, ErrInvalidKVDRecord)
 }
 
 func (r *KVDRecord) normalize() {

@@ -131,37 +131,14 @@ type Record struct {
 // kept as written, since it must match the key. Every error wraps
 // ErrInvalidRecord.
 func DecodeRecord(value []byte) (Record, error) {
-	if len(value) > MaxRecordBytes {
-		return Record{}, fmt.Errorf("%w: %d bytes exceeds %d", ErrInvalidRecord, len(value), MaxRecordBytes)
-	}
-	var r Record
-	if err := json.Unmarshal(value, &r); err != nil {
-		return Record{}, fmt.Errorf("%w: decode json: %w", ErrInvalidRecord, err)
-	}
-	r.normalize()
-	if err := r.Validate(); err != nil {
-		return Record{}, err
-	}
-	return r, nil
+	return decodeWire[Record](value, MaxRecordBytes, ErrInvalidRecord)
 }
 
 // Encode validates the record and returns its JSON value with defaults filled
 // in (status, dp_size, disagg_mode, request_transport are always written so
 // that Python readers need no defaults of their own).
 func (r *Record) Encode() ([]byte, error) {
-	c := *r
-	c.normalize()
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	b, err := json.Marshal(&c)
-	if err != nil {
-		return nil, fmt.Errorf("%w: encode json: %w", ErrInvalidRecord, err)
-	}
-	if len(b) > MaxRecordBytes {
-		return nil, fmt.Errorf("%w: encoded %d bytes exceeds %d", ErrInvalidRecord, len(b), MaxRecordBytes)
-	}
-	return b, nil
+	return encodeWire(r, MaxRecordBytes, ErrInvalidRecord)
 }
 
 // Active reports whether the worker takes new requests.
@@ -306,6 +283,49 @@ func (r *Record) Validate() error {
 		}
 	}
 	return nil
+}
+
+// wireRecord is a registry record type (Record, KVDRecord): a JSON value
+// capped in size, normalized to the form readers agree on, then validated.
+type wireRecord[T any] interface {
+	*T
+	normalize()
+	Validate() error
+}
+
+// decodeWire parses value (at most limit bytes) as a T, normalizes and
+// validates it; every error wraps invalid.
+func decodeWire[T any, P wireRecord[T]](value []byte, limit int, invalid error) (T, error) {
+	var r, zero T
+	if len(value) > limit {
+		return zero, fmt.Errorf("%w: %d bytes exceeds %d", invalid, len(value), limit)
+	}
+	if err := json.Unmarshal(value, &r); err != nil {
+		return zero, fmt.Errorf("%w: decode json: %w", invalid, err)
+	}
+	P(&r).normalize()
+	if err := P(&r).Validate(); err != nil {
+		return zero, err
+	}
+	return r, nil
+}
+
+// encodeWire normalizes and validates a copy of *r and returns its JSON
+// value, at most limit bytes; every error wraps invalid.
+func encodeWire[T any, P wireRecord[T]](r P, limit int, invalid error) ([]byte, error) {
+	c := *r
+	P(&c).normalize()
+	if err := P(&c).Validate(); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(&c)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode json: %w", invalid, err)
+	}
+	if len(b) > limit {
+		return nil, fmt.Errorf("%w: encoded %d bytes exceeds %d", invalid, len(b), limit)
+	}
+	return b, nil
 }
 
 func invalidf(format string, args ...any) error {
