@@ -63,6 +63,8 @@ func (r *KVDRecord) Encode() ([]byte, error) {
 	return encodeWire(r, MaxKVDRecordBytes, ErrInvalidKVDRecord)
 }
 
+func (r *KVDRecord) keyID() (field, id string) { return "peer", r.Peer }
+
 func (r *KVDRecord) normalize() {
 	r.Host = strings.TrimSuffix(strings.TrimPrefix(r.Host, "["), "]")
 	r.Peer = bracketHostPort(r.Peer)

@@ -1,7 +1,6 @@
 package discovery
 
 import (
-	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -140,17 +139,8 @@ func (w *KVDWatcher) apply(events []*clientv3.Event, rev int64) {
 	}
 }
 
-// decode also requires the key to be <prefix><peer>, so that a delete
-// event removes what a put added.
 func (w *KVDWatcher) decode(key string, value []byte) (KVDRecord, error) {
-	rec, err := DecodeKVDRecord(value)
-	if err != nil {
-		return KVDRecord{}, err
-	}
-	if key != w.prefix+rec.Peer {
-		return KVDRecord{}, fmt.Errorf("%w: key does not end in peer %q", ErrInvalidKVDRecord, clip(rec.Peer))
-	}
-	return rec, nil
+	return decodeKeyed[KVDRecord](w.prefix, key, value, MaxKVDRecordBytes, ErrInvalidKVDRecord)
 }
 
 func (w *KVDWatcher) reportInvalid(key string, modRev int64, err error) {

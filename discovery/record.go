@@ -141,6 +141,8 @@ func (r *Record) Encode() ([]byte, error) {
 	return encodeWire(r, MaxRecordBytes, ErrInvalidRecord)
 }
 
+func (r *Record) keyID() (field, id string) { return "worker_id", r.WorkerID }
+
 // Active reports whether the worker takes new requests.
 func (r *Record) Active() bool {
 	return (r.Status == StatusActive || r.Status == "") && r.Unroutable() == ""
@@ -291,6 +293,9 @@ type wireRecord[T any] interface {
 	*T
 	normalize()
 	Validate() error
+	// keyID returns the record's id, the last element of its key, and
+	// the JSON field that holds it.
+	keyID() (field, id string)
 }
 
 // decodeWire parses value (at most limit bytes) as a T, normalizes and
@@ -306,6 +311,22 @@ func decodeWire[T any, P wireRecord[T]](value []byte, limit int, invalid error) 
 	P(&r).normalize()
 	if err := P(&r).Validate(); err != nil {
 		return zero, err
+	}
+	return r, nil
+}
+
+// decodeKeyed decodes a value listed or watched under prefix as
+// decodeWire does, and also requires its key to be prefix plus the
+// record's id: the key is what a delete event names, so a record stored
+// under another key could never be removed from the view.
+func decodeKeyed[T any, P wireRecord[T]](prefix, key string, value []byte, limit int, invalid error) (T, error) {
+	r, err := decodeWire[T, P](value, limit, invalid)
+	if err != nil {
+		return r, err
+	}
+	if field, id := P(&r).keyID(); key != prefix+id {
+		var zero T
+		return zero, fmt.Errorf("%w: key does not end in %s %q", invalid, field, clip(id))
 	}
 	return r, nil
 }

@@ -397,18 +397,8 @@ func remove(workers []Record, id string, changed bool) ([]Record, bool) {
 	return slices.Delete(workers, i, i+1), true
 }
 
-// decode also requires the key to be <prefix><worker_id>: the key is what a
-// delete event names, so a record stored under another key could never be
-// removed from the view.
 func (w *Watcher) decode(key string, value []byte) (Record, error) {
-	rec, err := DecodeRecord(value)
-	if err != nil {
-		return Record{}, err
-	}
-	if key != w.prefix+rec.WorkerID {
-		return Record{}, fmt.Errorf("%w: key does not end in worker_id %q", ErrInvalidRecord, clip(rec.WorkerID))
-	}
-	return rec, nil
+	return decodeKeyed[Record](w.prefix, key, value, MaxRecordBytes, ErrInvalidRecord)
 }
 
 // isForeign reports whether key, under the prefix, names something other than
