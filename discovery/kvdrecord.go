@@ -3,7 +3,6 @@ package discovery
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"strings"
 )
 
@@ -100,30 +99,6 @@ func (r *KVDRecord) Validate() error {
 
 func kvdInvalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidKVDRecord, fmt.Sprintf(format, args...))
-}
-
-// checkHost accepts a DNS name or an IP literal without port or brackets.
-func checkHost(h string) error {
-	if h == "" {
-		return errors.New("empty")
-	}
-	if len(h) > maxHostPortBytes {
-		return fmt.Errorf("longer than %d bytes", maxHostPortBytes)
-	}
-	if strings.IndexByte(h, ':') >= 0 {
-		a, err := netip.ParseAddr(h)
-		if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
-			return errors.New("bad IPv6 address")
-		}
-		return nil
-	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
-			return fmt.Errorf("bad host character %q", c)
-		}
-	}
-	return nil
 }
 
 // HostOf returns the host of host:port (a worker_id, a kvd's peer) as a

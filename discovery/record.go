@@ -394,15 +394,26 @@ func checkHostPort(s string) error {
 	if host == "" {
 		return errors.New("empty host")
 	}
-	if strings.IndexByte(host, ':') >= 0 {
-		a, err := netip.ParseAddr(host)
+	return checkHost(host)
+}
+
+// checkHost accepts a DNS name or an IP literal without port or brackets.
+func checkHost(h string) error {
+	if h == "" {
+		return errors.New("empty")
+	}
+	if len(h) > maxHostPortBytes {
+		return fmt.Errorf("longer than %d bytes", maxHostPortBytes)
+	}
+	if strings.IndexByte(h, ':') >= 0 {
+		a, err := netip.ParseAddr(h)
 		if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
 			return errors.New("bad IPv6 address")
 		}
 		return nil
 	}
-	for i := 0; i < len(host); i++ {
-		c := host[i]
+	for i := 0; i < len(h); i++ {
+		c := h[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
 			return fmt.Errorf("bad host character %q", c)
 		}
