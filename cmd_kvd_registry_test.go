@@ -1,14 +1,10 @@
 package main
 
 import (
-	"context"
-	"net"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
@@ -22,7 +18,7 @@ import (
 func TestKVDRegistersItself(t *testing.T) {
 	eps := etcdtest.Start(t)
 	cli := etcdtest.Client(t, eps)
-	port := freeLoopbackPair(t)
+	port := testkit.FreePortPair(t)
 	var cfg config.KVD
 	cfg.Flags()
 	cfg.Socket = filepath.Join(t.TempDir(), "kvd.sock")
@@ -34,15 +30,7 @@ func TestKVDRegistersItself(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- runKVD(ctx, cfg, zerolog.Nop(), ready) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatal(err)
-	}
+	_, cancel, done := startKVD(t, cfg)
 	key := config.DefaultKVDPrefix + cfg.PeerListen
 	resp, err := cli.Get(t.Context(), key)
 	if err != nil || len(resp.Kvs) != 1 {
@@ -64,24 +52,4 @@ func TestKVDRegistersItself(t *testing.T) {
 		r, err := cli.Get(t.Context(), key)
 		return err == nil && len(r.Kvs) == 0
 	})
-}
-
-// freeLoopbackPair returns a loopback port whose next port was free too.
-func freeLoopbackPair(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := ln.Addr().(*net.TCPAddr).Port
-		next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
-		ln.Close()
-		if err == nil {
-			next.Close()
-			return p
-		}
-	}
-	t.Fatal("no two adjacent free loopback ports")
-	return 0
 }

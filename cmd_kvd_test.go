@@ -31,16 +31,7 @@ func TestKVDCommand(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- runKVD(ctx, cfg, zerolog.Nop(), ready) }()
-	var admin string
-	select {
-	case admin = <-ready:
-	case err := <-done:
-		t.Fatal(err)
-	}
+	admin, cancel, done := startKVD(t, cfg)
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -50,7 +41,7 @@ func TestKVDCommand(t *testing.T) {
 			t.Error("socket left behind:", err)
 		}
 	}()
-	cl, err := kvd.Dial(ctx, cfg.Socket, kvd.ClientOptions{SharedArena: true})
+	cl, err := kvd.Dial(t.Context(), cfg.Socket, kvd.ClientOptions{SharedArena: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,6 +93,24 @@ func TestKVDCommand(t *testing.T) {
 	}
 }
 
+// startKVD runs the daemon as `infera kvd` does until it is ready, and
+// returns the admin address it reported, what stops it and where its
+// result arrives.
+func startKVD(t *testing.T, cfg config.KVD) (admin string, stop context.CancelFunc, done chan error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	ready := make(chan string, 1)
+	done = make(chan error, 1)
+	go func() { done <- runKVD(ctx, cfg, zerolog.Nop(), ready) }()
+	select {
+	case admin = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatal(err)
+	}
+	return admin, cancel, done
+}
+
 func TestKVDCommandRejectsBadFlags(t *testing.T) {
 	var out bytes.Buffer
 	if code := run([]string{"infera", "kvd", "--max-bytes", "lots", "--socket", filepath.Join(t.TempDir(), "k.sock")}, &out, &out); code != exitConfig {
@@ -124,22 +133,10 @@ func TestKVDRestartDurability(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	start := func() (context.CancelFunc, chan error) {
-		ctx, cancel := context.WithCancel(t.Context())
-		ready := make(chan string, 1)
-		done := make(chan error, 1)
-		go func() { done <- runKVD(ctx, cfg, zerolog.Nop(), ready) }()
-		select {
-		case <-ready:
-		case err := <-done:
-			t.Fatal(err)
-		}
-		return cancel, done
-	}
 	ns := kvd.Namespace{Model: "m", CompatKey: "tp0of1"}
 	val := func(i int) []byte { return bytes.Repeat([]byte{byte(i), byte(i >> 8), 0xA5}, 1000) }
 	k := func(i int) []byte { return []byte{0, 0, 0, 0, 0, 0, byte(i >> 8), byte(i)} }
-	cancel, done := start()
+	_, cancel, done := startKVD(t, cfg)
 	cl, err := kvd.Dial(t.Context(), cfg.Socket, kvd.ClientOptions{SharedArena: true})
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +158,7 @@ func TestKVDRestartDurability(t *testing.T) {
 	}
 
 	cfg.SkipSelfCheck = true
-	cancel, done = start()
+	_, cancel, done = startKVD(t, cfg)
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

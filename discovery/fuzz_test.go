@@ -29,25 +29,33 @@ func FuzzDecodeRecord(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r, err := discovery.DecodeRecord(data)
-		if err != nil {
-			if !errors.Is(err, discovery.ErrInvalidRecord) {
-				t.Fatalf("error does not wrap ErrInvalidRecord: %v", err)
-			}
-			return
-		}
-		enc, err := r.Encode()
-		if err != nil {
-			t.Fatalf("accepted record does not encode: %v\nrecord %#v", err, r)
-		}
-		again, err := discovery.DecodeRecord(enc)
-		if err != nil {
-			t.Fatalf("re-encoded record rejected: %v\n%s", err, enc)
-		}
-		if !reflect.DeepEqual(r, again) {
-			t.Fatalf("round trip changed the record\nfirst  %#v\nsecond %#v", r, again)
-		}
+		checkRoundTrip(t, data, discovery.DecodeRecord, (*discovery.Record).Encode, discovery.ErrInvalidRecord)
 	})
+}
+
+// checkRoundTrip is what the record fuzz targets check: data is rejected
+// with an error that wraps invalid, or the record accepted encodes and
+// decodes again to the same record.
+func checkRoundTrip[T any](t *testing.T, data []byte, decode func([]byte) (T, error), encode func(*T) ([]byte, error), invalid error) {
+	t.Helper()
+	r, err := decode(data)
+	if err != nil {
+		if !errors.Is(err, invalid) {
+			t.Fatalf("error does not wrap %q: %v", invalid, err)
+		}
+		return
+	}
+	enc, err := encode(&r)
+	if err != nil {
+		t.Fatalf("accepted record does not encode: %v\nrecord %#v", err, r)
+	}
+	again, err := decode(enc)
+	if err != nil {
+		t.Fatalf("re-encoded record rejected: %v\n%s", err, enc)
+	}
+	if !reflect.DeepEqual(r, again) {
+		t.Fatalf("round trip changed the record\nfirst  %#v\nsecond %#v", r, again)
+	}
 }
 
 // FuzzDecodeKVDRecord: as FuzzDecodeRecord, for the kvd registry's records.
@@ -65,23 +73,6 @@ func FuzzDecodeKVDRecord(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r, err := discovery.DecodeKVDRecord(data)
-		if err != nil {
-			if !errors.Is(err, discovery.ErrInvalidKVDRecord) {
-				t.Fatalf("error does not wrap ErrInvalidKVDRecord: %v", err)
-			}
-			return
-		}
-		enc, err := r.Encode()
-		if err != nil {
-			t.Fatalf("accepted record does not encode: %v\nrecord %#v", err, r)
-		}
-		again, err := discovery.DecodeKVDRecord(enc)
-		if err != nil {
-			t.Fatalf("re-encoded record rejected: %v\n%s", err, enc)
-		}
-		if again != r {
-			t.Fatalf("round trip changed the record\nfirst  %#v\nsecond %#v", r, again)
-		}
+		checkRoundTrip(t, data, discovery.DecodeKVDRecord, (*discovery.KVDRecord).Encode, discovery.ErrInvalidKVDRecord)
 	})
 }

@@ -69,8 +69,9 @@ func waitIDs(t *testing.T, w *discovery.Watcher, want ...string) {
 	})
 }
 
-// startWatcher runs w until the test ends and checks that Run returned nil.
-func startWatcher(t *testing.T, w *discovery.Watcher) {
+// startWatcher runs w (a Watcher or a KVDWatcher) until the test ends
+// and checks that Run returned nil.
+func startWatcher(t *testing.T, w interface{ Run(context.Context) error }) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

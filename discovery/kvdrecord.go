@@ -1,10 +1,8 @@
 package discovery
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/netip"
 	"strings"
 )
 
@@ -56,36 +54,15 @@ type KVDRecord struct {
 // ignored, an IPv6 host is kept without brackets and host:port fields get
 // them. Every error wraps ErrInvalidKVDRecord.
 func DecodeKVDRecord(value []byte) (KVDRecord, error) {
-	if len(value) > MaxKVDRecordBytes {
-		return KVDRecord{}, fmt.Errorf("%w: %d bytes exceeds %d", ErrInvalidKVDRecord, len(value), MaxKVDRecordBytes)
-	}
-	var r KVDRecord
-	if err := json.Unmarshal(value, &r); err != nil {
-		return KVDRecord{}, fmt.Errorf("%w: decode json: %w", ErrInvalidKVDRecord, err)
-	}
-	r.normalize()
-	if err := r.Validate(); err != nil {
-		return KVDRecord{}, err
-	}
-	return r, nil
+	return decodeWire[KVDRecord](value, MaxKVDRecordBytes, ErrInvalidKVDRecord)
 }
 
 // Encode validates the record and returns its JSON value.
 func (r *KVDRecord) Encode() ([]byte, error) {
-	c := *r
-	c.normalize()
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	b, err := json.Marshal(&c)
-	if err != nil {
-		return nil, fmt.Errorf("%w: encode json: %w", ErrInvalidKVDRecord, err)
-	}
-	if len(b) > MaxKVDRecordBytes {
-		return nil, fmt.Errorf("%w: encoded %d bytes exceeds %d", ErrInvalidKVDRecord, len(b), MaxKVDRecordBytes)
-	}
-	return b, nil
+	return encodeWire(r, MaxKVDRecordBytes, ErrInvalidKVDRecord)
 }
+
+func (r *KVDRecord) keyID() (field, id string) { return "peer", r.Peer }
 
 func (r *KVDRecord) normalize() {
 	r.Host = strings.TrimSuffix(strings.TrimPrefix(r.Host, "["), "]")
@@ -122,30 +99,6 @@ func (r *KVDRecord) Validate() error {
 
 func kvdInvalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidKVDRecord, fmt.Sprintf(format, args...))
-}
-
-// checkHost accepts a DNS name or an IP literal without port or brackets.
-func checkHost(h string) error {
-	if h == "" {
-		return errors.New("empty")
-	}
-	if len(h) > maxHostPortBytes {
-		return fmt.Errorf("longer than %d bytes", maxHostPortBytes)
-	}
-	if strings.IndexByte(h, ':') >= 0 {
-		a, err := netip.ParseAddr(h)
-		if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
-			return errors.New("bad IPv6 address")
-		}
-		return nil
-	}
-	for i := 0; i < len(h); i++ {
-		c := h[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
-			return fmt.Errorf("bad host character %q", c)
-		}
-	}
-	return nil
 }
 
 // HostOf returns the host of host:port (a worker_id, a kvd's peer) as a

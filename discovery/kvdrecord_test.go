@@ -85,15 +85,7 @@ func TestKVDRegistrarAndWatcher(t *testing.T) {
 	eps := etcdtest.Start(t)
 	cli := etcdtest.Client(t, eps)
 	w := discovery.NewKVDWatcher(cli, testKVDPrefix, zerolog.Nop(), nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("watcher Run: %v", err)
-		}
-	})
+	startWatcher(t, w)
 	<-w.Synced()
 
 	opts := discovery.RegistrarOptions{TTL: 5 * time.Second, KeepAliveInterval: 200 * time.Millisecond}

@@ -1,7 +1,6 @@
 package discovery
 
 import (
-	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -59,18 +58,16 @@ type KVDWatcher struct {
 	watchLoop
 	onChange func(*KVDSnapshot)
 	snap     atomic.Pointer[KVDSnapshot]
-	// recs maps each valid key to its record; invalid maps each invalid
-	// key to the reported mod revision. Owned by the Run goroutine.
-	recs    map[string]KVDRecord
-	invalid map[string]int64
+	// recs maps each valid key to its record. Owned by the Run goroutine.
+	recs map[string]KVDRecord
 }
 
 // NewKVDWatcher returns a watcher of the kvd registry under prefix.
 // onChange (optional) is called on the Run goroutine after each new
 // snapshot is published; it must return quickly.
 func NewKVDWatcher(cli *clientv3.Client, prefix string, log zerolog.Logger, onChange func(*KVDSnapshot)) *KVDWatcher {
-	w := &KVDWatcher{onChange: onChange, recs: map[string]KVDRecord{}, invalid: map[string]int64{}}
-	w.watchLoop = newWatchLoop(cli, prefix, log.With().Str("component", "discovery_kvd_watcher").Str("prefix", prefix).Logger(), "kvd registry", "kvds", w)
+	w := &KVDWatcher{onChange: onChange, recs: map[string]KVDRecord{}}
+	w.watchLoop = newWatchLoop(cli, prefix, log.With().Str("component", "discovery_kvd_watcher").Str("prefix", prefix).Logger(), "kvd registry", "kvds", "ignoring invalid kvd record", w)
 	w.snap.Store(NewKVDSnapshot(0, nil))
 	return w
 }
@@ -89,9 +86,7 @@ func (w *KVDWatcher) rebuild(kvs []*mvccpb.KeyValue, rev int64, n int) {
 		key := string(kv.Key)
 		rec, err := w.decode(key, kv.Value)
 		if err != nil {
-			if w.invalid[key] != kv.ModRevision {
-				w.reportInvalid(key, kv.ModRevision, err)
-			}
+			w.reportInvalid(key, kv.ModRevision, err)
 			invalid[key] = kv.ModRevision
 			continue
 		}
@@ -120,10 +115,8 @@ func (w *KVDWatcher) apply(events []*clientv3.Event, rev int64) {
 		}
 		rec, err := w.decode(key, ev.Kv.Value)
 		if err != nil {
-			if w.invalid[key] != ev.Kv.ModRevision {
-				w.reportInvalid(key, ev.Kv.ModRevision, err)
-				w.invalid[key] = ev.Kv.ModRevision
-			}
+			w.reportInvalid(key, ev.Kv.ModRevision, err)
+			w.invalid[key] = ev.Kv.ModRevision
 			// The kvd's last valid record no longer describes it.
 			if _, ok := w.recs[key]; ok {
 				delete(w.recs, key)
@@ -140,21 +133,8 @@ func (w *KVDWatcher) apply(events []*clientv3.Event, rev int64) {
 	}
 }
 
-// decode also requires the key to be <prefix><peer>, so that a delete
-// event removes what a put added.
 func (w *KVDWatcher) decode(key string, value []byte) (KVDRecord, error) {
-	rec, err := DecodeKVDRecord(value)
-	if err != nil {
-		return KVDRecord{}, err
-	}
-	if key != w.prefix+rec.Peer {
-		return KVDRecord{}, fmt.Errorf("%w: key does not end in peer %q", ErrInvalidKVDRecord, clip(rec.Peer))
-	}
-	return rec, nil
-}
-
-func (w *KVDWatcher) reportInvalid(key string, modRev int64, err error) {
-	w.log.Warn().Str("key", clip(key)).Int64("mod_revision", modRev).Err(err).Msg("ignoring invalid kvd record")
+	return decodeKeyed[KVDRecord](w.prefix, key, value, MaxKVDRecordBytes, ErrInvalidKVDRecord)
 }
 
 func (w *KVDWatcher) publish(rev int64) {

@@ -131,38 +131,17 @@ type Record struct {
 // kept as written, since it must match the key. Every error wraps
 // ErrInvalidRecord.
 func DecodeRecord(value []byte) (Record, error) {
-	if len(value) > MaxRecordBytes {
-		return Record{}, fmt.Errorf("%w: %d bytes exceeds %d", ErrInvalidRecord, len(value), MaxRecordBytes)
-	}
-	var r Record
-	if err := json.Unmarshal(value, &r); err != nil {
-		return Record{}, fmt.Errorf("%w: decode json: %w", ErrInvalidRecord, err)
-	}
-	r.normalize()
-	if err := r.Validate(); err != nil {
-		return Record{}, err
-	}
-	return r, nil
+	return decodeWire[Record](value, MaxRecordBytes, ErrInvalidRecord)
 }
 
 // Encode validates the record and returns its JSON value with defaults filled
 // in (status, dp_size, disagg_mode, request_transport are always written so
 // that Python readers need no defaults of their own).
 func (r *Record) Encode() ([]byte, error) {
-	c := *r
-	c.normalize()
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	b, err := json.Marshal(&c)
-	if err != nil {
-		return nil, fmt.Errorf("%w: encode json: %w", ErrInvalidRecord, err)
-	}
-	if len(b) > MaxRecordBytes {
-		return nil, fmt.Errorf("%w: encoded %d bytes exceeds %d", ErrInvalidRecord, len(b), MaxRecordBytes)
-	}
-	return b, nil
+	return encodeWire(r, MaxRecordBytes, ErrInvalidRecord)
 }
+
+func (r *Record) keyID() (field, id string) { return "worker_id", r.WorkerID }
 
 // Active reports whether the worker takes new requests.
 func (r *Record) Active() bool {
@@ -308,6 +287,68 @@ func (r *Record) Validate() error {
 	return nil
 }
 
+// wireRecord is a registry record type (Record, KVDRecord): a JSON value
+// capped in size, normalized to the form readers agree on, then validated.
+type wireRecord[T any] interface {
+	*T
+	normalize()
+	Validate() error
+	// keyID returns the record's id, the last element of its key, and
+	// the JSON field that holds it.
+	keyID() (field, id string)
+}
+
+// decodeWire parses value (at most limit bytes) as a T, normalizes and
+// validates it; every error wraps invalid.
+func decodeWire[T any, P wireRecord[T]](value []byte, limit int, invalid error) (T, error) {
+	var r, zero T
+	if len(value) > limit {
+		return zero, fmt.Errorf("%w: %d bytes exceeds %d", invalid, len(value), limit)
+	}
+	if err := json.Unmarshal(value, &r); err != nil {
+		return zero, fmt.Errorf("%w: decode json: %w", invalid, err)
+	}
+	P(&r).normalize()
+	if err := P(&r).Validate(); err != nil {
+		return zero, err
+	}
+	return r, nil
+}
+
+// decodeKeyed decodes a value listed or watched under prefix as
+// decodeWire does, and also requires its key to be prefix plus the
+// record's id: the key is what a delete event names, so a record stored
+// under another key could never be removed from the view.
+func decodeKeyed[T any, P wireRecord[T]](prefix, key string, value []byte, limit int, invalid error) (T, error) {
+	r, err := decodeWire[T, P](value, limit, invalid)
+	if err != nil {
+		return r, err
+	}
+	if field, id := P(&r).keyID(); key != prefix+id {
+		var zero T
+		return zero, fmt.Errorf("%w: key does not end in %s %q", invalid, field, clip(id))
+	}
+	return r, nil
+}
+
+// encodeWire normalizes and validates a copy of *r and returns its JSON
+// value, at most limit bytes; every error wraps invalid.
+func encodeWire[T any, P wireRecord[T]](r P, limit int, invalid error) ([]byte, error) {
+	c := *r
+	P(&c).normalize()
+	if err := P(&c).Validate(); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(&c)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode json: %w", invalid, err)
+	}
+	if len(b) > limit {
+		return nil, fmt.Errorf("%w: encoded %d bytes exceeds %d", invalid, len(b), limit)
+	}
+	return b, nil
+}
+
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidRecord, fmt.Sprintf(format, args...))
 }
@@ -353,15 +394,26 @@ func checkHostPort(s string) error {
 	if host == "" {
 		return errors.New("empty host")
 	}
-	if strings.IndexByte(host, ':') >= 0 {
-		a, err := netip.ParseAddr(host)
+	return checkHost(host)
+}
+
+// checkHost accepts a DNS name or an IP literal without port or brackets.
+func checkHost(h string) error {
+	if h == "" {
+		return errors.New("empty")
+	}
+	if len(h) > maxHostPortBytes {
+		return fmt.Errorf("longer than %d bytes", maxHostPortBytes)
+	}
+	if strings.IndexByte(h, ':') >= 0 {
+		a, err := netip.ParseAddr(h)
 		if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
 			return errors.New("bad IPv6 address")
 		}
 		return nil
 	}
-	for i := 0; i < len(host); i++ {
-		c := host[i]
+	for i := 0; i < len(h); i++ {
+		c := h[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
 			return fmt.Errorf("bad host character %q", c)
 		}

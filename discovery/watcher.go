@@ -68,8 +68,14 @@ type watchLoop struct {
 	log    zerolog.Logger
 	view   registryView
 	// what names the view in logs ("fleet", "kvd registry"); countField
-	// is the log field of its size ("workers", "kvds").
-	what, countField string
+	// is the log field of its size ("workers", "kvds"); invalidMsg is the
+	// message that reports an invalid record.
+	what, countField, invalidMsg string
+
+	// invalid maps the key of each invalid record to the mod revision that
+	// was reported, so each bad value is logged once, not on every re-list.
+	// Its view keeps it; owned by the Run goroutine.
+	invalid map[string]int64
 
 	synced   chan struct{}
 	syncOnce sync.Once
@@ -90,8 +96,9 @@ type watchLoop struct {
 	hooks watcherHooks
 }
 
-func newWatchLoop(cli *clientv3.Client, prefix string, log zerolog.Logger, what, countField string, view registryView) watchLoop {
+func newWatchLoop(cli *clientv3.Client, prefix string, log zerolog.Logger, what, countField, invalidMsg string, view registryView) watchLoop {
 	return watchLoop{cli: cli, prefix: prefix, log: log, view: view, what: what, countField: countField,
+		invalidMsg: invalidMsg, invalid: make(map[string]int64),
 		synced: make(chan struct{}), probeInterval: defaultProbeInterval, listTimeout: listTimeout}
 }
 
@@ -110,10 +117,6 @@ type Watcher struct {
 
 	snap atomic.Pointer[Snapshot]
 
-	// invalid maps the key of each invalid record to the mod revision that
-	// was reported, so each bad value is logged once, not on every re-list.
-	// Owned by the Run goroutine.
-	invalid map[string]int64
 	// foreign holds the keys under the prefix that cannot be worker records
 	// (a '/' after the prefix, like Infera's planner/decision), each logged
 	// once at debug level and otherwise skipped. Owned by the Run goroutine.
@@ -143,11 +146,10 @@ func (w *Watcher) SetOutageGrace(d time.Duration) { w.grace = d }
 func NewWatcher(cli *clientv3.Client, prefix string, log zerolog.Logger, onChange func(*Snapshot)) *Watcher {
 	w := &Watcher{
 		onChange: onChange,
-		invalid:  make(map[string]int64),
 		foreign:  make(map[string]struct{}),
 		held:     make(map[string]time.Time),
 	}
-	w.watchLoop = newWatchLoop(cli, prefix, log.With().Str("component", "discovery_watcher").Str("prefix", prefix).Logger(), "fleet", "workers", w)
+	w.watchLoop = newWatchLoop(cli, prefix, log.With().Str("component", "discovery_watcher").Str("prefix", prefix).Logger(), "fleet", "workers", "ignoring invalid worker record", w)
 	w.snap.Store(&Snapshot{})
 	return w
 }
@@ -312,9 +314,7 @@ func (w *Watcher) rebuild(kvs []*mvccpb.KeyValue, rev int64, n int) {
 		}
 		rec, err := w.decode(key, kv.Value)
 		if err != nil {
-			if w.invalid[key] != kv.ModRevision {
-				w.reportInvalid(key, kv.ModRevision, err)
-			}
+			w.reportInvalid(key, kv.ModRevision, err)
 			invalid[key] = kv.ModRevision
 			continue
 		}
@@ -362,10 +362,8 @@ func (w *Watcher) apply(events []*clientv3.Event, rev int64) {
 		}
 		rec, err := w.decode(key, ev.Kv.Value)
 		if err != nil {
-			if w.invalid[key] != ev.Kv.ModRevision {
-				w.reportInvalid(key, ev.Kv.ModRevision, err)
-				w.invalid[key] = ev.Kv.ModRevision
-			}
+			w.reportInvalid(key, ev.Kv.ModRevision, err)
+			w.invalid[key] = ev.Kv.ModRevision
 			// The worker's last valid record no longer describes it.
 			workers, changed = remove(workers, id, changed)
 			continue
@@ -397,18 +395,8 @@ func remove(workers []Record, id string, changed bool) ([]Record, bool) {
 	return slices.Delete(workers, i, i+1), true
 }
 
-// decode also requires the key to be <prefix><worker_id>: the key is what a
-// delete event names, so a record stored under another key could never be
-// removed from the view.
 func (w *Watcher) decode(key string, value []byte) (Record, error) {
-	rec, err := DecodeRecord(value)
-	if err != nil {
-		return Record{}, err
-	}
-	if key != w.prefix+rec.WorkerID {
-		return Record{}, fmt.Errorf("%w: key does not end in worker_id %q", ErrInvalidRecord, clip(rec.WorkerID))
-	}
-	return rec, nil
+	return decodeKeyed[Record](w.prefix, key, value, MaxRecordBytes, ErrInvalidRecord)
 }
 
 // isForeign reports whether key, under the prefix, names something other than
@@ -427,8 +415,13 @@ func (w *Watcher) skipForeign(key string) {
 	w.log.Debug().Str("key", clip(key)).Msg("skipping non-worker key under the prefix")
 }
 
-func (w *Watcher) reportInvalid(key string, modRev int64, err error) {
-	w.log.Warn().Str("key", clip(key)).Int64("mod_revision", modRev).Err(err).Msg("ignoring invalid worker record")
+// reportInvalid logs an invalid record unless it was reported at modRev
+// already.
+func (w *watchLoop) reportInvalid(key string, modRev int64, err error) {
+	if w.invalid[key] == modRev {
+		return
+	}
+	w.log.Warn().Str("key", clip(key)).Int64("mod_revision", modRev).Err(err).Msg(w.invalidMsg)
 }
 
 func (w *Watcher) size() int { return len(w.Snapshot().Workers) }

@@ -64,7 +64,7 @@ func TestChaosStreamingContinued(t *testing.T) {
 		return n == 4
 	})
 
-	want := probeTexts(t, f.base) // without faults
+	want := probeTexts(t, f.base, contProbeLen) // without faults
 
 	b := startBench(t, "--url", f.base, "--model", "sim-model", "--requests", "0",
 		"--duration", contRun.String(), "--concurrency", "32", "--input-len", "32", "--output-len", "48",
@@ -72,30 +72,9 @@ func TestChaosStreamingContinued(t *testing.T) {
 
 	// Probe rounds: long streams started before each fault, read to their
 	// end.
-	type probeResult struct {
-		round, i int
-		out      streamOutcome
-	}
-	results := make(chan probeResult, 64)
-	var probesWG sync.WaitGroup
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	probeRound := func(round int) {
-		started := make([]chan struct{}, contProbes)
-		for i := range contProbes {
-			started[i] = make(chan struct{})
-			probesWG.Go(func() {
-				results <- probeResult{round, i, probeStream(ctx, f.base, probePrompt(i), contProbeLen, started[i])}
-			})
-		}
-		for _, ch := range started {
-			select {
-			case <-ch:
-			case <-time.After(30 * time.Second):
-				t.Errorf("round %d: a probe stream did not start", round)
-			}
-		}
-	}
+	probes := newProbeRounds(t, ctx, f.base, contProbeLen)
 
 	// The faults: a kill every contKillEvery (victims in turn: a, b, c),
 	// the drain of d after the second kill.
@@ -103,7 +82,7 @@ func TestChaosStreamingContinued(t *testing.T) {
 	end := time.Now().Add(contRun - 5*time.Second)
 	for round := 0; time.Now().Before(end); round++ {
 		time.Sleep(contKillEvery / 2)
-		probeRound(round)
+		probes.start(round)
 		mu.Lock()
 		v := members[victims[round%len(victims)]]
 		mu.Unlock()
@@ -115,7 +94,7 @@ func TestChaosStreamingContinued(t *testing.T) {
 		}
 		startMember(v.name)
 		if round == 1 {
-			probeRound(100 + round)
+			probes.start(100 + round)
 			mu.Lock()
 			d := members["d"]
 			mu.Unlock()
@@ -132,20 +111,7 @@ func TestChaosStreamingContinued(t *testing.T) {
 	if err != nil || len(rep.Errors) != 0 {
 		t.Errorf("bench: %v; failed streams %v, want none; output:\n%s", err, rep.Errors, out)
 	}
-	probesWG.Wait()
-	close(results)
-	n := 0
-	for r := range results {
-		n++
-		o := r.out
-		if o.err != nil || !o.done || o.errorEvent != "" {
-			t.Errorf("probe %d of round %d (worker %s) failed: done=%t error=%q transport=%v", r.i, r.round, o.worker, o.done, o.errorEvent, o.err)
-			continue
-		}
-		if o.text != want[r.i] {
-			t.Errorf("probe %d of round %d (worker %s): continued text differs from the unbroken run\n got %q\nwant %q", r.i, r.round, o.worker, o.text, want[r.i])
-		}
-	}
+	n := probes.check(want)
 	metrics := scrape(t, f.base+"/metrics")
 	broken := metricValue(metrics, "infera_migrations_total", `reason="stream_broken"`)
 	draining := metricValue(metrics, "infera_migrations_total", `reason="worker_draining"`)
@@ -157,18 +123,83 @@ func TestChaosStreamingContinued(t *testing.T) {
 		rep.Requests, n, broken, draining, rep.PerWorker)
 }
 
-// probeTexts streams every probe once and returns the texts read.
-func probeTexts(t *testing.T, base string) []string {
+// probeTexts streams every probe once (maxTokens long) and returns the
+// texts read.
+func probeTexts(t *testing.T, base string, maxTokens int) []string {
 	t.Helper()
 	want := make([]string, contProbes)
 	for i := range want {
-		o := probeStream(t.Context(), base, probePrompt(i), contProbeLen, nil)
+		o := probeStream(t.Context(), base, probePrompt(i), maxTokens, nil)
 		if o.err != nil || !o.done || o.errorEvent != "" {
 			t.Fatalf("reference probe %d: %+v", i, o)
 		}
 		want[i] = o.text
 	}
 	return want
+}
+
+// probeRounds runs rounds of contProbes long probe streams against a
+// fleet under faults, and checks each against the text of the same
+// request run without them (probeTexts).
+type probeRounds struct {
+	t         *testing.T
+	ctx       context.Context
+	base      string
+	maxTokens int
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	results   []probeResult
+}
+
+// probeResult is probe i of a round, as it ended.
+type probeResult struct {
+	round, i int
+	out      streamOutcome
+}
+
+func newProbeRounds(t *testing.T, ctx context.Context, base string, maxTokens int) *probeRounds {
+	return &probeRounds{t: t, ctx: ctx, base: base, maxTokens: maxTokens}
+}
+
+// start starts the probes of one round and returns when each has started
+// (or 30 s went by: an error), so that some run on the victim of the fault
+// that follows.
+func (p *probeRounds) start(round int) {
+	started := make([]chan struct{}, contProbes)
+	for i := range contProbes {
+		started[i] = make(chan struct{})
+		p.wg.Go(func() {
+			o := probeStream(p.ctx, p.base, probePrompt(i), p.maxTokens, started[i])
+			p.mu.Lock()
+			p.results = append(p.results, probeResult{round, i, o})
+			p.mu.Unlock()
+		})
+	}
+	for _, ch := range started {
+		select {
+		case <-ch:
+		case <-time.After(30 * time.Second):
+			p.t.Errorf("round %d: a probe stream did not start", round)
+		}
+	}
+}
+
+// check waits for every probe to end, reports each that failed or read
+// other text than want[i], and returns how many ran.
+func (p *probeRounds) check(want []string) int {
+	p.t.Helper()
+	p.wg.Wait()
+	for _, r := range p.results {
+		o := r.out
+		if o.err != nil || !o.done || o.errorEvent != "" {
+			p.t.Errorf("probe %d of round %d (worker %s) failed: done=%t error=%q transport=%v", r.i, r.round, o.worker, o.done, o.errorEvent, o.err)
+			continue
+		}
+		if o.text != want[r.i] {
+			p.t.Errorf("probe %d of round %d (worker %s): continued text differs from the unbroken run\n got %q\nwant %q", r.i, r.round, o.worker, o.text, want[r.i])
+		}
+	}
+	return len(p.results)
 }
 
 func probePrompt(i int) string {
@@ -193,28 +224,14 @@ func TestChaosPDStreamingContinued(t *testing.T) {
 		decode[i], _ = f.startWorkerFlags(fmt.Sprintf("pd-decode-%d", i), wflags, pdArgs("decode")...)
 	}
 	f.waitWorkers("four active PD workers", 30*time.Second, func(w map[string]string) bool { return len(w) == 4 })
-	want := probeTexts(t, f.base) // without faults
+	want := probeTexts(t, f.base, contProbeLen) // without faults
 	b := startBench(t, "--url", f.base, "--model", "sim-model", "--requests", "0",
 		"--duration", "25s", "--concurrency", "16", "--input-len", "32", "--output-len", "48",
 		"--stream=true", "--timeout", "5m")
-	type probeResult struct {
-		i   int
-		out streamOutcome
-	}
-	results := make(chan probeResult, 2*contProbes)
-	var wg sync.WaitGroup
+	probes := newProbeRounds(t, t.Context(), f.base, contProbeLen)
 	for round := range 2 {
 		time.Sleep(4 * time.Second)
-		started := make([]chan struct{}, contProbes)
-		for i := range contProbes {
-			started[i] = make(chan struct{})
-			wg.Go(func() {
-				results <- probeResult{i, probeStream(t.Context(), f.base, probePrompt(i), contProbeLen, started[i])}
-			})
-		}
-		for _, ch := range started {
-			<-ch
-		}
+		probes.start(round)
 		victim := decode[round]
 		if err := syscall.Kill(enginePID(t, victim), syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -228,14 +245,7 @@ func TestChaosPDStreamingContinued(t *testing.T) {
 	if err != nil || len(rep.Errors) != 0 {
 		t.Errorf("bench: %v; failed streams %v, want none; output:\n%s", err, rep.Errors, out)
 	}
-	wg.Wait()
-	close(results)
-	for r := range results {
-		o := r.out
-		if o.err != nil || !o.done || o.errorEvent != "" || o.text != want[r.i] {
-			t.Errorf("probe %d (decode %s): done=%t error=%q transport=%v, text equal %t", r.i, o.worker, o.done, o.errorEvent, o.err, o.text == want[r.i])
-		}
-	}
+	probes.check(want)
 	metrics := scrape(t, f.base+"/metrics")
 	if n := metricValue(metrics, "infera_migrations_total"); n == 0 {
 		t.Errorf("no stream was continued: the kills broke nothing")

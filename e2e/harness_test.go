@@ -226,28 +226,6 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// freePortPair returns a loopback port p such that p and p+1 were both
-// free a moment ago: kvd's --peer-listen serves the arena's bytes on the
-// port after it.
-func freePortPair(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := ln.Addr().(*net.TCPAddr).Port
-		next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
-		ln.Close()
-		if err == nil {
-			next.Close()
-			return p
-		}
-	}
-	t.Fatal("no two adjacent free loopback ports")
-	return 0
-}
-
 // fleet is one `infera serve` with its embedded etcd.
 type fleet struct {
 	t     *testing.T

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/discovery/etcdtest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd"
 	"github.com/infera/infera/kvd/peer"
 	"github.com/infera/infera/transport"
@@ -48,7 +49,7 @@ func TestKVDPeerPullRouted(t *testing.T) {
 	f := startServe(t, "--router-policy", "kv-aware", "--tokenizer", "bytes", "--kv-overlap-weight", "1",
 		"--kvd-peer-hints", "--kvd-peer-secret", secret, "--kvd-peer-wait", "3s")
 	startKVD := func(name, ip string) host {
-		port := freePortPair(t)
+		port := testkit.FreePortPair(t)
 		h := host{ip: ip, sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t)),
 			peer: ip + ":" + strconv.Itoa(port)}
 		p := start(t, name, "kvd", "--socket", h.sock, "--max-bytes", "32MiB", "--shared-arena-bytes", "16MiB",
@@ -256,7 +257,7 @@ func TestKVDPeerUnregisteredRefused(t *testing.T) {
 		sock, admin, peer string
 	}
 	startKVD := func(name, ip string, extra ...string) host {
-		port := freePortPair(t)
+		port := testkit.FreePortPair(t)
 		h := host{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t)), peer: ip + ":" + strconv.Itoa(port)}
 		h.proc = start(t, name, append([]string{"kvd", "--socket", h.sock, "--max-bytes", "32MiB", "--shared-arena-bytes", "16MiB",
 			"--arena-slot-bytes", "64KiB", "--arena-mlock=false", "--admin-listen", h.admin, "--peer-listen", h.peer, "--peer-secret", secret,

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd"
 )
 
@@ -20,7 +21,7 @@ import (
 // serving.
 func TestKVDPeerPull(t *testing.T) {
 	dir := t.TempDir()
-	peerPort := freePortPair(t)
+	peerPort := testkit.FreePortPair(t)
 	type daemon struct {
 		p     *proc
 		sock  string

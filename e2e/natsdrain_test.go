@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -64,45 +63,20 @@ func TestDrainOverNATSStreaming(t *testing.T) {
 	}
 	f.waitWorkers("three active nats workers", 30*time.Second, activeWorkers(3))
 
-	want := make([]string, contProbes)
-	for i := range want {
-		o := probeStream(t.Context(), f.base, probePrompt(i), natsDrainProbeLen, nil)
-		if o.err != nil || !o.done || o.errorEvent != "" {
-			t.Fatalf("reference probe %d: %+v", i, o)
-		}
-		want[i] = o.text
-	}
+	want := probeTexts(t, f.base, natsDrainProbeLen)
 
 	b := startBench(t, "--url", f.base, "--model", "sim-model", "--requests", "0",
 		"--duration", natsDrainRun.String(), "--concurrency", "16", "--input-len", "32", "--output-len", "150",
 		"--stream=true", "--timeout", "5m")
 
-	type probeResult struct {
-		round, i int
-		out      streamOutcome
-	}
-	results := make(chan probeResult, 2*contProbes)
-	var probesWG sync.WaitGroup
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
+	probes := newProbeRounds(t, ctx, f.base, natsDrainProbeLen)
 	handedBack := 0
 	for round := range 2 {
 		time.Sleep(6 * time.Second)
 		// Probes first, so that some run on the victim when it drains.
-		started := make([]chan struct{}, contProbes)
-		for i := range contProbes {
-			started[i] = make(chan struct{})
-			probesWG.Go(func() {
-				results <- probeResult{round, i, probeStream(ctx, f.base, probePrompt(i), natsDrainProbeLen, started[i])}
-			})
-		}
-		for _, ch := range started {
-			select {
-			case <-ch:
-			case <-time.After(30 * time.Second):
-				t.Errorf("round %d: a probe stream did not start", round)
-			}
-		}
+		probes.start(round)
 		victim.signal(syscall.SIGTERM)
 		if err := victim.wait(40 * time.Second); err != nil {
 			t.Errorf("drained worker %s exited with %v, want 0; log:\n%s", victimID, err, victim.logText())
@@ -117,18 +91,7 @@ func TestDrainOverNATSStreaming(t *testing.T) {
 	if err != nil || len(rep.Errors) != 0 {
 		t.Errorf("bench: %v; failed streams %v, want none; output:\n%s", err, rep.Errors, out)
 	}
-	probesWG.Wait()
-	close(results)
-	for r := range results {
-		o := r.out
-		if o.err != nil || !o.done || o.errorEvent != "" {
-			t.Errorf("probe %d of round %d (worker %s) failed: done=%t error=%q transport=%v", r.i, r.round, o.worker, o.done, o.errorEvent, o.err)
-			continue
-		}
-		if o.text != want[r.i] {
-			t.Errorf("probe %d of round %d (worker %s): continued text differs from the unbroken run\n got %q\nwant %q", r.i, r.round, o.worker, o.text, want[r.i])
-		}
-	}
+	probes.check(want)
 	if handedBack != 2 {
 		t.Errorf("%d of 2 drains handed streams back: the drain timeout cut nothing", handedBack)
 	}

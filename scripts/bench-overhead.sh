@@ -480,16 +480,20 @@ done
 LOAD_AFTER=$(cat /proc/loadavg)
 
 # --- tables: medians (min–max) over the repeats; ratios within a repeat ------
-# Ratios (× direct, × nginx) are taken per repeat, then their median: the two
-# runs of a ratio ran back to back. box − direct: the box's CPU per 1,000
-# requests minus the same repeat's direct cell.
-awk -F'\t' -v targets="$TARGETS" '
+# awk functions both tables from results.tsv use: sortv (a space-separated
+# list into a, ascending) and med (its median).
+stats_awk='
 function sortv(s, a,   n, i, j, t) {
   n = split(s, a, " ")
   for (i = 2; i <= n; i++) { t = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
   return n
 }
 function med(s,   a, n) { n = sortv(s, a); if (!n) return ""; return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+'
+# Ratios (× direct, × nginx) are taken per repeat, then their median: the two
+# runs of a ratio ran back to back. box − direct: the box's CPU per 1,000
+# requests minus the same repeat's direct cell.
+awk -F'\t' -v targets="$TARGETS" "$stats_awk"'
 function spread(s, fmt,   a, n) { n = sortv(s, a); if (!n) return "–"; return sprintf(fmt " (" fmt "–" fmt ")", med(s), a[1], a[n]) }
 NR > 1 {
   cell = $1 SUBSEP $2 SUBSEP $3; k = cell SUBSEP $5; r = cell SUBSEP $4
@@ -545,13 +549,7 @@ END {
 # --- added latency at concurrency 1 (acceptance: every infera* ≤ nginx) -----
 # Per repeat, a target's p50/p99 minus the same repeat's direct cell; medians
 # (min–max) over the repeats.
-awk -F'\t' -v targets="$TARGETS" '
-function sortv(s, a,   n, i, j, t) {
-  n = split(s, a, " ")
-  for (i = 2; i <= n; i++) { t = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
-  return n
-}
-function med(s,   a, n) { n = sortv(s, a); if (!n) return ""; return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+awk -F'\t' -v targets="$TARGETS" "$stats_awk"'
 function spread(s,   a, n) { n = sortv(s, a); if (!n) return "–"; return sprintf("%+.3f (%+.3f–%+.3f)", med(s), a[1], a[n]) }
 NR > 1 && $3 == "1" {
   cell = $1 SUBSEP $2; r = cell SUBSEP $4

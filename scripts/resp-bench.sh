@@ -83,23 +83,27 @@ for r in $(seq 1 "$rounds"); do
     done
   done
 done
-# kvd = default GOMAXPROCS, kvd1 = GOMAXPROCS=1; ratios pair each kvd run
-# with the redis run of the same round; ci95 = bootstrap (2000 resamples)
-# 2.5 and 97.5 percentiles of the mean ratio.
-printf '%-8s %-4s %11s %11s %11s %10s %10s %10s %16s %16s\n' size test redis_rps kvd_rps kvd1_rps redis_us kvd_us kvd1_us 'kvd/redis ci95' 'kvd1/redis ci95'
-awk '
+# awk functions both tables use: sorted (a space-separated list into a,
+# ascending), med (its median), ci (bootstrap, 2000 resamples: the 2.5 and
+# 97.5 percentiles of the mean).
+stats_awk='
   function sorted(s, a,   k, i, j, t) {
     k = split(s, a, " ")
     for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
     return k }
   function med(s,   a, k, m) {
     k = sorted(s, a); if (k == 0) return 0; m = int((k + 1) / 2); return (k % 2) ? a[m] : (a[m] + a[m + 1]) / 2 }
-  function ci(s,   x, k, b, i, sum, means, lo, hi) {
+  function ci(s,   x, k, b, i, sum, means) {
     k = split(s, x, " "); if (k == 0) return "-"
     means = ""
     for (b = 0; b < 2000; b++) { sum = 0; for (i = 0; i < k; i++) sum += x[1 + int(rand() * k)]; means = means " " sum / k }
-    k = sorted(means, x); lo = x[1 + int(0.025 * k)]; hi = x[int(0.975 * k)]
-    return sprintf("%.2f-%.2f", lo, hi) }
+    k = sorted(means, x); return sprintf("%.2f-%.2f", x[1 + int(0.025 * k)], x[int(0.975 * k)]) }
+'
+# kvd = default GOMAXPROCS, kvd1 = GOMAXPROCS=1; ratios pair each kvd run
+# with the redis run of the same round; ci95 = bootstrap (2000 resamples)
+# 2.5 and 97.5 percentiles of the mean ratio.
+printf '%-8s %-4s %11s %11s %11s %10s %10s %10s %16s %16s\n' size test redis_rps kvd_rps kvd1_rps redis_us kvd_us kvd1_us 'kvd/redis ci95' 'kvd1/redis ci95'
+awk "$stats_awk"'
   BEGIN { srand(31) }
   { key = $3 " " toupper($2); rps[$1, key] = rps[$1, key] " " $4; us[$1, key] = us[$1, key] " " $5; got[$1, key, $6] = $4
     if (!(key in keys)) { keys[key] = ++nk; names[nk] = key }
@@ -118,18 +122,7 @@ awk '
 # redis-server's in the same round; median, range and bootstrap 95% interval
 # of the mean (the judged figure, less distorted by load than ops/s).
 printf '\n%-8s %-4s %6s %22s %22s\n' size test rounds 'kvd/redis cpu med ci95' 'kvd1/redis cpu med ci95'
-awk '
-  function sorted(s, a,   k, i, j, t) {
-    k = split(s, a, " ")
-    for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-    return k }
-  function med(s,   a, k, m) {
-    k = sorted(s, a); if (k == 0) return 0; m = int((k + 1) / 2); return (k % 2) ? a[m] : (a[m] + a[m + 1]) / 2 }
-  function ci(s,   x, k, b, i, sum, means) {
-    k = split(s, x, " "); if (k == 0) return "-"
-    means = ""
-    for (b = 0; b < 2000; b++) { sum = 0; for (i = 0; i < k; i++) sum += x[1 + int(rand() * k)]; means = means " " sum / k }
-    k = sorted(means, x); return sprintf("%.2f-%.2f", x[1 + int(0.025 * k)], x[int(0.975 * k)]) }
+awk "$stats_awk"'
   BEGIN { srand(31) }
   { key = $3 " " toupper($2); us[$1, key, $6] = $5
     if (!(key in keys)) { keys[key] = ++nk; names[nk] = key }

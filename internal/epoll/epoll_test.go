@@ -12,23 +12,33 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// A pipe's read end in a one-shot set: Wait reports it once per arming,
-// Wake and the tick come through as flags, raw Read and Write move bytes.
-func TestPoller(t *testing.T) {
+// pollPipe returns a poller of 8 events and a non-blocking pipe whose read
+// end (fds[0]) it watches for events; both are closed when the test ends.
+func pollPipe(t *testing.T, events uint32) (*epoll.Poller, [2]int) {
+	t.Helper()
 	p, err := epoll.New(8)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(p.Close)
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close(fds[0])
-	defer unix.Close(fds[1])
-	if err := p.Add(fds[0], epoll.In|epoll.OneShot); err != nil {
+	t.Cleanup(func() {
+		unix.Close(fds[1])
+		unix.Close(fds[0])
+	})
+	if err := p.Add(fds[0], events); err != nil {
 		t.Fatal(err)
 	}
+	return p, fds
+}
+
+// A pipe's read end in a one-shot set: Wait reports it once per arming,
+// Wake and the tick come through as flags, raw Read and Write move bytes.
+func TestPoller(t *testing.T) {
+	p, fds := pollPipe(t, epoll.In|epoll.OneShot)
 	if _, err := epoll.Read(fds[0], make([]byte, 4)); err != unix.EAGAIN {
 		t.Fatalf("read of an empty pipe: %v, want EAGAIN", err)
 	}
@@ -76,20 +86,7 @@ func TestPoller(t *testing.T) {
 // edge-triggered descriptor's event once, into the caller's buffer, with
 // Wake's flag.
 func TestPollerPoll(t *testing.T) {
-	p, err := epoll.New(8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	var fds [2]int
-	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fds[0])
-	defer unix.Close(fds[1])
-	if err := p.Add(fds[0], epoll.In|epoll.Edge); err != nil {
-		t.Fatal(err)
-	}
+	p, fds := pollPipe(t, epoll.In|epoll.Edge)
 	buf := make([]unix.EpollEvent, 1)
 	if ev, woken, ticked, err := p.Poll(buf); len(ev) != 0 || woken || ticked || err != nil {
 		t.Fatalf("poll of nothing: %v %v %v %v", ev, woken, ticked, err)

@@ -3,6 +3,8 @@ package testkit
 import (
 	"bytes"
 	"encoding/json"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +27,28 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// FreePortPair returns a loopback port p such that p and p+1 were both
+// free a moment ago: kvd's --peer-listen serves the arena's bytes on the
+// port after it.
+func FreePortPair(t testing.TB) int {
+	t.Helper()
+	for range 50 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
+		ln.Close()
+		if err == nil {
+			next.Close()
+			return p
+		}
+	}
+	t.Fatal("no two adjacent free loopback ports")
+	return 0
 }
 
 // LogSink is an io.Writer safe for concurrent writers and readers: hand it
