@@ -18,10 +18,10 @@ import (
 // their working size.
 type Placements struct {
 	mu   sync.RWMutex
-	m    map[uint64]int64 // hash → last placement (unix ns)
-	ring []placement      // placements in time order, circular (see pushLocked)
-	head int              // oldest placement in ring
-	n    int              // placements in ring
+	m    placeTable  // hash → last placement (unix ns)
+	ring []placement // placements in time order, circular (see pushLocked)
+	head int         // oldest placement in ring
+	n    int         // placements in ring
 	max  int
 	ttl  int64
 	last int64 // time of the newest placement
@@ -40,7 +40,7 @@ func NewPlacements(maxBlocks int, ttlNanos int64) *Placements {
 	if maxBlocks <= 0 {
 		maxBlocks = 1
 	}
-	return &Placements{m: make(map[uint64]int64), max: maxBlocks, ttl: ttlNanos}
+	return &Placements{max: maxBlocks, ttl: ttlNanos}
 }
 
 // Len returns how many hashes are held (expired ones not yet dropped
@@ -48,7 +48,7 @@ func NewPlacements(maxBlocks int, ttlNanos int64) *Placements {
 func (p *Placements) Len() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return len(p.m)
+	return p.m.len()
 }
 
 // Match returns how many leading hashes were placed within the TTL before
@@ -57,7 +57,7 @@ func (p *Placements) Match(hashes []uint64, now int64) int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	for j, h := range hashes {
-		at, ok := p.m[h]
+		at, ok := p.m.get(h)
 		if !ok || (p.ttl > 0 && now-at >= p.ttl) {
 			return j
 		}
@@ -86,7 +86,7 @@ func (p *Placements) Record(hashes []uint64, now int64) {
 		if p.n == p.max {
 			p.popLocked()
 		}
-		p.m[hashes[j]] = at
+		p.m.set(hashes[j], at)
 		p.pushLocked(placement{hash: hashes[j], at: at})
 	}
 }
@@ -95,7 +95,7 @@ func (p *Placements) Record(hashes []uint64, now int64) {
 func (p *Placements) Clear() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	clear(p.m)
+	p.m.reset()
 	p.head, p.n = 0, 0
 }
 
@@ -120,9 +120,7 @@ func (p *Placements) pushLocked(e placement) {
 
 func (p *Placements) popLocked() {
 	e := p.ring[p.head]
-	if at, ok := p.m[e.hash]; ok && at == e.at {
-		delete(p.m, e.hash)
-	}
+	p.m.deleteIf(e.hash, e.at)
 	p.head = (p.head + 1) % len(p.ring)
 	p.n--
 }
