@@ -20,13 +20,6 @@ func AppendBlockHashes(dst []uint64, tokens []uint32, blockSize int) []uint64 {
 	return appendChainedHashes(dst, 0, tokens, blockSize)
 }
 
-// NextBlockHash is one step of AppendBlockHashes's chain: the hash of the
-// block of tokens (all of one block, blockSize of them) whose parent's
-// hash is prev, 0 for the first block. Hashing blocks one at a time with it,
-// each with the previous result, gives AppendBlockHashes's hashes; the
-// router does so while a token array is parsed.
-func NextBlockHash(prev uint64, tokens []uint32) uint64 { return blockHash(prev, tokens) }
-
 // appendChainedHashes continues a hash chain from prev; the index uses it to
 // turn an engine's BlockStored tokens into router hashes, seeded with the
 // parent block's router hash.

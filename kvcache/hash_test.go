@@ -161,21 +161,3 @@ func FuzzBlockHash(f *testing.F) {
 		checkBlockHash(t, prev, toks)
 	})
 }
-
-// TestNextBlockHashChain: chaining NextBlockHash block by block gives
-// AppendBlockHashes's hashes.
-func TestNextBlockHashChain(t *testing.T) {
-	tokens := seqTokens(1000, func(i int) uint32 { return uint32(i*2654435761) ^ 7 })
-	for _, bs := range []int{1, 3, 16, 64} {
-		want := AppendBlockHashes(nil, tokens, bs)
-		var got []uint64
-		var h uint64
-		for i := 0; i+bs <= len(tokens); i += bs {
-			h = NextBlockHash(h, tokens[i:i+bs])
-			got = append(got, h)
-		}
-		if !slices.Equal(got, want) {
-			t.Fatalf("block %d: chain differs", bs)
-		}
-	}
-}

@@ -106,34 +106,6 @@ func FirstPrompt(v []byte) (Prompt, error) {
 // integers below 2^32) to dst. It is the hot path of token-array prompts:
 // one pass, no allocation beyond growing dst.
 func AppendTokenIDs(dst []uint32, arr []byte) ([]uint32, error) {
-	return appendTokenIDs(dst, arr, 0, nil)
-}
-
-// AppendTokenIDBlocks is AppendTokenIDs that also hands every full block
-// of blockSize ids (counted from the array's first id) to block as soon as
-// it is parsed, while those ids are still in the CPU's nearest cache: the
-// router hashes a prompt's blocks this way in the same pass. block gets a
-// view into the result, valid only during the call, and is not called
-// for a partial tail block; when an error is returned it may have been
-// called for blocks before the error. blockSize <= 0 or a nil block makes
-// it AppendTokenIDs.
-func AppendTokenIDBlocks(dst []uint32, arr []byte, blockSize int, block func(ids []uint32)) ([]uint32, error) {
-	if blockSize <= 0 || block == nil {
-		return appendTokenIDs(dst, arr, 0, nil)
-	}
-	return appendTokenIDs(dst, arr, blockSize, block)
-}
-
-// appendTokenIDs is AppendTokenIDs, calling block per full block of bs ids
-// when bs > 0.
-func appendTokenIDs(dst []uint32, arr []byte, bs int, block func(ids []uint32)) ([]uint32, error) {
-	// Blocks are handed over at the top of the loop, after at most one
-	// chunk's ids, and at the end; next is where the next block ends
-	// (never reached without a callback).
-	base, next := len(dst), math.MaxInt
-	if bs > 0 {
-		next = base + bs
-	}
 	i := jsonx.SkipSpace(arr, 0)
 	if i >= len(arr) || arr[i] != '[' {
 		return dst, ErrBadPrompt
@@ -154,10 +126,6 @@ func appendTokenIDs(dst []uint32, arr []byte, bs int, block func(ids []uint32)) 
 	var st chunkState
 	chunkAt := i // where the next chunk may start; before it, the per-id path
 	for {
-		for len(dst) >= next {
-			block(dst[next-bs : next])
-			next += bs
-		}
 		if i >= chunkAt {
 			if i+72 > len(arr) {
 				chunkAt = math.MaxInt
@@ -216,10 +184,6 @@ func appendTokenIDs(dst []uint32, arr []byte, bs int, block func(ids []uint32)) 
 		case ']':
 			if jsonx.SkipSpace(arr, i+1) != len(arr) {
 				return dst, ErrBadPrompt
-			}
-			for len(dst) >= next {
-				block(dst[next-bs : next])
-				next += bs
 			}
 			return dst, nil
 		default:

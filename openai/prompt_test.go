@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/infera/infera/kvcache"
 	"github.com/infera/infera/openai"
 )
 
@@ -215,35 +214,6 @@ func checkTokenIDsRef(t *testing.T, b []byte) {
 		t.Fatalf("%q:\ngot  %v %v\nwant %v %v", b, got, err, want, werr)
 	}
 	checkTokenIDs(t, b)
-	for _, bs := range []int{1, 3, 16} {
-		checkTokenIDBlocks(t, b, pre, got, err, bs)
-	}
-}
-
-// checkTokenIDBlocks: AppendTokenIDBlocks returns AppendTokenIDs's ids
-// and error, and hands over every full block of the array's ids, in order,
-// each once; after an error only blocks of ids before it.
-func checkTokenIDBlocks(t *testing.T, b []byte, pre, want []uint32, werr error, bs int) {
-	t.Helper()
-	var blocks []uint32
-	calls := 0
-	got, err := openai.AppendTokenIDBlocks(slices.Clone(pre), b, bs, func(ids []uint32) {
-		if len(ids) != bs {
-			t.Fatalf("%q bs %d: a block of %d ids", b, bs, len(ids))
-		}
-		calls++
-		blocks = append(blocks, ids...)
-	})
-	if err != werr || !slices.Equal(got, want) {
-		t.Fatalf("%q bs %d:\ngot  %v %v\nwant %v %v", b, bs, got, err, want, werr)
-	}
-	ids := got[len(pre):]
-	if err == nil && calls != len(ids)/bs {
-		t.Fatalf("%q bs %d: %d blocks for %d ids", b, bs, calls, len(ids))
-	}
-	if len(blocks) > len(ids) || !slices.Equal(blocks, ids[:len(blocks)]) {
-		t.Fatalf("%q bs %d: blocks %v of ids %v", b, bs, blocks, ids)
-	}
 }
 
 // TestAppendTokenIDsLong: long arrays in every separator style, with ids of
@@ -339,8 +309,6 @@ func TestPromptHelpersAllocs(t *testing.T) {
 		openai.VisitImages(msgs, fn)
 		_, _ = openai.FirstPrompt(arr)
 		ids, _ = openai.AppendTokenIDs(ids[:0], arr)
-		var h uint64
-		ids, _ = openai.AppendTokenIDBlocks(ids[:0], arr, 2, func(b []uint32) { h = kvcache.NextBlockHash(h, b) })
 	}); n != 0 {
 		t.Fatalf("%.1f allocs per run, want 0", n)
 	}
@@ -403,40 +371,4 @@ func BenchmarkAppendTokenIDs(b *testing.B) {
 	for b.Loop() {
 		ids, _ = openai.AppendTokenIDs(ids[:0], arr)
 	}
-}
-
-// BenchmarkTokenIDBlockHashes: the pick's work on a 32k-token array of
-// BenchmarkAppendTokenIDs's ids, parsed and then hashed in 16-token blocks
-// (separate) or hashed block by block as the parse goes (fused).
-func BenchmarkTokenIDBlockHashes(b *testing.B) {
-	var sb strings.Builder
-	sb.WriteByte('[')
-	x := uint64(1)
-	for i := range 32768 {
-		if i > 0 {
-			sb.WriteByte(',')
-		}
-		x = x*6364136223846793005 + 1442695040888963407
-		sb.WriteString(strconv.FormatUint(x>>33%150000, 10))
-	}
-	sb.WriteByte(']')
-	arr := []byte(sb.String())
-	ids := make([]uint32, 0, 32768)
-	hs := make([]uint64, 0, 32768/16)
-	b.Run("separate", func(b *testing.B) {
-		for b.Loop() {
-			ids, _ = openai.AppendTokenIDs(ids[:0], arr)
-			hs = kvcache.AppendBlockHashes(hs[:0], ids, 16)
-		}
-	})
-	b.Run("fused", func(b *testing.B) {
-		for b.Loop() {
-			hs = hs[:0]
-			var h uint64
-			ids, _ = openai.AppendTokenIDBlocks(ids[:0], arr, 16, func(blk []uint32) {
-				h = kvcache.NextBlockHash(h, blk)
-				hs = append(hs, h)
-			})
-		}
-	})
 }

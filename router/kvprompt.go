@@ -10,7 +10,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/infera/infera/kvcache"
 	"github.com/infera/infera/openai"
 	"github.com/infera/infera/tokenizer"
 )
@@ -67,7 +66,8 @@ func (p *KVAware) tokenizeLocal(in *PickInput, sc *kvScratch) bool {
 	}
 	switch pr.Kind {
 	case openai.PromptTokens:
-		if err := sc.tokenArray(pr.Raw); err != nil {
+		sc.tokens, err = openai.AppendTokenIDs(sc.tokens[:0], pr.Raw)
+		if err != nil {
 			p.tokenizeFailed("read prompt", err)
 			return false
 		}
@@ -93,39 +93,8 @@ func (sc *kvScratch) promptTokenArray(in *PickInput) bool {
 	if err != nil || pr.Kind != openai.PromptTokens {
 		return false
 	}
-	return sc.tokenArray(pr.Raw) == nil
-}
-
-// tokenArray reads a token-array prompt into sc.tokens and, in the same
-// pass, hashes its blocks for the first target's block size into hash set
-// 0 (sc.set finds them there; other block sizes are hashed from sc.tokens
-// as before). On an error sc.tokens and the set are not to be used.
-func (sc *kvScratch) tokenArray(raw []byte) error {
-	bs := 0
-	if len(sc.targets) > 0 {
-		bs = sc.targets[0].blockSize()
-	}
-	if bs <= 0 {
-		var err error
-		sc.tokens, err = openai.AppendTokenIDs(sc.tokens[:0], raw)
-		return err
-	}
-	if len(sc.sets) == 0 {
-		sc.sets = append(sc.sets, hashSet{})
-	}
-	hs := sc.sets[0].hashes[:0]
-	var h uint64
-	ids, err := openai.AppendTokenIDBlocks(sc.tokens[:0], raw, bs, func(block []uint32) {
-		h = kvcache.NextBlockHash(h, block)
-		hs = append(hs, h)
-	})
-	sc.tokens, sc.sets[0].hashes = ids, hs
-	if err != nil {
-		return err
-	}
-	sc.sets[0].bs = bs
-	sc.nsets = 1
-	return nil
+	sc.tokens, err = openai.AppendTokenIDs(sc.tokens[:0], pr.Raw)
+	return err == nil
 }
 
 // maxTokenizeResponse bounds an engine's /tokenize answer we read.
@@ -159,7 +128,8 @@ func (p *KVAware) tokenizeEngine(in *PickInput, sc *kvScratch, w *Worker) bool {
 		}
 		switch pr.Kind {
 		case openai.PromptTokens:
-			return sc.tokenArray(pr.Raw) == nil
+			sc.tokens, err = openai.AppendTokenIDs(sc.tokens[:0], pr.Raw)
+			return err == nil
 		case openai.PromptText:
 			b = append(b, `,"prompt":"`...)
 			b = append(b, pr.Raw...)
