@@ -14,7 +14,7 @@ import (
 // cache-aware router does with its approximate tree.
 //
 // Concurrency: Match takes a read lock, Record a write lock; both are safe
-// for concurrent use. Neither allocates once the map and ring have grown to
+// for concurrent use. Neither allocates once the table and ring have grown to
 // their working size.
 type Placements struct {
 	mu   sync.RWMutex
