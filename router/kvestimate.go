@@ -35,6 +35,16 @@ const (
 // coefficients by normalised least mean squares. Unary answers have no
 // first event: their prompt counts as queued until they end.
 //
+// A target whose cache is full is also charged, at its prefill rate, the
+// cached tokens its intake would evict (evictedTokens): this request's
+// uncached tokens, after the queued ones, beyond the room its cache has left
+// — its capacity learned from its events (kvcache.Worker.Capacity: the most
+// blocks the index held for it, once its engine has evicted) less the
+// blocks it holds. The held prefixes it pushes out are prefilled again by
+// the requests that come back for them; a target with room takes the
+// request without that. While a target's capacity is unknown nothing is
+// charged.
+//
 // The pick compares costs: the estimate, plus on a target that holds less
 // of the prompt than the best holder the extra tokens it would prefill again
 // (redoCost). A warm request (some target holds a quarter of its prompt)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/kvcache"
 	"github.com/infera/infera/openai"
 )
 
@@ -361,5 +362,66 @@ func TestKVEstimateColdSpreadsHeld(t *testing.T) {
 	// By picks alone a is behind (1 against 2); by what it holds it is not.
 	if got := e.serial(chat(unique(12, 300))); got != b {
 		t.Fatalf("a cold request went to %s, whose requests in flight hold %.0f blocks", got, float64(e.target0(a).active.Len()))
+	}
+}
+
+// evict reports the last k blocks of tokens (stored by store) removed by
+// worker id's engine, as a full cache evicting them would.
+func (e *kvEnv) evict(id string, tokens []uint32, k int) {
+	e.t.Helper()
+	n := len(tokens) / 16
+	engine := make([]uint64, 0, k)
+	for i := n - k; i < n; i++ {
+		engine = append(engine, uint64(1000*len(e.p.workers))+uint64(i)+uint64(len(tokens))<<20)
+	}
+	b := kvcache.Batch{Events: []kvcache.Event{{Type: kvcache.EventBlockRemoved, Hashes: engine}}}
+	if res := e.p.idx.Apply(e.target0(id).idx, &b); res.Removed != k {
+		e.t.Fatalf("removed %d of %d blocks", res.Removed, k)
+	}
+}
+
+// TestKVEstimateEvictionCharge: worker A holds half the prompt in a full
+// cache (it has evicted: its capacity is the most it held, and one block is
+// free); worker B holds 3/8 of it and has room for the rest. By the estimate
+// and the redo charge A answers first (base + k×L/2 against base + k×5L/8 +
+// k×L/8); but A's intake evicts about L/2 tokens of prefixes held there, B's
+// nothing, and with that charged B is the cheaper (base + k×L against base +
+// k×3L/4). A's capacity unknown (no removal yet): A.
+func TestKVEstimateEvictionCharge(t *testing.T) {
+	long := unique(6, 4000)
+	tokens := chatTokens(t, long)
+	other := make([]uint32, 3600) // blocks no prompt shares
+	for i := range other {
+		other[i] = uint32(1000 + i)
+	}
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	for _, tc := range []struct {
+		name    string
+		aFilled bool // A has evicted
+		want    string
+	}{
+		{"a full holder gives way to one with room", true, b},
+		{"capacity unknown: the holder keeps it", false, a},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+			e.makePrecise()
+			e.store(a, tokens[:len(tokens)/2])
+			e.store(a, other)
+			if tc.aFilled {
+				e.evict(a, other, 1)
+			}
+			e.store(b, tokens[:len(tokens)*3/8])
+			e.store(b, other)
+			e.evict(b, other, len(other)/16-1)
+			if c := e.target0(b).idx.Capacity(); c < len(tokens)*3/8/16+len(other)/16 {
+				t.Fatalf("B's learned capacity %d blocks", c)
+			}
+			tk := e.pick(chat(long))
+			defer e.p.Release(tk, Result{Status: 200})
+			if tk.Worker.id != tc.want {
+				t.Fatalf("picked %s, want %s", tk.Worker.id, tc.want)
+			}
+		})
 	}
 }
