@@ -122,12 +122,6 @@ type Worker struct {
 	precise   atomic.Bool
 	blocks    atomic.Int64
 	blockSize atomic.Int32
-	// highWater is the most blocks the index has held for the worker;
-	// evicted is set by the first block its engine reported removed: a
-	// cache that evicts is full, and its high-water mark is its capacity
-	// (Capacity).
-	highWater atomic.Int64
-	evicted   atomic.Bool
 
 	// prompts: the last prompts routed to the worker, for learning the
 	// router hash of a parent stored before the index knew the worker
@@ -150,17 +144,6 @@ func (w *Worker) Key() Key { return w.key }
 
 // Blocks returns how many blocks the index holds for the worker.
 func (w *Worker) Blocks() int { return int(w.blocks.Load()) }
-
-// Capacity returns the worker's cache capacity in blocks as learned from its
-// events: the most blocks the index has held for it, once its engine has
-// reported a removal (an engine evicts only when full); 0 while unknown.
-// An index that missed removals overestimates it.
-func (w *Worker) Capacity() int {
-	if !w.evicted.Load() {
-		return 0
-	}
-	return int(w.highWater.Load())
-}
 
 // Mode returns whether the worker's entry mirrors its engine (ModePrecise).
 func (w *Worker) Mode() Mode {
@@ -737,7 +720,6 @@ func (x *Index) applyRemovedLocked(w *Worker, ev *Event, res *ApplyResult) {
 		if i := x.findLocked(r, w); i != 0 {
 			x.freeBlockLocked(i)
 			res.Removed++
-			w.evicted.Store(true)
 		}
 	}
 }
@@ -794,9 +776,7 @@ func (x *Index) storeEngineLocked(w *Worker, h, e uint64, hasEngine bool) bool {
 	if hasEngine {
 		w.engine[e] = h
 	}
-	if n := w.blocks.Add(1); n > w.highWater.Load() {
-		w.highWater.Store(n)
-	}
+	w.blocks.Add(1)
 	return true
 }
 

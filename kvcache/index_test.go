@@ -80,31 +80,6 @@ func TestIndexStoreChainMatchRemove(t *testing.T) {
 	}
 }
 
-// TestIndexCapacity: a worker's capacity is unknown until its engine
-// evicts, then the most blocks the index held for it; a clear (engine
-// restart) keeps it.
-func TestIndexCapacity(t *testing.T) {
-	x := NewIndex(IndexConfig{MaxBlocks: 1000})
-	w := mustRegister(t, x, "w1", 4)
-	tokens := seqTokens(16, func(i int) uint32 { return uint32(100 + i) })
-	x.Apply(w, batchOf(stored([]uint64{1, 2, 3}, nil, tokens[:12], 4)))
-	if c := w.Capacity(); c != 0 {
-		t.Fatalf("capacity %d before any eviction, want 0 (unknown)", c)
-	}
-	x.Apply(w, batchOf(removed(3), stored([]uint64{4}, ptr(2), tokens[8:12], 4), removed(4)))
-	if c := w.Capacity(); c != 3 {
-		t.Fatalf("capacity %d after an eviction at 3 blocks, want 3", c)
-	}
-	x.Apply(w, batchOf(stored([]uint64{5, 6}, ptr(2), tokens[8:16], 4)))
-	if c := w.Capacity(); c != 4 {
-		t.Fatalf("capacity %d after holding 4 blocks, want 4", c)
-	}
-	x.Apply(w, batchOf(Event{Type: EventAllBlocksCleared}))
-	if c := w.Capacity(); c != 4 || w.Blocks() != 0 {
-		t.Fatalf("after a clear: capacity %d blocks %d, want 4 and 0", c, w.Blocks())
-	}
-}
-
 func TestIndexUnknownParentDropped(t *testing.T) {
 	x := NewIndex(IndexConfig{})
 	w := mustRegister(t, x, "w", 2)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/infera/infera/kvcache"
 	"github.com/infera/infera/openai"
 )
 
@@ -365,59 +364,41 @@ func TestKVEstimateColdSpreadsHeld(t *testing.T) {
 	}
 }
 
-// evict reports the last k blocks of tokens (stored by store) removed by
-// worker id's engine, as a full cache evicting them would.
-func (e *kvEnv) evict(id string, tokens []uint32, k int) {
-	e.t.Helper()
-	n := len(tokens) / 16
-	engine := make([]uint64, 0, k)
-	for i := n - k; i < n; i++ {
-		engine = append(engine, uint64(1000*len(e.p.workers))+uint64(i)+uint64(len(tokens))<<20)
-	}
-	b := kvcache.Batch{Events: []kvcache.Event{{Type: kvcache.EventBlockRemoved, Hashes: engine}}}
-	if res := e.p.idx.Apply(e.target0(id).idx, &b); res.Removed != k {
-		e.t.Fatalf("removed %d of %d blocks", res.Removed, k)
-	}
-}
-
-// TestKVEstimateEvictionCharge: worker A holds half the prompt in a full
-// cache (it has evicted: its capacity is the most it held, and one block is
-// free); worker B holds 3/8 of it and has room for the rest. By the estimate
-// and the redo charge A answers first (base + k×L/2 against base + k×5L/8 +
-// k×L/8); but A's intake evicts about L/2 tokens of prefixes held there, B's
-// nothing, and with that charged B is the cheaper (base + k×L against base +
-// k×3L/4). A's capacity unknown (no removal yet): A.
-func TestKVEstimateEvictionCharge(t *testing.T) {
+// TestKVEstimateLossCharge: worker A holds the whole prompt, worker B half
+// of it. A has lately lost 90% of the prefix predicted cached there before
+// its requests ran (the engine reported a tenth of it cached): that part
+// counts as uncached on A, and B, which answers sooner with half of it
+// really there, gets the request (A: base + k×0.9L + the redo k×0.4L; B:
+// base + k×L/2). A that lost nothing keeps it.
+func TestKVEstimateLossCharge(t *testing.T) {
 	long := unique(6, 4000)
 	tokens := chatTokens(t, long)
-	other := make([]uint32, 3600) // blocks no prompt shares
-	for i := range other {
-		other[i] = uint32(1000 + i)
-	}
 	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
 	for _, tc := range []struct {
-		name    string
-		aFilled bool // A has evicted
-		want    string
+		name   string
+		cached float64 // fraction of the predicted prefix the engine reported
+		want   string
 	}{
-		{"a full holder gives way to one with room", true, b},
-		{"capacity unknown: the holder keeps it", false, a},
+		{"a holder losing its prefixes gives way", 0.1, b},
+		{"a holder keeping them keeps the request", 1, a},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
 			e.makePrecise()
-			e.store(a, tokens[:len(tokens)/2])
-			e.store(a, other)
-			if tc.aFilled {
-				e.evict(a, other, 1)
-			}
-			e.store(b, tokens[:len(tokens)*3/8])
-			e.store(b, other)
-			e.evict(b, other, len(other)/16-1)
-			if c := e.target0(b).idx.Capacity(); c < len(tokens)*3/8/16+len(other)/16 {
-				t.Fatalf("B's learned capacity %d blocks", c)
-			}
+			e.store(a, tokens)
+			e.store(b, tokens[:len(tokens)/2])
+			// One answer from A teaches the ratio (both averages start at 0).
 			tk := e.pick(chat(long))
+			kt := tk.State.(*kvTicket)
+			if tk.Worker.id != a || kt.predTokens == 0 {
+				t.Fatalf("teaching pick: %s predicted %d cached tokens", tk.Worker.id, kt.predTokens)
+			}
+			e.p.observeUsage(kt, int64(len(tokens)), int64(tc.cached*float64(kt.predTokens)))
+			e.p.Release(tk, Result{Status: 200})
+			if l := e.target0(a).est.loss(); math.Abs(l-(1-tc.cached)) > 1e-3 {
+				t.Fatalf("A's learned loss %.3f, want %.3f", l, 1-tc.cached)
+			}
+			tk = e.pick(chat(long))
 			defer e.p.Release(tk, Result{Status: 200})
 			if tk.Worker.id != tc.want {
 				t.Fatalf("picked %s, want %s", tk.Worker.id, tc.want)

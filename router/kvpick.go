@@ -199,7 +199,12 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		if p.ttft {
 			u := promptUncached(sc, kind, t, len(hs), eff, p.cfg.DefaultBlockSize)
 			t.mu.RLock()
-			sc.costs[i] = t.est.estimate(u) + t.est.perKTok*evictedTokens(t, t.est.queued, u)/1000
+			// The held prefix this target has lately been losing before
+			// a request runs counts as uncached (kvestimate.go).
+			if l := t.est.loss(); l > 0 {
+				u += l * (promptUncached(sc, kind, t, len(hs), 0, p.cfg.DefaultBlockSize) - u)
+			}
+			sc.costs[i] = t.est.estimate(u)
 			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
 			sc.fills[i] = t.est.fillCount(seq, halfLife)
@@ -437,25 +442,6 @@ func redoCost(sc *kvScratch, nt int) {
 	for i := range nt {
 		sc.costs[i] += sc.rates[i] * (sc.uncs[i] - lo) / 1000
 	}
-}
-
-// evictedTokens is the cached tokens a request storing uncached new tokens on
-// target t evicts there, behind the queued tokens stored first: what does not
-// fit in the room its cache has left (its capacity learned from its events,
-// kvcache.Worker.Capacity, less the blocks it holds). The estimate charges
-// them at the target's prefill rate: a full cache gives up held prefixes,
-// which their next requests prefill again. 0 while the capacity is unknown
-// or the index incomplete. Called with t.mu held.
-func evictedTokens(t *kvTarget, queued, uncached float64) float64 {
-	if !t.precise() {
-		return 0
-	}
-	c := t.idx.Capacity()
-	if c == 0 {
-		return 0
-	}
-	room := float64(max(0, c-t.idx.Blocks()) * t.blockSize())
-	return max(0, queued+uncached-room) - max(0, queued-room)
 }
 
 // promptUncached is the prompt tokens target t would have to prefill: the
