@@ -72,7 +72,7 @@ func (r *Router) noteUsage(rel *relay, o outcome) {
 		return
 	}
 	p, ok := r.routePolicy(rel.route).(*KVAware)
-	if !ok || (p.div == nil && !p.ttft) {
+	if !ok || p.div == nil {
 		return
 	}
 	var prompt, cached int64
@@ -94,19 +94,8 @@ func (r *Router) noteUsage(rel *relay, o outcome) {
 	p.observeUsage(kt, prompt, cached)
 }
 
-// observeUsage records one answered request of kt's worker: for the
-// divergence alarm, and for the estimate's loss of held prefixes
-// (--kv-cost ttft, kvestimate.go).
+// observeUsage records one answered request of kt's worker.
 func (p *KVAware) observeUsage(kt *kvTicket, prompt, cached int64) {
-	if p.ttft && cached >= 0 && kt.predTokens > 0 {
-		t := kt.target
-		t.mu.Lock()
-		t.est.learnLoss(float64(kt.predTokens), float64(cached))
-		t.mu.Unlock()
-	}
-	if p.div == nil {
-		return
-	}
 	s := kvcache.DivergenceSample{RouterPrompt: kt.promptTokens, EnginePrompt: prompt, NoCached: cached < 0}
 	if cached >= 0 {
 		// Without the engine's count the cached-token rule learns nothing.

@@ -35,15 +35,6 @@ const (
 // coefficients by normalised least mean squares. Unary answers have no
 // first event: their prompt counts as queued until they end.
 //
-// A target whose cache cannot keep what it holds — its live conversations
-// outgrow it, and the intake queued ahead of a request evicts the request's
-// prefix before it runs — is charged for it: of the prefix the index says
-// it holds, the fraction the engine lately did not find cached (ttftModel.
-// loss, learned from the cached tokens the answers report against those
-// predicted at the pick) counts as uncached there. A full worker's held
-// conversations then move, one redo each, to a worker that keeps them,
-// instead of every later turn of theirs losing its hit.
-//
 // The pick compares costs: the estimate, plus on a target that holds less
 // of the prompt than the best holder the extra tokens it would prefill again
 // (redoCost). A warm request (some target holds a quarter of its prompt)
@@ -90,10 +81,6 @@ const (
 	// fleet, so that the deficit follows the traffic of the last few
 	// hundred requests rather than the whole life of the router.
 	deficitHalfLife = 32
-	// lossStep is the weight of one answer in the averages behind a
-	// target's loss of held prefixes (ttftModel.loss): about the last 20
-	// answers count.
-	lossStep = 0.05
 )
 
 // ttftModel is a target's estimate state, guarded by kvTarget.mu.
@@ -107,11 +94,6 @@ type ttftModel struct {
 	picks    float64     // picks, decayed by the fleet's picks since picksAt (pickCount)
 	picksAt  int64       // KVAware.seq at the last update of picks and fills
 	fills    float64     // uncached prompt tokens charged here, decayed as picks
-
-	// The held prefix this target loses before a request runs: averages
-	// of the cached tokens predicted at the pick (held there) and of those
-	// of them the engine did not report cached (observeUsage).
-	predHeld, lostHeld float64
 }
 
 func (m *ttftModel) init() {
@@ -135,22 +117,6 @@ func (m *ttftModel) learn(work float64, dec int, ttft float64) {
 	m.perKTok = max(minPerKTok, m.perKTok+g*x1)
 	m.perDecode = max(0, m.perDecode+g*x2)
 	m.samples++
-}
-
-// learnLoss records one answer: pred cached tokens were predicted at the
-// pick, the engine reported cached.
-func (m *ttftModel) learnLoss(pred, cached float64) {
-	m.predHeld += lossStep * (pred - m.predHeld)
-	m.lostHeld += lossStep * (max(0, pred-cached) - m.lostHeld)
-}
-
-// loss is the fraction of the prefix predicted cached here that the engine
-// had evicted by the time the request ran.
-func (m *ttftModel) loss() float64 {
-	if m.predHeld <= 0 {
-		return 0
-	}
-	return min(1, m.lostHeld/m.predHeld)
 }
 
 // pickCount returns the target's picks as seen at fleet pick seq, halving

@@ -199,11 +199,6 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		if p.ttft {
 			u := promptUncached(sc, kind, t, len(hs), eff, p.cfg.DefaultBlockSize)
 			t.mu.RLock()
-			// The held prefix this target has lately been losing before
-			// a request runs counts as uncached (kvestimate.go).
-			if l := t.est.loss(); l > 0 {
-				u += l * (promptUncached(sc, kind, t, len(hs), 0, p.cfg.DefaultBlockSize) - u)
-			}
 			sc.costs[i] = t.est.estimate(u)
 			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
