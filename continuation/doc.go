@@ -16,9 +16,12 @@
 //     shapes, the finish, and whatever makes the stream impossible to
 //     continue (more than one choice, an unparseable chunk; tool calls or
 //     reasoning matter on the text path). It strips the id fields the
-//     router asked for before the client sees a chunk. A stream's steady
-//     chunks are read through a template of their layout (fast.go): only
-//     the text string and the id array are read, the rest compared.
+//     router asked for before the client sees a chunk. Chunks are read
+//     through templates of their layouts (fast.go): only the values that
+//     change (text, ids, finish reason) are read, the rest compared; the
+//     templates outlive the stream (Reset keeps them), so a reused
+//     Tracker reads the next stream from the same engine that way from
+//     its first chunk to its last.
 //   - Continuing (continue.go): Build makes the continuation request:
 //     exact (prompt ids + output ids on /v1/completions) when the ids cover
 //     every delivered chunk and the request has no chat-only fields, else

@@ -7,30 +7,33 @@ import (
 	"github.com/infera/infera/openai"
 )
 
-// The fast path. An engine writes the chunks of one stream in one layout:
-// after the first chunk (role, prompt ids) they differ only in the text
-// they carry and its token ids, up to the last (finish reason). Reading
-// each chunk in full costs about a microsecond; relaying it costs less.
-// So the tracker learns the layout from a chunk it read in full — its
-// bytes, with the text string and the id array as holes — and a chunk
-// whose bytes equal the layout's outside the holes, with a JSON string in
-// the text hole and an id array in the id hole, is the same JSON document
-// but for those two values: reading it in full would find exactly what
-// the holes hold, so only they are read. Any other chunk is read in full
-// (and its layout learnt when it has one; else the last one learnt
-// stays). FuzzFastAgrees holds the two
-// paths to the same result.
+// The fast path. An engine writes the chunks of its streams in a few
+// layouts: the first chunk (role, prompt ids), the steady chunks, the last
+// (finish reason); between streams only the stream's id and time change,
+// within one only the text, its token ids and the finish reason. Reading
+// each chunk in full costs about a microsecond; relaying it costs less. So
+// the tracker learns layouts from chunks it read in full — their bytes,
+// with every value a chunk's read takes in as a hole (text, output ids,
+// prompt ids, finish reason, the stream's id, created and model) — and a
+// chunk whose bytes equal a layout's outside the holes, with values of the
+// holes' kinds in them, is the same JSON document but for those values:
+// reading it in full would find exactly what the holes hold, so only they
+// are read. Any other chunk is read in full (and its layout learnt when it
+// has one). Layouts outlive the stream (Reset keeps them), so a relay's
+// tracker reads even the first and last chunk of its next stream from the
+// same engine through them. FuzzFastAgrees holds the two paths to the same
+// result.
 
-// chunkShape is what the full read of one chunk found.
+// chunkShape is what the full read of one chunk found: how many values of
+// each hole kind, and where the last one lay.
 type chunkShape struct {
-	texts, nullTexts int    // text string values; null ones
-	text             [2]int // the text string's span, quotes included
-	ids              int    // output id arrays
-	idSpan           [2]int // the output id array's span
-	prompts          int    // prompt id arrays
-	strips           int    // members stripped from the client's copy
-	strip            [2]int // the stripped member's span: key to value end
-	finished, tools  bool
+	count     [numHoleKinds]int
+	span      [numHoleKinds][2]int
+	str       [numHoleKinds]bool // the value is a JSON string (else a number or literal)
+	nullTexts int                // null text values
+	strips    int                // members stripped from the client's copy
+	strip     [2]int             // the stripped member's span: key to value end
+	tools     bool
 }
 
 func (c *chunkShape) stripped(start, end int) {
@@ -38,50 +41,104 @@ func (c *chunkShape) stripped(start, end int) {
 	c.strip = [2]int{start, end}
 }
 
-// template is a chunk layout: b, a chunk read in full, with one or two
-// holes (its text string and its id array, in order of offset).
+// saw records a value of kind k at data[start:end].
+func (c *chunkShape) saw(k holeKind, start, end int, str bool) {
+	c.count[k]++
+	c.span[k] = [2]int{start, end}
+	c.str[k] = str
+}
+
+// holeKind is what a hole holds and what reading it does.
+type holeKind uint8
+
+const (
+	holeText     holeKind = iota // a text string: appended to Text
+	holeOutIDs                   // an output id array: appended to OutIDs
+	holePrompt                   // a prompt id array: kept once (prompt)
+	holeFinish                   // a finish reason, null or a string (Finished)
+	holeID                       // the stream's id, created and model: kept once
+	holeCreated                  // (remember)
+	holeModel
+	numHoleKinds
+)
+
+// maxTemplates is how many layouts a tracker keeps (first, steady and last
+// chunk, and one spare); maxTemplateBytes bounds one (a pooled tracker
+// keeps them).
+const (
+	maxTemplates     = 4
+	maxTemplateBytes = 4 << 10
+)
+
+// template is a chunk layout: b, a chunk read in full, with its holes in
+// order of offset.
 type template struct {
 	ok    bool
 	strip bool // learnt with Tracker.Strip set
 	b     []byte
-	holes [2]hole
+	holes [numHoleKinds]hole
 	n     int // holes in use
-	// cut: the id member is cut from the client's copy; preCut and
-	// postCut are the bytes cut before and after the id array (the
-	// member's key and a comma).
+	// vary lists the holes whose value changes within a stream (all but
+	// the stream's id, time and model), by index in holes.
+	vary [numHoleKinds]int8
+	nv   int
+	// cut: the member of hole cutHole is cut from the client's copy;
+	// preCut and postCut are the bytes cut before and after the hole's
+	// value (the member's key, a comma, an enclosing object's bytes).
 	cut             bool
+	cutHole         int
 	preCut, postCut int
 }
 
 type hole struct {
 	start, end int
-	ids        bool // an id array; else the text string
+	kind       holeKind
+	str        bool // holeID..holeModel: a string (else a number)
 }
 
 // learn makes the chunk data, read in full into out (the client's copy),
-// the template when its layout can be matched: one text string, at most
-// one output id array and nothing else that a chunk's read changes (no
-// prompt ids, finish reason, tool calls or poison), and a client's copy
-// that is data without the id member exactly.
+// a template when its layout can be matched: at most one value of each
+// hole kind, no null text, no tool calls or poison, and a client's copy
+// that is data exactly, or data without one member that holds one id
+// array and no other hole.
 func (t *Tracker) learn(data, out []byte) {
 	sh := &t.shape
-	if t.noFast || t.Poisoned != PoisonNone || sh.finished || sh.tools || sh.texts != 1 ||
-		sh.nullTexts != 0 || sh.prompts != 0 || sh.ids > 1 || sh.strips > sh.ids {
+	if t.noFast || t.Poisoned != PoisonNone || sh.tools || sh.nullTexts != 0 || sh.strips > 1 || len(data) > maxTemplateBytes {
 		return
 	}
-	nt := template{strip: t.Strip, n: 1}
-	nt.holes[0] = hole{start: sh.text[0], end: sh.text[1]}
-	if sh.ids == 1 {
-		id := hole{start: sh.idSpan[0], end: sh.idSpan[1], ids: true}
-		if id.start < sh.text[1] && sh.text[0] < id.end {
+	var nt template
+	nt.strip = t.Strip
+	for k := range numHoleKinds {
+		switch sh.count[k] {
+		case 0:
+			continue
+		case 1:
+		default:
 			return
 		}
-		if id.start < nt.holes[0].start {
-			nt.holes[0], nt.holes[1] = id, nt.holes[0]
-		} else {
-			nt.holes[1] = id
+		h := hole{start: sh.span[k][0], end: sh.span[k][1], kind: k, str: sh.str[k]}
+		if h.start >= h.end {
+			return
 		}
-		nt.n = 2
+		// In order of offset; holes never overlap.
+		i := nt.n
+		for i > 0 && nt.holes[i-1].start > h.start {
+			nt.holes[i] = nt.holes[i-1]
+			i--
+		}
+		nt.holes[i] = h
+		nt.n++
+	}
+	for i := 1; i < nt.n; i++ {
+		if nt.holes[i-1].end > nt.holes[i].start {
+			return
+		}
+	}
+	for i, h := range nt.holes[:nt.n] {
+		if h.kind < holeID {
+			nt.vary[nt.nv] = int8(i)
+			nt.nv++
+		}
 	}
 	if sh.strips == 1 {
 		a, b := sh.strip[0], sh.strip[1]
@@ -93,25 +150,50 @@ func (t *Tracker) learn(data, out []byte) {
 		default:
 			return
 		}
-		if a > sh.idSpan[0] || b < sh.idSpan[1] || (a < sh.text[1] && sh.text[0] < b) {
+		// The cut holds exactly one hole, an id array, and overlaps no other.
+		nt.cutHole = -1
+		for i, h := range nt.holes[:nt.n] {
+			switch {
+			case h.end <= a || h.start >= b:
+			case h.start >= a && h.end <= b && nt.cutHole < 0 && (h.kind == holeOutIDs || h.kind == holePrompt):
+				nt.cutHole = i
+			default:
+				return
+			}
+		}
+		if nt.cutHole < 0 {
 			return
 		}
 		if len(out) != len(data)-(b-a) || !bytes.Equal(out[:a], data[:a]) || !bytes.Equal(out[a:], data[b:]) {
 			return
 		}
-		nt.cut, nt.preCut, nt.postCut = true, sh.idSpan[0]-a, b-sh.idSpan[1]
+		h := nt.holes[nt.cutHole]
+		nt.cut, nt.preCut, nt.postCut = true, h.start-a, b-h.end
 	} else if len(out) != len(data) {
 		return
 	}
 	if bytes.IndexByte(data, '\n') >= 0 || bytes.IndexByte(data, '\r') >= 0 {
 		return // a layout must be one line: AppendEvent matches whole events
 	}
-	nt.b, nt.ok = append(t.tmpl.b[:0], data...), true
-	t.tmpl = nt
+	// The slot: an empty one, else the next in turn.
+	slot := -1
+	for i := range t.tmpls {
+		if !t.tmpls[i].ok {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		slot = t.victim
+		t.victim = (t.victim + 1) % maxTemplates
+	}
+	nt.b, nt.ok = append(t.tmpls[slot].b[:0], data...), true
+	t.tmpls[slot] = nt
+	t.hit = slot
 }
 
-// observeFast reads chunk data through the template; ok false: data does
-// not match it (nothing was changed).
+// observeFast reads chunk data through a template; ok false: data matches
+// none (nothing was changed).
 func (t *Tracker) observeFast(data []byte) (out []byte, ok bool) {
 	a, b, ok := t.matchFast(data)
 	if !ok || a < 0 {
@@ -121,26 +203,63 @@ func (t *Tracker) observeFast(data []byte) (out []byte, ok bool) {
 	return t.out, true
 }
 
-// matchFast reads chunk data through the template. ok false: data does
-// not match it (nothing was changed); else data[a:b] is what the client
-// must not see (a < 0: nothing).
+// matchFast reads chunk data through the first template it matches, the
+// last one matched first: rigidly (the stream's id, time and model as the
+// template holds them) and then, for a chunk of another stream, with every
+// hole read. ok false: data matches none (nothing was changed); else
+// data[a:b] is what the client must not see (a < 0: nothing).
 func (t *Tracker) matchFast(data []byte) (a, b int, ok bool) {
+	if t.noFast {
+		return -1, -1, false
+	}
+	for _, rigid := range [2]bool{true, false} {
+		if a, b, ok = t.matchTemplate(t.hit, data, rigid); ok {
+			return a, b, true
+		}
+		for i := range t.tmpls {
+			if i == t.hit {
+				continue
+			}
+			if a, b, ok = t.matchTemplate(i, data, rigid); ok {
+				t.hit = i
+				return a, b, true
+			}
+		}
+	}
+	return -1, -1, false
+}
+
+// matchTemplate reads data through template i: first every hole is found
+// and checked, then (all of them matching) read. rigid: the holes that do
+// not vary within a stream are matched as the template's fixed bytes.
+func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bool) {
 	a, b = -1, -1
-	tm := &t.tmpl
+	tm := &t.tmpls[i]
 	if !tm.ok || tm.strip != t.Strip {
 		return a, b, false
 	}
-	pos, prev := 0, 0
-	ids := [2]int{-1, -1}
+	var spans [numHoleKinds][2]int // value spans in data, by hole index
 	var txtStart, txtEnd int
-	var txtEsc bool
-	for _, h := range tm.holes[:tm.n] {
+	var txtEsc, rebase bool
+	pos, prev := 0, 0
+	visit := tm.n
+	if rigid {
+		visit = tm.nv
+	}
+	for x := range visit {
+		hi := x
+		if rigid {
+			hi = int(tm.vary[x])
+		}
+		h := tm.holes[hi]
 		fixed := tm.b[prev:h.start]
 		if len(data)-pos <= len(fixed) || !bytes.Equal(data[pos:pos+len(fixed)], fixed) {
 			return a, b, false
 		}
 		pos += len(fixed)
-		if h.ids {
+		start := pos
+		switch h.kind {
+		case holeOutIDs, holePrompt:
 			if data[pos] != '[' {
 				return a, b, false
 			}
@@ -148,9 +267,8 @@ func (t *Tracker) matchFast(data []byte) (a, b int, ok bool) {
 			if j < 0 || bytes.IndexByte(data[pos:pos+j], '\n') >= 0 || bytes.IndexByte(data[pos:pos+j], '\r') >= 0 {
 				return a, b, false // (a line break would end an event's data line)
 			}
-			ids = [2]int{pos, pos + j + 1}
 			pos += j + 1
-		} else {
+		case holeText:
 			if data[pos] != '"' {
 				return a, b, false
 			}
@@ -161,37 +279,125 @@ func (t *Tracker) matchFast(data []byte) (a, b int, ok bool) {
 			}
 			txtStart, txtEnd, txtEsc = st, en, esc
 			pos = s.I
+		case holeFinish:
+			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
+			var err error
+			switch data[pos] {
+			case 'n':
+				err = s.Literal("null")
+			case '"':
+				_, _, _, err = s.String()
+			default:
+				return a, b, false
+			}
+			if err != nil {
+				return a, b, false
+			}
+			pos = s.I
+		default: // holeID, holeCreated, holeModel
+			// The stream's id, time and model are the same in all its
+			// chunks: the value the template holds is compared, not read
+			// (equal bytes up to the next fixed byte are the same JSON
+			// value); another stream's is read, and the template rebased
+			// on this chunk so that its next chunks compare.
+			if w := h.end - h.start; len(data)-pos > w && bytes.Equal(data[pos:pos+w], tm.b[h.start:h.end]) {
+				pos += w
+				break
+			}
+			rebase = true
+			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
+			var err error
+			if h.str {
+				if data[pos] != '"' {
+					return a, b, false
+				}
+				_, _, _, err = s.String()
+			} else {
+				c := data[pos]
+				if c != '-' && (c < '0' || c > '9') {
+					return a, b, false
+				}
+				err = s.Number()
+			}
+			if err != nil {
+				return a, b, false
+			}
+			pos = s.I
 		}
+		spans[hi] = [2]int{start, pos}
 		prev = h.end
 	}
 	if !bytes.Equal(data[pos:], tm.b[prev:]) {
 		return a, b, false
 	}
-	// The chunk matches: what follows is what the full read would do.
+	// The chunk matches: what follows is what the full read would do. The
+	// output ids go first: a bad array is the full read's to judge.
 	chunkIDs := false
-	if ids[0] >= 0 {
+	for hi, h := range tm.holes[:tm.n] {
+		if h.kind != holeOutIDs {
+			continue
+		}
 		n := len(t.OutIDs)
-		got, err := openai.AppendTokenIDs(t.OutIDs, data[ids[0]:ids[1]])
+		got, err := openai.AppendTokenIDs(t.OutIDs, data[spans[hi][0]:spans[hi][1]])
 		if err != nil {
 			t.OutIDs = got[:n]
-			return a, b, false // the full read decides what a bad array means
+			return a, b, false
 		}
 		t.OutIDs, chunkIDs = got, true
 	}
-	t.fastChunks++
-	if txtEnd > txtStart {
-		if txtEsc {
-			t.Text = jsonx.AppendUnescaped(t.Text, data[txtStart:txtEnd])
-		} else {
-			t.Text = append(t.Text, data[txtStart:txtEnd]...)
+	chunkTxt := false
+	for hi, h := range tm.holes[:tm.n] {
+		v := data[spans[hi][0]:spans[hi][1]]
+		if rigid && h.kind >= holeID {
+			v = tm.b[h.start:h.end] // matched as fixed bytes: the same value
 		}
+		switch h.kind {
+		case holeText:
+			if txtEnd > txtStart {
+				chunkTxt = true
+				if txtEsc {
+					t.Text = jsonx.AppendUnescaped(t.Text, data[txtStart:txtEnd])
+				} else {
+					t.Text = append(t.Text, data[txtStart:txtEnd]...)
+				}
+			}
+		case holePrompt:
+			t.prompt(v, 0)
+		case holeFinish:
+			if v[0] != 'n' {
+				t.Finished = true
+			}
+		case holeID:
+			if len(t.ID) == 0 {
+				t.ID = append(t.ID, v...)
+			}
+		case holeCreated:
+			if len(t.Created) == 0 {
+				t.Created = append(t.Created, v...)
+			}
+		case holeModel:
+			if len(t.Model) == 0 {
+				t.Model = append(t.Model, v...)
+			}
+		}
+	}
+	t.fastChunks++
+	if chunkTxt {
 		t.TextChunks++
 		if chunkIDs {
 			t.IDChunks++
 		}
 	}
 	if tm.cut {
-		a, b = ids[0]-tm.preCut, ids[1]+tm.postCut
+		s := spans[tm.cutHole]
+		a, b = s[0]-tm.preCut, s[1]+tm.postCut
+	}
+	if rebase {
+		// The same layout with this chunk's values in its holes.
+		tm.b = append(tm.b[:0], data...)
+		for hi := range tm.holes[:tm.n] {
+			tm.holes[hi].start, tm.holes[hi].end = spans[hi][0], spans[hi][1]
+		}
 	}
 	return a, b, true
 }

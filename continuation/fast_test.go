@@ -40,13 +40,21 @@ func observeBoth(t *testing.T, strip bool, events ...[]byte) (fast *continuation
 	t.Helper()
 	// a and b read payloads (Observe), c and d whole SSE events, e appends
 	// them (AppendEvent).
+	// A nil event starts another stream on the same trackers.
 	var a, b, c, d, e continuation.Tracker
-	for _, tr := range []*continuation.Tracker{&a, &b, &c, &d, &e} {
+	all := []*continuation.Tracker{&a, &b, &c, &d, &e}
+	for _, tr := range all {
 		tr.Reset(strip)
 	}
 	continuation.DisableFast(&b)
 	continuation.DisableFast(&d)
 	for i, ev := range events {
+		if ev == nil {
+			for _, tr := range all {
+				tr.Reset(strip)
+			}
+			continue
+		}
 		ga := append([]byte(nil), a.Observe(ev)...)
 		gb := b.Observe(ev)
 		if !bytes.Equal(ga, gb) {
@@ -103,15 +111,50 @@ func TestFastPathReadsSteadyChunks(t *testing.T) {
 	}
 }
 
+// TestFastPathAcrossStreams: the layouts a tracker learnt outlive the
+// stream: the next stream from the same engine — another id, another
+// time, another prompt and finish reason — is read through them from its
+// first chunk to its last, with the client's copies and the state of the
+// full read.
+func TestFastPathAcrossStreams(t *testing.T) {
+	stream := func(id string, created, n int, finish string) [][]byte {
+		head := `{"id":"` + id + `","object":"chat.completion.chunk","created":` + strconv.Itoa(created) + `,"model":"m","choices":[{"index":0,`
+		evs := [][]byte{[]byte(head + `"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[` + strconv.Itoa(created%97) + `,2,3]}`)}
+		for i := range n {
+			evs = append(evs, []byte(head+`"delta":{"content":"t`+strconv.Itoa(i)+`"},"logprobs":null,"finish_reason":null,"token_ids":[`+strconv.Itoa(100+i)+`]}]}`))
+		}
+		return append(evs, []byte(head+`"delta":{"content":"!"},"logprobs":null,"finish_reason":"`+finish+`","stop_reason":null,"token_ids":[33]}]}`))
+	}
+	for _, strip := range []bool{true, false} {
+		events := stream("chatcmpl-a1", 1730000000, 6, "length")
+		events = append(events, nil)
+		events = append(events, stream("chatcmpl-b22", 1730000099, 9, "stop")...)
+		tr := observeBoth(t, strip, events...)
+		if n := continuation.FastChunks(tr); n != 11 {
+			t.Errorf("strip %v: %d of the second stream's 11 chunks through the fast path, want all", strip, n)
+		}
+		if string(tr.ID) != `"chatcmpl-b22"` || string(tr.Created) != "1730000099" || !tr.Finished || string(tr.Text) != "t0t1t2t3t4t5t6t7t8!" {
+			t.Errorf("strip %v: second stream read as id %s created %s finished %v text %q", strip, tr.ID, tr.Created, tr.Finished, tr.Text)
+		}
+		if p, err := tr.PromptIDs(nil); err != nil || len(p) != 3 || p[0] != 1730000099%97 {
+			t.Errorf("strip %v: prompt ids %v, %v", strip, p, err)
+		}
+	}
+}
+
 // TestFastPathDeclines: chunks that differ from the layout outside its
-// holes — another choice index, a finish reason, tool calls, an id array
-// that is not one, a text that is not a string, bytes after the end —
-// are read in full.
+// holes — another choice index, a finish reason that is neither null nor
+// a string, another member, tool calls, an id array that is not one, a
+// text that is not a string, an id or time of another type, bytes after
+// the end — are read in full.
 func TestFastPathDeclines(t *testing.T) {
 	base := vllmChunk("a", 1)
 	for _, c := range []string{
 		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":1,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[2]}]}`,
-		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":"stop","token_ids":[2]}]}`,
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":7,"token_ids":[2]}]}`,
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[2]}]}`,
+		`{"id":7,"object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[2]}]}`,
+		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":"1730000000","model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[2]}]}`,
 		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":null},"logprobs":null,"finish_reason":null,"token_ids":[2]}]}`,
 		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[2.5]}]}`,
 		`{"id":"chatcmpl-8c1f","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[4294967296]}]}`,
@@ -159,11 +202,16 @@ func FuzzFastAgrees(f *testing.F) {
 			`{"id":"s","object":"text_completion","choices":[{"index":0,"text":"\u00e9","finish_reason":null}],"sglext":{"completion_token_ids":[[9,8]]}}`},
 		{`{"choices":[{"token_ids":[1],"index":0,"delta":{"content":"a"}}]}`, `{"choices":[{"token_ids":[],"index":0,"delta":{"content":""}}]}`},
 		{`{"choices":[{"index":0,"delta":{"content":"a"}}]}`, `{"choices":[{"index":0,"delta":{"content":"b","tool_calls":[{"index":1}]}}]}`},
+		// Two streams' chunks of one layout (id, time, model differ) and a
+		// first and a last chunk.
+		{string(vllmChunk("a", 1)), `{"id":"chatcmpl-9","object":"chat.completion.chunk","created":17,"model":"m2","choices":[{"index":0,"delta":{"content":"b"},"logprobs":null,"finish_reason":null,"token_ids":[2]}]}`},
+		{`{"id":"c-1","created":5,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"prompt_token_ids":[1,2]}`,
+			`{"id":"c-22","created":6,"model":"m","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop","stop_reason":null,"token_ids":[9]}]}`},
 	} {
 		f.Add([]byte(p[0]), []byte(p[1]), true)
 		f.Add([]byte(p[0]), []byte(p[1]), false)
 	}
 	f.Fuzz(func(t *testing.T, a, b []byte, strip bool) {
-		observeBoth(t, strip, a, a, b, a, b, b)
+		observeBoth(t, strip, a, a, b, a, b, b, nil, b, a, a, b)
 	})
 }

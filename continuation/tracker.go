@@ -72,7 +72,11 @@ type Tracker struct {
 	chunkTxt bool // ... or text
 
 	shape chunkShape // what the full read of the chunk found (fast.go)
-	tmpl  template   // the chunk layout the fast path matches (fast.go)
+	// tmpls are the chunk layouts the fast path matches (fast.go), kept
+	// across streams; hit is the one matched last, victim the next one a
+	// new layout replaces.
+	tmpls       [maxTemplates]template
+	hit, victim int
 	// noFast turns the fast path off (tests compare the two paths);
 	// fastChunks counts the chunks it read.
 	noFast     bool
@@ -90,7 +94,9 @@ func (t *Tracker) Reset(strip bool) {
 		Model:     t.Model[:0],
 		promptRaw: t.promptRaw[:0],
 		out:       t.out[:0],
-		tmpl:      template{b: t.tmpl.b[:0]},
+		tmpls:     t.tmpls,
+		hit:       t.hit,
+		victim:    t.victim,
 		noFast:    t.noFast,
 	}
 }
@@ -241,7 +247,7 @@ func (t *Tracker) Observe(data []byte) []byte {
 			if err := skipIDs(&s); err != nil {
 				return err
 			}
-			t.prompt(data[vs:s.I])
+			t.prompt(data[vs:s.I], vs)
 			if t.Strip {
 				stripped = true
 				t.shape.stripped(ks-1, s.I)
@@ -260,7 +266,7 @@ func (t *Tracker) Observe(data []byte) []byte {
 			if err := s.Value(); err != nil {
 				return err
 			}
-			t.remember(key, esc, data[vs:s.I])
+			t.remember(key, esc, data, vs, s.I)
 		}
 		t.sep(&members)
 		t.out = append(t.out, data[ks-1:s.I]...)
@@ -301,25 +307,38 @@ func (t *Tracker) poison(p Poison) {
 	}
 }
 
-// remember keeps the stream's first id, created and model.
-func (t *Tracker) remember(key []byte, esc bool, raw []byte) {
+// remember keeps the stream's first id, created and model, the value
+// data[vs:end] of a top-level member.
+func (t *Tracker) remember(key []byte, esc bool, data []byte, vs, end int) {
+	raw := data[vs:end]
+	str := data[vs] == '"'
 	switch {
-	case len(t.ID) == 0 && jsonx.Equal(key, esc, "id"):
-		t.ID = append(t.ID, raw...)
-	case len(t.Created) == 0 && jsonx.Equal(key, esc, "created"):
-		t.Created = append(t.Created, raw...)
-	case len(t.Model) == 0 && jsonx.Equal(key, esc, "model"):
-		t.Model = append(t.Model, raw...)
+	case jsonx.Equal(key, esc, "id"):
+		t.shape.saw(holeID, vs, end, str)
+		if len(t.ID) == 0 {
+			t.ID = append(t.ID, raw...)
+		}
+	case jsonx.Equal(key, esc, "created"):
+		t.shape.saw(holeCreated, vs, end, str)
+		if len(t.Created) == 0 {
+			t.Created = append(t.Created, raw...)
+		}
+	case jsonx.Equal(key, esc, "model"):
+		t.shape.saw(holeModel, vs, end, str)
+		if len(t.Model) == 0 {
+			t.Model = append(t.Model, raw...)
+		}
 	}
 }
 
 // prompt records the prompt's ids (the first time an engine gives them),
-// as written: PromptIDs validates them when they are needed.
-func (t *Tracker) prompt(raw []byte) {
+// as written: PromptIDs validates them when they are needed. at is their
+// offset in the chunk.
+func (t *Tracker) prompt(raw []byte, at int) {
 	if len(raw) < 2 || raw[0] != '[' || raw[len(raw)-1] != ']' {
 		return // null, or not ids at all
 	}
-	t.shape.prompts++
+	t.shape.saw(holePrompt, at, at+len(raw), false)
 	if t.HasPrompt {
 		return
 	}
@@ -343,8 +362,7 @@ func skipIDs(s *jsonx.Scanner) error {
 
 // output records a chunk's output ids, at offset at of the chunk.
 func (t *Tracker) output(raw []byte, at int) {
-	t.shape.ids++
-	t.shape.idSpan = [2]int{at, at + len(raw)}
+	t.shape.saw(holeOutIDs, at, at+len(raw), false)
 	n := len(t.OutIDs)
 	ids, err := openai.AppendTokenIDs(t.OutIDs, raw)
 	if err != nil {
@@ -409,7 +427,7 @@ func (t *Tracker) choice(s *jsonx.Scanner, stripped *bool) error {
 			}
 		case jsonx.Equal(key, esc, "prompt_token_ids"):
 			if err = skipIDs(s); err == nil {
-				t.prompt(b[vs:s.I])
+				t.prompt(b[vs:s.I], vs)
 				if t.Strip {
 					*stripped = true
 					t.shape.stripped(ks-1, s.I)
@@ -425,8 +443,11 @@ func (t *Tracker) choice(s *jsonx.Scanner, stripped *bool) error {
 		case jsonx.Equal(key, esc, "delta"), jsonx.Equal(key, esc, "message"):
 			err = t.delta(s)
 		case jsonx.Equal(key, esc, "finish_reason"):
-			if err = s.Value(); err == nil && b[vs] != 'n' {
-				t.Finished, t.shape.finished = true, true
+			if err = s.Value(); err == nil {
+				t.shape.saw(holeFinish, vs, s.I, b[vs] == '"')
+				if b[vs] != 'n' {
+					t.Finished = true
+				}
 			}
 		default:
 			err = s.Value()
@@ -457,8 +478,7 @@ func (t *Tracker) text(s *jsonx.Scanner) error {
 	if err != nil {
 		return err
 	}
-	t.shape.texts++
-	t.shape.text = [2]int{vs, s.I}
+	t.shape.saw(holeText, vs, s.I, true)
 	if en > st {
 		t.chunkTxt = true
 		if esc {
@@ -514,7 +534,7 @@ func (t *Tracker) sglext(s *jsonx.Scanner) error {
 			if err := skipIDs(s); err != nil {
 				return err
 			}
-			t.prompt(b[vs:s.I])
+			t.prompt(b[vs:s.I], vs)
 			return nil
 		case jsonx.Equal(key, esc, "token_ids"):
 			if err := s.Value(); err != nil {

@@ -1,10 +1,12 @@
 package continuation_test
 
 import (
+	"os"
 	"strconv"
 	"testing"
 
 	"github.com/infera/infera/continuation"
+	"github.com/infera/infera/openai"
 )
 
 // BenchmarkObserveEvent: the per-event cost of tracking a stream for
@@ -73,5 +75,51 @@ func BenchmarkObserveStream(b *testing.B) {
 		for _, ev := range evs {
 			t.ObserveEvent(ev)
 		}
+	}
+}
+
+// simStream is a 16-token chat stream as `infera sim` writes it with
+// return_token_ids (testdata/sim-chat-ids.sse), one SSE event each.
+func simStream(b *testing.B) [][]byte {
+	raw, err := os.ReadFile("testdata/sim-chat-ids.sse")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var evs [][]byte
+	for len(raw) > 0 {
+		n := openai.NextEvent(raw)
+		if n < 0 {
+			b.Fatalf("testdata/sim-chat-ids.sse: %q is not a whole event", raw)
+		}
+		evs = append(evs, raw[:n])
+		raw = raw[n:]
+	}
+	return evs
+}
+
+// BenchmarkAppendSimStream: one stream as the relay tracks it, event by
+// event (one op = one stream; the tracker is reused, as a pooled relay's
+// is), through the fast path and read in full.
+func BenchmarkAppendSimStream(b *testing.B) {
+	evs := simStream(b)
+	for _, c := range []struct {
+		name string
+		fast bool
+	}{{"fast", true}, {"full", false}} {
+		b.Run(c.name, func(b *testing.B) {
+			var t continuation.Tracker
+			if !c.fast {
+				continuation.DisableFast(&t)
+			}
+			out := make([]byte, 0, 8192)
+			b.ReportAllocs()
+			for range b.N {
+				t.Reset(true)
+				out = out[:0]
+				for _, ev := range evs {
+					out = t.AppendEvent(out, ev)
+				}
+			}
+		})
 	}
 }
