@@ -52,12 +52,12 @@ func (c *chunkShape) saw(k holeKind, start, end int, str bool) {
 type holeKind uint8
 
 const (
-	holeText     holeKind = iota // a text string: appended to Text
-	holeOutIDs                   // an output id array: appended to OutIDs
-	holePrompt                   // a prompt id array: kept once (prompt)
-	holeFinish                   // a finish reason, null or a string (Finished)
-	holeID                       // the stream's id, created and model: kept once
-	holeCreated                  // (remember)
+	holeText    holeKind = iota // a text string: appended to Text
+	holeOutIDs                  // an output id array: appended to OutIDs
+	holePrompt                  // a prompt id array: kept once (prompt)
+	holeFinish                  // a finish reason, null or a string (Finished)
+	holeID                      // the stream's id, created and model: kept once
+	holeCreated                 // (remember)
 	holeModel
 	numHoleKinds
 )
