@@ -14,6 +14,9 @@
 #   infera-pin   serve pinned to CPU 0 (taskset)
 #   infera-loop  serve with --front-door loop (the epoll front door)
 #   infera-nomig serve with --migration-limit 0 (streams not tracked for continuation)
+#   infera-nomig-ids  the same, its client asking for "return_token_ids" itself
+#                (wrk only): the engines send the bytes a tracked stream's
+#                engines send, so against `infera` only the tracking differs
 #   nginx-w1     nginx with worker_processes 1 (nginx is auto)
 # Every cell runs every target back to back, and the whole grid is repeated
 # REPEATS times, so A and B interleave (ABAB…) and share the machine's noise.
@@ -102,6 +105,9 @@ fi
 
 # --- wrk, from Debian packages ---------------------------------------------
 WRK=$(command -v wrk || true)
+if [[ $TARGETS == *-ids* && $CLIENTS == *bench* ]]; then
+  die "infera-nomig-ids needs CLIENTS=wrk (infera bench sends one body to every target)"
+fi
 if [[ $CLIENTS == *wrk* && -z $WRK ]]; then
   command -v apt-get >/dev/null || die "wrk is missing and apt-get is not available"
   log "installing wrk from Debian packages"
@@ -225,7 +231,7 @@ start_serve() {
     infera-gmp2) env=(GOMAXPROCS=2) ;;
     infera-pin) pin=(taskset -c 0) ;;
     infera-loop) flags=(--front-door loop) ;;
-    infera-nomig) env=(INFERA_MIGRATION_LIMIT=0) ;;
+    infera-nomig | infera-nomig-ids) env=(INFERA_MIGRATION_LIMIT=0) ;;
   esac
   if [[ $ETCD == external || -n ${EMBEDDED_UP:-} ]]; then
     flags+=(--etcd-endpoints "$ETCD_URL")
@@ -364,14 +370,15 @@ bench() { # target mode concurrency out.json [extra flags]
 # --- wrk: a Lua POST script per mode; done() writes a one-line JSON --------
 # The prompt: INPUT_LEN words, as `infera bench --workload random` sends.
 words=$(awk -v n="$INPUT_LEN" 'BEGIN { srand(1); for (i = 0; i < n; i++) printf "%sw%d", (i ? " " : ""), int(rand() * 5000) }')
-for mode in unary stream; do
-  stream=false
-  [[ $mode == stream ]] && stream=true
-  cat >"$WORK/post-$mode.lua" <<LUA
+for script in unary stream unary-ids stream-ids; do
+  stream=false ids=""
+  [[ $script == stream* ]] && stream=true
+  [[ $script == *-ids ]] && ids='"return_token_ids":true,'
+  cat >"$WORK/post-$script.lua" <<LUA
 wrk.method = "POST"
 wrk.path = "/v1/chat/completions"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model":"$MODEL","messages":[{"role":"user","content":"$words"}],"max_tokens":$OUTPUT_LEN,"stream":$stream}'
+wrk.body = '{$ids"model":"$MODEL","messages":[{"role":"user","content":"$words"}],"max_tokens":$OUTPUT_LEN,"stream":$stream}'
 local out = os.getenv("WRK_JSON")
 function done(summary, latency, requests)
   local e = summary.errors
@@ -404,7 +411,9 @@ wrk_run() {
   for i in "${!urls[@]}"; do
     local c=$((conc / n))
     [[ $i -lt $((conc % n)) ]] && c=$((c + 1))
-    wrk_one "${urls[$i]}" "$mode" "$c" "$WORK/$tag-$i.json" &
+    local script=$mode
+    [[ $target == *-ids ]] && script=$mode-ids
+    wrk_one "${urls[$i]}" "$script" "$c" "$WORK/$tag-$i.json" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
