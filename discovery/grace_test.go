@@ -1,7 +1,6 @@
 package discovery_test
 
 import (
-	"context"
 	"slices"
 	"strings"
 	"sync"
@@ -35,17 +34,9 @@ func TestWatcherHoldsRemovalsAfterRelist(t *testing.T) {
 		}
 	})
 	w.SetOutageGrace(time.Minute) // longer than the test: nothing expires
-	discovery.SetWatcherHooks(w, func(n int) {
-		if n != 2 {
-			return
-		}
-		// Between the closed watch and the re-list: b:1's lease expired.
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := cli.Delete(ctx, testPrefix+"b:1"); err != nil {
-			t.Error(err)
-		}
-	}, nil)
+	// Between the closed watch and the re-list (the history was compacted
+	// meanwhile): b:1's lease expired.
+	relistOnce(t, w, cli, func() { delKey(t, cli, "b:1") })
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
 	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
@@ -84,15 +75,7 @@ func TestWatcherHeldWorkerExpires(t *testing.T) {
 	put(t, cli, record("b:1"))
 	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
 	w.SetOutageGrace(300 * time.Millisecond)
-	discovery.SetWatcherHooks(w, func(n int) {
-		if n == 2 {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if _, err := cli.Delete(ctx, testPrefix+"b:1"); err != nil {
-				t.Error(err)
-			}
-		}
-	}, nil)
+	relistOnce(t, w, cli, func() { delKey(t, cli, "b:1") })
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
 	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })

@@ -228,7 +228,7 @@ func TestKVFleetReplicasEtcdLeaderKill(t *testing.T) {
 	}
 
 	late1, late1ID := worker("fleet-worker-late-1")
-	join = seenBy(t, rs, func(w map[string]string) bool { return w[late1ID] == "active" })
+	joins := seenByEach(t, rs, func(w map[string]string) bool { return w[late1ID] == "active" })
 	procs[late1ID], ids[late1ID] = late1, true
 	var gone string
 	for id := range ids {
@@ -238,9 +238,10 @@ func TestKVFleetReplicasEtcdLeaderKill(t *testing.T) {
 		}
 	}
 	procs[gone].signal(syscall.SIGTERM)
-	leave = seenBy(t, rs, func(w map[string]string) bool { _, ok := w[gone]; return !ok })
+	leaves := seenByEach(t, rs, func(w map[string]string) bool { _, ok := w[gone]; return !ok })
 	delete(ids, gone)
-	t.Logf("after the leader kill: a join seen by every replica after %v, a leave after %v (from SIGTERM, under load)", join, leave)
+	t.Logf("after the leader kill, per replica: a join seen after %v (from the worker's registration), a leave after %v (from SIGTERM, under load)", joins, leaves)
+	checkAfterLeaderKill(t, rs, joins, leaves)
 
 	total := 0
 	for r, b := range loads {
@@ -277,23 +278,51 @@ func TestKVFleetReplicasEtcdLeaderKill(t *testing.T) {
 // and returns how long the last one took.
 func seenBy(t *testing.T, rs []*fleet, cond func(map[string]string) bool) time.Duration {
 	t.Helper()
+	return slices.Max(seenByEach(t, rs, cond))
+}
+
+// seenByEach polls every replica until cond holds on each one's worker
+// list and returns how long each took (to within the 10 ms poll).
+func seenByEach(t *testing.T, rs []*fleet, cond func(map[string]string) bool) []time.Duration {
+	t.Helper()
 	began := time.Now()
-	seen := make([]bool, len(rs))
+	took := make([]time.Duration, len(rs))
 	for left := len(rs); left > 0; time.Sleep(10 * time.Millisecond) {
 		if time.Since(began) > 15*time.Second {
-			t.Fatalf("not every replica saw the change within 15 s: %v", seen)
+			t.Fatalf("not every replica saw the change within 15 s (0: not seen): %v", took)
 		}
 		for i, f := range rs {
-			if seen[i] {
+			if took[i] != 0 {
 				continue
 			}
 			if w, err := f.workers(); err == nil && cond(w) {
-				seen[i] = true
+				took[i] = max(time.Since(began), time.Nanosecond)
 				left--
 			}
 		}
 	}
-	return time.Since(began)
+	return took
+}
+
+// afterLeaderKill is the bound on the time until every replica sees a join
+// or a leave after the etcd leader was killed: the issue asks 1 s; on this
+// shared box the check is that no replica treated the leader change as an
+// outage, whose removals wait --etcd-outage-grace (10 s) — which
+// heldRemovals checks in the logs as well.
+const afterLeaderKill = 5 * time.Second
+
+// checkAfterLeaderKill fails the test when a replica saw a join or a leave
+// after the leader kill later than afterLeaderKill, or held a removal.
+func checkAfterLeaderKill(t *testing.T, rs []*fleet, join, leave []time.Duration) {
+	t.Helper()
+	for r, f := range rs {
+		if join[r] > afterLeaderKill || leave[r] > afterLeaderKill {
+			t.Errorf("replica %d saw the join after the leader kill after %v and the leave after %v, want within %v", r, join[r], leave[r], afterLeaderKill)
+		}
+		if held := grepLines(f.serve.logText(), "kept while it may re-register"); held != "" {
+			t.Errorf("replica %d held a removal across the leader change:\n%s", r, held)
+		}
+	}
 }
 
 // sameList fails the test unless every replica lists the same workers with
@@ -511,18 +540,18 @@ func TestKVFleet512Replicas(t *testing.T) {
 			r, rss0[r]/1e6, rss1[r]/1e6, workers, (rss1[r]-rss0[r])/float64(workers)/1e3)
 	}
 
-	joinLeave := func(when string) {
+	joinLeave := func(when string) (join, leave []time.Duration) {
 		t.Helper()
 		extra := workers // the next address
 		reg := register(extra)
-		join := seenBy(t, rs, func(w map[string]string) bool { return w[id(extra)] == "active" })
+		join = seenByEach(t, rs, func(w map[string]string) bool { return w[id(extra)] == "active" })
 		if err := reg.Revoke(ctx); err != nil {
 			t.Fatal(err)
 		}
-		revoked := time.Now()
-		seenBy(t, rs, func(w map[string]string) bool { _, ok := w[id(extra)]; return !ok })
-		t.Logf("%s: with %d workers a join was seen by every replica after %v, a leave after %v",
-			when, workers, join, time.Since(revoked))
+		leave = seenByEach(t, rs, func(w map[string]string) bool { _, ok := w[id(extra)]; return !ok })
+		t.Logf("%s: with %d workers, per replica: a join seen after %v (from the put), a leave after %v (from the revoke)",
+			when, workers, join, leave)
+		return join, leave
 	}
 	joinLeave("idle")
 
@@ -550,7 +579,8 @@ func TestKVFleet512Replicas(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	joinLeave("after the leader kill, under load")
+	joins, leaves := joinLeave("after the leader kill, under load")
+	checkAfterLeaderKill(t, rs, joins, leaves)
 	total := 0
 	for r, b := range loads {
 		rep, out, err := b.wait(t, 3*time.Minute)
