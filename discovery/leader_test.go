@@ -3,9 +3,12 @@ package discovery_test
 import (
 	"context"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/infera/infera/discovery"
@@ -120,4 +123,53 @@ func seenByAll(t *testing.T, ws []*discovery.Watcher, what string, cond func(*di
 		}
 	}
 	return took
+}
+
+// TestWatcherHoldsRemovalsAfterStalledLeader (issue 12's case, on the
+// resumed watch): a single etcd member (so the leader keeps its term) is
+// paused for longer than a worker's lease TTL. The watcher's probe fails,
+// and on SIGCONT etcd expires the lease whose keepalives it missed and
+// deletes the record before the worker re-registers: the watch resumes at
+// the same term, so that delete is held and the worker never leaves the
+// view; the registrar re-registers it and the hold ends.
+func TestWatcherHoldsRemovalsAfterStalledLeader(t *testing.T) {
+	c := etcdtest.StartCluster(t, 1)
+	cli := etcdtest.Client(t, c.Endpoints())
+	var logs testkit.LogSink
+	put(t, cli, record("a:1"))
+	reg := discovery.NewRegistrar(cli, testPrefix, record("b:1"),
+		discovery.RegistrarOptions{TTL: 2 * time.Second, KeepAliveInterval: 500 * time.Millisecond}, zerolog.Nop())
+	if err := reg.Register(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	startRegistrar(t, reg)
+
+	var mu sync.Mutex
+	var without []string // snapshots that lacked b:1
+	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), func(s *discovery.Snapshot) {
+		if _, ok := s.Get("b:1"); !ok {
+			mu.Lock()
+			without = append(without, strings.Join(ids(s), ","))
+			mu.Unlock()
+		}
+	})
+	w.SetOutageGrace(time.Minute)
+	discovery.SetProbeInterval(w, 300*time.Millisecond)
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1", "b:1")
+
+	c.Pause(0)
+	time.Sleep(4 * time.Second) // the fault: longer than the 2 s lease TTL
+	c.Resume(0)
+
+	testkit.Eventually(t, "the watch to resume", func() bool { return logs.Count("etcd reachable again: fleet watch resumed") > 0 })
+	testkit.Eventually(t, "b:1 re-registered", func() bool { return logs.Count("held worker re-registered") > 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(without) > 0 {
+		t.Fatalf("the view lacked b:1 across the stall: %v\n%s", without, logs.String())
+	}
+	if n := discovery.Lists(w); n != 1 {
+		t.Fatalf("%d lists, want 1: the watch resumes", n)
+	}
 }

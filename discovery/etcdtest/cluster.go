@@ -144,6 +144,20 @@ func (c *Cluster) Kill(i int) {
 	<-m.done
 }
 
+// Pause stops member i with SIGSTOP, as a stalled host or process would:
+// its connections stay open and nothing answers. Resume continues it.
+func (c *Cluster) Pause(i int) { c.signal(i, syscall.SIGSTOP) }
+
+// Resume continues member i after Pause.
+func (c *Cluster) Resume(i int) { c.signal(i, syscall.SIGCONT) }
+
+func (c *Cluster) signal(i int, sig syscall.Signal) {
+	c.t.Helper()
+	if err := c.members[i].cmd.Process.Signal(sig); err != nil {
+		c.t.Fatalf("etcd %s: %v: %v", c.members[i].name, sig, err)
+	}
+}
+
 // Leader returns the index of the running member that is the cluster's
 // leader by its own account, or -1 when none is (an election is under way).
 func (c *Cluster) Leader(cli *clientv3.Client) int {
