@@ -199,7 +199,7 @@ func TestKVFleetReplicasEtcdLeaderKill(t *testing.T) {
 	procs[leaving].signal(syscall.SIGTERM)
 	leave := seenBy(t, rs, func(w map[string]string) bool { _, ok := w[leaving]; return !ok })
 	delete(ids, leaving)
-	t.Logf("before the fault: a join seen by every replica after %v, a leave after %v (from SIGTERM)", join, leave)
+	t.Logf("before the fault: a join seen by every replica after %v, a leave after %v (from SIGTERM); lost quorum reads per replica %v", join, leave, lostQuorum(rs))
 
 	// Load through every replica across the leader's death.
 	var loads []*bgBench
@@ -327,6 +327,17 @@ func logSince(p *proc, mark int) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return strings.Join(p.raw[mark:], "\n")
+}
+
+// lostQuorum counts, per replica, the times its fleet watcher found that
+// etcd could not serve a linearizable read (its probe or a list failed):
+// the outages after which removals are held at the same leader term.
+func lostQuorum(rs []*fleet) []int {
+	var n []int
+	for _, f := range rs {
+		n = append(n, strings.Count(f.serve.logText(), "etcd unreachable: keeping the last"))
+	}
+	return n
 }
 
 // checkAfterLeaderKill checks what each replica's fleet watcher did after
@@ -589,6 +600,7 @@ func TestKVFleet512Replicas(t *testing.T) {
 		return join, leave
 	}
 	joinLeave("idle")
+	t.Logf("idle: lost quorum reads per replica %v", lostQuorum(rs))
 
 	var loads []*bgBench
 	for r, f := range rs {
