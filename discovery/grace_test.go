@@ -84,3 +84,34 @@ func TestWatcherHeldWorkerExpires(t *testing.T) {
 		t.Fatalf("the expiry is not logged once:\n%s", logs.String())
 	}
 }
+
+// A worker that deregisters on purpose (its record says draining first, as
+// `infera worker` writes it before it revokes its lease) is removed at
+// once even inside the grace window; a plain delete there is held.
+func TestWatcherDoesNotHoldLeavingWorker(t *testing.T) {
+	eps := etcdtest.Start(t)
+	cli := etcdtest.Client(t, eps)
+	var logs testkit.LogSink
+	put(t, cli, record("a:1"))
+	put(t, cli, record("d:1"))
+	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
+	w.SetOutageGrace(time.Minute)
+	relistOnce(t, w, cli, nil) // the re-list opens the grace window
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1", "d:1")
+	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	testkit.Eventually(t, "the re-list", func() bool { return discovery.Lists(w) >= 2 })
+
+	drain := record("d:1")
+	drain.Status = discovery.StatusDraining
+	put(t, cli, drain)
+	del(t, cli, "d:1")
+	waitIDs(t, w, "a:1")
+
+	del(t, cli, "a:1")
+	put(t, cli, record("c:1"))
+	waitIDs(t, w, "a:1", "c:1")
+	if n := strings.Count(logs.String(), "kept while it may re-register"); n != 1 {
+		t.Fatalf("%d removals held, want 1 (a:1):\n%s", n, logs.String())
+	}
+}

@@ -88,7 +88,7 @@ func TestWatcherResumesAcrossLeaderKill(t *testing.T) {
 		if n := discovery.Lists(w); n != 1 {
 			t.Errorf("watcher %d listed %d times, want once (a watch resumes after a leader change)", i, n)
 		}
-		if n := logs[i].Count("kept while it may re-register"); n != 0 {
+		if n := strings.Count(logs[i].String(), "kept while it may re-register"); n != 0 {
 			t.Errorf("watcher %d held %d removals across a leader change:\n%s", i, n, logs[i].String())
 		}
 	}

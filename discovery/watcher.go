@@ -169,7 +169,9 @@ type Watcher struct {
 // resumes from an outage in which etcd could not serve a linearizable read
 // and kept its leader (same raft term). A newer term ends the window: a new
 // leader renews every lease when it takes office, so the removals it makes
-// are real. A held worker stays in the view; a new record for it ends the
+// are real. A worker whose record said it was leaving (draining, dead:
+// `infera worker` writes draining before it revokes its lease) is never
+// held. A held worker stays in the view; a new record for it ends the
 // hold, and one that does not re-appear within d is removed then. A watch
 // that resumes after a member died, or after a leader change, applies
 // every delete at once. 0 (the default) removes at once. Call before Run.
@@ -533,7 +535,7 @@ func (w *Watcher) apply(events []*clientv3.Event, rev int64) {
 		}
 		if ev.Type == clientv3.EventTypeDelete {
 			delete(w.invalid, key)
-			if w.holdDelete(id) {
+			if w.holdDelete(id, workers) {
 				continue
 			}
 			workers, changed = remove(workers, id, changed)
@@ -641,7 +643,7 @@ func (w *Watcher) holdMissing(listed []Record) []Record {
 		w.unhold(rec.WorkerID)
 	}
 	for _, rec := range w.Snapshot().Workers {
-		if _, ok := ids[rec.WorkerID]; ok {
+		if _, ok := ids[rec.WorkerID]; ok || leaving(&rec) {
 			continue
 		}
 		if _, ok := w.held[rec.WorkerID]; !ok {
@@ -654,10 +656,12 @@ func (w *Watcher) holdMissing(listed []Record) []Record {
 	return listed
 }
 
-// holdDelete decides on a delete event for id: within the grace window
-// after a re-list a worker's removal is held (true: keep it in the view);
-// one already held stays held.
-func (w *Watcher) holdDelete(id string) bool {
+// holdDelete decides on a delete event for id, given the view it applies
+// to: within the grace window after a re-list or an outage a worker's
+// removal is held (true: keep it in the view) unless its record said it
+// was leaving (draining, dead: it deregistered on purpose); one already
+// held stays held.
+func (w *Watcher) holdDelete(id string, workers []Record) bool {
 	if _, ok := w.held[id]; ok {
 		return true
 	}
@@ -668,7 +672,10 @@ func (w *Watcher) holdDelete(id string) bool {
 	if now.Sub(w.recovered) > w.grace {
 		return false
 	}
-	if _, ok := w.Snapshot().Get(id); !ok {
+	i, found := slices.BinarySearchFunc(workers, id, func(r Record, id string) int {
+		return strings.Compare(r.WorkerID, id)
+	})
+	if !found || leaving(&workers[i]) {
 		return false
 	}
 	w.held[id] = now.Add(w.grace)
@@ -688,6 +695,10 @@ func (w *Watcher) holdRemovals(open bool, now time.Time) {
 		w.recovered = now
 	}
 }
+
+// leaving reports whether a worker's record says it is going away on
+// purpose (draining, dead): its removal is never held.
+func leaving(r *Record) bool { return r.Status == StatusDraining || r.Status == StatusDead }
 
 func (w *Watcher) unhold(id string) {
 	if _, ok := w.held[id]; ok {
