@@ -7,8 +7,17 @@ import "time"
 
 // SetWatcherHooks installs hooks; call before Run.
 func SetWatcherHooks(w *Watcher, beforeList func(n int), afterList func(n int, rev int64)) {
-	w.hooks = watcherHooks{beforeList: beforeList, afterList: afterList}
+	w.hooks.beforeList, w.hooks.afterList = beforeList, afterList
 }
+
+// SetWatcherResumeHook installs a hook that runs before a watch resumes
+// from rev+1 without a list; call before Run.
+func SetWatcherResumeHook(w *Watcher, beforeResume func(rev int64)) {
+	w.hooks.beforeResume = beforeResume
+}
+
+// Sessions returns how many list-or-resume attempts the watcher has started.
+func Sessions(w *Watcher) int64 { return w.sessions.Load() }
 
 // CloseWatch closes the running watch stream; false when none is open.
 func CloseWatch(w *Watcher) bool { return w.closeWatch() }

@@ -1,7 +1,6 @@
 package discovery_test
 
 import (
-	"context"
 	"slices"
 	"strings"
 	"sync"
@@ -35,17 +34,9 @@ func TestWatcherHoldsRemovalsAfterRelist(t *testing.T) {
 		}
 	})
 	w.SetOutageGrace(time.Minute) // longer than the test: nothing expires
-	discovery.SetWatcherHooks(w, func(n int) {
-		if n != 2 {
-			return
-		}
-		// Between the closed watch and the re-list: b:1's lease expired.
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := cli.Delete(ctx, testPrefix+"b:1"); err != nil {
-			t.Error(err)
-		}
-	}, nil)
+	// Between the closed watch and the re-list (the history was compacted
+	// meanwhile): b:1's lease expired.
+	relistOnce(t, w, cli, func() { delKey(t, cli, "b:1") })
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
 	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
@@ -84,20 +75,43 @@ func TestWatcherHeldWorkerExpires(t *testing.T) {
 	put(t, cli, record("b:1"))
 	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
 	w.SetOutageGrace(300 * time.Millisecond)
-	discovery.SetWatcherHooks(w, func(n int) {
-		if n == 2 {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if _, err := cli.Delete(ctx, testPrefix+"b:1"); err != nil {
-				t.Error(err)
-			}
-		}
-	}, nil)
+	relistOnce(t, w, cli, func() { delKey(t, cli, "b:1") })
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
 	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
 	waitIDs(t, w, "a:1")
 	if logs.Count("held worker did not re-register within the grace: removed") != 1 {
 		t.Fatalf("the expiry is not logged once:\n%s", logs.String())
+	}
+}
+
+// A worker that deregisters on purpose (its record says draining first, as
+// `infera worker` writes it before it revokes its lease) is removed at
+// once even inside the grace window; a plain delete there is held.
+func TestWatcherDoesNotHoldLeavingWorker(t *testing.T) {
+	eps := etcdtest.Start(t)
+	cli := etcdtest.Client(t, eps)
+	var logs testkit.LogSink
+	put(t, cli, record("a:1"))
+	put(t, cli, record("d:1"))
+	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
+	w.SetOutageGrace(time.Minute)
+	relistOnce(t, w, cli, nil) // the re-list opens the grace window
+	startWatcher(t, w)
+	waitIDs(t, w, "a:1", "d:1")
+	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
+	testkit.Eventually(t, "the re-list", func() bool { return discovery.Lists(w) >= 2 })
+
+	drain := record("d:1")
+	drain.Status = discovery.StatusDraining
+	put(t, cli, drain)
+	del(t, cli, "d:1")
+	waitIDs(t, w, "a:1")
+
+	del(t, cli, "a:1")
+	put(t, cli, record("c:1"))
+	waitIDs(t, w, "a:1", "c:1")
+	if n := strings.Count(logs.String(), "kept while it may re-register"); n != 1 {
+		t.Fatalf("%d removals held, want 1 (a:1):\n%s", n, logs.String())
 	}
 }

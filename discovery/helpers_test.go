@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -129,4 +130,50 @@ func leaseOf(t *testing.T, cli *clientv3.Client, id string) clientv3.LeaseID {
 		return 0
 	}
 	return clientv3.LeaseID(resp.Kvs[0].Lease)
+}
+
+// compactPast writes two revisions outside the prefix and compacts the
+// history up to the last one, so that a watch resumed from any earlier
+// revision fails with ErrCompacted and the watcher must re-list. It may
+// run on the watcher's goroutine (a hook): it reports with t.Error.
+func compactPast(t *testing.T, cli *clientv3.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var last int64
+	for i := range 2 {
+		resp, err := cli.Put(ctx, "/infera-test/noise", strconv.Itoa(i))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		last = resp.Header.Revision
+	}
+	if _, err := cli.Compact(ctx, last, clientv3.WithCompactPhysical()); err != nil {
+		t.Error(err)
+	}
+}
+
+// relistOnce makes the watcher's next resumed watch fail as compacted, so
+// that it re-lists; first (optional) runs before, in the gap between the
+// closed watch and the re-list. Later resumes are left alone.
+func relistOnce(t *testing.T, w *discovery.Watcher, cli *clientv3.Client, first func()) {
+	var once sync.Once
+	discovery.SetWatcherResumeHook(w, func(int64) {
+		once.Do(func() {
+			if first != nil {
+				first()
+			}
+			compactPast(t, cli)
+		})
+	})
+}
+
+// delKey deletes a worker's key; unlike del it may run on a watcher's
+// goroutine (a hook): it reports with t.Error.
+func delKey(t *testing.T, cli *clientv3.Client, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Delete(ctx, testPrefix+id); err != nil {
+		t.Error(err)
+	}
 }

@@ -78,6 +78,7 @@ func (w *KVDWatcher) Snapshot() *KVDSnapshot { return w.snap.Load() }
 func (w *KVDWatcher) size() int                     { return len(w.Snapshot().KVDs) }
 func (w *KVDWatcher) nextExpiry() (time.Time, bool) { return time.Time{}, false }
 func (w *KVDWatcher) expireHeld(time.Time)          {}
+func (w *KVDWatcher) holdRemovals(bool, time.Time)  {}
 
 func (w *KVDWatcher) rebuild(kvs []*mvccpb.KeyValue, rev int64, n int) {
 	recs := make(map[string]KVDRecord, len(kvs))

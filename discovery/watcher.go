@@ -33,13 +33,19 @@ var (
 	errWatchClosed     = errors.New("watch channel closed")
 	errWatchCanceled   = errors.New("watch canceled by server")
 	errEtcdUnreachable = errors.New("etcd unreachable")
+	// errStoreReset: the watch reached an etcd whose store is behind the
+	// revision the view reflects, or another cluster: its history is not
+	// the one the view was built from, so only a re-list is exact.
+	errStoreReset = errors.New("etcd store reset")
 )
 
 // watcherHooks let tests act at the points where the watcher's correctness
-// matters (between list and watch, and before a re-list). Nil in production.
+// matters (between list and watch, before a re-list, before a watch
+// resumes). Nil in production.
 type watcherHooks struct {
-	beforeList func(n int)            // n counts lists from 1
-	afterList  func(n int, rev int64) // runs before the watch from rev+1 starts
+	beforeList   func(n int)            // n counts lists from 1
+	afterList    func(n int, rev int64) // runs before the watch from rev+1 starts
+	beforeResume func(rev int64)        // runs before a watch resumes from rev+1 without a list
 }
 
 // registryView is what a watchLoop keeps current: the worker fleet
@@ -53,15 +59,21 @@ type registryView interface {
 	// nextExpiry and expireHeld drive held removals (Watcher.SetOutageGrace).
 	nextExpiry() (time.Time, bool)
 	expireHeld(now time.Time)
+	// holdRemovals opens (true) or closes (false) the window in which
+	// deletes are held as after a re-list (Watcher.SetOutageGrace).
+	holdRemovals(open bool, now time.Time)
 	// size is the number of entries, for logs.
 	size() int
 }
 
-// watchLoop lists one prefix at revision R, watches from R+1, and whenever
-// the watch cannot continue exactly (compaction, cancel, lost leader,
-// closed stream) lists again and has its view rebuilt from scratch, so an
-// entry deleted while the watch was down cannot survive as a phantom. The
-// worker fleet and the kvd registry share it.
+// watchLoop lists one prefix at revision R and watches from R+1. When the
+// watch breaks it resumes from the last revision it applied + 1, on
+// whichever etcd member answers, so that every event — deletes included —
+// arrives once and in order; only a compacted revision (or a store that is
+// behind the view, or another cluster) makes it list again and have its
+// view rebuilt from scratch, so an entry deleted while the watch was down
+// cannot survive as a phantom. The worker fleet and the kvd registry share
+// it.
 type watchLoop struct {
 	cli    *clientv3.Client
 	prefix string
@@ -80,6 +92,7 @@ type watchLoop struct {
 	synced   chan struct{}
 	syncOnce sync.Once
 	lists    atomic.Int64
+	sessions atomic.Int64
 
 	mu      sync.Mutex
 	current clientv3.Watcher // watch stream of the running session
@@ -88,10 +101,26 @@ type watchLoop struct {
 	// listTimeout bounds one list. Fields so tests can shorten them.
 	probeInterval time.Duration
 	listTimeout   time.Duration
-	// outage is set from the first failure to reach etcd until the next
-	// successful list, so an outage is logged once when it starts and once
-	// when it ends. Owned by the Run goroutine.
+	// outage is set from the first failure to reach etcd until etcd
+	// answers again (a list, or a resumed watch), so an outage is logged
+	// once when it starts and once when it ends. Owned by the Run goroutine.
 	outage bool
+
+	// The etcd position of the view, owned by the Run goroutine: rev is the
+	// last revision applied (0: a list is needed), term the highest raft
+	// term and cluster the cluster id etcd's answers carried.
+	rev     int64
+	term    uint64
+	cluster uint64
+	// An interruption of the watch: cut is set from the session's end
+	// until the watch is back, cutTerm is the term known when it began,
+	// and lostQuorum is set when, meanwhile, a linearizable read (the
+	// probe or a list) failed. holdTerm is the term at which a hold window
+	// opened (0: none open); a higher term closes it (see resumed).
+	cut        bool
+	cutTerm    uint64
+	lostQuorum bool
+	holdTerm   uint64
 
 	hooks watcherHooks
 }
@@ -122,22 +151,30 @@ type Watcher struct {
 	// once at debug level and otherwise skipped. Owned by the Run goroutine.
 	foreign map[string]struct{}
 
-	// grace holds removals after a re-list (see SetOutageGrace); held maps
-	// each held worker id to when it is removed after all, and recovered
-	// is when the last re-list ended the watch's interruption. Owned by
-	// the Run goroutine.
+	// grace holds removals after a re-list or an etcd outage (see
+	// SetOutageGrace); held maps each held worker id to when it is removed
+	// after all, and recovered is when the window in which deletes are
+	// held opened (zero: none open). Owned by the Run goroutine.
 	grace     time.Duration
 	held      map[string]time.Time
 	recovered time.Time
 }
 
-// SetOutageGrace makes the watcher hold, for d, each removal it learns from
-// a re-list (a worker missing from it) or from a delete within d after one:
-// after an etcd outage longer than the lease TTL every worker's lease may
-// have expired, and dropping them all until they re-register would leave the
-// router with no worker for a moment. A held worker stays in the view; a
-// new record for it ends the hold, and one that does not re-appear within d
-// is removed then. 0 (the default) removes at once. Call before Run.
+// SetOutageGrace makes the watcher hold, for d, each removal that etcd
+// itself may have caused: after an etcd outage longer than the lease TTL
+// every worker's lease may have expired, and dropping them all until they
+// re-register would leave the router with no worker for a moment. Held are
+// the workers missing from a re-list (a compacted revision) and the
+// deletes within d after one, and the deletes within d after a watch
+// resumes from an outage in which etcd could not serve a linearizable read
+// and kept its leader (same raft term). A newer term ends the window: a new
+// leader renews every lease when it takes office, so the removals it makes
+// are real. A worker whose record said it was leaving (draining, dead:
+// `infera worker` writes draining before it revokes its lease) is never
+// held. A held worker stays in the view; a new record for it ends the
+// hold, and one that does not re-appear within d is removed then. A watch
+// that resumes after a member died, or after a leader change, applies
+// every delete at once. 0 (the default) removes at once. Call before Run.
 func (w *Watcher) SetOutageGrace(d time.Duration) { w.grace = d }
 
 // NewWatcher returns a watcher of prefix. onChange (optional) is called on
@@ -159,19 +196,34 @@ func NewWatcher(cli *clientv3.Client, prefix string, log zerolog.Logger, onChang
 func (w *Watcher) Snapshot() *Snapshot { return w.snap.Load() }
 
 // Run lists and watches until ctx is done, then returns nil. Failures never
-// end it: it re-lists with a capped, jittered backoff while etcd is away.
+// end it: a broken watch resumes at once (then with a short backoff), and
+// while etcd is away it retries with a capped, jittered backoff.
 // Call it once, from one goroutine.
 func (w *watchLoop) Run(ctx context.Context) error {
-	bo := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	slow := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	// A watch that broke while etcd answers (a member died, an election)
+	// is resumed quickly: the next member may take it at once.
+	fast := backoff{min: 10 * time.Millisecond, max: 250 * time.Millisecond}
 	for {
 		watched, err := w.session(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
+		if !w.cut {
+			w.cut, w.cutTerm = true, w.term
+		}
+		delay := fast.next
 		switch {
 		case watched < 0 || errors.Is(err, errEtcdUnreachable):
-			// etcd cannot be reached: say so once per outage; the server
-			// keeps routing on the snapshot it has.
+			// etcd cannot serve a read: say so once per outage; the server
+			// keeps routing on the snapshot it has. A failed list returns
+			// at once and backs off; a session that ended by its probe
+			// waited a probe interval already, and resumes quickly once
+			// a member answers (after an election, say).
+			w.lostQuorum = true
+			if watched < 0 {
+				delay = slow.next
+			}
 			if !w.outage {
 				w.outage = true
 				w.log.Warn().Err(err).Int(w.countField, w.view.size()).
@@ -180,43 +232,37 @@ func (w *watchLoop) Run(ctx context.Context) error {
 				w.log.Debug().Err(err).Msg("etcd still unreachable")
 			}
 		case errors.Is(err, rpctypes.ErrCompacted):
+			w.rev = 0
 			w.log.Info().Err(err).Msg("etcd watch compacted, re-listing")
+		case errors.Is(err, errStoreReset):
+			w.rev = 0
+			w.log.Warn().Err(err).Msg("etcd store is not the one watched, re-listing")
 		default:
-			w.log.Warn().Err(err).Msg("etcd watch interrupted, re-listing")
+			w.log.Info().Err(err).Int64("revision", w.rev).Msg("etcd watch interrupted, resuming")
 		}
 		if watched >= stableWatch {
-			bo.reset()
+			slow.reset()
+			fast.reset()
 		}
-		if !sleepCtx(ctx, bo.next()) {
+		if !sleepCtx(ctx, delay()) {
 			return nil
 		}
 	}
 }
 
-// session does one list and the watch that follows it. It returns how long
-// the watch ran (-1 when the list failed) and why it ended.
+// session lists when the view needs it (first, or after a compaction),
+// then watches from the view's revision + 1. It returns how long the watch
+// ran (-1 when the list failed) and why it ended.
 func (w *watchLoop) session(ctx context.Context) (time.Duration, error) {
-	n := int(w.lists.Add(1))
-	if w.hooks.beforeList != nil {
-		w.hooks.beforeList(n)
+	w.sessions.Add(1)
+	if w.rev == 0 {
+		if err := w.list(ctx); err != nil {
+			return -1, err
+		}
+	} else if w.hooks.beforeResume != nil {
+		w.hooks.beforeResume(w.rev)
 	}
-	lctx, cancel := context.WithTimeout(ctx, w.listTimeout)
-	resp, err := w.cli.Get(lctx, w.prefix, clientv3.WithPrefix())
-	cancel()
-	if err != nil {
-		return -1, fmt.Errorf("list %s: %w", w.prefix, err)
-	}
-	rev := resp.Header.Revision
-	w.view.expireHeld(time.Now())
-	w.view.rebuild(resp.Kvs, rev, n)
-	if w.outage {
-		w.outage = false
-		w.log.Info().Int64("revision", rev).Int(w.countField, w.view.size()).
-			Msg("etcd reachable again: " + w.what + " view re-listed")
-	}
-	if w.hooks.afterList != nil {
-		w.hooks.afterList(n, rev)
-	}
+	from := w.rev + 1
 
 	// A watcher of our own per session: closing it tears down exactly this
 	// session's stream and goroutines, whatever else shares the client.
@@ -232,21 +278,37 @@ func (w *watchLoop) session(ctx context.Context) (time.Duration, error) {
 	}()
 
 	// WithRequireLeader makes a member that lost its leader (partitioned)
-	// cancel the watch instead of silently serving nothing new.
+	// cancel the watch instead of silently serving nothing new, and
+	// refuse a new one, so the watch goes to a member with a leader.
+	// A failed probe also cancels the watch: clientv3's Watch waits until
+	// a member has created it, which no member does while etcd is away.
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	probeFailed := make(chan error, 1)
 	var probing sync.WaitGroup
 	probing.Add(1)
 	go func() {
 		defer probing.Done()
-		w.probe(wctx, probeFailed)
+		if err := w.probe(wctx); err != nil {
+			probeFailed <- err
+			wcancel()
+		}
 	}()
 	defer func() {
 		wcancel()
 		probing.Wait()
 	}()
+	// ended says why the session ends: the probe's failure when there was
+	// one (it cancels the watch, which then ends too), else err.
+	ended := func(err error) error {
+		select {
+		case perr := <-probeFailed:
+			return fmt.Errorf("%w: %w", errEtcdUnreachable, perr)
+		default:
+			return err
+		}
+	}
 	start := time.Now()
-	ch := wc.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	ch := wc.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithCreatedNotify())
 	expiry := time.NewTimer(time.Hour)
 	defer expiry.Stop()
 	for {
@@ -261,16 +323,38 @@ func (w *watchLoop) session(ctx context.Context) (time.Duration, error) {
 			continue
 		case wr, ok := <-ch:
 			if !ok {
-				return time.Since(start), errWatchClosed
+				return time.Since(start), ended(errWatchClosed)
 			}
 			if err := wr.Err(); err != nil {
-				return time.Since(start), fmt.Errorf("watch %s from revision %d: %w", w.prefix, rev+1, err)
+				return time.Since(start), ended(fmt.Errorf("watch %s from revision %d: %w", w.prefix, from, err))
 			}
 			if wr.Canceled {
-				return time.Since(start), errWatchCanceled
+				return time.Since(start), ended(errWatchCanceled)
+			}
+			if err := w.position(&wr); err != nil {
+				return time.Since(start), err
+			}
+			if wr.Created {
+				if wr.Header.Revision < w.rev {
+					// The member is behind the view: it lags in applying,
+					// or its store is not the one the view was built from.
+					if err := w.checkNotBehind(ctx); err != nil {
+						return time.Since(start), err
+					}
+				}
+				if w.cut {
+					w.resumed(wr.Header.RaftTerm)
+				}
+				continue
 			}
 			if len(wr.Events) > 0 {
 				w.view.apply(wr.Events, wr.Header.Revision)
+				// Not the header's revision: a watch catching up sends
+				// batches stamped with the store's revision while more
+				// events follow.
+				w.rev = wr.Events[len(wr.Events)-1].Kv.ModRevision
+			} else if wr.IsProgressNotify() {
+				w.rev = max(w.rev, wr.Header.Revision)
 			}
 		case err := <-probeFailed:
 			return time.Since(start), fmt.Errorf("%w: %w", errEtcdUnreachable, err)
@@ -278,24 +362,121 @@ func (w *watchLoop) session(ctx context.Context) (time.Duration, error) {
 	}
 }
 
+// list reads the whole prefix and has the view rebuilt from it.
+func (w *watchLoop) list(ctx context.Context) error {
+	n := int(w.lists.Add(1))
+	if w.hooks.beforeList != nil {
+		w.hooks.beforeList(n)
+	}
+	lctx, cancel := context.WithTimeout(ctx, w.listTimeout)
+	resp, err := w.cli.Get(lctx, w.prefix, clientv3.WithPrefix())
+	cancel()
+	if err != nil {
+		return fmt.Errorf("list %s: %w", w.prefix, err)
+	}
+	rev := resp.Header.Revision
+	w.view.expireHeld(time.Now())
+	w.view.rebuild(resp.Kvs, rev, n)
+	w.rev, w.cluster, w.term = rev, resp.Header.ClusterId, max(w.term, resp.Header.RaftTerm)
+	w.holdTerm = 0
+	if n > 1 {
+		// A re-list: what it lacks may be etcd's own doing (Watcher
+		// holds it); the window it opened closes on a newer term.
+		w.holdTerm = w.term
+	}
+	w.cut, w.lostQuorum = false, false
+	if w.outage {
+		w.outage = false
+		w.log.Info().Int64("revision", rev).Int(w.countField, w.view.size()).
+			Msg("etcd reachable again: " + w.what + " view re-listed")
+	}
+	if w.hooks.afterList != nil {
+		w.hooks.afterList(n, rev)
+	}
+	return nil
+}
+
+// position checks that a watch response comes from the cluster the view
+// was built from and follows its leader term: a term above the one at which
+// a hold window opened closes it.
+func (w *watchLoop) position(wr *clientv3.WatchResponse) error {
+	h := wr.Header
+	if w.cluster != 0 && h.ClusterId != 0 && h.ClusterId != w.cluster {
+		return fmt.Errorf("%w: cluster %x, the view is of cluster %x", errStoreReset, h.ClusterId, w.cluster)
+	}
+	if h.RaftTerm > w.term {
+		w.term = h.RaftTerm
+	}
+	if w.holdTerm != 0 && w.term > w.holdTerm {
+		w.holdTerm = 0
+		w.view.holdRemovals(false, time.Now())
+		w.log.Info().Uint64("raft_term", w.term).
+			Msg("a new etcd leader took office (it renews every lease): removals apply at once again")
+	}
+	return nil
+}
+
+// checkNotBehind confirms, by a linearizable read (served once the member
+// has applied all the leader committed), that etcd's revision is not below
+// the view's: a store that went back (restored, or wiped and started
+// again) would otherwise hold a watch from the view's revision + 1 silent
+// until it caught up. errStoreReset says it went back.
+func (w *watchLoop) checkNotBehind(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, w.listTimeout)
+	resp, err := w.cli.Get(lctx, w.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%w: %w", errEtcdUnreachable, err)
+	}
+	if resp.Header.Revision < w.rev {
+		return fmt.Errorf("%w: revision %d, the view is at revision %d", errStoreReset, resp.Header.Revision, w.rev)
+	}
+	return nil
+}
+
+// resumed runs when a watch is back after an interruption, at the first
+// answer of the member that took it (term is that member's raft term).
+// Deletes that follow are applied at once unless etcd itself may have
+// caused them: the watcher lost quorum during the interruption (a probe or
+// list failed) and the leader kept its term, i.e. a leader that could not
+// be reached or was stalled may have expired the leases whose keepalives
+// it missed. Then they are held as after a re-list, until a newer term.
+func (w *watchLoop) resumed(term uint64) {
+	hold := w.lostQuorum && term <= w.cutTerm
+	ev := w.log.Info()
+	if !w.outage {
+		ev = w.log.Debug()
+	}
+	msg := "etcd watch resumed"
+	if w.outage {
+		msg = "etcd reachable again: " + w.what + " watch resumed"
+	}
+	ev.Int64("revision", w.rev).Uint64("raft_term", term).Bool("removals_held", hold).
+		Int(w.countField, w.view.size()).Msg(msg)
+	if hold {
+		w.holdTerm = max(term, 1)
+		w.view.holdRemovals(true, time.Now())
+	}
+	w.cut, w.lostQuorum, w.outage = false, false, false
+}
+
 // probe reads one key count (a linearizable read, so it needs a quorum)
-// every probeInterval until ctx ends, and reports the first failure on
-// failed. Owned by one session.
-func (w *watchLoop) probe(ctx context.Context, failed chan<- error) {
+// every probeInterval until ctx ends, and returns the first failure (nil
+// when ctx ended). Owned by one session.
+func (w *watchLoop) probe(ctx context.Context) error {
 	t := time.NewTicker(w.probeInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, w.probeInterval)
 		_, err := w.cli.Get(pctx, w.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		cancel()
 		if err != nil && ctx.Err() == nil {
-			failed <- err
-			return
+			return err
 		}
 	}
 }
@@ -354,7 +535,7 @@ func (w *Watcher) apply(events []*clientv3.Event, rev int64) {
 		}
 		if ev.Type == clientv3.EventTypeDelete {
 			delete(w.invalid, key)
-			if w.holdDelete(id) {
+			if w.holdDelete(id, workers) {
 				continue
 			}
 			workers, changed = remove(workers, id, changed)
@@ -462,7 +643,7 @@ func (w *Watcher) holdMissing(listed []Record) []Record {
 		w.unhold(rec.WorkerID)
 	}
 	for _, rec := range w.Snapshot().Workers {
-		if _, ok := ids[rec.WorkerID]; ok {
+		if _, ok := ids[rec.WorkerID]; ok || leaving(&rec) {
 			continue
 		}
 		if _, ok := w.held[rec.WorkerID]; !ok {
@@ -475,10 +656,12 @@ func (w *Watcher) holdMissing(listed []Record) []Record {
 	return listed
 }
 
-// holdDelete decides on a delete event for id: within the grace window
-// after a re-list a worker's removal is held (true: keep it in the view);
-// one already held stays held.
-func (w *Watcher) holdDelete(id string) bool {
+// holdDelete decides on a delete event for id, given the view it applies
+// to: within the grace window after a re-list or an outage a worker's
+// removal is held (true: keep it in the view) unless its record said it
+// was leaving (draining, dead: it deregistered on purpose); one already
+// held stays held.
+func (w *Watcher) holdDelete(id string, workers []Record) bool {
 	if _, ok := w.held[id]; ok {
 		return true
 	}
@@ -489,7 +672,10 @@ func (w *Watcher) holdDelete(id string) bool {
 	if now.Sub(w.recovered) > w.grace {
 		return false
 	}
-	if _, ok := w.Snapshot().Get(id); !ok {
+	i, found := slices.BinarySearchFunc(workers, id, func(r Record, id string) int {
+		return strings.Compare(r.WorkerID, id)
+	})
+	if !found || leaving(&workers[i]) {
 		return false
 	}
 	w.held[id] = now.Add(w.grace)
@@ -497,6 +683,22 @@ func (w *Watcher) holdDelete(id string) bool {
 		Msg("worker record deleted just after an etcd interruption: kept while it may re-register")
 	return true
 }
+
+// holdRemovals opens or closes the window in which deletes are held (see
+// SetOutageGrace); workers already held stay held.
+func (w *Watcher) holdRemovals(open bool, now time.Time) {
+	if !open {
+		w.recovered = time.Time{}
+		return
+	}
+	if w.grace > 0 {
+		w.recovered = now
+	}
+}
+
+// leaving reports whether a worker's record says it is going away on
+// purpose (draining, dead): its removal is never held.
+func leaving(r *Record) bool { return r.Status == StatusDraining || r.Status == StatusDead }
 
 func (w *Watcher) unhold(id string) {
 	if _, ok := w.held[id]; ok {

@@ -80,6 +80,7 @@ func TestWatcherIgnoresInvalidRecords(t *testing.T) {
 	put(t, cli, record("a:1"))
 
 	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
+	relistOnce(t, w, cli, nil)
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1")
 	if n := logs.Count(msg); n != 2 {
@@ -166,9 +167,12 @@ func TestWatcherRelistsAfterCompaction(t *testing.T) {
 	waitIDs(t, w, "c:1", "d:1")
 }
 
-// Watch cancel: when the watch stream closes, the watcher re-lists; a worker
-// deleted and one added while no watch was open are reflected exactly.
-func TestWatcherRelistsAfterWatchCancel(t *testing.T) {
+// Watch cancel: when the watch stream closes, the watcher resumes it from
+// the revision after the last it applied, without a list: a worker deleted
+// and one added while no watch was open arrive as events, in order, and the
+// delete applies at once although an outage grace is set (etcd answered
+// throughout, so nothing it did can have expired a live worker's lease).
+func TestWatcherResumesAfterWatchCancel(t *testing.T) {
 	eps := etcdtest.Start(t)
 	cli := etcdtest.Client(t, eps)
 	var logs testkit.LogSink
@@ -176,30 +180,34 @@ func TestWatcherRelistsAfterWatchCancel(t *testing.T) {
 	put(t, cli, record("b:1"))
 
 	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
-	discovery.SetWatcherHooks(w, func(n int) {
-		if n != 2 {
+	w.SetOutageGrace(time.Minute)
+	resumes := 0
+	discovery.SetWatcherResumeHook(w, func(int64) {
+		resumes++
+		if resumes != 1 {
 			return
 		}
-		// The old watch is closed and the new list has not run: the gap.
+		// The old watch is closed and the new one has not started: the gap.
+		delKey(t, cli, "b:1")
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if _, err := cli.Delete(ctx, testPrefix+"b:1"); err != nil {
-			t.Error(err)
-		}
 		if _, err := cli.Put(ctx, testPrefix+"c:1", encode(t, record("c:1"))); err != nil {
 			t.Error(err)
 		}
-	}, nil)
+	})
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
 
 	testkit.Eventually(t, "watch open", func() bool { return discovery.CloseWatch(w) })
 	waitIDs(t, w, "a:1", "c:1")
-	if n := discovery.Lists(w); n < 2 {
-		t.Fatalf("%d lists, want a re-list", n)
+	if n := discovery.Lists(w); n != 1 {
+		t.Fatalf("%d lists, want 1: the watch resumes", n)
 	}
-	if logs.Count("etcd watch interrupted, re-listing") == 0 {
-		t.Fatal("no re-list was logged")
+	if logs.Count("etcd watch interrupted, resuming") == 0 {
+		t.Fatal("the resume was not logged")
+	}
+	if n := strings.Count(logs.String(), "kept while it may re-register"); n != 0 {
+		t.Fatalf("%d removals held after a plain watch interruption:\n%s", n, logs.String())
 	}
 	put(t, cli, record("d:1"))
 	waitIDs(t, w, "a:1", "c:1", "d:1")
@@ -245,8 +253,8 @@ func TestWatcherLogsOutageOnce(t *testing.T) {
 	etcd.Stop()
 	testkit.Eventually(t, "the outage to be logged", func() bool { return strings.Count(logs.String(), "keeping the last fleet snapshot") == 1 })
 	// Many probe and list retries later, still one line, and the view kept.
-	lists := discovery.Lists(w)
-	testkit.Eventually(t, "more retries", func() bool { return discovery.Lists(w) >= lists+3 })
+	sessions := discovery.Sessions(w)
+	testkit.Eventually(t, "more retries", func() bool { return discovery.Sessions(w) >= sessions+3 })
 	if n := strings.Count(logs.String(), "keeping the last fleet snapshot"); n != 1 {
 		t.Fatalf("outage logged %d times, want once:\n%s", n, logs.String())
 	}
@@ -279,6 +287,7 @@ func TestWatcherSkipsNonWorkerKeys(t *testing.T) {
 	}
 	put(t, cli, record("a:1"))
 	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
+	relistOnce(t, w, cli, nil)
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1")
 

@@ -199,7 +199,7 @@ func TestKVFleetReplicasEtcdLeaderKill(t *testing.T) {
 	procs[leaving].signal(syscall.SIGTERM)
 	leave := seenBy(t, rs, func(w map[string]string) bool { _, ok := w[leaving]; return !ok })
 	delete(ids, leaving)
-	t.Logf("before the fault: a join seen by every replica after %v, a leave after %v (from SIGTERM)", join, leave)
+	t.Logf("before the fault: a join seen by every replica after %v, a leave after %v (from SIGTERM); lost quorum reads per replica %v", join, leave, lostQuorum(rs))
 
 	// Load through every replica across the leader's death.
 	var loads []*bgBench
@@ -213,6 +213,10 @@ func TestKVFleetReplicasEtcdLeaderKill(t *testing.T) {
 	lead := etcdLeader(members)
 	if lead < 0 {
 		t.Fatal("no etcd member names a leader")
+	}
+	var marks []int
+	for _, f := range rs {
+		marks = append(marks, logMark(f.serve))
 	}
 	members[lead].kill()
 	killed := time.Now()
@@ -228,7 +232,7 @@ func TestKVFleetReplicasEtcdLeaderKill(t *testing.T) {
 	}
 
 	late1, late1ID := worker("fleet-worker-late-1")
-	join = seenBy(t, rs, func(w map[string]string) bool { return w[late1ID] == "active" })
+	joins := seenByEach(t, rs, func(w map[string]string) bool { return w[late1ID] == "active" })
 	procs[late1ID], ids[late1ID] = late1, true
 	var gone string
 	for id := range ids {
@@ -238,9 +242,10 @@ func TestKVFleetReplicasEtcdLeaderKill(t *testing.T) {
 		}
 	}
 	procs[gone].signal(syscall.SIGTERM)
-	leave = seenBy(t, rs, func(w map[string]string) bool { _, ok := w[gone]; return !ok })
+	leaves := seenByEach(t, rs, func(w map[string]string) bool { _, ok := w[gone]; return !ok })
 	delete(ids, gone)
-	t.Logf("after the leader kill: a join seen by every replica after %v, a leave after %v (from SIGTERM, under load)", join, leave)
+	t.Logf("after the leader kill, per replica: a join seen after %v (from the worker's registration), a leave after %v (from SIGTERM, under load)", joins, leaves)
+	checkAfterLeaderKill(t, rs, marks, joins, leaves)
 
 	total := 0
 	for r, b := range loads {
@@ -277,23 +282,93 @@ func TestKVFleetReplicasEtcdLeaderKill(t *testing.T) {
 // and returns how long the last one took.
 func seenBy(t *testing.T, rs []*fleet, cond func(map[string]string) bool) time.Duration {
 	t.Helper()
+	return slices.Max(seenByEach(t, rs, cond))
+}
+
+// seenByEach polls every replica until cond holds on each one's worker
+// list and returns how long each took (to within the 10 ms poll).
+func seenByEach(t *testing.T, rs []*fleet, cond func(map[string]string) bool) []time.Duration {
+	t.Helper()
 	began := time.Now()
-	seen := make([]bool, len(rs))
+	took := make([]time.Duration, len(rs))
 	for left := len(rs); left > 0; time.Sleep(10 * time.Millisecond) {
 		if time.Since(began) > 15*time.Second {
-			t.Fatalf("not every replica saw the change within 15 s: %v", seen)
+			t.Fatalf("not every replica saw the change within 15 s (0: not seen): %v", took)
 		}
 		for i, f := range rs {
-			if seen[i] {
+			if took[i] != 0 {
 				continue
 			}
 			if w, err := f.workers(); err == nil && cond(w) {
-				seen[i] = true
+				took[i] = max(time.Since(began), time.Nanosecond)
 				left--
 			}
 		}
 	}
-	return time.Since(began)
+	return took
+}
+
+// afterLeaderKill bounds the time until every replica sees a join or a
+// leave after the etcd leader was killed, for a replica that kept quorum
+// reads throughout (the issue asks 1 s; this shared box gets slack, and the
+// failure it catches is a leader change treated as an outage, whose
+// removals wait --etcd-outage-grace, 10 s).
+const afterLeaderKill = 5 * time.Second
+
+// logMark returns how many lines p has logged so far, for logSince.
+func logMark(p *proc) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.raw)
+}
+
+// logSince returns the lines p logged after mark.
+func logSince(p *proc, mark int) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.raw[mark:], "\n")
+}
+
+// lostQuorum counts, per replica, the times its fleet watcher found that
+// etcd could not serve a linearizable read (its probe or a list failed):
+// the outages after which removals are held at the same leader term.
+func lostQuorum(rs []*fleet) []int {
+	var n []int
+	for _, f := range rs {
+		n = append(n, strings.Count(f.serve.logText(), "etcd unreachable: keeping the last"))
+	}
+	return n
+}
+
+// checkAfterLeaderKill checks what each replica's fleet watcher did after
+// the leader kill (its log from marks[r]): it never re-listed (a broken
+// watch resumes on another member), and unless its probe found no quorum
+// at the same leader term — an outage by the watcher's rule, whose
+// removals are held by design — it held no removal and saw the join and
+// the leave within afterLeaderKill.
+func checkAfterLeaderKill(t *testing.T, rs []*fleet, marks []int, join, leave []time.Duration) {
+	t.Helper()
+	for r, f := range rs {
+		log := logSince(f.serve, marks[r])
+		interrupted := strings.Count(log, "etcd watch interrupted, resuming")
+		outages := strings.Count(log, "etcd unreachable: keeping the last")
+		relists := strings.Count(log, "re-listed")
+		held := grepLines(log, "kept while it may re-register")
+		t.Logf("replica %d after the kill: %d watch interruptions, %d lost quorum reads, %d re-lists, %d held removals",
+			r, interrupted, outages, relists, strings.Count(held, "\n")+min(len(held), 1))
+		if relists > 0 {
+			t.Errorf("replica %d re-listed after the leader kill:\n%s", r, grepLines(log, "re-list", "etcd"))
+		}
+		if outages > 0 {
+			continue
+		}
+		if held != "" {
+			t.Errorf("replica %d held a removal across the leader change:\n%s", r, held)
+		}
+		if join[r] > afterLeaderKill || leave[r] > afterLeaderKill {
+			t.Errorf("replica %d saw the join after the leader kill after %v and the leave after %v, want within %v", r, join[r], leave[r], afterLeaderKill)
+		}
+	}
 }
 
 // sameList fails the test unless every replica lists the same workers with
@@ -511,20 +586,21 @@ func TestKVFleet512Replicas(t *testing.T) {
 			r, rss0[r]/1e6, rss1[r]/1e6, workers, (rss1[r]-rss0[r])/float64(workers)/1e3)
 	}
 
-	joinLeave := func(when string) {
+	joinLeave := func(when string) (join, leave []time.Duration) {
 		t.Helper()
 		extra := workers // the next address
 		reg := register(extra)
-		join := seenBy(t, rs, func(w map[string]string) bool { return w[id(extra)] == "active" })
+		join = seenByEach(t, rs, func(w map[string]string) bool { return w[id(extra)] == "active" })
 		if err := reg.Revoke(ctx); err != nil {
 			t.Fatal(err)
 		}
-		revoked := time.Now()
-		seenBy(t, rs, func(w map[string]string) bool { _, ok := w[id(extra)]; return !ok })
-		t.Logf("%s: with %d workers a join was seen by every replica after %v, a leave after %v",
-			when, workers, join, time.Since(revoked))
+		leave = seenByEach(t, rs, func(w map[string]string) bool { _, ok := w[id(extra)]; return !ok })
+		t.Logf("%s: with %d workers, per replica: a join seen after %v (from the put), a leave after %v (from the revoke)",
+			when, workers, join, leave)
+		return join, leave
 	}
 	joinLeave("idle")
+	t.Logf("idle: lost quorum reads per replica %v", lostQuorum(rs))
 
 	var loads []*bgBench
 	for r, f := range rs {
@@ -538,6 +614,10 @@ func TestKVFleet512Replicas(t *testing.T) {
 	if lead < 0 {
 		t.Fatal("no etcd member names a leader")
 	}
+	var marks []int
+	for _, f := range rs {
+		marks = append(marks, logMark(f.serve))
+	}
 	members[lead].kill()
 	killed := time.Now()
 	for {
@@ -550,7 +630,8 @@ func TestKVFleet512Replicas(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	joinLeave("after the leader kill, under load")
+	joins, leaves := joinLeave("after the leader kill, under load")
+	checkAfterLeaderKill(t, rs, marks, joins, leaves)
 	total := 0
 	for r, b := range loads {
 		rep, out, err := b.wait(t, 3*time.Minute)
