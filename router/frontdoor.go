@@ -13,7 +13,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/infera/infera/internal/epoll"
 	"github.com/infera/infera/openai"
 )
 
@@ -265,72 +264,8 @@ type frontConn struct {
 	// (frontloop.go); nil with the goroutine one.
 	lc *loopConn
 
-	// A unary answer is held (holdAnswer) until fasthttp reads for the
-	// next request, which sends it from inside its wait (epoll.Held):
-	// the goroutine front door's read that would find nothing. hold and
-	// held are the serving goroutine's; pending says bytes are held,
-	// and whoever takes it (that goroutine's next read, or a Close from
-	// any goroutine) sends them.
-	hold     bool
-	heldInit bool
-	held     epoll.Held
-	pending  atomic.Bool
-}
-
-// holdAnswer makes the connection of ctx hold the answer fasthttp writes
-// next, when it is the goroutine front door's and the answer is a whole
-// body (a stream's writes go out as they come).
-func holdAnswer(ctx *fasthttp.RequestCtx) {
-	fc, ok := ctx.Conn().(*frontConn)
-	if !ok || fc.lc != nil || ctx.Response.IsBodyStream() || ctx.Hijacked() {
-		return
-	}
-	g, ok := fc.Conn.(*lfGuardConn)
-	if !ok || !g.checked || g.bad {
-		return // the bare-LF guard still reads (a held read bypasses it)
-	}
-	if !fc.heldInit {
-		fc.heldInit = true
-		fc.held.Init(g.Conn)
-	}
-	fc.hold = true
-}
-
-func (c *frontConn) Write(p []byte) (int, error) {
-	if c.hold {
-		if c.held.Hold(p) {
-			c.pending.Store(true)
-			return len(p), nil
-		}
-		// Too large to hold (or no socket): what is held goes first.
-		c.hold = false
-		if c.pending.Swap(false) {
-			if _, err := c.Conn.Write(c.held.Take()); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *frontConn) Read(p []byte) (int, error) {
-	c.hold = false
-	if !c.pending.Swap(false) {
-		return c.Conn.Read(p)
-	}
-	n, rest, err := c.held.Read(p)
-	if err != nil {
-		return 0, epoll.OpError(c.Conn, err)
-	}
-	if len(rest) > 0 {
-		// The socket was full: the rest goes as any write, then the
-		// next request is read as usual.
-		if _, err := c.Conn.Write(rest); err != nil {
-			return 0, err
-		}
-		return c.Conn.Read(p)
-	}
-	return n, nil
+	// ans is the unary answer held for the next read (frontheld.go).
+	ans heldAnswer
 }
 
 // NetConn returns the accepted connection under the front door's wrapper.
@@ -362,11 +297,7 @@ func (c *frontConn) Close() error {
 		// fasthttp is done with it for now; the loop keeps it open.
 		return nil
 	}
-	if c.pending.Swap(false) {
-		// An answer held for a read that does not come (Connection:
-		// close, drain): it goes out first.
-		_, _ = c.Conn.Write(c.held.Take())
-	}
+	c.sendHeldAnswer()
 	var err error
 	if c.linger.Load() && !c.closed.Load() {
 		c.fd.lingerClose(c.Conn)

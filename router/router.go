@@ -364,7 +364,7 @@ func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
 	if fc, ok := ctx.Conn().(*frontConn); ok {
 		// A pipelined request's: the answer before it is still in
 		// fasthttp's buffer, and this one may stream.
-		fc.hold = false
+		fc.ans.on = false
 	}
 	if ctx.Request.IsBodyStream() && !r.readBody(ctx) {
 		return
