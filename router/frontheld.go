@@ -49,7 +49,10 @@ func holdAnswer(ctx *fasthttp.RequestCtx) {
 	fc.ans.on = true
 }
 
-func (c *frontConn) Write(p []byte) (int, error) {
+func (c *frontConn) Write(p []byte) (int, error) { return c.writeAnswer(p) }
+
+// writeAnswer writes p to the client, or holds it while an answer is held.
+func (c *frontConn) writeAnswer(p []byte) (int, error) {
 	if c.ans.on {
 		if c.ans.h.Hold(p) {
 			c.ans.pending.Store(true)
