@@ -263,6 +263,9 @@ type frontConn struct {
 	// lc is the connection beneath, with the loop front door
 	// (frontloop.go); nil with the goroutine one.
 	lc *loopConn
+
+	// ans is the unary answer held for the next read (frontheld.go).
+	ans heldAnswer
 }
 
 // NetConn returns the accepted connection under the front door's wrapper.
@@ -294,6 +297,7 @@ func (c *frontConn) Close() error {
 		// fasthttp is done with it for now; the loop keeps it open.
 		return nil
 	}
+	c.sendHeldAnswer()
 	var err error
 	if c.linger.Load() && !c.closed.Load() {
 		c.fd.lingerClose(c.Conn)

@@ -7,11 +7,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/servetest"
 	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/router"
 )
@@ -162,5 +166,60 @@ func TestFrontDoorBodyBudget(t *testing.T) {
 		if resp, body := tr.do(t, "POST", "/v1/chat/completions", big(900<<10)); resp.StatusCode != http.StatusOK {
 			t.Fatalf("body %d: %d %s", i, resp.StatusCode, body)
 		}
+	}
+}
+
+// A unary answer on the goroutine front door is held until fasthttp reads
+// for the next request (frontheld.go): answers small and larger than what
+// is held (epoll.MaxHeld), one after another on a keep-alive connection,
+// each come whole before the next request is sent; an answer to a request
+// that says Connection: close comes whole before the close.
+func TestFrontDoorHeldAnswers(t *testing.T) {
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		// The answer's size is the request's max_tokens.
+		b := ctx.PostBody()
+		i := bytes.Index(b, []byte(`"max_tokens":`)) + len(`"max_tokens":`)
+		j := i + bytes.IndexByte(b[i:], '}')
+		n, _ := strconv.Atoi(string(b[i:j]))
+		ctx.SetContentType("application/json")
+		ctx.SetBody(bytes.Repeat([]byte("x"), n))
+	})
+	cfg := router.DefaultConfig()
+	cfg.IdleConnTimeout = 50 * time.Millisecond
+	r, err := router.New(cfg, router.RoundRobin{}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
+	addr := servetest.Loopback(t, "router", r.Serve)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	sizes := []int{10, 60 << 10, 200 << 10, 10, 100 << 10, 10}
+	for i, n := range sizes {
+		extra := ""
+		if i == len(sizes)-1 {
+			extra = "Connection: close\r\n"
+		}
+		req := postReq(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":`+strconv.Itoa(n)+`}`, extra)
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer %d (%d bytes): %v", i, n, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || len(body) != n {
+			t.Fatalf("answer %d: %d, %d bytes of %d, %v", i, resp.StatusCode, len(body), n, err)
+		}
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("after Connection: close: %v, want EOF", err)
 	}
 }

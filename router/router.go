@@ -361,6 +361,11 @@ func (r *Router) shutdownPools() {
 // Handle is the fasthttp request handler of the client address. With
 // Config.AdminSeparate the admin endpoints are not found here.
 func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
+	if fc, ok := ctx.Conn().(*frontConn); ok {
+		// A pipelined request's: the answer before it is still in
+		// fasthttp's buffer, and this one may stream.
+		fc.ans.on = false
+	}
 	if ctx.Request.IsBodyStream() && !r.readBody(ctx) {
 		return
 	}
@@ -369,6 +374,7 @@ func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
 		rt = RouteOther
 	}
 	r.serve(ctx, rt, false)
+	holdAnswer(ctx)
 }
 
 // HandleAdmin is the fasthttp request handler of the admin address: the

@@ -1,10 +1,14 @@
 // Package epoll holds what Infera's event loops share (kvd's RESP
 // listener, the router's loop front door): an epoll set waited for through
 // Go's netpoller, an eventfd to wake it, an optional periodic tick
-// (timerfd), and raw non-blocking read/write system calls.
+// (timerfd), and raw non-blocking read/write system calls; and Held,
+// which sends the bytes written to a socket Go's netpoller watches from
+// inside the next read's wait, so that the read finds its answer there
+// (no read that finds nothing after a request).
 //
 // Concurrency: a Poller is waited on by one goroutine (its loop); Poll
 // (into the caller's buffer), Add, Mod, Del and Wake may be called from
 // any goroutine. Read and Write are plain
-// system calls on descriptors the caller owns.
+// system calls on descriptors the caller owns. A Held is used by one
+// goroutine at a time (its connection's, which writes and then reads).
 package epoll

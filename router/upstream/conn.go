@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/infera/infera/internal/epoll"
 )
 
 // ErrShuttingDown is returned by Dial once the Set is closed.
@@ -60,6 +62,7 @@ func Dial(set *Set, addr string, connectTimeout, timeout time.Duration, p Progre
 		return nil, err
 	}
 	dc := &Conn{Conn: c, timeout: timeout, set: set, prog: p}
+	dc.held.Init(c)
 	if !set.add(dc) {
 		_ = c.Close()
 		return nil, ErrShuttingDown
@@ -92,7 +95,22 @@ type Conn struct {
 	// its reading and its writing goroutine (setDeadline).
 	readSet, writeSet int64
 	watch             atomic.Pointer[WatchSlot] // the stream reading it, if watched
+
+	// hold: writes are held (HoldWrites) until the next read sends them;
+	// both on the exchange's goroutine.
+	hold bool
+	held epoll.Held
 }
+
+// HoldWrites makes c hold what is written next (up to epoll.MaxHeld
+// bytes) until the next Read, which sends it from inside its wait for the
+// answer (epoll.Held): right after a request, a read that tries the socket
+// first nearly always finds nothing. For the exchange's goroutine; the
+// Read must follow (Exchange.Do's answer).
+func (c *Conn) HoldWrites() { c.hold = true }
+
+// Holding reports whether c holds written bytes not sent yet.
+func (c *Conn) Holding() bool { return c.held.Holding() }
 
 // SetOwner sets (nil: clears) the unary exchange using c.
 func (c *Conn) SetOwner(o Owner) { c.owner = o }
@@ -166,7 +184,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		if err := c.setDeadline(&c.readSet, false, dl, now, !isBeat); err != nil {
 			return 0, err
 		}
-		n, err := c.Conn.Read(p)
+		n, err := c.read(p)
 		if n > 0 || err == nil {
 			c.progress(n)
 			return n, err
@@ -212,7 +230,7 @@ func (c *Conn) readUnwatched(p []byte, now time.Time) (int, error) {
 		if err := c.setDeadline(&c.readSet, false, dl, now, exact && !isTick); err != nil {
 			return 0, err
 		}
-		n, err := c.Conn.Read(p)
+		n, err := c.read(p)
 		if n > 0 || err == nil || !isTick || !IsTimeout(err) {
 			c.progress(n)
 			return n, err
@@ -225,7 +243,41 @@ func (c *Conn) readUnwatched(p []byte, now time.Time) (int, error) {
 	}
 }
 
+// read reads from the socket, first sending what c holds (HoldWrites).
+func (c *Conn) read(p []byte) (int, error) {
+	c.hold = false
+	if !c.held.Holding() {
+		return c.Conn.Read(p)
+	}
+	n, rest, err := c.held.Read(p)
+	if err != nil {
+		return 0, epoll.OpError(c.Conn, err)
+	}
+	if len(rest) > 0 {
+		// The socket took part of the request (it was full): the rest
+		// is written as any write is, then the answer read as usual.
+		if _, err := c.Write(rest); err != nil {
+			return 0, err
+		}
+		return c.Conn.Read(p)
+	}
+	return n, nil
+}
+
 func (c *Conn) Write(p []byte) (int, error) {
+	if c.hold {
+		if c.held.Hold(p) {
+			return len(p), nil
+		}
+		// Too large to hold (or no socket): what is held goes first,
+		// then the rest as it comes.
+		c.hold = false
+		if c.held.Holding() {
+			if _, err := c.Write(c.held.Take()); err != nil {
+				return 0, err
+			}
+		}
+	}
 	now := time.Now()
 	dl, exact := capExact(now.Add(c.timeout), c.writeHard.Load())
 	if err := c.setDeadline(&c.writeSet, true, dl, now, exact); err != nil {

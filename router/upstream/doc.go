@@ -19,8 +19,13 @@
 // (Progress) when it is dialed, the unary exchange using it (Owner) and the
 // stream reading it (Watcher) while they hold it.
 //
+// A request goes out with the first read of its answer (Conn.HoldWrites,
+// epoll.Held): the read then finds the answer there instead of trying the
+// socket once for nothing.
+//
 // Concurrency: a Conn is used by one goroutine at a time for reads and one
-// for writes, as net.Conn; its deadline caps and its watcher are atomics
+// for writes, as net.Conn (while it holds writes, by the exchange's
+// goroutine alone, which writes the request and then reads); its deadline caps and its watcher are atomics
 // that another goroutine may set. A Set is safe for concurrent use. An
 // Exchange runs on one goroutine; only Abort may come from another.
 package upstream

@@ -147,6 +147,11 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 	resp.ParseNetConn(conn)
 	err = conn.SetWriteDeadline(deadline)
 	if err == nil {
+		if uc != nil {
+			// The request goes out with the wait for its answer (see
+			// Conn.HoldWrites): no read that finds nothing.
+			uc.HoldWrites()
+		}
 		bw := hc.AcquireWriter(conn)
 		if err = req.Write(bw); err == nil {
 			err = bw.Flush()
@@ -178,7 +183,7 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 	if br != nil {
 		hc.ReleaseReader(br)
 	}
-	x.closed = err != nil || req.ConnectionClose() || resp.ConnectionClose()
+	x.closed = err != nil || req.ConnectionClose() || resp.ConnectionClose() || uc != nil && uc.Holding()
 	if x.release(err) && err != nil {
 		err = fmt.Errorf("%w: %w", ErrAborted, err)
 	}

@@ -1,0 +1,164 @@
+package epoll
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// MaxHeld bounds the bytes a Held keeps for its socket's next read.
+const MaxHeld = 64 << 10
+
+// Held keeps what is written to a socket that Go's netpoller watches until
+// the next read, which sends it from inside its wait for the answer.
+//
+// A read on such a socket first tries the socket and parks only when that
+// finds nothing (EAGAIN): the netpoller forgets a readiness edge when a
+// read begins (its pollReset), so it cannot park first. Right after a
+// request (or an answer, on a keep-alive client connection) that first
+// read nearly always finds nothing: a system call per exchange for
+// nothing. Held makes the read a RawConn.Read whose callback, called once
+// the reset is done, first writes the held bytes and asks to wait; the
+// answer's readiness edge comes after the write, so it is kept, and the
+// socket is read only once there is something to read.
+//
+// The zero Held holds nothing; Init gives it its socket. It is used by one
+// goroutine at a time (the connection's reader and writer, which take turns).
+type Held struct {
+	raw  syscall.RawConn
+	buf  []byte // buf[off:] is still to be sent
+	off  int
+	fn   func(fd uintptr) bool // sendThenRead, made once
+	p    []byte                // sendThenRead's read buffer ...
+	n    int                   // ... and its result
+	err  error
+	rest bool // the socket took part of buf: the rest goes the usual way
+}
+
+// Init makes h hold for the socket beneath c; without one (c is not a
+// syscall.Conn) Hold never holds.
+func (h *Held) Init(c net.Conn) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	h.raw = raw
+	h.fn = h.sendThenRead
+}
+
+// Hold keeps p (copied) for the next Read. false: p is not held (no
+// socket, or MaxHeld would be exceeded): the caller sends Take's bytes
+// and then p its usual way.
+func (h *Held) Hold(p []byte) bool {
+	if h.raw == nil || len(h.buf)-h.off+len(p) > MaxHeld {
+		return false
+	}
+	h.buf = append(h.buf, p...)
+	return true
+}
+
+// Holding reports whether bytes are held.
+func (h *Held) Holding() bool { return h.off < len(h.buf) }
+
+// Take returns the bytes held (valid until the next Hold) and holds nothing
+// more: the caller sends them its usual way.
+func (h *Held) Take() []byte {
+	b := h.buf[h.off:]
+	h.buf, h.off = h.buf[:0], 0
+	return b
+}
+
+// Read sends the held bytes (Holding must be true) and then reads into p
+// once the socket has something, waiting as a read does (its deadline
+// applies). rest, when not empty, is what the socket did not take (it was
+// full): the caller sends it its usual way and then reads its usual way
+// (n is 0). A failed write or read is returned as an *os.SyscallError;
+// the wait's own errors (deadline, closed) as RawConn.Read returns them.
+// The end of the stream is io.EOF.
+func (h *Held) Read(p []byte) (n int, rest []byte, err error) {
+	h.p, h.n, h.err, h.rest = p, 0, nil, false
+	werr := h.raw.Read(h.fn)
+	n, err, partial := h.n, h.err, h.rest
+	h.p, h.err = nil, nil
+	rest = h.Take()
+	if werr != nil {
+		return 0, nil, werr
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	if partial {
+		return 0, rest, nil
+	}
+	return n, nil, nil
+}
+
+// sendThenRead is Read's RawConn.Read callback: its first call writes the
+// held bytes and asks to wait; later calls read into h.p, asking to wait
+// again while there is nothing. The socket is non-blocking: raw system
+// calls, as the loops make them.
+func (h *Held) sendThenRead(fd uintptr) bool {
+	if h.Holding() {
+		for h.Holding() {
+			n, err := Write(int(fd), h.buf[h.off:])
+			switch err {
+			case nil:
+				h.off += n
+			case unix.EINTR:
+			case unix.EAGAIN:
+				h.rest = true
+				return true
+			default:
+				h.err = os.NewSyscallError("write", err)
+				return true
+			}
+		}
+		return false
+	}
+	for {
+		n, err := Read(int(fd), h.p)
+		switch err {
+		case nil:
+			if n == 0 && len(h.p) > 0 {
+				h.err = io.EOF
+			}
+			h.n = n
+			return true
+		case unix.EINTR:
+		case unix.EAGAIN:
+			return false
+		default:
+			h.err = os.NewSyscallError("read", err)
+			return true
+		}
+	}
+}
+
+// OpError names err (from Read) as a net.Conn's read on c names its own:
+// a *net.OpError with c's addresses; io.EOF and nil pass as they are.
+func OpError(c net.Conn, err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		if oe.Op == "raw-read" {
+			oe.Op = "read"
+		}
+		return err
+	}
+	op := "read"
+	var se *os.SyscallError
+	if errors.As(err, &se) {
+		op = se.Syscall
+	}
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}

@@ -1,0 +1,207 @@
+package epoll_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/infera/infera/internal/epoll"
+)
+
+// tcpPair returns both ends of a loopback TCP connection, closed when the
+// test ends.
+func tcpPair(t *testing.T) (a, b *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		s.Close()
+	})
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
+// echoOnce reads one message of n bytes on c and answers it with reply,
+// reporting what it read on got.
+func echoOnce(c net.Conn, n int, reply []byte, got chan<- []byte) {
+	buf := make([]byte, n)
+	_, err := io.ReadFull(c, buf)
+	if err == nil && reply != nil {
+		_, err = c.Write(reply)
+	}
+	if err != nil {
+		buf = nil
+	}
+	got <- buf
+}
+
+// A held request goes out with the read, and the read returns the answer;
+// the read after it is an ordinary one.
+func TestHeldSendThenRead(t *testing.T) {
+	a, b := tcpPair(t)
+	var h epoll.Held
+	h.Init(a)
+	got := make(chan []byte, 1)
+	go echoOnce(b, 10, []byte("answer"), got)
+	if !h.Hold([]byte("hello")) || !h.Hold([]byte(" you")) || !h.Hold([]byte("!")) {
+		t.Fatal("hold refused")
+	}
+	if !h.Holding() {
+		t.Fatal("holds nothing")
+	}
+	select {
+	case <-got:
+		t.Fatal("the peer got bytes before the read")
+	case <-time.After(20 * time.Millisecond):
+	}
+	buf := make([]byte, 16)
+	n, rest, err := h.Read(buf)
+	if err != nil || len(rest) != 0 || string(buf[:n]) != "answer" {
+		t.Fatalf("read: %q rest %d %v", buf[:n], len(rest), err)
+	}
+	if s := <-got; string(s) != "hello you!" {
+		t.Fatalf("peer read %q", s)
+	}
+	if h.Holding() {
+		t.Fatal("still holds after the read")
+	}
+	// The peer closes: the next held read sends, then sees the end.
+	go echoOnce(b, 3, nil, got)
+	h.Hold([]byte("bye"))
+	go func() { <-got; b.CloseWrite() }()
+	if n, _, err := h.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("read at the end: %d %v", n, err)
+	}
+}
+
+// A held read waits under the socket's read deadline.
+func TestHeldDeadline(t *testing.T) {
+	a, b := tcpPair(t)
+	var h epoll.Held
+	h.Init(a)
+	got := make(chan []byte, 1)
+	go echoOnce(b, 4, nil, got)
+	_ = a.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	h.Hold([]byte("ping"))
+	_, _, err := h.Read(make([]byte, 4))
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read: %v, want the deadline", err)
+	}
+	var ne net.Error
+	if oe := epoll.OpError(a, err); !errors.As(oe, &ne) || !ne.Timeout() {
+		t.Fatalf("OpError: %v is not a timeout", oe)
+	}
+	if s := <-got; string(s) != "ping" {
+		t.Fatalf("peer read %q", s)
+	}
+}
+
+// When the socket cannot take all that is held, Read returns the rest for
+// the caller to send; MaxHeld bounds what is held.
+func TestHeldRest(t *testing.T) {
+	a, b := tcpPair(t)
+	sc, _ := a.SyscallConn()
+	_ = sc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
+	bc, _ := b.SyscallConn()
+	_ = bc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
+	var h epoll.Held
+	h.Init(a)
+	big := bytes.Repeat([]byte("x"), epoll.MaxHeld)
+	if !h.Hold(big) {
+		t.Fatal("MaxHeld bytes refused")
+	}
+	if h.Hold([]byte("y")) {
+		t.Fatal("held more than MaxHeld")
+	}
+	n, rest, err := h.Read(make([]byte, 8))
+	if err != nil || n != 0 || len(rest) == 0 || len(rest) >= len(big) {
+		t.Fatalf("read: %d rest %d %v", n, len(rest), err)
+	}
+	sent := len(big) - len(rest)
+	got := make(chan []byte, 1)
+	go echoOnce(b, len(big), nil, got)
+	if _, err := a.Write(rest); err != nil {
+		t.Fatal(err)
+	}
+	if s := <-got; len(s) != len(big) {
+		t.Fatalf("peer read %d bytes (%d sent held)", len(s), sent)
+	}
+}
+
+// Without a socket nothing is held; a failed write is a syscall error.
+func TestHeldNoSocketAndErrors(t *testing.T) {
+	var h epoll.Held
+	h.Init(nil)
+	if h.Hold([]byte("x")) {
+		t.Fatal("held without a socket")
+	}
+	a, b := tcpPair(t)
+	h.Init(a)
+	_ = b.SetLinger(0)
+	b.Close() // a reset
+	time.Sleep(10 * time.Millisecond)
+	h.Hold([]byte("ping"))
+	_, _, err := h.Read(make([]byte, 4))
+	var se *os.SyscallError
+	if !errors.As(err, &se) || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("read after a reset: %v", err)
+	}
+	if oe := epoll.OpError(a, err); !errors.As(oe, new(*net.OpError)) {
+		t.Fatalf("OpError: %T", oe)
+	}
+}
+
+// A held exchange allocates nothing.
+func TestHeldAlloc(t *testing.T) {
+	a, b := tcpPair(t)
+	var h epoll.Held
+	h.Init(a)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 4)
+		for {
+			if _, err := io.ReadFull(b, buf); err != nil {
+				return
+			}
+			if _, err := b.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	req, buf := []byte("ping"), make([]byte, 4)
+	allocs := testing.AllocsPerRun(200, func() {
+		h.Hold(req)
+		for got := 0; got < 4; {
+			n, _, err := h.Read(buf[got:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += n
+		}
+	})
+	a.Close()
+	<-done
+	if allocs != 0 {
+		t.Fatalf("%v allocations per held exchange, want 0", allocs)
+	}
+}

@@ -1,0 +1,100 @@
+package router
+
+import (
+	"sync/atomic"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/internal/epoll"
+)
+
+// A goroutine front door's unary answer goes out with the read for the
+// connection's next request (issue 36): fasthttp writes the answer and
+// then reads, and that read, made as Go makes a socket read (try the
+// socket, park if it has nothing), nearly always finds nothing first: a
+// system call per request for nothing. Held (epoll.Held) instead, the
+// answer is written from inside the read's wait (RawConn.Read: the
+// netpoller's readiness reset comes first), and the socket is read only
+// once the next request is there. Streams are not held (their writes go
+// out as they come), nor is anything on the loop front door (its loop
+// waits for the next request) or before the bare-LF guard has seen the
+// first line (a held read bypasses it).
+
+// heldAnswer is a frontConn's held answer. on and h are the serving
+// goroutine's; pending says bytes are held, and whoever takes it (that
+// goroutine's next read, or a Close from any goroutine) sends them.
+type heldAnswer struct {
+	on      bool // the next writes are held
+	init    bool // h has its socket
+	h       epoll.Held
+	pending atomic.Bool
+}
+
+// holdAnswer makes the connection of ctx hold the answer fasthttp writes
+// next, when it is the goroutine front door's and the answer is a whole
+// body (a stream's writes go out as they come).
+func holdAnswer(ctx *fasthttp.RequestCtx) {
+	fc, ok := ctx.Conn().(*frontConn)
+	if !ok || fc.lc != nil || ctx.Response.IsBodyStream() || ctx.Hijacked() {
+		return
+	}
+	g, ok := fc.Conn.(*lfGuardConn)
+	if !ok || !g.checked || g.bad {
+		return // the bare-LF guard still reads (a held read bypasses it)
+	}
+	if !fc.ans.init {
+		fc.ans.init = true
+		fc.ans.h.Init(g.Conn)
+	}
+	fc.ans.on = true
+}
+
+func (c *frontConn) Write(p []byte) (int, error) { return c.writeAnswer(p) }
+
+// writeAnswer writes p to the client, or holds it while an answer is held.
+func (c *frontConn) writeAnswer(p []byte) (int, error) {
+	if c.ans.on {
+		if c.ans.h.Hold(p) {
+			c.ans.pending.Store(true)
+			return len(p), nil
+		}
+		// Too large to hold (or no socket): what is held goes first.
+		c.ans.on = false
+		if c.ans.pending.Swap(false) {
+			if _, err := c.Conn.Write(c.ans.h.Take()); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *frontConn) Read(p []byte) (int, error) {
+	if c.ans.on {
+		c.ans.on = false // (no write while it is off: the client watch reads too)
+	}
+	if !c.ans.pending.Swap(false) {
+		return c.Conn.Read(p)
+	}
+	n, rest, err := c.ans.h.Read(p)
+	if err != nil {
+		return 0, epoll.OpError(c.Conn, err)
+	}
+	if len(rest) > 0 {
+		// The socket was full: the rest goes as any write, then the
+		// next request is read as usual.
+		if _, err := c.Conn.Write(rest); err != nil {
+			return 0, err
+		}
+		return c.Conn.Read(p)
+	}
+	return n, nil
+}
+
+// sendHeldAnswer sends an answer held for a read that does not come
+// (Connection: close, drain, an idle close): it goes out before the close.
+func (c *frontConn) sendHeldAnswer() {
+	if c.ans.pending.Swap(false) {
+		_, _ = c.Conn.Write(c.ans.h.Take())
+	}
+}
