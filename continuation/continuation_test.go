@@ -46,6 +46,12 @@ func events(t *testing.T, url, body string) [][]byte {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("%s: %d %s %v", url, resp.StatusCode, raw, err)
 	}
+	return splitEvents(t, raw)
+}
+
+// splitEvents cuts a stream's bytes into its SSE events.
+func splitEvents(t testing.TB, raw []byte) [][]byte {
+	t.Helper()
 	var out [][]byte
 	for len(raw) > 0 {
 		n := openai.NextEvent(raw)

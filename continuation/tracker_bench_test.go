@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/infera/infera/continuation"
-	"github.com/infera/infera/openai"
 )
 
 // BenchmarkObserveEvent: the per-event cost of tracking a stream for
@@ -85,16 +84,7 @@ func simStream(b *testing.B) [][]byte {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var evs [][]byte
-	for len(raw) > 0 {
-		n := openai.NextEvent(raw)
-		if n < 0 {
-			b.Fatalf("testdata/sim-chat-ids.sse: %q is not a whole event", raw)
-		}
-		evs = append(evs, raw[:n])
-		raw = raw[n:]
-	}
-	return evs
+	return splitEvents(b, raw)
 }
 
 // BenchmarkAppendSimStream: one stream as the relay tracks it, event by
