@@ -263,6 +263,9 @@ type frontConn struct {
 	// lc is the connection beneath, with the loop front door
 	// (frontloop.go); nil with the goroutine one.
 	lc *loopConn
+	// hold: a stream's last writes, held for its closing chunk
+	// (writehold.go).
+	hold writeHold
 }
 
 // NetConn returns the accepted connection under the front door's wrapper.
