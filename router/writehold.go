@@ -46,10 +46,16 @@ func (c *frontConn) releaseHold() { c.hold.on = false }
 
 // Write writes p to the client, or holds it (see writeHold).
 func (c *frontConn) Write(p []byte) (int, error) {
-	h := &c.hold
-	if h.buf == nil {
-		return c.Conn.Write(p)
+	if c.hold.buf != nil {
+		return c.writeHeld(p)
 	}
+	return c.Conn.Write(p)
+}
+
+// writeHeld is Write while the connection holds writes or has held some:
+// p is held too, or sent with what was held.
+func (c *frontConn) writeHeld(p []byte) (int, error) {
+	h := &c.hold
 	b := append(*h.buf, p...)
 	if h.on {
 		*h.buf = b
