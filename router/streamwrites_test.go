@@ -112,7 +112,7 @@ const shortStream = `data: {"id":"c1","object":"chat.completion.chunk","created"
 // chat dialect and translated to Anthropic's.
 func TestStreamInOneWrite(t *testing.T) {
 	up := rawUpstream(t, func(c net.Conn, _ <-chan struct{}) {
-		for range 2 {
+		for range 3 {
 			readRequest(c)
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+oneChunkStream(shortStream))
 		}
@@ -128,6 +128,14 @@ func TestStreamInOneWrite(t *testing.T) {
 	if !strings.HasPrefix(head, "HTTP/1.1 200 OK\r\n") || !strings.Contains(head, "Transfer-Encoding: chunked") ||
 		body != oneChunkStream(shortStream) {
 		t.Fatalf("chat stream answer %q", got)
+	}
+
+	// The client's last request (Connection: close): the same one write
+	// before the close.
+	before = wc.writes.Load()
+	got = rawPost(t, addr, "/v1/chat/completions", `{"model":"m","stream":true}`, "Connection", "close")
+	if n := wc.writes.Load() - before; n != 1 || !strings.HasSuffix(got, oneChunkStream(shortStream)) {
+		t.Fatalf("Connection: close stream in %d writes: %q", n, got)
 	}
 
 	before = wc.writes.Load()
