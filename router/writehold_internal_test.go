@@ -153,3 +153,52 @@ func TestEventPumpReadsWhatIsBuffered(t *testing.T) {
 
 // readerOnly hides a source's Buffered.
 type readerOnly struct{ io.Reader }
+
+type endCount struct{ n int }
+
+func (e *endCount) atEnd() { e.n++ }
+
+// FuzzEventPump: whatever the engine sends and however it arrives (read
+// sizes, bytes already buffered or not), the pump relays it byte for
+// byte, and says at most once that the end came with the events it
+// writes (never when the end came in a read of its own).
+func FuzzEventPump(f *testing.F) {
+	f.Add([]byte("data: a\n\ndata: b\r\n\r\n: comment\n\nevent: x\rdata: c\r\rdata: [DONE]\n\ntrailing"), uint8(3), true)
+	f.Add([]byte("data: "+string(bytes.Repeat([]byte("x"), 200))+"\n\ndata: y\n\n"), uint8(10), true)
+	f.Add([]byte("data: a\n\n"), uint8(0), false)
+	f.Fuzz(func(t *testing.T, stream []byte, size uint8, buffered bool) {
+		n := int(size)%40 + 1
+		bc := &bufferedChunks{end: true}
+		for rest := stream; len(rest) > 0; {
+			k := min(n, len(rest))
+			bc.chunks = append(bc.chunks, rest[:k])
+			rest = rest[k:]
+		}
+		var src io.Reader = bc
+		if !buffered {
+			src = readerOnly{bc}
+		}
+		var out bytes.Buffer
+		ends := &endCount{}
+		p := eventPump{buf: make([]byte, 64), end: ends}
+		for i := 0; ; i++ {
+			if i > len(stream)+2 {
+				t.Fatal("the pump does not reach the end")
+			}
+			_, rerr, werr := p.step(&out, src)
+			if werr != nil {
+				t.Fatal(werr)
+			}
+			if rerr == io.EOF {
+				break
+			}
+		}
+		out.Write(p.buf[:p.n])
+		if !bytes.Equal(out.Bytes(), stream) {
+			t.Fatalf("relayed %q, want %q", out.Bytes(), stream)
+		}
+		if ends.n > 1 || !buffered && ends.n != 0 {
+			t.Fatalf("atEnd told %d times (buffered source: %v)", ends.n, buffered)
+		}
+	})
+}
