@@ -325,8 +325,9 @@ func (rel *relay) closeUpstream(a *attempt) {
 // (bufferedSource: the upstream exchange) is read on while it holds bytes,
 // so that what the engine sent at once leaves in one write, and when that
 // read meets the end of the stream, end is told before the write (the
-// relay then sends it with the response's closing chunk). With a transform (the route dialect's
-// event translation) each complete event goes through it first, into out.
+// relay then sends it with the response's closing chunk). With a transform
+// (the route dialect's event translation) each complete event goes through
+// it first, into out.
 // Nothing is allocated once out has grown to the stream's batch size.
 type eventPump struct {
 	buf []byte
@@ -372,8 +373,8 @@ const maxTransformEvent = 16 << 20
 var errEventTooLarge = errors.New("worker stream event exceeds " + itoa(maxTransformEvent) + " bytes")
 
 // step does one read (with what the source already holds) and the write it
-// enables. It returns the bytes
-// written, the read error (io.EOF at the end) and the write error.
+// enables. It returns the bytes written, the read error (io.EOF at the end)
+// and the write error.
 func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, writeErr error) {
 	if p.n == len(p.buf) && p.transform != nil {
 		// A translated event must be whole: the buffer grows for it (up
