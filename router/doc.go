@@ -102,8 +102,14 @@
 // workers, as long as retryable (the one retry predicate) allows, up to
 // Config.MaxRetries. Unary answers are buffered, so any failure before the
 // answer is complete may be retried; 4xx pass through. A stream's status
-// line and headers go out as soon as the first worker's headers arrive, and
-// SSE comments (": keep-alive") follow every HeartbeatInterval of silence;
+// line and headers go out as soon as the first worker's headers arrive —
+// with its first events, in one write, when the engine's first bytes came
+// with its headers — and SSE comments (": keep-alive") follow every
+// HeartbeatInterval of silence. The relay reads on while the upstream
+// connection holds bytes, and events read with the stream's end are held
+// by the client connection (writehold.go) until fasthttp flushes the
+// response's closing chunk: a stream the engine sent at once leaves in one
+// write (issue 36);
 // until the first event is written a failing worker (end of stream, error,
 // first-byte timeout) is replaced by failover and the client sees the next
 // worker's events after the comments. After the first event a failure ends

@@ -266,6 +266,9 @@ type frontConn struct {
 
 	// ans is the unary answer held for the next read (frontheld.go).
 	ans heldAnswer
+	// hold: a stream's last writes, held for its closing chunk
+	// (writehold.go).
+	hold writeHold
 }
 
 // NetConn returns the accepted connection under the front door's wrapper.

@@ -35,21 +35,41 @@ type heldAnswer struct {
 // body (a stream's writes go out as they come).
 func holdAnswer(ctx *fasthttp.RequestCtx) {
 	fc, ok := ctx.Conn().(*frontConn)
-	if !ok || fc.lc != nil || ctx.Response.IsBodyStream() || ctx.Hijacked() {
+	if !ok || ctx.Response.IsBodyStream() || ctx.Hijacked() {
 		return
+	}
+	fc.holdForRead()
+}
+
+// holdForRead holds the connection's next writes for its next read: a
+// unary answer (holdAnswer), or the end of a stream (relay.holdLast). false:
+// it cannot (the loop front door, the bare-LF guard still reading, no
+// socket beneath).
+func (fc *frontConn) holdForRead() bool {
+	if fc.lc != nil {
+		return false
 	}
 	g, ok := fc.Conn.(*lfGuardConn)
 	if !ok || !g.checked || g.bad {
-		return // the bare-LF guard still reads (a held read bypasses it)
+		return false // the bare-LF guard still reads (a held read bypasses it)
 	}
 	if !fc.ans.init {
 		fc.ans.init = true
 		fc.ans.h.Init(g.Conn)
 	}
+	if !fc.ans.h.Ready() {
+		return false
+	}
 	fc.ans.on = true
+	return true
 }
 
-func (c *frontConn) Write(p []byte) (int, error) { return c.writeAnswer(p) }
+func (c *frontConn) Write(p []byte) (int, error) {
+	if c.hold.buf != nil {
+		return c.writeHeld(p) // a stream's last writes (writehold.go)
+	}
+	return c.writeAnswer(p)
+}
 
 // writeAnswer writes p to the client, or holds it while an answer is held.
 func (c *frontConn) writeAnswer(p []byte) (int, error) {

@@ -87,6 +87,9 @@ type relay struct {
 	w         io.Writer
 	clientErr error
 	wdlAt     time.Time
+	// held: the client connection holds the stream's last writes for
+	// its closing chunk (writehold.go), until Close; nil: none.
+	held *frontConn
 
 	streaming bool // a stream's status line went out: only a stream may replace it
 	firstByte bool // an event reached the client
@@ -240,10 +243,13 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		rel.streaming = true
 		rel.attach(a, resp)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		// The client sees the headers at once, not with the first
-		// token: a retry before the first event stays possible (the
-		// client has seen no event), and heartbeats can start.
-		ctx.Response.ImmediateHeaderFlush = true
+		// The headers leave with the first events (one write) when the
+		// engine's first bytes are already here; otherwise at once, not
+		// with the first token: the client knows its stream is on while
+		// the engine computes, and heartbeats can start. Either way a
+		// retry before the first event stays possible (the client has
+		// seen no event).
+		ctx.Response.ImmediateHeaderFlush = a.x.Buffered() == 0
 		ctx.SetBodyStream(rel, -1)
 		return true, nil // Close finishes the request
 	}

@@ -17,6 +17,7 @@ func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
 	a.resp, a.src = resp, a.x
 	rel.pump.transform = rel.dialect.event
 	rel.pump.usage.want = rel.wantUsage() // the divergence alarm (kvdivergence.go)
+	rel.pump.end = rel
 	if rel.dialect.stream {
 		if !rel.firstByte {
 			rel.xlate.Reset() // a continuation goes on with the client's stream
@@ -163,7 +164,11 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 			continue
 		}
 		if rerr == io.EOF && (rel.firstByte || rel.pump.n > 0) && rel.streamComplete() {
-			// A last event without its blank line goes out as it is.
+			// A last event without its blank line goes out as it is,
+			// with the closing chunk.
+			if rel.pump.n > 0 {
+				rel.holdLast()
+			}
 			k, err := rel.pump.flush(w)
 			total += int64(k)
 			if err != nil {
@@ -173,6 +178,7 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 			rel.outcome = statusOutcome(rel.status)
 			return total, nil
 		}
+		rel.unhold() // what follows goes out as it comes (never held in practice: see atEnd)
 		why := reasonStreamEnded
 		switch {
 		case rerr == io.EOF && rel.firstByte:
@@ -206,6 +212,43 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		k, err := w.Write(rel.errorEvent())
 		total += int64(k)
 		return total, err
+	}
+}
+
+// atEnd: the read that met the end of the stream completed the events the
+// pump writes next (eventPump.end). When they complete the stream (WriteTo
+// then ends it), only the response's closing chunk can follow them: the
+// client connection holds them, and the closing chunk's flush sends both
+// in one write (writehold.go). They are not empty (a transform may drop
+// every event: see step), so that they are the client's first event if
+// no other came before, and WriteTo takes its success path.
+func (rel *relay) atEnd() {
+	if rel.streamComplete() {
+		rel.holdLast()
+	}
+}
+
+// holdLast holds the client connection's writes until Close (unhold), when
+// it is the front door's.
+func (rel *relay) holdLast() {
+	if rel.held != nil || rel.ctx == nil {
+		return
+	}
+	if fc, ok := rel.ctx.Conn().(*frontConn); ok {
+		if fc.holdForRead() {
+			return // sent from inside the wait for the next request (frontheld.go)
+		}
+		fc.holdWrites()
+		rel.held = fc
+	}
+}
+
+// unhold ends holdLast: the connection's next write (the closing chunk's
+// flush, after Close) sends what it held.
+func (rel *relay) unhold() {
+	if rel.held != nil {
+		rel.held.releaseHold()
+		rel.held = nil
 	}
 }
 
@@ -251,6 +294,7 @@ func (rel *relay) Read(p []byte) (int, error) {
 // Close ends a streamed request; fasthttp calls it once the body is written
 // or abandoned.
 func (rel *relay) Close() error {
+	rel.unhold()
 	if !rel.done {
 		// Closed before the stream ended: the client went away (or the
 		// server is shutting down) before fasthttp could write it.
@@ -280,8 +324,13 @@ func (rel *relay) closeUpstream(a *attempt) {
 // eventPump moves an SSE stream from src to dst one read at a time: every
 // complete event in the buffer goes out in one write as soon as it is
 // complete (fasthttp's chunked writer flushes each write), an incomplete
-// one waits for its next bytes. With a transform (the route dialect's
-// event translation) each complete event goes through it first, into out.
+// one waits for its next bytes. A source that says what it already holds
+// (bufferedSource: the upstream exchange) is read on while it holds bytes,
+// so that what the engine sent at once leaves in one write, and when that
+// read meets the end of the stream, end is told before the write (the
+// relay then sends it with the response's closing chunk). With a transform
+// (the route dialect's event translation) each complete event goes through
+// it first, into out.
 // Nothing is allocated once out has grown to the stream's batch size.
 type eventPump struct {
 	buf []byte
@@ -296,7 +345,19 @@ type eventPump struct {
 	transform func(dst, ev []byte) []byte
 	out       []byte   // transformed events of one step (pooled)
 	usage     usageTap // the divergence alarm (kvdivergence.go)
+	// end, if not nil, is told when a read met the end of the stream,
+	// before the events that read completed are written.
+	end streamEnd
 }
+
+// bufferedSource is a stream source that says how many bytes it holds
+// already read (upstream.Exchange): while it holds some, step reads on
+// before it writes.
+type bufferedSource interface{ Buffered() int }
+
+// streamEnd is told by the pump when the end of the stream came with the
+// events about to be written (the relay: see atEnd).
+type streamEnd interface{ atEnd() }
 
 // reuse returns the pump emptied, keeping its buffers.
 func (p *eventPump) reuse() eventPump {
@@ -314,8 +375,9 @@ const maxTransformEvent = 16 << 20
 
 var errEventTooLarge = errors.New("worker stream event exceeds " + itoa(maxTransformEvent) + " bytes")
 
-// step does one read and the write it enables. It returns the bytes
-// written, the read error (io.EOF at the end) and the write error.
+// step does one read (with what the source already holds) and the write it
+// enables. It returns the bytes written, the read error (io.EOF at the end)
+// and the write error.
 func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, writeErr error) {
 	if p.n == len(p.buf) && p.transform != nil {
 		// A translated event must be whole: the buffer grows for it (up
@@ -341,6 +403,14 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 		return written, readErr, nil
 	}
 	p.n += m
+	if b, ok := src.(bufferedSource); ok {
+		// What the engine has already sent goes out in one write, and a
+		// stream whose end is already here ends with it (see streamEnd).
+		for readErr == nil && p.n < len(p.buf) && b.Buffered() > 0 {
+			m, readErr = src.Read(p.buf[p.n:])
+			p.n += m
+		}
+	}
 	end := 0
 	out := p.out[:0]
 	for {
@@ -360,6 +430,9 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 	chunk := p.buf[:end]
 	if p.transform != nil {
 		p.out, chunk = out[:0], out
+	}
+	if readErr == io.EOF && p.end != nil && len(chunk) > 0 {
+		p.end.atEnd()
 	}
 	k, err := dst.Write(chunk)
 	p.midEvent = false

@@ -136,7 +136,9 @@ elif [[ " $TARGETS " == *" infera-base "* ]]; then
   log "building $BASE_BIN from $BASE_REF"
   base_tree=$(mktemp -d "${TMPDIR:-/tmp}/infera-base.XXXXXX")
   git worktree add -q --detach "$base_tree" "$BASE_REF" || die "cannot check out $BASE_REF"
-  (cd "$base_tree" && CGO_ENABLED=0 go build -o "$OLDPWD/$BASE_BIN" .) || die "cannot build $BASE_REF"
+  base_out=$BASE_BIN
+  [[ $base_out == /* ]] || base_out=$PWD/$base_out # BIN may be absolute
+  (cd "$base_tree" && CGO_ENABLED=0 go build -o "$base_out" .) || die "cannot build $BASE_REF"
   git worktree remove --force "$base_tree"
   BASE_DESC="$BASE_REF = $(git rev-parse --short "$BASE_REF")"
 fi

@@ -65,6 +65,10 @@ func (h *Held) Hold(p []byte) bool {
 	return true
 }
 
+// Ready reports whether h has its socket (Init found one): only then does
+// Hold hold.
+func (h *Held) Ready() bool { return h.raw != nil }
+
 // Holding reports whether bytes are held.
 func (h *Held) Holding() bool { return h.off < len(h.buf) }
 

@@ -1,0 +1,193 @@
+package router_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/servetest"
+	"github.com/infera/infera/router"
+)
+
+// writeCounter counts the writes made to the accepted connections of a
+// listener: the system calls a response costs the router.
+type writeCounter struct {
+	net.Listener
+	writes atomic.Int64
+}
+
+func (l *writeCounter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &countedConn{Conn: c, l: l}, nil
+}
+
+// countedConn has no socket to show (no SyscallConn): every write to the
+// client goes through Write, where it is counted (a write from inside the
+// wait for the next read, frontheld.go, goes to the socket itself).
+type countedConn struct {
+	net.Conn
+	l *writeCounter
+}
+
+func (c *countedConn) Write(p []byte) (int, error) {
+	c.l.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// startCountedRouter is startRouter on the goroutine front door, with the
+// client connections' writes counted.
+func startCountedRouter(t *testing.T, workers ...discovery.Record) (string, *writeCounter) {
+	t.Helper()
+	cfg := router.DefaultConfig()
+	cfg.IdleConnTimeout = 50 * time.Millisecond
+	r, err := router.New(cfg, router.RoundRobin{}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: workers})
+	wc := &writeCounter{}
+	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error {
+		wc.Listener = ln
+		return r.Serve(ctx, wc)
+	})
+	return addr, wc
+}
+
+// rawPost sends one request on a new connection and returns the response
+// read up to the end of its chunked body (or the connection's end).
+func rawPost(t *testing.T, addr, path, body string, headers ...string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	req := "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+	for i := 0; i+1 < len(headers); i += 2 {
+		req += headers[i] + ": " + headers[i+1] + "\r\n"
+	}
+	req += "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	buf := make([]byte, 4096)
+	for !strings.HasSuffix(string(got), "\r\n0\r\n\r\n") {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			t.Fatalf("reading the answer: %v (got %q)", err, got)
+		}
+	}
+	return string(got)
+}
+
+// oneChunkStream is an engine's whole stream, in one chunk of a chunked
+// body.
+func oneChunkStream(events string) string {
+	return strconv.FormatInt(int64(len(events)), 16) + "\r\n" + events + "\r\n0\r\n\r\n"
+}
+
+const shortStream = `data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"finish_reason":null}]}` + "\n\n" +
+	`data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" there"},"finish_reason":"stop"}]}` + "\n\n" +
+	"data: [DONE]\n\n"
+
+// TestStreamInOneWrite: a stream whose end comes with its events (a short
+// answer, or an engine ahead of the relay) reaches the client in one
+// write: the headers, the events and the closing chunk (issue 36); in the
+// chat dialect and translated to Anthropic's.
+func TestStreamInOneWrite(t *testing.T) {
+	up := rawUpstream(t, func(c net.Conn, _ <-chan struct{}) {
+		for range 3 {
+			readRequest(c)
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+oneChunkStream(shortStream))
+		}
+	})
+	addr, wc := startCountedRouter(t, record(up, "m", discovery.StatusActive))
+
+	before := wc.writes.Load()
+	got := rawPost(t, addr, "/v1/chat/completions", `{"model":"m","stream":true}`)
+	if n := wc.writes.Load() - before; n != 1 {
+		t.Fatalf("chat stream in %d writes, want 1", n)
+	}
+	head, body, _ := strings.Cut(got, "\r\n\r\n")
+	if !strings.HasPrefix(head, "HTTP/1.1 200 OK\r\n") || !strings.Contains(head, "Transfer-Encoding: chunked") ||
+		body != oneChunkStream(shortStream) {
+		t.Fatalf("chat stream answer %q", got)
+	}
+
+	// The client's last request (Connection: close): the same one write
+	// before the close.
+	before = wc.writes.Load()
+	got = rawPost(t, addr, "/v1/chat/completions", `{"model":"m","stream":true}`, "Connection", "close")
+	if n := wc.writes.Load() - before; n != 1 || !strings.HasSuffix(got, oneChunkStream(shortStream)) {
+		t.Fatalf("Connection: close stream in %d writes: %q", n, got)
+	}
+
+	before = wc.writes.Load()
+	got = rawPost(t, addr, "/v1/messages", `{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hello"}]}`, "anthropic-version", "2023-06-01")
+	if n := wc.writes.Load() - before; n != 1 {
+		t.Fatalf("anthropic stream in %d writes, want 1", n)
+	}
+	if !strings.Contains(got, "event: message_start") || !strings.Contains(got, `"text":"hi"`) ||
+		!strings.Contains(got, "event: message_stop") {
+		t.Fatalf("anthropic stream answer %q", got)
+	}
+}
+
+// TestStreamHeadersBeforeSlowFirstEvent: while the engine computes its
+// first event, the client already has the headers (its stream is on);
+// the events then come, and the last with the closing chunk: two writes.
+func TestStreamHeadersBeforeSlowFirstEvent(t *testing.T) {
+	release := make(chan struct{})
+	up := rawUpstream(t, func(c net.Conn, stop <-chan struct{}) {
+		readRequest(c)
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		select {
+		case <-release:
+		case <-stop:
+			return
+		}
+		_, _ = io.WriteString(c, oneChunkStream(shortStream))
+	})
+	addr, wc := startCountedRouter(t, record(up, "m", discovery.StatusActive))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Do(req) // returns with the headers: the engine has sent no event yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("headers: %d %v", resp.StatusCode, resp.Header)
+	}
+	close(release)
+	var body strings.Builder
+	if _, err := io.Copy(&body, bufio.NewReader(resp.Body)); err != nil {
+		t.Fatal(err)
+	}
+	if body.String() != shortStream {
+		t.Fatalf("events %q, want %q", body.String(), shortStream)
+	}
+	if n := wc.writes.Load(); n != 2 {
+		t.Fatalf("stream in %d writes, want 2 (headers; events with the closing chunk)", n)
+	}
+}

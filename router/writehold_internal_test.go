@@ -1,0 +1,204 @@
+package router
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"testing"
+)
+
+// recordConn records the writes made to it (a connection's socket end for
+// frontConn); its other methods are net.Conn's zero value and unused here.
+type recordConn struct {
+	net.Conn
+	writes []string
+	err    error
+}
+
+func (c *recordConn) Write(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	c.writes = append(c.writes, string(p))
+	return len(p), nil
+}
+
+func TestFrontConnHoldsWritesForTheNext(t *testing.T) {
+	rc := &recordConn{}
+	fc := &frontConn{Conn: rc}
+	write := func(s string) {
+		t.Helper()
+		if n, err := fc.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v", s, n, err)
+		}
+	}
+	write("a")
+	fc.holdWrites()
+	write("headers+events")
+	write("more")
+	if len(rc.writes) != 1 {
+		t.Fatalf("held writes reached the socket: %q", rc.writes)
+	}
+	fc.releaseHold()
+	write("0\r\n\r\n")
+	write("next")
+	want := []string{"a", "headers+eventsmore0\r\n\r\n", "next"}
+	if len(rc.writes) != len(want) {
+		t.Fatalf("writes %q, want %q", rc.writes, want)
+	}
+	for i := range want {
+		if rc.writes[i] != want[i] {
+			t.Fatalf("writes %q, want %q", rc.writes, want)
+		}
+	}
+	if fc.hold.buf != nil || fc.hold.on {
+		t.Fatal("the hold outlived its release")
+	}
+
+	// A failed release reports none of the flushed bytes written.
+	rc.err = errors.New("broken pipe")
+	fc.holdWrites()
+	write("last events")
+	fc.releaseHold()
+	if n, err := fc.Write([]byte("0\r\n\r\n")); n != 0 || !errors.Is(err, rc.err) {
+		t.Fatalf("failed release: %d, %v", n, err)
+	}
+}
+
+// bufferedChunks serves its chunks one per Read and says how many bytes it
+// still holds, as an upstream exchange does when the engine's bytes are
+// already read off its connection; with end, the stream's end is held too
+// (the chunked body's last chunk, 0\r\n\r\n), until a Read returns io.EOF.
+type bufferedChunks struct {
+	chunks [][]byte
+	end    bool
+}
+
+func (b *bufferedChunks) Read(p []byte) (int, error) {
+	if len(b.chunks) == 0 {
+		b.end = false
+		return 0, io.EOF
+	}
+	n := copy(p, b.chunks[0])
+	if b.chunks[0] = b.chunks[0][n:]; len(b.chunks[0]) == 0 {
+		b.chunks = b.chunks[1:]
+	}
+	return n, nil
+}
+
+func (b *bufferedChunks) Buffered() int {
+	n := 0
+	if b.end {
+		n = len("0\r\n\r\n")
+	}
+	for _, c := range b.chunks {
+		n += len(c)
+	}
+	return n
+}
+
+type endNote struct {
+	at     []int // the write count when atEnd came
+	writes *[]string
+}
+
+func (e *endNote) atEnd() { e.at = append(e.at, len(*e.writes)) }
+
+// TestEventPumpReadsWhatIsBuffered: the events the source already holds
+// leave in one write, and the end of the stream read with them is told
+// before that write (the relay then holds it for the closing chunk).
+func TestEventPumpReadsWhatIsBuffered(t *testing.T) {
+	evs := []string{"data: a\n\n", "data: b\n\nda", "ta: c\n\n", "data: [DONE]\n\n"}
+	src := &bufferedChunks{end: true}
+	for _, e := range evs {
+		src.chunks = append(src.chunks, []byte(e))
+	}
+	var writes []string
+	note := &endNote{writes: &writes}
+	p := eventPump{buf: make([]byte, 64), end: note}
+	w := writerFunc(func(b []byte) (int, error) {
+		writes = append(writes, string(b))
+		return len(b), nil
+	})
+	_, rerr, werr := p.step(w, src)
+	if werr != nil || rerr != io.EOF {
+		t.Fatalf("step: read %v, write %v; want io.EOF, nil", rerr, werr)
+	}
+	all := "data: a\n\ndata: b\n\ndata: c\n\ndata: [DONE]\n\n"
+	if len(writes) != 1 || writes[0] != all {
+		t.Fatalf("writes %q, want the whole stream in one", writes)
+	}
+	if len(note.at) != 1 || note.at[0] != 0 {
+		t.Fatalf("atEnd at writes %v, want once before the first", note.at)
+	}
+
+	// A source that holds nothing more is written as it reads, and a
+	// read that does not meet the end says nothing of it.
+	src.chunks = [][]byte{[]byte("data: x\n\n")}
+	writes, note.at = nil, nil
+	p.step(w, readerOnly{src})
+	if len(writes) != 1 || len(note.at) != 0 {
+		t.Fatalf("plain source: writes %q, atEnd %v", writes, note.at)
+	}
+
+	// The buffer bounds what one step reads.
+	src.chunks = [][]byte{bytes.Repeat([]byte("data: yy\n\n"), 10)}
+	writes = nil
+	p.step(w, src)
+	if len(writes) != 1 || len(writes[0]) != 60 {
+		t.Fatalf("full buffer: writes %q, want the 6 events that fit 64 bytes", writes)
+	}
+}
+
+// readerOnly hides a source's Buffered.
+type readerOnly struct{ io.Reader }
+
+type endCount struct{ n int }
+
+func (e *endCount) atEnd() { e.n++ }
+
+// FuzzEventPump: whatever the engine sends and however it arrives (read
+// sizes, bytes already buffered or not), the pump relays it byte for
+// byte, and says at most once that the end came with the events it
+// writes (never when the end came in a read of its own).
+func FuzzEventPump(f *testing.F) {
+	f.Add([]byte("data: a\n\ndata: b\r\n\r\n: comment\n\nevent: x\rdata: c\r\rdata: [DONE]\n\ntrailing"), uint8(3), true)
+	f.Add([]byte("data: "+string(bytes.Repeat([]byte("x"), 200))+"\n\ndata: y\n\n"), uint8(10), true)
+	f.Add([]byte("data: a\n\n"), uint8(0), false)
+	f.Fuzz(func(t *testing.T, stream []byte, size uint8, buffered bool) {
+		n := int(size)%40 + 1
+		bc := &bufferedChunks{end: true}
+		for rest := stream; len(rest) > 0; {
+			k := min(n, len(rest))
+			bc.chunks = append(bc.chunks, rest[:k])
+			rest = rest[k:]
+		}
+		var src io.Reader = bc
+		if !buffered {
+			src = readerOnly{bc}
+		}
+		var out bytes.Buffer
+		ends := &endCount{}
+		p := eventPump{buf: make([]byte, 64), end: ends}
+		for i := 0; ; i++ {
+			if i > len(stream)+2 {
+				t.Fatal("the pump does not reach the end")
+			}
+			_, rerr, werr := p.step(&out, src)
+			if werr != nil {
+				t.Fatal(werr)
+			}
+			if rerr == io.EOF {
+				break
+			}
+		}
+		out.Write(p.buf[:p.n])
+		if !bytes.Equal(out.Bytes(), stream) {
+			t.Fatalf("relayed %q, want %q", out.Bytes(), stream)
+		}
+		if ends.n > 1 || !buffered && ends.n != 0 {
+			t.Fatalf("atEnd told %d times (buffered source: %v)", ends.n, buffered)
+		}
+	})
+}
