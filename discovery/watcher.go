@@ -27,6 +27,9 @@ const (
 	// watch: a watch on a dead etcd just waits (the client reconnects
 	// quietly), so without a probe an outage would go unnoticed and unlogged.
 	defaultProbeInterval = 2 * time.Second
+	// probeFailures is how many failed probes in a row end a session as
+	// an outage (see probe).
+	probeFailures = 2
 )
 
 var (
@@ -167,7 +170,8 @@ type Watcher struct {
 // the workers missing from a re-list (a compacted revision) and the
 // deletes within d after one, and the deletes within d after a watch
 // resumes from an outage in which etcd could not serve a linearizable read
-// and kept its leader (same raft term). A newer term ends the window: a new
+// (a list, or two probes in a row: one slow read is not an outage) and kept
+// its leader (same raft term). A newer term ends the window: a new
 // leader renews every lease when it takes office, so the removals it makes
 // are real. A worker whose record said it was leaving (draining, dead:
 // `infera worker` writes draining before it revokes its lease) is never
@@ -437,8 +441,8 @@ func (w *watchLoop) checkNotBehind(ctx context.Context) error {
 // resumed runs when a watch is back after an interruption, at the first
 // answer of the member that took it (term is that member's raft term).
 // Deletes that follow are applied at once unless etcd itself may have
-// caused them: the watcher lost quorum during the interruption (a probe or
-// list failed) and the leader kept its term, i.e. a leader that could not
+// caused them: the watcher lost quorum during the interruption (probeFailures
+// probes in a row, or a list, failed) and the leader kept its term, i.e. a leader that could not
 // be reached or was stalled may have expired the leases whose keepalives
 // it missed. Then they are held as after a re-list, until a newer term.
 func (w *watchLoop) resumed(term uint64) {
@@ -461,11 +465,21 @@ func (w *watchLoop) resumed(term uint64) {
 }
 
 // probe reads one key count (a linearizable read, so it needs a quorum)
-// every probeInterval until ctx ends, and returns the first failure (nil
-// when ctx ended). Owned by one session.
+// every probeInterval until ctx ends, each bounded by probeInterval, and
+// returns the failure that ends it (nil when ctx ended). Owned by one
+// session.
+//
+// One failed read is not an outage: a loaded etcd can answer one read late
+// (issue 37). The probe logs it and reads again at once; only probeFailures
+// failures in a row end the session, and with them the watch that may
+// resume holding removals (see resumed). A stall that can expire a lease
+// must outlast the workers' TTL less their keepalive interval (7 s by
+// default); the probe notices any stall longer than probeFailures+1
+// intervals (6 s by default), so a stall it misses expires nothing.
 func (w *watchLoop) probe(ctx context.Context) error {
-	t := time.NewTicker(w.probeInterval)
+	t := time.NewTimer(w.probeInterval)
 	defer t.Stop()
+	failed := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -475,9 +489,20 @@ func (w *watchLoop) probe(ctx context.Context) error {
 		pctx, cancel := context.WithTimeout(ctx, w.probeInterval)
 		_, err := w.cli.Get(pctx, w.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		cancel()
-		if err != nil && ctx.Err() == nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			failed = 0
+			t.Reset(w.probeInterval)
+			continue
+		}
+		if failed++; failed >= probeFailures {
 			return err
 		}
+		w.log.Info().Err(err).Int("failures", failed).
+			Msg("etcd probe failed: reading again before calling it an outage")
+		t.Reset(0)
 	}
 }
 

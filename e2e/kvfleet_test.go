@@ -330,8 +330,9 @@ func logSince(p *proc, mark int) string {
 }
 
 // lostQuorum counts, per replica, the times its fleet watcher found that
-// etcd could not serve a linearizable read (its probe or a list failed):
-// the outages after which removals are held at the same leader term.
+// etcd could not serve a linearizable read (two probes in a row, or a
+// list, failed): the outages after which removals are held at the same
+// leader term.
 func lostQuorum(rs []*fleet) []int {
 	var n []int
 	for _, f := range rs {

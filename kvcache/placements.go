@@ -3,6 +3,8 @@ package kvcache
 import (
 	"slices"
 	"sync"
+
+	"github.com/infera/infera/internal/u64map"
 )
 
 // Placements is the approximate cache view of one worker (and DP rank): the
@@ -18,10 +20,10 @@ import (
 // their working size.
 type Placements struct {
 	mu   sync.RWMutex
-	m    placeTable  // hash → last placement (unix ns)
-	ring []placement // placements in time order, circular (see pushLocked)
-	head int         // oldest placement in ring
-	n    int         // placements in ring
+	m    u64map.Map[int64] // hash → last placement (unix ns)
+	ring []placement       // placements in time order, circular (see pushLocked)
+	head int               // oldest placement in ring
+	n    int               // placements in ring
 	max  int
 	ttl  int64
 	last int64 // time of the newest placement
@@ -48,7 +50,7 @@ func NewPlacements(maxBlocks int, ttlNanos int64) *Placements {
 func (p *Placements) Len() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.m.len()
+	return p.m.Len()
 }
 
 // Match returns how many leading hashes were placed within the TTL before
@@ -57,7 +59,7 @@ func (p *Placements) Match(hashes []uint64, now int64) int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	for j, h := range hashes {
-		at, ok := p.m.get(h)
+		at, ok := p.m.Get(h)
 		if !ok || (p.ttl > 0 && now-at >= p.ttl) {
 			return j
 		}
@@ -86,7 +88,7 @@ func (p *Placements) Record(hashes []uint64, now int64) {
 		if p.n == p.max {
 			p.popLocked()
 		}
-		p.m.set(hashes[j], at)
+		p.m.Set(hashes[j], at)
 		p.pushLocked(placement{hash: hashes[j], at: at})
 	}
 }
@@ -95,7 +97,7 @@ func (p *Placements) Record(hashes []uint64, now int64) {
 func (p *Placements) Clear() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.m.reset()
+	p.m.Reset()
 	p.head, p.n = 0, 0
 }
 
@@ -120,7 +122,10 @@ func (p *Placements) pushLocked(e placement) {
 
 func (p *Placements) popLocked() {
 	e := p.ring[p.head]
-	p.m.deleteIf(e.hash, e.at)
+	// A hash placed again since holds a later time: that entry is stale.
+	if i, ok := p.m.Find(e.hash); ok && *p.m.At(i) == e.at {
+		p.m.DeleteSlot(i)
+	}
 	p.head = (p.head + 1) % len(p.ring)
 	p.n--
 }
