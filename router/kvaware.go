@@ -215,6 +215,8 @@ type KVAware struct {
 	// seq counts the picks (--kv-cost ttft): the clock of the deficit's
 	// decay (kvestimate.go).
 	seq atomic.Int64
+	// coldSeq counts the cold picks: the clock of their count's decay.
+	coldSeq atomic.Int64
 
 	peer *peerHints          // nil unless PeerHints
 	div  *kvcache.Divergence // the divergence alarm (kvdivergence.go); nil: off

@@ -42,10 +42,12 @@ const (
 // another one answers first even after redoing it. A cold request has no
 // home to keep: it goes to the target furthest below its fair shares (the
 // cumulative deficit, with a memory of deficitHalfLife picks per target) of
-// the picks, of the uncached tokens its cache took in, and of the prompt
-// blocks its requests in flight hold, among those whose cost is within
-// coldSlackFactor of the best: cold traffic, what the caches take in and what
-// they must keep spread evenly without a request being sent into a queue.
+// the picks, of the uncached tokens its cache took in, of the prompt
+// blocks its requests in flight hold, and (weighted coldWeight) of the
+// recent cold picks, among those whose cost is within the cold slack of the
+// best (coldSlackFactor, plus about two of its own prefills): cold traffic,
+// new conversations, what the caches take in and what they must keep
+// spread evenly without a request being sent into a long queue.
 // A choice that would take its target above the share bound (MaxShareWarm
 // for warm, MaxShare for cold requests, × the fair share of the decayed
 // picks) goes to the lowest cost within the bound and the slack; if there
@@ -81,6 +83,22 @@ const (
 	// fleet, so that the deficit follows the traffic of the last few
 	// hundred requests rather than the whole life of the router.
 	deficitHalfLife = 32
+	// coldHalfLife is the memory of the cold picks' count, in cold picks
+	// per target: about one burst of new conversations.
+	coldHalfLife = 2
+	// coldWeight is the weight of the cold picks' count in a cold
+	// request's deficit against the picks, intake and held terms. Those
+	// follow the past: with a fair share of 30 picks and 10,000 tokens
+	// one new conversation moves them by a few hundredths, so a burst of
+	// new conversations all went to the target behind on its past
+	// (multi-turn: six of a round's 13 new sessions on one worker, more
+	// than its cache holds once they grow; hit ratio 0.47–0.64 of one
+	// big cache's 0.651 from run to run). The count moves by a third or
+	// more of its fair share per request and alternates them.
+	coldWeight = 3
+	// coldSlackOwn widens the cold slack by this many times the
+	// request's own prefill at the best target's rate.
+	coldSlackOwn = 2
 )
 
 // ttftModel is a target's estimate state, guarded by kvTarget.mu.
@@ -94,6 +112,8 @@ type ttftModel struct {
 	picks    float64     // picks, decayed by the fleet's picks since picksAt (pickCount)
 	picksAt  int64       // KVAware.seq at the last update of picks and fills
 	fills    float64     // uncached prompt tokens charged here, decayed as picks
+	colds    float64     // cold picks, decayed by the fleet's cold picks since coldsAt
+	coldsAt  int64       // KVAware.coldSeq at the last update of colds
 }
 
 func (m *ttftModel) init() {
@@ -135,6 +155,22 @@ func (m *ttftModel) fillCount(seq int64, halfLife float64) float64 {
 		return m.fills * math.Exp2(-float64(d)/halfLife)
 	}
 	return m.fills
+}
+
+// coldCount returns the target's cold picks as seen at the fleet's cold
+// pick seq, halving every halfLife cold picks of the fleet.
+func (m *ttftModel) coldCount(seq int64, halfLife float64) float64 {
+	if d := seq - m.coldsAt; d > 0 && m.colds > 0 {
+		return m.colds * math.Exp2(-float64(d)/halfLife)
+	}
+	return m.colds
+}
+
+// enterCold counts a cold pick; seq is the fleet's cold pick count before
+// it.
+func (m *ttftModel) enterCold(seq int64, halfLife float64) {
+	m.colds = m.coldCount(seq, halfLife) + 1
+	m.coldsAt = seq
 }
 
 // enter charges a picked ticket to the target; seq is the fleet's pick

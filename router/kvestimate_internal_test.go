@@ -363,3 +363,31 @@ func TestKVEstimateColdSpreadsHeld(t *testing.T) {
 		t.Fatalf("a cold request went to %s, whose requests in flight hold %.0f blocks", got, float64(e.target0(a).active.Len()))
 	}
 }
+
+// TestKVEstimateColdBurstSpreads: a burst of new conversations spreads over
+// the targets even when one of them is behind on its past picks and intake.
+// Those deficits move by a few hundredths per request (one pick of 28, 300
+// tokens of 10,000), so by them alone every request of the burst went to
+// the target behind (multi-turn after a round whose sessions it had few
+// of: six of a round's 13 new sessions on one worker, whose cache then
+// could not hold them); the cold picks' own count, with a short memory,
+// moves by a large step per request and alternates them.
+func TestKVEstimateColdBurstSpreads(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	seq := e.p.seq.Load()
+	for id, past := range map[string][2]float64{a: {25, 8000}, b: {30, 12000}} {
+		tg := e.target0(id)
+		tg.mu.Lock()
+		tg.est.picks, tg.est.fills, tg.est.picksAt = past[0], past[1], seq
+		tg.mu.Unlock()
+	}
+	n := map[string]int{}
+	for i := range 8 {
+		n[e.serial(chat(unique(600+i, 250)))]++
+	}
+	if n[a] > 5 || n[b] < 3 {
+		t.Fatalf("a burst of 8 new conversations went %v: not spread", n)
+	}
+}

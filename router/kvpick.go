@@ -29,6 +29,7 @@ type kvScratch struct {
 	uncs    []float64 // per target: uncached prompt tokens (--kv-cost ttft)
 	fills   []float64 // per target: decayed uncached tokens charged (--kv-cost ttft)
 	held    []float64 // per target: distinct prompt blocks in flight (--kv-cost ttft)
+	colds   []float64 // per target: decayed cold picks (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
 	handles []*kvcache.Worker
@@ -128,6 +129,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	kind := p.keyPrompt(in, sc, sc.targets[start].worker)
 	now := p.cfg.Now().UnixNano()
 	seq, halfLife := p.seq.Load(), deficitHalfLife*float64(nt)
+	cseq, coldHL := p.coldSeq.Load(), coldHalfLife*float64(nt)
 
 	// Hashes and cached prefixes per target.
 	sc.setOf = grow(sc.setOf, nt)
@@ -164,6 +166,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.rates = growF(sc.rates, nt)
 		sc.fills = growF(sc.fills, nt)
 		sc.held = growF(sc.held, nt)
+		sc.colds = growF(sc.colds, nt)
 	}
 	total := 0.0
 	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
@@ -204,6 +207,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
 			sc.fills[i] = t.est.fillCount(seq, halfLife)
 			sc.held[i] = float64(active)
+			sc.colds[i] = t.est.coldCount(cseq, coldHL)
 			t.mu.RUnlock()
 		}
 		sc.effs[i] = eff
@@ -225,6 +229,13 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	// ties rotate.
 	if p.ttft {
 		b := p.pickByEstimate(sc, nt, start, warm)
+		if !warm {
+			t := sc.targets[b]
+			t.mu.Lock()
+			t.est.enterCold(cseq, coldHL)
+			t.mu.Unlock()
+			p.coldSeq.Add(1)
+		}
 		return p.commit(in, sc, kind, now, b, seq, halfLife)
 	}
 	share := p.cfg.MaxShare
@@ -335,8 +346,9 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // estimated TTFT, plus the prefill a target that holds less of the prompt
 // than the best holder makes the fleet redo) for a warm request; for a cold
 // one, the target furthest below its fair shares of the decayed picks
-// (sc.picks), cache intake (sc.fills) and blocks in flight (sc.held) among
-// those whose cost is within the cold slack of the best. A choice that would
+// (sc.picks), cache intake (sc.fills), blocks in flight (sc.held) and cold
+// picks (sc.colds, weighted coldWeight) among those whose cost is within
+// the cold slack of the best. A choice that would
 // take its target above its share bound (MaxShareWarm for warm, MaxShare for
 // cold requests, × the fair share of the decayed picks, this one counted)
 // goes instead to the lowest cost within the bound and the slack, or
@@ -352,11 +364,18 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		}
 	}
 	limit := sc.costs[best]*coldSlackFactor + coldSlackSeconds
-	total, fills, held := 1.0, 0.0, 0.0
+	if !warm {
+		// A cold request may also wait behind about two requests of its
+		// own size: a new conversation stays where it starts, and one
+		// short queue must not send a whole burst of them elsewhere.
+		limit += coldSlackOwn * sc.rates[best] * sc.uncs[best] / 1000
+	}
+	total, fills, held, colds := 1.0, 0.0, 0.0, 0.0
 	for i := range nt {
 		total += sc.picks[i]
 		fills += sc.fills[i]
 		held += sc.held[i]
+		colds += sc.colds[i]
 	}
 	fair := total / float64(nt)
 	share := p.cfg.MaxShareWarm
@@ -376,7 +395,13 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		// noise, not a deficit.
 		fairFill := max(fills/float64(nt), sc.uncs[best], 1)
 		fairHeld := max(held/float64(nt), float64(len(sc.sets[sc.setOf[best]].hashes)), 1)
-		score := func(i int) float64 { return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld }
+		// The fourth term is the cold picks themselves, with a memory of
+		// about one burst (coldHalfLife) and coldWeight times the weight
+		// of the others: see coldWeight.
+		fairCold := max(colds/float64(nt), 1) / coldWeight
+		score := func(i int) float64 {
+			return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld + sc.colds[i]/fairCold
+		}
 		cold, low := best, score(best)
 		for k := range nt {
 			i := (start + k) % nt
