@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/infera/infera/internal/natstest"
+	"github.com/infera/infera/internal/testkit"
 )
 
 // TestNATSRefusedAtStartup: serve and worker stop at start-up with one
@@ -19,11 +20,11 @@ func TestNATSRefusedAtStartup(t *testing.T) {
 	for _, args := range [][]string{
 		{"infera", "serve", "--listen", "127.0.0.1:0", "--router-policy", "kv-aware", "--tokenizer", "bytes",
 			"--kv-event-transport", "nats", "--nats-server", url,
-			"--embedded-etcd-listen", "127.0.0.1:" + strconv.Itoa(natstest.FreePort(t)), "--embedded-etcd-dir", filepath.Join(t.TempDir(), "etcd")},
+			"--embedded-etcd-listen", "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t)), "--embedded-etcd-dir", filepath.Join(t.TempDir(), "etcd")},
 		{"infera", "serve", "--listen", "127.0.0.1:0", "--request-transport", "nats", "--nats-server", url,
-			"--embedded-etcd-listen", "127.0.0.1:" + strconv.Itoa(natstest.FreePort(t)), "--embedded-etcd-dir", filepath.Join(t.TempDir(), "etcd")},
+			"--embedded-etcd-listen", "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t)), "--embedded-etcd-dir", filepath.Join(t.TempDir(), "etcd")},
 		{"infera", "worker", "--engine", "sim", "--request-transport", "nats", "--nats-server", url,
-			"--etcd-endpoints", "http://127.0.0.1:" + strconv.Itoa(natstest.FreePort(t)), "--", "--model", "m"},
+			"--etcd-endpoints", "http://127.0.0.1:" + strconv.Itoa(testkit.FreePort(t)), "--", "--model", "m"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(args, &stdout, &stderr)

@@ -24,6 +24,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/discovery/etcdtest"
+	"github.com/infera/infera/internal/testkit"
 )
 
 func TestNewClientConfigErrors(t *testing.T) {
@@ -96,12 +97,12 @@ func TestNewClientTLS(t *testing.T) {
 	issue(t, ca, caKey, dir, "server", x509.ExtKeyUsageServerAuth)
 	issue(t, ca, caKey, dir, "client", x509.ExtKeyUsageClientAuth)
 
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	u := url.URL{Scheme: "https", Host: addr}
 	ec := embed.NewConfig()
 	ec.Dir = t.TempDir()
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{u}, []url.URL{u}
-	peer := url.URL{Scheme: "http", Host: freeAddr(t)}
+	peer := url.URL{Scheme: "http", Host: testkit.FreeAddr(t)}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())

@@ -2,7 +2,6 @@ package discovery_test
 
 import (
 	"context"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -103,18 +102,6 @@ func startRegistrar(t *testing.T, r *discovery.Registrar) (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-// freeAddr returns a loopback host:port that was free a moment ago, for
-// tests that restart etcd on the same address.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // leaseOf returns the lease a worker's key is attached to (0: key absent).

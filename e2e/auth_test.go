@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // TestAuth (issue 5, acceptance 5): API keys guard the OpenAI endpoints
@@ -19,7 +21,7 @@ func TestAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	const adminToken = "admin-secret"
-	adminAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	admin := "http://" + adminAddr
 	f := startServe(t, "--log-level", "info", "--router-policy", "kv-aware",
 		"--api-keys-file", keys, "--admin-listen", adminAddr, "--admin-token", adminToken)

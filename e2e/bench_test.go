@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 type benchReport struct {
@@ -99,7 +101,7 @@ func TestBenchDirectAndThroughServe(t *testing.T) {
 	}
 
 	t.Run("dead url", func(t *testing.T) {
-		dead := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		dead := fmt.Sprintf("http://127.0.0.1:%d", testkit.FreePort(t))
 		rep, err := runBench(t, 30*time.Second, "--url", dead, "--model", "sim-model", "--requests", "20", "--concurrency", "4")
 		if err == nil {
 			t.Fatal("bench against a dead URL exited 0")

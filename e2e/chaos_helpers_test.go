@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // Helpers of the issue-5 e2e tests (chaos, etcd outage, bad input, auth).
@@ -68,7 +70,7 @@ func newEtcdServer(t *testing.T) *etcdServer {
 	if err != nil {
 		t.Fatalf("the etcd server binary is not installed (%v): run .ci/run, or apt-get install etcd-server", err)
 	}
-	return &etcdServer{t: t, bin: bin, dir: filepath.Join(t.TempDir(), "etcd"), clientPort: freePort(t), peerPort: freePort(t)}
+	return &etcdServer{t: t, bin: bin, dir: filepath.Join(t.TempDir(), "etcd"), clientPort: testkit.FreePort(t), peerPort: testkit.FreePort(t)}
 }
 
 func (e *etcdServer) endpoint() string { return fmt.Sprintf("http://127.0.0.1:%d", e.clientPort) }

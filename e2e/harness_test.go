@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/internal/testkit"
 	"go.uber.org/goleak"
 )
 
@@ -215,17 +215,6 @@ func (p *proc) stop(sig syscall.Signal) {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // fleet is one `infera serve` with its embedded etcd.
 type fleet struct {
 	t     *testing.T
@@ -236,7 +225,7 @@ type fleet struct {
 
 func startServe(t *testing.T, extra ...string) *fleet {
 	t.Helper()
-	etcdPort := freePort(t)
+	etcdPort := testkit.FreePort(t)
 	args := append([]string{"serve", "--listen", "127.0.0.1:0",
 		"--embedded-etcd-listen", fmt.Sprintf("127.0.0.1:%d", etcdPort),
 		"--embedded-etcd-dir", filepath.Join(t.TempDir(), "etcd"),

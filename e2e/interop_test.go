@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // gateway sends one request to etcd's JSON gateway over plain HTTP, the
@@ -83,7 +85,7 @@ func TestPythonFleetInterop(t *testing.T) {
 				"--model", rec.ModelName, "--time-scale", "0")
 			sim.waitLog("sim listening", 60*time.Second)
 		} else {
-			port = freePort(t) // nothing listens: it must never be dialed
+			port = testkit.FreePort(t) // nothing listens: it must never be dialed
 		}
 		value := strings.ReplaceAll(string(raw), "{port}", strconv.Itoa(port))
 		var id struct {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/internal/redistest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd"
 )
 
@@ -29,9 +30,9 @@ func TestKVDSharedRedis(t *testing.T) {
 		sock  string
 		admin string
 	}
-	respPort := freePort(t)
+	respPort := testkit.FreePort(t)
 	startKVD := func(name string) daemon {
-		d := daemon{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t))}
+		d := daemon{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))}
 		args := []string{"kvd", "--socket", d.sock, "--max-bytes", "16MiB", "--shared-arena-bytes", "8MiB", "--arena-mlock=false",
 			"--admin-listen", d.admin, "--l4-redis", rs.URL(), "--l4-prefix", "e2e:", "--l4-ttl", "10m"}
 		if name == "kvd-a" {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd"
 )
 
@@ -88,7 +89,7 @@ func TestKVDMooncakeStore(t *testing.T) {
 		sock := filepath.Join(dir, name+".sock")
 		env := append(cleanEnv(), "INFERA_L4_LOCAL_HOSTNAME="+host)
 		p := startBinary(t, bin, name, env, "kvd", "--socket", sock, "--max-bytes", "16MiB", "--shared-arena-bytes", "8MiB",
-			"--arena-mlock=false", "--admin-listen", "127.0.0.1:"+strconv.Itoa(freePort(t)),
+			"--arena-mlock=false", "--admin-listen", "127.0.0.1:"+strconv.Itoa(testkit.FreePort(t)),
 			"--long-backend", "mooncake", "--mooncake-config", cfg)
 		p.waitLog("kvd serving", 20*time.Second)
 		return p, sock
@@ -150,7 +151,7 @@ func TestKVDArenaHIPRegistered(t *testing.T) {
 	bin, _, hip := gpuBuild(t)
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "hip.trace")
-	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	admin := "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
 	args := func(sock, lib string, extra ...string) []string {
 		return append([]string{"kvd", "--socket", filepath.Join(dir, sock), "--max-bytes", "16MiB", "--shared-arena-bytes", "8MiB",
 			"--arena-mlock=false", "--hip-library", lib}, extra...)
@@ -196,9 +197,9 @@ func TestKVDPeerPullMooncake(t *testing.T) {
 	if err := os.Mkdir(meta, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	peerPort := freePort(t)
+	peerPort := testkit.FreePort(t)
 	startKVD := func(name, segment string, extra ...string) (*proc, string, string) {
-		sock, admin := filepath.Join(dir, name+".sock"), "127.0.0.1:"+strconv.Itoa(freePort(t))
+		sock, admin := filepath.Join(dir, name+".sock"), "127.0.0.1:"+strconv.Itoa(testkit.FreePort(t))
 		args := append([]string{"kvd", "--socket", sock, "--max-bytes", "32MiB", "--shared-arena-bytes", "16MiB",
 			"--arena-slot-bytes", "64KiB", "--arena-mlock=false", "--admin-listen", admin, "--hip-library", "/nonexistent",
 			"--peer-transport", "mooncake", "--peer-mooncake-library", teLib, "--peer-mooncake-metadata", "dir:" + meta,

@@ -50,7 +50,7 @@ func TestKVDPeerPullRouted(t *testing.T) {
 		"--kvd-peer-hints", "--kvd-peer-secret", secret, "--kvd-peer-wait", "3s")
 	startKVD := func(name, ip string) host {
 		port := testkit.FreePortPair(t)
-		h := host{ip: ip, sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		h := host{ip: ip, sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t)),
 			peer: ip + ":" + strconv.Itoa(port)}
 		p := start(t, name, "kvd", "--socket", h.sock, "--max-bytes", "32MiB", "--shared-arena-bytes", "16MiB",
 			"--arena-slot-bytes", "64KiB", "--arena-mlock=false", "--admin-listen", h.admin,
@@ -258,7 +258,7 @@ func TestKVDPeerUnregisteredRefused(t *testing.T) {
 	}
 	startKVD := func(name, ip string, extra ...string) host {
 		port := testkit.FreePortPair(t)
-		h := host{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t)), peer: ip + ":" + strconv.Itoa(port)}
+		h := host{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t)), peer: ip + ":" + strconv.Itoa(port)}
 		h.proc = start(t, name, append([]string{"kvd", "--socket", h.sock, "--max-bytes", "32MiB", "--shared-arena-bytes", "16MiB",
 			"--arena-slot-bytes", "64KiB", "--arena-mlock=false", "--admin-listen", h.admin, "--peer-listen", h.peer, "--peer-secret", secret,
 			"--log-level", "debug"}, extra...)...)

@@ -28,7 +28,7 @@ func TestKVDPeerPull(t *testing.T) {
 		admin string
 	}
 	startKVD := func(name string, extra ...string) daemon {
-		d := daemon{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(freePort(t))}
+		d := daemon{sock: filepath.Join(dir, name+".sock"), admin: "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))}
 		args := append([]string{"kvd", "--socket", d.sock, "--max-bytes", "32MiB", "--shared-arena-bytes", "16MiB",
 			"--arena-slot-bytes", "64KiB", "--arena-mlock=false", "--admin-listen", d.admin}, extra...)
 		d.p = start(t, name, args...)

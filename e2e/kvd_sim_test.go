@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/kvd"
 	"github.com/infera/infera/sim"
 )
@@ -55,7 +56,7 @@ func TestKVDSimSecondLevelCache(t *testing.T) {
 	}
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "kvd.sock")
-	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	admin := "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
 	kvdArgs := []string{"kvd", "--socket", sock, "--max-bytes", "16MiB", "--shared-arena-bytes", "8MiB", "--arena-mlock=false",
 		"--admin-listen", admin, "--long-path", filepath.Join(dir, "l3"), "--long-bytes", "16MiB",
 		"--tablespace-slot-bytes", "64KiB", "--tablespace-container-bytes", "2MiB", "--skip-selfcheck"}

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // TestKVRouterRestart (issue 11, acceptance 1): four simulated workers with
@@ -143,7 +145,7 @@ func TestKVProvisionalHitSameWorker(t *testing.T) {
 // `infera worker --kv-events-router`) publishes through the router's
 // --kv-events-listen socket, and the router indexes its blocks.
 func TestKVEventsListenConnectOnlyPublisher(t *testing.T) {
-	listen := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	listen := fmt.Sprintf("tcp://127.0.0.1:%d", testkit.FreePort(t))
 	f := startServe(t, "--router-policy", "kv-aware", "--tokenizer", "bytes", "--kv-events-listen", listen)
 	ids := map[string]bool{}
 	for i := range 2 {

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // pidGone reports whether pid no longer runs (or is a zombie, which holds
@@ -32,7 +34,7 @@ func pidGone(pid int) bool {
 // reaping of stray processes.
 func TestWorkerSIGKILLTakesEngine(t *testing.T) {
 	f := startServe(t)
-	port := freePort(t)
+	port := testkit.FreePort(t)
 	runtimeDir := filepath.Join(t.TempDir(), "run")
 	args := []string{"worker", "--engine", "sim", "--etcd-endpoints", f.etcd, "--runtime-dir", runtimeDir,
 		"--lease-ttl", "5s", "--keepalive-interval", "1s", "--stop-grace", "5s",

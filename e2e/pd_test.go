@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // Disaggregated serving end to end (issue 14): `infera serve` and
@@ -56,7 +58,7 @@ var pdProtos = []pdProto{
 		env: func(t *testing.T, role string) []string {
 			// The prefill's bootstrap server, as both the worker (its
 			// record) and the engine read it.
-			return []string{"VLLM_MOONCAKE_BOOTSTRAP_PORT=" + strconv.Itoa(freePort(t))}
+			return []string{"VLLM_MOONCAKE_BOOTSTRAP_PORT=" + strconv.Itoa(testkit.FreePort(t))}
 		},
 	},
 	moriProto("vllm-mori-read", true),
@@ -67,7 +69,7 @@ var pdProtos = []pdProto{
 			a := []string{"--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--served-model-name", "pd-model",
 				"--disaggregation-mode", role}
 			if role == "prefill" {
-				a = append(a, "--disaggregation-bootstrap-port", strconv.Itoa(freePort(t)))
+				a = append(a, "--disaggregation-bootstrap-port", strconv.Itoa(testkit.FreePort(t)))
 			}
 			return a
 		},
@@ -81,7 +83,7 @@ func moriProto(name string, read bool) pdProto {
 		kvRole := map[string]string{"prefill": "kv_producer", "decode": "kv_consumer"}[role]
 		return []string{"Qwen/Qwen3-8B", "--host", "127.0.0.1", "--served-model-name", "pd-model",
 			"--kv-transfer-config", fmt.Sprintf(`{"kv_connector":"MoRIIOConnector","kv_role":%q,"kv_connector_extra_config":{"handshake_port":%d,"notify_port":%d,"read_mode":%t}}`,
-				kvRole, freePort(t), freePort(t), read)}
+				kvRole, testkit.FreePort(t), testkit.FreePort(t), read)}
 	}}
 }
 
@@ -89,7 +91,7 @@ func moriProto(name string, read bool) pdProto {
 var atomProto = pdProto{name: "atom-mooncake", engine: "atom", completions: true, args: func(t *testing.T, role string) []string {
 	kvRole := map[string]string{"prefill": "kv_producer", "decode": "kv_consumer"}[role]
 	return []string{"--model", "deepseek-ai/DeepSeek-R1", "--host", "127.0.0.1", "--served-model-name", "pd-model",
-		"--kv-transfer-config", fmt.Sprintf(`{"kv_connector":"mooncake","kv_role":%q,"handshake_port":%d}`, kvRole, freePort(t))}
+		"--kv-transfer-config", fmt.Sprintf(`{"kv_connector":"mooncake","kv_role":%q,"handshake_port":%d}`, kvRole, testkit.FreePort(t))}
 }}
 
 // pdWorker is one PD worker process and what its engine recorded.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/internal/redistest"
+	"github.com/infera/infera/internal/testkit"
 )
 
 // Issue 35, acceptance 2: a real Prometheus (Debian's) scrapes serve, the
@@ -126,7 +127,7 @@ func TestPrometheusScrapesFleet(t *testing.T) {
 
 	// A kvd with a Redis L4.
 	rs := redistest.Start(t)
-	kvdAdmin := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	kvdAdmin := "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
 	kp := start(t, "kvd", "kvd", "--socket", filepath.Join(t.TempDir(), "kvd.sock"), "--max-bytes", "16MiB",
 		"--shared-arena-bytes", "8MiB", "--arena-mlock=false", "--admin-listen", kvdAdmin, "--l4-redis", rs.URL())
 	kp.waitLog("kvd serving", 20*time.Second)
@@ -173,7 +174,7 @@ scrape_configs:
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	promAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	promAddr := "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
 	prom := exec.Command(promBin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+promAddr, "--log.level=warn")
 	prom.Stdout, prom.Stderr = io.Discard, io.Discard

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // TestReadmeRunCommand runs the README's local fleet (`make run` is `make
@@ -29,7 +31,7 @@ func runReadmeFleet(t *testing.T, nats bool) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("curl is needed by scripts/run-local.sh: install it (apt-get install curl)")
 	}
-	port, etcdPort := freePort(t), freePort(t)
+	port, etcdPort := testkit.FreePort(t), testkit.FreePort(t)
 	script := exec.Command("bash", filepath.Join("..", "scripts", "run-local.sh"))
 	script.Env = append(cleanEnv(),
 		"INFERA_BIN="+binary,
@@ -39,7 +41,7 @@ func runReadmeFleet(t *testing.T, nats bool) {
 	)
 	procs := 5 // serve, 2 workers, 2 sims
 	if nats {
-		script.Env = append(script.Env, "INFERA_RUN_NATS=1", "INFERA_RUN_NATS_PORT="+strconv.Itoa(freePort(t)))
+		script.Env = append(script.Env, "INFERA_RUN_NATS=1", "INFERA_RUN_NATS_PORT="+strconv.Itoa(testkit.FreePort(t)))
 		procs++ // nats-server
 	}
 	script.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

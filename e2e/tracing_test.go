@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // Issue 35, acceptance 3: a disaggregated request's trace in a real trace
@@ -40,8 +42,8 @@ func jaegerBinary(t *testing.T) string {
 func startJaeger(t *testing.T) (otlp, query string) {
 	t.Helper()
 	bin := jaegerBinary(t)
-	otlp = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	query = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	otlp = fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
+	query = fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 	cfg := fmt.Sprintf(`service:
   extensions: [jaeger_storage, jaeger_query]
   pipelines:
@@ -78,7 +80,7 @@ processors:
 exporters:
   jaeger_storage_exporter:
     trace_storage: mem
-`, query, freePort(t), otlp)
+`, query, testkit.FreePort(t), otlp)
 	path := filepath.Join(t.TempDir(), "jaeger.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/infera/infera/internal/natstest"
+	"github.com/infera/infera/internal/testkit"
 	"github.com/infera/infera/natsx"
 )
 
@@ -38,7 +39,7 @@ func TestConnectCredentials(t *testing.T) {
 		}
 	}
 	// Nothing listening: refused at once.
-	port := natstest.FreePort(t)
+	port := testkit.FreePort(t)
 	if _, err := natsx.Connect(ctx, natsx.Config{URL: "nats://127.0.0.1:" + strconv.Itoa(port)}, zerolog.Nop()); !errors.Is(err, natsx.ErrConnect) {
 		t.Errorf("no server: %v", err)
 	}

@@ -50,7 +50,7 @@ func natsClient(t *testing.T, ns *natstest.Server, cfg natsreq.ClientConfig) *na
 // request that reaches the engine came over NATS.
 func natsWorker(t *testing.T, ns *natstest.Server, engine *upstream, maxPending int) (discovery.Record, *natsreq.Server) {
 	t.Helper()
-	id := "127.0.0.1:" + strconv.Itoa(natstest.FreePort(t))
+	id := "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
 	srv, err := natsreq.NewServer(natsreq.ServerConfig{WorkerID: id, EngineURL: "http://" + engine.addr, MaxPending: maxPending}, natsConn(t, ns), zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
@@ -287,7 +287,7 @@ func TestNATSMixedFleet(t *testing.T) {
 func fakeNATSWorker(t *testing.T, ns *natstest.Server, answer func(nc *nats.Conn, inbox string)) discovery.Record {
 	t.Helper()
 	nc := natsConn(t, ns)
-	id := "127.0.0.1:" + strconv.Itoa(natstest.FreePort(t))
+	id := "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
 	sub, err := nc.Subscribe(natsreq.Subject(id), func(m *nats.Msg) { answer(nc, m.Reply) })
 	if err != nil {
 		t.Fatal(err)

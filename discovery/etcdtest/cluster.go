@@ -3,7 +3,6 @@ package etcdtest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/internal/testkit"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -47,7 +47,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	var initial []string
 	for i := range n {
 		m := &member{name: fmt.Sprintf("m%d", i),
-			clientURL: "http://" + freeAddr(t), peerURL: "http://" + freeAddr(t),
+			clientURL: "http://" + testkit.FreeAddr(t), peerURL: "http://" + testkit.FreeAddr(t),
 			log: filepath.Join(dir, fmt.Sprintf("m%d.log", i))}
 		c.members = append(c.members, m)
 		initial = append(initial, m.name+"="+m.peerURL)
@@ -96,17 +96,6 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		}
 	}
 	return c
-}
-
-// freeAddr returns a loopback host:port that was free a moment ago.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func healthy(url string) bool {

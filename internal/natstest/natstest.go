@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // Server is one nats-server process with JetStream enabled.
@@ -38,24 +40,13 @@ func Path(t testing.TB) string {
 	return p
 }
 
-// FreePort returns a loopback port nothing listens on.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // Start runs nats-server with JetStream on a free loopback port and extra
 // arguments (such as "--user", "u", "--pass", "p"), and waits until it
 // announces JetStream in its INFO line.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	Path(t)
-	port := FreePort(t)
+	port := testkit.FreePort(t)
 	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, StoreDir: t.TempDir(), t: t}
 	s.args = append([]string{"-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", s.StoreDir}, extra...)
 	s.start()

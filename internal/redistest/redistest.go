@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // Server is one redis-server process.
@@ -32,23 +34,12 @@ func Path(t testing.TB) string {
 	return p
 }
 
-// FreePort returns a loopback port nothing listens on.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // Start runs redis-server with extra configuration arguments (such as
 // "--requirepass", "pw") and waits until it answers.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	Path(t)
-	port := FreePort(t)
+	port := testkit.FreePort(t)
 	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, t: t, dir: t.TempDir()}
 	s.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"}, extra...)

@@ -1,6 +1,6 @@
 // Package testkit holds the small helpers many packages' tests share:
-// Eventually polls a condition until a deadline, FreePortPair finds two
-// adjacent free loopback ports, and LogSink is a log destination the code
+// Eventually polls a condition until a deadline, FreePort and FreeAddr find
+// a free loopback port, FreePortPair two adjacent ones, and LogSink is a log destination the code
 // under test and the test may use at once.
 //
 // Concurrency: Eventually runs on the test goroutine; a LogSink may be

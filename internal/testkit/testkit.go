@@ -29,6 +29,24 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 	}
 }
 
+// FreePort returns a loopback TCP port that was free a moment ago (another
+// process may take it before the caller listens on it).
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// FreeAddr returns FreePort as a "127.0.0.1:port" address.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	return "127.0.0.1:" + strconv.Itoa(FreePort(t))
+}
+
 // FreePortPair returns a loopback port p such that p and p+1 were both
 // free a moment ago: kvd's --peer-listen serves the arena's bytes on the
 // port after it.

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/infera/infera/discovery/kube"
+	"github.com/infera/infera/internal/testkit"
 )
 
 // Token is the static bearer token of the test API server (system:masters).
@@ -62,15 +63,6 @@ func Binary(t testing.TB) string {
 		t.Fatalf("build kube-apiserver: %v", err)
 	}
 	return strings.TrimSpace(string(out))
-}
-
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func writePEM(t testing.TB, path, typ string, der []byte) {
@@ -118,7 +110,7 @@ func Start(t testing.TB) *Server {
 		t.Fatal(err)
 	}
 
-	ep, ec := freePort(t), freePort(t)
+	ep, ec := testkit.FreePort(t), testkit.FreePort(t)
 	etcd := exec.Command("etcd", "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", "http://127.0.0.1:"+strconv.Itoa(ec), "--advertise-client-urls", "http://127.0.0.1:"+strconv.Itoa(ec),
 		"--listen-peer-urls", "http://127.0.0.1:"+strconv.Itoa(ep), "--initial-advertise-peer-urls", "http://127.0.0.1:"+strconv.Itoa(ep),
@@ -129,7 +121,7 @@ func Start(t testing.TB) *Server {
 	}
 	t.Cleanup(func() { _ = etcd.Process.Kill(); _ = etcd.Wait() })
 
-	s := &Server{t: t, dir: dir, bin: bin, port: freePort(t), etcd: "http://127.0.0.1:" + strconv.Itoa(ec)}
+	s := &Server{t: t, dir: dir, bin: bin, port: testkit.FreePort(t), etcd: "http://127.0.0.1:" + strconv.Itoa(ec)}
 	caPEM, _ := os.ReadFile(filepath.Join(dir, "ca.crt"))
 	s.Config = kube.Config{Server: "https://127.0.0.1:" + strconv.Itoa(s.port), Token: Token, CAPEM: caPEM, Namespace: "default"}
 	s.startAPI()
