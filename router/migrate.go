@@ -42,10 +42,15 @@ type migration struct {
 
 // empty empties m in place, keeping its buffers (relay.reset: once per
 // request, so the ~1.5 KB Tracker is not copied). A field added to
-// migration is cleared here too (TestMigrationEmpty).
+// migration is cleared here too (TestMigrationEmpty). The Tracker is
+// written only while on (startMigration resets it when it turns on), so
+// a request that was not tracked (every unary one) leaves it as the
+// last reset left it and it is not reset again.
 func (m *migration) empty() {
 	askBuf, scratch := m.askBuf[:0], m.scratch[:0]
-	m.track.Reset(false)
+	if m.on {
+		m.track.Reset(false)
+	}
 	m.on, m.count, m.reshape, m.broken, m.drained = false, 0, false, nil, false
 	m.askBuf, m.scratch = askBuf, scratch
 }
