@@ -69,8 +69,10 @@ type relay struct {
 	xlateEvent func(dst, ev []byte) []byte
 
 	// mig is a stream's continuation state (migrate.go); trackEvent its
-	// Tracker as the pump's transform, bound once per pooled relay.
-	mig        migration
+	// Tracker as the pump's transform, bound once per pooled relay. It is
+	// a pointer so that reset empties it in place: by value its ~1.5 KB
+	// Tracker was copied twice per request.
+	mig        *migration
 	trackEvent func(dst, ev []byte) []byte
 
 	direct DirectPick // the worker (or PD pair) an endpoint picker named (direct.go)
@@ -105,6 +107,7 @@ var relayPool = sync.Pool{New: func() any {
 		pump: eventPump{buf: make([]byte, relayBufSize)},
 	}
 	rel.xlateEvent = rel.xlate.Event
+	rel.mig = new(migration)
 	rel.trackEvent = rel.trackedEvent
 	rel.att.x = new(upstream.Exchange)
 	rel.watch.init()
@@ -130,7 +133,8 @@ func (rel *relay) reset() {
 	tried, cands := rel.tried[:0], rel.sub.Workers[:0]
 	hintBuf, hintTmp, x := rel.att.hintBuf[:0], rel.att.hintTmp[:0], rel.att.x
 	xlate, xlateEvent := rel.xlate, rel.xlateEvent
-	mig, trackEvent := rel.mig.reuse(), rel.trackEvent
+	mig, trackEvent := rel.mig, rel.trackEvent
+	mig.empty()
 	timer := rel.watch.timer
 	*rel = relay{id: id, pump: pump, tried: tried, reqBuf: reqBuf, xlate: xlate, xlateEvent: xlateEvent, mig: mig, trackEvent: trackEvent}
 	rel.att.hintBuf, rel.att.hintTmp, rel.att.x = hintBuf, hintTmp, x

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"reflect"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -194,7 +195,7 @@ func TestRelayWriteToTrackedAllocs(t *testing.T) {
 // testRelay is a relay of a 200 chat stream, outside the pool.
 func testRelay(r *Router, bufSize int) *relay {
 	rel := &relay{r: r, route: RouteChatCompletions, dialect: r.dialects[RouteChatCompletions],
-		pump: eventPump{buf: make([]byte, bufSize)}, status: 200}
+		pump: eventPump{buf: make([]byte, bufSize)}, mig: new(migration), status: 200}
 	rel.att = attempt{rel: rel, status: 200}
 	return rel
 }
@@ -271,5 +272,46 @@ func BenchmarkEventPump(b *testing.B) {
 		if _, rerr, werr := p.step(dst, src); rerr != nil || werr != nil {
 			b.Fatal(rerr, werr)
 		}
+	}
+}
+
+// TestMigrationEmpty: relay.reset empties a pooled relay's migration in
+// place; every field but the kept buffers is zero after it. A new field
+// fails here until empty clears it and this test sets it.
+func TestMigrationEmpty(t *testing.T) {
+	m := &migration{on: true, count: 3, reshape: true, broken: &Worker{}, drained: true,
+		askBuf: make([]byte, 5, 64), scratch: make([]byte, 7, 32)}
+	m.track.Strip, m.track.Done = true, true
+	m.track.Text = append(m.track.Text, "hello"...)
+	v := reflect.ValueOf(m).Elem()
+	if n := v.NumField(); n != 8 {
+		t.Fatalf("migration has %d fields, this test and migration.empty know 8", n)
+	}
+	m.empty()
+	for i := range v.NumField() {
+		f, name := v.Field(i), v.Type().Field(i).Name
+		switch name {
+		case "askBuf", "scratch":
+			if f.Len() != 0 || f.Cap() == 0 {
+				t.Errorf("%s: len %d cap %d, want emptied and kept", name, f.Len(), f.Cap())
+			}
+		case "track":
+			if m.track.Strip || m.track.Done || len(m.track.Text) != 0 || cap(m.track.Text) == 0 {
+				t.Errorf("track not reset with its buffers kept: %+v", m.track)
+			}
+		default:
+			if !f.IsZero() {
+				t.Errorf("%s not cleared", name)
+			}
+		}
+	}
+}
+
+// BenchmarkRelayReset: the per-request reset of a pooled relay.
+func BenchmarkRelayReset(b *testing.B) {
+	rel := relayPool.Get().(*relay)
+	b.ReportAllocs()
+	for b.Loop() {
+		rel.reset()
 	}
 }
