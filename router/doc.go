@@ -109,7 +109,9 @@
 // connection holds bytes, and events read with the stream's end are held
 // by the client connection (writehold.go) until fasthttp flushes the
 // response's closing chunk: a stream the engine sent at once leaves in one
-// write (issue 36);
+// write (issue 36). A batch of events larger than fasthttp's 4 KiB response
+// writer is held the same way for the length of its write (holdBatch), so
+// that it leaves in one write rather than the writer's pieces;
 // until the first event is written a failing worker (end of stream, error,
 // first-byte timeout) is replaced by failover and the client sees the next
 // worker's events after the comments. After the first event a failure ends

@@ -92,6 +92,9 @@ type relay struct {
 	// held: the client connection holds the stream's last writes for
 	// its closing chunk (writehold.go), until Close; nil: none.
 	held *frontConn
+	// batch: the client connection holds one large batch of events
+	// (holdBatch) until sendBatch; nil: none.
+	batch *frontConn
 
 	streaming bool // a stream's status line went out: only a stream may replace it
 	firstByte bool // an event reached the client

@@ -191,3 +191,66 @@ func TestStreamHeadersBeforeSlowFirstEvent(t *testing.T) {
 		t.Fatalf("stream in %d writes, want 2 (headers; events with the closing chunk)", n)
 	}
 }
+
+// TestStreamLargeBatchInOneWrite: a batch of events larger than fasthttp's
+// 4 KiB response writer (an engine ahead of the relay) reaches the client
+// in one write, with the headers for a stream's first batch, not in the
+// writer's pieces (two or three writes).
+func TestStreamLargeBatchInOneWrite(t *testing.T) {
+	ev := func(text, finish string) string {
+		return `data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` +
+			text + `"},"finish_reason":` + finish + `}]}` + "\n\n"
+	}
+	first := strings.Repeat(ev("tok", "null"), 40) // 5.9 KB
+	mid := strings.Repeat(ev("more", "null"), 64)  // 9.5 KB
+	last := ev(".", `"stop"`) + "data: [DONE]\n\n"
+	chunk := func(s string) string { return strings.TrimSuffix(oneChunkStream(s), "0\r\n\r\n") }
+	next := make(chan struct{})
+	up := rawUpstream(t, func(c net.Conn, stop <-chan struct{}) {
+		readRequest(c)
+		for _, part := range []string{
+			"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(first),
+			chunk(mid),
+			oneChunkStream(last),
+		} {
+			_, _ = io.WriteString(c, part)
+			select {
+			case <-next:
+			case <-stop:
+				return
+			}
+		}
+	})
+	addr, wc := startCountedRouter(t, record(up, "m", discovery.StatusActive))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for i, part := range []string{first, mid} {
+		got := make([]byte, len(part))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != part {
+			t.Fatalf("batch %d: %v %q", i, err, got)
+		}
+		if n := wc.writes.Load(); n != int64(i+1) {
+			t.Fatalf("batch %d (%d B) in %d writes so far, want %d", i, len(part), n, i+1)
+		}
+		next <- struct{}{}
+	}
+	rest, err := io.ReadAll(br)
+	if err != nil || string(rest) != last {
+		t.Fatalf("end: %v %q", err, rest)
+	}
+	if n := wc.writes.Load(); n != 3 {
+		t.Fatalf("stream in %d writes, want 3", n)
+	}
+}

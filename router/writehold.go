@@ -66,3 +66,19 @@ func (c *frontConn) writeHeld(p []byte) (int, error) {
 	}
 	return n - held, err
 }
+
+// sendHeld sends what is held now (holding must be off), in one write; with
+// nothing held it writes nothing.
+func (c *frontConn) sendHeld() error {
+	h := &c.hold
+	if h.buf == nil {
+		return nil
+	}
+	if len(*h.buf) == 0 {
+		holdBufs.Put(h.buf)
+		h.buf = nil
+		return nil
+	}
+	_, err := c.writeHeld(nil)
+	return err
+}
