@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/discovery/etcdtest"
@@ -140,18 +139,7 @@ func TestWatcherRelistsAfterCompaction(t *testing.T) {
 		if _, err := cli.Put(ctx, testPrefix+"d:1", encode(t, record("d:1"))); err != nil {
 			t.Error(err)
 		}
-		var last int64
-		for i := range 20 {
-			resp, err := cli.Put(ctx, "/infera-test/noise", string(rune('a'+i)))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			last = resp.Header.Revision
-		}
-		if _, err := cli.Compact(ctx, last, clientv3.WithCompactPhysical()); err != nil {
-			t.Error(err)
-		}
+		compactPast(t, cli)
 	})
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "c:1", "d:1")
