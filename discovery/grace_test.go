@@ -68,12 +68,8 @@ func TestWatcherHoldsRemovalsAfterRelist(t *testing.T) {
 // A held worker that does not re-register is removed once its grace ends;
 // without a grace the re-list removes it at once (the default).
 func TestWatcherHeldWorkerExpires(t *testing.T) {
-	eps := etcdtest.Start(t)
-	cli := etcdtest.Client(t, eps)
 	var logs testkit.LogSink
-	put(t, cli, record("a:1"))
-	put(t, cli, record("b:1"))
-	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
+	cli, w := watcherOver(t, &logs, "a:1", "b:1")
 	w.SetOutageGrace(300 * time.Millisecond)
 	relistOnce(t, w, cli, func() { delKey(t, cli, "b:1") })
 	startWatcher(t, w)
@@ -89,12 +85,8 @@ func TestWatcherHeldWorkerExpires(t *testing.T) {
 // `infera worker` writes it before it revokes its lease) is removed at
 // once even inside the grace window; a plain delete there is held.
 func TestWatcherDoesNotHoldLeavingWorker(t *testing.T) {
-	eps := etcdtest.Start(t)
-	cli := etcdtest.Client(t, eps)
 	var logs testkit.LogSink
-	put(t, cli, record("a:1"))
-	put(t, cli, record("d:1"))
-	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
+	cli, w := watcherOver(t, &logs, "a:1", "d:1")
 	w.SetOutageGrace(time.Minute)
 	relistOnce(t, w, cli, nil) // the re-list opens the grace window
 	startWatcher(t, w)

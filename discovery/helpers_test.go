@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/discovery/etcdtest"
 	"github.com/infera/infera/internal/testkit"
 )
 
@@ -24,6 +25,18 @@ const waitDeadline = 30 * time.Second
 
 // debugLogger logs JSON at debug level into b.
 func debugLogger(b *testkit.LogSink) zerolog.Logger { return zerolog.New(b).Level(zerolog.DebugLevel) }
+
+// watcherOver starts an etcd server, registers the workers ids in it and
+// returns a client of it and a watcher of the records (not yet running)
+// that logs into logs at debug level.
+func watcherOver(t *testing.T, logs *testkit.LogSink, ids ...string) (*clientv3.Client, *discovery.Watcher) {
+	t.Helper()
+	cli := etcdtest.Client(t, etcdtest.Start(t))
+	for _, id := range ids {
+		put(t, cli, record(id))
+	}
+	return cli, discovery.NewWatcher(cli, testPrefix, debugLogger(logs), nil)
+}
 
 func record(id string) discovery.Record {
 	return discovery.Record{WorkerID: id, URL: "http://" + id, ModelName: "sim-model", Engine: "sim"}

@@ -117,14 +117,8 @@ func TestWatcherIgnoresInvalidRecords(t *testing.T) {
 // compacted away, so the watch fails with ErrCompacted; the watcher re-lists
 // and holds exactly the live records — the worker deleted in the gap is gone.
 func TestWatcherRelistsAfterCompaction(t *testing.T) {
-	eps := etcdtest.Start(t)
-	cli := etcdtest.Client(t, eps)
 	var logs testkit.LogSink
-	for _, id := range []string{"a:1", "b:1", "c:1"} {
-		put(t, cli, record(id))
-	}
-
-	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
+	cli, w := watcherOver(t, &logs, "a:1", "b:1", "c:1")
 	discovery.SetWatcherHooks(w, nil, func(n int, rev int64) {
 		if n != 1 {
 			return
@@ -161,13 +155,8 @@ func TestWatcherRelistsAfterCompaction(t *testing.T) {
 // delete applies at once although an outage grace is set (etcd answered
 // throughout, so nothing it did can have expired a live worker's lease).
 func TestWatcherResumesAfterWatchCancel(t *testing.T) {
-	eps := etcdtest.Start(t)
-	cli := etcdtest.Client(t, eps)
 	var logs testkit.LogSink
-	put(t, cli, record("a:1"))
-	put(t, cli, record("b:1"))
-
-	w := discovery.NewWatcher(cli, testPrefix, debugLogger(&logs), nil)
+	cli, w := watcherOver(t, &logs, "a:1", "b:1")
 	w.SetOutageGrace(time.Minute)
 	resumes := 0
 	discovery.SetWatcherResumeHook(w, func(int64) {
