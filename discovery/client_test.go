@@ -74,7 +74,11 @@ func TestNewClientAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cli, err := discovery.NewClient(config.Etcd{Endpoints: eps, Username: "root", Password: "s3cret"}, zerolog.Nop())
+	// The dial authenticates, and etcd checks the password with bcrypt
+	// (cost 10): under -race on a loaded 2-core box that alone can take
+	// longer than the default 5 s dial timeout.
+	const dial = time.Minute
+	cli, err := discovery.NewClient(config.Etcd{Endpoints: eps, Username: "root", Password: "s3cret", DialTimeout: dial}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +86,7 @@ func TestNewClientAuth(t *testing.T) {
 	if _, err := cli.Put(ctx, "/k", "v"); err != nil {
 		t.Fatalf("put with credentials: %v", err)
 	}
-	if bad, err := discovery.NewClient(config.Etcd{Endpoints: eps, Username: "root", Password: "wrong"}, zerolog.Nop()); err == nil {
+	if bad, err := discovery.NewClient(config.Etcd{Endpoints: eps, Username: "root", Password: "wrong", DialTimeout: dial}, zerolog.Nop()); err == nil {
 		bad.Close()
 		t.Fatal("wrong password accepted")
 	}
