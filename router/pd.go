@@ -378,6 +378,35 @@ func (rel *relay) waitPrefill(abort bool) pdResult {
 	return res
 }
 
+// prefillVerdictGrace is how long a failed decode leg waits for its
+// concurrent prefill's own result before aborting it. A prefill engine that
+// dies takes the decode's KV transfer down with it, and the two failures
+// race to the router (the decode may answer "kv transfer failed" before
+// the prefill's connection reset is read): the prefill's failure is the
+// cause, so it is the one the client, the breaker and the metrics should
+// see. A prefill that is alive and slow costs a failed request this much
+// more time, on an error path only.
+const prefillVerdictGrace = time.Second
+
+// waitPrefillAfterDecodeFailure is waitPrefill(true) after the decode leg
+// failed, giving the prefill prefillVerdictGrace to report first.
+func (rel *relay) waitPrefillAfterDecodeFailure() pdResult {
+	pd := rel.pd
+	if !pd.preRunning {
+		return pdResult{}
+	}
+	t := time.NewTimer(prefillVerdictGrace)
+	defer t.Stop()
+	select {
+	case res := <-pd.preDone:
+		pd.preRunning = false
+		rel.endPrefill(res)
+		return res
+	case <-t.C:
+		return rel.waitPrefill(true)
+	}
+}
+
 // endPrefill ends the prefill attempt with its result (metrics too).
 func (rel *relay) endPrefill(res pdResult) {
 	pd := rel.pd
@@ -442,7 +471,7 @@ func (rel *relay) pdDecode() (bool, error) {
 		return false, errClientLeft
 	}
 	if err != nil {
-		res := rel.waitPrefill(true)
+		res := rel.waitPrefillAfterDecodeFailure()
 		why := a.classify(err)
 		if !errors.Is(err, upstream.ErrAborted) {
 			err = fmt.Errorf("decode worker %s: %w", d.id, err)

@@ -11,11 +11,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
@@ -458,6 +460,41 @@ func TestPDPrefillFailures(t *testing.T) {
 				t.Errorf("answered after %v", el)
 			}
 		})
+	}
+}
+
+// TestPDPrefillDeathOutranByDecodeError: a prefill engine that dies takes
+// the decode's KV transfer down with it, and the decode's 500 ("kv transfer
+// failed") can reach the router before the prefill's connection reset
+// does. The client is still told that the prefill failed — the cause — not
+// the decode (the e2e PD failure test saw this race on a loaded box).
+func TestPDPrefillDeathOutranByDecodeError(t *testing.T) {
+	proto := discovery.ProtocolSGLangBootstrap
+	decodeAnswered := make(chan struct{})
+	var once sync.Once
+	d := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"kv transfer failed: peer unavailable","code":500}}`)
+		once.Do(func() { close(decodeAnswered) })
+	})
+	p := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		select {
+		case <-decodeAnswered:
+		case <-time.After(10 * time.Second):
+		}
+		time.Sleep(100 * time.Millisecond) // the decode's answer is read first
+		if tc, ok := ctx.Conn().(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // a reset, as from a killed process
+		}
+		_ = ctx.Conn().Close()
+	})
+	prec := (&pdSim{addr: p.addr, kvAddr: "127.0.0.1:1"}).record(discovery.DisaggPrefill, proto)
+	drec := (&pdSim{addr: d.addr}).record(discovery.DisaggDecode, proto)
+	tr := pdRouter(t, func(c *router.Config) { c.MaxRetries = 0 }, prec, drec)
+	resp, b := tr.do(t, http.MethodPost, "/v1/chat/completions", pdChat)
+	if resp.StatusCode < 500 || !strings.Contains(string(b), "prefill worker "+p.addr) {
+		t.Fatalf("%d %s: want a 5xx naming the prefill worker %s", resp.StatusCode, b, p.addr)
 	}
 }
 
