@@ -79,9 +79,11 @@ type template struct {
 	holes [numHoleKinds]hole
 	n     int // holes in use
 	// vary lists the holes whose value changes within a stream (all but
-	// the stream's id, time and model), by index in holes.
+	// the stream's id, time and model), by index in holes; at is the
+	// index of the hole of each kind (-1: none).
 	vary [numHoleKinds]int8
 	nv   int
+	at   [numHoleKinds]int8
 	// cut: the member of hole cutHole is cut from the client's copy;
 	// preCut and postCut are the bytes cut before and after the hole's
 	// value (the member's key, a comma, an enclosing object's bytes).
@@ -134,7 +136,11 @@ func (t *Tracker) learn(data, out []byte) {
 			return
 		}
 	}
+	for k := range nt.at {
+		nt.at[k] = -1
+	}
 	for i, h := range nt.holes[:nt.n] {
+		nt.at[h.kind] = int8(i)
 		if h.kind < holeID {
 			nt.vary[nt.nv] = int8(i)
 			nt.nv++
@@ -230,17 +236,69 @@ func (t *Tracker) matchFast(data []byte) (a, b int, ok bool) {
 }
 
 // matchTemplate reads data through template i: first every hole is found
-// and checked, then (all of them matching) read. rigid: the holes that do
-// not vary within a stream are matched as the template's fixed bytes.
+// and checked (the output ids read on the way), then, all of them
+// matching, the rest is read. rigid: the holes that do not vary within a
+// stream are matched as the template's fixed bytes.
 func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bool) {
 	a, b = -1, -1
 	tm := &t.tmpls[i]
 	if !tm.ok || tm.strip != t.Strip {
 		return a, b, false
 	}
-	var spans [numHoleKinds][2]int // value spans in data, by hole index
-	var txtStart, txtEnd int
-	var txtEsc, rebase bool
+	var m holeMatch
+	nOut := len(t.OutIDs)
+	if !t.matchHoles(tm, data, rigid, &m) {
+		t.OutIDs = t.OutIDs[:nOut]
+		return a, b, false
+	}
+	// The chunk matches: what follows is what the full read would do.
+	if k := tm.at[holeText]; k >= 0 && m.txtEnd > m.txtStart {
+		if m.txtEsc {
+			t.Text = jsonx.AppendUnescaped(t.Text, data[m.txtStart:m.txtEnd])
+		} else {
+			t.Text = append(t.Text, data[m.txtStart:m.txtEnd]...)
+		}
+		t.TextChunks++
+		if tm.at[holeOutIDs] >= 0 {
+			t.IDChunks++
+		}
+	}
+	if k := tm.at[holePrompt]; k >= 0 {
+		t.prompt(data[m.spans[k][0]:m.spans[k][1]], 0)
+	}
+	if k := tm.at[holeFinish]; k >= 0 && data[m.spans[k][0]] != 'n' {
+		t.Finished = true
+	}
+	if len(t.ID) == 0 || len(t.Created) == 0 || len(t.Model) == 0 {
+		t.keepStream(tm, data, &m, rigid)
+	}
+	t.fastChunks++
+	if tm.cut {
+		s := m.spans[tm.cutHole]
+		a, b = s[0]-tm.preCut, s[1]+tm.postCut
+	}
+	if m.rebase {
+		// The same layout with this chunk's values in its holes.
+		tm.b = append(tm.b[:0], data...)
+		for hi := range tm.holes[:tm.n] {
+			tm.holes[hi].start, tm.holes[hi].end = m.spans[hi][0], m.spans[hi][1]
+		}
+	}
+	return a, b, true
+}
+
+// holeMatch is where matchHoles found a chunk's holes.
+type holeMatch struct {
+	spans            [numHoleKinds][2]int // value spans in data, by hole index
+	txtStart, txtEnd int                  // the text's content
+	txtEsc           bool                 // ... holds escapes or non-ASCII
+	rebase           bool                 // the stream's id, time or model differ from tm's
+}
+
+// matchHoles matches data against tm's fixed bytes and finds its holes'
+// values, appending the output ids to t.OutIDs (the caller drops them
+// when it returns false).
+func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch) bool {
 	pos, prev := 0, 0
 	visit := tm.n
 	if rigid {
@@ -251,47 +309,53 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 		if rigid {
 			hi = int(tm.vary[x])
 		}
-		h := tm.holes[hi]
+		h := &tm.holes[hi]
 		fixed := tm.b[prev:h.start]
 		if len(data)-pos <= len(fixed) || !bytes.Equal(data[pos:pos+len(fixed)], fixed) {
-			return a, b, false
+			return false
 		}
 		pos += len(fixed)
 		start := pos
 		switch h.kind {
-		case holeOutIDs, holePrompt:
-			if data[pos] != '[' {
-				return a, b, false
+		case holeOutIDs:
+			var ok bool
+			if t.OutIDs, pos, ok = appendIDArray(t.OutIDs, data, pos); !ok {
+				return false
 			}
-			j := bytes.IndexByte(data[pos:], ']')
-			if j < 0 || bytes.IndexByte(data[pos:pos+j], '\n') >= 0 || bytes.IndexByte(data[pos:pos+j], '\r') >= 0 {
-				return a, b, false // (a line break would end an event's data line)
+		case holePrompt:
+			if pos = idArrayEnd(data, pos); pos < 0 {
+				return false
 			}
-			pos += j + 1
 		case holeText:
 			if data[pos] != '"' {
-				return a, b, false
+				return false
+			}
+			if end := plainStringEnd(data, pos); end > 0 {
+				m.txtStart, m.txtEnd = pos+1, end
+				pos = end + 1
+				break
 			}
 			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
 			st, en, esc, err := s.String()
 			if err != nil {
-				return a, b, false
+				return false
 			}
-			txtStart, txtEnd, txtEsc = st, en, esc
+			m.txtStart, m.txtEnd, m.txtEsc = st, en, esc
 			pos = s.I
 		case holeFinish:
-			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
-			var err error
-			switch data[pos] {
-			case 'n':
-				err = s.Literal("null")
-			case '"':
-				_, _, _, err = s.String()
-			default:
-				return a, b, false
+			if data[pos] == 'n' {
+				if len(data)-pos < 4 || string(data[pos:pos+4]) != "null" {
+					return false
+				}
+				pos += 4
+				break
 			}
-			if err != nil {
-				return a, b, false
+			if data[pos] != '"' {
+				return false
+			}
+			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
+			if _, _, _, err := s.String(); err != nil {
+				return false
 			}
 			pos = s.I
 		default: // holeID, holeCreated, holeModel
@@ -304,69 +368,46 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 				pos += w
 				break
 			}
-			rebase = true
+			m.rebase = true
 			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
 			var err error
 			if h.str {
 				if data[pos] != '"' {
-					return a, b, false
+					return false
 				}
 				_, _, _, err = s.String()
 			} else {
 				c := data[pos]
 				if c != '-' && (c < '0' || c > '9') {
-					return a, b, false
+					return false
 				}
 				err = s.Number()
 			}
 			if err != nil {
-				return a, b, false
+				return false
 			}
 			pos = s.I
 		}
-		spans[hi] = [2]int{start, pos}
+		m.spans[hi] = [2]int{start, pos}
 		prev = h.end
 	}
-	if !bytes.Equal(data[pos:], tm.b[prev:]) {
-		return a, b, false
-	}
-	// The chunk matches: what follows is what the full read would do. The
-	// output ids go first: a bad array is the full read's to judge.
-	chunkIDs := false
-	for hi, h := range tm.holes[:tm.n] {
-		if h.kind != holeOutIDs {
+	return bytes.Equal(data[pos:], tm.b[prev:])
+}
+
+// keepStream keeps the stream's id, created and model from a matched
+// chunk, as the full read's remember does: the first of each.
+func (t *Tracker) keepStream(tm *template, data []byte, m *holeMatch, rigid bool) {
+	for _, k := range [3]holeKind{holeID, holeCreated, holeModel} {
+		hi := tm.at[k]
+		if hi < 0 {
 			continue
 		}
-		n := len(t.OutIDs)
-		got, err := openai.AppendTokenIDs(t.OutIDs, data[spans[hi][0]:spans[hi][1]])
-		if err != nil {
-			t.OutIDs = got[:n]
-			return a, b, false
-		}
-		t.OutIDs, chunkIDs = got, true
-	}
-	chunkTxt := false
-	for hi, h := range tm.holes[:tm.n] {
-		v := data[spans[hi][0]:spans[hi][1]]
-		if rigid && h.kind >= holeID {
+		v := data[m.spans[hi][0]:m.spans[hi][1]]
+		if rigid {
+			h := tm.holes[hi]
 			v = tm.b[h.start:h.end] // matched as fixed bytes: the same value
 		}
-		switch h.kind {
-		case holeText:
-			if txtEnd > txtStart {
-				chunkTxt = true
-				if txtEsc {
-					t.Text = jsonx.AppendUnescaped(t.Text, data[txtStart:txtEnd])
-				} else {
-					t.Text = append(t.Text, data[txtStart:txtEnd]...)
-				}
-			}
-		case holePrompt:
-			t.prompt(v, 0)
-		case holeFinish:
-			if v[0] != 'n' {
-				t.Finished = true
-			}
+		switch k {
 		case holeID:
 			if len(t.ID) == 0 {
 				t.ID = append(t.ID, v...)
@@ -375,29 +416,67 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 			if len(t.Created) == 0 {
 				t.Created = append(t.Created, v...)
 			}
-		case holeModel:
+		default:
 			if len(t.Model) == 0 {
 				t.Model = append(t.Model, v...)
 			}
 		}
 	}
-	t.fastChunks++
-	if chunkTxt {
-		t.TextChunks++
-		if chunkIDs {
-			t.IDChunks++
+}
+
+// plainStringEnd is the offset of the closing quote of the JSON string
+// at b[i] when its content is printable ASCII without escapes — a
+// token's text, most often a few bytes, read without the general
+// scanner's set-up — and -1 when it is not (jsonx.Scanner.String reads
+// it).
+func plainStringEnd(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			return j
+		case c < 0x20 || c == '\\' || c >= 0x80:
+			return -1
 		}
 	}
-	if tm.cut {
-		s := spans[tm.cutHole]
-		a, b = s[0]-tm.preCut, s[1]+tm.postCut
+	return -1
+}
+
+// idArrayEnd is the offset just past the id array at b[i] (up to its
+// first ']'), or -1 when b[i] starts none or the array holds a line break
+// (which would end an event's data line).
+func idArrayEnd(b []byte, i int) int {
+	if b[i] != '[' {
+		return -1
 	}
-	if rebase {
-		// The same layout with this chunk's values in its holes.
-		tm.b = append(tm.b[:0], data...)
-		for hi := range tm.holes[:tm.n] {
-			tm.holes[hi].start, tm.holes[hi].end = spans[hi][0], spans[hi][1]
+	j := bytes.IndexByte(b[i:], ']')
+	if j < 0 || bytes.IndexByte(b[i:i+j], '\n') >= 0 || bytes.IndexByte(b[i:i+j], '\r') >= 0 {
+		return -1
+	}
+	return i + j + 1
+}
+
+// appendIDArray appends the ids of the array at b[i] to dst and returns
+// the offset just past it; ok false: it is not an array of ids on one
+// line (what dst holds then is the caller's to drop). A chunk's output is
+// most often one id, "[d…d]", read here without a call; anything else is
+// openai.AppendTokenIDs's to judge, as the full read does.
+func appendIDArray(dst []uint32, b []byte, i int) (out []uint32, end int, ok bool) {
+	j := i + 1
+	var v uint64
+	for j < len(b) && j-i <= 10 {
+		d := b[j] - '0'
+		if d > 9 {
+			break
 		}
+		v = v*10 + uint64(d)
+		j++
 	}
-	return a, b, true
+	if n := j - i - 1; n > 0 && j < len(b) && b[j] == ']' && b[i] == '[' && v <= 1<<32-1 && (n == 1 || b[i+1] != '0') {
+		return append(dst, uint32(v)), j + 1, true
+	}
+	if end = idArrayEnd(b, i); end < 0 {
+		return dst, -1, false
+	}
+	out, err := openai.AppendTokenIDs(dst, b[i:end])
+	return out, end, err == nil
 }
