@@ -84,6 +84,9 @@ type template struct {
 	vary [numHoleKinds]int8
 	nv   int
 	at   [numHoleKinds]int8
+	// next is the template that matched after this one the last time
+	// another did (itself: none yet).
+	next int8
 	// cut: the member of hole cutHole is cut from the client's copy;
 	// preCut and postCut are the bytes cut before and after the hole's
 	// value (the member's key, a comma, an enclosing object's bytes).
@@ -194,7 +197,11 @@ func (t *Tracker) learn(data, out []byte) {
 		t.victim = (t.victim + 1) % maxTemplates
 	}
 	nt.b, nt.ok = append(t.tmpls[slot].b[:0], data...), true
+	nt.next = int8(slot)
 	t.tmpls[slot] = nt
+	if t.hit != slot {
+		t.tmpls[t.hit].next = int8(slot)
+	}
 	t.hit = slot
 }
 
@@ -209,27 +216,51 @@ func (t *Tracker) observeFast(data []byte) (out []byte, ok bool) {
 	return t.out, true
 }
 
-// matchFast reads chunk data through the first template it matches, the
-// last one matched first: rigidly (the stream's id, time and model as the
-// template holds them) and then, for a chunk of another stream, with every
-// hole read. ok false: data matches none (nothing was changed); else
-// data[a:b] is what the client must not see (a < 0: nothing).
+// matchFast reads chunk data through the first template it matches:
+// rigidly (the stream's id, time and model as the template holds them)
+// and then, for a chunk of another stream, with every hole read. A
+// stream's first chunk skips the rigid try: it is most often of another
+// stream than the one the layouts last held. ok false: data matches none
+// (nothing was changed); else data[a:b] is what the client must not see
+// (a < 0: nothing).
 func (t *Tracker) matchFast(data []byte) (a, b int, ok bool) {
 	if t.noFast {
 		return -1, -1, false
 	}
-	for _, rigid := range [2]bool{true, false} {
-		if a, b, ok = t.matchTemplate(t.hit, data, rigid); ok {
+	if t.begun {
+		if a, b, ok = t.matchAny(data, true); ok {
 			return a, b, true
 		}
-		for i := range t.tmpls {
-			if i == t.hit {
-				continue
-			}
-			if a, b, ok = t.matchTemplate(i, data, rigid); ok {
-				t.hit = i
-				return a, b, true
-			}
+	}
+	if a, b, ok = t.matchAny(data, false); ok {
+		t.begun = true
+	}
+	return a, b, ok
+}
+
+// matchAny tries the templates in the order a stream's chunks follow
+// each other: the one matched last, the one that followed it the last
+// time another did (steady chunks follow the first, the last follows
+// them, the next stream's first follows the last), then the rest.
+func (t *Tracker) matchAny(data []byte, rigid bool) (a, b int, ok bool) {
+	if a, b, ok = t.matchTemplate(t.hit, data, rigid); ok {
+		return a, b, true
+	}
+	next := int(t.tmpls[t.hit].next)
+	if next != t.hit {
+		if a, b, ok = t.matchTemplate(next, data, rigid); ok {
+			t.hit = next
+			return a, b, true
+		}
+	}
+	for i := range t.tmpls {
+		if i == t.hit || i == next {
+			continue
+		}
+		if a, b, ok = t.matchTemplate(i, data, rigid); ok {
+			t.tmpls[t.hit].next = int8(i)
+			t.hit = i
+			return a, b, true
 		}
 	}
 	return -1, -1, false
@@ -278,13 +309,61 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 		a, b = s[0]-tm.preCut, s[1]+tm.postCut
 	}
 	if m.rebase {
-		// The same layout with this chunk's values in its holes.
+		// The same layout with this chunk's values in its holes; the
+		// other layouts take the stream's id, time and model, so that
+		// the stream's next chunks match them rigidly too.
+		if len(data) > maxTemplateBytes {
+			tm.ok = false
+			return a, b, true
+		}
 		tm.b = append(tm.b[:0], data...)
 		for hi := range tm.holes[:tm.n] {
 			tm.holes[hi].start, tm.holes[hi].end = m.spans[hi][0], m.spans[hi][1]
 		}
+		t.rebases++
+		for j := range t.tmpls {
+			if j != i && t.tmpls[j].ok {
+				t.restamp(&t.tmpls[j], tm)
+			}
+		}
 	}
 	return a, b, true
+}
+
+// restamp puts the stream's id, time and model as template src holds
+// them into template tm's holes of the same kinds (and JSON types): tm
+// stays the same layout, with another stream's values in those holes.
+func (t *Tracker) restamp(tm, src *template) {
+	buf := t.stamp[:0]
+	holes := tm.holes
+	prev, changed := 0, false
+	for hi, h := range tm.holes[:tm.n] {
+		// Where h lands: after what buf holds and the bytes up to h that
+		// are still to be copied.
+		start := len(buf) + h.start - prev
+		si := src.at[h.kind]
+		if h.kind < holeID || si < 0 || src.holes[si].str != h.str {
+			holes[hi].start, holes[hi].end = start, start+h.end-h.start
+			continue
+		}
+		sh := src.holes[si]
+		v := src.b[sh.start:sh.end]
+		changed = changed || !bytes.Equal(v, tm.b[h.start:h.end])
+		buf = append(append(buf, tm.b[prev:h.start]...), v...)
+		holes[hi].start, holes[hi].end = start, start+len(v)
+		prev = h.end
+	}
+	if !changed {
+		return
+	}
+	buf = append(buf, tm.b[prev:]...)
+	if len(buf) > maxTemplateBytes {
+		tm.ok = false
+		return
+	}
+	tm.holes = holes
+	t.stamp, tm.b = tm.b[:0], buf
+	t.restamps++
 }
 
 // holeMatch is where matchHoles found a chunk's holes.

@@ -115,7 +115,8 @@ func TestFastPathReadsSteadyChunks(t *testing.T) {
 // stream: the next stream from the same engine — another id, another
 // time, another prompt and finish reason — is read through them from its
 // first chunk to its last, with the client's copies and the state of the
-// full read.
+// full read. Its first chunk moves its layout to the new id and time, and
+// that one the others: one rebase a stream, not one a layout.
 func TestFastPathAcrossStreams(t *testing.T) {
 	stream := func(id string, created, n int, finish string) [][]byte {
 		head := `{"id":"` + id + `","object":"chat.completion.chunk","created":` + strconv.Itoa(created) + `,"model":"m","choices":[{"index":0,`
@@ -132,6 +133,9 @@ func TestFastPathAcrossStreams(t *testing.T) {
 		tr := observeBoth(t, strip, events...)
 		if n := continuation.FastChunks(tr); n != 11 {
 			t.Errorf("strip %v: %d of the second stream's 11 chunks through the fast path, want all", strip, n)
+		}
+		if r, s := continuation.Rebases(tr), continuation.Restamps(tr); r != 1 || s != 2 {
+			t.Errorf("strip %v: second stream: %d rebases, %d restamps; want 1 (its first chunk's layout) and 2 (the steady and the last chunk's)", strip, r, s)
 		}
 		if string(tr.ID) != `"chatcmpl-b22"` || string(tr.Created) != "1730000099" || !tr.Finished || string(tr.Text) != "t0t1t2t3t4t5t6t7t8!" {
 			t.Errorf("strip %v: second stream read as id %s created %s finished %v text %q", strip, tr.ID, tr.Created, tr.Finished, tr.Text)
@@ -212,6 +216,12 @@ func FuzzFastAgrees(f *testing.F) {
 		f.Add([]byte(p[0]), []byte(p[1]), false)
 	}
 	f.Fuzz(func(t *testing.T, a, b []byte, strip bool) {
-		observeBoth(t, strip, a, a, b, a, b, b, nil, b, a, a, b)
+		// A third stream: the chunks with another id and time where they
+		// have them, read through layouts moved to them by the first.
+		other := func(c []byte) []byte {
+			c = bytes.ReplaceAll(c, []byte(`"id":"`), []byte(`"id":"z`))
+			return bytes.ReplaceAll(c, []byte(`"created":`), []byte(`"created":9`))
+		}
+		observeBoth(t, strip, a, a, b, a, b, b, nil, b, a, a, b, nil, other(a), other(b), other(a), other(b))
 	})
 }
