@@ -95,6 +95,18 @@ type template struct {
 	preCut, postCut int
 }
 
+// layouts are the chunk layouts a tracker learnt, kept across streams.
+type layouts struct {
+	tmpls [maxTemplates]template
+	// hit is the one matched last, victim the next one a new layout
+	// replaces.
+	hit, victim int
+	// match is where the chunk being matched has its holes, stamp
+	// restamp's buffer.
+	match holeMatch
+	stamp []byte
+}
+
 type hole struct {
 	start, end int
 	kind       holeKind
@@ -184,25 +196,28 @@ func (t *Tracker) learn(data, out []byte) {
 	if bytes.IndexByte(data, '\n') >= 0 || bytes.IndexByte(data, '\r') >= 0 {
 		return // a layout must be one line: AppendEvent matches whole events
 	}
+	if t.lay == nil {
+		t.lay = new(layouts) // once in the tracker's life
+	}
 	// The slot: an empty one, else the next in turn.
 	slot := -1
-	for i := range t.tmpls {
-		if !t.tmpls[i].ok {
+	for i := range t.lay.tmpls {
+		if !t.lay.tmpls[i].ok {
 			slot = i
 			break
 		}
 	}
 	if slot < 0 {
-		slot = t.victim
-		t.victim = (t.victim + 1) % maxTemplates
+		slot = t.lay.victim
+		t.lay.victim = (t.lay.victim + 1) % maxTemplates
 	}
-	nt.b, nt.ok = append(t.tmpls[slot].b[:0], data...), true
+	nt.b, nt.ok = append(t.lay.tmpls[slot].b[:0], data...), true
 	nt.next = int8(slot)
-	t.tmpls[slot] = nt
-	if t.hit != slot {
-		t.tmpls[t.hit].next = int8(slot)
+	t.lay.tmpls[slot] = nt
+	if t.lay.hit != slot {
+		t.lay.tmpls[t.lay.hit].next = int8(slot)
 	}
-	t.hit = slot
+	t.lay.hit = slot
 }
 
 // observeFast reads chunk data through a template; ok false: data matches
@@ -224,7 +239,7 @@ func (t *Tracker) observeFast(data []byte) (out []byte, ok bool) {
 // (nothing was changed); else data[a:b] is what the client must not see
 // (a < 0: nothing).
 func (t *Tracker) matchFast(data []byte) (a, b int, ok bool) {
-	if t.noFast {
+	if t.lay == nil {
 		return -1, -1, false
 	}
 	if t.begun {
@@ -243,23 +258,23 @@ func (t *Tracker) matchFast(data []byte) (a, b int, ok bool) {
 // time another did (steady chunks follow the first, the last follows
 // them, the next stream's first follows the last), then the rest.
 func (t *Tracker) matchAny(data []byte, rigid bool) (a, b int, ok bool) {
-	if a, b, ok = t.matchTemplate(t.hit, data, rigid); ok {
+	if a, b, ok = t.matchTemplate(t.lay.hit, data, rigid); ok {
 		return a, b, true
 	}
-	next := int(t.tmpls[t.hit].next)
-	if next != t.hit {
+	next := int(t.lay.tmpls[t.lay.hit].next)
+	if next != t.lay.hit {
 		if a, b, ok = t.matchTemplate(next, data, rigid); ok {
-			t.hit = next
+			t.lay.hit = next
 			return a, b, true
 		}
 	}
-	for i := range t.tmpls {
-		if i == t.hit || i == next {
+	for i := range t.lay.tmpls {
+		if i == t.lay.hit || i == next {
 			continue
 		}
 		if a, b, ok = t.matchTemplate(i, data, rigid); ok {
-			t.tmpls[t.hit].next = int8(i)
-			t.hit = i
+			t.lay.tmpls[t.lay.hit].next = int8(i)
+			t.lay.hit = i
 			return a, b, true
 		}
 	}
@@ -272,13 +287,13 @@ func (t *Tracker) matchAny(data []byte, rigid bool) (a, b int, ok bool) {
 // stream are matched as the template's fixed bytes.
 func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bool) {
 	a, b = -1, -1
-	tm := &t.tmpls[i]
+	tm := &t.lay.tmpls[i]
 	if !tm.ok || tm.strip != t.Strip {
 		return a, b, false
 	}
-	var m holeMatch
+	m := &t.lay.match // not zeroed: matchHoles sets what is read below
 	nOut := len(t.OutIDs)
-	if !t.matchHoles(tm, data, rigid, &m) {
+	if !t.matchHoles(tm, data, rigid, m) {
 		t.OutIDs = t.OutIDs[:nOut]
 		return a, b, false
 	}
@@ -301,7 +316,7 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 		t.Finished = true
 	}
 	if len(t.ID) == 0 || len(t.Created) == 0 || len(t.Model) == 0 {
-		t.keepStream(tm, data, &m, rigid)
+		t.keepStream(tm, data, m, rigid)
 	}
 	t.fastChunks++
 	if tm.cut {
@@ -321,9 +336,9 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 			tm.holes[hi].start, tm.holes[hi].end = m.spans[hi][0], m.spans[hi][1]
 		}
 		t.rebases++
-		for j := range t.tmpls {
-			if j != i && t.tmpls[j].ok {
-				t.restamp(&t.tmpls[j], tm)
+		for j := range t.lay.tmpls {
+			if j != i && t.lay.tmpls[j].ok {
+				t.restamp(&t.lay.tmpls[j], tm)
 			}
 		}
 	}
@@ -334,7 +349,7 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 // them into template tm's holes of the same kinds (and JSON types): tm
 // stays the same layout, with another stream's values in those holes.
 func (t *Tracker) restamp(tm, src *template) {
-	buf := t.stamp[:0]
+	buf := t.lay.stamp[:0]
 	holes := tm.holes
 	prev, changed := 0, false
 	for hi, h := range tm.holes[:tm.n] {
@@ -362,13 +377,13 @@ func (t *Tracker) restamp(tm, src *template) {
 		return
 	}
 	tm.holes = holes
-	t.stamp, tm.b = tm.b[:0], buf
+	t.lay.stamp, tm.b = tm.b[:0], buf
 	t.restamps++
 }
 
 // holeMatch is where matchHoles found a chunk's holes.
 type holeMatch struct {
-	spans            [numHoleKinds][2]int // value spans in data, by hole index
+	spans            [numHoleKinds][2]int // value spans in data, by hole index (those visited)
 	txtStart, txtEnd int                  // the text's content
 	txtEsc           bool                 // ... holds escapes or non-ASCII
 	rebase           bool                 // the stream's id, time or model differ from tm's
@@ -378,6 +393,7 @@ type holeMatch struct {
 // values, appending the output ids to t.OutIDs (the caller drops them
 // when it returns false).
 func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch) bool {
+	m.txtEsc, m.rebase = false, false
 	pos, prev := 0, 0
 	visit := tm.n
 	if rigid {
@@ -481,10 +497,10 @@ func (t *Tracker) keepStream(tm *template, data []byte, m *holeMatch, rigid bool
 		if hi < 0 {
 			continue
 		}
-		v := data[m.spans[hi][0]:m.spans[hi][1]]
-		if rigid {
-			h := tm.holes[hi]
-			v = tm.b[h.start:h.end] // matched as fixed bytes: the same value
+		h := tm.holes[hi]
+		v := tm.b[h.start:h.end] // matched as fixed bytes: the same value
+		if !rigid {
+			v = data[m.spans[hi][0]:m.spans[hi][1]]
 		}
 		switch k {
 		case holeID:

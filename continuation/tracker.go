@@ -72,15 +72,11 @@ type Tracker struct {
 	chunkTxt bool // ... or text
 
 	shape chunkShape // what the full read of the chunk found (fast.go)
-	// tmpls are the chunk layouts the fast path matches (fast.go), kept
-	// across streams; hit is the one matched last, victim the next one a
-	// new layout replaces.
-	tmpls       [maxTemplates]template
-	hit, victim int
-	// begun: a chunk of this stream was read. stamp is restamp's buffer
-	// (fast.go).
+	// lay holds the chunk layouts the fast path matches (fast.go), kept
+	// across streams (behind a pointer: Reset does not copy them); nil
+	// until the first is learnt. begun: a chunk of this stream was read.
+	lay   *layouts
 	begun bool
-	stamp []byte
 	// noFast turns the fast path off (tests compare the two paths);
 	// fastChunks counts the chunks it read, rebases and restamps the
 	// layouts it moved to another stream's id, time and model.
@@ -100,10 +96,7 @@ func (t *Tracker) Reset(strip bool) {
 		Model:     t.Model[:0],
 		promptRaw: t.promptRaw[:0],
 		out:       t.out[:0],
-		tmpls:     t.tmpls,
-		hit:       t.hit,
-		victim:    t.victim,
-		stamp:     t.stamp,
+		lay:       t.lay,
 		noFast:    t.noFast,
 	}
 }
@@ -117,7 +110,10 @@ func (t *Tracker) PromptIDs(dst []uint32) ([]uint32, error) {
 	return openai.AppendTokenIDs(dst, t.promptRaw)
 }
 
-const dataSpace = "data: "
+const (
+	dataSpace = "data: "
+	doneEvent = "data: [DONE]\n\n" // the end of a stream, as engines write it
+)
 
 var (
 	dataPrefix = []byte("data:")
@@ -152,6 +148,10 @@ func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
 	// An event as engines write it, "data: <chunk>\n\n", is matched
 	// against the layout whole: the layout and the holes hold no line
 	// break, so the chunk is the event's data line without searching.
+	if string(ev) == doneEvent {
+		t.Done = true
+		return append(dst, ev...)
+	}
 	tried := -1 // the end of the data matched whole, if it was
 	if n := len(ev); n > len(dataSpace)+2 && string(ev[:len(dataSpace)]) == dataSpace && ev[n-1] == '\n' && ev[n-2] == '\n' {
 		if a, b, ok := t.matchFast(ev[len(dataSpace) : n-2]); ok {
