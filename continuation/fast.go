@@ -134,6 +134,13 @@ func (t *Tracker) learn(data, out []byte) {
 			return
 		}
 		h := hole{start: sh.span[k][0], end: sh.span[k][1], kind: k, str: sh.str[k]}
+		if k == holeFinish && string(data[h.start:h.end]) == "null" {
+			// Not a hole: the steady chunks' null is compared with the
+			// bytes around it, and a chunk that finishes (most often
+			// another layout anyway: vLLM adds stop_reason) is read in
+			// full once and its layout learnt.
+			continue
+		}
 		if h.start >= h.end {
 			return
 		}

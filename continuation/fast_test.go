@@ -146,6 +146,24 @@ func TestFastPathAcrossStreams(t *testing.T) {
 	}
 }
 
+// TestFastPathNullFinish: a layout learnt from a chunk that did not
+// finish holds its null finish reason as fixed bytes (one comparison with
+// the bytes around it, not a hole): a chunk of that layout that finishes
+// is read in full, and its own layout learnt from it reads the next.
+func TestFastPathNullFinish(t *testing.T) {
+	finishing := bytes.Replace(vllmChunk("b", 2), []byte(`"finish_reason":null`), []byte(`"finish_reason":"stop"`), 1)
+	for _, strip := range []bool{true, false} {
+		tr := observeBoth(t, strip, vllmChunk("a", 1), vllmChunk("a", 1), finishing)
+		if n := continuation.FastChunks(tr); n != 1 {
+			t.Errorf("strip %v: %d chunks through the fast path, want 1 (the second steady one)", strip, n)
+		}
+		tr = observeBoth(t, strip, vllmChunk("a", 1), finishing, vllmChunk("a", 1), finishing)
+		if n := continuation.FastChunks(tr); n != 2 || !tr.Finished {
+			t.Errorf("strip %v: %d chunks through the fast path (finished %v), want 2 (the second of each layout)", strip, n, tr.Finished)
+		}
+	}
+}
+
 // TestFastPathDeclines: chunks that differ from the layout outside its
 // holes — another choice index, a finish reason that is neither null nor
 // a string, another member, tool calls, an id array that is not one, a
