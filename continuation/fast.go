@@ -19,10 +19,15 @@ import (
 // holes' kinds in them, is the same JSON document but for those values:
 // reading it in full would find exactly what the holes hold, so only they
 // are read. Any other chunk is read in full (and its layout learnt when it
-// has one). Layouts outlive the stream (Reset keeps them), so a relay's
+// has one). A layout keeps only the bytes between its holes and the
+// stream's id, time and model, so a first chunk's long prompt costs it
+// nothing. Layouts outlive the stream (Reset keeps them), so a relay's
 // tracker reads even the first and last chunk of its next stream from the
-// same engine through them. FuzzFastAgrees holds the two paths to the same
-// result.
+// same engine through them: the first chunk of a stream moves its layout
+// to the stream's id, time and model, and that one the others, so the
+// stream's other chunks compare those as fixed bytes ("rigid" match).
+// A finish reason that is null in the chunk a layout was learnt from is
+// fixed bytes too. FuzzFastAgrees holds the two paths to the same result.
 
 // chunkShape is what the full read of one chunk found: how many values of
 // each hole kind, and where the last one lay.
@@ -63,15 +68,16 @@ const (
 )
 
 // maxTemplates is how many layouts a tracker keeps (first, steady and last
-// chunk, and one spare); maxTemplateBytes bounds one (a pooled tracker
-// keeps them).
+// chunk, and one spare); maxTemplateBytes bounds one's bytes (a pooled
+// tracker keeps them), the values that vary within a stream not counted.
 const (
 	maxTemplates     = 4
 	maxTemplateBytes = 4 << 10
 )
 
-// template is a chunk layout: b, a chunk read in full, with its holes in
-// order of offset.
+// template is a chunk layout: b, a chunk read in full without the values
+// that vary within a stream, and its holes in order of offset (in b: the
+// stream's id, time and model as the stream has them, the others empty).
 type template struct {
 	ok    bool
 	strip bool // learnt with Tracker.Strip set
@@ -120,7 +126,7 @@ type hole struct {
 // array and no other hole.
 func (t *Tracker) learn(data, out []byte) {
 	sh := &t.shape
-	if t.noFast || t.Poisoned != PoisonNone || sh.tools || sh.nullTexts != 0 || sh.strips > 1 || len(data) > maxTemplateBytes {
+	if t.noFast || t.Poisoned != PoisonNone || sh.tools || sh.nullTexts != 0 || sh.strips > 1 {
 		return
 	}
 	var nt template
@@ -206,6 +212,22 @@ func (t *Tracker) learn(data, out []byte) {
 	if t.lay == nil {
 		t.lay = new(layouts) // once in the tracker's life
 	}
+	// The layout's bytes: the chunk's without the values that vary
+	// within a stream (a long prompt's ids are most of a first chunk).
+	b, prev := t.lay.stamp[:0], 0
+	for i := range nt.holes[:nt.n] {
+		h := &nt.holes[i]
+		b = append(b, data[prev:h.start]...)
+		start := len(b)
+		if h.kind >= holeID {
+			b = append(b, data[h.start:h.end]...)
+		}
+		prev, h.start, h.end = h.end, start, len(b)
+	}
+	if b = append(b, data[prev:]...); len(b) > maxTemplateBytes {
+		t.lay.stamp = b[:0]
+		return
+	}
 	// The slot: an empty one, else the next in turn.
 	slot := -1
 	for i := range t.lay.tmpls {
@@ -218,7 +240,7 @@ func (t *Tracker) learn(data, out []byte) {
 		slot = t.lay.victim
 		t.lay.victim = (t.lay.victim + 1) % maxTemplates
 	}
-	nt.b, nt.ok = append(t.lay.tmpls[slot].b[:0], data...), true
+	t.lay.stamp, nt.b, nt.ok = t.lay.tmpls[slot].b[:0], b, true
 	nt.next = int8(slot)
 	t.lay.tmpls[slot] = nt
 	if t.lay.hit != slot {
@@ -331,61 +353,74 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 		a, b = s[0]-tm.preCut, s[1]+tm.postCut
 	}
 	if m.rebase {
-		// The same layout with this chunk's values in its holes; the
-		// other layouts take the stream's id, time and model, so that
-		// the stream's next chunks match them rigidly too.
-		if len(data) > maxTemplateBytes {
-			tm.ok = false
+		// This layout takes the chunk's id, time and model, and the
+		// others take them from it, so that the stream's next chunks
+		// match them rigidly.
+		var vals streamValues
+		for hi, h := range tm.holes[:tm.n] {
+			if h.kind >= holeID {
+				vals.v[h.kind], vals.str[h.kind] = data[m.spans[hi][0]:m.spans[hi][1]], h.str
+			}
+		}
+		t.stamp(tm, &vals)
+		t.rebases++
+		if !tm.ok {
 			return a, b, true
 		}
-		tm.b = append(tm.b[:0], data...)
-		for hi := range tm.holes[:tm.n] {
-			tm.holes[hi].start, tm.holes[hi].end = m.spans[hi][0], m.spans[hi][1]
+		for _, h := range tm.holes[:tm.n] {
+			if h.kind >= holeID {
+				vals.v[h.kind] = tm.b[h.start:h.end]
+			}
 		}
-		t.rebases++
 		for j := range t.lay.tmpls {
-			if j != i && t.lay.tmpls[j].ok {
-				t.restamp(&t.lay.tmpls[j], tm)
+			if j != i && t.lay.tmpls[j].ok && t.stamp(&t.lay.tmpls[j], &vals) {
+				t.restamps++
 			}
 		}
 	}
 	return a, b, true
 }
 
-// restamp puts the stream's id, time and model as template src holds
-// them into template tm's holes of the same kinds (and JSON types): tm
-// stays the same layout, with another stream's values in those holes.
-func (t *Tracker) restamp(tm, src *template) {
+// streamValues are a stream's id, time and model (by hole kind; nil:
+// none) and whether each is a JSON string.
+type streamValues struct {
+	v   [numHoleKinds][]byte
+	str [numHoleKinds]bool
+}
+
+// stamp puts vals into template tm's holes of the same kinds and JSON
+// types: tm stays the same layout, with another stream's values in those
+// holes. It reports whether any changed; a layout that outgrows
+// maxTemplateBytes is dropped.
+func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 	buf := t.lay.stamp[:0]
 	holes := tm.holes
-	prev, changed := 0, false
+	prev := 0
 	for hi, h := range tm.holes[:tm.n] {
 		// Where h lands: after what buf holds and the bytes up to h that
 		// are still to be copied.
 		start := len(buf) + h.start - prev
-		si := src.at[h.kind]
-		if h.kind < holeID || si < 0 || src.holes[si].str != h.str {
+		v := vals.v[h.kind]
+		if h.kind < holeID || v == nil || vals.str[h.kind] != h.str {
 			holes[hi].start, holes[hi].end = start, start+h.end-h.start
 			continue
 		}
-		sh := src.holes[si]
-		v := src.b[sh.start:sh.end]
 		changed = changed || !bytes.Equal(v, tm.b[h.start:h.end])
 		buf = append(append(buf, tm.b[prev:h.start]...), v...)
 		holes[hi].start, holes[hi].end = start, start+len(v)
 		prev = h.end
 	}
 	if !changed {
-		return
+		return false
 	}
 	buf = append(buf, tm.b[prev:]...)
 	if len(buf) > maxTemplateBytes {
 		tm.ok = false
-		return
+		return true
 	}
 	tm.holes = holes
 	t.lay.stamp, tm.b = tm.b[:0], buf
-	t.restamps++
+	return true
 }
 
 // holeMatch is where matchHoles found a chunk's holes.

@@ -146,6 +146,29 @@ func TestFastPathAcrossStreams(t *testing.T) {
 	}
 }
 
+// TestFastPathLongPrompt: a layout keeps none of the prompt's ids, so
+// the first chunk of a long prompt's stream (here 40 KB of ids, ten times
+// what a layout may hold) is read through its layout from the next
+// stream on.
+func TestFastPathLongPrompt(t *testing.T) {
+	ids := make([]byte, 0, 48<<10)
+	for i := range 8000 {
+		ids = strconv.AppendInt(append(ids, ','), int64(10000+i), 10)
+	}
+	first := func(id string) []byte {
+		return []byte(`{"id":"` + id + `","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1` + string(ids) + `]}`)
+	}
+	for _, strip := range []bool{true, false} {
+		tr := observeBoth(t, strip, first("chatcmpl-1"), vllmChunk("a", 1), nil, first("chatcmpl-22"), vllmChunk("b", 2))
+		if n := continuation.FastChunks(tr); n != 2 {
+			t.Errorf("strip %v: %d of the second stream's 2 chunks through the fast path, want both", strip, n)
+		}
+		if p, err := tr.PromptIDs(nil); err != nil || len(p) != 8001 || p[8000] != 17999 {
+			t.Errorf("strip %v: %d prompt ids (%v)", strip, len(p), err)
+		}
+	}
+}
+
 // TestFastPathNullFinish: a layout learnt from a chunk that did not
 // finish holds its null finish reason as fixed bytes (one comparison with
 // the bytes around it, not a hole): a chunk of that layout that finishes
