@@ -349,8 +349,9 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 	}
 	t.fastChunks++
 	if tm.cut {
-		s := m.spans[tm.cutHole]
-		a, b = s[0]-tm.preCut, s[1]+tm.postCut
+		// Element by element: one 16-byte load of the span just written
+		// as two words would wait for the stores to retire.
+		a, b = m.spans[tm.cutHole][0]-tm.preCut, m.spans[tm.cutHole][1]+tm.postCut
 	}
 	if m.rebase {
 		// This layout takes the chunk's id, time and model, and the

@@ -145,13 +145,13 @@ func (t *Tracker) ObserveEvent(ev []byte) []byte {
 // AppendEvent is ObserveEvent appending the event the client should see
 // to dst: a steady chunk is copied once, straight to where it goes.
 func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
-	// An event as engines write it, "data: <chunk>\n\n", is matched
-	// against the layout whole: the layout and the holes hold no line
-	// break, so the chunk is the event's data line without searching.
 	if string(ev) == doneEvent {
 		t.Done = true
 		return append(dst, ev...)
 	}
+	// An event as engines write it, "data: <chunk>\n\n", is matched
+	// against the layout whole: the layout and the holes hold no line
+	// break, so the chunk is the event's data line without searching.
 	tried := -1 // the end of the data matched whole, if it was
 	if n := len(ev); n > len(dataSpace)+2 && string(ev[:len(dataSpace)]) == dataSpace && ev[n-1] == '\n' && ev[n-2] == '\n' {
 		if a, b, ok := t.matchFast(ev[len(dataSpace) : n-2]); ok {
