@@ -107,10 +107,10 @@ type layouts struct {
 	// hit is the one matched last, victim the next one a new layout
 	// replaces.
 	hit, victim int
-	// match is where the chunk being matched has its holes, stamp
-	// restamp's buffer.
-	match holeMatch
-	stamp []byte
+	// match is where the chunk being matched has its holes; stampBuf is
+	// the bytes of the next layout learnt or stamped.
+	match    holeMatch
+	stampBuf []byte
 }
 
 type hole struct {
@@ -214,7 +214,16 @@ func (t *Tracker) learn(data, out []byte) {
 	}
 	// The layout's bytes: the chunk's without the values that vary
 	// within a stream (a long prompt's ids are most of a first chunk).
-	b, prev := t.lay.stamp[:0], 0
+	size := len(data)
+	for _, h := range nt.holes[:nt.n] {
+		if h.kind < holeID {
+			size -= h.end - h.start
+		}
+	}
+	if size > maxTemplateBytes {
+		return
+	}
+	b, prev := t.lay.stampBuf[:0], 0
 	for i := range nt.holes[:nt.n] {
 		h := &nt.holes[i]
 		b = append(b, data[prev:h.start]...)
@@ -224,10 +233,7 @@ func (t *Tracker) learn(data, out []byte) {
 		}
 		prev, h.start, h.end = h.end, start, len(b)
 	}
-	if b = append(b, data[prev:]...); len(b) > maxTemplateBytes {
-		t.lay.stamp = b[:0]
-		return
-	}
+	b = append(b, data[prev:]...)
 	// The slot: an empty one, else the next in turn.
 	slot := -1
 	for i := range t.lay.tmpls {
@@ -240,7 +246,7 @@ func (t *Tracker) learn(data, out []byte) {
 		slot = t.lay.victim
 		t.lay.victim = (t.lay.victim + 1) % maxTemplates
 	}
-	t.lay.stamp, nt.b, nt.ok = t.lay.tmpls[slot].b[:0], b, true
+	t.lay.stampBuf, nt.b, nt.ok = t.lay.tmpls[slot].b[:0], b, true
 	nt.next = int8(slot)
 	t.lay.tmpls[slot] = nt
 	if t.lay.hit != slot {
@@ -394,7 +400,7 @@ type streamValues struct {
 // holes. It reports whether any changed; a layout that outgrows
 // maxTemplateBytes is dropped.
 func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
-	buf := t.lay.stamp[:0]
+	buf := t.lay.stampBuf[:0]
 	holes := tm.holes
 	prev := 0
 	for hi, h := range tm.holes[:tm.n] {
@@ -420,7 +426,7 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 		return true
 	}
 	tm.holes = holes
-	t.lay.stamp, tm.b = tm.b[:0], buf
+	t.lay.stampBuf, tm.b = tm.b[:0], buf
 	return true
 }
 
