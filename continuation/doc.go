@@ -21,7 +21,11 @@
 //     change (text, ids, finish reason) are read, the rest compared; the
 //     templates outlive the stream (Reset keeps them), so a reused
 //     Tracker reads the next stream from the same engine that way from
-//     its first chunk to its last.
+//     its first chunk to its last. A template keeps the bytes between
+//     the values, not the values, so a long prompt's first chunk is read
+//     that way too; the stream's id, time and model are compared as
+//     fixed bytes once the stream's first chunk moved the templates to
+//     them.
 //   - Continuing (continue.go): Build makes the continuation request:
 //     exact (prompt ids + output ids on /v1/completions) when the ids cover
 //     every delivered chunk and the request has no chat-only fields, else

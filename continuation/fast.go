@@ -19,10 +19,15 @@ import (
 // holes' kinds in them, is the same JSON document but for those values:
 // reading it in full would find exactly what the holes hold, so only they
 // are read. Any other chunk is read in full (and its layout learnt when it
-// has one). Layouts outlive the stream (Reset keeps them), so a relay's
+// has one). A layout keeps only the bytes between its holes and the
+// stream's id, time and model, so a first chunk's long prompt costs it
+// nothing. Layouts outlive the stream (Reset keeps them), so a relay's
 // tracker reads even the first and last chunk of its next stream from the
-// same engine through them. FuzzFastAgrees holds the two paths to the same
-// result.
+// same engine through them: the first chunk of a stream moves its layout
+// to the stream's id, time and model, and that one the others, so the
+// stream's other chunks compare those as fixed bytes ("rigid" match).
+// A finish reason that is null in the chunk a layout was learnt from is
+// fixed bytes too. FuzzFastAgrees holds the two paths to the same result.
 
 // chunkShape is what the full read of one chunk found: how many values of
 // each hole kind, and where the last one lay.
@@ -63,15 +68,16 @@ const (
 )
 
 // maxTemplates is how many layouts a tracker keeps (first, steady and last
-// chunk, and one spare); maxTemplateBytes bounds one (a pooled tracker
-// keeps them).
+// chunk, and one spare); maxTemplateBytes bounds one's bytes (a pooled
+// tracker keeps them), the values that vary within a stream not counted.
 const (
 	maxTemplates     = 4
 	maxTemplateBytes = 4 << 10
 )
 
-// template is a chunk layout: b, a chunk read in full, with its holes in
-// order of offset.
+// template is a chunk layout: b, a chunk read in full without the values
+// that vary within a stream, and its holes in order of offset (in b: the
+// stream's id, time and model as the stream has them, the others empty).
 type template struct {
 	ok    bool
 	strip bool // learnt with Tracker.Strip set
@@ -79,15 +85,32 @@ type template struct {
 	holes [numHoleKinds]hole
 	n     int // holes in use
 	// vary lists the holes whose value changes within a stream (all but
-	// the stream's id, time and model), by index in holes.
+	// the stream's id, time and model), by index in holes; at is the
+	// index of the hole of each kind (-1: none).
 	vary [numHoleKinds]int8
 	nv   int
+	at   [numHoleKinds]int8
+	// next is the template that matched after this one the last time
+	// another did (itself: none yet).
+	next int8
 	// cut: the member of hole cutHole is cut from the client's copy;
 	// preCut and postCut are the bytes cut before and after the hole's
 	// value (the member's key, a comma, an enclosing object's bytes).
 	cut             bool
 	cutHole         int
 	preCut, postCut int
+}
+
+// layouts are the chunk layouts a tracker learnt, kept across streams.
+type layouts struct {
+	tmpls [maxTemplates]template
+	// hit is the one matched last, victim the next one a new layout
+	// replaces.
+	hit, victim int
+	// match is where the chunk being matched has its holes; stampBuf is
+	// the bytes of the next layout learnt or stamped.
+	match    holeMatch
+	stampBuf []byte
 }
 
 type hole struct {
@@ -103,7 +126,7 @@ type hole struct {
 // array and no other hole.
 func (t *Tracker) learn(data, out []byte) {
 	sh := &t.shape
-	if t.noFast || t.Poisoned != PoisonNone || sh.tools || sh.nullTexts != 0 || sh.strips > 1 || len(data) > maxTemplateBytes {
+	if t.noFast || t.Poisoned != PoisonNone || sh.tools || sh.nullTexts != 0 || sh.strips > 1 {
 		return
 	}
 	var nt template
@@ -117,6 +140,13 @@ func (t *Tracker) learn(data, out []byte) {
 			return
 		}
 		h := hole{start: sh.span[k][0], end: sh.span[k][1], kind: k, str: sh.str[k]}
+		if k == holeFinish && string(data[h.start:h.end]) == "null" {
+			// Not a hole: the steady chunks' null is compared with the
+			// bytes around it, and a chunk that finishes (most often
+			// another layout anyway: vLLM adds stop_reason) is read in
+			// full once and its layout learnt.
+			continue
+		}
 		if h.start >= h.end {
 			return
 		}
@@ -134,7 +164,11 @@ func (t *Tracker) learn(data, out []byte) {
 			return
 		}
 	}
+	for k := range nt.at {
+		nt.at[k] = -1
+	}
 	for i, h := range nt.holes[:nt.n] {
+		nt.at[h.kind] = int8(i)
 		if h.kind < holeID {
 			nt.vary[nt.nv] = int8(i)
 			nt.nv++
@@ -175,21 +209,50 @@ func (t *Tracker) learn(data, out []byte) {
 	if bytes.IndexByte(data, '\n') >= 0 || bytes.IndexByte(data, '\r') >= 0 {
 		return // a layout must be one line: AppendEvent matches whole events
 	}
+	if t.lay == nil {
+		t.lay = new(layouts) // once in the tracker's life
+	}
+	// The layout's bytes: the chunk's without the values that vary
+	// within a stream (a long prompt's ids are most of a first chunk).
+	size := len(data)
+	for _, h := range nt.holes[:nt.n] {
+		if h.kind < holeID {
+			size -= h.end - h.start
+		}
+	}
+	if size > maxTemplateBytes {
+		return
+	}
+	b, prev := t.lay.stampBuf[:0], 0
+	for i := range nt.holes[:nt.n] {
+		h := &nt.holes[i]
+		b = append(b, data[prev:h.start]...)
+		start := len(b)
+		if h.kind >= holeID {
+			b = append(b, data[h.start:h.end]...)
+		}
+		prev, h.start, h.end = h.end, start, len(b)
+	}
+	b = append(b, data[prev:]...)
 	// The slot: an empty one, else the next in turn.
 	slot := -1
-	for i := range t.tmpls {
-		if !t.tmpls[i].ok {
+	for i := range t.lay.tmpls {
+		if !t.lay.tmpls[i].ok {
 			slot = i
 			break
 		}
 	}
 	if slot < 0 {
-		slot = t.victim
-		t.victim = (t.victim + 1) % maxTemplates
+		slot = t.lay.victim
+		t.lay.victim = (t.lay.victim + 1) % maxTemplates
 	}
-	nt.b, nt.ok = append(t.tmpls[slot].b[:0], data...), true
-	t.tmpls[slot] = nt
-	t.hit = slot
+	t.lay.stampBuf, nt.b, nt.ok = t.lay.tmpls[slot].b[:0], b, true
+	nt.next = int8(slot)
+	t.lay.tmpls[slot] = nt
+	if t.lay.hit != slot {
+		t.lay.tmpls[t.lay.hit].next = int8(slot)
+	}
+	t.lay.hit = slot
 }
 
 // observeFast reads chunk data through a template; ok false: data matches
@@ -203,44 +266,183 @@ func (t *Tracker) observeFast(data []byte) (out []byte, ok bool) {
 	return t.out, true
 }
 
-// matchFast reads chunk data through the first template it matches, the
-// last one matched first: rigidly (the stream's id, time and model as the
-// template holds them) and then, for a chunk of another stream, with every
-// hole read. ok false: data matches none (nothing was changed); else
-// data[a:b] is what the client must not see (a < 0: nothing).
+// matchFast reads chunk data through the first template it matches:
+// rigidly (the stream's id, time and model as the template holds them)
+// and then, for a chunk of another stream, with every hole read. A
+// stream's first chunk skips the rigid try: it is most often of another
+// stream than the one the layouts last held. ok false: data matches none
+// (nothing was changed); else data[a:b] is what the client must not see
+// (a < 0: nothing).
 func (t *Tracker) matchFast(data []byte) (a, b int, ok bool) {
-	if t.noFast {
+	if t.lay == nil {
 		return -1, -1, false
 	}
-	for _, rigid := range [2]bool{true, false} {
-		if a, b, ok = t.matchTemplate(t.hit, data, rigid); ok {
+	if t.begun {
+		if a, b, ok = t.matchAny(data, true); ok {
 			return a, b, true
 		}
-		for i := range t.tmpls {
-			if i == t.hit {
-				continue
-			}
-			if a, b, ok = t.matchTemplate(i, data, rigid); ok {
-				t.hit = i
-				return a, b, true
-			}
+	}
+	if a, b, ok = t.matchAny(data, false); ok {
+		t.begun = true
+	}
+	return a, b, ok
+}
+
+// matchAny tries the templates in the order a stream's chunks follow
+// each other: the one matched last, the one that followed it the last
+// time another did (steady chunks follow the first, the last follows
+// them, the next stream's first follows the last), then the rest.
+func (t *Tracker) matchAny(data []byte, rigid bool) (a, b int, ok bool) {
+	if a, b, ok = t.matchTemplate(t.lay.hit, data, rigid); ok {
+		return a, b, true
+	}
+	next := int(t.lay.tmpls[t.lay.hit].next)
+	if next != t.lay.hit {
+		if a, b, ok = t.matchTemplate(next, data, rigid); ok {
+			t.lay.hit = next
+			return a, b, true
+		}
+	}
+	for i := range t.lay.tmpls {
+		if i == t.lay.hit || i == next {
+			continue
+		}
+		if a, b, ok = t.matchTemplate(i, data, rigid); ok {
+			t.lay.tmpls[t.lay.hit].next = int8(i)
+			t.lay.hit = i
+			return a, b, true
 		}
 	}
 	return -1, -1, false
 }
 
 // matchTemplate reads data through template i: first every hole is found
-// and checked, then (all of them matching) read. rigid: the holes that do
-// not vary within a stream are matched as the template's fixed bytes.
+// and checked (the output ids read on the way), then, all of them
+// matching, the rest is read. rigid: the holes that do not vary within a
+// stream are matched as the template's fixed bytes.
 func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bool) {
 	a, b = -1, -1
-	tm := &t.tmpls[i]
+	tm := &t.lay.tmpls[i]
 	if !tm.ok || tm.strip != t.Strip {
 		return a, b, false
 	}
-	var spans [numHoleKinds][2]int // value spans in data, by hole index
-	var txtStart, txtEnd int
-	var txtEsc, rebase bool
+	m := &t.lay.match // not zeroed: matchHoles sets what is read below
+	nOut := len(t.OutIDs)
+	if !t.matchHoles(tm, data, rigid, m) {
+		t.OutIDs = t.OutIDs[:nOut]
+		return a, b, false
+	}
+	// The chunk matches: what follows is what the full read would do.
+	if k := tm.at[holeText]; k >= 0 && m.txtEnd > m.txtStart {
+		if m.txtEsc {
+			t.Text = jsonx.AppendUnescaped(t.Text, data[m.txtStart:m.txtEnd])
+		} else {
+			t.Text = append(t.Text, data[m.txtStart:m.txtEnd]...)
+		}
+		t.TextChunks++
+		if tm.at[holeOutIDs] >= 0 {
+			t.IDChunks++
+		}
+	}
+	if k := tm.at[holePrompt]; k >= 0 {
+		t.prompt(data[m.spans[k][0]:m.spans[k][1]], 0)
+	}
+	if k := tm.at[holeFinish]; k >= 0 && data[m.spans[k][0]] != 'n' {
+		t.Finished = true
+	}
+	if len(t.ID) == 0 || len(t.Created) == 0 || len(t.Model) == 0 {
+		t.keepStream(tm, data, m, rigid)
+	}
+	t.fastChunks++
+	if tm.cut {
+		// Element by element: one 16-byte load of the span just written
+		// as two words would wait for the stores to retire.
+		a, b = m.spans[tm.cutHole][0]-tm.preCut, m.spans[tm.cutHole][1]+tm.postCut
+	}
+	if m.rebase {
+		// This layout takes the chunk's id, time and model, and the
+		// others take them from it, so that the stream's next chunks
+		// match them rigidly.
+		var vals streamValues
+		for hi, h := range tm.holes[:tm.n] {
+			if h.kind >= holeID {
+				vals.v[h.kind], vals.str[h.kind] = data[m.spans[hi][0]:m.spans[hi][1]], h.str
+			}
+		}
+		t.stamp(tm, &vals)
+		t.rebases++
+		if !tm.ok {
+			return a, b, true
+		}
+		for _, h := range tm.holes[:tm.n] {
+			if h.kind >= holeID {
+				vals.v[h.kind] = tm.b[h.start:h.end]
+			}
+		}
+		for j := range t.lay.tmpls {
+			if j != i && t.lay.tmpls[j].ok && t.stamp(&t.lay.tmpls[j], &vals) {
+				t.restamps++
+			}
+		}
+	}
+	return a, b, true
+}
+
+// streamValues are a stream's id, time and model (by hole kind; nil:
+// none) and whether each is a JSON string.
+type streamValues struct {
+	v   [numHoleKinds][]byte
+	str [numHoleKinds]bool
+}
+
+// stamp puts vals into template tm's holes of the same kinds and JSON
+// types: tm stays the same layout, with another stream's values in those
+// holes. It reports whether any changed; a layout that outgrows
+// maxTemplateBytes is dropped.
+func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
+	buf := t.lay.stampBuf[:0]
+	holes := tm.holes
+	prev := 0
+	for hi, h := range tm.holes[:tm.n] {
+		// Where h lands: after what buf holds and the bytes up to h that
+		// are still to be copied.
+		start := len(buf) + h.start - prev
+		v := vals.v[h.kind]
+		if h.kind < holeID || v == nil || vals.str[h.kind] != h.str {
+			holes[hi].start, holes[hi].end = start, start+h.end-h.start
+			continue
+		}
+		changed = changed || !bytes.Equal(v, tm.b[h.start:h.end])
+		buf = append(append(buf, tm.b[prev:h.start]...), v...)
+		holes[hi].start, holes[hi].end = start, start+len(v)
+		prev = h.end
+	}
+	if !changed {
+		return false
+	}
+	buf = append(buf, tm.b[prev:]...)
+	if len(buf) > maxTemplateBytes {
+		tm.ok = false
+		return true
+	}
+	tm.holes = holes
+	t.lay.stampBuf, tm.b = tm.b[:0], buf
+	return true
+}
+
+// holeMatch is where matchHoles found a chunk's holes.
+type holeMatch struct {
+	spans            [numHoleKinds][2]int // value spans in data, by hole index (those visited)
+	txtStart, txtEnd int                  // the text's content
+	txtEsc           bool                 // ... holds escapes or non-ASCII
+	rebase           bool                 // the stream's id, time or model differ from tm's
+}
+
+// matchHoles matches data against tm's fixed bytes and finds its holes'
+// values, appending the output ids to t.OutIDs (the caller drops them
+// when it returns false).
+func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch) bool {
+	m.txtEsc, m.rebase = false, false
 	pos, prev := 0, 0
 	visit := tm.n
 	if rigid {
@@ -251,47 +453,53 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 		if rigid {
 			hi = int(tm.vary[x])
 		}
-		h := tm.holes[hi]
+		h := &tm.holes[hi]
 		fixed := tm.b[prev:h.start]
 		if len(data)-pos <= len(fixed) || !bytes.Equal(data[pos:pos+len(fixed)], fixed) {
-			return a, b, false
+			return false
 		}
 		pos += len(fixed)
 		start := pos
 		switch h.kind {
-		case holeOutIDs, holePrompt:
-			if data[pos] != '[' {
-				return a, b, false
+		case holeOutIDs:
+			var ok bool
+			if t.OutIDs, pos, ok = appendIDArray(t.OutIDs, data, pos); !ok {
+				return false
 			}
-			j := bytes.IndexByte(data[pos:], ']')
-			if j < 0 || bytes.IndexByte(data[pos:pos+j], '\n') >= 0 || bytes.IndexByte(data[pos:pos+j], '\r') >= 0 {
-				return a, b, false // (a line break would end an event's data line)
+		case holePrompt:
+			if pos = idArrayEnd(data, pos); pos < 0 {
+				return false
 			}
-			pos += j + 1
 		case holeText:
 			if data[pos] != '"' {
-				return a, b, false
+				return false
+			}
+			if end := plainStringEnd(data, pos); end > 0 {
+				m.txtStart, m.txtEnd = pos+1, end
+				pos = end + 1
+				break
 			}
 			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
 			st, en, esc, err := s.String()
 			if err != nil {
-				return a, b, false
+				return false
 			}
-			txtStart, txtEnd, txtEsc = st, en, esc
+			m.txtStart, m.txtEnd, m.txtEsc = st, en, esc
 			pos = s.I
 		case holeFinish:
-			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
-			var err error
-			switch data[pos] {
-			case 'n':
-				err = s.Literal("null")
-			case '"':
-				_, _, _, err = s.String()
-			default:
-				return a, b, false
+			if data[pos] == 'n' {
+				if len(data)-pos < 4 || string(data[pos:pos+4]) != "null" {
+					return false
+				}
+				pos += 4
+				break
 			}
-			if err != nil {
-				return a, b, false
+			if data[pos] != '"' {
+				return false
+			}
+			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
+			if _, _, _, err := s.String(); err != nil {
+				return false
 			}
 			pos = s.I
 		default: // holeID, holeCreated, holeModel
@@ -304,69 +512,46 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 				pos += w
 				break
 			}
-			rebase = true
+			m.rebase = true
 			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
 			var err error
 			if h.str {
 				if data[pos] != '"' {
-					return a, b, false
+					return false
 				}
 				_, _, _, err = s.String()
 			} else {
 				c := data[pos]
 				if c != '-' && (c < '0' || c > '9') {
-					return a, b, false
+					return false
 				}
 				err = s.Number()
 			}
 			if err != nil {
-				return a, b, false
+				return false
 			}
 			pos = s.I
 		}
-		spans[hi] = [2]int{start, pos}
+		m.spans[hi] = [2]int{start, pos}
 		prev = h.end
 	}
-	if !bytes.Equal(data[pos:], tm.b[prev:]) {
-		return a, b, false
-	}
-	// The chunk matches: what follows is what the full read would do. The
-	// output ids go first: a bad array is the full read's to judge.
-	chunkIDs := false
-	for hi, h := range tm.holes[:tm.n] {
-		if h.kind != holeOutIDs {
+	return bytes.Equal(data[pos:], tm.b[prev:])
+}
+
+// keepStream keeps the stream's id, created and model from a matched
+// chunk, as the full read's remember does: the first of each.
+func (t *Tracker) keepStream(tm *template, data []byte, m *holeMatch, rigid bool) {
+	for _, k := range [3]holeKind{holeID, holeCreated, holeModel} {
+		hi := tm.at[k]
+		if hi < 0 {
 			continue
 		}
-		n := len(t.OutIDs)
-		got, err := openai.AppendTokenIDs(t.OutIDs, data[spans[hi][0]:spans[hi][1]])
-		if err != nil {
-			t.OutIDs = got[:n]
-			return a, b, false
+		h := tm.holes[hi]
+		v := tm.b[h.start:h.end] // matched as fixed bytes: the same value
+		if !rigid {
+			v = data[m.spans[hi][0]:m.spans[hi][1]]
 		}
-		t.OutIDs, chunkIDs = got, true
-	}
-	chunkTxt := false
-	for hi, h := range tm.holes[:tm.n] {
-		v := data[spans[hi][0]:spans[hi][1]]
-		if rigid && h.kind >= holeID {
-			v = tm.b[h.start:h.end] // matched as fixed bytes: the same value
-		}
-		switch h.kind {
-		case holeText:
-			if txtEnd > txtStart {
-				chunkTxt = true
-				if txtEsc {
-					t.Text = jsonx.AppendUnescaped(t.Text, data[txtStart:txtEnd])
-				} else {
-					t.Text = append(t.Text, data[txtStart:txtEnd]...)
-				}
-			}
-		case holePrompt:
-			t.prompt(v, 0)
-		case holeFinish:
-			if v[0] != 'n' {
-				t.Finished = true
-			}
+		switch k {
 		case holeID:
 			if len(t.ID) == 0 {
 				t.ID = append(t.ID, v...)
@@ -375,29 +560,67 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 			if len(t.Created) == 0 {
 				t.Created = append(t.Created, v...)
 			}
-		case holeModel:
+		default:
 			if len(t.Model) == 0 {
 				t.Model = append(t.Model, v...)
 			}
 		}
 	}
-	t.fastChunks++
-	if chunkTxt {
-		t.TextChunks++
-		if chunkIDs {
-			t.IDChunks++
+}
+
+// plainStringEnd is the offset of the closing quote of the JSON string
+// at b[i] when its content is printable ASCII without escapes — a
+// token's text, most often a few bytes, read without the general
+// scanner's set-up — and -1 when it is not (jsonx.Scanner.String reads
+// it).
+func plainStringEnd(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			return j
+		case c < 0x20 || c == '\\' || c >= 0x80:
+			return -1
 		}
 	}
-	if tm.cut {
-		s := spans[tm.cutHole]
-		a, b = s[0]-tm.preCut, s[1]+tm.postCut
+	return -1
+}
+
+// idArrayEnd is the offset just past the id array at b[i] (up to its
+// first ']'), or -1 when b[i] starts none or the array holds a line break
+// (which would end an event's data line).
+func idArrayEnd(b []byte, i int) int {
+	if b[i] != '[' {
+		return -1
 	}
-	if rebase {
-		// The same layout with this chunk's values in its holes.
-		tm.b = append(tm.b[:0], data...)
-		for hi := range tm.holes[:tm.n] {
-			tm.holes[hi].start, tm.holes[hi].end = spans[hi][0], spans[hi][1]
+	j := bytes.IndexByte(b[i:], ']')
+	if j < 0 || bytes.IndexByte(b[i:i+j], '\n') >= 0 || bytes.IndexByte(b[i:i+j], '\r') >= 0 {
+		return -1
+	}
+	return i + j + 1
+}
+
+// appendIDArray appends the ids of the array at b[i] to dst and returns
+// the offset just past it; ok false: it is not an array of ids on one
+// line (what dst holds then is the caller's to drop). A chunk's output is
+// most often one id, "[d…d]", read here without a call; anything else is
+// openai.AppendTokenIDs's to judge, as the full read does.
+func appendIDArray(dst []uint32, b []byte, i int) (out []uint32, end int, ok bool) {
+	j := i + 1
+	var v uint64
+	for j < len(b) && j-i <= 10 {
+		d := b[j] - '0'
+		if d > 9 {
+			break
 		}
+		v = v*10 + uint64(d)
+		j++
 	}
-	return a, b, true
+	if n := j - i - 1; n > 0 && j < len(b) && b[j] == ']' && b[i] == '[' && v <= 1<<32-1 && (n == 1 || b[i+1] != '0') {
+		return append(dst, uint32(v)), j + 1, true
+	}
+	if end = idArrayEnd(b, i); end < 0 {
+		return dst, -1, false
+	}
+	out, err := openai.AppendTokenIDs(dst, b[i:end])
+	return out, end, err == nil
 }

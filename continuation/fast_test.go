@@ -115,7 +115,8 @@ func TestFastPathReadsSteadyChunks(t *testing.T) {
 // stream: the next stream from the same engine — another id, another
 // time, another prompt and finish reason — is read through them from its
 // first chunk to its last, with the client's copies and the state of the
-// full read.
+// full read. Its first chunk moves its layout to the new id and time, and
+// that one the others: one rebase a stream, not one a layout.
 func TestFastPathAcrossStreams(t *testing.T) {
 	stream := func(id string, created, n int, finish string) [][]byte {
 		head := `{"id":"` + id + `","object":"chat.completion.chunk","created":` + strconv.Itoa(created) + `,"model":"m","choices":[{"index":0,`
@@ -133,11 +134,55 @@ func TestFastPathAcrossStreams(t *testing.T) {
 		if n := continuation.FastChunks(tr); n != 11 {
 			t.Errorf("strip %v: %d of the second stream's 11 chunks through the fast path, want all", strip, n)
 		}
+		if r, s := continuation.Rebases(tr), continuation.Restamps(tr); r != 1 || s != 2 {
+			t.Errorf("strip %v: second stream: %d rebases, %d restamps; want 1 (its first chunk's layout) and 2 (the steady and the last chunk's)", strip, r, s)
+		}
 		if string(tr.ID) != `"chatcmpl-b22"` || string(tr.Created) != "1730000099" || !tr.Finished || string(tr.Text) != "t0t1t2t3t4t5t6t7t8!" {
 			t.Errorf("strip %v: second stream read as id %s created %s finished %v text %q", strip, tr.ID, tr.Created, tr.Finished, tr.Text)
 		}
 		if p, err := tr.PromptIDs(nil); err != nil || len(p) != 3 || p[0] != 1730000099%97 {
 			t.Errorf("strip %v: prompt ids %v, %v", strip, p, err)
+		}
+	}
+}
+
+// TestFastPathLongPrompt: a layout keeps none of the prompt's ids, so
+// the first chunk of a long prompt's stream (here 40 KB of ids, ten times
+// what a layout may hold) is read through its layout from the next
+// stream on.
+func TestFastPathLongPrompt(t *testing.T) {
+	ids := make([]byte, 0, 48<<10)
+	for i := range 8000 {
+		ids = strconv.AppendInt(append(ids, ','), int64(10000+i), 10)
+	}
+	first := func(id string) []byte {
+		return []byte(`{"id":"` + id + `","object":"chat.completion.chunk","created":1730000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1` + string(ids) + `]}`)
+	}
+	for _, strip := range []bool{true, false} {
+		tr := observeBoth(t, strip, first("chatcmpl-1"), vllmChunk("a", 1), nil, first("chatcmpl-22"), vllmChunk("b", 2))
+		if n := continuation.FastChunks(tr); n != 2 {
+			t.Errorf("strip %v: %d of the second stream's 2 chunks through the fast path, want both", strip, n)
+		}
+		if p, err := tr.PromptIDs(nil); err != nil || len(p) != 8001 || p[8000] != 17999 {
+			t.Errorf("strip %v: %d prompt ids (%v)", strip, len(p), err)
+		}
+	}
+}
+
+// TestFastPathNullFinish: a layout learnt from a chunk that did not
+// finish holds its null finish reason as fixed bytes (one comparison with
+// the bytes around it, not a hole): a chunk of that layout that finishes
+// is read in full, and its own layout learnt from it reads the next.
+func TestFastPathNullFinish(t *testing.T) {
+	finishing := bytes.Replace(vllmChunk("b", 2), []byte(`"finish_reason":null`), []byte(`"finish_reason":"stop"`), 1)
+	for _, strip := range []bool{true, false} {
+		tr := observeBoth(t, strip, vllmChunk("a", 1), vllmChunk("a", 1), finishing)
+		if n := continuation.FastChunks(tr); n != 1 {
+			t.Errorf("strip %v: %d chunks through the fast path, want 1 (the second steady one)", strip, n)
+		}
+		tr = observeBoth(t, strip, vllmChunk("a", 1), finishing, vllmChunk("a", 1), finishing)
+		if n := continuation.FastChunks(tr); n != 2 || !tr.Finished {
+			t.Errorf("strip %v: %d chunks through the fast path (finished %v), want 2 (the second of each layout)", strip, n, tr.Finished)
 		}
 	}
 }
@@ -212,6 +257,12 @@ func FuzzFastAgrees(f *testing.F) {
 		f.Add([]byte(p[0]), []byte(p[1]), false)
 	}
 	f.Fuzz(func(t *testing.T, a, b []byte, strip bool) {
-		observeBoth(t, strip, a, a, b, a, b, b, nil, b, a, a, b)
+		// A third stream: the chunks with another id and time where they
+		// have them, read through layouts moved to them by the first.
+		other := func(c []byte) []byte {
+			c = bytes.ReplaceAll(c, []byte(`"id":"`), []byte(`"id":"z`))
+			return bytes.ReplaceAll(c, []byte(`"created":`), []byte(`"created":9`))
+		}
+		observeBoth(t, strip, a, a, b, a, b, b, nil, b, a, a, b, nil, other(a), other(b), other(a), other(b))
 	})
 }

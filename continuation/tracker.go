@@ -72,15 +72,17 @@ type Tracker struct {
 	chunkTxt bool // ... or text
 
 	shape chunkShape // what the full read of the chunk found (fast.go)
-	// tmpls are the chunk layouts the fast path matches (fast.go), kept
-	// across streams; hit is the one matched last, victim the next one a
-	// new layout replaces.
-	tmpls       [maxTemplates]template
-	hit, victim int
+	// lay holds the chunk layouts the fast path matches (fast.go), kept
+	// across streams (behind a pointer: Reset does not copy them); nil
+	// until the first is learnt. begun: a chunk of this stream was read.
+	lay   *layouts
+	begun bool
 	// noFast turns the fast path off (tests compare the two paths);
-	// fastChunks counts the chunks it read.
-	noFast     bool
-	fastChunks int
+	// fastChunks counts the chunks it read, rebases and restamps the
+	// layouts it moved to another stream's id, time and model.
+	noFast            bool
+	fastChunks        int
+	rebases, restamps int
 }
 
 // Reset readies t for a new stream, keeping its buffers.
@@ -94,9 +96,7 @@ func (t *Tracker) Reset(strip bool) {
 		Model:     t.Model[:0],
 		promptRaw: t.promptRaw[:0],
 		out:       t.out[:0],
-		tmpls:     t.tmpls,
-		hit:       t.hit,
-		victim:    t.victim,
+		lay:       t.lay,
 		noFast:    t.noFast,
 	}
 }
@@ -110,7 +110,10 @@ func (t *Tracker) PromptIDs(dst []uint32) ([]uint32, error) {
 	return openai.AppendTokenIDs(dst, t.promptRaw)
 }
 
-const dataSpace = "data: "
+const (
+	dataSpace = "data: "
+	doneEvent = "data: [DONE]\n\n" // the end of a stream, as engines write it
+)
 
 var (
 	dataPrefix = []byte("data:")
@@ -142,9 +145,14 @@ func (t *Tracker) ObserveEvent(ev []byte) []byte {
 // AppendEvent is ObserveEvent appending the event the client should see
 // to dst: a steady chunk is copied once, straight to where it goes.
 func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
+	if string(ev) == doneEvent {
+		t.Done = true
+		return append(dst, ev...)
+	}
 	// An event as engines write it, "data: <chunk>\n\n", is matched
 	// against the layout whole: the layout and the holes hold no line
 	// break, so the chunk is the event's data line without searching.
+	tried := -1 // the end of the data matched whole, if it was
 	if n := len(ev); n > len(dataSpace)+2 && string(ev[:len(dataSpace)]) == dataSpace && ev[n-1] == '\n' && ev[n-2] == '\n' {
 		if a, b, ok := t.matchFast(ev[len(dataSpace) : n-2]); ok {
 			if a < 0 {
@@ -153,16 +161,19 @@ func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
 			a, b = a+len(dataSpace), b+len(dataSpace)
 			return append(append(dst, ev[:a]...), ev[b:]...)
 		}
+		tried = n - 2
 	}
 	start, end, ok := t.eventData(ev)
 	if !ok {
 		return append(dst, ev...)
 	}
-	if a, b, ok := t.matchFast(ev[start:end]); ok {
-		if a < 0 {
-			return append(dst, ev...)
+	if start != len(dataSpace) || end != tried {
+		if a, b, ok := t.matchFast(ev[start:end]); ok {
+			if a < 0 {
+				return append(dst, ev...)
+			}
+			return append(append(dst, ev[:start+a]...), ev[start+b:]...)
 		}
-		return append(append(dst, ev[:start+a]...), ev[start+b:]...)
 	}
 	return append(dst, t.observeData(ev, start, end)...)
 }
@@ -186,11 +197,11 @@ func (t *Tracker) eventData(ev []byte) (start, end int, ok bool) {
 	return start, end, true
 }
 
-// observeData reads the payload ev[start:end] in full and returns the
-// event the client should see.
+// observeData reads the payload ev[start:end] in full (the fast path
+// matched it to no layout) and returns the event the client should see.
 func (t *Tracker) observeData(ev []byte, start, end int) []byte {
 	data := ev[start:end]
-	kept := t.Observe(data)
+	kept := t.observeFull(data)
 	if len(kept) == len(data) { // nothing stripped
 		return ev
 	}
@@ -223,6 +234,13 @@ func (t *Tracker) Observe(data []byte) []byte {
 	if out, ok := t.observeFast(data); ok {
 		return out
 	}
+	return t.observeFull(data)
+}
+
+// observeFull is Observe reading the chunk in full (the fast path found
+// no layout it matches).
+func (t *Tracker) observeFull(data []byte) []byte {
+	t.begun = true
 	t.out = t.out[:0]
 	t.chunkIDs, t.chunkTxt = false, false
 	t.shape = chunkShape{}

@@ -1,6 +1,7 @@
 package continuation_test
 
 import (
+	"bytes"
 	"os"
 	"strconv"
 	"testing"
@@ -89,13 +90,29 @@ func simStream(b *testing.B) [][]byte {
 
 // BenchmarkAppendSimStream: one stream as the relay tracks it, event by
 // event (one op = one stream; the tracker is reused, as a pooled relay's
-// is), through the fast path and read in full.
+// is), through the fast path and read in full. fast replays the same
+// stream; fast_streams cycles through streams that differ, as a relay's
+// do, in their id and time (the layouts are rebased on each).
 func BenchmarkAppendSimStream(b *testing.B) {
 	evs := simStream(b)
+	streams := [][][]byte{evs}
+	for k := range 7 {
+		// Same lengths: the stream's id and time as the next streams of
+		// one engine have them.
+		id := []byte("chatcmpl-5ae6257261e06ecb2a54213578c1755" + strconv.Itoa(k))
+		created := []byte(strconv.Itoa(1796418577 + k))
+		var s [][]byte
+		for _, ev := range evs {
+			ev = bytes.ReplaceAll(ev, []byte("chatcmpl-5ae6257261e06ecb2a54213578c1755e"), id)
+			s = append(s, bytes.ReplaceAll(ev, []byte("1796418576"), created))
+		}
+		streams = append(streams, s)
+	}
 	for _, c := range []struct {
-		name string
-		fast bool
-	}{{"fast", true}, {"full", false}} {
+		name    string
+		fast    bool
+		streams [][][]byte
+	}{{"fast", true, streams[:1]}, {"full", false, streams[:1]}, {"fast_streams", true, streams}} {
 		b.Run(c.name, func(b *testing.B) {
 			var t continuation.Tracker
 			if !c.fast {
@@ -103,10 +120,10 @@ func BenchmarkAppendSimStream(b *testing.B) {
 			}
 			out := make([]byte, 0, 8192)
 			b.ReportAllocs()
-			for range b.N {
+			for i := range b.N {
 				t.Reset(true)
 				out = out[:0]
-				for _, ev := range evs {
+				for _, ev := range c.streams[i%len(c.streams)] {
 					out = t.AppendEvent(out, ev)
 				}
 			}

@@ -41,7 +41,7 @@ type migration struct {
 }
 
 // empty empties m in place, keeping its buffers (relay.reset: once per
-// request, so the ~1.5 KB Tracker is not copied). A field added to
+// request, so the Tracker is not copied). A field added to
 // migration is cleared here too (TestMigrationEmpty). The Tracker is
 // written only while on (startMigration resets it when it turns on), so
 // a request that was not tracked (every unary one) leaves it as the

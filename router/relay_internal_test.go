@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"os"
 	"reflect"
 	"testing"
 
@@ -189,6 +190,52 @@ func TestRelayWriteToTrackedAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(20, run); n != 0 {
 		t.Fatalf("relaying %d tracked events allocates %.1f times, want 0", events, n)
+	}
+}
+
+// BenchmarkRelayTrackedStream: one 16-token stream as `infera sim` writes
+// it with return_token_ids (continuation/testdata/sim-chat-ids.sse), in
+// one read as from a zero-latency engine, relayed to the client (one op =
+// one stream): tracked for continuation (every event observed, the ids
+// stripped) against untracked (the same bytes relayed as they are). What
+// tracking adds to the relay, without the network.
+func BenchmarkRelayTrackedStream(b *testing.B) {
+	stream, err := os.ReadFile("../continuation/testdata/sim-chat-ids.sse")
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tracked := range []bool{false, true} {
+		name := "untracked"
+		if tracked {
+			name = "tracked"
+		}
+		b.Run(name, func(b *testing.B) {
+			rel := testRelay(r, relayBufSize)
+			rel.trackEvent = rel.trackedEvent
+			src := &eofReader{}
+			var out countWriter
+			b.SetBytes(int64(len(stream)))
+			b.ReportAllocs()
+			for b.Loop() {
+				rel.mig.on, rel.pump.transform = tracked, nil
+				if tracked {
+					rel.mig.track.Reset(true)
+					rel.pump.transform = rel.trackEvent
+				}
+				src.data, src.size = stream, len(stream)
+				rel.att.src, rel.done, rel.firstByte = src, false, false
+				if _, err := rel.WriteTo(&out); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if perStream := out.bytes / b.N; tracked == (perStream >= len(stream)) {
+				b.Fatalf("tracked %v: %d bytes a stream relayed of %d (tracked: ids stripped)", tracked, perStream, len(stream))
+			}
+		})
 	}
 }
 
