@@ -16,9 +16,10 @@ import (
 // answer is written from inside the read's wait (RawConn.Read: the
 // netpoller's readiness reset comes first), and the socket is read only
 // once the next request is there. Streams are not held (their writes go
-// out as they come), nor is anything on the loop front door (its loop
-// waits for the next request) or before the bare-LF guard has seen the
-// first line (a held read bypasses it).
+// out as they come; the last with the closing chunk, at once: writehold.go,
+// and the read after it is then a raw one), nor is anything on the loop
+// front door (its loop waits for the next request) or before the bare-LF
+// guard has seen the first line (a held read bypasses it).
 
 // heldAnswer is a frontConn's held answer. on and h are the serving
 // goroutine's; pending says bytes are held, and whoever takes it (that
@@ -26,6 +27,7 @@ import (
 type heldAnswer struct {
 	on      bool // the next writes are held
 	init    bool // h has its socket
+	raw     bool // the next read is h's (a stream's end went out through h)
 	h       epoll.Held
 	pending atomic.Bool
 }
@@ -41,30 +43,43 @@ func holdAnswer(ctx *fasthttp.RequestCtx) {
 	fc.holdForRead()
 }
 
-// holdForRead holds the connection's next writes for its next read: a
-// unary answer (holdAnswer), or the end of a stream (relay.holdLast). false:
-// it cannot (the loop front door, the bare-LF guard still reading, no
-// socket beneath).
+// holdForRead holds the connection's next writes for its next read (a
+// unary answer: holdAnswer). false: it cannot (see socket).
 func (fc *frontConn) holdForRead() bool {
-	if fc.lc != nil {
-		return false
-	}
-	g, ok := fc.Conn.(*lfGuardConn)
-	if !ok || !g.checked || g.bad {
-		return false // the bare-LF guard still reads (a held read bypasses it)
-	}
-	if !fc.ans.init {
-		fc.ans.init = true
-		fc.ans.h.Init(g.Conn)
-	}
-	if !fc.ans.h.Ready() {
+	if fc.socket() == nil {
 		return false
 	}
 	fc.ans.on = true
 	return true
 }
 
+// socket returns the Held of the connection's socket, for raw writes and
+// reads (epoll.Held), or nil where the connection's reads and writes must
+// take their usual way: the loop front door (its loop reads), the bare-LF
+// guard still reading the first request (a raw read bypasses it), no
+// socket beneath.
+func (fc *frontConn) socket() *epoll.Held {
+	if fc.lc != nil {
+		return nil
+	}
+	g, ok := fc.Conn.(*lfGuardConn)
+	if !ok || !g.checked || g.bad {
+		return nil
+	}
+	if !fc.ans.init {
+		fc.ans.init = true
+		fc.ans.h.Init(g.Conn)
+	}
+	if !fc.ans.h.Ready() {
+		return nil
+	}
+	return &fc.ans.h
+}
+
 func (c *frontConn) Write(p []byte) (int, error) {
+	if c.hold.endLeft > 0 {
+		return c.writeAfterEnd(p) // a stream's end went out already (writehold.go)
+	}
 	if c.hold.buf != nil {
 		return c.writeHeld(p) // a stream's last writes (writehold.go)
 	}
@@ -94,6 +109,13 @@ func (c *frontConn) Read(p []byte) (int, error) {
 		c.ans.on = false // (no write while it is off: the client watch reads too)
 	}
 	if !c.ans.pending.Swap(false) {
+		if c.ans.raw {
+			// After a stream's end (writehold.go: sendEnd): a raw
+			// read, as the end's write was.
+			c.ans.raw = false
+			n, _, err := c.ans.h.Read(p)
+			return n, epoll.OpError(c.Conn, err)
+		}
 		return c.Conn.Read(p)
 	}
 	n, rest, err := c.ans.h.Read(p)

@@ -171,6 +171,9 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 			}
 			k, err := rel.pump.flush(w)
 			total += int64(k)
+			if err == nil {
+				err = rel.sendEnd()
+			}
 			if err != nil {
 				rel.outcome, rel.err = outcomeClientGone, err
 				return total, err
@@ -218,8 +221,8 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 // atEnd: the read that met the end of the stream completed the events the
 // pump writes next (eventPump.end). When they complete the stream (WriteTo
 // then ends it), only the response's closing chunk can follow them: the
-// client connection holds them, and the closing chunk's flush sends both
-// in one write (writehold.go). They are not empty (a transform may drop
+// client connection holds them, and WriteTo sends both in one write
+// (sendEnd, writehold.go). They are not empty (a transform may drop
 // every event: see step), so that they are the client's first event if
 // no other came before, and WriteTo takes its success path.
 func (rel *relay) atEnd() {
@@ -228,19 +231,30 @@ func (rel *relay) atEnd() {
 	}
 }
 
-// holdLast holds the client connection's writes until Close (unhold), when
-// it is the front door's.
+// holdLast holds the client connection's writes until sendEnd (or, on a
+// path that does not end the stream, unhold), when it is the front door's.
 func (rel *relay) holdLast() {
 	if rel.held != nil || rel.ctx == nil {
 		return
 	}
 	if fc, ok := rel.ctx.Conn().(*frontConn); ok {
-		if fc.holdForRead() {
-			return // sent from inside the wait for the next request (frontheld.go)
-		}
 		fc.holdWrites()
 		rel.held = fc
 	}
+}
+
+// sendEnd sends what holdLast held with the response's closing chunk, at
+// once (writehold.go): the client has the whole stream before the
+// request's bookkeeping (Close) and fasthttp's work after the handler.
+// Only a chunked answer without trailers ends with the closing chunk
+// sendEnd writes; the relay's streams are one (SetBodyStream, size -1).
+func (rel *relay) sendEnd() error {
+	fc := rel.held
+	if fc == nil {
+		return nil
+	}
+	rel.held = nil
+	return fc.sendEnd()
 }
 
 // holdBatch holds the client connection's writes for one batch of events

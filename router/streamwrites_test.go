@@ -2,15 +2,19 @@ package router_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/internal/servetest"
@@ -252,5 +256,110 @@ func TestStreamLargeBatchInOneWrite(t *testing.T) {
 	}
 	if n := wc.writes.Load(); n != 3 {
 		t.Fatalf("stream in %d writes, want 3", n)
+	}
+}
+
+// releaseGate is round-robin whose Release waits for open to close: the
+// request's bookkeeping after its answer (the attempt's end) held up.
+type releaseGate struct {
+	router.RoundRobin
+	open chan struct{}
+}
+
+func (p *releaseGate) Release(t router.Ticket, res router.Result) {
+	<-p.open
+	p.RoundRobin.Release(t, res)
+}
+
+// readAnswer reads one response off br up to the end of its body (chunked
+// or by Content-Length), within the deadline already set on its connection.
+func readAnswer(t *testing.T, br *bufio.Reader) (head, body string) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("reading an answer: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading an answer's body: %v", err)
+	}
+	return resp.Status + " " + strings.Join(resp.TransferEncoding, ","), string(b)
+}
+
+// TestStreamEndBeforeBookkeeping: a stream's last events and its closing
+// chunk reach the client before the request's bookkeeping runs (the
+// relay's Close: the attempt's end, metrics, tracing) and before fasthttp's
+// work after the handler, not after it (issue 36); and the keep-alive
+// connection goes on as before: more streams, a unary answer, requests sent
+// before the last answer came (pipelined), on either front door.
+func TestStreamEndBeforeBookkeeping(t *testing.T) {
+	up := rawUpstream(t, func(c net.Conn, _ <-chan struct{}) {
+		br := bufio.NewReader(c)
+		for {
+			var req fasthttp.Request
+			if err := req.Read(br); err != nil {
+				return
+			}
+			if !bytes.Contains(req.Body(), []byte(`"stream":true`)) {
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+				continue
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+oneChunkStream(shortStream))
+		}
+	})
+	gate := &releaseGate{open: make(chan struct{})}
+	var once sync.Once
+	openGate := func() { once.Do(func() { close(gate.open) }) }
+	tr := startRouter(t, gate, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
+	t.Cleanup(openGate) // before the router stops (cleanups run last first)
+	addr := strings.TrimPrefix(tr.url, "http://")
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	post := func(body string) string {
+		return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+			strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}
+	stream, unary := post(`{"model":"m","stream":true}`), post(`{"model":"m"}`)
+	wantStream := func(head, body string) {
+		t.Helper()
+		if head != "200 OK chunked" || body != shortStream {
+			t.Fatalf("stream answer %q %q", head, body)
+		}
+	}
+
+	// The whole stream arrives while its attempt's end is held up.
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, stream); err != nil {
+		t.Fatal(err)
+	}
+	wantStream(readAnswer(t, br))
+	openGate()
+
+	for _, req := range []string{stream, unary, stream, stream + stream + unary + stream} {
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		for rest := req; rest != ""; {
+			head, body := readAnswer(t, br)
+			switch {
+			case strings.HasPrefix(rest, stream):
+				wantStream(head, body)
+				rest = rest[len(stream):]
+			default:
+				if head != "200 OK " || body != "{}" {
+					t.Fatalf("unary answer %q %q", head, body)
+				}
+				rest = rest[len(unary):]
+			}
+		}
+	}
+	if br.Buffered() != 0 {
+		t.Fatalf("bytes after the last answer: %d", br.Buffered())
 	}
 }

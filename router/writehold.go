@@ -1,6 +1,11 @@
 package router
 
-import "sync"
+import (
+	"errors"
+	"sync"
+
+	"github.com/infera/infera/internal/epoll"
+)
 
 // Streams in fewer writes (issue 36). fasthttp's chunked body writer
 // flushes every chunk, and the response's closing chunk (0\r\n\r\n) waits
@@ -10,16 +15,35 @@ import "sync"
 // two writes to the client, the last events and then five bytes. A
 // connection of the front door can hold its writes instead: the relay
 // holds them from the moment it has read the end of the stream (relay.
-// atEnd) until the stream's Close, and the next write, the server's flush
-// of the closing chunk, sends what was held with it in one system call.
-// Only writes that nothing can follow but the closing chunk are held, so
-// nothing waits for anything but the same goroutine's next flush.
+// atEnd), and once the last events are written (held), sends them with the
+// closing chunk itself, in one system call (sendEnd); fasthttp's own
+// closing chunk, written after the relay's Close, is then dropped. The end
+// does not wait for that flush: the relay's Close (the request's metrics,
+// its attempt's end, tracing) and fasthttp's own work after the handler
+// run after the client has its answer, not before (issue 36: a held end
+// was sent from inside the next read's wait, after all of that, ~3-4 µs
+// later at concurrency 1). Only writes that nothing can follow but the
+// closing chunk are held, so nothing waits for anything but the same
+// goroutine's next write.
+
+// lastChunk is the closing chunk of a chunked body without trailers, as
+// fasthttp writes it (writeChunkNoFlush of nothing, then an empty
+// trailer).
+const lastChunk = "0\r\n\r\n"
+
+// errEndMismatch: after the relay sent a stream's closing chunk, fasthttp
+// wrote something other than its own (a trailer?): the connection's
+// framing cannot be trusted, it is closed.
+var errEndMismatch = errors.New("router: write after a stream's end is not its closing chunk")
 
 // writeHold is a frontConn's held writes; only the connection's serving
 // goroutine touches it.
 type writeHold struct {
 	on  bool    // writes are held
 	buf *[]byte // what was held (pooled); nil: nothing
+	// endLeft: the bytes of fasthttp's closing chunk still to be dropped
+	// (sendEnd sent the relay's own).
+	endLeft int
 }
 
 // holdBufs are the buffers of held writes. One holds a stream's last
@@ -81,4 +105,49 @@ func (c *frontConn) sendHeld() error {
 	}
 	_, err := c.writeHeld(nil)
 	return err
+}
+
+// sendEnd ends a held stream now (holding must be on): what was held goes
+// out with the response's closing chunk, in one write, and the closing
+// chunk fasthttp writes next is dropped (writeAfterEnd). On the goroutine
+// front door the write and the read for the next request after it are raw
+// system calls (epoll.Held), as the unary answer's are.
+func (c *frontConn) sendEnd() error {
+	h := &c.hold
+	bp := h.buf
+	b := append(*bp, lastChunk...)
+	h.on, h.buf, h.endLeft = false, nil, len(lastChunk)
+	var err error
+	if s := c.socket(); s != nil {
+		_, err = s.Send(b)
+		err = epoll.OpError(c.Conn, err)
+		c.ans.raw = true
+	} else {
+		_, err = c.Conn.Write(b)
+	}
+	if cap(b) <= maxKeptHold {
+		*bp = b[:0]
+		holdBufs.Put(bp)
+	}
+	return err
+}
+
+// writeAfterEnd is Write after sendEnd: p begins with (the rest of)
+// fasthttp's closing chunk, which is dropped; what follows it (the next
+// response, when the client sent its next request early) is written.
+func (c *frontConn) writeAfterEnd(p []byte) (int, error) {
+	h := &c.hold
+	n := 0
+	for h.endLeft > 0 && n < len(p) {
+		if p[n] != lastChunk[len(lastChunk)-h.endLeft] {
+			return n, errEndMismatch
+		}
+		n++
+		h.endLeft--
+	}
+	if n == len(p) {
+		return n, nil
+	}
+	k, err := c.Write(p[n:])
+	return n + k, err
 }
