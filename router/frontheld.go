@@ -101,6 +101,13 @@ func (c *frontConn) writeAnswer(p []byte) (int, error) {
 			}
 		}
 	}
+	if s := c.socket(); s != nil {
+		// A raw write (a stream's events as they come): the runtime's
+		// syscall bookkeeping would wake its monitor thread after an
+		// idle spell, as between a paced stream's tokens.
+		n, err := s.Send(p)
+		return n, epoll.OpError(c.Conn, err)
+	}
 	return c.Conn.Write(p)
 }
 
