@@ -15,11 +15,11 @@ import (
 // system call per request for nothing. Held (epoll.Held) instead, the
 // answer is written from inside the read's wait (RawConn.Read: the
 // netpoller's readiness reset comes first), and the socket is read only
-// once the next request is there. Streams are not held (their writes go
-// out as they come; the last with the closing chunk, at once: writehold.go,
-// and the read after it is then a raw one), nor is anything on the loop
-// front door (its loop waits for the next request) or before the bare-LF
-// guard has seen the first line (a held read bypasses it).
+// once the next request is there. A stream's last events are held the
+// same way (relay.holdLast; the others go out as they come, with raw
+// writes: writeAnswer); nothing is held for a read on the loop front door
+// (its loop waits for the next request: writehold.go's sendEnd) or before
+// the bare-LF guard has seen the first line (a held read bypasses it).
 
 // heldAnswer is a frontConn's held answer. on and h are the serving
 // goroutine's; pending says bytes are held, and whoever takes it (that
@@ -27,7 +27,6 @@ import (
 type heldAnswer struct {
 	on      bool // the next writes are held
 	init    bool // h has its socket
-	raw     bool // the next read is h's (a stream's end went out through h)
 	h       epoll.Held
 	pending atomic.Bool
 }
@@ -43,8 +42,9 @@ func holdAnswer(ctx *fasthttp.RequestCtx) {
 	fc.holdForRead()
 }
 
-// holdForRead holds the connection's next writes for its next read (a
-// unary answer: holdAnswer). false: it cannot (see socket).
+// holdForRead holds the connection's next writes for its next read: a
+// unary answer (holdAnswer), or the end of a stream (relay.holdLast).
+// false: it cannot (see socket).
 func (fc *frontConn) holdForRead() bool {
 	if fc.socket() == nil {
 		return false
@@ -116,13 +116,6 @@ func (c *frontConn) Read(p []byte) (int, error) {
 		c.ans.on = false // (no write while it is off: the client watch reads too)
 	}
 	if !c.ans.pending.Swap(false) {
-		if c.ans.raw {
-			// After a stream's end (writehold.go: sendEnd): a raw
-			// read, as the end's write was.
-			c.ans.raw = false
-			n, _, err := c.ans.h.Read(p)
-			return n, epoll.OpError(c.Conn, err)
-		}
 		return c.Conn.Read(p)
 	}
 	n, rest, err := c.ans.h.Read(p)

@@ -231,23 +231,29 @@ func (rel *relay) atEnd() {
 	}
 }
 
-// holdLast holds the client connection's writes until sendEnd (or, on a
-// path that does not end the stream, unhold), when it is the front door's.
+// holdLast holds the client connection's last writes, when it is the front
+// door's: for its next read on the goroutine front door (frontheld.go: no
+// read that finds nothing after the answer), or else until sendEnd (or,
+// on a path that does not end the stream, unhold).
 func (rel *relay) holdLast() {
 	if rel.held != nil || rel.ctx == nil {
 		return
 	}
 	if fc, ok := rel.ctx.Conn().(*frontConn); ok {
+		if fc.holdForRead() {
+			return // sent from inside the wait for the next request (frontheld.go)
+		}
 		fc.holdWrites()
 		rel.held = fc
 	}
 }
 
-// sendEnd sends what holdLast held with the response's closing chunk, at
-// once (writehold.go): the client has the whole stream before the
-// request's bookkeeping (Close) and fasthttp's work after the handler.
-// Only a chunked answer without trailers ends with the closing chunk
-// sendEnd writes; the relay's streams are one (SetBodyStream, size -1).
+// sendEnd sends what holdLast held (holdWrites) with the response's
+// closing chunk, at once (writehold.go): the client has the whole stream
+// before the request's bookkeeping (Close) and fasthttp's work after the
+// handler. Only a chunked answer without trailers ends with the closing
+// chunk sendEnd writes; the relay's streams are one (SetBodyStream, size
+// -1).
 func (rel *relay) sendEnd() error {
 	fc := rel.held
 	if fc == nil {

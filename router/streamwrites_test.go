@@ -287,12 +287,13 @@ func readAnswer(t *testing.T, br *bufio.Reader) (head, body string) {
 	return resp.Status + " " + strings.Join(resp.TransferEncoding, ","), string(b)
 }
 
-// TestStreamEndBeforeBookkeeping: a stream's last events and its closing
-// chunk reach the client before the request's bookkeeping runs (the
-// relay's Close: the attempt's end, metrics, tracing) and before fasthttp's
-// work after the handler, not after it (issue 36); and the keep-alive
-// connection goes on as before: more streams, a unary answer, requests sent
-// before the last answer came (pipelined), on either front door.
+// TestStreamEndBeforeBookkeeping: on the loop front door (where the end
+// cannot wait for the connection's next read), a stream's last events and
+// its closing chunk reach the client before the request's bookkeeping runs
+// (the relay's Close: the attempt's end, metrics, tracing) and before
+// fasthttp's work after the handler, not after it (issue 36); and the
+// keep-alive connection goes on as before: more streams, a unary answer,
+// requests sent before the last answer came (pipelined).
 func TestStreamEndBeforeBookkeeping(t *testing.T) {
 	up := rawUpstream(t, func(c net.Conn, _ <-chan struct{}) {
 		br := bufio.NewReader(c)
@@ -311,9 +312,15 @@ func TestStreamEndBeforeBookkeeping(t *testing.T) {
 	gate := &releaseGate{open: make(chan struct{})}
 	var once sync.Once
 	openGate := func() { once.Do(func() { close(gate.open) }) }
-	tr := startRouter(t, gate, router.DefaultConfig(), record(up, "m", discovery.StatusActive))
+	cfg := router.DefaultConfig()
+	cfg.IdleConnTimeout = 50 * time.Millisecond
+	r, err := router.New(cfg, gate, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
+	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error { return r.ServeLoop(ctx, ln, nil) })
 	t.Cleanup(openGate) // before the router stops (cleanups run last first)
-	addr := strings.TrimPrefix(tr.url, "http://")
 
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
