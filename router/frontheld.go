@@ -101,10 +101,16 @@ func (c *frontConn) writeAnswer(p []byte) (int, error) {
 			}
 		}
 	}
+	return c.write(p)
+}
+
+// write writes p to the client now: with a raw system call where the
+// connection has its socket (a stream's events as they come), since a
+// write through the runtime's syscall bookkeeping wakes its monitor thread
+// after an idle spell, as between a paced stream's tokens (a futex call
+// and a thread woken on the way to the client).
+func (c *frontConn) write(p []byte) (int, error) {
 	if s := c.socket(); s != nil {
-		// A raw write (a stream's events as they come): the runtime's
-		// syscall bookkeeping would wake its monitor thread after an
-		// idle spell, as between a paced stream's tokens.
 		n, err := s.Send(p)
 		return n, epoll.OpError(c.Conn, err)
 	}

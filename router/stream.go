@@ -165,10 +165,12 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		}
 		if rerr == io.EOF && (rel.firstByte || rel.pump.n > 0) && rel.streamComplete() {
 			// A last event without its blank line goes out as it is,
-			// with the closing chunk.
-			if rel.pump.n > 0 {
-				rel.holdLast()
-			}
+			// with the closing chunk; a closing chunk that came alone
+			// (the engine wrote its last events apart from it) is held
+			// too: on the goroutine door it then goes out from inside
+			// the wait for the next request, with no read that finds
+			// nothing first, as the end does when it comes with events.
+			rel.holdLast()
 			k, err := rel.pump.flush(w)
 			total += int64(k)
 			if err == nil {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -368,5 +369,112 @@ func TestStreamEndBeforeBookkeeping(t *testing.T) {
 	}
 	if br.Buffered() != 0 {
 		t.Fatalf("bytes after the last answer: %d", br.Buffered())
+	}
+}
+
+// readCounter counts the reads made through the accepted connections of a
+// listener, which show their socket (SyscallConn) as a TCP connection
+// does: a read the front door makes from the socket itself (a held one,
+// frontheld.go) passes them by.
+type readCounter struct {
+	net.Listener
+	reads atomic.Int64
+}
+
+func (l *readCounter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &readCountedConn{Conn: c, l: l}, nil
+}
+
+type readCountedConn struct {
+	net.Conn
+	l *readCounter
+}
+
+func (c *readCountedConn) Read(p []byte) (int, error) {
+	c.l.reads.Add(1)
+	return c.Conn.Read(p)
+}
+
+func (c *readCountedConn) SyscallConn() (syscall.RawConn, error) {
+	return c.Conn.(syscall.Conn).SyscallConn()
+}
+
+// TestStreamEndAloneHeldForTheNextRead: when the engine writes its last
+// events apart from the end of its stream, the response's closing chunk is
+// still held for the connection's next read on the goroutine front door
+// (sent from inside its wait), so that read does not try the socket for
+// nothing first, as it does not when the end comes with events (issue 36).
+func TestStreamEndAloneHeldForTheNextRead(t *testing.T) {
+	release := make(chan struct{})
+	up := rawUpstream(t, func(c net.Conn, stop <-chan struct{}) {
+		br := bufio.NewReader(c)
+		var req fasthttp.Request
+		if req.Read(br) != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+
+			strconv.FormatInt(int64(len(shortStream)), 16)+"\r\n"+shortStream+"\r\n")
+		select {
+		case <-release:
+		case <-stop:
+			return
+		}
+		_, _ = io.WriteString(c, "0\r\n\r\n")
+		if req.Read(br) != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	cfg := router.DefaultConfig()
+	cfg.IdleConnTimeout = 50 * time.Millisecond
+	r, err := router.New(cfg, router.RoundRobin{}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
+	rc := &readCounter{}
+	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error {
+		rc.Listener = ln
+		return r.Serve(ctx, rc) // the goroutine front door
+	})
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	post := func(body string) {
+		t.Helper()
+		if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+
+			strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	post(`{"model":"m","stream":true}`)
+	var got []byte
+	buf := make([]byte, 4096)
+	readUntil := func(suffix string) {
+		t.Helper()
+		for !strings.HasSuffix(string(got), suffix) {
+			n, err := c.Read(buf)
+			got = append(got, buf[:n]...)
+			if err != nil {
+				t.Fatalf("reading the answer: %v (got %q)", err, got)
+			}
+		}
+	}
+	readUntil("data: [DONE]\n\n\r\n") // every event; the engine has not ended its stream
+	close(release)
+	readUntil("\r\n0\r\n\r\n")
+	post(`{"model":"m"}`)
+	got = nil
+	readUntil("\r\n\r\n{}")
+	if n := rc.reads.Load(); n != 1 {
+		t.Fatalf("%d reads through the connection, want 1 (the first request's; the next one's held)", n)
 	}
 }

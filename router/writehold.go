@@ -80,7 +80,7 @@ func (c *frontConn) writeHeld(p []byte) (int, error) {
 	}
 	bp := h.buf
 	h.buf = nil
-	n, err := c.Conn.Write(b)
+	n, err := c.write(b)
 	held := len(b) - len(p)
 	if cap(b) <= maxKeptHold {
 		*bp = b[:0]
@@ -116,7 +116,7 @@ func (c *frontConn) sendEnd() error {
 	bp := h.buf
 	b := append(*bp, lastChunk...)
 	h.on, h.buf, h.endLeft = false, nil, len(lastChunk)
-	_, err := c.Conn.Write(b)
+	_, err := c.write(b)
 	if cap(b) <= maxKeptHold {
 		*bp = b[:0]
 		holdBufs.Put(bp)
