@@ -260,6 +260,20 @@ func TestStreamLargeBatchInOneWrite(t *testing.T) {
 	}
 }
 
+// unservedRouter is a router over workers that the test serves its own
+// way (a front door of its choice, a listener of its own).
+func unservedRouter(t *testing.T, policy router.Policy, workers ...discovery.Record) *router.Router {
+	t.Helper()
+	cfg := router.DefaultConfig()
+	cfg.IdleConnTimeout = 50 * time.Millisecond
+	r, err := router.New(cfg, policy, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: workers})
+	return r
+}
+
 // releaseGate is round-robin whose Release waits for open to close: the
 // request's bookkeeping after its answer (the attempt's end) held up.
 type releaseGate struct {
@@ -313,13 +327,7 @@ func TestStreamEndBeforeBookkeeping(t *testing.T) {
 	gate := &releaseGate{open: make(chan struct{})}
 	var once sync.Once
 	openGate := func() { once.Do(func() { close(gate.open) }) }
-	cfg := router.DefaultConfig()
-	cfg.IdleConnTimeout = 50 * time.Millisecond
-	r, err := router.New(cfg, gate, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
+	r := unservedRouter(t, gate, record(up, "m", discovery.StatusActive))
 	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error { return r.ServeLoop(ctx, ln, nil) })
 	t.Cleanup(openGate) // before the router stops (cleanups run last first)
 
@@ -429,13 +437,7 @@ func TestStreamEndAloneHeldForTheNextRead(t *testing.T) {
 		}
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
 	})
-	cfg := router.DefaultConfig()
-	cfg.IdleConnTimeout = 50 * time.Millisecond
-	r, err := router.New(cfg, router.RoundRobin{}, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
+	r := unservedRouter(t, router.RoundRobin{}, record(up, "m", discovery.StatusActive))
 	rc := &readCounter{}
 	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error {
 		rc.Listener = ln

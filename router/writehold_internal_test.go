@@ -24,15 +24,18 @@ func (c *recordConn) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// mustWrite writes s to fc, failing the test unless all of it went.
+func mustWrite(t *testing.T, fc *frontConn, s string) {
+	t.Helper()
+	if n, err := fc.Write([]byte(s)); n != len(s) || err != nil {
+		t.Fatalf("Write(%q) = %d, %v", s, n, err)
+	}
+}
+
 func TestFrontConnHoldsWritesForTheNext(t *testing.T) {
 	rc := &recordConn{}
 	fc := &frontConn{Conn: rc}
-	write := func(s string) {
-		t.Helper()
-		if n, err := fc.Write([]byte(s)); n != len(s) || err != nil {
-			t.Fatalf("Write(%q) = %d, %v", s, n, err)
-		}
-	}
+	write := func(s string) { t.Helper(); mustWrite(t, fc, s) }
 	write("a")
 	fc.holdWrites()
 	write("headers+events")
@@ -209,12 +212,7 @@ func FuzzEventPump(f *testing.F) {
 func TestFrontConnSendEnd(t *testing.T) {
 	rc := &recordConn{}
 	fc := &frontConn{Conn: rc}
-	write := func(s string) {
-		t.Helper()
-		if n, err := fc.Write([]byte(s)); n != len(s) || err != nil {
-			t.Fatalf("Write(%q) = %d, %v", s, n, err)
-		}
-	}
+	write := func(s string) { t.Helper(); mustWrite(t, fc, s) }
 	fc.holdWrites()
 	write("headers")
 	write("last events")
