@@ -107,9 +107,10 @@
 // with its headers — and SSE comments (": keep-alive") follow every
 // HeartbeatInterval of silence. The relay reads on while the upstream
 // connection holds bytes, and events read with the stream's end are held
-// by the client connection (writehold.go) until fasthttp flushes the
-// response's closing chunk: a stream the engine sent at once leaves in one
-// write (issue 36). A batch of events larger than fasthttp's 4 KiB response
+// by the client connection (writehold.go) until its next read (the
+// goroutine front door) or, on the loop front door, sent at once with a
+// closing chunk the relay writes itself (fasthttp's is dropped): a stream
+// the engine sent at once leaves in one write (issue 36). A batch of events larger than fasthttp's 4 KiB response
 // writer is held the same way for the length of its write (holdBatch), so
 // that it leaves in one write rather than the writer's pieces;
 // until the first event is written a failing worker (end of stream, error,

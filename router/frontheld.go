@@ -15,10 +15,11 @@ import (
 // system call per request for nothing. Held (epoll.Held) instead, the
 // answer is written from inside the read's wait (RawConn.Read: the
 // netpoller's readiness reset comes first), and the socket is read only
-// once the next request is there. Streams are not held (their writes go
-// out as they come), nor is anything on the loop front door (its loop
-// waits for the next request) or before the bare-LF guard has seen the
-// first line (a held read bypasses it).
+// once the next request is there. A stream's last events are held the
+// same way (relay.holdLast; the others go out as they come, with raw
+// writes: writeAnswer); nothing is held for a read on the loop front door
+// (its loop waits for the next request: writehold.go's sendEnd) or before
+// the bare-LF guard has seen the first line (a held read bypasses it).
 
 // heldAnswer is a frontConn's held answer. on and h are the serving
 // goroutine's; pending says bytes are held, and whoever takes it (that
@@ -42,29 +43,43 @@ func holdAnswer(ctx *fasthttp.RequestCtx) {
 }
 
 // holdForRead holds the connection's next writes for its next read: a
-// unary answer (holdAnswer), or the end of a stream (relay.holdLast). false:
-// it cannot (the loop front door, the bare-LF guard still reading, no
-// socket beneath).
+// unary answer (holdAnswer), or the end of a stream (relay.holdLast).
+// false: it cannot (see socket).
 func (fc *frontConn) holdForRead() bool {
-	if fc.lc != nil {
-		return false
-	}
-	g, ok := fc.Conn.(*lfGuardConn)
-	if !ok || !g.checked || g.bad {
-		return false // the bare-LF guard still reads (a held read bypasses it)
-	}
-	if !fc.ans.init {
-		fc.ans.init = true
-		fc.ans.h.Init(g.Conn)
-	}
-	if !fc.ans.h.Ready() {
+	if fc.socket() == nil {
 		return false
 	}
 	fc.ans.on = true
 	return true
 }
 
+// socket returns the Held of the connection's socket, for raw writes and
+// reads (epoll.Held), or nil where the connection's reads and writes must
+// take their usual way: the loop front door (its loop reads), the bare-LF
+// guard still reading the first request (a raw read bypasses it), no
+// socket beneath.
+func (fc *frontConn) socket() *epoll.Held {
+	if fc.lc != nil {
+		return nil
+	}
+	g, ok := fc.Conn.(*lfGuardConn)
+	if !ok || !g.checked || g.bad {
+		return nil
+	}
+	if !fc.ans.init {
+		fc.ans.init = true
+		fc.ans.h.Init(g.Conn)
+	}
+	if !fc.ans.h.Ready() {
+		return nil
+	}
+	return &fc.ans.h
+}
+
 func (c *frontConn) Write(p []byte) (int, error) {
+	if c.hold.endLeft > 0 {
+		return c.writeAfterEnd(p) // a stream's end went out already (writehold.go)
+	}
 	if c.hold.buf != nil {
 		return c.writeHeld(p) // a stream's last writes (writehold.go)
 	}
@@ -85,6 +100,19 @@ func (c *frontConn) writeAnswer(p []byte) (int, error) {
 				return 0, err
 			}
 		}
+	}
+	return c.write(p)
+}
+
+// write writes p to the client now: with a raw system call where the
+// connection has its socket (a stream's events as they come), since a
+// write through the runtime's syscall bookkeeping wakes its monitor thread
+// after an idle spell, as between a paced stream's tokens (a futex call
+// and a thread woken on the way to the client).
+func (c *frontConn) write(p []byte) (int, error) {
+	if s := c.socket(); s != nil {
+		n, err := s.Send(p)
+		return n, epoll.OpError(c.Conn, err)
 	}
 	return c.Conn.Write(p)
 }

@@ -165,12 +165,17 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 		}
 		if rerr == io.EOF && (rel.firstByte || rel.pump.n > 0) && rel.streamComplete() {
 			// A last event without its blank line goes out as it is,
-			// with the closing chunk.
-			if rel.pump.n > 0 {
-				rel.holdLast()
-			}
+			// with the closing chunk; a closing chunk that came alone
+			// (the engine wrote its last events apart from it) is held
+			// too: on the goroutine door it then goes out from inside
+			// the wait for the next request, with no read that finds
+			// nothing first, as the end does when it comes with events.
+			rel.holdLast()
 			k, err := rel.pump.flush(w)
 			total += int64(k)
+			if err == nil {
+				err = rel.sendEnd()
+			}
 			if err != nil {
 				rel.outcome, rel.err = outcomeClientGone, err
 				return total, err
@@ -218,8 +223,8 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 // atEnd: the read that met the end of the stream completed the events the
 // pump writes next (eventPump.end). When they complete the stream (WriteTo
 // then ends it), only the response's closing chunk can follow them: the
-// client connection holds them, and the closing chunk's flush sends both
-// in one write (writehold.go). They are not empty (a transform may drop
+// client connection holds them, and WriteTo sends both in one write
+// (sendEnd, writehold.go). They are not empty (a transform may drop
 // every event: see step), so that they are the client's first event if
 // no other came before, and WriteTo takes its success path.
 func (rel *relay) atEnd() {
@@ -228,8 +233,10 @@ func (rel *relay) atEnd() {
 	}
 }
 
-// holdLast holds the client connection's writes until Close (unhold), when
-// it is the front door's.
+// holdLast holds the client connection's last writes, when it is the front
+// door's: for its next read on the goroutine front door (frontheld.go: no
+// read that finds nothing after the answer), or else until sendEnd (or,
+// on a path that does not end the stream, unhold).
 func (rel *relay) holdLast() {
 	if rel.held != nil || rel.ctx == nil {
 		return
@@ -241,6 +248,21 @@ func (rel *relay) holdLast() {
 		fc.holdWrites()
 		rel.held = fc
 	}
+}
+
+// sendEnd sends what holdLast held (holdWrites) with the response's
+// closing chunk, at once (writehold.go): the client has the whole stream
+// before the request's bookkeeping (Close) and fasthttp's work after the
+// handler. Only a chunked answer without trailers ends with the closing
+// chunk sendEnd writes; the relay's streams are one (SetBodyStream, size
+// -1).
+func (rel *relay) sendEnd() error {
+	fc := rel.held
+	if fc == nil {
+		return nil
+	}
+	rel.held = nil
+	return fc.sendEnd()
 }
 
 // holdBatch holds the client connection's writes for one batch of events

@@ -2,15 +2,20 @@ package router_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/internal/servetest"
@@ -252,5 +257,226 @@ func TestStreamLargeBatchInOneWrite(t *testing.T) {
 	}
 	if n := wc.writes.Load(); n != 3 {
 		t.Fatalf("stream in %d writes, want 3", n)
+	}
+}
+
+// unservedRouter is a router over workers that the test serves its own
+// way (a front door of its choice, a listener of its own).
+func unservedRouter(t *testing.T, policy router.Policy, workers ...discovery.Record) *router.Router {
+	t.Helper()
+	cfg := router.DefaultConfig()
+	cfg.IdleConnTimeout = 50 * time.Millisecond
+	r, err := router.New(cfg, policy, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: workers})
+	return r
+}
+
+// releaseGate is round-robin whose Release waits for open to close: the
+// request's bookkeeping after its answer (the attempt's end) held up.
+type releaseGate struct {
+	router.RoundRobin
+	open chan struct{}
+}
+
+func (p *releaseGate) Release(t router.Ticket, res router.Result) {
+	<-p.open
+	p.RoundRobin.Release(t, res)
+}
+
+// readAnswer reads one response off br up to the end of its body (chunked
+// or by Content-Length), within the deadline already set on its connection.
+func readAnswer(t *testing.T, br *bufio.Reader) (head, body string) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("reading an answer: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading an answer's body: %v", err)
+	}
+	return resp.Status + " " + strings.Join(resp.TransferEncoding, ","), string(b)
+}
+
+// TestStreamEndBeforeBookkeeping: on the loop front door (where the end
+// cannot wait for the connection's next read), a stream's last events and
+// its closing chunk reach the client before the request's bookkeeping runs
+// (the relay's Close: the attempt's end, metrics, tracing) and before
+// fasthttp's work after the handler, not after it (issue 36); and the
+// keep-alive connection goes on as before: more streams, a unary answer,
+// requests sent before the last answer came (pipelined).
+func TestStreamEndBeforeBookkeeping(t *testing.T) {
+	up := rawUpstream(t, func(c net.Conn, _ <-chan struct{}) {
+		br := bufio.NewReader(c)
+		for {
+			var req fasthttp.Request
+			if err := req.Read(br); err != nil {
+				return
+			}
+			if !bytes.Contains(req.Body(), []byte(`"stream":true`)) {
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+				continue
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+oneChunkStream(shortStream))
+		}
+	})
+	gate := &releaseGate{open: make(chan struct{})}
+	var once sync.Once
+	openGate := func() { once.Do(func() { close(gate.open) }) }
+	r := unservedRouter(t, gate, record(up, "m", discovery.StatusActive))
+	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error { return r.ServeLoop(ctx, ln, nil) })
+	t.Cleanup(openGate) // before the router stops (cleanups run last first)
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	post := func(body string) string {
+		return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+			strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	}
+	stream, unary := post(`{"model":"m","stream":true}`), post(`{"model":"m"}`)
+	wantStream := func(head, body string) {
+		t.Helper()
+		if head != "200 OK chunked" || body != shortStream {
+			t.Fatalf("stream answer %q %q", head, body)
+		}
+	}
+
+	// The whole stream arrives while its attempt's end is held up.
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, stream); err != nil {
+		t.Fatal(err)
+	}
+	wantStream(readAnswer(t, br))
+	openGate()
+
+	for _, req := range []string{stream, unary, stream, stream + stream + unary + stream} {
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		for rest := req; rest != ""; {
+			head, body := readAnswer(t, br)
+			switch {
+			case strings.HasPrefix(rest, stream):
+				wantStream(head, body)
+				rest = rest[len(stream):]
+			default:
+				if head != "200 OK " || body != "{}" {
+					t.Fatalf("unary answer %q %q", head, body)
+				}
+				rest = rest[len(unary):]
+			}
+		}
+	}
+	if br.Buffered() != 0 {
+		t.Fatalf("bytes after the last answer: %d", br.Buffered())
+	}
+}
+
+// readCounter counts the reads made through the accepted connections of a
+// listener, which show their socket (SyscallConn) as a TCP connection
+// does: a read the front door makes from the socket itself (a held one,
+// frontheld.go) passes them by.
+type readCounter struct {
+	net.Listener
+	reads atomic.Int64
+}
+
+func (l *readCounter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &readCountedConn{Conn: c, l: l}, nil
+}
+
+type readCountedConn struct {
+	net.Conn
+	l *readCounter
+}
+
+func (c *readCountedConn) Read(p []byte) (int, error) {
+	c.l.reads.Add(1)
+	return c.Conn.Read(p)
+}
+
+func (c *readCountedConn) SyscallConn() (syscall.RawConn, error) {
+	return c.Conn.(syscall.Conn).SyscallConn()
+}
+
+// TestStreamEndAloneHeldForTheNextRead: when the engine writes its last
+// events apart from the end of its stream, the response's closing chunk is
+// still held for the connection's next read on the goroutine front door
+// (sent from inside its wait), so that read does not try the socket for
+// nothing first, as it does not when the end comes with events (issue 36).
+func TestStreamEndAloneHeldForTheNextRead(t *testing.T) {
+	release := make(chan struct{})
+	up := rawUpstream(t, func(c net.Conn, stop <-chan struct{}) {
+		br := bufio.NewReader(c)
+		var req fasthttp.Request
+		if req.Read(br) != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+
+			strconv.FormatInt(int64(len(shortStream)), 16)+"\r\n"+shortStream+"\r\n")
+		select {
+		case <-release:
+		case <-stop:
+			return
+		}
+		_, _ = io.WriteString(c, "0\r\n\r\n")
+		if req.Read(br) != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	r := unservedRouter(t, router.RoundRobin{}, record(up, "m", discovery.StatusActive))
+	rc := &readCounter{}
+	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error {
+		rc.Listener = ln
+		return r.Serve(ctx, rc) // the goroutine front door
+	})
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	post := func(body string) {
+		t.Helper()
+		if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+
+			strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	post(`{"model":"m","stream":true}`)
+	var got []byte
+	buf := make([]byte, 4096)
+	readUntil := func(suffix string) {
+		t.Helper()
+		for !strings.HasSuffix(string(got), suffix) {
+			n, err := c.Read(buf)
+			got = append(got, buf[:n]...)
+			if err != nil {
+				t.Fatalf("reading the answer: %v (got %q)", err, got)
+			}
+		}
+	}
+	readUntil("data: [DONE]\n\n\r\n") // every event; the engine has not ended its stream
+	close(release)
+	readUntil("\r\n0\r\n\r\n")
+	post(`{"model":"m"}`)
+	got = nil
+	readUntil("\r\n\r\n{}")
+	if n := rc.reads.Load(); n != 1 {
+		t.Fatalf("%d reads through the connection, want 1 (the first request's; the next one's held)", n)
 	}
 }

@@ -24,15 +24,18 @@ func (c *recordConn) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// mustWrite writes s to fc, failing the test unless all of it went.
+func mustWrite(t *testing.T, fc *frontConn, s string) {
+	t.Helper()
+	if n, err := fc.Write([]byte(s)); n != len(s) || err != nil {
+		t.Fatalf("Write(%q) = %d, %v", s, n, err)
+	}
+}
+
 func TestFrontConnHoldsWritesForTheNext(t *testing.T) {
 	rc := &recordConn{}
 	fc := &frontConn{Conn: rc}
-	write := func(s string) {
-		t.Helper()
-		if n, err := fc.Write([]byte(s)); n != len(s) || err != nil {
-			t.Fatalf("Write(%q) = %d, %v", s, n, err)
-		}
-	}
+	write := func(s string) { t.Helper(); mustWrite(t, fc, s) }
 	write("a")
 	fc.holdWrites()
 	write("headers+events")
@@ -201,4 +204,55 @@ func FuzzEventPump(f *testing.F) {
 			t.Fatalf("atEnd told %d times (buffered source: %v)", ends.n, buffered)
 		}
 	})
+}
+
+// sendEnd sends what is held with the closing chunk at once; fasthttp's own
+// closing chunk after it is dropped, in whatever pieces it comes, and what
+// follows it (the next answer) goes out; anything else there is an error.
+func TestFrontConnSendEnd(t *testing.T) {
+	rc := &recordConn{}
+	fc := &frontConn{Conn: rc}
+	write := func(s string) { t.Helper(); mustWrite(t, fc, s) }
+	fc.holdWrites()
+	write("headers")
+	write("last events")
+	if len(rc.writes) != 0 {
+		t.Fatalf("held writes reached the socket: %q", rc.writes)
+	}
+	if err := fc.sendEnd(); err != nil {
+		t.Fatal(err)
+	}
+	if want := "headerslast events0\r\n\r\n"; len(rc.writes) != 1 || rc.writes[0] != want {
+		t.Fatalf("writes %q, want [%q]", rc.writes, want)
+	}
+	if fc.hold.buf != nil || fc.hold.on {
+		t.Fatal("the hold outlived sendEnd")
+	}
+	write("0\r\n") // fasthttp's closing chunk, dropped ...
+	write("\r\nHTTP/1.1 200 OK\r\n\r\nnext")
+	if want := []string{"headerslast events0\r\n\r\n", "HTTP/1.1 200 OK\r\n\r\nnext"}; len(rc.writes) != 2 || rc.writes[1] != want[1] {
+		t.Fatalf("writes %q, want %q", rc.writes, want)
+	}
+	write("after") // ... once
+	if len(rc.writes) != 3 || rc.writes[2] != "after" {
+		t.Fatalf("writes %q", rc.writes)
+	}
+
+	fc.holdWrites()
+	write("events")
+	if err := fc.sendEnd(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := fc.Write([]byte("0\r\nTrailer: x\r\n\r\n")); !errors.Is(err, errEndMismatch) || n != 3 {
+		t.Fatalf("a trailer after the end: %d, %v", n, err)
+	}
+
+	// A failed end is the write's error.
+	rc.err = errors.New("broken pipe")
+	fc.hold.endLeft = 0
+	fc.holdWrites()
+	write("events")
+	if err := fc.sendEnd(); !errors.Is(err, rc.err) {
+		t.Fatalf("failed end: %v", err)
+	}
 }

@@ -4,7 +4,8 @@
 // (timerfd), and raw non-blocking read/write system calls; and Held,
 // which sends the bytes written to a socket Go's netpoller watches from
 // inside the next read's wait, so that the read finds its answer there
-// (no read that finds nothing after a request).
+// (no read that finds nothing after a request), and sends bytes now or
+// reads with raw system calls (Send, Read with nothing held).
 //
 // Concurrency: a Poller is waited on by one goroutine (its loop); Poll
 // (into the caller's buffer), Add, Mod, Del and Wake may be called from

@@ -37,6 +37,10 @@ type Held struct {
 	n    int                   // ... and its result
 	err  error
 	rest bool // the socket took part of buf: the rest goes the usual way
+
+	wfn func(fd uintptr) bool // sendNow, made once
+	wp  []byte                // Send's bytes ...
+	wn  int                   // ... and how many went
 }
 
 // Init makes h hold for the socket beneath c; without one (c is not a
@@ -52,6 +56,7 @@ func (h *Held) Init(c net.Conn) {
 	}
 	h.raw = raw
 	h.fn = h.sendThenRead
+	h.wfn = h.sendNow
 }
 
 // Hold keeps p (copied) for the next Read. false: p is not held (no
@@ -80,9 +85,10 @@ func (h *Held) Take() []byte {
 	return b
 }
 
-// Read sends the held bytes (Holding must be true) and then reads into p
-// once the socket has something, waiting as a read does (its deadline
-// applies). rest, when not empty, is what the socket did not take (it was
+// Read sends the held bytes, if any, and then reads into p once the
+// socket has something, waiting as a read does (its deadline applies).
+// With nothing held it is a read that tries the socket first, as Go's
+// does, but with a raw system call (see Send). rest, when not empty, is what the socket did not take (it was
 // full): the caller sends it its usual way and then reads its usual way
 // (n is 0). A failed write or read is returned as an *os.SyscallError;
 // the wait's own errors (deadline, closed) as RawConn.Read returns them.
@@ -103,6 +109,43 @@ func (h *Held) Read(p []byte) (n int, rest []byte, err error) {
 		return 0, rest, nil
 	}
 	return n, nil, nil
+}
+
+// Send writes p to the socket now (Ready must be true), waiting for room
+// as a write does (its deadline applies), and returns how much went. The
+// system calls are raw, as Read's are: a write through the runtime's
+// syscall bookkeeping wakes the runtime's monitor thread (sysmon) when
+// the process was idle, a futex call and a thread woken on the way to a
+// client waiting for its answer. A failed write is an *os.SyscallError,
+// the wait's own errors are RawConn.Write's.
+func (h *Held) Send(p []byte) (int, error) {
+	h.wp, h.wn, h.err = p, 0, nil
+	werr := h.raw.Write(h.wfn)
+	n, err := h.wn, h.err
+	h.wp, h.err = nil, nil
+	if werr != nil {
+		return n, werr
+	}
+	return n, err
+}
+
+// sendNow is Send's RawConn.Write callback: it writes until all of h.wp
+// went, asking to wait while the socket is full.
+func (h *Held) sendNow(fd uintptr) bool {
+	for h.wn < len(h.wp) {
+		n, err := Write(int(fd), h.wp[h.wn:])
+		switch err {
+		case nil:
+			h.wn += n
+		case unix.EINTR:
+		case unix.EAGAIN:
+			return false
+		default:
+			h.err = os.NewSyscallError("write", err)
+			return true
+		}
+	}
+	return true
 }
 
 // sendThenRead is Read's RawConn.Read callback: its first call writes the
@@ -146,16 +189,20 @@ func (h *Held) sendThenRead(fd uintptr) bool {
 	}
 }
 
-// OpError names err (from Read) as a net.Conn's read on c names its own:
-// a *net.OpError with c's addresses; io.EOF and nil pass as they are.
+// OpError names err (from Read or Send) as a net.Conn's read or write on
+// c names its own: a *net.OpError with c's addresses; io.EOF and nil pass
+// as they are.
 func OpError(c net.Conn, err error) error {
 	if err == nil || err == io.EOF {
 		return err
 	}
 	var oe *net.OpError
 	if errors.As(err, &oe) {
-		if oe.Op == "raw-read" {
+		switch oe.Op {
+		case "raw-read":
 			oe.Op = "read"
+		case "raw-write":
+			oe.Op = "write"
 		}
 		return err
 	}

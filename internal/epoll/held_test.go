@@ -170,7 +170,7 @@ func TestHeldNoSocketAndErrors(t *testing.T) {
 	}
 }
 
-// A held exchange allocates nothing.
+// A held exchange allocates nothing, nor does Send with a read after it.
 func TestHeldAlloc(t *testing.T) {
 	a, b := tcpPair(t)
 	var h epoll.Held
@@ -189,8 +189,7 @@ func TestHeldAlloc(t *testing.T) {
 		}
 	}()
 	req, buf := []byte("ping"), make([]byte, 4)
-	allocs := testing.AllocsPerRun(200, func() {
-		h.Hold(req)
+	readAnswer := func() {
 		for got := 0; got < 4; {
 			n, _, err := h.Read(buf[got:])
 			if err != nil {
@@ -198,10 +197,78 @@ func TestHeldAlloc(t *testing.T) {
 			}
 			got += n
 		}
+	}
+	held := testing.AllocsPerRun(200, func() {
+		h.Hold(req)
+		readAnswer()
+	})
+	sent := testing.AllocsPerRun(200, func() {
+		if _, err := h.Send(req); err != nil {
+			t.Fatal(err)
+		}
+		readAnswer()
 	})
 	a.Close()
 	<-done
-	if allocs != 0 {
-		t.Fatalf("%v allocations per held exchange, want 0", allocs)
+	if held != 0 || sent != 0 {
+		t.Fatalf("%v allocations per held exchange, %v per Send and read, want 0", held, sent)
 	}
+}
+
+// Send writes at once, all of it: a socket that is full is waited on until
+// the peer makes room. Read with nothing held then reads as any read.
+func TestHeldSendWaitsForRoom(t *testing.T) {
+	a, b := tcpPair(t)
+	sc, _ := a.SyscallConn()
+	_ = sc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
+	var h epoll.Held
+	h.Init(a)
+	big := bytes.Repeat([]byte("z"), 1<<20) // more than both socket buffers
+	got := make(chan []byte, 1)
+	go echoOnce(b, len(big), []byte("ok"), got)
+	if n, err := h.Send(big); n != len(big) || err != nil {
+		t.Fatalf("Send: %d, %v", n, err)
+	}
+	if s := <-got; !bytes.Equal(s, big) {
+		t.Fatalf("peer read %d bytes, want %d", len(s), len(big))
+	}
+	if h.Holding() {
+		t.Fatal("Send held its bytes")
+	}
+	buf := make([]byte, 2)
+	n, rest, err := h.Read(buf)
+	if err != nil || rest != nil || string(buf[:n]) != "ok" {
+		t.Fatalf("read after Send: %q, rest %q, %v", buf[:n], rest, err)
+	}
+}
+
+// Send into a socket that stays full ends at the write deadline, named as
+// a net.Conn names its own; after a reset it is a syscall error.
+func TestHeldSendErrors(t *testing.T) {
+	a, b := tcpPair(t)
+	var h epoll.Held
+	h.Init(a)
+	big := bytes.Repeat([]byte("z"), 64<<20) // b never reads
+	_ = a.SetWriteDeadline(time.Now().Add(30 * time.Millisecond))
+	n, err := h.Send(big)
+	if !errors.Is(err, os.ErrDeadlineExceeded) || n == 0 {
+		t.Fatalf("Send to a full socket: %d, %v", n, err)
+	}
+	var oe *net.OpError
+	if e := epoll.OpError(a, err); !errors.As(e, &oe) || oe.Op != "write" || !oe.Timeout() {
+		t.Fatalf("OpError: %v", e)
+	}
+	_ = a.SetWriteDeadline(time.Time{})
+
+	c, d := tcpPair(t)
+	h.Init(c)
+	_ = d.SetLinger(0)
+	d.Close() // a reset
+	time.Sleep(10 * time.Millisecond)
+	_, err = h.Send([]byte("ping"))
+	var se *os.SyscallError
+	if !errors.As(err, &se) || !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("Send after a reset: %v", err)
+	}
+	_ = b
 }

@@ -244,10 +244,19 @@ func (c *Conn) readUnwatched(p []byte, now time.Time) (int, error) {
 }
 
 // read reads from the socket, first sending what c holds (HoldWrites).
+// With nothing held the read is still Held's: a raw system call that, as
+// Go's read, tries the socket first and waits while it has nothing, but
+// without the runtime's syscall bookkeeping, which wakes the runtime's
+// monitor thread (a futex call and a thread woken) when the process was
+// idle, as it is between the tokens of a paced stream, one read each.
 func (c *Conn) read(p []byte) (int, error) {
 	c.hold = false
 	if !c.held.Holding() {
-		return c.Conn.Read(p)
+		if !c.held.Ready() {
+			return c.Conn.Read(p)
+		}
+		n, _, err := c.held.Read(p)
+		return n, epoll.OpError(c.Conn, err)
 	}
 	n, rest, err := c.held.Read(p)
 	if err != nil {

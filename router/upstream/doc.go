@@ -21,7 +21,8 @@
 //
 // A request goes out with the first read of its answer (Conn.HoldWrites,
 // epoll.Held): the read then finds the answer there instead of trying the
-// socket once for nothing.
+// socket once for nothing. Every read is Held's, a raw system call (no
+// wake of the runtime's monitor thread after an idle spell).
 //
 // Concurrency: a Conn is used by one goroutine at a time for reads and one
 // for writes, as net.Conn (while it holds writes, by the exchange's
