@@ -70,6 +70,26 @@ func (r *eofReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// pumpToEOF steps p from src into w until src ends (failing after more
+// than maxSteps steps when maxSteps > 0) and returns what p still holds:
+// bytes after the last whole event, which no step writes.
+func pumpToEOF(t *testing.T, p *eventPump, w io.Writer, src io.Reader, maxSteps int) []byte {
+	t.Helper()
+	for i := 0; ; i++ {
+		if maxSteps > 0 && i > maxSteps {
+			t.Fatal("the pump does not reach the end")
+		}
+		_, rerr, werr := p.step(w, src)
+		if werr != nil {
+			t.Fatal(werr)
+		}
+		if rerr == io.EOF {
+			break
+		}
+	}
+	return p.buf[:p.n]
+}
+
 func TestEventPumpWritesWholeEvents(t *testing.T) {
 	stream := "data: a\n\ndata: b\r\n\r\n: comment\n\nevent: x\rdata: c\r\rdata: [DONE]\n\ntrailing"
 	for size := 1; size <= len(stream); size++ {
@@ -80,17 +100,7 @@ func TestEventPumpWritesWholeEvents(t *testing.T) {
 			writes = append(writes, string(b))
 			return out.Write(b)
 		})
-		src := &eofReader{data: []byte(stream), size: size}
-		for {
-			_, rerr, werr := p.step(w, src)
-			if werr != nil {
-				t.Fatal(werr)
-			}
-			if rerr == io.EOF {
-				break
-			}
-		}
-		out.Write(p.buf[:p.n])
+		out.Write(pumpToEOF(t, &p, w, &eofReader{data: []byte(stream), size: size}, 0))
 		if out.String() != stream {
 			t.Fatalf("read size %d: relayed %q, want %q", size, out.String(), stream)
 		}
@@ -108,17 +118,7 @@ func TestEventPumpOversizedEvent(t *testing.T) {
 	big := "data: " + string(bytes.Repeat([]byte("x"), 200)) + "\n\ndata: y\n\n"
 	p := eventPump{buf: make([]byte, 64)}
 	var out bytes.Buffer
-	src := &eofReader{data: []byte(big), size: 10}
-	for {
-		_, rerr, werr := p.step(&out, src)
-		if werr != nil {
-			t.Fatal(werr)
-		}
-		if rerr == io.EOF {
-			break
-		}
-	}
-	out.Write(p.buf[:p.n])
+	out.Write(pumpToEOF(t, &p, &out, &eofReader{data: []byte(big), size: 10}, 0))
 	if out.String() != big {
 		t.Fatalf("relayed %q, want %q", out.String(), big)
 	}
