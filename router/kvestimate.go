@@ -126,7 +126,9 @@ type ttftModel struct {
 // found 16–2,300 of the 2,600–4,600 cached tokens the index listed, most
 // of them picked a median 294 ms after the last long prefill there). The
 // prediction follows the cache's clock instead: ttftModel.intake counts
-// the uncached prompt tokens each target took in, kvTarget.used stamps
+// the uncached prompt tokens each target took in (charged at the pick,
+// corrected by the cached tokens the answer reports: noteIntake),
+// kvTarget.used stamps
 // every block of a prompt with it when the request ends, and a prefix the
 // index lists counts as held only while the intake since its last use
 // stays below the capacity minus the prefix (kvcache.Placements.Held, the
@@ -140,6 +142,21 @@ type ttftModel struct {
 // each weighted by how recently it was used: liveHalfLife), not onto a live
 // long one, among the targets within the cold slack; the deficit chooses
 // among those that lose little more than the least (lossSlack).
+
+// noteIntake corrects the target's intake clock by an answer's reported
+// cached tokens: what the engine prefilled beyond the uncached tokens the
+// pick charged (a prefix it had evicted before its removal events came
+// in) went into its cache too, and evicted as much. Without it a worker
+// whose cache thrashed looked as if it had taken in only what the index
+// predicted, and the prefixes it was losing still counted as held.
+func (p *KVAware) noteIntake(kt *kvTicket, cached int64) {
+	t := kt.target
+	t.mu.Lock()
+	if extra := float64(kt.promptTokens-cached) - kt.uncached; extra > 0 {
+		t.est.intake += extra
+	}
+	t.mu.Unlock()
+}
 
 // livePrompts is how many of the latest prompts a target remembers for the
 // cold placement rule: one per running or recent conversation there.

@@ -515,3 +515,45 @@ func TestKVEstimateLostPrefixPricedCold(t *testing.T) {
 		e.p.Release(tk, Result{Status: 200})
 	}
 }
+
+// TestKVEstimateReportedMissAdvancesIntake: an answer that reports fewer
+// cached tokens than the pick counted on (the engine had evicted the prefix
+// before its removal events came in) advances the target's intake by what
+// the engine prefilled beyond the charge, and the prefixes that intake
+// pushed out stop counting: of q, used before p's 4,500 tokens were
+// prefilled again, at most the 1,900 tokens a 6,400-token cache leaves
+// beside them count.
+func TestKVEstimateReportedMissAdvancesIntake(t *testing.T) {
+	a := kvRecord(0, nil).WorkerID
+	p, q := unique(40, 4500), unique(41, 3000)
+	pt, qt := chatTokens(t, p), chatTokens(t, q)
+	for _, reported := range []bool{false, true} {
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		e.learnCapacity(a, 400)
+		e.store(a, pt)
+		e.store(a, qt)
+		if got := e.serial(chat(q)); got != a {
+			t.Fatalf("q went to %s", got)
+		}
+		tk := e.pick(chat(p))
+		kt := tk.State.(*kvTicket)
+		if tk.Worker.id != a || kt.predTokens < int64(len(pt))-16 {
+			t.Fatalf("p went to %s predicting %d cached tokens", tk.Worker.id, kt.predTokens)
+		}
+		if reported {
+			e.p.observeUsage(kt, int64(len(pt)), 0) // the engine found none of it
+		}
+		e.p.Release(tk, Result{Status: 200})
+		tk = e.pick(chat(q))
+		got := tk.State.(*kvTicket).predTokens
+		e.p.Release(tk, Result{Status: 200})
+		full := int64(len(qt) / 16 * 16)
+		switch {
+		case !reported && (tk.Worker.id != a || got != full):
+			t.Errorf("without a reported miss q went to %s predicting %d cached tokens, want %s and %d", tk.Worker.id, got, a, full)
+		case reported && got > 1900:
+			t.Errorf("after p's reported miss q still counts %d of %d tokens cached on %s", got, full, tk.Worker.id)
+		}
+	}
+}
