@@ -122,10 +122,10 @@ type ttftModel struct {
 
 // Eviction. An engine's prefix cache is an LRU of fixed capacity: what it
 // takes in evicts what was used least recently, and its removal events
-// reach the index some time after (the trace: 97 of 263 warm requests
-// found 16–2,300 of the 2,600–4,600 cached tokens the index listed, most
-// of them picked a median 294 ms after the last long prefill there). The
-// prediction follows the cache's clock instead: ttftModel.intake counts
+// reach the index some time after (the trace, session 11: 97 warm requests
+// lost a prefix the index still listed, against 263 that found theirs;
+// they were picked a median 294 ms after the last long prefill there,
+// against 531). The prediction follows the cache's clock instead: ttftModel.intake counts
 // the uncached prompt tokens each target took in (charged at the pick,
 // corrected by the cached tokens the answer reports: noteIntake),
 // kvTarget.used stamps
