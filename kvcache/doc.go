@@ -20,7 +20,11 @@
 //   - placements (placements.go): the router's own record of the block
 //     hashes it sent to a worker, with a TTL and a capacity bound, matched
 //     in approximate mode (no event stream, a stream not confirmed, no
-//     tokenizer, multimodal prompts). AppendByteHashes and
+//     tokenizer, multimodal prompts), and, stamped with a cache's intake
+//     instead of wall time, what of a prefix an LRU of that capacity still
+//     holds (Held: the kv-aware policy's eviction-aware prediction). A
+//     worker's capacity is learnt from its removal events (Worker.Capacity:
+//     the blocks held when its engine first had to evict). AppendByteHashes and
 //     AppendChainHashes (hash.go) key prompts that have no tokens.
 //   - the KV-event decoder (event.go): vLLM (map and msgspec array form),
 //     SGLang (array) and ATOM (map) batches, msgpack, zero-allocation with a

@@ -121,6 +121,7 @@ type Worker struct {
 	removed   atomic.Bool
 	precise   atomic.Bool
 	blocks    atomic.Int64
+	capacity  atomic.Int64 // most blocks held when the engine removed one
 	blockSize atomic.Int32
 
 	// prompts: the last prompts routed to the worker, for learning the
@@ -144,6 +145,13 @@ func (w *Worker) Key() Key { return w.key }
 
 // Blocks returns how many blocks the index holds for the worker.
 func (w *Worker) Blocks() int { return int(w.blocks.Load()) }
+
+// Capacity returns the worker's cache capacity in blocks as its events
+// reveal it: the most blocks the index held for it when its engine removed
+// one (an engine evicts only when its cache is full), 0 until the first
+// removal. Blocks of running sequences not yet full are not reported, so it
+// is the room for cached prefixes, a little below the engine's own count.
+func (w *Worker) Capacity() int { return int(w.capacity.Load()) }
 
 // Mode returns whether the worker's entry mirrors its engine (ModePrecise).
 func (w *Worker) Mode() Mode {
@@ -764,6 +772,9 @@ func (x *Index) applyRemovedLocked(w *Worker, ev *Event, res *ApplyResult) {
 		if !ok {
 			res.UnknownRemove++
 			continue
+		}
+		if b := w.blocks.Load(); b > w.capacity.Load() {
+			w.capacity.Store(b)
 		}
 		delete(w.engine, e)
 		if i := x.findLocked(r, w); i != 0 {

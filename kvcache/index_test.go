@@ -477,3 +477,30 @@ func TestIndexAppendEngineHashes(t *testing.T) {
 		t.Fatalf("unregistered: %v", got)
 	}
 }
+
+// TestIndexCapacityLearnedFromRemovals: a worker's capacity is the most
+// blocks the index held for it when its engine removed one; stores alone
+// (the cache not yet full) and removals of unknown blocks teach nothing.
+func TestIndexCapacityLearnedFromRemovals(t *testing.T) {
+	x := NewIndex(IndexConfig{MaxBlocks: 1000})
+	w := mustRegister(t, x, "w1", 4)
+	tokens := seqTokens(40, func(i int) uint32 { return uint32(7 + i) })
+	engine := []uint64{11, 12, 13, 14, 15, 16, 17, 18, 19, 20}
+	x.Apply(w, batchOf(stored(engine, nil, tokens, 4)))
+	if w.Blocks() != 10 || w.Capacity() != 0 {
+		t.Fatalf("after stores: blocks %d capacity %d, want 10 and 0", w.Blocks(), w.Capacity())
+	}
+	x.Apply(w, batchOf(removed(999)))
+	if w.Capacity() != 0 {
+		t.Fatalf("an unknown removal taught capacity %d", w.Capacity())
+	}
+	x.Apply(w, batchOf(removed(20, 19)))
+	if w.Blocks() != 8 || w.Capacity() != 10 {
+		t.Fatalf("after evictions: blocks %d capacity %d, want 8 and 10", w.Blocks(), w.Capacity())
+	}
+	// A clear is not an eviction and the engine's cache keeps its size.
+	x.Apply(w, batchOf(Event{Type: EventAllBlocksCleared}))
+	if w.Capacity() != 10 {
+		t.Fatalf("after a clear: capacity %d, want 10", w.Capacity())
+	}
+}

@@ -27,6 +27,10 @@ type Placements struct {
 	max  int
 	ttl  int64
 	last int64 // time of the newest placement
+	// forgot is the time of the newest placement dropped while current (by
+	// the bound, the TTL or Clear): a hash the view does not hold was
+	// placed, if ever, no later than that.
+	forgot int64
 }
 
 // placement is one Record of one hash. A hash placed again is appended again;
@@ -67,6 +71,35 @@ func (p *Placements) Match(hashes []uint64, now int64) int {
 	return len(hashes)
 }
 
+// Held returns how many leading hashes an LRU cache of capacity units
+// still holds, by what was placed here: hash j, last placed at at_j, counts
+// while now − at_j + (j+1)×per < capacity — the j+1 blocks ending with it
+// were the most recent in the cache, and what the cache took in since
+// (now − at_j, in the units of the placement times) takes the rest of it.
+// The caller's clock counts the cache's intake, not wall time. A hash the
+// view no longer holds is taken as placed when it forgot its newest
+// dropped placement (a lower bound on its age); one it never dropped
+// anything before stops nothing: the view knows only what it recorded.
+func (p *Placements) Held(hashes []uint64, now, capacity, per int64) int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	room := capacity
+	for j, h := range hashes {
+		room -= per
+		at, ok := p.m.Get(h)
+		if !ok {
+			if p.forgot == 0 {
+				continue
+			}
+			at = p.forgot
+		}
+		if now-at >= room {
+			return j
+		}
+	}
+	return len(hashes)
+}
+
 // Record notes that a prompt with these block hashes was placed at now.
 // Hashes are recorded from the deepest up so that the first block is the
 // most recent: eviction then takes the tails before the prefixes they hang
@@ -99,6 +132,7 @@ func (p *Placements) Clear() {
 	defer p.mu.Unlock()
 	p.m.Reset()
 	p.head, p.n = 0, 0
+	p.forgot = max(p.forgot, p.last)
 }
 
 // The ring is circular: n entries from head on, wrapping at len(ring),
@@ -125,6 +159,7 @@ func (p *Placements) popLocked() {
 	// A hash placed again since holds a later time: that entry is stale.
 	if i, ok := p.m.Find(e.hash); ok && *p.m.At(i) == e.at {
 		p.m.DeleteSlot(i)
+		p.forgot = e.at
 	}
 	p.head = (p.head + 1) % len(p.ring)
 	p.n--

@@ -113,3 +113,40 @@ func TestAppendByteHashes(t *testing.T) {
 		t.Fatalf("chain %x", c)
 	}
 }
+
+// TestPlacementsHeld: with placement times on the cache's intake clock, a
+// prefix counts as held while what came in since its last placement stays
+// below the capacity minus the prefix, block by block; a hash the view
+// forgot is taken as placed no later than its newest dropped placement.
+func TestPlacementsHeld(t *testing.T) {
+	p := NewPlacements(8, 0)
+	prefix := []uint64{1, 2, 3, 4}
+	// Times 1000 (block 3, recorded first) to 1003 (block 0).
+	p.Record(prefix, 1000)
+	// Capacity 1000 units, blocks of 100: block j is held while the
+	// intake since its placement is below 1000 − 100×(j+1).
+	for _, c := range []struct {
+		since int64 // after block 0's placement
+		want  int
+	}{{0, 4}, {500, 4}, {597, 3}, {700, 2}, {850, 1}, {900, 0}} {
+		if got := p.Held(prefix, 1003+c.since, 1000, 100); got != c.want {
+			t.Errorf("intake %d since: held %d, want %d", c.since, got, c.want)
+		}
+	}
+	// A hash never placed, before the view dropped anything, stops nothing.
+	if got := p.Held([]uint64{1, 99, 3}, 1003, 1000, 100); got != 3 {
+		t.Fatalf("unknown middle hash: held %d, want 3", got)
+	}
+	// Past the bound the first four are dropped: a hash the view no longer
+	// holds is as old as the newest dropped placement (1003).
+	p.Record([]uint64{5, 6, 7, 8, 9, 10, 11, 12}, 2000)
+	if p.forgot != 1003 {
+		t.Fatalf("forgot %d, want 1003", p.forgot)
+	}
+	if got := p.Held(prefix, 1005, 1000, 100); got != 4 {
+		t.Fatalf("forgotten but recent: held %d, want 4", got)
+	}
+	if got := p.Held(prefix, 2000, 1000, 100); got != 0 {
+		t.Fatalf("forgotten and old: held %d, want 0", got)
+	}
+}

@@ -58,7 +58,11 @@
 // workers within their recent share of picks, KVAwareConfig.MaxShare). Its
 // approximate view follows the request's retention class (a prompt marked
 // long, e.g. by cache_control, is remembered for keepTTL; one marked none
-// not at all). It serves GET /v1/admin/cache-view/{worker_id} (admin.go)
+// not at all). With --kv-cost ttft it picks by an estimated time to first
+// token instead (kvestimate.go), and follows each cache's LRU on its intake:
+// a listed prefix the target has had to evict since is priced as cold, and
+// a long cold prompt goes where it evicts the least recently used prompts.
+// It serves GET /v1/admin/cache-view/{worker_id} (admin.go)
 // and exports its series with the router's /metrics. Its divergence alarm
 // (kvdivergence.go) compares each worker's engine-reported usage with the
 // prediction and the router's prompt token count. A warm pick with the

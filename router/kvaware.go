@@ -252,6 +252,9 @@ type kvTarget struct {
 	// cache_control), for keepTTL: the engines were told to keep them.
 	keep *kvcache.Placements
 	prov *kvcache.Placements // provisional hits (precise mode); nil when disabled
+	// used stamps each block with the target's intake clock when a request
+	// using it ends (--kv-cost ttft, kvestimate.go "Eviction"); nil otherwise.
+	used *kvcache.Placements
 
 	mu       sync.RWMutex
 	active   blockCounts // in-flight prompt blocks → requests holding them
@@ -549,6 +552,9 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 			keep:   kvcache.NewPlacements(p.cfg.ApproxMaxBlocks, int64(max(p.cfg.ApproxTTL, keepTTL))),
 		}
 		t.est.init()
+		if p.ttft {
+			t.used = kvcache.NewPlacements(usedMaxBlocks, 0)
+		}
 		if p.cfg.ProvisionalTTL > 0 && p.cfg.ProvisionalMaxBlocks > 0 {
 			t.prov = kvcache.NewPlacements(p.cfg.ProvisionalMaxBlocks, int64(p.cfg.ProvisionalTTL))
 		}
@@ -686,14 +692,23 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 	for _, h := range kt.hashes {
 		tg.active.Remove(h)
 	}
+	stamp := int64(-1)
 	if p.ttft {
 		tg.est.leave(kt)
+		if kt.promptTokens > 0 {
+			// The blocks go back to the engine's LRU now: their last use.
+			tg.est.useLive(kt.hashes, p.seq.Load())
+			stamp = int64(tg.est.intake * usedScale)
+		}
 	}
 	if p.cfg.RecentHalfLife > 0 && kt.miss > 0 {
 		tg.recent = p.decayed(tg.recent, tg.recentAt, now) + p.cfg.RecentWeight*float64(kt.miss)
 		tg.recentAt = now
 	}
 	tg.mu.Unlock()
+	if stamp >= 0 && tg.used != nil {
+		tg.used.Record(kt.hashes, stamp)
+	}
 	if kt.touch > 0 {
 		p.idx.Touch(tg.idx, kt.hashes[:kt.touch])
 	}

@@ -72,7 +72,7 @@ func (r *Router) noteUsage(rel *relay, o outcome) {
 		return
 	}
 	p, ok := r.routePolicy(rel.route).(*KVAware)
-	if !ok || p.div == nil {
+	if !ok || (p.div == nil && !p.ttft) {
 		return
 	}
 	var prompt, cached int64
@@ -96,6 +96,12 @@ func (r *Router) noteUsage(rel *relay, o outcome) {
 
 // observeUsage records one answered request of kt's worker.
 func (p *KVAware) observeUsage(kt *kvTicket, prompt, cached int64) {
+	if p.ttft && cached >= 0 {
+		p.noteIntake(kt, cached)
+	}
+	if p.div == nil {
+		return
+	}
 	s := kvcache.DivergenceSample{RouterPrompt: kt.promptTokens, EnginePrompt: prompt, NoCached: cached < 0}
 	if cached >= 0 {
 		// Without the engine's count the cached-token rule learns nothing.

@@ -114,6 +114,127 @@ type ttftModel struct {
 	fills    float64     // uncached prompt tokens charged here, decayed as picks
 	colds    float64     // cold picks, decayed by the fleet's cold picks since coldsAt
 	coldsAt  int64       // KVAware.coldSeq at the last update of colds
+
+	// The eviction-aware view (see "Eviction" below).
+	intake float64                 // uncached prompt tokens charged here, ever: the cache's intake clock
+	live   [livePrompts]livePrompt // the latest prompts used here
+}
+
+// Eviction. An engine's prefix cache is an LRU of fixed capacity: what it
+// takes in evicts what was used least recently, and its removal events
+// reach the index some time after (the trace, session 11: 97 warm requests
+// lost a prefix the index still listed, against 263 that found theirs;
+// they were picked a median 294 ms after the last long prefill there,
+// against 531). The prediction follows the cache's clock instead: ttftModel.intake counts
+// the uncached prompt tokens each target took in (charged at the pick,
+// corrected by the cached tokens the answer reports: noteIntake),
+// kvTarget.used stamps
+// every block of a prompt with it when the request ends, and a prefix the
+// index lists counts as held only while the intake since its last use
+// stays below the capacity minus the prefix (kvcache.Placements.Held, the
+// capacity learnt from the target's own removal events,
+// kvcache.Worker.Capacity; until it has evicted anything there is nothing
+// to follow). A lost prefix is priced as cold.
+//
+// A cold prompt longer than a quarter of a cache (longColdShare) evicts a
+// good part of wherever it goes: it goes where it evicts the least
+// recently used of the latest prompts each target holds (ttftModel.live,
+// each weighted by how recently it was used: liveHalfLife), not onto a live
+// long one, among the targets within the cold slack; the deficit chooses
+// among those that lose little more than the least (lossSlack).
+
+// noteIntake corrects the target's intake clock by an answer's reported
+// cached tokens: what the engine prefilled beyond the uncached tokens the
+// pick charged (a prefix it had evicted before its removal events came
+// in) went into its cache too, and evicted as much. Without it a worker
+// whose cache thrashed looked as if it had taken in only what the index
+// predicted, and the prefixes it was losing still counted as held.
+func (p *KVAware) noteIntake(kt *kvTicket, cached int64) {
+	t := kt.target
+	t.mu.Lock()
+	if extra := float64(kt.promptTokens-cached) - kt.uncached; extra > 0 {
+		t.est.intake += extra
+	}
+	t.mu.Unlock()
+}
+
+// livePrompts is how many of the latest prompts a target remembers for the
+// cold placement rule: one per running or recent conversation there.
+const livePrompts = 8
+
+// livePrompt is one of a target's latest prompts: its blocks, the hash of
+// the last of them (the chain names the whole prompt), the intake when it
+// was last used and the fleet's pick count then.
+type livePrompt struct {
+	last   uint64
+	blocks int
+	at     float64
+	seq    int64
+}
+
+const (
+	// longColdShare: a cold prompt above this share of a target's
+	// capacity is placed by what it evicts.
+	longColdShare = 0.25
+	// liveHalfLife is the weight of an evicted prompt by recency: it
+	// halves every liveHalfLife × targets picks of the fleet since its
+	// last use.
+	liveHalfLife = 8
+	// lossSlack: targets whose eviction loss is within this share of the
+	// request's own uncached tokens above the least are as good.
+	lossSlack = 0.25
+	// usedScale is the intake clock's units per token: Placements
+	// advances by one unit per recorded hash, a negligible drift at 1024
+	// per token.
+	usedScale = 1024
+	// usedMaxBlocks bounds a target's stamped blocks (Placements); a hash
+	// dropped from it is as old as the newest dropped stamp.
+	usedMaxBlocks = 1 << 14
+)
+
+// useLive notes that the prompt with block hashes hs was used here now: a
+// prompt that extends one the target remembers (the next turn of its
+// conversation) replaces it, another replaces the least recently used.
+func (m *ttftModel) useLive(hs []uint64, seq int64) {
+	if len(hs) == 0 {
+		return
+	}
+	slot := -1
+	for i := range m.live {
+		if r := &m.live[i]; r.blocks > 0 && r.blocks <= len(hs) && hs[r.blocks-1] == r.last {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		slot = 0
+		for i := 1; i < len(m.live); i++ {
+			if r, o := &m.live[i], &m.live[slot]; o.blocks > 0 && (r.blocks == 0 || r.seq < o.seq) {
+				slot = i
+			}
+		}
+	}
+	m.live[slot] = livePrompt{last: hs[len(hs)-1], blocks: len(hs), at: m.intake, seq: seq}
+}
+
+// evictLoss is what a cold prompt of uncached tokens taken in here would
+// evict of the target's latest prompts (capacity and bs in tokens): the
+// tokens of each prompt still held now and not after, weighted by how
+// recently it was used (liveHalfLife at fleet pick seq).
+func (m *ttftModel) evictLoss(uncached, capacity float64, bs int, seq int64, halfLife float64) float64 {
+	loss := 0.0
+	for i := range m.live {
+		r := &m.live[i]
+		if r.blocks == 0 {
+			continue
+		}
+		size := float64(r.blocks * bs)
+		room, age := capacity-size, m.intake-r.at
+		if age < room && age+uncached >= room {
+			loss += size * math.Exp2(-float64(max(0, seq-r.seq))/halfLife)
+		}
+	}
+	return loss
 }
 
 func (m *ttftModel) init() {
@@ -184,6 +305,7 @@ func (m *ttftModel) enter(kt *kvTicket, uncached float64, seq int64, halfLife fl
 	kt.slot = len(m.flight)
 	m.flight = append(m.flight, kt)
 	m.queued += uncached
+	m.intake += uncached
 	m.picks = m.pickCount(seq, halfLife) + 1
 	m.fills = m.fillCount(seq, halfLife) + uncached
 	m.picksAt = seq

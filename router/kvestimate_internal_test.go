@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/kvcache"
 	"github.com/infera/infera/openai"
 )
 
@@ -141,21 +142,32 @@ func TestKVEstimatePickAllocs(t *testing.T) {
 	}
 	e := newKVEnv(t, ttftConfig(), fleet(8)...)
 	e.makePrecise()
+	for _, r := range fleet(8) {
+		e.learnCapacity(r.WorkerID, 400) // the eviction rule's paths run too
+	}
 	body := chat(unique(3, 2000))
 	e.store(kvRecord(3, nil).WorkerID, chatTokens(t, unique(3, 2000)))
-	var req openai.Request
+	// A long prompt no worker holds: cold, placed by what it evicts.
+	coldBody := chat(unique(4, 3000))
+	var req, coldReq openai.Request
 	if err := openai.Scan([]byte(body), &req); err != nil {
 		t.Fatal(err)
 	}
+	if err := openai.Scan([]byte(coldBody), &coldReq); err != nil {
+		t.Fatal(err)
+	}
 	in := &PickInput{Route: RouteChatCompletions, Body: []byte(body), Request: &req}
+	coldIn := &PickInput{Route: RouteChatCompletions, Body: []byte(coldBody), Request: &coldReq}
 	c := e.cands()
 	run := func() {
-		tk, err := e.p.Pick(in, c)
-		if err != nil {
-			t.Fatal(err)
+		for _, in := range []*PickInput{in, coldIn} {
+			tk, err := e.p.Pick(in, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tk.Worker.stall.noteServed(time.Now().UnixNano())
+			e.p.Release(tk, Result{})
 		}
-		tk.Worker.stall.noteServed(time.Now().UnixNano())
-		e.p.Release(tk, Result{})
 	}
 	for range 8 * 20 {
 		run()
@@ -389,5 +401,159 @@ func TestKVEstimateColdBurstSpreads(t *testing.T) {
 	}
 	if n[a] > 5 || n[b] < 3 {
 		t.Fatalf("a burst of 8 new conversations went %v: not spread", n)
+	}
+}
+
+// learnCapacity makes worker id's engine reveal a cache of blocks blocks:
+// it stores that many blocks of filler and evicts one, as an engine whose
+// cache is full does.
+func (e *kvEnv) learnCapacity(id string, blocks int) {
+	e.t.Helper()
+	t := e.target0(id)
+	tokens := make([]uint32, blocks*16)
+	for i := range tokens {
+		tokens[i] = uint32(100000 + i)
+	}
+	engine := make([]uint64, blocks)
+	for i := range engine {
+		engine[i] = 1<<40 + uint64(i)
+	}
+	b := kvcache.Batch{Events: []kvcache.Event{
+		{Type: kvcache.EventBlockStored, Hashes: engine, Tokens: tokens, BlockSize: 16},
+		{Type: kvcache.EventBlockRemoved, Hashes: engine[blocks-1:]},
+	}}
+	if res := e.p.idx.Apply(t.idx, &b); res.Stored != blocks || res.Removed != 1 {
+		e.t.Fatalf("filler: %+v", res)
+	}
+	if got := t.idx.Capacity(); got != blocks {
+		e.t.Fatalf("learnt capacity %d, want %d", got, blocks)
+	}
+}
+
+// TestKVEstimateColdAvoidsLivePrefix is the eviction rule's placement half:
+// two targets of 400 blocks (6,400 tokens), a 3,500-token prefix in use on
+// a, then two 3,000-token cold prompts. Either one on a would evict the
+// prefix (3,000 tokens in, 2,900 of room beside it); on b the second
+// evicts nothing (the first took 3,000 of b's 6,400). By the deficits alone
+// the second went to a: b had had the last cold pick and intake.
+func TestKVEstimateColdAvoidsLivePrefix(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	for _, inFlight := range []bool{true, false} {
+		name := "prefix between turns"
+		if inFlight {
+			name = "prefix in flight"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+			e.makePrecise()
+			e.learnCapacity(a, 400)
+			e.learnCapacity(b, 400)
+			long := unique(20, 3500)
+			e.store(a, chatTokens(t, long))
+			tk := e.pick(chat(long))
+			if tk.Worker.id != a {
+				t.Fatalf("the prefix's turn went to %s, not its holder %s", tk.Worker.id, a)
+			}
+			if inFlight {
+				defer e.p.Release(tk, Result{Status: 200})
+				tk.Worker.stall.noteServed(time.Now().UnixNano())
+			} else {
+				e.p.Release(tk, Result{Status: 200})
+			}
+			for i := range 2 {
+				if got := e.serial(chat(unique(21+i, 3000))); got != b {
+					t.Fatalf("cold prompt %d went to %s, the holder of a live 3,500-token prefix", i+1, got)
+				}
+			}
+			// The prefix is still held there: its next turn is warm on a.
+			next := e.pick(chat(long + "<next turn>"))
+			defer e.p.Release(next, Result{Status: 200})
+			if next.Worker.id != a {
+				t.Fatalf("the next turn went to %s, not the prefix's holder %s", next.Worker.id, a)
+			}
+		})
+	}
+}
+
+// TestKVEstimateLostPrefixPricedCold is the prediction half: a prefix the
+// index still lists counts only as far as the target's intake since its
+// last use leaves it room in the cache (block j while intake + (j+1)×16 <
+// 6,400 tokens): the deepest blocks of a 3,500-token prefix are lost after
+// 4,000 tokens came in, all of it is held after 1,000.
+func TestKVEstimateLostPrefixPricedCold(t *testing.T) {
+	a := kvRecord(0, nil).WorkerID
+	long := unique(30, 3500)
+	tokens := chatTokens(t, long)
+	full := int64(len(tokens) / 16 * 16)
+	for _, tc := range []struct {
+		intake   float64
+		min, max int64 // predicted cached tokens
+	}{
+		{1000, full, full},
+		{4000, (6400 - 4000 - 32) / 16 * 16, (6400 - 4000) / 16 * 16},
+		{7000, 0, 0},
+	} {
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		e.learnCapacity(a, 400)
+		e.store(a, tokens)
+		if got := e.serial(chat(long)); got != a {
+			t.Fatalf("first turn went to %s", got)
+		}
+		tg := e.target0(a)
+		tg.mu.Lock()
+		tg.est.intake += tc.intake // cold prompts taken in since
+		tg.mu.Unlock()
+		tk := e.pick(chat(long))
+		kt := tk.State.(*kvTicket)
+		switch {
+		case tc.max > 0 && tk.Worker.id != a:
+			t.Errorf("intake %.0f since: the request went to %s, not the holder of %d of its tokens", tc.intake, tk.Worker.id, tc.min)
+		case kt.predTokens < tc.min || kt.predTokens > tc.max:
+			t.Errorf("intake %.0f since: predicted %d cached tokens on %s, want %d–%d", tc.intake, kt.predTokens, tk.Worker.id, tc.min, tc.max)
+		}
+		e.p.Release(tk, Result{Status: 200})
+	}
+}
+
+// TestKVEstimateReportedMissAdvancesIntake: an answer that reports fewer
+// cached tokens than the pick counted on (the engine had evicted the prefix
+// before its removal events came in) advances the target's intake by what
+// the engine prefilled beyond the charge, and the prefixes that intake
+// pushed out stop counting: of q, used before p's 4,500 tokens were
+// prefilled again, at most the 1,900 tokens a 6,400-token cache leaves
+// beside them count.
+func TestKVEstimateReportedMissAdvancesIntake(t *testing.T) {
+	a := kvRecord(0, nil).WorkerID
+	p, q := unique(40, 4500), unique(41, 3000)
+	pt, qt := chatTokens(t, p), chatTokens(t, q)
+	for _, reported := range []bool{false, true} {
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		e.learnCapacity(a, 400)
+		e.store(a, pt)
+		e.store(a, qt)
+		if got := e.serial(chat(q)); got != a {
+			t.Fatalf("q went to %s", got)
+		}
+		tk := e.pick(chat(p))
+		kt := tk.State.(*kvTicket)
+		if tk.Worker.id != a || kt.predTokens < int64(len(pt))-16 {
+			t.Fatalf("p went to %s predicting %d cached tokens", tk.Worker.id, kt.predTokens)
+		}
+		if reported {
+			e.p.observeUsage(kt, int64(len(pt)), 0) // the engine found none of it
+		}
+		e.p.Release(tk, Result{Status: 200})
+		tk = e.pick(chat(q))
+		got := tk.State.(*kvTicket).predTokens
+		e.p.Release(tk, Result{Status: 200})
+		full := int64(len(qt) / 16 * 16)
+		switch {
+		case !reported && (tk.Worker.id != a || got != full):
+			t.Errorf("without a reported miss q went to %s predicting %d cached tokens, want %s and %d", tk.Worker.id, got, a, full)
+		case reported && got > 1900:
+			t.Errorf("after p's reported miss q still counts %d of %d tokens cached on %s", got, full, tk.Worker.id)
+		}
 	}
 }

@@ -30,6 +30,7 @@ type kvScratch struct {
 	fills   []float64 // per target: decayed uncached tokens charged (--kv-cost ttft)
 	held    []float64 // per target: distinct prompt blocks in flight (--kv-cost ttft)
 	colds   []float64 // per target: decayed cold picks (--kv-cost ttft)
+	loss    []float64 // per target: what a long cold prompt would evict there (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
 	handles []*kvcache.Worker
@@ -183,7 +184,16 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		active := t.active.Len()
 		recent := p.decayed(t.recent, t.recentAt, now)
 		picks := decayedFor(t.picks, t.picksAt, now, shareHalfLife)
+		intake := t.est.intake
 		t.mu.RUnlock()
+		if p.ttft && sc.hits[i] > 0 && kind == keyTokens && t.used != nil && t.precise() {
+			// What the index lists but the cache has had to evict since
+			// (its removal events not in yet) is priced as cold.
+			if c := int64(t.idx.Capacity()); c > 0 {
+				bs := int64(sc.sets[sc.setOf[i]].bs) * usedScale
+				sc.hits[i] = t.used.Held(hs[:sc.hits[i]], int64(intake*usedScale), c*bs, bs)
+			}
+		}
 		// A prefix being prefilled for a request in flight is as good as
 		// cached by the time this one runs. Block hashes chain, so the
 		// in-flight blocks this request shares are exactly that prefix.
@@ -228,6 +238,9 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	// scan starts at the rotating cursor and keeps the first minimum, so
 	// ties rotate.
 	if p.ttft {
+		if !warm {
+			p.coldLoss(sc, nt, kind, seq)
+		}
 		b := p.pickByEstimate(sc, nt, start, warm)
 		if !warm {
 			t := sc.targets[b]
@@ -291,6 +304,9 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	t.picksAt = now
 	if p.ttft {
 		t.est.enter(kt, promptUncached(sc, kind, t, len(hs), bestEff, p.cfg.DefaultBlockSize), seq, halfLife)
+		if kind == keyTokens {
+			t.est.useLive(hs, seq)
+		}
 	}
 	t.mu.Unlock()
 	if p.ttft {
@@ -402,10 +418,20 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		score := func(i int) float64 {
 			return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld + sc.colds[i]/fairCold
 		}
-		cold, low := best, score(best)
+		// A long cold prompt goes where it evicts least (coldLoss).
+		least := math.Inf(1)
+		for i := range nt {
+			if sc.costs[i] <= limit {
+				least = min(least, sc.loss[i])
+			}
+		}
+		cold, low := -1, math.Inf(1)
+		if sc.loss[best] <= least+lossSlack*sc.uncs[best] {
+			cold, low = best, score(best)
+		}
 		for k := range nt {
 			i := (start + k) % nt
-			if sc.costs[i] <= limit {
+			if sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] {
 				if v := score(i); v < low {
 					cold, low = i, v
 				}
@@ -445,6 +471,29 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		return best
 	}
 	return alt
+}
+
+// coldLoss fills sc.loss for a cold request: on each target whose learnt
+// capacity it takes more than longColdShare of, the recency-weighted tokens
+// of the latest prompts there that its uncached tokens would evict
+// (ttftModel.evictLoss); 0 elsewhere.
+func (p *KVAware) coldLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
+	sc.loss = growF(sc.loss, nt)
+	hl := liveHalfLife * float64(nt)
+	for i, t := range sc.targets {
+		sc.loss[i] = 0
+		if kind != keyTokens || !t.precise() {
+			continue
+		}
+		bs := sc.sets[sc.setOf[i]].bs
+		c := float64(t.idx.Capacity() * bs)
+		if c <= 0 || sc.uncs[i] <= longColdShare*c {
+			continue
+		}
+		t.mu.RLock()
+		sc.loss[i] = t.est.evictLoss(sc.uncs[i], c, bs, seq, hl)
+		t.mu.RUnlock()
+	}
 }
 
 // redoCost adds to each target's estimate the prefill it would redo against
