@@ -22,7 +22,8 @@ func check(t *testing.T, m *Map[int64], ref map[uint64]int64, keys []uint64, wha
 
 // apply runs one operation on m and ref: op picks Set, Ref+increment,
 // Delete or a delete by slot when the value matches.
-func apply(m *Map[int64], ref map[uint64]int64, op byte, k uint64, v int64) {
+func apply(t *testing.T, m *Map[int64], ref map[uint64]int64, op byte, k uint64, v int64) {
+	t.Helper()
 	switch op % 4 {
 	case 0:
 		m.Set(k, v)
@@ -30,7 +31,7 @@ func apply(m *Map[int64], ref map[uint64]int64, op byte, k uint64, v int64) {
 	case 1:
 		p, added := m.Ref(k)
 		if _, held := ref[k]; added == held {
-			panic("Ref's added disagrees with the map")
+			t.Fatalf("Ref(%x) added = %v, but the map held it: %v", k, added, held)
 		}
 		*p++
 		ref[k]++
@@ -65,7 +66,7 @@ func TestMapAgainstGoMap(t *testing.T) {
 			if op >= 4 {
 				op -= 4
 			}
-			apply(&m, ref, op, keys[rng.IntN(universe)], int64(rng.IntN(3)))
+			apply(t, &m, ref, op, keys[rng.IntN(universe)], int64(rng.IntN(3)))
 			if step%97 == 0 {
 				check(t, &m, ref, keys, "step")
 			}
@@ -99,7 +100,7 @@ func FuzzMap(f *testing.F) {
 		var m Map[int64]
 		ref := map[uint64]int64{}
 		for len(ops) >= 3 {
-			apply(&m, ref, ops[0], keys[ops[1]], int64(ops[2]%4))
+			apply(t, &m, ref, ops[0], keys[ops[1]], int64(ops[2]%4))
 			ops = ops[3:]
 		}
 		check(t, &m, ref, keys, "after the ops")
