@@ -22,27 +22,38 @@ import (
 	"github.com/infera/infera/router"
 )
 
-// writeCounter counts the writes made to the accepted connections of a
-// listener: the system calls a response costs the router.
-type writeCounter struct {
+// ioCounter counts the reads and writes made through the accepted
+// connections of a listener: the system calls a request costs the router.
+// Without socket its connections show no socket (no SyscallConn), so every
+// read and write goes through them and is counted; with socket they show
+// it as a TCP connection does, and what the front door does on the socket
+// itself (held reads and writes, frontheld.go) passes them by.
+type ioCounter struct {
 	net.Listener
-	writes atomic.Int64
+	socket        bool
+	reads, writes atomic.Int64
 }
 
-func (l *writeCounter) Accept() (net.Conn, error) {
+func (l *ioCounter) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return &countedConn{Conn: c, l: l}, nil
+	cc := &countedConn{Conn: c, l: l}
+	if l.socket {
+		return &socketConn{cc}, nil
+	}
+	return cc, nil
 }
 
-// countedConn has no socket to show (no SyscallConn): every write to the
-// client goes through Write, where it is counted (a write from inside the
-// wait for the next read, frontheld.go, goes to the socket itself).
 type countedConn struct {
 	net.Conn
-	l *writeCounter
+	l *ioCounter
+}
+
+func (c *countedConn) Read(p []byte) (int, error) {
+	c.l.reads.Add(1)
+	return c.Conn.Read(p)
 }
 
 func (c *countedConn) Write(p []byte) (int, error) {
@@ -50,9 +61,16 @@ func (c *countedConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// socketConn is a countedConn that shows its socket.
+type socketConn struct{ *countedConn }
+
+func (c *socketConn) SyscallConn() (syscall.RawConn, error) {
+	return c.Conn.(syscall.Conn).SyscallConn()
+}
+
 // startCountedRouter is startRouter on the goroutine front door, with the
 // client connections' writes counted.
-func startCountedRouter(t *testing.T, workers ...discovery.Record) (string, *writeCounter) {
+func startCountedRouter(t *testing.T, workers ...discovery.Record) (string, *ioCounter) {
 	t.Helper()
 	cfg := router.DefaultConfig()
 	cfg.IdleConnTimeout = 50 * time.Millisecond
@@ -61,7 +79,7 @@ func startCountedRouter(t *testing.T, workers ...discovery.Record) (string, *wri
 		t.Fatal(err)
 	}
 	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: workers})
-	wc := &writeCounter{}
+	wc := &ioCounter{}
 	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error {
 		wc.Listener = ln
 		return r.Serve(ctx, wc)
@@ -380,37 +398,6 @@ func TestStreamEndBeforeBookkeeping(t *testing.T) {
 	}
 }
 
-// readCounter counts the reads made through the accepted connections of a
-// listener, which show their socket (SyscallConn) as a TCP connection
-// does: a read the front door makes from the socket itself (a held one,
-// frontheld.go) passes them by.
-type readCounter struct {
-	net.Listener
-	reads atomic.Int64
-}
-
-func (l *readCounter) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &readCountedConn{Conn: c, l: l}, nil
-}
-
-type readCountedConn struct {
-	net.Conn
-	l *readCounter
-}
-
-func (c *readCountedConn) Read(p []byte) (int, error) {
-	c.l.reads.Add(1)
-	return c.Conn.Read(p)
-}
-
-func (c *readCountedConn) SyscallConn() (syscall.RawConn, error) {
-	return c.Conn.(syscall.Conn).SyscallConn()
-}
-
 // TestStreamEndAloneHeldForTheNextRead: when the engine writes its last
 // events apart from the end of its stream, the response's closing chunk is
 // still held for the connection's next read on the goroutine front door
@@ -438,7 +425,7 @@ func TestStreamEndAloneHeldForTheNextRead(t *testing.T) {
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
 	})
 	r := unservedRouter(t, router.RoundRobin{}, record(up, "m", discovery.StatusActive))
-	rc := &readCounter{}
+	rc := &ioCounter{socket: true}
 	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error {
 		rc.Listener = ln
 		return r.Serve(ctx, rc) // the goroutine front door
