@@ -25,7 +25,10 @@
 //     the values, not the values, so a long prompt's first chunk is read
 //     that way too; the stream's id, time and model are compared as
 //     fixed bytes once the stream's first chunk moved the templates to
-//     them.
+//     them. AppendNext finds an event's end by that match (the layouts
+//     hold no line break), for a relay that has not delimited its
+//     events; its copy is never longer than the event, so the relay
+//     writes it over the bytes it read.
 //   - Continuing (continue.go): Build makes the continuation request:
 //     exact (prompt ids + output ids on /v1/completions) when the ids cover
 //     every delivered chunk and the request has no chat-only fields, else

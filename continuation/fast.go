@@ -258,7 +258,7 @@ func (t *Tracker) learn(data, out []byte) {
 // observeFast reads chunk data through a template; ok false: data matches
 // none (nothing was changed).
 func (t *Tracker) observeFast(data []byte) (out []byte, ok bool) {
-	a, b, ok := t.matchFast(data)
+	a, b, _, ok := t.matchFast(data, false)
 	if !ok || a < 0 {
 		return data, ok
 	}
@@ -272,65 +272,76 @@ func (t *Tracker) observeFast(data []byte) (out []byte, ok bool) {
 // stream's first chunk skips the rigid try: it is most often of another
 // stream than the one the layouts last held. ok false: data matches none
 // (nothing was changed); else data[a:b] is what the client must not see
-// (a < 0: nothing).
-func (t *Tracker) matchFast(data []byte) (a, b int, ok bool) {
+// (a < 0: nothing). open: data is the chunk and what follows it in the
+// relay's buffer, and the chunk must be followed by the blank line that
+// ends its event; end is where the chunk ends (closed: len(data)).
+func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 	if t.lay == nil {
-		return -1, -1, false
+		return -1, -1, -1, false
 	}
 	if t.begun {
-		if a, b, ok = t.matchAny(data, true); ok {
-			return a, b, true
+		if a, b, end, ok = t.matchAny(data, true, open); ok {
+			return a, b, end, true
 		}
 	}
-	if a, b, ok = t.matchAny(data, false); ok {
+	if a, b, end, ok = t.matchAny(data, false, open); ok {
 		t.begun = true
 	}
-	return a, b, ok
+	return a, b, end, ok
 }
 
 // matchAny tries the templates in the order a stream's chunks follow
 // each other: the one matched last, the one that followed it the last
 // time another did (steady chunks follow the first, the last follows
 // them, the next stream's first follows the last), then the rest.
-func (t *Tracker) matchAny(data []byte, rigid bool) (a, b int, ok bool) {
-	if a, b, ok = t.matchTemplate(t.lay.hit, data, rigid); ok {
-		return a, b, true
+func (t *Tracker) matchAny(data []byte, rigid, open bool) (a, b, end int, ok bool) {
+	if a, b, end, ok = t.matchTemplate(t.lay.hit, data, rigid, open); ok {
+		return a, b, end, true
 	}
 	next := int(t.lay.tmpls[t.lay.hit].next)
 	if next != t.lay.hit {
-		if a, b, ok = t.matchTemplate(next, data, rigid); ok {
+		if a, b, end, ok = t.matchTemplate(next, data, rigid, open); ok {
 			t.lay.hit = next
-			return a, b, true
+			return a, b, end, true
 		}
 	}
 	for i := range t.lay.tmpls {
 		if i == t.lay.hit || i == next {
 			continue
 		}
-		if a, b, ok = t.matchTemplate(i, data, rigid); ok {
+		if a, b, end, ok = t.matchTemplate(i, data, rigid, open); ok {
 			t.lay.tmpls[t.lay.hit].next = int8(i)
 			t.lay.hit = i
-			return a, b, true
+			return a, b, end, true
 		}
 	}
-	return -1, -1, false
+	return -1, -1, -1, false
 }
 
 // matchTemplate reads data through template i: first every hole is found
 // and checked (the output ids read on the way), then, all of them
 // matching, the rest is read. rigid: the holes that do not vary within a
-// stream are matched as the template's fixed bytes.
-func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bool) {
+// stream are matched as the template's fixed bytes. open: see matchFast.
+func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end int, ok bool) {
 	a, b = -1, -1
 	tm := &t.lay.tmpls[i]
 	if !tm.ok || tm.strip != t.Strip {
-		return a, b, false
+		return a, b, -1, false
 	}
 	m := &t.lay.match // not zeroed: matchHoles sets what is read below
 	nOut := len(t.OutIDs)
-	if !t.matchHoles(tm, data, rigid, m) {
+	end = t.matchHoles(tm, data, rigid, m)
+	if open {
+		// The layout and its holes hold no line break, so a blank line
+		// right after the chunk ends its event there, as openai.NextEvent
+		// would find it.
+		ok = end >= 0 && len(data)-end >= 2 && data[end] == '\n' && data[end+1] == '\n'
+	} else {
+		ok = end == len(data)
+	}
+	if !ok {
 		t.OutIDs = t.OutIDs[:nOut]
-		return a, b, false
+		return a, b, -1, false
 	}
 	// The chunk matches: what follows is what the full read would do.
 	if k := tm.at[holeText]; k >= 0 && m.txtEnd > m.txtStart {
@@ -372,7 +383,7 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 		t.stamp(tm, &vals)
 		t.rebases++
 		if !tm.ok {
-			return a, b, true
+			return a, b, end, true
 		}
 		for _, h := range tm.holes[:tm.n] {
 			if h.kind >= holeID {
@@ -385,7 +396,7 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid bool) (a, b int, ok bo
 			}
 		}
 	}
-	return a, b, true
+	return a, b, end, true
 }
 
 // streamValues are a stream's id, time and model (by hole kind; nil:
@@ -440,8 +451,10 @@ type holeMatch struct {
 
 // matchHoles matches data against tm's fixed bytes and finds its holes'
 // values, appending the output ids to t.OutIDs (the caller drops them
-// when it returns false).
-func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch) bool {
+// when it does not take the match). It returns where the layout's last
+// fixed bytes end in data (data may go on: the caller says whether it
+// may), or -1: data does not start with the layout.
+func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch) int {
 	m.txtEsc, m.rebase = false, false
 	pos, prev := 0, 0
 	visit := tm.n
@@ -456,7 +469,7 @@ func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch
 		h := &tm.holes[hi]
 		fixed := tm.b[prev:h.start]
 		if len(data)-pos <= len(fixed) || !bytes.Equal(data[pos:pos+len(fixed)], fixed) {
-			return false
+			return -1
 		}
 		pos += len(fixed)
 		start := pos
@@ -464,15 +477,15 @@ func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch
 		case holeOutIDs:
 			var ok bool
 			if t.OutIDs, pos, ok = appendIDArray(t.OutIDs, data, pos); !ok {
-				return false
+				return -1
 			}
 		case holePrompt:
 			if pos = idArrayEnd(data, pos); pos < 0 {
-				return false
+				return -1
 			}
 		case holeText:
 			if data[pos] != '"' {
-				return false
+				return -1
 			}
 			if end := plainStringEnd(data, pos); end > 0 {
 				m.txtStart, m.txtEnd = pos+1, end
@@ -482,24 +495,24 @@ func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch
 			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
 			st, en, esc, err := s.String()
 			if err != nil {
-				return false
+				return -1
 			}
 			m.txtStart, m.txtEnd, m.txtEsc = st, en, esc
 			pos = s.I
 		case holeFinish:
 			if data[pos] == 'n' {
 				if len(data)-pos < 4 || string(data[pos:pos+4]) != "null" {
-					return false
+					return -1
 				}
 				pos += 4
 				break
 			}
 			if data[pos] != '"' {
-				return false
+				return -1
 			}
 			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
 			if _, _, _, err := s.String(); err != nil {
-				return false
+				return -1
 			}
 			pos = s.I
 		default: // holeID, holeCreated, holeModel
@@ -517,25 +530,28 @@ func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch
 			var err error
 			if h.str {
 				if data[pos] != '"' {
-					return false
+					return -1
 				}
 				_, _, _, err = s.String()
 			} else {
 				c := data[pos]
 				if c != '-' && (c < '0' || c > '9') {
-					return false
+					return -1
 				}
 				err = s.Number()
 			}
 			if err != nil {
-				return false
+				return -1
 			}
 			pos = s.I
 		}
 		m.spans[hi] = [2]int{start, pos}
 		prev = h.end
 	}
-	return bytes.Equal(data[pos:], tm.b[prev:])
+	if tail := tm.b[prev:]; len(data)-pos >= len(tail) && bytes.Equal(data[pos:pos+len(tail)], tail) {
+		return pos + len(tail)
+	}
+	return -1
 }
 
 // keepStream keeps the stream's id, created and model from a matched

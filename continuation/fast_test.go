@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/infera/infera/continuation"
+	"github.com/infera/infera/openai"
 )
 
 // trackerState is what a tracker remembers of a stream, for comparing the
@@ -39,10 +40,11 @@ func trackerState(t *testing.T, tr *continuation.Tracker) string {
 func observeBoth(t *testing.T, strip bool, events ...[]byte) (fast *continuation.Tracker) {
 	t.Helper()
 	// a and b read payloads (Observe), c and d whole SSE events, e appends
-	// them (AppendEvent).
+	// them (AppendEvent), f finds them in the relay's buffer (AppendNext,
+	// the next event after them) and writes over it, as the relay does.
 	// A nil event starts another stream on the same trackers.
-	var a, b, c, d, e continuation.Tracker
-	all := []*continuation.Tracker{&a, &b, &c, &d, &e}
+	var a, b, c, d, e, f continuation.Tracker
+	all := []*continuation.Tracker{&a, &b, &c, &d, &e, &f}
 	for _, tr := range all {
 		tr.Reset(strip)
 	}
@@ -77,6 +79,29 @@ func observeBoth(t *testing.T, strip bool, events ...[]byte) (fast *continuation
 		}
 		if se, sd := trackerState(t, &e), trackerState(t, &d); se != sd {
 			t.Fatalf("event %d %q: AppendEvent state %s, full read %s", i, sse, se, sd)
+		}
+		// The relay's buffer: what went out already ("x"), this event and
+		// the next (or a line that is not an event's end).
+		buf := append([]byte("x"), sse...)
+		if i+1 < len(events) && events[i+1] != nil {
+			buf = append(append(append(buf, "data: "...), events[i+1]...), "\n\n"...)
+		} else {
+			buf = append(buf, "\ndata: x"...)
+		}
+		gf, n := f.AppendNext(buf[:1], buf[1:])
+		if n == 0 {
+			if k := openai.NextEvent(buf[1:]); k != len(sse) {
+				t.Fatalf("event %d %q: delimited as %d bytes", i, sse, k)
+			}
+			gf = f.AppendEvent(buf[:1], buf[1:1+len(sse)])
+		} else if n != len(sse) {
+			t.Fatalf("event %d %q: AppendNext took %d bytes of %q", i, sse, n, buf[1:])
+		}
+		if string(gf) != "x"+string(gd) {
+			t.Fatalf("event %d %q: AppendNext over the read bytes gave %q, full read %q", i, sse, gf, gd)
+		}
+		if sf, sd := trackerState(t, &f), trackerState(t, &d); sf != sd {
+			t.Fatalf("event %d %q: AppendNext state %s, full read %s", i, sse, sf, sd)
 		}
 	}
 	return &a

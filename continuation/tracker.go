@@ -131,7 +131,7 @@ func (t *Tracker) ObserveEvent(ev []byte) []byte {
 		return ev
 	}
 	data := ev[start:end]
-	if a, b, ok := t.matchFast(data); ok {
+	if a, b, _, ok := t.matchFast(data, false); ok {
 		if a < 0 {
 			return ev
 		}
@@ -154,7 +154,7 @@ func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
 	// break, so the chunk is the event's data line without searching.
 	tried := -1 // the end of the data matched whole, if it was
 	if n := len(ev); n > len(dataSpace)+2 && string(ev[:len(dataSpace)]) == dataSpace && ev[n-1] == '\n' && ev[n-2] == '\n' {
-		if a, b, ok := t.matchFast(ev[len(dataSpace) : n-2]); ok {
+		if a, b, _, ok := t.matchFast(ev[len(dataSpace):n-2], false); ok {
 			if a < 0 {
 				return append(dst, ev...)
 			}
@@ -168,7 +168,7 @@ func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
 		return append(dst, ev...)
 	}
 	if start != len(dataSpace) || end != tried {
-		if a, b, ok := t.matchFast(ev[start:end]); ok {
+		if a, b, _, ok := t.matchFast(ev[start:end], false); ok {
 			if a < 0 {
 				return append(dst, ev...)
 			}
@@ -176,6 +176,38 @@ func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
 		}
 	}
 	return append(dst, t.observeData(ev, start, end)...)
+}
+
+// AppendNext is AppendEvent for the event at the start of buf, which the
+// caller has not delimited: an event as engines write it, "data: <chunk>"
+// and a blank line, whose chunk matches a layout whole (or [DONE]), is
+// found by the match itself, so the relay does not scan a steady chunk
+// for its end before the tracker reads it. It appends the event the
+// client should see to dst and returns the event's length n; n = 0: buf
+// does not start with such an event, or not with all of it (nothing was
+// changed: the caller delimits the event and calls AppendEvent).
+//
+// What is appended to dst is never longer than the event, and is
+// appended after the event was read: dst may be buf's own bytes before
+// the event (the relay writes the client's copy over what it read).
+func (t *Tracker) AppendNext(dst, buf []byte) ([]byte, int) {
+	if len(buf) >= len(doneEvent) && string(buf[:len(doneEvent)]) == doneEvent {
+		t.Done = true
+		return append(dst, buf[:len(doneEvent)]...), len(doneEvent)
+	}
+	if len(buf) <= len(dataSpace)+2 || string(buf[:len(dataSpace)]) != dataSpace {
+		return dst, 0
+	}
+	a, b, end, ok := t.matchFast(buf[len(dataSpace):], true)
+	if !ok {
+		return dst, 0
+	}
+	n := len(dataSpace) + end + 2
+	if a < 0 {
+		return append(dst, buf[:n]...), n
+	}
+	a, b = a+len(dataSpace), b+len(dataSpace)
+	return append(append(dst, buf[:a]...), buf[b:n]...), n
 }
 
 // eventData finds the payload of ev's data line, ev[start:end]; ok false:

@@ -132,7 +132,11 @@
 // another worker, up to Config.MigrationLimit times: failover runs a
 // continuation leg (tryContinue) built by the continuation package from
 // what the client already got; the relay observes and strips the token ids
-// it asked the engine for in the pump's transform (trackedEvent).
+// it asked the engine for in the pump's transform (trackedEvent). For a
+// stream relayed as it is (no dialect, no reshaping) the tracker also
+// leads the pump (trackLead): it finds each steady event's end by matching
+// it, so the pump does not scan it first, and its copy, never longer than
+// the event, is written over the bytes it was read from.
 //
 // # Stalled workers and departed clients
 //

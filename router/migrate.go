@@ -38,6 +38,8 @@ type migration struct {
 	track   continuation.Tracker
 	askBuf  []byte // a leg's body asking for token ids
 	scratch []byte // a reshaped event
+	// lead is track's AppendNext, bound once (trackLead).
+	lead func(dst, buf []byte) ([]byte, int)
 }
 
 // empty empties m in place, keeping its buffers (relay.reset: once per
@@ -45,7 +47,7 @@ type migration struct {
 // migration is cleared here too (TestMigrationEmpty). The Tracker is
 // written only while on (startMigration resets it when it turns on), so
 // a request that was not tracked (every unary one) leaves it as the
-// last reset left it and it is not reset again.
+// last reset left it and it is not reset again; lead stays bound to it.
 func (m *migration) empty() {
 	askBuf, scratch := m.askBuf[:0], m.scratch[:0]
 	if m.on {
@@ -149,7 +151,7 @@ func (rel *relay) askIDs(a *attempt, body []byte) []byte {
 // to the route dialect's own translation.
 func (rel *relay) trackedEvent(dst, ev []byte) []byte {
 	m := rel.mig
-	if !m.reshape && !rel.dialect.stream && rel.dialect.event == nil {
+	if rel.trackedPlain() {
 		return m.track.AppendEvent(dst, ev) // the common case: one copy
 	}
 	ev = m.track.ObserveEvent(ev)
@@ -169,6 +171,28 @@ func (rel *relay) trackedEvent(dst, ev []byte) []byte {
 		return rel.dialect.event(dst, ev)
 	}
 	return append(dst, ev...)
+}
+
+// trackedPlain: the tracker's copy of an event is what the client gets
+// (no reshaping, no dialect translation after it).
+func (rel *relay) trackedPlain() bool {
+	return !rel.mig.reshape && !rel.dialect.stream && rel.dialect.event == nil
+}
+
+// trackLead is the pump's lead for a tracked stream (see eventPump.lead):
+// the Tracker finds a steady event's end by matching it, and its copy
+// (never longer than the event) is written over the bytes it was read
+// from. nil when the copy goes on to a reshaping or a dialect. The
+// method value is bound once per pooled migration.
+func (rel *relay) trackLead() func(dst, buf []byte) ([]byte, int) {
+	if !rel.trackedPlain() {
+		return nil
+	}
+	m := rel.mig
+	if m.lead == nil {
+		m.lead = m.track.AppendNext
+	}
+	return m.lead
 }
 
 // eventData returns the payload of an event's data line.

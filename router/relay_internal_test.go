@@ -6,11 +6,14 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/continuation"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/openai"
 )
 
 // chunkReader returns its chunks one per Read, cycling forever.
@@ -124,6 +127,73 @@ func TestEventPumpOversizedEvent(t *testing.T) {
 	}
 }
 
+// TestEventPumpTrackedInPlace: a tracked stream's events, found and
+// copied by the tracker over the bytes they were read from (the pump's
+// lead), reach the client as the tracker gives them event by event, and
+// the tracker reads the same text and ids, whatever the reads' sizes
+// (events split across reads, several in one).
+func TestEventPumpTrackedInPlace(t *testing.T) {
+	sim, err := os.ReadFile("../continuation/testdata/sim-chat-ids.sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three streams (the layouts are learnt on the first), a comment and
+	// an event with CRLF line ends (not the tracker's to find: delimited
+	// by the pump) between them.
+	stream := slices.Concat(sim, []byte(": keep-alive\n\n"), sim, []byte("data: {\"choices\":[{\"index\":0,\"text\":\"z\",\"token_ids\":[7]}]}\r\n\r\n"), sim)
+	var ref continuation.Tracker
+	ref.Reset(true)
+	var want []byte
+	for rest := stream; len(rest) > 0; {
+		k := openai.NextEvent(rest)
+		want = ref.AppendEvent(want, rest[:k])
+		rest = rest[k:]
+	}
+	for _, size := range []int{len(stream), 4096, 1000, 333, 64, 7} {
+		var tr continuation.Tracker
+		tr.Reset(true)
+		taken := 0
+		lead := func(dst, buf []byte) ([]byte, int) {
+			dst, n := tr.AppendNext(dst, buf)
+			if n > 0 {
+				taken++
+			}
+			return dst, n
+		}
+		p := eventPump{buf: make([]byte, 8192), transform: tr.AppendEvent, lead: lead}
+		var out bytes.Buffer
+		if rest := pumpToEOF(t, &p, &out, &eofReader{data: stream, size: size}, 0); len(rest) != 0 {
+			t.Fatalf("read size %d: %q left", size, rest)
+		}
+		if !bytes.Equal(out.Bytes(), want) {
+			t.Fatalf("read size %d: relayed\n%q\nwant\n%q", size, out.Bytes(), want)
+		}
+		if string(tr.Text) != string(ref.Text) || !slices.Equal(tr.OutIDs, ref.OutIDs) || tr.Done != ref.Done {
+			t.Fatalf("read size %d: tracked text %q ids %v, want %q %v", size, tr.Text, tr.OutIDs, ref.Text, ref.OutIDs)
+		}
+		// Every event of the last two streams (17 chunks and [DONE]) is
+		// found by the tracker when whole in the buffer.
+		if size == len(stream) && taken < 2*18 {
+			t.Fatalf("%d events found by the tracker, want at least the last two streams' 36", taken)
+		}
+	}
+}
+
+// TestEventPumpInPlaceLongerCopy: a transform whose copy of an event is
+// longer than the event, in a pump with a lead, does not overwrite the
+// bytes still to be read: the copies go on in another buffer.
+func TestEventPumpInPlaceLongerCopy(t *testing.T) {
+	stream := []byte("data: a\n\ndata: bb\n\n: c\n\ndata: [DONE]\n\n")
+	double := func(dst, ev []byte) []byte { return append(append(dst, ev...), ev...) }
+	never := func(dst, _ []byte) ([]byte, int) { return dst, 0 }
+	p := eventPump{buf: make([]byte, 256), transform: double, lead: never}
+	var out bytes.Buffer
+	pumpToEOF(t, &p, &out, &eofReader{data: stream, size: len(stream)}, 0)
+	if want := "data: a\n\ndata: a\n\ndata: bb\n\ndata: bb\n\n: c\n\n: c\n\ndata: [DONE]\n\ndata: [DONE]\n\n"; out.String() != want {
+		t.Fatalf("relayed %q, want %q", out.String(), want)
+	}
+}
+
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
@@ -179,7 +249,7 @@ func TestRelayWriteToTrackedAllocs(t *testing.T) {
 		rel.mig.track.Reset(true)
 		src.data, src.size = stream, len(ev)
 		rel.att.src, rel.done, rel.firstByte = src, false, false
-		rel.pump.transform = rel.trackEvent
+		rel.pump.transform, rel.pump.lead = rel.trackEvent, rel.trackLead()
 		if _, err := rel.WriteTo(&out); err != nil {
 			t.Fatal(err)
 		}
@@ -221,10 +291,10 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 			b.SetBytes(int64(len(stream)))
 			b.ReportAllocs()
 			for b.Loop() {
-				rel.mig.on, rel.pump.transform = tracked, nil
+				rel.mig.on, rel.pump.transform, rel.pump.lead = tracked, nil, nil
 				if tracked {
 					rel.mig.track.Reset(true)
-					rel.pump.transform = rel.trackEvent
+					rel.pump.transform, rel.pump.lead = rel.trackEvent, rel.trackLead()
 				}
 				src.data, src.size = stream, len(stream)
 				rel.att.src, rel.done, rel.firstByte = src, false, false
@@ -330,9 +400,10 @@ func TestMigrationEmpty(t *testing.T) {
 		askBuf: make([]byte, 5, 64), scratch: make([]byte, 7, 32)}
 	m.track.Strip, m.track.Done = true, true
 	m.track.Text = append(m.track.Text, "hello"...)
+	m.lead = m.track.AppendNext
 	v := reflect.ValueOf(m).Elem()
-	if n := v.NumField(); n != 8 {
-		t.Fatalf("migration has %d fields, this test and migration.empty know 8", n)
+	if n := v.NumField(); n != 9 {
+		t.Fatalf("migration has %d fields, this test and migration.empty know 9", n)
 	}
 	m.empty()
 	for i := range v.NumField() {
@@ -341,6 +412,10 @@ func TestMigrationEmpty(t *testing.T) {
 		case "askBuf", "scratch":
 			if f.Len() != 0 || f.Cap() == 0 {
 				t.Errorf("%s: len %d cap %d, want emptied and kept", name, f.Len(), f.Cap())
+			}
+		case "lead": // bound to track, which stays
+			if m.lead == nil {
+				t.Errorf("lead not kept")
 			}
 		case "track":
 			if m.track.Strip || m.track.Done || len(m.track.Text) != 0 || cap(m.track.Text) == 0 {

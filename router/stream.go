@@ -24,8 +24,10 @@ func (rel *relay) attach(a *attempt, resp *fasthttp.Response) {
 		}
 		rel.pump.transform = rel.xlateEvent
 	}
+	rel.pump.lead = nil
 	if rel.mig.on {
 		rel.pump.transform = rel.trackEvent // migrate.go: then the dialect's
+		rel.pump.lead = rel.trackLead()
 	}
 	if c := a.x.Conn(); c != nil {
 		a.conn = c
@@ -393,8 +395,16 @@ type eventPump struct {
 	// Without one, an event larger than buf passes through in pieces;
 	// with one, buf grows to hold it whole (up to maxTransformEvent).
 	transform func(dst, ev []byte) []byte
-	out       []byte   // transformed events of one step (pooled)
-	usage     usageTap // the divergence alarm (kvdivergence.go)
+	// lead, if not nil, goes with a transform whose copy of an event is
+	// never longer than the event (a tracked stream's: ids cut out): it
+	// transforms the event at the start of buf without the pump
+	// delimiting it first, appending to dst, and returns its length (0:
+	// not such an event; the pump delimits it and calls transform). With
+	// a lead, the events' copies are written over the bytes they were
+	// read from, not into out.
+	lead  func(dst, buf []byte) ([]byte, int)
+	out   []byte   // transformed events of one step (pooled)
+	usage usageTap // the divergence alarm (kvdivergence.go)
 	// end, if not nil, is told when a read met the end of the stream,
 	// before the events that read completed are written.
 	end streamEnd
@@ -475,14 +485,45 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 	}
 	end := 0
 	out := p.out[:0]
+	lead := p.lead
+	if lead != nil && p.usage.want {
+		lead = nil // the alarm reads each event whole, before its transform
+	}
+	// inPlace: the events' copies are written over the bytes before the
+	// event being read (never longer than their events, so they never
+	// reach it); a tracked stream's bytes are moved once, in cache.
+	inPlace := lead != nil
+	if inPlace {
+		out = p.buf[:0]
+	}
 	for {
+		if lead != nil {
+			var k int
+			if out, k = lead(out, p.buf[end:p.n]); k > 0 {
+				end += k
+				continue
+			}
+		}
 		k := openai.NextEvent(p.buf[end:p.n])
 		if k < 0 {
 			break
 		}
 		p.usage.note(p.buf[end : end+k]) // the divergence alarm (kvdivergence.go)
 		if p.transform != nil {
+			if inPlace {
+				// Capped at the event's end: a copy that broke the
+				// promise would be appended elsewhere (a new array, the
+				// copies before it moved along), never over unread bytes.
+				out = out[: len(out) : end+k]
+			}
 			out = p.transform(out, p.buf[end:end+k])
+			switch {
+			case !inPlace:
+			case len(out) <= end+k: // appended in place: the next may go past the event
+				out = p.buf[:len(out)]
+			default:
+				inPlace = false
+			}
 		}
 		end += k
 	}
@@ -491,7 +532,10 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 	}
 	chunk := p.buf[:end]
 	if p.transform != nil {
-		p.out, chunk = out[:0], out
+		chunk = out
+		if !inPlace {
+			p.out = out[:0]
+		}
 	}
 	if readErr == io.EOF && p.end != nil && len(chunk) > 0 {
 		p.end.atEnd()
