@@ -507,14 +507,9 @@ func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch
 				pos += 4
 				break
 			}
-			if data[pos] != '"' {
+			if pos = stringEnd(data, pos); pos < 0 {
 				return -1
 			}
-			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
-			if _, _, _, err := s.String(); err != nil {
-				return -1
-			}
-			pos = s.I
 		default: // holeID, holeCreated, holeModel
 			// The stream's id, time and model are the same in all its
 			// chunks: the value the template holds is compared, not read
@@ -526,21 +521,17 @@ func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch
 				break
 			}
 			m.rebase = true
-			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
-			var err error
 			if h.str {
-				if data[pos] != '"' {
+				if pos = stringEnd(data, pos); pos < 0 {
 					return -1
 				}
-				_, _, _, err = s.String()
-			} else {
-				c := data[pos]
-				if c != '-' && (c < '0' || c > '9') {
-					return -1
-				}
-				err = s.Number()
+				break
 			}
-			if err != nil {
+			if c := data[pos]; c != '-' && (c < '0' || c > '9') {
+				return -1
+			}
+			s := jsonx.Scanner{B: data, I: pos, Lenient: true}
+			if s.Number() != nil {
 				return -1
 			}
 			pos = s.I
@@ -599,6 +590,23 @@ func plainStringEnd(b []byte, i int) int {
 		}
 	}
 	return -1
+}
+
+// stringEnd is the offset just past the JSON string at b[i], or -1 when
+// b[i] starts none: a plain one (a finish reason, a stream's id) found
+// by plainStringEnd, any other read by the scanner.
+func stringEnd(b []byte, i int) int {
+	if b[i] != '"' {
+		return -1
+	}
+	if end := plainStringEnd(b, i); end > 0 {
+		return end + 1
+	}
+	s := jsonx.Scanner{B: b, I: i, Lenient: true}
+	if _, _, _, err := s.String(); err != nil {
+		return -1
+	}
+	return s.I
 }
 
 // idArrayEnd is the offset just past the id array at b[i] (up to its

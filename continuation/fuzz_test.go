@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/infera/infera/continuation"
+	"github.com/infera/infera/openai"
 )
 
 // FuzzObserve: any chunk an engine sends is read without panicking; a
@@ -49,5 +50,12 @@ func FuzzObserve(f *testing.F) {
 		}
 		_, _ = continuation.Build([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}]}`), &tr, continuation.Options{Chat: true})
 		tr.ObserveEvent(append(append([]byte("data: "), data...), "\n\n"...))
+		// Found by the tracker, an event is the one the relay would
+		// delimit, and its copy no longer than it.
+		buf := append(append([]byte("data: "), data...), "\n\ndata: x"...)
+		want := openai.NextEvent(buf)
+		if out, n := tr.AppendNext(nil, buf); n > 0 && (n != want || len(out) > n) {
+			t.Fatalf("%q: AppendNext took %d bytes (copy %d), the event is %d", buf, n, len(out), want)
+		}
 	})
 }

@@ -143,7 +143,10 @@ func (t *Tracker) ObserveEvent(ev []byte) []byte {
 }
 
 // AppendEvent is ObserveEvent appending the event the client should see
-// to dst: a steady chunk is copied once, straight to where it goes.
+// to dst: a steady chunk is copied once, straight to where it goes. The
+// copy is never longer than ev (ids cut out, a chunk read in full
+// rebuilt without whitespace), and ev is read before it is written: dst
+// may be the bytes just before ev in the relay's buffer.
 func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
 	if string(ev) == doneEvent {
 		t.Done = true
@@ -191,12 +194,12 @@ func (t *Tracker) AppendEvent(dst, ev []byte) []byte {
 // appended after the event was read: dst may be buf's own bytes before
 // the event (the relay writes the client's copy over what it read).
 func (t *Tracker) AppendNext(dst, buf []byte) ([]byte, int) {
-	if len(buf) >= len(doneEvent) && string(buf[:len(doneEvent)]) == doneEvent {
-		t.Done = true
-		return append(dst, buf[:len(doneEvent)]...), len(doneEvent)
-	}
 	if len(buf) <= len(dataSpace)+2 || string(buf[:len(dataSpace)]) != dataSpace {
 		return dst, 0
+	}
+	if buf[len(dataSpace)] == '[' && len(buf) >= len(doneEvent) && string(buf[:len(doneEvent)]) == doneEvent {
+		t.Done = true
+		return append(dst, buf[:len(doneEvent)]...), len(doneEvent)
 	}
 	a, b, end, ok := t.matchFast(buf[len(dataSpace):], true)
 	if !ok {
