@@ -104,6 +104,19 @@ func observeBoth(t *testing.T, strip bool, events ...[]byte) (fast *continuation
 		if sf, sd := trackerState(t, &f), trackerState(t, &d); sf != sd {
 			t.Fatalf("event %d %q: AppendNext state %s, full read %s", i, sse, sf, sd)
 		}
+		// A break here continues the same way (exact and text paths,
+		// chat and completions clients).
+		for _, o := range []continuation.Options{{Chat: true, Engine: continuation.EngineVLLM}, {Engine: continuation.EngineSGLang}} {
+			body := `{"model":"m","max_tokens":50,"prompt":"p"}`
+			if o.Chat {
+				body = `{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"x"}]}`
+			}
+			cf, errf := continuation.Build([]byte(body), &f, o)
+			cd, errd := continuation.Build([]byte(body), &d, o)
+			if (errf == nil) != (errd == nil) || string(cf.Body) != string(cd.Body) || cf.Path != cd.Path || cf.Exact != cd.Exact || cf.Produced != cd.Produced {
+				t.Fatalf("event %d %q: a break continues with %q (%v), the full read's with %q (%v)", i, sse, cf.Body, errf, cd.Body, errd)
+			}
+		}
 	}
 	return &a
 }
