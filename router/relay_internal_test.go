@@ -278,32 +278,52 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, tracked := range []bool{false, true} {
-		name := "untracked"
-		if tracked {
-			name = "tracked"
-		}
-		b.Run(name, func(b *testing.B) {
-			rel := testRelay(r, relayBufSize)
-			rel.trackEvent = rel.trackedEvent
+	// The streams of the relays64 cases: each its own id and time, as an
+	// engine's are (the same lengths).
+	var streams [][]byte
+	for k := range 8 {
+		s := bytes.ReplaceAll(stream, []byte("chatcmpl-5ae6257261e06ecb2a54213578c1755e"), []byte("chatcmpl-5ae6257261e06ecb2a54213578c1755"+string(rune('0'+k))))
+		streams = append(streams, bytes.ReplaceAll(s, []byte("1796418576"), []byte("179641857"+string(rune('0'+k)))))
+	}
+	for _, c := range []struct {
+		name    string
+		tracked bool
+		relays  int
+	}{{"untracked", false, 1}, {"tracked", true, 1}, {"untracked/relays64", false, 64}, {"tracked/relays64", true, 64}} {
+		// relays64: streams go to 64 pooled relays in turn, each stream
+		// its own id, as under 64 concurrent streams: a relay's buffers
+		// and its tracker's layouts are out of cache when it is next used.
+		b.Run(c.name, func(b *testing.B) {
+			rels := make([]*relay, c.relays)
+			for i := range rels {
+				rels[i] = testRelay(r, relayBufSize)
+				rels[i].trackEvent = rels[i].trackedEvent
+			}
 			src := &eofReader{}
 			var out countWriter
 			b.SetBytes(int64(len(stream)))
 			b.ReportAllocs()
+			i := 0
 			for b.Loop() {
-				rel.mig.on, rel.pump.transform, rel.pump.lead = tracked, nil, nil
-				if tracked {
+				rel := rels[i%len(rels)]
+				data := stream
+				if c.relays > 1 {
+					data = streams[i/len(rels)%len(streams)] // another stream each round
+				}
+				i++
+				rel.mig.on, rel.pump.transform, rel.pump.lead = c.tracked, nil, nil
+				if c.tracked {
 					rel.mig.track.Reset(true)
 					rel.pump.transform, rel.pump.lead = rel.trackEvent, rel.trackLead()
 				}
-				src.data, src.size = stream, len(stream)
+				src.data, src.size = data, len(data)
 				rel.att.src, rel.done, rel.firstByte = src, false, false
 				if _, err := rel.WriteTo(&out); err != nil {
 					b.Fatal(err)
 				}
 			}
-			if perStream := out.bytes / b.N; tracked == (perStream >= len(stream)) {
-				b.Fatalf("tracked %v: %d bytes a stream relayed of %d (tracked: ids stripped)", tracked, perStream, len(stream))
+			if perStream := out.bytes / b.N; c.tracked == (perStream >= len(stream)) {
+				b.Fatalf("tracked %v: %d bytes a stream relayed of %d (tracked: ids stripped)", c.tracked, perStream, len(stream))
 			}
 		})
 	}
