@@ -132,7 +132,8 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 		}
 		c := rel.model
 		now := r.cfg.Now()
-		nowNano := time.Now().UnixNano()
+		wall := time.Now() // the stall check's and the attempt's start
+		nowNano := wall.UnixNano()
 		cands := rel.sub.Workers[:0]
 		untried, open, backlogged := 0, 0, 0
 		var full *Worker
@@ -182,7 +183,7 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 				continue
 			}
 			body, hb, ht, x := a.body, a.hintBuf[:0], a.hintTmp[:0], a.x
-			*a = attempt{rel: rel, body: body, hintBuf: hb, hintTmp: ht, x: x, ticket: t, start: time.Now()}
+			*a = attempt{rel: rel, body: body, hintBuf: hb, hintTmp: ht, x: x, ticket: t, start: wall}
 			a.probe = t.Worker.breaker.admit(now)
 			rel.tried = append(rel.tried, t.Worker)
 			t.Worker.picks.Inc()

@@ -34,6 +34,13 @@
 // the client watch, a full socket) falls back to a netpoller duplicate of
 // the socket with the runtime deadline fasthttp asked for.
 //
+// On the goroutine front door the client deadlines fasthttp asks for (four
+// a request: idle, headers, body, write) are recorded by frontConn and set
+// on the socket when a read or write begins (frontdeadline.go), with
+// epoll.Deadline's slack, so a busy keep-alive connection keeps its idle
+// wait's deadline across requests; the client watch sets its own at once
+// on the connection beneath.
+//
 // # Routes and dialects
 //
 // POST /v1/messages and /v1/messages/count_tokens speak Anthropic Messages

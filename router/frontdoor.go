@@ -66,6 +66,10 @@ type frontDoor struct {
 	ipMu  sync.Mutex
 	perIP map[string]int // guarded by ipMu; only with maxPerIP > 0
 
+	// writeTimeout bounds the write of an answer held for a read that
+	// does not come (frontConn.sendHeldAnswer); 0: none.
+	writeTimeout time.Duration
+
 	budget bodyBudget
 	held   sync.Map // net.Conn → *heldBody: the body its current request holds
 
@@ -76,7 +80,7 @@ type frontDoor struct {
 }
 
 func newFrontDoor(cfg Config) *frontDoor {
-	fd := &frontDoor{maxConns: cfg.MaxConnections, maxPerIP: cfg.MaxConnectionsPerIP}
+	fd := &frontDoor{maxConns: cfg.MaxConnections, maxPerIP: cfg.MaxConnectionsPerIP, writeTimeout: cfg.ClientWriteTimeout}
 	if fd.maxPerIP > 0 {
 		fd.perIP = make(map[string]int)
 	}
@@ -269,6 +273,9 @@ type frontConn struct {
 	// hold: a stream's last writes, held for its closing chunk
 	// (writehold.go).
 	hold writeHold
+	// dl: the deadlines asked, set by the next read or write
+	// (frontdeadline.go).
+	dl frontDeadlines
 }
 
 // NetConn returns the accepted connection under the front door's wrapper.

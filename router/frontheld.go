@@ -2,6 +2,7 @@ package router
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -96,6 +97,9 @@ func (c *frontConn) writeAnswer(p []byte) (int, error) {
 		// Too large to hold (or no socket): what is held goes first.
 		c.ans.on = false
 		if c.ans.pending.Swap(false) {
+			if err := c.beforeWrite(); err != nil {
+				return 0, err
+			}
 			if _, err := c.Conn.Write(c.ans.h.Take()); err != nil {
 				return 0, err
 			}
@@ -110,6 +114,9 @@ func (c *frontConn) writeAnswer(p []byte) (int, error) {
 // after an idle spell, as between a paced stream's tokens (a futex call
 // and a thread woken on the way to the client).
 func (c *frontConn) write(p []byte) (int, error) {
+	if err := c.beforeWrite(); err != nil {
+		return 0, err
+	}
 	if s := c.socket(); s != nil {
 		n, err := s.Send(p)
 		return n, epoll.OpError(c.Conn, err)
@@ -121,6 +128,9 @@ func (c *frontConn) Read(p []byte) (int, error) {
 	if c.ans.on {
 		c.ans.on = false // (no write while it is off: the client watch reads too)
 	}
+	if err := c.beforeRead(); err != nil {
+		return 0, err // (an answer held goes out with the Close)
+	}
 	if !c.ans.pending.Swap(false) {
 		return c.Conn.Read(p)
 	}
@@ -131,6 +141,9 @@ func (c *frontConn) Read(p []byte) (int, error) {
 	if len(rest) > 0 {
 		// The socket was full: the rest goes as any write, then the
 		// next request is read as usual.
+		if err := c.beforeWrite(); err != nil {
+			return 0, err
+		}
 		if _, err := c.Conn.Write(rest); err != nil {
 			return 0, err
 		}
@@ -141,8 +154,16 @@ func (c *frontConn) Read(p []byte) (int, error) {
 
 // sendHeldAnswer sends an answer held for a read that does not come
 // (Connection: close, drain, an idle close): it goes out before the close.
+// Close may run on another goroutine than the serving one (a drain), so
+// the write's deadline is set here, from the write timeout, not through
+// frontConn's deadlines (frontdeadline.go).
 func (c *frontConn) sendHeldAnswer() {
 	if c.ans.pending.Swap(false) {
+		var dl time.Time
+		if d := c.fd.writeTimeout; d > 0 {
+			dl = time.Now().Add(d)
+		}
+		_ = c.Conn.SetWriteDeadline(dl)
 		_, _ = c.Conn.Write(c.ans.h.Take())
 	}
 }

@@ -10,6 +10,14 @@ import "github.com/valyala/fasthttp"
 // it is accepted and echoed beside X-Request-Id.
 const inferaRequestIDHeader = "X-Infera-Request-Id"
 
+// The response's request-id header names, in fasthttp's canonical form:
+// set with SetCanonical, they are not copied and normalized again on every
+// request.
+var (
+	requestIDKey       = []byte("X-Request-Id")
+	inferaRequestIDKey = []byte(inferaRequestIDHeader)
+)
+
 // clientRequestID returns the id the client sent: X-Infera-Request-Id first
 // (Infera's), else X-Request-Id; nil when neither is present.
 func clientRequestID(h *fasthttp.RequestHeader) []byte {
@@ -23,7 +31,7 @@ func clientRequestID(h *fasthttp.RequestHeader) []byte {
 // valid, else a fresh one) and echoes it in both headers of the response.
 func (r *Router) setRequestID(ctx *fasthttp.RequestCtx, dst []byte) []byte {
 	dst = r.appendRequestID(dst, clientRequestID(&ctx.Request.Header))
-	ctx.Response.Header.SetBytesV("X-Request-Id", dst)
-	ctx.Response.Header.SetBytesV(inferaRequestIDHeader, dst)
+	ctx.Response.Header.SetCanonical(requestIDKey, dst)
+	ctx.Response.Header.SetCanonical(inferaRequestIDKey, dst)
 	return dst
 }

@@ -247,8 +247,11 @@ func (r *Router) Server() *fasthttp.Server {
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
 			return fasthttp.RequestConfig{ReadTimeout: r.cfg.ClientReadTimeout, MaxRequestBodySize: min(streamBodyThreshold, r.cfg.MaxBodyBytes)}
 		},
-		ConnState:   r.front.connState,
-		IdleTimeout: r.cfg.ClientIdleTimeout,
+		// The router never asks for the request's time (RequestCtx.Time):
+		// fasthttp then reads no clock for it on every request.
+		LazyRequestTime: true,
+		ConnState:       r.front.connState,
+		IdleTimeout:     r.cfg.ClientIdleTimeout,
 		// Set before each response; a stream pushes it forward as it
 		// goes (relay.keepWriting), so this bounds one stalled write.
 		WriteTimeout: r.cfg.ClientWriteTimeout,

@@ -32,6 +32,8 @@ type ioCounter struct {
 	net.Listener
 	socket        bool
 	reads, writes atomic.Int64
+	// deadlines counts the read and write deadlines set on them.
+	deadlines atomic.Int64
 }
 
 func (l *ioCounter) Accept() (net.Conn, error) {
@@ -59,6 +61,21 @@ func (c *countedConn) Read(p []byte) (int, error) {
 func (c *countedConn) Write(p []byte) (int, error) {
 	c.l.writes.Add(1)
 	return c.Conn.Write(p)
+}
+
+func (c *countedConn) SetReadDeadline(t time.Time) error {
+	c.l.deadlines.Add(1)
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *countedConn) SetWriteDeadline(t time.Time) error {
+	c.l.deadlines.Add(1)
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *countedConn) SetDeadline(t time.Time) error {
+	c.l.deadlines.Add(2)
+	return c.Conn.SetDeadline(t)
 }
 
 // socketConn is a countedConn that shows its socket.

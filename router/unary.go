@@ -45,7 +45,8 @@ const clientWatchDelay = 20 * time.Millisecond
 // relay: a request answered before the delay stops the timer and never
 // reads.
 type clientWatch struct {
-	conn     net.Conn
+	conn     net.Conn    // read and given deadlines at once (watched)
+	front    *frontConn  // the front door's connection above conn, if any
 	timer    *time.Timer // runs run after clientWatchDelay; made with the relay
 	gone     atomic.Bool // the client left
 	stopping atomic.Bool
@@ -70,7 +71,7 @@ func (w *clientWatch) start(c net.Conn, legs ...*upstream.Exchange) {
 	if c == nil {
 		return
 	}
-	w.conn = c
+	w.conn, w.front = watched(c)
 	copy(w.legs[:], legs)
 	w.wg.Add(1)
 	w.timer.Reset(clientWatchDelay)
@@ -118,12 +119,15 @@ func (w *clientWatch) stop(ctx *fasthttp.RequestCtx) bool {
 		_ = w.conn.SetReadDeadline(time.Now())
 		w.wg.Wait()
 		_ = w.conn.SetReadDeadline(time.Time{})
+		if w.front != nil {
+			w.front.forgetRead()
+		}
 	}
 	if w.byte {
 		ctx.SetConnectionClose()
 	}
 	gone := w.gone.Load()
-	w.conn, w.legs, w.byte = nil, [2]*upstream.Exchange{}, false
+	w.conn, w.front, w.legs, w.byte = nil, nil, [2]*upstream.Exchange{}, false
 	w.gone.Store(false)
 	w.stopping.Store(false)
 	return gone

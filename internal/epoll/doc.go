@@ -5,11 +5,15 @@
 // which sends the bytes written to a socket Go's netpoller watches from
 // inside the next read's wait, so that the read finds its answer there
 // (no read that finds nothing after a request), and sends bytes now or
-// reads with raw system calls (Send, Read with nothing held).
+// reads with raw system calls (Send, Read with nothing held); and
+// Deadline, a socket's deadline set with slack, so that a busy connection
+// does not update a runtime timer on every read and write (the router's
+// client and worker connections).
 //
 // Concurrency: a Poller is waited on by one goroutine (its loop); Poll
 // (into the caller's buffer), Add, Mod, Del and Wake may be called from
 // any goroutine. Read and Write are plain
 // system calls on descriptors the caller owns. A Held is used by one
-// goroutine at a time (its connection's, which writes and then reads).
+// goroutine at a time (its connection's, which writes and then reads), a
+// Deadline by one at a time (its socket's reader, or writer).
 package epoll

@@ -91,9 +91,12 @@ type Conn struct {
 
 	readHard  atomic.Int64 // unix ns; 0: none
 	writeHard atomic.Int64
-	// The deadlines last set on Conn (unix ns; 0: none or unknown), by
-	// its reading and its writing goroutine (setDeadline).
-	readSet, writeSet int64
+	// The deadlines last set on Conn, by its reading and its writing
+	// goroutine: a timeout or tick ends up to 1/epoll.SlackDiv of its
+	// wait late, a hard deadline (fasthttp's first-byte and request
+	// deadlines, a stream's) up to 1/epoll.HardSlackDiv and at most
+	// epoll.HardSlackMax (epoll.Deadline).
+	readSet, writeSet epoll.Deadline
 	watch             atomic.Pointer[WatchSlot] // the stream reading it, if watched
 
 	// hold: writes are held (HoldWrites) until the next read sends them;
@@ -118,47 +121,6 @@ func (c *Conn) SetOwner(o Owner) { c.owner = o }
 // Watch makes s's watcher (nil: none) watch c's reads.
 func (c *Conn) Watch(s *WatchSlot) { c.watch.Store(s) }
 
-// Deadline slack. Resetting a connection's deadline costs a runtime timer
-// update, and a busy connection would pay it on every read and write. So
-// setDeadline sets a deadline a little later than wanted, and keeps the one
-// already set while it is no earlier than wanted and no later than that
-// slack: a timeout or tick by 1/deadlineSlackDiv of its wait (an idle
-// timeout of 5 min ends up to ~19 s late, a stall tick of 500 ms up to
-// ~31 ms), a hard deadline (fasthttp's first-byte and request deadlines,
-// a stream's) by 1/hardSlackDiv of its wait and at most hardSlackMax.
-const (
-	deadlineSlackDiv = 16
-	hardSlackDiv     = 64
-	hardSlackMax     = 20 * time.Millisecond
-)
-
-// setDeadline sets Conn's read (or write) deadline to dl (hard: a hard
-// deadline) unless *cur, the one already set, may stand for it.
-func (c *Conn) setDeadline(cur *int64, write bool, dl, now time.Time, hard bool) error {
-	want := dl.UnixNano()
-	slack := (want - now.UnixNano()) / deadlineSlackDiv
-	if hard {
-		slack = min(slack*deadlineSlackDiv/hardSlackDiv, int64(hardSlackMax))
-	}
-	slack = max(slack, 0)
-	if have := *cur; have >= want && have-want <= slack {
-		return nil
-	}
-	set := dl.Add(time.Duration(slack))
-	var err error
-	if write {
-		err = c.Conn.SetWriteDeadline(set)
-	} else {
-		err = c.Conn.SetReadDeadline(set)
-	}
-	if err != nil {
-		*cur = 0
-		return err
-	}
-	*cur = want + slack
-	return nil
-}
-
 // capExact returns the earlier of t and the hard deadline h (unix ns, 0:
 // none), and whether h won.
 func capExact(t time.Time, h int64) (time.Time, bool) {
@@ -181,7 +143,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		if every > 0 && beat.Before(hard) {
 			dl, isBeat = beat, true
 		}
-		if err := c.setDeadline(&c.readSet, false, dl, now, !isBeat); err != nil {
+		if err := c.readSet.Set(c.Conn, false, dl, now, !isBeat); err != nil {
 			return 0, err
 		}
 		n, err := c.read(p)
@@ -227,7 +189,7 @@ func (c *Conn) readUnwatched(p []byte, now time.Time) (int, error) {
 		if tick > 0 && now.Add(tick).Before(hard) {
 			dl, isTick = now.Add(tick), true
 		}
-		if err := c.setDeadline(&c.readSet, false, dl, now, exact && !isTick); err != nil {
+		if err := c.readSet.Set(c.Conn, false, dl, now, exact && !isTick); err != nil {
 			return 0, err
 		}
 		n, err := c.read(p)
@@ -289,7 +251,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	}
 	now := time.Now()
 	dl, exact := capExact(now.Add(c.timeout), c.writeHard.Load())
-	if err := c.setDeadline(&c.writeSet, true, dl, now, exact); err != nil {
+	if err := c.writeSet.Set(c.Conn, true, dl, now, exact); err != nil {
 		return 0, err
 	}
 	return c.Conn.Write(p)

@@ -155,33 +155,3 @@ func TestWatchedReadHeartbeats(t *testing.T) {
 		t.Fatalf("%d heartbeats, want 3", n)
 	}
 }
-
-func TestSetDeadlineSlackKeepsANearDeadline(t *testing.T) {
-	addr := echoServer(t)
-	var set Set
-	defer set.CloseAll()
-	c, err := Dial(&set, addr, time.Second, time.Minute, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	var cur int64
-	if err := c.setDeadline(&cur, false, now.Add(16*time.Second), now, false); err != nil {
-		t.Fatal(err)
-	}
-	first := cur
-	if want := now.Add(17 * time.Second).UnixNano(); first != want {
-		t.Fatalf("deadline set at %d, want %d (1/16 slack)", first, want)
-	}
-	// A slightly later wish is covered by the slack: nothing is reset.
-	if err := c.setDeadline(&cur, false, now.Add(16*time.Second+time.Millisecond), now, false); err != nil || cur != first {
-		t.Fatalf("deadline reset to %d (%v), want it kept at %d", cur, err, first)
-	}
-	// A hard deadline's slack is at most hardSlackMax.
-	if err := c.setDeadline(&cur, false, now.Add(16*time.Second), now, true); err != nil {
-		t.Fatal(err)
-	}
-	if want := now.Add(16*time.Second + hardSlackMax).UnixNano(); cur != want {
-		t.Fatalf("hard deadline set at %d, want %d", cur, want)
-	}
-}

@@ -1,0 +1,106 @@
+package epoll_test
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/internal/epoll"
+)
+
+// deadlineCounter is a real connection that records the deadlines set on it.
+type deadlineCounter struct {
+	net.Conn
+	reads, writes int
+	last          time.Time
+}
+
+func (c *deadlineCounter) SetReadDeadline(t time.Time) error {
+	c.reads++
+	c.last = t
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *deadlineCounter) SetWriteDeadline(t time.Time) error {
+	c.writes++
+	c.last = t
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// A deadline is set a slack later than wanted, and a later wish within
+// that slack keeps it; a hard one gets at most HardSlackMax.
+func TestDeadlineSlackKeepsANearDeadline(t *testing.T) {
+	a, _ := tcpPair(t)
+	c := &deadlineCounter{Conn: a}
+	var d epoll.Deadline
+	now := time.Now()
+	if err := d.Set(c, false, now.Add(16*time.Second), now, false); err != nil {
+		t.Fatal(err)
+	}
+	if want := now.Add(17 * time.Second); c.reads != 1 || !c.last.Equal(want) {
+		t.Fatalf("%d sets, last %v; want 1 at %v (1/16 slack)", c.reads, c.last, want)
+	}
+	if err := d.Set(c, false, now.Add(16*time.Second+time.Millisecond), now.Add(time.Millisecond), false); err != nil || c.reads != 1 {
+		t.Fatalf("a wish within the slack set the deadline again (%d sets, %v)", c.reads, err)
+	}
+	if err := d.Set(c, false, now.Add(16*time.Second), now, true); err != nil {
+		t.Fatal(err)
+	}
+	if want := now.Add(16*time.Second + epoll.HardSlackMax); c.reads != 2 || !c.last.Equal(want) {
+		t.Fatalf("%d sets, hard deadline at %v; want 2, at %v", c.reads, c.last, want)
+	}
+	if c.writes != 0 {
+		t.Fatalf("%d write deadlines set for read ones", c.writes)
+	}
+}
+
+// An earlier deadline, none after one, one after none, and anything after
+// Forget are set; none twice is set once.
+func TestDeadlineSetsWhatTheSlackCannotCover(t *testing.T) {
+	a, _ := tcpPair(t)
+	c := &deadlineCounter{Conn: a}
+	var d epoll.Deadline
+	now := time.Now()
+	steps := []struct {
+		dl   time.Time
+		sets int
+	}{
+		{now.Add(time.Minute), 1},
+		{now.Add(time.Second), 2},       // earlier
+		{time.Time{}, 3},                // none
+		{time.Time{}, 3},                // none again: kept
+		{now.Add(time.Second), 4},       // one after none
+		{now.Add(time.Second + 1), 4},   // within the slack
+		{now.Add(-time.Millisecond), 5}, // already past: set, so the wait fails at once
+	}
+	for i, s := range steps {
+		if err := d.Set(c, true, s.dl, now, false); err != nil {
+			t.Fatal(err)
+		}
+		if c.writes != s.sets {
+			t.Fatalf("step %d (%v): %d sets, want %d", i, s.dl, c.writes, s.sets)
+		}
+	}
+	d.Forget()
+	if err := d.Set(c, true, now.Add(-time.Millisecond), now, false); err != nil || c.writes != 6 {
+		t.Fatalf("after Forget: %d sets (%v), want 6", c.writes, err)
+	}
+}
+
+// A deadline already past when set makes the next read fail with a
+// timeout, even when a later one was set before.
+func TestDeadlinePastEndsTheRead(t *testing.T) {
+	a, _ := tcpPair(t)
+	var d epoll.Deadline
+	now := time.Now()
+	if err := d.Set(a, false, now.Add(time.Hour), now, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Set(a, false, now.Add(-time.Millisecond), time.Now(), false); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.Read(make([]byte, 1))
+	if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("read: %v, want a timeout", err)
+	}
+}
