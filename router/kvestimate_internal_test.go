@@ -1,8 +1,11 @@
 package router
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -555,5 +558,46 @@ func TestKVEstimateReportedMissAdvancesIntake(t *testing.T) {
 		case reported && got > 1900:
 			t.Errorf("after p's reported miss q still counts %d of %d tokens cached on %s", got, full, tk.Worker.id)
 		}
+	}
+}
+
+// TestKVEstimatePickLog checks the debug line of a --kv-cost ttft pick (the
+// pick analyses of docs/performance.md read it): a warm request names the
+// holder and the prefix the index lists there; a cold one its eviction
+// loss. At info level there is no line.
+func TestKVEstimatePickLog(t *testing.T) {
+	long := unique(7, 1000)
+	tokens := chatTokens(t, long)
+	a := kvRecord(0, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	e.store(a, tokens)
+	var buf bytes.Buffer
+	e.p.log = zerolog.New(&buf).Level(zerolog.InfoLevel)
+	e.serial(chat(long))
+	if buf.Len() != 0 {
+		t.Fatalf("a pick logged at info level: %s", buf.String())
+	}
+	e.p.log = zerolog.New(&buf).Level(zerolog.DebugLevel)
+	e.serial(chat(long))
+	e.serial(chat(unique(8, 1000)))
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want 2 pick lines, got %d: %s", len(lines), buf.String())
+	}
+	var warm, cold map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &warm); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(lines[1]), &cold); err != nil {
+		t.Fatal(err)
+	}
+	blocks := float64(len(tokens) / 16)
+	if warm["message"] != "kv pick" || warm["warm"] != true || warm["worker_id"] != a || warm["holder_id"] != a ||
+		warm["holder_listed"] != blocks || len(warm["costs_seconds"].([]any)) != 2 {
+		t.Fatalf("warm pick line: %s", lines[0])
+	}
+	if _, ok := cold["loss"]; !ok || cold["warm"] != false {
+		t.Fatalf("cold pick line: %s", lines[1])
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/kvcache"
@@ -31,6 +32,7 @@ type kvScratch struct {
 	held    []float64 // per target: distinct prompt blocks in flight (--kv-cost ttft)
 	colds   []float64 // per target: decayed cold picks (--kv-cost ttft)
 	loss    []float64 // per target: what a long cold prompt would evict there (--kv-cost ttft)
+	listed  []int     // per target: the prefix the index lists, before the eviction cut (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
 	handles []*kvcache.Worker
@@ -168,6 +170,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.fills = growF(sc.fills, nt)
 		sc.held = growF(sc.held, nt)
 		sc.colds = growF(sc.colds, nt)
+		sc.listed = grow(sc.listed, nt)
 	}
 	total := 0.0
 	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
@@ -186,6 +189,9 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		picks := decayedFor(t.picks, t.picksAt, now, shareHalfLife)
 		intake := t.est.intake
 		t.mu.RUnlock()
+		if p.ttft {
+			sc.listed[i] = sc.hits[i]
+		}
 		if p.ttft && sc.hits[i] > 0 && kind == keyTokens && t.used != nil && t.precise() {
 			// What the index lists but the cache has had to evict since
 			// (its removal events not in yet) is priced as cold.
@@ -242,6 +248,9 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			p.coldLoss(sc, nt, kind, seq)
 		}
 		b := p.pickByEstimate(sc, nt, start, warm)
+		if e := p.log.Debug(); e.Enabled() {
+			logPick(e, sc, nt, b, warm, seq)
+		}
 		if !warm {
 			t := sc.targets[b]
 			t.mu.Lock()
@@ -471,6 +480,39 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		return best
 	}
 	return alt
+}
+
+// logPick writes one debug line per --kv-cost ttft pick (chosen target b):
+// the chosen target's and the best holder's view, so that a run's log shows
+// where a conversation left the worker holding it and why (the listed
+// prefix against the one the eviction cut kept, costs, shares). The prompt
+// is named by its 4th block hash (a conversation's turns share it) and its
+// last one.
+func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
+	hs := sc.sets[sc.setOf[b]].hashes
+	h := 0 // the best holder: the most listed blocks
+	for i := 1; i < nt; i++ {
+		if sc.listed[i] > sc.listed[h] {
+			h = i
+		}
+	}
+	key := uint64(0)
+	if len(hs) > minWarmBlocks-1 {
+		key = hs[minWarmBlocks-1]
+	}
+	tb, th := sc.targets[b], sc.targets[h]
+	if !warm {
+		e.Float64("loss", sc.loss[b])
+	}
+	e.Int64("pick_seq", seq).Bool("warm", warm).Int("target", b).Int("holder", h).
+		Floats64("costs_seconds", sc.costs[:nt]).Floats64("all_picks", sc.picks[:nt]).
+		Floats64("all_colds", sc.colds[:nt]).Floats64("all_fills", sc.fills[:nt]).Floats64("all_held", sc.held[:nt]).Uint64("prompt_key", key).Int("blocks", len(hs)).
+		Str("worker_id", tb.worker.id).Int("dp_rank", tb.key.DPRank).
+		Int("listed", sc.listed[b]).Int("eff", sc.effs[b]).Float64("cost_seconds", sc.costs[b]).
+		Float64("picks", sc.picks[b]).Float64("colds", sc.colds[b]).Float64("uncached", sc.uncs[b]).
+		Str("holder_id", th.worker.id).Int("holder_listed", sc.listed[h]).Int("holder_eff", sc.effs[h]).
+		Float64("holder_cost_seconds", sc.costs[h]).Float64("holder_picks", sc.picks[h]).
+		Msg("kv pick")
 }
 
 // coldLoss fills sc.loss for a cold request: on each target whose learnt
