@@ -601,3 +601,62 @@ func TestKVEstimatePickLog(t *testing.T) {
 		t.Fatalf("cold pick line: %s", lines[1])
 	}
 }
+
+// setPast gives worker id a past of decayed picks and cold picks as of the
+// fleet's pick count now.
+func (e *kvEnv) setPast(id string, picks, colds float64) {
+	tg := e.target0(id)
+	seq := e.p.seq.Load()
+	tg.mu.Lock()
+	tg.est.picks, tg.est.picksAt = picks, seq
+	tg.est.colds, tg.est.coldsAt = colds, seq
+	tg.mu.Unlock()
+}
+
+// TestKVEstimateColdBurstForgetsLastBurst: the count of new conversations
+// forgets a burst once the fleet has served that burst's later turns. It
+// used to decay only with cold picks, so the next round's burst began
+// with the last one's counts and went the other way: after a round with
+// five of 13 sessions on one worker and one on another, the next put six
+// on the second and one on the first, whose cache then could not hold
+// them (multi-turn: hit ratio 0.53–0.59 in 4 of 7 runs, 0.83–0.91× of one
+// big cache's). Here b had four of the last burst's new conversations
+// and a none, 52 warm picks ago: a new burst of 8 splits evenly.
+func TestKVEstimateColdBurstForgetsLastBurst(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	e.setPast(a, 30, 0)
+	e.setPast(b, 30, 4)
+	e.p.seq.Add(52) // the last burst's conversations' later turns
+	n := map[string]int{}
+	for i := range 8 {
+		n[e.serial(chat(unique(700+i, 250)))]++
+	}
+	if n[a] != 4 || n[b] != 4 {
+		t.Fatalf("a burst of 8 new conversations went %v: the last burst's counts still steer it", n)
+	}
+}
+
+// TestKVEstimateColdBurstIgnoresPastShare: the share bound, over the
+// picks of the last rounds, does not send a new conversation away from a
+// worker; the deficit weighs those picks beside the new conversations.
+// With the bound, a worker that had one conversation more than the others
+// last round (its picks above 1.1× fair) got none of the next burst until
+// the others caught up, and the round after the roles swapped (multi-turn:
+// five sessions on one worker, two on another). Here b is 1.13× fair on
+// past picks: a burst of 8 still gives it 4.
+func TestKVEstimateColdBurstIgnoresPastShare(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	e.setPast(a, 30, 0)
+	e.setPast(b, 40, 0)
+	n := map[string]int{}
+	for i := range 8 {
+		n[e.serial(chat(unique(800+i, 250)))]++
+	}
+	if n[a] != 4 || n[b] != 4 {
+		t.Fatalf("a burst of 8 new conversations went %v: b's past share kept it out", n)
+	}
+}

@@ -132,7 +132,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	kind := p.keyPrompt(in, sc, sc.targets[start].worker)
 	now := p.cfg.Now().UnixNano()
 	seq, halfLife := p.seq.Load(), deficitHalfLife*float64(nt)
-	cseq, coldHL := p.coldSeq.Load(), coldHalfLife*float64(nt)
+	coldHL := coldHalfLife * float64(nt)
 
 	// Hashes and cached prefixes per target.
 	sc.setOf = grow(sc.setOf, nt)
@@ -223,7 +223,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
 			sc.fills[i] = t.est.fillCount(seq, halfLife)
 			sc.held[i] = float64(active)
-			sc.colds[i] = t.est.coldCount(cseq, coldHL)
+			sc.colds[i] = t.est.coldCount(seq, coldHL)
 			t.mu.RUnlock()
 		}
 		sc.effs[i] = eff
@@ -254,9 +254,8 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		if !warm {
 			t := sc.targets[b]
 			t.mu.Lock()
-			t.est.enterCold(cseq, coldHL)
+			t.est.enterCold(seq, coldHL)
 			t.mu.Unlock()
-			p.coldSeq.Add(1)
 		}
 		return p.commit(in, sc, kind, now, b, seq, halfLife)
 	}
@@ -373,10 +372,9 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // one, the target furthest below its fair shares of the decayed picks
 // (sc.picks), cache intake (sc.fills), blocks in flight (sc.held) and cold
 // picks (sc.colds, weighted coldWeight) among those whose cost is within
-// the cold slack of the best. A choice that would
-// take its target above its share bound (MaxShareWarm for warm, MaxShare for
-// cold requests, × the fair share of the decayed picks, this one counted)
-// goes instead to the lowest cost within the bound and the slack, or
+// the cold slack of the best and (when any is) within the share bound
+// (MaxShareWarm × the fair share of the decayed picks, this one counted).
+// A warm choice that would take its target above the bound goes instead to the lowest cost within the bound and the slack, or
 // within the bound alone when the target is above twice the bound's excess
 // (kvestimate.go). Scans start at the rotating cursor and keep the first
 // minimum.
@@ -406,7 +404,8 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	share := p.cfg.MaxShareWarm
 	if !warm {
 		// The deficit of a cold request is against three fair shares: of
-		// the picks (the balance the share bound keeps), of the uncached
+		// the picks (the balance over the run, below the share bound), of
+		// the uncached
 		// tokens (what each cache has to take in: by count alone a few
 		// long one-off prompts evicted one worker's prefixes: trace hit
 		// ratio 0.60 of one big cache's against 0.76 with it, single
@@ -414,7 +413,6 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		// (what each cache must keep now: without it new conversations
 		// joined the worker whose running ones filled its cache,
 		// multi-turn 0.74 against 0.95 with it, single runs).
-		share = p.cfg.MaxShare
 		// Each fair share is floored at what this request adds (its
 		// uncached tokens, its blocks): shares far smaller than that are
 		// noise, not a deficit.
@@ -434,19 +432,30 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 				least = min(least, sc.loss[i])
 			}
 		}
-		cold, low := -1, math.Inf(1)
-		if sc.loss[best] <= least+lossSlack*sc.uncs[best] {
-			cold, low = best, score(best)
+		// Only a target above the warm requests' bound sits out, so that
+		// the requests with a home there can stay (kvestimate.go).
+		bound := math.Inf(1)
+		if share > 0 && fair >= minShareFair {
+			bound = share * fair
 		}
-		for k := range nt {
-			i := (start + k) % nt
-			if sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] {
-				if v := score(i); v < low {
-					cold, low = i, v
+		eligible := func(i int, pass int) bool {
+			return sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] &&
+				(pass > 0 || sc.picks[i]+1 <= bound)
+		}
+		cold, low := -1, math.Inf(1)
+		for pass := 0; cold < 0 && pass < 2; pass++ {
+			if eligible(best, pass) {
+				cold, low = best, score(best)
+			}
+			for k := range nt {
+				if i := (start + k) % nt; eligible(i, pass) {
+					if v := score(i); v < low {
+						cold, low = i, v
+					}
 				}
 			}
 		}
-		best = cold
+		return cold
 	}
 	bound := share * fair
 	if share <= 0 || fair < minShareFair || sc.picks[best]+1 <= bound {
