@@ -238,8 +238,18 @@ func TestKVRoutingComparison(t *testing.T) {
 			checks = append(checks, check{kvp[k] <= rrp[k]*(1+e[k]),
 				fmt.Sprintf("%s: kv-aware TTFT p%g %.1f ms ≤ round-robin %.1f ms × (1+ε %.2f)", wl.name, q, kvp[k], rrp[k], e[k])})
 			if q == 50 || q == 90 {
+				// One big cache beside it: the ideal cache's own ratio says
+				// whether routing could reach 0.8× on this workload at all
+				// (the trace's p90 is its cold long prefills, which no
+				// cache avoids). Reported, not a change of the check.
+				big := medPct("one big cache", wl.name)[k]
+				ideal := ""
+				if big > 0.8*rrp[k] {
+					ideal = "; not reachable by routing here"
+				}
 				checks = append(checks, check{kvp[k] <= 0.8*rrp[k],
-					fmt.Sprintf("%s: kv-aware TTFT p%g %.1f ms ≤ 0.8 × round-robin %.1f ms", wl.name, q, kvp[k], rrp[k])})
+					fmt.Sprintf("%s: kv-aware TTFT p%g %.1f ms ≤ 0.8 × round-robin %.1f ms (one big cache %.1f ms = %.2f× round-robin%s)",
+						wl.name, q, kvp[k], rrp[k], big, big/rrp[k], ideal)})
 			}
 		}
 		kvh, bigh := med("kv-aware", wl.name, hitRatio), med("one big cache", wl.name, hitRatio)

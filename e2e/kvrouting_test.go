@@ -97,6 +97,16 @@ func runKVFleet(t *testing.T, fl kvFleet, workloads []kvWorkload, outDir string)
 		p.stop(syscall.SIGTERM)
 	}
 	f.serve.stop(syscall.SIGTERM)
+	if outDir != "" && fl.policy == "kv-aware" {
+		// The router's log (debug level: one "kv pick" line per pick of
+		// --kv-cost ttft and one "kv answer" per answer) for pick analyses.
+		f.serve.mu.Lock()
+		raw := strings.Join(f.serve.raw, "\n")
+		f.serve.mu.Unlock()
+		if err := os.WriteFile(filepath.Join(outDir, "kv-aware-serve.log"), []byte(raw), 0o644); err != nil {
+			t.Errorf("write serve log: %v", err)
+		}
+	}
 	return out
 }
 

@@ -69,6 +69,10 @@
 // token instead (kvestimate.go), and follows each cache's LRU on its intake:
 // a listed prefix the target has had to evict since is priced as cold, and
 // a long cold prompt goes where it evicts the least recently used prompts.
+// There a request without a home (cold, or warm on a prefix several
+// targets hold alike, such as a shared system prompt) goes by a deficit of
+// picks, intake, blocks in flight and recent new conversations; only a
+// target above MaxShareWarm sits out.
 // It serves GET /v1/admin/cache-view/{worker_id} (admin.go)
 // and exports its series with the router's /metrics. Its divergence alarm
 // (kvdivergence.go) compares each worker's engine-reported usage with the

@@ -77,7 +77,9 @@ type KVAwareConfig struct {
 	// MaxShare bounds where cold requests (no target holds a quarter of
 	// the prompt) go: not to a target whose recent picks (halving every 10 s)
 	// exceed MaxShare × fair + 1, unless every target's do. 0 disables
-	// the bound.
+	// the bound. With Cost KVCostTTFT cold requests are held to
+	// MaxShareWarm instead, and balanced below it by the deficit
+	// (kvestimate.go).
 	MaxShare float64
 	// MaxShareWarm is the same bound for warm requests; 0 disables it.
 	MaxShareWarm float64
@@ -215,8 +217,6 @@ type KVAware struct {
 	// seq counts the picks (--kv-cost ttft): the clock of the deficit's
 	// decay (kvestimate.go).
 	seq atomic.Int64
-	// coldSeq counts the cold picks: the clock of their count's decay.
-	coldSeq atomic.Int64
 
 	peer *peerHints          // nil unless PeerHints
 	div  *kvcache.Divergence // the divergence alarm (kvdivergence.go); nil: off

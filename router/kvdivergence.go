@@ -98,6 +98,11 @@ func (r *Router) noteUsage(rel *relay, o outcome) {
 func (p *KVAware) observeUsage(kt *kvTicket, prompt, cached int64) {
 	if p.ttft && cached >= 0 {
 		p.noteIntake(kt, cached)
+		if e := p.log.Debug(); e.Enabled() && len(kt.hashes) >= minWarmBlocks {
+			e.Uint64("prompt_key", kt.hashes[minWarmBlocks-1]).Int("blocks", len(kt.hashes)).
+				Str("worker_id", kt.target.worker.id).Int64("predicted_tokens", kt.predTokens).
+				Int64("cached_tokens", cached).Int64("prompt_tokens", prompt).Msg("kv answer")
+		}
 	}
 	if p.div == nil {
 		return

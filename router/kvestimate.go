@@ -47,10 +47,16 @@ const (
 // recent cold picks, among those whose cost is within the cold slack of the
 // best (coldSlackFactor, plus about two of its own prefills): cold traffic,
 // new conversations, what the caches take in and what they must keep
-// spread evenly without a request being sent into a long queue.
-// A choice that would take its target above the share bound (MaxShareWarm
-// for warm, MaxShare for cold requests, × the fair share of the decayed
-// picks) goes to the lowest cost within the bound and the slack; if there
+// spread evenly without a request being sent into a long queue. Only the
+// targets above the share bound of warm requests (MaxShareWarm × the fair
+// share of the decayed picks) sit out, so that the requests with a home
+// there can stay; below it the deficit, which weighs the past picks too,
+// decides. At MaxShare (1.1, tighter) the bound, over the picks of the
+// last rounds, sent every new conversation of a burst away from a worker
+// that had had one more the round before, which the round after then
+// lacked (TestKVEstimateColdBurstIgnoresPastShare).
+// A warm choice that would take its target above the bound goes to the
+// lowest cost within the bound and the slack; if there
 // is none and the target is above twice the bound's excess (1.3× fair for
 // 1.15), to the lowest cost within the bound wherever it is: a hot prefix
 // gets a second holder, which the bound within the slack then uses.
@@ -83,9 +89,15 @@ const (
 	// fleet, so that the deficit follows the traffic of the last few
 	// hundred requests rather than the whole life of the router.
 	deficitHalfLife = 32
-	// coldHalfLife is the memory of the cold picks' count, in cold picks
-	// per target: about one burst of new conversations.
-	coldHalfLife = 2
+	// coldHalfLife is the memory of the cold picks' count, in picks of the
+	// fleet per target: a burst of new conversations is remembered while
+	// it lasts and forgotten by the next one, a round of their later turns
+	// away. Counted in cold picks only (2 per target), the count carried
+	// one burst's spread into the next, which went the other way: five of
+	// a round's 13 sessions on one worker, then six on another, each more
+	// than its cache holds (multi-turn hit ratio 0.83–0.91× of one big
+	// cache's in 4 of 7 runs; TestKVEstimateColdBurstForgetsLastBurst).
+	coldHalfLife = 4
 	// coldWeight is the weight of the cold picks' count in a cold
 	// request's deficit against the picks, intake and held terms. Those
 	// follow the past: with a fair share of 30 picks and 10,000 tokens
@@ -112,8 +124,8 @@ type ttftModel struct {
 	picks    float64     // picks, decayed by the fleet's picks since picksAt (pickCount)
 	picksAt  int64       // KVAware.seq at the last update of picks and fills
 	fills    float64     // uncached prompt tokens charged here, decayed as picks
-	colds    float64     // cold picks, decayed by the fleet's cold picks since coldsAt
-	coldsAt  int64       // KVAware.coldSeq at the last update of colds
+	colds    float64     // cold picks, decayed by the fleet's picks since coldsAt
+	coldsAt  int64       // KVAware.seq at the last update of colds
 
 	// The eviction-aware view (see "Eviction" below).
 	intake float64                 // uncached prompt tokens charged here, ever: the cache's intake clock
@@ -278,8 +290,8 @@ func (m *ttftModel) fillCount(seq int64, halfLife float64) float64 {
 	return m.fills
 }
 
-// coldCount returns the target's cold picks as seen at the fleet's cold
-// pick seq, halving every halfLife cold picks of the fleet.
+// coldCount returns the target's cold picks as seen at fleet pick seq,
+// halving every halfLife picks of the fleet.
 func (m *ttftModel) coldCount(seq int64, halfLife float64) float64 {
 	if d := seq - m.coldsAt; d > 0 && m.colds > 0 {
 		return m.colds * math.Exp2(-float64(d)/halfLife)
@@ -287,8 +299,7 @@ func (m *ttftModel) coldCount(seq int64, halfLife float64) float64 {
 	return m.colds
 }
 
-// enterCold counts a cold pick; seq is the fleet's cold pick count before
-// it.
+// enterCold counts a cold pick; seq is the fleet's pick count before it.
 func (m *ttftModel) enterCold(seq int64, halfLife float64) {
 	m.colds = m.coldCount(seq, halfLife) + 1
 	m.coldsAt = seq

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/kvcache"
@@ -31,6 +32,7 @@ type kvScratch struct {
 	held    []float64 // per target: distinct prompt blocks in flight (--kv-cost ttft)
 	colds   []float64 // per target: decayed cold picks (--kv-cost ttft)
 	loss    []float64 // per target: what a long cold prompt would evict there (--kv-cost ttft)
+	listed  []int     // per target: the prefix the index lists, before the eviction cut (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
 	handles []*kvcache.Worker
@@ -130,7 +132,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	kind := p.keyPrompt(in, sc, sc.targets[start].worker)
 	now := p.cfg.Now().UnixNano()
 	seq, halfLife := p.seq.Load(), deficitHalfLife*float64(nt)
-	cseq, coldHL := p.coldSeq.Load(), coldHalfLife*float64(nt)
+	coldHL := coldHalfLife * float64(nt)
 
 	// Hashes and cached prefixes per target.
 	sc.setOf = grow(sc.setOf, nt)
@@ -168,6 +170,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.fills = growF(sc.fills, nt)
 		sc.held = growF(sc.held, nt)
 		sc.colds = growF(sc.colds, nt)
+		sc.listed = grow(sc.listed, nt)
 	}
 	total := 0.0
 	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
@@ -186,6 +189,9 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		picks := decayedFor(t.picks, t.picksAt, now, shareHalfLife)
 		intake := t.est.intake
 		t.mu.RUnlock()
+		if p.ttft {
+			sc.listed[i] = sc.hits[i]
+		}
 		if p.ttft && sc.hits[i] > 0 && kind == keyTokens && t.used != nil && t.precise() {
 			// What the index lists but the cache has had to evict since
 			// (its removal events not in yet) is priced as cold.
@@ -217,7 +223,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
 			sc.fills[i] = t.est.fillCount(seq, halfLife)
 			sc.held[i] = float64(active)
-			sc.colds[i] = t.est.coldCount(cseq, coldHL)
+			sc.colds[i] = t.est.coldCount(seq, coldHL)
 			t.mu.RUnlock()
 		}
 		sc.effs[i] = eff
@@ -242,12 +248,14 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			p.coldLoss(sc, nt, kind, seq)
 		}
 		b := p.pickByEstimate(sc, nt, start, warm)
+		if e := p.log.Debug(); e.Enabled() {
+			logPick(e, sc, nt, b, warm, seq)
+		}
 		if !warm {
 			t := sc.targets[b]
 			t.mu.Lock()
-			t.est.enterCold(cseq, coldHL)
+			t.est.enterCold(seq, coldHL)
 			t.mu.Unlock()
-			p.coldSeq.Add(1)
 		}
 		return p.commit(in, sc, kind, now, b, seq, halfLife)
 	}
@@ -364,11 +372,13 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // one, the target furthest below its fair shares of the decayed picks
 // (sc.picks), cache intake (sc.fills), blocks in flight (sc.held) and cold
 // picks (sc.colds, weighted coldWeight) among those whose cost is within
-// the cold slack of the best. A choice that would
-// take its target above its share bound (MaxShareWarm for warm, MaxShare for
-// cold requests, × the fair share of the decayed picks, this one counted)
-// goes instead to the lowest cost within the bound and the slack, or
-// within the bound alone when the target is above twice the bound's excess
+// the cold slack of the best and (when any is) within the share bound
+// (MaxShareWarm × the fair share of the decayed picks, this one counted).
+// A warm request whose prefix several targets within the slack hold alike
+// goes to the one furthest below its shares of picks, intake and blocks in
+// flight. A warm choice that would take its target above the bound goes
+// instead to the lowest cost within the bound and the slack, or within the
+// bound alone when the target is above twice the bound's excess
 // (kvestimate.go). Scans start at the rotating cursor and keep the first
 // minimum.
 func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
@@ -395,28 +405,52 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	}
 	fair := total / float64(nt)
 	share := p.cfg.MaxShareWarm
-	if !warm {
-		// The deficit of a cold request is against three fair shares: of
-		// the picks (the balance the share bound keeps), of the uncached
-		// tokens (what each cache has to take in: by count alone a few
-		// long one-off prompts evicted one worker's prefixes: trace hit
-		// ratio 0.60 of one big cache's against 0.76 with it, single
-		// runs), and of the prompt blocks held by requests in flight
-		// (what each cache must keep now: without it new conversations
-		// joined the worker whose running ones filled its cache,
-		// multi-turn 0.74 against 0.95 with it, single runs).
-		share = p.cfg.MaxShare
-		// Each fair share is floored at what this request adds (its
-		// uncached tokens, its blocks): shares far smaller than that are
-		// noise, not a deficit.
-		fairFill := max(fills/float64(nt), sc.uncs[best], 1)
-		fairHeld := max(held/float64(nt), float64(len(sc.sets[sc.setOf[best]].hashes)), 1)
-		// The fourth term is the cold picks themselves, with a memory of
-		// about one burst (coldHalfLife) and coldWeight times the weight
-		// of the others: see coldWeight.
+	// The deficit is against three fair shares: of the picks (the balance
+	// over the run, below the share bound), of the uncached tokens (what
+	// each cache has to take in: by count alone a few long one-off prompts
+	// evicted one worker's prefixes: trace hit ratio 0.60 of one big
+	// cache's against 0.76 with it, single runs), and of the prompt blocks
+	// held by requests in flight (what each cache must keep now: without
+	// it new conversations joined the worker whose running ones filled its
+	// cache, multi-turn 0.74 against 0.95 with it, single runs). Each fair
+	// share is floored at what this request adds (its uncached tokens, its
+	// blocks): shares far smaller than that are noise, not a deficit.
+	fairFill := max(fills/float64(nt), sc.uncs[best], 1)
+	fairHeld := max(held/float64(nt), float64(len(sc.sets[sc.setOf[best]].hashes)), 1)
+	deficit := func(i int) float64 {
+		return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld
+	}
+	if warm {
+		// A prefix that several targets hold alike within the slack (the
+		// shared system prompt a new conversation starts with) makes none
+		// of them its home: the deficit chooses among them, as for a cold
+		// request, at no cost in hits. By the estimate alone the new
+		// conversations of a popular system prompt followed its first
+		// holder (conversation: busiest worker 1.08–1.27× fair from
+		// repeat to repeat).
+		top := 0
+		for i := range nt {
+			top = max(top, sc.effs[i])
+		}
+		tie, low, homes := -1, math.Inf(1), 0
+		for k := range nt {
+			if i := (start + k) % nt; sc.effs[i] == top && sc.costs[i] <= limit {
+				homes++
+				if v := deficit(i); v < low {
+					tie, low = i, v
+				}
+			}
+		}
+		if homes > 1 {
+			best = tie
+		}
+	} else {
+		// The fourth term of a cold request's deficit is the cold picks
+		// themselves, with a memory of about one burst (coldHalfLife) and
+		// coldWeight times the weight of the others: see coldWeight.
 		fairCold := max(colds/float64(nt), 1) / coldWeight
 		score := func(i int) float64 {
-			return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld + sc.colds[i]/fairCold
+			return deficit(i) + sc.colds[i]/fairCold
 		}
 		// A long cold prompt goes where it evicts least (coldLoss).
 		least := math.Inf(1)
@@ -425,19 +459,30 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 				least = min(least, sc.loss[i])
 			}
 		}
-		cold, low := -1, math.Inf(1)
-		if sc.loss[best] <= least+lossSlack*sc.uncs[best] {
-			cold, low = best, score(best)
+		// Only a target above the warm requests' bound sits out, so that
+		// the requests with a home there can stay (kvestimate.go).
+		bound := math.Inf(1)
+		if share > 0 && fair >= minShareFair {
+			bound = share * fair
 		}
-		for k := range nt {
-			i := (start + k) % nt
-			if sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] {
-				if v := score(i); v < low {
-					cold, low = i, v
+		eligible := func(i int, pass int) bool {
+			return sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] &&
+				(pass > 0 || sc.picks[i]+1 <= bound)
+		}
+		cold, low := -1, math.Inf(1)
+		for pass := 0; cold < 0 && pass < 2; pass++ {
+			if eligible(best, pass) {
+				cold, low = best, score(best)
+			}
+			for k := range nt {
+				if i := (start + k) % nt; eligible(i, pass) {
+					if v := score(i); v < low {
+						cold, low = i, v
+					}
 				}
 			}
 		}
-		best = cold
+		return cold
 	}
 	bound := share * fair
 	if share <= 0 || fair < minShareFair || sc.picks[best]+1 <= bound {
@@ -471,6 +516,39 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		return best
 	}
 	return alt
+}
+
+// logPick writes one debug line per --kv-cost ttft pick (chosen target b):
+// the chosen target's and the best holder's view, so that a run's log shows
+// where a conversation left the worker holding it and why (the listed
+// prefix against the one the eviction cut kept, costs, shares). The prompt
+// is named by its 4th block hash (a conversation's turns share it) and its
+// last one.
+func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
+	hs := sc.sets[sc.setOf[b]].hashes
+	h := 0 // the best holder: the most listed blocks
+	for i := 1; i < nt; i++ {
+		if sc.listed[i] > sc.listed[h] {
+			h = i
+		}
+	}
+	key := uint64(0)
+	if len(hs) > minWarmBlocks-1 {
+		key = hs[minWarmBlocks-1]
+	}
+	tb, th := sc.targets[b], sc.targets[h]
+	if !warm {
+		e.Float64("loss", sc.loss[b])
+	}
+	e.Int64("pick_seq", seq).Bool("warm", warm).Int("target", b).Int("holder", h).
+		Floats64("costs_seconds", sc.costs[:nt]).Floats64("all_picks", sc.picks[:nt]).
+		Floats64("all_colds", sc.colds[:nt]).Floats64("all_fills", sc.fills[:nt]).Floats64("all_held", sc.held[:nt]).Uint64("prompt_key", key).Int("blocks", len(hs)).
+		Str("worker_id", tb.worker.id).Int("dp_rank", tb.key.DPRank).
+		Int("listed", sc.listed[b]).Int("eff", sc.effs[b]).Float64("cost_seconds", sc.costs[b]).
+		Float64("picks", sc.picks[b]).Float64("colds", sc.colds[b]).Float64("uncached", sc.uncs[b]).
+		Str("holder_id", th.worker.id).Int("holder_listed", sc.listed[h]).Int("holder_eff", sc.effs[h]).
+		Float64("holder_cost_seconds", sc.costs[h]).Float64("holder_picks", sc.picks[h]).
+		Msg("kv pick")
 }
 
 // coldLoss fills sc.loss for a cold request: on each target whose learnt
