@@ -1,24 +1,16 @@
 package router
 
 import (
-	"net"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testkit"
 )
 
 // Recording a client deadline and setting it when a read or write begins
 // allocates nothing, whether the socket's deadline is kept or set.
 func TestFrontDeadlinesAllocs(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := testkit.TCPPair(t)
 	fc := &frontConn{Conn: c}
 	now := time.Now()
 	near, far := now.Add(time.Minute), now.Add(time.Hour)

@@ -2,18 +2,14 @@ package router_test
 
 import (
 	"bufio"
-	"context"
 	"io"
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
-	"github.com/infera/infera/internal/servetest"
-	"github.com/infera/infera/router"
 )
 
 // TestFrontDoorDeadlinesSetWhenTheyApply: on the goroutine front door a
@@ -35,18 +31,7 @@ func TestFrontDoorDeadlinesSetWhenTheyApply(t *testing.T) {
 			}
 		}
 	})
-	r := unservedRouter(t, router.RoundRobin{}, record(up, "m", discovery.StatusActive))
-	rc := &ioCounter{socket: true}
-	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error {
-		rc.Listener = ln
-		return r.Serve(ctx, rc) // the goroutine front door
-	})
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	c, rc := socketCountedClient(t, record(up, "m", discovery.StatusActive))
 	br := bufio.NewReader(c)
 	const requests = 20
 	for range requests {

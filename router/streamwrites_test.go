@@ -85,6 +85,26 @@ func (c *socketConn) SyscallConn() (syscall.RawConn, error) {
 	return c.Conn.(syscall.Conn).SyscallConn()
 }
 
+// socketCountedClient serves the workers on the goroutine front door with
+// its client connections counted as they show their sockets (ioCounter),
+// and returns a connection to it (closed when the test ends).
+func socketCountedClient(t *testing.T, workers ...discovery.Record) (net.Conn, *ioCounter) {
+	t.Helper()
+	r := unservedRouter(t, router.RoundRobin{}, workers...)
+	rc := &ioCounter{socket: true}
+	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error {
+		rc.Listener = ln
+		return r.Serve(ctx, rc) // the goroutine front door
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	return c, rc
+}
+
 // startCountedRouter is startRouter on the goroutine front door, with the
 // client connections' writes counted.
 func startCountedRouter(t *testing.T, workers ...discovery.Record) (string, *ioCounter) {
@@ -441,19 +461,7 @@ func TestStreamEndAloneHeldForTheNextRead(t *testing.T) {
 		}
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
 	})
-	r := unservedRouter(t, router.RoundRobin{}, record(up, "m", discovery.StatusActive))
-	rc := &ioCounter{socket: true}
-	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error {
-		rc.Listener = ln
-		return r.Serve(ctx, rc) // the goroutine front door
-	})
-
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	c, rc := socketCountedClient(t, record(up, "m", discovery.StatusActive))
 	post := func(body string) {
 		t.Helper()
 		if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/internal/epoll"
+	"github.com/infera/infera/internal/testkit"
 )
 
 // deadlineCounter is a real connection that records the deadlines set on it.
@@ -30,7 +31,7 @@ func (c *deadlineCounter) SetWriteDeadline(t time.Time) error {
 // A deadline is set a slack later than wanted, and a later wish within
 // that slack keeps it; a hard one gets at most HardSlackMax.
 func TestDeadlineSlackKeepsANearDeadline(t *testing.T) {
-	a, _ := tcpPair(t)
+	a, _ := testkit.TCPPair(t)
 	c := &deadlineCounter{Conn: a}
 	var d epoll.Deadline
 	now := time.Now()
@@ -57,7 +58,7 @@ func TestDeadlineSlackKeepsANearDeadline(t *testing.T) {
 // An earlier deadline, none after one, one after none, and anything after
 // Forget are set; none twice is set once.
 func TestDeadlineSetsWhatTheSlackCannotCover(t *testing.T) {
-	a, _ := tcpPair(t)
+	a, _ := testkit.TCPPair(t)
 	c := &deadlineCounter{Conn: a}
 	var d epoll.Deadline
 	now := time.Now()
@@ -90,7 +91,7 @@ func TestDeadlineSetsWhatTheSlackCannotCover(t *testing.T) {
 // A deadline already past when set makes the next read fail with a
 // timeout, even when a later one was set before.
 func TestDeadlinePastEndsTheRead(t *testing.T) {
-	a, _ := tcpPair(t)
+	a, _ := testkit.TCPPair(t)
 	var d epoll.Deadline
 	now := time.Now()
 	if err := d.Set(a, false, now.Add(time.Hour), now, false); err != nil {

@@ -13,32 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/infera/infera/internal/epoll"
+	"github.com/infera/infera/internal/testkit"
 )
-
-// tcpPair returns both ends of a loopback TCP connection, closed when the
-// test ends.
-func tcpPair(t *testing.T) (a, b *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ln.Accept()
-	if err != nil {
-		c.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		s.Close()
-	})
-	return c.(*net.TCPConn), s.(*net.TCPConn)
-}
 
 // echoOnce reads one message of n bytes on c and answers it with reply,
 // reporting what it read on got.
@@ -57,7 +33,7 @@ func echoOnce(c net.Conn, n int, reply []byte, got chan<- []byte) {
 // A held request goes out with the read, and the read returns the answer;
 // the read after it is an ordinary one.
 func TestHeldSendThenRead(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := testkit.TCPPair(t)
 	var h epoll.Held
 	h.Init(a)
 	got := make(chan []byte, 1)
@@ -95,7 +71,7 @@ func TestHeldSendThenRead(t *testing.T) {
 
 // A held read waits under the socket's read deadline.
 func TestHeldDeadline(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := testkit.TCPPair(t)
 	var h epoll.Held
 	h.Init(a)
 	got := make(chan []byte, 1)
@@ -118,7 +94,7 @@ func TestHeldDeadline(t *testing.T) {
 // When the socket cannot take all that is held, Read returns the rest for
 // the caller to send; MaxHeld bounds what is held.
 func TestHeldRest(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := testkit.TCPPair(t)
 	sc, _ := a.SyscallConn()
 	_ = sc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
 	bc, _ := b.SyscallConn()
@@ -154,7 +130,7 @@ func TestHeldNoSocketAndErrors(t *testing.T) {
 	if h.Hold([]byte("x")) {
 		t.Fatal("held without a socket")
 	}
-	a, b := tcpPair(t)
+	a, b := testkit.TCPPair(t)
 	h.Init(a)
 	_ = b.SetLinger(0)
 	b.Close() // a reset
@@ -172,7 +148,7 @@ func TestHeldNoSocketAndErrors(t *testing.T) {
 
 // A held exchange allocates nothing, nor does Send with a read after it.
 func TestHeldAlloc(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := testkit.TCPPair(t)
 	var h epoll.Held
 	h.Init(a)
 	done := make(chan struct{})
@@ -218,7 +194,7 @@ func TestHeldAlloc(t *testing.T) {
 // Send writes at once, all of it: a socket that is full is waited on until
 // the peer makes room. Read with nothing held then reads as any read.
 func TestHeldSendWaitsForRoom(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := testkit.TCPPair(t)
 	sc, _ := a.SyscallConn()
 	_ = sc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096) })
 	var h epoll.Held
@@ -245,7 +221,7 @@ func TestHeldSendWaitsForRoom(t *testing.T) {
 // Send into a socket that stays full ends at the write deadline, named as
 // a net.Conn names its own; after a reset it is a syscall error.
 func TestHeldSendErrors(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := testkit.TCPPair(t)
 	var h epoll.Held
 	h.Init(a)
 	big := bytes.Repeat([]byte("z"), 64<<20) // b never reads
@@ -260,7 +236,7 @@ func TestHeldSendErrors(t *testing.T) {
 	}
 	_ = a.SetWriteDeadline(time.Time{})
 
-	c, d := tcpPair(t)
+	c, d := testkit.TCPPair(t)
 	h.Init(c)
 	_ = d.SetLinger(0)
 	d.Close() // a reset

@@ -1,6 +1,7 @@
 // Package testkit holds the small helpers many packages' tests share:
 // Eventually polls a condition until a deadline, FreePort and FreeAddr find
-// a free loopback port, FreePortPair two adjacent ones, and LogSink is a log destination the code
+// a free loopback port, FreePortPair two adjacent ones, TCPPair gives both
+// ends of a loopback TCP connection, and LogSink is a log destination the code
 // under test and the test may use at once.
 //
 // Concurrency: Eventually runs on the test goroutine; a LogSink may be

@@ -41,6 +41,31 @@ func FreePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// TCPPair returns both ends of a loopback TCP connection, closed when the
+// test ends.
+func TCPPair(t testing.TB) (a, b *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		s.Close()
+	})
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
 // FreeAddr returns FreePort as a "127.0.0.1:port" address.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
