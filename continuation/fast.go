@@ -25,7 +25,9 @@ import (
 // tracker reads even the first and last chunk of its next stream from the
 // same engine through them: the first chunk of a stream moves its layout
 // to the stream's id, time and model, and that one the others, so the
-// stream's other chunks compare those as fixed bytes ("rigid" match).
+// stream's other chunks compare those as fixed bytes ("rigid" match);
+// values as long as the old ones (an engine's most often are) are
+// written over them in place.
 // A finish reason that is null in the chunk a layout was learnt from is
 // fixed bytes too. FuzzFastAgrees holds the two paths to the same result.
 
@@ -411,6 +413,18 @@ type streamValues struct {
 // holes. It reports whether any changed; a layout that outgrows
 // maxTemplateBytes is dropped.
 func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
+	if sameLengths(tm, vals) {
+		// An engine's stream ids and times most often have one length:
+		// the new values are written over the old ones, and the rest of
+		// the layout (cold in a pooled relay's tracker) is not copied.
+		for _, h := range tm.holes[:tm.n] {
+			if v := vals.v[h.kind]; h.kind >= holeID && v != nil && vals.str[h.kind] == h.str && !bytes.Equal(v, tm.b[h.start:h.end]) {
+				copy(tm.b[h.start:h.end], v)
+				changed = true
+			}
+		}
+		return changed
+	}
 	buf := t.lay.stampBuf[:0]
 	holes := tm.holes
 	prev := 0
@@ -438,6 +452,17 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 	}
 	tm.holes = holes
 	t.lay.stampBuf, tm.b = tm.b[:0], buf
+	return true
+}
+
+// sameLengths reports whether every value of vals that stamp would put
+// into tm is as long as the one it replaces.
+func sameLengths(tm *template, vals *streamValues) bool {
+	for _, h := range tm.holes[:tm.n] {
+		if v := vals.v[h.kind]; h.kind >= holeID && v != nil && vals.str[h.kind] == h.str && len(v) != h.end-h.start {
+			return false
+		}
+	}
 	return true
 }
 
