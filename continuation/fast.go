@@ -295,20 +295,28 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 // matchAny tries the templates in the order a stream's chunks follow
 // each other: the one matched last, the one that followed it the last
 // time another did (steady chunks follow the first, the last follows
-// them, the next stream's first follows the last), then the rest.
+// them, the next stream's first follows the last; for a match that is
+// not rigid, that one first), then the rest.
 func (t *Tracker) matchAny(data []byte, rigid, open bool) (a, b, end int, ok bool) {
-	if a, b, end, ok = t.matchTemplate(t.lay.hit, data, rigid, open); ok {
+	hit, next := t.lay.hit, int(t.lay.tmpls[t.lay.hit].next)
+	first, second := hit, next
+	if !rigid {
+		// Most often a stream's first chunk, after the previous stream's
+		// last: the layout that followed that one is tried first.
+		first, second = next, hit
+	}
+	if a, b, end, ok = t.matchTemplate(first, data, rigid, open); ok {
+		t.lay.hit = first
 		return a, b, end, true
 	}
-	next := int(t.lay.tmpls[t.lay.hit].next)
-	if next != t.lay.hit {
-		if a, b, end, ok = t.matchTemplate(next, data, rigid, open); ok {
-			t.lay.hit = next
+	if second != first {
+		if a, b, end, ok = t.matchTemplate(second, data, rigid, open); ok {
+			t.lay.hit = second
 			return a, b, end, true
 		}
 	}
 	for i := range t.lay.tmpls {
-		if i == t.lay.hit || i == next {
+		if i == hit || i == next {
 			continue
 		}
 		if a, b, end, ok = t.matchTemplate(i, data, rigid, open); ok {
