@@ -25,7 +25,9 @@ import (
 // tracker reads even the first and last chunk of its next stream from the
 // same engine through them: the first chunk of a stream moves its layout
 // to the stream's id, time and model, and that one the others, so the
-// stream's other chunks compare those as fixed bytes ("rigid" match).
+// stream's other chunks compare those as fixed bytes ("rigid" match);
+// values as long as the old ones (an engine's most often are) are
+// written over them in place.
 // A finish reason that is null in the chunk a layout was learnt from is
 // fixed bytes too. FuzzFastAgrees holds the two paths to the same result.
 
@@ -293,20 +295,28 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 // matchAny tries the templates in the order a stream's chunks follow
 // each other: the one matched last, the one that followed it the last
 // time another did (steady chunks follow the first, the last follows
-// them, the next stream's first follows the last), then the rest.
+// them, the next stream's first follows the last; for a match that is
+// not rigid, that one first), then the rest.
 func (t *Tracker) matchAny(data []byte, rigid, open bool) (a, b, end int, ok bool) {
-	if a, b, end, ok = t.matchTemplate(t.lay.hit, data, rigid, open); ok {
+	hit, next := t.lay.hit, int(t.lay.tmpls[t.lay.hit].next)
+	first, second := hit, next
+	if !rigid {
+		// Most often a stream's first chunk, after the previous stream's
+		// last: the layout that followed that one is tried first.
+		first, second = next, hit
+	}
+	if a, b, end, ok = t.matchTemplate(first, data, rigid, open); ok {
+		t.lay.hit = first
 		return a, b, end, true
 	}
-	next := int(t.lay.tmpls[t.lay.hit].next)
-	if next != t.lay.hit {
-		if a, b, end, ok = t.matchTemplate(next, data, rigid, open); ok {
-			t.lay.hit = next
+	if second != first {
+		if a, b, end, ok = t.matchTemplate(second, data, rigid, open); ok {
+			t.lay.hit = second
 			return a, b, end, true
 		}
 	}
 	for i := range t.lay.tmpls {
-		if i == t.lay.hit || i == next {
+		if i == hit || i == next {
 			continue
 		}
 		if a, b, end, ok = t.matchTemplate(i, data, rigid, open); ok {
@@ -411,6 +421,18 @@ type streamValues struct {
 // holes. It reports whether any changed; a layout that outgrows
 // maxTemplateBytes is dropped.
 func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
+	if sameLengths(tm, vals) {
+		// An engine's stream ids and times most often have one length:
+		// the new values are written over the old ones, and the rest of
+		// the layout (cold in a pooled relay's tracker) is not copied.
+		for _, h := range tm.holes[:tm.n] {
+			if v := vals.v[h.kind]; h.kind >= holeID && v != nil && vals.str[h.kind] == h.str && !bytes.Equal(v, tm.b[h.start:h.end]) {
+				copy(tm.b[h.start:h.end], v)
+				changed = true
+			}
+		}
+		return changed
+	}
 	buf := t.lay.stampBuf[:0]
 	holes := tm.holes
 	prev := 0
@@ -438,6 +460,17 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 	}
 	tm.holes = holes
 	t.lay.stampBuf, tm.b = tm.b[:0], buf
+	return true
+}
+
+// sameLengths reports whether every value of vals that stamp would put
+// into tm is as long as the one it replaces.
+func sameLengths(tm *template, vals *streamValues) bool {
+	for _, h := range tm.holes[:tm.n] {
+		if v := vals.v[h.kind]; h.kind >= holeID && v != nil && vals.str[h.kind] == h.str && len(v) != h.end-h.start {
+			return false
+		}
+	}
 	return true
 }
 

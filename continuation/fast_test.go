@@ -165,10 +165,16 @@ func TestFastPathAcrossStreams(t *testing.T) {
 		}
 		return append(evs, []byte(head+`"delta":{"content":"!"},"logprobs":null,"finish_reason":"`+finish+`","stop_reason":null,"token_ids":[33]}]}`))
 	}
-	for _, strip := range []bool{true, false} {
+	// The second stream's id longer than the first's (its layouts are
+	// copied), and as long (stamped over in place).
+	for _, c := range []struct {
+		strip bool
+		id    string
+	}{{true, "chatcmpl-b22"}, {false, "chatcmpl-b22"}, {true, "chatcmpl-b2"}, {false, "chatcmpl-b2"}} {
+		strip := c.strip
 		events := stream("chatcmpl-a1", 1730000000, 6, "length")
 		events = append(events, nil)
-		events = append(events, stream("chatcmpl-b22", 1730000099, 9, "stop")...)
+		events = append(events, stream(c.id, 1730000099, 9, "stop")...)
 		tr := observeBoth(t, strip, events...)
 		if n := continuation.FastChunks(tr); n != 11 {
 			t.Errorf("strip %v: %d of the second stream's 11 chunks through the fast path, want all", strip, n)
@@ -176,7 +182,7 @@ func TestFastPathAcrossStreams(t *testing.T) {
 		if r, s := continuation.Rebases(tr), continuation.Restamps(tr); r != 1 || s != 2 {
 			t.Errorf("strip %v: second stream: %d rebases, %d restamps; want 1 (its first chunk's layout) and 2 (the steady and the last chunk's)", strip, r, s)
 		}
-		if string(tr.ID) != `"chatcmpl-b22"` || string(tr.Created) != "1730000099" || !tr.Finished || string(tr.Text) != "t0t1t2t3t4t5t6t7t8!" {
+		if string(tr.ID) != `"`+c.id+`"` || string(tr.Created) != "1730000099" || !tr.Finished || string(tr.Text) != "t0t1t2t3t4t5t6t7t8!" {
 			t.Errorf("strip %v: second stream read as id %s created %s finished %v text %q", strip, tr.ID, tr.Created, tr.Finished, tr.Text)
 		}
 		if p, err := tr.PromptIDs(nil); err != nil || len(p) != 3 || p[0] != 1730000099%97 {
@@ -302,6 +308,30 @@ func FuzzFastAgrees(f *testing.F) {
 			c = bytes.ReplaceAll(c, []byte(`"id":"`), []byte(`"id":"z`))
 			return bytes.ReplaceAll(c, []byte(`"created":`), []byte(`"created":9`))
 		}
-		observeBoth(t, strip, a, a, b, a, b, b, nil, b, a, a, b, nil, other(a), other(b), other(a), other(b))
+		// A fourth: another id and time of the same lengths (the layouts
+		// are stamped over in place).
+		sameLength := func(c []byte) []byte {
+			c = bytes.Clone(c)
+			for _, key := range []string{`"id":"`, `"created":`} {
+				if i := bytes.Index(c, []byte(key)); i >= 0 && i+len(key) < len(c) {
+					switch j := i + len(key); c[j] {
+					case '"', '\\':
+					case '9':
+						c[j] = '8'
+					case 'y':
+						c[j] = 'x'
+					default:
+						if c[j] >= '0' && c[j] < '9' {
+							c[j]++
+						} else {
+							c[j] = 'y'
+						}
+					}
+				}
+			}
+			return c
+		}
+		observeBoth(t, strip, a, a, b, a, b, b, nil, b, a, a, b, nil, other(a), other(b), other(a), other(b),
+			nil, sameLength(a), sameLength(b), sameLength(a), sameLength(b))
 	})
 }

@@ -278,7 +278,7 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// The streams of the relays64 cases: each its own id and time, as an
+	// The streams of the *_relays64 cases: each its own id and time, as an
 	// engine's are (the same lengths).
 	var streams [][]byte
 	for k := range 8 {
@@ -289,8 +289,8 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 		name    string
 		tracked bool
 		relays  int
-	}{{"untracked", false, 1}, {"tracked", true, 1}, {"untracked/relays64", false, 64}, {"tracked/relays64", true, 64}} {
-		// relays64: streams go to 64 pooled relays in turn, each stream
+	}{{"untracked", false, 1}, {"tracked", true, 1}, {"untracked_relays64", false, 64}, {"tracked_relays64", true, 64}} {
+		// *_relays64: streams go to 64 pooled relays in turn, each stream
 		// its own id, as under 64 concurrent streams: a relay's buffers
 		// and its tracker's layouts are out of cache when it is next used.
 		b.Run(c.name, func(b *testing.B) {
