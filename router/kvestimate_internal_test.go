@@ -684,3 +684,29 @@ func TestKVEstimateSharedPrefixIsNoHome(t *testing.T) {
 		t.Fatalf("12 new conversations on a shared system prompt went %v: not split", n)
 	}
 }
+
+// TestKVEstimateSharedPrefixSpreadsBeyondItsHolders: when the holders of a
+// shared system prompt are both above their share of picks, a new
+// conversation on it goes to the idle third target, which prefills the
+// system prompt again (within the cold slack) and becomes a holder too.
+// Without the rule the two holders kept every new conversation: the warm
+// share bound spills only within the warm slack, where the third target's
+// extra prefill is not, or above 1.3× fair.
+func TestKVEstimateSharedPrefixSpreadsBeyondItsHolders(t *testing.T) {
+	a, b, c := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID, kvRecord(2, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil), kvRecord(2, nil))
+	e.makePrecise()
+	system := unique(12, 200)
+	e.store(a, chatTokens(t, system))
+	e.store(b, chatTokens(t, system))
+	e.setPast(a, 24, 0)
+	e.setPast(b, 24, 0)
+	e.setPast(c, 16, 0)
+	n := map[string]int{}
+	for i := range 6 {
+		n[e.serial(chat(system+unique(950+i, 150)))]++
+	}
+	if n[c] < 2 {
+		t.Fatalf("6 new conversations on a system prompt held by two busy targets went %v: none to the idle one", n)
+	}
+}
