@@ -710,3 +710,26 @@ func TestKVEstimateSharedPrefixSpreadsBeyondItsHolders(t *testing.T) {
 		t.Fatalf("6 new conversations on a system prompt held by two busy targets went %v: none to the idle one", n)
 	}
 }
+
+// TestKVEstimateWarmSpillsShortPrefix: above the share bound, a warm
+// request whose held prefix is short beside what it adds (a new
+// conversation on a system prompt only a holds) goes to b, which prefills
+// the system prompt again within the cold slack; a long history on a
+// stays ("history stays" of TestKVEstimateWarmShare). Within the warm slack
+// alone the system prompt's prefill kept every new conversation on a.
+func TestKVEstimateWarmSpillsShortPrefix(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	system := unique(13, 200)
+	e.store(a, chatTokens(t, system))
+	e.setPast(a, 30, 0)
+	e.setPast(b, 20, 0)
+	n := map[string]int{}
+	for i := range 6 {
+		n[e.serial(chat(system+unique(960+i, 150)))]++
+	}
+	if n[b] == 0 {
+		t.Fatalf("6 new conversations on a system prompt only a holds, a above its share, went %v", n)
+	}
+}

@@ -480,6 +480,13 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	// every workload within 1.1× fair, but sent 100-block histories to
 	// workers 10× slower to answer: hit ratio 0.82–0.91 of one big cache's
 	// against 0.96–0.98, conversation TTFT p99 4.3 s).
+	// The slack is the cold one here, about two of the request's own
+	// prefills wider: a request whose prefix is short beside what it adds
+	// (a new conversation on a system prompt that one target holds) moves
+	// at the price of that prefix, a long history does not (conversation:
+	// the new conversations of the largest group, a quarter of the
+	// traffic, all stayed on its one holder; busiest 1.15–1.29× fair).
+	limit += coldSlackOwn * sc.rates[best] * sc.uncs[best] / 1000
 	alt := -1
 	for k := range nt {
 		i := (start + k) % nt
