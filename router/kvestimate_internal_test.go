@@ -661,6 +661,18 @@ func TestKVEstimateColdBurstIgnoresPastShare(t *testing.T) {
 	}
 }
 
+// newConversations picks and releases n new conversations on a system
+// prompt, each with its own message of own characters (seeds first…), and
+// counts them by worker.
+func (e *kvEnv) newConversations(system string, first, n, own int) map[string]int {
+	e.t.Helper()
+	picked := map[string]int{}
+	for i := range n {
+		picked[e.serial(chat(system+unique(first+i, own)))]++
+	}
+	return picked
+}
+
 // TestKVEstimateSharedPrefixIsNoHome: new conversations that begin with a
 // system prompt both targets hold (and nothing else any holds) are warm,
 // but neither target is their home: they split by the deficit rather than
@@ -676,10 +688,7 @@ func TestKVEstimateSharedPrefixIsNoHome(t *testing.T) {
 	e.store(a, chatTokens(t, system))
 	e.store(b, chatTokens(t, system))
 	e.queue(b, 50)
-	n := map[string]int{}
-	for i := range 12 {
-		n[e.serial(chat(system+unique(900+i, 100)))]++
-	}
+	n := e.newConversations(system, 900, 12, 100)
 	if n[a] != 6 || n[b] != 6 {
 		t.Fatalf("12 new conversations on a shared system prompt went %v: not split", n)
 	}
@@ -702,10 +711,7 @@ func TestKVEstimateSharedPrefixSpreadsBeyondItsHolders(t *testing.T) {
 	e.setPast(a, 24, 0)
 	e.setPast(b, 24, 0)
 	e.setPast(c, 16, 0)
-	n := map[string]int{}
-	for i := range 6 {
-		n[e.serial(chat(system+unique(950+i, 150)))]++
-	}
+	n := e.newConversations(system, 950, 6, 150)
 	if n[c] < 2 {
 		t.Fatalf("6 new conversations on a system prompt held by two busy targets went %v: none to the idle one", n)
 	}
@@ -725,10 +731,7 @@ func TestKVEstimateWarmSpillsShortPrefix(t *testing.T) {
 	e.store(a, chatTokens(t, system))
 	e.setPast(a, 30, 0)
 	e.setPast(b, 20, 0)
-	n := map[string]int{}
-	for i := range 6 {
-		n[e.serial(chat(system+unique(960+i, 150)))]++
-	}
+	n := e.newConversations(system, 960, 6, 150)
 	if n[b] == 0 {
 		t.Fatalf("6 new conversations on a system prompt only a holds, a above its share, went %v", n)
 	}
