@@ -661,6 +661,18 @@ func TestKVEstimateColdBurstIgnoresPastShare(t *testing.T) {
 	}
 }
 
+// newConversations picks and releases n new conversations on a system
+// prompt, each with its own message of own characters (seeds first…), and
+// counts them by worker.
+func (e *kvEnv) newConversations(system string, first, n, own int) map[string]int {
+	e.t.Helper()
+	picked := map[string]int{}
+	for i := range n {
+		picked[e.serial(chat(system+unique(first+i, own)))]++
+	}
+	return picked
+}
+
 // TestKVEstimateSharedPrefixIsNoHome: new conversations that begin with a
 // system prompt both targets hold (and nothing else any holds) are warm,
 // but neither target is their home: they split by the deficit rather than
@@ -676,11 +688,51 @@ func TestKVEstimateSharedPrefixIsNoHome(t *testing.T) {
 	e.store(a, chatTokens(t, system))
 	e.store(b, chatTokens(t, system))
 	e.queue(b, 50)
-	n := map[string]int{}
-	for i := range 12 {
-		n[e.serial(chat(system+unique(900+i, 100)))]++
-	}
+	n := e.newConversations(system, 900, 12, 100)
 	if n[a] != 6 || n[b] != 6 {
 		t.Fatalf("12 new conversations on a shared system prompt went %v: not split", n)
+	}
+}
+
+// TestKVEstimateSharedPrefixSpreadsBeyondItsHolders: when the holders of a
+// shared system prompt are both above their share of picks, a new
+// conversation on it goes to the idle third target, which prefills the
+// system prompt again (within the cold slack) and becomes a holder too.
+// Without the rule the two holders kept every new conversation: the warm
+// share bound spills only within the warm slack, where the third target's
+// extra prefill is not, or above 1.3× fair.
+func TestKVEstimateSharedPrefixSpreadsBeyondItsHolders(t *testing.T) {
+	a, b, c := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID, kvRecord(2, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil), kvRecord(2, nil))
+	e.makePrecise()
+	system := unique(12, 200)
+	e.store(a, chatTokens(t, system))
+	e.store(b, chatTokens(t, system))
+	e.setPast(a, 24, 0)
+	e.setPast(b, 24, 0)
+	e.setPast(c, 16, 0)
+	n := e.newConversations(system, 950, 6, 150)
+	if n[c] < 2 {
+		t.Fatalf("6 new conversations on a system prompt held by two busy targets went %v: none to the idle one", n)
+	}
+}
+
+// TestKVEstimateWarmSpillsShortPrefix: above the share bound, a warm
+// request whose held prefix is short beside what it adds (a new
+// conversation on a system prompt only a holds) goes to b, which prefills
+// the system prompt again within the cold slack; a long history on a
+// stays ("history stays" of TestKVEstimateWarmShare). Within the warm slack
+// alone the system prompt's prefill kept every new conversation on a.
+func TestKVEstimateWarmSpillsShortPrefix(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	system := unique(13, 200)
+	e.store(a, chatTokens(t, system))
+	e.setPast(a, 30, 0)
+	e.setPast(b, 20, 0)
+	n := e.newConversations(system, 960, 6, 150)
+	if n[b] == 0 {
+		t.Fatalf("6 new conversations on a system prompt only a holds, a above its share, went %v", n)
 	}
 }

@@ -244,6 +244,17 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	// scan starts at the rotating cursor and keeps the first minimum, so
 	// ties rotate.
 	if p.ttft {
+		if warm && sharedHome(sc, nt) {
+			// A prefix that several targets hold alike (the shared system
+			// prompt a new conversation starts with) makes none of them
+			// its home: the request is placed as a new conversation, by
+			// the deficit among the targets within the cold slack. By the
+			// estimate alone the new conversations of a popular system
+			// prompt followed its first holders, and only the warm share
+			// bound spilled them (conversation: 288 of 300 picks warm, the
+			// busiest worker 1.08–1.29× fair from repeat to repeat).
+			warm = false
+		}
 		if !warm {
 			p.coldLoss(sc, nt, kind, seq)
 		}
@@ -374,9 +385,7 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // picks (sc.colds, weighted coldWeight) among those whose cost is within
 // the cold slack of the best and (when any is) within the share bound
 // (MaxShareWarm × the fair share of the decayed picks, this one counted).
-// A warm request whose prefix several targets within the slack hold alike
-// goes to the one furthest below its shares of picks, intake and blocks in
-// flight. A warm choice that would take its target above the bound goes
+// A warm choice that would take its target above the bound goes
 // instead to the lowest cost within the bound and the slack, or within the
 // bound alone when the target is above twice the bound's excess
 // (kvestimate.go). Scans start at the rotating cursor and keep the first
@@ -405,52 +414,26 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	}
 	fair := total / float64(nt)
 	share := p.cfg.MaxShareWarm
-	// The deficit is against three fair shares: of the picks (the balance
-	// over the run, below the share bound), of the uncached tokens (what
-	// each cache has to take in: by count alone a few long one-off prompts
-	// evicted one worker's prefixes: trace hit ratio 0.60 of one big
-	// cache's against 0.76 with it, single runs), and of the prompt blocks
-	// held by requests in flight (what each cache must keep now: without
-	// it new conversations joined the worker whose running ones filled its
-	// cache, multi-turn 0.74 against 0.95 with it, single runs). Each fair
-	// share is floored at what this request adds (its uncached tokens, its
-	// blocks): shares far smaller than that are noise, not a deficit.
-	fairFill := max(fills/float64(nt), sc.uncs[best], 1)
-	fairHeld := max(held/float64(nt), float64(len(sc.sets[sc.setOf[best]].hashes)), 1)
-	deficit := func(i int) float64 {
-		return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld
-	}
-	if warm {
-		// A prefix that several targets hold alike within the slack (the
-		// shared system prompt a new conversation starts with) makes none
-		// of them its home: the deficit chooses among them, as for a cold
-		// request, at no cost in hits. By the estimate alone the new
-		// conversations of a popular system prompt followed its first
-		// holder (conversation: busiest worker 1.08–1.27× fair from
-		// repeat to repeat).
-		top := 0
-		for i := range nt {
-			top = max(top, sc.effs[i])
-		}
-		tie, low, homes := -1, math.Inf(1), 0
-		for k := range nt {
-			if i := (start + k) % nt; sc.effs[i] == top && sc.costs[i] <= limit {
-				homes++
-				if v := deficit(i); v < low {
-					tie, low = i, v
-				}
-			}
-		}
-		if homes > 1 {
-			best = tie
-		}
-	} else {
-		// The fourth term of a cold request's deficit is the cold picks
-		// themselves, with a memory of about one burst (coldHalfLife) and
-		// coldWeight times the weight of the others: see coldWeight.
+	if !warm {
+		// The deficit of a cold request (or one without a home) is against
+		// three fair shares: of the picks (the balance
+		// over the run, below the share bound), of the uncached tokens (what
+		// each cache has to take in: by count alone a few long one-off prompts
+		// evicted one worker's prefixes: trace hit ratio 0.60 of one big
+		// cache's against 0.76 with it, single runs), and of the prompt blocks
+		// held by requests in flight (what each cache must keep now: without
+		// it new conversations joined the worker whose running ones filled its
+		// cache, multi-turn 0.74 against 0.95 with it, single runs). Each fair
+		// share is floored at what this request adds (its uncached tokens, its
+		// blocks): shares far smaller than that are noise, not a deficit.
+		fairFill := max(fills/float64(nt), sc.uncs[best], 1)
+		fairHeld := max(held/float64(nt), float64(len(sc.sets[sc.setOf[best]].hashes)), 1)
+		// The fourth term is the cold picks themselves, with a memory of
+		// about one burst (coldHalfLife) and coldWeight times the weight
+		// of the others: see coldWeight.
 		fairCold := max(colds/float64(nt), 1) / coldWeight
 		score := func(i int) float64 {
-			return deficit(i) + sc.colds[i]/fairCold
+			return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld + sc.colds[i]/fairCold
 		}
 		// A long cold prompt goes where it evicts least (coldLoss).
 		least := math.Inf(1)
@@ -497,6 +480,13 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	// every workload within 1.1× fair, but sent 100-block histories to
 	// workers 10× slower to answer: hit ratio 0.82–0.91 of one big cache's
 	// against 0.96–0.98, conversation TTFT p99 4.3 s).
+	// The slack is the cold one here, about two of the request's own
+	// prefills wider: a request whose prefix is short beside what it adds
+	// (a new conversation on a system prompt that one target holds) moves
+	// at the price of that prefix, a long history does not (conversation:
+	// the new conversations of the largest group, a quarter of the
+	// traffic, all stayed on its one holder; busiest 1.15–1.29× fair).
+	limit += coldSlackOwn * sc.rates[best] * sc.uncs[best] / 1000
 	alt := -1
 	for k := range nt {
 		i := (start + k) % nt
@@ -549,6 +539,21 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
 		Str("holder_id", th.worker.id).Int("holder_listed", sc.listed[h]).Int("holder_eff", sc.effs[h]).
 		Float64("holder_cost_seconds", sc.costs[h]).Float64("holder_picks", sc.picks[h]).
 		Msg("kv pick")
+}
+
+// sharedHome reports whether more than one target holds the longest
+// prefix any holds (sc.effs).
+func sharedHome(sc *kvScratch, nt int) bool {
+	top, n := 0, 0
+	for i := range nt {
+		switch e := sc.effs[i]; {
+		case e > top:
+			top, n = e, 1
+		case e == top:
+			n++
+		}
+	}
+	return top > 0 && n > 1
 }
 
 // coldLoss fills sc.loss for a cold request: on each target whose learnt
