@@ -15,11 +15,11 @@ func TestRequestIDKeysAreCanonical(t *testing.T) {
 		var h fasthttp.ResponseHeader
 		h.Set(string(bytes.ToLower(key)), "v")
 		var got []byte
-		h.VisitAll(func(k, _ []byte) {
+		for k := range h.All() {
 			if bytes.EqualFold(k, key) {
 				got = append(got[:0], k...)
 			}
-		})
+		}
 		if !bytes.Equal(got, key) {
 			t.Fatalf("fasthttp names %q %q", key, got)
 		}
