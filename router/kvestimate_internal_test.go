@@ -128,10 +128,7 @@ func TestKVEstimateFirstTokenFeedback(t *testing.T) {
 func TestKVEstimateColdSpreadsByDeficit(t *testing.T) {
 	e := newKVEnv(t, ttftConfig(), fleet(4)...)
 	e.makePrecise()
-	n := map[string]int{}
-	for i := range 40 {
-		n[e.serial(chat(unique(200+i, 500)))]++
-	}
+	n := e.coldBurst(200, 40, 500)
 	for id, c := range n {
 		if c != 10 {
 			t.Fatalf("worker %s got %d of 40 cold requests: %v", id, c, n)
@@ -398,10 +395,7 @@ func TestKVEstimateColdBurstSpreads(t *testing.T) {
 		tg.est.picks, tg.est.fills, tg.est.picksAt = past[0], past[1], seq
 		tg.mu.Unlock()
 	}
-	n := map[string]int{}
-	for i := range 8 {
-		n[e.serial(chat(unique(600+i, 250)))]++
-	}
+	n := e.coldBurst(600, 8, 250)
 	if n[a] > 5 || n[b] < 3 {
 		t.Fatalf("a burst of 8 new conversations went %v: not spread", n)
 	}
@@ -602,6 +596,17 @@ func TestKVEstimatePickLog(t *testing.T) {
 	}
 }
 
+// coldBurst picks n new conversations one after another, each its own
+// prompt of size characters (seeds first…), and counts them by worker.
+func (e *kvEnv) coldBurst(first, n, size int) map[string]int {
+	e.t.Helper()
+	picked := map[string]int{}
+	for i := range n {
+		picked[e.serial(chat(unique(first+i, size)))]++
+	}
+	return picked
+}
+
 // setPast gives worker id a past of decayed picks and cold picks as of the
 // fleet's pick count now.
 func (e *kvEnv) setPast(id string, picks, colds float64) {
@@ -629,10 +634,7 @@ func TestKVEstimateColdBurstForgetsLastBurst(t *testing.T) {
 	e.setPast(a, 30, 0)
 	e.setPast(b, 30, 4)
 	e.p.seq.Add(52) // the last burst's conversations' later turns
-	n := map[string]int{}
-	for i := range 8 {
-		n[e.serial(chat(unique(700+i, 250)))]++
-	}
+	n := e.coldBurst(700, 8, 250)
 	if n[a] != 4 || n[b] != 4 {
 		t.Fatalf("a burst of 8 new conversations went %v: the last burst's counts still steer it", n)
 	}
@@ -652,10 +654,7 @@ func TestKVEstimateColdBurstIgnoresPastShare(t *testing.T) {
 	e.makePrecise()
 	e.setPast(a, 30, 0)
 	e.setPast(b, 40, 0)
-	n := map[string]int{}
-	for i := range 8 {
-		n[e.serial(chat(unique(800+i, 250)))]++
-	}
+	n := e.coldBurst(800, 8, 250)
 	if n[a] != 4 || n[b] != 4 {
 		t.Fatalf("a burst of 8 new conversations went %v: b's past share kept it out", n)
 	}
