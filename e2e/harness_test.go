@@ -147,6 +147,17 @@ func (p *proc) read(r io.Reader) {
 // if it does not appear before the deadline or the process exits first.
 func (p *proc) waitLog(msg string, timeout time.Duration) map[string]any {
 	p.t.Helper()
+	l, exited := p.waitLogOrExit(msg, timeout)
+	if exited {
+		p.t.Fatalf("%s exited (%v) before logging %q; log:\n%s", p.name, p.exit, msg, p.logText())
+	}
+	return l
+}
+
+// waitLogOrExit is waitLog that reports an exit before msg (exited true)
+// instead of failing the test.
+func (p *proc) waitLogOrExit(msg string, timeout time.Duration) (line map[string]any, exited bool) {
+	p.t.Helper()
 	deadline := time.Now().Add(timeout)
 	timer := time.AfterFunc(timeout, func() {
 		p.mu.Lock()
@@ -159,12 +170,12 @@ func (p *proc) waitLog(msg string, timeout time.Duration) map[string]any {
 	for {
 		for _, l := range p.lines {
 			if l["message"] == msg {
-				return l
+				return l, false
 			}
 		}
 		select {
 		case <-p.done:
-			p.t.Fatalf("%s exited (%v) before logging %q; log:\n%s", p.name, p.exit, msg, strings.Join(p.raw, "\n"))
+			return nil, true
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -225,13 +236,27 @@ type fleet struct {
 
 func startServe(t *testing.T, extra ...string) *fleet {
 	t.Helper()
-	etcdPort := testkit.FreePort(t)
-	args := append([]string{"serve", "--listen", "127.0.0.1:0",
-		"--embedded-etcd-listen", fmt.Sprintf("127.0.0.1:%d", etcdPort),
-		"--embedded-etcd-dir", filepath.Join(t.TempDir(), "etcd"),
-		"--log-level", "debug"}, extra...)
-	p := start(t, "serve", args...)
-	line := p.waitLog("infera serve listening", 60*time.Second)
+	// The embedded etcd's port is picked free and then bound by serve:
+	// another process may take it in between (seen in CI: "bind: address
+	// already in use"), and then serve starts again on another.
+	var p *proc
+	var line map[string]any
+	var etcdPort int
+	for try := 1; ; try++ {
+		etcdPort = testkit.FreePort(t)
+		args := append([]string{"serve", "--listen", "127.0.0.1:0",
+			"--embedded-etcd-listen", fmt.Sprintf("127.0.0.1:%d", etcdPort),
+			"--embedded-etcd-dir", filepath.Join(t.TempDir(), "etcd"),
+			"--log-level", "debug"}, extra...)
+		p = start(t, "serve", args...)
+		var exited bool
+		if line, exited = p.waitLogOrExit("infera serve listening", 60*time.Second); !exited {
+			break
+		}
+		if try == 3 || !strings.Contains(p.logText(), "address already in use") {
+			t.Fatalf("serve exited (%v) before logging %q; log:\n%s", p.exit, "infera serve listening", p.logText())
+		}
+	}
 	addr, _ := line["addr"].(string)
 	if addr == "" {
 		t.Fatalf("serve listening line has no addr: %v", line)
