@@ -21,6 +21,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		`{"worker_id": "::1:28106", "url": "http://::1:28106", "model_name": "m", "kv_events_endpoint": "tcp://fe80::1:5557", "request_transport": "nats", "status": "dead"}`,
 		`{"worker_id":"h:1","url":"http://h:1","model_name":"m","engine":"vllm","kv": {"tokenizer_canary": [1, 2], "tiers": ["device"]},"real_engine":"sim"}`,
 		`{"worker_id":"h:1","url":"http://h:1","model_name":"m","kv":null}`,
+		`{"worker_id":"h:1","url":"http://h:1","model_name":"0","kv":{"&":[],"<a>":"\u0026"}}`,
 		`{"worker_id":"h:1"}`,
 		`null`,
 		`{}`,

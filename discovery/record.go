@@ -339,10 +339,15 @@ func encodeWire[T any, P wireRecord[T]](r P, limit int, invalid error) ([]byte, 
 	if err := P(&c).Validate(); err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(&c)
-	if err != nil {
+	// Not json.Marshal: it would rewrite <, > and & inside the raw "kv"
+	// block as \u escapes, so a record would not read back byte for byte.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(&c); err != nil {
 		return nil, fmt.Errorf("%w: encode json: %w", invalid, err)
 	}
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	if len(b) > limit {
 		return nil, fmt.Errorf("%w: encoded %d bytes exceeds %d", invalid, len(b), limit)
 	}
