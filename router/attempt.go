@@ -259,7 +259,8 @@ func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
 	if a.exact {
 		route = RouteCompletions // an exact continuation (migrate.go)
 	}
-	req.SetRequestURI(w.uri[route])
+	req.Header.SetRequestURI(w.path[route])
+	req.Header.SetHost(w.host)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	if ct := ctx.Request.Header.ContentType(); len(ct) > 0 {
 		req.Header.SetContentTypeBytes(ct)

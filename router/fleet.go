@@ -25,8 +25,12 @@ type Worker struct {
 	url    string
 	rec    atomic.Pointer[discovery.Record]
 	client *fasthttp.HostClient
-	// uri holds the full upstream URI of each proxied route.
-	uri      [numProxyRoutes]string
+	// host and path are each proxied route's upstream request line and
+	// Host header in origin form, as fasthttp's parse of the route's full
+	// URI gives them (originForm): the relay sets both as they are, so no
+	// request parses a URI on its way out (upstream.Exchange.Do).
+	host     string
+	path     [numProxyRoutes]string
 	tokenize string // the engine's POST /tokenize
 	addr     string // host:port dialed
 	tls      bool
@@ -249,7 +253,9 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 	w.client = r.newHostClient(addr, tls, w)
 	base := u.Scheme + "://" + u.Host + trimSlash(u.EscapedPath())
 	for rt := range Route(numProxyRoutes) {
-		w.uri[rt] = base + rt.upstreamPath()
+		if w.host, w.path[rt], err = originForm(base+rt.upstreamPath(), w.client.DisablePathNormalizing); err != nil {
+			return nil, fmt.Errorf("worker url %q: %w", rec.URL, err)
+		}
 	}
 	w.tokenize = base + "/tokenize"
 	w.health = base + "/health"
@@ -275,6 +281,19 @@ func (r *Router) retire(w *Worker) {
 
 // maxWorkerURLBytes bounds a worker's URL and id.
 const maxWorkerURLBytes = 2048
+
+// originForm splits a full upstream URI into the Host header and the
+// request line's target fasthttp's Request.Write derives from it (with the
+// worker client's path normalizing), so that a request given both goes out
+// byte for byte as one given the URI, without parsing it again.
+func originForm(uri string, disablePathNormalizing bool) (host, target string, err error) {
+	var u fasthttp.URI
+	if err := u.Parse(nil, []byte(uri)); err != nil {
+		return "", "", fmt.Errorf("upstream uri: %w", err)
+	}
+	u.DisablePathNormalizing = disablePathNormalizing // Parse resets it
+	return string(u.Host()), string(u.RequestURI()), nil
+}
 
 func trimSlash(p string) string {
 	for len(p) > 0 && p[len(p)-1] == '/' {

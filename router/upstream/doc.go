@@ -12,7 +12,9 @@
 // streamed PD decode — is one Exchange; a stream read to its end gives its
 // connection back to the pool. An answer on another transport (requests
 // over NATS) is a Leg the Exchange holds (Hold): Read reads it, Abort
-// aborts it, Release ends it, as they do a connection.
+// aborts it, Release ends it, as they do a connection. A request that
+// comes with its Host header (the relay's, in origin form) goes out as
+// built; one given a full URI is parsed as fasthttp's client would.
 //
 // It imports nothing from the router. What a connection needs from above
 // is handed to it, never looked up: the worker's progress accounting

@@ -14,11 +14,14 @@ import (
 
 // streamServer is an HTTP server whose /stream answers with a chunked body
 // of three parts and whose /slow answers after release is closed; it
-// counts the connections it accepted.
+// counts the connections it accepted and keeps the last request line's
+// target and Host header as they arrived.
 type streamServer struct {
 	addr     string
 	accepted atomic.Int64
 	release  chan struct{}
+	target   atomic.Pointer[string]
+	host     atomic.Pointer[string]
 }
 
 type countingLn struct {
@@ -42,6 +45,9 @@ func startStreamServer(t *testing.T) *streamServer {
 	}
 	s := &streamServer{addr: ln.Addr().String(), release: make(chan struct{})}
 	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		target, host := string(ctx.Request.Header.RequestURI()), string(ctx.Request.Header.Host())
+		s.target.Store(&target)
+		s.host.Store(&host)
 		switch string(ctx.Path()) {
 		case "/stream":
 			ctx.SetContentType("text/event-stream")
@@ -182,4 +188,45 @@ func TestExchangeAbort(t *testing.T) {
 	}
 	close(s.release)
 	hc.CloseIdleConnections()
+}
+
+// TestExchangeOriginFormGoesAsBuilt: a request given its Host header and
+// an origin-form target goes out with both as they are (the relay's, built
+// once per worker), while one given a full URI is still parsed as
+// hc.DoDeadline would (here: its path normalized).
+func TestExchangeOriginFormGoesAsBuilt(t *testing.T) {
+	s := startStreamServer(t)
+	var set Set
+	hc := exchangeClient(&set, s.addr)
+	defer hc.CloseIdleConnections()
+	send := func(build func(*fasthttp.Request)) (target, host string) {
+		t.Helper()
+		req := fasthttp.AcquireRequest()
+		defer fasthttp.ReleaseRequest(req)
+		build(req)
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.SetBodyString("{}")
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseResponse(resp)
+		var x Exchange
+		x.Begin()
+		if err := x.Do(hc, req, resp, time.Now().Add(5*time.Second), nil); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(resp.Body()); got != "whole" {
+			t.Fatalf("body %q, want whole", got)
+		}
+		return *s.target.Load(), *s.host.Load()
+	}
+	target, host := send(func(req *fasthttp.Request) {
+		req.Header.SetHost("Upstream.Example")
+		req.Header.SetRequestURI("/v1/../whole")
+	})
+	if target != "/v1/../whole" || host != "Upstream.Example" {
+		t.Fatalf("origin form went out as %q, Host %q; want it as built", target, host)
+	}
+	target, host = send(func(req *fasthttp.Request) { req.SetRequestURI("http://" + s.addr + "/v1/../whole") })
+	if target != "/whole" || host != s.addr {
+		t.Fatalf("full URI went out as %q, Host %q; want /whole, %s", target, host, s.addr)
+	}
 }
