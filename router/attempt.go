@@ -187,7 +187,7 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 			a.probe = t.Worker.breaker.admit(now)
 			rel.tried = append(rel.tried, t.Worker)
 			t.Worker.picks.Inc()
-			rel.ctx.Response.Header.Set("X-Infera-Worker", t.Worker.id)
+			rel.ctx.Response.Header.SetCanonical(inferaWorkerKey, t.Worker.idHeader)
 			return nil
 		}
 		if untried == 0 || !queue {
@@ -270,18 +270,18 @@ func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
 	for _, h := range forwardHeaders {
 		// With router API keys the client's Authorization is the router's
 		// secret, not the engine's: it stays here.
-		if h == "Authorization" && r.keys.enabled() {
+		if string(h) == fasthttp.HeaderAuthorization && r.keys.enabled() {
 			continue
 		}
-		if v := ctx.Request.Header.Peek(h); len(v) > 0 {
-			req.Header.SetBytesV(h, v)
+		if v := ctx.Request.Header.PeekCanonical(h); len(v) > 0 {
+			req.Header.SetCanonical(h, v)
 		}
 	}
-	req.Header.SetBytesV("X-Request-Id", rel.id)
+	req.Header.SetCanonical(requestIDKey, rel.id)
 	rel.traceInject(a, &req.Header) // tracing.go
 	if a.ticket.PinRank {
 		var rank [20]byte
-		req.Header.SetBytesV("X-Data-Parallel-Rank", strconv.AppendInt(rank[:0], int64(a.ticket.DPRank), 10))
+		req.Header.SetCanonical(dataParallelRankKey, strconv.AppendInt(rank[:0], int64(a.ticket.DPRank), 10))
 	}
 	// The body goes out byte for byte, without a copy; it stays valid
 	// because Do has written it all when it returns.

@@ -21,10 +21,12 @@ import (
 // connection pool, in-flight count and policy state survive status changes
 // (active → draining → active) and unrelated fleet updates.
 type Worker struct {
-	id     string
-	url    string
-	rec    atomic.Pointer[discovery.Record]
-	client *fasthttp.HostClient
+	id string
+	// idHeader is id as the X-Infera-Worker header's value (SetCanonical).
+	idHeader []byte
+	url      string
+	rec      atomic.Pointer[discovery.Record]
+	client   *fasthttp.HostClient
 	// host and path are each proxied route's upstream request line and
 	// Host header in origin form, as fasthttp's parse of the route's full
 	// URI gives them (originForm): the relay sets both as they are, so no
@@ -243,11 +245,12 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 		addr = net.JoinHostPort(u.Hostname(), port)
 	}
 	w := &Worker{
-		id:    rec.WorkerID,
-		url:   rec.URL,
-		addr:  addr,
-		tls:   tls,
-		picks: r.metrics.picks.WithLabelValues(rec.WorkerID),
+		id:       rec.WorkerID,
+		idHeader: []byte(rec.WorkerID),
+		url:      rec.URL,
+		addr:     addr,
+		tls:      tls,
+		picks:    r.metrics.picks.WithLabelValues(rec.WorkerID),
 	}
 	w.prog = workerProgress{r: r, w: w}
 	w.client = r.newHostClient(addr, tls, w)

@@ -25,8 +25,22 @@ const (
 )
 
 // forwardHeaders are the client headers a worker gets; the rest (hop-by-hop,
-// cookies, the client's Host) stay here.
-var forwardHeaders = [...]string{"Authorization", "Accept", "User-Agent", "OpenAI-Organization", "OpenAI-Project"}
+// cookies, the client's Host) stay here. They are spelled as fasthttp's
+// parser stores names (normalized), so that they are looked up and set as
+// they are (PeekCanonical, SetCanonical): no request copies and normalizes
+// them again.
+var forwardHeaders = [...][]byte{[]byte("Authorization"), []byte("Accept"), []byte("User-Agent"), []byte("Openai-Organization"), []byte("Openai-Project")}
+
+// The names of the headers the relay sets on every request, in fasthttp's
+// normalized form (see forwardHeaders).
+var (
+	inferaWorkerKey     = []byte("X-Infera-Worker")
+	cacheControlKey     = []byte("Cache-Control")
+	noCache             = []byte("no-cache")
+	dataParallelRankKey = []byte("X-Data-Parallel-Rank")
+	traceparentKey      = []byte("Traceparent")
+	tracestateKey       = []byte("Tracestate")
+)
 
 // relay is one client request being proxied, pooled. For a stream it is
 // also the response body fasthttp writes: fasthttp calls WriteTo with its
@@ -249,7 +263,7 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		rel.watch.stop(ctx)
 		rel.streaming = true
 		rel.attach(a, resp)
-		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.Header.SetCanonical(cacheControlKey, noCache)
 		// The headers leave with the first events (one write) when the
 		// engine's first bytes are already here; otherwise at once, not
 		// with the first token: the client knows its stream is on while

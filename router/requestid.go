@@ -10,9 +10,9 @@ import "github.com/valyala/fasthttp"
 // it is accepted and echoed beside X-Request-Id.
 const inferaRequestIDHeader = "X-Infera-Request-Id"
 
-// The response's request-id header names, in fasthttp's canonical form:
-// set with SetCanonical, they are not copied and normalized again on every
-// request.
+// The request-id header names, in fasthttp's canonical form: looked up and
+// set with PeekCanonical and SetCanonical, they are not copied and
+// normalized again on every request.
 var (
 	requestIDKey       = []byte("X-Request-Id")
 	inferaRequestIDKey = []byte(inferaRequestIDHeader)
@@ -21,10 +21,10 @@ var (
 // clientRequestID returns the id the client sent: X-Infera-Request-Id first
 // (Infera's), else X-Request-Id; nil when neither is present.
 func clientRequestID(h *fasthttp.RequestHeader) []byte {
-	if id := h.Peek(inferaRequestIDHeader); len(id) > 0 {
+	if id := h.PeekCanonical(inferaRequestIDKey); len(id) > 0 {
 		return id
 	}
-	return h.Peek("X-Request-Id")
+	return h.PeekCanonical(requestIDKey)
 }
 
 // setRequestID appends the request's id to dst (the client's own when it is

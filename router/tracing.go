@@ -146,10 +146,10 @@ func (rel *relay) traceInject(a *attempt, h *fasthttp.RequestHeader) {
 	if rel.ctx == nil {
 		return
 	}
-	if tp := rel.ctx.Request.Header.Peek("traceparent"); len(tp) > 0 {
-		h.SetBytesV("traceparent", tp)
-		if ts := rel.ctx.Request.Header.Peek("tracestate"); len(ts) > 0 {
-			h.SetBytesV("tracestate", ts)
+	if tp := rel.ctx.Request.Header.PeekCanonical(traceparentKey); len(tp) > 0 {
+		h.SetCanonical(traceparentKey, tp)
+		if ts := rel.ctx.Request.Header.PeekCanonical(tracestateKey); len(ts) > 0 {
+			h.SetCanonical(tracestateKey, ts)
 		}
 	}
 }
