@@ -149,7 +149,9 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 	if uc != nil && owner != nil {
 		uc.SetOwner(owner)
 	}
-	resp.ParseNetConn(conn)
+	// Not resp.ParseNetConn(conn), as fasthttp's client does: nothing
+	// asks an upstream answer for its addresses, and the two interface
+	// calls come on every exchange.
 	err = conn.SetWriteDeadline(deadline)
 	if err == nil {
 		if uc != nil {
