@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -285,11 +286,29 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 		s := bytes.ReplaceAll(stream, []byte("chatcmpl-5ae6257261e06ecb2a54213578c1755e"), []byte("chatcmpl-5ae6257261e06ecb2a54213578c1755"+string(rune('0'+k))))
 		streams = append(streams, bytes.ReplaceAll(s, []byte("1796418576"), []byte("179641857"+string(rune('0'+k)))))
 	}
+	// The *_prompt800 cases: the first chunk carries 800 prompt ids, as
+	// scripts/bench-overhead.sh's 128-word prompts give the simulator's
+	// byte tokenizer (the recorded stream's prompt has 72).
+	longStreams := make([][]byte, len(streams))
+	for k, s := range streams {
+		i := bytes.Index(s, []byte(`"prompt_token_ids":[`)) + len(`"prompt_token_ids":[`)
+		j := i + bytes.IndexByte(s[i:], ']')
+		ids := make([]byte, 0, 3200)
+		for n := range 800 {
+			if n > 0 {
+				ids = append(ids, ',')
+			}
+			ids = strconv.AppendInt(ids, int64(48+(n*7+k)%75), 10)
+		}
+		longStreams[k] = append(append(append([]byte(nil), s[:i]...), ids...), s[j:]...)
+	}
 	for _, c := range []struct {
 		name    string
 		tracked bool
 		relays  int
-	}{{"untracked", false, 1}, {"tracked", true, 1}, {"untracked_relays64", false, 64}, {"tracked_relays64", true, 64}} {
+		long    bool
+	}{{"untracked", false, 1, false}, {"tracked", true, 1, false}, {"untracked_relays64", false, 64, false}, {"tracked_relays64", true, 64, false},
+		{"untracked_relays64_prompt800", false, 64, true}, {"tracked_relays64_prompt800", true, 64, true}} {
 		// *_relays64: streams go to 64 pooled relays in turn, each stream
 		// its own id, as under 64 concurrent streams: a relay's buffers
 		// and its tracker's layouts are out of cache when it is next used.
@@ -307,7 +326,10 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 			for b.Loop() {
 				rel := rels[i%len(rels)]
 				data := stream
-				if c.relays > 1 {
+				switch {
+				case c.long:
+					data = longStreams[i/len(rels)%len(longStreams)]
+				case c.relays > 1:
 					data = streams[i/len(rels)%len(streams)] // another stream each round
 				}
 				i++
@@ -322,8 +344,12 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if perStream := out.bytes / b.N; c.tracked == (perStream >= len(stream)) {
-				b.Fatalf("tracked %v: %d bytes a stream relayed of %d (tracked: ids stripped)", c.tracked, perStream, len(stream))
+			whole := len(stream)
+			if c.long {
+				whole = len(longStreams[0])
+			}
+			if perStream := out.bytes / b.N; c.tracked == (perStream >= whole) {
+				b.Fatalf("tracked %v: %d bytes a stream relayed of %d (tracked: ids stripped)", c.tracked, perStream, whole)
 			}
 		})
 	}
