@@ -29,7 +29,10 @@ import (
 // values as long as the old ones (an engine's most often are) are
 // written over them in place.
 // A finish reason that is null in the chunk a layout was learnt from is
-// fixed bytes too. FuzzFastAgrees holds the two paths to the same result.
+// fixed bytes too. Most of a stream's chunks are steady ones of the
+// layout matched last (a text, then its ids, cut from the client's
+// copy): matchSteady reads those in a straight line, without the general
+// walk over the holes. FuzzFastAgrees holds the paths to the same result.
 
 // chunkShape is what the full read of one chunk found: how many values of
 // each hole kind, and where the last one lay.
@@ -101,6 +104,10 @@ type template struct {
 	cut             bool
 	cutHole         int
 	preCut, postCut int
+	// steady: the layout of a steady chunk — its only holes that vary
+	// within a stream are a text and then an output id array, the
+	// member cut — matched rigidly by matchSteady.
+	steady bool
 }
 
 // layouts are the chunk layouts a tracker learnt, kept across streams.
@@ -211,6 +218,8 @@ func (t *Tracker) learn(data, out []byte) {
 	if bytes.IndexByte(data, '\n') >= 0 || bytes.IndexByte(data, '\r') >= 0 {
 		return // a layout must be one line: AppendEvent matches whole events
 	}
+	nt.steady = nt.cut && nt.nv == 2 && nt.holes[nt.vary[0]].kind == holeText &&
+		nt.holes[nt.vary[1]].kind == holeOutIDs && int(nt.vary[1]) == nt.cutHole
 	if t.lay == nil {
 		t.lay = new(layouts) // once in the tracker's life
 	}
@@ -282,6 +291,11 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 		return -1, -1, -1, false
 	}
 	if t.begun {
+		if tm := &t.lay.tmpls[t.lay.hit]; tm.steady && tm.ok && tm.strip == t.Strip {
+			if a, b, end, ok = t.matchSteady(tm, data, open); ok {
+				return a, b, end, true
+			}
+		}
 		if a, b, end, ok = t.matchAny(data, true, open); ok {
 			return a, b, end, true
 		}
@@ -407,6 +421,65 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 		}
 	}
 	return a, b, end, true
+}
+
+// matchSteady is matchTemplate for a steady layout (template.steady)
+// matched rigidly, the layout the stream's chunks matched last: most of
+// a stream's chunks. The same reads in a straight line — the fixed bytes
+// up to the text, the text, the fixed bytes up to the output ids, the
+// ids, the tail — and the same effects; ok false: data does not match
+// (nothing was changed; matchAny tries the layouts in full).
+func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end int, ok bool) {
+	th, ih := &tm.holes[tm.vary[0]], &tm.holes[tm.vary[1]]
+	head := tm.b[:th.start]
+	pos := len(head)
+	if len(data) <= pos || string(data[:pos]) != string(head) || data[pos] != '"' {
+		return -1, -1, -1, false
+	}
+	txtStart, txtEnd, txtEsc := pos+1, plainStringEnd(data, pos), false
+	if txtEnd > 0 {
+		pos = txtEnd + 1
+	} else {
+		s := jsonx.Scanner{B: data, I: pos, Lenient: true}
+		st, en, esc, err := s.String()
+		if err != nil {
+			return -1, -1, -1, false
+		}
+		txtStart, txtEnd, txtEsc, pos = st, en, esc, s.I
+	}
+	mid := tm.b[th.end:ih.start]
+	if len(data)-pos <= len(mid) || string(data[pos:pos+len(mid)]) != string(mid) {
+		return -1, -1, -1, false
+	}
+	pos += len(mid)
+	idStart, nOut := pos, len(t.OutIDs)
+	ids, pos, ok := appendIDArray(t.OutIDs, data, pos)
+	if !ok {
+		t.OutIDs = ids[:nOut]
+		return -1, -1, -1, false
+	}
+	tail := tm.b[ih.end:]
+	end = pos + len(tail)
+	if len(data) < end || string(data[pos:end]) != string(tail) ||
+		open && (len(data)-end < 2 || data[end] != '\n' || data[end+1] != '\n') || !open && end != len(data) {
+		t.OutIDs = ids[:nOut]
+		return -1, -1, -1, false
+	}
+	t.OutIDs = ids
+	if txtEnd > txtStart {
+		if txtEsc {
+			t.Text = jsonx.AppendUnescaped(t.Text, data[txtStart:txtEnd])
+		} else {
+			t.Text = append(t.Text, data[txtStart:txtEnd]...)
+		}
+		t.TextChunks++
+		t.IDChunks++
+	}
+	if len(t.ID) == 0 || len(t.Created) == 0 || len(t.Model) == 0 {
+		t.keepStream(tm, data, nil, true)
+	}
+	t.fastChunks++
+	return idStart - tm.preCut, pos + tm.postCut, end, true
 }
 
 // streamValues are a stream's id, time and model (by hole kind; nil:
