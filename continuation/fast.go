@@ -110,7 +110,8 @@ type template struct {
 	steady bool
 }
 
-// layouts are the chunk layouts a tracker learnt, kept across streams.
+// layouts are the chunk layouts a tracker learnt, kept across streams,
+// and the scratch state of its reads.
 type layouts struct {
 	tmpls [maxTemplates]template
 	// hit is the one matched last, victim the next one a new layout
@@ -120,6 +121,8 @@ type layouts struct {
 	// the bytes of the next layout learnt or stamped.
 	match    holeMatch
 	stampBuf []byte
+	// shape is what the full read of the chunk being read found.
+	shape chunkShape
 }
 
 type hole struct {
@@ -134,7 +137,7 @@ type hole struct {
 // that is data exactly, or data without one member that holds one id
 // array and no other hole.
 func (t *Tracker) learn(data, out []byte) {
-	sh := &t.shape
+	sh := &t.lay.shape
 	if t.noFast || t.Poisoned != PoisonNone || sh.tools || sh.nullTexts != 0 || sh.strips > 1 {
 		return
 	}
@@ -220,9 +223,6 @@ func (t *Tracker) learn(data, out []byte) {
 	}
 	nt.steady = nt.cut && nt.nv == 2 && nt.holes[nt.vary[0]].kind == holeText &&
 		nt.holes[nt.vary[1]].kind == holeOutIDs && int(nt.vary[1]) == nt.cutHole
-	if t.lay == nil {
-		t.lay = new(layouts) // once in the tracker's life
-	}
 	// The layout's bytes: the chunk's without the values that vary
 	// within a stream (a long prompt's ids are most of a first chunk).
 	size := len(data)
