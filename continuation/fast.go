@@ -291,16 +291,18 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 		return -1, -1, -1, false
 	}
 	if t.begun {
+		tried := -1 // a layout matchSteady tried (rigidly: not again)
 		if tm := &t.lay.tmpls[t.lay.hit]; tm.steady && tm.ok && tm.strip == t.Strip {
 			if a, b, end, ok = t.matchSteady(tm, data, open); ok {
 				return a, b, end, true
 			}
+			tried = t.lay.hit
 		}
-		if a, b, end, ok = t.matchAny(data, true, open); ok {
+		if a, b, end, ok = t.matchAny(data, true, open, tried); ok {
 			return a, b, end, true
 		}
 	}
-	if a, b, end, ok = t.matchAny(data, false, open); ok {
+	if a, b, end, ok = t.matchAny(data, false, open, -1); ok {
 		t.begun = true
 	}
 	return a, b, end, ok
@@ -310,8 +312,9 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 // each other: the one matched last, the one that followed it the last
 // time another did (steady chunks follow the first, the last follows
 // them, the next stream's first follows the last; for a match that is
-// not rigid, that one first), then the rest.
-func (t *Tracker) matchAny(data []byte, rigid, open bool) (a, b, end int, ok bool) {
+// not rigid, that one first), then the rest. skip is a layout not to
+// try (-1: none): matchSteady tried it already in the same way.
+func (t *Tracker) matchAny(data []byte, rigid, open bool, skip int) (a, b, end int, ok bool) {
 	hit, next := t.lay.hit, int(t.lay.tmpls[t.lay.hit].next)
 	first, second := hit, next
 	if !rigid {
@@ -319,18 +322,20 @@ func (t *Tracker) matchAny(data []byte, rigid, open bool) (a, b, end int, ok boo
 		// last: the layout that followed that one is tried first.
 		first, second = next, hit
 	}
-	if a, b, end, ok = t.matchTemplate(first, data, rigid, open); ok {
-		t.lay.hit = first
-		return a, b, end, true
+	if first != skip {
+		if a, b, end, ok = t.matchTemplate(first, data, rigid, open); ok {
+			t.lay.hit = first
+			return a, b, end, true
+		}
 	}
-	if second != first {
+	if second != first && second != skip {
 		if a, b, end, ok = t.matchTemplate(second, data, rigid, open); ok {
 			t.lay.hit = second
 			return a, b, end, true
 		}
 	}
 	for i := range t.lay.tmpls {
-		if i == hit || i == next {
+		if i == hit || i == next || i == skip {
 			continue
 		}
 		if a, b, end, ok = t.matchTemplate(i, data, rigid, open); ok {
