@@ -438,6 +438,53 @@ func BenchmarkEventPump(b *testing.B) {
 	}
 }
 
+// TestStartMigrationFindsTrackerReset: a pooled relay's tracked stream
+// leaves its Tracker written; the next request's startMigration does not
+// reset it, relying on relay.reset (migration.empty) having done so.
+// Fails when a path between them writes the Tracker again, or empty
+// stops resetting it.
+func TestStartMigrationFindsTrackerReset(t *testing.T) {
+	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := testRelay(r, relayBufSize)
+	for stream := range 2 {
+		rel.scan.Stream = true
+		rel.startMigration()
+		tr := &rel.mig.track
+		if !rel.mig.on {
+			t.Fatalf("stream %d not tracked", stream)
+		}
+		if tr.Strip || tr.Done || tr.Finished || len(tr.Text) != 0 || len(tr.OutIDs) != 0 || len(tr.ID) != 0 || tr.TextChunks != 0 || tr.HasPrompt {
+			t.Fatalf("stream %d: startMigration found the last stream's tracker (strip %v, done %v, text %q)", stream, tr.Strip, tr.Done, tr.Text)
+		}
+		tr.Strip = true
+		rel.pump.transform, rel.pump.lead = rel.trackedEvent, rel.trackLead()
+		rel.att.src = &eofReader{data: simStreamIDs(t), size: 1 << 20}
+		if _, err := rel.WriteTo(&countWriter{}); err != nil {
+			t.Fatal(err)
+		}
+		if !tr.Done || len(tr.Text) == 0 || len(tr.OutIDs) == 0 || !tr.HasPrompt {
+			t.Fatalf("stream %d not read by the tracker (done %v, text %q, %d ids)", stream, tr.Done, tr.Text, len(tr.OutIDs))
+		}
+		rel.reset()
+		rel.r, rel.route, rel.dialect, rel.status = r, RouteChatCompletions, r.dialects[RouteChatCompletions], 200
+		rel.att = attempt{rel: rel, status: 200}
+	}
+}
+
+// simStreamIDs is a 16-token chat stream as `infera sim` writes it with
+// return_token_ids.
+func simStreamIDs(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile("../continuation/testdata/sim-chat-ids.sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // TestMigrationEmpty: relay.reset empties a pooled relay's migration in
 // place; every field but the kept buffers is zero after it. A new field
 // fails here until empty clears it and this test sets it.
