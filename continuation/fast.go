@@ -29,10 +29,11 @@ import (
 // values as long as the old ones (an engine's most often are) are
 // written over them in place.
 // A finish reason that is null in the chunk a layout was learnt from is
-// fixed bytes too. Most of a stream's chunks are steady ones of the
-// layout matched last (a text, then its ids, cut from the client's
-// copy): matchSteady reads those in a straight line, without the general
-// walk over the holes. FuzzFastAgrees holds the paths to the same result.
+// fixed bytes too. Most of a stream's chunks are steady ones (a text,
+// then its ids, cut from the client's copy; the last chunk a finish
+// reason between them): matched rigidly, matchSteady reads those in a
+// straight line, without the general walk over the holes.
+// FuzzFastAgrees holds the paths to the same result.
 
 // chunkShape is what the full read of one chunk found: how many values of
 // each hole kind, and where the last one lay.
@@ -104,9 +105,10 @@ type template struct {
 	cut             bool
 	cutHole         int
 	preCut, postCut int
-	// steady: the layout of a steady chunk — its only holes that vary
-	// within a stream are a text and then an output id array, the
-	// member cut — matched rigidly by matchSteady.
+	// steady: the layout of a steady chunk or the last — its only holes
+	// that vary within a stream are a text, a finish reason or none, and
+	// an output id array, in that order, the ids' member cut — matched
+	// rigidly by matchSteady.
 	steady bool
 }
 
@@ -221,8 +223,9 @@ func (t *Tracker) learn(data, out []byte) {
 	if bytes.IndexByte(data, '\n') >= 0 || bytes.IndexByte(data, '\r') >= 0 {
 		return // a layout must be one line: AppendEvent matches whole events
 	}
-	nt.steady = nt.cut && nt.nv == 2 && nt.holes[nt.vary[0]].kind == holeText &&
-		nt.holes[nt.vary[1]].kind == holeOutIDs && int(nt.vary[1]) == nt.cutHole
+	nt.steady = nt.cut && (nt.nv == 2 || nt.nv == 3 && nt.holes[nt.vary[1]].kind == holeFinish) &&
+		nt.holes[nt.vary[0]].kind == holeText && nt.holes[nt.vary[nt.nv-1]].kind == holeOutIDs &&
+		int(nt.vary[nt.nv-1]) == nt.cutHole
 	// The layout's bytes: the chunk's without the values that vary
 	// within a stream (a long prompt's ids are most of a first chunk).
 	size := len(data)
@@ -357,6 +360,9 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 	if !tm.ok || tm.strip != t.Strip {
 		return a, b, -1, false
 	}
+	if rigid && tm.steady {
+		return t.matchSteady(tm, data, open)
+	}
 	m := &t.lay.match // not zeroed: matchHoles sets what is read below
 	nOut := len(t.OutIDs)
 	end = t.matchHoles(tm, data, rigid, m)
@@ -429,13 +435,13 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 }
 
 // matchSteady is matchTemplate for a steady layout (template.steady)
-// matched rigidly, the layout the stream's chunks matched last: most of
-// a stream's chunks. The same reads in a straight line — the fixed bytes
-// up to the text, the text, the fixed bytes up to the output ids, the
-// ids, the tail — and the same effects; ok false: data does not match
-// (nothing was changed; matchAny tries the layouts in full).
+// matched rigidly: most of a stream's chunks. The same reads in a
+// straight line — the fixed bytes up to the text, the text, (the fixed
+// bytes up to the finish reason, the finish reason,) the fixed bytes up
+// to the output ids, the ids, the tail — and the same effects; ok
+// false: data does not match (nothing was changed).
 func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end int, ok bool) {
-	th, ih := &tm.holes[tm.vary[0]], &tm.holes[tm.vary[1]]
+	th, ih := &tm.holes[tm.vary[0]], &tm.holes[tm.vary[tm.nv-1]]
 	head := tm.b[:th.start]
 	pos := len(head)
 	if len(data) <= pos || string(data[:pos]) != string(head) || data[pos] != '"' {
@@ -452,7 +458,24 @@ func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end i
 		}
 		txtStart, txtEnd, txtEsc, pos = st, en, esc, s.I
 	}
-	mid := tm.b[th.end:ih.start]
+	finished, prev := false, th.end
+	if tm.nv == 3 { // the last chunk's finish reason, between them
+		fh := &tm.holes[tm.vary[1]]
+		mid := tm.b[prev:fh.start]
+		if len(data)-pos <= len(mid) || string(data[pos:pos+len(mid)]) != string(mid) {
+			return -1, -1, -1, false
+		}
+		if pos += len(mid); data[pos] == 'n' {
+			if len(data)-pos < 4 || string(data[pos:pos+4]) != "null" {
+				return -1, -1, -1, false
+			}
+			pos += 4
+		} else if pos, finished = stringEnd(data, pos), true; pos < 0 {
+			return -1, -1, -1, false
+		}
+		prev = fh.end
+	}
+	mid := tm.b[prev:ih.start]
 	if len(data)-pos <= len(mid) || string(data[pos:pos+len(mid)]) != string(mid) {
 		return -1, -1, -1, false
 	}
@@ -479,6 +502,9 @@ func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end i
 		}
 		t.TextChunks++
 		t.IDChunks++
+	}
+	if finished {
+		t.Finished = true
 	}
 	if len(t.ID) == 0 || len(t.Created) == 0 || len(t.Model) == 0 {
 		t.keepStream(tm, data, nil, true)
