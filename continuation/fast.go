@@ -29,7 +29,11 @@ import (
 // values as long as the old ones (an engine's most often are) are
 // written over them in place.
 // A finish reason that is null in the chunk a layout was learnt from is
-// fixed bytes too. FuzzFastAgrees holds the two paths to the same result.
+// fixed bytes too. Most of a stream's chunks are steady ones (a text,
+// then its ids, cut from the client's copy; the last chunk a finish
+// reason between them): matched rigidly, matchSteady reads those in a
+// straight line, without the general walk over the holes.
+// FuzzFastAgrees holds the paths to the same result.
 
 // chunkShape is what the full read of one chunk found: how many values of
 // each hole kind, and where the last one lay.
@@ -101,9 +105,15 @@ type template struct {
 	cut             bool
 	cutHole         int
 	preCut, postCut int
+	// steady: the layout of a steady chunk or the last — its only holes
+	// that vary within a stream are a text, a finish reason or none, and
+	// an output id array, in that order, the ids' member cut — matched
+	// rigidly by matchSteady.
+	steady bool
 }
 
-// layouts are the chunk layouts a tracker learnt, kept across streams.
+// layouts are the chunk layouts a tracker learnt, kept across streams,
+// and the scratch state of its reads.
 type layouts struct {
 	tmpls [maxTemplates]template
 	// hit is the one matched last, victim the next one a new layout
@@ -113,6 +123,8 @@ type layouts struct {
 	// the bytes of the next layout learnt or stamped.
 	match    holeMatch
 	stampBuf []byte
+	// shape is what the full read of the chunk being read found.
+	shape chunkShape
 }
 
 type hole struct {
@@ -127,7 +139,7 @@ type hole struct {
 // that is data exactly, or data without one member that holds one id
 // array and no other hole.
 func (t *Tracker) learn(data, out []byte) {
-	sh := &t.shape
+	sh := &t.lay.shape
 	if t.noFast || t.Poisoned != PoisonNone || sh.tools || sh.nullTexts != 0 || sh.strips > 1 {
 		return
 	}
@@ -211,9 +223,9 @@ func (t *Tracker) learn(data, out []byte) {
 	if bytes.IndexByte(data, '\n') >= 0 || bytes.IndexByte(data, '\r') >= 0 {
 		return // a layout must be one line: AppendEvent matches whole events
 	}
-	if t.lay == nil {
-		t.lay = new(layouts) // once in the tracker's life
-	}
+	nt.steady = nt.cut && (nt.nv == 2 || nt.nv == 3 && nt.holes[nt.vary[1]].kind == holeFinish) &&
+		nt.holes[nt.vary[0]].kind == holeText && nt.holes[nt.vary[nt.nv-1]].kind == holeOutIDs &&
+		int(nt.vary[nt.nv-1]) == nt.cutHole
 	// The layout's bytes: the chunk's without the values that vary
 	// within a stream (a long prompt's ids are most of a first chunk).
 	size := len(data)
@@ -282,11 +294,18 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 		return -1, -1, -1, false
 	}
 	if t.begun {
-		if a, b, end, ok = t.matchAny(data, true, open); ok {
+		tried := -1 // a layout matchSteady tried (rigidly: not again)
+		if tm := &t.lay.tmpls[t.lay.hit]; tm.steady && tm.ok && tm.strip == t.Strip {
+			if a, b, end, ok = t.matchSteady(tm, data, open); ok {
+				return a, b, end, true
+			}
+			tried = t.lay.hit
+		}
+		if a, b, end, ok = t.matchAny(data, true, open, tried); ok {
 			return a, b, end, true
 		}
 	}
-	if a, b, end, ok = t.matchAny(data, false, open); ok {
+	if a, b, end, ok = t.matchAny(data, false, open, -1); ok {
 		t.begun = true
 	}
 	return a, b, end, ok
@@ -296,8 +315,9 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 // each other: the one matched last, the one that followed it the last
 // time another did (steady chunks follow the first, the last follows
 // them, the next stream's first follows the last; for a match that is
-// not rigid, that one first), then the rest.
-func (t *Tracker) matchAny(data []byte, rigid, open bool) (a, b, end int, ok bool) {
+// not rigid, that one first), then the rest. skip is a layout not to
+// try (-1: none): matchSteady tried it already in the same way.
+func (t *Tracker) matchAny(data []byte, rigid, open bool, skip int) (a, b, end int, ok bool) {
 	hit, next := t.lay.hit, int(t.lay.tmpls[t.lay.hit].next)
 	first, second := hit, next
 	if !rigid {
@@ -305,18 +325,20 @@ func (t *Tracker) matchAny(data []byte, rigid, open bool) (a, b, end int, ok boo
 		// last: the layout that followed that one is tried first.
 		first, second = next, hit
 	}
-	if a, b, end, ok = t.matchTemplate(first, data, rigid, open); ok {
-		t.lay.hit = first
-		return a, b, end, true
+	if first != skip {
+		if a, b, end, ok = t.matchTemplate(first, data, rigid, open); ok {
+			t.lay.hit = first
+			return a, b, end, true
+		}
 	}
-	if second != first {
+	if second != first && second != skip {
 		if a, b, end, ok = t.matchTemplate(second, data, rigid, open); ok {
 			t.lay.hit = second
 			return a, b, end, true
 		}
 	}
 	for i := range t.lay.tmpls {
-		if i == hit || i == next {
+		if i == hit || i == next || i == skip {
 			continue
 		}
 		if a, b, end, ok = t.matchTemplate(i, data, rigid, open); ok {
@@ -337,6 +359,9 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 	tm := &t.lay.tmpls[i]
 	if !tm.ok || tm.strip != t.Strip {
 		return a, b, -1, false
+	}
+	if rigid && tm.steady {
+		return t.matchSteady(tm, data, open)
 	}
 	m := &t.lay.match // not zeroed: matchHoles sets what is read below
 	nOut := len(t.OutIDs)
@@ -407,6 +432,85 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 		}
 	}
 	return a, b, end, true
+}
+
+// matchSteady is matchTemplate for a steady layout (template.steady)
+// matched rigidly: most of a stream's chunks. The same reads in a
+// straight line — the fixed bytes up to the text, the text, (the fixed
+// bytes up to the finish reason, the finish reason,) the fixed bytes up
+// to the output ids, the ids, the tail — and the same effects; ok
+// false: data does not match (nothing was changed).
+func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end int, ok bool) {
+	th, ih := &tm.holes[tm.vary[0]], &tm.holes[tm.vary[tm.nv-1]]
+	head := tm.b[:th.start]
+	pos := len(head)
+	if len(data) <= pos || string(data[:pos]) != string(head) || data[pos] != '"' {
+		return -1, -1, -1, false
+	}
+	txtStart, txtEnd, txtEsc := pos+1, plainStringEnd(data, pos), false
+	if txtEnd > 0 {
+		pos = txtEnd + 1
+	} else {
+		s := jsonx.Scanner{B: data, I: pos, Lenient: true}
+		st, en, esc, err := s.String()
+		if err != nil {
+			return -1, -1, -1, false
+		}
+		txtStart, txtEnd, txtEsc, pos = st, en, esc, s.I
+	}
+	finished, prev := false, th.end
+	if tm.nv == 3 { // the last chunk's finish reason, between them
+		fh := &tm.holes[tm.vary[1]]
+		mid := tm.b[prev:fh.start]
+		if len(data)-pos <= len(mid) || string(data[pos:pos+len(mid)]) != string(mid) {
+			return -1, -1, -1, false
+		}
+		if pos += len(mid); data[pos] == 'n' {
+			if len(data)-pos < 4 || string(data[pos:pos+4]) != "null" {
+				return -1, -1, -1, false
+			}
+			pos += 4
+		} else if pos, finished = stringEnd(data, pos), true; pos < 0 {
+			return -1, -1, -1, false
+		}
+		prev = fh.end
+	}
+	mid := tm.b[prev:ih.start]
+	if len(data)-pos <= len(mid) || string(data[pos:pos+len(mid)]) != string(mid) {
+		return -1, -1, -1, false
+	}
+	pos += len(mid)
+	idStart, nOut := pos, len(t.OutIDs)
+	ids, pos, ok := appendIDArray(t.OutIDs, data, pos)
+	if !ok {
+		t.OutIDs = ids[:nOut]
+		return -1, -1, -1, false
+	}
+	tail := tm.b[ih.end:]
+	end = pos + len(tail)
+	if len(data) < end || string(data[pos:end]) != string(tail) ||
+		open && (len(data)-end < 2 || data[end] != '\n' || data[end+1] != '\n') || !open && end != len(data) {
+		t.OutIDs = ids[:nOut]
+		return -1, -1, -1, false
+	}
+	t.OutIDs = ids
+	if txtEnd > txtStart {
+		if txtEsc {
+			t.Text = jsonx.AppendUnescaped(t.Text, data[txtStart:txtEnd])
+		} else {
+			t.Text = append(t.Text, data[txtStart:txtEnd]...)
+		}
+		t.TextChunks++
+		t.IDChunks++
+	}
+	if finished {
+		t.Finished = true
+	}
+	if len(t.ID) == 0 || len(t.Created) == 0 || len(t.Model) == 0 {
+		t.keepStream(tm, data, nil, true)
+	}
+	t.fastChunks++
+	return idStart - tm.preCut, pos + tm.postCut, end, true
 }
 
 // streamValues are a stream's id, time and model (by hole kind; nil:

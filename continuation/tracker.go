@@ -71,10 +71,11 @@ type Tracker struct {
 	chunkIDs bool // the chunk being read carried output ids
 	chunkTxt bool // ... or text
 
-	shape chunkShape // what the full read of the chunk found (fast.go)
-	// lay holds the chunk layouts the fast path matches (fast.go), kept
-	// across streams (behind a pointer: Reset does not copy them); nil
-	// until the first is learnt. begun: a chunk of this stream was read.
+	// lay holds the chunk layouts the fast path matches (fast.go) and
+	// what the full read of a chunk found (its shape), kept across
+	// streams behind a pointer, so that Reset copies neither and a
+	// pooled relay's Tracker stays a few cache lines; nil until the
+	// first chunk is read. begun: a chunk of this stream was read.
 	lay   *layouts
 	begun bool
 	// noFast turns the fast path off (tests compare the two paths);
@@ -278,7 +279,10 @@ func (t *Tracker) observeFull(data []byte) []byte {
 	t.begun = true
 	t.out = t.out[:0]
 	t.chunkIDs, t.chunkTxt = false, false
-	t.shape = chunkShape{}
+	if t.lay == nil {
+		t.lay = new(layouts) // once in the tracker's life
+	}
+	t.lay.shape = chunkShape{}
 	s := jsonx.Scanner{B: data, MaxDepth: maxDepth, Lenient: true}
 	s.SkipWS()
 	if s.I >= len(data) || data[s.I] != '{' {
@@ -303,7 +307,7 @@ func (t *Tracker) observeFull(data []byte) []byte {
 			t.prompt(data[vs:s.I], vs)
 			if t.Strip {
 				stripped = true
-				t.shape.stripped(ks-1, s.I)
+				t.lay.shape.stripped(ks-1, s.I)
 				return nil
 			}
 		case jsonx.Equal(key, esc, "sglext"):
@@ -312,7 +316,7 @@ func (t *Tracker) observeFull(data []byte) []byte {
 			}
 			if t.Strip {
 				stripped = true
-				t.shape.stripped(ks-1, s.I)
+				t.lay.shape.stripped(ks-1, s.I)
 				return nil
 			}
 		default:
@@ -367,17 +371,17 @@ func (t *Tracker) remember(key []byte, esc bool, data []byte, vs, end int) {
 	str := data[vs] == '"'
 	switch {
 	case jsonx.Equal(key, esc, "id"):
-		t.shape.saw(holeID, vs, end, str)
+		t.lay.shape.saw(holeID, vs, end, str)
 		if len(t.ID) == 0 {
 			t.ID = append(t.ID, raw...)
 		}
 	case jsonx.Equal(key, esc, "created"):
-		t.shape.saw(holeCreated, vs, end, str)
+		t.lay.shape.saw(holeCreated, vs, end, str)
 		if len(t.Created) == 0 {
 			t.Created = append(t.Created, raw...)
 		}
 	case jsonx.Equal(key, esc, "model"):
-		t.shape.saw(holeModel, vs, end, str)
+		t.lay.shape.saw(holeModel, vs, end, str)
 		if len(t.Model) == 0 {
 			t.Model = append(t.Model, raw...)
 		}
@@ -391,7 +395,7 @@ func (t *Tracker) prompt(raw []byte, at int) {
 	if len(raw) < 2 || raw[0] != '[' || raw[len(raw)-1] != ']' {
 		return // null, or not ids at all
 	}
-	t.shape.saw(holePrompt, at, at+len(raw), false)
+	t.lay.shape.saw(holePrompt, at, at+len(raw), false)
 	if t.HasPrompt {
 		return
 	}
@@ -415,7 +419,7 @@ func skipIDs(s *jsonx.Scanner) error {
 
 // output records a chunk's output ids, at offset at of the chunk.
 func (t *Tracker) output(raw []byte, at int) {
-	t.shape.saw(holeOutIDs, at, at+len(raw), false)
+	t.lay.shape.saw(holeOutIDs, at, at+len(raw), false)
 	n := len(t.OutIDs)
 	ids, err := openai.AppendTokenIDs(t.OutIDs, raw)
 	if err != nil {
@@ -474,7 +478,7 @@ func (t *Tracker) choice(s *jsonx.Scanner, stripped *bool) error {
 				t.output(b[vs:s.I], vs)
 				if t.Strip {
 					*stripped = true
-					t.shape.stripped(ks-1, s.I)
+					t.lay.shape.stripped(ks-1, s.I)
 					return nil
 				}
 			}
@@ -483,7 +487,7 @@ func (t *Tracker) choice(s *jsonx.Scanner, stripped *bool) error {
 				t.prompt(b[vs:s.I], vs)
 				if t.Strip {
 					*stripped = true
-					t.shape.stripped(ks-1, s.I)
+					t.lay.shape.stripped(ks-1, s.I)
 					return nil
 				}
 			}
@@ -497,7 +501,7 @@ func (t *Tracker) choice(s *jsonx.Scanner, stripped *bool) error {
 			err = t.delta(s)
 		case jsonx.Equal(key, esc, "finish_reason"):
 			if err = s.Value(); err == nil {
-				t.shape.saw(holeFinish, vs, s.I, b[vs] == '"')
+				t.lay.shape.saw(holeFinish, vs, s.I, b[vs] == '"')
 				if b[vs] != 'n' {
 					t.Finished = true
 				}
@@ -519,7 +523,7 @@ func (t *Tracker) choice(s *jsonx.Scanner, stripped *bool) error {
 // text appends the string value at s.I (null: nothing) to t.Text.
 func (t *Tracker) text(s *jsonx.Scanner) error {
 	if s.I < len(s.B) && s.B[s.I] == 'n' {
-		t.shape.nullTexts++
+		t.lay.shape.nullTexts++
 		return s.Literal("null")
 	}
 	if s.I >= len(s.B) || s.B[s.I] != '"' {
@@ -531,7 +535,7 @@ func (t *Tracker) text(s *jsonx.Scanner) error {
 	if err != nil {
 		return err
 	}
-	t.shape.saw(holeText, vs, s.I, true)
+	t.lay.shape.saw(holeText, vs, s.I, true)
 	if en > st {
 		t.chunkTxt = true
 		if esc {
@@ -564,7 +568,7 @@ func (t *Tracker) delta(s *jsonx.Scanner) error {
 			switch v := b[vs:s.I]; {
 			case string(v) == "null", string(v) == "[]", string(v) == `""`:
 			default:
-				t.ToolsOrReasoning, t.shape.tools = true, true
+				t.ToolsOrReasoning, t.lay.shape.tools = true, true
 			}
 			return nil
 		}

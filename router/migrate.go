@@ -45,9 +45,10 @@ type migration struct {
 // empty empties m in place, keeping its buffers (relay.reset: once per
 // request, so the Tracker is not copied). A field added to
 // migration is cleared here too (TestMigrationEmpty). The Tracker is
-// written only while on (startMigration resets it when it turns on), so
-// a request that was not tracked (every unary one) leaves it as the
-// last reset left it and it is not reset again; lead stays bound to it.
+// written only while on, so a request that was not tracked (every unary
+// one) leaves it as the last reset left it and it is not reset again:
+// after empty it is always reset, and startMigration takes it as it is.
+// lead stays bound to it.
 func (m *migration) empty() {
 	askBuf, scratch := m.askBuf[:0], m.scratch[:0]
 	if m.on {
@@ -109,8 +110,7 @@ func (rel *relay) startMigration() {
 	if !continuation.Continuable(rel.scan.N, rel.scan.BestOf) {
 		return
 	}
-	rel.mig.on = true
-	rel.mig.track.Reset(false)
+	rel.mig.on = true // the Tracker is reset already (empty)
 }
 
 // engineOf is a worker's engine as far as token ids go.

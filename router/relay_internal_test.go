@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -285,11 +286,29 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 		s := bytes.ReplaceAll(stream, []byte("chatcmpl-5ae6257261e06ecb2a54213578c1755e"), []byte("chatcmpl-5ae6257261e06ecb2a54213578c1755"+string(rune('0'+k))))
 		streams = append(streams, bytes.ReplaceAll(s, []byte("1796418576"), []byte("179641857"+string(rune('0'+k)))))
 	}
+	// The *_prompt800 cases: the first chunk carries 800 prompt ids, as
+	// scripts/bench-overhead.sh's 128-word prompts give the simulator's
+	// byte tokenizer (the recorded stream's prompt has 72).
+	longStreams := make([][]byte, len(streams))
+	for k, s := range streams {
+		i := bytes.Index(s, []byte(`"prompt_token_ids":[`)) + len(`"prompt_token_ids":[`)
+		j := i + bytes.IndexByte(s[i:], ']')
+		ids := make([]byte, 0, 3200)
+		for n := range 800 {
+			if n > 0 {
+				ids = append(ids, ',')
+			}
+			ids = strconv.AppendInt(ids, int64(48+(n*7+k)%75), 10)
+		}
+		longStreams[k] = append(append(append([]byte(nil), s[:i]...), ids...), s[j:]...)
+	}
 	for _, c := range []struct {
 		name    string
 		tracked bool
 		relays  int
-	}{{"untracked", false, 1}, {"tracked", true, 1}, {"untracked_relays64", false, 64}, {"tracked_relays64", true, 64}} {
+		long    bool
+	}{{"untracked", false, 1, false}, {"tracked", true, 1, false}, {"untracked_relays64", false, 64, false}, {"tracked_relays64", true, 64, false},
+		{"untracked_relays64_prompt800", false, 64, true}, {"tracked_relays64_prompt800", true, 64, true}} {
 		// *_relays64: streams go to 64 pooled relays in turn, each stream
 		// its own id, as under 64 concurrent streams: a relay's buffers
 		// and its tracker's layouts are out of cache when it is next used.
@@ -307,7 +326,10 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 			for b.Loop() {
 				rel := rels[i%len(rels)]
 				data := stream
-				if c.relays > 1 {
+				switch {
+				case c.long:
+					data = longStreams[i/len(rels)%len(longStreams)]
+				case c.relays > 1:
 					data = streams[i/len(rels)%len(streams)] // another stream each round
 				}
 				i++
@@ -322,8 +344,12 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if perStream := out.bytes / b.N; c.tracked == (perStream >= len(stream)) {
-				b.Fatalf("tracked %v: %d bytes a stream relayed of %d (tracked: ids stripped)", c.tracked, perStream, len(stream))
+			whole := len(stream)
+			if c.long {
+				whole = len(longStreams[0])
+			}
+			if perStream := out.bytes / b.N; c.tracked == (perStream >= whole) {
+				b.Fatalf("tracked %v: %d bytes a stream relayed of %d (tracked: ids stripped)", c.tracked, perStream, whole)
 			}
 		})
 	}
@@ -410,6 +436,53 @@ func BenchmarkEventPump(b *testing.B) {
 			b.Fatal(rerr, werr)
 		}
 	}
+}
+
+// TestStartMigrationFindsTrackerReset: a pooled relay's tracked stream
+// leaves its Tracker written; the next request's startMigration does not
+// reset it, relying on relay.reset (migration.empty) having done so.
+// Fails when a path between them writes the Tracker again, or empty
+// stops resetting it.
+func TestStartMigrationFindsTrackerReset(t *testing.T) {
+	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := testRelay(r, relayBufSize)
+	for stream := range 2 {
+		rel.scan.Stream = true
+		rel.startMigration()
+		tr := &rel.mig.track
+		if !rel.mig.on {
+			t.Fatalf("stream %d not tracked", stream)
+		}
+		if tr.Strip || tr.Done || tr.Finished || len(tr.Text) != 0 || len(tr.OutIDs) != 0 || len(tr.ID) != 0 || tr.TextChunks != 0 || tr.HasPrompt {
+			t.Fatalf("stream %d: startMigration found the last stream's tracker (strip %v, done %v, text %q)", stream, tr.Strip, tr.Done, tr.Text)
+		}
+		tr.Strip = true
+		rel.pump.transform, rel.pump.lead = rel.trackedEvent, rel.trackLead()
+		rel.att.src = &eofReader{data: simStreamIDs(t), size: 1 << 20}
+		if _, err := rel.WriteTo(&countWriter{}); err != nil {
+			t.Fatal(err)
+		}
+		if !tr.Done || len(tr.Text) == 0 || len(tr.OutIDs) == 0 || !tr.HasPrompt {
+			t.Fatalf("stream %d not read by the tracker (done %v, text %q, %d ids)", stream, tr.Done, tr.Text, len(tr.OutIDs))
+		}
+		rel.reset()
+		rel.r, rel.route, rel.dialect, rel.status = r, RouteChatCompletions, r.dialects[RouteChatCompletions], 200
+		rel.att = attempt{rel: rel, status: 200}
+	}
+}
+
+// simStreamIDs is a 16-token chat stream as `infera sim` writes it with
+// return_token_ids.
+func simStreamIDs(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile("../continuation/testdata/sim-chat-ids.sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // TestMigrationEmpty: relay.reset empties a pooled relay's migration in
