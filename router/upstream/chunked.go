@@ -1,0 +1,230 @@
+package upstream
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+
+	"github.com/valyala/fasthttp"
+)
+
+// ErrBrokenChunk is the error of a streamed answer whose chunked framing
+// (RFC 9112 §7.1) is malformed or ends inside a chunk's size line, the
+// CRLF after its data or its trailer section. A body cut inside a chunk's
+// data is io.ErrUnexpectedEOF instead, as fasthttp's own reader says.
+var ErrBrokenChunk = errors.New("upstream: broken chunked body")
+
+// The framing errors, made once: a failure costs no allocation either.
+var (
+	errChunkSizeEmpty    = brokenChunk("chunk size has no hex digit")
+	errChunkSizeTooLarge = brokenChunk("chunk size has too many hex digits")
+	errChunkSizeEnd      = brokenChunk("chunk size line ends without crlf")
+	errChunkSizeChar     = brokenChunk("invalid character after chunk size")
+	errChunkSizeLF       = brokenChunk("bare lf after chunk size")
+	errChunkDataCRLF     = brokenChunk("no crlf after chunk data")
+	errChunkTrailerEnd   = brokenChunk("trailer section cut short")
+)
+
+type chunkError struct{ what string }
+
+func (e *chunkError) Error() string { return "upstream: broken chunked body: " + e.what }
+func (e *chunkError) Unwrap() error { return ErrBrokenChunk }
+
+func brokenChunk(what string) error { return &chunkError{what} }
+
+// maxChunkSizeDigits is fasthttp's bound on a chunk size's hex digits,
+// leading zeros included (maxHexIntChars on 64-bit): the same bytes get the
+// same answer from both readers.
+const maxChunkSizeDigits = 15
+
+// chunkedBody decodes a streamed answer's chunked transfer coding
+// (RFC 9112 §7.1: hex size, optional extensions, CRLF, data, CRLF; a last
+// chunk of size 0, then the trailer section) straight from the
+// connection's reader, in place of fasthttp's body stream: no pooled
+// stream object, and one Read returns as many chunks as have already
+// arrived. It accepts and rejects what fasthttp's reader does: sizes of
+// at most 15 hex digits, whitespace only before the end of the line and
+// never before an extension, no bare LF; the trailer section is read by
+// fasthttp's own trailer parser into the answer's header.
+//
+// It differs in one respect on purpose: a read that fails inside the
+// framing (a deadline, a closed connection) returns that error as it is,
+// where fasthttp wraps it in its ErrBrokenChunk and hides the timeout from
+// errors.Is. The end of the bytes there is still ErrBrokenChunk.
+//
+// An Exchange owns one and reuses it; it runs on the exchange's goroutine.
+type chunkedBody struct {
+	br      *bufio.Reader
+	trailer *fasthttp.ResponseHeader
+	left    int   // data bytes left in the current chunk
+	last    bool  // the last chunk's size line is read: the trailer is next
+	done    bool  // the trailer is read: the body is over
+	err     error // the failure that ended the body, returned again
+}
+
+// reset readies c for the body of the answer whose header is h, read from
+// br.
+func (c *chunkedBody) reset(br *bufio.Reader, h *fasthttp.ResponseHeader) {
+	*c = chunkedBody{br: br, trailer: h}
+}
+
+// Read returns the body's data, io.EOF once its trailer section is read. It
+// blocks only for its first byte: past it, it stops where what has
+// arrived ends, rather than wait for more with data in hand.
+func (c *chunkedBody) Read(p []byte) (int, error) {
+	if c.done {
+		return 0, io.EOF
+	}
+	if c.err != nil {
+		return 0, c.err
+	}
+	n := 0
+	for n < len(p) {
+		if c.last {
+			if n > 0 {
+				return n, nil // the trailer with the next Read
+			}
+			if err := c.trailer.ReadTrailer(c.br); err != nil {
+				if err == io.EOF {
+					err = errChunkTrailerEnd
+				}
+				return 0, c.fail(err)
+			}
+			c.done = true
+			return 0, io.EOF
+		}
+		if c.left == 0 {
+			if n > 0 && !c.lineBuffered() {
+				return n, nil
+			}
+			size, err := c.readSize()
+			if err != nil {
+				return n, c.fail(err)
+			}
+			if size == 0 {
+				c.last = true
+				continue
+			}
+			c.left = size
+		}
+		if n > 0 && c.br.Buffered() == 0 {
+			return n, nil
+		}
+		want := min(c.left, len(p)-n)
+		k, err := c.br.Read(p[n : n+want])
+		n += k
+		c.left -= k
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return n, c.fail(err)
+		}
+		if c.left == 0 {
+			// The CRLF after the data, read at once as fasthttp does:
+			// what stays buffered is the next chunk (see Buffered).
+			if err := c.readCRLF(errChunkDataCRLF); err != nil {
+				return n, c.fail(err)
+			}
+		}
+	}
+	return n, nil
+}
+
+func (c *chunkedBody) fail(err error) error {
+	c.err = err
+	return err
+}
+
+// lineBuffered reports whether a whole line waits in the reader, so that
+// reading the next size line cannot block.
+func (c *chunkedBody) lineBuffered() bool {
+	b, _ := c.br.Peek(c.br.Buffered())
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
+// readSize reads a chunk's size line: the size, then optional whitespace
+// or an extension (';' right after the size, anything up to CR), then
+// CRLF.
+func (c *chunkedBody) readSize() (int, error) {
+	size, digits := 0, 0
+	for {
+		b, err := c.br.ReadByte()
+		if err != nil {
+			switch {
+			case digits > 0 && err == io.EOF:
+				return 0, errChunkSizeEnd
+			case err == io.EOF:
+				return 0, io.ErrUnexpectedEOF // cut between chunks
+			}
+			return 0, err
+		}
+		d := hexDigit(b)
+		if d < 0 {
+			if digits == 0 {
+				return 0, errChunkSizeEmpty
+			}
+			break
+		}
+		if digits == maxChunkSizeDigits {
+			return 0, errChunkSizeTooLarge
+		}
+		size = size<<4 | d
+		digits++
+	}
+	inExtension, afterSpace := false, false
+	_ = c.br.UnreadByte()
+	for {
+		b, err := c.br.ReadByte()
+		if err != nil {
+			if err == io.EOF {
+				err = errChunkSizeEnd
+			}
+			return 0, err
+		}
+		switch {
+		case b == '\r':
+			_ = c.br.UnreadByte()
+			return size, c.readCRLF(errChunkSizeEnd)
+		case b == '\n':
+			return 0, errChunkSizeLF
+		case inExtension:
+		case b == ' ' || b == '\t':
+			afterSpace = true
+		case b == ';' && !afterSpace:
+			inExtension = true
+		default:
+			return 0, errChunkSizeChar
+		}
+	}
+}
+
+// readCRLF reads CR then LF; bad is the error of another byte or of the
+// end of the bytes.
+func (c *chunkedBody) readCRLF(bad error) error {
+	for _, want := range [2]byte{'\r', '\n'} {
+		b, err := c.br.ReadByte()
+		switch {
+		case err == io.EOF:
+			return bad
+		case err != nil:
+			return err
+		case b != want:
+			return bad
+		}
+	}
+	return nil
+}
+
+func hexDigit(b byte) int {
+	switch {
+	case b >= '0' && b <= '9':
+		return int(b - '0')
+	case b >= 'a' && b <= 'f':
+		return int(b-'a') + 10
+	case b >= 'A' && b <= 'F':
+		return int(b-'A') + 10
+	}
+	return -1
+}
