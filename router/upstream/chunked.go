@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"io"
 
@@ -69,9 +68,10 @@ func (c *chunkedBody) reset(br *bufio.Reader, h *fasthttp.ResponseHeader) {
 	*c = chunkedBody{br: br, trailer: h}
 }
 
-// Read returns the body's data, io.EOF once its trailer section is read. It
-// blocks only for its first byte: past it, it stops where what has
-// arrived ends, rather than wait for more with data in hand.
+// Read returns the body's data, io.EOF once its trailer section is read.
+// It waits for the body's next bytes; past them, it stops where what has
+// arrived ends rather than wait for more with data in hand (save for the
+// CRLF after a chunk's data, which it reads at once, as fasthttp does).
 func (c *chunkedBody) Read(p []byte) (int, error) {
 	if c.done {
 		return 0, io.EOF
@@ -95,12 +95,12 @@ func (c *chunkedBody) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		if c.left == 0 {
-			if n > 0 && !c.lineBuffered() {
-				return n, nil
-			}
-			size, err := c.readSize()
+			size, err := c.nextSize(n > 0)
 			if err != nil {
 				return n, c.fail(err)
+			}
+			if size < 0 {
+				return n, nil // the size line has not all arrived
 			}
 			if size == 0 {
 				c.last = true
@@ -124,12 +124,28 @@ func (c *chunkedBody) Read(p []byte) (int, error) {
 		if c.left == 0 {
 			// The CRLF after the data, read at once as fasthttp does:
 			// what stays buffered is the next chunk (see Buffered).
-			if err := c.readCRLF(errChunkDataCRLF); err != nil {
-				return n, c.fail(err)
+			if !c.skipBufferedCRLF() {
+				if err := c.readCRLF(errChunkDataCRLF); err != nil {
+					return n, c.fail(err)
+				}
 			}
 		}
 	}
 	return n, nil
+}
+
+// skipBufferedCRLF skips a CRLF that waits in the reader, and reports
+// whether there was one.
+func (c *chunkedBody) skipBufferedCRLF() bool {
+	if c.br.Buffered() < 2 {
+		return false
+	}
+	crlf, _ := c.br.Peek(2)
+	if crlf[0] != '\r' || crlf[1] != '\n' {
+		return false
+	}
+	_, _ = c.br.Discard(2)
+	return true
 }
 
 func (c *chunkedBody) fail(err error) error {
@@ -137,11 +153,81 @@ func (c *chunkedBody) fail(err error) error {
 	return err
 }
 
-// lineBuffered reports whether a whole line waits in the reader, so that
-// reading the next size line cannot block.
-func (c *chunkedBody) lineBuffered() bool {
+// nextSize reads the next chunk's size line. From the bytes already
+// buffered when the whole line is there (no call a byte); else, with
+// data in hand (nowait), it reports -1 rather than wait for the rest;
+// else it reads the line byte by byte, waiting for it.
+func (c *chunkedBody) nextSize(nowait bool) (int, error) {
+	if c.br.Buffered() == 0 {
+		if nowait {
+			return -1, nil
+		}
+		// Wait for the line: it comes with whatever else has arrived.
+		if _, err := c.br.Peek(1); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF // cut between chunks
+			}
+			return 0, err
+		}
+	}
 	b, _ := c.br.Peek(c.br.Buffered())
-	return bytes.IndexByte(b, '\n') >= 0
+	size, k, err := parseSizeLine(b)
+	switch {
+	case err != nil:
+		return 0, err
+	case k > 0:
+		_, _ = c.br.Discard(k)
+		return size, nil
+	case nowait:
+		return -1, nil
+	}
+	return c.readSize()
+}
+
+// parseSizeLine parses a chunk's size line at the start of b as readSize
+// reads it, returning the size and the line's length, or a length of 0
+// when b ends before the line does.
+func parseSizeLine(b []byte) (size, length int, err error) {
+	digits := 0
+	for ; digits < len(b); digits++ {
+		d := hexDigit(b[digits])
+		if d < 0 {
+			break
+		}
+		if digits == maxChunkSizeDigits {
+			return 0, 0, errChunkSizeTooLarge
+		}
+		size = size<<4 | d
+	}
+	switch {
+	case digits == len(b):
+		return 0, 0, nil
+	case digits == 0:
+		return 0, 0, errChunkSizeEmpty
+	}
+	inExtension, afterSpace := false, false
+	for i := digits; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '\r':
+			switch {
+			case i+1 == len(b):
+				return 0, 0, nil
+			case b[i+1] != '\n':
+				return 0, 0, errChunkSizeEnd
+			}
+			return size, i + 2, nil
+		case c == '\n':
+			return 0, 0, errChunkSizeLF
+		case inExtension:
+		case c == ' ' || c == '\t':
+			afterSpace = true
+		case c == ';' && !afterSpace:
+			inExtension = true
+		default:
+			return 0, 0, errChunkSizeChar
+		}
+	}
+	return 0, 0, nil
 }
 
 // readSize reads a chunk's size line: the size, then optional whitespace

@@ -297,43 +297,83 @@ func benchChunkedStream() []byte {
 	return b.Bytes()
 }
 
+// segmentReader returns its bytes in segments: the head, then one chunk
+// a read, as they arrive from an engine that sends each event at once.
+type segmentReader struct {
+	b    []byte
+	segs []int // segment lengths
+	i    int
+}
+
+func (r *segmentReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := len(r.b)
+	if r.i < len(r.segs) {
+		n = r.segs[r.i]
+		r.i++
+	}
+	n = copy(p, r.b[:n])
+	r.b = r.b[n:]
+	return n, nil
+}
+
 // BenchmarkChunkedStream: one streamed answer's head and body read as
 // Exchange.Do and the relay read it, through fasthttp's body stream
-// (fasthttp) and through readAnswer's chunkedBody (exchange).
+// (fasthttp) and through readAnswer's chunkedBody (exchange): all its
+// bytes at once (burst), or its head and then one chunk a read
+// (arrivals).
 func BenchmarkChunkedStream(b *testing.B) {
 	stream := benchChunkedStream()
-	src := bytes.NewReader(stream)
+	chunk := (len(stream) - len(chunkedHead) - len("0\r\n\r\n")) / 18
+	segs := []int{len(chunkedHead)}
+	for range 18 {
+		segs = append(segs, chunk)
+	}
+	for _, burst := range []bool{true, false} {
+		for _, via := range []string{"fasthttp", "exchange"} {
+			name := "arrivals/" + via
+			if burst {
+				name = "burst/" + via
+			}
+			b.Run(name, func(b *testing.B) { benchChunkedStreamVia(b, stream, segs, burst, via) })
+		}
+	}
+}
+
+func benchChunkedStreamVia(b *testing.B, stream []byte, segs []int, burst bool, via string) {
+	src := &segmentReader{}
 	br := bufio.NewReaderSize(src, 4096)
 	buf := make([]byte, 16<<10)
 	var x Exchange
-	for _, via := range []string{"fasthttp", "exchange"} {
-		b.Run(via, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(stream)))
-			for b.Loop() {
-				src.Reset(stream)
-				br.Reset(src)
-				resp := fasthttp.AcquireResponse()
-				resp.StreamBody = true
-				var err error
-				if via == "fasthttp" {
-					err = resp.ReadLimitBody(br, 0)
-				} else {
-					err = x.readAnswer(br, resp, 0)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
-				body := resp.BodyStream()
-				for err == nil {
-					_, err = body.Read(buf)
-				}
-				if err != io.EOF {
-					b.Fatal(err)
-				}
-				_ = resp.CloseBodyStream()
-				fasthttp.ReleaseResponse(resp)
-			}
-		})
+	b.ReportAllocs()
+	b.SetBytes(int64(len(stream)))
+	for b.Loop() {
+		*src = segmentReader{b: stream}
+		if !burst {
+			src.segs = segs
+		}
+		br.Reset(src)
+		resp := fasthttp.AcquireResponse()
+		resp.StreamBody = true
+		var err error
+		if via == "fasthttp" {
+			err = resp.ReadLimitBody(br, 0)
+		} else {
+			err = x.readAnswer(br, resp, 0)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		body := resp.BodyStream()
+		for err == nil {
+			_, err = body.Read(buf)
+		}
+		if err != io.EOF {
+			b.Fatal(err)
+		}
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
 	}
 }
