@@ -184,104 +184,90 @@ func (c *chunkedBody) nextSize(nowait bool) (int, error) {
 	return c.readSize()
 }
 
-// parseSizeLine parses a chunk's size line at the start of b as readSize
-// reads it, returning the size and the line's length, or a length of 0
-// when b ends before the line does.
-func parseSizeLine(b []byte) (size, length int, err error) {
-	digits := 0
-	for ; digits < len(b); digits++ {
-		d := hexDigit(b[digits])
-		if d < 0 {
-			break
+// sizeLine is a chunk's size line being read: the size, then optional
+// whitespace or an extension (';' right after the size, anything up to
+// CR), then CRLF.
+type sizeLine struct {
+	size, digits            int
+	pastDigits              bool
+	inExtension, afterSpace bool
+}
+
+// step takes the line's next byte. It reports true at the CR that ends the
+// line (the LF is the caller's to check).
+func (l *sizeLine) step(b byte) (bool, error) {
+	if !l.pastDigits {
+		if d := hexDigit(b); d >= 0 {
+			if l.digits == maxChunkSizeDigits {
+				return false, errChunkSizeTooLarge
+			}
+			l.size = l.size<<4 | d
+			l.digits++
+			return false, nil
 		}
-		if digits == maxChunkSizeDigits {
-			return 0, 0, errChunkSizeTooLarge
+		if l.digits == 0 {
+			return false, errChunkSizeEmpty
 		}
-		size = size<<4 | d
+		l.pastDigits = true
 	}
 	switch {
-	case digits == len(b):
-		return 0, 0, nil
-	case digits == 0:
-		return 0, 0, errChunkSizeEmpty
+	case b == '\r':
+		return true, nil
+	case b == '\n':
+		return false, errChunkSizeLF
+	case l.inExtension:
+	case b == ' ' || b == '\t':
+		l.afterSpace = true
+	case b == ';' && !l.afterSpace:
+		l.inExtension = true
+	default:
+		return false, errChunkSizeChar
 	}
-	inExtension, afterSpace := false, false
-	for i := digits; i < len(b); i++ {
-		switch c := b[i]; {
-		case c == '\r':
-			switch {
-			case i+1 == len(b):
-				return 0, 0, nil
-			case b[i+1] != '\n':
-				return 0, 0, errChunkSizeEnd
-			}
-			return size, i + 2, nil
-		case c == '\n':
-			return 0, 0, errChunkSizeLF
-		case inExtension:
-		case c == ' ' || c == '\t':
-			afterSpace = true
-		case c == ';' && !afterSpace:
-			inExtension = true
-		default:
-			return 0, 0, errChunkSizeChar
+	return false, nil
+}
+
+// parseSizeLine parses a chunk's size line at the start of b, returning
+// the size and the line's length, or a length of 0 when b ends before the
+// line does.
+func parseSizeLine(b []byte) (size, length int, err error) {
+	var l sizeLine
+	for i, c := range b {
+		end, err := l.step(c)
+		switch {
+		case err != nil:
+			return 0, 0, err
+		case !end:
+			continue
+		case i+1 == len(b):
+			return 0, 0, nil
+		case b[i+1] != '\n':
+			return 0, 0, errChunkSizeEnd
 		}
+		return l.size, i + 2, nil
 	}
 	return 0, 0, nil
 }
 
-// readSize reads a chunk's size line: the size, then optional whitespace
-// or an extension (';' right after the size, anything up to CR), then
-// CRLF.
+// readSize reads a chunk's size line byte by byte, waiting for its bytes.
 func (c *chunkedBody) readSize() (int, error) {
-	size, digits := 0, 0
+	var l sizeLine
 	for {
 		b, err := c.br.ReadByte()
-		if err != nil {
-			switch {
-			case digits > 0 && err == io.EOF:
-				return 0, errChunkSizeEnd
-			case err == io.EOF:
-				return 0, io.ErrUnexpectedEOF // cut between chunks
-			}
-			return 0, err
-		}
-		d := hexDigit(b)
-		if d < 0 {
-			if digits == 0 {
-				return 0, errChunkSizeEmpty
-			}
-			break
-		}
-		if digits == maxChunkSizeDigits {
-			return 0, errChunkSizeTooLarge
-		}
-		size = size<<4 | d
-		digits++
-	}
-	inExtension, afterSpace := false, false
-	_ = c.br.UnreadByte()
-	for {
-		b, err := c.br.ReadByte()
-		if err != nil {
-			if err == io.EOF {
-				err = errChunkSizeEnd
-			}
-			return 0, err
-		}
 		switch {
-		case b == '\r':
+		case err == io.EOF && l.digits == 0:
+			return 0, io.ErrUnexpectedEOF // cut between chunks
+		case err == io.EOF:
+			return 0, errChunkSizeEnd
+		case err != nil:
+			return 0, err
+		}
+		end, err := l.step(b)
+		if err != nil {
+			return 0, err
+		}
+		if end {
 			_ = c.br.UnreadByte()
-			return size, c.readCRLF(errChunkSizeEnd)
-		case b == '\n':
-			return 0, errChunkSizeLF
-		case inExtension:
-		case b == ' ' || b == '\t':
-			afterSpace = true
-		case b == ';' && !afterSpace:
-			inExtension = true
-		default:
-			return 0, errChunkSizeChar
+			return l.size, c.readCRLF(errChunkSizeEnd)
 		}
 	}
 }

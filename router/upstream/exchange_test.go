@@ -117,6 +117,18 @@ func exchangeRequest(x *Exchange, hc *fasthttp.HostClient, req *fasthttp.Request
 	return resp, nil
 }
 
+// readStreamToEnd reads x's stream to its end, fails t unless it is want,
+// and ends the exchange and its answer.
+func readStreamToEnd(t *testing.T, x *Exchange, resp *fasthttp.Response, want string) {
+	t.Helper()
+	b, err := io.ReadAll(x)
+	if err != nil || string(b) != want {
+		t.Fatalf("stream body %q, %v; want %q", b, err, want)
+	}
+	x.Release()
+	fasthttp.ReleaseResponse(resp)
+}
+
 // TestExchangeStreamReadToEndReusesConnection: streams read to their end
 // and whole answers share one pooled connection; a stream left unread is
 // closed, not pooled.
@@ -136,12 +148,7 @@ func TestExchangeStreamReadToEndReusesConnection(t *testing.T) {
 		if resp.BodyStream() != &x.chunked {
 			t.Fatalf("a chunked stream reads through %T, want the exchange's chunkedBody", resp.BodyStream())
 		}
-		b, err := io.ReadAll(&x)
-		if err != nil || string(b) != "data: a\n\ndata: b\n\ndata: c\n\n" {
-			t.Fatalf("stream body %q, %v", b, err)
-		}
-		x.Release()
-		fasthttp.ReleaseResponse(resp)
+		readStreamToEnd(t, &x, resp, "data: a\n\ndata: b\n\ndata: c\n\n")
 		resp, err = exchangeOnce(t, &x, hc, s.addr, "/whole", false)
 		if err != nil || string(resp.Body()) != "whole" {
 			t.Fatalf("whole answer %v", err)
@@ -251,12 +258,7 @@ func TestExchangeSizedStreamReadsThroughFasthttp(t *testing.T) {
 		if resp.BodyStream() == nil || resp.BodyStream() == &x.chunked {
 			t.Fatalf("a sized stream reads through %T, want fasthttp's body stream", resp.BodyStream())
 		}
-		b, err := io.ReadAll(&x)
-		if err != nil || string(b) != "data: sized\n\n" {
-			t.Fatalf("sized stream body %q, %v", b, err)
-		}
-		x.Release()
-		fasthttp.ReleaseResponse(resp)
+		readStreamToEnd(t, &x, resp, "data: sized\n\n")
 	}
 	if n := s.accepted.Load(); n != 1 {
 		t.Fatalf("server accepted %d connections for 2 sized streams, want 1 (pooled)", n)
