@@ -154,7 +154,7 @@ func (c *chunkedBody) fail(err error) error {
 }
 
 // nextSize reads the next chunk's size line. From the bytes already
-// buffered when the whole line is there (no call a byte); else, with
+// buffered when the whole line is there (no reader call a byte); else, with
 // data in hand (nowait), it reports -1 rather than wait for the rest;
 // else it reads the line byte by byte, waiting for it.
 func (c *chunkedBody) nextSize(nowait bool) (int, error) {
