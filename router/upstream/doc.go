@@ -10,7 +10,10 @@
 // abort (a client that left, a failed prefill) cuts it at any moment. Every
 // leg — a mixed worker's unary or streamed answer, a PD prefill, a unary or
 // streamed PD decode — is one Exchange; a stream read to its end gives its
-// connection back to the pool. An answer on another transport (requests
+// connection back to the pool. A streamed answer in the chunked transfer
+// coding is decoded by the package's own reader (chunkedBody) straight
+// from the connection's buffered reader, with fasthttp's framing rules and
+// its trailer parser; any other body is fasthttp's. An answer on another transport (requests
 // over NATS) is a Leg the Exchange holds (Hold): Read reads it, Abort
 // aborts it, Release ends it, as they do a connection. A request that
 // comes with its Host header (the relay's, in origin form) goes out as

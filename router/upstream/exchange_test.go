@@ -57,6 +57,9 @@ func startStreamServer(t *testing.T) *streamServer {
 					_ = w.Flush()
 				}
 			})
+		case "/sized":
+			ctx.SetContentType("text/event-stream")
+			ctx.SetBodyString("data: sized\n\n")
 		case "/slow":
 			<-s.release
 			ctx.SetBodyString("late")
@@ -114,6 +117,18 @@ func exchangeRequest(x *Exchange, hc *fasthttp.HostClient, req *fasthttp.Request
 	return resp, nil
 }
 
+// readStreamToEnd reads x's stream to its end, fails t unless it is want,
+// and ends the exchange and its answer.
+func readStreamToEnd(t *testing.T, x *Exchange, resp *fasthttp.Response, want string) {
+	t.Helper()
+	b, err := io.ReadAll(x)
+	if err != nil || string(b) != want {
+		t.Fatalf("stream body %q, %v; want %q", b, err, want)
+	}
+	x.Release()
+	fasthttp.ReleaseResponse(resp)
+}
+
 // TestExchangeStreamReadToEndReusesConnection: streams read to their end
 // and whole answers share one pooled connection; a stream left unread is
 // closed, not pooled.
@@ -130,12 +145,10 @@ func TestExchangeStreamReadToEndReusesConnection(t *testing.T) {
 		if x.Conn() == nil {
 			t.Fatal("a streamed exchange does not expose its connection")
 		}
-		b, err := io.ReadAll(&x)
-		if err != nil || string(b) != "data: a\n\ndata: b\n\ndata: c\n\n" {
-			t.Fatalf("stream body %q, %v", b, err)
+		if resp.BodyStream() != &x.chunked {
+			t.Fatalf("a chunked stream reads through %T, want the exchange's chunkedBody", resp.BodyStream())
 		}
-		x.Release()
-		fasthttp.ReleaseResponse(resp)
+		readStreamToEnd(t, &x, resp, "data: a\n\ndata: b\n\ndata: c\n\n")
 		resp, err = exchangeOnce(t, &x, hc, s.addr, "/whole", false)
 		if err != nil || string(resp.Body()) != "whole" {
 			t.Fatalf("whole answer %v", err)
@@ -225,5 +238,69 @@ func TestExchangeOriginFormGoesAsBuilt(t *testing.T) {
 	fasthttp.ReleaseResponse(resp)
 	if target, host := *s.target.Load(), *s.host.Load(); target != "/whole" || host != s.addr {
 		t.Fatalf("full URI went out as %q, Host %q; want /whole, %s", target, host, s.addr)
+	}
+}
+
+// TestExchangeSizedStreamReadsThroughFasthttp: a streamed answer with a
+// Content-Length is read by fasthttp's body stream, not the chunked
+// decoder, and read to its end gives its connection back.
+func TestExchangeSizedStreamReadsThroughFasthttp(t *testing.T) {
+	s := startStreamServer(t)
+	var set Set
+	hc := exchangeClient(&set, s.addr)
+	defer hc.CloseIdleConnections()
+	var x Exchange
+	for range 2 {
+		resp, err := exchangeOnce(t, &x, hc, s.addr, "/sized", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.BodyStream() == nil || resp.BodyStream() == &x.chunked {
+			t.Fatalf("a sized stream reads through %T, want fasthttp's body stream", resp.BodyStream())
+		}
+		readStreamToEnd(t, &x, resp, "data: sized\n\n")
+	}
+	if n := s.accepted.Load(); n != 1 {
+		t.Fatalf("server accepted %d connections for 2 sized streams, want 1 (pooled)", n)
+	}
+}
+
+// TestExchangeStreamCutMidChunk: a worker that closes its connection
+// inside a chunk's data gives the data that came, then
+// io.ErrUnexpectedEOF; the exchange closes the connection on Release.
+func TestExchangeStreamCutMidChunk(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 4096)
+		_, _ = c.Read(buf) // the request
+		_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\nb\r\ndata"))
+	}()
+	defer func() { _ = ln.Close(); <-served }()
+	var set Set
+	hc := exchangeClient(&set, ln.Addr().String())
+	defer hc.CloseIdleConnections()
+	var x Exchange
+	resp, err := exchangeOnce(t, &x, hc, ln.Addr().String(), "/stream", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fasthttp.ReleaseResponse(resp)
+	b, err := io.ReadAll(&x)
+	if string(b) != "data: a\n\ndata" || !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("cut stream: %q, %v; want the data that came and io.ErrUnexpectedEOF", b, err)
+	}
+	x.Release()
+	if n := set.Len(); n != 0 {
+		t.Fatalf("%d connections open after a cut stream was released, want 0", n)
 	}
 }
