@@ -18,6 +18,11 @@
 #                (wrk only): the engines send the bytes a tracked stream's
 #                engines send, so against `infera` only the tracking differs
 #   nginx-w1     nginx with worker_processes 1 (nginx is auto)
+#   direct-ids, nginx-ids   direct and nginx, their client asking for
+#                "return_token_ids" itself (wrk only): the baselines with the
+#                engine bytes a tracked stream's engines send (6,744 bytes a
+#                16-token stream instead of 3,888), for the same-bytes
+#                added-latency table below
 # Every cell runs every target back to back, and the whole grid is repeated
 # REPEATS times, so A and B interleave (ABAB…) and share the machine's noise.
 #
@@ -32,8 +37,11 @@
 # cancel and what is left is what the proxy costs the machine (kernel work
 # included). Tables give medians with their spread (min–max) and the machine's
 # load before and after, and the added latency at concurrency 1 (p50/p99
-# minus direct's) of every infera* target beside nginx's. Every process it
-# started is stopped on exit.
+# minus direct's) of every infera* target beside nginx's, and, when direct-ids
+# and nginx-ids run, the same with the baseline whose engines send the same
+# bytes: a tracked stream (every infera* stream but infera-nomig's) and every
+# *-ids target against nginx-ids − direct-ids, the rest against nginx − direct.
+# Every process it started is stopped on exit.
 #
 # Needs: go, curl, jq; installs nginx and wrk (Debian packages) when missing.
 # Settings (environment):
@@ -106,7 +114,7 @@ fi
 # --- wrk, from Debian packages ---------------------------------------------
 WRK=$(command -v wrk || true)
 if [[ $TARGETS == *-ids* && $CLIENTS == *bench* ]]; then
-  die "infera-nomig-ids needs CLIENTS=wrk (infera bench sends one body to every target)"
+  die "*-ids targets need CLIENTS=wrk (infera bench sends one body to every target)"
 fi
 if [[ $CLIENTS == *wrk* && -z $WRK ]]; then
   command -v apt-get >/dev/null || die "wrk is missing and apt-get is not available"
@@ -203,6 +211,7 @@ wait_for() {
 
 is_serve() { [[ $1 == infera* ]]; }
 is_nginx() { [[ $1 == nginx* ]]; }
+is_direct() { [[ $1 == direct || $1 == direct-ids ]]; } # the simulators themselves, no proxy
 needs_fleet=""
 for t in $TARGETS; do is_serve "$t" && needs_fleet=1; done
 
@@ -349,7 +358,7 @@ for t in $TARGETS; do
 done
 
 url_of() {
-  if [[ $1 == direct ]]; then
+  if is_direct "$1"; then
     local urls=() p
     for p in "${SIM_PORTS[@]}"; do urls+=("http://127.0.0.1:$p"); done
     (IFS=,; echo "${urls[*]}")
@@ -403,7 +412,7 @@ wrk_one() { # url mode conc out.json
 wrk_run() {
   local target=$1 mode=$2 conc=$3 tag=$4
   local urls=() i
-  if [[ $target == direct ]]; then
+  if is_direct "$target"; then
     for p in "${SIM_PORTS[@]}"; do urls+=("http://127.0.0.1:$p"); done
     [[ $conc -lt ${#urls[@]} ]] && urls=("${urls[@]:0:$conc}")
   else
@@ -431,7 +440,7 @@ wrk_run() {
 # proc_ticks target: utime+stime (clock ticks) of the proxy process(es).
 TICKS=$(getconf CLK_TCK)
 proc_ticks() {
-  if [[ $1 == direct ]]; then echo 0; return; fi
+  if is_direct "$1"; then echo 0; return; fi
   local pids=("${PID_OF[$1]}")
   is_nginx "$1" && pids+=($(pgrep -P "${PID_OF[$1]}" || true))
   local total=0 p rest
@@ -535,7 +544,7 @@ END {
       printf "| %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %s | %d |\n", parts[1], parts[2], parts[3], T[t],
         spread(rps[k], "%.0f"), (xd != "" ? spread(xd, "%.2f") : "–"), (xg != "" ? spread(xg, "%.2f") : "–"),
         med(p50[k]), med(p99[k]),
-        (T[t] == "direct" ? "–" : spread(cpu[k], "%.4f")), spread(box[k], "%.4f"),
+        (T[t] ~ /^direct/ ? "–" : spread(cpu[k], "%.4f")), spread(box[k], "%.4f"),
         (T[t] == "direct" || bd == "" ? "–" : spread(bd, "%.4f")), err[k]
     }
   }
@@ -558,15 +567,35 @@ END {
 }' "$OUT/overhead.md" >"$OUT/verdict.md"
 
 # --- added latency at concurrency 1 (acceptance: every infera* ≤ nginx) -----
-# Per repeat, a target's p50/p99 minus the same repeat's direct cell; medians
-# (min–max) over the repeats.
+# Per repeat, a target's p50/p99 minus the same repeat's baseline cell;
+# medians (min–max) over the repeats. The first table takes direct and nginx
+# for every target; the second (when direct-ids and nginx-ids ran) the pair
+# whose engines send the target's bytes: ids for a tracked stream (an infera*
+# stream, infera-nomig's excepted) and for every *-ids target.
 awk -F'\t' -v targets="$TARGETS" "$stats_awk"'
 function spread(s,   a, n) { n = sortv(s, a); if (!n) return "–"; return sprintf("%+.3f (%+.3f–%+.3f)", med(s), a[1], a[n]) }
+# added(cell, t, base): space-separated per-repeat "+p50" into A50, "+p99" into
+# A99 (globals) of t against base in cell; false when no repeat has both.
+function added(cell, t, base,   nr, RP, i, r) {
+  A50 = ""; A99 = ""; nr = split(reps[cell], RP, " ")
+  for (i = 1; i <= nr; i++) { r = cell SUBSEP RP[i]
+    if ((r SUBSEP t) in P50 && (r SUBSEP base) in P50) { A50 = A50 " " (P50[r SUBSEP t] - P50[r SUBSEP base]); A99 = A99 " " (P99[r SUBSEP t] - P99[r SUBSEP base]) } }
+  return A50 != ""
+}
+# row(cell, t, direct, nginx, label): one table row, t and nginx both against direct.
+function row(cell, t, dt, ng, label,   parts, a50, a99, g50, g99, ok) {
+  if (!added(cell, t, dt)) return
+  a50 = A50; a99 = A99; g50 = ""; g99 = ""
+  if (added(cell, ng, dt)) { g50 = A50; g99 = A99 }
+  ok = (g50 == "" ? "–" : ((med(a50) <= med(g50) ? "yes" : "no") ", " (med(a99) <= med(g99) ? "yes" : "no")))
+  split(cell, parts, SUBSEP)
+  printf "| %s | %s | %s |%s %s | %s | %s | %s | %s |\n", parts[1], parts[2], t, label, spread(a50), spread(a99), spread(g50), spread(g99), ok
+}
 NR > 1 && $3 == "1" {
   cell = $1 SUBSEP $2; r = cell SUBSEP $4
   if (!(cell in seen)) { seen[cell] = 1; order[++nc] = cell }
   if (!(r in repseen)) { repseen[r] = 1; reps[cell] = reps[cell] " " $4 }
-  P50[r SUBSEP $5] = $8; P99[r SUBSEP $5] = $9
+  P50[r SUBSEP $5] = $8; P99[r SUBSEP $5] = $9; ran[$5] = 1
 }
 END {
   if (!nc) exit
@@ -576,20 +605,21 @@ END {
   print ""
   print "| client | mode | target | +p50 ms | +p99 ms | nginx +p50 ms | nginx +p99 ms | ≤ nginx (p50, p99) |"
   print "|---|---|---|---:|---:|---:|---:|---|"
+  for (c = 1; c <= nc; c++)
+    for (t = 1; t <= nt; t++) if (T[t] ~ /^infera/) row(order[c], T[t], "direct", "nginx", "")
+  if (!("direct-ids" in ran && "nginx-ids" in ran)) exit
+  print ""
+  print "Added latency at concurrency 1 with the same engine bytes (ms; engine bytes ids: target − direct-ids against"
+  print "nginx-ids − direct-ids, plain: target − direct against nginx − direct; same repeat; medians, min–max):"
+  print ""
+  print "| client | mode | target | engine bytes | +p50 ms | +p99 ms | nginx same bytes +p50 ms | +p99 ms | ≤ nginx (p50, p99) |"
+  print "|---|---|---|---|---:|---:|---:|---:|---|"
   for (c = 1; c <= nc; c++) {
-    cell = order[c]; split(cell, parts, SUBSEP)
-    nr = split(reps[cell], RP, " ")
-    gp50 = ""; gp99 = ""
-    for (i = 1; i <= nr; i++) { r = cell SUBSEP RP[i]
-      if ((r SUBSEP "nginx") in P50 && (r SUBSEP "direct") in P50) { gp50 = gp50 " " (P50[r SUBSEP "nginx"] - P50[r SUBSEP "direct"]); gp99 = gp99 " " (P99[r SUBSEP "nginx"] - P99[r SUBSEP "direct"]) } }
+    split(order[c], parts, SUBSEP)
     for (t = 1; t <= nt; t++) {
       if (T[t] !~ /^infera/) continue
-      a50 = ""; a99 = ""
-      for (i = 1; i <= nr; i++) { r = cell SUBSEP RP[i]
-        if ((r SUBSEP T[t]) in P50 && (r SUBSEP "direct") in P50) { a50 = a50 " " (P50[r SUBSEP T[t]] - P50[r SUBSEP "direct"]); a99 = a99 " " (P99[r SUBSEP T[t]] - P99[r SUBSEP "direct"]) } }
-      if (a50 == "") continue
-      ok = (gp50 == "" ? "–" : ((med(a50) <= med(gp50) ? "yes" : "no") ", " (med(a99) <= med(gp99) ? "yes" : "no")))
-      printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", parts[1], parts[2], T[t], spread(a50), spread(a99), spread(gp50), spread(gp99), ok
+      if (T[t] ~ /-ids$/ || (parts[2] == "stream" && T[t] !~ /^infera-nomig/)) row(order[c], T[t], "direct-ids", "nginx-ids", " ids |")
+      else row(order[c], T[t], "direct", "nginx", " plain |")
     }
   }
 }' "$RESULTS" >>"$OUT/verdict.md"
