@@ -742,29 +742,6 @@ func TestKVEstimateSharedPrefixStaysWithItsHolders(t *testing.T) {
 	}
 }
 
-// TestKVEstimateSharedPrefixNewCopy: once every holder of a long shared
-// system prompt is above its share, a new conversation on it goes to the
-// target furthest below, which prefills the whole prompt. The estimate and
-// the redo charge price that at about four times a holder's answer, far
-// outside a cold request's slack when its own prefill is only its short
-// message; the slack now counts the whole prompt. Without it both holders
-// kept every new conversation (conversation: the largest group's 102
-// requests on two workers, the busiest 1.24× fair).
-func TestKVEstimateSharedPrefixNewCopy(t *testing.T) {
-	a, b, c := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID, kvRecord(2, nil).WorkerID
-	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil), kvRecord(2, nil))
-	e.makePrecise()
-	system := unique(15, 2000)
-	e.store(a, chatTokens(t, system))
-	e.store(b, chatTokens(t, system))
-	e.setPast(a, 24, 0)
-	e.setPast(b, 24, 0)
-	e.setPast(c, 16, 0)
-	if got := e.serial(chat(system + unique(990, 100))); got != c {
-		t.Fatalf("a new conversation on a system prompt held by two targets above their share went to %s, want %s", got, c)
-	}
-}
-
 // TestKVEstimateWarmSpillsShortPrefix: above the share bound, a warm
 // request whose held prefix is short beside what it adds (a new
 // conversation on a system prompt only a holds) goes to b, which prefills

@@ -260,15 +260,8 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 				// only: placed among all targets, the eight system
 				// prompts of the conversation workload ended up on three
 				// or four workers each, whose copies and re-prefills cost
-				// hits (0.94× of one big cache's against 0.98×). Once
-				// every holder is above its share (home -1) a target
-				// holding none of it may take the request at the price
-				// of its whole prompt: priced by the estimate and the
-				// redo charge, a new copy was never within the cold slack
-				// of a holder's, the holders of the largest group kept
-				// it, and the busiest worker reached 1.24× fair.
+				// hits (0.94× of one big cache's against 0.98×).
 				warm = false
-				home = -1
 				if holderWithinShare(sc, nt, top) {
 					home = top
 				}
@@ -409,11 +402,8 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // bound alone when the target is above twice the bound's excess
 // (kvestimate.go). A cold request with home > 0 (a shared prefix of that
 // many blocks, one of its holders within its fair share) goes among the
-// targets holding home blocks while one of them is eligible; with home < 0
-// (a shared prefix whose holders are all above their share) its cold slack
-// counts the whole prompt as its own prefill, so that a target holding
-// none of it is within. Scans start at the rotating cursor and keep the
-// first minimum.
+// targets holding home blocks while one of them is eligible. Scans start
+// at the rotating cursor and keep the first minimum.
 func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool, home int) int {
 	redoCost(sc, nt)
 	best := start
@@ -427,13 +417,7 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool, home i
 		// A cold request may also wait behind about two requests of its
 		// own size: a new conversation stays where it starts, and one
 		// short queue must not send a whole burst of them elsewhere.
-		own := sc.uncs[best]
-		if home < 0 {
-			for i := range nt {
-				own = max(own, sc.uncs[i])
-			}
-		}
-		limit += coldSlackOwn * sc.rates[best] * own / 1000
+		limit += coldSlackOwn * sc.rates[best] * sc.uncs[best] / 1000
 	}
 	total, fills, held, colds := 1.0, 0.0, 0.0, 0.0
 	for i := range nt {
