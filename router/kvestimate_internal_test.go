@@ -716,32 +716,6 @@ func TestKVEstimateSharedPrefixSpreadsBeyondItsHolders(t *testing.T) {
 	}
 }
 
-// TestKVEstimateSharedPrefixStaysWithItsHolders: a shared system prompt is
-// no home, but while one of its holders is within its fair share of picks
-// the new conversations on it go among the holders; only once every holder
-// is above its share does a third target take one (and prefill the prompt
-// again). Here a (18 past picks) and b (30) hold it, c (12) does not: the
-// first two go to a (19.9 decayed picks then, fair 20.7 with the next),
-// the third to c. Placed among all three targets by the deficit, c took the first
-// ones too (conversation: each of the eight system prompts on three or
-// four of the four workers, hit ratio 0.94× of one big cache's).
-func TestKVEstimateSharedPrefixStaysWithItsHolders(t *testing.T) {
-	a, b, c := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID, kvRecord(2, nil).WorkerID
-	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil), kvRecord(2, nil))
-	e.makePrecise()
-	system := unique(14, 200)
-	e.store(a, chatTokens(t, system))
-	e.store(b, chatTokens(t, system))
-	e.setPast(a, 18, 0)
-	e.setPast(b, 30, 0)
-	e.setPast(c, 12, 0)
-	for i, want := range []string{a, a, c} {
-		if got := e.serial(chat(system + unique(970+i, 150))); got != want {
-			t.Fatalf("new conversation %d on a system prompt a (within its share) and b hold went to %s, want %s", i, got, want)
-		}
-	}
-}
-
 // TestKVEstimateWarmSpillsShortPrefix: above the share bound, a warm
 // request whose held prefix is short beside what it adds (a new
 // conversation on a system prompt only a holds) goes to b, which prefills

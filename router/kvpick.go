@@ -244,35 +244,23 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	// scan starts at the rotating cursor and keeps the first minimum, so
 	// ties rotate.
 	if p.ttft {
-		home := 0
-		if warm {
-			if top, holders := sharedHome(sc, nt); holders > 1 {
-				// A prefix that several targets hold alike (the shared
-				// system prompt a new conversation starts with) makes
-				// none of them its home: the request is placed as a new
-				// conversation, by the deficit within the cold slack. By
-				// the estimate alone the new conversations of a popular
-				// system prompt followed its first holders, and only the
-				// warm share bound spilled them (conversation: 288 of 300
-				// picks warm, the busiest worker 1.08–1.29× fair from
-				// repeat to repeat). While one of the holders is within
-				// its fair share the deficit chooses among the holders
-				// only: placed among all targets, the eight system
-				// prompts of the conversation workload ended up on three
-				// or four workers each, whose copies and re-prefills cost
-				// hits (0.94× of one big cache's against 0.98×).
-				warm = false
-				if holderWithinShare(sc, nt, top) {
-					home = top
-				}
-			}
+		if warm && sharedHome(sc, nt) {
+			// A prefix that several targets hold alike (the shared system
+			// prompt a new conversation starts with) makes none of them
+			// its home: the request is placed as a new conversation, by
+			// the deficit among the targets within the cold slack. By the
+			// estimate alone the new conversations of a popular system
+			// prompt followed its first holders, and only the warm share
+			// bound spilled them (conversation: 288 of 300 picks warm, the
+			// busiest worker 1.08–1.29× fair from repeat to repeat).
+			warm = false
 		}
 		if !warm {
 			p.coldLoss(sc, nt, kind, seq)
 		}
-		b := p.pickByEstimate(sc, nt, start, warm, home)
+		b := p.pickByEstimate(sc, nt, start, warm)
 		if e := p.log.Debug(); e.Enabled() {
-			logPick(e, sc, nt, b, warm, home, seq)
+			logPick(e, sc, nt, b, warm, seq)
 		}
 		if !warm {
 			t := sc.targets[b]
@@ -400,11 +388,9 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // A warm choice that would take its target above the bound goes
 // instead to the lowest cost within the bound and the slack, or within the
 // bound alone when the target is above twice the bound's excess
-// (kvestimate.go). A cold request with home > 0 (a shared prefix of that
-// many blocks, one of its holders within its fair share) goes among the
-// targets holding home blocks while one of them is eligible. Scans start
-// at the rotating cursor and keep the first minimum.
-func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool, home int) int {
+// (kvestimate.go). Scans start at the rotating cursor and keep the first
+// minimum.
+func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	redoCost(sc, nt)
 	best := start
 	for k := 1; k < nt; k++ {
@@ -462,14 +448,12 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool, home i
 		if share > 0 && fair >= minShareFair {
 			bound = share * fair
 		}
-		// Pass 0 keeps to the share bound and the shared prefix's
-		// holders (home), pass 1 to the bound, pass 2 to neither.
 		eligible := func(i int, pass int) bool {
 			return sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] &&
-				(pass > 1 || sc.picks[i]+1 <= bound) && (pass > 0 || sc.effs[i] >= home)
+				(pass > 0 || sc.picks[i]+1 <= bound)
 		}
 		cold, low := -1, math.Inf(1)
-		for pass := 0; cold < 0 && pass < 3; pass++ {
+		for pass := 0; cold < 0 && pass < 2; pass++ {
 			if eligible(best, pass) {
 				cold, low = best, score(best)
 			}
@@ -530,7 +514,7 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool, home i
 // prefix against the one the eviction cut kept, costs, shares). The prompt
 // is named by its 4th block hash (a conversation's turns share it) and its
 // last one.
-func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, home int, seq int64) {
+func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
 	hs := sc.sets[sc.setOf[b]].hashes
 	h := 0 // the best holder: the most listed blocks
 	for i := 1; i < nt; i++ {
@@ -546,7 +530,7 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, home int, se
 	if !warm {
 		e.Float64("loss", sc.loss[b])
 	}
-	e.Int64("pick_seq", seq).Bool("warm", warm).Int("home", home).Int("target", b).Int("holder", h).
+	e.Int64("pick_seq", seq).Bool("warm", warm).Int("target", b).Int("holder", h).
 		Floats64("costs_seconds", sc.costs[:nt]).Floats64("all_picks", sc.picks[:nt]).
 		Floats64("all_colds", sc.colds[:nt]).Floats64("all_fills", sc.fills[:nt]).Floats64("all_held", sc.held[:nt]).Uint64("prompt_key", key).Int("blocks", len(hs)).
 		Str("worker_id", tb.worker.id).Int("dp_rank", tb.key.DPRank).
@@ -557,39 +541,19 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, home int, se
 		Msg("kv pick")
 }
 
-// sharedHome returns the longest prefix any target holds (sc.effs) and
-// how many targets hold it (0 when none holds anything).
-func sharedHome(sc *kvScratch, nt int) (top, holders int) {
+// sharedHome reports whether more than one target holds the longest
+// prefix any holds (sc.effs).
+func sharedHome(sc *kvScratch, nt int) bool {
+	top, n := 0, 0
 	for i := range nt {
 		switch e := sc.effs[i]; {
 		case e > top:
-			top, holders = e, 1
+			top, n = e, 1
 		case e == top:
-			holders++
+			n++
 		}
 	}
-	if top == 0 {
-		return 0, 0
-	}
-	return top, holders
-}
-
-// holderWithinShare reports whether a target holding top blocks of the
-// prompt would stay within its fair share of the decayed picks (sc.picks)
-// with this request: below minShareFair every one does (an idle fleet has
-// no share to keep).
-func holderWithinShare(sc *kvScratch, nt, top int) bool {
-	total := 1.0
-	for i := range nt {
-		total += sc.picks[i]
-	}
-	fair := total / float64(nt)
-	for i := range nt {
-		if sc.effs[i] >= top && (fair < minShareFair || sc.picks[i]+1 <= fair) {
-			return true
-		}
-	}
-	return false
+	return top > 0 && n > 1
 }
 
 // coldLoss fills sc.loss for a cold request: on each target whose learnt
