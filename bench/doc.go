@@ -19,7 +19,11 @@
 //     sorted by kind (connect, timeout, canceled, connection, http_4xx,
 //     http_5xx, stream_error, invalid_response);
 //   - the report: percentiles (linear interpolation between closest ranks, as
-//     numpy), a text table, the JSON document and an SVG TTFT CDF drawn by hand.
+//     numpy), a text table, the JSON document and an SVG TTFT CDF drawn by hand;
+//   - the comparison of runs by percentile: a percentile's distribution-free
+//     confidence interval from its order statistics, and the tolerance of a
+//     reference fleet's percentile over repeats (the larger of its spread and
+//     that interval), which make bench-kv's checks use.
 //
 // Concurrency: Run owns every goroutine it starts (the closed-loop workers or
 // one goroutine per open-loop arrival, bounded by MaxInflight, and the

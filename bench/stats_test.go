@@ -122,3 +122,83 @@ func TestPoissonGaps(t *testing.T) {
 		}
 	}
 }
+
+func TestPercentileInterval(t *testing.T) {
+	one := make([]float64, 100) // 1..100: X(j) = j
+	for i := range one {
+		one[i] = float64(i + 1)
+	}
+	cases := []struct {
+		name   string
+		sorted []float64
+		p      float64
+		lo, hi float64
+	}{
+		{"empty", nil, 50, 0, 0},
+		// np 10, 1.96·√9 = 5.88: ranks ⌊4.12⌋ and ⌈15.88⌉.
+		{"p10 of 100", one, 10, 4, 16},
+		// np 50, 1.96·5 = 9.8: ranks 40 and 60.
+		{"p50 of 100", one, 50, 40, 60},
+		// np 99, 1.96·√0.99 = 1.95: ranks 97 and ⌈100.95⌉ clamped to 100.
+		{"p99 clamps", one, 99, 97, 100},
+		{"single", []float64{7}, 50, 7, 7},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if lo, hi := PercentileInterval(tc.sorted, tc.p, 1.96); lo != tc.lo || hi != tc.hi {
+				t.Fatalf("PercentileInterval(p%v) = [%v, %v], want [%v, %v]", tc.p, lo, hi, tc.lo, tc.hi)
+			}
+		})
+	}
+	// p10 of 1..100 is 10.9 (rank 9.9): the interval [4, 16] is 6.9 below it.
+	if got, want := PercentileResolution(one, 10), 6.9/10.9; math.Abs(got-want) > 1e-12 {
+		t.Fatalf("PercentileResolution(p10) = %v, want %v", got, want)
+	}
+}
+
+// TestPercentileTolerance is the arithmetic of make bench-kv's check that
+// kv-aware's percentile is no worse than round-robin's: ε is the larger of
+// the reference's repeat-to-repeat spread and its percentile's resolution,
+// and a run above the reference by more than ε still fails.
+func TestPercentileTolerance(t *testing.T) {
+	base := make([]float64, 100)
+	for i := range base {
+		base[i] = float64(i + 1)
+	}
+	scaled := make([]float64, 100)
+	for i := range scaled {
+		scaled[i] = 1.5 * base[i]
+	}
+	t.Run("repeats that agree: the resolution is the floor", func(t *testing.T) {
+		eps, spread, floor := PercentileTolerance([][]float64{base, base, base}, 10)
+		if spread != 0 || math.Abs(floor-6.9/10.9) > 1e-12 || eps != floor {
+			t.Fatalf("ε %v, spread %v, floor %v: want spread 0 and ε the floor %v", eps, spread, floor, 6.9/10.9)
+		}
+	})
+	t.Run("repeats apart: the spread", func(t *testing.T) {
+		// p50: 50.5 and 75.75, 0.5 apart relatively; each resolves 10.5/50.5.
+		eps, spread, floor := PercentileTolerance([][]float64{base, scaled}, 50)
+		if math.Abs(spread-0.5) > 1e-12 || math.Abs(floor-10.5/50.5) > 1e-12 || eps != spread {
+			t.Fatalf("ε %v, spread %v, floor %v: want ε the spread 0.5, floor %v", eps, spread, floor, 10.5/50.5)
+		}
+	})
+	t.Run("the check can fail", func(t *testing.T) {
+		// 1,000 samples 100.00…109.99: p10 100.999, interval [100.80, 101.18],
+		// a resolution of 0.2 %. A run 1 % above it is worse.
+		fine := make([]float64, 1000)
+		for i := range fine {
+			fine[i] = 100 + float64(i)*0.01
+		}
+		ref := Percentile(fine, 10)
+		eps, _, _ := PercentileTolerance([][]float64{fine, fine, fine}, 10)
+		if within := 1.01*ref <= ref*(1+eps); within || eps > 0.002 || eps < 0.0019 {
+			t.Fatalf("ε %v: a percentile 1%% above the reference passed (or ε is not 0.197%%)", eps)
+		}
+		if !(1.001*ref <= ref*(1+eps)) {
+			t.Fatalf("ε %v: a percentile 0.1%% above the reference failed", eps)
+		}
+	})
+	if eps, spread, floor := PercentileTolerance(nil, 50); eps != 0 || spread != 0 || floor != 0 {
+		t.Fatalf("no repeats: ε %v, spread %v, floor %v", eps, spread, floor)
+	}
+}

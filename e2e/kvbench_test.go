@@ -85,8 +85,13 @@ func TestKVRoutingComparison(t *testing.T) {
 	// box's load over the run hits every fleet alike; each figure is the
 	// median over the repeats, and a percentile of kv-aware is judged
 	// against round-robin's with an ε taken from round-robin against
-	// itself (the largest relative difference between two of its repeats
-	// at that percentile).
+	// itself: the largest relative difference between two of its repeats
+	// at that percentile, floored at what one repeat's samples resolve
+	// (bench.PercentileTolerance: the 95% interval of the percentile from
+	// its order statistics). Three repeats of a percentile made of cold
+	// prefills, the same under every policy, agreed to 0.1 ms on a quiet
+	// box (ε 0.00), and the check then failed on a 1–2% difference that
+	// the 780 samples of each repeat cannot tell apart.
 	repeats := 3
 	if v := os.Getenv("INFERA_KV_BENCH_REPEATS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -103,6 +108,7 @@ func TestKVRoutingComparison(t *testing.T) {
 	}
 	runs := map[string]map[string][]benchReport{} // fleet label → workload → report per repeat
 	pcts := map[string]map[string][][]float64{}   // fleet label → workload → TTFT at kvPercentiles per repeat
+	ttfts := map[string]map[string][][]float64{}  // fleet label → workload → sorted TTFTs per repeat
 	all := true
 	for r := range repeats {
 		dir := filepath.Join(outDir, fmt.Sprintf("r%d", r+1))
@@ -114,12 +120,17 @@ func TestKVRoutingComparison(t *testing.T) {
 			}
 			res := runKVFleet(t, fl, workloads, dir)
 			if runs[label] == nil {
-				runs[label], pcts[label] = map[string][]benchReport{}, map[string][][]float64{}
+				runs[label], pcts[label], ttfts[label] = map[string][]benchReport{}, map[string][][]float64{}, map[string][][]float64{}
 			}
 			for _, wl := range workloads {
 				runs[label][wl.name] = append(runs[label][wl.name], res[wl.name])
-				pcts[label][wl.name] = append(pcts[label][wl.name],
-					ttftPercentiles(t, filepath.Join(dir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(label, " ", "-")))))
+				sorted := ttftSamples(t, filepath.Join(dir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(label, " ", "-"))))
+				at := make([]float64, len(kvPercentiles))
+				for k, q := range kvPercentiles {
+					at[k] = bench.Percentile(sorted, q)
+				}
+				pcts[label][wl.name] = append(pcts[label][wl.name], at)
+				ttfts[label][wl.name] = append(ttfts[label][wl.name], sorted)
 			}
 		}
 	}
@@ -181,20 +192,13 @@ func TestKVRoutingComparison(t *testing.T) {
 		fmt.Fprintf(&table, " p%g |", q)
 	}
 	table.WriteString("\n|---|---|" + strings.Repeat("---:|", len(kvPercentiles)) + "\n")
-	eps := map[string][]float64{}
+	eps, spreads, floors := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	for _, wl := range workloads {
-		rr := pcts["round-robin"][wl.name]
-		e := make([]float64, len(kvPercentiles))
-		for k := range kvPercentiles {
-			for i := range rr {
-				for j := i + 1; j < len(rr); j++ {
-					if lo := min(rr[i][k], rr[j][k]); lo > 0 {
-						e[k] = max(e[k], math.Abs(rr[i][k]-rr[j][k])/lo)
-					}
-				}
-			}
+		e, sp, fl := make([]float64, len(kvPercentiles)), make([]float64, len(kvPercentiles)), make([]float64, len(kvPercentiles))
+		for k, q := range kvPercentiles {
+			e[k], sp[k], fl[k] = bench.PercentileTolerance(ttfts["round-robin"][wl.name], q)
 		}
-		eps[wl.name] = e
+		eps[wl.name], spreads[wl.name], floors[wl.name] = e, sp, fl
 		for _, policy := range kvPolicies {
 			fmt.Fprintf(&table, "| %s | %s ms |", wl.name, policy)
 			for _, x := range medPct(policy, wl.name) {
@@ -207,9 +211,17 @@ func TestKVRoutingComparison(t *testing.T) {
 		for k := range kvPercentiles {
 			fmt.Fprintf(&table, " %.2f |", kvp[k]/rrp[k])
 		}
-		fmt.Fprintf(&table, "\n| %s | ε (round-robin vs itself) |", wl.name)
+		fmt.Fprintf(&table, "\n| %s | ε = max(spread, floor) |", wl.name)
 		for _, x := range e {
-			fmt.Fprintf(&table, " %.2f |", x)
+			fmt.Fprintf(&table, " %.3f |", x)
+		}
+		fmt.Fprintf(&table, "\n| %s | spread (round-robin vs itself) |", wl.name)
+		for _, x := range sp {
+			fmt.Fprintf(&table, " %.3f |", x)
+		}
+		fmt.Fprintf(&table, "\n| %s | floor (round-robin's 95%% interval, median repeat) |", wl.name)
+		for _, x := range fl {
+			fmt.Fprintf(&table, " %.3f |", x)
 		}
 		table.WriteString("\n")
 	}
@@ -236,7 +248,8 @@ func TestKVRoutingComparison(t *testing.T) {
 		kvp, rrp, e := medPct("kv-aware", wl.name), medPct("round-robin", wl.name), eps[wl.name]
 		for k, q := range kvPercentiles {
 			checks = append(checks, check{kvp[k] <= rrp[k]*(1+e[k]),
-				fmt.Sprintf("%s: kv-aware TTFT p%g %.1f ms ≤ round-robin %.1f ms × (1+ε %.2f)", wl.name, q, kvp[k], rrp[k], e[k])})
+				fmt.Sprintf("%s: kv-aware TTFT p%g %.1f ms (%.3f×) ≤ round-robin %.1f ms × (1+ε %.3f: spread %.3f, floor %.3f)",
+					wl.name, q, kvp[k], kvp[k]/rrp[k], rrp[k], e[k], spreads[wl.name][k], floors[wl.name][k])})
 			if q == 50 || q == 90 {
 				// One big cache beside it: the ideal cache's own ratio says
 				// whether routing could reach 0.8× on this workload at all
@@ -292,10 +305,10 @@ var kvPolicies = []string{"kv-aware", "round-robin", "least-load", "one big cach
 // kvPercentiles are the TTFT percentiles compared (issue 11).
 var kvPercentiles = []float64{10, 25, 50, 75, 90, 99}
 
-// ttftPercentiles reads a bench report and returns its TTFT at
-// kvPercentiles, computed from the report's CDF as `infera bench` computes
-// its own (bench.Percentile). The CDF must hold every sample.
-func ttftPercentiles(t *testing.T, path string) []float64 {
+// ttftSamples reads a bench report and returns its TTFTs in order, from
+// the report's CDF, which must hold every sample (percentiles of them are
+// what `infera bench` computes, bench.Percentile).
+func ttftSamples(t *testing.T, path string) []float64 {
 	t.Helper()
 	rep, err := bench.ReadReportFile(path)
 	if err != nil {
@@ -308,9 +321,5 @@ func ttftPercentiles(t *testing.T, path string) []float64 {
 	if n := len(sorted); n == 0 || rep.TTFTCDF[n-1][1] != 1 || float64(n) != math.Round(1/rep.TTFTCDF[0][1]) {
 		t.Fatalf("%s: the TTFT CDF does not hold every sample (%d points)", path, n)
 	}
-	out := make([]float64, len(kvPercentiles))
-	for k, q := range kvPercentiles {
-		out[k] = bench.Percentile(sorted, q)
-	}
-	return out
+	return sorted
 }
