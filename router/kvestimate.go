@@ -8,8 +8,7 @@ import (
 // Cost modes of the kv-aware policy (KVAwareConfig.Cost, --kv-cost).
 const (
 	// KVCostBlocks is the block cost w×(blocks−hits) + active + recent,
-	// with the MaxShare bounds (KVAwareConfig's default; `infera serve`
-	// defaults to KVCostTTFT since session 14's comparisons).
+	// with the MaxShare bounds (the default).
 	KVCostBlocks = "blocks"
 	// KVCostTTFT minimises an estimated time to first token (issue 37).
 	KVCostTTFT = "ttft"
