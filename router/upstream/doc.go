@@ -10,7 +10,14 @@
 // abort (a client that left, a failed prefill) cuts it at any moment. Every
 // leg — a mixed worker's unary or streamed answer, a PD prefill, a unary or
 // streamed PD decode — is one Exchange; a stream read to its end gives its
-// connection back to the pool. A streamed answer in the chunked transfer
+// connection back to the pool. An answer's head in its common form
+// (HTTP/1.1, a status with a body, plain header lines, one Content-Length
+// or chunked) is read by the package's own parser (readHead), which keeps
+// the status, Content-Type, framing and Connection: close, the headers the
+// router reads, and skips the rest; any other head (interim answers,
+// obs-fold, duplicate or conflicting framing, bare LF, one not all in the
+// reader's buffer yet) is left untouched to fasthttp, which reads or
+// refuses it as it always did. A streamed answer in the chunked transfer
 // coding is decoded by the package's own reader (chunkedBody) straight
 // from the connection's buffered reader, with fasthttp's framing rules and
 // its trailer parser; any other body is fasthttp's. An answer on another transport (requests

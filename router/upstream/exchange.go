@@ -245,14 +245,41 @@ func (x *Exchange) Release() {
 	x.release(nil)
 }
 
-// readAnswer reads resp from br as resp.ReadLimitBody does, but a streamed
-// answer in the chunked transfer coding gets x.chunked as its body stream
-// instead of fasthttp's (whose pooled stream and per-chunk reads cost
-// ~1 µs a stream at 64 connections, docs/performance.md). fasthttp reads
-// the headers (interim answers skipped) with the body skipped, then any
-// other streamed body (a Content-Length, or until close) as it would.
+// readAnswer reads resp from br as resp.ReadLimitBody does. A head in its
+// common form is the exchange's to read (readHead: fasthttp's parse also
+// copies and normalizes every header the router never reads); a streamed answer in the chunked transfer coding gets
+// x.chunked as its body stream instead of fasthttp's (whose pooled stream
+// and per-chunk reads cost ~1 µs a stream at 64 connections,
+// docs/performance.md). Any other head, and a unary answer's chunked body
+// with its trailer, is read by fasthttp (readAnswerFasthttp), from its
+// first byte.
 func (x *Exchange) readAnswer(br *bufio.Reader, resp *fasthttp.Response, maxBodySize int) error {
-	if !resp.StreamBody || resp.SkipBody {
+	if resp.SkipBody {
+		return resp.ReadLimitBody(br, maxBodySize)
+	}
+	ok, err := readHead(br, resp, resp.StreamBody)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return x.readAnswerFasthttp(br, resp, maxBodySize)
+	}
+	if resp.StreamBody && resp.Header.ContentLength() == -1 {
+		x.chunked.reset(br, &resp.Header)
+		resp.SetBodyStream(&x.chunked, -1)
+		return nil
+	}
+	// A Content-Length body (a stream's through fasthttp's body stream).
+	return resp.ReadBody(br, maxBodySize)
+}
+
+// readAnswerFasthttp reads resp from br with fasthttp's head parser: all
+// of a unary answer, a stream's head (interim answers skipped) with the
+// body skipped, then a chunked stream's body through x.chunked and any
+// other streamed body (a Content-Length, or until close) as fasthttp
+// would.
+func (x *Exchange) readAnswerFasthttp(br *bufio.Reader, resp *fasthttp.Response, maxBodySize int) error {
+	if !resp.StreamBody {
 		return resp.ReadLimitBody(br, maxBodySize)
 	}
 	resp.SkipBody = true
