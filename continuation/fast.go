@@ -294,12 +294,21 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 		return -1, -1, -1, false
 	}
 	if t.begun {
-		tried := -1 // a layout matchSteady tried (rigidly: not again)
-		if tm := &t.lay.tmpls[t.lay.hit]; tm.steady && tm.ok && tm.strip == t.Strip {
+		// The steady layout matched last, or else the one that followed
+		// the layout matched last: a stream's first chunk is followed by
+		// a steady one, whose layout is tried before the first one's
+		// general walk fails on it.
+		tried := int(t.lay.hit) // a layout matchSteady tried (rigidly: not again)
+		if tm := &t.lay.tmpls[tried]; !tm.steady {
+			tried = int(tm.next)
+		}
+		if tm := &t.lay.tmpls[tried]; tm.steady && tm.ok && tm.strip == t.Strip {
 			if a, b, end, ok = t.matchSteady(tm, data, open); ok {
+				t.lay.hit = tried
 				return a, b, end, true
 			}
-			tried = t.lay.hit
+		} else {
+			tried = -1
 		}
 		if a, b, end, ok = t.matchAny(data, true, open, tried); ok {
 			return a, b, end, true
@@ -529,10 +538,13 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 		// An engine's stream ids and times most often have one length:
 		// the new values are written over the old ones, and the rest of
 		// the layout (cold in a pooled relay's tracker) is not copied.
-		for _, h := range tm.holes[:tm.n] {
-			if v := vals.v[h.kind]; h.kind >= holeID && v != nil && vals.str[h.kind] == h.str && !bytes.Equal(v, tm.b[h.start:h.end]) {
-				copy(tm.b[h.start:h.end], v)
-				changed = true
+		for k := holeID; k < numHoleKinds; k++ {
+			if hi := tm.at[k]; hi >= 0 {
+				h := &tm.holes[hi]
+				if v := vals.v[k]; v != nil && vals.str[k] == h.str && string(v) != string(tm.b[h.start:h.end]) {
+					copy(tm.b[h.start:h.end], v)
+					changed = true
+				}
 			}
 		}
 		return changed
@@ -570,9 +582,12 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 // sameLengths reports whether every value of vals that stamp would put
 // into tm is as long as the one it replaces.
 func sameLengths(tm *template, vals *streamValues) bool {
-	for _, h := range tm.holes[:tm.n] {
-		if v := vals.v[h.kind]; h.kind >= holeID && v != nil && vals.str[h.kind] == h.str && len(v) != h.end-h.start {
-			return false
+	for k := holeID; k < numHoleKinds; k++ {
+		if hi := tm.at[k]; hi >= 0 {
+			h := &tm.holes[hi]
+			if v := vals.v[k]; v != nil && vals.str[k] == h.str && len(v) != h.end-h.start {
+				return false
+			}
 		}
 	}
 	return true
