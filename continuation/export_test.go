@@ -11,3 +11,6 @@ func FastChunks(t *Tracker) int { return t.fastChunks }
 // taking them from another layout.
 func Rebases(t *Tracker) int  { return t.rebases }
 func Restamps(t *Tracker) int { return t.restamps }
+
+// Tries is how many layouts t tried on the chunks of its stream.
+func Tries(t *Tracker) int { return t.tries }

@@ -127,6 +127,16 @@ type layouts struct {
 	shape chunkShape
 }
 
+// next is the layout a stream's next chunk most likely has: the one
+// matched last, unless it holds the prompt's ids (a stream's first
+// chunk), then the one that followed it.
+func (l *layouts) next() int {
+	if tm := &l.tmpls[l.hit]; tm.ok && tm.at[holePrompt] >= 0 {
+		return int(tm.next)
+	}
+	return l.hit
+}
+
 type hole struct {
 	start, end int
 	kind       holeKind
@@ -294,12 +304,18 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 		return -1, -1, -1, false
 	}
 	if t.begun {
-		tried := -1 // a layout matchSteady tried (rigidly: not again)
-		if tm := &t.lay.tmpls[t.lay.hit]; tm.steady && tm.ok && tm.strip == t.Strip {
+		// The layout matched last, or the one that followed it when it
+		// holds the prompt's ids: they come once, in a stream's first
+		// chunk, so the next chunk has another layout (most often the
+		// steady one) and the first one's general walk would fail on it.
+		tried := t.lay.next() // a layout matchSteady tried (rigidly: not again)
+		if tm := &t.lay.tmpls[tried]; tm.steady && tm.ok && tm.strip == t.Strip {
 			if a, b, end, ok = t.matchSteady(tm, data, open); ok {
+				t.lay.hit = tried
 				return a, b, end, true
 			}
-			tried = t.lay.hit
+		} else {
+			tried = -1
 		}
 		if a, b, end, ok = t.matchAny(data, true, open, tried); ok {
 			return a, b, end, true
@@ -314,12 +330,16 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 // matchAny tries the templates in the order a stream's chunks follow
 // each other: the one matched last, the one that followed it the last
 // time another did (steady chunks follow the first, the last follows
-// them, the next stream's first follows the last; for a match that is
-// not rigid, that one first), then the rest. skip is a layout not to
+// them, the next stream's first follows the last; that one first for a
+// match that is not rigid and after a layout with the prompt's ids,
+// layouts.next), then the rest. skip is a layout not to
 // try (-1: none): matchSteady tried it already in the same way.
 func (t *Tracker) matchAny(data []byte, rigid, open bool, skip int) (a, b, end int, ok bool) {
 	hit, next := t.lay.hit, int(t.lay.tmpls[t.lay.hit].next)
-	first, second := hit, next
+	first, second := t.lay.next(), hit
+	if first == hit {
+		second = next
+	}
 	if !rigid {
 		// Most often a stream's first chunk, after the previous stream's
 		// last: the layout that followed that one is tried first.
@@ -363,6 +383,7 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 	if rigid && tm.steady {
 		return t.matchSteady(tm, data, open)
 	}
+	t.tries++
 	m := &t.lay.match // not zeroed: matchHoles sets what is read below
 	nOut := len(t.OutIDs)
 	end = t.matchHoles(tm, data, rigid, m)
@@ -441,6 +462,7 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 // to the output ids, the ids, the tail — and the same effects; ok
 // false: data does not match (nothing was changed).
 func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end int, ok bool) {
+	t.tries++
 	th, ih := &tm.holes[tm.vary[0]], &tm.holes[tm.vary[tm.nv-1]]
 	head := tm.b[:th.start]
 	pos := len(head)
@@ -529,10 +551,13 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 		// An engine's stream ids and times most often have one length:
 		// the new values are written over the old ones, and the rest of
 		// the layout (cold in a pooled relay's tracker) is not copied.
-		for _, h := range tm.holes[:tm.n] {
-			if v := vals.v[h.kind]; h.kind >= holeID && v != nil && vals.str[h.kind] == h.str && !bytes.Equal(v, tm.b[h.start:h.end]) {
-				copy(tm.b[h.start:h.end], v)
-				changed = true
+		for k := holeID; k < numHoleKinds; k++ {
+			if hi := tm.at[k]; hi >= 0 {
+				h := &tm.holes[hi]
+				if v := vals.v[k]; v != nil && vals.str[k] == h.str && string(v) != string(tm.b[h.start:h.end]) {
+					copy(tm.b[h.start:h.end], v)
+					changed = true
+				}
 			}
 		}
 		return changed
@@ -570,9 +595,12 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 // sameLengths reports whether every value of vals that stamp would put
 // into tm is as long as the one it replaces.
 func sameLengths(tm *template, vals *streamValues) bool {
-	for _, h := range tm.holes[:tm.n] {
-		if v := vals.v[h.kind]; h.kind >= holeID && v != nil && vals.str[h.kind] == h.str && len(v) != h.end-h.start {
-			return false
+	for k := holeID; k < numHoleKinds; k++ {
+		if hi := tm.at[k]; hi >= 0 {
+			h := &tm.holes[hi]
+			if v := vals.v[k]; v != nil && vals.str[k] == h.str && len(v) != h.end-h.start {
+				return false
+			}
 		}
 	}
 	return true

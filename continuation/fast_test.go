@@ -150,6 +150,41 @@ func TestFastPathReadsSteadyChunks(t *testing.T) {
 	}
 }
 
+// vllmStream is a vLLM chat stream with token ids: a first chunk with
+// three prompt ids (the first from created), n steady chunks and a last
+// one that finishes with finish.
+func vllmStream(id string, created, n int, finish string) [][]byte {
+	head := `{"id":"` + id + `","object":"chat.completion.chunk","created":` + strconv.Itoa(created) + `,"model":"m","choices":[{"index":0,`
+	evs := [][]byte{[]byte(head + `"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[` + strconv.Itoa(created%97) + `,2,3]}`)}
+	for i := range n {
+		evs = append(evs, []byte(head+`"delta":{"content":"t`+strconv.Itoa(i)+`"},"logprobs":null,"finish_reason":null,"token_ids":[`+strconv.Itoa(100+i)+`]}]}`))
+	}
+	return append(evs, []byte(head+`"delta":{"content":"!"},"logprobs":null,"finish_reason":"`+finish+`","stop_reason":null,"token_ids":[33]}]}`))
+}
+
+// TestFastPathTriesFollowers: once a tracker knows an engine's layouts,
+// each chunk of a stream is tried against the layout that follows the
+// last one matched: the first chunk's, then the steady one (not the
+// first chunk's again), which stays; only the last chunk tries two (the
+// steady one fails on its finish reason).
+func TestFastPathTriesFollowers(t *testing.T) {
+	const steady = 7
+	for _, strip := range []bool{true, false} {
+		events := vllmStream("chatcmpl-a1", 1730000000, steady, "length")
+		events = append(events, nil)
+		events = append(events, vllmStream("chatcmpl-b2", 1730000001, steady, "stop")...)
+		events = append(events, nil)
+		events = append(events, vllmStream("chatcmpl-c3", 1730000002, steady, "length")...)
+		tr := observeBoth(t, strip, events...)
+		if n := continuation.FastChunks(tr); n != steady+2 {
+			t.Fatalf("strip %v: %d of the third stream's %d chunks through the fast path, want all", strip, n, steady+2)
+		}
+		if n := continuation.Tries(tr); n != 1+steady+2 {
+			t.Errorf("strip %v: the third stream's %d chunks tried %d layouts, want %d (one each, two for the last)", strip, steady+2, n, 1+steady+2)
+		}
+	}
+}
+
 // TestFastPathAcrossStreams: the layouts a tracker learnt outlive the
 // stream: the next stream from the same engine — another id, another
 // time, another prompt and finish reason — is read through them from its
@@ -157,14 +192,7 @@ func TestFastPathReadsSteadyChunks(t *testing.T) {
 // full read. Its first chunk moves its layout to the new id and time, and
 // that one the others: one rebase a stream, not one a layout.
 func TestFastPathAcrossStreams(t *testing.T) {
-	stream := func(id string, created, n int, finish string) [][]byte {
-		head := `{"id":"` + id + `","object":"chat.completion.chunk","created":` + strconv.Itoa(created) + `,"model":"m","choices":[{"index":0,`
-		evs := [][]byte{[]byte(head + `"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[` + strconv.Itoa(created%97) + `,2,3]}`)}
-		for i := range n {
-			evs = append(evs, []byte(head+`"delta":{"content":"t`+strconv.Itoa(i)+`"},"logprobs":null,"finish_reason":null,"token_ids":[`+strconv.Itoa(100+i)+`]}]}`))
-		}
-		return append(evs, []byte(head+`"delta":{"content":"!"},"logprobs":null,"finish_reason":"`+finish+`","stop_reason":null,"token_ids":[33]}]}`))
-	}
+	stream := vllmStream
 	// The second stream's id longer than the first's (its layouts are
 	// copied), and as long (stamped over in place).
 	for _, c := range []struct {

@@ -79,10 +79,11 @@ type Tracker struct {
 	lay   *layouts
 	begun bool
 	// noFast turns the fast path off (tests compare the two paths);
-	// fastChunks counts the chunks it read, rebases and restamps the
-	// layouts it moved to another stream's id, time and model.
+	// fastChunks counts the chunks it read, tries the layouts it tried on
+	// them, rebases and restamps the layouts it moved to another
+	// stream's id, time and model.
 	noFast            bool
-	fastChunks        int
+	fastChunks, tries int
 	rebases, restamps int
 }
 
