@@ -39,7 +39,6 @@ func divergenceTokens(sc *kvScratch, kind keyKind, best int) (predicted, prompt 
 type usageTap struct {
 	want, seen     bool
 	prompt, cached int64 // cached < 0: the engine reported no cached tokens
-	completion     int64 // generated tokens (0 when not reported)
 }
 
 // note looks for a usage object in one SSE event.
@@ -47,8 +46,8 @@ func (u *usageTap) note(ev []byte) {
 	if !u.want {
 		return
 	}
-	if prompt, cached, completion, ok := parseUsage(ev); ok {
-		u.seen, u.prompt, u.cached, u.completion = true, prompt, cached, completion
+	if prompt, cached, ok := parseUsage(ev); ok {
+		u.seen, u.prompt, u.cached = true, prompt, cached
 	}
 }
 
@@ -76,30 +75,29 @@ func (r *Router) noteUsage(rel *relay, o outcome) {
 	if !ok || (p.div == nil && !p.ttft) {
 		return
 	}
-	var prompt, cached, completion int64
+	var prompt, cached int64
 	switch {
 	case rel.scan.Stream:
 		u := &rel.pump.usage
 		if !u.seen {
 			return
 		}
-		prompt, cached, completion = u.prompt, u.cached, u.completion
+		prompt, cached = u.prompt, u.cached
 	case rel.dialect.response == nil && rel.ctx != nil:
 		// The engine's own answer (a translated one no longer is).
-		if prompt, cached, completion, ok = parseUsage(rel.ctx.Response.Body()); !ok {
+		if prompt, cached, ok = parseUsage(rel.ctx.Response.Body()); !ok {
 			return
 		}
 	default:
 		return
 	}
-	p.observeUsage(kt, prompt, cached, completion)
+	p.observeUsage(kt, prompt, cached)
 }
 
-// observeUsage records one answered request of kt's worker: its prompt,
-// cached and generated (completion) tokens.
-func (p *KVAware) observeUsage(kt *kvTicket, prompt, cached, completion int64) {
+// observeUsage records one answered request of kt's worker.
+func (p *KVAware) observeUsage(kt *kvTicket, prompt, cached int64) {
 	if p.ttft && cached >= 0 {
-		p.noteIntake(kt, cached, completion)
+		p.noteIntake(kt, cached)
 		if e := p.log.Debug(); e.Enabled() && len(kt.hashes) >= minWarmBlocks {
 			e.Uint64("prompt_key", kt.hashes[minWarmBlocks-1]).Int("blocks", len(kt.hashes)).
 				Str("worker_id", kt.target.worker.id).Int64("predicted_tokens", kt.predTokens).
@@ -231,36 +229,34 @@ func (m *divergenceMetrics) collect(ch chan<- prometheus.Metric, d *kvcache.Dive
 }
 
 var (
-	usageKey            = []byte(`"usage"`)
-	promptTokensKey     = []byte(`"prompt_tokens"`)
-	cachedTokensKey     = []byte(`"cached_tokens"`)
-	completionTokensKey = []byte(`"completion_tokens"`)
+	usageKey        = []byte(`"usage"`)
+	promptTokensKey = []byte(`"prompt_tokens"`)
+	cachedTokensKey = []byte(`"cached_tokens"`)
 )
 
 // parseUsage finds the usage object of an OpenAI answer or stream chunk
-// and returns its prompt_tokens, prompt_tokens_details.cached_tokens
-// (cached -1 when absent or null) and completion_tokens (0 when absent);
-// ok is false without a usage object carrying prompt_tokens. JSON strings
-// cannot hold these keys unescaped, so a byte search is exact.
-func parseUsage(b []byte) (prompt, cached, completion int64, ok bool) {
+// and returns its prompt_tokens and prompt_tokens_details.cached_tokens
+// (cached -1 when absent or null); ok is false without a usage object
+// carrying prompt_tokens. JSON strings cannot hold these keys unescaped,
+// so a byte search is exact.
+func parseUsage(b []byte) (prompt, cached int64, ok bool) {
 	i := jsonKey(b, usageKey)
 	if i < 0 {
-		return 0, 0, 0, false
+		return 0, 0, false
 	}
 	b = b[i:]
 	if len(b) == 0 || b[0] != '{' {
-		return 0, 0, 0, false // "usage":null
+		return 0, 0, false // "usage":null
 	}
 	prompt, ok = jsonInt(b, promptTokensKey)
 	if !ok {
-		return 0, 0, 0, false
+		return 0, 0, false
 	}
 	cached, found := jsonInt(b, cachedTokensKey)
 	if !found {
 		cached = -1
 	}
-	completion, _ = jsonInt(b, completionTokensKey)
-	return prompt, cached, completion, true
+	return prompt, cached, true
 }
 
 // jsonKey returns the index of the value after the first "key": in b

@@ -4,23 +4,23 @@ import "testing"
 
 func TestParseUsage(t *testing.T) {
 	for _, c := range []struct {
-		in                         string
-		prompt, cached, completion int64
-		ok                         bool
+		in             string
+		prompt, cached int64
+		ok             bool
 	}{
-		{`{"id":"x","usage":{"prompt_tokens":120,"total_tokens":130,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":96}}}`, 120, 96, 10, true},
-		{"data: {\"choices\":[],\"usage\": {\"prompt_tokens\" : 7, \"prompt_tokens_details\": {\"cached_tokens\": 0}}}\n\n", 7, 0, 0, true},
+		{`{"id":"x","usage":{"prompt_tokens":120,"total_tokens":130,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":96}}}`, 120, 96, true},
+		{"data: {\"choices\":[],\"usage\": {\"prompt_tokens\" : 7, \"prompt_tokens_details\": {\"cached_tokens\": 0}}}\n\n", 7, 0, true},
 		// vLLM without --enable-prompt-tokens-details: no cached count.
-		{`{"usage":{"prompt_tokens":5,"completion_tokens":1,"prompt_tokens_details":null}}`, 5, -1, 1, true},
-		{`{"choices":[{"delta":{"content":"\"usage\":{\"prompt_tokens\":3}"}}],"usage":null}`, 0, 0, 0, false},
-		{`{"choices":[]}`, 0, 0, 0, false},
-		{`{"usage":{"completion_tokens":1}}`, 0, 0, 0, false},
-		{`{"usage":{"prompt_tokens":99999999999999999999}}`, 0, 0, 0, false},
-		{`"usage"`, 0, 0, 0, false},
+		{`{"usage":{"prompt_tokens":5,"completion_tokens":1,"prompt_tokens_details":null}}`, 5, -1, true},
+		{`{"choices":[{"delta":{"content":"\"usage\":{\"prompt_tokens\":3}"}}],"usage":null}`, 0, 0, false},
+		{`{"choices":[]}`, 0, 0, false},
+		{`{"usage":{"completion_tokens":1}}`, 0, 0, false},
+		{`{"usage":{"prompt_tokens":99999999999999999999}}`, 0, 0, false},
+		{`"usage"`, 0, 0, false},
 	} {
-		p, cached, completion, ok := parseUsage([]byte(c.in))
-		if p != c.prompt || cached != c.cached || completion != c.completion || ok != c.ok {
-			t.Errorf("%s: %d %d %d %v, want %d %d %d %v", c.in, p, cached, completion, ok, c.prompt, c.cached, c.completion, c.ok)
+		p, cached, ok := parseUsage([]byte(c.in))
+		if p != c.prompt || cached != c.cached || ok != c.ok {
+			t.Errorf("%s: %d %d %v, want %d %d %v", c.in, p, cached, ok, c.prompt, c.cached, c.ok)
 		}
 	}
 }
@@ -41,8 +41,8 @@ func FuzzParseUsage(f *testing.F) {
 	f.Add([]byte(`{"usage":{"prompt_tokens":120,"prompt_tokens_details":{"cached_tokens":96}}}`))
 	f.Add([]byte(`{"usage":null}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		p, c, out, ok := parseUsage(b)
-		if ok && (p < 0 || c < -1 || out < 0) {
+		p, c, ok := parseUsage(b)
+		if ok && (p < 0 || c < -1) {
 			t.Fatalf("%q: %d %d", b, p, c)
 		}
 	})

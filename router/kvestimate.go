@@ -164,20 +164,11 @@ type ttftModel struct {
 // in) went into its cache too, and evicted as much. Without it a worker
 // whose cache thrashed looked as if it had taken in only what the index
 // predicted, and the prefixes it was losing still counted as held.
-// The generated tokens went in too: an engine keeps the KV of every output
-// token but the last, in blocks it caches after the prompt's (vLLM's prefix
-// cache, sim/scheduler.go blocksFor), and they evict as much as a prompt's.
-// Without them the clock ran slow by the output: on the trace 46 of 536
-// answers found evicted a prefix the cut still counted (5% of the prompt
-// tokens).
-func (p *KVAware) noteIntake(kt *kvTicket, cached, completion int64) {
+func (p *KVAware) noteIntake(kt *kvTicket, cached int64) {
 	t := kt.target
 	t.mu.Lock()
 	if extra := float64(kt.promptTokens-cached) - kt.uncached; extra > 0 {
 		t.est.intake += extra
-	}
-	if completion > 1 {
-		t.est.intake += float64(completion - 1)
 	}
 	t.mu.Unlock()
 }

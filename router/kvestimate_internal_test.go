@@ -540,7 +540,7 @@ func TestKVEstimateReportedMissAdvancesIntake(t *testing.T) {
 			t.Fatalf("p went to %s predicting %d cached tokens", tk.Worker.id, kt.predTokens)
 		}
 		if reported {
-			e.p.observeUsage(kt, int64(len(pt)), 0, 0) // the engine found none of it
+			e.p.observeUsage(kt, int64(len(pt)), 0) // the engine found none of it
 		}
 		e.p.Release(tk, Result{Status: 200})
 		tk = e.pick(chat(q))
@@ -794,38 +794,5 @@ func TestKVEstimateWarmBoundAllowsOnePick(t *testing.T) {
 				t.Fatalf("holder at %g picks, others at 9: the next turn went to %s (holder %s), want staying %v", tc.picks, got, holder, tc.stays)
 			}
 		})
-	}
-}
-
-// TestKVEstimateAnswerOutputAdvancesIntake: the tokens an answer generated
-// advance its target's intake clock as prompt tokens do (the engine caches
-// their KV after the prompt's, evicting as much), so q's 3,040 tokens, used
-// before another request's 4,000 generated tokens, no longer count whole in
-// a 6,400-token cache (its blocks nearest the end are the first past the
-// room left). Without them q still counted whole, and on the trace 46 of
-// 536 answers found a prefix the prediction counted evicted.
-func TestKVEstimateAnswerOutputAdvancesIntake(t *testing.T) {
-	a := kvRecord(0, nil).WorkerID
-	q := unique(43, 3000)
-	qt := chatTokens(t, q)
-	full := int64(len(qt) / 16 * 16)
-	for _, completion := range []int64{0, 4000} {
-		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil))
-		e.makePrecise()
-		e.learnCapacity(a, 400)
-		e.store(a, qt)
-		e.serial(chat(q))
-		tk := e.pick(chat(unique(44, 64)))
-		e.p.observeUsage(tk.State.(*kvTicket), 70, 0, completion)
-		e.p.Release(tk, Result{Status: 200})
-		tk = e.pick(chat(q))
-		got := tk.State.(*kvTicket).predTokens
-		e.p.Release(tk, Result{Status: 200})
-		switch {
-		case completion == 0 && got != full:
-			t.Errorf("after a short answer q counts %d cached tokens, want %d", got, full)
-		case completion > 0 && got >= full:
-			t.Errorf("after an answer of %d generated tokens q still counts %d of %d tokens cached", completion, got, full)
-		}
 	}
 }
