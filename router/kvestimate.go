@@ -8,8 +8,7 @@ import (
 // Cost modes of the kv-aware policy (KVAwareConfig.Cost, --kv-cost).
 const (
 	// KVCostBlocks is the block cost w×(blocks−hits) + active + recent,
-	// with the MaxShare bounds (KVAwareConfig's zero Cost; `infera serve`
-	// defaults to KVCostTTFT since session 15).
+	// with the MaxShare bounds (the default).
 	KVCostBlocks = "blocks"
 	// KVCostTTFT minimises an estimated time to first token (issue 37).
 	KVCostTTFT = "ttft"
