@@ -19,14 +19,20 @@ import (
 // every worker precise within 30 s — with the engines' replay buffers
 // covering their whole history, and with buffers far too small to (B joins
 // the running streams and rebuilds from the events that follow and from the
-// prompts it routes: kvcache/learn.go).
+// prompts it routes: kvcache/learn.go). Each cost mode is tested by name:
+// the restarted router has no learned rates and no pick history, only the
+// index.
 func TestKVRouterRestart(t *testing.T) {
-	for _, buffer := range []int{10000, 4} {
-		t.Run(fmt.Sprintf("replay-buffer=%d", buffer), func(t *testing.T) {
+	for _, tc := range []struct {
+		cost   string
+		buffer int
+	}{{"blocks", 10000}, {"blocks", 4}, {"ttft", 10000}, {"ttft", 4}} {
+		cost, buffer := tc.cost, tc.buffer
+		t.Run(fmt.Sprintf("cost=%s/replay-buffer=%d", cost, buffer), func(t *testing.T) {
 			// A serve used only for its embedded etcd, so that the
 			// routers under test can stop without taking the registry.
 			host := startServe(t)
-			routerArgs := []string{"--etcd-endpoints", host.etcd, "--router-policy", "kv-aware", "--tokenizer", "bytes"}
+			routerArgs := []string{"--etcd-endpoints", host.etcd, "--router-policy", "kv-aware", "--kv-cost", cost, "--tokenizer", "bytes"}
 			a := startServe(t, routerArgs...)
 			a.etcd = host.etcd
 			ids := map[string]bool{}

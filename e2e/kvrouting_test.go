@@ -184,24 +184,30 @@ func hitRatio(rep benchReport) float64 {
 
 // TestKVAwareRoutingHitsCache is the CI-sized check of cache-aware routing on
 // real processes: with four workers whose caches cannot each hold the shared
-// prefixes, kv-aware keeps each group on a worker that caches it. Only cache
+// prefixes, kv-aware keeps each group on a worker that caches it, under each
+// cost mode (--kv-cost blocks and ttft, subtests cost=<mode>). Only cache
 // hit ratios and request spread are asserted — they do not depend on timing.
 func TestKVAwareRoutingHitsCache(t *testing.T) {
 	const workers, kvBlocks = 4, 400
 	wl := []kvWorkload{sharedPrefix(192)}
-	kv := runKVFleet(t, kvFleet{policy: "kv-aware", workers: workers, kvBlocks: kvBlocks}, wl, "")["shared-prefix"]
 	rr := runKVFleet(t, kvFleet{policy: "round-robin", workers: workers, kvBlocks: kvBlocks}, wl, "")["shared-prefix"]
 	oracle := runKVFleet(t, kvFleet{policy: "round-robin", workers: 1, kvBlocks: workers * kvBlocks}, wl, "")["shared-prefix"]
-	t.Logf("hit ratio: kv-aware %.3f, round-robin %.3f, one big cache %.3f; kv-aware spread %v",
-		hitRatio(kv), hitRatio(rr), hitRatio(oracle), kv.PerWorker)
-	if hitRatio(kv) < hitRatio(rr)+0.2 {
-		t.Errorf("kv-aware hit ratio %.3f is not clearly above round-robin's %.3f", hitRatio(kv), hitRatio(rr))
-	}
-	if hitRatio(kv) < 0.9*hitRatio(oracle) {
-		t.Errorf("kv-aware hit ratio %.3f is not within 10%% of one cache holding everything (%.3f)", hitRatio(kv), hitRatio(oracle))
-	}
-	if r := fairShareRatio(kv, workers); r > 2 {
-		t.Errorf("a worker got %.2f× its fair share (%v)", r, kv.PerWorker)
+	for _, cost := range []string{"blocks", "ttft"} {
+		t.Run("cost="+cost, func(t *testing.T) {
+			kv := runKVFleet(t, kvFleet{policy: "kv-aware", workers: workers, kvBlocks: kvBlocks,
+				serveArgs: []string{"--kv-cost", cost}}, wl, "")["shared-prefix"]
+			t.Logf("hit ratio: kv-aware %.3f, round-robin %.3f, one big cache %.3f; kv-aware spread %v",
+				hitRatio(kv), hitRatio(rr), hitRatio(oracle), kv.PerWorker)
+			if hitRatio(kv) < hitRatio(rr)+0.2 {
+				t.Errorf("kv-aware hit ratio %.3f is not clearly above round-robin's %.3f", hitRatio(kv), hitRatio(rr))
+			}
+			if hitRatio(kv) < 0.9*hitRatio(oracle) {
+				t.Errorf("kv-aware hit ratio %.3f is not within 10%% of one cache holding everything (%.3f)", hitRatio(kv), hitRatio(oracle))
+			}
+			if r := fairShareRatio(kv, workers); r > 2 {
+				t.Errorf("a worker got %.2f× its fair share (%v)", r, kv.PerWorker)
+			}
+		})
 	}
 }
 

@@ -63,6 +63,31 @@ func newKVEnv(t *testing.T, cfg KVAwareConfig, recs ...discovery.Record) *kvEnv 
 	return &kvEnv{t: t, p: p, r: r, clock: clock}
 }
 
+// blocksConfig is kvConfig with the block cost named (--kv-cost blocks): the
+// tests that use it are of that cost's terms and share bounds, whatever
+// serve's default cost is.
+func blocksConfig(set func(*KVAwareConfig)) KVAwareConfig {
+	return costConfig(KVCostBlocks, set)
+}
+
+// costConfig is kvConfig with the cost mode named; set may be nil.
+func costConfig(cost string, set func(*KVAwareConfig)) KVAwareConfig {
+	return kvConfig(func(c *KVAwareConfig) {
+		c.Cost = cost
+		if set != nil {
+			set(c)
+		}
+	})
+}
+
+// eachCost runs a test of what both cost modes share once per mode, as the
+// subtest cost=<mode>.
+func eachCost(t *testing.T, test func(t *testing.T, cost string)) {
+	for _, cost := range []string{KVCostBlocks, KVCostTTFT} {
+		t.Run("cost="+cost, func(t *testing.T) { test(t, cost) })
+	}
+}
+
 func (e *kvEnv) cands() *Candidates { return e.r.view.Load().models["m"] }
 
 // pick runs the policy on body (a chat body when it has "messages").
@@ -150,10 +175,10 @@ func unique(i, n int) string {
 	return strings.Repeat(s, n/len(s)+1)[:n]
 }
 
-func TestKVColdRequestsSpread(t *testing.T) {
+func TestKVBlocksColdRequestsSpread(t *testing.T) {
 	for _, spec := range []string{TokenizerBytes, TokenizerNone} {
 		t.Run("tokenizer="+spec, func(t *testing.T) {
-			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = spec }), fleet(4)...)
+			e := newKVEnv(t, blocksConfig(func(c *KVAwareConfig) { c.TokenizerSpec = spec }), fleet(4)...)
 			counts := map[string]int{}
 			for i := range 40 {
 				counts[e.serial(chat(unique(i, 300)))]++
@@ -170,10 +195,10 @@ func TestKVColdRequestsSpread(t *testing.T) {
 	}
 }
 
-func TestKVTiesRotate(t *testing.T) {
+func TestKVBlocksTiesRotate(t *testing.T) {
 	// Prompts shorter than a block cost the same everywhere: the scan
 	// start rotates, so the picks go round the fleet.
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(3)...)
+	e := newKVEnv(t, blocksConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(3)...)
 	var got []string
 	for range 6 {
 		got = append(got, e.serial(`{"model":"m","prompt":"hi"}`))
@@ -185,10 +210,10 @@ func TestKVTiesRotate(t *testing.T) {
 	}
 }
 
-func TestKVWarmPrefixGoesToHolder(t *testing.T) {
+func TestKVBlocksWarmPrefixGoesToHolder(t *testing.T) {
 	// Without provisional hits, so that every request's hits are the
 	// stored prefix alone (the repeats' own tails would count otherwise).
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec, c.ProvisionalTTL = TokenizerBytes, 0 }), fleet(4)...)
+	e := newKVEnv(t, blocksConfig(func(c *KVAwareConfig) { c.TokenizerSpec, c.ProvisionalTTL = TokenizerBytes, 0 }), fleet(4)...)
 	e.makePrecise()
 	long := unique(7, 800)
 	holder := kvRecord(2, nil).WorkerID
@@ -216,39 +241,41 @@ func TestKVWarmPrefixGoesToHolder(t *testing.T) {
 }
 
 func TestKVActiveBlocksCountSharedPrefixOnce(t *testing.T) {
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(1)...)
-	shared := unique(1, 320)
-	a := e.pick(chat(shared + unique(2, 160)))
-	b := e.pick(chat(shared + unique(3, 160)))
-	tg := a.State.(*kvTicket).target
-	if b.State.(*kvTicket).target != tg {
-		t.Fatal("one worker, two targets")
-	}
-	na, nb := len(a.State.(*kvTicket).hashes), len(b.State.(*kvTicket).hashes)
-	common := 0
-	for common < min(na, nb) && a.State.(*kvTicket).hashes[common] == b.State.(*kvTicket).hashes[common] {
-		common++
-	}
-	if common < 320/16 {
-		t.Fatalf("only %d common blocks", common)
-	}
-	if got, want := tg.active.Len(), na+nb-common; got != want {
-		t.Fatalf("active blocks %d, want %d (%d + %d - %d shared)", got, want, na, nb, common)
-	}
-	e.p.Release(a, Result{})
-	if got := tg.active.Len(); got != nb {
-		t.Fatalf("after one release: %d active, want %d", got, nb)
-	}
-	e.p.Release(b, Result{})
-	if got := tg.active.Len(); got != 0 {
-		t.Fatalf("after both releases: %d active", got)
-	}
+	eachCost(t, func(t *testing.T, cost string) {
+		e := newKVEnv(t, costConfig(cost, func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(1)...)
+		shared := unique(1, 320)
+		a := e.pick(chat(shared + unique(2, 160)))
+		b := e.pick(chat(shared + unique(3, 160)))
+		tg := a.State.(*kvTicket).target
+		if b.State.(*kvTicket).target != tg {
+			t.Fatal("one worker, two targets")
+		}
+		na, nb := len(a.State.(*kvTicket).hashes), len(b.State.(*kvTicket).hashes)
+		common := 0
+		for common < min(na, nb) && a.State.(*kvTicket).hashes[common] == b.State.(*kvTicket).hashes[common] {
+			common++
+		}
+		if common < 320/16 {
+			t.Fatalf("only %d common blocks", common)
+		}
+		if got, want := tg.active.Len(), na+nb-common; got != want {
+			t.Fatalf("active blocks %d, want %d (%d + %d - %d shared)", got, want, na, nb, common)
+		}
+		e.p.Release(a, Result{})
+		if got := tg.active.Len(); got != nb {
+			t.Fatalf("after one release: %d active, want %d", got, nb)
+		}
+		e.p.Release(b, Result{})
+		if got := tg.active.Len(); got != 0 {
+			t.Fatalf("after both releases: %d active", got)
+		}
+	})
 }
 
-func TestKVActiveBlocksSpreadConcurrentLoad(t *testing.T) {
+func TestKVBlocksActiveBlocksSpreadConcurrentLoad(t *testing.T) {
 	// Requests in flight weigh on their worker: with nothing cached, a
 	// second concurrent request goes elsewhere.
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes; c.RecentHalfLife = 0 }), fleet(2)...)
+	e := newKVEnv(t, blocksConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes; c.RecentHalfLife = 0 }), fleet(2)...)
 	a := e.pick(chat(unique(1, 400)))
 	b := e.pick(chat(unique(2, 400)))
 	if a.Worker == b.Worker {
@@ -256,8 +283,8 @@ func TestKVActiveBlocksSpreadConcurrentLoad(t *testing.T) {
 	}
 }
 
-func TestKVRecentChargeDecays(t *testing.T) {
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes; c.RecentHalfLife = time.Second }), fleet(1)...)
+func TestKVBlocksRecentChargeDecays(t *testing.T) {
+	e := newKVEnv(t, blocksConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes; c.RecentHalfLife = time.Second }), fleet(1)...)
 	tk := e.pick(chat(unique(1, 480)))
 	kt := tk.State.(*kvTicket)
 	tg, blocks := kt.target, float64(len(kt.hashes))
@@ -278,13 +305,13 @@ func TestKVRecentChargeDecays(t *testing.T) {
 	}
 }
 
-func TestKVSerialSharedPrefixSpreadsThenSticks(t *testing.T) {
+func TestKVBlocksSerialSharedPrefixSpreadsThenSticks(t *testing.T) {
 	// Serial requests sharing a long system prompt: the first holder
 	// takes the next ones while its recent misses are small, and the
 	// charge moves traffic on instead of piling everything onto it. With
 	// overlap weight 1: at the serve default (4) the saved prefill
 	// outweighs the charge and the holder keeps them all.
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
+	e := newKVEnv(t, blocksConfig(func(c *KVAwareConfig) {
 		c.TokenizerSpec = TokenizerBytes
 		c.OverlapWeight, c.PrefillOverlapWeight, c.DecodeOverlapWeight = 1, 1, 1
 	}), fleet(4)...)
@@ -306,171 +333,183 @@ func TestKVSerialSharedPrefixSpreadsThenSticks(t *testing.T) {
 }
 
 func TestKVApproximateModeAndGauge(t *testing.T) {
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(3)...)
-	// No event streams: every worker approximate, placements recorded.
-	id := e.serial(chat(unique(5, 640)))
-	for range 3 {
-		if got := e.serial(chat(unique(5, 640) + "tail")); got != id {
-			t.Fatalf("approximate placement not followed: %s then %s", id, got)
+	eachCost(t, func(t *testing.T, cost string) {
+		e := newKVEnv(t, costConfig(cost, func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(3)...)
+		// No event streams: every worker approximate, placements recorded.
+		id := e.serial(chat(unique(5, 640)))
+		for range 3 {
+			if got := e.serial(chat(unique(5, 640) + "tail")); got != id {
+				t.Fatalf("approximate placement not followed: %s then %s", id, got)
+			}
 		}
-	}
-	for _, r := range fleet(3) {
-		if v := gaugeValue(t, e.r, "infera_router_worker_approximate", r.WorkerID); v != 1 {
-			t.Fatalf("%s approximate gauge %v, want 1", r.WorkerID, v)
+		for _, r := range fleet(3) {
+			if v := gaugeValue(t, e.r, "infera_router_worker_approximate", r.WorkerID); v != 1 {
+				t.Fatalf("%s approximate gauge %v, want 1", r.WorkerID, v)
+			}
 		}
-	}
-	v, err := e.p.CacheView(id, 0, false)
-	if err != nil || v.Precise || v.BlockCount == 0 || v.BlockCount != v.PlacementBlocks {
-		t.Fatalf("cache view %+v, %v", v, err)
-	}
-	e.makePrecise()
-	for _, r := range fleet(3) {
-		if v := gaugeValue(t, e.r, "infera_router_worker_approximate", r.WorkerID); v != 0 {
-			t.Fatalf("%s approximate gauge %v after its stream is confirmed", r.WorkerID, v)
+		v, err := e.p.CacheView(id, 0, false)
+		if err != nil || v.Precise || v.BlockCount == 0 || v.BlockCount != v.PlacementBlocks {
+			t.Fatalf("cache view %+v, %v", v, err)
 		}
-	}
-	// Without a tokenizer every worker stays approximate.
-	e2 := newKVEnv(t, DefaultKVAwareConfig(), fleet(1)...)
-	e2.makePrecise()
-	if v := gaugeValue(t, e2.r, "infera_router_worker_approximate", kvRecord(0, nil).WorkerID); v != 1 {
-		t.Fatalf("no tokenizer: gauge %v, want 1", v)
-	}
+		e.makePrecise()
+		for _, r := range fleet(3) {
+			if v := gaugeValue(t, e.r, "infera_router_worker_approximate", r.WorkerID); v != 0 {
+				t.Fatalf("%s approximate gauge %v after its stream is confirmed", r.WorkerID, v)
+			}
+		}
+		// Without a tokenizer every worker stays approximate.
+		e2 := newKVEnv(t, costConfig(cost, nil), fleet(1)...)
+		e2.makePrecise()
+		if v := gaugeValue(t, e2.r, "infera_router_worker_approximate", kvRecord(0, nil).WorkerID); v != 1 {
+			t.Fatalf("no tokenizer: gauge %v, want 1", v)
+		}
+	})
 }
 
 func TestKVTokenArrayPromptWithoutTokenizer(t *testing.T) {
-	e := newKVEnv(t, DefaultKVAwareConfig(), fleet(2)...)
-	e.makePrecise()
-	toks := make([]uint32, 64)
-	var sb strings.Builder
-	for i := range toks {
-		toks[i] = uint32(1000 + i)
-		if i > 0 {
-			sb.WriteByte(',')
+	eachCost(t, func(t *testing.T, cost string) {
+		e := newKVEnv(t, costConfig(cost, nil), fleet(2)...)
+		e.makePrecise()
+		toks := make([]uint32, 64)
+		var sb strings.Builder
+		for i := range toks {
+			toks[i] = uint32(1000 + i)
+			if i > 0 {
+				sb.WriteByte(',')
+			}
+			sb.WriteString(strconv.Itoa(1000 + i))
 		}
-		sb.WriteString(strconv.Itoa(1000 + i))
-	}
-	holder := kvRecord(1, nil).WorkerID
-	e.store(holder, toks)
-	tk := e.pick(`{"model":"m","prompt":[` + sb.String() + `,5,6]}`)
-	if tk.Worker.id != holder {
-		t.Fatalf("token prompt went to %s, want %s", tk.Worker.id, holder)
-	}
-	if got := len(tk.State.(*kvTicket).hashes); got != 4 {
-		t.Fatalf("%d blocks, want 4", got)
-	}
+		holder := kvRecord(1, nil).WorkerID
+		e.store(holder, toks)
+		tk := e.pick(`{"model":"m","prompt":[` + sb.String() + `,5,6]}`)
+		if tk.Worker.id != holder {
+			t.Fatalf("token prompt went to %s, want %s", tk.Worker.id, holder)
+		}
+		if got := len(tk.State.(*kvTicket).hashes); got != 4 {
+			t.Fatalf("%d blocks, want 4", got)
+		}
+	})
 }
 
 func TestKVDataParallelTargets(t *testing.T) {
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }),
-		kvRecord(0, func(r *discovery.Record) { r.DPSize = 2 }),
-		kvRecord(1, func(r *discovery.Record) { one := 1; r.DPRank = &one; r.DPSize = 2 }))
-	seen := map[string]bool{}
-	for i := range 6 {
-		tk := e.pick(chat(unique(i, 200)))
-		key := tk.Worker.id + "/" + strconv.Itoa(tk.DPRank) + "/" + strconv.FormatBool(tk.PinRank)
-		seen[key] = true
-	}
-	w0, w1 := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
-	want := []string{w0 + "/0/true", w0 + "/1/true", w1 + "/1/false"}
-	for _, k := range want {
-		if !seen[k] {
-			t.Fatalf("targets picked %v, want %v", seen, want)
+	eachCost(t, func(t *testing.T, cost string) {
+		e := newKVEnv(t, costConfig(cost, func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }),
+			kvRecord(0, func(r *discovery.Record) { r.DPSize = 2 }),
+			kvRecord(1, func(r *discovery.Record) { one := 1; r.DPRank = &one; r.DPSize = 2 }))
+		seen := map[string]bool{}
+		for i := range 6 {
+			tk := e.pick(chat(unique(i, 200)))
+			key := tk.Worker.id + "/" + strconv.Itoa(tk.DPRank) + "/" + strconv.FormatBool(tk.PinRank)
+			seen[key] = true
 		}
-	}
-	if len(seen) != 3 {
-		t.Fatalf("targets picked %v", seen)
-	}
-	if _, err := e.p.CacheView(w0, 1, true); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.p.CacheView(w0, 2, true); err == nil {
-		t.Fatal("rank 2 of a dp_size 2 worker has a view")
-	}
-	if v, _ := e.p.CacheView(w0, 0, false); !v.AllRanks {
-		t.Fatalf("view without rank %+v, want all ranks", v)
-	}
+		w0, w1 := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+		want := []string{w0 + "/0/true", w0 + "/1/true", w1 + "/1/false"}
+		for _, k := range want {
+			if !seen[k] {
+				t.Fatalf("targets picked %v, want %v", seen, want)
+			}
+		}
+		if len(seen) != 3 {
+			t.Fatalf("targets picked %v", seen)
+		}
+		if _, err := e.p.CacheView(w0, 1, true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.p.CacheView(w0, 2, true); err == nil {
+			t.Fatal("rank 2 of a dp_size 2 worker has a view")
+		}
+		if v, _ := e.p.CacheView(w0, 0, false); !v.AllRanks {
+			t.Fatalf("view without rank %+v, want all ranks", v)
+		}
+	})
 }
 
 func TestKVMultimodalAffinity(t *testing.T) {
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(4)...)
-	img := func(url, text string) string {
-		return `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"` + text +
-			`"},{"type":"image_url","image_url":{"url":"` + url + `"}}]}]}`
-	}
-	first := e.serial(img("https://img/cat.png", "what is this?"))
-	for i := range 4 {
-		if got := e.serial(img("https://img/cat.png", "and now "+strconv.Itoa(i))); got != first {
-			t.Fatalf("same image went to %s, then %s", first, got)
+	eachCost(t, func(t *testing.T, cost string) {
+		e := newKVEnv(t, costConfig(cost, func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(4)...)
+		img := func(url, text string) string {
+			return `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"` + text +
+				`"},{"type":"image_url","image_url":{"url":"` + url + `"}}]}]}`
 		}
-	}
-	others := map[string]bool{}
-	for i := range 8 {
-		others[e.serial(img("https://img/"+strconv.Itoa(i)+".png", "what is this?"))] = true
-	}
-	if len(others) < 3 {
-		t.Fatalf("different images all on %v", others)
-	}
-	if c := counterValue(t, e.r, "infera_router_kv_picks_total", "images"); c != 13 {
-		t.Fatalf("image picks %v, want 13", c)
-	}
+		first := e.serial(img("https://img/cat.png", "what is this?"))
+		for i := range 4 {
+			if got := e.serial(img("https://img/cat.png", "and now "+strconv.Itoa(i))); got != first {
+				t.Fatalf("same image went to %s, then %s", first, got)
+			}
+		}
+		others := map[string]bool{}
+		for i := range 8 {
+			others[e.serial(img("https://img/"+strconv.Itoa(i)+".png", "what is this?"))] = true
+		}
+		if len(others) < 3 {
+			t.Fatalf("different images all on %v", others)
+		}
+		if c := counterValue(t, e.r, "infera_router_kv_picks_total", "images"); c != 13 {
+			t.Fatalf("image picks %v, want 13", c)
+		}
+	})
 }
 
 func TestKVRecordUpdateRebuildsTargets(t *testing.T) {
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(1)...)
-	kw := e.p.workers[kvRecord(0, nil).WorkerID]
-	before := *kw.targets.Load()
-	e.r.UpdateFleet(&discovery.Snapshot{Revision: 2, Workers: fleet(1)})
-	if (*kw.targets.Load())[0] != before[0] {
-		t.Fatal("unchanged record rebuilt the targets")
-	}
-	e.r.UpdateFleet(&discovery.Snapshot{Revision: 3, Workers: []discovery.Record{
-		kvRecord(0, func(r *discovery.Record) { bs := 32; r.KVBlockSize = &bs; r.DPSize = 2 })}})
-	after := *kw.targets.Load()
-	if len(after) != 2 || after[0].bs != 32 || !after[1].pin {
-		t.Fatalf("targets after the update: %d, bs %d", len(after), after[0].bs)
-	}
-	e.r.UpdateFleet(&discovery.Snapshot{Revision: 4})
-	if _, err := e.p.CacheView(kvRecord(0, nil).WorkerID, 0, false); err == nil {
-		t.Fatal("removed worker still has a cache view")
-	}
+	eachCost(t, func(t *testing.T, cost string) {
+		e := newKVEnv(t, costConfig(cost, func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(1)...)
+		kw := e.p.workers[kvRecord(0, nil).WorkerID]
+		before := *kw.targets.Load()
+		e.r.UpdateFleet(&discovery.Snapshot{Revision: 2, Workers: fleet(1)})
+		if (*kw.targets.Load())[0] != before[0] {
+			t.Fatal("unchanged record rebuilt the targets")
+		}
+		e.r.UpdateFleet(&discovery.Snapshot{Revision: 3, Workers: []discovery.Record{
+			kvRecord(0, func(r *discovery.Record) { bs := 32; r.KVBlockSize = &bs; r.DPSize = 2 })}})
+		after := *kw.targets.Load()
+		if len(after) != 2 || after[0].bs != 32 || !after[1].pin {
+			t.Fatalf("targets after the update: %d, bs %d", len(after), after[0].bs)
+		}
+		e.r.UpdateFleet(&discovery.Snapshot{Revision: 4})
+		if _, err := e.p.CacheView(kvRecord(0, nil).WorkerID, 0, false); err == nil {
+			t.Fatal("removed worker still has a cache view")
+		}
+	})
 }
 
 func TestKVPickAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates")
-	}
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(8)...)
-	body := chat(unique(3, 2000))
-	var req openai.Request
-	if err := openai.Scan([]byte(body), &req); err != nil {
-		t.Fatal(err)
-	}
-	in := &PickInput{Route: RouteChatCompletions, Body: []byte(body), Request: &req}
-	c := e.cands()
-	run := func() {
-		tk, err := e.p.Pick(in, c)
-		if err != nil {
+	eachCost(t, func(t *testing.T, cost string) {
+		if raceEnabled {
+			t.Skip("the race detector allocates")
+		}
+		e := newKVEnv(t, costConfig(cost, func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), fleet(8)...)
+		body := chat(unique(3, 2000))
+		var req openai.Request
+		if err := openai.Scan([]byte(body), &req); err != nil {
 			t.Fatal(err)
 		}
-		e.p.Release(tk, Result{})
-	}
-	// Under MaxShare the picks go round the eight workers once the fleet
-	// is busy, so each one's placements and remembered prompts warm up.
-	for range 8 * 20 {
-		run()
-	}
-	if n := testing.AllocsPerRun(200, run); n != 0 {
-		t.Fatalf("approximate pick: %.1f allocs, want 0", n)
-	}
-	e.makePrecise()
-	e.store(kvRecord(3, nil).WorkerID, chatTokens(t, unique(3, 2000)))
-	// Likewise for the provisional hits.
-	for range 8 * 20 {
-		run()
-	}
-	if n := testing.AllocsPerRun(200, run); n != 0 {
-		t.Fatalf("precise pick: %.1f allocs, want 0", n)
-	}
+		in := &PickInput{Route: RouteChatCompletions, Body: []byte(body), Request: &req}
+		c := e.cands()
+		run := func() {
+			tk, err := e.p.Pick(in, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.p.Release(tk, Result{})
+		}
+		// Under MaxShare the picks go round the eight workers once the fleet
+		// is busy, so each one's placements and remembered prompts warm up.
+		for range 8 * 20 {
+			run()
+		}
+		if n := testing.AllocsPerRun(200, run); n != 0 {
+			t.Fatalf("approximate pick: %.1f allocs, want 0", n)
+		}
+		e.makePrecise()
+		e.store(kvRecord(3, nil).WorkerID, chatTokens(t, unique(3, 2000)))
+		// Likewise for the provisional hits.
+		for range 8 * 20 {
+			run()
+		}
+		if n := testing.AllocsPerRun(200, run); n != 0 {
+			t.Fatalf("precise pick: %.1f allocs, want 0", n)
+		}
+	})
 }
 
 // gather returns the one metric of family name.
@@ -533,13 +572,13 @@ func counterValue(t *testing.T, r *Router, name, label string) float64 {
 
 var _ prometheus.Collector = (*KVAware)(nil)
 
-// TestKVOverlapWeightByRole: a prefill worker's misses weigh
+// TestKVBlocksOverlapWeightByRole: a prefill worker's misses weigh
 // PrefillOverlapWeight and a decode worker's DecodeOverlapWeight, so cold
 // requests (all blocks missing everywhere) go to the worker whose role
 // counts misses least, every time; swapping the weights swaps the pick.
 // (Prefill and decode workers are no candidates of the mixed path; the PD
 // path offers them as here.)
-func TestKVOverlapWeightByRole(t *testing.T) {
+func TestKVBlocksOverlapWeightByRole(t *testing.T) {
 	role := func(m discovery.DisaggMode) func(*discovery.Record) {
 		return func(r *discovery.Record) { r.DisaggMode = m }
 	}
@@ -551,7 +590,7 @@ func TestKVOverlapWeightByRole(t *testing.T) {
 		{10, 0, decode.WorkerID},
 		{0, 10, prefill.WorkerID},
 	} {
-		e := newKVEnv(t, kvConfig(func(k *KVAwareConfig) {
+		e := newKVEnv(t, blocksConfig(func(k *KVAwareConfig) {
 			k.TokenizerSpec = TokenizerBytes
 			k.MaxShare = 0 // the weights alone decide
 			k.OverlapWeight = 1
@@ -582,44 +621,46 @@ func TestKVOverlapWeightByRole(t *testing.T) {
 // it to the worker that just prefilled it (a provisional hit), not to the
 // least-charged worker; after the provisional TTL it is a cold prompt again.
 func TestKVProvisionalHitBridgesEventLatency(t *testing.T) {
-	for _, ttl := range []time.Duration{0, 2 * time.Second} {
-		t.Run("ttl="+ttl.String(), func(t *testing.T) {
-			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec, c.ProvisionalTTL = TokenizerBytes, ttl }), fleet(4)...)
-			e.makePrecise()
-			long := chat(unique(3, 2000))
-			first := e.serial(long)
-			e.clock.advance(20 * time.Millisecond)
-			second := e.serial(long)
-			if (second == first) != (ttl > 0) {
-				t.Fatalf("provisional ttl %s: first %s, second %s", ttl, first, second)
-			}
-			if ttl == 0 {
-				return
-			}
-			if v, err := e.p.CacheView(first, 0, false); err != nil || v.BlockCount != 0 {
-				t.Fatalf("provisional hits must not show as indexed blocks: %+v %v", v, err)
-			}
-			e.clock.advance(ttl + time.Second)
-			// Expired, and the worker carries the recent-miss charge of
-			// the first prefill: a cold prompt goes elsewhere.
-			if third := e.serial(long); third == first {
-				t.Fatalf("after the provisional ttl the prompt still went to %s", third)
-			}
-		})
-	}
+	eachCost(t, func(t *testing.T, cost string) {
+		for _, ttl := range []time.Duration{0, 2 * time.Second} {
+			t.Run("ttl="+ttl.String(), func(t *testing.T) {
+				e := newKVEnv(t, costConfig(cost, func(c *KVAwareConfig) { c.TokenizerSpec, c.ProvisionalTTL = TokenizerBytes, ttl }), fleet(4)...)
+				e.makePrecise()
+				long := chat(unique(3, 2000))
+				first := e.serial(long)
+				e.clock.advance(20 * time.Millisecond)
+				second := e.serial(long)
+				if (second == first) != (ttl > 0) {
+					t.Fatalf("provisional ttl %s: first %s, second %s", ttl, first, second)
+				}
+				if ttl == 0 {
+					return
+				}
+				if v, err := e.p.CacheView(first, 0, false); err != nil || v.BlockCount != 0 {
+					t.Fatalf("provisional hits must not show as indexed blocks: %+v %v", v, err)
+				}
+				e.clock.advance(ttl + time.Second)
+				// Expired, and the worker carries the recent-miss charge of
+				// the first prefill: a cold prompt goes elsewhere.
+				if third := e.serial(long); third == first {
+					t.Fatalf("after the provisional ttl the prompt still went to %s", third)
+				}
+			})
+		}
+	})
 }
 
-// TestKVMaxShareBoundsConcentration: one worker of four caches a prefix that
+// TestKVBlocksMaxShareBoundsConcentration: one worker of four caches a prefix that
 // is 20% of every request of a steady stream (100 requests/s). The prefill it
 // saves outweighs the other terms (the recent-miss charge is off to isolate
 // the bound), so without the share bound it takes them all; with it, these
 // cold requests (no worker holds a quarter of them) keep the holder within
 // MaxShare × fair (+1) of recent picks. A request the holder holds most of
 // is not cold and keeps following its cache.
-func TestKVMaxShareBoundsConcentration(t *testing.T) {
+func TestKVBlocksMaxShareBoundsConcentration(t *testing.T) {
 	for _, maxShare := range []float64{0, 1.1} {
 		t.Run(fmt.Sprintf("max_share=%g", maxShare), func(t *testing.T) {
-			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
+			e := newKVEnv(t, blocksConfig(func(c *KVAwareConfig) {
 				c.TokenizerSpec, c.MaxShare, c.RecentWeight = TokenizerBytes, maxShare, 0
 			}), fleet(4)...)
 			e.makePrecise()
@@ -657,15 +698,15 @@ func TestKVMaxShareBoundsConcentration(t *testing.T) {
 	}
 }
 
-// TestKVMaxShareWarmBoundsHotPrefix: one worker of four caches a prefix that
+// TestKVBlocksMaxShareWarmBoundsHotPrefix: one worker of four caches a prefix that
 // is most of every request of a steady stream, so each request is warm and,
 // without a warm bound, follows the holder. MaxShareWarm keeps the holder
 // within about that many times its fair share of recent picks: the others
 // take the overflow (and, once they hold the prefix too, share it).
-func TestKVMaxShareWarmBoundsHotPrefix(t *testing.T) {
+func TestKVBlocksMaxShareWarmBoundsHotPrefix(t *testing.T) {
 	for _, warm := range []float64{0, 1.15} {
 		t.Run(fmt.Sprintf("max_share_warm=%g", warm), func(t *testing.T) {
-			e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) {
+			e := newKVEnv(t, blocksConfig(func(c *KVAwareConfig) {
 				c.TokenizerSpec, c.MaxShareWarm, c.RecentWeight, c.ProvisionalTTL = TokenizerBytes, warm, 0, 0
 			}), fleet(4)...)
 			e.makePrecise()
@@ -700,31 +741,33 @@ func TestKVMaxShareWarmBoundsHotPrefix(t *testing.T) {
 // recent in the index's LRU when its request ends (Release), not in the
 // pick, which takes no index write lock.
 func TestKVTouchAtRelease(t *testing.T) {
-	e := newKVEnv(t, kvConfig(func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), kvRecord(0, nil), kvRecord(1, nil))
-	e.makePrecise()
-	a := kvRecord(0, nil).WorkerID
-	old := unique(1, 600)
-	e.store(a, chatTokens(t, old))
-	tg := e.target0(a)
-	// A later prompt stored after it (sharing the chat header's block).
-	recent := chatTokens(t, unique(2, 600))
-	engine := make([]uint64, len(recent)/16)
-	for i := range engine {
-		engine[i] = 1<<40 + uint64(i)
-	}
-	e.p.idx.Apply(tg.idx, &kvcache.Batch{Events: []kvcache.Event{{Type: kvcache.EventBlockStored, Hashes: engine, Tokens: recent[:len(engine)*16], BlockSize: 16}}})
-	first := func() uint64 { return e.p.idx.AppendHashes(nil, tg.idx)[0] }
-	before := first()
-	tk := e.pick(chat(old + " and then"))
-	if tk.Worker.id != a {
-		t.Fatalf("picked %s, not the holder %s", tk.Worker.id, a)
-	}
-	if got := first(); got != before {
-		t.Fatalf("the pick touched the index: most recent %x, was %x", got, before)
-	}
-	root := tk.State.(*kvTicket).hashes[0]
-	e.p.Release(tk, Result{Status: 200})
-	if got := first(); got != root {
-		t.Fatalf("after release the most recent block is %x, want the prefix's root %x", got, root)
-	}
+	eachCost(t, func(t *testing.T, cost string) {
+		e := newKVEnv(t, costConfig(cost, func(c *KVAwareConfig) { c.TokenizerSpec = TokenizerBytes }), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		a := kvRecord(0, nil).WorkerID
+		old := unique(1, 600)
+		e.store(a, chatTokens(t, old))
+		tg := e.target0(a)
+		// A later prompt stored after it (sharing the chat header's block).
+		recent := chatTokens(t, unique(2, 600))
+		engine := make([]uint64, len(recent)/16)
+		for i := range engine {
+			engine[i] = 1<<40 + uint64(i)
+		}
+		e.p.idx.Apply(tg.idx, &kvcache.Batch{Events: []kvcache.Event{{Type: kvcache.EventBlockStored, Hashes: engine, Tokens: recent[:len(engine)*16], BlockSize: 16}}})
+		first := func() uint64 { return e.p.idx.AppendHashes(nil, tg.idx)[0] }
+		before := first()
+		tk := e.pick(chat(old + " and then"))
+		if tk.Worker.id != a {
+			t.Fatalf("picked %s, not the holder %s", tk.Worker.id, a)
+		}
+		if got := first(); got != before {
+			t.Fatalf("the pick touched the index: most recent %x, was %x", got, before)
+		}
+		root := tk.State.(*kvTicket).hashes[0]
+		e.p.Release(tk, Result{Status: 200})
+		if got := first(); got != root {
+			t.Fatalf("after release the most recent block is %x, want the prefix's root %x", got, root)
+		}
+	})
 }

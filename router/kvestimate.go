@@ -55,11 +55,14 @@ const (
 // last rounds, sent every new conversation of a burst away from a worker
 // that had had one more the round before, which the round after then
 // lacked (TestKVEstimateColdBurstIgnoresPastShare).
-// A warm choice that would take its target above the bound goes to the
-// lowest cost within the bound and the slack; if there
-// is none and the target is above twice the bound's excess (1.3× fair for
-// 1.15), to the lowest cost within the bound wherever it is: a hot prefix
-// gets a second holder, which the bound within the slack then uses.
+// A warm choice that would take its target above the bound (with one pick
+// of allowance, as the block cost's) goes to the lowest cost within the
+// bound and the slack; if there is none and the target is above twice the
+// bound's excess (1.3× fair for 1.15, plus the pick), to the lowest cost
+// within the bound wherever it is: a hot prefix gets a second holder, which
+// the bound within the slack then uses. Before the bound, a warm request
+// whose prefix a holder is still prefilling for an earlier request follows
+// that prefill (followPrefill) rather than a shorter queue elsewhere.
 //
 // The state lives in the target under its mutex, which Pick takes anyway;
 // nothing here allocates once a target's flight slice has grown.
@@ -320,6 +323,23 @@ func (m *ttftModel) enter(kt *kvTicket, uncached float64, seq int64, halfLife fl
 	m.picks = m.pickCount(seq, halfLife) + 1
 	m.fills = m.fillCount(seq, halfLife) + uncached
 	m.picksAt = seq
+}
+
+// prefilling reports whether a ticket in flight here, not yet past its first
+// token, is prefilling part of the prefix hs: its prompt holds the whole
+// prefix (block hashes chain: its hash at len(hs)-1 is hs's last) and it
+// found less of it cached at its pick.
+func (m *ttftModel) prefilling(hs []uint64) bool {
+	if len(hs) == 0 {
+		return false
+	}
+	n, last := len(hs), hs[len(hs)-1]
+	for _, kt := range m.flight {
+		if !kt.first && len(kt.hashes) >= n && kt.hashes[n-1] == last && len(kt.hashes)-kt.miss < n {
+			return true
+		}
+	}
+	return false
 }
 
 // leave removes a ticket at its release.

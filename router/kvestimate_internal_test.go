@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -733,5 +734,65 @@ func TestKVEstimateWarmSpillsShortPrefix(t *testing.T) {
 	n := e.newConversations(system, 960, 6, 150)
 	if n[b] == 0 {
 		t.Fatalf("6 new conversations on a system prompt only a holds, a above its share, went %v", n)
+	}
+}
+
+// TestKVEstimateFollowsPrefillUnderWay: a warm request whose prefix its
+// holder is still prefilling for an earlier request stays there although
+// the holder's queue is long enough that the estimate and the redo charge
+// would move it (TestKVEstimateRedoCharge's "several times longer"): it
+// would prefill the prefix again beside the first prefill, and the copy is
+// what a burst on a new prefix then spreads (a restarted router: every
+// group's first request cold at once; TestKVRouterRestart). Once the first
+// request has its first token the prefix is cached and the same queue moves
+// the next request.
+func TestKVEstimateFollowsPrefillUnderWay(t *testing.T) {
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	prefix := unique(21, 3000)
+	first := e.pick(chat(prefix))
+	holder := first.Worker.id
+	e.queue(holder, 3*float64(len(chatTokens(t, prefix))))
+	follower := e.pick(chat(prefix + unique(22, 64)))
+	if follower.Worker.id != holder {
+		t.Fatalf("a request on a prefix %s is prefilling went to %s", holder, follower.Worker.id)
+	}
+	e.p.Release(follower, Result{Status: 200})
+	first.Worker.stall.noteServed(time.Now().UnixNano())
+	later := e.pick(chat(prefix + unique(23, 64)))
+	defer e.p.Release(later, Result{Status: 200})
+	if later.Worker.id == holder {
+		t.Fatalf("after the prefill, behind a queue three prefills long, the request stayed on %s", holder)
+	}
+	e.p.Release(first, Result{Status: 200})
+}
+
+// TestKVEstimateWarmBoundAllowsOnePick: the warm share bound has one pick of
+// allowance, as the block cost's has. A conversation's holder at 13 decayed
+// picks against 9 on each of three others (fair 10.25 with this request)
+// keeps its next turn: without the allowance it was above twice the bound's
+// excess (1.3× fair) and gave the turn up whatever the cost, which at the
+// small fair shares of a router that has just started moved requests off
+// holders one or two picks ahead (TestKVRouterRestart). At 15 picks it is
+// above the bound with the allowance too, and the turn moves.
+func TestKVEstimateWarmBoundAllowsOnePick(t *testing.T) {
+	for _, tc := range []struct {
+		picks float64
+		stays bool
+	}{{13, true}, {15, false}} {
+		t.Run(fmt.Sprintf("holder_picks=%g", tc.picks), func(t *testing.T) {
+			e := newKVEnv(t, ttftConfig(), fleet(4)...)
+			e.makePrecise()
+			history := unique(31, 2000)
+			holder := kvRecord(0, nil).WorkerID
+			e.store(holder, chatTokens(t, history))
+			for i := range 4 {
+				e.setPast(kvRecord(i, nil).WorkerID, 9, 0)
+			}
+			e.setPast(holder, tc.picks, 0)
+			if got := e.serial(chat(history + " and the next turn")); (got == holder) != tc.stays {
+				t.Fatalf("holder at %g picks, others at 9: the next turn went to %s (holder %s), want staying %v", tc.picks, got, holder, tc.stays)
+			}
+		})
 	}
 }
