@@ -170,7 +170,11 @@ func (rel *relay) reset() {
 	mig, trackEvent := rel.mig, rel.trackEvent
 	mig.empty()
 	timer := rel.watch.timer
-	*rel = relay{id: id, pump: pump, tried: tried, reqBuf: reqBuf, xlate: xlate, xlateEvent: xlateEvent, mig: mig, trackEvent: trackEvent}
+	// Cleared in place, then the kept parts put back: a literal with
+	// fields would be built aside and copied (1.4 KB twice).
+	*rel = relay{}
+	rel.id, rel.pump, rel.tried, rel.reqBuf = id, pump, tried, reqBuf
+	rel.xlate, rel.xlateEvent, rel.mig, rel.trackEvent = xlate, xlateEvent, mig, trackEvent
 	rel.att.hintBuf, rel.att.hintTmp, rel.att.x = hintBuf, hintTmp, x
 	rel.watch.timer = timer
 	rel.sub.Workers = cands
