@@ -560,17 +560,13 @@ func (r *Router) appendRequestID(dst, fromClient []byte) []byte {
 	if validRequestID(fromClient) {
 		return append(dst, fromClient...)
 	}
-	// The prefix and the sequence number's 16 hex digits are put together
-	// aside and appended at once: one append, not seventeen.
-	var id [len(r.idPrefix) + 16]byte
-	copy(id[:], r.idPrefix[:])
+	dst = append(dst, r.idPrefix[:]...)
 	n := r.idSeq.Add(1)
 	const hexDigits = "0123456789abcdef"
-	for i := len(id) - 1; i >= len(r.idPrefix); i-- {
-		id[i] = hexDigits[n&0xf]
-		n >>= 4
+	for shift := 60; shift >= 0; shift -= 4 {
+		dst = append(dst, hexDigits[(n>>uint(shift))&0xf])
 	}
-	return append(dst, id[:]...)
+	return dst
 }
 
 // validRequestID accepts 1..128 visible ASCII characters, so that a client's
