@@ -71,6 +71,15 @@ func (a *attempt) fail(why failReason, err error) {
 // the verdict for the worker's breaker. It is the only way an attempt
 // ends, and does nothing for an attempt not begun (or already ended).
 func (rel *relay) endAttempt(a *attempt, status int, err error, v verdict) {
+	if a.ticket.Worker == nil {
+		return
+	}
+	rel.endAttemptAt(a, status, err, v, rel.now())
+}
+
+// endAttemptAt is endAttempt at the time end, read by a caller that needs
+// it too (finish).
+func (rel *relay) endAttemptAt(a *attempt, status int, err error, v verdict, end time.Time) {
 	t := a.ticket
 	w := t.Worker
 	if w == nil {
@@ -87,9 +96,9 @@ func (rel *relay) endAttempt(a *attempt, status int, err error, v verdict) {
 		rel.lastErr, rel.lastWhy = a.failErr, a.failWhy
 		a.failed, a.failErr = false, nil
 	}
-	r.routePolicy(rel.route).Release(t, Result{Status: status, Err: err, Duration: time.Since(rel.start)})
+	r.routePolicy(rel.route).Release(t, Result{Status: status, Err: err, Duration: end.Sub(rel.start)})
 	r.admit.release(w)
-	switch w.breaker.record(v, a.probe, r.cfg.Now(), &r.brk) {
+	switch w.breaker.record(v, a.probe, rel.breakerNow(end), &r.brk) {
 	case breakerTripped:
 		r.metrics.breakerTrips.WithLabelValues(w.id).Inc()
 		r.log.Warn().Str("worker_id", w.id).Msg("worker circuit breaker opened")
@@ -131,8 +140,8 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 			return errNoCandidate
 		}
 		c := rel.model
-		now := r.cfg.Now()
-		wall := time.Now() // the stall check's and the attempt's start
+		wall := rel.now() // the stall check's, the breakers' and the attempt's start
+		now := rel.breakerNow(wall)
 		nowNano := wall.UnixNano()
 		cands := rel.sub.Workers[:0]
 		untried, open, backlogged := 0, 0, 0

@@ -142,6 +142,23 @@ func acquireRelay(r *Router, route Route) *relay {
 	return rel
 }
 
+// now is the time now, read as the monotonic time since the request's
+// start: one clock read, where time.Now reads two (wall and monotonic).
+// Its wall reading follows the start's, which is what a duration or a
+// comparison with another time of this process needs.
+func (rel *relay) now() time.Time {
+	return rel.start.Add(time.Since(rel.start))
+}
+
+// breakerNow is the circuit breakers' time now: wall, the request's
+// clock read by the caller, unless the Config brought its own clock.
+func (rel *relay) breakerNow(wall time.Time) time.Time {
+	if rel.r.ownClock {
+		return rel.r.cfg.Now()
+	}
+	return wall
+}
+
 func (rel *relay) reset() {
 	pump, id, reqBuf := rel.pump.reuse(), rel.id[:0], rel.reqBuf[:0]
 	scratch := rel.scan
@@ -153,7 +170,11 @@ func (rel *relay) reset() {
 	mig, trackEvent := rel.mig, rel.trackEvent
 	mig.empty()
 	timer := rel.watch.timer
-	*rel = relay{id: id, pump: pump, tried: tried, reqBuf: reqBuf, xlate: xlate, xlateEvent: xlateEvent, mig: mig, trackEvent: trackEvent}
+	// Cleared in place, then the kept parts put back: a literal with
+	// fields would be built aside and copied (1.4 KB twice).
+	*rel = relay{}
+	rel.id, rel.pump, rel.tried, rel.reqBuf = id, pump, tried, reqBuf
+	rel.xlate, rel.xlateEvent, rel.mig, rel.trackEvent = xlate, xlateEvent, mig, trackEvent
 	rel.att.hintBuf, rel.att.hintTmp, rel.att.x = hintBuf, hintTmp, x
 	rel.watch.timer = timer
 	rel.sub.Workers = cands
@@ -384,7 +405,8 @@ var errUnaryTooLarge = errors.New("worker response exceeds " + itoa(maxUnaryResp
 // finish records the end of a request: metrics, the end of its relayed
 // attempt if still running; then the relay goes back to the pool.
 func (r *Router) finish(rel *relay, o outcome, status int) {
-	d := time.Since(rel.start)
+	end := rel.now() // the request's and its attempt's end: one clock read
+	d := end.Sub(rel.start)
 	m := r.metrics
 	m.request(rel.route, o).Inc()
 	m.observe(rel.route, o, status, d)
@@ -396,7 +418,7 @@ func (r *Router) finish(rel *relay, o outcome, status int) {
 		rel.endPD()
 	}
 	r.noteUsage(rel, o) // the divergence alarm (kvdivergence.go)
-	rel.endAttempt(&rel.att, status, rel.err, verdictOf(o, status))
+	rel.endAttemptAt(&rel.att, status, rel.err, verdictOf(o, status), end)
 	r.traceFinish(rel, o, status) // tracing.go
 	rel.reset()
 	relayPool.Put(rel)

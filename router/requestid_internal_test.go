@@ -3,9 +3,11 @@ package router
 import (
 	"bufio"
 	"bytes"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 )
 
@@ -39,5 +41,31 @@ func TestHeaderKeysAreCanonical(t *testing.T) {
 				t.Errorf("a request's %q header is not found as %q (%q)", wire, key, v)
 			}
 		}
+	}
+}
+
+// TestGeneratedRequestIDs: an id the router makes is its random prefix and
+// the sequence number in 16 lower-case hex digits; a client's valid one
+// is taken as is.
+func TestGeneratedRequestIDs(t *testing.T) {
+	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seq := range []uint64{0, 1, 0xabcdef, 1<<63 + 5, ^uint64(0) - 1} {
+		r.idSeq.Store(seq)
+		got := r.appendRequestID([]byte("x"), nil)
+		digits := strconv.FormatUint(seq+1, 16)
+		want := "x" + string(r.idPrefix[:]) + strings.Repeat("0", 16-len(digits)) + digits
+		if string(got) != want {
+			t.Errorf("sequence %d: id %q, want %q", seq+1, got, want)
+		}
+	}
+	if got := r.appendRequestID(nil, []byte("client-id-1")); string(got) != "client-id-1" {
+		t.Errorf("a client's id came back as %q", got)
+	}
+	buf := make([]byte, 0, maxRequestIDBytes)
+	if n := testing.AllocsPerRun(100, func() { buf = r.appendRequestID(buf[:0], nil) }); n != 0 {
+		t.Errorf("%v allocations an id", n)
 	}
 }

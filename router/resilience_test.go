@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -455,5 +456,33 @@ func TestProfiling(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBreakerFollowsConfigClock: the breakers read Config.Now where one is
+// given, not the request's own clock reads (relay.now): an hour's cooldown
+// ends when that clock says so, at once in real time.
+func TestBreakerFollowsConfigClock(t *testing.T) {
+	var offset atomic.Int64 // how far the test's clock is ahead of real time
+	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.Error(`{"error":"boom"}`, 500) })
+	good := jsonUpstream(t)
+	tr := startRouter(t, prefer{bad.addr}, withConfig(func(c *router.Config) {
+		c.BreakerThreshold, c.BreakerCooldown, c.BreakerMaxCool, c.Now = 1, time.Hour, time.Hour, clock
+	}), record(bad, "m", discovery.StatusActive), record(good, "m", discovery.StatusActive))
+	for range 3 {
+		if resp, body := tr.chat(t, "m"); resp.StatusCode != 200 {
+			t.Fatalf("status %d body %s", resp.StatusCode, body)
+		}
+	}
+	if n := len(bad.seen()); n != 1 {
+		t.Fatalf("the failing worker got %d requests, want 1 (then its breaker is open)", n)
+	}
+	offset.Store(int64(2 * time.Hour))
+	if resp, body := tr.chat(t, "m"); resp.StatusCode != 200 {
+		t.Fatalf("status %d body %s", resp.StatusCode, body)
+	}
+	if n := len(bad.seen()); n != 2 {
+		t.Fatalf("the failing worker got %d requests, want 2: its cooldown is over by Config.Now, so it gets a probe", n)
 	}
 }

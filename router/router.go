@@ -171,6 +171,7 @@ type Router struct {
 	dialects [numProxyRoutes]*dialect // each proxied route's API
 
 	brk      breakerConfig
+	ownClock bool // Config.Now was given (tests): the breakers read it, not the request's clock
 	admit    admission
 	keys     keySet // client API keys
 	adminKey keySet // the admin token
@@ -193,12 +194,14 @@ func New(cfg Config, policy Policy, log zerolog.Logger) (*Router, error) {
 	if policy == nil {
 		return nil, fmt.Errorf("new router: %w", ErrUnknownPolicy)
 	}
+	ownClock := cfg.Now != nil
 	cfg, err := cfg.validate()
 	if err != nil {
 		return nil, fmt.Errorf("new router: %w", err)
 	}
 	r := &Router{
 		cfg:      cfg,
+		ownClock: ownClock,
 		policy:   policy,
 		log:      log.With().Str("component", "router").Logger(),
 		metrics:  newMetrics(),
