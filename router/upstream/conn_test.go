@@ -47,11 +47,12 @@ func echoServer(t *testing.T) string {
 
 type countProgress struct {
 	n    atomic.Int64
+	last atomic.Int64 // the last stamp
 	tick time.Duration
 	err  error
 }
 
-func (p *countProgress) Progress(int64)                    { p.n.Add(1) }
+func (p *countProgress) Progress(now int64)                { p.n.Add(1); p.last.Store(now) }
 func (p *countProgress) StallTick() time.Duration          { return p.tick }
 func (p *countProgress) GiveUp(now, start time.Time) error { return p.err }
 
@@ -153,5 +154,80 @@ func TestWatchedReadHeartbeats(t *testing.T) {
 	}
 	if n := b.beats.Load(); n != 3 {
 		t.Fatalf("%d heartbeats, want 3", n)
+	}
+}
+
+// A read that waited for its bytes stamps progress with the time they
+// came, not the time the read began (which may be a stall tick earlier);
+// watched or not.
+func TestReadThatWaitedStampsProgressAfterTheWait(t *testing.T) {
+	for _, watched := range []bool{false, true} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var set Set
+		p := &countProgress{tick: time.Second}
+		c, err := Dial(&set, ln.Addr().String(), time.Second, 5*time.Second, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer, err := ln.Accept()
+		_ = ln.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if watched {
+			// Heartbeats every 5 ms: the read's last one still comes
+			// before the byte.
+			c.Watch(&WatchSlot{Watcher: &beater{stopAt: 1 << 30}})
+		}
+		sent := make(chan int64, 1)
+		go func() {
+			time.Sleep(30 * time.Millisecond) // the read is waiting by then
+			at := time.Now().UnixNano()
+			_, _ = peer.Write([]byte("x"))
+			sent <- at
+		}()
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		at := <-sent
+		if stamp := p.last.Load(); stamp < at {
+			t.Fatalf("watched %v: progress stamped %v before the byte was sent", watched, time.Duration(at-stamp))
+		}
+		set.CloseAll()
+		_ = peer.Close()
+	}
+}
+
+// Reads and writes on a connection allocate nothing: unwatched with a
+// stall tick, with held writes, and watched.
+func TestConnReadWriteAllocs(t *testing.T) {
+	addr := echoServer(t)
+	var set Set
+	defer set.CloseAll()
+	c, err := Dial(&set, addr, time.Second, 5*time.Second, &countProgress{tick: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, buf := []byte("ping"), make([]byte, 4)
+	exchange := func() {
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testing.AllocsPerRun(100, exchange); n != 0 {
+		t.Fatalf("unwatched: %v allocations", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { c.HoldWrites(); exchange() }); n != 0 {
+		t.Fatalf("held: %v allocations", n)
+	}
+	c.Watch(&WatchSlot{Watcher: &beater{stopAt: 1 << 30}})
+	if n := testing.AllocsPerRun(100, exchange); n != 0 {
+		t.Fatalf("watched: %v allocations", n)
 	}
 }
