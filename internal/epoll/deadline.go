@@ -58,13 +58,14 @@ func (d *Deadline) Set(c net.Conn, write bool, dl, now time.Time, hard bool) err
 
 // SetTick sets c's read deadline (write: its write deadline) for a
 // periodic wake-up every tick from now, one that may come early: the
-// waiting loop checks the time itself when it wakes (a stall tick). So
+// waiting loop checks the time itself when it wakes (a stall tick, a
+// stream's heartbeat). So
 // beside the late slack of Set it keeps a deadline already set that comes
 // early, as long as it is at least half a tick from now: a busy connection
 // sets its deadline about every half tick instead of every 1/SlackDiv of
 // one, and a wait still wakes at least every tick and its slack.
 func (d *Deadline) SetTick(c net.Conn, write bool, tick time.Duration, now time.Time) error {
-	from, slack := now.UnixNano(), tick/SlackDiv
+	from, slack := now.UnixNano(), max(tick/SlackDiv, 0)
 	want := from + int64(tick)
 	if d.keeps(want, int64(slack), from+int64(tick/2)) {
 		return nil

@@ -143,11 +143,16 @@ func (c *Conn) Read(p []byte) (int, error) {
 	hard, every := sw.BeforeRead(now)
 	beat := now.Add(every)
 	for {
-		dl, isBeat := hard, false
-		if every > 0 && beat.Before(hard) {
-			dl, isBeat = beat, true
+		// A beat's deadline may wake the read early (SetTick): the beat
+		// is then only waited for again.
+		isBeat := every > 0 && beat.Before(hard)
+		var err error
+		if isBeat {
+			err = c.readSet.SetTick(c.Conn, false, beat.Sub(now), now)
+		} else {
+			err = c.readSet.Set(c.Conn, false, hard, now, true)
 		}
-		if err := c.readSet.Set(c.Conn, false, dl, now, !isBeat); err != nil {
+		if err != nil {
 			return 0, err
 		}
 		n, waited, err := c.read(p)
@@ -160,6 +165,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 				sw.NoteReadTimeout()
 			}
 			return n, err
+		}
+		if now = time.Now(); now.Before(beat) {
+			continue
 		}
 		if herr := sw.Heartbeat(); herr != nil {
 			return 0, herr

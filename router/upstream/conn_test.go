@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 
 // echoServer accepts connections and answers each read with its bytes,
 // until the test ends.
-func echoServer(t *testing.T) string {
+func echoServer(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -229,5 +229,62 @@ func TestConnReadWriteAllocs(t *testing.T) {
 	c.Watch(&WatchSlot{Watcher: &beater{stopAt: 1 << 30}})
 	if n := testing.AllocsPerRun(100, exchange); n != 0 {
 		t.Fatalf("watched: %v allocations", n)
+	}
+}
+
+// timedBeater beats every 100 ms and ends the read at its first
+// heartbeat, recording when the read began and when the heartbeat came.
+type timedBeater struct {
+	began, beat time.Time
+}
+
+func (b *timedBeater) BeforeRead(now time.Time) (time.Time, time.Duration) {
+	b.began = now
+	return now.Add(5 * time.Second), 100 * time.Millisecond
+}
+
+func (b *timedBeater) Heartbeat() error {
+	b.beat = time.Now()
+	return errors.New("beat")
+}
+
+func (b *timedBeater) NoteReadTimeout() {}
+
+// A heartbeat comes only after a beat of silence, even when the socket's
+// deadline, kept from the read before (SetTick), wakes the read earlier.
+func TestWatchedHeartbeatWaitsAWholeBeat(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var set Set
+	defer set.CloseAll()
+	c, err := Dial(&set, ln.Addr().String(), time.Second, 5*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := ln.Accept()
+	_ = ln.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	b := &timedBeater{}
+	c.Watch(&WatchSlot{Watcher: b})
+	if _, err := peer.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	// The first read sets a deadline a beat (and its slack) away and
+	// returns the byte; the second, 30 ms later, keeps that deadline,
+	// which wakes it 30 ms before its own beat.
+	if _, err := c.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Millisecond)
+	if _, err := c.Read(make([]byte, 1)); err == nil || err.Error() != "beat" {
+		t.Fatalf("second read: %v, want the heartbeat's error", err)
+	}
+	if silent := b.beat.Sub(b.began); silent < 100*time.Millisecond {
+		t.Fatalf("heartbeat after %v of silence, want a beat (100ms)", silent)
 	}
 }
