@@ -10,32 +10,14 @@ import (
 // burstServer accepts connections and writes to each, without pause,
 // until the test ends: a connection's reads nearly always find bytes.
 func burstServer(tb testing.TB) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	return serveEach(tb, func(c net.Conn) {
+		chunk := make([]byte, 16<<10)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			if _, err := c.Write(chunk); err != nil {
 				return
 			}
-			go func() {
-				chunk := make([]byte, 16<<10)
-				for {
-					if _, err := c.Write(chunk); err != nil {
-						_ = c.Close()
-						return
-					}
-				}
-			}()
 		}
-	}()
-	tb.Cleanup(func() { _ = ln.Close(); <-done })
-	return ln.Addr().String()
+	})
 }
 
 // steadyWatcher is a stream's watcher in the steady state, with serve's
@@ -61,33 +43,28 @@ func BenchmarkConnRead(b *testing.B) {
 		}
 		return c
 	}
-	b.Run("burst", func(b *testing.B) {
-		var set Set
-		defer set.CloseAll()
-		c := dial(b, burstServer(b), &set)
-		buf := make([]byte, 256)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for range b.N {
-			if _, err := io.ReadFull(c, buf); err != nil {
-				b.Fatal(err)
-			}
+	for _, watched := range []bool{false, true} {
+		name := "burst"
+		if watched {
+			name = "watched"
 		}
-	})
-	b.Run("watched", func(b *testing.B) {
-		var set Set
-		defer set.CloseAll()
-		c := dial(b, burstServer(b), &set)
-		c.Watch(&WatchSlot{Watcher: steadyWatcher{}})
-		buf := make([]byte, 256)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for range b.N {
-			if _, err := io.ReadFull(c, buf); err != nil {
-				b.Fatal(err)
+		b.Run(name, func(b *testing.B) {
+			var set Set
+			defer set.CloseAll()
+			c := dial(b, burstServer(b), &set)
+			if watched {
+				c.Watch(&WatchSlot{Watcher: steadyWatcher{}})
 			}
-		}
-	})
+			buf := make([]byte, 256)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := io.ReadFull(c, buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 	b.Run("exchange", func(b *testing.B) {
 		var set Set
 		defer set.CloseAll()

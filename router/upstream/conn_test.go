@@ -25,6 +25,12 @@ func TestMain(m *testing.M) {
 // echoServer accepts connections and answers each read with its bytes,
 // until the test ends.
 func echoServer(t testing.TB) string {
+	return serveEach(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
+}
+
+// serveEach accepts connections until the test ends and runs serve on
+// each (on its own goroutine; the connection is closed after it).
+func serveEach(t testing.TB, serve func(net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -38,11 +44,32 @@ func echoServer(t testing.TB) string {
 			if err != nil {
 				return
 			}
-			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
+			go func() { serve(c); _ = c.Close() }()
 		}
 	}()
 	t.Cleanup(func() { _ = ln.Close(); <-done })
 	return ln.Addr().String()
+}
+
+// dialPeer dials a Conn into set with progress p (nil: none) and returns
+// it with the peer's end, which the test writes to.
+func dialPeer(t *testing.T, set *Set, p Progress) (*Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := Dial(set, ln.Addr().String(), time.Second, 5*time.Second, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = peer.Close() })
+	return c, peer
 }
 
 type countProgress struct {
@@ -162,21 +189,9 @@ func TestWatchedReadHeartbeats(t *testing.T) {
 // watched or not.
 func TestReadThatWaitedStampsProgressAfterTheWait(t *testing.T) {
 	for _, watched := range []bool{false, true} {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
 		var set Set
 		p := &countProgress{tick: time.Second}
-		c, err := Dial(&set, ln.Addr().String(), time.Second, 5*time.Second, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		peer, err := ln.Accept()
-		_ = ln.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, peer := dialPeer(t, &set, p)
 		if watched {
 			// Heartbeats every 5 ms: the read's last one still comes
 			// before the byte.
@@ -197,7 +212,6 @@ func TestReadThatWaitedStampsProgressAfterTheWait(t *testing.T) {
 			t.Fatalf("watched %v: progress stamped %v before the byte was sent", watched, time.Duration(at-stamp))
 		}
 		set.CloseAll()
-		_ = peer.Close()
 	}
 }
 
@@ -253,22 +267,9 @@ func (b *timedBeater) NoteReadTimeout() {}
 // A heartbeat comes only after a beat of silence, even when the socket's
 // deadline, kept from the read before (SetTick), wakes the read earlier.
 func TestWatchedHeartbeatWaitsAWholeBeat(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var set Set
 	defer set.CloseAll()
-	c, err := Dial(&set, ln.Addr().String(), time.Second, 5*time.Second, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := ln.Accept()
-	_ = ln.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
+	c, peer := dialPeer(t, &set, nil)
 	b := &timedBeater{}
 	c.Watch(&WatchSlot{Watcher: b})
 	if _, err := peer.Write([]byte("x")); err != nil {
