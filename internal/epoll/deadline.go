@@ -30,7 +30,7 @@ const noDeadline = math.MaxInt64
 // It is used by one goroutine at a time, as the socket's reads (or
 // writes) are.
 type Deadline struct {
-	set int64 // unix ns of the deadline on the socket; 0: unknown; noDeadline: none
+	at int64 // unix ns of the deadline on the socket; 0: unknown; noDeadline: none
 }
 
 // Set sets c's read deadline (write: its write deadline) to dl, zero for
@@ -46,27 +46,56 @@ func (d *Deadline) Set(c net.Conn, write bool, dl, now time.Time, hard bool) err
 		}
 		slack = max(slack, 0)
 	}
-	if have := d.set; have >= want && have-want <= slack {
+	if d.keeps(want, slack, want) {
 		return nil
 	}
 	var set time.Time // none
 	if want != noDeadline {
 		set = dl.Add(time.Duration(slack))
 	}
+	return d.set(c, write, set, want+slack)
+}
+
+// SetTick sets c's read deadline (write: its write deadline) for a
+// periodic wake-up every tick from now, one that may come early: the
+// waiting loop checks the time itself when it wakes (a stall tick, a
+// stream's heartbeat). So
+// beside the late slack of Set it keeps a deadline already set that comes
+// early, as long as it is at least half a tick from now: a busy connection
+// sets its deadline about every half tick instead of every 1/SlackDiv of
+// one, and a wait still wakes at least every tick and its slack.
+func (d *Deadline) SetTick(c net.Conn, write bool, tick time.Duration, now time.Time) error {
+	from, slack := now.UnixNano(), max(tick/SlackDiv, 0)
+	want := from + int64(tick)
+	if d.keeps(want, int64(slack), from+int64(tick/2)) {
+		return nil
+	}
+	return d.set(c, write, now.Add(tick+slack), want+int64(slack))
+}
+
+// keeps reports whether the deadline set may stand for want (unix ns;
+// noDeadline: none): it lies from earliest to want+slack.
+func (d *Deadline) keeps(want, slack, earliest int64) bool {
+	have := d.at
+	return have >= earliest && have-want <= slack
+}
+
+// set sets the socket's deadline to t (zero: none), at in unix ns.
+func (d *Deadline) set(c net.Conn, write bool, t time.Time, at int64) error {
 	var err error
 	if write {
-		err = c.SetWriteDeadline(set)
+		err = c.SetWriteDeadline(t)
 	} else {
-		err = c.SetReadDeadline(set)
+		err = c.SetReadDeadline(t)
 	}
 	if err != nil {
-		d.set = 0
+		d.at = 0
 		return err
 	}
-	d.set = want + slack
+	d.at = at
 	return nil
 }
 
 // Forget makes d unknowing: the socket's deadline was set around it, and
 // the next Set sets it whatever it is.
-func (d *Deadline) Forget() { d.set = 0 }
+func (d *Deadline) Forget() { d.at = 0 }

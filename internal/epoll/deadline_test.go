@@ -105,3 +105,47 @@ func TestDeadlinePastEndsTheRead(t *testing.T) {
 		t.Fatalf("read: %v, want a timeout", err)
 	}
 }
+
+// A tick's deadline is kept while it comes no earlier than half a tick
+// from now and no later than the tick and its slack; outside that it is
+// set again, a tick and its slack from now.
+func TestDeadlineTickKeepsAnEarlyDeadline(t *testing.T) {
+	a, _ := testkit.TCPPair(t)
+	c := &deadlineCounter{Conn: a}
+	var d epoll.Deadline
+	const tick = 160 * time.Millisecond
+	slack := tick / epoll.SlackDiv
+	now := time.Now()
+	steps := []struct {
+		after time.Duration // from now
+		sets  int
+	}{
+		{0, 1},
+		{tick / 4, 1},           // the deadline is 3/4 tick + slack away: kept (Set would set it)
+		{tick/2 + slack, 1},     // exactly half a tick away: kept
+		{tick/2 + slack + 1, 2}, // less than half a tick away: set
+		{tick/2 + slack + 2, 2},
+	}
+	for i, s := range steps {
+		at := now.Add(s.after)
+		if err := d.SetTick(c, false, tick, at); err != nil {
+			t.Fatal(err)
+		}
+		if c.reads != s.sets {
+			t.Fatalf("step %d (+%v): %d sets, want %d", i, s.after, c.reads, s.sets)
+		}
+		if i == 0 || s.sets != steps[i-1].sets {
+			if want := at.Add(tick + slack); !c.last.Equal(want) {
+				t.Fatalf("step %d: set %v, want %v", i, c.last, want)
+			}
+		}
+	}
+	// A deadline later than the tick and its slack (an idle timeout set
+	// before) is set again.
+	if err := d.Set(c, false, now.Add(time.Minute), now, false); err != nil || c.reads != 3 {
+		t.Fatalf("%d sets, %v", c.reads, err)
+	}
+	if err := d.SetTick(c, false, tick, now); err != nil || c.reads != 4 {
+		t.Fatalf("a tick after a later deadline: %d sets, %v; want 4", c.reads, err)
+	}
+}

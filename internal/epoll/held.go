@@ -37,6 +37,8 @@ type Held struct {
 	n    int                   // ... and its result
 	err  error
 	rest bool // the socket took part of buf: the rest goes the usual way
+	// waited: the last Read asked to wait (its callback returned false)
+	waited bool
 
 	wfn func(fd uintptr) bool // sendNow, made once
 	wp  []byte                // Send's bytes ...
@@ -94,7 +96,7 @@ func (h *Held) Take() []byte {
 // the wait's own errors (deadline, closed) as RawConn.Read returns them.
 // The end of the stream is io.EOF.
 func (h *Held) Read(p []byte) (n int, rest []byte, err error) {
-	h.p, h.n, h.err, h.rest = p, 0, nil, false
+	h.p, h.n, h.err, h.rest, h.waited = p, 0, nil, false, false
 	werr := h.raw.Read(h.fn)
 	n, err, partial := h.n, h.err, h.rest
 	h.p, h.err = nil, nil
@@ -110,6 +112,12 @@ func (h *Held) Read(p []byte) (n int, rest []byte, err error) {
 	}
 	return n, nil, nil
 }
+
+// Waited reports whether the last Read waited for the socket (it sent held
+// bytes, or found nothing to read at first) rather than returning from its
+// first try: a caller that read the clock just before a Read that did not
+// wait may take that time for when the bytes came.
+func (h *Held) Waited() bool { return h.waited }
 
 // Send writes p to the socket now (Ready must be true), waiting for room
 // as a write does (its deadline applies), and returns how much went. The
@@ -168,6 +176,7 @@ func (h *Held) sendThenRead(fd uintptr) bool {
 				return true
 			}
 		}
+		h.waited = true
 		return false
 	}
 	for {
@@ -181,6 +190,7 @@ func (h *Held) sendThenRead(fd uintptr) bool {
 			return true
 		case unix.EINTR:
 		case unix.EAGAIN:
+			h.waited = true
 			return false
 		default:
 			h.err = os.NewSyscallError("read", err)

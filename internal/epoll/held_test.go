@@ -248,3 +248,45 @@ func TestHeldSendErrors(t *testing.T) {
 	}
 	_ = b
 }
+
+// Waited tells a read that found its bytes at the first try from one that
+// waited for them (for nothing, here), and counts a held send as a wait.
+func TestHeldWaited(t *testing.T) {
+	a, b := testkit.TCPPair(t)
+	var h epoll.Held
+	h.Init(a)
+	buf := make([]byte, 8)
+	if _, err := b.Write([]byte("here")); err != nil {
+		t.Fatal(err)
+	}
+	// The bytes are in a's receive queue once a raw read can see them.
+	for {
+		var n int
+		var perr error
+		sc, _ := a.SyscallConn()
+		_ = sc.Control(func(fd uintptr) { n, perr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		if n == 4 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n, _, err := h.Read(buf); err != nil || string(buf[:n]) != "here" || h.Waited() {
+		t.Fatalf("read of bytes already there: %q %v, waited %v", buf[:n], err, h.Waited())
+	}
+	// Nothing comes: the read waits until its deadline.
+	_ = a.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
+	if _, _, err := h.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) || !h.Waited() {
+		t.Fatalf("read of nothing: %v, waited %v", err, h.Waited())
+	}
+	_ = a.SetReadDeadline(time.Time{})
+	got := make(chan []byte, 1)
+	go echoOnce(b, 4, []byte("pong"), got)
+	h.Hold([]byte("ping"))
+	if n, _, err := h.Read(buf); err != nil || string(buf[:n]) != "pong" || !h.Waited() {
+		t.Fatalf("held read: %q %v, waited %v", buf[:n], err, h.Waited())
+	}
+	<-got
+}

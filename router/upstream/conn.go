@@ -20,7 +20,7 @@ type Progress interface {
 	// (now: unix ns).
 	Progress(now int64)
 	// StallTick is how often an unwatched read wakes to check for a
-	// stall; 0: stall detection is off.
+	// stall; 0: stall detection is off. It is asked once, by Dial.
 	StallTick() time.Duration
 	// GiveUp reports an error that ends an unwatched read waiting since
 	// start (the worker is confirmed stalled), or nil to keep waiting.
@@ -62,6 +62,9 @@ func Dial(set *Set, addr string, connectTimeout, timeout time.Duration, p Progre
 		return nil, err
 	}
 	dc := &Conn{Conn: c, timeout: timeout, set: set, prog: p}
+	if p != nil {
+		dc.tick = p.StallTick()
+	}
 	dc.held.Init(c)
 	if !set.add(dc) {
 		_ = c.Close()
@@ -84,7 +87,8 @@ type Conn struct {
 	timeout time.Duration
 	set     *Set
 	once    sync.Once
-	prog    Progress // nil: not tracked
+	prog    Progress      // nil: not tracked
+	tick    time.Duration // prog.StallTick(), 0: none
 	// owner is the unary exchange on it, read and written only on that
 	// exchange's goroutine; nil otherwise.
 	owner Owner
@@ -139,16 +143,21 @@ func (c *Conn) Read(p []byte) (int, error) {
 	hard, every := sw.BeforeRead(now)
 	beat := now.Add(every)
 	for {
-		dl, isBeat := hard, false
-		if every > 0 && beat.Before(hard) {
-			dl, isBeat = beat, true
+		// A beat's deadline may wake the read early (SetTick): the beat
+		// is then only waited for again.
+		isBeat := every > 0 && beat.Before(hard)
+		var err error
+		if isBeat {
+			err = c.readSet.SetTick(c.Conn, false, beat.Sub(now), now)
+		} else {
+			err = c.readSet.Set(c.Conn, false, hard, now, true)
 		}
-		if err := c.readSet.Set(c.Conn, false, dl, now, !isBeat); err != nil {
+		if err != nil {
 			return 0, err
 		}
-		n, err := c.read(p)
+		n, waited, err := c.read(p)
 		if n > 0 || err == nil {
-			c.progress(n)
+			c.progress(n, now, waited)
 			return n, err
 		}
 		if !isBeat || !IsTimeout(err) {
@@ -156,6 +165,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 				sw.NoteReadTimeout()
 			}
 			return n, err
+		}
+		if now = time.Now(); now.Before(beat) {
+			continue
 		}
 		if herr := sw.Heartbeat(); herr != nil {
 			return 0, herr
@@ -165,10 +177,19 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 }
 
-// progress stamps the worker's progress after a read of n bytes.
-func (c *Conn) progress(n int) {
+// progress stamps the worker's progress after a read of n bytes that
+// began at now. A read that did not wait found the bytes there when its
+// system call ran, right after now (only the deadline's bookkeeping comes
+// between): now is when they came to within that, never later, and the
+// stall window (and the router's own 5 ms grain between stamps) dwarfs
+// it, so the clock is not read again. A read that waited may have waited
+// up to its deadline: the time is read after it.
+func (c *Conn) progress(n int, now time.Time, waited bool) {
 	if n > 0 && c.prog != nil {
-		c.prog.Progress(time.Now().UnixNano())
+		if waited {
+			now = time.Now()
+		}
+		c.prog.Progress(now.UnixNano())
 	}
 }
 
@@ -179,22 +200,25 @@ func (c *Conn) progress(n int) {
 // connection tells the engine to drop it.
 func (c *Conn) readUnwatched(p []byte, now time.Time) (int, error) {
 	hard, exact := capExact(now.Add(c.timeout), c.readHard.Load())
-	var tick time.Duration
-	if c.prog != nil {
-		tick = c.prog.StallTick()
-	}
+	tick := c.tick
 	start := now
 	for {
-		dl, isTick := hard, false
-		if tick > 0 && now.Add(tick).Before(hard) {
-			dl, isTick = now.Add(tick), true
+		// A stall tick may wake the read early (SetTick): GiveUp checks
+		// the time waited itself, so an early tick only checks early,
+		// and ticks still come at least every tick and its slack.
+		isTick := tick > 0 && now.Add(tick).Before(hard)
+		var err error
+		if isTick {
+			err = c.readSet.SetTick(c.Conn, false, tick, now)
+		} else {
+			err = c.readSet.Set(c.Conn, false, hard, now, exact)
 		}
-		if err := c.readSet.Set(c.Conn, false, dl, now, exact && !isTick); err != nil {
+		if err != nil {
 			return 0, err
 		}
-		n, err := c.read(p)
+		n, waited, err := c.read(p)
 		if n > 0 || err == nil || !isTick || !IsTimeout(err) {
-			c.progress(n)
+			c.progress(n, now, waited)
 			return n, err
 		}
 		now = time.Now()
@@ -211,28 +235,32 @@ func (c *Conn) readUnwatched(p []byte, now time.Time) (int, error) {
 // without the runtime's syscall bookkeeping, which wakes the runtime's
 // monitor thread (a futex call and a thread woken) when the process was
 // idle, as it is between the tokens of a paced stream, one read each.
-func (c *Conn) read(p []byte) (int, error) {
+// waited: the read may have waited (Held.Waited; a read not Held's may
+// always have).
+func (c *Conn) read(p []byte) (n int, waited bool, err error) {
 	c.hold = false
 	if !c.held.Holding() {
 		if !c.held.Ready() {
-			return c.Conn.Read(p)
+			n, err = c.Conn.Read(p)
+			return n, true, err
 		}
-		n, _, err := c.held.Read(p)
-		return n, epoll.OpError(c.Conn, err)
+		n, _, err = c.held.Read(p)
+		return n, c.held.Waited(), epoll.OpError(c.Conn, err)
 	}
 	n, rest, err := c.held.Read(p)
 	if err != nil {
-		return 0, epoll.OpError(c.Conn, err)
+		return 0, true, epoll.OpError(c.Conn, err)
 	}
 	if len(rest) > 0 {
 		// The socket took part of the request (it was full): the rest
 		// is written as any write is, then the answer read as usual.
 		if _, err := c.Write(rest); err != nil {
-			return 0, err
+			return 0, true, err
 		}
-		return c.Conn.Read(p)
+		n, err = c.Conn.Read(p)
+		return n, true, err
 	}
-	return n, nil
+	return n, c.held.Waited(), nil
 }
 
 func (c *Conn) Write(p []byte) (int, error) {

@@ -24,7 +24,13 @@ func TestMain(m *testing.M) {
 
 // echoServer accepts connections and answers each read with its bytes,
 // until the test ends.
-func echoServer(t *testing.T) string {
+func echoServer(t testing.TB) string {
+	return serveEach(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
+}
+
+// serveEach accepts connections until the test ends and runs serve on
+// each (on its own goroutine; the connection is closed after it).
+func serveEach(t testing.TB, serve func(net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -38,20 +44,42 @@ func echoServer(t *testing.T) string {
 			if err != nil {
 				return
 			}
-			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
+			go func() { serve(c); _ = c.Close() }()
 		}
 	}()
 	t.Cleanup(func() { _ = ln.Close(); <-done })
 	return ln.Addr().String()
 }
 
+// dialPeer dials a Conn into set with progress p (nil: none) and returns
+// it with the peer's end, which the test writes to.
+func dialPeer(t *testing.T, set *Set, p Progress) (*Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := Dial(set, ln.Addr().String(), time.Second, 5*time.Second, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = peer.Close() })
+	return c, peer
+}
+
 type countProgress struct {
 	n    atomic.Int64
+	last atomic.Int64 // the last stamp
 	tick time.Duration
 	err  error
 }
 
-func (p *countProgress) Progress(int64)                    { p.n.Add(1) }
+func (p *countProgress) Progress(now int64)                { p.n.Add(1); p.last.Store(now) }
 func (p *countProgress) StallTick() time.Duration          { return p.tick }
 func (p *countProgress) GiveUp(now, start time.Time) error { return p.err }
 
@@ -153,5 +181,111 @@ func TestWatchedReadHeartbeats(t *testing.T) {
 	}
 	if n := b.beats.Load(); n != 3 {
 		t.Fatalf("%d heartbeats, want 3", n)
+	}
+}
+
+// A read that waited for its bytes stamps progress with the time they
+// came, not the time the read began (which may be a stall tick earlier);
+// watched or not.
+func TestReadThatWaitedStampsProgressAfterTheWait(t *testing.T) {
+	for _, watched := range []bool{false, true} {
+		var set Set
+		p := &countProgress{tick: time.Second}
+		c, peer := dialPeer(t, &set, p)
+		if watched {
+			// Heartbeats every 5 ms: the read's last one still comes
+			// before the byte.
+			c.Watch(&WatchSlot{Watcher: &beater{stopAt: 1 << 30}})
+		}
+		sent := make(chan int64, 1)
+		go func() {
+			time.Sleep(30 * time.Millisecond) // the read is waiting by then
+			at := time.Now().UnixNano()
+			_, _ = peer.Write([]byte("x"))
+			sent <- at
+		}()
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		at := <-sent
+		if stamp := p.last.Load(); stamp < at {
+			t.Fatalf("watched %v: progress stamped %v before the byte was sent", watched, time.Duration(at-stamp))
+		}
+		set.CloseAll()
+	}
+}
+
+// Reads and writes on a connection allocate nothing: unwatched with a
+// stall tick, with held writes, and watched.
+func TestConnReadWriteAllocs(t *testing.T) {
+	addr := echoServer(t)
+	var set Set
+	defer set.CloseAll()
+	c, err := Dial(&set, addr, time.Second, 5*time.Second, &countProgress{tick: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, buf := []byte("ping"), make([]byte, 4)
+	exchange := func() {
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testing.AllocsPerRun(100, exchange); n != 0 {
+		t.Fatalf("unwatched: %v allocations", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { c.HoldWrites(); exchange() }); n != 0 {
+		t.Fatalf("held: %v allocations", n)
+	}
+	c.Watch(&WatchSlot{Watcher: &beater{stopAt: 1 << 30}})
+	if n := testing.AllocsPerRun(100, exchange); n != 0 {
+		t.Fatalf("watched: %v allocations", n)
+	}
+}
+
+// timedBeater beats every 100 ms and ends the read at its first
+// heartbeat, recording when the read began and when the heartbeat came.
+type timedBeater struct {
+	began, beat time.Time
+}
+
+func (b *timedBeater) BeforeRead(now time.Time) (time.Time, time.Duration) {
+	b.began = now
+	return now.Add(5 * time.Second), 100 * time.Millisecond
+}
+
+func (b *timedBeater) Heartbeat() error {
+	b.beat = time.Now()
+	return errors.New("beat")
+}
+
+func (b *timedBeater) NoteReadTimeout() {}
+
+// A heartbeat comes only after a beat of silence, even when the socket's
+// deadline, kept from the read before (SetTick), wakes the read earlier.
+func TestWatchedHeartbeatWaitsAWholeBeat(t *testing.T) {
+	var set Set
+	defer set.CloseAll()
+	c, peer := dialPeer(t, &set, nil)
+	b := &timedBeater{}
+	c.Watch(&WatchSlot{Watcher: b})
+	if _, err := peer.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	// The first read sets a deadline a beat (and its slack) away and
+	// returns the byte; the second, 30 ms later, keeps that deadline,
+	// which wakes it 30 ms before its own beat.
+	if _, err := c.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Millisecond)
+	if _, err := c.Read(make([]byte, 1)); err == nil || err.Error() != "beat" {
+		t.Fatalf("second read: %v, want the heartbeat's error", err)
+	}
+	if silent := b.beat.Sub(b.began); silent < 100*time.Millisecond {
+		t.Fatalf("heartbeat after %v of silence, want a beat (100ms)", silent)
 	}
 }

@@ -3,7 +3,9 @@
 //
 // Connections (Conn, Dial, Set): dialing, per-operation deadlines with
 // slack, the set of open connections that shutdown cuts, and the hooks a
-// streamed read runs through (heartbeats, stall give-up).
+// streamed read runs through (heartbeats, stall give-up). A read reads the
+// clock once, before it, and again only when it waited (the progress
+// stamp); a stall tick's deadline may come early (epoll.Deadline.SetTick).
 //
 // Exchanges (Exchange): one request and its answer on a connection of a
 // worker's pool, held by the leg from acquisition to release, so that an
