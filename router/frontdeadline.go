@@ -38,8 +38,11 @@ import (
 // active at a request's first byte, idle once its answer is out) and takes
 // the time only when a read or a write begins under it: one clock read a
 // request for the idle wait, the answer held for it (frontheld.go) going
-// out without one. The body's timeout stays fasthttp's (HeaderReceived):
-// the end of the headers is seen by fasthttp's parser alone.
+// out without one. A keep-alive request's header timeout thus runs from
+// the first read after its first byte, which fasthttp makes at once when
+// the headers are not whole (microseconds later, well within the slack).
+// The body's timeout stays fasthttp's (HeaderReceived): the end of the
+// headers is seen by fasthttp's parser alone.
 
 // frontTimeouts is the goroutine front door's server timeouts, applied by
 // frontConn rather than fasthttp (frontDoor.ownTimeouts); zero: none.
