@@ -13,7 +13,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
-	"github.com/infera/infera/internal/servetest"
 	"github.com/infera/infera/router"
 )
 
@@ -87,12 +86,7 @@ func TestFrontDoorKeepAliveSlowHeaders(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		start := time.Now()
-		req := "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + strings.Repeat("a", 200)
-		var werr error
-		for i := 0; i < len(req) && werr == nil && time.Since(start) < 5*time.Second; i++ {
-			_, werr = c.Write([]byte{req[i]})
-			time.Sleep(20 * time.Millisecond)
-		}
+		trickle(c, "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: "+strings.Repeat("a", 200), 20*time.Millisecond, 5*time.Second)
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		got, _ := io.ReadAll(br)
 		c.Close()
@@ -102,10 +96,22 @@ func TestFrontDoorKeepAliveSlowHeaders(t *testing.T) {
 	}
 }
 
+// trickle writes s to c a byte at a time, every interval, until a write
+// fails or giveUp has passed.
+func trickle(c net.Conn, s string, every, giveUp time.Duration) {
+	start := time.Now()
+	for i := 0; i < len(s) && time.Since(start) < giveUp; i++ {
+		if _, err := c.Write([]byte{s[i]}); err != nil {
+			return
+		}
+		time.Sleep(every)
+	}
+}
+
 // TestFrontDoorStalledAnswerWriteCut: a unary answer its client does not
-// read is cut at the write timeout rather than waiting for the client, on
-// the goroutine front door, which applies the timeout itself
-// (frontConn.requestBegins), not fasthttp.
+// read is cut at the write timeout rather than waiting for the client. The
+// goroutine front door applies the timeout itself (frontConn.requestBegins),
+// not fasthttp.
 func TestFrontDoorStalledAnswerWriteCut(t *testing.T) {
 	const size = 32 << 20 // beyond what the sockets' buffers take
 	big := append(append([]byte(`{"id":"cmpl-1","pad":"`), bytes.Repeat([]byte("a"), size)...), `"}`...)
@@ -115,14 +121,8 @@ func TestFrontDoorStalledAnswerWriteCut(t *testing.T) {
 	})
 	cfg := router.DefaultConfig()
 	cfg.ClientWriteTimeout = 300 * time.Millisecond
-	cfg.IdleConnTimeout = 50 * time.Millisecond
-	r, err := router.New(cfg, router.RoundRobin{}, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
-	addr := servetest.Loopback(t, "router", r.Serve)
-	c, err := net.Dial("tcp", addr)
+	tr := startRouter(t, router.RoundRobin{}, cfg, record(up, "m", discovery.StatusActive))
+	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
