@@ -159,8 +159,9 @@
 // allocation); a worker with requests in flight and no progress for
 // Config.StallWindow is skipped by every policy and probed (stall.go), and
 // requests waiting there for a first byte move elsewhere. A unary request's
-// client connection is read while its answer is awaited, from 20 ms into
-// the wait on (unary.go, clientWatchDelay: faster answers cost no watch): a
+// client connection is read while its answer is awaited, from 10-20 ms
+// into the wait on (unary.go: a package-wide sweeper, ticking while watches
+// are armed, starts them; faster answers cost no watch, no timer): a
 // client that leaves aborts the request's exchanges, which closes their
 // connections (the engine drops the request).
 //
