@@ -34,9 +34,12 @@
 // the client watch, a full socket) falls back to a netpoller duplicate of
 // the socket with the runtime deadline fasthttp asked for.
 //
-// On the goroutine front door the client deadlines fasthttp asks for (four
-// a request: idle, headers, body, write) are recorded by frontConn and set
-// on the socket when a read or write begins (frontdeadline.go), with
+// On the goroutine front door the server's header, idle and write timeouts
+// are frontConn's own, started by fasthttp's connection states (a
+// request's first byte, its answer's end) and taken from the clock only
+// when a read or write begins under them; the body's deadline fasthttp
+// still asks for (HeaderReceived) is recorded by frontConn. Each is set on
+// the socket when a read or write begins (frontdeadline.go), with
 // epoll.Deadline's slack, so a busy keep-alive connection keeps its idle
 // wait's deadline across requests; the client watch sets its own at once
 // on the connection beneath.
@@ -156,8 +159,9 @@
 // allocation); a worker with requests in flight and no progress for
 // Config.StallWindow is skipped by every policy and probed (stall.go), and
 // requests waiting there for a first byte move elsewhere. A unary request's
-// client connection is read while its answer is awaited, from 20 ms into
-// the wait on (unary.go, clientWatchDelay: faster answers cost no watch): a
+// client connection is read while its answer is awaited, from 10-20 ms
+// into the wait on (unary.go: a package-wide sweeper, ticking while watches
+// are armed, starts them; faster answers cost no watch, no timer): a
 // client that leaves aborts the request's exchanges, which closes their
 // connections (the engine drops the request).
 //

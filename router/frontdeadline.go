@@ -4,6 +4,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/infera/infera/internal/epoll"
 )
 
@@ -27,6 +29,69 @@ import (
 // (frontConn.watched), and forgets the read deadline set through frontConn
 // once it has stopped. The loop front door's connection (loopConn) keeps
 // its deadlines itself: frontConn passes them on.
+//
+// The goroutine front door's server timeouts (the first request's and each
+// request's headers, the idle wait, the answer's writes) are frontConn's
+// own, not fasthttp's (frontDoor.ownTimeouts): fasthttp reads the clock
+// for each as it sets it, four a request with the body's, while frontConn
+// knows when each wait begins from fasthttp's connection states (connState:
+// active at a request's first byte, idle once its answer is out) and takes
+// the time only when a read or a write begins under it: one clock read a
+// request for the idle wait, the answer held for it (frontheld.go) going
+// out without one. A keep-alive request's header timeout thus runs from
+// the first read after its first byte, which fasthttp makes at once when
+// the headers are not whole (microseconds later, well within the slack).
+// The body's timeout stays fasthttp's (HeaderReceived): the end of the
+// headers is seen by fasthttp's parser alone.
+
+// frontTimeouts is the goroutine front door's server timeouts, applied by
+// frontConn rather than fasthttp (frontDoor.ownTimeouts); zero: none.
+type frontTimeouts struct {
+	on     bool
+	header time.Duration // from the connection's opening, or a keep-alive request's first byte
+	idle   time.Duration // the wait for a keep-alive connection's next request
+	write  time.Duration // an answer's writes, from the first
+}
+
+// ownTimeouts makes srv's read, idle and write timeouts frontConn's
+// (above) and clears them in srv, before srv serves fd's connections.
+func (fd *frontDoor) ownTimeouts(srv *fasthttp.Server) {
+	idle := srv.IdleTimeout
+	if idle == 0 {
+		idle = srv.ReadTimeout // fasthttp's rule
+	}
+	fd.own = frontTimeouts{on: true, header: srv.ReadTimeout, idle: idle, write: srv.WriteTimeout}
+	srv.ReadTimeout, srv.IdleTimeout, srv.WriteTimeout = 0, 0, 0
+}
+
+// requestBegins is for connState when a request's first byte is in: its
+// headers get their timeout (a keep-alive request's; the first request's
+// runs from the connection's opening), its answer's writes theirs.
+func (c *frontConn) requestBegins() {
+	if c.dl.answered {
+		c.readWithin(c.fd.own.header)
+	}
+	c.writeWithin(c.fd.own.write)
+}
+
+// answerDone is for connState once a request's answer is out: the wait for
+// the next one begins.
+func (c *frontConn) answerDone() {
+	c.dl.answered = true
+	c.readWithin(c.fd.own.idle)
+}
+
+// readWithin makes the deadline of the connection's next reads d from the
+// first one's start (0: none).
+func (c *frontConn) readWithin(d time.Duration) {
+	c.dl.readIn, c.dl.readRel, c.dl.readNew = d, true, true
+}
+
+// writeWithin makes the deadline of the connection's next writes d from
+// the first one's start (0: none).
+func (c *frontConn) writeWithin(d time.Duration) {
+	c.dl.writeIn, c.dl.writeRel, c.dl.writeNew = d, true, true
+}
 
 // frontDeadlines is a frontConn's deadlines, the serving goroutine's.
 type frontDeadlines struct {
@@ -34,13 +99,18 @@ type frontDeadlines struct {
 	// readNew, writeNew: asked since the last read (write) set it.
 	readNew, writeNew bool
 	readSet, writeSet epoll.Deadline // what is set on the socket
+	// readRel (writeRel): the deadline asked is readIn (writeIn) from the
+	// next read's (write's) start, 0 for none (frontTimeouts).
+	readIn, writeIn   time.Duration
+	readRel, writeRel bool
+	answered          bool // an answer went out: a keep-alive connection
 }
 
 func (c *frontConn) SetReadDeadline(t time.Time) error {
 	if c.lc != nil {
 		return c.Conn.SetReadDeadline(t)
 	}
-	c.dl.read, c.dl.readNew = t, true
+	c.dl.read, c.dl.readNew, c.dl.readRel = t, true, false
 	return nil
 }
 
@@ -48,7 +118,7 @@ func (c *frontConn) SetWriteDeadline(t time.Time) error {
 	if c.lc != nil {
 		return c.Conn.SetWriteDeadline(t)
 	}
-	c.dl.write, c.dl.writeNew = t, true
+	c.dl.write, c.dl.writeNew, c.dl.writeRel = t, true, false
 	return nil
 }
 
@@ -56,9 +126,8 @@ func (c *frontConn) SetDeadline(t time.Time) error {
 	if c.lc != nil {
 		return c.Conn.SetDeadline(t)
 	}
-	c.dl.read, c.dl.readNew = t, true
-	c.dl.write, c.dl.writeNew = t, true
-	return nil
+	_ = c.SetReadDeadline(t)
+	return c.SetWriteDeadline(t)
 }
 
 // beforeRead sets the read deadline the connection's next read runs under.
@@ -67,7 +136,12 @@ func (c *frontConn) beforeRead() error {
 		return nil
 	}
 	c.dl.readNew = false
-	return c.dl.readSet.Set(c.Conn, false, c.dl.read, time.Now(), false)
+	now := time.Now()
+	if c.dl.readRel {
+		c.dl.readRel = false
+		c.dl.read = within(now, c.dl.readIn)
+	}
+	return c.dl.readSet.Set(c.Conn, false, c.dl.read, now, false)
 }
 
 // beforeWrite sets the write deadline the connection's next write runs
@@ -77,7 +151,20 @@ func (c *frontConn) beforeWrite() error {
 		return nil
 	}
 	c.dl.writeNew = false
-	return c.dl.writeSet.Set(c.Conn, true, c.dl.write, time.Now(), false)
+	now := time.Now()
+	if c.dl.writeRel {
+		c.dl.writeRel = false
+		c.dl.write = within(now, c.dl.writeIn)
+	}
+	return c.dl.writeSet.Set(c.Conn, true, c.dl.write, now, false)
+}
+
+// within returns the deadline d from now; zero (none) when d is 0.
+func within(now time.Time, d time.Duration) time.Time {
+	if d <= 0 {
+		return time.Time{}
+	}
+	return now.Add(d)
 }
 
 // watched returns the connection the client watch reads (see above): the

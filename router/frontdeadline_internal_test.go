@@ -30,3 +30,27 @@ func TestFrontDeadlinesAllocs(t *testing.T) {
 		t.Fatalf("%.1f allocations per deadline, want 0", n)
 	}
 }
+
+// The timeouts frontConn applies itself (a keep-alive request's headers
+// and answer, the idle wait) allocate nothing either.
+func TestFrontTimeoutsAllocs(t *testing.T) {
+	c, _ := testkit.TCPPair(t)
+	fd := &frontDoor{own: frontTimeouts{on: true, header: time.Second, idle: time.Minute, write: time.Second}}
+	fc := &frontConn{Conn: c, fd: fd}
+	fc.answerDone()
+	if n := testing.AllocsPerRun(100, func() {
+		fc.requestBegins()
+		if fc.beforeRead() != nil || fc.beforeWrite() != nil {
+			t.Fatal("deadline not set")
+		}
+		fc.answerDone()
+		if fc.beforeRead() != nil {
+			t.Fatal("deadline not set")
+		}
+	}); n != 0 {
+		t.Fatalf("%.1f allocations a request, want 0", n)
+	}
+	if fc.dl.readRel || fc.dl.read.IsZero() {
+		t.Fatal("the idle wait's deadline was not taken from the read's start")
+	}
+}

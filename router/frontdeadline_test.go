@@ -2,14 +2,18 @@ package router_test
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/router"
 )
 
 // TestFrontDoorDeadlinesSetWhenTheyApply: on the goroutine front door a
@@ -52,5 +56,87 @@ func TestFrontDoorDeadlinesSetWhenTheyApply(t *testing.T) {
 	// ones fall within its slack).
 	if n := rc.deadlines.Load(); n > 3 {
 		t.Fatalf("%d deadlines set on the socket for %d requests, want at most 3", n, requests)
+	}
+}
+
+// TestFrontDoorKeepAliveSlowHeaders: a keep-alive request's headers sent a
+// byte at a time are cut at the header timeout from its first byte, on
+// both front doors; the idle wait before it is far longer. The goroutine
+// front door applies the timeout itself (frontConn.requestBegins), not
+// fasthttp.
+func TestFrontDoorKeepAliveSlowHeaders(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.ClientHeaderTimeout = 300 * time.Millisecond
+	cfg.ClientIdleTimeout = time.Minute
+	fd := startFrontDoors(t, cfg)
+	for _, addr := range []string{fd.goroutine, fd.loop} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(c)
+		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		start := time.Now()
+		trickle(c, "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: "+strings.Repeat("a", 200), 20*time.Millisecond, 5*time.Second)
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, _ := io.ReadAll(br)
+		c.Close()
+		if el := time.Since(start); el > 5*time.Second {
+			t.Fatalf("%s: a keep-alive request's slow headers not cut after %v (got %q)", addr, el, got)
+		}
+	}
+}
+
+// trickle writes s to c a byte at a time, every interval, until a write
+// fails or giveUp has passed.
+func trickle(c net.Conn, s string, every, giveUp time.Duration) {
+	start := time.Now()
+	for i := 0; i < len(s) && time.Since(start) < giveUp; i++ {
+		if _, err := c.Write([]byte{s[i]}); err != nil {
+			return
+		}
+		time.Sleep(every)
+	}
+}
+
+// TestFrontDoorStalledAnswerWriteCut: a unary answer its client does not
+// read is cut at the write timeout rather than waiting for the client. The
+// goroutine front door applies the timeout itself (frontConn.requestBegins),
+// not fasthttp.
+func TestFrontDoorStalledAnswerWriteCut(t *testing.T) {
+	const size = 32 << 20 // beyond what the sockets' buffers take
+	big := append(append([]byte(`{"id":"cmpl-1","pad":"`), bytes.Repeat([]byte("a"), size)...), `"}`...)
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBody(big)
+	})
+	cfg := router.DefaultConfig()
+	cfg.ClientWriteTimeout = 300 * time.Millisecond
+	tr := startRouter(t, router.RoundRobin{}, cfg, record(up, "m", discovery.StatusActive))
+	c, err := net.Dial("tcp", strings.TrimPrefix(tr.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(64 << 10)
+	}
+	if _, err := io.WriteString(c, chatReq("")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the write stalls past its timeout
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	n, _ := io.Copy(io.Discard, c)
+	if n >= int64(len(big)) {
+		t.Fatalf("a stalled answer went out whole (%d bytes) after its write timeout", n)
 	}
 }

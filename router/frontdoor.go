@@ -69,6 +69,9 @@ type frontDoor struct {
 	// writeTimeout bounds the write of an answer held for a read that
 	// does not come (frontConn.sendHeldAnswer); 0: none.
 	writeTimeout time.Duration
+	// own: the server timeouts frontConn applies itself (ownTimeouts);
+	// set before the first connection is accepted.
+	own frontTimeouts
 
 	budget bodyBudget
 	held   sync.Map // net.Conn → *heldBody: the body its current request holds
@@ -116,6 +119,9 @@ func (l *frontListener) Accept() (net.Conn, error) {
 			continue
 		}
 		fc := &frontConn{Conn: c, fd: fd}
+		if fd.own.on {
+			fc.readWithin(fd.own.header) // the first request's, from the opening
+		}
 		if fd.maxPerIP > 0 {
 			fc.ip = remoteIP(c)
 			fd.ipMu.Lock()
@@ -331,10 +337,23 @@ func (c *frontConn) Close() error {
 }
 
 // connState is the fasthttp ConnState hook: once a request's response has
-// been written (idle) or the connection is gone, its body is released.
+// been written (idle) or the connection is gone, its body is released; a
+// request's first byte (active) and its answer's end (idle) start the
+// timeouts frontConn applies (frontdeadline.go).
 func (fd *frontDoor) connState(c net.Conn, st fasthttp.ConnState) {
+	fc, own := c.(*frontConn)
+	own = own && fd.own.on && fc.lc == nil
 	switch st {
-	case fasthttp.StateIdle, fasthttp.StateClosed, fasthttp.StateHijacked:
+	case fasthttp.StateActive:
+		if own {
+			fc.requestBegins()
+		}
+	case fasthttp.StateIdle:
+		fd.release(c)
+		if own {
+			fc.answerDone()
+		}
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
 		fd.release(c)
 	}
 }

@@ -295,12 +295,7 @@ func TestFrontLoopSlowHeaders(t *testing.T) {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		req := "GET /health HTTP/1.1\r\nHost: x\r\n"
-		var werr error
-		for i := 0; i < len(req) && werr == nil && time.Since(start) < 5*time.Second; i++ {
-			_, werr = c.Write([]byte{req[i]})
-			time.Sleep(50 * time.Millisecond)
-		}
+		trickle(c, "GET /health HTTP/1.1\r\nHost: x\r\n", 50*time.Millisecond, 5*time.Second)
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		got, _ := io.ReadAll(c)
 		c.Close()

@@ -169,14 +169,14 @@ func (rel *relay) reset() {
 	xlate, xlateEvent := rel.xlate, rel.xlateEvent
 	mig, trackEvent := rel.mig, rel.trackEvent
 	mig.empty()
-	timer := rel.watch.timer
+	slot := rel.watch.slot
 	// Cleared in place, then the kept parts put back: a literal with
 	// fields would be built aside and copied (1.4 KB twice).
 	*rel = relay{}
 	rel.id, rel.pump, rel.tried, rel.reqBuf = id, pump, tried, reqBuf
 	rel.xlate, rel.xlateEvent, rel.mig, rel.trackEvent = xlate, xlateEvent, mig, trackEvent
 	rel.att.hintBuf, rel.att.hintTmp, rel.att.x = hintBuf, hintTmp, x
-	rel.watch.timer = timer
+	rel.watch.slot = slot
 	rel.sub.Workers = cands
 	// Keep the scanner's scratch buffer (an escaped model name) too.
 	rel.scan = scratch

@@ -302,7 +302,9 @@ func (r *Router) ServeAll(ctx context.Context, ln, adminLn net.Listener) error {
 	return r.serveFront(ctx, adminLn, func(mainCtx context.Context) error {
 		// The front door counts connections outermost (its handlers find
 		// *frontConn through ctx.Conn()); the bare-LF guard reads beneath it.
-		return lifecycle.Serve(mainCtx, r.Server(), r.front.listener(lfListener{ln}, r), lifecycle.Options{
+		srv := r.Server()
+		r.front.ownTimeouts(srv) // frontConn applies them (frontdeadline.go)
+		return lifecycle.Serve(mainCtx, srv, r.front.listener(lfListener{ln}, r), lifecycle.Options{
 			Grace: r.cfg.ShutdownTimeout,
 			Overdue: func() {
 				n := r.conns.CloseAll()

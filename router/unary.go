@@ -32,22 +32,21 @@ import (
 // errClientLeft ends a unary attempt whose client went away.
 var errClientLeft = errors.New("client went away")
 
-// clientWatchDelay is how long a unary request waits for its answer before
-// its client connection is watched. Most answers of a fast engine come
-// sooner, and then the watch costs nothing (no goroutine, no read, no
-// deadline changes); a client that leaves earlier is noticed at this delay,
-// so the engine works at most this much longer for it.
+// clientWatchDelay is how long a unary request waits for its answer, at
+// most, before its client connection is watched. Most answers of a fast
+// engine come sooner, and then the watch costs nothing (no goroutine, no
+// read, no deadline changes); a client that leaves earlier is noticed at
+// this delay, so the engine works at most this much longer for it.
 const clientWatchDelay = 20 * time.Millisecond
 
 // clientWatch reads a unary request's client connection while the router
-// waits for the answer. The reading goroutine is the one of a timer armed
-// at start (clientWatchDelay), reused across the requests of a pooled
-// relay: a request answered before the delay stops the timer and never
-// reads.
+// waits for the answer. Its reading goroutine is started by the watch
+// sweeper (below) for a request still waiting half to all of
+// clientWatchDelay after its start: a request answered sooner never reads.
 type clientWatch struct {
 	conn     net.Conn    // read and given deadlines at once (watched)
 	front    *frontConn  // the front door's connection above conn, if any
-	timer    *time.Timer // runs run after clientWatchDelay; made with the relay
+	slot     *watchSlot  // what the sweeper sees; made with the relay, kept across its reuse
 	gone     atomic.Bool // the client left
 	stopping atomic.Bool
 	byte     bool // a byte arrived (a pipelined request): the connection closes after the answer
@@ -58,15 +57,120 @@ type clientWatch struct {
 	legs [2]*upstream.Exchange
 }
 
-// init makes w's timer; w must not move afterwards (it lives in a pooled
-// relay).
-func (w *clientWatch) init() {
-	w.timer = time.AfterFunc(time.Hour, w.run)
-	w.timer.Stop()
+// The watch sweeper starts the watches of the requests that wait longer
+// than a tick (issue 36): a request's start and stop are a few atomic
+// operations on its slot, where a timer armed per request cost a reset
+// and a stop of the runtime's timer (~0.34 µs a request, session 15). A
+// watch's slot is pushed on the sweeper's list when it is armed and not
+// listed; each tick (clientWatchDelay/2) the sweeper takes what was pushed
+// and starts the watch of each slot armed, by the same request, at the
+// previous tick too (so 1–2 ticks after its start), and drops the slots no
+// longer armed. The sweeping goroutine runs while slots are listed, and
+// ends a tick after the last is dropped.
+
+const watchTick = clientWatchDelay / 2
+
+// A watch slot's states.
+const (
+	watchIdle    uint32 = iota
+	watchArmed          // a request waits; its watch has not started
+	watchRunning        // the sweeper started the watch (run)
+)
+
+// watchSlot is a clientWatch's part that the sweeper reads.
+type watchSlot struct {
+	w      *clientWatch
+	state  atomic.Uint32 // watchIdle, watchArmed, watchRunning
+	starts atomic.Uint32 // the requests armed so far: tells a new one from one seen
+	listed atomic.Bool   // on the sweeper's list (pushed or kept)
+	// next links the list: written by whoever pushes the slot (it is not
+	// listed until then), then the sweeper's.
+	next *watchSlot
+	// The sweeper's: the request (starts) it saw armed at its last tick.
+	seen      uint32
+	seenArmed bool
 }
 
-// start begins watching c after clientWatchDelay (nil: nothing to watch);
-// legs are the exchanges to abort when its client leaves.
+// watchSweeper is the package's sweeper; relays are pooled package-wide.
+var watchSweeper watchSweep
+
+type watchSweep struct {
+	pushed  atomic.Pointer[watchSlot] // slots listed since the last tick
+	running atomic.Bool               // a sweeping goroutine runs
+}
+
+// push lists s (its listed flag was just set) and starts the sweeping
+// goroutine if none runs.
+func (sw *watchSweep) push(s *watchSlot) {
+	for {
+		old := sw.pushed.Load()
+		s.next = old
+		if sw.pushed.CompareAndSwap(old, s) {
+			break
+		}
+	}
+	if !sw.running.Load() && sw.running.CompareAndSwap(false, true) {
+		go sw.sweep()
+	}
+}
+
+// sweep is the sweeping goroutine: a tick at a time, until no slot is
+// listed.
+func (sw *watchSweep) sweep() {
+	var kept *watchSlot
+	for {
+		time.Sleep(watchTick)
+		var keep *watchSlot
+		for _, list := range [2]*watchSlot{kept, sw.pushed.Swap(nil)} {
+			for s := list; s != nil; {
+				next := s.next
+				if s.visit() {
+					s.next, keep = keep, s
+				}
+				s = next
+			}
+		}
+		kept = keep
+		if kept != nil {
+			continue
+		}
+		sw.running.Store(false)
+		// A push that saw this goroutine running left its slot for it.
+		if sw.pushed.Load() == nil || !sw.running.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// visit is the sweeper's look at a listed slot: it starts the watch of a
+// request armed since the previous tick, and reports whether the slot
+// stays listed.
+func (s *watchSlot) visit() bool {
+	n := s.starts.Load()
+	if s.state.Load() == watchArmed {
+		if !s.seenArmed || s.seen != n {
+			s.seen, s.seenArmed = n, true
+			return true
+		}
+		if s.state.CompareAndSwap(watchArmed, watchRunning) {
+			go s.w.run()
+		}
+	}
+	// Not armed, or watched now: dropped, unless armed again meanwhile
+	// (start lists a slot only while it is not listed).
+	s.seenArmed = false
+	s.listed.Store(false)
+	return s.state.Load() == watchArmed && !s.listed.Swap(true)
+}
+
+// init makes w's slot; w must not move afterwards (it lives in a pooled
+// relay).
+func (w *clientWatch) init() {
+	w.slot = &watchSlot{w: w}
+}
+
+// start begins watching c after clientWatchDelay at most (nil: nothing to
+// watch); legs are the exchanges to abort when its client leaves.
 func (w *clientWatch) start(c net.Conn, legs ...*upstream.Exchange) {
 	if c == nil {
 		return
@@ -74,10 +178,15 @@ func (w *clientWatch) start(c net.Conn, legs ...*upstream.Exchange) {
 	w.conn, w.front = watched(c)
 	copy(w.legs[:], legs)
 	w.wg.Add(1)
-	w.timer.Reset(clientWatchDelay)
+	s := w.slot
+	s.starts.Add(1)
+	s.state.Store(watchArmed)
+	if !s.listed.Swap(true) {
+		watchSweeper.push(s)
+	}
 }
 
-// run is the timer's goroutine: it reads the client connection until the
+// run is the watch's goroutine (the sweeper starts it): it reads the client connection until the
 // client leaves, sends a byte, or stop ends the read.
 func (w *clientWatch) run() {
 	defer w.wg.Done()
@@ -110,8 +219,8 @@ func (w *clientWatch) stop(ctx *fasthttp.RequestCtx) bool {
 	if w.conn == nil {
 		return false
 	}
-	if w.timer.Stop() {
-		// The answer came before the delay: run never started.
+	if w.slot.state.CompareAndSwap(watchArmed, watchIdle) {
+		// The answer came before the watch: run never started.
 		w.wg.Done()
 	} else {
 		// run started (or is starting): end its read.
@@ -122,6 +231,7 @@ func (w *clientWatch) stop(ctx *fasthttp.RequestCtx) bool {
 		if w.front != nil {
 			w.front.forgetRead()
 		}
+		w.slot.state.Store(watchIdle)
 	}
 	if w.byte {
 		ctx.SetConnectionClose()

@@ -1,0 +1,51 @@
+package router
+
+import (
+	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/internal/testkit"
+)
+
+// A unary request answered before its client watch starts costs the watch
+// no allocation (the sweeper's list is linked through the slots).
+func TestClientWatchAnsweredAllocs(t *testing.T) {
+	c, _ := testkit.TCPPair(t)
+	var w clientWatch
+	w.init()
+	var ctx fasthttp.RequestCtx
+	if n := testing.AllocsPerRun(100, func() {
+		w.start(c)
+		if w.stop(&ctx) {
+			t.Fatal("a client that stayed counted as gone")
+		}
+	}); n != 0 {
+		t.Fatalf("%.1f allocations a request, want 0", n)
+	}
+	testkit.Eventually(t, "the sweeper to end with no watch armed", func() bool { return !watchSweeper.running.Load() })
+}
+
+// A request still waiting a tick or two after its start is watched: its
+// client leaving is seen, and the sweeper ends once the watch has stopped.
+func TestClientWatchStartedBySweeper(t *testing.T) {
+	c, peer := testkit.TCPPair(t)
+	var w clientWatch
+	w.init()
+	w.start(c)
+	if err := peer.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the watch to see its client leave", w.gone.Load)
+	var ctx fasthttp.RequestCtx
+	if !w.stop(&ctx) {
+		t.Fatal("a client that left not counted as gone")
+	}
+	testkit.Eventually(t, "the sweeper to end with no watch armed", func() bool { return !watchSweeper.running.Load() })
+	// The slot serves the next request: answered at once, not watched.
+	c2, _ := testkit.TCPPair(t)
+	w.start(c2)
+	if w.stop(&ctx) {
+		t.Fatal("the next request's client counted as gone")
+	}
+}
