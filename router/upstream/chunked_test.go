@@ -352,6 +352,36 @@ func TestChunkedReadAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, read); n != 0 {
 		t.Fatalf("%v allocations a body, want 0", n)
 	}
+	// In place (next), Read where it gives nothing.
+	inPlace := func() {
+		src.Reset(body)
+		br.Reset(src)
+		c.reset(br, &h)
+		wait := true
+		for {
+			b, err := c.next(wait)
+			if err == io.EOF {
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case len(b) > 0:
+				wait = false
+			case !wait:
+				wait = true // the batch is over
+			default:
+				if _, err := c.Read(buf); err != nil && err != io.EOF {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	inPlace()
+	if n := testing.AllocsPerRun(100, inPlace); n != 0 {
+		t.Fatalf("%v allocations a body read in place, want 0", n)
+	}
 }
 
 // benchChunkedStream is a streamed answer as an engine sends it: a head,
