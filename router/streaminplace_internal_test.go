@@ -26,6 +26,7 @@ type inPlaceReader struct {
 	arrivals [][][]byte
 	next     int      // the next arrival
 	buf      []byte   // the current arrival, framing included
+	junk     []byte   // what a fill writes over buf first
 	pieces   [][]byte // its pieces, from pieces[at] not yet handed out (that one maybe in part)
 	at       int
 	inPlace  int // pieces handed out by Next
@@ -41,7 +42,7 @@ func newInPlaceReader(arrivals [][][]byte) *inPlaceReader {
 		}
 		size = max(size, n)
 	}
-	return &inPlaceReader{arrivals: arrivals, buf: make([]byte, 0, size)}
+	return &inPlaceReader{arrivals: arrivals, buf: make([]byte, 0, size), junk: bytes.Repeat([]byte("#"), size)}
 }
 
 // rewind serves the arrivals again from the first.
@@ -63,9 +64,7 @@ func (r *inPlaceReader) fill() bool {
 		return false
 	}
 	b := r.buf[:cap(r.buf)]
-	for i := range b {
-		b[i] = '#'
-	}
+	copy(b, r.junk)
 	b, r.pieces, r.at = b[:0], r.pieces[:0], 0
 	for _, p := range r.arrivals[r.next] {
 		b = append(b, "3\r\n"...)
@@ -319,5 +318,48 @@ func TestRelayWriteToTrackedInPlaceAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(20, run); n != 0 {
 		t.Fatalf("relaying %d events read in place allocates %.1f times, want 0", events, n)
+	}
+}
+
+// readOnly hides a source's in-place reading: the pump copies.
+type readOnly struct{ io.Reader }
+
+// BenchmarkEventPumpTracked relays one tracked 16-token stream of the
+// simulator (its whole answer in one arrival, an event a chunk), read in
+// place or copied into the pump's buffer first, as before.
+func BenchmarkEventPumpTracked(b *testing.B) {
+	sim, err := os.ReadFile("../continuation/testdata/sim-chat-ids.sse")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, via := range []string{"in_place", "copied"} {
+		b.Run(via, func(b *testing.B) {
+			src := newInPlaceReader(eventArrivals(sim))
+			var from io.Reader = src
+			if via == "copied" {
+				from = readOnly{src}
+			}
+			var tr continuation.Tracker
+			p := eventPump{buf: make([]byte, relayBufSize), transform: tr.AppendEvent, lead: tr.AppendNext}
+			dst := &countWriter{}
+			b.ReportAllocs()
+			b.SetBytes(int64(len(sim)))
+			for b.Loop() {
+				src.rewind()
+				tr.Reset(true)
+				for {
+					_, rerr, werr := p.step(dst, from)
+					if werr != nil || rerr != nil && rerr != io.EOF {
+						b.Fatal(rerr, werr)
+					}
+					if rerr == io.EOF {
+						break
+					}
+				}
+			}
+			if src.inPlace == 0 && via == "in_place" || src.reads == 0 && via == "copied" {
+				b.Fatalf("%s: %d pieces in place, %d reads", via, src.inPlace, src.reads)
+			}
+		})
 	}
 }
