@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"io"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"testing"
-
-	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/continuation"
 	"github.com/infera/infera/openai"
@@ -162,19 +159,7 @@ func copyEvent(dst, ev []byte) []byte { return append(dst, ev...) }
 // into the pump's out), a transform that makes longer copies. With every
 // event whole in one arrival nothing is copied into the pump's buffer.
 func TestEventPumpInPlace(t *testing.T) {
-	sim, err := os.ReadFile("../continuation/testdata/sim-chat-ids.sse")
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream := slices.Concat(sim, []byte(": keep-alive\n\n"), sim, []byte("data: {\"choices\":[{\"index\":0,\"text\":\"z\",\"token_ids\":[7]}]}\r\n\r\n"), sim)
-	var ref continuation.Tracker
-	ref.Reset(true)
-	var tracked []byte
-	for rest := stream; len(rest) > 0; {
-		k := openai.NextEvent(rest)
-		tracked = ref.AppendEvent(tracked, rest[:k])
-		rest = rest[k:]
-	}
+	sim, stream, tracked, ref := trackedTestStream(t)
 	// Doubled events: their bounds must be the same whatever the pieces,
 	// so no CRLF ends there (a CR at a piece's end already ends its line).
 	lf := slices.Concat(sim, []byte(": keep-alive\n\n"), sim)
@@ -236,10 +221,7 @@ func TestEventPumpInPlace(t *testing.T) {
 // TestEventPumpInPlaceOneWrite: a stream that arrived whole leaves in one
 // write, its end told first (streamEnd), as from the copying pump.
 func TestEventPumpInPlaceOneWrite(t *testing.T) {
-	sim, err := os.ReadFile("../continuation/testdata/sim-chat-ids.sse")
-	if err != nil {
-		t.Fatal(err)
-	}
+	sim, _, _, _ := trackedTestStream(t)
 	var tr continuation.Tracker
 	tr.Reset(true)
 	ends := &endCounter{}
@@ -266,15 +248,7 @@ func TestEventPumpInPlaceAllocs(t *testing.T) {
 		p := eventPump{buf: make([]byte, relayBufSize), transform: copyEvent, lead: lead, out: make([]byte, 0, relayBufSize)}
 		run := func() {
 			src.rewind()
-			for {
-				_, rerr, werr := p.step(dst, src)
-				if werr != nil || rerr != nil && rerr != io.EOF {
-					t.Fatal(rerr, werr)
-				}
-				if rerr == io.EOF {
-					return
-				}
-			}
+			pumpToEOF(t, &p, dst, src, 0)
 		}
 		run()
 		if n := testing.AllocsPerRun(100, run); n != 0 {
@@ -286,41 +260,6 @@ func TestEventPumpInPlaceAllocs(t *testing.T) {
 	}
 }
 
-// TestRelayWriteToTrackedInPlaceAllocs: the whole relay of a tracked
-// stream read in place allocates nothing per event.
-func TestRelayWriteToTrackedInPlaceAllocs(t *testing.T) {
-	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := []byte("data: {\"id\":\"chatcmpl-8c1f\",\"object\":\"chat.completion.chunk\",\"created\":1730000000,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"token_ids\":[1234],\"finish_reason\":null}]}\n\n")
-	const events = 500
-	stream := append(bytes.Repeat(ev, events), "data: [DONE]\n\n"...)
-	// Whole events (the tracker's scan of a cut one allocates its error).
-	src := newInPlaceReader(eventArrivalsBy(stream, 7))
-	var out bytes.Buffer
-	rel := testRelay(r, relayBufSize)
-	rel.trackEvent = rel.trackedEvent
-	rel.mig.on = true
-	run := func() {
-		out.Reset()
-		rel.mig.track.Reset(true)
-		src.rewind()
-		rel.att.src, rel.done, rel.firstByte = src, false, false
-		rel.pump.transform, rel.pump.lead = rel.trackEvent, rel.trackLead()
-		if _, err := rel.WriteTo(&out); err != nil {
-			t.Fatal(err)
-		}
-	}
-	run()
-	if bytes.Contains(out.Bytes(), []byte("token_ids")) || len(rel.mig.track.OutIDs) != events || src.inPlace == 0 {
-		t.Fatalf("tracked stream: ids not stripped, %d of %d output ids seen, or %d pieces read in place", len(rel.mig.track.OutIDs), events, src.inPlace)
-	}
-	if n := testing.AllocsPerRun(20, run); n != 0 {
-		t.Fatalf("relaying %d events read in place allocates %.1f times, want 0", events, n)
-	}
-}
-
 // readOnly hides a source's in-place reading: the pump copies.
 type readOnly struct{ io.Reader }
 
@@ -328,10 +267,7 @@ type readOnly struct{ io.Reader }
 // simulator (its whole answer in one arrival, an event a chunk), read in
 // place or copied into the pump's buffer first, as before.
 func BenchmarkEventPumpTracked(b *testing.B) {
-	sim, err := os.ReadFile("../continuation/testdata/sim-chat-ids.sse")
-	if err != nil {
-		b.Fatal(err)
-	}
+	sim, _, _, _ := trackedTestStream(b)
 	for _, via := range []string{"in_place", "copied"} {
 		b.Run(via, func(b *testing.B) {
 			src := newInPlaceReader(eventArrivals(sim))
@@ -347,15 +283,7 @@ func BenchmarkEventPumpTracked(b *testing.B) {
 			for b.Loop() {
 				src.rewind()
 				tr.Reset(true)
-				for {
-					_, rerr, werr := p.step(dst, from)
-					if werr != nil || rerr != nil && rerr != io.EOF {
-						b.Fatal(rerr, werr)
-					}
-					if rerr == io.EOF {
-						break
-					}
-				}
+				pumpToEOF(b, &p, dst, from, 0)
 			}
 			if src.inPlace == 0 && via == "in_place" || src.reads == 0 && via == "copied" {
 				b.Fatalf("%s: %d pieces in place, %d reads", via, src.inPlace, src.reads)

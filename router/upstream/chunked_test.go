@@ -57,19 +57,32 @@ func readWithFasthttp(body []byte) chunkedRead {
 // readWithExchange reads the same bytes through the exchange's own
 // reading of an answer (readAnswer, chunkedBody), from src.
 func readWithExchange(t testing.TB, src io.Reader, size int) chunkedRead {
-	var x Exchange
-	resp := fasthttp.AcquireResponse()
+	_, resp, br, failed := streamAnswer(t, src, size)
 	defer fasthttp.ReleaseResponse(resp)
+	if failed != nil {
+		return *failed
+	}
+	data, err := io.ReadAll(resp.BodyStream())
+	return finishRead(data, err, &resp.Header, br)
+}
+
+// streamAnswer reads chunkedHead and then src's bytes, through a reader of
+// size bytes, as the exchange reads a streamed answer: up to its body,
+// which x reads with its chunkedBody. failed: the head could not be read.
+// resp is the caller's to release.
+func streamAnswer(t testing.TB, src io.Reader, size int) (x *Exchange, resp *fasthttp.Response, br *bufio.Reader, failed *chunkedRead) {
+	x = new(Exchange)
+	resp = fasthttp.AcquireResponse()
 	resp.StreamBody = true
-	br := bufio.NewReaderSize(io.MultiReader(strings.NewReader(chunkedHead), src), size)
+	br = bufio.NewReaderSize(io.MultiReader(strings.NewReader(chunkedHead), src), size)
 	if err := x.readAnswer(br, resp, 0); err != nil {
-		return chunkedRead{end: "head: " + err.Error()}
+		return x, resp, br, &chunkedRead{end: "head: " + err.Error()}
 	}
 	if resp.BodyStream() != &x.chunked {
 		t.Fatalf("a streamed chunked answer reads through %T, want the exchange's chunkedBody", resp.BodyStream())
 	}
-	data, err := io.ReadAll(resp.BodyStream())
-	return finishRead(data, err, &resp.Header, br)
+	x.body = resp.BodyStream() // as Do keeps it
+	return x, resp, br, nil
 }
 
 // readInPlace reads the same bytes through the exchange's in-place reading
@@ -79,15 +92,11 @@ func readWithExchange(t testing.TB, src io.Reader, size int) chunkedRead {
 // the pump's in-place copies write over what was read: what is read after
 // it must not change.
 func readInPlace(t testing.TB, src io.Reader, size int) chunkedRead {
-	var x Exchange
-	resp := fasthttp.AcquireResponse()
+	x, resp, br, failed := streamAnswer(t, src, size)
 	defer fasthttp.ReleaseResponse(resp)
-	resp.StreamBody = true
-	br := bufio.NewReaderSize(io.MultiReader(strings.NewReader(chunkedHead), src), size)
-	if err := x.readAnswer(br, resp, 0); err != nil {
-		return chunkedRead{end: "head: " + err.Error()}
+	if failed != nil {
+		return *failed
 	}
-	x.body = resp.BodyStream()
 	if !x.InPlace() {
 		t.Fatal("a streamed chunked answer is not read in place")
 	}
