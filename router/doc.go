@@ -151,7 +151,14 @@
 // stream relayed as it is (no dialect, no reshaping) the tracker also
 // leads the pump (trackLead): it finds each steady event's end by matching
 // it, so the pump does not scan it first, and its copy, never longer than
-// the event, is written over the bytes it was read from.
+// the event, is written over the bytes it was read from. A stream with a
+// transform whose answer the exchange decodes itself is read in place
+// (eventPump.stepInPlace, upstream.Exchange.Next): its events are found
+// and transformed in the upstream connection's reader, a tracked stream's
+// copies written over the bytes already read there (the chunks' framing
+// included), without a copy of every byte into the pump's buffer first;
+// only an event cut by a read is copied there, and the pump goes on as
+// it did.
 //
 // # Stalled workers and departed clients
 //

@@ -77,7 +77,7 @@ func (r *eofReader) Read(p []byte) (int, error) {
 // pumpToEOF steps p from src into w until src ends (failing after more
 // than maxSteps steps when maxSteps > 0) and returns what p still holds:
 // bytes after the last whole event, which no step writes.
-func pumpToEOF(t *testing.T, p *eventPump, w io.Writer, src io.Reader, maxSteps int) []byte {
+func pumpToEOF(t testing.TB, p *eventPump, w io.Writer, src io.Reader, maxSteps int) []byte {
 	t.Helper()
 	for i := 0; ; i++ {
 		if maxSteps > 0 && i > maxSteps {
@@ -134,22 +134,7 @@ func TestEventPumpOversizedEvent(t *testing.T) {
 // the tracker reads the same text and ids, whatever the reads' sizes
 // (events split across reads, several in one).
 func TestEventPumpTrackedInPlace(t *testing.T) {
-	sim, err := os.ReadFile("../continuation/testdata/sim-chat-ids.sse")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Three streams (the layouts are learnt on the first), a comment and
-	// an event with CRLF line ends (not the tracker's to find: delimited
-	// by the pump) between them.
-	stream := slices.Concat(sim, []byte(": keep-alive\n\n"), sim, []byte("data: {\"choices\":[{\"index\":0,\"text\":\"z\",\"token_ids\":[7]}]}\r\n\r\n"), sim)
-	var ref continuation.Tracker
-	ref.Reset(true)
-	var want []byte
-	for rest := stream; len(rest) > 0; {
-		k := openai.NextEvent(rest)
-		want = ref.AppendEvent(want, rest[:k])
-		rest = rest[k:]
-	}
+	_, stream, want, ref := trackedTestStream(t)
 	for _, size := range []int{len(stream), 4096, 1000, 333, 64, 7} {
 		var tr continuation.Tracker
 		tr.Reset(true)
@@ -195,6 +180,28 @@ func TestEventPumpInPlaceLongerCopy(t *testing.T) {
 	}
 }
 
+// trackedTestStream is the simulator's stream as an engine sends it to a
+// tracked relay (sim), three of them (the layouts are learnt on the
+// first) with a comment and an event with CRLF line ends (not the
+// tracker's to find: delimited by the pump) between them (stream), what
+// the client gets of it (want) and the tracker that read it event by
+// event (ref).
+func trackedTestStream(t testing.TB) (sim, stream, want []byte, ref *continuation.Tracker) {
+	sim, err := os.ReadFile("../continuation/testdata/sim-chat-ids.sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream = slices.Concat(sim, []byte(": keep-alive\n\n"), sim, []byte("data: {\"choices\":[{\"index\":0,\"text\":\"z\",\"token_ids\":[7]}]}\r\n\r\n"), sim)
+	ref = new(continuation.Tracker)
+	ref.Reset(true)
+	for rest := stream; len(rest) > 0; {
+		k := openai.NextEvent(rest)
+		want = ref.AppendEvent(want, rest[:k])
+		rest = rest[k:]
+	}
+	return sim, stream, want, ref
+}
+
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
@@ -231,7 +238,8 @@ func TestRelayWriteToAllocs(t *testing.T) {
 
 // TestRelayWriteToTrackedAllocs: a stream tracked for continuation (ids
 // asked of the engine, observed and stripped from every event) relays
-// without allocating per event either.
+// without allocating per event either, copied into the pump's buffer or
+// read in place (inPlaceReader, streaminplace_internal_test.go).
 func TestRelayWriteToTrackedAllocs(t *testing.T) {
 	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
 	if err != nil {
@@ -240,27 +248,40 @@ func TestRelayWriteToTrackedAllocs(t *testing.T) {
 	ev := []byte("data: {\"id\":\"chatcmpl-8c1f\",\"object\":\"chat.completion.chunk\",\"created\":1730000000,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"},\"token_ids\":[1234],\"finish_reason\":null}]}\n\n")
 	const events = 1000
 	stream := append(bytes.Repeat(ev, events), "data: [DONE]\n\n"...)
-	var out bytes.Buffer
-	src := &eofReader{}
-	rel := testRelay(r, relayBufSize)
-	rel.trackEvent = rel.trackedEvent
-	rel.mig.on = true
-	run := func() {
-		out.Reset()
-		rel.mig.track.Reset(true)
-		src.data, src.size = stream, len(ev)
-		rel.att.src, rel.done, rel.firstByte = src, false, false
-		rel.pump.transform, rel.pump.lead = rel.trackEvent, rel.trackLead()
-		if _, err := rel.WriteTo(&out); err != nil {
-			t.Fatal(err)
+	copied := &eofReader{}
+	// Whole events in place (the tracker's scan of a cut one allocates
+	// its error).
+	inPlace := newInPlaceReader(eventArrivalsBy(stream, 7))
+	for _, via := range []string{"copied", "in place"} {
+		var out bytes.Buffer
+		rel := testRelay(r, relayBufSize)
+		rel.trackEvent = rel.trackedEvent
+		rel.mig.on = true
+		run := func() {
+			out.Reset()
+			rel.mig.track.Reset(true)
+			copied.data, copied.size = stream, len(ev)
+			inPlace.rewind()
+			rel.att.src = copied
+			if via == "in place" {
+				rel.att.src = inPlace
+			}
+			rel.done, rel.firstByte = false, false
+			rel.pump.transform, rel.pump.lead = rel.trackEvent, rel.trackLead()
+			if _, err := rel.WriteTo(&out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		run()
+		if bytes.Contains(out.Bytes(), []byte("token_ids")) || len(rel.mig.track.OutIDs) != events {
+			t.Fatalf("%s: tracked stream: ids not stripped, or %d of %d output ids seen", via, len(rel.mig.track.OutIDs), events)
+		}
+		if n := testing.AllocsPerRun(20, run); n != 0 {
+			t.Fatalf("%s: relaying %d tracked events allocates %.1f times, want 0", via, events, n)
 		}
 	}
-	run()
-	if bytes.Contains(out.Bytes(), []byte("token_ids")) || len(rel.mig.track.OutIDs) != events {
-		t.Fatalf("tracked stream: ids not stripped, or %d of %d output ids seen", len(rel.mig.track.OutIDs), events)
-	}
-	if n := testing.AllocsPerRun(20, run); n != 0 {
-		t.Fatalf("relaying %d tracked events allocates %.1f times, want 0", events, n)
+	if inPlace.inPlace == 0 {
+		t.Fatal("nothing was read in place")
 	}
 }
 

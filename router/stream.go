@@ -415,6 +415,15 @@ type eventPump struct {
 // before it writes.
 type bufferedSource interface{ Buffered() int }
 
+// inPlaceSource is a stream source whose bytes can be read where they
+// arrived, without a copy into the pump's buffer (upstream.Exchange: a
+// chunked answer's data in the connection's reader; see stepInPlace).
+type inPlaceSource interface {
+	bufferedSource
+	InPlace() bool
+	Next(wait bool) ([]byte, error)
+}
+
 // streamEnd is told by the pump when the end of the stream came with the
 // events about to be written (the relay: see atEnd).
 type streamEnd interface{ atEnd() }
@@ -451,6 +460,13 @@ var errEventTooLarge = errors.New("worker stream event exceeds " + itoa(maxTrans
 // enables. It returns the bytes written, the read error (io.EOF at the end)
 // and the write error.
 func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, writeErr error) {
+	if p.n == 0 && p.transform != nil {
+		if s, ok := src.(inPlaceSource); ok && s.InPlace() {
+			if written, readErr, writeErr, ok = p.stepInPlace(dst, s); ok {
+				return written, readErr, writeErr
+			}
+		}
+	}
 	if p.n == len(p.buf) && p.transform != nil {
 		// A translated event must be whole: the buffer grows for it (up
 		// to maxTransformEvent; reuse shrinks it back).
@@ -537,6 +553,19 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 			p.out = out[:0]
 		}
 	}
+	k, err := p.send(dst, chunk, readErr)
+	written += k
+	if err != nil {
+		return written, readErr, err
+	}
+	p.n = copy(p.buf, p.buf[end:p.n])
+	return written, readErr, nil
+}
+
+// send writes one step's events: the end of the stream, when the read met
+// it, is told first (streamEnd), and a batch above splitBatch goes in one
+// write (batchHolder).
+func (p *eventPump) send(dst io.Writer, chunk []byte, readErr error) (int, error) {
 	if readErr == io.EOF && p.end != nil && len(chunk) > 0 {
 		p.end.atEnd()
 	}
@@ -553,12 +582,96 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 		}
 	}
 	p.midEvent = false
-	written += k
-	if err != nil {
-		return written, readErr, err
+	return k, err
+}
+
+// stepInPlace is step for a source read in place (inPlaceSource), with a
+// transform and nothing buffered in the pump: the events are delimited and
+// transformed where they arrived, in the upstream connection's reader,
+// and with a lead (a tracked stream) their copies are written over the
+// bytes already read there, the chunks' framing included, so that the
+// batch is one run of bytes; without the copy of every byte into the
+// pump's buffer first. A piece that ends inside an event is copied into
+// the pump's buffer, and step goes on from there as usual. It returns
+// false, having read nothing, when the source has no data in place to
+// give (its framing has not all arrived): step reads the usual way.
+func (p *eventPump) stepInPlace(dst io.Writer, src inPlaceSource) (written int, readErr, writeErr error, ok bool) {
+	piece, readErr := src.Next(true)
+	if len(piece) == 0 {
+		if readErr != nil {
+			return 0, readErr, nil, true
+		}
+		return 0, nil, nil, false
 	}
-	p.n = copy(p.buf, p.buf[end:p.n])
-	return written, readErr, nil
+	lead := p.lead
+	if lead != nil && p.usage.want {
+		lead = nil // the alarm reads each event whole, before its transform
+	}
+	// base is the first piece's start, where in-place copies begin: the
+	// later pieces lie after it in the same buffer (nothing is read from
+	// the connection before the write), at cap(base)-cap(piece).
+	base := piece
+	inPlace := lead != nil
+	out := p.out[:0]
+	if inPlace {
+		out = base[:0]
+	}
+	var tail []byte // an incomplete event: copied into buf for the next step
+	for len(piece) > 0 {
+		off := cap(base) - cap(piece)
+		end := 0
+		for {
+			if lead != nil {
+				var k int
+				if out, k = lead(out, piece[end:]); k > 0 {
+					end += k
+					continue
+				}
+			}
+			k := openai.NextEvent(piece[end:])
+			if k < 0 {
+				break
+			}
+			ev := piece[end : end+k]
+			p.usage.note(ev) // the divergence alarm (kvdivergence.go)
+			if inPlace {
+				out = out[: len(out) : off+end+k] // see step: never over unread bytes
+			}
+			out = p.transform(out, ev)
+			switch {
+			case !inPlace:
+			case len(out) <= off+end+k:
+				out = base[:len(out)]
+			default:
+				inPlace = false
+			}
+			end += k
+		}
+		if end < len(piece) {
+			tail = piece[end:]
+			break
+		}
+		if piece, readErr = src.Next(false); readErr != nil {
+			break
+		}
+	}
+	if len(tail) > 0 {
+		// What has arrived of the event (and nothing of what follows,
+		// still in the source) goes to the pump's buffer, before a
+		// read may reuse the source's.
+		if len(tail) > len(p.buf) {
+			p.buf = make([]byte, len(tail)+relayBufSize)
+		}
+		p.n = copy(p.buf, tail)
+	}
+	if !inPlace {
+		p.out = out[:0]
+	}
+	if len(out) == 0 {
+		return 0, readErr, nil, true
+	}
+	written, writeErr = p.send(dst, out, readErr)
+	return written, readErr, writeErr, true
 }
 
 // flush writes what is buffered (a last event without its blank line),

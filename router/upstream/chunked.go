@@ -134,6 +134,85 @@ func (c *chunkedBody) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// next returns the body's next data that has already arrived, up to the
+// end of the current chunk, in place: a slice of the connection reader's
+// buffer, not a copy, valid until the reader next reads from the
+// connection (a Read, or a next that waits); until then the bytes before
+// it in that buffer, already read, may be written over. With wait, and
+// nothing buffered, it first waits for the next bytes as Read does; it
+// never waits otherwise. It returns nil and no error where the framing has
+// not all arrived (a size line, the CRLF after a chunk's data, a trailer
+// section) or is not its common form: Read takes it from there, and
+// decides as it always does. io.EOF: the last chunk and an empty trailer
+// section are read, the body is over.
+func (c *chunkedBody) next(wait bool) ([]byte, error) {
+	if c.done {
+		return nil, io.EOF
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	if wait && c.br.Buffered() == 0 {
+		if _, err := c.br.Peek(1); err != nil {
+			if err == io.EOF {
+				// As Read names it: a cut between chunks or inside one's
+				// data (the CRLF after data is never left unread here), or
+				// inside the trailer section.
+				err = io.ErrUnexpectedEOF
+				if c.last {
+					err = errChunkTrailerEnd
+				}
+			}
+			return nil, c.fail(err)
+		}
+	}
+	for c.left == 0 {
+		if c.last {
+			if c.br.Buffered() < 2 {
+				return nil, nil
+			}
+			if crlf, _ := c.br.Peek(2); crlf[0] != '\r' || crlf[1] != '\n' {
+				return nil, nil // a trailer with fields: fasthttp's parser reads it (Read)
+			}
+			_, _ = c.br.Discard(2)
+			c.done = true
+			return nil, io.EOF
+		}
+		size, err := c.nextSize(true)
+		switch {
+		case err != nil:
+			return nil, c.fail(err)
+		case size < 0:
+			return nil, nil
+		case size == 0:
+			c.last = true
+		default:
+			c.left = size
+		}
+	}
+	k := min(c.left, c.br.Buffered())
+	if k == c.left {
+		// The chunk's data ends here: taken with its CRLF when that has
+		// arrived too and is one; else a byte is left for Read, which
+		// waits for the CRLF or fails on it as it always does.
+		if c.br.Buffered() < k+2 {
+			k--
+		} else if b, _ := c.br.Peek(k + 2); b[k] != '\r' || b[k+1] != '\n' {
+			k--
+		}
+	}
+	if k <= 0 {
+		return nil, nil
+	}
+	b, _ := c.br.Peek(k)
+	_, _ = c.br.Discard(k)
+	c.left -= k
+	if c.left == 0 {
+		_, _ = c.br.Discard(2) // the CRLF checked above
+	}
+	return b, nil
+}
+
 // skipBufferedCRLF skips a CRLF that waits in the reader, and reports
 // whether there was one.
 func (c *chunkedBody) skipBufferedCRLF() bool {

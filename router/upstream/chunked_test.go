@@ -57,18 +57,86 @@ func readWithFasthttp(body []byte) chunkedRead {
 // readWithExchange reads the same bytes through the exchange's own
 // reading of an answer (readAnswer, chunkedBody), from src.
 func readWithExchange(t testing.TB, src io.Reader, size int) chunkedRead {
-	var x Exchange
-	resp := fasthttp.AcquireResponse()
+	_, resp, br, failed := streamAnswer(t, src, size)
 	defer fasthttp.ReleaseResponse(resp)
+	if failed != nil {
+		return *failed
+	}
+	data, err := io.ReadAll(resp.BodyStream())
+	return finishRead(data, err, &resp.Header, br)
+}
+
+// streamAnswer reads chunkedHead and then src's bytes, through a reader of
+// size bytes, as the exchange reads a streamed answer: up to its body,
+// which x reads with its chunkedBody. failed: the head could not be read.
+// resp is the caller's to release.
+func streamAnswer(t testing.TB, src io.Reader, size int) (x *Exchange, resp *fasthttp.Response, br *bufio.Reader, failed *chunkedRead) {
+	x = new(Exchange)
+	resp = fasthttp.AcquireResponse()
 	resp.StreamBody = true
-	br := bufio.NewReaderSize(io.MultiReader(strings.NewReader(chunkedHead), src), size)
+	br = bufio.NewReaderSize(io.MultiReader(strings.NewReader(chunkedHead), src), size)
 	if err := x.readAnswer(br, resp, 0); err != nil {
-		return chunkedRead{end: "head: " + err.Error()}
+		return x, resp, br, &chunkedRead{end: "head: " + err.Error()}
 	}
 	if resp.BodyStream() != &x.chunked {
 		t.Fatalf("a streamed chunked answer reads through %T, want the exchange's chunkedBody", resp.BodyStream())
 	}
-	data, err := io.ReadAll(resp.BodyStream())
+	x.body = resp.BodyStream() // as Do keeps it
+	return x, resp, br, nil
+}
+
+// readInPlace reads the same bytes through the exchange's in-place reading
+// (Exchange.Next) as the relay's pump does: batches of pieces, each begun
+// by Next(true), one Read of up to 7 bytes where that gives none. Every piece must be the
+// reader's own bytes, not a copy, and each is written over once taken, as
+// the pump's in-place copies write over what was read: what is read after
+// it must not change.
+func readInPlace(t testing.TB, src io.Reader, size int) chunkedRead {
+	x, resp, br, failed := streamAnswer(t, src, size)
+	defer fasthttp.ReleaseResponse(resp)
+	if failed != nil {
+		return *failed
+	}
+	if !x.InPlace() {
+		t.Fatal("a streamed chunked answer is not read in place")
+	}
+	var data []byte
+	small := make([]byte, 7)
+	var err error
+	for wait := true; err == nil; {
+		var piece []byte
+		piece, err = x.Next(wait)
+		if len(piece) == 0 && err == nil && !wait {
+			wait = true // the batch is over: the next one begins waiting
+			continue
+		}
+		if len(piece) == 0 && err == nil {
+			var n int
+			n, err = x.Read(small)
+			data = append(data, small[:n]...)
+			wait = true
+			continue
+		}
+		if len(piece) > 0 {
+			// The reader's next bytes are those after the piece and
+			// its CRLF, if read: the piece is in its buffer.
+			next, _ := br.Peek(0)
+			if gap := cap(piece) - len(piece) - cap(next); gap < 0 || gap > 2 {
+				t.Fatalf("piece %q is not in the reader's buffer", piece)
+			}
+			data = append(data, piece...)
+			for i := range piece {
+				piece[i] = 'Z'
+			}
+		}
+		wait = false
+	}
+	if err == io.EOF {
+		if !x.eof {
+			t.Fatal("the end read in place is not noted")
+		}
+		err = nil
+	}
 	return finishRead(data, err, &resp.Header, br)
 }
 
@@ -130,6 +198,13 @@ func FuzzChunkedMatchesFasthttp(f *testing.F) {
 		if got := readWithExchange(t, src, 4096); got != want {
 			t.Fatalf("chunked body %q (one byte a read %v):\n got %+v\nwant %+v", body, oneByte, got, want)
 		}
+		src = bytes.NewReader(body)
+		if oneByte {
+			src = iotest.OneByteReader(src)
+		}
+		if got := readInPlace(t, src, 4096); got != want {
+			t.Fatalf("chunked body %q read in place (one byte a read %v):\n got %+v\nwant %+v", body, oneByte, got, want)
+		}
 	})
 }
 
@@ -173,6 +248,12 @@ func TestChunkedSplitAtEveryByte(t *testing.T) {
 		if got := readWithExchange(t, src, 128); got != want {
 			t.Fatalf("split at %d: %+v, want %+v", at, got, want)
 		}
+		if got := readInPlace(t, &splitReader{b: []byte(body), at: at}, 128); got != want {
+			t.Fatalf("split at %d, read in place: %+v, want %+v", at, got, want)
+		}
+	}
+	if got := readInPlace(t, iotest.OneByteReader(strings.NewReader(body)), 128); got != want {
+		t.Fatalf("one byte a read, in place: %+v, want %+v", got, want)
 	}
 	if got := readWithExchange(t, iotest.OneByteReader(strings.NewReader(body)), 128); got != want {
 		t.Fatalf("one byte a read: %+v, want %+v", got, want)
@@ -279,6 +360,36 @@ func TestChunkedReadAllocs(t *testing.T) {
 	read()
 	if n := testing.AllocsPerRun(100, read); n != 0 {
 		t.Fatalf("%v allocations a body, want 0", n)
+	}
+	// In place (next), Read where it gives nothing.
+	inPlace := func() {
+		src.Reset(body)
+		br.Reset(src)
+		c.reset(br, &h)
+		wait := true
+		for {
+			b, err := c.next(wait)
+			if err == io.EOF {
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case len(b) > 0:
+				wait = false
+			case !wait:
+				wait = true // the batch is over
+			default:
+				if _, err := c.Read(buf); err != nil && err != io.EOF {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	inPlace()
+	if n := testing.AllocsPerRun(100, inPlace); n != 0 {
+		t.Fatalf("%v allocations a body read in place, want 0", n)
 	}
 }
 

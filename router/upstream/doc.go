@@ -22,7 +22,12 @@
 // refuses it as it always did. A streamed answer in the chunked transfer
 // coding is decoded by the package's own reader (chunkedBody) straight
 // from the connection's buffered reader, with fasthttp's framing rules and
-// its trailer parser; any other body is fasthttp's. An answer on another transport (requests
+// its trailer parser; any other body is fasthttp's. Such a body may also
+// be read in place (Exchange.Next): the data of the chunks that have
+// arrived, as slices of the reader's buffer, valid until the reader next
+// reads from the connection (the relay's pump finds and copies its
+// events there); where the framing has not all arrived, Read takes over.
+// An answer on another transport (requests
 // over NATS) is a Leg the Exchange holds (Hold): Read reads it, Abort
 // aborts it, Release ends it, as they do a connection. A request that
 // comes with its Host header (the relay's, in origin form) goes out as

@@ -220,6 +220,29 @@ func (x *Exchange) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// InPlace reports whether the streamed answer's body can be read in place
+// (Next): a chunked answer that the exchange's own decoder reads from the
+// connection's reader.
+func (x *Exchange) InPlace() bool {
+	return x.leg == nil && x.body != nil && x.body == io.Reader(&x.chunked)
+}
+
+// Next returns the streamed answer's next data that has already arrived,
+// up to the end of its chunk, without copying it (InPlace must be true):
+// a slice of the connection reader's buffer, valid until the next Read or
+// Next(true), which may read from the connection; the buffer's bytes
+// before it, already read, may be written over until then. With wait, and
+// nothing buffered, it first waits for the answer's next bytes. nil and no
+// error: nothing more without a Read (the framing has not all arrived);
+// io.EOF: the end, noted as Read notes it.
+func (x *Exchange) Next(wait bool) ([]byte, error) {
+	b, err := x.chunked.next(wait)
+	if err == io.EOF {
+		x.eof = true
+	}
+	return b, err
+}
+
 // Release ends a streamed exchange (a no-op otherwise): the body stream is
 // closed, and the connection goes back to the pool if the stream was read
 // to its end, else it is closed (the engine learns the answer is not
