@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -302,5 +303,118 @@ func TestExchangeStreamCutMidChunk(t *testing.T) {
 	x.Release()
 	if n := set.Len(); n != 0 {
 		t.Fatalf("%d connections open after a cut stream was released, want 0", n)
+	}
+}
+
+// TestExchangeUsesTheConnectionsOwnBuffers: an exchange on a connection
+// Dial made reads through the connection's own reader (Conn.buffers), the
+// same one on every exchange of that connection, instead of one taken from
+// the HostClient's pool; an exchange on a connection that is not Dial's
+// still takes pooled ones.
+func TestExchangeUsesTheConnectionsOwnBuffers(t *testing.T) {
+	s := startStreamServer(t)
+	var set Set
+	hc := exchangeClient(&set, s.addr)
+	defer hc.CloseIdleConnections()
+	var x Exchange
+	var first *bufio.Reader
+	for i := range 3 {
+		resp, err := exchangeOnce(t, &x, hc, s.addr, "/stream", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := x.Conn()
+		if c == nil || c.br == nil || x.br != c.br || x.pooledReader {
+			t.Fatalf("exchange %d reads through %p, want its connection's own reader", i, x.br)
+		}
+		if first == nil {
+			first = x.br
+		} else if x.br != first {
+			t.Fatalf("exchange %d on the same connection got a new reader", i)
+		}
+		readStreamToEnd(t, &x, resp, "data: a\n\ndata: b\n\ndata: c\n\n")
+		resp, err = exchangeOnce(t, &x, hc, s.addr, "/whole", false)
+		if err != nil || string(resp.Body()) != "whole" {
+			t.Fatalf("whole answer %v", err)
+		}
+		fasthttp.ReleaseResponse(resp)
+	}
+	if n := s.accepted.Load(); n != 1 {
+		t.Fatalf("server accepted %d connections, want 1 (pooled)", n)
+	}
+
+	plain := exchangeClient(&set, s.addr)
+	plain.Dial = func(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }
+	defer plain.CloseIdleConnections()
+	resp, err := exchangeOnce(t, &x, plain, s.addr, "/stream", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Conn() != nil || !x.pooledReader || x.br == nil {
+		t.Fatal("an exchange on a connection not Dial's does not read through a pooled reader")
+	}
+	readStreamToEnd(t, &x, resp, "data: a\n\ndata: b\n\ndata: c\n\n")
+}
+
+// A unary exchange on a pooled connection Dial made allocates nothing:
+// the connection's lease, its own reader and writer, the request written
+// and the answer read. The worker is a plain socket that answers every
+// request ending in "{}" (a fasthttp server in the process would count
+// its own allocations).
+func TestExchangeUnaryAllocs(t *testing.T) {
+	var accepted atomic.Int64
+	addr := serveEach(t, func(c net.Conn) {
+		accepted.Add(1)
+		answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5\r\n\r\nwhole")
+		buf := make([]byte, 0, 4096)
+		for {
+			if len(buf) == cap(buf) {
+				return
+			}
+			n, err := c.Read(buf[len(buf):cap(buf)])
+			if err != nil {
+				return
+			}
+			buf = buf[:len(buf)+n]
+			for {
+				end := bytes.Index(buf, []byte("\r\n\r\n{}"))
+				if end < 0 {
+					break
+				}
+				if _, err := c.Write(answer); err != nil {
+					return
+				}
+				buf = buf[:copy(buf, buf[end+6:])]
+			}
+		}
+	})
+	var set Set
+	hc := exchangeClient(&set, addr)
+	// Long enough for the connection to stay pooled between runs, short
+	// enough for fasthttp's pool cleaner to end with the test.
+	hc.MaxIdleConnDuration = 200 * time.Millisecond
+	defer hc.CloseIdleConnections()
+	var x Exchange
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.Header.SetHost(addr)
+	req.Header.SetRequestURI("/whole")
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetBodyString("{}")
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	exchange := func() {
+		resp.Reset()
+		x.Begin()
+		if err := x.Do(hc, req, resp, time.Now().Add(5*time.Second), nil); err != nil || string(resp.Body()) != "whole" {
+			t.Fatalf("exchange: %q, %v", resp.Body(), err)
+		}
+	}
+	exchange()
+	if n := testing.AllocsPerRun(200, exchange); n != 0 {
+		t.Fatalf("unary exchange: %v allocations", n)
+	}
+	if n := accepted.Load(); n != 1 {
+		t.Fatalf("worker accepted %d connections, want 1 (pooled)", n)
 	}
 }
