@@ -131,20 +131,31 @@ func readStreamToEnd(t *testing.T, x *Exchange, resp *fasthttp.Response, want st
 }
 
 // TestExchangeStreamReadToEndReusesConnection: streams read to their end
-// and whole answers share one pooled connection; a stream left unread is
-// closed, not pooled.
+// and whole answers share one pooled connection, every stream read through
+// the connection's own reader (Conn.buffers), not a pooled one; a stream
+// left unread is closed, not pooled.
 func TestExchangeStreamReadToEndReusesConnection(t *testing.T) {
 	s := startStreamServer(t)
 	var set Set
 	hc := exchangeClient(&set, s.addr)
 	var x Exchange
-	for range 3 {
+	var first *bufio.Reader
+	for i := range 3 {
 		resp, err := exchangeOnce(t, &x, hc, s.addr, "/stream", true)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if x.Conn() == nil {
+		c := x.Conn()
+		if c == nil {
 			t.Fatal("a streamed exchange does not expose its connection")
+		}
+		if c.br == nil || x.br != c.br || x.pooledReader {
+			t.Fatalf("stream %d reads through %p, want its connection's own reader", i, x.br)
+		}
+		if first == nil {
+			first = x.br
+		} else if x.br != first {
+			t.Fatalf("stream %d on the same connection got a new reader", i)
 		}
 		if resp.BodyStream() != &x.chunked {
 			t.Fatalf("a chunked stream reads through %T, want the exchange's chunkedBody", resp.BodyStream())
@@ -306,46 +317,18 @@ func TestExchangeStreamCutMidChunk(t *testing.T) {
 	}
 }
 
-// TestExchangeUsesTheConnectionsOwnBuffers: an exchange on a connection
-// Dial made reads through the connection's own reader (Conn.buffers), the
-// same one on every exchange of that connection, instead of one taken from
-// the HostClient's pool; an exchange on a connection that is not Dial's
-// still takes pooled ones.
-func TestExchangeUsesTheConnectionsOwnBuffers(t *testing.T) {
+// TestExchangeOtherDialTakesPooledBuffers: an exchange on a connection
+// that is not Dial's (a HostClient's own dial) reads through a reader
+// taken from the HostClient's pool, as fasthttp would; one on a Dial'd
+// connection reads through the connection's own
+// (TestExchangeStreamReadToEndReusesConnection).
+func TestExchangeOtherDialTakesPooledBuffers(t *testing.T) {
 	s := startStreamServer(t)
 	var set Set
-	hc := exchangeClient(&set, s.addr)
-	defer hc.CloseIdleConnections()
-	var x Exchange
-	var first *bufio.Reader
-	for i := range 3 {
-		resp, err := exchangeOnce(t, &x, hc, s.addr, "/stream", true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := x.Conn()
-		if c == nil || c.br == nil || x.br != c.br || x.pooledReader {
-			t.Fatalf("exchange %d reads through %p, want its connection's own reader", i, x.br)
-		}
-		if first == nil {
-			first = x.br
-		} else if x.br != first {
-			t.Fatalf("exchange %d on the same connection got a new reader", i)
-		}
-		readStreamToEnd(t, &x, resp, "data: a\n\ndata: b\n\ndata: c\n\n")
-		resp, err = exchangeOnce(t, &x, hc, s.addr, "/whole", false)
-		if err != nil || string(resp.Body()) != "whole" {
-			t.Fatalf("whole answer %v", err)
-		}
-		fasthttp.ReleaseResponse(resp)
-	}
-	if n := s.accepted.Load(); n != 1 {
-		t.Fatalf("server accepted %d connections, want 1 (pooled)", n)
-	}
-
 	plain := exchangeClient(&set, s.addr)
 	plain.Dial = func(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }
 	defer plain.CloseIdleConnections()
+	var x Exchange
 	resp, err := exchangeOnce(t, &x, plain, s.addr, "/stream", true)
 	if err != nil {
 		t.Fatal(err)
