@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -346,51 +345,18 @@ func TestExchangeOtherDialTakesPooledBuffers(t *testing.T) {
 // its own allocations).
 func TestExchangeUnaryAllocs(t *testing.T) {
 	var accepted atomic.Int64
-	addr := serveEach(t, func(c net.Conn) {
-		accepted.Add(1)
-		answer := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5\r\n\r\nwhole")
-		buf := make([]byte, 0, 4096)
-		for {
-			if len(buf) == cap(buf) {
-				return
-			}
-			n, err := c.Read(buf[len(buf):cap(buf)])
-			if err != nil {
-				return
-			}
-			buf = buf[:len(buf)+n]
-			for {
-				end := bytes.Index(buf, []byte("\r\n\r\n{}"))
-				if end < 0 {
-					break
-				}
-				if _, err := c.Write(answer); err != nil {
-					return
-				}
-				buf = buf[:copy(buf, buf[end+6:])]
-			}
-		}
-	})
+	addr := answerServer(t, &accepted)
 	var set Set
 	hc := exchangeClient(&set, addr)
 	// Long enough for the connection to stay pooled between runs, short
 	// enough for fasthttp's pool cleaner to end with the test.
 	hc.MaxIdleConnDuration = 200 * time.Millisecond
 	defer hc.CloseIdleConnections()
-	var x Exchange
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	req.Header.SetHost(addr)
-	req.Header.SetRequestURI("/whole")
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.SetBodyString("{}")
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseResponse(resp)
+	run, done := unaryExchange(hc, addr)
+	defer done()
 	exchange := func() {
-		resp.Reset()
-		x.Begin()
-		if err := x.Do(hc, req, resp, time.Now().Add(5*time.Second), nil); err != nil || string(resp.Body()) != "whole" {
-			t.Fatalf("exchange: %q, %v", resp.Body(), err)
+		if err := run(); err != nil {
+			t.Fatal(err)
 		}
 	}
 	exchange()
