@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bufio"
 	"errors"
 	"net"
 	"sync"
@@ -107,7 +108,41 @@ type Conn struct {
 	// both on the exchange's goroutine.
 	hold bool
 	held epoll.Held
+
+	// br and bw are the connection's own reader and writer for its
+	// exchanges (buffers), made on its first: an exchange on it takes no
+	// pooled ones (sync.Pool Get, Reset, Put on every request). On the
+	// exchange's goroutine only.
+	br *bufio.Reader
+	bw *bufio.Writer
 }
+
+// buffers returns c's reader and writer for a new exchange, made on the
+// first with readSize and writeSize bytes (fasthttp's defaults when not
+// above zero) and reset on every one: what a past answer left unread is
+// dropped, and a writer's past error forgotten, as with pooled ones.
+func (c *Conn) buffers(readSize, writeSize int) (*bufio.Reader, *bufio.Writer) {
+	if c.br == nil {
+		if readSize <= 0 {
+			readSize = defaultReadBufferSize
+		}
+		if writeSize <= 0 {
+			writeSize = defaultWriteBufferSize
+		}
+		c.br, c.bw = bufio.NewReaderSize(c, readSize), bufio.NewWriterSize(c, writeSize)
+		return c.br, c.bw
+	}
+	c.br.Reset(c)
+	c.bw.Reset(c)
+	return c.br, c.bw
+}
+
+// fasthttp's HostClient buffer sizes when its ReadBufferSize and
+// WriteBufferSize are not set.
+const (
+	defaultReadBufferSize  = 4096
+	defaultWriteBufferSize = 4096
+)
 
 // HoldWrites makes c hold what is written next (up to epoll.MaxHeld
 // bytes) until the next Read, which sends it from inside its wait for the

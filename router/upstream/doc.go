@@ -9,7 +9,10 @@
 //
 // Exchanges (Exchange): one request and its answer on a connection of a
 // worker's pool, held by the leg from acquisition to release, so that an
-// abort (a client that left, a failed prefill) cuts it at any moment. Every
+// abort (a client that left, a failed prefill) cuts it at any moment. A
+// connection Dial made owns its buffered reader and writer for its whole
+// life (made on its first exchange, reset on each); only a connection of
+// another dial takes pooled ones from the HostClient. Every
 // leg — a mixed worker's unary or streamed answer, a PD prefill, a unary or
 // streamed PD decode — is one Exchange; a stream read to its end gives its
 // connection back to the pool. An answer's head in its common form

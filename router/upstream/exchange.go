@@ -34,8 +34,11 @@ type Exchange struct {
 	lease connLease // the pool's handle of conn
 	hc    *fasthttp.HostClient
 	br    *bufio.Reader // a stream's reader, until Release
-	resp  *fasthttp.Response
-	body  io.Reader // a stream's body
+	// pooledReader: br is hc's (a connection not Dial's), not the
+	// connection's own (Conn.buffers).
+	pooledReader bool
+	resp         *fasthttp.Response
+	body         io.Reader // a stream's body
 	// chunked decodes a chunked stream's body in place of fasthttp's
 	// body stream (readAnswer).
 	chunked chunkedBody
@@ -152,26 +155,36 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 	if uc != nil && owner != nil {
 		uc.SetOwner(owner)
 	}
+	// A connection Dial made has its own reader and writer; another (a
+	// HostClient's default dial) takes pooled ones, as fasthttp would.
+	var br *bufio.Reader
+	x.pooledReader = uc == nil
 	// Not resp.ParseNetConn(conn), as fasthttp's client does: nothing
 	// asks an upstream answer for its addresses, and the two interface
 	// calls come on every exchange.
 	err = conn.SetWriteDeadline(deadline)
 	if err == nil {
+		var bw *bufio.Writer
 		if uc != nil {
 			// The request goes out with the wait for its answer (see
 			// Conn.HoldWrites): no read that finds nothing.
 			uc.HoldWrites()
+			br, bw = uc.buffers(hc.ReadBufferSize, hc.WriteBufferSize)
+		} else {
+			bw = hc.AcquireWriter(conn)
 		}
-		bw := hc.AcquireWriter(conn)
 		if err = req.Write(bw); err == nil {
 			err = bw.Flush()
 		}
-		hc.ReleaseWriter(bw)
+		if uc == nil {
+			hc.ReleaseWriter(bw)
+		}
 	}
-	var br *bufio.Reader
 	if err == nil {
 		if err = conn.SetReadDeadline(deadline); err == nil {
-			br = hc.AcquireReader(conn)
+			if br == nil {
+				br = hc.AcquireReader(conn)
+			}
 			err = x.readAnswer(br, resp, hc.MaxResponseBodySize)
 		}
 	}
@@ -190,7 +203,7 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 		x.closed = req.ConnectionClose()
 		return nil
 	}
-	if br != nil {
+	if br != nil && x.pooledReader {
 		hc.ReleaseReader(br)
 	}
 	x.closed = err != nil || req.ConnectionClose() || resp.ConnectionClose() || uc != nil && uc.Holding()
@@ -261,7 +274,9 @@ func (x *Exchange) Release() {
 		return
 	}
 	_ = x.resp.CloseBodyStream()
-	x.hc.ReleaseReader(x.br)
+	if x.pooledReader {
+		x.hc.ReleaseReader(x.br)
+	}
 	x.closed = x.closed || !x.eof || x.resp.ConnectionClose()
 	x.br, x.resp, x.body = nil, nil, nil
 	x.chunked.reset(nil, nil)

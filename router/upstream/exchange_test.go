@@ -130,20 +130,31 @@ func readStreamToEnd(t *testing.T, x *Exchange, resp *fasthttp.Response, want st
 }
 
 // TestExchangeStreamReadToEndReusesConnection: streams read to their end
-// and whole answers share one pooled connection; a stream left unread is
-// closed, not pooled.
+// and whole answers share one pooled connection, every stream read through
+// the connection's own reader (Conn.buffers), not a pooled one; a stream
+// left unread is closed, not pooled.
 func TestExchangeStreamReadToEndReusesConnection(t *testing.T) {
 	s := startStreamServer(t)
 	var set Set
 	hc := exchangeClient(&set, s.addr)
 	var x Exchange
-	for range 3 {
+	var first *bufio.Reader
+	for i := range 3 {
 		resp, err := exchangeOnce(t, &x, hc, s.addr, "/stream", true)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if x.Conn() == nil {
+		c := x.Conn()
+		if c == nil {
 			t.Fatal("a streamed exchange does not expose its connection")
+		}
+		if c.br == nil || x.br != c.br || x.pooledReader {
+			t.Fatalf("stream %d reads through %p, want its connection's own reader", i, x.br)
+		}
+		if first == nil {
+			first = x.br
+		} else if x.br != first {
+			t.Fatalf("stream %d on the same connection got a new reader", i)
 		}
 		if resp.BodyStream() != &x.chunked {
 			t.Fatalf("a chunked stream reads through %T, want the exchange's chunkedBody", resp.BodyStream())
@@ -302,5 +313,57 @@ func TestExchangeStreamCutMidChunk(t *testing.T) {
 	x.Release()
 	if n := set.Len(); n != 0 {
 		t.Fatalf("%d connections open after a cut stream was released, want 0", n)
+	}
+}
+
+// TestExchangeOtherDialTakesPooledBuffers: an exchange on a connection
+// that is not Dial's (a HostClient's own dial) reads through a reader
+// taken from the HostClient's pool, as fasthttp would; one on a Dial'd
+// connection reads through the connection's own
+// (TestExchangeStreamReadToEndReusesConnection).
+func TestExchangeOtherDialTakesPooledBuffers(t *testing.T) {
+	s := startStreamServer(t)
+	var set Set
+	plain := exchangeClient(&set, s.addr)
+	plain.Dial = func(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }
+	defer plain.CloseIdleConnections()
+	var x Exchange
+	resp, err := exchangeOnce(t, &x, plain, s.addr, "/stream", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Conn() != nil || !x.pooledReader || x.br == nil {
+		t.Fatal("an exchange on a connection not Dial's does not read through a pooled reader")
+	}
+	readStreamToEnd(t, &x, resp, "data: a\n\ndata: b\n\ndata: c\n\n")
+}
+
+// A unary exchange on a pooled connection Dial made allocates nothing:
+// the connection's lease, its own reader and writer, the request written
+// and the answer read. The worker is a plain socket that answers every
+// request ending in "{}" (a fasthttp server in the process would count
+// its own allocations).
+func TestExchangeUnaryAllocs(t *testing.T) {
+	var accepted atomic.Int64
+	addr := answerServer(t, &accepted)
+	var set Set
+	hc := exchangeClient(&set, addr)
+	// Long enough for the connection to stay pooled between runs, short
+	// enough for fasthttp's pool cleaner to end with the test.
+	hc.MaxIdleConnDuration = 200 * time.Millisecond
+	defer hc.CloseIdleConnections()
+	run, done := unaryExchange(hc, addr)
+	defer done()
+	exchange := func() {
+		if err := run(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exchange()
+	if n := testing.AllocsPerRun(200, exchange); n != 0 {
+		t.Fatalf("unary exchange: %v allocations", n)
+	}
+	if n := accepted.Load(); n != 1 {
+		t.Fatalf("worker accepted %d connections, want 1 (pooled)", n)
 	}
 }
