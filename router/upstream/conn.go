@@ -176,14 +176,18 @@ func (c *Conn) Read(p []byte) (int, error) {
 		return c.readUnwatched(p, now)
 	}
 	hard, every := sw.BeforeRead(now)
-	beat := now.Add(every)
+	// The first try's beat is every from now, decided without making
+	// it (time.Time's Add and Before are calls, on every read); after
+	// a wake, the beat is kept as a time.
+	isBeat := every > 0 && every < hard.Sub(now)
+	tick := every
+	var beat time.Time
 	for {
 		// A beat's deadline may wake the read early (SetTick): the beat
 		// is then only waited for again.
-		isBeat := every > 0 && beat.Before(hard)
 		var err error
 		if isBeat {
-			err = c.readSet.SetTick(c.Conn, false, beat.Sub(now), now)
+			err = c.readSet.SetTick(c.Conn, false, tick, now)
 		} else {
 			err = c.readSet.Set(c.Conn, false, hard, now, true)
 		}
@@ -201,7 +205,11 @@ func (c *Conn) Read(p []byte) (int, error) {
 			}
 			return n, err
 		}
+		if beat.IsZero() {
+			beat = now.Add(every)
+		}
 		if now = time.Now(); now.Before(beat) {
+			tick, isBeat = beat.Sub(now), beat.Before(hard)
 			continue
 		}
 		if herr := sw.Heartbeat(); herr != nil {
@@ -209,6 +217,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		}
 		beat = beat.Add(every)
 		now = time.Now()
+		tick, isBeat = beat.Sub(now), beat.Before(hard)
 	}
 }
 
@@ -234,18 +243,28 @@ func (c *Conn) progress(n int, now time.Time, waited bool) {
 // the client yet, so the request can go elsewhere, and closing the
 // connection tells the engine to drop it.
 func (c *Conn) readUnwatched(p []byte, now time.Time) (int, error) {
-	hard, exact := capExact(now.Add(c.timeout), c.readHard.Load())
-	tick := c.tick
+	// The read's deadline is the idle timeout from now, or fasthttp's
+	// when earlier (exact). The first try decides between it and a
+	// tick without making it as a time (time.Time's Add and Before are
+	// calls, on every read): a tick comes first when shorter than the
+	// timeout, or before fasthttp's deadline in unix ns, as comparing
+	// the times would find.
+	at, capAt, tick := now.UnixNano(), c.readHard.Load(), c.tick
+	exact := capAt != 0 && capAt < at+int64(c.timeout)
+	isTick := tick > 0 && (!exact && tick < c.timeout || exact && at+int64(tick) < capAt)
 	start := now
+	var hard time.Time // made when set, or after a wake
 	for {
 		// A stall tick may wake the read early (SetTick): GiveUp checks
 		// the time waited itself, so an early tick only checks early,
 		// and ticks still come at least every tick and its slack.
-		isTick := tick > 0 && now.Add(tick).Before(hard)
 		var err error
 		if isTick {
 			err = c.readSet.SetTick(c.Conn, false, tick, now)
 		} else {
+			if hard.IsZero() {
+				hard = readDeadline(start, c.timeout, capAt, exact)
+			}
 			err = c.readSet.Set(c.Conn, false, hard, now, exact)
 		}
 		if err != nil {
@@ -261,7 +280,20 @@ func (c *Conn) readUnwatched(p []byte, now time.Time) (int, error) {
 			// A unary exchange with no retry left keeps waiting instead.
 			return 0, gerr
 		}
+		if hard.IsZero() {
+			hard = readDeadline(start, c.timeout, capAt, exact)
+		}
+		isTick = now.Add(tick).Before(hard)
 	}
+}
+
+// readDeadline is an unwatched read's deadline: timeout from start, or
+// the cap (unix ns) when exact.
+func readDeadline(start time.Time, timeout time.Duration, capAt int64, exact bool) time.Time {
+	if exact {
+		return time.Unix(0, capAt)
+	}
+	return start.Add(timeout)
 }
 
 // read reads from the socket, first sending what c holds (HoldWrites).

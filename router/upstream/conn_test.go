@@ -143,6 +143,65 @@ func TestReadUnwatchedGivesUpOnlyWithRetryLeft(t *testing.T) {
 	}
 }
 
+// A silent worker: an unwatched read's first wait ends at the earliest of
+// its stall tick (GiveUp's error), its idle timeout and fasthttp's
+// deadline (a timeout), whichever way round they come.
+func TestReadUnwatchedWaitsForTheEarliestDeadline(t *testing.T) {
+	addr := echoServer(t)
+	stalled := errors.New("stalled")
+	for _, tc := range []struct {
+		name          string
+		tick, timeout time.Duration
+		hard          time.Duration // fasthttp's deadline from now; 0: none
+		want          error         // nil: a timeout
+	}{
+		{"tick before the timeout", 20 * time.Millisecond, 5 * time.Second, 0, stalled},
+		{"tick before fasthttp's deadline", 20 * time.Millisecond, 5 * time.Second, 2 * time.Second, stalled},
+		{"fasthttp's deadline before the tick", time.Second, 5 * time.Second, 30 * time.Millisecond, nil},
+		{"timeout before the tick", time.Second, 30 * time.Millisecond, 0, nil},
+	} {
+		var set Set
+		c, err := Dial(&set, addr, time.Second, tc.timeout, &countProgress{tick: tc.tick, err: stalled})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.hard > 0 {
+			_ = c.SetReadDeadline(time.Now().Add(tc.hard))
+		}
+		_, err = c.Read(make([]byte, 1))
+		if tc.want == nil && !IsTimeout(err) || tc.want != nil && !errors.Is(err, tc.want) {
+			t.Errorf("%s: read %v, want %v (nil: a timeout)", tc.name, err, tc.want)
+		}
+		set.CloseAll()
+	}
+}
+
+// timeoutBeater beats every second against a stream deadline 30 ms
+// away, counting heartbeats and read timeouts.
+type timeoutBeater struct{ beats, timeouts int }
+
+func (b *timeoutBeater) BeforeRead(now time.Time) (time.Time, time.Duration) {
+	return now.Add(30 * time.Millisecond), time.Second
+}
+func (b *timeoutBeater) Heartbeat() error { b.beats++; return nil }
+func (b *timeoutBeater) NoteReadTimeout() { b.timeouts++ }
+
+// A watched read whose stream deadline comes before its beat waits for
+// the deadline: a timeout, noted, and no heartbeat.
+func TestWatchedReadDeadlineBeforeTheBeat(t *testing.T) {
+	var set Set
+	defer set.CloseAll()
+	c, _ := dialPeer(t, &set, nil)
+	b := &timeoutBeater{}
+	c.Watch(&WatchSlot{Watcher: b})
+	if _, err := c.Read(make([]byte, 1)); !IsTimeout(err) {
+		t.Fatalf("watched read: %v, want the stream deadline's timeout", err)
+	}
+	if b.beats != 0 || b.timeouts != 1 {
+		t.Fatalf("%d heartbeats and %d noted timeouts, want 0 and 1", b.beats, b.timeouts)
+	}
+}
+
 type beater struct {
 	beats   atomic.Int64
 	stopAt  int64
