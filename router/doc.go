@@ -111,7 +111,12 @@
 // shaped as an HTTP answer, timeouts and error frames fail over as HTTP
 // failures do, aborting or releasing it cancels the worker's request, and
 // a worker whose JetStream backlog is full is skipped at pick (all full:
-// 429). The streamed answer lives in stream.go.
+// 429). The streamed answer lives in stream.go. A request ends in
+// Router.finish (relay.go): its metrics, its last attempt's end, the relay
+// back to its pool. Its series are resolved when the router starts
+// (metrics.go); its two duration histograms, ours by route and Infera's
+// by outcome, are one set of atomic counts by route and outcome
+// (requestDurations), added up into each series when /metrics is scraped.
 // docs/architecture.md ("Request path") walks it with file references.
 //
 // # Failover

@@ -40,9 +40,7 @@ func inferaOutcome(o outcome, status int) int {
 // observe records a finished proxied request's duration in our per-route
 // histogram and in Infera's {router, outcome} one.
 func (m *metrics) observe(rt Route, o outcome, status int, d time.Duration) {
-	s := d.Seconds()
-	m.duration[rt].Observe(s)
-	m.inferaDuration[inferaOutcome(o, status)].Observe(s)
+	m.durations.observe(rt, inferaOutcome(o, status), d.Seconds())
 }
 
 // Breaker state values as Infera exports them: 0 closed, 1 half-open, 2 open.
@@ -61,17 +59,10 @@ func inferaBreakerValue(state uint32) float64 {
 const inferaRouterLabel = "mixed"
 
 // newInferaMetrics adds Infera's series that have no counterpart of ours
-// under the same name: the request-duration histogram by router and outcome,
-// active workers by disagg_mode, and the unroutable-workers gauge (ours).
+// under the same name: active workers by disagg_mode and the
+// unroutable-workers gauge (ours). The request-duration histogram by router
+// and outcome is requestDurations' (metrics.go).
 func (m *metrics) newInferaMetrics() []prometheus.Collector {
-	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "infera_request_duration_seconds",
-		Help:    "End-to-end server-observed request latency (pick + worker round-trip), by router (mixed, disagg) and outcome (ok, 4xx, 5xx, error), as Infera exports it.",
-		Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
-	}, []string{"router", "outcome"})
-	for i := range numInferaOutcomes {
-		m.inferaDuration[i] = dur.WithLabelValues(inferaRouterLabel, inferaOutcomeLabels[i])
-	}
 	m.activeWorkers = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "infera_active_workers",
 		Help: "Workers in active status that the router can reach, by disagg_mode.",
@@ -80,7 +71,7 @@ func (m *metrics) newInferaMetrics() []prometheus.Collector {
 		Name: "infera_router_unroutable_workers",
 		Help: "Valid workers listed in /v1/workers that the router cannot send requests to, by reason (unroutable: nats transport, unroutable: status dead).",
 	}, []string{"reason"})
-	return []prometheus.Collector{dur, m.activeWorkers, m.unroutable}
+	return []prometheus.Collector{m.activeWorkers, m.unroutable}
 }
 
 // setFleet updates the per-view gauges.
@@ -95,16 +86,13 @@ func (m *metrics) setFleet(byMode map[discovery.DisaggMode]int, unroutable map[s
 	}
 }
 
-// metricValue reads a counter or gauge for a derived series at scrape time.
-func metricValue(c prometheus.Metric) float64 {
+// metricValue reads a counter for a derived series at scrape time.
+func metricValue(c prometheus.Counter) float64 {
 	var d dto.Metric
 	if c.Write(&d) != nil {
 		return 0
 	}
-	if d.Counter != nil {
-		return d.Counter.GetValue()
-	}
-	return d.Gauge.GetValue()
+	return d.Counter.GetValue()
 }
 
 // inferaCollector exports, at scrape time, Infera's names for series we
@@ -134,7 +122,7 @@ func (c inferaCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c inferaCollector) Collect(ch chan<- prometheus.Metric) {
-	ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, metricValue(c.r.metrics.inflight), inferaRouterLabel)
+	ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(c.r.metrics.inflight.Load()), inferaRouterLabel)
 	v := c.r.view.Load()
 	if v == nil {
 		return

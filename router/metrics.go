@@ -1,6 +1,8 @@
 package router
 
 import (
+	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,14 +20,12 @@ type metrics struct {
 
 	requestsVec   *prometheus.CounterVec
 	requests      [numRoutes][numOutcomes]prometheus.Counter // the expected combinations
-	duration      [numRoutes]prometheus.Observer
+	durations     *requestDurations                          // ours by route, Infera's by outcome (below)
 	ttft          [numProxyRoutes]prometheus.Observer
-	inflight      prometheus.Gauge
+	inflight      atomic.Int64         // proxied requests being served: an integer add, not a float's CAS loop
 	activeWorkers *prometheus.GaugeVec // by disagg_mode, as Infera
 	unroutable    *prometheus.GaugeVec // by reason
 	picks         *prometheus.CounterVec
-
-	inferaDuration [numInferaOutcomes]prometheus.Observer // Infera's {router, outcome}
 
 	// Resilience and admission (issue 5), resolved per label value.
 	retries      [numReasons]prometheus.Counter
@@ -119,20 +119,16 @@ func newMetrics() *metrics {
 		Name: "infera_requests_total",
 		Help: "Requests by route and outcome.",
 	}, []string{"route", "outcome"})
-	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "infera_router_request_duration_seconds",
-		Help:    "Time from a proxied request's arrival to the end of its response.",
-		Buckets: prometheus.ExponentialBuckets(0.005, 2, 16), // 5ms .. ~164s
-	}, []string{"route"})
+	m.durations = newRequestDurations()
 	ttft := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "infera_ttft_seconds",
 		Help:    "Time from a streaming request's arrival to its first event relayed to the client.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16), // 1ms .. ~33s
 	}, []string{"route"})
-	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{
+	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "infera_requests_in_flight",
 		Help: "Proxied requests being served.",
-	})
+	}, func() float64 { return float64(m.inflight.Load()) })
 	m.picks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "infera_worker_picks_total",
 		Help: "Requests routed to each worker.",
@@ -165,7 +161,7 @@ func newMetrics() *metrics {
 		Name: "infera_router_worker_stalls_total",
 		Help: "Times each worker was found stalled: requests in flight, no progress for --stall-window, no answer to its probe.",
 	}, []string{"worker_id"})
-	m.reg.MustRegister(requests, duration, ttft, m.inflight, m.picks,
+	m.reg.MustRegister(requests, m.durations, ttft, inflight, m.picks,
 		retries, failures, timeouts, rejected, m.disconnects, m.breakerTrips, m.stalls)
 	m.reg.MustRegister(m.newInferaMetrics()...)
 	m.pd = newPDMetrics(m.reg)
@@ -210,7 +206,6 @@ func newMetrics() *metrics {
 		}
 	}
 	for rt := range numProxyRoutes {
-		m.duration[rt] = duration.WithLabelValues(rt.String())
 		m.ttft[rt] = ttft.WithLabelValues(rt.String())
 	}
 	return m
@@ -288,4 +283,113 @@ func (m *metrics) write(ctx *fasthttp.RequestCtx) {
 			return // the client is gone or the body is broken anyway
 		}
 	}
+}
+
+// requestDurations holds the two histograms of a finished proxied request's
+// duration, ours by route (infera_router_request_duration_seconds) and
+// Infera's by outcome (infera_request_duration_seconds{router="mixed"}),
+// as one set of counts by route and Infera outcome: a request's end finds
+// its bucket once and makes two atomic updates (its bucket, its cell's
+// sum), where two Prometheus histograms searched their buckets twice and
+// made four each (hot index, bucket, sum, count). Each series is summed
+// from the cells at scrape time.
+//
+// Concurrency: observe may run on any goroutine; a scrape (Collect) reads
+// the counts without stopping observers, so a scrape during a request's
+// end may count its bucket before its sum (the next scrape has both); a
+// series' count is its buckets' total, never out of step with them.
+type requestDurations struct {
+	cells [numProxyRoutes][numInferaOutcomes]durationCell
+
+	byRoute   *prometheus.Desc
+	byOutcome *prometheus.Desc
+}
+
+// durationBounds are both histograms' bucket upper bounds: 5 ms to ~164 s.
+var durationBounds = prometheus.ExponentialBuckets(0.005, 2, 16)
+
+const numDurationBuckets = 16 // len(durationBounds)
+
+// durationCell counts the requests of one route and Infera outcome.
+type durationCell struct {
+	buckets [numDurationBuckets + 1]atomic.Uint64 // the last: above every bound (+Inf)
+	sumBits atomic.Uint64                         // the durations' sum in seconds, float64 bits
+}
+
+func newRequestDurations() *requestDurations {
+	return &requestDurations{
+		byRoute: prometheus.NewDesc("infera_router_request_duration_seconds",
+			"Time from a proxied request's arrival to the end of its response.",
+			[]string{"route"}, nil),
+		byOutcome: prometheus.NewDesc("infera_request_duration_seconds",
+			"End-to-end server-observed request latency (pick + worker round-trip), by router (mixed, disagg) and outcome (ok, 4xx, 5xx, error), as Infera exports it.",
+			[]string{"router", "outcome"}, nil),
+	}
+}
+
+// observe counts a request of route rt and Infera outcome io that took s
+// seconds.
+func (h *requestDurations) observe(rt Route, io int, s float64) {
+	c := &h.cells[rt][io]
+	i := 0
+	for i < numDurationBuckets && s > durationBounds[i] {
+		i++
+	}
+	c.buckets[i].Add(1)
+	for {
+		old := c.sumBits.Load()
+		if c.sumBits.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+s)) {
+			return
+		}
+	}
+}
+
+func (h *requestDurations) Describe(ch chan<- *prometheus.Desc) {
+	ch <- h.byRoute
+	ch <- h.byOutcome
+}
+
+func (h *requestDurations) Collect(ch chan<- prometheus.Metric) {
+	var sums durationSums
+	for rt := range numProxyRoutes {
+		sums.reset()
+		for io := range numInferaOutcomes {
+			sums.add(&h.cells[rt][io])
+		}
+		ch <- sums.histogram(h.byRoute, rt.String())
+	}
+	for io := range numInferaOutcomes {
+		sums.reset()
+		for rt := range numProxyRoutes {
+			sums.add(&h.cells[rt][io])
+		}
+		ch <- sums.histogram(h.byOutcome, inferaRouterLabel, inferaOutcomeLabels[io])
+	}
+}
+
+// durationSums adds cells up into one series.
+type durationSums struct {
+	buckets [numDurationBuckets + 1]uint64
+	sum     float64
+}
+
+func (s *durationSums) reset() { *s = durationSums{} }
+
+func (s *durationSums) add(c *durationCell) {
+	for i := range s.buckets {
+		s.buckets[i] += c.buckets[i].Load()
+	}
+	s.sum += math.Float64frombits(c.sumBits.Load())
+}
+
+// histogram is the series with Prometheus' cumulative buckets.
+func (s *durationSums) histogram(d *prometheus.Desc, labels ...string) prometheus.Metric {
+	cumulative := make(map[float64]uint64, numDurationBuckets)
+	var n uint64
+	for i, le := range durationBounds {
+		n += s.buckets[i]
+		cumulative[le] = n
+	}
+	n += s.buckets[numDurationBuckets]
+	return prometheus.MustNewConstHistogram(d, n, s.sum, cumulative, labels...)
 }

@@ -188,7 +188,7 @@ func (rel *relay) reset() {
 func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte) {
 	rel := acquireRelay(r, route)
 	r.traceStart(rel, ctx) // tracing.go
-	r.metrics.inflight.Inc()
+	r.metrics.inflight.Add(1)
 	rel.id = append(rel.id[:0], id...)
 	werr := rel.dialect.writeError
 
@@ -410,7 +410,7 @@ func (r *Router) finish(rel *relay, o outcome, status int) {
 	m := r.metrics
 	m.request(rel.route, o).Inc()
 	m.observe(rel.route, o, status, d)
-	m.inflight.Dec()
+	m.inflight.Add(-1)
 	if o == outcomeClientGone {
 		m.disconnects.Inc()
 	}
