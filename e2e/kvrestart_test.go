@@ -28,9 +28,19 @@ import (
 // chance under either cost, and ttft's warm share bound then moves warm
 // requests off their holders more often than blocks' does: its ratio was
 // 0.904–0.97 in six runs on a loaded box and 0.887 in one CI run (issue 37,
-// docs/performance.md "--kv-cost ttft after a restart"). That is the open
-// gap before ttft can be serve's default, not a margin to test against.
+// docs/performance.md "--kv-cost ttft after a restart"), and with the
+// 384 requests below 0.922–0.992 in seven runs on a loaded box (session 16).
+// That is the open gap before ttft can be serve's default, not a margin to
+// test against.
 func TestKVRouterRestart(t *testing.T) {
+	// With a buffer too small to replay, B's first request of each of the
+	// 16 prefix groups goes where it goes by chance (nothing B can read
+	// says where A kept the group): 8–14 first misses, which over 192
+	// requests cost 0.04–0.07 of the hit ratio and failed a CI run at
+	// 0.887 (blocks). 384 requests halve that share, so the check weighs
+	// what B does once it has seen a group — its convergence — rather than
+	// the first placements' luck.
+	const restartRequests = 384
 	for _, tc := range []struct {
 		cost   string
 		buffer int
@@ -66,12 +76,12 @@ func TestKVRouterRestart(t *testing.T) {
 			}
 			a.waitWorkers("all workers", 30*time.Second, active)
 			a.waitPrecise(ids, 30*time.Second)
-			wl := sharedPrefix(192)
+			wl := sharedPrefix(restartRequests)
 			bench := func(f *fleet, label string) benchReport {
 				t.Helper()
 				args := append([]string{"--url", f.base, "--model", "sim-model", "--label", label}, wl.args...)
 				rep, err := runBench(t, 10*time.Minute, args...)
-				if err != nil || rep.Requests != 192 || len(rep.Errors) != 0 {
+				if err != nil || rep.Requests != restartRequests || len(rep.Errors) != 0 {
 					t.Fatalf("%s: %v, %d requests, errors %v", label, err, rep.Requests, rep.Errors)
 				}
 				return rep
