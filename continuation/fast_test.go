@@ -210,6 +210,13 @@ func TestFastPathAcrossStreams(t *testing.T) {
 		if r, s := continuation.Rebases(tr), continuation.Restamps(tr); r != 1 || s != 2 {
 			t.Errorf("strip %v: second stream: %d rebases, %d restamps; want 1 (its first chunk's layout) and 2 (the steady and the last chunk's)", strip, r, s)
 		}
+		// The steady and the last chunk's layouts, copied with a longer id,
+		// are still read in a straight line: one layout tried a chunk, two
+		// for the first (the last chunk's, which no stream followed yet)
+		// and the last (the steady one fails on its finish reason).
+		if n := continuation.Tries(tr); n != 2+9+2 {
+			t.Errorf("strip %v: the second stream's 11 chunks tried %d layouts, want %d", strip, n, 2+9+2)
+		}
 		if string(tr.ID) != `"`+c.id+`"` || string(tr.Created) != "1730000099" || !tr.Finished || string(tr.Text) != "t0t1t2t3t4t5t6t7t8!" {
 			t.Errorf("strip %v: second stream read as id %s created %s finished %v text %q", strip, tr.ID, tr.Created, tr.Finished, tr.Text)
 		}

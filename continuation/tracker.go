@@ -397,10 +397,16 @@ func (t *Tracker) prompt(raw []byte, at int) {
 		return // null, or not ids at all
 	}
 	t.lay.shape.saw(holePrompt, at, at+len(raw), false)
-	if t.HasPrompt {
-		return
+	t.keepPrompt(raw)
+}
+
+// keepPrompt keeps the stream's first prompt id array, raw (the fast path
+// found it an array; it does not note the chunk's shape, a cache line a
+// stream's first chunk need not touch).
+func (t *Tracker) keepPrompt(raw []byte) {
+	if !t.HasPrompt {
+		t.promptRaw, t.HasPrompt = append(t.promptRaw[:0], raw...), true
 	}
-	t.promptRaw, t.HasPrompt = append(t.promptRaw[:0], raw...), true
 }
 
 // skipIDs moves s past the id array at s.I. An array of numbers holds no
