@@ -2,6 +2,7 @@ package continuation
 
 import (
 	"bytes"
+	"sync"
 
 	"github.com/infera/infera/jsonx"
 	"github.com/infera/infera/openai"
@@ -21,9 +22,10 @@ import (
 // are read. Any other chunk is read in full (and its layout learnt when it
 // has one). A layout keeps only the bytes between its holes and the
 // stream's id, time and model, so a first chunk's long prompt costs it
-// nothing. Layouts outlive the stream (Reset keeps them), so a relay's
-// tracker reads even the first and last chunk of its next stream from the
-// same engine through them: the first chunk of a stream moves its layout
+// nothing. Layouts outlive the stream (Reset keeps them, or gives them
+// back to the tracker's LayoutPool, which lends them to the next stream
+// to start), so a relay's tracker reads even the first and last chunk of
+// its next stream from the same engine through them: the first chunk of a stream moves its layout
 // to the stream's id, time and model, and that one the others, so the
 // stream's other chunks compare those as fixed bytes ("rigid" match);
 // values as long as the old ones (an engine's most often are) are
@@ -150,6 +152,41 @@ type layouts struct {
 	stampBuf []byte
 	// shape is what the full read of the chunk being read found.
 	shape chunkShape
+	// prompt is the stream's prompt ids as the engine wrote them (a JSON
+	// array, copied: a long prompt's ids are most of a stream's first
+	// chunk, and only a continuation needs them as numbers), here so
+	// that a lent set's copy lands on bytes the last stream just wrote.
+	prompt []byte
+}
+
+// LayoutPool lends trackers their layouts one stream at a time: a
+// Tracker with Pool set takes a set at its stream's first chunk and gives
+// it back at Reset. Under many concurrent streams a Tracker's own set
+// (and its prompt buffer) is cold by the time its next stream's first
+// chunk comes, while the set the last stream to end on this processor
+// gave back is not (sync.Pool hands it back there first). The sets are
+// those of all the pool's trackers, so a stream may meet another
+// engine's layouts first: it is read in full and its layout learnt, as
+// with a Tracker's own set after another engine's stream. Safe for
+// concurrent use; the zero value is ready.
+type LayoutPool struct {
+	sets sync.Pool
+}
+
+// take lends a set (a new one when p is nil or has none).
+func (p *LayoutPool) take() *layouts {
+	if p != nil {
+		if l, _ := p.sets.Get().(*layouts); l != nil {
+			return l
+		}
+	}
+	return new(layouts)
+}
+
+// give takes a set back.
+func (p *LayoutPool) give(l *layouts) {
+	l.prompt = l.prompt[:0]
+	p.sets.Put(l)
 }
 
 // next is the layout a stream's next chunk most likely has: the one
@@ -328,7 +365,10 @@ func (t *Tracker) observeFast(data []byte) (out []byte, ok bool) {
 // ends its event; end is where the chunk ends (closed: len(data)).
 func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 	if t.lay == nil {
-		return -1, -1, -1, false
+		if t.Pool == nil {
+			return -1, -1, -1, false
+		}
+		t.lay = t.Pool.take()
 	}
 	if t.begun {
 		// The layout matched last, or the one that followed it when it
