@@ -86,7 +86,8 @@ type Tracker struct {
 	rebases, restamps int
 }
 
-// Reset readies t for a new stream, keeping its buffers.
+// Reset readies t for a new stream, keeping its buffers and its layouts;
+// layouts that Pool lent go back to it.
 func (t *Tracker) Reset(strip bool) {
 	lay := t.lay
 	if lay != nil && t.Pool != nil {
