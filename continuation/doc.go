@@ -21,7 +21,11 @@
 //     change (text, ids, finish reason) are read, the rest compared; the
 //     templates outlive the stream (Reset keeps them), so a reused
 //     Tracker reads the next stream from the same engine that way from
-//     its first chunk to its last. A template keeps the bytes between
+//     its first chunk to its last. A Tracker given a LayoutPool (the
+//     router's relays) holds its templates, with the prompt's ids, only
+//     for one stream: Reset gives the set back and the next stream's
+//     first chunk takes the one last given back on its processor, still
+//     in the cache where a relay's own would not be under many streams. A template keeps the bytes between
 //     the values, not the values, so a long prompt's first chunk is read
 //     that way too; the stream's id, time and model are compared as
 //     fixed bytes once the stream's first chunk moved the templates to
@@ -39,7 +43,9 @@
 //     completion chunk into the chat chunk the client expects.
 //
 // Concurrency: a Tracker belongs to one stream and one goroutine at a
-// time; everything else is a pure function. Observe allocates nothing once
+// time; a LayoutPool is safe for concurrent use (a set it lends belongs
+// to one Tracker until that Tracker's Reset); everything else is a pure
+// function. Observe allocates nothing once
 // the Tracker's buffers have grown (the relay reuses Trackers); Build runs
 // once per continuation and may allocate.
 package continuation

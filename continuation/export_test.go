@@ -14,3 +14,6 @@ func Restamps(t *Tracker) int { return t.restamps }
 
 // Tries is how many layouts t tried on the chunks of its stream.
 func Tries(t *Tracker) int { return t.tries }
+
+// HoldsLayouts reports whether t holds a set of layouts.
+func HoldsLayouts(t *Tracker) bool { return t.lay != nil }

@@ -2,6 +2,7 @@ package continuation
 
 import (
 	"bytes"
+	"sync"
 
 	"github.com/infera/infera/jsonx"
 	"github.com/infera/infera/openai"
@@ -21,9 +22,10 @@ import (
 // are read. Any other chunk is read in full (and its layout learnt when it
 // has one). A layout keeps only the bytes between its holes and the
 // stream's id, time and model, so a first chunk's long prompt costs it
-// nothing. Layouts outlive the stream (Reset keeps them), so a relay's
-// tracker reads even the first and last chunk of its next stream from the
-// same engine through them: the first chunk of a stream moves its layout
+// nothing. Layouts outlive the stream (Reset keeps them, or gives them
+// back to the tracker's LayoutPool, which lends them to the next stream
+// to start), so a relay's tracker reads even the first and last chunk of
+// its next stream from the same engine through them: the first chunk of a stream moves its layout
 // to the stream's id, time and model, and that one the others, so the
 // stream's other chunks compare those as fixed bytes ("rigid" match);
 // values as long as the old ones (an engine's most often are) are
@@ -84,32 +86,54 @@ const (
 // template is a chunk layout: b, a chunk read in full without the values
 // that vary within a stream, and its holes in order of offset (in b: the
 // stream's id, time and model as the stream has them, the others empty).
+//
+// What a stream's steady chunks read (matchSteady: b, the flags, the
+// steady holes' offsets, the cut) is the first 64 bytes, and a template is
+// 256, so that under many streams a steady chunk's layout costs one cold
+// cache line, not the four its fields spread over; the general walk's
+// holes come after (TestTemplateLines holds the sizes).
 type template struct {
+	b     []byte
 	ok    bool
 	strip bool // learnt with Tracker.Strip set
-	b     []byte
-	holes [numHoleKinds]hole
-	n     int // holes in use
-	// vary lists the holes whose value changes within a stream (all but
-	// the stream's id, time and model), by index in holes; at is the
-	// index of the hole of each kind (-1: none).
-	vary [numHoleKinds]int8
-	nv   int
-	at   [numHoleKinds]int8
-	// next is the template that matched after this one the last time
-	// another did (itself: none yet).
-	next int8
+	// steady: the layout of a steady chunk or the last — its only holes
+	// that vary within a stream are a text, a finish reason or none, and
+	// an output id array, in that order, the ids' member cut — matched
+	// rigidly by matchSteady; finish: the finish reason is there.
+	steady, finish bool
 	// cut: the member of hole cutHole is cut from the client's copy;
 	// preCut and postCut are the bytes cut before and after the hole's
 	// value (the member's key, a comma, an enclosing object's bytes).
 	cut             bool
-	cutHole         int
-	preCut, postCut int
-	// steady: the layout of a steady chunk or the last — its only holes
-	// that vary within a stream are a text, a finish reason or none, and
-	// an output id array, in that order, the ids' member cut — matched
-	// rigidly by matchSteady.
-	steady bool
+	preCut, postCut int32
+	// A steady layout's text, finish reason and output ids in b, as
+	// [start, end) pairs (steadyHoles; b is at most maxTemplateBytes).
+	textAt, textEnd, finishAt, finishEnd, idsAt, idsEnd uint16
+	// at is the index in holes of the hole of each kind (-1: none).
+	at [numHoleKinds]int8
+
+	// vary lists the holes whose value changes within a stream (all but
+	// the stream's id, time and model), by index in holes.
+	vary    [numHoleKinds]int8
+	nv, n   int8 // holes in vary, and in use
+	cutHole int8
+	holes   [numHoleKinds]hole
+	_       [16]byte // to 256 bytes: the next template starts a cache line
+}
+
+// steadyHoles notes where a steady layout's holes lie in b, for
+// matchSteady; learn and stamp call it when they place them.
+func (tm *template) steadyHoles() {
+	if !tm.steady {
+		return
+	}
+	th, ih := &tm.holes[tm.vary[0]], &tm.holes[tm.vary[tm.nv-1]]
+	tm.textAt, tm.textEnd = uint16(th.start), uint16(th.end)
+	tm.idsAt, tm.idsEnd = uint16(ih.start), uint16(ih.end)
+	if tm.finish {
+		fh := &tm.holes[tm.vary[1]]
+		tm.finishAt, tm.finishEnd = uint16(fh.start), uint16(fh.end)
+	}
 }
 
 // layouts are the chunk layouts a tracker learnt, kept across streams,
@@ -117,14 +141,52 @@ type template struct {
 type layouts struct {
 	tmpls [maxTemplates]template
 	// hit is the one matched last, victim the next one a new layout
-	// replaces.
+	// replaces; follow[i] is the template that matched after template i
+	// the last time another did (i itself: none yet). One cache line:
+	// a stream's first chunk reads it to find its layout.
 	hit, victim int
+	follow      [maxTemplates]int8
 	// match is where the chunk being matched has its holes; stampBuf is
 	// the bytes of the next layout learnt or stamped.
 	match    holeMatch
 	stampBuf []byte
 	// shape is what the full read of the chunk being read found.
 	shape chunkShape
+	// prompt is the stream's prompt ids as the engine wrote them (a JSON
+	// array, copied: a long prompt's ids are most of a stream's first
+	// chunk, and only a continuation needs them as numbers), here so
+	// that a lent set's copy lands on bytes the last stream just wrote.
+	prompt []byte
+}
+
+// LayoutPool lends trackers their layouts one stream at a time: a
+// Tracker with Pool set takes a set at its stream's first chunk and gives
+// it back at Reset. Under many concurrent streams a Tracker's own set
+// (and its prompt buffer) is cold by the time its next stream's first
+// chunk comes, while the set the last stream to end on this processor
+// gave back is not (sync.Pool hands it back there first). The sets are
+// those of all the pool's trackers, so a stream may meet another
+// engine's layouts first: it is read in full and its layout learnt, as
+// with a Tracker's own set after another engine's stream. Safe for
+// concurrent use; the zero value is ready.
+type LayoutPool struct {
+	sets sync.Pool
+}
+
+// take lends a set (a new one when p is nil or has none).
+func (p *LayoutPool) take() *layouts {
+	if p != nil {
+		if l, _ := p.sets.Get().(*layouts); l != nil {
+			return l
+		}
+	}
+	return new(layouts)
+}
+
+// give takes a set back.
+func (p *LayoutPool) give(l *layouts) {
+	l.prompt = l.prompt[:0]
+	p.sets.Put(l)
 }
 
 // next is the layout a stream's next chunk most likely has: the one
@@ -132,7 +194,7 @@ type layouts struct {
 // chunk), then the one that followed it.
 func (l *layouts) next() int {
 	if tm := &l.tmpls[l.hit]; tm.ok && tm.at[holePrompt] >= 0 {
-		return int(tm.next)
+		return int(l.follow[l.hit])
 	}
 	return l.hit
 }
@@ -183,7 +245,7 @@ func (t *Tracker) learn(data, out []byte) {
 		nt.holes[i] = h
 		nt.n++
 	}
-	for i := 1; i < nt.n; i++ {
+	for i := 1; i < int(nt.n); i++ {
 		if nt.holes[i-1].end > nt.holes[i].start {
 			return
 		}
@@ -214,7 +276,7 @@ func (t *Tracker) learn(data, out []byte) {
 			switch {
 			case h.end <= a || h.start >= b:
 			case h.start >= a && h.end <= b && nt.cutHole < 0 && (h.kind == holeOutIDs || h.kind == holePrompt):
-				nt.cutHole = i
+				nt.cutHole = int8(i)
 			default:
 				return
 			}
@@ -226,7 +288,7 @@ func (t *Tracker) learn(data, out []byte) {
 			return
 		}
 		h := nt.holes[nt.cutHole]
-		nt.cut, nt.preCut, nt.postCut = true, h.start-a, b-h.end
+		nt.cut, nt.preCut, nt.postCut = true, int32(h.start-a), int32(b-h.end)
 	} else if len(out) != len(data) {
 		return
 	}
@@ -235,7 +297,8 @@ func (t *Tracker) learn(data, out []byte) {
 	}
 	nt.steady = nt.cut && (nt.nv == 2 || nt.nv == 3 && nt.holes[nt.vary[1]].kind == holeFinish) &&
 		nt.holes[nt.vary[0]].kind == holeText && nt.holes[nt.vary[nt.nv-1]].kind == holeOutIDs &&
-		int(nt.vary[nt.nv-1]) == nt.cutHole
+		nt.vary[nt.nv-1] == nt.cutHole
+	nt.finish = nt.steady && nt.nv == 3
 	// The layout's bytes: the chunk's without the values that vary
 	// within a stream (a long prompt's ids are most of a first chunk).
 	size := len(data)
@@ -271,10 +334,11 @@ func (t *Tracker) learn(data, out []byte) {
 		t.lay.victim = (t.lay.victim + 1) % maxTemplates
 	}
 	t.lay.stampBuf, nt.b, nt.ok = t.lay.tmpls[slot].b[:0], b, true
-	nt.next = int8(slot)
+	nt.steadyHoles()
 	t.lay.tmpls[slot] = nt
+	t.lay.follow[slot] = int8(slot)
 	if t.lay.hit != slot {
-		t.lay.tmpls[t.lay.hit].next = int8(slot)
+		t.lay.follow[t.lay.hit] = int8(slot)
 	}
 	t.lay.hit = slot
 }
@@ -301,7 +365,10 @@ func (t *Tracker) observeFast(data []byte) (out []byte, ok bool) {
 // ends its event; end is where the chunk ends (closed: len(data)).
 func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 	if t.lay == nil {
-		return -1, -1, -1, false
+		if t.Pool == nil {
+			return -1, -1, -1, false
+		}
+		t.lay = t.Pool.take()
 	}
 	if t.begun {
 		// The layout matched last, or the one that followed it when it
@@ -335,7 +402,7 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 // layouts.next), then the rest. skip is a layout not to
 // try (-1: none): matchSteady tried it already in the same way.
 func (t *Tracker) matchAny(data []byte, rigid, open bool, skip int) (a, b, end int, ok bool) {
-	hit, next := t.lay.hit, int(t.lay.tmpls[t.lay.hit].next)
+	hit, next := t.lay.hit, int(t.lay.follow[t.lay.hit])
 	first, second := t.lay.next(), hit
 	if first == hit {
 		second = next
@@ -362,7 +429,7 @@ func (t *Tracker) matchAny(data []byte, rigid, open bool, skip int) (a, b, end i
 			continue
 		}
 		if a, b, end, ok = t.matchTemplate(i, data, rigid, open); ok {
-			t.lay.tmpls[t.lay.hit].next = int8(i)
+			t.lay.follow[t.lay.hit] = int8(i)
 			t.lay.hit = i
 			return a, b, end, true
 		}
@@ -412,7 +479,7 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 		}
 	}
 	if k := tm.at[holePrompt]; k >= 0 {
-		t.prompt(data[m.spans[k][0]:m.spans[k][1]], 0)
+		t.keepPrompt(data[m.spans[k][0]:m.spans[k][1]])
 	}
 	if k := tm.at[holeFinish]; k >= 0 && data[m.spans[k][0]] != 'n' {
 		t.Finished = true
@@ -424,7 +491,7 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 	if tm.cut {
 		// Element by element: one 16-byte load of the span just written
 		// as two words would wait for the stores to retire.
-		a, b = m.spans[tm.cutHole][0]-tm.preCut, m.spans[tm.cutHole][1]+tm.postCut
+		a, b = m.spans[tm.cutHole][0]-int(tm.preCut), m.spans[tm.cutHole][1]+int(tm.postCut)
 	}
 	if m.rebase {
 		// This layout takes the chunk's id, time and model, and the
@@ -463,8 +530,7 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 // false: data does not match (nothing was changed).
 func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end int, ok bool) {
 	t.tries++
-	th, ih := &tm.holes[tm.vary[0]], &tm.holes[tm.vary[tm.nv-1]]
-	head := tm.b[:th.start]
+	head := tm.b[:tm.textAt]
 	pos := len(head)
 	if len(data) <= pos || string(data[:pos]) != string(head) || data[pos] != '"' {
 		return -1, -1, -1, false
@@ -480,10 +546,9 @@ func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end i
 		}
 		txtStart, txtEnd, txtEsc, pos = st, en, esc, s.I
 	}
-	finished, prev := false, th.end
-	if tm.nv == 3 { // the last chunk's finish reason, between them
-		fh := &tm.holes[tm.vary[1]]
-		mid := tm.b[prev:fh.start]
+	finished, prev := false, tm.textEnd
+	if tm.finish { // the last chunk's finish reason, between them
+		mid := tm.b[prev:tm.finishAt]
 		if len(data)-pos <= len(mid) || string(data[pos:pos+len(mid)]) != string(mid) {
 			return -1, -1, -1, false
 		}
@@ -495,9 +560,9 @@ func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end i
 		} else if pos, finished = stringEnd(data, pos), true; pos < 0 {
 			return -1, -1, -1, false
 		}
-		prev = fh.end
+		prev = tm.finishEnd
 	}
-	mid := tm.b[prev:ih.start]
+	mid := tm.b[prev:tm.idsAt]
 	if len(data)-pos <= len(mid) || string(data[pos:pos+len(mid)]) != string(mid) {
 		return -1, -1, -1, false
 	}
@@ -508,7 +573,7 @@ func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end i
 		t.OutIDs = ids[:nOut]
 		return -1, -1, -1, false
 	}
-	tail := tm.b[ih.end:]
+	tail := tm.b[tm.idsEnd:]
 	end = pos + len(tail)
 	if len(data) < end || string(data[pos:end]) != string(tail) ||
 		open && (len(data)-end < 2 || data[end] != '\n' || data[end+1] != '\n') || !open && end != len(data) {
@@ -532,7 +597,7 @@ func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end i
 		t.keepStream(tm, data, nil, true)
 	}
 	t.fastChunks++
-	return idStart - tm.preCut, pos + tm.postCut, end, true
+	return idStart - int(tm.preCut), pos + int(tm.postCut), end, true
 }
 
 // streamValues are a stream's id, time and model (by hole kind; nil:
@@ -588,6 +653,7 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 		return true
 	}
 	tm.holes = holes
+	tm.steadyHoles()
 	t.lay.stampBuf, tm.b = tm.b[:0], buf
 	return true
 }
@@ -622,9 +688,9 @@ type holeMatch struct {
 func (t *Tracker) matchHoles(tm *template, data []byte, rigid bool, m *holeMatch) int {
 	m.txtEsc, m.rebase = false, false
 	pos, prev := 0, 0
-	visit := tm.n
+	visit := int(tm.n)
 	if rigid {
-		visit = tm.nv
+		visit = int(tm.nv)
 	}
 	for x := range visit {
 		hi := x

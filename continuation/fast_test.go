@@ -210,6 +210,13 @@ func TestFastPathAcrossStreams(t *testing.T) {
 		if r, s := continuation.Rebases(tr), continuation.Restamps(tr); r != 1 || s != 2 {
 			t.Errorf("strip %v: second stream: %d rebases, %d restamps; want 1 (its first chunk's layout) and 2 (the steady and the last chunk's)", strip, r, s)
 		}
+		// The steady and the last chunk's layouts, copied with a longer id,
+		// are still read in a straight line: one layout tried a chunk, two
+		// for the first (the last chunk's, which no stream followed yet)
+		// and the last (the steady one fails on its finish reason).
+		if n := continuation.Tries(tr); n != 2+9+2 {
+			t.Errorf("strip %v: the second stream's 11 chunks tried %d layouts, want %d", strip, n, 2+9+2)
+		}
 		if string(tr.ID) != `"`+c.id+`"` || string(tr.Created) != "1730000099" || !tr.Finished || string(tr.Text) != "t0t1t2t3t4t5t6t7t8!" {
 			t.Errorf("strip %v: second stream read as id %s created %s finished %v text %q", strip, tr.ID, tr.Created, tr.Finished, tr.Text)
 		}
@@ -217,6 +224,48 @@ func TestFastPathAcrossStreams(t *testing.T) {
 			t.Errorf("strip %v: prompt ids %v, %v", strip, p, err)
 		}
 	}
+}
+
+// TestLayoutPoolLends: trackers given a LayoutPool hold no layouts between
+// streams: Reset gives the set back and a stream's first chunk takes one,
+// most often the one another tracker just gave back, so that a tracker's
+// first stream is read through layouts it never learnt, from its first
+// chunk to its last. Every stream is read as the full read reads it.
+func TestLayoutPoolLends(t *testing.T) {
+	var pool continuation.LayoutPool
+	var trs [2]continuation.Tracker
+	var ref continuation.Tracker
+	continuation.DisableFast(&ref)
+	wholeFast := 0 // streams read through the fast path from their first chunk
+	for s := range 20 {
+		tr := &trs[s%2]
+		tr.Pool = &pool
+		tr.Reset(true)
+		ref.Reset(true)
+		events := vllmStream("chatcmpl-"+strconv.Itoa(100+s), 1730000000+s, 5, "length")
+		for i, ev := range events {
+			got := append([]byte(nil), tr.Observe(ev)...)
+			if want := ref.Observe(ev); !bytes.Equal(got, want) {
+				t.Fatalf("stream %d event %d: %q, full read %q", s, i, got, want)
+			}
+			if sf, sr := trackerState(t, tr), trackerState(t, &ref); sf != sr {
+				t.Fatalf("stream %d event %d: state %s, full read %s", s, i, sf, sr)
+			}
+		}
+		if continuation.FastChunks(tr) == len(events) {
+			wholeFast++
+		}
+		tr.Reset(true)
+		if continuation.HoldsLayouts(tr) {
+			t.Fatalf("stream %d: the tracker kept its layouts after Reset", s)
+		}
+	}
+	// Under the race detector sync.Pool drops some of what it is given;
+	// without lending no stream's first chunk finds a layout.
+	if wholeFast == 0 {
+		t.Errorf("no stream of 20 read through the fast path from its first chunk")
+	}
+	t.Logf("%d of 20 streams read through the fast path from their first chunk", wholeFast)
 }
 
 // TestFastPathLongPrompt: a layout keeps none of the prompt's ids, so

@@ -61,21 +61,20 @@ type Tracker struct {
 	// ID, Created and Model are the raw JSON values of the stream's first
 	// "id", "created" and "model" (for reshaped chunks).
 	ID, Created, Model []byte
-
-	// promptRaw is the prompt's ids as the engine wrote them (a JSON
-	// array, copied): a long prompt's ids are most of a stream's first
-	// chunk, and only a continuation needs them as numbers.
-	promptRaw []byte
+	// Pool, when set, lends the Tracker its layouts for one stream at a
+	// time (LayoutPool); nil: the Tracker keeps its own across streams.
+	Pool *LayoutPool
 
 	out      []byte
 	chunkIDs bool // the chunk being read carried output ids
 	chunkTxt bool // ... or text
 
-	// lay holds the chunk layouts the fast path matches (fast.go) and
-	// what the full read of a chunk found (its shape), kept across
-	// streams behind a pointer, so that Reset copies neither and a
-	// pooled relay's Tracker stays a few cache lines; nil until the
-	// first chunk is read. begun: a chunk of this stream was read.
+	// lay holds the chunk layouts the fast path matches (fast.go), what
+	// the full read of a chunk found (its shape) and the prompt's ids,
+	// kept across streams (or lent by Pool for one) behind a pointer, so
+	// that Reset copies none of them and a pooled relay's Tracker stays a
+	// few cache lines; nil until the first chunk is read. begun: a chunk
+	// of this stream was read.
 	lay   *layouts
 	begun bool
 	// noFast turns the fast path off (tests compare the two paths);
@@ -87,19 +86,25 @@ type Tracker struct {
 	rebases, restamps int
 }
 
-// Reset readies t for a new stream, keeping its buffers.
+// Reset readies t for a new stream, keeping its buffers and its layouts;
+// layouts that Pool lent go back to it.
 func (t *Tracker) Reset(strip bool) {
+	lay := t.lay
+	if lay != nil && t.Pool != nil {
+		t.Pool.give(lay)
+		lay = nil
+	}
 	*t = Tracker{
-		Strip:     strip,
-		OutIDs:    t.OutIDs[:0],
-		Text:      t.Text[:0],
-		ID:        t.ID[:0],
-		Created:   t.Created[:0],
-		Model:     t.Model[:0],
-		promptRaw: t.promptRaw[:0],
-		out:       t.out[:0],
-		lay:       t.lay,
-		noFast:    t.noFast,
+		Strip:   strip,
+		OutIDs:  t.OutIDs[:0],
+		Text:    t.Text[:0],
+		ID:      t.ID[:0],
+		Created: t.Created[:0],
+		Model:   t.Model[:0],
+		Pool:    t.Pool,
+		out:     t.out[:0],
+		lay:     lay,
+		noFast:  t.noFast,
 	}
 }
 
@@ -109,7 +114,7 @@ func (t *Tracker) PromptIDs(dst []uint32) ([]uint32, error) {
 	if !t.HasPrompt {
 		return dst, nil
 	}
-	return openai.AppendTokenIDs(dst, t.promptRaw)
+	return openai.AppendTokenIDs(dst, t.lay.prompt)
 }
 
 const (
@@ -281,7 +286,7 @@ func (t *Tracker) observeFull(data []byte) []byte {
 	t.out = t.out[:0]
 	t.chunkIDs, t.chunkTxt = false, false
 	if t.lay == nil {
-		t.lay = new(layouts) // once in the tracker's life
+		t.lay = t.Pool.take() // new without a pool: once in the tracker's life
 	}
 	t.lay.shape = chunkShape{}
 	s := jsonx.Scanner{B: data, MaxDepth: maxDepth, Lenient: true}
@@ -397,10 +402,16 @@ func (t *Tracker) prompt(raw []byte, at int) {
 		return // null, or not ids at all
 	}
 	t.lay.shape.saw(holePrompt, at, at+len(raw), false)
-	if t.HasPrompt {
-		return
+	t.keepPrompt(raw)
+}
+
+// keepPrompt keeps the stream's first prompt id array, raw (the fast path
+// found it an array; it does not note the chunk's shape, a cache line a
+// stream's first chunk need not touch).
+func (t *Tracker) keepPrompt(raw []byte) {
+	if !t.HasPrompt {
+		t.lay.prompt, t.HasPrompt = append(t.lay.prompt[:0], raw...), true
 	}
-	t.promptRaw, t.HasPrompt = append(t.promptRaw[:0], raw...), true
 }
 
 // skipIDs moves s past the id array at s.I. An array of numbers holds no

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/anthropic"
+	"github.com/infera/infera/continuation"
 	"github.com/infera/infera/openai"
 	"github.com/infera/infera/router/upstream"
 )
@@ -118,6 +119,12 @@ type relay struct {
 	trace     reqTrace // tracing.go
 }
 
+// trackerLayouts lends the relays' continuation trackers their chunk
+// layouts one stream at a time: a stream's first chunk finds a set that
+// the last stream to end on its processor left in the cache, not its
+// relay's own, last used 64 streams ago at 64 concurrent streams.
+var trackerLayouts continuation.LayoutPool
+
 var relayPool = sync.Pool{New: func() any {
 	rel := &relay{
 		id:   make([]byte, 0, maxRequestIDBytes),
@@ -125,6 +132,7 @@ var relayPool = sync.Pool{New: func() any {
 	}
 	rel.xlateEvent = rel.xlate.Event
 	rel.mig = new(migration)
+	rel.mig.track.Pool = &trackerLayouts
 	rel.trackEvent = rel.trackedEvent
 	rel.att.x = new(upstream.Exchange)
 	rel.watch.init()
