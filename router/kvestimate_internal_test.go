@@ -796,3 +796,43 @@ func TestKVEstimateWarmBoundAllowsOnePick(t *testing.T) {
 		})
 	}
 }
+
+// TestKVEstimateWarmMoveCountsEviction: a warm request that would leave its
+// holder for a shorter queue pays for what its copy evicts there. a holds
+// a 2,000-token prefix behind 5,000 queued tokens; b is idle but its cache
+// of 6,400 tokens holds a 3,000-token prompt used 2,000 tokens of intake ago,
+// which the prefix's 2,000 tokens would push out. Priced by the estimate
+// and the redo charge alone the request moved to b; with b's later prefill of
+// the prompt it evicts it stays on a. With nothing to evict on b it moves.
+func TestKVEstimateWarmMoveCountsEviction(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	prefix, other := unique(50, 2000), unique(51, 3000)
+	for _, tc := range []struct {
+		name    string
+		bIntake float64 // b's intake since its prompt's use
+		want    string
+	}{
+		{"copy evicts b's prompt", 2000, a},
+		{"copy evicts nothing", 0, b},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+			e.makePrecise()
+			e.learnCapacity(a, 400)
+			e.learnCapacity(b, 400)
+			e.store(a, chatTokens(t, prefix))
+			e.store(b, chatTokens(t, other))
+			if got := e.serial(chat(other)); got != b {
+				t.Fatalf("b's prompt went to %s", got)
+			}
+			tg := e.target0(b)
+			tg.mu.Lock()
+			tg.est.intake += tc.bIntake
+			tg.mu.Unlock()
+			e.queue(a, 5000)
+			if got := e.serial(chat(prefix + "<next turn>")); got != tc.want {
+				t.Fatalf("the prefix's next turn went to %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
