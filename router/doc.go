@@ -71,10 +71,7 @@
 // not at all). With --kv-cost ttft it picks by an estimated time to first
 // token instead (kvestimate.go), and follows each cache's LRU on its intake:
 // a listed prefix the target has had to evict since is priced as cold, and
-// a long cold prompt goes where it evicts the least recently used prompts;
-// a warm request's cost on each target counts the prefill of the recent
-// prompts its intake there would evict (a move off the holder pays for
-// what its copy pushes out).
+// a long cold prompt goes where it evicts the least recently used prompts.
 // There a request without a home (cold, or warm on a prefix several
 // targets hold alike, such as a shared system prompt) goes by a deficit of
 // picks, intake, blocks in flight and recent new conversations; only a

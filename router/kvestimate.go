@@ -232,17 +232,15 @@ func (m *ttftModel) useLive(hs []uint64, seq int64) {
 	m.live[slot] = livePrompt{last: hs[len(hs)-1], blocks: len(hs), at: m.intake, seq: seq}
 }
 
-// evictLoss is what a prompt with block hashes hs and uncached tokens
-// taken in here would evict of the target's latest prompts (capacity and bs
-// in tokens): the tokens of each prompt still held now and not after,
-// weighted by how recently it was used (liveHalfLife at fleet pick seq). A
-// prompt hs extends (the conversation's last turn) is used again, not
-// evicted.
-func (m *ttftModel) evictLoss(hs []uint64, uncached, capacity float64, bs int, seq int64, halfLife float64) float64 {
+// evictLoss is what a cold prompt of uncached tokens taken in here would
+// evict of the target's latest prompts (capacity and bs in tokens): the
+// tokens of each prompt still held now and not after, weighted by how
+// recently it was used (liveHalfLife at fleet pick seq).
+func (m *ttftModel) evictLoss(uncached, capacity float64, bs int, seq int64, halfLife float64) float64 {
 	loss := 0.0
 	for i := range m.live {
 		r := &m.live[i]
-		if r.blocks == 0 || r.blocks <= len(hs) && hs[r.blocks-1] == r.last {
+		if r.blocks == 0 {
 			continue
 		}
 		size := float64(r.blocks * bs)

@@ -258,10 +258,8 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			// busiest worker 1.08–1.29× fair from repeat to repeat).
 			warm = false
 		}
-		if warm {
-			p.evictLosses(sc, nt, kind, seq, 0)
-		} else {
-			p.evictLosses(sc, nt, kind, seq, longColdShare)
+		if !warm {
+			p.coldLoss(sc, nt, kind, seq)
 		}
 		b := p.pickByEstimate(sc, nt, start, warm)
 		if e := p.log.Debug(); e.Enabled() {
@@ -397,9 +395,6 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // minimum.
 func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	redoCost(sc, nt)
-	if warm {
-		laterRedoCost(sc, nt)
-	}
 	best := start
 	for k := 1; k < nt; k++ {
 		if i := (start + k) % nt; sc.costs[i] < sc.costs[best] {
@@ -446,7 +441,7 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		score := func(i int) float64 {
 			return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld + sc.colds[i]/fairCold
 		}
-		// A long cold prompt goes where it evicts least (evictLosses).
+		// A long cold prompt goes where it evicts least (coldLoss).
 		least := math.Inf(1)
 		for i := range nt {
 			if sc.costs[i] <= limit {
@@ -607,12 +602,11 @@ func sharedHome(sc *kvScratch, nt int) bool {
 	return top > 0 && n > 1
 }
 
-// evictLosses fills sc.loss: on each target whose learnt capacity the
-// request's uncached tokens take more than minShare of, the
-// recency-weighted tokens of the latest prompts there that they would evict
-// (ttftModel.evictLoss); 0 elsewhere. A cold request counts only a long
-// prompt's (longColdShare), a warm one any.
-func (p *KVAware) evictLosses(sc *kvScratch, nt int, kind keyKind, seq int64, minShare float64) {
+// coldLoss fills sc.loss for a cold request: on each target whose learnt
+// capacity it takes more than longColdShare of, the recency-weighted tokens
+// of the latest prompts there that its uncached tokens would evict
+// (ttftModel.evictLoss); 0 elsewhere.
+func (p *KVAware) coldLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
 	sc.loss = growF(sc.loss, nt)
 	hl := liveHalfLife * float64(nt)
 	for i, t := range sc.targets {
@@ -622,11 +616,11 @@ func (p *KVAware) evictLosses(sc *kvScratch, nt int, kind keyKind, seq int64, mi
 		}
 		bs := sc.sets[sc.setOf[i]].bs
 		c := float64(t.idx.Capacity() * bs)
-		if c <= 0 || sc.uncs[i] <= minShare*c {
+		if c <= 0 || sc.uncs[i] <= longColdShare*c {
 			continue
 		}
 		t.mu.RLock()
-		sc.loss[i] = t.est.evictLoss(sc.sets[sc.setOf[i]].hashes, sc.uncs[i], c, bs, seq, hl)
+		sc.loss[i] = t.est.evictLoss(sc.uncs[i], c, bs, seq, hl)
 		t.mu.RUnlock()
 	}
 }
@@ -645,20 +639,6 @@ func redoCost(sc *kvScratch, nt int) {
 	}
 	for i := range nt {
 		sc.costs[i] += sc.rates[i] * (sc.uncs[i] - lo) / 1000
-	}
-}
-
-// laterRedoCost adds to each target's cost, for a warm request, the
-// prefill its intake there makes the fleet redo later: the tokens of the
-// latest prompts there it would evict (sc.loss, weighted by recency), at the
-// target's rate. redoCost charges a move the prefix it prefills again now;
-// the copy also pushes out what the other target held, which its next
-// requests prefill again. Without it a warm request left its holder for a
-// queue a little shorter, and on the trace these moves lost 235–1,001 held
-// blocks a run (2–7% of its hits).
-func laterRedoCost(sc *kvScratch, nt int) {
-	for i := range nt {
-		sc.costs[i] += sc.rates[i] * sc.loss[i] / 1000
 	}
 }
 
