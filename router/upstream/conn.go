@@ -123,13 +123,8 @@ type Conn struct {
 // dropped, and a writer's past error forgotten, as with pooled ones.
 func (c *Conn) buffers(readSize, writeSize int) (*bufio.Reader, *bufio.Writer) {
 	if c.br == nil {
-		if readSize <= 0 {
-			readSize = defaultReadBufferSize
-		}
-		if writeSize <= 0 {
-			writeSize = defaultWriteBufferSize
-		}
-		c.br, c.bw = bufio.NewReaderSize(c, readSize), bufio.NewWriterSize(c, writeSize)
+		c.br = bufio.NewReaderSize(c, bufSize(readSize, defaultReadBufferSize))
+		c.bw = bufio.NewWriterSize(c, bufSize(writeSize, defaultWriteBufferSize))
 		return c.br, c.bw
 	}
 	c.br.Reset(c)
@@ -143,6 +138,14 @@ const (
 	defaultReadBufferSize  = 4096
 	defaultWriteBufferSize = 4096
 )
+
+// bufSize is size, or def when size is not above zero.
+func bufSize(size, def int) int {
+	if size <= 0 {
+		return def
+	}
+	return size
+}
 
 // HoldWrites makes c hold what is written next (up to epoll.MaxHeld
 // bytes) until the next Read, which sends it from inside its wait for the
