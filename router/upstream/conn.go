@@ -76,8 +76,8 @@ func Dial(set *Set, addr string, connectTimeout, timeout time.Duration, p Progre
 
 // Conn is an upstream connection with a per-operation idle timeout.
 //
-// Two more bounds apply on top. A deadline fasthttp sets (DoDeadline: the
-// first-byte and request timeouts of one attempt) caps every operation
+// Two more bounds apply on top. A deadline an exchange sets (Exchange.Do:
+// the first-byte and request timeouts of one attempt) caps every operation
 // until it is cleared. And while a stream watches the connection (Watch),
 // reads follow its deadlines and, whenever the worker is silent for a
 // heartbeat interval, the watcher runs from inside Read — the reading

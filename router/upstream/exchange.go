@@ -16,7 +16,7 @@ import (
 var ErrAborted = errors.New("upstream: exchange aborted")
 
 // Exchange is one request and its answer on a connection of a worker's
-// pool (fasthttp.HostClient). The leg holds the connection from the moment
+// pool (Pool). The leg holds the connection from the moment
 // it is taken from the pool until Release, so that Abort can cut it at any
 // moment — while the request is written, while the engine computes, while
 // the answer streams — which is how an engine learns that the client left
@@ -120,7 +120,8 @@ func (x *Exchange) Do(p *Pool, req *fasthttp.Request, resp *fasthttp.Response, d
 	if wait <= 0 {
 		return fasthttp.ErrTimeout
 	}
-	// What hc.DoDeadline would set on its way to the connection. A request
+	// What fasthttp's HostClient.DoDeadline would set on its way to the
+	// connection. A request
 	// built in origin form with its Host header (the relay's) goes out as
 	// built: parsing its URI would only derive both again (~0.3 µs a
 	// request at 64 connections, docs/performance.md).

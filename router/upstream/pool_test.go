@@ -28,7 +28,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// waiters is how many exchanges wait for a free connection of p.
+// waiting is how many exchanges wait for a free connection of p.
 func (p *Pool) waiting() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -47,6 +47,23 @@ func holdStream(t *testing.T, p *Pool, addr string) (*Exchange, *fasthttp.Respon
 	return x, resp
 }
 
+// waitAtCap starts a unary exchange on p, at its cap, and returns once it
+// waits for a free connection; its error comes on the channel.
+func waitAtCap(t *testing.T, p *Pool, addr string) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		var y Exchange
+		r, err := exchangeOnce(t, &y, p, addr, "/whole", false)
+		if err == nil {
+			fasthttp.ReleaseResponse(r)
+		}
+		done <- err
+	}()
+	waitFor(t, "the second exchange does not wait at the cap", func() bool { return p.waiting() == 1 })
+	return done
+}
+
 // TestPoolWaitsForFreeConnection: at the cap (one connection) an
 // exchange waits for the connection in use, and takes it once the stream
 // holding it is read to its end: no second connection is dialed.
@@ -56,16 +73,7 @@ func TestPoolWaitsForFreeConnection(t *testing.T) {
 	p := exchangeClient(&set, s.addr, func(c *PoolConfig) { c.MaxConns, c.MaxConnWait = 1, 5*time.Second })
 	defer p.Close()
 	x, resp := holdStream(t, p, s.addr)
-	done := make(chan error, 1)
-	go func() {
-		var y Exchange
-		r, err := exchangeOnce(t, &y, p, s.addr, "/whole", false)
-		if err == nil {
-			fasthttp.ReleaseResponse(r)
-		}
-		done <- err
-	}()
-	waitFor(t, "the second exchange does not wait at the cap", func() bool { return p.waiting() == 1 })
+	done := waitAtCap(t, p, s.addr)
 	if n := p.Open(); n != 1 {
 		t.Fatalf("%d connections open at a cap of 1", n)
 	}
@@ -90,16 +98,7 @@ func TestPoolClosedConnectionFreesSlot(t *testing.T) {
 	p := exchangeClient(&set, s.addr, func(c *PoolConfig) { c.MaxConns, c.MaxConnWait = 1, 5*time.Second })
 	defer p.Close()
 	x, resp := holdStream(t, p, s.addr)
-	done := make(chan error, 1)
-	go func() {
-		var y Exchange
-		r, err := exchangeOnce(t, &y, p, s.addr, "/whole", false)
-		if err == nil {
-			fasthttp.ReleaseResponse(r)
-		}
-		done <- err
-	}()
-	waitFor(t, "the second exchange does not wait at the cap", func() bool { return p.waiting() == 1 })
+	done := waitAtCap(t, p, s.addr)
 	x.Release() // unfinished: closed
 	fasthttp.ReleaseResponse(resp)
 	if err := <-done; err != nil {
