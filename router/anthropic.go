@@ -164,7 +164,7 @@ func workerTokenCount(w *Worker, body []byte, scan *openai.Request) (int, error)
 		b = append(append(b, `,"tools":`...), body[scan.Tools.Start:scan.Tools.End]...)
 	}
 	req.SetBodyRaw(append(b, '}'))
-	if err := w.client.DoTimeout(req, resp, 30e9); err != nil {
+	if err := w.doUnary(req, resp, 30e9); err != nil {
 		return 0, errors.Join(ErrNoTokenCount, err)
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {

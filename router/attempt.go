@@ -343,7 +343,7 @@ func (a *attempt) exchange(req *fasthttp.Request, deadline time.Time, stream boo
 	}
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = stream
-	if err := a.x.Do(a.ticket.Worker.client, req, resp, deadline, owner); err != nil {
+	if err := a.x.Do(a.ticket.Worker.pool, req, resp, deadline, owner); err != nil {
 		fasthttp.ReleaseResponse(resp)
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/router/upstream"
 )
 
 // Worker is one engine endpoint as the router sees it. A Worker lives as long
@@ -26,7 +27,7 @@ type Worker struct {
 	idHeader []byte
 	url      string
 	rec      atomic.Pointer[discovery.Record]
-	client   *fasthttp.HostClient
+	pool     *upstream.Pool // its connections (newPool)
 	// host and path are each proxied route's upstream request line and
 	// Host header in origin form, as fasthttp's parse of the route's full
 	// URI gives them (originForm): the relay sets both as they are, so no
@@ -253,10 +254,11 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 		picks:    r.metrics.picks.WithLabelValues(rec.WorkerID),
 	}
 	w.prog = workerProgress{r: r, w: w}
-	w.client = r.newHostClient(addr, tls, w)
+	w.pool = r.newPool(addr, tls, w)
 	base := u.Scheme + "://" + u.Host + trimSlash(u.EscapedPath())
 	for rt := range Route(numProxyRoutes) {
-		if w.host, w.path[rt], err = originForm(base+rt.upstreamPath(), w.client.DisablePathNormalizing); err != nil {
+		if w.host, w.path[rt], err = originForm(base+rt.upstreamPath(), disableUpstreamPathNormalizing); err != nil {
+			w.pool.Close()
 			return nil, fmt.Errorf("worker url %q: %w", rec.URL, err)
 		}
 	}
@@ -270,8 +272,9 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 }
 
 // retire takes a worker out of the router: the policy forgets it, its
-// metrics series goes, and its pool stops keeping idle connections.
-// Requests still running on it finish normally.
+// metrics series goes, and its pool closes its idle connections and its
+// sweeper. Requests still running on it finish normally; their
+// connections are closed at their end.
 func (r *Router) retire(w *Worker) {
 	if fa, ok := r.policy.(FleetAware); ok {
 		fa.Detach(w)
@@ -279,7 +282,7 @@ func (r *Router) retire(w *Worker) {
 	r.metrics.picks.DeleteLabelValues(w.id)
 	r.metrics.breakerTrips.DeleteLabelValues(w.id)
 	r.metrics.stalls.DeleteLabelValues(w.id)
-	w.client.CloseIdleConnections()
+	w.pool.Close()
 }
 
 // maxWorkerURLBytes bounds a worker's URL and id.

@@ -362,7 +362,7 @@ func (r *Router) shutdownPools() {
 	r.fleetMu.Lock()
 	defer r.fleetMu.Unlock()
 	for _, w := range r.workers {
-		w.client.CloseIdleConnections()
+		w.pool.Close()
 	}
 }
 

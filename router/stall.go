@@ -153,7 +153,7 @@ func (r *Router) probe(w *Worker) {
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(w.health)
 	req.Header.SetMethod(fasthttp.MethodGet)
-	err := w.client.DoTimeout(req, resp, max(r.cfg.StallWindow, r.cfg.StallProbeInterval, stallProbeMin))
+	err := w.doUnary(req, resp, max(r.cfg.StallWindow, r.cfg.StallProbeInterval, stallProbeMin))
 	now := time.Now().UnixNano()
 	if err == nil {
 		st.progress.Store(now)

@@ -12,29 +12,42 @@ import (
 
 var errBadWorkerURL = errors.New("worker url must be http(s)://host[:port][/path]")
 
-// newHostClient builds the connection pool of one worker. A streaming
-// request's response body is streamed (the relay reads it event by event,
-// attempt.do sets Response.StreamBody); a unary answer is read whole by
-// fasthttp, within the attempt's deadline and up to maxUnaryResponseBytes,
-// which spares it the stream reader and a copy. fasthttp retries are
-// off because a POST must not be replayed blindly — retries belong to the
-// router, around Pick and forward.
-func (r *Router) newHostClient(addr string, tls bool, w *Worker) *fasthttp.HostClient {
-	return &fasthttp.HostClient{
-		Addr:                      addr,
-		IsTLS:                     tls,
-		Name:                      "infera",
-		MaxConns:                  r.cfg.MaxConnsPerWorker,
-		MaxConnWaitTimeout:        r.cfg.ConnectTimeout,
-		MaxIdleConnDuration:       r.cfg.IdleConnTimeout,
-		MaxIdemponentCallAttempts: 1,
-		MaxResponseBodySize:       maxUnaryResponseBytes,
-		DisablePathNormalizing:    true,
+// newPool builds the connection pool of one worker (upstream.Pool), which
+// Close ends (retire, shutdownPools). A streaming request's response body
+// is streamed (the relay reads it event by event, attempt.do sets
+// Response.StreamBody); a unary answer is read whole, within the
+// attempt's deadline and up to maxUnaryResponseBytes, which spares it the
+// stream reader and a copy. Nothing is retried below the router: a POST
+// must not be replayed blindly — retries belong to the router, around Pick
+// and forward.
+func (r *Router) newPool(addr string, tls bool, w *Worker) *upstream.Pool {
+	return upstream.NewPool(upstream.PoolConfig{
+		Addr:                   addr,
+		TLS:                    tls,
+		Name:                   "infera",
+		MaxConns:               r.cfg.MaxConnsPerWorker,
+		MaxConnWait:            r.cfg.ConnectTimeout,
+		IdleTimeout:            r.cfg.IdleConnTimeout,
+		MaxResponseBodySize:    maxUnaryResponseBytes,
+		DisablePathNormalizing: disableUpstreamPathNormalizing,
 		// A worker is trusted, but not infinitely: cap what the response
 		// header parser may buffer.
 		ReadBufferSize: 16 << 10,
 		Dial:           func(addr string) (net.Conn, error) { return r.dial(addr, w) },
-	}
+	})
+}
+
+// disableUpstreamPathNormalizing: a request to a worker given a full URI
+// keeps its path as the route built it (newPool, originForm).
+const disableUpstreamPathNormalizing = true
+
+// doUnary sends req to w on a connection of its pool and reads the whole
+// answer into resp within timeout: the router's own requests to a worker
+// (its stall probe, /tokenize), outside any client's leg.
+func (w *Worker) doUnary(req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration) error {
+	var x upstream.Exchange
+	x.Begin()
+	return x.Do(w.pool, req, resp, time.Now().Add(timeout), nil)
 }
 
 // dial connects to a worker (upstream.Dial): every read and write gets its

@@ -76,8 +76,8 @@ func Dial(set *Set, addr string, connectTimeout, timeout time.Duration, p Progre
 
 // Conn is an upstream connection with a per-operation idle timeout.
 //
-// Two more bounds apply on top. A deadline fasthttp sets (DoDeadline: the
-// first-byte and request timeouts of one attempt) caps every operation
+// Two more bounds apply on top. A deadline an exchange sets (Exchange.Do:
+// the first-byte and request timeouts of one attempt) caps every operation
 // until it is cleared. And while a stream watches the connection (Watch),
 // reads follow its deadlines and, whenever the worker is silent for a
 // heartbeat interval, the watcher runs from inside Read — the reading
@@ -123,13 +123,8 @@ type Conn struct {
 // dropped, and a writer's past error forgotten, as with pooled ones.
 func (c *Conn) buffers(readSize, writeSize int) (*bufio.Reader, *bufio.Writer) {
 	if c.br == nil {
-		if readSize <= 0 {
-			readSize = defaultReadBufferSize
-		}
-		if writeSize <= 0 {
-			writeSize = defaultWriteBufferSize
-		}
-		c.br, c.bw = bufio.NewReaderSize(c, readSize), bufio.NewWriterSize(c, writeSize)
+		c.br = bufio.NewReaderSize(c, bufSize(readSize, defaultReadBufferSize))
+		c.bw = bufio.NewWriterSize(c, bufSize(writeSize, defaultWriteBufferSize))
 		return c.br, c.bw
 	}
 	c.br.Reset(c)
@@ -143,6 +138,14 @@ const (
 	defaultReadBufferSize  = 4096
 	defaultWriteBufferSize = 4096
 )
+
+// bufSize is size, or def when size is not above zero.
+func bufSize(size, def int) int {
+	if size <= 0 {
+		return def
+	}
+	return size
+}
 
 // HoldWrites makes c hold what is written next (up to epoll.MaxHeld
 // bytes) until the next Read, which sends it from inside its wait for the

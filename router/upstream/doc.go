@@ -7,12 +7,21 @@
 // clock once, before it, and again only when it waited (the progress
 // stamp); a stall tick's deadline may come early (epoll.Deadline.SetTick).
 //
+// Pools (Pool): one worker's connections — at most MaxConns open, an
+// exchange at the cap waiting for a free one up to MaxConnWait (or its
+// deadline), idle ones reused last in first out and closed by the pool's
+// sweeper once idle IdleTimeout (stamped with the sweeper's tick count,
+// not the clock), a connection cut, aborted or sent with Connection:
+// close closed, not kept. The sweeper runs while connections are idle;
+// Close (the worker left, shutdown) closes the idle ones and stops it,
+// and a connection given back afterwards is closed.
+//
 // Exchanges (Exchange): one request and its answer on a connection of a
 // worker's pool, held by the leg from acquisition to release, so that an
 // abort (a client that left, a failed prefill) cuts it at any moment. A
 // connection Dial made owns its buffered reader and writer for its whole
 // life (made on its first exchange, reset on each); only a connection of
-// another dial takes pooled ones from the HostClient. Every
+// another dial (a TLS client) takes pooled ones from the Pool. Every
 // leg — a mixed worker's unary or streamed answer, a PD prefill, a unary or
 // streamed PD decode — is one Exchange; a stream read to its end gives its
 // connection back to the pool. An answer's head in its common form
@@ -49,6 +58,7 @@
 // Concurrency: a Conn is used by one goroutine at a time for reads and one
 // for writes, as net.Conn (while it holds writes, by the exchange's
 // goroutine alone, which writes the request and then reads); its deadline caps and its watcher are atomics
-// that another goroutine may set. A Set is safe for concurrent use. An
+// that another goroutine may set. A Set and a Pool are safe for
+// concurrent use. An
 // Exchange runs on one goroutine; only Abort may come from another.
 package upstream

@@ -16,7 +16,7 @@ import (
 var ErrAborted = errors.New("upstream: exchange aborted")
 
 // Exchange is one request and its answer on a connection of a worker's
-// pool (fasthttp.HostClient). The leg holds the connection from the moment
+// pool (Pool). The leg holds the connection from the moment
 // it is taken from the pool until Release, so that Abort can cut it at any
 // moment — while the request is written, while the engine computes, while
 // the answer streams — which is how an engine learns that the client left
@@ -29,12 +29,12 @@ var ErrAborted = errors.New("upstream: exchange aborted")
 type Exchange struct {
 	mu      sync.Mutex
 	aborted bool
-	conn    net.Conn // the held connection, nil when none
+	conn    net.Conn // the held connection as Abort sees it, nil when none
 
-	lease connLease // the pool's handle of conn
-	hc    *fasthttp.HostClient
-	br    *bufio.Reader // a stream's reader, until Release
-	// pooledReader: br is hc's (a connection not Dial's), not the
+	held net.Conn      // the held connection, until release
+	pool *Pool         // held's pool
+	br   *bufio.Reader // a stream's reader, until Release
+	// pooledReader: br is the pool's (a connection not Dial's), not the
 	// connection's own (Conn.buffers).
 	pooledReader bool
 	resp         *fasthttp.Response
@@ -109,34 +109,32 @@ func (x *Exchange) Conn() *Conn {
 	return c
 }
 
-// Do writes req on a connection of hc and reads its answer into resp
+// Do writes req on a connection of p and reads its answer into resp
 // before deadline. With stream (resp.StreamBody) only the headers are read
 // and the connection stays held: Read reads the body, Release ends it.
 // Otherwise the whole answer is read and the connection goes back to the
 // pool at once (closed after a failure). owner, if not nil, is the
 // connection's owner while the answer is awaited (Conn.SetOwner).
-func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time, owner Owner) error {
+func (x *Exchange) Do(p *Pool, req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time, owner Owner) error {
 	wait := time.Until(deadline)
 	if wait <= 0 {
 		return fasthttp.ErrTimeout
 	}
-	if x.lease == nil {
-		x.lease = newLease((*fasthttp.HostClient).AcquireConn, (*fasthttp.HostClient).ReleaseConn, (*fasthttp.HostClient).CloseConn)
-	}
-	// What hc.DoDeadline would set on its way to the connection. A request
+	// What fasthttp's HostClient.DoDeadline would set on its way to the
+	// connection. A request
 	// built in origin form with its Host header (the relay's) goes out as
 	// built: parsing its URI would only derive both again (~0.3 µs a
 	// request at 64 connections, docs/performance.md).
 	if len(req.Header.Host()) == 0 {
-		req.URI().DisablePathNormalizing = hc.DisablePathNormalizing
+		req.URI().DisablePathNormalizing = p.cfg.DisablePathNormalizing
 	}
-	if len(req.Header.UserAgent()) == 0 && hc.Name != "" {
-		req.Header.SetUserAgent(hc.Name)
+	if len(req.Header.UserAgent()) == 0 && p.cfg.Name != "" {
+		req.Header.SetUserAgent(p.cfg.Name)
 	}
 	if x.Aborted() {
 		return ErrAborted
 	}
-	conn, err := x.lease.acquire(hc, wait, req.ConnectionClose())
+	conn, err := p.acquire(wait)
 	if err != nil {
 		return err
 	}
@@ -147,16 +145,16 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 	}
 	x.mu.Unlock()
 	if aborted {
-		x.lease.put(hc) // unused: still good
+		p.put(conn) // unused: still good
 		return ErrAborted
 	}
-	x.hc, x.eof, x.closed = hc, false, false
+	x.held, x.pool, x.eof, x.closed = conn, p, false, false
 	uc, _ := conn.(*Conn)
 	if uc != nil && owner != nil {
 		uc.SetOwner(owner)
 	}
 	// A connection Dial made has its own reader and writer; another (a
-	// HostClient's default dial) takes pooled ones, as fasthttp would.
+	// TLS client, a plain dial) takes pooled ones, as fasthttp would.
 	var br *bufio.Reader
 	x.pooledReader = uc == nil
 	// Not resp.ParseNetConn(conn), as fasthttp's client does: nothing
@@ -169,23 +167,23 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 			// The request goes out with the wait for its answer (see
 			// Conn.HoldWrites): no read that finds nothing.
 			uc.HoldWrites()
-			br, bw = uc.buffers(hc.ReadBufferSize, hc.WriteBufferSize)
+			br, bw = uc.buffers(p.cfg.ReadBufferSize, p.cfg.WriteBufferSize)
 		} else {
-			bw = hc.AcquireWriter(conn)
+			bw = p.acquireWriter(conn)
 		}
 		if err = req.Write(bw); err == nil {
 			err = bw.Flush()
 		}
 		if uc == nil {
-			hc.ReleaseWriter(bw)
+			p.releaseWriter(bw)
 		}
 	}
 	if err == nil {
 		if err = conn.SetReadDeadline(deadline); err == nil {
 			if br == nil {
-				br = hc.AcquireReader(conn)
+				br = p.acquireReader(conn)
 			}
-			err = x.readAnswer(br, resp, hc.MaxResponseBodySize)
+			err = x.readAnswer(br, resp, p.cfg.MaxResponseBodySize)
 		}
 	}
 	if uc != nil && owner != nil {
@@ -204,7 +202,7 @@ func (x *Exchange) Do(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fast
 		return nil
 	}
 	if br != nil && x.pooledReader {
-		hc.ReleaseReader(br)
+		p.releaseReader(br)
 	}
 	x.closed = err != nil || req.ConnectionClose() || resp.ConnectionClose() || uc != nil && uc.Holding()
 	if x.release(err) && err != nil {
@@ -275,7 +273,7 @@ func (x *Exchange) Release() {
 	}
 	_ = x.resp.CloseBodyStream()
 	if x.pooledReader {
-		x.hc.ReleaseReader(x.br)
+		x.pool.releaseReader(x.br)
 	}
 	x.closed = x.closed || !x.eof || x.resp.ConnectionClose()
 	x.br, x.resp, x.body = nil, nil, nil
@@ -347,68 +345,14 @@ func (x *Exchange) release(err error) bool {
 	aborted := x.aborted
 	x.conn = nil
 	x.mu.Unlock()
+	c, p := x.held, x.pool
+	x.held, x.pool = nil, nil
 	if x.closed || aborted || err != nil {
-		x.lease.close(x.hc)
+		p.discard(c)
+	} else if c.SetDeadline(time.Time{}) != nil {
+		p.discard(c)
 	} else {
-		_ = x.lease.held().SetDeadline(time.Time{})
-		x.lease.put(x.hc)
+		p.put(c)
 	}
-	x.hc = nil
 	return aborted
-}
-
-// connLease holds one connection taken from a HostClient's pool.
-// fasthttp's pooled-connection type is unexported: a HostClient hands it
-// out (AcquireConn) and takes it back (ReleaseConn, CloseConn), but it
-// cannot be named in a struct field outside fasthttp. lease is generic
-// over it, its type argument inferred from the method expressions, and
-// reached through this interface.
-type connLease interface {
-	acquire(hc *fasthttp.HostClient, wait time.Duration, connClose bool) (net.Conn, error)
-	held() net.Conn
-	put(hc *fasthttp.HostClient)
-	close(hc *fasthttp.HostClient)
-}
-
-type lease[C interface{ Conn() net.Conn }] struct {
-	cc     C
-	zero   C
-	have   bool
-	acq    func(*fasthttp.HostClient, time.Duration, bool) (C, error)
-	putC   func(*fasthttp.HostClient, C)
-	closeC func(*fasthttp.HostClient, C)
-}
-
-func newLease[C interface{ Conn() net.Conn }](acq func(*fasthttp.HostClient, time.Duration, bool) (C, error), put, closeConn func(*fasthttp.HostClient, C)) connLease {
-	return &lease[C]{acq: acq, putC: put, closeC: closeConn}
-}
-
-func (l *lease[C]) acquire(hc *fasthttp.HostClient, wait time.Duration, connClose bool) (net.Conn, error) {
-	cc, err := l.acq(hc, wait, connClose)
-	if err != nil {
-		return nil, err
-	}
-	l.cc, l.have = cc, true
-	return cc.Conn(), nil
-}
-
-func (l *lease[C]) held() net.Conn {
-	if !l.have {
-		return nil
-	}
-	return l.cc.Conn()
-}
-
-func (l *lease[C]) put(hc *fasthttp.HostClient) {
-	if l.have {
-		l.putC(hc, l.cc)
-		l.cc, l.have = l.zero, false
-	}
-}
-
-func (l *lease[C]) close(hc *fasthttp.HostClient) {
-	if l.have {
-		l.closeC(hc, l.cc)
-		l.cc, l.have = l.zero, false
-	}
 }

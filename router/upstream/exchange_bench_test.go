@@ -45,7 +45,7 @@ func answerServer(tb testing.TB, accepted *atomic.Int64) string {
 // unaryExchange returns run, one unary exchange of a POST of {} to addr
 // (answerServer's) on an exchange of its own, its request and answer
 // reused by every run, and done, which releases them.
-func unaryExchange(hc *fasthttp.HostClient, addr string) (run func() error, done func()) {
+func unaryExchange(hc *Pool, addr string) (run func() error, done func()) {
 	x := new(Exchange)
 	req := fasthttp.AcquireRequest()
 	req.Header.SetHost(addr)
@@ -79,10 +79,11 @@ func BenchmarkExchangeUnary(b *testing.B) {
 			addr := answerServer(b, &accepted)
 			var set Set
 			defer set.CloseAll()
-			hc := exchangeClient(&set, addr)
-			hc.MaxConns = conns
-			hc.MaxConnWaitTimeout = time.Second
-			defer hc.CloseIdleConnections()
+			hc := exchangeClient(&set, addr, func(c *PoolConfig) {
+				c.MaxConns = conns
+				c.MaxConnWait = time.Second
+			})
+			defer hc.Close()
 			exchange := func(pb func() bool) {
 				run, done := unaryExchange(hc, addr)
 				defer done()

@@ -81,20 +81,25 @@ func startStreamServer(t *testing.T) *streamServer {
 	return s
 }
 
-func exchangeClient(set *Set, addr string) *fasthttp.HostClient {
-	return &fasthttp.HostClient{
+// exchangeClient returns a pool of up to 4 connections to addr that Dial
+// makes (tracked in set), its configuration first edited by edit (close
+// it with Close).
+func exchangeClient(set *Set, addr string, edit ...func(*PoolConfig)) *Pool {
+	cfg := PoolConfig{
 		Addr:                addr,
 		MaxConns:            4,
 		MaxResponseBodySize: 1 << 20,
-		// Short, so that fasthttp's pool cleaner ends with the test.
-		MaxIdleConnDuration: 10 * time.Millisecond,
 		Dial: func(addr string) (net.Conn, error) {
 			return Dial(set, addr, time.Second, 5*time.Second, nil)
 		},
 	}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	return NewPool(cfg)
 }
 
-func exchangeOnce(t *testing.T, x *Exchange, hc *fasthttp.HostClient, addr, path string, stream bool) (*fasthttp.Response, error) {
+func exchangeOnce(t *testing.T, x *Exchange, hc *Pool, addr, path string, stream bool) (*fasthttp.Response, error) {
 	t.Helper()
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
@@ -104,7 +109,7 @@ func exchangeOnce(t *testing.T, x *Exchange, hc *fasthttp.HostClient, addr, path
 
 // exchangeRequest sends req (a POST of {}) on x and returns its answer
 // (release it with fasthttp.ReleaseResponse).
-func exchangeRequest(x *Exchange, hc *fasthttp.HostClient, req *fasthttp.Request, stream bool) (*fasthttp.Response, error) {
+func exchangeRequest(x *Exchange, hc *Pool, req *fasthttp.Request, stream bool) (*fasthttp.Response, error) {
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.SetBodyString("{}")
 	resp := fasthttp.AcquireResponse()
@@ -179,7 +184,7 @@ func TestExchangeStreamReadToEndReusesConnection(t *testing.T) {
 	if n := set.Len(); n != 0 {
 		t.Fatalf("%d connections open after an unfinished stream was released, want 0", n)
 	}
-	hc.CloseIdleConnections()
+	hc.Close()
 }
 
 // TestExchangeAbort: Abort cuts an exchange waiting for its answer (the
@@ -217,7 +222,7 @@ func TestExchangeAbort(t *testing.T) {
 		t.Fatalf("Do after Abort without Begin: %v, want ErrAborted", err)
 	}
 	close(s.release)
-	hc.CloseIdleConnections()
+	hc.Close()
 }
 
 // TestExchangeOriginFormGoesAsBuilt: a request given its Host header and
@@ -228,7 +233,7 @@ func TestExchangeOriginFormGoesAsBuilt(t *testing.T) {
 	s := startStreamServer(t)
 	var set Set
 	hc := exchangeClient(&set, s.addr)
-	defer hc.CloseIdleConnections()
+	defer hc.Close()
 	var x Exchange
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
@@ -259,7 +264,7 @@ func TestExchangeSizedStreamReadsThroughFasthttp(t *testing.T) {
 	s := startStreamServer(t)
 	var set Set
 	hc := exchangeClient(&set, s.addr)
-	defer hc.CloseIdleConnections()
+	defer hc.Close()
 	var x Exchange
 	for range 2 {
 		resp, err := exchangeOnce(t, &x, hc, s.addr, "/sized", true)
@@ -299,7 +304,7 @@ func TestExchangeStreamCutMidChunk(t *testing.T) {
 	defer func() { _ = ln.Close(); <-served }()
 	var set Set
 	hc := exchangeClient(&set, ln.Addr().String())
-	defer hc.CloseIdleConnections()
+	defer hc.Close()
 	var x Exchange
 	resp, err := exchangeOnce(t, &x, hc, ln.Addr().String(), "/stream", true)
 	if err != nil {
@@ -317,16 +322,17 @@ func TestExchangeStreamCutMidChunk(t *testing.T) {
 }
 
 // TestExchangeOtherDialTakesPooledBuffers: an exchange on a connection
-// that is not Dial's (a HostClient's own dial) reads through a reader
-// taken from the HostClient's pool, as fasthttp would; one on a Dial'd
+// that is not Dial's (a plain dial) reads through a reader
+// taken from the Pool's, as fasthttp would; one on a Dial'd
 // connection reads through the connection's own
 // (TestExchangeStreamReadToEndReusesConnection).
 func TestExchangeOtherDialTakesPooledBuffers(t *testing.T) {
 	s := startStreamServer(t)
 	var set Set
-	plain := exchangeClient(&set, s.addr)
-	plain.Dial = func(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }
-	defer plain.CloseIdleConnections()
+	plain := exchangeClient(&set, s.addr, func(c *PoolConfig) {
+		c.Dial = func(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }
+	})
+	defer plain.Close()
 	var x Exchange
 	resp, err := exchangeOnce(t, &x, plain, s.addr, "/stream", true)
 	if err != nil {
@@ -348,10 +354,7 @@ func TestExchangeUnaryAllocs(t *testing.T) {
 	addr := answerServer(t, &accepted)
 	var set Set
 	hc := exchangeClient(&set, addr)
-	// Long enough for the connection to stay pooled between runs, short
-	// enough for fasthttp's pool cleaner to end with the test.
-	hc.MaxIdleConnDuration = 200 * time.Millisecond
-	defer hc.CloseIdleConnections()
+	defer hc.Close()
 	run, done := unaryExchange(hc, addr)
 	defer done()
 	exchange := func() {
