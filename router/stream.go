@@ -139,6 +139,9 @@ func (rel *relay) SupportsBodyWriteTo() bool { return true }
 // one SSE error event, since the status line went out long ago.
 func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 	rel.done = true // every return below ends the stream and sets the outcome
+	if rel.chunks != nil {
+		w = (*chunkWriter)(rel.chunks)
+	}
 	rel.w = w
 	defer func() { rel.w = nil }()
 	a := &rel.att
@@ -275,7 +278,7 @@ func (rel *relay) sendEnd() error {
 // batch's buffer is pooled (writehold.go). false: the connection already
 // holds (the stream's end: holdLast) or is not the front door's.
 func (rel *relay) holdBatch() bool {
-	if rel.held != nil || rel.ctx == nil {
+	if rel.held != nil || rel.ctx == nil || rel.chunks != nil {
 		return false
 	}
 	fc, ok := rel.ctx.Conn().(*frontConn)
@@ -347,6 +350,12 @@ func (rel *relay) Read(p []byte) (int, error) {
 // or abandoned.
 func (rel *relay) Close() error {
 	rel.unhold()
+	if fc := rel.chunks; fc != nil {
+		rel.chunks = nil
+		// Headers still held: WriteTo did not run (a HEAD request, a
+		// client gone first), the outcome says so.
+		_ = fc.sendHead()
+	}
 	if !rel.done {
 		// Closed before the stream ended: the client went away (or the
 		// server is shutting down) before fasthttp could write it.
