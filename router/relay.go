@@ -107,9 +107,6 @@ type relay struct {
 	// held: the client connection holds the stream's last writes for
 	// its closing chunk (writehold.go), until Close; nil: none.
 	held *frontConn
-	// batch: the client connection holds one large batch of events
-	// (holdBatch) until sendBatch; nil: none.
-	batch *frontConn
 	// chunks: the client connection the relay writes its chunks into
 	// (writeChunk) in place of fasthttp's chunked writer; nil: that one.
 	chunks *frontConn

@@ -270,34 +270,6 @@ func (rel *relay) sendEnd() error {
 	return fc.sendEnd()
 }
 
-// holdBatch holds the client connection's writes for one batch of events
-// too large for fasthttp's response writer (4 KiB) to send in one piece
-// (with the headers, for a stream's first); sendBatch then sends what was
-// held in one write. Raising the writer's size instead would cost every
-// keep-alive connection the larger buffer for its whole life; the held
-// batch's buffer is pooled (writehold.go). false: the connection already
-// holds (the stream's end: holdLast) or is not the front door's.
-func (rel *relay) holdBatch() bool {
-	if rel.held != nil || rel.ctx == nil || rel.chunks != nil {
-		return false
-	}
-	fc, ok := rel.ctx.Conn().(*frontConn)
-	if !ok || fc.hold.buf != nil || fc.ans.on {
-		return false
-	}
-	fc.holdWrites()
-	rel.batch = fc
-	return true
-}
-
-// sendBatch sends what holdBatch held, in one write.
-func (rel *relay) sendBatch() error {
-	fc := rel.batch
-	rel.batch = nil
-	fc.releaseHold()
-	return fc.sendHeld()
-}
-
 // unhold ends holdLast: the connection's next write (the closing chunk's
 // flush, after Close) sends what it held.
 func (rel *relay) unhold() {
@@ -437,18 +409,6 @@ type inPlaceSource interface {
 // events about to be written (the relay: see atEnd).
 type streamEnd interface{ atEnd() }
 
-// batchHolder, when the pump's end is one, sends a batch of events larger
-// than splitBatch in one write (the relay: see holdBatch).
-type batchHolder interface {
-	holdBatch() bool
-	sendBatch() error
-}
-
-// splitBatch: a batch of events above it may not fit what is left of
-// fasthttp's 4 KiB response writer beside the headers and the chunk's
-// framing, which would send it in two or three writes.
-const splitBatch = 3 << 10
-
 // reuse returns the pump emptied, keeping its buffers.
 func (p *eventPump) reuse() eventPump {
 	buf, out := p.buf, p.out[:0]
@@ -572,24 +532,12 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 }
 
 // send writes one step's events: the end of the stream, when the read met
-// it, is told first (streamEnd), and a batch above splitBatch goes in one
-// write (batchHolder).
+// it, is told first (streamEnd).
 func (p *eventPump) send(dst io.Writer, chunk []byte, readErr error) (int, error) {
 	if readErr == io.EOF && p.end != nil && len(chunk) > 0 {
 		p.end.atEnd()
 	}
-	var batch batchHolder
-	if len(chunk) > splitBatch && p.end != nil {
-		if b, ok := p.end.(batchHolder); ok && b.holdBatch() {
-			batch = b
-		}
-	}
 	k, err := dst.Write(chunk)
-	if batch != nil {
-		if ferr := batch.sendBatch(); ferr != nil && err == nil {
-			k, err = 0, ferr
-		}
-	}
 	p.midEvent = false
 	return k, err
 }
