@@ -154,16 +154,12 @@ func chunksEngine(t *testing.T, tc chunksCase) (discovery.Record, chan<- struct{
 var chunksVarying = regexp.MustCompile(`\r\n(Date|X-Request-Id|X-Infera-Request-Id|X-Infera-Worker): [^\r]*`)
 
 // chunksExchange sends tc's request on a new connection and returns what
-// came back (its varying headers blanked: chunksVarying), read up to the end of the chunked
-// body or of the connection.
+// came back (its varying headers blanked: chunksVarying), read up to the
+// end of the chunked body or of the connection.
 func chunksExchange(t *testing.T, addr string, tc chunksCase, next chan<- struct{}) string {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialClient(t, addr)
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 	path, body := tc.path, tc.body
 	if path == "" {
 		path, body = "/v1/chat/completions", `{"model":"m","stream":true}`
