@@ -134,9 +134,10 @@
 // by the client connection (writehold.go) until its next read (the
 // goroutine front door) or, on the loop front door, sent at once with a
 // closing chunk the relay writes itself (fasthttp's is dropped): a stream
-// the engine sent at once leaves in one write (issue 36). A batch of events larger than fasthttp's 4 KiB response
-// writer is held the same way for the length of its write (holdBatch), so
-// that it leaves in one write rather than the writer's pieces;
+// the engine sent at once leaves in one write (issue 36). The relay writes
+// each batch of events as one chunk straight into the client connection
+// (writeChunk), not through fasthttp's 4 KiB response writer: one write
+// whatever its size, the headers with the first when they were held;
 // until the first event is written a failing worker (end of stream, error,
 // first-byte timeout) is replaced by failover and the client sees the next
 // worker's events after the comments. After the first event a failure ends

@@ -46,6 +46,12 @@ func startFrontDoors(t testing.TB, cfg router.Config) frontDoors {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"id":"cmpl-1","object":"chat.completion","choices":[]}`)
 	})
+	return startFrontDoorsOver(t, cfg, record(up, "m", discovery.StatusActive))
+}
+
+// startFrontDoorsOver is startFrontDoors over the given workers.
+func startFrontDoorsOver(t testing.TB, cfg router.Config, workers ...discovery.Record) frontDoors {
+	t.Helper()
 	cfg.IdleConnTimeout = 50 * time.Millisecond
 	var fd frontDoors
 	for i, serve := range []func(*router.Router) func(context.Context, net.Listener) error{
@@ -62,7 +68,7 @@ func startFrontDoors(t testing.TB, cfg router.Config) frontDoors {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
+		r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: workers})
 		addr := servetest.Loopback(t, "router", serve(r))
 		if i == 0 {
 			fd.goroutine = addr

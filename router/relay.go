@@ -107,9 +107,9 @@ type relay struct {
 	// held: the client connection holds the stream's last writes for
 	// its closing chunk (writehold.go), until Close; nil: none.
 	held *frontConn
-	// batch: the client connection holds one large batch of events
-	// (holdBatch) until sendBatch; nil: none.
-	batch *frontConn
+	// chunks: the client connection the relay writes its chunks into
+	// (writeChunk) in place of fasthttp's chunked writer; nil: that one.
+	chunks *frontConn
 
 	streaming bool // a stream's status line went out: only a stream may replace it
 	firstByte bool // an event reached the client
@@ -300,6 +300,16 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		// retry before the first event stays possible (the client has
 		// seen no event).
 		ctx.Response.ImmediateHeaderFlush = a.x.Buffered() == 0
+		if fc, ok := ctx.Conn().(*frontConn); ok && streamDirect {
+			// The relay writes the chunks into the connection
+			// (writehold.go): the headers cannot wait in fasthttp's
+			// writer, the connection holds them instead.
+			if !ctx.Response.ImmediateHeaderFlush {
+				fc.holdHead()
+			}
+			ctx.Response.ImmediateHeaderFlush = true
+			rel.chunks = fc
+		}
 		ctx.SetBodyStream(rel, -1)
 		return true, nil // Close finishes the request
 	}

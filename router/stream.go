@@ -139,6 +139,9 @@ func (rel *relay) SupportsBodyWriteTo() bool { return true }
 // one SSE error event, since the status line went out long ago.
 func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 	rel.done = true // every return below ends the stream and sets the outcome
+	if rel.chunks != nil {
+		w = (*chunkWriter)(rel.chunks)
+	}
 	rel.w = w
 	defer func() { rel.w = nil }()
 	a := &rel.att
@@ -267,34 +270,6 @@ func (rel *relay) sendEnd() error {
 	return fc.sendEnd()
 }
 
-// holdBatch holds the client connection's writes for one batch of events
-// too large for fasthttp's response writer (4 KiB) to send in one piece
-// (with the headers, for a stream's first); sendBatch then sends what was
-// held in one write. Raising the writer's size instead would cost every
-// keep-alive connection the larger buffer for its whole life; the held
-// batch's buffer is pooled (writehold.go). false: the connection already
-// holds (the stream's end: holdLast) or is not the front door's.
-func (rel *relay) holdBatch() bool {
-	if rel.held != nil || rel.ctx == nil {
-		return false
-	}
-	fc, ok := rel.ctx.Conn().(*frontConn)
-	if !ok || fc.hold.buf != nil || fc.ans.on {
-		return false
-	}
-	fc.holdWrites()
-	rel.batch = fc
-	return true
-}
-
-// sendBatch sends what holdBatch held, in one write.
-func (rel *relay) sendBatch() error {
-	fc := rel.batch
-	rel.batch = nil
-	fc.releaseHold()
-	return fc.sendHeld()
-}
-
 // unhold ends holdLast: the connection's next write (the closing chunk's
 // flush, after Close) sends what it held.
 func (rel *relay) unhold() {
@@ -347,6 +322,12 @@ func (rel *relay) Read(p []byte) (int, error) {
 // or abandoned.
 func (rel *relay) Close() error {
 	rel.unhold()
+	if fc := rel.chunks; fc != nil {
+		rel.chunks = nil
+		// Headers still held: WriteTo did not run (a HEAD request, a
+		// client gone first), the outcome says so.
+		_ = fc.sendHead()
+	}
 	if !rel.done {
 		// Closed before the stream ended: the client went away (or the
 		// server is shutting down) before fasthttp could write it.
@@ -427,18 +408,6 @@ type inPlaceSource interface {
 // streamEnd is told by the pump when the end of the stream came with the
 // events about to be written (the relay: see atEnd).
 type streamEnd interface{ atEnd() }
-
-// batchHolder, when the pump's end is one, sends a batch of events larger
-// than splitBatch in one write (the relay: see holdBatch).
-type batchHolder interface {
-	holdBatch() bool
-	sendBatch() error
-}
-
-// splitBatch: a batch of events above it may not fit what is left of
-// fasthttp's 4 KiB response writer beside the headers and the chunk's
-// framing, which would send it in two or three writes.
-const splitBatch = 3 << 10
 
 // reuse returns the pump emptied, keeping its buffers.
 func (p *eventPump) reuse() eventPump {
@@ -563,24 +532,12 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 }
 
 // send writes one step's events: the end of the stream, when the read met
-// it, is told first (streamEnd), and a batch above splitBatch goes in one
-// write (batchHolder).
+// it, is told first (streamEnd).
 func (p *eventPump) send(dst io.Writer, chunk []byte, readErr error) (int, error) {
 	if readErr == io.EOF && p.end != nil && len(chunk) > 0 {
 		p.end.atEnd()
 	}
-	var batch batchHolder
-	if len(chunk) > splitBatch && p.end != nil {
-		if b, ok := p.end.(batchHolder); ok && b.holdBatch() {
-			batch = b
-		}
-	}
 	k, err := dst.Write(chunk)
-	if batch != nil {
-		if ferr := batch.sendBatch(); ferr != nil && err == nil {
-			k, err = 0, ferr
-		}
-	}
 	p.midEvent = false
 	return k, err
 }

@@ -124,16 +124,23 @@ func startCountedRouter(t *testing.T, workers ...discovery.Record) (string, *ioC
 	return addr, wc
 }
 
-// rawPost sends one request on a new connection and returns the response
-// read up to the end of its chunked body (or the connection's end).
-func rawPost(t *testing.T, addr, path, body string, headers ...string) string {
+// dialClient connects a client to addr, with 30 s for all it does there.
+func dialClient(t *testing.T, addr string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	return c
+}
+
+// rawPost sends one request on a new connection and returns the response
+// read up to the end of its chunked body (or the connection's end).
+func rawPost(t *testing.T, addr, path, body string, headers ...string) string {
+	t.Helper()
+	c := dialClient(t, addr)
+	defer c.Close()
 	req := "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 	for i := 0; i+1 < len(headers); i += 2 {
 		req += headers[i] + ": " + headers[i+1] + "\r\n"

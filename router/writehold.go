@@ -2,6 +2,7 @@ package router
 
 import (
 	"errors"
+	"strconv"
 	"sync"
 )
 
@@ -45,6 +46,9 @@ type writeHold struct {
 	// endLeft: the bytes of fasthttp's closing chunk still to be dropped
 	// (sendEnd sent the relay's own).
 	endLeft int
+	// head: what is held is a stream's headers (holdHead), waiting for
+	// its first chunk.
+	head bool
 }
 
 // holdBufs are the buffers of held writes. One holds a stream's last
@@ -57,12 +61,100 @@ var holdBufs = sync.Pool{New: func() any {
 
 const maxKeptHold = 64 << 10
 
-// holdWrites holds the connection's writes until releaseHold.
+// holdWrites holds the connection's writes until releaseHold; headers
+// held by holdHead are held with them.
 func (c *frontConn) holdWrites() {
 	if c.hold.buf == nil {
 		c.hold.buf = holdBufs.Get().(*[]byte)
 	}
-	c.hold.on = true
+	c.hold.on, c.hold.head = true, false
+}
+
+// A stream's chunks are written by the relay straight into the client
+// connection's write (writeChunk), framing and events in one buffer,
+// rather than through fasthttp's chunked writer: that copies them into
+// its 4 KiB writer and, for a held write, from there into the held
+// buffer; a batch larger than the writer left it in two or three writes.
+// The headers, which fasthttp writes into its writer, are flushed first
+// (ImmediateHeaderFlush): when the engine's first bytes are already there
+// the connection holds them (holdHead) and they leave with the first
+// chunk, in one write, as they did in fasthttp's writer. The bytes the
+// client receives are fasthttp's: the same framing (lower-case hex
+// length, CRLFs), fasthttp's closing chunk and trailer after the relay's
+// WriteTo (or the relay's own: sendEnd).
+
+// streamDirect: streams are written by writeChunk (a test compares the
+// bytes with fasthttp's chunked writer's, streamDirect off).
+var streamDirect = true
+
+// holdHead holds the stream headers fasthttp flushes next, for the
+// stream's first chunk (writeChunk), or until sendHead.
+func (c *frontConn) holdHead() {
+	c.holdWrites()
+	c.hold.head = true
+}
+
+// sendHead sends headers still held by holdHead (the stream wrote no
+// chunk: a HEAD request, a client gone before its first event).
+func (c *frontConn) sendHead() error {
+	if !c.hold.head {
+		return nil
+	}
+	c.hold.head = false
+	c.releaseHold()
+	return c.sendHeld()
+}
+
+// chunkWriter is a frontConn writing a stream's chunks (writeChunk): the
+// relay's writer in place of fasthttp's chunked writer.
+type chunkWriter frontConn
+
+func (w *chunkWriter) Write(p []byte) (int, error) { return (*frontConn)(w).writeChunk(p) }
+
+// writeChunk writes p as one chunk of a chunked body, its framing and
+// bytes in one write: appended to what the connection holds, and held
+// with it unless that is only the stream's headers (holdHead), or framed
+// in a pooled buffer. The write goes the connection's usual way
+// (writeAnswer: held for the next read while the goroutine door holds
+// the stream's end, frontheld.go).
+func (c *frontConn) writeChunk(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil // an empty chunk would end the body
+	}
+	h := &c.hold
+	bp := h.buf
+	if bp == nil {
+		bp = holdBufs.Get().(*[]byte)
+	}
+	b := appendChunk(*bp, p)
+	if h.buf != nil {
+		if h.head {
+			h.on, h.head = false, false
+		}
+		if h.on {
+			*bp = b
+			return len(p), nil
+		}
+		h.buf = nil
+	}
+	_, err := c.writeAnswer(b)
+	if cap(b) <= maxKeptHold {
+		*bp = b[:0]
+		holdBufs.Put(bp)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// appendChunk appends p framed as a chunk of a chunked body, as fasthttp
+// frames it: its length in lower-case hex, CRLF, p, CRLF.
+func appendChunk(b, p []byte) []byte {
+	b = strconv.AppendUint(b, uint64(len(p)), 16)
+	b = append(b, '\r', '\n')
+	b = append(b, p...)
+	return append(b, '\r', '\n')
 }
 
 // releaseHold ends holding: the next write sends what was held with its

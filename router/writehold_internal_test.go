@@ -244,3 +244,116 @@ func TestFrontConnSendEnd(t *testing.T) {
 		t.Fatalf("failed end: %v", err)
 	}
 }
+
+// countConn counts the writes made to it and discards them.
+type countConn struct {
+	net.Conn
+	writes int
+}
+
+func (c *countConn) Write(p []byte) (int, error) { c.writes++; return len(p), nil }
+
+// writeChunk frames each write as fasthttp does; headers held by holdHead
+// leave with the first chunk, events held for the stream's end (holdWrites)
+// with the closing chunk (sendEnd), nothing else waits; on the goroutine
+// door's hold for the next read (ans.on) the first chunk and its headers are
+// held there.
+func TestFrontConnWriteChunk(t *testing.T) {
+	rc := &recordConn{}
+	fc := &frontConn{Conn: rc}
+	w := (*chunkWriter)(fc)
+	chunk := func(s string) {
+		t.Helper()
+		if n, err := w.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatalf("chunk %q: %d, %v", s, n, err)
+		}
+	}
+	fc.holdHead()
+	mustWrite(t, fc, "headers\r\n\r\n") // fasthttp's ImmediateHeaderFlush
+	chunk("")                           // (nothing: an empty chunk would end the body)
+	if len(rc.writes) != 0 {
+		t.Fatalf("held headers reached the socket: %q", rc.writes)
+	}
+	chunk("data: 1\n\n")
+	chunk(string(make([]byte, 300)))
+	fc.holdWrites() // the stream's end
+	chunk("data: [DONE]\n\n")
+	if err := fc.sendEnd(); err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, fc, "0\r\n\r\n") // fasthttp's closing chunk, dropped
+	want := []string{
+		"headers\r\n\r\n9\r\ndata: 1\n\n\r\n",
+		"12c\r\n" + string(make([]byte, 300)) + "\r\n",
+		"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n",
+	}
+	if len(rc.writes) != len(want) {
+		t.Fatalf("writes %q, want %q", rc.writes, want)
+	}
+	for i := range want {
+		if rc.writes[i] != want[i] {
+			t.Fatalf("writes %q, want %q", rc.writes, want)
+		}
+	}
+	if fc.hold.buf != nil || fc.hold.on || fc.hold.head {
+		t.Fatal("a hold outlived the stream")
+	}
+
+	// No chunk at all (a HEAD request): sendHead sends the headers.
+	rc.writes = nil
+	fc.holdHead()
+	mustWrite(t, fc, "headers\r\n\r\n")
+	if err := fc.sendHead(); err != nil || len(rc.writes) != 1 || rc.writes[0] != "headers\r\n\r\n" {
+		t.Fatalf("sendHead: %v, writes %q", err, rc.writes)
+	}
+	if err := fc.sendHead(); err != nil || len(rc.writes) != 1 {
+		t.Fatalf("a second sendHead wrote: %v, %q", err, rc.writes)
+	}
+
+	// The goroutine door holding the end for the next read: headers and
+	// events go to its hold, not the socket.
+	rc.writes = nil
+	fc.ans.on = true
+	fc.ans.pending.Store(false)
+	fc.holdHead()
+	mustWrite(t, fc, "headers\r\n\r\n")
+	if fc.ans.h.Ready() {
+		t.Fatal("a recordConn has no socket to hold for")
+	}
+	chunk("data: 1\n\n") // (no socket: Hold refuses, written at once)
+	if len(rc.writes) != 1 || rc.writes[0] != "headers\r\n\r\n9\r\ndata: 1\n\n\r\n" {
+		t.Fatalf("writes %q", rc.writes)
+	}
+}
+
+// TestFrontConnWriteChunkAllocs: a stream's chunks, its held headers and
+// end cost no allocation.
+func TestFrontConnWriteChunkAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are checked without -race")
+	}
+	cc := &countConn{}
+	fc := &frontConn{Conn: cc}
+	w := (*chunkWriter)(fc)
+	head := []byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+	ev := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
+	end := []byte(lastChunk)
+	run := func() {
+		fc.holdHead()
+		_, _ = fc.Write(head)
+		for range 16 {
+			_, _ = w.Write(ev)
+		}
+		fc.holdWrites()
+		_, _ = w.Write(ev)
+		_ = fc.sendEnd()
+		_, _ = fc.Write(end)
+	}
+	run()
+	if n := testing.AllocsPerRun(100, run); n != 0 {
+		t.Fatalf("a stream's chunk writes allocate %.1f times, want 0", n)
+	}
+	if cc.writes != 102*17 {
+		t.Fatalf("%d writes for 102 streams of 17 chunks, want %d", cc.writes, 102*17)
+	}
+}

@@ -1,0 +1,11 @@
+package router
+
+// SetStreamChunksDirect sets whether the relay writes a stream's chunks
+// itself (writehold.go) or through fasthttp's chunked writer, for routers
+// started after it, and returns the setting to restore. Only tests whose
+// routers are all stopped before the restore may call it (it is not
+// synchronised with the handlers reading it).
+func SetStreamChunksDirect(on bool) (was bool) {
+	was, streamDirect = streamDirect, on
+	return was
+}
