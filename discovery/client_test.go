@@ -2,15 +2,8 @@ package discovery_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -96,10 +89,10 @@ func TestNewClientAuth(t *testing.T) {
 // requires client certificates.
 func TestNewClientTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca, caKey := newCA(t)
-	writePEM(t, filepath.Join(dir, "ca.pem"), "CERTIFICATE", ca.Raw)
-	issue(t, ca, caKey, dir, "server", x509.ExtKeyUsageServerAuth)
-	issue(t, ca, caKey, dir, "client", x509.ExtKeyUsageClientAuth)
+	ca := testkit.NewCA(t)
+	caFile := ca.WriteCA(t, dir, "ca.pem")
+	serverCert, serverKey := ca.Issue(t, "server", x509.ExtKeyUsageServerAuth).Write(t, dir, "server.pem", "server-key.pem")
+	clientCert, clientKey := ca.Issue(t, "client", x509.ExtKeyUsageClientAuth).Write(t, dir, "client.pem", "client-key.pem")
 
 	addr := testkit.FreeAddr(t)
 	u := url.URL{Scheme: "https", Host: addr}
@@ -110,9 +103,9 @@ func TestNewClientTLS(t *testing.T) {
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	ec.ClientTLSInfo.CertFile = filepath.Join(dir, "server.pem")
-	ec.ClientTLSInfo.KeyFile = filepath.Join(dir, "server-key.pem")
-	ec.ClientTLSInfo.TrustedCAFile = filepath.Join(dir, "ca.pem")
+	ec.ClientTLSInfo.CertFile = serverCert
+	ec.ClientTLSInfo.KeyFile = serverKey
+	ec.ClientTLSInfo.TrustedCAFile = caFile
 	ec.ClientTLSInfo.ClientCertAuth = true
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
@@ -127,9 +120,9 @@ func TestNewClientTLS(t *testing.T) {
 
 	cli, err := discovery.NewClient(config.Etcd{
 		Endpoints: []string{u.String()},
-		CertFile:  filepath.Join(dir, "client.pem"),
-		KeyFile:   filepath.Join(dir, "client-key.pem"),
-		CAFile:    filepath.Join(dir, "ca.pem"),
+		CertFile:  clientCert,
+		KeyFile:   clientKey,
+		CAFile:    caFile,
 	}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +133,7 @@ func TestNewClientTLS(t *testing.T) {
 	}
 
 	// Without the client certificate the server refuses the handshake.
-	noCert, err := discovery.NewClient(config.Etcd{Endpoints: []string{u.String()}, CAFile: filepath.Join(dir, "ca.pem")}, zerolog.Nop())
+	noCert, err := discovery.NewClient(config.Etcd{Endpoints: []string{u.String()}, CAFile: caFile}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,66 +142,5 @@ func TestNewClientTLS(t *testing.T) {
 	defer cancel()
 	if _, err := noCert.Put(ctx, "/k", "v"); err == nil {
 		t.Fatal("put without a client certificate succeeded")
-	}
-}
-
-func newCA(t *testing.T) (*x509.Certificate, *ecdsa.PrivateKey) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "infera test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
-}
-
-// issue writes <name>.pem and <name>-key.pem signed by ca, valid for 127.0.0.1.
-func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, dir, name string, usage x509.ExtKeyUsage) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, filepath.Join(dir, name+".pem"), "CERTIFICATE", der)
-	writePEM(t, filepath.Join(dir, name+"-key.pem"), "EC PRIVATE KEY", keyDER)
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -1,32 +1,18 @@
 package upstream
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"math/big"
 	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
-)
 
-// waitFor polls cond until it holds, failing t after 5 s (a bound on a
-// broken pool, not a timing under test).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(end) {
-			t.Fatal(what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+	"github.com/infera/infera/internal/testkit"
+)
 
 // waiting is how many exchanges wait for a free connection of p.
 func (p *Pool) waiting() int {
@@ -60,7 +46,7 @@ func waitAtCap(t *testing.T, p *Pool, addr string) <-chan error {
 		}
 		done <- err
 	}()
-	waitFor(t, "the second exchange does not wait at the cap", func() bool { return p.waiting() == 1 })
+	testkit.Eventually(t, "the second exchange to wait at the cap", func() bool { return p.waiting() == 1 })
 	return done
 }
 
@@ -203,7 +189,7 @@ func TestPoolSweeperClosesIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	fasthttp.ReleaseResponse(resp)
-	waitFor(t, "an idle connection is never closed", func() bool { return set.Len() == 0 })
+	testkit.Eventually(t, "the sweeper to close the idle connection", func() bool { return set.Len() == 0 })
 	if n := p.Open(); n != 0 {
 		t.Fatalf("%d connections counted open after the sweep", n)
 	}
@@ -280,7 +266,7 @@ func TestPoolConnectionClose(t *testing.T) {
 		_, err := exchangeOnce(t, &x, p, s.addr, "/slow", false)
 		done <- err
 	}()
-	waitFor(t, "the slow exchange never holds a connection", func() bool {
+	testkit.Eventually(t, "the slow exchange to hold a connection", func() bool {
 		x.mu.Lock()
 		defer x.mu.Unlock()
 		return x.conn != nil
@@ -298,36 +284,15 @@ func TestPoolConnectionClose(t *testing.T) {
 // TLSConfig's roots, for the host of Addr), through pooled buffers, and
 // reuses the connection.
 func TestPoolTLS(t *testing.T) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA:         true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(cert)
+	ca := testkit.NewCA(t)
+	server := ca.Issue(t, "worker", x509.ExtKeyUsageServerAuth)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var accepted atomic.Int64
 	tln := tls.NewListener(countingLn{ln, &accepted}, &tls.Config{
-		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
+		Certificates: []tls.Certificate{server.TLS()},
 		MinVersion:   tls.VersionTLS12,
 	})
 	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("whole") }, Logger: quietLogger{}}
@@ -337,7 +302,7 @@ func TestPoolTLS(t *testing.T) {
 	addr := ln.Addr().String()
 	var set Set
 	p := exchangeClient(&set, addr, func(c *PoolConfig) {
-		c.TLS, c.TLSConfig = true, &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+		c.TLS, c.TLSConfig = true, &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
 	})
 	defer p.Close()
 	var x Exchange

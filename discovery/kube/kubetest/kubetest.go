@@ -10,12 +10,9 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -77,27 +74,9 @@ func Start(t testing.TB) *Server {
 	bin := Binary(t)
 	dir := t.TempDir()
 	// CA and serving certificate for 127.0.0.1.
-	caKey, _ := rsa.GenerateKey(rand.Reader, 2048)
-	caTpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubetest-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTpl, caTpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	srvKey, _ := rsa.GenerateKey(rand.Reader, 2048)
-	srvTpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"}}
-	srvDER, err := x509.CreateCertificate(rand.Reader, srvTpl, ca, &srvKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, filepath.Join(dir, "ca.crt"), "CERTIFICATE", caDER)
-	writePEM(t, filepath.Join(dir, "srv.crt"), "CERTIFICATE", srvDER)
-	writePEM(t, filepath.Join(dir, "srv.key"), "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(srvKey))
+	ca := testkit.NewCA(t)
+	ca.WriteCA(t, dir, "ca.crt")
+	ca.Issue(t, "127.0.0.1", x509.ExtKeyUsageServerAuth).Write(t, dir, "srv.crt", "srv.key")
 	saKey, _ := rsa.GenerateKey(rand.Reader, 2048)
 	writePEM(t, filepath.Join(dir, "sa.key"), "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(saKey))
 	pub, _ := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
@@ -122,8 +101,7 @@ func Start(t testing.TB) *Server {
 	t.Cleanup(func() { _ = etcd.Process.Kill(); _ = etcd.Wait() })
 
 	s := &Server{t: t, dir: dir, bin: bin, port: testkit.FreePort(t), etcd: "http://127.0.0.1:" + strconv.Itoa(ec)}
-	caPEM, _ := os.ReadFile(filepath.Join(dir, "ca.crt"))
-	s.Config = kube.Config{Server: "https://127.0.0.1:" + strconv.Itoa(s.port), Token: Token, CAPEM: caPEM, Namespace: "default"}
+	s.Config = kube.Config{Server: "https://127.0.0.1:" + strconv.Itoa(s.port), Token: Token, CAPEM: ca.PEM(), Namespace: "default"}
 	s.startAPI()
 	t.Cleanup(s.stopAPI)
 	return s
