@@ -1,6 +1,10 @@
 package router
 
 import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -78,6 +82,15 @@ func (fc *frontConn) socket() *epoll.Held {
 }
 
 func (c *frontConn) Write(p []byte) (int, error) {
+	if c.direct.pending {
+		return c.writeDirect(p) // a unary answer's head, its body to follow
+	}
+	return c.writeNow(p)
+}
+
+// writeNow is Write without a direct body waiting: the bytes go out, or
+// are held, as the connection's state says.
+func (c *frontConn) writeNow(p []byte) (int, error) {
 	if c.hold.endLeft > 0 {
 		return c.writeAfterEnd(p) // a stream's end went out already (writehold.go)
 	}
@@ -166,4 +179,207 @@ func (c *frontConn) sendHeldAnswer() {
 		_ = c.Conn.SetWriteDeadline(dl)
 		_, _ = c.Conn.Write(c.ans.h.Take())
 	}
+}
+
+// A unary answer's body is written by the front door's connection itself,
+// straight into the held write (issue 36), not through fasthttp's response
+// writer: that copied it into its 4 KiB bufio.Writer and, flushed, the
+// connection copied it again into the held bytes (epoll.Held). The relay
+// takes the body out of the response (answerDirect) and leaves fasthttp
+// the head: the status line and headers fasthttp builds as before (the
+// Content-Length the body's, set by the relay), with one more header line,
+// directMark, that never reaches the client. When fasthttp's writer flushes
+// the head, the connection finds the mark (writeDirect), drops its line
+// and writes the head with the body after it: held for the next read on
+// the goroutine front door, one write on the loop one. The client gets
+// fasthttp's bytes: the head is fasthttp's, Connection: close included
+// (the one line fasthttp adds after the handler's, which is why the mark
+// is searched with its end: directEnds). Where the mark cannot be found
+// by position (pipelined requests: fasthttp's writer may hold an earlier
+// answer before the head) it is found by its content, a random token of
+// the process: no worker's answer can carry it, since no client ever sees
+// it. Not direct, and written as before: an HTTP/1.0 request (fasthttp
+// adds its Connection header after the handler), HEAD, a status other
+// than 200, an empty body or one above maxKeptHold, a request pipelined
+// behind a direct answer whose head has not been flushed yet.
+
+// unaryDirect: unary bodies are written by the connection (a test compares
+// the bytes with fasthttp's writer's, unaryDirect off).
+var unaryDirect = true
+
+// directBody is a frontConn's unary body waiting for its head; only the
+// connection's serving goroutine touches it.
+type directBody struct {
+	pending bool   // the body waits for its head (fasthttp's next flush)
+	body    []byte // the body, taken out of the response
+	// spare is the last body's buffer, given to the next response in
+	// place of its body: fasthttp's and the upstream's body buffers keep
+	// circulating, none allocated.
+	spare []byte
+	// carry: the end of a write that may be the start of the mark (or
+	// the mark without its end), kept for the next write (pipelined
+	// answers only).
+	carry *[]byte
+}
+
+// directKey is the mark's header name (fasthttp's normalized form).
+var directKey = []byte("X-Infera-Direct-Body")
+
+// directToken is the mark's value, random per process.
+var directToken = func() []byte {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("router: no random bytes for the direct answer mark: " + err.Error())
+	}
+	return hex.AppendEncode(nil, b[:])
+}()
+
+// directMark is the mark's line as fasthttp writes it, with the end of the
+// line before it.
+var directMark = []byte("\r\n" + string(directKey) + ": " + string(directToken) + "\r\n")
+
+// directEnds are what can follow the mark in fasthttp's head: its end, or
+// the Connection: close line fasthttp adds after the handler, then the end.
+var directEnds = [...][]byte{[]byte("\r\n"), []byte("Connection: close\r\n\r\n")}
+
+// errDirectMismatch: the head fasthttp wrote after the mark is not one the
+// direct answer knows: the connection's framing cannot be trusted.
+var errDirectMismatch = errors.New("router: a unary answer's head ends unexpectedly after its mark")
+
+// answerDirect makes ctx's unary answer of status 200 direct where it can
+// be (see above): its body goes to the connection, the response keeps its
+// head, the body's Content-Length and the mark.
+func answerDirect(ctx *fasthttp.RequestCtx, status int) {
+	if !unaryDirect || status != fasthttp.StatusOK {
+		return
+	}
+	fc, ok := ctx.Conn().(*frontConn)
+	if !ok || fc.direct.pending || ctx.IsHead() || !ctx.Request.Header.IsHTTP11() || ctx.Response.IsBodyStream() {
+		return
+	}
+	body := ctx.Response.Body()
+	if len(body) == 0 || len(body) > maxKeptHold {
+		return
+	}
+	old := ctx.Response.SwapBody(fc.direct.spare[:0])
+	if len(old) != len(body) || &old[0] != &body[0] {
+		// Not the body's buffer (a raw body): as before.
+		fc.direct.spare = ctx.Response.SwapBody(old)
+		return
+	}
+	fc.direct.spare = nil
+	fc.direct.body, fc.direct.pending = old, true
+	ctx.Response.Header.SetContentLength(len(old))
+	ctx.Response.SkipBody = true
+	ctx.Response.Header.SetCanonical(directKey, directToken)
+}
+
+// writeDirect is Write while a direct body waits for its head: p is
+// fasthttp's writer flushing, the head with the mark in it (or before it,
+// pipelined answers of fasthttp's own).
+func (c *frontConn) writeDirect(p []byte) (int, error) {
+	d := &c.direct
+	q := p
+	if d.carry != nil {
+		// The last write ended with what may begin the mark (rare: the
+		// head was cut by fasthttp's writer being full).
+		cp := d.carry
+		d.carry = nil
+		*cp = append(*cp, p...)
+		defer putCarry(cp)
+		q = *cp
+	}
+	i := bytes.Index(q, directMark)
+	if i < 0 {
+		keep := markStartAtEnd(q)
+		if err := c.directCarry(q, len(q)-keep); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
+	rest := q[i+len(directMark):]
+	var end []byte
+	for _, e := range directEnds {
+		if bytes.HasPrefix(rest, e) {
+			end = e
+			break
+		}
+		if len(rest) < len(e) && bytes.HasPrefix(e, rest) {
+			// The head's end is in the next write.
+			if err := c.directCarry(q, i); err != nil {
+				return 0, err
+			}
+			return len(p), nil
+		}
+	}
+	if end == nil {
+		return 0, errDirectMismatch
+	}
+	body := d.body
+	d.pending, d.body = false, nil
+	err := c.sendDirect(q[:i+2], end, body)
+	d.spare = body[:0]
+	if err != nil {
+		return 0, err
+	}
+	if after := rest[len(end):]; len(after) > 0 {
+		// Pipelined answers of fasthttp's own, after this one.
+		if _, err := c.writeNow(after); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+// directCarry writes q[:n], which comes before the mark, and keeps q[n:]
+// for the next write.
+func (c *frontConn) directCarry(q []byte, n int) error {
+	cp := holdBufs.Get().(*[]byte)
+	*cp = append((*cp)[:0], q[n:]...)
+	c.direct.carry = cp
+	if n == 0 {
+		return nil
+	}
+	_, err := c.writeNow(q[:n]) // (writeNow never comes back here: the carry stays last)
+	return err
+}
+
+func putCarry(cp *[]byte) {
+	if cap(*cp) <= maxKeptHold {
+		*cp = (*cp)[:0]
+		holdBufs.Put(cp)
+	}
+}
+
+// markStartAtEnd is the length of the longest end of q that begins the
+// mark (and is shorter than it).
+func markStartAtEnd(q []byte) int {
+	for k := min(len(directMark)-1, len(q)); k > 0; k-- {
+		if bytes.HasSuffix(q, directMark[:k]) {
+			return k
+		}
+	}
+	return 0
+}
+
+// sendDirect writes a unary answer, its head (without the mark's line),
+// the head's end and the body, in one write: held for the next read when
+// the connection holds its answer and the three fit, or from one pooled
+// buffer.
+func (c *frontConn) sendDirect(head, end, body []byte) error {
+	if c.ans.on && c.hold.buf == nil && c.hold.endLeft == 0 && c.ans.h.Room() >= len(head)+len(end)+len(body) {
+		c.ans.h.Hold(head)
+		c.ans.h.Hold(end)
+		c.ans.h.Hold(body)
+		c.ans.pending.Store(true)
+		return nil
+	}
+	bp := holdBufs.Get().(*[]byte)
+	b := append(append(append((*bp)[:0], head...), end...), body...)
+	_, err := c.writeNow(b)
+	if cap(b) <= maxKeptHold {
+		*bp = b[:0]
+		holdBufs.Put(bp)
+	}
+	return err
 }
