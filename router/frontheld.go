@@ -289,7 +289,10 @@ func (c *frontConn) writeDirect(p []byte) (int, error) {
 		defer putCarry(cp)
 		q = *cp
 	}
-	i := bytes.Index(q, directMark)
+	i := markAtEnd(q)
+	if i < 0 {
+		i = bytes.Index(q, directMark) // other answers after the head
+	}
 	if i < 0 {
 		keep := markStartAtEnd(q)
 		if err := c.directCarry(q, len(q)-keep); err != nil {
@@ -349,6 +352,18 @@ func putCarry(cp *[]byte) {
 		*cp = (*cp)[:0]
 		holdBufs.Put(cp)
 	}
+}
+
+// markAtEnd is where the mark is when q ends with the head (as it does
+// unless fasthttp's writer held answers after it), checked without a
+// search: -1 when q does not end with the mark and an end of the head.
+func markAtEnd(q []byte) int {
+	for _, e := range directEnds {
+		if i := len(q) - len(e) - len(directMark); i >= 0 && bytes.HasSuffix(q, e) && bytes.Equal(q[i:i+len(directMark)], directMark) {
+			return i
+		}
+	}
+	return -1
 }
 
 // markStartAtEnd is the length of the longest end of q that begins the
