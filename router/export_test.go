@@ -9,11 +9,3 @@ func SetStreamChunksDirect(on bool) (was bool) {
 	was, streamDirect = streamDirect, on
 	return was
 }
-
-// SetUnaryDirect sets whether a unary answer's body is written by the
-// front door's connection after fasthttp's head (frontheld.go) or by
-// fasthttp's response writer, as SetStreamChunksDirect.
-func SetUnaryDirect(on bool) (was bool) {
-	was, unaryDirect = unaryDirect, on
-	return was
-}

@@ -279,9 +279,6 @@ type frontConn struct {
 	// hold: a stream's last writes, held for its closing chunk
 	// (writehold.go).
 	hold writeHold
-	// direct: a unary answer's body, written by the connection after
-	// fasthttp's head (frontheld.go).
-	direct directBody
 	// dl: the deadlines asked, set by the next read or write
 	// (frontdeadline.go).
 	dl frontDeadlines

@@ -324,7 +324,6 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		if rel.dialect.response != nil {
 			rel.dialect.response(ctx, rel)
 		}
-		answerDirect(ctx, ctx.Response.StatusCode()) // the body written by the connection (frontheld.go)
 		rel.r.finish(rel, statusOutcome(rel.status), rel.status)
 		return true, nil
 	}

@@ -232,6 +232,6 @@ func (c *frontConn) writeAfterEnd(p []byte) (int, error) {
 	if n == len(p) {
 		return n, nil
 	}
-	k, err := c.writeNow(p[n:]) // (a direct body waiting: writeDirect passes these bytes on)
+	k, err := c.Write(p[n:])
 	return n + k, err
 }

@@ -72,15 +72,6 @@ func (h *Held) Hold(p []byte) bool {
 	return true
 }
 
-// Room is how many more bytes Hold holds now: a writer with several
-// pieces for one answer holds them all or none (0 without a socket).
-func (h *Held) Room() int {
-	if h.raw == nil {
-		return 0
-	}
-	return MaxHeld - (len(h.buf) - h.off)
-}
-
 // Ready reports whether h has its socket (Init found one): only then does
 // Hold hold.
 func (h *Held) Ready() bool { return h.raw != nil }

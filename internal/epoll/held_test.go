@@ -146,30 +146,6 @@ func TestHeldNoSocketAndErrors(t *testing.T) {
 	}
 }
 
-// Room is what Hold still takes: MaxHeld less what is held, none without
-// a socket.
-func TestHeldRoom(t *testing.T) {
-	var h epoll.Held
-	if h.Room() != 0 {
-		t.Fatalf("room without a socket: %d", h.Room())
-	}
-	a, _ := testkit.TCPPair(t)
-	h.Init(a)
-	if h.Room() != epoll.MaxHeld {
-		t.Fatalf("room of an empty hold: %d", h.Room())
-	}
-	if !h.Hold(make([]byte, 1000)) || h.Room() != epoll.MaxHeld-1000 {
-		t.Fatalf("room after 1000 bytes: %d", h.Room())
-	}
-	if !h.Hold(make([]byte, h.Room())) || h.Room() != 0 || h.Hold([]byte("x")) {
-		t.Fatalf("room when full: %d", h.Room())
-	}
-	h.Take()
-	if h.Room() != epoll.MaxHeld {
-		t.Fatalf("room after Take: %d", h.Room())
-	}
-}
-
 // A held exchange allocates nothing, nor does Send with a read after it.
 func TestHeldAlloc(t *testing.T) {
 	a, b := testkit.TCPPair(t)
