@@ -2,7 +2,6 @@ package continuation
 
 import (
 	"bytes"
-	"encoding/binary"
 	"sync"
 
 	"github.com/infera/infera/jsonx"
@@ -575,7 +574,7 @@ func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end i
 	}
 	tail := tm.b[tm.idsEnd:]
 	end = pos + len(tail)
-	if len(data) < end || !equalFixed(data[pos:end], tail) || !eventEnds(data, end, open) {
+	if len(data) < end || string(data[pos:end]) != string(tail) || !eventEnds(data, end, open) {
 		t.OutIDs = ids[:nOut]
 		return -1, -1, -1, false
 	}
@@ -640,33 +639,6 @@ func steadyFinish(tm *template, data []byte, pos int) (next int, finished bool) 
 		return -1, false
 	}
 	return pos, true
-}
-
-// equalFixed reports whether a chunk's bytes a equal a layout's fixed
-// bytes b of the same length: word by word, in line (the few bytes
-// between a steady chunk's values, after its longer head, are not worth
-// a call into the runtime's compare and its set-up).
-func equalFixed(a, b []byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	n := len(a)
-	if n < 8 {
-		for i := range n {
-			if a[i] != b[i] {
-				return false
-			}
-		}
-		return true
-	}
-	var diff uint64
-	for i := 0; i+8 <= n; i += 8 {
-		diff |= binary.LittleEndian.Uint64(a[i:]) ^ binary.LittleEndian.Uint64(b[i:])
-	}
-	// The last word, overlapping the one before where n is not a
-	// multiple of 8.
-	diff |= binary.LittleEndian.Uint64(a[n-8:]) ^ binary.LittleEndian.Uint64(b[n-8:])
-	return diff == 0
 }
 
 // streamValues are a stream's id, time and model (by hole kind; nil:

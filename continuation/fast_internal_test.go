@@ -1,7 +1,6 @@
 package continuation
 
 import (
-	"bytes"
 	"testing"
 	"unsafe"
 )
@@ -26,38 +25,5 @@ func TestTemplateLines(t *testing.T) {
 	// layouts on the heap starts a cache line.
 	if got := unsafe.Sizeof(l); got < 1024 {
 		t.Errorf("layouts is %d bytes: a size class below 1 KiB may not be 64-byte aligned", got)
-	}
-}
-
-// TestEqualFixed: equalFixed agrees with bytes.Equal on every length up
-// to three words and a difference at every offset (the words it loads,
-// the last one overlapping, and the short byte loop).
-func TestEqualFixed(t *testing.T) {
-	for n := range 25 {
-		a := make([]byte, n)
-		for i := range a {
-			a[i] = byte('a' + i)
-		}
-		if !equalFixed(a, bytes.Clone(a)) {
-			t.Fatalf("%q: not equal to its copy", a)
-		}
-		if n > 0 && equalFixed(a, a[:n-1]) {
-			t.Fatalf("%q: equal to a shorter slice", a)
-		}
-		for i := range n {
-			for _, bit := range []byte{1, 0x80} {
-				b := bytes.Clone(a)
-				b[i] ^= bit
-				if equalFixed(a, b) || equalFixed(b, a) {
-					t.Fatalf("%q and %q (byte %d): equal", a, b, i)
-				}
-			}
-		}
-	}
-	// Two differences that cancel in an OR-then-XOR of the words.
-	a, b := []byte("0123456789abcdef"), []byte("0123456789abcdef")
-	a[1], b[9] = a[1]|0x40, b[9]^0x01
-	if equalFixed(a, b) {
-		t.Fatalf("%q and %q: equal", a, b)
 	}
 }
