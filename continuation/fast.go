@@ -337,6 +337,7 @@ func (t *Tracker) learn(data, out []byte) {
 	nt.steadyHoles()
 	t.lay.tmpls[slot] = nt
 	t.lay.follow[slot] = int8(slot)
+	t.steady = nil // the layout tried first is another now
 	if t.lay.hit != slot {
 		t.lay.follow[t.lay.hit] = int8(slot)
 	}
@@ -375,15 +376,25 @@ func (t *Tracker) matchFast(data []byte, open bool) (a, b, end int, ok bool) {
 		// holds the prompt's ids: they come once, in a stream's first
 		// chunk, so the next chunk has another layout (most often the
 		// steady one) and the first one's general walk would fail on it.
+		// t.steady, when set, is that layout, matched last (the same
+		// template, learn has not replaced it: it checks again).
+		if tm := t.steady; tm != nil && tm.steady && tm.ok && tm.strip == t.Strip {
+			if a, b, end, ok = t.matchSteady(tm, data, open); ok {
+				return a, b, end, true
+			}
+		}
 		tried := t.lay.next() // a layout matchSteady tried (rigidly: not again)
 		if tm := &t.lay.tmpls[tried]; tm.steady && tm.ok && tm.strip == t.Strip {
-			if a, b, end, ok = t.matchSteady(tm, data, open); ok {
-				t.lay.hit = tried
-				return a, b, end, true
+			if tm != t.steady {
+				if a, b, end, ok = t.matchSteady(tm, data, open); ok {
+					t.lay.hit, t.steady = tried, tm
+					return a, b, end, true
+				}
 			}
 		} else {
 			tried = -1
 		}
+		t.steady = nil
 		if a, b, end, ok = t.matchAny(data, true, open, tried); ok {
 			return a, b, end, true
 		}
@@ -484,7 +495,7 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 	if k := tm.at[holeFinish]; k >= 0 && data[m.spans[k][0]] != 'n' {
 		t.Finished = true
 	}
-	if len(t.ID) == 0 || len(t.Created) == 0 || len(t.Model) == 0 {
+	if !t.kept {
 		t.keepStream(tm, data, m, rigid)
 	}
 	t.fastChunks++
@@ -527,40 +538,28 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 // straight line — the fixed bytes up to the text, the text, (the fixed
 // bytes up to the finish reason, the finish reason,) the fixed bytes up
 // to the output ids, the ids, the tail — and the same effects; ok
-// false: data does not match (nothing was changed).
+// false: data does not match (nothing was changed). What a steady chunk
+// rarely has (an escaped text, the finish reason's layout) is read out
+// of line (textSpan, steadyFinish), so that the common straight line
+// keeps its values in registers.
 func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end int, ok bool) {
 	t.tries++
-	head := tm.b[:tm.textAt]
-	pos := len(head)
-	if len(data) <= pos || string(data[:pos]) != string(head) || data[pos] != '"' {
+	pos := int(tm.textAt)
+	if len(data) <= pos || string(data[:pos]) != string(tm.b[:pos]) || data[pos] != '"' {
 		return -1, -1, -1, false
 	}
 	txtStart, txtEnd, txtEsc := pos+1, plainStringEnd(data, pos), false
 	if txtEnd > 0 {
 		pos = txtEnd + 1
-	} else {
-		s := jsonx.Scanner{B: data, I: pos, Lenient: true}
-		st, en, esc, err := s.String()
-		if err != nil {
-			return -1, -1, -1, false
-		}
-		txtStart, txtEnd, txtEsc, pos = st, en, esc, s.I
+	} else if txtStart, txtEnd, txtEsc, pos = textSpan(data, pos); pos < 0 {
+		return -1, -1, -1, false
 	}
-	finished, prev := false, tm.textEnd
+	finished, prev := false, int(tm.textEnd)
 	if tm.finish { // the last chunk's finish reason, between them
-		mid := tm.b[prev:tm.finishAt]
-		if len(data)-pos <= len(mid) || string(data[pos:pos+len(mid)]) != string(mid) {
+		if pos, finished = steadyFinish(tm, data, pos); pos < 0 {
 			return -1, -1, -1, false
 		}
-		if pos += len(mid); data[pos] == 'n' {
-			if len(data)-pos < 4 || string(data[pos:pos+4]) != "null" {
-				return -1, -1, -1, false
-			}
-			pos += 4
-		} else if pos, finished = stringEnd(data, pos), true; pos < 0 {
-			return -1, -1, -1, false
-		}
-		prev = tm.finishEnd
+		prev = int(tm.finishEnd)
 	}
 	mid := tm.b[prev:tm.idsAt]
 	if len(data)-pos <= len(mid) || string(data[pos:pos+len(mid)]) != string(mid) {
@@ -575,8 +574,7 @@ func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end i
 	}
 	tail := tm.b[tm.idsEnd:]
 	end = pos + len(tail)
-	if len(data) < end || string(data[pos:end]) != string(tail) ||
-		open && (len(data)-end < 2 || data[end] != '\n' || data[end+1] != '\n') || !open && end != len(data) {
+	if len(data) < end || string(data[pos:end]) != string(tail) || !eventEnds(data, end, open) {
 		t.OutIDs = ids[:nOut]
 		return -1, -1, -1, false
 	}
@@ -593,11 +591,54 @@ func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end i
 	if finished {
 		t.Finished = true
 	}
-	if len(t.ID) == 0 || len(t.Created) == 0 || len(t.Model) == 0 {
+	if !t.kept {
 		t.keepStream(tm, data, nil, true)
 	}
 	t.fastChunks++
 	return idStart - int(tm.preCut), pos + int(tm.postCut), end, true
+}
+
+// eventEnds reports whether a chunk that ends at data[end] ends where it
+// must: open (data goes on into the relay's buffer), with the blank line
+// that ends its event; else at the end of data.
+func eventEnds(data []byte, end int, open bool) bool {
+	if !open {
+		return end == len(data)
+	}
+	return len(data)-end >= 2 && data[end] == '\n' && data[end+1] == '\n'
+}
+
+// textSpan reads the JSON string at data[pos] that plainStringEnd did
+// not (escapes, non-ASCII): its content data[st:en], whether that needs
+// unescaping, and the offset just past it (-1: not a string).
+func textSpan(data []byte, pos int) (st, en int, esc bool, next int) {
+	s := jsonx.Scanner{B: data, I: pos, Lenient: true}
+	st, en, esc, err := s.String()
+	if err != nil {
+		return 0, 0, false, -1
+	}
+	return st, en, esc, s.I
+}
+
+// steadyFinish reads the fixed bytes from a finishing steady layout's
+// text to its finish reason, and the finish reason at them: it returns
+// the offset just past it (-1: data does not match) and whether it
+// finishes the stream (a string; null does not).
+func steadyFinish(tm *template, data []byte, pos int) (next int, finished bool) {
+	mid := tm.b[tm.textEnd:tm.finishAt]
+	if len(data)-pos <= len(mid) || string(data[pos:pos+len(mid)]) != string(mid) {
+		return -1, false
+	}
+	if pos += len(mid); data[pos] == 'n' {
+		if len(data)-pos < 4 || string(data[pos:pos+4]) != "null" {
+			return -1, false
+		}
+		return pos + 4, false
+	}
+	if pos = stringEnd(data, pos); pos < 0 {
+		return -1, false
+	}
+	return pos, true
 }
 
 // streamValues are a stream's id, time and model (by hole kind; nil:
@@ -804,6 +845,7 @@ func (t *Tracker) keepStream(tm *template, data []byte, m *holeMatch, rigid bool
 			}
 		}
 	}
+	t.kept = len(t.ID) > 0 && len(t.Created) > 0 && len(t.Model) > 0
 }
 
 // plainStringEnd is the offset of the closing quote of the JSON string
