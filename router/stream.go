@@ -319,7 +319,8 @@ func (rel *relay) Read(p []byte) (int, error) {
 }
 
 // Close ends a streamed request; fasthttp calls it once the body is written
-// or abandoned.
+// or abandoned. Its bookkeeping (finish) waits for the stream's end when the
+// client connection holds that for its next read (putOff).
 func (rel *relay) Close() error {
 	rel.unhold()
 	if fc := rel.chunks; fc != nil {
