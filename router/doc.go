@@ -134,7 +134,10 @@
 // by the client connection (writehold.go) until its next read (the
 // goroutine front door) or, on the loop front door, sent at once with a
 // closing chunk the relay writes itself (fasthttp's is dropped): a stream
-// the engine sent at once leaves in one write (issue 36). The relay writes
+// the engine sent at once leaves in one write (issue 36). Either way the
+// request's bookkeeping (Router.finish) runs after the end went out: on
+// the goroutine door the next read runs it between its write and its
+// wait (frontConn.putOff). The relay writes
 // each batch of events as one chunk straight into the client connection
 // (writeChunk), not through fasthttp's 4 KiB response writer: one write
 // whatever its size, the headers with the first when they were held;

@@ -21,6 +21,9 @@ import (
 // writes: writeAnswer); nothing is held for a read on the loop front door
 // (its loop waits for the next request: writehold.go's sendEnd) or before
 // the bare-LF guard has seen the first line (a held read bypasses it).
+// A stream whose end is held so puts its bookkeeping off too (putOff):
+// the read runs it once the end has gone, before it waits, so that the
+// client's last bytes do not wait for it, nor the next request.
 
 // heldAnswer is a frontConn's held answer. on and h are the serving
 // goroutine's; pending says bytes are held, and whoever takes it (that
@@ -30,6 +33,10 @@ type heldAnswer struct {
 	init    bool // h has its socket
 	h       epoll.Held
 	pending atomic.Bool
+	// after: a stream whose end is held here, its bookkeeping (the
+	// relay's finish) put off until that end has gone out (putOff);
+	// whoever sends the held bytes runs it (runAfter).
+	after atomic.Pointer[relay]
 }
 
 // holdAnswer makes the connection of ctx hold the answer fasthttp writes
@@ -54,6 +61,39 @@ func (fc *frontConn) holdForRead() bool {
 	return true
 }
 
+// clientConn is the front door's connection of rel's client, if it is one.
+func (rel *relay) clientConn() (*frontConn, bool) {
+	if rel.ctx == nil {
+		return nil, false
+	}
+	fc, ok := rel.ctx.Conn().(*frontConn)
+	return fc, ok
+}
+
+// putOff keeps rel's bookkeeping (the relay's finish: the attempt's end,
+// metrics, tracing) until the end of its stream, held for the
+// connection's next read, has gone out: that read runs it between its
+// write and its wait (epoll.Held.Then), while the client reads the end,
+// where it ran before the write, between the answer's read from the
+// engine and the client's first byte (issue 36). false: nothing is held
+// for a read (rel finishes now).
+func (fc *frontConn) putOff(rel *relay) bool {
+	if !fc.ans.on {
+		return false
+	}
+	fc.ans.after.Store(rel)
+	return true
+}
+
+// runAfter runs the bookkeeping putOff kept, once: after the held bytes
+// went out (the read's wait, a write that sent them, Close), or before a
+// read that found nothing held.
+func (fc *frontConn) runAfter() {
+	if rel := fc.ans.after.Swap(nil); rel != nil {
+		rel.r.finish(rel, rel.outcome, rel.status)
+	}
+}
+
 // socket returns the Held of the connection's socket, for raw writes and
 // reads (epoll.Held), or nil where the connection's reads and writes must
 // take their usual way: the loop front door (its loop reads), the bare-LF
@@ -70,6 +110,7 @@ func (fc *frontConn) socket() *epoll.Held {
 	if !fc.ans.init {
 		fc.ans.init = true
 		fc.ans.h.Init(g.Conn)
+		fc.ans.h.Then(fc.runAfter)
 	}
 	if !fc.ans.h.Ready() {
 		return nil
@@ -100,7 +141,9 @@ func (c *frontConn) writeAnswer(p []byte) (int, error) {
 			if err := c.beforeWrite(); err != nil {
 				return 0, err
 			}
-			if _, err := c.Conn.Write(c.ans.h.Take()); err != nil {
+			_, err := c.Conn.Write(c.ans.h.Take())
+			c.runAfter()
+			if err != nil {
 				return 0, err
 			}
 		}
@@ -132,19 +175,23 @@ func (c *frontConn) Read(p []byte) (int, error) {
 		return 0, err // (an answer held goes out with the Close)
 	}
 	if !c.ans.pending.Swap(false) {
+		c.runAfter()
 		return c.Conn.Read(p)
 	}
-	n, rest, err := c.ans.h.Read(p)
+	n, rest, err := c.ans.h.Read(p) // runAfter once the held bytes went
 	if err != nil {
+		c.runAfter()
 		return 0, epoll.OpError(c.Conn, err)
 	}
 	if len(rest) > 0 {
 		// The socket was full: the rest goes as any write, then the
 		// next request is read as usual.
-		if err := c.beforeWrite(); err != nil {
-			return 0, err
+		err := c.beforeWrite()
+		if err == nil {
+			_, err = c.Conn.Write(rest)
 		}
-		if _, err := c.Conn.Write(rest); err != nil {
+		c.runAfter()
+		if err != nil {
 			return 0, err
 		}
 		return c.Conn.Read(p)
@@ -166,4 +213,5 @@ func (c *frontConn) sendHeldAnswer() {
 		_ = c.Conn.SetWriteDeadline(dl)
 		_, _ = c.Conn.Write(c.ans.h.Take())
 	}
+	c.runAfter()
 }

@@ -243,10 +243,10 @@ func (rel *relay) atEnd() {
 // read that finds nothing after the answer), or else until sendEnd (or,
 // on a path that does not end the stream, unhold).
 func (rel *relay) holdLast() {
-	if rel.held != nil || rel.ctx == nil {
+	if rel.held != nil {
 		return
 	}
-	if fc, ok := rel.ctx.Conn().(*frontConn); ok {
+	if fc, ok := rel.clientConn(); ok {
 		if fc.holdForRead() {
 			return // sent from inside the wait for the next request (frontheld.go)
 		}
@@ -319,7 +319,8 @@ func (rel *relay) Read(p []byte) (int, error) {
 }
 
 // Close ends a streamed request; fasthttp calls it once the body is written
-// or abandoned.
+// or abandoned. Its bookkeeping (finish) waits for the stream's end when the
+// client connection holds that for its next read (putOff).
 func (rel *relay) Close() error {
 	rel.unhold()
 	if fc := rel.chunks; fc != nil {
@@ -334,6 +335,9 @@ func (rel *relay) Close() error {
 		rel.outcome = outcomeClientGone
 	}
 	rel.closeUpstream(&rel.att)
+	if fc, ok := rel.clientConn(); ok && fc.putOff(rel) {
+		return nil // finished once the stream's held end is out (frontheld.go)
+	}
 	rel.r.finish(rel, rel.outcome, rel.status)
 	return nil
 }

@@ -15,7 +15,8 @@ import (
 // connection of the front door holds them instead, from the moment the
 // relay has read the end of the stream (relay.atEnd). On the goroutine
 // front door they wait for the connection's next read, which sends them
-// and the closing chunk from inside its wait (frontheld.go). Where that
+// and the closing chunk from inside its wait, and then runs the request's
+// bookkeeping, put off until then (frontheld.go, putOff). Where that
 // cannot be (the loop front door, whose loop waits for the next request),
 // the relay sends them with a closing chunk of its own as soon as the last
 // events are written (sendEnd), in one system call, and fasthttp's own

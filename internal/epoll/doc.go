@@ -4,8 +4,9 @@
 // (timerfd), and raw non-blocking read/write system calls; and Held,
 // which sends the bytes written to a socket Go's netpoller watches from
 // inside the next read's wait, so that the read finds its answer there
-// (no read that finds nothing after a request), and sends bytes now or
-// reads with raw system calls (Send, Read with nothing held), and tells
+// (no read that finds nothing after a request), runs the caller's work
+// put off until those bytes are out before that wait (Then), and sends
+// bytes now or reads with raw system calls (Send, Read with nothing held), and tells
 // whether a read waited (Waited: a caller that read the clock just before
 // one that did not need not read it again); and Deadline, a socket's
 // deadline set with slack, so that a busy connection does not update a

@@ -39,6 +39,9 @@ type Held struct {
 	rest bool // the socket took part of buf: the rest goes the usual way
 	// waited: the last Read asked to wait (its callback returned false)
 	waited bool
+	// then, when set (Then), runs once a Read has sent the held bytes,
+	// before it waits for the socket.
+	then func()
 
 	wfn func(fd uintptr) bool // sendNow, made once
 	wp  []byte                // Send's bytes ...
@@ -71,6 +74,14 @@ func (h *Held) Hold(p []byte) bool {
 	h.buf = append(h.buf, p...)
 	return true
 }
+
+// Then makes every Read that sends held bytes call f once they have gone,
+// before it waits for the socket: work the caller put off until its
+// answer was out (the router's bookkeeping of a stream) is done while the
+// peer reads that answer, neither before the answer nor after the peer's
+// next request. f runs on the reading goroutine, within the read; it must
+// not use the socket.
+func (h *Held) Then(f func()) { h.then = f }
 
 // Ready reports whether h has its socket (Init found one): only then does
 // Hold hold.
@@ -175,6 +186,9 @@ func (h *Held) sendThenRead(fd uintptr) bool {
 				h.err = os.NewSyscallError("write", err)
 				return true
 			}
+		}
+		if h.then != nil {
+			h.then()
 		}
 		h.waited = true
 		return false

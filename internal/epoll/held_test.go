@@ -69,6 +69,56 @@ func TestHeldSendThenRead(t *testing.T) {
 	}
 }
 
+// Then's work runs after the held bytes went out and before the read
+// waits: the peer has the bytes while it runs (it answers them only
+// after), and a read with nothing held does not run it.
+func TestHeldThen(t *testing.T) {
+	a, b := testkit.TCPPair(t)
+	var h epoll.Held
+	h.Init(a)
+	peerGot := make(chan []byte, 1)
+	answer := make(chan struct{})
+	go func() {
+		buf := make([]byte, 5)
+		if _, err := io.ReadFull(b, buf); err != nil {
+			buf = nil
+		}
+		peerGot <- buf
+		<-answer
+		_, _ = b.Write([]byte("next"))
+	}()
+	ran := 0
+	h.Then(func() {
+		ran++
+		select {
+		case s := <-peerGot:
+			if string(s) != "hello" {
+				t.Errorf("peer read %q", s)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("the held bytes had not reached the peer when Then's work ran")
+		}
+		close(answer)
+	})
+	h.Hold([]byte("hello"))
+	buf := make([]byte, 16)
+	n, rest, err := h.Read(buf)
+	if err != nil || len(rest) != 0 || string(buf[:n]) != "next" {
+		t.Fatalf("read: %q rest %d %v", buf[:n], len(rest), err)
+	}
+	if ran != 1 {
+		t.Fatalf("Then's work ran %d times for one held send", ran)
+	}
+	// Nothing held: an ordinary read, Then's work not run.
+	go func() { _, _ = b.Write([]byte("more")) }()
+	if n, _, err := h.Read(buf); err != nil || string(buf[:n]) != "more" {
+		t.Fatalf("plain read: %q %v", buf[:n], err)
+	}
+	if ran != 1 {
+		t.Fatalf("Then's work ran for a read with nothing held (%d)", ran)
+	}
+}
+
 // A held read waits under the socket's read deadline.
 func TestHeldDeadline(t *testing.T) {
 	a, b := testkit.TCPPair(t)
