@@ -796,3 +796,52 @@ func TestKVEstimateWarmBoundAllowsOnePick(t *testing.T) {
 		})
 	}
 }
+
+// TestKVEstimatePinnedBlocksAgeRelease: blocks in use are not in an
+// engine's LRU, so a prompt released while another request runs beside it
+// is evicted once the capacity less that request's blocks has come in. p
+// (3,000 tokens) ends while r (2,500) is still in flight on a 400-block
+// (6,400-token) cache; after 3,000 tokens of intake at most the 900 left
+// beside r's count (less the block they share). Released after r, p is
+// still held whole.
+func TestKVEstimatePinnedBlocksAgeRelease(t *testing.T) {
+	a := kvRecord(0, nil).WorkerID
+	p, r := unique(60, 3000), unique(61, 2500)
+	pt, rt := chatTokens(t, p), chatTokens(t, r)
+	const intake = 3000
+	for _, pinned := range []bool{true, false} {
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		e.learnCapacity(a, 400)
+		e.store(a, pt)
+		e.store(a, rt)
+		tr := e.pick(chat(r))
+		tp := e.pick(chat(p))
+		if tr.Worker.id != a || tp.Worker.id != a {
+			t.Fatalf("r went to %s, p to %s, not their holder %s", tr.Worker.id, tp.Worker.id, a)
+		}
+		if pinned {
+			e.p.Release(tp, Result{Status: 200})
+			e.p.Release(tr, Result{Status: 200})
+		} else {
+			e.p.Release(tr, Result{Status: 200})
+			e.p.Release(tp, Result{Status: 200})
+		}
+		tg := e.target0(a)
+		tg.mu.Lock()
+		tg.est.intake += intake // cold prompts taken in since
+		tg.mu.Unlock()
+		tk := e.pick(chat(p))
+		got := tk.State.(*kvTicket).predTokens
+		e.p.Release(tk, Result{Status: 200})
+		full := int64(len(pt) / 16 * 16)
+		// r's blocks less the chat template's first block, which p shares.
+		beside := int64(6400 - intake - (len(rt)/16-1)*16)
+		switch {
+		case pinned && got > beside:
+			t.Errorf("released beside r: %d of p's %d tokens predicted cached on %s, want at most %d", got, full, tk.Worker.id, beside)
+		case !pinned && (tk.Worker.id != a || got != full):
+			t.Errorf("released after r: p went to %s predicting %d cached tokens, want %s and %d", tk.Worker.id, got, a, full)
+		}
+	}
+}
