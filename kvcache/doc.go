@@ -22,10 +22,7 @@
 //     in approximate mode (no event stream, a stream not confirmed, no
 //     tokenizer, multimodal prompts), and, stamped with a cache's intake
 //     instead of wall time, what of a prefix an LRU of that capacity still
-//     holds (Held: the kv-aware policy's eviction-aware prediction; a
-//     placement recorded with an age, RecordAged, is held as that much
-//     older: a prompt released beside blocks in use that the LRU cannot
-//     evict). A
+//     holds (Held: the kv-aware policy's eviction-aware prediction). A
 //     worker's capacity is learnt from its removal events (Worker.Capacity:
 //     the blocks held when its engine first had to evict). AppendByteHashes and
 //     AppendChainHashes (hash.go) key prompts that have no tokens.

@@ -20,25 +20,17 @@ import (
 // their working size.
 type Placements struct {
 	mu   sync.RWMutex
-	m    u64map.Map[placed] // hash → its last placement
-	ring []placement        // placements in time order, circular (see pushLocked)
-	head int                // oldest placement in ring
-	n    int                // placements in ring
+	m    u64map.Map[int64] // hash → last placement (unix ns)
+	ring []placement       // placements in time order, circular (see pushLocked)
+	head int               // oldest placement in ring
+	n    int               // placements in ring
 	max  int
 	ttl  int64
 	last int64 // time of the newest placement
-	// forgot is the latest held time of a placement dropped while current
-	// (by the bound, the TTL or Clear): a hash the view does not hold was
+	// forgot is the time of the newest placement dropped while current (by
+	// the bound, the TTL or Clear): a hash the view does not hold was
 	// placed, if ever, no later than that.
-	forgot  int64
-	dropped bool // forgot is set: the view has dropped a placement
-}
-
-// placed is a hash's last placement: at orders it in the ring (strictly
-// increasing, so that a ring entry names one placement), held is the time
-// Held ages it from, at or before at (RecordAged).
-type placed struct {
-	at, held int64
+	forgot int64
 }
 
 // placement is one Record of one hash. A hash placed again is appended again;
@@ -71,8 +63,8 @@ func (p *Placements) Match(hashes []uint64, now int64) int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	for j, h := range hashes {
-		e, ok := p.m.Get(h)
-		if !ok || (p.ttl > 0 && now-e.at >= p.ttl) {
+		at, ok := p.m.Get(h)
+		if !ok || (p.ttl > 0 && now-at >= p.ttl) {
 			return j
 		}
 	}
@@ -88,18 +80,15 @@ func (p *Placements) Match(hashes []uint64, now int64) int {
 // view no longer holds is taken as placed when it forgot its newest
 // dropped placement (a lower bound on its age); one it never dropped
 // anything before stops nothing: the view knows only what it recorded.
-// A placement recorded with an age (RecordAged) is as old as its time
-// less the age.
 func (p *Placements) Held(hashes []uint64, now, capacity, per int64) int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	room := capacity
 	for j, h := range hashes {
 		room -= per
-		e, ok := p.m.Get(h)
-		at := e.held
+		at, ok := p.m.Get(h)
 		if !ok {
-			if !p.dropped {
+			if p.forgot == 0 {
 				continue
 			}
 			at = p.forgot
@@ -116,15 +105,6 @@ func (p *Placements) Held(hashes []uint64, now, capacity, per int64) int {
 // most recent: eviction then takes the tails before the prefixes they hang
 // from.
 func (p *Placements) Record(hashes []uint64, now int64) {
-	p.RecordAged(hashes, now, 0)
-}
-
-// RecordAged is Record of a placement that Held takes as age units older
-// than now: an LRU cache whose clock is its intake evicts a prompt released
-// beside blocks in use (not in its LRU) once the capacity less those has
-// come in, so the prompt's age starts at the blocks then in use. Match and
-// the TTL go by now; the ring stays in the order of now.
-func (p *Placements) RecordAged(hashes []uint64, now, age int64) {
 	if len(hashes) > p.max {
 		// Only the first max blocks can ever be held; recording the rest
 		// would evict the prefix that makes them reachable.
@@ -141,7 +121,7 @@ func (p *Placements) RecordAged(hashes []uint64, now, age int64) {
 		if p.n == p.max {
 			p.popLocked()
 		}
-		p.m.Set(hashes[j], placed{at: at, held: at - max(0, age)})
+		p.m.Set(hashes[j], at)
 		p.pushLocked(placement{hash: hashes[j], at: at})
 	}
 }
@@ -152,9 +132,7 @@ func (p *Placements) Clear() {
 	defer p.mu.Unlock()
 	p.m.Reset()
 	p.head, p.n = 0, 0
-	if p.last > 0 {
-		p.forgot, p.dropped = max(p.forgot, p.last), true
-	}
+	p.forgot = max(p.forgot, p.last)
 }
 
 // The ring is circular: n entries from head on, wrapping at len(ring),
@@ -179,12 +157,9 @@ func (p *Placements) pushLocked(e placement) {
 func (p *Placements) popLocked() {
 	e := p.ring[p.head]
 	// A hash placed again since holds a later time: that entry is stale.
-	if i, ok := p.m.Find(e.hash); ok && p.m.At(i).at == e.at {
-		if held := p.m.At(i).held; !p.dropped || held > p.forgot {
-			p.forgot = held
-		}
-		p.dropped = true
+	if i, ok := p.m.Find(e.hash); ok && *p.m.At(i) == e.at {
 		p.m.DeleteSlot(i)
+		p.forgot = e.at
 	}
 	p.head = (p.head + 1) % len(p.ring)
 	p.n--

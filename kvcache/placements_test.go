@@ -150,35 +150,3 @@ func TestPlacementsHeld(t *testing.T) {
 		t.Fatalf("forgotten and old: held %d, want 0", got)
 	}
 }
-
-// TestPlacementsHeldAged: a placement recorded with an age is held as if
-// placed age units earlier, while Match, the ring order and the bound go
-// by its time; a dropped aged placement leaves its aged time as forgot.
-func TestPlacementsHeldAged(t *testing.T) {
-	p := NewPlacements(8, 0)
-	prefix := []uint64{1, 2, 3, 4}
-	p.RecordAged(prefix, 1000, 300) // held from 700 (block 3) to 703 (block 0)
-	for _, c := range []struct {
-		now  int64
-		want int
-	}{{1003, 4}, {1200, 4}, {1300, 3}, {1500, 2}, {1600, 1}, {1700, 0}} {
-		if got := p.Held(prefix, c.now, 1000, 100); got != c.want {
-			t.Errorf("now %d: held %d, want %d", c.now, got, c.want)
-		}
-	}
-	if got := p.Match(prefix, 1003); got != 4 {
-		t.Fatalf("match %d, want 4", got)
-	}
-	// The same prefix placed again without an age is held from its time.
-	p.Record(prefix, 1100)
-	if got := p.Held(prefix, 1600, 1000, 100); got != 4 {
-		t.Fatalf("placed again at 1100: held %d at 1600, want 4", got)
-	}
-	// Past the bound: the dropped placements' newest aged time is forgot.
-	q := NewPlacements(4, 0)
-	q.RecordAged(prefix, 1000, 300)
-	q.Record([]uint64{5, 6, 7, 8}, 2000)
-	if q.forgot != 703 || !q.dropped {
-		t.Fatalf("forgot %d (dropped %v), want 703", q.forgot, q.dropped)
-	}
-}

@@ -41,19 +41,3 @@ func (b *blockCounts) Remove(h uint64) {
 	}
 	b.m.DeleteSlot(i)
 }
-
-// pinnedBeside returns the distinct prompt blocks in flight on the target
-// other than those of hs (a released prompt whose prefix other requests
-// still use; block hashes chain, so what they share is a leading run): the
-// blocks in use beside it, which its cache's LRU cannot evict for it. The
-// caller holds t.mu.
-func (t *kvTarget) pinnedBeside(hs []uint64) int {
-	n := t.active.Len()
-	for _, h := range hs {
-		if !t.active.Has(h) {
-			break
-		}
-		n--
-	}
-	return max(0, n)
-}

@@ -688,21 +688,17 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 	}
 	tg := kt.target
 	now := p.cfg.Now().UnixNano()
-	bs := int64(tg.blockSize())
 	tg.mu.Lock()
 	for _, h := range kt.hashes {
 		tg.active.Remove(h)
 	}
-	stamp, age := int64(-1), int64(0)
+	stamp := int64(-1)
 	if p.ttft {
 		tg.est.leave(kt)
 		if kt.promptTokens > 0 {
-			// The blocks go back to the engine's LRU now: their last use,
-			// aged by the blocks in use beside them (kvestimate.go
-			// "Eviction").
+			// The blocks go back to the engine's LRU now: their last use.
 			tg.est.useLive(kt.hashes, p.seq.Load())
 			stamp = int64(tg.est.intake * usedScale)
-			age = int64(tg.pinnedBeside(kt.hashes)) * bs * usedScale
 		}
 	}
 	if p.cfg.RecentHalfLife > 0 && kt.miss > 0 {
@@ -711,7 +707,7 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 	}
 	tg.mu.Unlock()
 	if stamp >= 0 && tg.used != nil {
-		tg.used.RecordAged(kt.hashes, stamp, age)
+		tg.used.Record(kt.hashes, stamp)
 	}
 	if kt.touch > 0 {
 		p.idx.Touch(tg.idx, kt.hashes[:kt.touch])

@@ -149,14 +149,7 @@ type ttftModel struct {
 // stays below the capacity minus the prefix (kvcache.Placements.Held, the
 // capacity learnt from the target's own removal events,
 // kvcache.Worker.Capacity; until it has evicted anything there is nothing
-// to follow). A lost prefix is priced as cold. Blocks in use by running
-// requests are not in the LRU: a prompt released beside them goes out once
-// the capacity less those has come in, so its stamp is aged by the
-// distinct prompt blocks in flight there at its release
-// (kvTarget.pinnedBeside, kvcache.Placements.RecordAged) — at the stamp,
-// not at the query, where the intake of those requests since would be
-// counted twice. (Without it the trace predicted 1,771–3,677 blocks a run
-// cached that the engine had evicted, session 16.)
+// to follow). A lost prefix is priced as cold.
 //
 // A cold prompt longer than a quarter of a cache (longColdShare) evicts a
 // good part of wherever it goes: it goes where it evicts the least
