@@ -154,6 +154,29 @@ func (p *proc) waitLog(msg string, timeout time.Duration) map[string]any {
 	return l
 }
 
+// startRegistered starts a worker (args are infera's) and waits for it to
+// register. A port the worker picked for its engine can be taken by another
+// process before the engine binds it (engines/netaddr.go's freePortBlock):
+// the engine fails, the worker exits and its supervisor starts it again —
+// as this does, up to three starts, so that tests sharing a busy machine do
+// not fail on another test's port.
+func startRegistered(t *testing.T, name string, args ...string) (*proc, map[string]any) {
+	t.Helper()
+	for start1 := 1; ; start1++ {
+		p := start(t, name, args...)
+		line, exited := p.waitLogOrExit("worker registered", 60*time.Second)
+		if !exited {
+			return p, line
+		}
+		log := p.logText()
+		if start1 < 3 && strings.Contains(log, "address already in use") {
+			t.Logf("%s: a port picked for its engine was taken before the engine bound it; starting it again", name)
+			continue
+		}
+		t.Fatalf("%s exited (%v) before logging %q; log:\n%s", name, p.exit, "worker registered", log)
+	}
+}
+
 // waitLogOrExit is waitLog that reports an exit before msg (exited true)
 // instead of failing the test.
 func (p *proc) waitLogOrExit(msg string, timeout time.Duration) (line map[string]any, exited bool) {
@@ -278,8 +301,7 @@ func (f *fleet) startWorkerURL(name string, simArgs ...string) (*proc, string, s
 	args := append([]string{"worker", "--engine", "sim", "--etcd-endpoints", f.etcd,
 		"--lease-ttl", "5s", "--keepalive-interval", "1s", "--drain-timeout", "20s", "--stop-grace", "5s",
 		"--", "--model", "sim-model"}, simArgs...)
-	p := start(f.t, name, args...)
-	line := p.waitLog("worker registered", 60*time.Second)
+	p, line := startRegistered(f.t, name, args...)
 	id, _ := line["worker_id"].(string)
 	if id == "" {
 		f.t.Fatalf("worker registered line has no worker_id: %v", line)

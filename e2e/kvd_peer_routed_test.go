@@ -71,8 +71,7 @@ func TestKVDPeerPullRouted(t *testing.T) {
 			"--kvd-socket", kv.sock}
 		args = append(append(args, "--", "--host", ip, "--model", "sim-model", "--max-model-len", "8192", "--kvd-block-bytes", "4096",
 			"--kvd-write-through"), simArgs...)
-		p := start(t, name, args...)
-		line := p.waitLog("worker registered", 60*time.Second)
+		p, line := startRegistered(t, name, args...)
 		id, _ := line["worker_id"].(string)
 		if !strings.HasPrefix(id, ip+":") {
 			t.Fatalf("worker registered line has worker_id %q, want one on %s: %v", id, ip, line)

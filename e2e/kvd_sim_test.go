@@ -72,8 +72,7 @@ func TestKVDSimSecondLevelCache(t *testing.T) {
 			args = append(args, "--kvd-socket", sock)
 		}
 		args = append(append(args, "--", "--model", "sim-model", "--served-model-name", model), simArgs...)
-		p := start(t, name, args...)
-		line := p.waitLog("worker registered", 60*time.Second)
+		_, line := startRegistered(t, name, args...)
 		id, _ := line["worker_id"].(string)
 		if id == "" {
 			t.Fatalf("worker registered line has no worker_id: %v", line)

@@ -134,8 +134,7 @@ func TestKVFleetReplicasEtcdLeaderKill(t *testing.T) {
 	worker := func(name string) (*proc, string) {
 		started++
 		args := workerArgs(endpoints(started), append([]string{"--kv-blocks", "2000"}, simTiming...)...)
-		p := start(t, name, args...)
-		line := p.waitLog("worker registered", 60*time.Second)
+		p, line := startRegistered(t, name, args...)
 		id, _ := line["worker_id"].(string)
 		if id == "" {
 			t.Fatalf("worker registered line has no worker_id: %v", line)
