@@ -315,6 +315,7 @@ func engineLoad(workerID string) (float64, error) {
 type streamOutcome struct {
 	status     int
 	worker     string // X-Infera-Worker
+	requestID  string // X-Request-Id: the request_id of serve's log lines
 	done       bool   // saw data: [DONE]
 	errorEvent string // the message of an in-stream error event
 	chunks     int
@@ -348,6 +349,7 @@ func probeStream(ctx context.Context, base, content string, maxTokens int, start
 	defer resp.Body.Close()
 	out.status = resp.StatusCode
 	out.worker = resp.Header.Get("X-Infera-Worker")
+	out.requestID = resp.Header.Get("X-Request-Id")
 	rd := bufio.NewReader(resp.Body)
 	var text strings.Builder
 	defer func() { out.text = text.String() }()

@@ -32,6 +32,7 @@ var contSimArgs = []string{"--time-scale", "1", "--prefill-tokens-per-s", "10000
 func TestChaosStreamingContinued(t *testing.T) {
 	f := startServe(t, "--log-level", "info", "--request-max-retries", "2",
 		"--ttft-timeout", "3s", "--stream-idle-timeout", "3s", "--migration-limit", "3")
+	logServeOnFailure(t, f)
 	type member struct {
 		name string
 		p    *proc
@@ -130,7 +131,9 @@ func probeTexts(t *testing.T, base string, maxTokens int) []string {
 	want := make([]string, contProbes)
 	for i := range want {
 		o := probeStream(t.Context(), base, probePrompt(i), maxTokens, nil)
-		if o.err != nil || !o.done || o.errorEvent != "" {
+		// The request id is what a failed probe is found by in serve's
+		// log (logServeOnFailure).
+		if o.err != nil || !o.done || o.errorEvent != "" || o.requestID == "" {
 			t.Fatalf("reference probe %d: %+v", i, o)
 		}
 		want[i] = o.text
@@ -192,11 +195,11 @@ func (p *probeRounds) check(want []string) int {
 	for _, r := range p.results {
 		o := r.out
 		if o.err != nil || !o.done || o.errorEvent != "" {
-			p.t.Errorf("probe %d of round %d (worker %s) failed: done=%t error=%q transport=%v", r.i, r.round, o.worker, o.done, o.errorEvent, o.err)
+			p.t.Errorf("probe %d of round %d (worker %s, request %s) failed: done=%t error=%q transport=%v", r.i, r.round, o.worker, o.requestID, o.done, o.errorEvent, o.err)
 			continue
 		}
 		if o.text != want[r.i] {
-			p.t.Errorf("probe %d of round %d (worker %s): continued text differs from the unbroken run\n got %q\nwant %q", r.i, r.round, o.worker, o.text, want[r.i])
+			p.t.Errorf("probe %d of round %d (worker %s, request %s): continued text differs from the unbroken run\n got %q\nwant %q", r.i, r.round, o.worker, o.requestID, o.text, want[r.i])
 		}
 	}
 	return len(p.results)
@@ -214,6 +217,7 @@ func probePrompt(i int) string {
 func TestChaosPDStreamingContinued(t *testing.T) {
 	f := startServe(t, "--log-level", "info", "--request-max-retries", "2",
 		"--ttft-timeout", "3s", "--stream-idle-timeout", "3s", "--migration-limit", "3")
+	logServeOnFailure(t, f)
 	pdArgs := func(role string) []string {
 		return append([]string{"--pd-role", role, "--pd-protocol", "vllm-nixl"}, contSimArgs...)
 	}
@@ -254,4 +258,15 @@ func TestChaosPDStreamingContinued(t *testing.T) {
 		t.Errorf("%v failed migrations", n)
 	}
 	t.Logf("continued PD chaos: %d requests, migrations %v", rep.Requests, metricValue(metrics, "infera_migrations_total"))
+}
+
+// logServeOnFailure logs serve's whole log when the test failed: a lost
+// stream under load is explained by the lines around it (which worker
+// broke, which continuation was tried), and they are gone after the run.
+func logServeOnFailure(t *testing.T, f *fleet) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("serve log:\n%s", f.serve.logText())
+		}
+	})
 }
