@@ -327,3 +327,24 @@ func TestContinuationPDBeforeFirstEvent(t *testing.T) {
 		t.Fatalf("migrations %v, want 1", n)
 	}
 }
+
+// TestContinuationAfterRetry: a stream retried before its first byte (its
+// --request-max-retries spent on a worker that refused it) is still
+// continued when it breaks later: continuations are counted by
+// --migration-limit, not by the retries before the first byte.
+func TestContinuationAfterRetry(t *testing.T) {
+	healthy := startDyingSim(t, config.FlavorVLLM, 0)
+	want, _, _, _ := streamText(t, startRouter(t, router.RoundRobin{}, router.DefaultConfig(), healthy), "/v1/chat/completions", contChat)
+	down := record(downUpstream(t), "sim-model", discovery.StatusActive)
+	dying := startDyingSim(t, config.FlavorVLLM, 5)
+	cfg := migrationConfig(3)
+	cfg.MaxRetries = 1
+	tr := startRouter(t, prefer{down.WorkerID, dying.WorkerID, healthy.WorkerID}, cfg, down, dying, healthy)
+	got, _, errored, raw := streamText(t, tr, "/v1/chat/completions", contChat)
+	if errored || got != want {
+		t.Fatalf("retried, then continued: %q (error %v), want %q\n%s", got, errored, want, raw)
+	}
+	if n := metric(t, tr, `infera_migrations_total{reason="stream_broken"}`); n != 1 {
+		t.Fatalf("migrations %v, want 1", n)
+	}
+}

@@ -63,7 +63,8 @@ var errNoRetry = errors.New("router: no retry left")
 // retryable is the one retry predicate: whether another plan may follow
 // the failure err. Not after a failure of the request itself (a malformed
 // PD set-up, a full fleet, no candidate), nor once its client left, its
-// retries or its time are spent, or no untried worker is left for every
+// retries (before its first byte; after it, its continuations:
+// canContinue) or its time are spent, or no untried worker is left for every
 // leg of the plan. A disaggregated stream whose status line went out is
 // not replaced: its decode leg is paired with one prefill. err nil: may
 // the request still move elsewhere (a stalled worker given up)?
@@ -79,14 +80,16 @@ func (rel *relay) retryable(err error) bool {
 		// the worker: no other takes its place.
 		return false
 	}
-	if rel.attempts > rel.r.cfg.MaxRetries || !time.Now().Before(rel.deadline) {
-		return false
-	}
-	if !rel.refreshModel() {
+	if !time.Now().Before(rel.deadline) || !rel.refreshModel() {
 		return false
 	}
 	if rel.continuing() {
+		// Once the answer has begun, only --migration-limit counts: the
+		// retries were for before its first byte (Config.MaxRetries).
 		return rel.canContinue() // migrate.go
+	}
+	if rel.attempts > rel.r.cfg.MaxRetries {
+		return false
 	}
 	c := rel.model
 	if rel.pd != nil {
