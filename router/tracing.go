@@ -217,7 +217,13 @@ func (r *Router) traceFinish(rel *relay, o outcome, status int) {
 	s.String("infera.outcome", o.String())
 	s.String("infera.request_id", string(rel.id))
 	s.Int("infera.attempts", int64(rel.attempts))
-	if len(rel.scan.Model) > 0 {
+	// The model by the fleet's name where the request found one: a stream
+	// may finish after its connection read the next request (frontheld.go's
+	// putOff), over the bytes rel.scan's spans point into.
+	switch {
+	case rel.model != nil:
+		s.String("gen_ai.request.model", rel.model.Model)
+	case len(rel.scan.Model) > 0:
 		s.String("gen_ai.request.model", string(rel.scan.Model))
 	}
 	s.Bool("infera.stream", rel.scan.Stream)
