@@ -845,7 +845,7 @@ func (t *Tracker) keepStream(tm *template, data []byte, m *holeMatch, rigid bool
 			}
 		}
 	}
-	t.kept = len(t.ID) > 0 && len(t.Created) > 0 && len(t.Model) > 0
+	t.noteKept()
 }
 
 // plainStringEnd is the offset of the closing quote of the JSON string

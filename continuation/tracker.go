@@ -409,6 +409,11 @@ func (t *Tracker) remember(key []byte, esc bool, data []byte, vs, end int) {
 			t.Model = append(t.Model, raw...)
 		}
 	}
+	t.noteKept()
+}
+
+// noteKept sets kept once ID, Created and Model all hold their value.
+func (t *Tracker) noteKept() {
 	t.kept = len(t.ID) > 0 && len(t.Created) > 0 && len(t.Model) > 0
 }
 

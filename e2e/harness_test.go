@@ -162,14 +162,14 @@ func (p *proc) waitLog(msg string, timeout time.Duration) map[string]any {
 // not fail on another test's port.
 func startRegistered(t *testing.T, name string, args ...string) (*proc, map[string]any) {
 	t.Helper()
-	for start1 := 1; ; start1++ {
+	for starts := 1; ; starts++ {
 		p := start(t, name, args...)
 		line, exited := p.waitLogOrExit("worker registered", 60*time.Second)
 		if !exited {
 			return p, line
 		}
 		log := p.logText()
-		if start1 < 3 && strings.Contains(log, "address already in use") {
+		if starts < 3 && strings.Contains(log, "address already in use") {
 			t.Logf("%s: a port picked for its engine was taken before the engine bound it; starting it again", name)
 			continue
 		}

@@ -300,7 +300,7 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		// retry before the first event stays possible (the client has
 		// seen no event).
 		ctx.Response.ImmediateHeaderFlush = a.x.Buffered() == 0
-		if fc, ok := ctx.Conn().(*frontConn); ok && streamDirect {
+		if fc, ok := rel.clientConn(); ok && streamDirect {
 			// The relay writes the chunks into the connection
 			// (writehold.go): the headers cannot wait in fasthttp's
 			// writer, the connection holds them instead.
