@@ -130,7 +130,9 @@ func engineOf(rec *discovery.Record) continuation.Engine {
 // askIDs returns body asking a's worker for token ids, when the stream is
 // tracked and the engine takes the field on this route; else body.
 func (rel *relay) askIDs(a *attempt, body []byte) []byte {
-	if !rel.mig.on || !continuation.AsksIDs(engineOf(a.ticket.Worker.Record()), rel.route != RouteCompletions) {
+	// A unary request is never tracked: scan.Stream spares it a read of
+	// the migration (another cache line).
+	if !rel.scan.Stream || !rel.mig.on || !continuation.AsksIDs(engineOf(a.ticket.Worker.Record()), rel.route != RouteCompletions) {
 		return body
 	}
 	if rel.scan.HasReturnTokenIDs {

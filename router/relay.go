@@ -176,7 +176,13 @@ func (rel *relay) reset() {
 	hintBuf, hintTmp, x := rel.att.hintBuf[:0], rel.att.hintTmp[:0], rel.att.x
 	xlate, xlateEvent := rel.xlate, rel.xlateEvent
 	mig, trackEvent := rel.mig, rel.trackEvent
-	mig.empty()
+	if rel.scan.Stream {
+		// Only a request that asked for a stream writes its migration
+		// (startMigration, askIDs, the pump, a break: a streamed answer
+		// needs scan.Stream): after a unary one it is as the last reset
+		// left it, and its cache line stays untouched.
+		mig.empty()
+	}
 	slot := rel.watch.slot
 	// Cleared in place, then the kept parts put back: a literal with
 	// fields would be built aside and copied (1.4 KB twice).

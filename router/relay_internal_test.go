@@ -495,6 +495,40 @@ func TestStartMigrationFindsTrackerReset(t *testing.T) {
 	}
 }
 
+// TestResetEmptiesAStreamsMigrationOnly: relay.reset empties the
+// migration of a request that asked for a stream, tracked or not (a break
+// notes its worker either way), and leaves a unary request's as it is: a
+// unary request never writes it (askIDs does not read it either), so its
+// cache line is not touched. Fails when reset keys the emptying on
+// mig.on, or when askIDs asks a unary request's worker for token ids.
+func TestResetEmptiesAStreamsMigrationOnly(t *testing.T) {
+	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := testRelay(r, relayBufSize)
+	broken := &Worker{}
+	rel.scan.Stream = true // a stream that was not tracked, then broke
+	rel.mig.broken, rel.mig.drained = broken, true
+	rel.reset()
+	if rel.mig.broken != nil || rel.mig.drained {
+		t.Fatalf("a streamed request's break outlived reset: broken %v, drained %v", rel.mig.broken, rel.mig.drained)
+	}
+
+	rel.scan.Stream = false // a unary request on a relay whose migration is on
+	rel.mig.on = true
+	broken.rec.Store(&discovery.Record{Engine: discovery.EngineVLLM}) // an engine asked for ids when tracked
+	rel.att.ticket.Worker = broken
+	body := []byte(`{"model":"m","messages":[]}`)
+	if got := rel.askIDs(&rel.att, body); &got[0] != &body[0] {
+		t.Fatalf("a unary request's body was rewritten: %s", got)
+	}
+	rel.reset()
+	if !rel.mig.on {
+		t.Fatal("reset emptied a unary request's migration: it wrote a line the request never touched")
+	}
+}
+
 // simStreamIDs is a 16-token chat stream as `infera sim` writes it with
 // return_token_ids.
 func simStreamIDs(t *testing.T) []byte {
