@@ -38,8 +38,6 @@ type migration struct {
 	track   continuation.Tracker
 	askBuf  []byte // a leg's body asking for token ids
 	scratch []byte // a reshaped event
-	// lead is track's AppendNext, bound once (trackLead).
-	lead func(dst, buf []byte) ([]byte, int)
 }
 
 // empty empties m in place, keeping its buffers (relay.reset: once per
@@ -48,7 +46,6 @@ type migration struct {
 // written only while on, so a request that was not tracked (every unary
 // one) leaves it as the last reset left it and it is not reset again:
 // after empty it is always reset, and startMigration takes it as it is.
-// lead stays bound to it.
 func (m *migration) empty() {
 	askBuf, scratch := m.askBuf[:0], m.scratch[:0]
 	if m.on {
@@ -184,17 +181,13 @@ func (rel *relay) trackedPlain() bool {
 // trackLead is the pump's lead for a tracked stream (see eventPump.lead):
 // the Tracker finds a steady event's end by matching it, and its copy
 // (never longer than the event) is written over the bytes it was read
-// from. nil when the copy goes on to a reshaping or a dialect. The
-// method value is bound once per pooled migration.
-func (rel *relay) trackLead() func(dst, buf []byte) ([]byte, int) {
+// from. nil when the copy goes on to a reshaping or a dialect (an
+// untyped nil: a nil *Tracker in the interface would be a lead).
+func (rel *relay) trackLead() leader {
 	if !rel.trackedPlain() {
 		return nil
 	}
-	m := rel.mig
-	if m.lead == nil {
-		m.lead = m.track.AppendNext
-	}
-	return m.lead
+	return &rel.mig.track
 }
 
 // eventData returns the payload of an event's data line.

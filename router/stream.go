@@ -387,12 +387,20 @@ type eventPump struct {
 	// not such an event; the pump delimits it and calls transform). With
 	// a lead, the events' copies are written over the bytes they were
 	// read from, not into out.
-	lead  func(dst, buf []byte) ([]byte, int)
+	lead  leader
 	out   []byte   // transformed events of one step (pooled)
 	usage usageTap // the divergence alarm (kvdivergence.go)
 	// end, if not nil, is told when a read met the end of the stream,
 	// before the events that read completed are written.
 	end streamEnd
+}
+
+// leader is an eventPump's lead: AppendNext transforms the event at the
+// start of buf (see eventPump.lead). A tracked stream's is its
+// continuation.Tracker, called through the interface: a method value
+// (track.AppendNext) would add its wrapper's call to every event.
+type leader interface {
+	AppendNext(dst, buf []byte) ([]byte, int)
 }
 
 // bufferedSource is a stream source that says how many bytes it holds
@@ -488,7 +496,7 @@ func (p *eventPump) step(dst io.Writer, src io.Reader) (written int, readErr, wr
 	for {
 		if lead != nil {
 			var k int
-			if out, k = lead(out, p.buf[end:p.n]); k > 0 {
+			if out, k = lead.AppendNext(out, p.buf[end:p.n]); k > 0 {
 				end += k
 				continue
 			}
@@ -584,7 +592,7 @@ func (p *eventPump) stepInPlace(dst io.Writer, src inPlaceSource) (written int, 
 		for {
 			if lead != nil {
 				var k int
-				if out, k = lead(out, piece[end:]); k > 0 {
+				if out, k = lead.AppendNext(out, piece[end:]); k > 0 {
 					end += k
 					continue
 				}

@@ -140,6 +140,11 @@ func eventArrivalsBy(stream []byte, perArrival int) [][][]byte {
 	return arrivals
 }
 
+// leadFunc is a function as a pump's lead (leader).
+type leadFunc func(dst, buf []byte) ([]byte, int)
+
+func (f leadFunc) AppendNext(dst, buf []byte) ([]byte, int) { return f(dst, buf) }
+
 // copyLead is a lead whose copy of an event is the event itself.
 func copyLead(dst, buf []byte) ([]byte, int) {
 	k := openai.NextEvent(buf)
@@ -190,11 +195,11 @@ func TestEventPumpInPlace(t *testing.T) {
 			want := in
 			switch mode {
 			case "tracked":
-				p.transform, p.lead, want = tr.AppendEvent, tr.AppendNext, tracked
+				p.transform, p.lead, want = tr.AppendEvent, &tr, tracked
 			case "copied":
 				p.transform = copyEvent
 			case "longer":
-				p.transform, p.lead, want = double, never, doubled
+				p.transform, p.lead, want = double, leadFunc(never), doubled
 			}
 			src := newInPlaceReader(arrivals)
 			var out bytes.Buffer
@@ -225,7 +230,7 @@ func TestEventPumpInPlaceOneWrite(t *testing.T) {
 	var tr continuation.Tracker
 	tr.Reset(true)
 	ends := &endCounter{}
-	p := eventPump{buf: make([]byte, relayBufSize), transform: tr.AppendEvent, lead: tr.AppendNext, end: ends}
+	p := eventPump{buf: make([]byte, relayBufSize), transform: tr.AppendEvent, lead: &tr, end: ends}
 	dst := &countWriter{}
 	_, rerr, werr := p.step(dst, newInPlaceReader(eventArrivals(sim)))
 	if rerr != io.EOF || werr != nil || dst.writes != 1 || ends.n != 1 {
@@ -244,7 +249,7 @@ func TestEventPumpInPlaceAllocs(t *testing.T) {
 	stream := bytes.Repeat(ev, 64)
 	src := newInPlaceReader(splitArrivals(rand.New(rand.NewPCG(1, 2)), stream, 500)) // cut events too
 	dst := &countWriter{}
-	for _, lead := range []func(dst, buf []byte) ([]byte, int){copyLead, nil} {
+	for _, lead := range []leader{leadFunc(copyLead), nil} {
 		p := eventPump{buf: make([]byte, relayBufSize), transform: copyEvent, lead: lead, out: make([]byte, 0, relayBufSize)}
 		run := func() {
 			src.rewind()
@@ -276,7 +281,7 @@ func BenchmarkEventPumpTracked(b *testing.B) {
 				from = readOnly{src}
 			}
 			var tr continuation.Tracker
-			p := eventPump{buf: make([]byte, relayBufSize), transform: tr.AppendEvent, lead: tr.AppendNext}
+			p := eventPump{buf: make([]byte, relayBufSize), transform: tr.AppendEvent, lead: &tr}
 			dst := &countWriter{}
 			b.ReportAllocs()
 			b.SetBytes(int64(len(sim)))
