@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"golang.org/x/sys/unix"
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/router"
@@ -133,10 +134,50 @@ func TestFrontDoorStalledAnswerWriteCut(t *testing.T) {
 	if _, err := io.WriteString(c, chatReq("")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second) // the write stalls past its timeout
+	// The write stalls past its timeout: wait until the answer has begun
+	// to arrive and stopped growing in this socket's receive queue (the
+	// router's write is blocked then), then 3× the timeout. A fixed sleep
+	// from the request was not enough on a loaded box: under -race the
+	// router may take seconds to read the 32 MiB answer before writing.
+	waitReceiveQueueStalled(t, c, 20*time.Second)
+	time.Sleep(3 * cfg.ClientWriteTimeout)
 	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	n, _ := io.Copy(io.Discard, c)
 	if n >= int64(len(big)) {
 		t.Fatalf("a stalled answer went out whole (%d bytes) after its write timeout", n)
 	}
+}
+
+// waitReceiveQueueStalled waits until c's receive queue holds bytes and has
+// not grown for 200 ms: its peer's write is blocked on the unread bytes.
+func waitReceiveQueueStalled(t *testing.T, c net.Conn, limit time.Duration) {
+	t.Helper()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := func() int {
+		var n int
+		var ierr error
+		if err := raw.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil {
+			t.Fatal(err)
+		}
+		if ierr != nil {
+			t.Fatal(ierr)
+		}
+		return n
+	}
+	last, still := -1, 0
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		n := queued()
+		if n > 0 && n == last {
+			if still++; still == 4 {
+				return
+			}
+		} else {
+			still = 0
+		}
+		last = n
+	}
+	t.Fatalf("the answer did not stall in the receive queue within %s (%d bytes queued)", limit, last)
 }
