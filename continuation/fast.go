@@ -889,11 +889,37 @@ func idArrayEnd(b []byte, i int) int {
 	if b[i] != '[' {
 		return -1
 	}
+	if haveIDScan {
+		j := indexIDsEnd(b[i:])
+		if j < 0 || b[i+j] != ']' {
+			return -1
+		}
+		return i + j + 1
+	}
 	j := bytes.IndexByte(b[i:], ']')
 	if j < 0 || bytes.IndexByte(b[i:i+j], '\n') >= 0 || bytes.IndexByte(b[i:i+j], '\r') >= 0 {
 		return -1
 	}
 	return i + j + 1
+}
+
+// indexIDsEnd is the offset of the first ']', '\n' or '\r' in b, or -1:
+// the bytes idArrayEnd looks for, read once (a long prompt's ids are
+// thousands of bytes; three IndexByte passes read them three times).
+func indexIDsEnd(b []byte) int {
+	tail := 0 // where the bytes scanIDBlocks did not read begin
+	if haveIDScan && len(b) >= 32 {
+		if j := scanIDBlocks(&b[0], len(b)); j >= 0 {
+			return j
+		}
+		tail = len(b) &^ 31
+	}
+	for j := tail; j < len(b); j++ {
+		if c := b[j]; c == ']' || c == '\n' || c == '\r' {
+			return j
+		}
+	}
+	return -1
 }
 
 // appendIDArray appends the ids of the array at b[i] to dst and returns

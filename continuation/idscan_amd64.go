@@ -1,0 +1,13 @@
+//go:build amd64 && !purego
+
+package continuation
+
+import "golang.org/x/sys/cpu"
+
+var haveIDScan = cpu.X86.HasAVX2
+
+// scanIDBlocks returns the offset of the first ']', '\n' or '\r' in
+// p[:n&^31] (whole 32-byte blocks), or -1 (idscan_amd64.s).
+//
+//go:noescape
+func scanIDBlocks(p *byte, n int) int

@@ -1,0 +1,7 @@
+//go:build !amd64 || purego
+
+package continuation
+
+const haveIDScan = false
+
+func scanIDBlocks(p *byte, n int) int { panic("unreachable") }
