@@ -257,8 +257,9 @@ func TestKVSimEventsIntegration(t *testing.T) {
 	if !ok || p.Index().Match(h, hashes) != 12 {
 		t.Fatalf("index match of prompt 0: %d, want 12", p.Index().Match(h, hashes))
 	}
-	hitsBefore := simGauge(t, s, "vllm:prefix_cache_hits_total")
+	hitsBefore, doneBefore := simGauge(t, s, "vllm:prefix_cache_hits_total"), simGauge(t, s, "vllm:request_success_total")
 	complete(0)
+	simPublished(t, s, doneBefore)
 	if got := simGauge(t, s, "vllm:prefix_cache_hits_total") - hitsBefore; got != 12*16 {
 		t.Fatalf("simulator hit %v tokens of prompt 0, want 192", got)
 	}
@@ -356,8 +357,9 @@ func TestKVChatTextPartsMatchSimulator(t *testing.T) {
 		h, ok := p.Index().Lookup(kvcache.Key{Worker: rec.WorkerID})
 		return ok && p.Index().Match(h, hashes) == full
 	})
-	hitsBefore := simGauge(t, s, "vllm:prefix_cache_hits_total")
+	hitsBefore, doneBefore := simGauge(t, s, "vllm:prefix_cache_hits_total"), simGauge(t, s, "vllm:request_success_total")
 	chat()
+	simPublished(t, s, doneBefore)
 	if got := simGauge(t, s, "vllm:prefix_cache_hits_total") - hitsBefore; got != float64(full*bs) {
 		t.Fatalf("second identical chat hit %v tokens, want %d", got, full*bs)
 	}

@@ -66,6 +66,18 @@ func simGauge(t *testing.T, u *upstream, name string) float64 {
 	return 0
 }
 
+// simPublished waits until the simulator has published the counters of a
+// request it answered (its success count past before): the scheduler
+// publishes a round's counters after the round (sim/scheduler.go publish),
+// which may be after the answer reached the client, and a counter read at
+// once missed the request on a loaded box.
+func simPublished(t *testing.T, u *upstream, successBefore float64) {
+	t.Helper()
+	testkit.Eventually(t, "the simulator to publish the request's counters", func() bool {
+		return simGauge(t, u, "vllm:request_success_total") > successBefore
+	})
+}
+
 func TestSimUnaryAndStream(t *testing.T) {
 	a, b := startSim(t, nil), startSim(t, nil)
 	tr := startRouter(t, router.RoundRobin{}, router.DefaultConfig(), simRecord(a), simRecord(b))
