@@ -115,11 +115,6 @@ const (
 	// coldSlackOwn widens the cold slack by this many times the
 	// request's own prefill at the best target's rate.
 	coldSlackOwn = 2
-	// longColdSlack is the cold slack of a long cold prompt (longColdShare)
-	// instead: this share of its own prefill beyond the best estimate. Its
-	// TTFT is mostly that prefill, and any queue it joins adds to it; the
-	// eviction loss and the deficit choose among the targets within it.
-	longColdSlack = 0.1
 )
 
 // ttftModel is a target's estimate state, guarded by kvTarget.mu.

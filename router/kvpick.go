@@ -32,7 +32,6 @@ type kvScratch struct {
 	held    []float64 // per target: distinct prompt blocks in flight (--kv-cost ttft)
 	colds   []float64 // per target: decayed cold picks (--kv-cost ttft)
 	loss    []float64 // per target: what a long cold prompt would evict there (--kv-cost ttft)
-	longs   []bool    // per target: the cold prompt is long there (longColdShare; --kv-cost ttft)
 	listed  []int     // per target: the prefix the index lists, before the eviction cut (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	filling []bool    // per target: prefilling the prompt's held prefix for an earlier request (--kv-cost ttft)
@@ -406,16 +405,7 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		best = followPrefill(sc, nt, start, best)
 	}
 	limit := sc.costs[best]*coldSlackFactor + coldSlackSeconds
-	switch {
-	case !warm && sc.longs[best]:
-		// A long cold prompt waits at most a tenth of its own prefill
-		// beyond the best: the slack below, which grows with the prompt,
-		// let it queue behind other long prefills while a worker was free
-		// (the trace: 59 of 96 prompts of 2,000 uncached tokens or more
-		// went to a target predicted 10 ms or more slower than the best,
-		// median 52 ms; they are its TTFT p90).
-		limit = sc.costs[best] + coldSlackSeconds + longColdSlack*sc.rates[best]*sc.uncs[best]/1000
-	case !warm:
+	if !warm {
 		// A cold request may also wait behind about two requests of its
 		// own size: a new conversation stays where it starts, and one
 		// short queue must not send a whole burst of them elsewhere.
@@ -612,16 +602,15 @@ func sharedHome(sc *kvScratch, nt int) bool {
 	return top > 0 && n > 1
 }
 
-// coldLoss fills sc.loss and sc.longs for a cold request: on each target
-// whose learnt capacity it takes more than longColdShare of (sc.longs), the
-// recency-weighted tokens of the latest prompts there that its uncached
-// tokens would evict (ttftModel.evictLoss); 0 elsewhere.
+// coldLoss fills sc.loss for a cold request: on each target whose learnt
+// capacity it takes more than longColdShare of, the recency-weighted tokens
+// of the latest prompts there that its uncached tokens would evict
+// (ttftModel.evictLoss); 0 elsewhere.
 func (p *KVAware) coldLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
 	sc.loss = growF(sc.loss, nt)
-	sc.longs = growB(sc.longs, nt)
 	hl := liveHalfLife * float64(nt)
 	for i, t := range sc.targets {
-		sc.loss[i], sc.longs[i] = 0, false
+		sc.loss[i] = 0
 		if kind != keyTokens || !t.precise() {
 			continue
 		}
@@ -630,7 +619,6 @@ func (p *KVAware) coldLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
 		if c <= 0 || sc.uncs[i] <= longColdShare*c {
 			continue
 		}
-		sc.longs[i] = true
 		t.mu.RLock()
 		sc.loss[i] = t.est.evictLoss(sc.uncs[i], c, bs, seq, hl)
 		t.mu.RUnlock()
