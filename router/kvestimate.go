@@ -45,8 +45,7 @@ const (
 // the picks, of the uncached tokens its cache took in, of the prompt
 // blocks its requests in flight hold, and (weighted coldWeight) of the
 // recent cold picks, among those whose cost is within the cold slack of the
-// best (coldSlackFactor, plus about two of its own prefills; for a long
-// cold prompt a tenth of its own prefill, longColdSlack): cold traffic,
+// best (coldSlackFactor, plus about two of its own prefills): cold traffic,
 // new conversations, what the caches take in and what they must keep
 // spread evenly without a request being sent into a long queue. Only the
 // targets above the share bound of warm requests (MaxShareWarm × the fair
