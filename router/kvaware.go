@@ -735,7 +735,7 @@ type kvTicket struct {
 	uncached float64 // uncached prompt tokens
 	work     float64 // queued prompt tokens at the pick, uncached included
 	dec      int     // sequences decoding at the pick
-	wall     int64   // unix ns of the pick (wall clock: streams' starts are)
+	wall     int64   // unix ns of the pick: its TTFT counts from here (firstToken)
 	slot     int     // index in target.est.flight; -1 when not there
 	first    bool    // past its first token
 }

@@ -361,52 +361,38 @@ func (m *ttftModel) leave(kt *kvTicket) {
 	}
 }
 
-// latestBefore returns the ticket in flight here, not yet past its first
-// token, picked last at or before start (unix ns), or nil.
-func (m *ttftModel) latestBefore(start int64) *kvTicket {
-	var best *kvTicket
-	for _, kt := range m.flight {
-		if !kt.first && kt.wall <= start && (best == nil || kt.wall > best.wall) {
-			best = kt
-		}
-	}
-	return best
-}
-
-// firstToken implements firstTokenHook: a stream that reached worker kw at
-// start (unix ns) got its first event at now. The request is the one the
-// router picked last before start among kw's targets' tickets still
-// waiting for a first token.
-func (kw *kvWorker) firstToken(start, now int64) {
-	ts := kw.targets.Load()
-	if ts == nil {
+// firstToken implements firstTokenHook: the stream picked with ticket
+// state (a *kvTicket of this policy, or nothing to learn from) got its
+// first event at now. The ticket itself says which request it was: matched
+// by time instead (the latest ticket picked before the stream's start),
+// no stream found its own, whose pick comes after the start the attempt
+// stamps, and each first event went to an older ticket still waiting there
+// or to none — a long prefill left the queue when a request behind it got
+// its first token, requests that had theirs stayed queued until they
+// ended, and the model learnt from the times in between (the trace: 250
+// of 536 first events matched, a base of 0.10–0.12 s and 0.02–0.03 s per
+// decoding sequence learnt against the simulators' 2 ms and 0.2 ms).
+func (kw *kvWorker) firstToken(state any, now int64) {
+	kt, ok := state.(*kvTicket)
+	if !ok || kt == nil {
 		return
 	}
-	var bt *kvTarget
-	var bk *kvTicket
-	var bw int64
-	for _, t := range *ts {
-		t.mu.RLock()
-		if kt := t.est.latestBefore(start); kt != nil && (bk == nil || kt.wall > bw) {
-			bt, bk, bw = t, kt, kt.wall
-		}
-		t.mu.RUnlock()
-	}
-	if bk == nil {
+	t := kt.target
+	if t == nil || t.worker != kw.w {
 		return
 	}
-	bt.mu.Lock()
-	defer bt.mu.Unlock()
-	m := &bt.est
-	// Released (and maybe reused) between the two locks?
-	if bk.slot < 0 || bk.slot >= len(m.flight) || m.flight[bk.slot] != bk || bk.first || bk.wall != bw {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := &t.est
+	// Released already, or past its first token?
+	if kt.slot < 0 || kt.slot >= len(m.flight) || m.flight[kt.slot] != kt || kt.first {
 		return
 	}
-	bk.first = true
-	m.queued = max(0, m.queued-bk.uncached)
+	kt.first = true
+	m.queued = max(0, m.queued-kt.uncached)
 	m.decoding++
-	if ttft := float64(now-bw) / float64(time.Second); ttft > 0 {
-		m.learn(bk.work, bk.dec, ttft)
+	if ttft := float64(now-kt.wall) / float64(time.Second); ttft > 0 {
+		m.learn(kt.work, kt.dec, ttft)
 	}
 }
 

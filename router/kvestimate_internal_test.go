@@ -106,7 +106,7 @@ func TestKVEstimateFirstTokenFeedback(t *testing.T) {
 	if m.Queued < 1000 || m.Decoding != 0 {
 		t.Fatalf("after the pick: %+v", m)
 	}
-	tk.Worker.stall.noteServed(start)
+	tk.Worker.stall.noteServed(start, tk.State)
 	m = e.p.TTFTModels(id)[0]
 	if m.Queued != 0 || m.Decoding != 1 || m.Samples != 1 {
 		t.Fatalf("after the first token: %+v", m)
@@ -121,6 +121,37 @@ func TestKVEstimateFirstTokenFeedback(t *testing.T) {
 	e.p.Release(tk, Result{})
 	if m = e.p.TTFTModels(id)[0]; m.Queued != 0 || m.Decoding != 0 {
 		t.Fatalf("after a release without a first token: %+v", m)
+	}
+}
+
+// TestKVEstimateFirstTokenFindsItsTicket: the relay stamps an attempt's
+// start before it picks, so a first event matched by time (the latest
+// ticket picked before the stream's start) never found its own request:
+// here b's first event, with a's long prefill still under way, took a out
+// of the queued prefill instead of b. The stream's ticket names it.
+func TestKVEstimateFirstTokenFindsItsTicket(t *testing.T) {
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil))
+	e.makePrecise()
+	id := kvRecord(0, nil).WorkerID
+	a := e.pick(chat(unique(1, 3000)))
+	defer e.p.Release(a, Result{Status: 200})
+	before := e.p.TTFTModels(id)[0].Queued
+	startB := time.Now().UnixNano() // the attempt's start, stamped before its pick
+	b := e.pick(chat(unique(2, 500)))
+	defer e.p.Release(b, Result{Status: 200})
+	b.Worker.stall.noteServed(startB, b.State)
+	if m := e.p.TTFTModels(id)[0]; m.Queued != before || m.Decoding != 1 || m.Samples != 1 {
+		t.Fatalf("after b's first token: %+v, want a's %.0f tokens still queued", m, before)
+	}
+	a.Worker.stall.noteServed(startB, a.State)
+	if m := e.p.TTFTModels(id)[0]; m.Queued != 0 || m.Decoding != 2 || m.Samples != 2 {
+		t.Fatalf("after a's first token: %+v", m)
+	}
+	// A ticket already past its first token, or of another policy, teaches nothing.
+	a.Worker.stall.noteServed(startB, a.State)
+	a.Worker.stall.noteServed(startB, nil)
+	if m := e.p.TTFTModels(id)[0]; m.Decoding != 2 || m.Samples != 2 {
+		t.Fatalf("after repeated first events: %+v", m)
 	}
 }
 
@@ -166,7 +197,7 @@ func TestKVEstimatePickAllocs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tk.Worker.stall.noteServed(time.Now().UnixNano())
+			tk.Worker.stall.noteServed(time.Now().UnixNano(), tk.State)
 			e.p.Release(tk, Result{})
 		}
 	}
@@ -364,7 +395,7 @@ func TestKVEstimateColdSpreadsHeld(t *testing.T) {
 	if tk.Worker.id != a {
 		t.Fatalf("the conversation went to %s, not its holder %s", tk.Worker.id, a)
 	}
-	tk.Worker.stall.noteServed(time.Now().UnixNano())
+	tk.Worker.stall.noteServed(time.Now().UnixNano(), tk.State)
 	// b: two short requests it holds, ended.
 	for range 2 {
 		if got := e.serial(chat(short)); got != b {
@@ -454,7 +485,7 @@ func TestKVEstimateColdAvoidsLivePrefix(t *testing.T) {
 			}
 			if inFlight {
 				defer e.p.Release(tk, Result{Status: 200})
-				tk.Worker.stall.noteServed(time.Now().UnixNano())
+				tk.Worker.stall.noteServed(time.Now().UnixNano(), tk.State)
 			} else {
 				e.p.Release(tk, Result{Status: 200})
 			}
@@ -758,7 +789,7 @@ func TestKVEstimateFollowsPrefillUnderWay(t *testing.T) {
 		t.Fatalf("a request on a prefix %s is prefilling went to %s", holder, follower.Worker.id)
 	}
 	e.p.Release(follower, Result{Status: 200})
-	first.Worker.stall.noteServed(time.Now().UnixNano())
+	first.Worker.stall.noteServed(time.Now().UnixNano(), first.State)
 	later := e.pick(chat(prefix + unique(23, 64)))
 	defer e.p.Release(later, Result{Status: 200})
 	if later.Worker.id == holder {

@@ -54,10 +54,10 @@ type workerStall struct {
 	firstHook   atomic.Pointer[firstTokenBox]
 }
 
-// firstTokenHook is told of every stream's first event on its worker
-// (start and now in unix ns): the kv-aware TTFT estimate learns from it
-// (kvestimate.go).
-type firstTokenHook interface{ firstToken(start, now int64) }
+// firstTokenHook is told of every stream's first event on its worker: the
+// policy state of the stream's ticket (Ticket.State) and now in unix ns.
+// The kv-aware TTFT estimate learns from it (kvestimate.go).
+type firstTokenHook interface{ firstToken(state any, now int64) }
 
 type firstTokenBox struct{ h firstTokenHook }
 
@@ -85,11 +85,11 @@ func (s *workerStall) busy() {
 	}
 }
 
-// noteServed records that a stream which arrived at start got its first
-// event.
-func (s *workerStall) noteServed(start int64) {
+// noteServed records that a stream which arrived at start, picked with
+// ticket state state, got its first event.
+func (s *workerStall) noteServed(start int64, state any) {
 	if b := s.firstHook.Load(); b != nil {
-		b.h.firstToken(start, time.Now().UnixNano())
+		b.h.firstToken(state, time.Now().UnixNano())
 	}
 	for {
 		cur := s.servedStart.Load()

@@ -154,7 +154,7 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 			rel.traceFirstByte() // tracing.go
 			rel.r.metrics.ttft[rel.route].Observe(time.Since(rel.start).Seconds())
 			if w := a.ticket.Worker; w != nil {
-				w.stall.noteServed(a.start.UnixNano())
+				w.stall.noteServed(a.start.UnixNano(), a.ticket.State)
 			}
 		}
 		if werr == nil && rel.clientErr != nil {
