@@ -2,6 +2,19 @@
 
 package continuation
 
+import "unsafe"
+
+// haveIDScan is false here: idArrayEnd takes its three IndexByte passes,
+// which beat a byte loop without vector instructions.
 const haveIDScan = false
 
-func scanIDBlocks(p *byte, n int) int { panic("unreachable") }
+// scanIDBlocks is idscan_amd64.s's contract in Go (the first ']', '\n' or
+// '\r' in p[:n&^31], or -1), kept so both builds have the same function.
+func scanIDBlocks(p *byte, n int) int {
+	for i, c := range unsafe.Slice(p, n&^31) {
+		if c == ']' || c == '\n' || c == '\r' {
+			return i
+		}
+	}
+	return -1
+}
