@@ -39,6 +39,25 @@ func TestIndexIDsEndAgrees(t *testing.T) {
 	}
 }
 
+// TestScanIDBlocksAgrees calls scanIDBlocks itself, the assembly or the
+// portable loop (which idArrayEnd never reaches where haveIDScan is
+// false): only whole 32-byte blocks are read, a byte past them is not
+// found.
+func TestScanIDBlocksAgrees(t *testing.T) {
+	if !haveIDScan && !idScanInGo {
+		t.Skip("scanIDBlocks is AVX2 assembly and this CPU has no AVX2")
+	}
+	for n := 32; n <= 130; n++ {
+		for at := range n {
+			b := bytes.Repeat([]byte("7,"), n)[:n]
+			b[at] = "]\n\r"[at%3]
+			if got, want := scanIDBlocks(&b[0], n), idsEndBytewise(b[:n&^31]); got != want {
+				t.Fatalf("len %d, %q at %d: %d, want %d", n, b[at], at, got, want)
+			}
+		}
+	}
+}
+
 func FuzzIndexIDsEnd(f *testing.F) {
 	f.Add([]byte("[1,2,3]"))
 	f.Add(bytes.Repeat([]byte("12345,"), 20))
