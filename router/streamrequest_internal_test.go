@@ -35,6 +35,14 @@ func TestStreamRequestBytes(t *testing.T) {
 		{name: "client asked for ids", engine: "vllm", body: `{"return_token_ids":true,"model":"m","prompt":"p","stream":true}`, route: RouteCompletions},
 		{name: "sglang chat: no ids", engine: "sglang", body: chat, route: RouteChatCompletions},
 		{name: "other engine, pinned rank", engine: "sim", body: chat, route: RouteChatCompletions, pin: true},
+		{name: "vllm, the client's kv_transfer_params: hints inside", engine: "vllm", route: RouteCompletions,
+			body: `{"model":"m","prompt":"p","kv_transfer_params":{"a":1},"stream":true} ` + "\n"},
+		{name: "vllm, the client's retention: legacy hint only", engine: "vllm", route: RouteCompletions,
+			body: `{"model":"m","prompt":"p","kv_transfer_params":{"infera_retention":"none"},"stream":true}`},
+		{name: "vllm, every hint the client's", engine: "vllm", route: RouteCompletions,
+			body: `{"model":"m","prompt":"p","kv_transfer_params":{"infera_retention":"none"},"_infera_retention":"none","stream":true}`},
+		{name: "sglang completions, the client's priority", engine: "sglang", route: RouteCompletions,
+			body: `{"model":"m","prompt":"p","priority":1,"stream":true }`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
