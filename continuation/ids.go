@@ -41,14 +41,30 @@ func AsksIDs(e Engine, chat bool) bool {
 // and gets them unstripped), so nothing is parsed: a streamed request pays
 // one copy of its body, not a read of it.
 func AskIDs(dst, body []byte) ([]byte, error) {
+	at, field, err := AskIDsAt(body)
+	if err != nil {
+		return dst, err
+	}
+	dst = append(dst, body[:at]...)
+	dst = append(dst, field...)
+	return append(dst, body[at:]...), nil
+}
+
+// askIDsField is the member AskIDs puts first; with a comma when others follow.
+const askIDsField = `"return_token_ids":true,`
+
+// AskIDsAt is AskIDs without the copy: the body asks for ids with field
+// written at offset at (body[:at], field, body[at:]), for a caller that
+// writes the three where the body goes (the relay: into the upstream
+// connection's writer).
+func AskIDsAt(body []byte) (at int, field string, err error) {
 	i := jsonx.SkipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
-		return dst, ErrNotObject
+		return 0, "", ErrNotObject
 	}
-	dst = append(dst, body[:i+1]...)
-	dst = append(dst, `"return_token_ids":true`...)
-	if j := jsonx.SkipSpace(body, i+1); j < len(body) && body[j] != '}' {
-		dst = append(dst, ',')
+	field = askIDsField
+	if j := jsonx.SkipSpace(body, i+1); j >= len(body) || body[j] == '}' {
+		field = askIDsField[:len(askIDsField)-1]
 	}
-	return append(dst, body[i+1:]...), nil
+	return i + 1, field, nil
 }

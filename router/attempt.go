@@ -296,31 +296,32 @@ func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
 	// because Do has written it all when it returns.
 	body := a.body
 	if body == nil {
-		body = rel.body
-		// The cache hints go in the body as scanned (rel.scan's spans
-		// index it: the client's, or the dialect's translation).
-		if rec := w.Record(); rec != nil && rel.route.generates() {
-			var ok bool
-			a.hintBuf, a.hintTmp, ok = appendCacheHints(a.hintBuf[:0], a.hintTmp, body, &rel.scan, rec.Engine)
-			if ok {
-				body = a.hintBuf
-			}
-		}
-		body = rel.askIDs(a, body) // migrate.go
+		body = rel.askIDs(a, rel.hintedBody(a)) // migrate.go
 	}
 	req.SetBodyRaw(body)
 	return req
+}
+
+// hintedBody is the body attempt a's worker gets (before ids are asked
+// for): the cache hints go in the body as scanned (rel.scan's spans index
+// it: the client's, or the dialect's translation).
+func (rel *relay) hintedBody(a *attempt) []byte {
+	body := rel.body
+	if rec := a.ticket.Worker.Record(); rec != nil && rel.route.generates() {
+		var ok bool
+		a.hintBuf, a.hintTmp, ok = appendCacheHints(a.hintBuf[:0], a.hintTmp, body, &rel.scan, rec.Engine)
+		if ok {
+			body = a.hintBuf
+		}
+	}
+	return body
 }
 
 // do sends req to a's worker within the attempt's deadline. It touches
 // only a (and reads the router's immutable config).
 func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
 	rel := a.rel
-	deadline := a.start.Add(rel.r.cfg.TTFTTimeout)
-	if rel.deadline.Before(deadline) {
-		deadline = rel.deadline
-	}
-	a.deadline = deadline
+	deadline := a.firstByteDeadline()
 	var owner upstream.Owner
 	if !rel.scan.Stream {
 		// A unary attempt gives up a stalled worker only while a retry
@@ -328,6 +329,32 @@ func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
 		owner = a
 	}
 	return a.exchange(req, deadline, rel.scan.Stream, owner)
+}
+
+// doStream is do for a stream's request that writes itself
+// (streamRequest): never over NATS (writesRequest).
+func (a *attempt) doStream(req *streamRequest) (*fasthttp.Response, error) {
+	if a.x == nil {
+		a.x = new(upstream.Exchange) // a leg run without beginExchange
+	}
+	resp := fasthttp.AcquireResponse()
+	resp.StreamBody = true
+	if err := a.x.DoWriter(a.ticket.Worker.pool, req, resp, a.firstByteDeadline(), nil); err != nil {
+		fasthttp.ReleaseResponse(resp)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// firstByteDeadline sets and returns the attempt's deadline for its
+// answer's head: the first-byte timeout, within the request's.
+func (a *attempt) firstByteDeadline() time.Time {
+	deadline := a.start.Add(a.rel.r.cfg.TTFTTimeout)
+	if a.rel.deadline.Before(deadline) {
+		deadline = a.rel.deadline
+	}
+	a.deadline = deadline
+	return deadline
 }
 
 // exchange sends req to a's worker on a's exchange and returns its answer:

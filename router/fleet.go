@@ -32,8 +32,12 @@ type Worker struct {
 	// Host header in origin form, as fasthttp's parse of the route's full
 	// URI gives them (originForm): the relay sets both as they are, so no
 	// request parses a URI on its way out (upstream.Exchange.Do).
-	host     string
-	path     [numProxyRoutes]string
+	host string
+	path [numProxyRoutes]string
+	// reqLine and hostLine are the same as a stream's request writes them
+	// (streamrequest.go): "POST <path> HTTP/1.1\r\n" and "Host: <host>\r\n".
+	reqLine  [numProxyRoutes]string
+	hostLine string
 	tokenize string // the engine's POST /tokenize
 	addr     string // host:port dialed
 	tls      bool
@@ -262,6 +266,10 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 			return nil, fmt.Errorf("worker url %q: %w", rec.URL, err)
 		}
 	}
+	for rt := range Route(numProxyRoutes) {
+		w.reqLine[rt] = fasthttp.MethodPost + " " + w.path[rt] + " HTTP/1.1\r\n"
+	}
+	w.hostLine = "Host: " + w.host + "\r\n"
 	w.tokenize = base + "/tokenize"
 	w.health = base + "/health"
 	w.rec.Store(rec)

@@ -127,13 +127,8 @@ func engineOf(rec *discovery.Record) continuation.Engine {
 // askIDs returns body asking a's worker for token ids, when the stream is
 // tracked and the engine takes the field on this route; else body.
 func (rel *relay) askIDs(a *attempt, body []byte) []byte {
-	// A unary request is never tracked: scan.Stream spares it a read of
-	// the migration (another cache line).
-	if !rel.scan.Stream || !rel.mig.on || !continuation.AsksIDs(engineOf(a.ticket.Worker.Record()), rel.route != RouteCompletions) {
+	if !rel.asksIDs(a) {
 		return body
-	}
-	if rel.scan.HasReturnTokenIDs {
-		return body // the client asked for them itself: they are not stripped
 	}
 	out, err := continuation.AskIDs(rel.mig.askBuf[:0], body)
 	rel.mig.askBuf = out
@@ -142,6 +137,32 @@ func (rel *relay) askIDs(a *attempt, body []byte) []byte {
 	}
 	rel.mig.track.Strip = true // the router asked: the client must not see them
 	return out
+}
+
+// askIDsAt is askIDs for a request that writes its body itself
+// (streamRequest): where in body the field goes, and the field; an empty
+// field when the body goes as it is.
+func (rel *relay) askIDsAt(a *attempt, body []byte) (int, string) {
+	if !rel.asksIDs(a) {
+		return 0, ""
+	}
+	at, field, err := continuation.AskIDsAt(body)
+	if err != nil {
+		return 0, ""
+	}
+	rel.mig.track.Strip = true // the router asked: the client must not see them
+	return at, field
+}
+
+// asksIDs: a's request is to ask its worker for the tokens' ids.
+func (rel *relay) asksIDs(a *attempt) bool {
+	// A unary request is never tracked: scan.Stream spares it a read of
+	// the migration (another cache line).
+	if !rel.scan.Stream || !rel.mig.on || !continuation.AsksIDs(engineOf(a.ticket.Worker.Record()), rel.route != RouteCompletions) {
+		return false
+	}
+	// A client that asked for them itself gets them: they are not stripped.
+	return !rel.scan.HasReturnTokenIDs
 }
 
 // trackedEvent is the pump's transform of a tracked stream: the event is

@@ -235,6 +235,9 @@ func (rel *relay) countAttempt() {
 // a unary request that is its whole answer) and the request's own.
 func (rel *relay) send(a *attempt) (*fasthttp.Response, error) {
 	rel.beginExchange(a)
+	if rel.writesRequest(a) {
+		return a.doStream(rel.streamRequest(a)) // streamrequest.go
+	}
 	req := rel.upstreamRequest(a)
 	defer fasthttp.ReleaseRequest(req)
 	return a.do(req)

@@ -90,7 +90,8 @@ type relay struct {
 	mig        *migration
 	trackEvent func(dst, ev []byte) []byte
 
-	direct DirectPick // the worker (or PD pair) an endpoint picker named (direct.go)
+	sreq   streamRequest // a stream's request while it is sent (streamrequest.go)
+	direct DirectPick    // the worker (or PD pair) an endpoint picker named (direct.go)
 
 	watch  clientWatch // a unary request's client, while its answer is awaited (unary.go)
 	att    attempt     // the attempt whose answer is relayed

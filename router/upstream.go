@@ -24,7 +24,7 @@ func (r *Router) newPool(addr string, tls bool, w *Worker) *upstream.Pool {
 	return upstream.NewPool(upstream.PoolConfig{
 		Addr:                   addr,
 		TLS:                    tls,
-		Name:                   "infera",
+		Name:                   upstreamUserAgent,
 		MaxConns:               r.cfg.MaxConnsPerWorker,
 		MaxConnWait:            r.cfg.ConnectTimeout,
 		IdleTimeout:            r.cfg.IdleConnTimeout,

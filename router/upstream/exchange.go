@@ -116,10 +116,6 @@ func (x *Exchange) Conn() *Conn {
 // pool at once (closed after a failure). owner, if not nil, is the
 // connection's owner while the answer is awaited (Conn.SetOwner).
 func (x *Exchange) Do(p *Pool, req *fasthttp.Request, resp *fasthttp.Response, deadline time.Time, owner Owner) error {
-	wait := time.Until(deadline)
-	if wait <= 0 {
-		return fasthttp.ErrTimeout
-	}
 	// What fasthttp's HostClient.DoDeadline would set on its way to the
 	// connection. A request
 	// built in origin form with its Host header (the relay's) goes out as
@@ -130,6 +126,34 @@ func (x *Exchange) Do(p *Pool, req *fasthttp.Request, resp *fasthttp.Response, d
 	}
 	if len(req.Header.UserAgent()) == 0 && p.cfg.Name != "" {
 		req.Header.SetUserAgent(p.cfg.Name)
+	}
+	return x.do(p, (*fastRequest)(req), req.ConnectionClose(), resp, deadline, owner)
+}
+
+// RequestWriter is a request that writes itself on the connection
+// (DoWriter): its head and body, as they are to go out, into the
+// connection's writer, with nothing built aside first.
+type RequestWriter interface {
+	WriteRequest(bw *bufio.Writer) error
+}
+
+// DoWriter is Do for a request that writes itself (RequestWriter); it
+// keeps its connection open afterwards (it says no Connection: close).
+func (x *Exchange) DoWriter(p *Pool, req RequestWriter, resp *fasthttp.Response, deadline time.Time, owner Owner) error {
+	return x.do(p, req, false, resp, deadline, owner)
+}
+
+// fastRequest is a fasthttp request as Do writes it.
+type fastRequest fasthttp.Request
+
+func (r *fastRequest) WriteRequest(bw *bufio.Writer) error { return (*fasthttp.Request)(r).Write(bw) }
+
+// do is Do and DoWriter: req written on a connection of p, its answer read
+// into resp; reqClose: the request asked for the connection's close.
+func (x *Exchange) do(p *Pool, req RequestWriter, reqClose bool, resp *fasthttp.Response, deadline time.Time, owner Owner) error {
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return fasthttp.ErrTimeout
 	}
 	if x.Aborted() {
 		return ErrAborted
@@ -171,7 +195,7 @@ func (x *Exchange) Do(p *Pool, req *fasthttp.Request, resp *fasthttp.Response, d
 		} else {
 			bw = p.acquireWriter(conn)
 		}
-		if err = req.Write(bw); err == nil {
+		if err = req.WriteRequest(bw); err == nil {
 			err = bw.Flush()
 		}
 		if uc == nil {
@@ -198,13 +222,13 @@ func (x *Exchange) Do(p *Pool, req *fasthttp.Request, resp *fasthttp.Response, d
 	}
 	if err == nil && resp.StreamBody && resp.BodyStream() != nil {
 		x.br, x.resp, x.body = br, resp, resp.BodyStream()
-		x.closed = req.ConnectionClose()
+		x.closed = reqClose
 		return nil
 	}
 	if br != nil && x.pooledReader {
 		p.releaseReader(br)
 	}
-	x.closed = err != nil || req.ConnectionClose() || resp.ConnectionClose() || uc != nil && uc.Holding()
+	x.closed = err != nil || reqClose || resp.ConnectionClose() || uc != nil && uc.Holding()
 	if x.release(err) && err != nil {
 		err = fmt.Errorf("%w: %w", ErrAborted, err)
 	}

@@ -1,0 +1,124 @@
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+)
+
+// A stream's upstream request written by the relay (issue 36). fasthttp's
+// Request is built header by header (each value copied and cleaned of line
+// breaks, the set scanned for the name), then serialised into the
+// connection's writer; a tracked stream's body was first copied aside with
+// "return_token_ids" asked for (askIDs). A stream's request on the mixed
+// path writes itself instead (upstream.Exchange.DoWriter): its worker's
+// request line and Host header as they were rendered when the worker was
+// added, the headers appended straight into the connection's writer, and
+// the body written as it lies with the field between its first byte and
+// the rest. The bytes the engine receives are fasthttp's: the same lines
+// in the same order (TestStreamRequestBytes). Requests it does not cover
+// — unary ones (whose path another change owns), a continuation's body,
+// a traced request (the tracer sets its own headers), a leg over NATS or
+// of a disaggregated pair — are fasthttp's as before.
+
+// upstreamUserAgent is the User-Agent a worker gets when the client sent
+// none (the worker pools' Name: upstream.Pool sets it on fasthttp's).
+const upstreamUserAgent = "infera"
+
+// streamRequest is attempt a's request when it writes itself
+// (upstream.RequestWriter): valid while the relay's send runs.
+type streamRequest struct {
+	rel  *relay
+	a    *attempt
+	body []byte // the body, cache hints in, before the ids are asked for
+	at   int    // where field goes in body
+	// field: `"return_token_ids":true` (with its comma), asked for at
+	// body[at]; empty: the body goes as it is.
+	field string
+}
+
+// writesRequest: a's request can write itself (streamRequest).
+func (rel *relay) writesRequest(a *attempt) bool {
+	return rel.scan.Stream && a.body == nil && !a.exact && !a.nats && rel.pd == nil &&
+		!a.span.On() && !rel.r.overNATS(a.ticket.Worker)
+}
+
+// streamRequest readies rel.sreq as a's request.
+func (rel *relay) streamRequest(a *attempt) *streamRequest {
+	s := &rel.sreq
+	s.rel, s.a = rel, a
+	s.body = rel.hintedBody(a)
+	s.at, s.field = rel.askIDsAt(a, s.body) // migrate.go
+	return s
+}
+
+// WriteRequest writes the request into the worker connection's writer as
+// fasthttp's Request.Write would (RequestHeader.AppendBytes: the request
+// line, User-Agent, Host, Content-Type, Content-Length, then the headers in
+// the order upstreamRequest sets them), then the body. The head is
+// appended where the writer's free space begins and written in place
+// (bufio.Writer.AvailableBuffer); bufio's errors stick: the last write's
+// is every write's.
+func (s *streamRequest) WriteRequest(bw *bufio.Writer) error {
+	rel, a := s.rel, s.a
+	w, h := a.ticket.Worker, &rel.ctx.Request.Header
+	b := append(bw.AvailableBuffer(), w.reqLine[rel.route]...)
+	if ua := h.UserAgent(); len(ua) > 0 {
+		b = appendHeaderLine(b, "User-Agent: ", ua)
+	} else {
+		b = append(b, "User-Agent: "+upstreamUserAgent+"\r\n"...)
+	}
+	b = append(b, w.hostLine...)
+	if ct := h.ContentType(); len(ct) > 0 {
+		b = appendHeaderLine(b, "Content-Type: ", ct)
+	} else {
+		b = append(b, "Content-Type: application/json\r\n"...)
+	}
+	b = append(b, "Content-Length: "...)
+	b = strconv.AppendUint(b, uint64(len(s.body)+len(s.field)), 10)
+	b = append(b, '\r', '\n')
+	for _, k := range forwardHeaders {
+		if string(k) == fasthttp.HeaderUserAgent ||
+			string(k) == fasthttp.HeaderAuthorization && rel.r.keys.enabled() {
+			continue // User-Agent: above; Authorization: see upstreamRequest
+		}
+		if v := h.PeekCanonical(k); len(v) > 0 {
+			b = append(b, k...)
+			b = appendHeaderLine(b, ": ", v)
+		}
+	}
+	// The id is the router's own or a client's it checked (appendRequestID):
+	// no line break in it.
+	b = append(b, "X-Request-Id: "...)
+	b = append(b, rel.id...)
+	b = append(b, '\r', '\n')
+	if a.ticket.PinRank {
+		b = append(b, "X-Data-Parallel-Rank: "...)
+		b = strconv.AppendInt(b, int64(a.ticket.DPRank), 10)
+		b = append(b, '\r', '\n')
+	}
+	b = append(b, '\r', '\n')
+	bw.Write(b)
+	bw.Write(s.body[:s.at])
+	bw.WriteString(s.field)
+	_, err := bw.Write(s.body[s.at:])
+	return err
+}
+
+// appendHeaderLine appends name (with its ": ") and a client's value, its
+// line breaks turned into spaces as fasthttp's setters turn them.
+func appendHeaderLine(b []byte, name string, v []byte) []byte {
+	b = append(b, name...)
+	n := len(b)
+	b = append(b, v...)
+	if bytes.IndexByte(v, '\r') >= 0 || bytes.IndexByte(v, '\n') >= 0 {
+		for i, c := range b[n:] {
+			if c == '\r' || c == '\n' {
+				b[n+i] = ' '
+			}
+		}
+	}
+	return append(b, '\r', '\n')
+}

@@ -1,0 +1,139 @@
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"testing"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/openai"
+)
+
+// TestStreamRequestBytes: a stream's request that writes itself
+// (streamRequest) puts on the wire the bytes fasthttp's Request.Write puts
+// there for upstreamRequest's request, as Exchange.Do completes it (its
+// User-Agent), whatever the client sent, the engine, the route, the keys
+// and the DP rank.
+func TestStreamRequestBytes(t *testing.T) {
+	const chat = `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
+	cases := []struct {
+		name, engine, body, headers string
+		route                       Route
+		keys                        bool
+		pin                         bool
+	}{
+		{name: "vllm chat, bare client", engine: "vllm", body: chat, route: RouteChatCompletions},
+		{name: "vllm chat, every forwarded header", engine: "vllm", body: chat, route: RouteChatCompletions,
+			headers: "User-Agent: OpenAI/Python 1.0\r\nAccept: text/event-stream\r\nAuthorization: Bearer k\r\nOpenai-Organization: o\r\nOpenai-Project: p\r\nX-Request-Id: client-id-1\r\nContent-Type: application/json; charset=utf-8\r\n"},
+		{name: "keys: Authorization stays", engine: "vllm", body: chat, route: RouteChatCompletions, keys: true,
+			headers: "Authorization: Bearer k\r\nAccept: */*\r\n"},
+		{name: "spaces before members", engine: "vllm", body: " {  \"model\":\"m\",\"prompt\":\"p\",\"stream\":true}", route: RouteCompletions},
+		{name: "client asked for ids", engine: "vllm", body: `{"return_token_ids":true,"model":"m","prompt":"p","stream":true}`, route: RouteCompletions},
+		{name: "sglang chat: no ids", engine: "sglang", body: chat, route: RouteChatCompletions},
+		{name: "other engine, pinned rank", engine: "sim", body: chat, route: RouteChatCompletions, pin: true},
+		{name: "vllm, the client's kv_transfer_params: hints inside", engine: "vllm", route: RouteCompletions,
+			body: `{"model":"m","prompt":"p","kv_transfer_params":{"a":1},"stream":true} ` + "\n"},
+		{name: "vllm, the client's retention: legacy hint only", engine: "vllm", route: RouteCompletions,
+			body: `{"model":"m","prompt":"p","kv_transfer_params":{"infera_retention":"none"},"stream":true}`},
+		{name: "vllm, every hint the client's", engine: "vllm", route: RouteCompletions,
+			body: `{"model":"m","prompt":"p","kv_transfer_params":{"infera_retention":"none"},"_infera_retention":"none","stream":true}`},
+		{name: "sglang completions, the client's priority", engine: "sglang", route: RouteCompletions,
+			body: `{"model":"m","prompt":"p","priority":1,"stream":true }`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rel, a := streamRequestRelay(t, c.engine, c.route, c.body, c.headers, c.keys)
+			a.ticket.PinRank, a.ticket.DPRank = c.pin, 3
+			req := rel.upstreamRequest(a)
+			defer fasthttp.ReleaseRequest(req)
+			if len(req.Header.UserAgent()) == 0 {
+				req.Header.SetUserAgent(upstreamUserAgent) // as Exchange.Do sets it
+			}
+			var want, got bytes.Buffer
+			bw := bufio.NewWriter(&want)
+			if err := req.Write(bw); err != nil {
+				t.Fatal(err)
+			}
+			_ = bw.Flush()
+			strip := rel.mig.track.Strip
+			rel.mig.track.Strip = false
+			bw = bufio.NewWriterSize(&got, 64) // smaller than the request: written in pieces
+			if err := rel.streamRequest(a).WriteRequest(bw); err != nil {
+				t.Fatal(err)
+			}
+			_ = bw.Flush()
+			if got.String() != want.String() {
+				t.Errorf("request\n%q\nwant fasthttp's\n%q", got.String(), want.String())
+			}
+			if rel.mig.track.Strip != strip {
+				t.Errorf("ids stripped from the client's stream: %v, want %v", rel.mig.track.Strip, strip)
+			}
+		})
+	}
+}
+
+// streamRequestRelay is a relay of a stream request (its route, body and
+// client headers) whose attempt has begun on a worker of engine, and
+// whose request writes itself.
+func streamRequestRelay(t *testing.T, engine string, route Route, body, headers string, keys bool) (*relay, *attempt) {
+	t.Helper()
+	lw := startLegWorker(t, 200, nil)
+	rec := lw.record()
+	rec.Engine = engine
+	r, err := New(withConfig(func(cfg *Config) {
+		if keys {
+			cfg.APIKeys = []string{"k"}
+		}
+	}), RoundRobin{}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.shutdownPools)
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{rec}})
+	ctx := &fasthttp.RequestCtx{}
+	raw := "POST " + route.Path() + " HTTP/1.1\r\nHost: router\r\n" + headers + "Content-Length: " + itoa(len(body)) + "\r\n\r\n" + body
+	if err := ctx.Request.Read(bufio.NewReader(bytes.NewBufferString(raw))); err != nil {
+		t.Fatal(err)
+	}
+	rel := acquireRelay(r, route)
+	rel.ctx, rel.body = ctx, ctx.PostBody()
+	rel.id = r.setRequestID(ctx, rel.id[:0])
+	if err := openai.Scan(rel.body, &rel.scan); err != nil {
+		t.Fatal(err)
+	}
+	rel.model = r.view.Load().models["m"]
+	rel.startMigration()
+	t.Cleanup(func() { r.finish(rel, outcomeOK, 200) })
+	a := &rel.att
+	if err := rel.begin(a, false); err != nil {
+		t.Fatal(err)
+	}
+	if !rel.writesRequest(a) {
+		t.Fatal("the stream's request does not write itself")
+	}
+	return rel, a
+}
+
+// TestStreamRequestWriteAllocs: a stream's request writes itself into its
+// connection's writer without allocating.
+func TestStreamRequestWriteAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are checked without the race detector")
+	}
+	rel, a := streamRequestRelay(t, "vllm", RouteChatCompletions,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+		"User-Agent: OpenAI/Python 1.0\r\nAccept: text/event-stream\r\nAuthorization: Bearer k\r\n", false)
+	bw := bufio.NewWriterSize(io.Discard, 4096)
+	if n := testing.AllocsPerRun(100, func() {
+		if err := rel.streamRequest(a).WriteRequest(bw); err != nil {
+			t.Fatal(err)
+		}
+		_ = bw.Flush()
+	}); n != 0 {
+		t.Errorf("%v allocations a request, want 0", n)
+	}
+}
