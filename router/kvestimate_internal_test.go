@@ -827,3 +827,125 @@ func TestKVEstimateWarmBoundAllowsOnePick(t *testing.T) {
 		})
 	}
 }
+
+// TestKVEstimateWaitsForBlocks: worker a holds the whole 3,000-token prompt
+// (188 blocks) but runs a 4,000-token request past its first token, whose
+// 250 blocks leave too few of a's 400 for it: the engine admits it only
+// when that request ends. b holds nothing and has nothing in flight. With
+// a decode time on a longer than prefilling the prompt on b, the request
+// goes to b; with a short one it waits on a. Without the wait for blocks
+// the estimate sent it to a whatever a's decode time (the trace, session
+// 19: 100–740 ms in the engine's queue for long prompts).
+func TestKVEstimateWaitsForBlocks(t *testing.T) {
+	prompt := unique(7, 3000)
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	for _, tc := range []struct {
+		name string
+		held float64 // a's decode time, seconds
+		want string
+	}{
+		{"a long decode ahead", 1.0, b},
+		{"a short decode ahead", 0.05, a},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+			e.makePrecise()
+			e.learnCapacity(a, 400)
+			e.learnCapacity(b, 400)
+			running := unique(8, 4000)
+			e.store(a, chatTokens(t, running))
+			e.store(a, chatTokens(t, prompt))
+			r := e.pick(chat(running))
+			defer e.p.Release(r, Result{Status: 200})
+			if r.Worker.id != a {
+				t.Fatalf("the running request went to %s, want %s", r.Worker.id, a)
+			}
+			r.Worker.stall.noteServed(time.Now().UnixNano(), r.State)
+			ta := e.target0(a)
+			ta.mu.Lock()
+			ta.est.held = tc.held
+			ta.mu.Unlock()
+			tk := e.pick(chat(prompt))
+			defer e.p.Release(tk, Result{Status: 200})
+			if tk.Worker.id != tc.want {
+				t.Fatalf("picked %s, want %s (a: %+v)", tk.Worker.id, tc.want, e.p.TTFTModels(a)[0])
+			}
+		})
+	}
+}
+
+// TestKVEstimateLearnsDecodeTime: a ticket's time from its first token to
+// its release is a's decode time; a request released before its first
+// token teaches nothing.
+func TestKVEstimateLearnsDecodeTime(t *testing.T) {
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil))
+	e.makePrecise()
+	id := kvRecord(0, nil).WorkerID
+	tk := e.pick(chat(unique(1, 500)))
+	e.p.Release(tk, Result{Status: 200})
+	if m := e.p.TTFTModels(id)[0]; m.Held != 0 {
+		t.Fatalf("after a release without a first token: %+v", m)
+	}
+	tk = e.pick(chat(unique(2, 500)))
+	tk.Worker.stall.noteServed(time.Now().UnixNano(), tk.State)
+	kt := tk.State.(*kvTicket)
+	tg := e.target0(id)
+	tg.mu.Lock()
+	kt.firstAt -= int64(200 * time.Millisecond) // as if it had decoded for 200 ms
+	tg.mu.Unlock()
+	e.p.Release(tk, Result{Status: 200})
+	if m := e.p.TTFTModels(id)[0]; m.Held < 0.2 || m.Held > 1 {
+		t.Fatalf("after 200 ms of decode: %+v", m)
+	}
+}
+
+// TestKVEstimateColdWaitsForBlocksOnlyWhereAll: a cold 1,200-token prompt
+// (75 blocks, short of the eviction rule's quarter of a cache), worker a
+// running a 5,500-token request past its first token (344 of its 400
+// blocks) with a decode time of 0.25 s, b idle but with more past picks. a's estimate with the wait is within the cold
+// slack (two of the prompt's own prefills), and by the deficit the prompt
+// went to a, to wait there for the running request to end; it goes to b,
+// which makes it wait for nothing. When b's blocks are promised too, the
+// deficit decides again.
+func TestKVEstimateColdWaitsForBlocksOnlyWhereAll(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	for _, tc := range []struct {
+		name  string
+		bFull bool
+		want  string
+	}{
+		{"b has room", false, b},
+		{"b is full too", true, a},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+			e.makePrecise()
+			e.learnCapacity(a, 400)
+			e.learnCapacity(b, 400)
+			run := func(id string, seed int) {
+				running := unique(seed, 5500)
+				e.store(id, chatTokens(t, running))
+				r := e.pick(chat(running))
+				t.Cleanup(func() { e.p.Release(r, Result{Status: 200}) })
+				if r.Worker.id != id {
+					t.Fatalf("the running request went to %s, want %s", r.Worker.id, id)
+				}
+				r.Worker.stall.noteServed(time.Now().UnixNano(), r.State)
+				tg := e.target0(id)
+				tg.mu.Lock()
+				tg.est.held = 0.25
+				tg.mu.Unlock()
+			}
+			run(a, 8)
+			if tc.bFull {
+				run(b, 9)
+			}
+			e.setPast(b, 6, 2)
+			tk := e.pick(chat(unique(7, 1200)))
+			defer e.p.Release(tk, Result{Status: 200})
+			if tk.Worker.id != tc.want {
+				t.Fatalf("picked %s, want %s (a: %+v, b: %+v)", tk.Worker.id, tc.want, e.p.TTFTModels(a)[0], e.p.TTFTModels(b)[0])
+			}
+		})
+	}
+}
