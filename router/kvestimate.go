@@ -63,6 +63,9 @@ const (
 // the bound within the slack then uses. Before the bound, a warm request
 // whose prefix a holder is still prefilling for an earlier request follows
 // that prefill (followPrefill) rather than a shorter queue elsewhere.
+// A cold request also avoids a target where the prompt blocks in flight
+// leave too few for it (see "Memory" below) when another within the slack
+// has room.
 //
 // The state lives in the target under its mutex, which Pick takes anyway;
 // nothing here allocates once a target's flight slice has grown.

@@ -227,7 +227,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			}
 			t.mu.RLock()
 			sc.mems[i] = t.est.memoryWait(active, len(hs)-flight, capacity)
-			sc.costs[i] = t.est.estimate(u) + sc.mems[i]
+			sc.costs[i] = t.est.estimate(u)
 			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
 			sc.fills[i] = t.est.fillCount(seq, halfLife)
@@ -450,12 +450,21 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 			return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld + sc.colds[i]/fairCold
 		}
 		// A cold request waits for cache blocks (memoryWait) only where
-		// the best target makes it wait as long: the slack, two of its
-		// own prefills wide, let a 3,500-token prompt join a target
-		// whose blocks were all promised and wait there for a decode
-		// to end (the trace, session 19: 100–740 ms in the engine's
-		// queue).
-		within := func(i int) bool { return sc.costs[i] <= limit && sc.mems[i] <= sc.mems[best] }
+		// every target within the slack makes it wait: the slack, two of
+		// its own prefills wide, let a 3,500-token prompt join a target
+		// whose blocks were all promised and wait there for a decode to
+		// end (the trace, session 19: 100–740 ms in the engine's queue).
+		// A warm request is not moved by it: charged in the warm cost,
+		// warm requests left their holders half as often again (trace:
+		// 16–24 moves a run against 12–16) and the copies cost hits
+		// (0.89–0.98× one big cache's against 0.93–0.98×).
+		minMem := math.Inf(1)
+		for i := range nt {
+			if sc.costs[i] <= limit {
+				minMem = min(minMem, sc.mems[i])
+			}
+		}
+		within := func(i int) bool { return sc.costs[i] <= limit && sc.mems[i] <= minMem }
 		// A long cold prompt goes where it evicts least (coldLoss).
 		least := math.Inf(1)
 		for i := range nt {
