@@ -76,8 +76,7 @@
 // targets hold alike, such as a shared system prompt) goes by a deficit of
 // picks, intake, blocks in flight and recent new conversations; only a
 // target above MaxShareWarm sits out. A warm request whose prefix a target
-// is still prefilling for an earlier one follows that prefill; a cold
-// request avoids a target whose blocks in flight leave too few for it.
+// is still prefilling for an earlier one follows that prefill.
 // It serves GET /v1/admin/cache-view/{worker_id} (admin.go)
 // and exports its series with the router's /metrics. Its divergence alarm
 // (kvdivergence.go) compares each worker's engine-reported usage with the

@@ -738,8 +738,6 @@ type kvTicket struct {
 	wall     int64   // unix ns of the pick: its TTFT counts from here (firstToken)
 	slot     int     // index in target.est.flight; -1 when not there
 	first    bool    // past its first token
-	firstAt  int64   // unix ns of its first token
-	mem      float64 // the wait for blocks charged at the pick (memoryWait)
 }
 
 var ticketPool = sync.Pool{New: func() any { return new(kvTicket) }}

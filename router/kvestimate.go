@@ -63,9 +63,6 @@ const (
 // the bound within the slack then uses. Before the bound, a warm request
 // whose prefix a holder is still prefilling for an earlier request follows
 // that prefill (followPrefill) rather than a shorter queue elsewhere.
-// A cold request also avoids a target where the prompt blocks in flight
-// leave too few for it (see "Memory" below) when another within the slack
-// has room.
 //
 // The state lives in the target under its mutex, which Pick takes anyway;
 // nothing here allocates once a target's flight slice has grown.
@@ -132,12 +129,6 @@ type ttftModel struct {
 	fills    float64     // uncached prompt tokens charged here, decayed as picks
 	colds    float64     // cold picks, decayed by the fleet's picks since coldsAt
 	coldsAt  int64       // KVAware.seq at the last update of colds
-
-	// held is the target's decode time: the mean seconds from a request's
-	// first token to its release (heldStep EWMA), what a request that
-	// finds the cache's blocks all promised waits for one to end
-	// (memoryWait).
-	held float64
 
 	// The eviction-aware view (see "Eviction" below).
 	intake float64                 // uncached prompt tokens charged here, ever: the cache's intake clock
@@ -261,47 +252,6 @@ func (m *ttftModel) evictLoss(uncached, capacity float64, bs int, seq int64, hal
 	return loss
 }
 
-// Memory. An engine admits a request only once the blocks of its prompt
-// (and output) fit beside those of the requests admitted before it, and
-// those are freed only when they end: a request that finds them promised
-// waits in the engine's queue for a whole decode, which the prefill queue
-// does not count. The trace (session 19, per request in the simulators):
-// of kv-aware's 69 first tokens above 0.8× round-robin's p90, 28 had a
-// prefill of their own below it; most of the rest of their time was that
-// wait, 100–740 ms, with the target's free blocks short of the prompt's
-// at arrival (a 3,500-token prompt takes 221 of a worker's 400 blocks).
-// memoryWait charges it where the distinct prompt blocks in flight there
-// (kvTarget.active) plus the request's own beyond them exceed the
-// capacity the target's removal events taught (kvcache.Worker.Capacity;
-// nothing before it has evicted anything).
-
-// heldStep is the EWMA step of the decode time (ttftModel.held).
-const heldStep = 0.1
-
-// memoryWait is the modelled wait for blocks of a request that adds own
-// prompt blocks to the active ones in flight on a target of capacity
-// blocks (0: unknown).
-func (m *ttftModel) memoryWait(active, own, capacity int) float64 {
-	if capacity <= 0 || active+own <= capacity {
-		return 0
-	}
-	return m.held
-}
-
-// noteHeld learns the decode time of a ticket that had its first token
-// at first and ends at now (unix ns).
-func (m *ttftModel) noteHeld(first, now int64) {
-	if first <= 0 || now <= first {
-		return
-	}
-	d := float64(now-first) / float64(time.Second)
-	if m.held == 0 {
-		m.held = d
-		return
-	}
-	m.held += heldStep * (d - m.held)
-}
-
 func (m *ttftModel) init() {
 	m.base, m.perKTok, m.perDecode = priorBase, priorPerKTok, priorPerDecode
 }
@@ -365,7 +315,6 @@ func (m *ttftModel) enter(kt *kvTicket, uncached float64, seq int64, halfLife fl
 	kt.work = m.queued + uncached
 	kt.dec = m.decoding
 	kt.first = false
-	kt.firstAt = 0
 	kt.wall = time.Now().UnixNano()
 	kt.slot = len(m.flight)
 	m.flight = append(m.flight, kt)
@@ -406,7 +355,6 @@ func (m *ttftModel) leave(kt *kvTicket) {
 	m.flight = m.flight[:last]
 	kt.slot = -1
 	if kt.first {
-		m.noteHeld(kt.firstAt, time.Now().UnixNano())
 		m.decoding--
 	} else {
 		m.queued = max(0, m.queued-kt.uncached)
@@ -441,13 +389,9 @@ func (kw *kvWorker) firstToken(state any, now int64) {
 		return
 	}
 	kt.first = true
-	kt.firstAt = now
 	m.queued = max(0, m.queued-kt.uncached)
 	m.decoding++
-	// The wait for blocks charged at the pick is not the step model's:
-	// learnt as prefill or base, one blocked request moved the base by
-	// tens of ms.
-	if ttft := float64(now-kt.wall)/float64(time.Second) - kt.mem; ttft > 0 {
+	if ttft := float64(now-kt.wall) / float64(time.Second); ttft > 0 {
 		m.learn(kt.work, kt.dec, ttft)
 	}
 }
@@ -458,7 +402,6 @@ type TTFTModel struct {
 	Samples                     int64
 	Queued                      float64 // prompt tokens before their first token
 	Decoding                    int
-	Held                        float64 // seconds from first token to release, mean
 }
 
 // TTFTModels returns the estimate state of every target of a worker.
@@ -474,7 +417,7 @@ func (p *KVAware) TTFTModels(workerID string) []TTFTModel {
 		t.mu.RLock()
 		m := &t.est
 		out = append(out, TTFTModel{Base: m.base, PerKTokens: m.perKTok, PerDecode: m.perDecode,
-			Samples: m.samples, Queued: m.queued, Decoding: m.decoding, Held: m.held})
+			Samples: m.samples, Queued: m.queued, Decoding: m.decoding})
 		t.mu.RUnlock()
 	}
 	return out

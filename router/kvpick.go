@@ -34,7 +34,6 @@ type kvScratch struct {
 	loss    []float64 // per target: what a long cold prompt would evict there (--kv-cost ttft)
 	listed  []int     // per target: the prefix the index lists, before the eviction cut (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
-	mems    []float64 // per target: the wait for cache blocks (--kv-cost ttft, memoryWait)
 	filling []bool    // per target: prefilling the prompt's held prefix for an earlier request (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
 	handles []*kvcache.Worker
@@ -169,7 +168,6 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	if p.ttft {
 		sc.uncs = growF(sc.uncs, nt)
 		sc.rates = growF(sc.rates, nt)
-		sc.mems = growF(sc.mems, nt)
 		sc.fills = growF(sc.fills, nt)
 		sc.held = growF(sc.held, nt)
 		sc.colds = growF(sc.colds, nt)
@@ -221,12 +219,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.picks[i] = picks
 		if p.ttft {
 			u := promptUncached(sc, kind, t, len(hs), eff, p.cfg.DefaultBlockSize)
-			capacity := 0
-			if t.idx != nil {
-				capacity = t.idx.Capacity()
-			}
 			t.mu.RLock()
-			sc.mems[i] = t.est.memoryWait(active, len(hs)-flight, capacity)
 			sc.costs[i] = t.est.estimate(u)
 			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
@@ -333,7 +326,6 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	t.picksAt = now
 	if p.ttft {
 		t.est.enter(kt, promptUncached(sc, kind, t, len(hs), bestEff, p.cfg.DefaultBlockSize), seq, halfLife)
-		kt.mem = sc.mems[best]
 		if kind == keyTokens {
 			t.est.useLive(hs, seq)
 		}
@@ -449,26 +441,10 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		score := func(i int) float64 {
 			return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld + sc.colds[i]/fairCold
 		}
-		// A cold request waits for cache blocks (memoryWait) only where
-		// every target within the slack makes it wait: the slack, two of
-		// its own prefills wide, let a 3,500-token prompt join a target
-		// whose blocks were all promised and wait there for a decode to
-		// end (the trace, session 19: 100–740 ms in the engine's queue).
-		// A warm request is not moved by it: charged in the warm cost,
-		// warm requests left their holders half as often again (trace:
-		// 16–24 moves a run against 12–16) and the copies cost hits
-		// (0.89–0.98× one big cache's against 0.93–0.98×).
-		minMem := math.Inf(1)
-		for i := range nt {
-			if sc.costs[i] <= limit {
-				minMem = min(minMem, sc.mems[i])
-			}
-		}
-		within := func(i int) bool { return sc.costs[i] <= limit && sc.mems[i] <= minMem }
 		// A long cold prompt goes where it evicts least (coldLoss).
 		least := math.Inf(1)
 		for i := range nt {
-			if within(i) {
+			if sc.costs[i] <= limit {
 				least = min(least, sc.loss[i])
 			}
 		}
@@ -479,7 +455,7 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 			bound = share * fair
 		}
 		eligible := func(i int, pass int) bool {
-			return within(i) && sc.loss[i] <= least+lossSlack*sc.uncs[i] &&
+			return sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] &&
 				(pass > 0 || sc.picks[i]+1 <= bound)
 		}
 		cold, low := -1, math.Inf(1)
@@ -571,7 +547,7 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
 		Floats64("costs_seconds", sc.costs[:nt]).Floats64("all_picks", sc.picks[:nt]).
 		Floats64("all_colds", sc.colds[:nt]).Floats64("all_fills", sc.fills[:nt]).Floats64("all_held", sc.held[:nt]).Uint64("prompt_key", key).Int("blocks", len(hs)).
 		Str("worker_id", tb.worker.id).Int("dp_rank", tb.key.DPRank).
-		Int("listed", sc.listed[b]).Int("eff", sc.effs[b]).Float64("cost_seconds", sc.costs[b]).Float64("mem_seconds", sc.mems[b]).
+		Int("listed", sc.listed[b]).Int("eff", sc.effs[b]).Float64("cost_seconds", sc.costs[b]).
 		Float64("picks", sc.picks[b]).Float64("colds", sc.colds[b]).Float64("uncached", sc.uncs[b]).
 		Str("holder_id", th.worker.id).Int("holder_listed", sc.listed[h]).Int("holder_eff", sc.effs[h]).
 		Float64("holder_cost_seconds", sc.costs[h]).Float64("holder_picks", sc.picks[h]).
