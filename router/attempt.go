@@ -369,7 +369,7 @@ func (a *attempt) acquireResponse() *fasthttp.Response {
 
 // maxKeptAnswerBody caps the body buffer a relay's own response keeps
 // across requests; a larger one goes (as fasthttp's pool drops them).
-const maxKeptAnswerBody = 16 << 10
+const maxKeptAnswerBody = 64 << 10
 
 // releaseResponse ends resp, from acquireResponse.
 func (rel *relay) releaseResponse(resp *fasthttp.Response) {

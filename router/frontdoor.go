@@ -62,9 +62,6 @@ type frontDoor struct {
 	maxPerIP  int
 	open      atomic.Int64
 	rejecting atomic.Int64
-	// connRelays counts the connections that keep a relay of their own
-	// (acquireRelay, maxConnRelays).
-	connRelays atomic.Int32
 
 	ipMu  sync.Mutex
 	perIP map[string]int // guarded by ipMu; only with maxPerIP > 0
@@ -293,14 +290,6 @@ type frontConn struct {
 	hasRelay bool
 }
 
-// dropRelay gives the connection's own relay, taken from it by a swap, back
-// to the pool: the connection is closed.
-func (c *frontConn) dropRelay(rel *relay) {
-	rel.home = nil
-	c.fd.connRelays.Add(-1)
-	relayPool.Put(rel)
-}
-
 // NetConn returns the accepted connection under the front door's wrapper.
 func (c *frontConn) NetConn() net.Conn { return c.Conn }
 
@@ -341,7 +330,8 @@ func (c *frontConn) Close() error {
 		// The connection's relay goes back to the pool (one still held
 		// goes there when its request finishes: relay.finish).
 		if rel := c.relay.Swap(nil); rel != nil {
-			c.dropRelay(rel)
+			rel.home = nil
+			relayPool.Put(rel)
 		}
 		c.fd.release(c)
 		c.fd.open.Add(-1)

@@ -169,20 +169,13 @@ var relayPool = sync.Pool{New: func() any {
 	return rel
 }}
 
-// maxConnRelays caps the front door's connections that keep a relay of
-// their own (acquireRelay): each keeps ~40 KB (the relay, its 32 KiB event
-// buffer, an answer's body buffer) while it is open, idle or not, where
-// the pool's relays number the requests in flight and go at a GC.
-const maxConnRelays = 1024
-
 // acquireRelay readies a relay for a request on client connection c (nil:
 // none). A front door's connection takes its own relay when it is free: the
 // one it took from the pool for its first request and keeps until it
 // closes (frontConn.Close), reused request after request by the goroutine
-// that serves it, without the pool's Get and Put (up to maxConnRelays
-// connections; the others' requests take pooled ones). It is not free
-// while an earlier request still holds it (a stream's finish put off past
-// the connection's next read: putOff); the request takes a pooled one then.
+// that serves it, without the pool's Get and Put. It is not free while an
+// earlier request still holds it (a stream's finish put off past the
+// connection's next read: putOff); the request takes a pooled one then.
 func acquireRelay(r *Router, route Route, c net.Conn) *relay {
 	var rel *relay
 	fc, _ := c.(*frontConn)
@@ -191,13 +184,8 @@ func acquireRelay(r *Router, route Route, c net.Conn) *relay {
 	}
 	if rel == nil {
 		rel = relayPool.Get().(*relay)
-		if fc != nil && !fc.hasRelay && fc.fd != nil {
-			fc.hasRelay = true
-			if fc.fd.connRelays.Add(1) <= maxConnRelays {
-				rel.home = fc
-			} else {
-				fc.fd.connRelays.Add(-1)
-			}
+		if fc != nil && !fc.hasRelay {
+			fc.hasRelay, rel.home = true, fc
 		}
 	}
 	rel.r = r
@@ -524,8 +512,7 @@ func (rel *relay) release() {
 		if rel = fc.relay.Swap(nil); rel == nil {
 			return
 		}
-		fc.dropRelay(rel)
-		return
+		rel.home = nil
 	}
 	relayPool.Put(rel)
 }
