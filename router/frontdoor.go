@@ -282,12 +282,6 @@ type frontConn struct {
 	// dl: the deadlines asked, set by the next read or write
 	// (frontdeadline.go).
 	dl frontDeadlines
-
-	// relay is the connection's own relay while free (acquireRelay), nil
-	// while a request holds it; hasRelay: the connection took one (the
-	// serving goroutine's).
-	relay    atomic.Pointer[relay]
-	hasRelay bool
 }
 
 // NetConn returns the accepted connection under the front door's wrapper.
@@ -327,12 +321,6 @@ func (c *frontConn) Close() error {
 		err = c.Conn.Close()
 	}
 	if c.closed.CompareAndSwap(false, true) {
-		// The connection's relay goes back to the pool (one still held
-		// goes there when its request finishes: relay.finish).
-		if rel := c.relay.Swap(nil); rel != nil {
-			rel.home = nil
-			relayPool.Put(rel)
-		}
 		c.fd.release(c)
 		c.fd.open.Add(-1)
 		if c.ip != "" {

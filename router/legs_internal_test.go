@@ -95,7 +95,7 @@ func legsRequest(t *testing.T) (*relay, *releaseLog, map[string]*legWorker) {
 	req.SetBodyString(`{"model":"m","prompt":"p"}`)
 	ctx := &fasthttp.RequestCtx{}
 	ctx.Init(&req, nil, nil)
-	rel := acquireRelay(r, RouteCompletions, nil)
+	rel := acquireRelay(r, RouteCompletions)
 	rel.ctx, rel.body = ctx, ctx.PostBody()
 	if err := openai.Scan(rel.body, &rel.scan); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -98,9 +97,6 @@ type relay struct {
 	ureq     *fasthttp.Request
 	uresp    *fasthttp.Response
 	urespOut bool
-	// home: the client connection whose own relay this is (acquireRelay);
-	// nil: a pooled one.
-	home *frontConn
 
 	direct DirectPick // the worker (or PD pair) an endpoint picker named (direct.go)
 
@@ -169,25 +165,8 @@ var relayPool = sync.Pool{New: func() any {
 	return rel
 }}
 
-// acquireRelay readies a relay for a request on client connection c (nil:
-// none). A front door's connection takes its own relay when it is free: the
-// one it took from the pool for its first request and keeps until it
-// closes (frontConn.Close), reused request after request by the goroutine
-// that serves it, without the pool's Get and Put. It is not free while an
-// earlier request still holds it (a stream's finish put off past the
-// connection's next read: putOff); the request takes a pooled one then.
-func acquireRelay(r *Router, route Route, c net.Conn) *relay {
-	var rel *relay
-	fc, _ := c.(*frontConn)
-	if fc != nil {
-		rel = fc.relay.Swap(nil)
-	}
-	if rel == nil {
-		rel = relayPool.Get().(*relay)
-		if fc != nil && !fc.hasRelay {
-			fc.hasRelay, rel.home = true, fc
-		}
-	}
+func acquireRelay(r *Router, route Route) *relay {
+	rel := relayPool.Get().(*relay)
 	rel.r = r
 	rel.route = route
 	rel.dialect = r.dialects[route]
@@ -223,7 +202,7 @@ func (rel *relay) reset() {
 	hintBuf, hintTmp, x := rel.att.hintBuf[:0], rel.att.hintTmp[:0], rel.att.x
 	xlate, xlateEvent := rel.xlate, rel.xlateEvent
 	mig, trackEvent := rel.mig, rel.trackEvent
-	ureq, uresp, urespOut, home := rel.ureq, rel.uresp, rel.urespOut, rel.home
+	ureq, uresp, urespOut := rel.ureq, rel.uresp, rel.urespOut
 	if rel.scan.Stream {
 		// Only a request that asked for a stream writes its migration
 		// (startMigration, askIDs, the pump, a break: a streamed answer
@@ -238,7 +217,7 @@ func (rel *relay) reset() {
 	rel.id, rel.pump, rel.tried, rel.reqBuf = id, pump, tried, reqBuf
 	rel.xlate, rel.xlateEvent, rel.mig, rel.trackEvent = xlate, xlateEvent, mig, trackEvent
 	// A response still out (never released) stays out: not handed again.
-	rel.ureq, rel.uresp, rel.urespOut, rel.home = ureq, uresp, urespOut, home
+	rel.ureq, rel.uresp, rel.urespOut = ureq, uresp, urespOut
 	rel.att.hintBuf, rel.att.hintTmp, rel.att.x = hintBuf, hintTmp, x
 	rel.watch.slot = slot
 	rel.sub.Workers = cands
@@ -250,7 +229,7 @@ func (rel *relay) reset() {
 // proxy serves the generating routes (chat, completions, messages,
 // embeddings, responses); id is the request's id (Router.serve).
 func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte) {
-	rel := acquireRelay(r, route, ctx.Conn())
+	rel := acquireRelay(r, route)
 	r.traceStart(rel, ctx) // tracing.go
 	r.metrics.inflight.Add(1)
 	rel.id = append(rel.id[:0], id...)
@@ -494,26 +473,7 @@ func (r *Router) finish(rel *relay, o outcome, status int) {
 	r.noteUsage(rel, o) // the divergence alarm (kvdivergence.go)
 	rel.endAttemptAt(&rel.att, status, rel.err, verdictOf(o, status), end)
 	r.traceFinish(rel, o, status) // tracing.go
-	rel.release()
-}
-
-// release empties rel and gives it back: to its connection, free for the
-// next request, or to the pool (a pooled relay, or its connection closed).
-func (rel *relay) release() {
 	rel.reset()
-	if fc := rel.home; fc != nil {
-		fc.relay.Store(rel)
-		// Closed since? Close takes the connection's relay after it marks
-		// the connection closed: whichever of the two swaps second finds
-		// nothing, so the relay goes to the pool once.
-		if !fc.closed.Load() {
-			return
-		}
-		if rel = fc.relay.Swap(nil); rel == nil {
-			return
-		}
-		rel.home = nil
-	}
 	relayPool.Put(rel)
 }
 

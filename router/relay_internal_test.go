@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net"
 	"os"
 	"reflect"
 	"slices"
@@ -632,62 +631,4 @@ func TestRelayOwnResponse(t *testing.T) {
 	}
 	rel.reset()
 	relayPool.Put(rel)
-}
-
-// TestFrontConnOwnRelay: a front door connection keeps the relay of its
-// first request and takes it again for the next, not the pool's; while a
-// request holds it (a stream's finish put off past the next read) the next
-// request takes a pooled one, which goes back to the pool; Close gives the
-// connection's relay back to the pool, and a relay still held when its
-// connection closes goes there when it is released. Fails if two requests
-// share a relay or a closed connection keeps one.
-func TestFrontConnOwnRelay(t *testing.T) {
-	r, err := New(DefaultConfig(), RoundRobin{}, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := net.Pipe()
-	defer b.Close()
-	fc := &frontConn{Conn: a, fd: &frontDoor{perIP: map[string]int{}}}
-	own := acquireRelay(r, RouteChatCompletions, fc)
-	if own.home != fc {
-		t.Fatal("the connection's first request did not make its relay the connection's")
-	}
-	own.release()
-	if rel := acquireRelay(r, RouteChatCompletions, fc); rel != own {
-		t.Fatal("the connection's next request did not take its relay again")
-	}
-	// own is held (a stream's put-off finish): the next takes a pooled one.
-	other := acquireRelay(r, RouteChatCompletions, fc)
-	if other == own || other.home != nil {
-		t.Fatalf("a request took the held relay, or a pooled one became the connection's (home %p)", other.home)
-	}
-	other.release()
-	if fc.relay.Load() != nil {
-		t.Fatal("a pooled relay was given to the connection")
-	}
-	own.release()
-	if fc.relay.Load() != own {
-		t.Fatal("the connection's relay did not come back to it")
-	}
-	if err := fc.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if fc.relay.Load() != nil || own.home != nil {
-		t.Fatal("a closed connection kept its relay")
-	}
-
-	// A relay held when its connection closes goes to the pool when
-	// released.
-	c, d := net.Pipe()
-	defer d.Close()
-	fc2 := &frontConn{Conn: c, fd: fc.fd}
-	held := acquireRelay(r, RouteChatCompletions, fc2)
-	if err := fc2.Close(); err != nil {
-		t.Fatal(err)
-	}
-	held.release()
-	if fc2.relay.Load() != nil || held.home != nil {
-		t.Fatal("a relay released after its connection closed stayed with it")
-	}
 }
