@@ -367,20 +367,17 @@ func (a *attempt) acquireResponse() *fasthttp.Response {
 	return fasthttp.AcquireResponse()
 }
 
-// maxKeptAnswerBody caps the body buffer a relay's own response keeps
-// across requests; a larger one goes (as fasthttp's pool drops them).
-const maxKeptAnswerBody = 64 << 10
-
-// releaseResponse ends resp, from acquireResponse.
+// releaseResponse ends resp, from acquireResponse. The relay's own goes
+// back empty, its body buffer to fasthttp's pool as a pooled response's
+// does: kept with the response (KeepBodyBuffer), the next answer's read
+// paid its first touch in the head's ResetBody, more than the pool's Get
+// and Put it saved (docs/performance.md, session 19).
 func (rel *relay) releaseResponse(resp *fasthttp.Response) {
 	if resp != rel.uresp {
 		fasthttp.ReleaseResponse(resp)
 		return
 	}
-	// Body would read a body stream: that one's buffer was not used.
-	resp.KeepBodyBuffer = resp.IsBodyStream() || cap(resp.Body()) <= maxKeptAnswerBody
 	resp.Reset()
-	resp.KeepBodyBuffer = true
 	rel.urespOut = false
 }
 

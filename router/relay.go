@@ -159,8 +159,6 @@ var relayPool = sync.Pool{New: func() any {
 	rel.trackEvent = rel.trackedEvent
 	rel.att.x = &b.x
 	rel.ureq, rel.uresp = &b.req, &b.resp
-	// The answer's body buffer stays with the response (releaseResponse).
-	b.resp.KeepBodyBuffer = true
 	rel.watch.init()
 	return rel
 }}
