@@ -262,8 +262,13 @@ func (a *attempt) classify(err error) failReason {
 // on the request's goroutine; the request it returns may be sent (do)
 // concurrently with another attempt's.
 func (rel *relay) upstreamRequest(a *attempt) *fasthttp.Request {
+	return rel.buildUpstreamRequest(a, fasthttp.AcquireRequest())
+}
+
+// buildUpstreamRequest builds attempt a's request into req, empty, and
+// returns it (upstreamRequest).
+func (rel *relay) buildUpstreamRequest(a *attempt, req *fasthttp.Request) *fasthttp.Request {
 	r, ctx, w := rel.r, rel.ctx, a.ticket.Worker
-	req := fasthttp.AcquireRequest()
 	route := rel.route
 	if a.exact {
 		route = RouteCompletions // an exact continuation (migrate.go)
@@ -337,10 +342,10 @@ func (a *attempt) doStream(req *streamRequest) (*fasthttp.Response, error) {
 	if a.x == nil {
 		a.x = new(upstream.Exchange) // a leg run without beginExchange
 	}
-	resp := fasthttp.AcquireResponse()
+	resp := a.acquireResponse()
 	resp.StreamBody = true
 	if err := a.x.DoWriter(a.ticket.Worker.pool, req, resp, a.firstByteDeadline(), nil); err != nil {
-		fasthttp.ReleaseResponse(resp)
+		a.rel.releaseResponse(resp)
 		return nil, err
 	}
 	return resp, nil
@@ -368,21 +373,47 @@ func (a *attempt) exchange(req *fasthttp.Request, deadline time.Time, stream boo
 	if a.nats || (a.rel.pd == nil && a.rel.r.overNATS(a.ticket.Worker)) {
 		return a.exchangeNATS(req, deadline, stream, owner) // natsleg.go
 	}
-	resp := fasthttp.AcquireResponse()
+	resp := a.acquireResponse()
 	resp.StreamBody = stream
 	if err := a.x.Do(a.ticket.Worker.pool, req, resp, deadline, owner); err != nil {
-		fasthttp.ReleaseResponse(resp)
+		a.rel.releaseResponse(resp)
 		return nil, err
 	}
 	return resp, nil
 }
 
+// acquireResponse is a response for a's answer: the relay's own for its
+// relayed attempt (relayBlock) when it is free, else fasthttp's pooled
+// one (a prefill leg's, a second one). releaseResponse gives it back.
+func (a *attempt) acquireResponse() *fasthttp.Response {
+	rel := a.rel
+	if a == &rel.att && !rel.urespOut && rel.uresp != nil {
+		rel.urespOut = true
+		return rel.uresp
+	}
+	return fasthttp.AcquireResponse()
+}
+
+// releaseResponse ends resp, from acquireResponse. The relay's own goes
+// back empty, its body buffer to fasthttp's pool as a pooled response's
+// does: kept with the response (KeepBodyBuffer), the next answer's read
+// paid its first touch in the head's ResetBody, more than the pool's Get
+// and Put it saved (docs/performance.md, session 19).
+func (rel *relay) releaseResponse(resp *fasthttp.Response) {
+	if resp != rel.uresp {
+		fasthttp.ReleaseResponse(resp)
+		return
+	}
+	resp.Reset()
+	rel.urespOut = false
+}
+
 // dropResponse ends resp, an answer of a's exchange that is not relayed
 // (a 5xx, an answer that is not a stream): the exchange ends, the
-// response goes back to its pool.
+// response goes back to its relay or its pool.
 func (a *attempt) dropResponse(resp *fasthttp.Response) {
 	a.x.Release()
-	fasthttp.ReleaseResponse(resp)
+	a.rel.releaseResponse(resp)
 }
 
 // beginExchange readies a's exchange for a new leg. A client that left

@@ -238,7 +238,14 @@ func (rel *relay) send(a *attempt) (*fasthttp.Response, error) {
 	if rel.writesRequest(a) {
 		return a.doStream(rel.streamRequest(a)) // streamrequest.go
 	}
-	req := rel.upstreamRequest(a)
-	defer fasthttp.ReleaseRequest(req)
+	if a != &rel.att || rel.ureq == nil {
+		req := rel.upstreamRequest(a)
+		defer fasthttp.ReleaseRequest(req)
+		return a.do(req)
+	}
+	// The relay's own request (relayBlock): Do has written it all when it
+	// returns, so it is free again for the next attempt.
+	req := rel.buildUpstreamRequest(a, rel.ureq)
+	defer req.Reset()
 	return a.do(req)
 }

@@ -90,6 +90,14 @@ type relay struct {
 	mig        *migration
 	trackEvent func(dst, ev []byte) []byte
 
+	// ureq and uresp are the relayed attempt's upstream request and
+	// response, the relay's own (relayBlock): no pool's Get and Put a
+	// request. urespOut: uresp is in use (attempt.exchange until
+	// releaseResponse).
+	ureq     *fasthttp.Request
+	uresp    *fasthttp.Response
+	urespOut bool
+
 	sreq   streamRequest // a stream's request while it is sent (streamrequest.go)
 	direct DirectPick    // the worker (or PD pair) an endpoint picker named (direct.go)
 
@@ -126,16 +134,33 @@ type relay struct {
 // relay's own, last used 64 streams ago at 64 concurrent streams.
 var trackerLayouts continuation.LayoutPool
 
+// relayBlock is a pooled relay with the parts every request touches,
+// allocated as one and kept across requests: the exchange, the upstream
+// request and response, the continuation state. A request takes one
+// object from a pool where it took three (the relay, fasthttp's request
+// and response), each a Get and a Put (~200 instructions a request, issue
+// 36, docs/performance.md). The block stays pooled, not a connection's:
+// kept by a connection it was as cold at 64 connections as the pool's,
+// and held ~40 KB an open connection.
+type relayBlock struct {
+	rel  relay
+	x    upstream.Exchange
+	mig  migration
+	req  fasthttp.Request
+	resp fasthttp.Response
+}
+
 var relayPool = sync.Pool{New: func() any {
-	rel := &relay{
-		id:   make([]byte, 0, maxRequestIDBytes),
-		pump: eventPump{buf: make([]byte, relayBufSize)},
-	}
+	b := &relayBlock{}
+	rel := &b.rel
+	rel.id = make([]byte, 0, maxRequestIDBytes)
+	rel.pump = eventPump{buf: make([]byte, relayBufSize)}
 	rel.xlateEvent = rel.xlate.Event
-	rel.mig = new(migration)
+	rel.mig = &b.mig
 	rel.mig.track.Pool = &trackerLayouts
 	rel.trackEvent = rel.trackedEvent
-	rel.att.x = new(upstream.Exchange)
+	rel.att.x = &b.x
+	rel.ureq, rel.uresp = &b.req, &b.resp
 	rel.watch.init()
 	return rel
 }}
@@ -177,6 +202,7 @@ func (rel *relay) reset() {
 	hintBuf, hintTmp, x := rel.att.hintBuf[:0], rel.att.hintTmp[:0], rel.att.x
 	xlate, xlateEvent := rel.xlate, rel.xlateEvent
 	mig, trackEvent := rel.mig, rel.trackEvent
+	ureq, uresp, urespOut := rel.ureq, rel.uresp, rel.urespOut
 	if rel.scan.Stream {
 		// Only a request that asked for a stream writes its migration
 		// (startMigration, askIDs, the pump, a break: a streamed answer
@@ -190,6 +216,8 @@ func (rel *relay) reset() {
 	*rel = relay{}
 	rel.id, rel.pump, rel.tried, rel.reqBuf = id, pump, tried, reqBuf
 	rel.xlate, rel.xlateEvent, rel.mig, rel.trackEvent = xlate, xlateEvent, mig, trackEvent
+	// A response still out (never released) stays out: not handed again.
+	rel.ureq, rel.uresp, rel.urespOut = ureq, uresp, urespOut
 	rel.att.hintBuf, rel.att.hintTmp, rel.att.x = hintBuf, hintTmp, x
 	rel.watch.slot = slot
 	rel.sub.Workers = cands

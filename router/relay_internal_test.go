@@ -580,3 +580,49 @@ func BenchmarkRelayReset(b *testing.B) {
 		rel.reset()
 	}
 }
+
+// TestRelayOwnResponse: a pooled relay's relayed attempt takes the relay's
+// own response (relayBlock) while it is free, and any other (a second
+// one, a prefill leg's) fasthttp's pooled one; released, the own one is
+// empty and free again. Fails if a response still out is handed again, if
+// reset forgets one out, or if a prefill leg takes the relayed attempt's.
+func TestRelayOwnResponse(t *testing.T) {
+	rel := relayPool.Get().(*relay)
+	own := rel.uresp
+	a := &rel.att
+	a.rel = rel
+	got := a.acquireResponse()
+	if got != own {
+		t.Fatal("the relayed attempt did not take the relay's own response")
+	}
+	if second := a.acquireResponse(); second == own {
+		t.Fatal("the own response was handed twice while out")
+	} else {
+		rel.releaseResponse(second)
+	}
+	rel.reset()
+	rel.att.rel = rel // as acquireRelay sets it
+	if again := rel.att.acquireResponse(); again == own {
+		t.Fatal("reset forgot that the own response is out")
+	} else {
+		rel.releaseResponse(again)
+	}
+	got.SetStatusCode(502)
+	got.SetBody(make([]byte, 1000))
+	rel.releaseResponse(got)
+	if got.StatusCode() != 200 || len(got.Body()) != 0 {
+		t.Fatalf("released own response: status %d, body %d bytes; want emptied", got.StatusCode(), len(got.Body()))
+	}
+	pre := &attempt{rel: rel}
+	if p := pre.acquireResponse(); p == own {
+		t.Fatal("a prefill leg took the relayed attempt's response")
+	} else {
+		rel.releaseResponse(p)
+	}
+	if got = a.acquireResponse(); got != own {
+		t.Fatal("the own response was not free again")
+	}
+	rel.releaseResponse(got)
+	rel.reset()
+	relayPool.Put(rel)
+}
