@@ -2,6 +2,13 @@
 
 #include "textflag.h"
 
+// The bytes broadcast into the compared vectors: 0x20 (the signed bound),
+// '"' and '\\', each one load.
+DATA strBounds<>+0(SB)/1, $0x20
+DATA strBounds<>+1(SB)/1, $0x22
+DATA strBounds<>+2(SB)/1, $0x5c
+GLOBL strBounds<>(SB), RODATA|NOPTR, $3
+
 // func plainBlocks(p *byte, n int) int
 //
 // One pass over 32-byte blocks for every byte String must look at: as
@@ -12,15 +19,9 @@ TEXT ·plainBlocks(SB), NOSPLIT, $0-24
 	MOVQ n+8(FP), CX
 	ANDQ $~31, CX
 	XORQ AX, AX
-	MOVQ $0x20, DX
-	MOVQ DX, X1
-	VPBROADCASTB X1, Y1
-	MOVQ $0x22, DX
-	MOVQ DX, X2
-	VPBROADCASTB X2, Y2
-	MOVQ $0x5c, DX
-	MOVQ DX, X3
-	VPBROADCASTB X3, Y3
+	VPBROADCASTB strBounds<>+0(SB), Y1
+	VPBROADCASTB strBounds<>+1(SB), Y2
+	VPBROADCASTB strBounds<>+2(SB), Y3
 
 loop:
 	CMPQ AX, CX
