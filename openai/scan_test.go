@@ -192,6 +192,42 @@ func bigChat() []byte {
 	return b.Bytes()
 }
 
+// wrkBody is scripts/bench-overhead.sh's wrk body: a user message of 128
+// words "w<0..4999>" (the script draws them with awk's rand; any such words
+// have the same bytes' classes and about its length), max_tokens 16.
+func wrkBody(stream bool) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"model":"sim-model","messages":[{"role":"user","content":"`)
+	x := uint32(1)
+	for i := range 128 {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		x = x*1664525 + 1013904223
+		b.WriteString("w" + strconv.Itoa(int(x>>8)%5000))
+	}
+	b.WriteString(`"}],"max_tokens":16,"stream":` + strconv.FormatBool(stream) + `}`)
+	return b.Bytes()
+}
+
+// BenchmarkScanWrk scans the overhead script's unary and stream bodies, the
+// bodies of serve's callgrind profiles (issue 36).
+func BenchmarkScanWrk(b *testing.B) {
+	for _, stream := range []bool{false, true} {
+		body := wrkBody(stream)
+		b.Run(map[bool]string{false: "unary", true: "stream"}[stream], func(b *testing.B) {
+			var r openai.Request
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := openai.Scan(body, &r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 func BenchmarkScan(b *testing.B) {
 	for _, bc := range []struct {
 		name string
