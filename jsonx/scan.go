@@ -411,23 +411,12 @@ func (s *Scanner) String() (start, end int, escaped bool, err error) {
 				return start, i, escaped, nil
 			case '\\':
 				escaped = true
-				if i+1 >= len(b) {
+				n, bad := escapeLen(b, i)
+				if bad != "" {
 					s.I = i
-					return 0, 0, false, s.Fail("unterminated escape")
+					return 0, 0, false, s.Fail(bad)
 				}
-				switch b[i+1] {
-				case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-					i += 2
-				case 'u':
-					if i+6 > len(b) || hexVal[b[i+2]]|hexVal[b[i+3]]|hexVal[b[i+4]]|hexVal[b[i+5]] == 0xff {
-						s.I = i
-						return 0, 0, false, s.Fail("invalid \\u escape")
-					}
-					i += 6
-				default:
-					s.I = i
-					return 0, 0, false, s.Fail("invalid escape character")
-				}
+				i += n
 			default:
 				s.I = i
 				return 0, 0, false, s.Fail("control character in string")
@@ -448,6 +437,24 @@ func (s *Scanner) String() (start, end int, escaped bool, err error) {
 	}
 	s.I = i
 	return 0, 0, false, s.Fail("unterminated string")
+}
+
+// escapeLen is the length of the escape sequence at b[i] (a backslash),
+// or the reason it is not one.
+func escapeLen(b []byte, i int) (n int, bad string) {
+	if i+1 >= len(b) {
+		return 0, "unterminated escape"
+	}
+	switch b[i+1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return 2, ""
+	case 'u':
+		if i+6 > len(b) || hexVal[b[i+2]]|hexVal[b[i+3]]|hexVal[b[i+4]]|hexVal[b[i+5]] == 0xff {
+			return 0, "invalid \\u escape"
+		}
+		return 6, ""
+	}
+	return 0, "invalid escape character"
 }
 
 const (

@@ -37,23 +37,12 @@ func stringByteLoop(s *Scanner) (start, end int, escaped bool, err error) {
 			return start, i, escaped, nil
 		case c == '\\':
 			escaped = true
-			if i+1 >= len(b) {
+			n, bad := escapeLen(b, i)
+			if bad != "" {
 				s.I = i
-				return 0, 0, false, s.Fail("unterminated escape")
+				return 0, 0, false, s.Fail(bad)
 			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) || hexVal[b[i+2]]|hexVal[b[i+3]]|hexVal[b[i+4]]|hexVal[b[i+5]] == 0xff {
-					s.I = i
-					return 0, 0, false, s.Fail("invalid \\u escape")
-				}
-				i += 6
-			default:
-				s.I = i
-				return 0, 0, false, s.Fail("invalid escape character")
-			}
+			i += n
 		default:
 			s.I = i
 			return 0, 0, false, s.Fail("control character in string")
