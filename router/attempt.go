@@ -196,7 +196,11 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 			a.probe = t.Worker.breaker.admit(now)
 			rel.tried = append(rel.tried, t.Worker)
 			t.Worker.picks.Inc()
-			rel.ctx.Response.Header.SetCanonical(inferaWorkerKey, t.Worker.idHeader)
+			if rel.late != nil {
+				rel.lateWorker = t.Worker // set with the ids (relayhead.go)
+			} else {
+				rel.ctx.Response.Header.SetCanonical(inferaWorkerKey, t.Worker.idHeader)
+			}
 			return nil
 		}
 		if untried == 0 || !queue {

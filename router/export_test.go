@@ -9,3 +9,11 @@ func SetStreamChunksDirect(on bool) (was bool) {
 	was, streamDirect = streamDirect, on
 	return was
 }
+
+// SetStreamHeadDirect sets whether the relay writes a stream's head lines
+// itself (relayhead.go) or fasthttp's header carries them, as
+// SetStreamChunksDirect does for the chunks.
+func SetStreamHeadDirect(on bool) (was bool) {
+	was, streamHeadDirect = streamHeadDirect, on
+	return was
+}

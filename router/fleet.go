@@ -23,8 +23,10 @@ import (
 // (active → draining → active) and unrelated fleet updates.
 type Worker struct {
 	id string
-	// idHeader is id as the X-Infera-Worker header's value (SetCanonical).
+	// idHeader is id as the X-Infera-Worker header's value (SetCanonical);
+	// headLine its line in a head the relay writes (relayhead.go).
 	idHeader []byte
+	headLine []byte
 	url      string
 	rec      atomic.Pointer[discovery.Record]
 	pool     *upstream.Pool // its connections (newPool)
@@ -252,6 +254,7 @@ func (r *Router) newWorker(rec *discovery.Record) (*Worker, error) {
 	w := &Worker{
 		id:       rec.WorkerID,
 		idHeader: []byte(rec.WorkerID),
+		headLine: workerHeadLine([]byte(rec.WorkerID)),
 		url:      rec.URL,
 		addr:     addr,
 		tls:      tls,

@@ -98,6 +98,7 @@ func (e *backlogError) Is(target error) bool { return target == errBacklog }
 // 429, Retry-After: 1 and the reference's body.
 func (rel *relay) failBacklog(be *backlogError) {
 	ctx := rel.ctx
+	rel.echoID()
 	ctx.Response.Header.Set("Retry-After", natsreq.RetryAfter)
 	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
 	ctx.SetContentType("application/json")

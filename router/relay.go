@@ -120,6 +120,16 @@ type relay struct {
 	// (writeChunk) in place of fasthttp's chunked writer; nil: that one.
 	chunks *frontConn
 
+	// late: the response header whose request ids (and X-Infera-Worker:
+	// lateWorker) are not set yet, the relay's head lines may carry them
+	// (relayhead.go); nil: set. ownHead: the client connection holds the
+	// stream's head for addHeadLines; headNow: it goes out at once then,
+	// not with the first chunk.
+	late       *fasthttp.ResponseHeader
+	lateWorker *Worker
+	ownHead    bool
+	headNow    bool
+
 	streaming bool // a stream's status line went out: only a stream may replace it
 	firstByte bool // an event reached the client
 	done      bool // the stream reached its end (or failed) in WriteTo/Read
@@ -227,15 +237,20 @@ func (rel *relay) reset() {
 }
 
 // proxy serves the generating routes (chat, completions, messages,
-// embeddings, responses); id is the request's id (Router.serve).
-func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte) {
+// embeddings, responses); id is the request's id (Router.serve), late: not
+// yet set on the response (relayhead.go).
+func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte, late bool) {
 	rel := acquireRelay(r, route)
 	r.traceStart(rel, ctx) // tracing.go
 	r.metrics.inflight.Add(1)
 	rel.id = append(rel.id[:0], id...)
 	werr := rel.dialect.writeError
+	if late {
+		rel.late = &ctx.Response.Header
+	}
 
 	if !ctx.IsPost() {
+		rel.echoID()
 		ctx.Response.Header.Set("Allow", "POST")
 		werr(ctx, fasthttp.StatusMethodNotAllowed, "use POST for "+route.Path(), openai.TypeInvalidRequest, "method_not_allowed")
 		r.finish(rel, outcomeMethodNotAllowed, fasthttp.StatusMethodNotAllowed)
@@ -264,6 +279,9 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte) {
 		werr(ctx, fasthttp.StatusBadRequest, "invalid request body: "+err.Error(), openai.TypeInvalidRequest, code)
 		r.finish(rel, outcomeBadRequest, fasthttp.StatusBadRequest)
 		return
+	}
+	if !rel.scan.Stream {
+		rel.echoID() // a unary answer's head is fasthttp's
 	}
 	if ceil := r.cfg.MaxTokensCeiling; ceil > 0 && rel.scan.MaxTokens > ceil {
 		// Refused here: an engine may size buffers or loops by it (a
@@ -296,6 +314,7 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte) {
 	rel.ctx, rel.body, rel.model = ctx, body, c
 	rel.startMigration()
 	if pd := c.disaggregated(); (pd && !rel.direct.Present) || rel.direct.Prefill != nil {
+		rel.echoID() // the PD path's head is fasthttp's
 		rel.servePD()
 		return
 	}
@@ -327,6 +346,18 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		rel.watch.stop(ctx)
 		rel.streaming = true
 		rel.attach(a, resp)
+		if fc, ok := rel.clientConn(); ok && streamDirect && rel.late != nil {
+			// The head's lines are the relay's (relayhead.go): fasthttp's
+			// head is held for them, and goes out with them at once or
+			// with the first chunk, as below.
+			rel.late, rel.ownHead, rel.headNow = nil, true, a.x.Buffered() == 0
+			fc.holdHead()
+			ctx.Response.ImmediateHeaderFlush = true
+			rel.chunks = fc
+			ctx.SetBodyStream(rel, -1)
+			return true, nil
+		}
+		rel.echoID()
 		ctx.Response.Header.SetCanonical(cacheControlKey, noCache)
 		// The headers leave with the first events (one write) when the
 		// engine's first bytes are already here; otherwise at once, not
@@ -377,6 +408,7 @@ var (
 // fail answers a request no worker could serve, before any byte was sent.
 func (rel *relay) fail(err error) {
 	r, ctx, werr := rel.r, rel.ctx, rel.dialect.writeError
+	rel.echoID()
 	if r.cfg.LogPrompts {
 		r.log.Debug().Bytes("request_id", rel.id).Bytes("body", rel.body).Msg("failed request")
 	}
@@ -458,6 +490,7 @@ var errUnaryTooLarge = errors.New("worker response exceeds " + itoa(maxUnaryResp
 // finish records the end of a request: metrics, the end of its relayed
 // attempt if still running; then the relay goes back to the pool.
 func (r *Router) finish(rel *relay, o outcome, status int) {
+	rel.echoID()     // (an answer fasthttp writes after the handler)
 	end := rel.now() // the request's and its attempt's end: one clock read
 	d := end.Sub(rel.start)
 	m := r.metrics

@@ -31,7 +31,12 @@ func clientRequestID(h *fasthttp.RequestHeader) []byte {
 // valid, else a fresh one) and echoes it in both headers of the response.
 func (r *Router) setRequestID(ctx *fasthttp.RequestCtx, dst []byte) []byte {
 	dst = r.appendRequestID(dst, clientRequestID(&ctx.Request.Header))
-	ctx.Response.Header.SetCanonical(requestIDKey, dst)
-	ctx.Response.Header.SetCanonical(inferaRequestIDKey, dst)
+	echoRequestID(&ctx.Response.Header, dst)
 	return dst
+}
+
+// echoRequestID sets both request-id headers of a response to id.
+func echoRequestID(h *fasthttp.ResponseHeader, id []byte) {
+	h.SetCanonical(requestIDKey, id)
+	h.SetCanonical(inferaRequestIDKey, id)
 }

@@ -404,13 +404,18 @@ func (r *Router) HandleAdmin(ctx *fasthttp.RequestCtx) {
 // dispatches by route.
 func (r *Router) serve(ctx *fasthttp.RequestCtx, rt Route, adminAddr bool) {
 	var idBuf [maxRequestIDBytes]byte
-	id := r.setRequestID(ctx, idBuf[:0])
+	id := r.appendRequestID(idBuf[:0], clientRequestID(&ctx.Request.Header))
+	// A generating route's ids may be echoed late, by the relay (relayhead.go).
+	late := rt.generates() && r.headLate(ctx, adminAddr)
+	if !late {
+		echoRequestID(&ctx.Response.Header, id)
+	}
 	if !r.allowed(ctx, rt, adminAddr) {
 		return
 	}
 	switch rt {
 	case RouteChatCompletions, RouteCompletions, RouteMessages, RouteEmbeddings, RouteResponses:
-		r.proxy(ctx, rt, id)
+		r.proxy(ctx, rt, id, late)
 	case RouteCountTokens:
 		r.countTokens(ctx)
 	case RouteModel:

@@ -141,6 +141,16 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 	rel.done = true // every return below ends the stream and sets the outcome
 	if rel.chunks != nil {
 		w = (*chunkWriter)(rel.chunks)
+		if rel.ownHead {
+			rel.addHeadLines(rel.chunks)
+			if rel.headNow {
+				if err := rel.chunks.sendHead(); err != nil {
+					rel.outcome, rel.err = outcomeClientGone, err
+					rel.closeUpstream(&rel.att)
+					return 0, err
+				}
+			}
+		}
 	}
 	rel.w = w
 	defer func() { rel.w = nil }()
@@ -322,6 +332,9 @@ func (rel *relay) Read(p []byte) (int, error) {
 // or abandoned. Its bookkeeping (finish) waits for the stream's end when the
 // client connection holds that for its next read (putOff).
 func (rel *relay) Close() error {
+	if rel.ownHead {
+		rel.addHeadLines(rel.chunks) // WriteTo did not run
+	}
 	rel.unhold()
 	if fc := rel.chunks; fc != nil {
 		rel.chunks = nil

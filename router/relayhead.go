@@ -1,0 +1,125 @@
+package router
+
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+)
+
+// A stream's response head, its lines written by the relay (issue 36).
+// fasthttp serialises a response's head from its ResponseHeader, and
+// every header set there costs a setter (a copy of the value, a scan for
+// line breaks, a search of the headers set so far) and its share of the
+// serialisation: ~2,000 instructions a stream for the four that only a
+// stream of the mixed path carries here, X-Request-Id and
+// X-Infera-Request-Id (Router.serve), X-Infera-Worker (attempt.begin) and
+// Cache-Control (relay.answer). For such a stream they are not set on
+// fasthttp's header at all: fasthttp still writes its head (status line,
+// Server, Date, Content-Type, Transfer-Encoding, Connection as it decides
+// after the handler), the client connection holds it (holdHead, as it
+// held a head waiting for its first chunk), and the relay writes its four
+// lines into it where fasthttp would have put them (addHeadLines): the
+// client gets main's bytes, Date and Connection fasthttp's own.
+//
+// Every other answer to such a request (an error, a unary answer, a
+// stream of the PD path or through fasthttp's chunked writer) sets the
+// ids on fasthttp's header before its first other header (echoID): by
+// the relay's finish, or before Retry-After, X-Infera-PD and Cache-Control
+// where those are set. A request whose ids cannot wait (a 401 sets
+// WWW-Authenticate first, the endpoint picker's headers, a connection not
+// the front door's) has them set at once, as before.
+
+// headLate reports whether the request of ctx may have its ids echoed
+// late (by the relay): see above.
+func (r *Router) headLate(ctx *fasthttp.RequestCtx, adminAddr bool) bool {
+	if !streamDirect || !streamHeadDirect || adminAddr || r.keys.enabled() || r.cfg.Direct {
+		return false
+	}
+	_, ok := ctx.Conn().(*frontConn)
+	return ok
+}
+
+// streamHeadDirect: a stream's head lines are written by the relay (a
+// test compares the bytes with fasthttp's head, off).
+var streamHeadDirect = true
+
+// echoID sets the request's ids on fasthttp's header, and the worker's
+// X-Infera-Worker after them, if they are still to be set.
+func (rel *relay) echoID() {
+	if rel.late == nil {
+		return
+	}
+	h := rel.late
+	rel.late = nil
+	echoRequestID(h, rel.id)
+	if rel.lateWorker != nil {
+		h.SetCanonical(inferaWorkerKey, rel.lateWorker.idHeader)
+	}
+}
+
+// The lines fasthttp writes after those the relay adds, by how it decides
+// the connection (HTTP/1.1; HTTP/1.0 kept alive; closed).
+var headTails = [...][]byte{
+	[]byte("\r\nTransfer-Encoding: chunked\r\n\r\n"),
+	[]byte("\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"),
+	[]byte("\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"),
+}
+
+const (
+	requestIDPrefix       = "X-Request-Id: "
+	inferaRequestIDPrefix = "X-Infera-Request-Id: "
+	cacheControlLine      = "Cache-Control: no-cache\r\n"
+)
+
+// addHeadLines writes rel's head lines into the stream head the client
+// connection holds (the last bytes held: fasthttp's flush of its head,
+// after any answer to an earlier pipelined request), in fasthttp's order:
+// the ids, the worker, Cache-Control, before Transfer-Encoding.
+func (rel *relay) addHeadLines(c *frontConn) {
+	rel.ownHead = false
+	bp := c.hold.buf
+	if bp == nil {
+		return
+	}
+	b := *bp
+	at := -1
+	for _, t := range headTails {
+		if bytes.HasSuffix(b, t) {
+			at = len(b) - len(t) + 2
+			break
+		}
+	}
+	if at < 0 {
+		// Not a head of fasthttp's usual shape: before the line that
+		// ends it, whatever came before.
+		if at = len(b) - 2; at < 0 {
+			return
+		}
+	}
+	var worker []byte
+	if w := rel.lateWorker; w != nil {
+		worker = w.headLine
+	}
+	n := 2*(len(rel.id)+2) + len(requestIDPrefix) + len(inferaRequestIDPrefix) + len(worker) + len(cacheControlLine)
+	b = append(b, make([]byte, n)...)
+	copy(b[at+n:], b[at:len(b)-n])
+	l := b[at:at]
+	l = append(l, requestIDPrefix...)
+	l = append(l, rel.id...)
+	l = append(l, '\r', '\n')
+	l = append(l, inferaRequestIDPrefix...)
+	l = append(l, rel.id...)
+	l = append(l, '\r', '\n')
+	l = append(l, worker...)
+	_ = append(l, cacheControlLine...)
+	*bp = b
+}
+
+// workerHeadLine is the X-Infera-Worker line of a worker's answers, its
+// value as fasthttp's setter leaves it.
+func workerHeadLine(id []byte) []byte {
+	var h fasthttp.ResponseHeader
+	h.SetCanonical(inferaWorkerKey, id)
+	line := append([]byte("X-Infera-Worker: "), h.PeekBytes(inferaWorkerKey)...)
+	return append(line, '\r', '\n')
+}
