@@ -140,7 +140,11 @@
 // wait (frontConn.putOff). The relay writes
 // each batch of events as one chunk straight into the client connection
 // (writeChunk), not through fasthttp's 4 KiB response writer: one write
-// whatever its size, the headers with the first when they were held;
+// whatever its size, the headers with the first when they were held.
+// Such a stream's own header lines (the request ids, X-Infera-Worker,
+// Cache-Control) are not set on fasthttp's header: the connection holds
+// the head fasthttp writes and the relay writes them into it
+// (relayhead.go); every other answer sets them on fasthttp's header;
 // until the first event is written a failing worker (end of stream, error,
 // first-byte timeout) is replaced by failover and the client sees the next
 // worker's events after the comments. After the first event a failure ends

@@ -58,17 +58,20 @@ func (rel *relay) echoID() {
 }
 
 // The lines fasthttp writes after those the relay adds, by how it decides
-// the connection (HTTP/1.1; HTTP/1.0 kept alive; closed).
-var headTails = [...][]byte{
-	[]byte("\r\nTransfer-Encoding: chunked\r\n\r\n"),
-	[]byte("\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"),
-	[]byte("\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"),
-}
-
-const (
-	requestIDPrefix       = "X-Request-Id: "
-	inferaRequestIDPrefix = "X-Infera-Request-Id: "
-	cacheControlLine      = "Cache-Control: no-cache\r\n"
+// the connection (HTTP/1.1; HTTP/1.0 kept alive; closed), and each with
+// the relay's last line before it (Cache-Control): headEnds[i] replaces
+// headTails[i] after the relay's other lines.
+var (
+	headTails = [...][]byte{
+		[]byte("\r\nTransfer-Encoding: chunked\r\n\r\n"),
+		[]byte("\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"),
+		[]byte("\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"),
+	}
+	headEnds = [...]string{
+		"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n",
+		"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+	}
 )
 
 // addHeadLines writes rel's head lines into the stream head the client
@@ -82,37 +85,32 @@ func (rel *relay) addHeadLines(c *frontConn) {
 		return
 	}
 	b := *bp
-	at := -1
-	for _, t := range headTails {
-		if bytes.HasSuffix(b, t) {
-			at = len(b) - len(t) + 2
-			break
-		}
-	}
-	if at < 0 {
-		// Not a head of fasthttp's usual shape: before the line that
-		// ends it, whatever came before.
-		if at = len(b) - 2; at < 0 {
-			return
-		}
-	}
 	var worker []byte
 	if w := rel.lateWorker; w != nil {
 		worker = w.headLine
 	}
-	n := 2*(len(rel.id)+2) + len(requestIDPrefix) + len(inferaRequestIDPrefix) + len(worker) + len(cacheControlLine)
-	b = append(b, make([]byte, n)...)
-	copy(b[at+n:], b[at:len(b)-n])
-	l := b[at:at]
-	l = append(l, requestIDPrefix...)
-	l = append(l, rel.id...)
-	l = append(l, '\r', '\n')
-	l = append(l, inferaRequestIDPrefix...)
-	l = append(l, rel.id...)
-	l = append(l, '\r', '\n')
-	l = append(l, worker...)
-	_ = append(l, cacheControlLine...)
-	*bp = b
+	for i, t := range headTails {
+		if bytes.HasSuffix(b, t) {
+			*bp = appendHeadLines(b[:len(b)-len(t)+2], rel.id, worker, headEnds[i])
+			return
+		}
+	}
+	// Not a head of fasthttp's usual shape: the lines go before the empty
+	// line that ends it, whatever came before them.
+	if len(b) >= 2 {
+		*bp = append(appendHeadLines(b[:len(b)-2], rel.id, worker, "Cache-Control: no-cache\r\n"), '\r', '\n')
+	}
+}
+
+// appendHeadLines appends the relay's head lines to b, end last.
+func appendHeadLines(b, id, worker []byte, end string) []byte {
+	b = append(b, "X-Request-Id: "...)
+	b = append(b, id...)
+	b = append(b, "\r\nX-Infera-Request-Id: "...)
+	b = append(b, id...)
+	b = append(b, '\r', '\n')
+	b = append(b, worker...)
+	return append(b, end...)
 }
 
 // workerHeadLine is the X-Infera-Worker line of a worker's answers, its
