@@ -35,7 +35,7 @@ type Worker struct {
 	host string
 	path [numProxyRoutes]string
 	// reqLine and hostLine are the same as a stream's request writes them
-	// (streamrequest.go): "POST <path> HTTP/1.1\r\n" and "Host: <host>\r\n".
+	// (ownrequest.go): "POST <path> HTTP/1.1\r\n" and "Host: <host>\r\n".
 	reqLine  [numProxyRoutes]string
 	hostLine string
 	tokenize string // the engine's POST /tokenize
