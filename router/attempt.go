@@ -329,26 +329,29 @@ func (rel *relay) hintedBody(a *attempt) []byte {
 // do sends req to a's worker within the attempt's deadline. It touches
 // only a (and reads the router's immutable config).
 func (a *attempt) do(req *fasthttp.Request) (*fasthttp.Response, error) {
-	rel := a.rel
-	deadline := a.firstByteDeadline()
-	var owner upstream.Owner
-	if !rel.scan.Stream {
-		// A unary attempt gives up a stalled worker only while a retry
-		// is left (upstream.Owner).
-		owner = a
-	}
-	return a.exchange(req, deadline, rel.scan.Stream, owner)
+	return a.exchange(req, a.firstByteDeadline(), a.rel.scan.Stream, a.owner())
 }
 
-// doStream is do for a stream's request that writes itself
-// (streamRequest): never over NATS (writesRequest).
-func (a *attempt) doStream(req *streamRequest) (*fasthttp.Response, error) {
+// owner is the owner of a's connection while its answer is awaited: a
+// unary attempt gives up a stalled worker only while a retry is left
+// (upstream.Owner); a stream's has none.
+func (a *attempt) owner() upstream.Owner {
+	if a.rel.scan.Stream {
+		return nil
+	}
+	return a
+}
+
+// doOwn is do for a request that writes itself (ownRequest): never over
+// NATS (writesRequest). The answer is read as do reads it: a stream's
+// head, a unary answer whole.
+func (a *attempt) doOwn(req *ownRequest) (*fasthttp.Response, error) {
 	if a.x == nil {
 		a.x = new(upstream.Exchange) // a leg run without beginExchange
 	}
 	resp := a.acquireResponse()
-	resp.StreamBody = true
-	if err := a.x.DoWriter(a.ticket.Worker.pool, req, resp, a.firstByteDeadline(), nil); err != nil {
+	resp.StreamBody = a.rel.scan.Stream
+	if err := a.x.DoWriter(a.ticket.Worker.pool, req, resp, a.firstByteDeadline(), a.owner()); err != nil {
 		a.rel.releaseResponse(resp)
 		return nil, err
 	}

@@ -36,8 +36,8 @@ type Worker struct {
 	// request parses a URI on its way out (upstream.Exchange.Do).
 	host string
 	path [numProxyRoutes]string
-	// reqLine and hostLine are the same as a stream's request writes them
-	// (streamrequest.go): "POST <path> HTTP/1.1\r\n" and "Host: <host>\r\n".
+	// reqLine and hostLine are the lines a request that writes itself writes
+	// (ownrequest.go): "POST <path> HTTP/1.1\r\n" and "Host: <host>\r\n".
 	reqLine  [numProxyRoutes]string
 	hostLine string
 	tokenize string // the engine's POST /tokenize

@@ -140,7 +140,7 @@ func (rel *relay) askIDs(a *attempt, body []byte) []byte {
 }
 
 // askIDsAt is askIDs for a request that writes its body itself
-// (streamRequest): where in body the field goes, and the field; an empty
+// (ownRequest): where in body the field goes, and the field; an empty
 // field when the body goes as it is.
 func (rel *relay) askIDsAt(a *attempt, body []byte) (int, string) {
 	if !rel.asksIDs(a) {

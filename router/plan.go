@@ -236,15 +236,16 @@ func (rel *relay) countAttempt() {
 func (rel *relay) send(a *attempt) (*fasthttp.Response, error) {
 	rel.beginExchange(a)
 	if rel.writesRequest(a) {
-		return a.doStream(rel.streamRequest(a)) // streamrequest.go
+		return a.doOwn(rel.ownRequest(a)) // ownrequest.go
 	}
 	if a != &rel.att || rel.ureq == nil {
 		req := rel.upstreamRequest(a)
 		defer fasthttp.ReleaseRequest(req)
 		return a.do(req)
 	}
-	// The relay's own request (relayBlock): Do has written it all when it
-	// returns, so it is free again for the next attempt.
+	// The relay's own request (relayBlock), for a request that does not
+	// write itself (a traced one, a leg over NATS): Do has written it all
+	// when it returns, so it is free again for the next attempt.
 	req := rel.buildUpstreamRequest(a, rel.ureq)
 	defer req.Reset()
 	return a.do(req)

@@ -98,8 +98,8 @@ type relay struct {
 	uresp    *fasthttp.Response
 	urespOut bool
 
-	sreq   streamRequest // a stream's request while it is sent (streamrequest.go)
-	direct DirectPick    // the worker (or PD pair) an endpoint picker named (direct.go)
+	oreq   ownRequest // the request while it is sent, when it writes itself (ownrequest.go)
+	direct DirectPick // the worker (or PD pair) an endpoint picker named (direct.go)
 
 	watch  clientWatch // a unary request's client, while its answer is awaited (unary.go)
 	att    attempt     // the attempt whose answer is relayed

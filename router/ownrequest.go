@@ -8,28 +8,29 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// A stream's upstream request written by the relay (issue 36). fasthttp's
+// A request's upstream request written by the relay (issue 36). fasthttp's
 // Request is built header by header (each value copied and cleaned of line
 // breaks, the set scanned for the name), then serialised into the
 // connection's writer; a tracked stream's body was first copied aside with
-// "return_token_ids" asked for (askIDs). A stream's request on the mixed
-// path writes itself instead (upstream.Exchange.DoWriter): its worker's
-// request line and Host header as they were rendered when the worker was
-// added, the headers appended straight into the connection's writer, and
-// the body written as it lies with the field between its first byte and
-// the rest. The bytes the engine receives are fasthttp's: the same lines
-// in the same order (TestStreamRequestBytes). Requests it does not cover
-// — unary ones (whose path another change owns), a continuation's body,
-// a traced request (the tracer sets its own headers), a leg over NATS or
-// of a disaggregated pair — are fasthttp's as before.
+// "return_token_ids" asked for (askIDs). A request on the mixed path, a
+// stream's or a unary one's, writes itself instead
+// (upstream.Exchange.DoWriter): its worker's request line and Host header
+// as they were rendered when the worker was added, the headers appended
+// straight into the connection's writer, and the body written as it lies
+// (a stream's with the field between its first byte and the rest). The
+// answer is read into the relay's own response as before. The bytes the
+// engine receives are fasthttp's: the same lines in the same order
+// (TestOwnRequestBytes). Requests it does not cover — a continuation's
+// body, a traced request (the tracer sets its own headers), a leg over
+// NATS or of a disaggregated pair — are fasthttp's as before.
 
 // upstreamUserAgent is the User-Agent a worker gets when the client sent
 // none (the worker pools' Name: upstream.Pool sets it on fasthttp's).
 const upstreamUserAgent = "infera"
 
-// streamRequest is attempt a's request when it writes itself
+// ownRequest is attempt a's request when it writes itself
 // (upstream.RequestWriter): valid while the relay's send runs.
-type streamRequest struct {
+type ownRequest struct {
 	rel  *relay
 	a    *attempt
 	body []byte // the body, cache hints in, before the ids are asked for
@@ -39,15 +40,15 @@ type streamRequest struct {
 	field string
 }
 
-// writesRequest: a's request can write itself (streamRequest).
+// writesRequest: a's request can write itself (ownRequest).
 func (rel *relay) writesRequest(a *attempt) bool {
-	return rel.scan.Stream && a.body == nil && !a.exact && !a.nats && rel.pd == nil &&
+	return a.body == nil && !a.exact && !a.nats && rel.pd == nil &&
 		!a.span.On() && !rel.r.overNATS(a.ticket.Worker)
 }
 
-// streamRequest readies rel.sreq as a's request.
-func (rel *relay) streamRequest(a *attempt) *streamRequest {
-	s := &rel.sreq
+// ownRequest readies rel.oreq as a's request.
+func (rel *relay) ownRequest(a *attempt) *ownRequest {
+	s := &rel.oreq
 	s.rel, s.a = rel, a
 	s.body = rel.hintedBody(a)
 	s.at, s.field = rel.askIDsAt(a, s.body) // migrate.go
@@ -61,7 +62,7 @@ func (rel *relay) streamRequest(a *attempt) *streamRequest {
 // appended where the writer's free space begins and written in place
 // (bufio.Writer.AvailableBuffer); bufio's errors stick: the last write's
 // is every write's.
-func (s *streamRequest) WriteRequest(bw *bufio.Writer) error {
+func (s *ownRequest) WriteRequest(bw *bufio.Writer) error {
 	rel, a := s.rel, s.a
 	w, h := a.ticket.Worker, &rel.ctx.Request.Header
 	b := append(bw.AvailableBuffer(), w.reqLine[rel.route]...)
@@ -101,6 +102,10 @@ func (s *streamRequest) WriteRequest(bw *bufio.Writer) error {
 	}
 	b = append(b, '\r', '\n')
 	bw.Write(b)
+	if len(s.field) == 0 { // a unary request, a stream not tracked
+		_, err := bw.Write(s.body)
+		return err
+	}
 	bw.Write(s.body[:s.at])
 	bw.WriteString(s.field)
 	_, err := bw.Write(s.body[s.at:])

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -13,12 +14,12 @@ import (
 	"github.com/infera/infera/openai"
 )
 
-// TestStreamRequestBytes: a stream's request that writes itself
-// (streamRequest) puts on the wire the bytes fasthttp's Request.Write puts
-// there for upstreamRequest's request, as Exchange.Do completes it (its
-// User-Agent), whatever the client sent, the engine, the route, the keys
-// and the DP rank.
-func TestStreamRequestBytes(t *testing.T) {
+// TestOwnRequestBytes: a request that writes itself (ownRequest), a
+// stream's or the same request unary, puts on the wire the bytes
+// fasthttp's Request.Write puts there for upstreamRequest's request, as
+// Exchange.Do completes it (its User-Agent), whatever the client sent, the
+// engine, the route, the keys and the DP rank.
+func TestOwnRequestBytes(t *testing.T) {
 	const chat = `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
 	cases := []struct {
 		name, engine, body, headers string
@@ -45,41 +46,44 @@ func TestStreamRequestBytes(t *testing.T) {
 			body: `{"model":"m","prompt":"p","priority":1,"stream":true }`},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			rel, a := streamRequestRelay(t, c.engine, c.route, c.body, c.headers, c.keys)
-			a.ticket.PinRank, a.ticket.DPRank = c.pin, 3
-			req := rel.upstreamRequest(a)
-			defer fasthttp.ReleaseRequest(req)
-			if len(req.Header.UserAgent()) == 0 {
-				req.Header.SetUserAgent(upstreamUserAgent) // as Exchange.Do sets it
-			}
-			var want, got bytes.Buffer
-			bw := bufio.NewWriter(&want)
-			if err := req.Write(bw); err != nil {
-				t.Fatal(err)
-			}
-			_ = bw.Flush()
-			strip := rel.mig.track.Strip
-			rel.mig.track.Strip = false
-			bw = bufio.NewWriterSize(&got, 64) // smaller than the request: written in pieces
-			if err := rel.streamRequest(a).WriteRequest(bw); err != nil {
-				t.Fatal(err)
-			}
-			_ = bw.Flush()
-			if got.String() != want.String() {
-				t.Errorf("request\n%q\nwant fasthttp's\n%q", got.String(), want.String())
-			}
-			if rel.mig.track.Strip != strip {
-				t.Errorf("ids stripped from the client's stream: %v, want %v", rel.mig.track.Strip, strip)
-			}
-		})
+		for _, mode := range []struct{ name, stream string }{{"stream", `"stream":true`}, {"unary", `"stream":false`}} {
+			body := strings.Replace(c.body, `"stream":true`, mode.stream, 1)
+			t.Run(mode.name+"/"+c.name, func(t *testing.T) {
+				rel, a := ownRequestRelay(t, c.engine, c.route, body, c.headers, c.keys)
+				a.ticket.PinRank, a.ticket.DPRank = c.pin, 3
+				req := rel.upstreamRequest(a)
+				defer fasthttp.ReleaseRequest(req)
+				if len(req.Header.UserAgent()) == 0 {
+					req.Header.SetUserAgent(upstreamUserAgent) // as Exchange.Do sets it
+				}
+				var want, got bytes.Buffer
+				bw := bufio.NewWriter(&want)
+				if err := req.Write(bw); err != nil {
+					t.Fatal(err)
+				}
+				_ = bw.Flush()
+				strip := rel.mig.track.Strip
+				rel.mig.track.Strip = false
+				bw = bufio.NewWriterSize(&got, 64) // smaller than the request: written in pieces
+				if err := rel.ownRequest(a).WriteRequest(bw); err != nil {
+					t.Fatal(err)
+				}
+				_ = bw.Flush()
+				if got.String() != want.String() {
+					t.Errorf("request\n%q\nwant fasthttp's\n%q", got.String(), want.String())
+				}
+				if rel.mig.track.Strip != strip {
+					t.Errorf("ids stripped from the client's stream: %v, want %v", rel.mig.track.Strip, strip)
+				}
+			})
+		}
 	}
 }
 
-// streamRequestRelay is a relay of a stream request (its route, body and
-// client headers) whose attempt has begun on a worker of engine, and
-// whose request writes itself.
-func streamRequestRelay(t *testing.T, engine string, route Route, body, headers string, keys bool) (*relay, *attempt) {
+// ownRequestRelay is a relay of a request (its route, body and client
+// headers) whose attempt has begun on a worker of engine, and whose
+// request writes itself.
+func ownRequestRelay(t *testing.T, engine string, route Route, body, headers string, keys bool) (*relay, *attempt) {
 	t.Helper()
 	lw := startLegWorker(t, 200, nil)
 	rec := lw.record()
@@ -113,27 +117,29 @@ func streamRequestRelay(t *testing.T, engine string, route Route, body, headers 
 		t.Fatal(err)
 	}
 	if !rel.writesRequest(a) {
-		t.Fatal("the stream's request does not write itself")
+		t.Fatal("the request does not write itself")
 	}
 	return rel, a
 }
 
-// TestStreamRequestWriteAllocs: a stream's request writes itself into its
-// connection's writer without allocating.
-func TestStreamRequestWriteAllocs(t *testing.T) {
+// TestOwnRequestWriteAllocs: a request, a stream's or a unary one's,
+// writes itself into its connection's writer without allocating.
+func TestOwnRequestWriteAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are checked without the race detector")
 	}
-	rel, a := streamRequestRelay(t, "vllm", RouteChatCompletions,
-		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`,
-		"User-Agent: OpenAI/Python 1.0\r\nAccept: text/event-stream\r\nAuthorization: Bearer k\r\n", false)
-	bw := bufio.NewWriterSize(io.Discard, 4096)
-	if n := testing.AllocsPerRun(100, func() {
-		if err := rel.streamRequest(a).WriteRequest(bw); err != nil {
-			t.Fatal(err)
+	for _, stream := range []string{"true", "false"} {
+		rel, a := ownRequestRelay(t, "vllm", RouteChatCompletions,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":`+stream+`}`,
+			"User-Agent: OpenAI/Python 1.0\r\nAccept: text/event-stream\r\nAuthorization: Bearer k\r\n", false)
+		bw := bufio.NewWriterSize(io.Discard, 4096)
+		if n := testing.AllocsPerRun(100, func() {
+			if err := rel.ownRequest(a).WriteRequest(bw); err != nil {
+				t.Fatal(err)
+			}
+			_ = bw.Flush()
+		}); n != 0 {
+			t.Errorf("stream %s: %v allocations a request, want 0", stream, n)
 		}
-		_ = bw.Flush()
-	}); n != 0 {
-		t.Errorf("%v allocations a request, want 0", n)
 	}
 }
