@@ -10,24 +10,25 @@ import (
 // fasthttp serialises a response's head from its ResponseHeader, and
 // every header set there costs a setter (a copy of the value, a scan for
 // line breaks, a search of the headers set so far) and its share of the
-// serialisation: ~2,000 instructions a stream for the four that only a
-// stream of the mixed path carries here, X-Request-Id and
-// X-Infera-Request-Id (Router.serve), X-Infera-Worker (attempt.begin) and
-// Cache-Control (relay.answer). For such a stream they are not set on
-// fasthttp's header at all: fasthttp still writes its head (status line,
-// Server, Date, Content-Type, Transfer-Encoding, Connection as it decides
-// after the handler), the client connection holds it (holdHead, as it
-// held a head waiting for its first chunk), and the relay writes its four
-// lines into it where fasthttp would have put them (addHeadLines): the
-// client gets main's bytes, Date and Connection fasthttp's own.
+// serialisation: ~2,100 instructions a stream (callgrind, docs/
+// performance.md) for the four a stream of the mixed path carries:
+// X-Request-Id and X-Infera-Request-Id (Router.serve), X-Infera-Worker
+// (attempt.begin) and Cache-Control (relay.answer). For such a stream
+// they are not set on fasthttp's header at all: fasthttp still writes its
+// head (status line, Server, Date, Content-Type, Transfer-Encoding, and
+// Connection as it decides after the handler), the client connection
+// holds it (holdHead, with any earlier pipelined answer flushed with it),
+// and the relay writes its four lines into it where fasthttp would have
+// put them (addHeadLines), before it goes out: the client gets the bytes
+// fasthttp wrote with every header set, Date and Connection fasthttp's own.
 //
-// Every other answer to such a request (an error, a unary answer, a
-// stream of the PD path or through fasthttp's chunked writer) sets the
-// ids on fasthttp's header before its first other header (echoID): by
-// the relay's finish, or before Retry-After, X-Infera-PD and Cache-Control
-// where those are set. A request whose ids cannot wait (a 401 sets
-// WWW-Authenticate first, the endpoint picker's headers, a connection not
-// the front door's) has them set at once, as before.
+// Every other answer to such a request (an error, a unary answer, the PD
+// path, a stream the relay does not write) sets the ids on fasthttp's
+// header before any other non-special header (echoID): after the scan for
+// a unary request, before Allow, Retry-After and Cache-Control, on the PD
+// path's entry, in the relay's finish otherwise. A request whose ids
+// cannot wait (a 401 sets WWW-Authenticate first, the endpoint picker sets
+// its own, a connection not the front door's) has them set at once.
 
 // headLate reports whether the request of ctx may have its ids echoed
 // late (by the relay): see above.
