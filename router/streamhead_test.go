@@ -126,15 +126,10 @@ func headEngine(t *testing.T, mode string) discovery.Record {
 	serve := func(c net.Conn) {
 		defer wg.Done()
 		defer c.Close()
-		br := bufio.NewReader(c)
-		for {
-			var req fasthttp.Request
-			if err := req.Read(br); err != nil {
-				return
-			}
-			if !bytes.Contains(req.Body(), []byte(`"stream":true`)) {
+		serveRequests(c, func(stream bool) bool {
+			if !stream {
 				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(unary))+"\r\n\r\n"+unary)
-				continue
+				return true
 			}
 			switch mode {
 			case "400":
@@ -144,11 +139,12 @@ func headEngine(t *testing.T, mode string) discovery.Record {
 				_, _ = io.WriteString(c, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\noops")
 			case "cut":
 				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-				return
+				return false
 			default:
 				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+oneChunkStream(shortStream))
 			}
-		}
+			return true
+		})
 	}
 	wg.Add(1)
 	go func() {
@@ -217,4 +213,20 @@ func headExchange(t *testing.T, addr string, tc headCase) string {
 		_, _ = io.Copy(io.Discard, br)
 	}
 	return headVarying.ReplaceAllString(got.String(), "\r\n$1$2: -")
+}
+
+// serveRequests reads requests from c, an engine's connection, and has
+// answer write each one's answer (stream: its body asks for a stream),
+// until the connection ends or answer returns false.
+func serveRequests(c net.Conn, answer func(stream bool) bool) {
+	br := bufio.NewReader(c)
+	for {
+		var req fasthttp.Request
+		if err := req.Read(br); err != nil {
+			return
+		}
+		if !answer(bytes.Contains(req.Body(), []byte(`"stream":true`))) {
+			return
+		}
+	}
 }

@@ -2,7 +2,6 @@ package router_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"io"
 	"net"
@@ -389,18 +388,14 @@ func TestStreamEndBeforeBookkeeping(t *testing.T) {
 
 func testStreamEndBeforeBookkeeping(t *testing.T, serve func(*router.Router) func(context.Context, net.Listener) error) {
 	up := rawUpstream(t, func(c net.Conn, _ <-chan struct{}) {
-		br := bufio.NewReader(c)
-		for {
-			var req fasthttp.Request
-			if err := req.Read(br); err != nil {
-				return
-			}
-			if !bytes.Contains(req.Body(), []byte(`"stream":true`)) {
+		serveRequests(c, func(stream bool) bool {
+			if !stream {
 				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-				continue
+				return true
 			}
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+oneChunkStream(shortStream))
-		}
+			return true
+		})
 	})
 	gate := &releaseGate{open: make(chan struct{})}
 	var once sync.Once
