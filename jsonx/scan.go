@@ -93,6 +93,10 @@ func (s *Scanner) Value() error {
 	case '[':
 		return s.Array(nil)
 	case '"':
+		if end, ok := shortString(s.B, s.I); ok {
+			s.I = end + 1
+			return nil
+		}
 		_, _, _, err := s.String()
 		return err
 	case 't':
@@ -145,8 +149,12 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 		if s.I >= len(s.B) || s.B[s.I] != '"' {
 			return s.Fail("expected a string key")
 		}
-		ks, ke, kesc, err := s.String()
-		if err != nil {
+		var ks, ke int
+		var kesc bool
+		var err error
+		if end, ok := shortString(s.B, s.I); ok {
+			ks, ke, s.I = s.I+1, end, end+1
+		} else if ks, ke, kesc, err = s.String(); err != nil {
 			return err
 		}
 		s.SkipWS()
@@ -455,6 +463,21 @@ func (s *Scanner) String() (start, end int, escaped bool, err error) {
 	}
 	s.I = i
 	return 0, 0, false, s.Fail("unterminated string")
+}
+
+// shortString reads the string at b[q] (its opening quote) when it is at
+// most eight plain bytes (no escape, control character or byte from 0x80)
+// and the nine bytes after the quote are in b: end is the offset of its
+// closing quote, and String would return (q+1, end, false, nil). Most keys
+// and many short values are such strings; ok false leaves them to String,
+// whose call costs more than their bytes (the callers inline this).
+func shortString(b []byte, q int) (end int, ok bool) {
+	if len(b)-q < 10 {
+		return 0, false
+	}
+	// No mark (eight plain bytes): TrailingZeros64 is 64, end the ninth byte.
+	end = q + 1 + bits.TrailingZeros64(nonPlain8(binary.LittleEndian.Uint64(b[q+1:])))>>3
+	return end, b[end] == '"'
 }
 
 // escapeLen is the length of the escape sequence at b[i] (a backslash),
