@@ -138,33 +138,43 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 	if err := s.enter(); err != nil {
 		return err
 	}
-	s.I++
-	s.SkipWS()
-	if s.I < len(s.B) && s.B[s.I] == '}' {
-		s.I++
+	// The walk keeps its offset in i and stores s.I only around what it
+	// calls (String, member, Value, the errors): white space, the colon and
+	// the separators between members are read from registers.
+	b := s.B
+	i := SkipSpace(b, s.I+1)
+	if i < len(b) && b[i] == '}' {
+		s.I = i + 1
 		s.Depth--
 		return nil
 	}
 	for {
-		if s.I >= len(s.B) || s.B[s.I] != '"' {
+		if i >= len(b) || b[i] != '"' {
+			s.I = i
 			return s.Fail("expected a string key")
 		}
 		var ks, ke int
 		var kesc bool
-		var err error
-		if end, ok := shortString(s.B, s.I); ok {
-			ks, ke, s.I = s.I+1, end, end+1
-		} else if ks, ke, kesc, err = s.String(); err != nil {
-			return err
+		if end, ok := shortString(b, i); ok {
+			ks, ke, i = i+1, end, end+1
+		} else {
+			s.I = i
+			var err error
+			if ks, ke, kesc, err = s.String(); err != nil {
+				return err
+			}
+			i = s.I
 		}
-		s.SkipWS()
-		if s.I >= len(s.B) || s.B[s.I] != ':' {
+		i = SkipSpace(b, i)
+		if i >= len(b) || b[i] != ':' {
+			s.I = i
 			return s.Fail("expected ':' after object key")
 		}
-		s.I++
-		s.SkipWS()
+		i = SkipSpace(b, i+1)
+		s.I = i
+		var err error
 		if member != nil {
-			if s.I >= len(s.B) {
+			if i >= len(b) {
 				return s.Fail("unexpected end of input, expected a value")
 			}
 			err = member(ks, ke, kesc)
@@ -174,21 +184,20 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 		if err != nil {
 			return err
 		}
-		// The separator, inline (a call of its own cost ~40 instructions a
-		// member): a comma, or the closing brace.
-		s.SkipWS()
-		if s.I < len(s.B) {
-			switch s.B[s.I] {
+		// The separator: a comma, or the closing brace.
+		i = SkipSpace(b, s.I)
+		if i < len(b) {
+			switch b[i] {
 			case ',':
-				s.I++
-				s.SkipWS()
+				i = SkipSpace(b, i+1)
 				continue
 			case '}':
-				s.I++
+				s.I = i + 1
 				s.Depth--
 				return nil
 			}
 		}
+		s.I = i
 		return s.sepError('}')
 	}
 }
@@ -200,17 +209,18 @@ func (s *Scanner) Array(elem func() error) error {
 	if err := s.enter(); err != nil {
 		return err
 	}
-	s.I++
-	s.SkipWS()
-	if s.I < len(s.B) && s.B[s.I] == ']' {
-		s.I++
+	b := s.B // the offset in i between calls, as in Object
+	i := SkipSpace(b, s.I+1)
+	if i < len(b) && b[i] == ']' {
+		s.I = i + 1
 		s.Depth--
 		return nil
 	}
 	for {
+		s.I = i
 		var err error
 		if elem != nil {
-			if s.I >= len(s.B) {
+			if i >= len(b) {
 				return s.Fail("unexpected end of input, expected a value")
 			}
 			err = elem()
@@ -220,19 +230,19 @@ func (s *Scanner) Array(elem func() error) error {
 		if err != nil {
 			return err
 		}
-		s.SkipWS() // the separator, inline as in Object
-		if s.I < len(s.B) {
-			switch s.B[s.I] {
+		i = SkipSpace(b, s.I)
+		if i < len(b) {
+			switch b[i] {
 			case ',':
-				s.I++
-				s.SkipWS()
+				i = SkipSpace(b, i+1)
 				continue
 			case ']':
-				s.I++
+				s.I = i + 1
 				s.Depth--
 				return nil
 			}
 		}
+		s.I = i
 		return s.sepError(']')
 	}
 }
