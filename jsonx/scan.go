@@ -418,22 +418,26 @@ func (s *Scanner) String() (start, end int, escaped bool, err error) {
 	start = i
 	lenient := s.Lenient
 	for i < len(b) {
-		// Eight bytes at a time, stopping exactly on the first one that is
-		// not plain: keys and short values (most of a body's strings) end
-		// within a word, found without a call. A string that goes on past a
-		// plain word takes the 32-byte pass where the CPU has it (a second
-		// word first cost ~60 instructions more a request than it saved).
-		// (All inline: a call of its own costs ~25 instructions a string.)
-		if i+8 <= len(b) {
-			m := nonPlain8(binary.LittleEndian.Uint64(b[i:]))
-			if m == 0 {
-				i += 8
-				if haveStrScan && len(b)-i >= 32 {
-					i += plainBlocks(&b[i], len(b)-i)
-				}
-				continue
+		// Skip plain bytes 32 at a time where the CPU can (its stop is
+		// exact), else eight at a time, stopping exactly on the first byte
+		// that is not plain. (Inline: a call of its own costs ~25
+		// instructions a string.)
+		tail := true // whether the eight-byte loop has bytes left to skip
+		if haveStrScan && len(b)-i >= 32 {
+			n := len(b) - i
+			j := plainBlocks(&b[i], n)
+			i += j
+			tail = j == n&^31
+		}
+		for tail && i+8 <= len(b) {
+			if m := nonPlain8(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
 			}
-			i += bits.TrailingZeros64(m) >> 3
+			i += 8
+		}
+		if i >= len(b) {
+			break
 		}
 		c := b[i]
 		if c < utf8.RuneSelf {
