@@ -3,6 +3,7 @@ package jsonx
 import (
 	"encoding/binary"
 	"errors"
+	"math/bits"
 	"strconv"
 	"unicode/utf8"
 )
@@ -58,6 +59,10 @@ func (s *Scanner) SkipWS() { s.I = SkipSpace(s.B, s.I) }
 // JSON white space.
 func SkipSpace(b []byte, i int) int {
 	for i < len(b) {
+		// Compact JSON has no white space: one compare settles most calls.
+		if b[i] > ' ' {
+			return i
+		}
 		switch b[i] {
 		case ' ', '\t', '\n', '\r':
 			i++
@@ -88,6 +93,10 @@ func (s *Scanner) Value() error {
 	case '[':
 		return s.Array(nil)
 	case '"':
+		if end, ok := shortString(s.B, s.I); ok {
+			s.I = end + 1
+			return nil
+		}
 		_, _, _, err := s.String()
 		return err
 	case 't':
@@ -129,29 +138,41 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 	if err := s.enter(); err != nil {
 		return err
 	}
-	s.I++
-	s.SkipWS()
-	if s.I < len(s.B) && s.B[s.I] == '}' {
-		s.I++
-		s.Depth--
+	// The walk keeps its offset in i and stores s.I only around what it
+	// calls (String, member, Value, the errors): white space, the colon and
+	// the separators between members are read from registers.
+	b := s.B
+	i := SkipSpace(b, s.I+1)
+	if s.closes(i, '}') {
 		return nil
 	}
 	for {
-		if s.I >= len(s.B) || s.B[s.I] != '"' {
+		if i >= len(b) || b[i] != '"' {
+			s.I = i
 			return s.Fail("expected a string key")
 		}
-		ks, ke, kesc, err := s.String()
-		if err != nil {
-			return err
+		var ks, ke int
+		var kesc bool
+		if end, ok := shortString(b, i); ok {
+			ks, ke, i = i+1, end, end+1
+		} else {
+			s.I = i
+			var err error
+			if ks, ke, kesc, err = s.String(); err != nil {
+				return err
+			}
+			i = s.I
 		}
-		s.SkipWS()
-		if s.I >= len(s.B) || s.B[s.I] != ':' {
+		i = SkipSpace(b, i)
+		if i >= len(b) || b[i] != ':' {
+			s.I = i
 			return s.Fail("expected ':' after object key")
 		}
-		s.I++
-		s.SkipWS()
+		i = SkipSpace(b, i+1)
+		s.I = i
+		var err error
 		if member != nil {
-			if s.I >= len(s.B) {
+			if i >= len(b) {
 				return s.Fail("unexpected end of input, expected a value")
 			}
 			err = member(ks, ke, kesc)
@@ -161,9 +182,14 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 		if err != nil {
 			return err
 		}
-		if done, err := s.next('}'); done || err != nil {
-			return err
+		var comma bool
+		if i, comma = s.separator(); !comma {
+			if s.closes(i, '}') {
+				return nil
+			}
+			return s.sepError('}')
 		}
+		i = SkipSpace(b, i)
 	}
 }
 
@@ -174,17 +200,16 @@ func (s *Scanner) Array(elem func() error) error {
 	if err := s.enter(); err != nil {
 		return err
 	}
-	s.I++
-	s.SkipWS()
-	if s.I < len(s.B) && s.B[s.I] == ']' {
-		s.I++
-		s.Depth--
+	b := s.B // the offset in i between calls, as in Object
+	i := SkipSpace(b, s.I+1)
+	if s.closes(i, ']') {
 		return nil
 	}
 	for {
+		s.I = i
 		var err error
 		if elem != nil {
-			if s.I >= len(s.B) {
+			if i >= len(b) {
 				return s.Fail("unexpected end of input, expected a value")
 			}
 			err = elem()
@@ -194,36 +219,53 @@ func (s *Scanner) Array(elem func() error) error {
 		if err != nil {
 			return err
 		}
-		if done, err := s.next(']'); done || err != nil {
-			return err
+		var comma bool
+		if i, comma = s.separator(); !comma {
+			if s.closes(i, ']') {
+				return nil
+			}
+			return s.sepError(']')
 		}
+		i = SkipSpace(b, i)
 	}
 }
 
-// next moves past the separator after a member or element: a comma (done
-// false) or the closing byte (done true, leaving the container).
-func (s *Scanner) next(closing byte) (done bool, err error) {
-	s.SkipWS()
-	if s.I >= len(s.B) {
-		if closing == '}' {
-			return false, s.Fail("unexpected end of input in object")
-		}
-		return false, s.Fail("unexpected end of input in array")
+// separator reads what follows a member or element at s.I, inline in
+// Object and Array (a call of its own cost ~40 instructions a member):
+// past a comma, comma is true and i is the offset after it; otherwise i is
+// where closes ends the container.
+func (s *Scanner) separator() (i int, comma bool) {
+	i = SkipSpace(s.B, s.I)
+	if i < len(s.B) && s.B[i] == ',' {
+		return i + 1, true
 	}
-	switch s.B[s.I] {
-	case ',':
-		s.I++
-		s.SkipWS()
-		return false, nil
-	case closing:
-		s.I++
+	return i, false
+}
+
+// closes moves past the container's closing byte at B[i] (inline, as
+// separator); false leaves s.I on what is there instead, for sepError.
+func (s *Scanner) closes(i int, closing byte) bool {
+	if i < len(s.B) && s.B[i] == closing {
+		s.I = i + 1
 		s.Depth--
-		return true, nil
+		return true
 	}
-	if closing == '}' {
-		return false, s.Fail("expected ',' or '}' in object")
+	s.I = i
+	return false
+}
+
+// sepError is the error at s.I where a member or element must be followed
+// by a comma or the closing byte and is not.
+func (s *Scanner) sepError(closing byte) error {
+	switch {
+	case s.I >= len(s.B) && closing == '}':
+		return s.Fail("unexpected end of input in object")
+	case s.I >= len(s.B):
+		return s.Fail("unexpected end of input in array")
+	case closing == '}':
+		return s.Fail("expected ',' or '}' in object")
 	}
-	return false, s.Fail("expected ',' or ']' in array")
+	return s.Fail("expected ',' or ']' in array")
 }
 
 // errStop ends a Members or Elements walk early; it never leaves the package.
@@ -383,9 +425,10 @@ func (s *Scanner) String() (start, end int, escaped bool, err error) {
 	start = i
 	lenient := s.Lenient
 	for i < len(b) {
-		// Skip plain ASCII bytes 32 at a time where the CPU can, then eight
-		// at a time; string content is most of a request's bytes. (Inline:
-		// a call of its own costs ~25 instructions a string.)
+		// Skip plain bytes 32 at a time where the CPU can (its stop is
+		// exact), else eight at a time, stopping exactly on the first byte
+		// that is not plain. (Inline: a call of its own costs ~25
+		// instructions a string.)
 		tail := true // whether the eight-byte loop has bytes left to skip
 		if haveStrScan && len(b)-i >= 32 {
 			n := len(b) - i
@@ -393,7 +436,11 @@ func (s *Scanner) String() (start, end int, escaped bool, err error) {
 			i += j
 			tail = j == n&^31
 		}
-		for tail && i+8 <= len(b) && plain8(binary.LittleEndian.Uint64(b[i:])) {
+		for tail && i+8 <= len(b) {
+			if m := nonPlain8(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
 			i += 8
 		}
 		if i >= len(b) {
@@ -439,6 +486,21 @@ func (s *Scanner) String() (start, end int, escaped bool, err error) {
 	return 0, 0, false, s.Fail("unterminated string")
 }
 
+// shortString reads the string at b[q] (its opening quote) when it is at
+// most eight plain bytes (no escape, control character or byte from 0x80)
+// and the nine bytes after the quote are in b: end is the offset of its
+// closing quote, and String would return (q+1, end, false, nil). Most keys
+// and many short values are such strings; ok false leaves them to String,
+// whose call costs more than their bytes (the callers inline this).
+func shortString(b []byte, q int) (end int, ok bool) {
+	if len(b)-q < 10 {
+		return 0, false
+	}
+	// No mark (eight plain bytes): TrailingZeros64 is 64, end the ninth byte.
+	end = q + 1 + bits.TrailingZeros64(nonPlain8(binary.LittleEndian.Uint64(b[q+1:])))>>3
+	return end, b[end] == '"'
+}
+
 // escapeLen is the length of the escape sequence at b[i] (a backslash),
 // or the reason it is not one.
 func escapeLen(b []byte, i int) (n int, bad string) {
@@ -462,14 +524,16 @@ const (
 	msb = 0x8080808080808080
 )
 
-// plain8 reports whether none of the eight bytes in x needs a closer look:
-// no control character, '"', '\\' or non-ASCII byte. The zero-byte test
-// (v-lsb)&^v&msb has false positives only above a real match, so a false
-// result is exact.
-func plain8(x uint64) bool {
+// nonPlain8 marks (0x80 in its byte) each of the eight bytes in x (little
+// endian: b[i] is the low byte) that needs a closer look: a control
+// character, '"', '\\' or a byte from 0x80. Each zero-byte test (v-lsb)&^v
+// has false positives only above a real match (a borrow runs upward), so
+// the lowest mark is exact: bits.TrailingZeros64(m)>>3 is the offset of the
+// first such byte, and m == 0 when there is none.
+func nonPlain8(x uint64) uint64 {
 	q := x ^ (lsb * '"')
 	e := x ^ (lsb * '\\')
-	return ((x-lsb*0x20)&^x|(q-lsb)&^q|(e-lsb)&^e|x)&msb == 0
+	return ((x-lsb*0x20)&^x | (q-lsb)&^q | (e-lsb)&^e | x) & msb
 }
 
 // Valid reports whether b holds exactly one JSON value (with surrounding

@@ -68,6 +68,12 @@ func stringsAgree(t *testing.T, b []byte) {
 			t.Fatalf("lenient %v, %q: (%d, %d, %v, I %d, %v), want (%d, %d, %v, I %d, %v)",
 				lenient, b, s1, e1, esc1, got.I, err1, s2, e2, esc2, want.I, err2)
 		}
+		// Object and Value read a short plain string with shortString
+		// instead: where it says ok it must be what String returns.
+		if end, ok := shortString(b, 0); ok && (err2 != nil || s2 != 1 || e2 != end || esc2) {
+			t.Fatalf("lenient %v, %q: shortString ends at %d, want (%d, %d, %v, %v)",
+				lenient, b, end, s2, e2, esc2, err2)
+		}
 	}
 }
 
