@@ -95,6 +95,13 @@ var headSeeds = []string{
 	"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel",
 	"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",
 	"HTTP/1.1 200 OK\r\nContent-Le",
+	"HTTP/1.1 200 OK\r\nCONTENT-TYPE: a\r\ncontent-LENGTH:2\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Type\r\nContent-Length: 2\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Length: 1 2\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\tx\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Lengthy: 2\r\nTransfer-Encodings: chunked\r\nContent-Length: 2\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nTRANSFER-ENCODING: Chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
 	"",
 }
 
@@ -346,6 +353,28 @@ func BenchmarkAnswerHead(b *testing.B) {
 					resp.Reset()
 				}
 			})
+		}
+	}
+}
+
+// TestWordNameMatchesFold: a name matched eight bytes at a time says what
+// the byte-by-byte fold says, for every byte at every place of the name,
+// in a head long enough for the words and in one that is not.
+func TestWordNameMatchesFold(t *testing.T) {
+	for _, w := range []wordName{nameContentType, nameContentLength, nameTransferEncoding} {
+		for _, size := range []int{len(w.name), 8 * len(w.words)} {
+			b := make([]byte, size)
+			copy(b, strings.ToUpper(w.name))
+			for c := range 256 {
+				for at := range len(w.name) {
+					was := b[at]
+					b[at] = byte(c)
+					if got, want := w.at(b), equalFoldLower(b[:len(w.name)], w.name); got != want {
+						t.Fatalf("%q in %d bytes, byte %#x at %d: at %v, want %v", w.name, size, c, at, got, want)
+					}
+					b[at] = was
+				}
+			}
 		}
 	}
 }
