@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"io"
+	"math/bits"
 	"strings"
 
 	"github.com/valyala/fasthttp"
@@ -100,6 +101,12 @@ func parseHead(b []byte) (answerHead, bool) {
 			if nameTransferEncoding.at(b[i:]) {
 				name, i = headerTransferEncoding, i+len(nameTransferEncoding.name)
 			}
+		case 'd':
+			// Not read, but every answer of fasthttp's and uvicorn's has
+			// one: matched whole, its name is not scanned byte by byte.
+			if nameDate.at(b[i:]) {
+				name, i = headerDate, i+len(nameDate.name)
+			}
 		}
 		if name == headerOther {
 			nameStart := i
@@ -126,12 +133,10 @@ func parseHead(b []byte) (answerHead, bool) {
 			continue
 		}
 		valueStart := i
-		cr := bytes.IndexByte(b[i:], '\r')
-		if cr < 0 {
-			return h, false
-		}
-		i += cr
-		if !validValue(b[valueStart:i]) || i+2 >= len(b) || b[i+1] != '\n' || b[i+2] == ' ' || b[i+2] == '\t' {
+		// The value ends at its first byte that cannot be in a value,
+		// which must be the CR of a CRLF.
+		i += valueEnd(b[i:])
+		if i+2 >= len(b) || b[i] != '\r' || b[i+1] != '\n' || b[i+2] == ' ' || b[i+2] == '\t' {
 			// A control byte or bare LF, not all here, or obs-fold next.
 			return h, false
 		}
@@ -176,6 +181,7 @@ const (
 	headerTransferEncoding
 	headerConnection
 	headerTrailer
+	headerDate
 )
 
 // otherName tells which of the names parseHead reads a name found byte by
@@ -245,6 +251,7 @@ var (
 	nameContentType      = newWordName("content-type:")
 	nameContentLength    = newWordName("content-length:")
 	nameTransferEncoding = newWordName("transfer-encoding:")
+	nameDate             = newWordName("date:")
 )
 
 // lengthLine parses a Content-Length's value from b[i:], after the space
@@ -290,31 +297,35 @@ func isValueByte(c byte) bool {
 	return c == '\t' || c >= ' ' && c != 0x7f
 }
 
-// validValue reports whether every byte of v may appear in a header
-// value, eight at a time: a word with no byte below 0x20 and none equal
-// to 0x7f (exact tests on the word's bytes) is valid whole; only a word
-// that has one (a tab, or a byte that is not valid) is looked at byte by
-// byte.
-func validValue(v []byte) bool {
+// valueEnd returns the index of the first byte of b that may not appear
+// in a header value (a CR, where a value ends well), len(b) if there is
+// none; eight bytes at a time: the lowest byte of a word flagged as below
+// 0x20 or equal to 0x7f is such a byte exactly (a borrow can only flag
+// bytes above it), so a word is passed whole, or stops the search at its
+// first such byte, or, that byte a tab, the search goes on after it.
+func valueEnd(b []byte) int {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	for len(v) >= 8 {
-		w := binary.LittleEndian.Uint64(v)
+	i := 0
+	for i+8 <= len(b) {
+		w := binary.LittleEndian.Uint64(b[i:])
 		del := w ^ (0x7f * ones)
-		if (w-0x20*ones)&^w&highs != 0 || (del-ones)&^del&highs != 0 {
-			for _, c := range v[:8] {
-				if !isValueByte(c) {
-					return false
-				}
-			}
+		m := ((w-0x20*ones)&^w | (del-ones)&^del) & highs
+		if m == 0 {
+			i += 8
+			continue
 		}
-		v = v[8:]
+		i += bits.TrailingZeros64(m) / 8
+		if b[i] != '\t' {
+			return i
+		}
+		i++
 	}
-	for _, c := range v {
-		if !isValueByte(c) {
-			return false
+	for ; i < len(b); i++ {
+		if !isValueByte(b[i]) {
+			return i
 		}
 	}
-	return true
+	return len(b)
 }
 
 // equalFoldLower reports whether b equals lower, which is in lower case,

@@ -361,7 +361,7 @@ func BenchmarkAnswerHead(b *testing.B) {
 // the byte-by-byte fold says, for every byte at every place of the name,
 // in a head long enough for the words and in one that is not.
 func TestWordNameMatchesFold(t *testing.T) {
-	for _, w := range []wordName{nameContentType, nameContentLength, nameTransferEncoding} {
+	for _, w := range []wordName{nameContentType, nameContentLength, nameTransferEncoding, nameDate} {
 		for _, size := range []int{len(w.name), 8 * len(w.words)} {
 			b := make([]byte, size)
 			copy(b, strings.ToUpper(w.name))
@@ -379,18 +379,31 @@ func TestWordNameMatchesFold(t *testing.T) {
 	}
 }
 
-// TestValidValueMatchesByteRule: the word-at-a-time check of a header
-// value says what the byte rule says, for every byte at every place of a
-// word and of the tail.
-func TestValidValueMatchesByteRule(t *testing.T) {
+// TestValueEndMatchesByteRule: the word-at-a-time search for a value's
+// end finds what the byte rule finds, for every byte at every place of a
+// word and of the tail, with no tab and with a tab at every place before
+// it (the search goes on after a tab, from within a word).
+func TestValueEndMatchesByteRule(t *testing.T) {
 	v := []byte(strings.Repeat("a", 19))
-	for c := range 256 {
-		for at := range v {
-			v[at] = byte(c)
-			if got, want := validValue(v), isValueByte(byte(c)); got != want {
-				t.Fatalf("value with byte %#x at %d: valid %v, want %v", c, at, got, want)
+	for tab := -1; tab < len(v); tab++ {
+		for c := range 256 {
+			for at := tab + 1; at < len(v); at++ {
+				if tab >= 0 {
+					v[tab] = '\t'
+				}
+				v[at] = byte(c)
+				want := len(v)
+				if !isValueByte(byte(c)) {
+					want = at
+				}
+				if got := valueEnd(v); got != want {
+					t.Fatalf("value %q: end %d, want %d", v, got, want)
+				}
+				v[at] = 'a'
+				if tab >= 0 {
+					v[tab] = 'a'
+				}
 			}
-			v[at] = 'a'
 		}
 	}
 }
