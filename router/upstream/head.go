@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"io"
+	"math/bits"
 	"strings"
 
 	"github.com/valyala/fasthttp"
@@ -85,25 +86,57 @@ func parseHead(b []byte) (answerHead, bool) {
 			i += 2
 			break
 		}
-		nameStart := i
-		for i < len(b) && tokenBytes[b[i]] {
+		// The names the exchange reads, matched whole with their colon
+		// (then their bytes are tokens); any other name byte by byte.
+		name := headerOther
+		switch b[i] | 0x20 {
+		case 'c':
+			switch {
+			case nameContentType.at(b[i:]):
+				name, i = headerContentType, i+len(nameContentType.name)
+			case nameContentLength.at(b[i:]):
+				name, i = headerContentLength, i+len(nameContentLength.name)
+			}
+		case 't':
+			if nameTransferEncoding.at(b[i:]) {
+				name, i = headerTransferEncoding, i+len(nameTransferEncoding.name)
+			}
+		case 'd':
+			// Not read, but every answer of fasthttp's and uvicorn's has
+			// one: matched whole, its name is not scanned byte by byte.
+			if nameDate.at(b[i:]) {
+				name, i = headerDate, i+len(nameDate.name)
+			}
+		}
+		if name == headerOther {
+			nameStart := i
+			for i < len(b) && tokenBytes[b[i]] {
+				i++
+			}
+			if i == nameStart || i >= len(b) || b[i] != ':' {
+				return h, false
+			}
+			name = otherName(b[nameStart:i])
 			i++
 		}
-		if i == nameStart || i >= len(b) || b[i] != ':' {
-			return h, false
-		}
-		name := b[nameStart:i]
-		i++
 		for i < len(b) && (b[i] == ' ' || b[i] == '\t') {
 			i++
 		}
-		valueStart := i
-		cr := bytes.IndexByte(b[i:], '\r')
-		if cr < 0 {
-			return h, false
+		if name == headerContentLength {
+			// Read as digits to the line's end, not found and checked
+			// first: plain digits are valid value bytes.
+			n, next, ok := lengthLine(b, i)
+			if !ok || sawLength || sawChunked {
+				return h, false
+			}
+			h.contentLength, sawLength, i = n, true, next
+			continue
 		}
-		i += cr
-		if !validValue(b[valueStart:i]) || i+2 >= len(b) || b[i+1] != '\n' || b[i+2] == ' ' || b[i+2] == '\t' {
+		valueStart := i
+		// The value ends at its first byte that cannot be in a value,
+		// which must be the CR of a CRLF.
+		i += valueEnd(b[i:])
+		if i+2 >= len(b) || b[i] != '\r' || b[i+1] != '\n' || b[i+2] == ' ' || b[i+2] == '\t' {
 			// A control byte or bare LF, not all here, or obs-fold next.
 			return h, false
 		}
@@ -113,21 +146,15 @@ func parseHead(b []byte) (answerHead, bool) {
 		}
 		value := b[valueStart:valueEnd]
 		i += 2
-		switch {
-		case equalFoldLower(name, "content-type"):
+		switch name {
+		case headerContentType:
 			h.contentType = value
-		case equalFoldLower(name, "content-length"):
-			n, ok := parseLength(value)
-			if !ok || sawLength || sawChunked {
-				return h, false
-			}
-			h.contentLength, sawLength = n, true
-		case equalFoldLower(name, "transfer-encoding"):
+		case headerTransferEncoding:
 			if !equalFoldLower(value, "chunked") || sawChunked || sawLength {
 				return h, false
 			}
 			h.contentLength, sawChunked = -1, true
-		case equalFoldLower(name, "connection"):
+		case headerConnection:
 			switch {
 			case equalFoldLower(value, "close"):
 				h.close = true
@@ -135,7 +162,7 @@ func parseHead(b []byte) (answerHead, bool) {
 			default:
 				return h, false
 			}
-		case equalFoldLower(name, "trailer"):
+		case headerTrailer:
 			return h, false
 		}
 	}
@@ -146,24 +173,112 @@ func parseHead(b []byte) (answerHead, bool) {
 	return h, true
 }
 
+// The header names parseHead tells apart.
+const (
+	headerOther = iota
+	headerContentType
+	headerContentLength
+	headerTransferEncoding
+	headerConnection
+	headerTrailer
+	headerDate
+)
+
+// otherName tells which of the names parseHead reads a name found byte by
+// byte is (one in another case than the common one, or Connection and
+// Trailer, which no engine's common answer has).
+func otherName(name []byte) int {
+	switch {
+	case equalFoldLower(name, "content-type"):
+		return headerContentType
+	case equalFoldLower(name, "content-length"):
+		return headerContentLength
+	case equalFoldLower(name, "transfer-encoding"):
+		return headerTransferEncoding
+	case equalFoldLower(name, "connection"):
+		return headerConnection
+	case equalFoldLower(name, "trailer"):
+		return headerTrailer
+	}
+	return headerOther
+}
+
+// wordName is a header name and its colon, "name:" in lower case, matched
+// against a head eight bytes at a time: each word of the head ORed with
+// 0x20 at the name's letters (which maps only a letter's two cases onto
+// its lower case) and masked to the name's length equals the name's word.
+type wordName struct {
+	name  string
+	words [3]uint64 // the name's bytes, little-endian, zero past its end
+	fold  [3]uint64 // 0x20 at each letter
+	keep  [3]uint64 // 0xff at each of the name's bytes
+}
+
+func newWordName(name string) wordName {
+	w := wordName{name: name}
+	if len(name) > 8*len(w.words) {
+		panic("upstream: header name longer than a wordName holds")
+	}
+	for i := range len(name) {
+		c, shift := uint64(name[i]), 8*uint(i%8)
+		w.words[i/8] |= c << shift
+		w.keep[i/8] |= 0xff << shift
+		if c >= 'a' && c <= 'z' {
+			w.fold[i/8] |= 0x20 << shift
+		}
+	}
+	return w
+}
+
+// at reports whether b starts with the name and its colon, in any case.
+func (w *wordName) at(b []byte) bool {
+	if len(b) < 8*len(w.words) {
+		// Near the end of what has arrived: byte by byte.
+		return len(b) >= len(w.name) && equalFoldLower(b[:len(w.name)], w.name)
+	}
+	for k := range w.words {
+		if w.keep[k] == 0 {
+			break
+		}
+		if (binary.LittleEndian.Uint64(b[8*k:])|w.fold[k])&w.keep[k] != w.words[k] {
+			return false
+		}
+	}
+	return true
+}
+
+var (
+	nameContentType      = newWordName("content-type:")
+	nameContentLength    = newWordName("content-length:")
+	nameTransferEncoding = newWordName("transfer-encoding:")
+	nameDate             = newWordName("date:")
+)
+
+// lengthLine parses a Content-Length's value from b[i:], after the space
+// before it, to its line's end: plain decimal digits (at most
+// maxLengthDigits), optional spaces or tabs, CRLF, and a next line that
+// is not obs-fold. It returns the value and where the next line starts.
+func lengthLine(b []byte, i int) (n, next int, ok bool) {
+	start := i
+	for i < len(b) && isDigit(b[i]) {
+		n = n*10 + int(b[i]-'0')
+		i++
+	}
+	if i == start || i-start > maxLengthDigits {
+		return 0, 0, false
+	}
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t') {
+		i++
+	}
+	if i+2 >= len(b) || b[i] != '\r' || b[i+1] != '\n' || b[i+2] == ' ' || b[i+2] == '\t' {
+		return 0, 0, false
+	}
+	return n, i + 2, true
+}
+
 // maxLengthDigits bounds a Content-Length the exchange parses itself: 18
 // digits cannot overflow an int; a longer one is fasthttp's to judge.
 const maxLengthDigits = 18
-
-// parseLength parses a Content-Length of plain decimal digits.
-func parseLength(b []byte) (int, bool) {
-	if len(b) == 0 || len(b) > maxLengthDigits {
-		return 0, false
-	}
-	n := 0
-	for _, c := range b {
-		if !isDigit(c) {
-			return 0, false
-		}
-		n = n*10 + int(c-'0')
-	}
-	return n, true
-}
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
@@ -182,31 +297,35 @@ func isValueByte(c byte) bool {
 	return c == '\t' || c >= ' ' && c != 0x7f
 }
 
-// validValue reports whether every byte of v may appear in a header
-// value, eight at a time: a word with no byte below 0x20 and none equal
-// to 0x7f (exact tests on the word's bytes) is valid whole; only a word
-// that has one (a tab, or a byte that is not valid) is looked at byte by
-// byte.
-func validValue(v []byte) bool {
+// valueEnd returns the index of the first byte of b that may not appear
+// in a header value (a CR, where a value ends well), len(b) if there is
+// none; eight bytes at a time: the lowest byte of a word flagged as below
+// 0x20 or equal to 0x7f is such a byte exactly (a borrow can only flag
+// bytes above it), so a word is passed whole, or stops the search at its
+// first such byte, or, that byte a tab, the search goes on after it.
+func valueEnd(b []byte) int {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	for len(v) >= 8 {
-		w := binary.LittleEndian.Uint64(v)
+	i := 0
+	for i+8 <= len(b) {
+		w := binary.LittleEndian.Uint64(b[i:])
 		del := w ^ (0x7f * ones)
-		if (w-0x20*ones)&^w&highs != 0 || (del-ones)&^del&highs != 0 {
-			for _, c := range v[:8] {
-				if !isValueByte(c) {
-					return false
-				}
-			}
+		m := ((w-0x20*ones)&^w | (del-ones)&^del) & highs
+		if m == 0 {
+			i += 8
+			continue
 		}
-		v = v[8:]
+		i += bits.TrailingZeros64(m) / 8
+		if b[i] != '\t' {
+			return i
+		}
+		i++
 	}
-	for _, c := range v {
-		if !isValueByte(c) {
-			return false
+	for ; i < len(b); i++ {
+		if !isValueByte(b[i]) {
+			return i
 		}
 	}
-	return true
+	return len(b)
 }
 
 // equalFoldLower reports whether b equals lower, which is in lower case,

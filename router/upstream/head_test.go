@@ -95,6 +95,13 @@ var headSeeds = []string{
 	"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel",
 	"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",
 	"HTTP/1.1 200 OK\r\nContent-Le",
+	"HTTP/1.1 200 OK\r\nCONTENT-TYPE: a\r\ncontent-LENGTH:2\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Type\r\nContent-Length: 2\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Length: 1 2\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\tx\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nContent-Lengthy: 2\r\nTransfer-Encodings: chunked\r\nContent-Length: 2\r\n\r\nok",
+	"HTTP/1.1 200 OK\r\nTRANSFER-ENCODING: Chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
 	"",
 }
 
@@ -350,18 +357,53 @@ func BenchmarkAnswerHead(b *testing.B) {
 	}
 }
 
-// TestValidValueMatchesByteRule: the word-at-a-time check of a header
-// value says what the byte rule says, for every byte at every place of a
-// word and of the tail.
-func TestValidValueMatchesByteRule(t *testing.T) {
-	v := []byte(strings.Repeat("a", 19))
-	for c := range 256 {
-		for at := range v {
-			v[at] = byte(c)
-			if got, want := validValue(v), isValueByte(byte(c)); got != want {
-				t.Fatalf("value with byte %#x at %d: valid %v, want %v", c, at, got, want)
+// TestWordNameMatchesFold: a name matched eight bytes at a time says what
+// the byte-by-byte fold says, for every byte at every place of the name,
+// in a head long enough for the words and in one that is not.
+func TestWordNameMatchesFold(t *testing.T) {
+	for _, w := range []wordName{nameContentType, nameContentLength, nameTransferEncoding, nameDate} {
+		for _, size := range []int{len(w.name), 8 * len(w.words)} {
+			b := make([]byte, size)
+			copy(b, strings.ToUpper(w.name))
+			for c := range 256 {
+				for at := range len(w.name) {
+					was := b[at]
+					b[at] = byte(c)
+					if got, want := w.at(b), equalFoldLower(b[:len(w.name)], w.name); got != want {
+						t.Fatalf("%q in %d bytes, byte %#x at %d: at %v, want %v", w.name, size, c, at, got, want)
+					}
+					b[at] = was
+				}
 			}
-			v[at] = 'a'
+		}
+	}
+}
+
+// TestValueEndMatchesByteRule: the word-at-a-time search for a value's
+// end finds what the byte rule finds, for every byte at every place of a
+// word and of the tail, with no tab and with a tab at every place before
+// it (the search goes on after a tab, from within a word).
+func TestValueEndMatchesByteRule(t *testing.T) {
+	v := []byte(strings.Repeat("a", 19))
+	for tab := -1; tab < len(v); tab++ {
+		for c := range 256 {
+			for at := tab + 1; at < len(v); at++ {
+				if tab >= 0 {
+					v[tab] = '\t'
+				}
+				v[at] = byte(c)
+				want := len(v)
+				if !isValueByte(byte(c)) {
+					want = at
+				}
+				if got := valueEnd(v); got != want {
+					t.Fatalf("value %q: end %d, want %d", v, got, want)
+				}
+				v[at] = 'a'
+				if tab >= 0 {
+					v[tab] = 'a'
+				}
+			}
 		}
 	}
 }
