@@ -85,6 +85,13 @@ type Request struct {
 	scratch []byte
 }
 
+// Reset empties r as a new Request, keeping its scratch buffer.
+func (r *Request) Reset() {
+	scratch := r.scratch[:0]
+	*r = Request{}
+	r.scratch = scratch
+}
+
 // Retention is a request's cache-retention class.
 type Retention uint8
 

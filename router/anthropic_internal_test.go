@@ -71,7 +71,7 @@ func TestAnthropicRelayLargeEvent(t *testing.T) {
 	if strings.Contains(got, "chat.completion.chunk") || strings.Contains(got, "data: {\"id\"") {
 		t.Fatal("untranslated OpenAI bytes reached the Anthropic client")
 	}
-	if p := rel.pump.reuse(); len(p.buf) != relayBufSize {
-		t.Fatalf("grown buffer kept for the pool: %d bytes", len(p.buf))
+	if rel.pump.reset(); len(rel.pump.buf) != relayBufSize {
+		t.Fatalf("grown buffer kept for the pool: %d bytes", len(rel.pump.buf))
 	}
 }

@@ -116,25 +116,42 @@ func (rel *relay) endAttemptAt(a *attempt, status int, err error, v verdict, end
 // breaker is open it routes anyway: refusing everything would turn a
 // fleet-wide blip into an outage.
 func (rel *relay) begin(a *attempt, queue bool) error {
-	r := rel.r
-	defer rel.traceBegin(a, rel.trace.now()) // tracing.go
+	// No defer: each costs a deferprocStack and a return through the
+	// deferred calls on every request (issue 36, docs/performance.md).
+	traced := rel.trace.now()
+	var err error
 	if rel.direct.Present {
-		return rel.beginDirect(a, rel.direct.Worker, "X-Infera-Worker")
+		err = rel.beginDirect(a, rel.direct.Worker, "X-Infera-Worker")
+	} else {
+		var q queueWait
+		err = rel.beginPicked(a, queue, &q)
+		q.leave(rel.r)
 	}
-	var (
-		wake     <-chan struct{}
-		timer    *time.Timer
-		counted  bool
-		deadline time.Time
-	)
-	defer func() {
-		if counted {
-			r.admit.waiting.Add(-1)
-		}
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	rel.traceBegin(a, traced) // tracing.go
+	return err
+}
+
+// queueWait is begin's wait for a free slot, left by leave whatever the
+// outcome.
+type queueWait struct {
+	wake     <-chan struct{}
+	timer    *time.Timer
+	counted  bool
+	deadline time.Time
+}
+
+func (q *queueWait) leave(r *Router) {
+	if q.counted {
+		r.admit.waiting.Add(-1)
+	}
+	if q.timer != nil {
+		q.timer.Stop()
+	}
+}
+
+// beginPicked is begin with the policy's pick (no endpoint picker's).
+func (rel *relay) beginPicked(a *attempt, queue bool, q *queueWait) error {
+	r := rel.r
 	for {
 		if !rel.refreshModel() {
 			return errNoCandidate
@@ -191,8 +208,11 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 				r.routePolicy(rel.route).Release(t, Result{})
 				continue
 			}
+			// Cleared in place, then set: a literal with fields would be
+			// built aside and copied.
 			body, hb, ht, x := a.body, a.hintBuf[:0], a.hintTmp[:0], a.x
-			*a = attempt{rel: rel, body: body, hintBuf: hb, hintTmp: ht, x: x, ticket: t, start: wall}
+			*a = attempt{}
+			a.rel, a.body, a.hintBuf, a.hintTmp, a.x, a.ticket, a.start = rel, body, hb, ht, x, t, wall
 			a.probe = t.Worker.breaker.admit(now)
 			rel.tried = append(rel.tried, t.Worker)
 			t.Worker.picks.Inc()
@@ -208,27 +228,27 @@ func (rel *relay) begin(a *attempt, queue bool) error {
 		}
 		// Every untried candidate is full: queue. Count this waiter before
 		// the next scan, so that a slot freed after it wakes us.
-		if !counted {
-			counted = true
+		if !q.counted {
+			q.counted = true
 			r.admit.waiting.Add(1)
-			deadline = rel.start.Add(r.cfg.QueueTimeout)
-			if deadline.After(rel.deadline) {
-				deadline = rel.deadline
+			q.deadline = rel.start.Add(r.cfg.QueueTimeout)
+			if q.deadline.After(rel.deadline) {
+				q.deadline = rel.deadline
 			}
-			wake = r.admit.waitChan()
+			q.wake = r.admit.waitChan()
 			continue
 		}
-		left := time.Until(deadline)
+		left := time.Until(q.deadline)
 		if left <= 0 {
 			return ErrSaturated
 		}
-		if timer == nil {
-			timer = time.NewTimer(left)
+		if q.timer == nil {
+			q.timer = time.NewTimer(left)
 		}
 		select {
-		case <-wake:
-			wake = r.admit.waitChan()
-		case <-timer.C:
+		case <-q.wake:
+			q.wake = r.admit.waitChan()
+		case <-q.timer.C:
 			return ErrSaturated
 		}
 	}

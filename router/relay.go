@@ -60,23 +60,22 @@ var (
 // streamed answer (pump, heartbeats, error event), dialect.go the route's
 // API translation.
 type relay struct {
-	r        *Router
-	ctx      *fasthttp.RequestCtx // the client request (valid until Close)
-	route    Route
-	dialect  *dialect
-	start    time.Time
-	deadline time.Time // start + RequestTimeout
-	scan     openai.Request
-	in       PickInput
-	id       []byte      // request id (pooled backing array)
-	body     []byte      // the body the workers get (the client's, or the dialect's translation)
-	reqBuf   []byte      // the translated body's pooled buffer
-	model    *Candidates // all the model's candidates
-	sub      Candidates  // the subset offered to the policy (pooled slice)
-	tried    []*Worker   // workers already tried (pooled)
-	attempts int
-	lastErr  error      // why the last failed attempt failed
-	lastWhy  failReason // its reason
+	// relayRequest is what one request sets: reset clears it whole, in
+	// one clear, and puts back the few buffers inside it (the attempt's
+	// hint buffers and exchange, the watch's slot, the candidates' slice).
+	relayRequest
+
+	// The rest is the pooled relay's own, kept across its requests:
+	// buffers (emptied by reset), methods bound once, the continuation
+	// state (emptied after a stream), the upstream request and response.
+
+	id     []byte    // request id (pooled backing array)
+	reqBuf []byte    // the translated body's pooled buffer
+	tried  []*Worker // workers already tried (pooled)
+	// scan: the client body's fields (openai.Scan); reset empties it and
+	// keeps its scratch buffer (an escaped model name).
+	scan openai.Request
+	pump eventPump
 
 	// xlate translates a stateful dialect's stream (Anthropic); xlateEvent
 	// is its Event method value, bound once per pooled relay.
@@ -97,6 +96,23 @@ type relay struct {
 	ureq     *fasthttp.Request
 	uresp    *fasthttp.Response
 	urespOut bool
+}
+
+// relayRequest is the part of a relay one request sets (see relay).
+type relayRequest struct {
+	r        *Router
+	ctx      *fasthttp.RequestCtx // the client request (valid until Close)
+	route    Route
+	dialect  *dialect
+	start    time.Time
+	deadline time.Time // start + RequestTimeout
+	in       PickInput
+	body     []byte      // the body the workers get (the client's, or the dialect's translation)
+	model    *Candidates // all the model's candidates
+	sub      Candidates  // the subset offered to the policy (pooled slice)
+	attempts int
+	lastErr  error      // why the last failed attempt failed
+	lastWhy  failReason // its reason
 
 	oreq   ownRequest // the request while it is sent, when it writes itself (ownrequest.go)
 	direct DirectPick // the worker (or PD pair) an endpoint picker named (direct.go)
@@ -105,7 +121,6 @@ type relay struct {
 	att    attempt     // the attempt whose answer is relayed
 	pd     *pdRequest  // a disaggregated request's prefill leg (pd.go); nil: none
 	status int         // the status line the client got
-	pump   eventPump
 
 	// While WriteTo runs: the client writer (heartbeats), the error of a
 	// failed heartbeat, and when the client write deadline was last
@@ -204,36 +219,29 @@ func (rel *relay) breakerNow(wall time.Time) time.Time {
 }
 
 func (rel *relay) reset() {
-	pump, id, reqBuf := rel.pump.reuse(), rel.id[:0], rel.reqBuf[:0]
-	scratch := rel.scan
-	clear(rel.tried)
-	clear(rel.sub.Workers)
-	tried, cands := rel.tried[:0], rel.sub.Workers[:0]
-	hintBuf, hintTmp, x := rel.att.hintBuf[:0], rel.att.hintTmp[:0], rel.att.x
-	xlate, xlateEvent := rel.xlate, rel.xlateEvent
-	mig, trackEvent := rel.mig, rel.trackEvent
-	ureq, uresp, urespOut := rel.ureq, rel.uresp, rel.urespOut
 	if rel.scan.Stream {
 		// Only a request that asked for a stream writes its migration
 		// (startMigration, askIDs, the pump, a break: a streamed answer
 		// needs scan.Stream): after a unary one it is as the last reset
 		// left it, and its cache line stays untouched.
-		mig.empty()
+		rel.mig.empty()
 	}
-	slot := rel.watch.slot
-	// Cleared in place, then the kept parts put back: a literal with
-	// fields would be built aside and copied (1.4 KB twice).
-	*rel = relay{}
-	rel.id, rel.pump, rel.tried, rel.reqBuf = id, pump, tried, reqBuf
-	rel.xlate, rel.xlateEvent, rel.mig, rel.trackEvent = xlate, xlateEvent, mig, trackEvent
-	// A response still out (never released) stays out: not handed again.
-	rel.ureq, rel.uresp, rel.urespOut = ureq, uresp, urespOut
+	// The relay's own part: buffers emptied in place; xlate is reset by
+	// the stream that uses it (attach), mig above, ureq and uresp by
+	// their exchange. A response still out (never released) stays out:
+	// not handed again.
+	clear(rel.tried)
+	rel.id, rel.reqBuf, rel.tried = rel.id[:0], rel.reqBuf[:0], rel.tried[:0]
+	rel.scan.Reset()
+	rel.pump.reset()
+	// The request's part in one clear, in place (a literal with fields
+	// would be built aside and copied), then its buffers put back.
+	clear(rel.sub.Workers)
+	cands, slot := rel.sub.Workers[:0], rel.watch.slot
+	hintBuf, hintTmp, x := rel.att.hintBuf[:0], rel.att.hintTmp[:0], rel.att.x
+	rel.relayRequest = relayRequest{}
+	rel.sub.Workers, rel.watch.slot = cands, slot
 	rel.att.hintBuf, rel.att.hintTmp, rel.att.x = hintBuf, hintTmp, x
-	rel.watch.slot = slot
-	rel.sub.Workers = cands
-	// Keep the scanner's scratch buffer (an escaped model name) too.
-	rel.scan = scratch
-	rel.scan.Model = nil
 }
 
 // proxy serves the generating routes (chat, completions, messages,

@@ -378,8 +378,8 @@ func BenchmarkRelayTrackedStream(b *testing.B) {
 
 // testRelay is a relay of a 200 chat stream, outside the pool.
 func testRelay(r *Router, bufSize int) *relay {
-	rel := &relay{r: r, route: RouteChatCompletions, dialect: r.dialects[RouteChatCompletions],
-		pump: eventPump{buf: make([]byte, bufSize)}, mig: new(migration), status: 200}
+	rel := &relay{relayRequest: relayRequest{r: r, route: RouteChatCompletions, dialect: r.dialects[RouteChatCompletions], status: 200},
+		pump: eventPump{buf: make([]byte, bufSize)}, mig: new(migration)}
 	rel.att = attempt{rel: rel, status: 200}
 	return rel
 }

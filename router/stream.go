@@ -434,14 +434,15 @@ type inPlaceSource interface {
 // events about to be written (the relay: see atEnd).
 type streamEnd interface{ atEnd() }
 
-// reuse returns the pump emptied, keeping its buffers.
-func (p *eventPump) reuse() eventPump {
+// reset empties the pump in place, keeping its buffers.
+func (p *eventPump) reset() {
 	buf, out := p.buf, p.out[:0]
 	if len(buf) > relayBufSize {
 		// Grown for one oversized translated event: not kept in the pool.
 		buf, out = make([]byte, relayBufSize), nil
 	}
-	return eventPump{buf: buf, out: out}
+	*p = eventPump{}
+	p.buf, p.out = buf, out
 }
 
 // maxTransformEvent bounds one event a transform must see whole; a larger
