@@ -9,6 +9,17 @@
 # simulators and the same etcd:
 #   infera-kv    serve with --router-policy kv-aware --tokenizer bytes (the
 #                routing work a cache-aware router does, reported on its own)
+#   infera-pd    serve in front of its own disaggregated simulators: PD_PAIRS
+#                prefill + decode pairs (`infera worker --engine sim -- --pd-role
+#                prefill|decode --pd-protocol PD_PROTOCOL`, vllm-nixl as the e2e
+#                PD tests; the decode pulls the prefill's KV over TCP), its
+#                serve and workers under their own etcd prefix (PD_PREFIX) so
+#                that no other serve sees them and it sees no other worker; each
+#                request is two engine exchanges (prefill leg, then decode leg).
+#                There is no direct PD path (nor an nginx one): its "× direct"
+#                and "box − direct" are against the same direct cell as every
+#                target (one engine exchange a request), so they include the
+#                prefill leg's engine and transfer work, not only the router's
 #   infera-base  serve built from BASE_REF (a git ref; before/after in one run)
 #   infera-gmp1, infera-gmp2   serve with GOMAXPROCS=1 / 2
 #   infera-pin   serve pinned to CPU 0 (taskset)
@@ -58,6 +69,7 @@
 #   SERVE_ENV="" environment of every `infera serve` (e.g. GOGC=400)
 #   SIM_ARGS="--time-scale 0" the simulators' model flags (e.g. "--time-scale 1
 #     --decode-ms-per-token 2": tokens paced as an engine paces them, one event per read)
+#   PD_PAIRS=1 PD_PROTOCOL=vllm-nixl PD_PREFIX=/infera-pd/workers/  (infera-pd)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,8 +89,14 @@ ETCD=${ETCD:-external}
 SERVE_FLAGS=${SERVE_FLAGS:-}
 SERVE_ENV=${SERVE_ENV:-}
 SIM_ARGS=${SIM_ARGS:-"--time-scale 0"}
+PD_PAIRS=${PD_PAIRS:-1}
+PD_PROTOCOL=${PD_PROTOCOL:-vllm-nixl}
+PD_PREFIX=${PD_PREFIX:-/infera-pd/workers/}
 BIN=${BIN:-bin/infera}
 COMMAND="SIM_ARGS=\"$SIM_ARGS\" LEVELS=\"$LEVELS\" MODES=\"$MODES\" RATES=\"$RATES\" CLIENTS=\"$CLIENTS\" REPEATS=$REPEATS DURATION=$DURATION TARGETS=\"$TARGETS\" ETCD=$ETCD bash scripts/bench-overhead.sh"
+if [[ " $TARGETS " == *" infera-pd "* ]]; then
+  COMMAND="PD_PAIRS=$PD_PAIRS PD_PROTOCOL=$PD_PROTOCOL $COMMAND"
+fi
 MODEL=sim-model
 
 log() { printf '[bench-overhead] %s\n' "$*" >&2; }
@@ -237,6 +255,7 @@ start_serve() {
   port=$(free_port)
   case $t in
     infera-kv) flags=(--router-policy kv-aware --tokenizer bytes) ;;
+    infera-pd) flags=(--etcd-prefix "$PD_PREFIX") ;;
     infera-base) bin=$BASE_BIN ;;
     infera-gmp1) env=(GOMAXPROCS=1) ;;
     infera-gmp2) env=(GOMAXPROCS=2) ;;
@@ -286,19 +305,46 @@ for i in "${!SIM_PORTS[@]}"; do
   wait_for curl -fsS "http://127.0.0.1:${SIM_PORTS[$i]}/health" || die "sim $i is not healthy"
 done
 
+# infera-pd's own fleet: PD_PAIRS prefill and decode workers under PD_PREFIX.
+if [[ " $TARGETS " == *" infera-pd "* ]]; then
+  for i in $(seq 1 "$PD_PAIRS"); do
+    for role in prefill decode; do
+      p=$(free_port)
+      log "starting infera worker --engine sim (PD $role $i on 127.0.0.1:$p, $PD_PROTOCOL, $SIM_ARGS)"
+      "$BIN" worker --engine sim --etcd-endpoints "$ETCD_URL" --etcd-prefix "$PD_PREFIX" \
+        --advertise-host 127.0.0.1 --disaggregation-allow-tcp --drain-timeout 2s --stop-grace 2s \
+        -- --host 127.0.0.1 --port "$p" --model "$MODEL" $SIM_ARGS --pd-role "$role" --pd-protocol "$PD_PROTOCOL" \
+        --log-level warn >"$WORK/worker-pd-$role-$i.log" 2>&1 &
+      PIDS+=($!)
+    done
+  done
+  for i in $(seq 1 "$PD_PAIRS"); do
+    for role in prefill decode; do
+      wait_for grep -q '"worker registered"' "$WORK/worker-pd-$role-$i.log" ||
+        die "PD $role worker $i did not register (see $WORK/worker-pd-$role-$i.log)"
+    done
+  done
+fi
+
 # Wait until every serve routes to every simulator: its answers name each
-# worker (prompts differ, so that kv-aware spreads them too).
-seen_all() { # port
-  local seen i
-  seen=$(for i in $(seq 1 $((4 * SIMS))); do
+# worker (prompts differ, so that kv-aware spreads them too); infera-pd's name
+# each of its prefill workers and each of its decode workers.
+seen_all() { # port [want header]
+  local seen i want=${2:-$SIMS} header=${3:-x-infera-worker}
+  seen=$(for i in $(seq 1 $((4 * want))); do
     curl -fsS -o /dev/null -D - -H 'Content-Type: application/json' \
       -d '{"model":"'$MODEL'","messages":[{"role":"user","content":"hello '$i$RANDOM'"}],"max_tokens":1}' \
-      "http://127.0.0.1:$1/v1/chat/completions" | tr -d '\r' | awk -F': ' 'tolower($1)=="x-infera-worker"{print $2}'
+      "http://127.0.0.1:$1/v1/chat/completions" | tr -d '\r' | awk -F': ' -v h="$header" 'tolower($1)==h{print $2}'
   done | sort -u | wc -l)
-  [[ $seen -ge $SIMS ]]
+  [[ $seen -ge $want ]]
 }
 for t in $TARGETS; do
-  if is_serve "$t"; then
+  if [[ $t == infera-pd ]]; then
+    for h in x-infera-prefill-worker x-infera-worker; do
+      wait_for seen_all "${PORT[$t]}" "$PD_PAIRS" "$h" ||
+        die "$t does not route to all $PD_PAIRS PD pairs ($h; see $WORK/serve-$t.log)"
+    done
+  elif is_serve "$t"; then
     wait_for seen_all "${PORT[$t]}" || die "$t does not route to all $SIMS workers (see $WORK/serve-$t.log)"
   fi
 done
@@ -635,8 +681,16 @@ medians (min–max); conc r<N>: \`infera bench --rate N\` (open loop); $SIMS × 
 direct = the client spreads requests over them itself (wrk: one wrk per simulator, connections split, req/s summed,
 latency averaged); latency = end-to-end (ms); proxy CPU = utime+stime of the proxy (nginx: master + workers);
 box CPU = the machine's busy time (/proc/stat); box − direct = that minus the same repeat's direct cell.
-
 SUMMARY
+if [[ " $TARGETS " == *" infera-pd "* ]]; then
+  cat <<PD
+infera-pd: serve in front of its own $PD_PAIRS prefill + decode pair(s) of \`infera sim --pd-role … --pd-protocol $PD_PROTOCOL\`
+(etcd prefix $PD_PREFIX, two engine exchanges a request); there is no direct or nginx PD path, so its × direct,
+× nginx and box − direct compare with the same one-exchange cells as every target (the prefill leg's engine
+and KV-transfer work included); its proxy CPU is the router's alone.
+PD
+fi
+echo
 cat "$OUT/overhead.md"
 cat "$OUT/verdict.md"
 [[ $OUT != "$WORK"/* || -n ${KEEP:-} ]] && log "reports: $OUT"

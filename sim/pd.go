@@ -521,6 +521,11 @@ func (s *Server) fetchKV(ctx *fasthttp.RequestCtx, q *seq, r *pdRequest) bool {
 	}
 	err := s.pd.fetch(fctx, r.peer, r.name, want)
 	close(stop)
+	if c := ctx.Conn(); c != nil {
+		// Wake watchGone's read now: it sees stop only between reads, and
+		// waiting out its 20 ms deadline added up to 20 ms to every decode.
+		_ = c.SetReadDeadline(time.Now())
+	}
 	wg.Wait()
 	if c := ctx.Conn(); c != nil {
 		_ = c.SetReadDeadline(time.Time{})
@@ -554,6 +559,14 @@ func (s *Server) watchGone(c net.Conn, stop <-chan struct{}, cancel context.Canc
 		if err := c.SetReadDeadline(time.Now().Add(20 * time.Millisecond)); err != nil {
 			cancel()
 			return
+		}
+		// fetchKV closes stop, then sets a past deadline: stop checked after
+		// this deadline was set, either this sees it closed or the read
+		// wakes at once.
+		select {
+		case <-stop:
+			return
+		default:
 		}
 		_, err := c.Read(b[:])
 		var ne net.Error
