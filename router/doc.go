@@ -105,7 +105,11 @@
 // ticket, admission slot and breaker probe from begin until endAttempt, the
 // one place an attempt ends and its outcome is recorded; each exchanges its
 // request as an upstream.Exchange on a pooled connection it holds, so that
-// it can be aborted at any moment. A worker that takes its requests over
+// it can be aborted at any moment. On the mixed path, unary or stream, the
+// request writes itself into the connection's writer (ownrequest.go: the
+// worker's request and Host lines rendered once, the client's body as it
+// lies); continuations, traced requests, NATS and PD legs build a
+// fasthttp.Request instead (attempt.go). A worker that takes its requests over
 // NATS (its record says so, and Config.NATSRequests is set) gets the same
 // attempt with a NATS leg held by its exchange (natsleg.go): the frames are
 // shaped as an HTTP answer, timeouts and error frames fail over as HTTP
