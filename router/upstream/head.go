@@ -217,6 +217,8 @@ type wordName struct {
 func newWordName(name string) wordName {
 	w := wordName{name: name}
 	if len(name) > 8*len(w.words) {
+		// Only the package's own names (the vars below) are made into
+		// wordNames, at init: a longer one is a programming error.
 		panic("upstream: header name longer than a wordName holds")
 	}
 	for i := range len(name) {
