@@ -1,6 +1,8 @@
 package continuation
 
 import (
+	"encoding/binary"
+	"math/rand/v2"
 	"testing"
 	"unsafe"
 )
@@ -18,12 +20,67 @@ func TestTemplateLines(t *testing.T) {
 	if got := unsafe.Offsetof(l.tmpls); got != 0 {
 		t.Errorf("layouts.tmpls at %d, want 0", got)
 	}
-	if end := unsafe.Offsetof(tm.at) + unsafe.Sizeof(tm.at); end > 64 {
+	if end := unsafe.Offsetof(tm.tailWord) + unsafe.Sizeof(tm.tailWord); end > 64 {
 		t.Errorf("the fields a steady chunk reads end at byte %d of its template, want within 64", end)
 	}
 	// Go's size classes from 1 KiB up are multiples of 128 bytes, so a
 	// layouts on the heap starts a cache line.
 	if got := unsafe.Sizeof(l); got < 1024 {
 		t.Errorf("layouts is %d bytes: a size class below 1 KiB may not be 64-byte aligned", got)
+	}
+}
+
+// oneIDByBytes is oneID read byte by byte: what the word operations must
+// find.
+func oneIDByBytes(w [8]byte) (uint32, int) {
+	var v uint32
+	n := 0
+	for n < 8 && w[n] >= '0' && w[n] <= '9' {
+		v = v*10 + uint32(w[n]-'0')
+		n++
+	}
+	if n == 0 || n == 8 || w[n] != ']' || (n > 1 && w[0] == '0') {
+		return 0, 0
+	}
+	return v, n
+}
+
+// TestOneIDAgrees holds oneID to the byte loop: every id up to seven
+// digits' edges with what may follow it, and words of the bytes its tests
+// tell apart (digits' neighbours, bytes whose +6 carries).
+func TestOneIDAgrees(t *testing.T) {
+	check := func(w [8]byte) {
+		t.Helper()
+		x := binary.LittleEndian.Uint64(w[:])
+		gv, gn := uint32(0), oneID(x)
+		if gn > 0 {
+			gv = idValue(x, gn)
+		}
+		wv, wn := oneIDByBytes(w)
+		if gv != wv || gn != wn {
+			t.Fatalf("oneID(%q) = %d, %d; want %d, %d", w[:], gv, gn, wv, wn)
+		}
+	}
+	var w [8]byte
+	for _, id := range []string{"0", "7", "00", "01", "10", "99", "100", "4294", "65535", "151643", "999999", "1000000", "9999999", "0123456", "12345678"} {
+		for _, rest := range []string{"]}]}\n\n\n\n", "],", "", "]", "x]", "\xff]"} {
+			copy(w[:], id+rest+"\x00\x00\x00\x00\x00\x00\x00\x00")
+			check(w)
+		}
+	}
+	alphabet := []byte("0123456789]/:,[ \n\xfa\xff\x3f\x40\x2f\xb0\xb9")
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 1 << 20 {
+		for k := range w {
+			w[k] = alphabet[rng.IntN(len(alphabet))]
+		}
+		if rng.IntN(2) == 0 { // an id and its ']' more often than by chance
+			n := 1 + rng.IntN(7)
+			for k := range n {
+				w[k] = '0' + byte(rng.IntN(10))
+			}
+			w[n] = ']'
+		}
+		check(w)
 	}
 }
