@@ -27,8 +27,9 @@ import (
 // nothing. Layouts outlive the stream (Reset keeps them, or gives them
 // back to the tracker's LayoutPool, which lends them to the next stream
 // to start), so a relay's tracker reads even the first and last chunk of
-// its next stream from the same engine through them: the first chunk of a stream moves its layout
-// to the stream's id, time and model, and that one the others, so the
+// its next stream from the same engine through them: the first chunk of a stream moves the other
+// layouts (and its own, unless it holds the prompt's ids, which no other
+// chunk of the stream has) to the stream's id, time and model, so the
 // stream's other chunks compare those as fixed bytes ("rigid" match);
 // values as long as the old ones (an engine's most often are) are
 // written over them in place.
@@ -522,23 +523,23 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 		a, b = m.spans[tm.cutHole][0]-int(tm.preCut), m.spans[tm.cutHole][1]+int(tm.postCut)
 	}
 	if m.rebase {
-		// This layout takes the chunk's id, time and model, and the
-		// others take them from it, so that the stream's next chunks
-		// match them rigidly.
+		// The layouts take the chunk's id, time and model, so that the
+		// stream's next chunks match them rigidly.
 		var vals streamValues
 		for hi, h := range tm.holes[:tm.n] {
 			if h.kind >= holeID {
 				vals.v[h.kind], vals.str[h.kind] = data[m.spans[hi][0]:m.spans[hi][1]], h.str
 			}
 		}
-		t.stamp(tm, &vals)
 		t.rebases++
-		if !tm.ok {
-			return a, b, end, true
-		}
-		for _, h := range tm.holes[:tm.n] {
-			if h.kind >= holeID {
-				vals.v[h.kind] = tm.b[h.start:h.end]
+		if tm.at[holePrompt] < 0 {
+			// A layout with the prompt's ids is a stream's first chunk's:
+			// no other chunk of this stream matches it, and the next
+			// stream's first chunk reads its own id, time and model
+			// through it anyway, so it is not moved to this stream's.
+			t.stamp(tm, &vals)
+			if !tm.ok {
+				return a, b, end, true
 			}
 		}
 		for j := range t.lay.tmpls {
@@ -904,13 +905,28 @@ func plainStringEnd(b []byte, i int) int {
 
 // stringEnd is the offset just past the JSON string at b[i], or -1 when
 // b[i] starts none: a plain one (a finish reason, a stream's id) found
+// eight bytes at a time (a stream's id is tens of bytes, read once a
+// stream: a word loop's set-up pays there, not for a token's text) and
 // by plainStringEnd, any other read by the scanner.
 func stringEnd(b []byte, i int) int {
 	if b[i] != '"' {
 		return -1
 	}
-	if end := plainStringEnd(b, i); end > 0 {
-		return end + 1
+	j := i + 1
+	for ; len(b)-j >= 8; j += 8 {
+		w := binary.LittleEndian.Uint64(b[j:])
+		if k := plainWordEnd(w); k < 8 {
+			if byte(w>>(8*k)) == '"' {
+				return j + k + 1
+			}
+			j = -1 // not plain: the scanner reads it
+			break
+		}
+	}
+	if j > 0 {
+		if end := plainStringEnd(b, j-1); end > 0 {
+			return end + 1
+		}
 	}
 	s := jsonx.Scanner{B: b, I: i, Lenient: true}
 	if _, _, _, err := s.String(); err != nil {
@@ -1025,4 +1041,23 @@ func idValue(w uint64, n int) uint32 {
 	d = (d*10 + d>>8) & 0x00FF00FF00FF00FF
 	d = (d*100 + d>>16) & 0x0000FFFF0000FFFF
 	return uint32(d*10000 + d>>32)
+}
+
+// Bytes a JSON string's plain content (plainStringEnd's) does not hold,
+// for plainWordEnd.
+const (
+	bytes80 = 0x80 * bytes01
+	quotes  = '"' * bytes01
+	slashes = '\\' * bytes01
+)
+
+// plainWordEnd is the index of the first byte of w (the first in the
+// lowest byte) that a plain string's content does not hold — a quote, a
+// backslash, a control byte or a non-ASCII one — or 8: none. Each test
+// below may also flag a byte after one it flags rightly (a borrow runs
+// upwards), never one before: the lowest flagged byte is exact.
+func plainWordEnd(w uint64) int {
+	q, s := w^quotes, w^slashes
+	m := (q-bytes01)&^q | (s-bytes01)&^s | (w-0x20*bytes01)&^w | w
+	return bits.TrailingZeros64(m&bytes80) >> 3
 }

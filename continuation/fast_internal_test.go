@@ -3,8 +3,11 @@ package continuation
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/infera/infera/jsonx"
 )
 
 // TestTemplateLines holds the layout matchSteady relies on: what a steady
@@ -82,5 +85,66 @@ func TestOneIDAgrees(t *testing.T) {
 			w[n] = ']'
 		}
 		check(w)
+	}
+}
+
+// TestPlainWordEndAgrees holds plainWordEnd to a byte loop over words of
+// the bytes its tests tell apart, and every byte at every place.
+func TestPlainWordEndAgrees(t *testing.T) {
+	byBytes := func(w [8]byte) int {
+		for k, c := range w {
+			if c == '"' || c == '\\' || c < 0x20 || c >= 0x80 {
+				return k
+			}
+		}
+		return 8
+	}
+	check := func(w [8]byte) {
+		t.Helper()
+		if got, want := plainWordEnd(binary.LittleEndian.Uint64(w[:])), byBytes(w); got != want {
+			t.Fatalf("plainWordEnd(%q) = %d, want %d", w[:], got, want)
+		}
+	}
+	var w [8]byte
+	for k := range w {
+		for c := range 256 {
+			copy(w[:], "abcdefgh")
+			w[k] = byte(c)
+			check(w)
+		}
+	}
+	alphabet := []byte("a \"\\\x00\x01\x1f\x20\x21\x7f\x80\x81\xff\x5b\x5d\x23")
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 1 << 20 {
+		for k := range w {
+			w[k] = alphabet[rng.IntN(len(alphabet))]
+		}
+		check(w)
+	}
+}
+
+// TestStringEndAgrees holds stringEnd's word loop to the scanner: strings
+// of every length around a word's, with a byte that ends or breaks the
+// plain run at every place.
+func TestStringEndAgrees(t *testing.T) {
+	scan := func(b []byte) int {
+		s := jsonx.Scanner{B: b, Lenient: true}
+		if _, _, _, err := s.String(); err != nil {
+			return -1
+		}
+		return s.I
+	}
+	for n := range 40 {
+		for at := range n + 1 {
+			for _, c := range []byte{'a', '"', '\\', 0x01, 0x80, 0xc3} {
+				b := []byte("\"" + strings.Repeat("x", n) + "\",\"y\":1}")
+				if at < n {
+					b[1+at] = c
+				}
+				if got, want := stringEnd(b, 0), scan(b); got != want {
+					t.Fatalf("stringEnd(%q) = %d, want %d", b, got, want)
+				}
+			}
+		}
 	}
 }
