@@ -406,10 +406,9 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 	if resp.BodyStream() != nil {
 		src = a.x // read through the exchange, which notes the end
 	} else if ownHead && rel.status == fasthttp.StatusOK && rel.dialect.response == nil {
-		if fc, ok := rel.clientConn(); ok {
-			// Its head lines written by the relay (relayhead.go), its
-			// body taken from resp as it lies.
-			rel.ownUnaryHead(ctx, fc, resp)
+		// Its head lines written by the relay (relayhead.go), its body
+		// taken from resp as it lies.
+		if fc, ok := rel.clientConn(); ok && rel.ownUnaryHead(ctx, fc, resp) {
 			a.dropResponse(resp)
 			rel.watch.stop(ctx)
 			rel.r.finish(rel, outcomeOK, rel.status)

@@ -159,11 +159,20 @@ type unaryAnswer struct {
 	lines []byte // the ids' and the worker's lines
 }
 
+// maxOwnUnaryBody bounds the body of a unary answer whose head lines the
+// relay writes: the head and the body are copied into the connection's
+// hold buffer (8 KiB pooled, kept up to maxKeptHold), where fasthttp
+// writes a larger answer's head and body with one writev and no copy.
+const maxOwnUnaryBody = 16 << 10
+
 // ownUnaryHead hands the 200 answer whose body src holds whole (the
 // worker's response, or ctx's own after a translation) to the client
 // connection, which writes it with rel's head lines into fasthttp's head
-// (see above).
-func (rel *relay) ownUnaryHead(ctx *fasthttp.RequestCtx, fc *frontConn, src *fasthttp.Response) {
+// (see above). false: the body is too large; nothing was done.
+func (rel *relay) ownUnaryHead(ctx *fasthttp.RequestCtx, fc *frontConn, src *fasthttp.Response) bool {
+	if len(src.Body()) > maxOwnUnaryBody {
+		return false
+	}
 	u := &fc.una
 	u.c = fc
 	var worker []byte
@@ -178,6 +187,7 @@ func (rel *relay) ownUnaryHead(ctx *fasthttp.RequestCtx, fc *frontConn, src *fas
 	fc.holdHead()
 	ctx.Response.ImmediateHeaderFlush = true
 	ctx.SetBodyStream(u, len(u.body))
+	return true
 }
 
 // Read is never called: fasthttp writes the body with WriteTo.

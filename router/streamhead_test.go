@@ -28,7 +28,8 @@ type headCase struct {
 	// short stream), "400" (an error of its own), "500" (a failure:
 	// the router answers 502), "cut" (its head, then the connection
 	// drops before the first event); "unary 400" and "unary 500": the
-	// same for a unary request (which otherwise gets a small completion).
+	// same for a unary request (which otherwise gets a small completion),
+	// "unary large": a completion over maxOwnUnaryBody.
 	engine string
 }
 
@@ -99,6 +100,7 @@ func TestStreamHeadAsFasthttp(t *testing.T) {
 		{name: "unary pipelined, closed", reqs: []string{unary, headRequest("HTTP/1.1", "/v1/chat/completions", headUnaryBody, id, "Connection: close")}},
 		{name: "unary engine error", reqs: []string{unary, unary}, engine: "unary 400"},
 		{name: "unary engine failure", reqs: []string{unary, unary}, engine: "unary 500"},
+		{name: "unary larger than the relay writes", reqs: []string{unary, unary}, engine: "unary large"},
 		{name: "unary router's id", reqs: []string{headRequest("HTTP/1.1", "/v1/chat/completions", headUnaryBody)}},
 		{name: "unary anthropic", reqs: []string{anthropicUnary, anthropicUnary}},
 		{name: "unary after wrong method", reqs: []string{"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: req-get\r\n\r\n", unary}},
@@ -157,6 +159,10 @@ func headEngine(t *testing.T, mode string) discovery.Record {
 				case "unary 400":
 					const e = `{"error":{"message":"bad","type":"invalid_request_error"}}`
 					_, _ = io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(e))+"\r\n\r\n"+e)
+					return true
+				case "unary large":
+					large := `{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("x", 20<<10) + `"},"finish_reason":"stop"}]}`
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(large))+"\r\n\r\n"+large)
 					return true
 				case "unary 500":
 					_, _ = io.WriteString(c, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\noops")
