@@ -127,10 +127,10 @@ func workerHeadLine(id []byte) []byte {
 }
 
 // A unary answer's head lines, written by the relay too (issue 36): the
-// same four-line saving for the mixed path's 200 answers (ids and
-// X-Infera-Worker: two SetCanonical in Router.serve, one in begin, their
-// serialisation; ~1,750 instructions a request, callgrind, docs/
-// performance.md). The answer's body is handed to fasthttp as a body
+// same saving for the three lines of the mixed path's 200 answers (ids and
+// X-Infera-Worker: three SetCanonical and their serialisation, less the
+// body stream's own path: ~900 instructions a request net, callgrind,
+// docs/performance.md). The answer's body is handed to fasthttp as a body
 // stream of known length (the connection's unaryAnswer): fasthttp writes
 // and flushes its head first (ImmediateHeaderFlush: status line, Server,
 // Date, Content-Type, Content-Length, Connection as it decides after the
@@ -154,8 +154,11 @@ var unaryHeadDirect = true
 // touches it. (Not the frontConn itself as the stream: fasthttp closes a
 // body stream that is an io.Closer, and a frontConn is one.)
 type unaryAnswer struct {
-	c     *frontConn
-	body  []byte // the answer's body (swapped with the response's)
+	c *frontConn
+	// body is the answer's body, swapped out of the worker's response; its
+	// buffer stays with the connection for the next answer's swap (as
+	// small keeps the request body's).
+	body  []byte
 	lines []byte // the ids' and the worker's lines
 }
 
@@ -217,6 +220,8 @@ func (u *unaryAnswer) WriteTo(io.Writer) (int64, error) {
 	}
 	b := *bp
 	if len(b) < len(unaryKeepAlive) {
+		*bp = b[:0]
+		holdBufs.Put(bp)
 		return 0, errUnaryHeadLost
 	}
 	// Most heads end with Content-Length's digits and the empty line; the
