@@ -239,6 +239,11 @@ func (u *unaryAnswer) WriteTo(io.Writer) (int64, error) {
 	b = append(b, tail...)
 	b = append(b, body...)
 	_, err := c.writeAnswer(b)
+	if cap(body) > maxKeptHold {
+		// The worker's response had grown its buffer for a larger answer
+		// once: an idle keep-alive connection does not keep that much.
+		u.body = nil
+	}
 	if cap(b) <= maxKeptHold {
 		*bp = b[:0]
 		holdBufs.Put(bp)
