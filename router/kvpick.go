@@ -442,22 +442,21 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		score := func(i int) float64 {
 			return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld + sc.colds[i]/fairCold
 		}
-		// A long cold prompt goes where it fits beside the prompt blocks in
-		// flight (sc.room), if a target within the slack has that room:
-		// the engine admits it only once its blocks fit beside those of
-		// the requests admitted before it, so two long prompts on one
-		// worker run one after the other, and the short requests behind
-		// them wait for blocks too (coldLoss).
-		roomy := false
-		for i := range nt {
-			roomy = roomy || sc.costs[i] <= limit && sc.room[i]
-		}
-		// Among those, it goes where it evicts least (coldLoss).
+		// A long cold prompt goes where it evicts least (coldLoss).
 		least := math.Inf(1)
 		for i := range nt {
-			if sc.costs[i] <= limit && (sc.room[i] || !roomy) {
+			if sc.costs[i] <= limit {
 				least = min(least, sc.loss[i])
 			}
+		}
+		// Among those, where it fits beside the prompt blocks in flight
+		// (sc.room), if one has that room: the engine admits it only once
+		// its blocks fit beside those of the requests admitted before it,
+		// so two long prompts on one worker run one after the other, and
+		// the short requests behind them wait for blocks too (coldLoss).
+		roomy := false
+		for i := range nt {
+			roomy = roomy || sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] && sc.room[i]
 		}
 		// Only a target above the warm requests' bound sits out, so that
 		// the requests with a home there can stay (kvestimate.go).
