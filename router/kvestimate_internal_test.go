@@ -504,50 +504,6 @@ func TestKVEstimateColdAvoidsLivePrefix(t *testing.T) {
 	}
 }
 
-// TestKVEstimateLongColdWhereItFits: a long cold prompt goes where its
-// blocks fit beside the prompt blocks in flight, not behind another long
-// prompt the engine would have to end first. Two targets of 400 blocks; b
-// holds a released 3,500-token prompt (221 blocks), then a first 3,500-token
-// cold prompt goes to a (where it evicts nothing) and stays in flight. A
-// second one would evict a live prompt either way (a's in flight, b's
-// released), and by the deficits (b far ahead on past and cold picks) it
-// went to a, where it waited for the first: 442 blocks of 400. With a long
-// prompt in flight on both, the deficit decides again; a short cold request
-// is not sent away from a worker running a long prompt.
-func TestKVEstimateLongColdWhereItFits(t *testing.T) {
-	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
-	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
-	e.makePrecise()
-	e.learnCapacity(a, 400)
-	e.learnCapacity(b, 400)
-	released := unique(50, 3500)
-	e.store(b, chatTokens(t, released))
-	if got := e.serial(chat(released)); got != b {
-		t.Fatalf("the released prompt's turn went to %s, not its holder %s", got, b)
-	}
-	e.setPast(a, 20, 0)
-	e.setPast(b, 60, 4)
-	first := e.pick(chat(unique(51, 3500)))
-	defer e.p.Release(first, Result{Status: 200})
-	if first.Worker.id != a {
-		t.Fatalf("the first long cold prompt went to %s, not %s where it evicts nothing", first.Worker.id, a)
-	}
-	second := e.pick(chat(unique(52, 3500)))
-	defer e.p.Release(second, Result{Status: 200})
-	if second.Worker.id != b {
-		t.Fatalf("the second long cold prompt went to %s, behind the first (%.0f prompt blocks in flight there with it, of 400), not %s with none",
-			second.Worker.id, float64(e.target0(a).active.Len()), b)
-	}
-	third := e.pick(chat(unique(53, 3500)))
-	e.p.Release(third, Result{Status: 200})
-	if short := e.pick(chat(unique(54, 300))); short.Worker.id != a {
-		e.p.Release(short, Result{Status: 200})
-		t.Fatalf("a short cold request went to %s, not %s, furthest below its shares", short.Worker.id, a)
-	} else {
-		e.p.Release(short, Result{Status: 200})
-	}
-}
-
 // TestKVEstimateLostPrefixPricedCold is the prediction half: a prefix the
 // index still lists counts only as far as the target's intake since its
 // last use leaves it room in the cache (block j while intake + (j+1)×16 <

@@ -32,7 +32,6 @@ type kvScratch struct {
 	held    []float64 // per target: distinct prompt blocks in flight (--kv-cost ttft)
 	colds   []float64 // per target: decayed cold picks (--kv-cost ttft)
 	loss    []float64 // per target: what a long cold prompt would evict there (--kv-cost ttft)
-	room    []bool    // per target: a long cold prompt fits beside the prompt blocks in flight (--kv-cost ttft)
 	listed  []int     // per target: the prefix the index lists, before the eviction cut (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	filling []bool    // per target: prefilling the prompt's held prefix for an earlier request (--kv-cost ttft)
@@ -449,15 +448,6 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 				least = min(least, sc.loss[i])
 			}
 		}
-		// Among those, where it fits beside the prompt blocks in flight
-		// (sc.room), if one has that room: the engine admits it only once
-		// its blocks fit beside those of the requests admitted before it,
-		// so two long prompts on one worker run one after the other, and
-		// the short requests behind them wait for blocks too (coldLoss).
-		roomy := false
-		for i := range nt {
-			roomy = roomy || sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] && sc.room[i]
-		}
 		// Only a target above the warm requests' bound sits out, so that
 		// the requests with a home there can stay (kvestimate.go).
 		bound := math.Inf(1)
@@ -465,7 +455,7 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 			bound = share * fair
 		}
 		eligible := func(i int, pass int) bool {
-			return sc.costs[i] <= limit && (sc.room[i] || !roomy) && sc.loss[i] <= least+lossSlack*sc.uncs[i] &&
+			return sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] &&
 				(pass > 0 || sc.picks[i]+1 <= bound)
 		}
 		cold, low := -1, math.Inf(1)
@@ -551,7 +541,7 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
 	}
 	tb, th := sc.targets[b], sc.targets[h]
 	if !warm {
-		e.Float64("loss", sc.loss[b]).Bool("room", sc.room[b])
+		e.Float64("loss", sc.loss[b])
 	}
 	e.Int64("pick_seq", seq).Bool("warm", warm).Int("target", b).Int("holder", h).
 		Floats64("costs_seconds", sc.costs[:nt]).Floats64("all_picks", sc.picks[:nt]).
@@ -612,34 +602,23 @@ func sharedHome(sc *kvScratch, nt int) bool {
 	return top > 0 && n > 1
 }
 
-// coldLoss fills sc.loss and sc.room for a cold request: on each target
-// whose learnt capacity it takes more than longColdShare of, the
-// recency-weighted tokens of the latest prompts there that its uncached
-// tokens would evict (ttftModel.evictLoss), and whether its blocks beyond
-// the prefix in flight there fit beside the distinct prompt blocks in
-// flight (sc.held) within the capacity; 0 and true elsewhere. The room is
-// the engine's admission (sim/scheduler.go reserve): a 3,500-token prompt
-// takes 221 of a 400-block cache, so a second one waits there until the
-// first ends, and so do the short requests behind it (the trace, session
-// 19: most requests held over 110 ms for blocks waited behind long
-// prompts).
+// coldLoss fills sc.loss for a cold request: on each target whose learnt
+// capacity it takes more than longColdShare of, the recency-weighted tokens
+// of the latest prompts there that its uncached tokens would evict
+// (ttftModel.evictLoss); 0 elsewhere.
 func (p *KVAware) coldLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
 	sc.loss = growF(sc.loss, nt)
-	sc.room = growB(sc.room, nt)
 	hl := liveHalfLife * float64(nt)
 	for i, t := range sc.targets {
-		sc.loss[i], sc.room[i] = 0, true
+		sc.loss[i] = 0
 		if kind != keyTokens || !t.precise() {
 			continue
 		}
 		bs := sc.sets[sc.setOf[i]].bs
-		blocks := t.idx.Capacity()
-		c := float64(blocks * bs)
+		c := float64(t.idx.Capacity() * bs)
 		if c <= 0 || sc.uncs[i] <= longColdShare*c {
 			continue
 		}
-		own := len(sc.sets[sc.setOf[i]].hashes) - sc.effs[i]
-		sc.room[i] = sc.held[i]+float64(own) <= float64(blocks)
 		t.mu.RLock()
 		sc.loss[i] = t.est.evictLoss(sc.uncs[i], c, bs, seq, hl)
 		t.mu.RUnlock()
