@@ -132,7 +132,6 @@ type ttftModel struct {
 
 	// The eviction-aware view (see "Eviction" below).
 	intake float64                 // uncached prompt tokens charged here, ever: the cache's intake clock
-	missed int                     // prompt blocks the tickets in flight here found uncached (taken in: counted by intake)
 	live   [livePrompts]livePrompt // the latest prompts used here
 }
 
@@ -321,7 +320,6 @@ func (m *ttftModel) enter(kt *kvTicket, uncached float64, seq int64, halfLife fl
 	m.flight = append(m.flight, kt)
 	m.queued += uncached
 	m.intake += uncached
-	m.missed += kt.miss
 	m.picks = m.pickCount(seq, halfLife) + 1
 	m.fills = m.fillCount(seq, halfLife) + uncached
 	m.picksAt = seq
@@ -356,7 +354,6 @@ func (m *ttftModel) leave(kt *kvTicket) {
 	m.flight[last] = nil
 	m.flight = m.flight[:last]
 	kt.slot = -1
-	m.missed = max(0, m.missed-kt.miss)
 	if kt.first {
 		m.decoding--
 	} else {

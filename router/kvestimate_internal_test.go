@@ -545,51 +545,6 @@ func TestKVEstimateLostPrefixPricedCold(t *testing.T) {
 	}
 }
 
-// TestKVEstimatePinnedBlocksShrinkRoom: a released prefix's room in the
-// cache is the capacity less the blocks the requests in flight there found
-// cached (pinned until they end, and not in the intake clock). p, 3,500
-// tokens, used on a 400-block cache with 2,000 tokens taken in since: held
-// whole with nothing in flight; with q's 2,000 cached tokens (125 blocks)
-// running there, only the blocks j with 2,000 + (j+1)×16 < (400−125)×16.
-func TestKVEstimatePinnedBlocksShrinkRoom(t *testing.T) {
-	a := kvRecord(0, nil).WorkerID
-	p, q := unique(45, 3500), unique(46, 2000)
-	pt, qt := chatTokens(t, p), chatTokens(t, q)
-	full := int64(len(pt) / 16 * 16)
-	for _, pinned := range []bool{false, true} {
-		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
-		e.makePrecise()
-		e.learnCapacity(a, 400)
-		e.store(a, pt)
-		e.store(a, qt)
-		if got := e.serial(chat(p)); got != a {
-			t.Fatalf("p's first turn went to %s", got)
-		}
-		tg := e.target0(a)
-		tg.mu.Lock()
-		tg.est.intake += 2000 // cold prompts taken in since
-		tg.mu.Unlock()
-		if pinned {
-			tk := e.pick(chat(q))
-			if tk.Worker.id != a {
-				t.Fatalf("q went to %s, not its holder", tk.Worker.id)
-			}
-			defer e.p.Release(tk, Result{Status: 200})
-		}
-		tk := e.pick(chat(p))
-		kt := tk.State.(*kvTicket)
-		lo, hi := full, full
-		if pinned {
-			held := int64(len(qt) / 16)
-			lo, hi = ((400-held)*16-2000-32)/16*16, ((400-held)*16-2000)/16*16
-		}
-		if tk.Worker.id != a || kt.predTokens < lo || kt.predTokens > hi {
-			t.Errorf("pinned %v: predicted %d cached tokens on %s, want %d–%d on %s", pinned, kt.predTokens, tk.Worker.id, lo, hi, a)
-		}
-		e.p.Release(tk, Result{Status: 200})
-	}
-}
-
 // TestKVEstimateReportedMissAdvancesIntake: an answer that reports fewer
 // cached tokens than the pick counted on (the engine had evicted the prefix
 // before its removal events came in) advances the target's intake by what

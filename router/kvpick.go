@@ -189,7 +189,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		active := t.active.Len()
 		recent := p.decayed(t.recent, t.recentAt, now)
 		picks := decayedFor(t.picks, t.picksAt, now, shareHalfLife)
-		intake, missed := t.est.intake, t.est.missed
+		intake := t.est.intake
 		t.mu.RUnlock()
 		if p.ttft {
 			sc.listed[i] = sc.hits[i]
@@ -198,14 +198,8 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			// What the index lists but the cache has had to evict since
 			// (its removal events not in yet) is priced as cold.
 			if c := int64(t.idx.Capacity()); c > 0 {
-				// The blocks the requests in flight there found cached
-				// are pinned until they end and were not taken in (the
-				// intake clock did not count them), and the LRU cannot
-				// evict them: the room a released prefix has is the
-				// capacity less them (this prompt's own in flight aside).
-				pinned := int64(max(0, active-missed-flight))
 				bs := int64(sc.sets[sc.setOf[i]].bs) * usedScale
-				sc.hits[i] = t.used.Held(hs[:sc.hits[i]], int64(intake*usedScale), max(0, c-pinned)*bs, bs)
+				sc.hits[i] = t.used.Held(hs[:sc.hits[i]], int64(intake*usedScale), c*bs, bs)
 			}
 		}
 		// A prefix being prefilled for a request in flight is as good as
