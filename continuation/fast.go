@@ -937,17 +937,19 @@ func stringEnd(b []byte, i int) int {
 
 // idArrayEnd is the offset just past the id array at b[i] (up to its
 // first ']'), or -1 when b[i] starts none or the array holds a line break
-// (which would end an event's data line).
+// (which would end an event's data line). With the vector scan, -1 also
+// when a byte before that ']' is not one an engine's ids are written with
+// (idStop): the chunk is then read in full, as it would be otherwise.
 func idArrayEnd(b []byte, i int) int {
 	if b[i] != '[' {
 		return -1
 	}
 	if haveIDScan {
-		j := indexIDsEnd(b[i:])
-		if j < 0 || b[i+j] != ']' {
+		j := indexIDsEnd(b[i+1:])
+		if j < 0 || b[i+1+j] != ']' {
 			return -1
 		}
-		return i + j + 1
+		return i + j + 2
 	}
 	j := bytes.IndexByte(b[i:], ']')
 	if j < 0 || bytes.IndexByte(b[i:i+j], '\n') >= 0 || bytes.IndexByte(b[i:i+j], '\r') >= 0 {
@@ -956,9 +958,18 @@ func idArrayEnd(b []byte, i int) int {
 	return i + j + 1
 }
 
-// indexIDsEnd is the offset of the first ']', '\n' or '\r' in b, or -1:
-// the bytes idArrayEnd looks for, read once (a long prompt's ids are
-// thousands of bytes; three IndexByte passes read them three times).
+// idStop reports whether byte c ends the scan of an id array: anything
+// outside ' '..'9' (digits, commas, spaces and a few signs that no array
+// of ids ends with). The array's ']' and a line break are among them, so
+// the first stop is the array's end or shows it is not one to read here;
+// one range is what the vector scan tests in one compare a block.
+func idStop(c byte) bool {
+	return c-' ' > '9'-' '
+}
+
+// indexIDsEnd is the offset of the first byte of b that idStop stops at,
+// or -1: the bytes idArrayEnd looks for, read once (a long prompt's ids
+// are thousands of bytes; three IndexByte passes read them three times).
 func indexIDsEnd(b []byte) int {
 	tail := 0 // where the bytes scanIDBlocks did not read begin
 	if haveIDScan && len(b) >= 32 {
@@ -968,7 +979,7 @@ func indexIDsEnd(b []byte) int {
 		tail = len(b) &^ 31
 	}
 	for j := tail; j < len(b); j++ {
-		if c := b[j]; c == ']' || c == '\n' || c == '\r' {
+		if idStop(b[j]) {
 			return j
 		}
 	}
