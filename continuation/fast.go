@@ -170,6 +170,16 @@ type layouts struct {
 	stampBuf []byte
 	// shape is what the full read of the chunk being read found.
 	shape chunkShape
+	// plan is where a stream's first chunk, matched through layout
+	// planFor, puts its id, time and model in the other layouts (stampAll);
+	// planned: it is for the layouts as they are (learn, and a stamp that
+	// moves holes or drops a layout, clear it).
+	plan    [(maxTemplates - 1) * 3]stampHole
+	nplan   int8
+	planFor int8
+	planned bool
+	// stamped is how many layouts the plan moves.
+	stamped int8
 	// prompt is the stream's prompt ids as the engine wrote them (a JSON
 	// array, copied: a long prompt's ids are most of a stream's first
 	// chunk, and only a continuation needs them as numbers), here so
@@ -351,7 +361,7 @@ func (t *Tracker) learn(data, out []byte) {
 		slot = t.lay.victim
 		t.lay.victim = (t.lay.victim + 1) % maxTemplates
 	}
-	t.lay.stampBuf, nt.b, nt.ok = t.lay.tmpls[slot].b[:0], b, true
+	t.lay.stampBuf, nt.b, nt.ok, t.lay.planned = t.lay.tmpls[slot].b[:0], b, true, false
 	nt.steadyHoles()
 	t.lay.tmpls[slot] = nt
 	t.lay.follow[slot] = int8(slot)
@@ -525,13 +535,16 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 	if m.rebase {
 		// The layouts take the chunk's id, time and model, so that the
 		// stream's next chunks match them rigidly.
+		t.rebases++
+		if tm.at[holePrompt] >= 0 && t.stampAll(i, data, m) {
+			return a, b, end, true
+		}
 		var vals streamValues
 		for hi, h := range tm.holes[:tm.n] {
 			if h.kind >= holeID {
 				vals.v[h.kind], vals.str[h.kind] = data[m.spans[hi][0]:m.spans[hi][1]], h.str
 			}
 		}
-		t.rebases++
 		if tm.at[holePrompt] < 0 {
 			// A layout with the prompt's ids is a stream's first chunk's:
 			// no other chunk of this stream matches it, and the next
@@ -727,6 +740,7 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 		return false
 	}
 	buf = append(buf, tm.b[prev:]...)
+	t.lay.planned = false // the holes move, or the layout goes
 	if len(buf) > maxTemplateBytes {
 		tm.ok = false
 		return true
@@ -749,6 +763,69 @@ func sameLengths(tm *template, vals *streamValues) bool {
 		}
 	}
 	return true
+}
+
+// stampHole is one value a stream's first chunk puts in another layout:
+// tm.b[start:end] takes the chunk's value at m.spans[from].
+type stampHole struct {
+	tmpl, from int8
+	tail       bool // in a steady layout's tail word (steadyHoles again)
+	start, end uint16
+}
+
+// stampAll moves the layouts other than i, which holds the prompt's ids
+// and matched data (m), to data's id, time and model, as stamp does each
+// (which and where is the plan, made once for the layouts as they are, not
+// found again every stream); the values are written over the old ones
+// without comparing them (a new stream's id differs anyway). ok false: a
+// value's length differs from the one it replaces (stamp moves the
+// layout's bytes), nothing or part written; stamp does the rest.
+func (t *Tracker) stampAll(i int, data []byte, m *holeMatch) (ok bool) {
+	l := t.lay
+	if !l.planned || int(l.planFor) != i {
+		l.planStamps(i)
+	}
+	for _, e := range l.plan[:l.nplan] {
+		sp := m.spans[e.from]
+		if sp[1]-sp[0] != int(e.end-e.start) {
+			return false
+		}
+		tm := &l.tmpls[e.tmpl]
+		copy(tm.b[e.start:e.end], data[sp[0]:sp[1]])
+		if e.tail {
+			tm.steadyHoles()
+		}
+	}
+	t.restamps += int(l.stamped)
+	return true
+}
+
+// planStamps makes the plan stampAll follows for a first chunk matched
+// through layout i: each other layout's id, time and model hole whose
+// kind and JSON type layout i has too, as stamp picks them.
+func (l *layouts) planStamps(i int) {
+	src := &l.tmpls[i]
+	l.nplan, l.stamped, l.planFor, l.planned = 0, 0, int8(i), true
+	for j := range l.tmpls {
+		tm := &l.tmpls[j]
+		if j == i || !tm.ok {
+			continue
+		}
+		n := l.nplan
+		for k := holeID; k < numHoleKinds; k++ {
+			hi, from := tm.at[k], src.at[k]
+			if hi < 0 || from < 0 || tm.holes[hi].str != src.holes[from].str {
+				continue
+			}
+			h := &tm.holes[hi]
+			l.plan[l.nplan] = stampHole{tmpl: int8(j), from: from, tail: tm.steady && h.start >= int(tm.idsEnd),
+				start: uint16(h.start), end: uint16(h.end)}
+			l.nplan++
+		}
+		if l.nplan > n {
+			l.stamped++
+		}
+	}
 }
 
 // holeMatch is where matchHoles found a chunk's holes.
