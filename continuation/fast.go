@@ -174,12 +174,12 @@ type layouts struct {
 	// planFor, puts its id, time and model in the other layouts (stampAll);
 	// planned: it is for the layouts as they are (learn, and a stamp that
 	// moves holes or drops a layout, clear it).
-	plan    [(maxTemplates - 1) * 3]stampHole
-	nplan   int8
-	planFor int8
-	planned bool
-	// stamped is how many layouts the plan moves.
-	stamped int8
+	plan         [(maxTemplates - 1) * 3]stampHole
+	lens         [3]stampLen
+	nplan, nlens int8
+	planFor      int8
+	planned      bool
+	stamped      int8 // how many layouts the plan moves
 	// prompt is the stream's prompt ids as the engine wrote them (a JSON
 	// array, copied: a long prompt's ids are most of a stream's first
 	// chunk, and only a continuation needs them as numbers), here so
@@ -765,33 +765,48 @@ func sameLengths(tm *template, vals *streamValues) bool {
 	return true
 }
 
-// stampHole is one value a stream's first chunk puts in another layout:
-// tm.b[start:end] takes the chunk's value at m.spans[from].
+// stampHole is a run of a stream's values a first chunk puts in another
+// layout: tm.b[start:end] takes data from the chunk's hole from to its
+// hole to (holes next to each other in both layouts, with the same bytes
+// between them: one copy for the stream's id, time and model, which
+// engines write together).
 type stampHole struct {
-	tmpl, from int8
-	tail       bool // in a steady layout's tail word (steadyHoles again)
-	start, end uint16
+	tmpl, from, to int8
+	tail           bool // in a steady layout's tail word (steadyHoles again)
+	start, end     uint16
+}
+
+// stampLen is a length every layout in the plan has for a value: the
+// chunk's value at hole from must have it.
+type stampLen struct {
+	from int8
+	n    uint16
 }
 
 // stampAll moves the layouts other than i, which holds the prompt's ids
 // and matched data (m), to data's id, time and model, as stamp does each
 // (which and where is the plan, made once for the layouts as they are, not
 // found again every stream); the values are written over the old ones
-// without comparing them (a new stream's id differs anyway). ok false: a
-// value's length differs from the one it replaces (stamp moves the
-// layout's bytes), nothing or part written; stamp does the rest.
+// without comparing them (a new stream's id differs anyway). ok false:
+// nothing was written, stamp does it: a value's length differs from the
+// one it replaces (stamp moves the layout's bytes), or the layouts have
+// different lengths for one value.
 func (t *Tracker) stampAll(i int, data []byte, m *holeMatch) (ok bool) {
 	l := t.lay
 	if !l.planned || int(l.planFor) != i {
 		l.planStamps(i)
 	}
-	for _, e := range l.plan[:l.nplan] {
-		sp := m.spans[e.from]
-		if sp[1]-sp[0] != int(e.end-e.start) {
+	if l.nplan == 0 {
+		return false
+	}
+	for _, c := range l.lens[:l.nlens] {
+		if sp := m.spans[c.from]; sp[1]-sp[0] != int(c.n) {
 			return false
 		}
+	}
+	for _, e := range l.plan[:l.nplan] {
 		tm := &l.tmpls[e.tmpl]
-		copy(tm.b[e.start:e.end], data[sp[0]:sp[1]])
+		copy(tm.b[e.start:e.end], data[m.spans[e.from][0]:m.spans[e.to][1]])
 		if e.tail {
 			tm.steadyHoles()
 		}
@@ -802,23 +817,44 @@ func (t *Tracker) stampAll(i int, data []byte, m *holeMatch) (ok bool) {
 
 // planStamps makes the plan stampAll follows for a first chunk matched
 // through layout i: each other layout's id, time and model hole whose
-// kind and JSON type layout i has too, as stamp picks them.
+// kind and JSON type layout i has too, as stamp picks them, in runs.
 func (l *layouts) planStamps(i int) {
 	src := &l.tmpls[i]
-	l.nplan, l.stamped, l.planFor, l.planned = 0, 0, int8(i), true
+	l.nplan, l.nlens, l.stamped, l.planFor, l.planned = 0, 0, 0, int8(i), true
+	var want [numHoleKinds]int // the value's length in the layouts (0: none yet)
 	for j := range l.tmpls {
 		tm := &l.tmpls[j]
 		if j == i || !tm.ok {
 			continue
 		}
 		n := l.nplan
-		for k := holeID; k < numHoleKinds; k++ {
-			hi, from := tm.at[k], src.at[k]
-			if hi < 0 || from < 0 || tm.holes[hi].str != src.holes[from].str {
+		for hi := range tm.holes[:tm.n] {
+			h := &tm.holes[hi]
+			from := int8(-1)
+			if h.kind >= holeID {
+				from = src.at[h.kind]
+			}
+			if from < 0 || src.holes[from].str != h.str {
 				continue
 			}
-			h := &tm.holes[hi]
-			l.plan[l.nplan] = stampHole{tmpl: int8(j), from: from, tail: tm.steady && h.start >= int(tm.idsEnd),
+			switch w := h.end - h.start; want[h.kind] {
+			case 0:
+				want[h.kind] = w
+				l.lens[l.nlens] = stampLen{from: from, n: uint16(w)}
+				l.nlens++
+			case w:
+			default:
+				l.nplan = 0 // one length check a value would not do
+				return
+			}
+			tail := tm.steady && h.start >= int(tm.idsEnd)
+			if e := &l.plan[max(l.nplan-1, 0)]; l.nplan > n && int(e.tmpl) == j && e.to == from-1 &&
+				tm.holes[hi-1].kind >= holeID && tm.holes[hi-1].end == int(e.end) &&
+				string(tm.b[e.end:h.start]) == string(src.b[src.holes[from-1].end:src.holes[from].start]) {
+				e.to, e.end, e.tail = from, uint16(h.end), e.tail || tail
+				continue
+			}
+			l.plan[l.nplan] = stampHole{tmpl: int8(j), from: from, to: from, tail: tail,
 				start: uint16(h.start), end: uint16(h.end)}
 			l.nplan++
 		}
