@@ -170,6 +170,16 @@ type layouts struct {
 	stampBuf []byte
 	// shape is what the full read of the chunk being read found.
 	shape chunkShape
+	// plan is where a stream's first chunk, matched through layout
+	// planFor, puts its id, time and model in the other layouts (stampAll);
+	// planned: it is for the layouts as they are (learn, and a stamp that
+	// moves holes or drops a layout, clear it).
+	plan         [(maxTemplates - 1) * 3]stampHole
+	lens         [3]stampLen
+	nplan, nlens int8
+	planFor      int8
+	planned      bool
+	stamped      int8 // how many layouts the plan moves
 	// prompt is the stream's prompt ids as the engine wrote them (a JSON
 	// array, copied: a long prompt's ids are most of a stream's first
 	// chunk, and only a continuation needs them as numbers), here so
@@ -351,7 +361,7 @@ func (t *Tracker) learn(data, out []byte) {
 		slot = t.lay.victim
 		t.lay.victim = (t.lay.victim + 1) % maxTemplates
 	}
-	t.lay.stampBuf, nt.b, nt.ok = t.lay.tmpls[slot].b[:0], b, true
+	t.lay.stampBuf, nt.b, nt.ok, t.lay.planned = t.lay.tmpls[slot].b[:0], b, true, false
 	nt.steadyHoles()
 	t.lay.tmpls[slot] = nt
 	t.lay.follow[slot] = int8(slot)
@@ -525,13 +535,16 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 	if m.rebase {
 		// The layouts take the chunk's id, time and model, so that the
 		// stream's next chunks match them rigidly.
+		t.rebases++
+		if tm.at[holePrompt] >= 0 && t.stampAll(i, data, m) {
+			return a, b, end, true
+		}
 		var vals streamValues
 		for hi, h := range tm.holes[:tm.n] {
 			if h.kind >= holeID {
 				vals.v[h.kind], vals.str[h.kind] = data[m.spans[hi][0]:m.spans[hi][1]], h.str
 			}
 		}
-		t.rebases++
 		if tm.at[holePrompt] < 0 {
 			// A layout with the prompt's ids is a stream's first chunk's:
 			// no other chunk of this stream matches it, and the next
@@ -727,6 +740,7 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 		return false
 	}
 	buf = append(buf, tm.b[prev:]...)
+	t.lay.planned = false // the holes move, or the layout goes
 	if len(buf) > maxTemplateBytes {
 		tm.ok = false
 		return true
@@ -749,6 +763,105 @@ func sameLengths(tm *template, vals *streamValues) bool {
 		}
 	}
 	return true
+}
+
+// stampHole is a run of a stream's values a first chunk puts in another
+// layout: tm.b[start:end] takes data from the chunk's hole from to its
+// hole to (holes next to each other in both layouts, with the same bytes
+// between them: one copy for the stream's id, time and model, which
+// engines write together).
+type stampHole struct {
+	tmpl, from, to int8
+	tail           bool // in a steady layout's tail word (steadyHoles again)
+	start, end     uint16
+}
+
+// stampLen is a length every layout in the plan has for a value: the
+// chunk's value at hole from must have it.
+type stampLen struct {
+	from int8
+	n    uint16
+}
+
+// stampAll moves the layouts other than i, which holds the prompt's ids
+// and matched data (m), to data's id, time and model, as stamp does each
+// (which and where is the plan, made once for the layouts as they are, not
+// found again every stream); the values are written over the old ones
+// without comparing them (a new stream's id differs anyway). ok false:
+// nothing was written, stamp does it: a value's length differs from the
+// one it replaces (stamp moves the layout's bytes), or the layouts have
+// different lengths for one value.
+func (t *Tracker) stampAll(i int, data []byte, m *holeMatch) (ok bool) {
+	l := t.lay
+	if !l.planned || int(l.planFor) != i {
+		l.planStamps(i)
+	}
+	if l.nplan == 0 {
+		return false
+	}
+	for _, c := range l.lens[:l.nlens] {
+		if sp := m.spans[c.from]; sp[1]-sp[0] != int(c.n) {
+			return false
+		}
+	}
+	for _, e := range l.plan[:l.nplan] {
+		tm := &l.tmpls[e.tmpl]
+		copy(tm.b[e.start:e.end], data[m.spans[e.from][0]:m.spans[e.to][1]])
+		if e.tail {
+			tm.steadyHoles()
+		}
+	}
+	t.restamps += int(l.stamped)
+	return true
+}
+
+// planStamps makes the plan stampAll follows for a first chunk matched
+// through layout i: each other layout's id, time and model hole whose
+// kind and JSON type layout i has too, as stamp picks them, in runs.
+func (l *layouts) planStamps(i int) {
+	src := &l.tmpls[i]
+	l.nplan, l.nlens, l.stamped, l.planFor, l.planned = 0, 0, 0, int8(i), true
+	var want [numHoleKinds]int // the value's length in the layouts (0: none yet)
+	for j := range l.tmpls {
+		tm := &l.tmpls[j]
+		if j == i || !tm.ok {
+			continue
+		}
+		n := l.nplan
+		for hi := range tm.holes[:tm.n] {
+			h := &tm.holes[hi]
+			from := int8(-1)
+			if h.kind >= holeID {
+				from = src.at[h.kind]
+			}
+			if from < 0 || src.holes[from].str != h.str {
+				continue
+			}
+			switch w := h.end - h.start; want[h.kind] {
+			case 0:
+				want[h.kind] = w
+				l.lens[l.nlens] = stampLen{from: from, n: uint16(w)}
+				l.nlens++
+			case w:
+			default:
+				l.nplan = 0 // one length check a value would not do
+				return
+			}
+			tail := tm.steady && h.start >= int(tm.idsEnd)
+			if e := &l.plan[max(l.nplan-1, 0)]; l.nplan > n && int(e.tmpl) == j && e.to == from-1 &&
+				tm.holes[hi-1].kind >= holeID && tm.holes[hi-1].end == int(e.end) &&
+				string(tm.b[e.end:h.start]) == string(src.b[src.holes[from-1].end:src.holes[from].start]) {
+				e.to, e.end, e.tail = from, uint16(h.end), e.tail || tail
+				continue
+			}
+			l.plan[l.nplan] = stampHole{tmpl: int8(j), from: from, to: from, tail: tail,
+				start: uint16(h.start), end: uint16(h.end)}
+			l.nplan++
+		}
+		if l.nplan > n {
+			l.stamped++
+		}
+	}
 }
 
 // holeMatch is where matchHoles found a chunk's holes.
@@ -937,17 +1050,19 @@ func stringEnd(b []byte, i int) int {
 
 // idArrayEnd is the offset just past the id array at b[i] (up to its
 // first ']'), or -1 when b[i] starts none or the array holds a line break
-// (which would end an event's data line).
+// (which would end an event's data line). With the vector scan, -1 also
+// when a byte before that ']' is not one an engine's ids are written with
+// (idStop): the chunk is then read in full, as it would be otherwise.
 func idArrayEnd(b []byte, i int) int {
 	if b[i] != '[' {
 		return -1
 	}
 	if haveIDScan {
-		j := indexIDsEnd(b[i:])
-		if j < 0 || b[i+j] != ']' {
+		j := indexIDsEnd(b[i+1:])
+		if j < 0 || b[i+1+j] != ']' {
 			return -1
 		}
-		return i + j + 1
+		return i + j + 2
 	}
 	j := bytes.IndexByte(b[i:], ']')
 	if j < 0 || bytes.IndexByte(b[i:i+j], '\n') >= 0 || bytes.IndexByte(b[i:i+j], '\r') >= 0 {
@@ -956,9 +1071,18 @@ func idArrayEnd(b []byte, i int) int {
 	return i + j + 1
 }
 
-// indexIDsEnd is the offset of the first ']', '\n' or '\r' in b, or -1:
-// the bytes idArrayEnd looks for, read once (a long prompt's ids are
-// thousands of bytes; three IndexByte passes read them three times).
+// idStop reports whether byte c ends the scan of an id array: anything
+// outside ' '..'9' (digits, commas, spaces and a few signs that no array
+// of ids ends with). The array's ']' and a line break are among them, so
+// the first stop is the array's end or shows it is not one to read here;
+// one range is what the vector scan tests in one compare a block.
+func idStop(c byte) bool {
+	return c-' ' > '9'-' '
+}
+
+// indexIDsEnd is the offset of the first byte of b that idStop stops at,
+// or -1: the bytes idArrayEnd looks for, read once (a long prompt's ids
+// are thousands of bytes; three IndexByte passes read them three times).
 func indexIDsEnd(b []byte) int {
 	tail := 0 // where the bytes scanIDBlocks did not read begin
 	if haveIDScan && len(b) >= 32 {
@@ -968,7 +1092,7 @@ func indexIDsEnd(b []byte) int {
 		tail = len(b) &^ 31
 	}
 	for j := tail; j < len(b); j++ {
-		if c := b[j]; c == ']' || c == '\n' || c == '\r' {
+		if idStop(b[j]) {
 			return j
 		}
 	}

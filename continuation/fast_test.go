@@ -226,6 +226,43 @@ func TestFastPathAcrossStreams(t *testing.T) {
 	}
 }
 
+// TestFastPathStampPlan: a first chunk moves the other layouts to its id,
+// time and model by a plan made for the layouts as they are; streams after
+// one whose values had other lengths (the layouts' bytes moved, the plan
+// made again), of the same lengths (the plan followed, over and over) and
+// shorter again are each read through the fast path from the first chunk
+// to the last, with one rebase and two restamps a stream, as the full read
+// reads them.
+func TestFastPathStampPlan(t *testing.T) {
+	streams := []struct {
+		id      string
+		created int
+	}{{"chatcmpl-a1", 1730000000}, {"chatcmpl-b22", 1730000001}, {"chatcmpl-c33", 1730000002},
+		{"chatcmpl-d44", 999}, {"chatcmpl-e55", 1000}, {"chatcmpl-f6", 1730000005}, {"chatcmpl-g7", 1730000006}}
+	for _, strip := range []bool{true, false} {
+		var events [][]byte
+		for s, st := range streams {
+			if s > 0 {
+				events = append(events, nil)
+			}
+			events = append(events, vllmStream(st.id, st.created, 3+s, "stop")...)
+			tr := observeBoth(t, strip, events...)
+			if s == 0 {
+				continue
+			}
+			if n := continuation.FastChunks(tr); n != 5+s {
+				t.Errorf("strip %v, stream %d: %d of its %d chunks through the fast path, want all", strip, s, n, 5+s)
+			}
+			if r, m := continuation.Rebases(tr), continuation.Restamps(tr); r != 1 || m != 2 {
+				t.Errorf("strip %v, stream %d: %d rebases, %d restamps; want 1 and 2", strip, s, r, m)
+			}
+			if string(tr.ID) != `"`+st.id+`"` || string(tr.Created) != strconv.Itoa(st.created) || string(tr.Model) != `"m"` {
+				t.Errorf("strip %v, stream %d: read as id %s created %s model %s", strip, s, tr.ID, tr.Created, tr.Model)
+			}
+		}
+	}
+}
+
 // TestLayoutPoolLends: trackers given a LayoutPool hold no layouts between
 // streams: Reset gives the set back and a stream's first chunk takes one,
 // most often the one another tracker just gave back, so that a tracker's

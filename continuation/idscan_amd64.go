@@ -9,7 +9,7 @@ var haveIDScan = cpu.X86.HasAVX2
 // idScanInGo: scanIDBlocks is the assembly, which needs AVX2.
 const idScanInGo = false
 
-// scanIDBlocks returns the offset of the first ']', '\n' or '\r' in
+// scanIDBlocks returns the offset of the first byte idStop stops at in
 // p[:n&^31] (whole 32-byte blocks), or -1 (idscan_amd64.s).
 //
 //go:noescape
