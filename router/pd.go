@@ -156,9 +156,6 @@ func (rel *relay) pdTry() (bool, error) {
 		return false, err
 	}
 	pbody, err := proto.prefillBody(&pd.legs)
-	if err == nil {
-		pbody, err = rel.pdHinted(&pd.pre, pbody)
-	}
 	if err != nil {
 		rel.endLegs(verdictNeutral)
 		return false, err
@@ -168,9 +165,6 @@ func (rel *relay) pdTry() (bool, error) {
 		return rel.pdSerial()
 	}
 	dbody, err := proto.decodeBody(&pd.legs, nil)
-	if err == nil {
-		dbody, err = rel.pdHinted(&rel.att, dbody)
-	}
 	if err != nil {
 		rel.endLegs(verdictNeutral)
 		return false, err
@@ -191,6 +185,11 @@ func (rel *relay) shapeLegs() error {
 	prec := pd.pre.ticket.Worker.Record()
 	l := pdLegs{body: rel.body, prefill: prec, decode: rel.att.ticket.Worker.Record(), prefillDPSize: prec.EffectiveDPSize()}
 	l.hasMaxComplete = topLevelField(rel.body, "max_completion_tokens") != nil
+	if rel.route.generates() {
+		// Each leg's body gets its worker's cache hints, as the mixed
+		// path gives them (upstreamRequest), in the protocol's pass.
+		l.hints = &rel.scan
+	}
 	l.prefillHost, _, _ = net.SplitHostPort(pd.pre.ticket.Worker.addr)
 	l.decodeHost, _, _ = net.SplitHostPort(rel.att.ticket.Worker.addr)
 	room := rand.Uint64() >> 1 // [0, 2^63)
@@ -213,19 +212,6 @@ func (rel *relay) shapeLegs() error {
 		return pd.proto.prepare(&pd.legs)
 	}
 	return nil
-}
-
-// pdHinted returns leg a's shaped body with its worker's cache hints,
-// as the mixed path gives them (upstreamRequest).
-func (rel *relay) pdHinted(a *attempt, body []byte) ([]byte, error) {
-	if !rel.route.generates() {
-		return body, nil
-	}
-	rec := a.ticket.Worker.Record()
-	if rec == nil {
-		return body, nil
-	}
-	return pdCacheHints(body, rel.body, &rel.scan, rec.Engine)
 }
 
 // setRequestID gives req the legs' forged X-Request-Id, if any.
@@ -297,10 +283,8 @@ func (rel *relay) pdSerial() (bool, error) {
 		rel.forget(d)
 		return false, res.err
 	}
+	pd.legs.handoffValid = true // topLevelField validated it
 	dbody, err := pd.proto.decodeBody(&pd.legs, handoff)
-	if err == nil {
-		dbody, err = rel.pdHinted(&rel.att, dbody)
-	}
 	if err != nil {
 		rel.endAttempt(&rel.att, 0, nil, verdictNeutral)
 		return false, err
