@@ -307,3 +307,14 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// TestIntegerArrays: the array's inline integer read accepts and refuses
+// what Number does.
+func TestIntegerArrays(t *testing.T) {
+	for _, c := range []string{`[0,1,23,456]`, `[ 7 , 8 ]`, `[1.5,2e3,-1,0E1]`, `[01]`, `[1.]`, `[1e]`, `[1`, `[1,]`, `[0x1]`, `[1 2]`, `[[1],[2,3]]`, `[12345678901234567890]`} {
+		want := json.Valid([]byte(c))
+		if got := jsonx.Valid([]byte(c), 8) == nil; got != want {
+			t.Errorf("Valid(%s) = %v, want %v", c, got, want)
+		}
+	}
+}
