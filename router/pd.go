@@ -221,6 +221,26 @@ func (l *pdLegs) setRequestID(req *fasthttp.Request) {
 	}
 }
 
+// sendLeg sends PD leg a's request (its body shaped, a.body) from the
+// request's goroutine and returns its answer, as exchange does (no owner):
+// written by the relay into the worker connection (ownLeg) unless it goes
+// over NATS or is traced.
+func (rel *relay) sendLeg(a *attempt, deadline time.Time, stream bool) (*fasthttp.Response, error) {
+	if !rel.writesLeg(a) {
+		req := rel.upstreamRequest(a)
+		rel.pd.legs.setRequestID(req)
+		defer fasthttp.ReleaseRequest(req)
+		return a.exchange(req, deadline, stream, nil)
+	}
+	resp := a.acquireResponse()
+	resp.StreamBody = stream
+	if err := a.x.DoWriter(a.ticket.Worker.pool, rel.ownLeg(a), resp, deadline, nil); err != nil {
+		rel.releaseResponse(resp)
+		return nil, err
+	}
+	return resp, nil
+}
+
 // prefillDeadline is the prefill leg's: --pd-prefill-timeout from now,
 // never past the request's.
 func (rel *relay) prefillDeadline() time.Time {
@@ -236,10 +256,7 @@ func (rel *relay) prefillDeadline() time.Time {
 func (rel *relay) pdSerial() (bool, error) {
 	r, pd := rel.r, rel.pd
 	p, d := pd.pre.ticket.Worker, rel.att.ticket.Worker
-	req := rel.upstreamRequest(&pd.pre)
-	pd.legs.setRequestID(req)
-	resp, err := pd.pre.exchange(req, rel.prefillDeadline(), false, nil)
-	fasthttp.ReleaseRequest(req)
+	resp, err := rel.sendLeg(&pd.pre, rel.prefillDeadline(), false)
 	if err != nil {
 		res := prefillError(p, err)
 		rel.endPrefill(res)
@@ -432,14 +449,11 @@ func (rel *relay) endLegs(v verdict) {
 func (rel *relay) pdDecode() (bool, error) {
 	r, pd, a := rel.r, rel.pd, &rel.att
 	d := a.ticket.Worker
-	req := rel.upstreamRequest(a)
-	pd.legs.setRequestID(req)
 	deadline := a.start.Add(r.cfg.TTFTTimeout)
 	if rel.deadline.Before(deadline) {
 		deadline = rel.deadline
 	}
-	resp, err := a.exchange(req, deadline, rel.scan.Stream, nil)
-	fasthttp.ReleaseRequest(req)
+	resp, err := rel.sendLeg(a, deadline, rel.scan.Stream)
 	if err == nil && resp.StatusCode() >= 500 {
 		err = fmt.Errorf("decode worker %s answered %d: %s", d.id, resp.StatusCode(), clip(leadBody(resp, a.x)))
 		a.status = resp.StatusCode()
