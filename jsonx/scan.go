@@ -214,7 +214,16 @@ func (s *Scanner) Array(elem func() error) error {
 			}
 			err = elem()
 		} else if j, ok := shortInteger(b, i); ok {
-			s.I = j // token ids, block ids: no call
+			// A run of integers (token ids, block ids), compact: read in
+			// registers, no call, s.I stored once.
+			for j < len(b) && b[j] == ',' {
+				k, ok := shortInteger(b, j+1)
+				if !ok {
+					break
+				}
+				j = k
+			}
+			s.I = j
 		} else {
 			err = s.Value()
 		}
