@@ -9,10 +9,12 @@ var ErrNotObject = errors.New("not a JSON object")
 var ErrEmptyValue = errors.New("empty JSON value")
 
 // Field is one top-level edit of SetFields: Key set to Value, a raw JSON
-// value the caller has made valid, or deleted when Value is nil.
+// value the caller has made valid, or deleted when Value is nil. With
+// Existing only the members already there are set: none is added.
 type Field struct {
-	Key   string
-	Value []byte
+	Key      string
+	Value    []byte
+	Existing bool
 }
 
 // MaxFields is the most edits SetFields applies in one pass.
@@ -89,7 +91,7 @@ func (e *editor) run(dst, body []byte, maxDepth int) ([]byte, error) {
 		return dst, err
 	}
 	for i, f := range e.edits() {
-		if e.found&(1<<i) == 0 && f.Value != nil {
+		if e.found&(1<<i) == 0 && f.Value != nil && !f.Existing {
 			e.sep()
 			e.dst = AppendQuoted(e.dst, f.Key)
 			e.dst = append(e.dst, ':')
@@ -127,7 +129,8 @@ var ErrFieldsRepeat = errors.New("a key edited twice, or too many edits")
 // SetFields appends to dst the object body with every edit of fields
 // applied in one pass: the bytes SetField and DeleteField would give
 // applied one after the other in the order of fields (members set in
-// place, those not found added at the end in that order). Keys must be
+// place, those not found added at the end in that order; an Existing
+// field's SetField only when body has the member). Keys must be
 // distinct (ErrFieldsRepeat), values non-empty or nil (ErrEmptyValue). It
 // does not allocate when dst has room; on error dst is returned unchanged.
 func SetFields(dst, body []byte, fields []Field, maxDepth int) ([]byte, error) {

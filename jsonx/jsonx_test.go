@@ -144,6 +144,9 @@ func sequentialFields(body []byte, fields []jsonx.Field) ([]byte, error) {
 	cur := body
 	for _, f := range fields {
 		var err error
+		if f.Existing && !hasMember(cur, f.Key) {
+			continue
+		}
 		if f.Value == nil {
 			cur, err = jsonx.DeleteField(nil, cur, f.Key, 16)
 		} else {
@@ -156,10 +159,23 @@ func sequentialFields(body []byte, fields []jsonx.Field) ([]byte, error) {
 	return cur, nil
 }
 
+// hasMember reports whether the object body has a top-level member key.
+func hasMember(body []byte, key string) bool {
+	s := jsonx.Scanner{B: body, MaxDepth: 16}
+	s.SkipWS()
+	found := false
+	err := s.Object(func(ks, ke int, kesc bool) error {
+		found = found || jsonx.Equal(body[ks:ke], kesc, key)
+		return s.Value()
+	})
+	return err == nil && found
+}
+
 // setFieldsCases are edit lists of the PD legs' shapes: deletes, sets in
 // place and added, escaped and repeated keys in the body.
 var setFieldsCases = [][]jsonx.Field{
 	{{Key: "max_tokens", Value: []byte(`1`)}, {Key: "stream", Value: []byte(`false`)}, {Key: "stream_options"}, {Key: "kv_transfer_params", Value: []byte(`{"a":[1,2]}`)}},
+	{{Key: "max_tokens", Value: []byte(`1`), Existing: true}, {Key: "max_completion_tokens", Value: []byte(`1`), Existing: true}, {Key: "kv_transfer_params", Value: []byte(`{}`)}},
 	{{Key: "model"}, {Key: "stream"}},
 	{{Key: "new", Value: []byte(`"x"`)}, {Key: "model", Value: []byte(`null`)}, {Key: "other", Value: []byte(`[]`)}},
 }
@@ -178,7 +194,7 @@ func TestSetFieldsIsSequential(t *testing.T) {
 			}
 			got, err := jsonx.SetFields([]byte("prefix"), body, fields, 16)
 			if err != nil || string(got) != "prefix"+string(want) {
-				t.Errorf("SetFields(%s, %q) = %s, %v; want %s", body, fields, got, err, want)
+				t.Errorf("SetFields(%s, %v) = %s, %v; want %s", body, fields, got, err, want)
 			}
 		}
 	}
@@ -200,6 +216,7 @@ func FuzzSetFields(f *testing.F) {
 	f.Add([]byte(`{"model":"m","stream":true,"max_tokens":3,"stream_options":{}}`), 0)
 	f.Add([]byte(` {"a" : 1 , "max_tokens":[1,2]} `), 1)
 	f.Add([]byte(`[]`), 2)
+	f.Add([]byte(`{"max_completion_tokens":null,"max_tokens":5}`), 3)
 	f.Fuzz(func(t *testing.T, body []byte, which int) {
 		fields := setFieldsCases[uint(which)%uint(len(setFieldsCases))]
 		want, werr := sequentialFields(body, fields)

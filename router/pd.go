@@ -150,7 +150,7 @@ func (rel *relay) pdTry() (bool, error) {
 		}
 	}
 	rel.ctx.Response.Header.Set("X-Infera-PD", "disaggregated")
-	r.metrics.pd.requests.WithLabelValues(proto.name, "disaggregated").Inc()
+	r.metrics.pd.disaggregated(proto)
 	if err := rel.shapeLegs(); err != nil {
 		rel.endLegs(verdictNeutral)
 		return false, err
@@ -184,7 +184,6 @@ func (rel *relay) shapeLegs() error {
 	pd := rel.pd
 	prec := pd.pre.ticket.Worker.Record()
 	l := pdLegs{body: rel.body, prefill: prec, decode: rel.att.ticket.Worker.Record(), prefillDPSize: prec.EffectiveDPSize()}
-	l.hasMaxComplete = topLevelField(rel.body, "max_completion_tokens") != nil
 	if rel.route.generates() {
 		// Each leg's body gets its worker's cache hints, as the mixed
 		// path gives them (upstreamRequest), in the protocol's pass.
@@ -417,7 +416,7 @@ func (rel *relay) endPrefill(res pdResult) {
 	m := rel.r.metrics.pd
 	switch {
 	case res.err == nil:
-		m.legs.WithLabelValues("prefill", pd.proto.name, "ok").Inc()
+		m.prefillOK(pd.proto)
 		rel.endAttempt(&pd.pre, res.status, nil, verdictSuccess)
 	case res.why == "aborted" || res.why == "status_4xx":
 		m.legs.WithLabelValues("prefill", pd.proto.name, res.why).Inc()

@@ -32,7 +32,6 @@ func FuzzPDBodies(f *testing.F) {
 		}
 		l := pdLegs{body: body, prefill: prefill, decode: prefill, room: room >> 1, prefillDPSize: 3, prefillDPRank: int(room % 3),
 			prefillHost: "10.0.0.1", decodeHost: "10.0.0.2"}
-		l.hasMaxComplete = topLevelField(body, "max_completion_tokens") != nil
 		var scan openai.Request
 		scanned := openai.Scan(body, &scan) == nil
 		for name, proto := range pdProtocols {

@@ -36,13 +36,12 @@ const (
 
 // pdLegs is what a protocol needs to shape one request's two bodies.
 type pdLegs struct {
-	body           []byte            // the client's body (or the dialect's translation)
-	prefill        *discovery.Record // the picked workers' records
-	decode         *discovery.Record
-	room           uint64 // bootstrap room / transfer id, DP-aligned
-	prefillDPRank  int    // the prefill DP rank the room is aligned to
-	prefillDPSize  int
-	hasMaxComplete bool // the body has max_completion_tokens
+	body          []byte            // the client's body (or the dialect's translation)
+	prefill       *discovery.Record // the picked workers' records
+	decode        *discovery.Record
+	room          uint64 // bootstrap room / transfer id, DP-aligned
+	prefillDPRank int    // the prefill DP rank the room is aligned to
+	prefillDPSize int
 	// requestID is the X-Request-Id both legs get instead of the
 	// request's own ("": keep it); MoRIIO forges one naming both peers.
 	requestID string
@@ -67,6 +66,7 @@ func (l *pdLegs) badHandoff(handoff []byte) bool {
 // pdProtocol shapes the legs of one protocol.
 type pdProtocol struct {
 	name     string
+	index    int // in pdProtocols' order: its cached series (pdMetrics.served)
 	topology pdTopology
 	// prefillBody returns the prefill leg's body.
 	prefillBody func(l *pdLegs) ([]byte, error)
@@ -80,13 +80,16 @@ type pdProtocol struct {
 
 // pdProtocols are the protocols built so far, by disagg_meta.protocol.
 var pdProtocols = map[string]*pdProtocol{
-	discovery.ProtocolVLLMNixl:        {name: discovery.ProtocolVLLMNixl, topology: pdSerial, prefillBody: nixlPrefill, decodeBody: nixlDecode},
-	discovery.ProtocolSGLangBootstrap: {name: discovery.ProtocolSGLangBootstrap, topology: pdConcurrent, prefillBody: sglangPrefill, decodeBody: sglangDecode},
-	discovery.ProtocolVLLMMooncake:    {name: discovery.ProtocolVLLMMooncake, topology: pdConcurrent, prefillBody: mooncakePrefill, decodeBody: mooncakeDecode},
-	discovery.ProtocolATOMMooncake:    {name: discovery.ProtocolATOMMooncake, topology: pdSerial, prefillBody: atomPrefill, decodeBody: atomDecode},
-	discovery.ProtocolVLLMMoriRead:    {name: discovery.ProtocolVLLMMoriRead, topology: pdSerial, prefillBody: moriPrefill, decodeBody: moriReadDecode, prepare: moriPrepareRead},
-	discovery.ProtocolVLLMMoriWrite:   {name: discovery.ProtocolVLLMMoriWrite, topology: pdConcurrent, prefillBody: moriPrefill, decodeBody: moriWriteDecode, prepare: moriPrepareWrite},
+	discovery.ProtocolVLLMNixl:        {name: discovery.ProtocolVLLMNixl, index: 0, topology: pdSerial, prefillBody: nixlPrefill, decodeBody: nixlDecode},
+	discovery.ProtocolSGLangBootstrap: {name: discovery.ProtocolSGLangBootstrap, index: 1, topology: pdConcurrent, prefillBody: sglangPrefill, decodeBody: sglangDecode},
+	discovery.ProtocolVLLMMooncake:    {name: discovery.ProtocolVLLMMooncake, index: 2, topology: pdConcurrent, prefillBody: mooncakePrefill, decodeBody: mooncakeDecode},
+	discovery.ProtocolATOMMooncake:    {name: discovery.ProtocolATOMMooncake, index: 3, topology: pdSerial, prefillBody: atomPrefill, decodeBody: atomDecode},
+	discovery.ProtocolVLLMMoriRead:    {name: discovery.ProtocolVLLMMoriRead, index: 4, topology: pdSerial, prefillBody: moriPrefill, decodeBody: moriReadDecode, prepare: moriPrepareRead},
+	discovery.ProtocolVLLMMoriWrite:   {name: discovery.ProtocolVLLMMoriWrite, index: 5, topology: pdConcurrent, prefillBody: moriPrefill, decodeBody: moriWriteDecode, prepare: moriPrepareWrite},
 }
+
+// numPDProtocols is len(pdProtocols).
+const numPDProtocols = 6
 
 // pdSupported lists the protocols built, for error messages.
 const pdSupported = discovery.ProtocolVLLMNixl + ", " + discovery.ProtocolSGLangBootstrap + ", " + discovery.ProtocolVLLMMooncake + ", " +
@@ -134,6 +137,10 @@ func setFields(body []byte, kv ...any) ([]byte, error) {
 	return editFields(body, fields)
 }
 
+// existing is a setFields value (raw JSON) set only where the body has the
+// member already: none is added (jsonx.Field.Existing).
+type existing string
+
 // pdMaxFields bounds the edits of one leg's body: a protocol's and the
 // cache hints'.
 const pdMaxFields = 12
@@ -149,10 +156,12 @@ func appendFields(fields []jsonx.Field, kv []any) ([]jsonx.Field, error) {
 			fields = append(fields, jsonx.Field{Key: key, Value: v})
 		case string:
 			fields = append(fields, jsonx.Field{Key: key, Value: []byte(v)})
+		case existing:
+			fields = append(fields, jsonx.Field{Key: key, Value: []byte(v), Existing: true})
 		default:
 			// Every caller is in this package and passes literal pairs;
 			// another type is a programming error, not an input.
-			panic("router: setFields invariant broken: the value for field " + key + " must be nil (delete), []byte (raw JSON) or string (raw JSON)")
+			panic("router: setFields invariant broken: the value for field " + key + " must be nil (delete), []byte, string or existing (raw JSON)")
 		}
 	}
 	return fields, nil
@@ -204,12 +213,8 @@ func (l *pdLegs) shape(body []byte, rec *discovery.Record, kv ...any) ([]byte, e
 // vllmPrefillBody is vLLM's single-token prefill body: max_tokens 1,
 // stream false, no stream_options, max_completion_tokens 1 if present.
 func vllmPrefillBody(l *pdLegs, kvParams string) ([]byte, error) {
-	kv := []any{"max_tokens", "1", "stream", "false", "stream_options", nil}
-	if l.hasMaxComplete {
-		kv = append(kv, "max_completion_tokens", "1")
-	}
-	kv = append(kv, "kv_transfer_params", kvParams)
-	return l.shape(l.body, l.prefill, kv...)
+	return l.shape(l.body, l.prefill, "max_tokens", "1", "stream", "false", "stream_options", nil,
+		"max_completion_tokens", existing("1"), "kv_transfer_params", kvParams)
 }
 
 const nixlPrefillParams = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`

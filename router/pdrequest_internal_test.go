@@ -94,3 +94,18 @@ func TestPDLegRequestBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestPDProtocolIndexes: each protocol has its own slot of the cached
+// series (pdMetrics.served).
+func TestPDProtocolIndexes(t *testing.T) {
+	if len(pdProtocols) != numPDProtocols {
+		t.Fatalf("%d protocols, numPDProtocols %d", len(pdProtocols), numPDProtocols)
+	}
+	seen := map[int]string{}
+	for name, p := range pdProtocols {
+		if p.index < 0 || p.index >= numPDProtocols || seen[p.index] != "" {
+			t.Errorf("%s: index %d (taken by %q)", name, p.index, seen[p.index])
+		}
+		seen[p.index] = name
+	}
+}
