@@ -1,8 +1,6 @@
 package router
 
 import (
-	"bufio"
-	"bytes"
 	"slices"
 	"strings"
 	"testing"
@@ -65,26 +63,13 @@ func TestPDLegRequestBytes(t *testing.T) {
 								a.body = leg
 								req := rel.upstreamRequest(a)
 								rel.pd.legs.setRequestID(req)
-								if len(req.Header.UserAgent()) == 0 {
-									req.Header.SetUserAgent(upstreamUserAgent) // as Exchange.Do sets it
-								}
-								var want, got bytes.Buffer
-								bw := bufio.NewWriter(&want)
-								if err := req.Write(bw); err != nil {
-									t.Fatal(err)
-								}
-								_ = bw.Flush()
+								want := fasthttpRequestBytes(t, req)
 								fasthttp.ReleaseRequest(req)
 								if !rel.writesLeg(a) {
 									t.Fatal("the leg does not write itself")
 								}
-								bw = bufio.NewWriterSize(&got, 64) // smaller than the request: written in pieces
-								if err := rel.ownLeg(a).WriteRequest(bw); err != nil {
-									t.Fatal(err)
-								}
-								_ = bw.Flush()
-								if got.String() != want.String() {
-									t.Errorf("leg request\n%q\nwant fasthttp's\n%q", got.String(), want.String())
+								if got := ownRequestBytes(t, rel.ownLeg(a)); got != want {
+									t.Errorf("leg request\n%q\nwant fasthttp's\n%q", got, want)
 								}
 							}
 						})
