@@ -127,6 +127,14 @@ func (s *ownRequest) WriteRequest(bw *bufio.Writer) error {
 	} else {
 		b = appendHeaderLine(b, "X-Request-Id: ", s.id)
 	}
+	// Tracing off, the client's trace context passes through (traceInject;
+	// a traced request builds fasthttp's, writesRequest).
+	if tp := h.PeekCanonical(traceparentKey); len(tp) > 0 {
+		b = appendHeaderLine(b, "Traceparent: ", tp)
+		if ts := h.PeekCanonical(tracestateKey); len(ts) > 0 {
+			b = appendHeaderLine(b, "Tracestate: ", ts)
+		}
+	}
 	if a.ticket.PinRank {
 		b = append(b, "X-Data-Parallel-Rank: "...)
 		b = strconv.AppendInt(b, int64(a.ticket.DPRank), 10)

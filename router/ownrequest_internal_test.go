@@ -30,6 +30,8 @@ func TestOwnRequestBytes(t *testing.T) {
 		{name: "vllm chat, bare client", engine: "vllm", body: chat, route: RouteChatCompletions},
 		{name: "vllm chat, every forwarded header", engine: "vllm", body: chat, route: RouteChatCompletions,
 			headers: "User-Agent: OpenAI/Python 1.0\r\nAccept: text/event-stream\r\nAuthorization: Bearer k\r\nOpenai-Organization: o\r\nOpenai-Project: p\r\nX-Request-Id: client-id-1\r\nContent-Type: application/json; charset=utf-8\r\n"},
+		{name: "the client's trace context, tracing off", engine: "vllm", body: chat, route: RouteChatCompletions,
+			headers: "Traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\nTracestate: a=b\r\n", pin: true},
 		{name: "keys: Authorization stays", engine: "vllm", body: chat, route: RouteChatCompletions, keys: true,
 			headers: "Authorization: Bearer k\r\nAccept: */*\r\n"},
 		{name: "spaces before members", engine: "vllm", body: " {  \"model\":\"m\",\"prompt\":\"p\",\"stream\":true}", route: RouteCompletions},

@@ -31,7 +31,7 @@ func TestPDLegRequestBytes(t *testing.T) {
 	for _, name := range append(names, "decode-only") {
 		for _, engine := range []string{"vllm", "sglang"} {
 			for _, stream := range []string{"true", "false"} {
-				for _, headers := range []string{"", "User-Agent: OpenAI/Python 1.0\r\nAccept: text/event-stream\r\nX-Request-Id: client-1\r\nContent-Type: application/json; charset=utf-8\r\n"} {
+				for _, headers := range []string{"", "User-Agent: OpenAI/Python 1.0\r\nAccept: text/event-stream\r\nX-Request-Id: client-1\r\nContent-Type: application/json; charset=utf-8\r\nTraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\nTracestate: a=b\r\n"} {
 					for _, pin := range []bool{false, true} {
 						body := strings.Replace(chat, `"stream":true`, `"stream":`+stream, 1)
 						t.Run(name+"/"+engine+"/stream="+stream+"/headers="+itoa(len(headers))+"/pin="+map[bool]string{true: "yes", false: "no"}[pin], func(t *testing.T) {
