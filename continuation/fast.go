@@ -2,6 +2,8 @@ package continuation
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/bits"
 	"sync"
 
 	"github.com/infera/infera/jsonx"
@@ -25,8 +27,9 @@ import (
 // nothing. Layouts outlive the stream (Reset keeps them, or gives them
 // back to the tracker's LayoutPool, which lends them to the next stream
 // to start), so a relay's tracker reads even the first and last chunk of
-// its next stream from the same engine through them: the first chunk of a stream moves its layout
-// to the stream's id, time and model, and that one the others, so the
+// its next stream from the same engine through them: the first chunk of a stream moves the other
+// layouts (and its own, unless it holds the prompt's ids, which no other
+// chunk of the stream has) to the stream's id, time and model, so the
 // stream's other chunks compare those as fixed bytes ("rigid" match);
 // values as long as the old ones (an engine's most often are) are
 // written over them in place.
@@ -88,10 +91,10 @@ const (
 // stream's id, time and model as the stream has them, the others empty).
 //
 // What a stream's steady chunks read (matchSteady: b, the flags, the
-// steady holes' offsets, the cut) is the first 64 bytes, and a template is
-// 256, so that under many streams a steady chunk's layout costs one cold
-// cache line, not the four its fields spread over; the general walk's
-// holes come after (TestTemplateLines holds the sizes).
+// steady holes' offsets, the cut, the tail's word) is the first 64 bytes,
+// and a template is 256, so that under many streams a steady chunk's
+// layout costs one cold cache line, not the four its fields spread over;
+// the general walk's holes come after (TestTemplateLines holds the sizes).
 type template struct {
 	b     []byte
 	ok    bool
@@ -104,11 +107,17 @@ type template struct {
 	// cut: the member of hole cutHole is cut from the client's copy;
 	// preCut and postCut are the bytes cut before and after the hole's
 	// value (the member's key, a comma, an enclosing object's bytes).
-	cut             bool
+	cut bool
+	// tailLen is how many bytes of tailWord a steady layout's tail after
+	// its ids and the blank line that ends its event are (0: more than a
+	// word's 8), the first in the lowest byte: matchSteady compares them
+	// at once in a relay's buffer (steadyHoles).
+	tailLen         uint8
 	preCut, postCut int32
 	// A steady layout's text, finish reason and output ids in b, as
 	// [start, end) pairs (steadyHoles; b is at most maxTemplateBytes).
 	textAt, textEnd, finishAt, finishEnd, idsAt, idsEnd uint16
+	tailWord                                            uint64
 	// at is the index in holes of the hole of each kind (-1: none).
 	at [numHoleKinds]int8
 
@@ -117,8 +126,7 @@ type template struct {
 	vary    [numHoleKinds]int8
 	nv, n   int8 // holes in vary, and in use
 	cutHole int8
-	holes   [numHoleKinds]hole
-	_       [16]byte // to 256 bytes: the next template starts a cache line
+	holes   [numHoleKinds]hole // to 256 bytes: the next template starts a cache line
 }
 
 // steadyHoles notes where a steady layout's holes lie in b, for
@@ -134,7 +142,17 @@ func (tm *template) steadyHoles() {
 		fh := &tm.holes[tm.vary[1]]
 		tm.finishAt, tm.finishEnd = uint16(fh.start), uint16(fh.end)
 	}
+	tm.tailLen, tm.tailWord = 0, 0
+	if tail := tm.b[ih.end:]; len(tail)+len(eventEnd) <= 8 {
+		var w [8]byte
+		copy(w[copy(w[:], tail):], eventEnd)
+		tm.tailLen, tm.tailWord = uint8(len(tail)+len(eventEnd)), binary.LittleEndian.Uint64(w[:])
+	}
 }
+
+// eventEnd is the blank line after an event's data line, as engines end
+// their events.
+const eventEnd = "\n\n"
 
 // layouts are the chunk layouts a tracker learnt, kept across streams,
 // and the scratch state of its reads.
@@ -505,23 +523,23 @@ func (t *Tracker) matchTemplate(i int, data []byte, rigid, open bool) (a, b, end
 		a, b = m.spans[tm.cutHole][0]-int(tm.preCut), m.spans[tm.cutHole][1]+int(tm.postCut)
 	}
 	if m.rebase {
-		// This layout takes the chunk's id, time and model, and the
-		// others take them from it, so that the stream's next chunks
-		// match them rigidly.
+		// The layouts take the chunk's id, time and model, so that the
+		// stream's next chunks match them rigidly.
 		var vals streamValues
 		for hi, h := range tm.holes[:tm.n] {
 			if h.kind >= holeID {
 				vals.v[h.kind], vals.str[h.kind] = data[m.spans[hi][0]:m.spans[hi][1]], h.str
 			}
 		}
-		t.stamp(tm, &vals)
 		t.rebases++
-		if !tm.ok {
-			return a, b, end, true
-		}
-		for _, h := range tm.holes[:tm.n] {
-			if h.kind >= holeID {
-				vals.v[h.kind] = tm.b[h.start:h.end]
+		if tm.at[holePrompt] < 0 {
+			// A layout with the prompt's ids is a stream's first chunk's:
+			// no other chunk of this stream matches it, and the next
+			// stream's first chunk reads its own id, time and model
+			// through it anyway, so it is not moved to this stream's.
+			t.stamp(tm, &vals)
+			if !tm.ok {
+				return a, b, end, true
 			}
 		}
 		for j := range t.lay.tmpls {
@@ -567,16 +585,33 @@ func (t *Tracker) matchSteady(tm *template, data []byte, open bool) (a, b, end i
 	}
 	pos += len(mid)
 	idStart, nOut := pos, len(t.OutIDs)
-	ids, pos, ok := appendIDArray(t.OutIDs, data, pos)
-	if !ok {
-		t.OutIDs = ids[:nOut]
-		return -1, -1, -1, false
+	var ids []uint32
+	if n := 0; len(data)-pos > 8 && data[pos] == '[' {
+		// The steady chunk's one id, read in line (appendIDArray's first
+		// try, without the call).
+		w := binary.LittleEndian.Uint64(data[pos+1:])
+		if n = oneID(w); n > 0 {
+			ids, pos = append(t.OutIDs, idValue(w, n)), pos+n+2
+		}
 	}
-	tail := tm.b[tm.idsEnd:]
-	end = pos + len(tail)
-	if len(data) < end || string(data[pos:end]) != string(tail) || !eventEnds(data, end, open) {
+	if ids == nil {
+		if ids, pos, ok = appendIDArray(t.OutIDs, data, pos); !ok {
+			t.OutIDs = ids[:nOut]
+			return -1, -1, -1, false
+		}
+	}
+	if k := int(tm.tailLen); open && k > 0 && len(data)-pos >= 8 {
+		// The tail and the blank line after it, compared as one word.
+		if (binary.LittleEndian.Uint64(data[pos:])^tm.tailWord)<<(64-8*k) != 0 {
+			t.OutIDs = ids[:nOut]
+			return -1, -1, -1, false
+		}
+		end = pos + k - len(eventEnd)
+	} else if tail := tm.b[tm.idsEnd:]; len(data) < pos+len(tail) || string(data[pos:pos+len(tail)]) != string(tail) || !eventEnds(data, pos+len(tail), open) {
 		t.OutIDs = ids[:nOut]
 		return -1, -1, -1, false
+	} else {
+		end = pos + len(tail)
 	}
 	t.OutIDs = ids
 	if txtEnd > txtStart {
@@ -663,6 +698,9 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 				if v := vals.v[k]; v != nil && vals.str[k] == h.str && string(v) != string(tm.b[h.start:h.end]) {
 					copy(tm.b[h.start:h.end], v)
 					changed = true
+					if tm.steady && h.start >= int(tm.idsEnd) {
+						tm.steadyHoles() // the value is in the tail's word
+					}
 				}
 			}
 		}
@@ -694,8 +732,8 @@ func (t *Tracker) stamp(tm *template, vals *streamValues) (changed bool) {
 		return true
 	}
 	tm.holes = holes
-	tm.steadyHoles()
 	t.lay.stampBuf, tm.b = tm.b[:0], buf
+	tm.steadyHoles()
 	return true
 }
 
@@ -867,13 +905,28 @@ func plainStringEnd(b []byte, i int) int {
 
 // stringEnd is the offset just past the JSON string at b[i], or -1 when
 // b[i] starts none: a plain one (a finish reason, a stream's id) found
+// eight bytes at a time (a stream's id is tens of bytes, read once a
+// stream: a word loop's set-up pays there, not for a token's text) and
 // by plainStringEnd, any other read by the scanner.
 func stringEnd(b []byte, i int) int {
 	if b[i] != '"' {
 		return -1
 	}
-	if end := plainStringEnd(b, i); end > 0 {
-		return end + 1
+	j := i + 1
+	for ; len(b)-j >= 8; j += 8 {
+		w := binary.LittleEndian.Uint64(b[j:])
+		if k := plainWordEnd(w); k < 8 {
+			if byte(w>>(8*k)) == '"' {
+				return j + k + 1
+			}
+			j = -1 // not plain: the scanner reads it
+			break
+		}
+	}
+	if j > 0 {
+		if end := plainStringEnd(b, j-1); end > 0 {
+			return end + 1
+		}
 	}
 	s := jsonx.Scanner{B: b, I: i, Lenient: true}
 	if _, _, _, err := s.String(); err != nil {
@@ -925,9 +978,16 @@ func indexIDsEnd(b []byte) int {
 // appendIDArray appends the ids of the array at b[i] to dst and returns
 // the offset just past it; ok false: it is not an array of ids on one
 // line (what dst holds then is the caller's to drop). A chunk's output is
-// most often one id, "[d…d]", read here without a call; anything else is
-// openai.AppendTokenIDs's to judge, as the full read does.
+// most often one id, "[d…d]", read here without a call (oneID, else a
+// byte loop); anything else is openai.AppendTokenIDs's to judge, as the
+// full read does.
 func appendIDArray(dst []uint32, b []byte, i int) (out []uint32, end int, ok bool) {
+	if len(b)-i > 8 && b[i] == '[' {
+		w := binary.LittleEndian.Uint64(b[i+1:])
+		if n := oneID(w); n > 0 {
+			return append(dst, idValue(w, n)), i + n + 2, true
+		}
+	}
 	j := i + 1
 	var v uint64
 	for j < len(b) && j-i <= 10 {
@@ -946,4 +1006,58 @@ func appendIDArray(dst []uint32, b []byte, i int) (out []uint32, end int, ok boo
 	}
 	out, err := openai.AppendTokenIDs(dst, b[i:end])
 	return out, end, err == nil
+}
+
+// Bytes of eight in a word, for oneID.
+const (
+	bytes01 = 0x0101010101010101
+	nibbles = 0xF0 * bytes01
+)
+
+// oneID reads w, the eight bytes after an id array's '[' (the first in
+// the lowest byte), as one id of at most seven digits closed by ']': its
+// digits n (0: w starts no such id; the byte loop and the full read judge
+// it) and the id (idValue). A steady chunk's id is read with a few word
+// operations instead of a loop over its digits; the two halves are small
+// enough to be inlined.
+func oneID(w uint64) (n int) {
+	// A byte is a digit when its high nibble is 3 and adding 6 to it
+	// keeps it so. An addition's carry reaches only the bytes after the
+	// one that makes it, which is not a digit: the first byte that is
+	// not one is found exactly.
+	nd := (w&nibbles ^ 0x30*bytes01) | ((w+0x06*bytes01)&nibbles ^ 0x30*bytes01)
+	n = bits.TrailingZeros64(nd) >> 3
+	if n == 0 || n == 8 || byte(w>>(8*n)) != ']' || (n > 1 && byte(w) == '0') {
+		return 0
+	}
+	return n
+}
+
+// idValue is the id of the n digits at the start of w (oneID's).
+func idValue(w uint64, n int) uint32 {
+	// The digits moved to the word's last bytes (zeros before them), then
+	// joined pairwise: 8 digits of 4 bits, 4 of 8, 2 of 16, one of 32.
+	d := (w & (0x0F * bytes01)) << (64 - 8*n)
+	d = (d*10 + d>>8) & 0x00FF00FF00FF00FF
+	d = (d*100 + d>>16) & 0x0000FFFF0000FFFF
+	return uint32(d*10000 + d>>32)
+}
+
+// Bytes a JSON string's plain content (plainStringEnd's) does not hold,
+// for plainWordEnd.
+const (
+	bytes80 = 0x80 * bytes01
+	quotes  = '"' * bytes01
+	slashes = '\\' * bytes01
+)
+
+// plainWordEnd is the index of the first byte of w (the first in the
+// lowest byte) that a plain string's content does not hold — a quote, a
+// backslash, a control byte or a non-ASCII one — or 8: none. Each test
+// below may also flag a byte after one it flags rightly (a borrow runs
+// upwards), never one before: the lowest flagged byte is exact.
+func plainWordEnd(w uint64) int {
+	q, s := w^quotes, w^slashes
+	m := (q-bytes01)&^q | (s-bytes01)&^s | (w-0x20*bytes01)&^w | w
+	return bits.TrailingZeros64(m&bytes80) >> 3
 }

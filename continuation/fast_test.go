@@ -189,8 +189,8 @@ func TestFastPathTriesFollowers(t *testing.T) {
 // stream: the next stream from the same engine — another id, another
 // time, another prompt and finish reason — is read through them from its
 // first chunk to its last, with the client's copies and the state of the
-// full read. Its first chunk moves its layout to the new id and time, and
-// that one the others: one rebase a stream, not one a layout.
+// full read. Its first chunk moves the other layouts to the new id and
+// time: one rebase a stream, not one a layout.
 func TestFastPathAcrossStreams(t *testing.T) {
 	stream := vllmStream
 	// The second stream's id longer than the first's (its layouts are

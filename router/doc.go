@@ -150,7 +150,10 @@
 // Such a stream's own header lines (the request ids, X-Infera-Worker,
 // Cache-Control) are not set on fasthttp's header: the connection holds
 // the head fasthttp writes and the relay writes them into it
-// (relayhead.go); every other answer sets them on fasthttp's header;
+// (relayhead.go); so does a 200 unary answer of the mixed path (its ids
+// and X-Infera-Worker: its body is handed to fasthttp as a body stream of
+// known length, so that fasthttp flushes its head first); every other
+// answer sets them on fasthttp's header;
 // until the first event is written a failing worker (end of stream, error,
 // first-byte timeout) is replaced by failover and the client sees the next
 // worker's events after the comments. After the first event a failure ends

@@ -17,3 +17,10 @@ func SetStreamHeadDirect(on bool) (was bool) {
 	was, streamHeadDirect = streamHeadDirect, on
 	return was
 }
+
+// SetUnaryHeadDirect sets whether the relay writes a unary answer's head
+// lines itself (relayhead.go), as SetStreamHeadDirect does for a stream's.
+func SetUnaryHeadDirect(on bool) (was bool) {
+	was, unaryHeadDirect = unaryHeadDirect, on
+	return was
+}

@@ -279,6 +279,9 @@ type frontConn struct {
 	// hold: a stream's last writes, held for its closing chunk
 	// (writehold.go).
 	hold writeHold
+	// una: a unary answer whose head lines the relay writes
+	// (relayhead.go).
+	una unaryAnswer
 	// dl: the deadlines asked, set by the next read or write
 	// (frontdeadline.go).
 	dl frontDeadlines

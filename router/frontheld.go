@@ -1,6 +1,7 @@
 package router
 
 import (
+	"io"
 	"sync/atomic"
 	"time"
 
@@ -41,13 +42,34 @@ type heldAnswer struct {
 
 // holdAnswer makes the connection of ctx hold the answer fasthttp writes
 // next, when it is the goroutine front door's and the answer is a whole
-// body (a stream's writes go out as they come).
+// body (a stream's writes go out as they come; a unary answer whose head
+// lines the relay writes is whole too).
 func holdAnswer(ctx *fasthttp.RequestCtx) {
 	fc, ok := ctx.Conn().(*frontConn)
-	if !ok || ctx.Response.IsBodyStream() || ctx.Hijacked() {
+	if !ok || ctx.Hijacked() {
+		return
+	}
+	if s := ctx.Response.BodyStream(); s != nil && s != io.Reader(&fc.una) {
 		return
 	}
 	fc.holdForRead()
+}
+
+// sendHeldFirst sends an answer held for a read that a pipelined request
+// made unnecessary (its bytes were already read), before anything of the
+// next answer is written: a unary answer whose head lines the relay wrote
+// went out of fasthttp's writer at once (relayhead.go), where fasthttp
+// would have kept it there with the next answers.
+func (c *frontConn) sendHeldFirst() error {
+	if !c.ans.pending.Load() || !c.ans.pending.Swap(false) {
+		return nil
+	}
+	if err := c.beforeWrite(); err != nil {
+		return err
+	}
+	_, err := c.Conn.Write(c.ans.h.Take())
+	c.runAfter()
+	return err
 }
 
 // holdForRead holds the connection's next writes for its next read: a

@@ -297,8 +297,10 @@ func (r *Router) proxy(ctx *fasthttp.RequestCtx, route Route, id []byte, late bo
 		r.finish(rel, outcomeBadRequest, fasthttp.StatusBadRequest)
 		return
 	}
-	if !rel.scan.Stream {
-		rel.echoID() // a unary answer's head is fasthttp's
+	if !rel.scan.Stream && !unaryHeadDirect {
+		// A unary answer's head is fasthttp's (otherwise its lines are the
+		// relay's, or echoID sets them where the answer is made: finish).
+		rel.echoID()
 	}
 	if ceil := r.cfg.MaxTokensCeiling; ceil > 0 && rel.scan.MaxTokens > ceil {
 		// Refused here: an engine may size buffers or loops by it (a
@@ -396,9 +398,22 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		ctx.SetBodyStream(rel, -1)
 		return true, nil // Close finishes the request
 	}
+	// A 200 answer of the mixed path's HTTP exchange (the relay's own
+	// response: not a NATS leg's, not PD's, whose ids are set) has its
+	// head lines written by the relay (relayhead.go).
+	ownHead := rel.late != nil && resp == rel.uresp && streamDirect
 	var src io.Reader
 	if resp.BodyStream() != nil {
 		src = a.x // read through the exchange, which notes the end
+	} else if ownHead && rel.status == fasthttp.StatusOK && rel.dialect.response == nil {
+		// Its head lines written by the relay (relayhead.go), its body
+		// taken from resp as it lies.
+		if fc, ok := rel.clientConn(); ok && rel.ownUnaryHead(ctx, fc, resp) {
+			a.dropResponse(resp)
+			rel.watch.stop(ctx)
+			rel.r.finish(rel, outcomeOK, rel.status)
+			return true, nil
+		}
 	}
 	err := readUnary(ctx, resp, src, rel.pump.buf)
 	a.dropResponse(resp)
@@ -406,6 +421,11 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		rel.watch.stop(ctx)
 		if rel.dialect.response != nil {
 			rel.dialect.response(ctx, rel)
+		}
+		if ownHead && ctx.Response.StatusCode() == fasthttp.StatusOK {
+			if fc, ok := rel.clientConn(); ok {
+				rel.ownUnaryHead(ctx, fc, &ctx.Response) // relayhead.go
+			}
 		}
 		rel.r.finish(rel, statusOutcome(rel.status), rel.status)
 		return true, nil

@@ -2,6 +2,8 @@ package router
 
 import (
 	"bytes"
+	"errors"
+	"io"
 
 	"github.com/valyala/fasthttp"
 )
@@ -22,11 +24,12 @@ import (
 // put them (addHeadLines), before it goes out: the client gets the bytes
 // fasthttp wrote with every header set, Date and Connection fasthttp's own.
 //
-// Every other answer to such a request (an error, a unary answer, the PD
-// path, a stream the relay does not write) sets the ids on fasthttp's
-// header before any other non-special header (echoID): after the scan for
-// a unary request, before Allow, Retry-After and Cache-Control, on the PD
-// path's entry, in the relay's finish otherwise. A request whose ids
+// A 200 unary answer of the mixed path has its lines written the same way
+// (below). Every other answer to such a request (an error, the PD path, a
+// NATS leg's, a stream the relay does not write) sets the ids on
+// fasthttp's header before any other non-special header (echoID): before
+// Allow, Retry-After and Cache-Control, on the PD path's entry, in the
+// relay's finish otherwise. A request whose ids
 // cannot wait (a 401 sets WWW-Authenticate first, the endpoint picker sets
 // its own, a connection not the front door's) has them set at once.
 
@@ -122,3 +125,147 @@ func workerHeadLine(id []byte) []byte {
 	line := append([]byte("X-Infera-Worker: "), h.PeekBytes(inferaWorkerKey)...)
 	return append(line, '\r', '\n')
 }
+
+// A unary answer's head lines, written by the relay too (issue 36): the
+// same saving for the three lines of the mixed path's 200 answers (ids and
+// X-Infera-Worker: three SetCanonical and their serialisation, less the
+// body stream's own path: ~900 instructions a request net, callgrind,
+// docs/performance.md). The answer's body is handed to fasthttp as a body
+// stream of known length (the connection's unaryAnswer): fasthttp writes
+// and flushes its head first (ImmediateHeaderFlush: status line, Server,
+// Date, Content-Type, Content-Length, Connection as it decides after the
+// handler), the connection holds it (holdHead, after any earlier
+// pipelined answer flushed with it), and WriteTo adds the relay's lines
+// where fasthttp would have put them — after Content-Length, its last
+// special header, and before Connection — then the body, and sends the
+// whole as fasthttp would have sent the answer (writeAnswer: held for
+// the next read on the goroutine door). Any other answer (an error, a
+// status not 200, PD, a connection not the front door's) has its ids set
+// on fasthttp's header by echoID, in finish at the latest.
+
+// unaryHeadDirect: a unary answer's head lines are written by the relay
+// (a test compares the bytes with fasthttp's head, off).
+var unaryHeadDirect = true
+
+// unaryAnswer is a frontConn's unary answer whose head lines the relay
+// writes, and the answer's body stream for fasthttp: its body and lines,
+// kept by the connection since the relay goes back to its pool before
+// fasthttp writes the answer. Only the connection's serving goroutine
+// touches it. (Not the frontConn itself as the stream: fasthttp closes a
+// body stream that is an io.Closer, and a frontConn is one.)
+type unaryAnswer struct {
+	c *frontConn
+	// body is the answer's body, swapped out of the worker's response; its
+	// buffer stays with the connection for the next answer's swap (as
+	// small keeps the request body's).
+	body  []byte
+	lines []byte // the ids' and the worker's lines
+}
+
+// maxOwnUnaryBody bounds the body of a unary answer whose head lines the
+// relay writes: the head and the body are copied into the connection's
+// hold buffer (8 KiB pooled, kept up to maxKeptHold), where fasthttp
+// writes a larger answer's head and body with one writev and no copy.
+const maxOwnUnaryBody = 16 << 10
+
+// ownUnaryHead hands the 200 answer whose body src holds whole (the
+// worker's response, or ctx's own after a translation) to the client
+// connection, which writes it with rel's head lines into fasthttp's head
+// (see above). false: the body is too large; nothing was done.
+func (rel *relay) ownUnaryHead(ctx *fasthttp.RequestCtx, fc *frontConn, src *fasthttp.Response) bool {
+	if len(src.Body()) > maxOwnUnaryBody {
+		return false
+	}
+	u := &fc.una
+	u.c = fc
+	var worker []byte
+	if w := rel.lateWorker; w != nil {
+		worker = w.headLine
+	}
+	u.lines = appendHeadLines(u.lines[:0], rel.id, worker, "")
+	rel.late = nil
+	// Given back at full length, as readUnary does: fasthttp's pool sizes
+	// what it keeps by it.
+	u.body = src.SwapBody(u.body[:cap(u.body)])
+	fc.holdHead()
+	ctx.Response.ImmediateHeaderFlush = true
+	ctx.SetBodyStream(u, len(u.body))
+	return true
+}
+
+// answerBody returns the body of the answer resp holds for the client
+// without draining a unary answer's body stream: Body() would copy it
+// through WriteTo before fasthttp writes the head, which then finds no
+// head held and sends errUnaryHeadLost as the answer (every kv-aware unary
+// answer did: the divergence alarm reads the usage in finish).
+func answerBody(resp *fasthttp.Response) []byte {
+	if u, ok := resp.BodyStream().(*unaryAnswer); ok {
+		return u.body
+	}
+	return resp.Body()
+}
+
+// Read is never called: fasthttp writes the body with WriteTo.
+func (u *unaryAnswer) Read([]byte) (int, error) { return 0, io.EOF }
+
+// SupportsBodyWriteTo lets fasthttp hand the body to WriteTo.
+func (u *unaryAnswer) SupportsBodyWriteTo() bool { return true }
+
+// The lines fasthttp writes after those the relay adds to a unary head:
+// the connection's, as it decides it (HTTP/1.0 kept alive; closed), or
+// only the empty line.
+var (
+	unaryKeepAlive = []byte("Connection: keep-alive\r\n\r\n")
+	unaryClose     = []byte("Connection: close\r\n\r\n")
+)
+
+// WriteTo adds the relay's lines to fasthttp's head, which the connection
+// holds (its last bytes), appends the body and sends them.
+func (u *unaryAnswer) WriteTo(io.Writer) (int64, error) {
+	c := u.c
+	h := &c.hold
+	bp := h.buf
+	h.buf, h.on, h.head = nil, false, false
+	body := u.body
+	if bp == nil {
+		return 0, errUnaryHeadLost
+	}
+	b := *bp
+	if len(b) < len(unaryKeepAlive) {
+		*bp = b[:0]
+		holdBufs.Put(bp)
+		return 0, errUnaryHeadLost
+	}
+	// Most heads end with Content-Length's digits and the empty line; the
+	// connection's lines end in 'e'.
+	tail := "\r\n"
+	if b[len(b)-5] == 'e' {
+		switch {
+		case bytes.HasSuffix(b, unaryKeepAlive):
+			tail = "Connection: keep-alive\r\n\r\n"
+		case bytes.HasSuffix(b, unaryClose):
+			tail = "Connection: close\r\n\r\n"
+		}
+	}
+	b = append(b[:len(b)-len(tail)], u.lines...)
+	b = append(b, tail...)
+	b = append(b, body...)
+	_, err := c.writeAnswer(b)
+	if cap(body) > maxKeptHold {
+		// The worker's response had grown its buffer for a larger answer
+		// once: an idle keep-alive connection does not keep that much.
+		u.body = nil
+	}
+	if cap(b) <= maxKeptHold {
+		*bp = b[:0]
+		holdBufs.Put(bp)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return int64(len(body)), nil
+}
+
+// errUnaryHeadLost: fasthttp did not flush a unary answer's head into the
+// connection's hold before its body (it always does: an invariant).
+var errUnaryHeadLost = errors.New("router: a unary answer's head was not held for its lines")

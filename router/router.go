@@ -371,8 +371,10 @@ func (r *Router) shutdownPools() {
 func (r *Router) Handle(ctx *fasthttp.RequestCtx) {
 	if fc, ok := ctx.Conn().(*frontConn); ok {
 		// A pipelined request's: the answer before it is still in
-		// fasthttp's buffer, and this one may stream.
+		// fasthttp's buffer, or held (sendHeldFirst), and this one may
+		// stream.
 		fc.ans.on = false
+		_ = fc.sendHeldFirst() // (a failed write fails this answer's too)
 	}
 	if ctx.Request.IsBodyStream() && !r.readBody(ctx) {
 		return

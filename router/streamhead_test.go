@@ -27,11 +27,16 @@ type headCase struct {
 	// engine: how the engine answers a streamed request: "stream" (a
 	// short stream), "400" (an error of its own), "500" (a failure:
 	// the router answers 502), "cut" (its head, then the connection
-	// drops before the first event).
+	// drops before the first event); "unary 400" and "unary 500": the
+	// same for a unary request (which otherwise gets a small completion),
+	// "unary large": a completion over maxOwnUnaryBody.
 	engine string
 }
 
-const headStreamBody = `{"model":"m","stream":true}`
+const (
+	headStreamBody = `{"model":"m","stream":true}`
+	headUnaryBody  = `{"model":"m","max_tokens":4}`
+)
 
 // headRequest is a POST of body to path; extra are header lines.
 func headRequest(proto, path, body string, extra ...string) string {
@@ -44,16 +49,21 @@ func headRequest(proto, path, body string, extra ...string) string {
 	return b.String()
 }
 
-// TestStreamHeadAsFasthttp: a stream's head with the relay's lines
-// written into fasthttp's (relayhead.go) is, byte for byte, the head
-// fasthttp wrote with every header set on it, on both front doors:
+// TestStreamHeadAsFasthttp: a stream's head, and a unary answer's, with
+// the relay's lines written into fasthttp's (relayhead.go) is, byte for
+// byte, the head fasthttp wrote with every header set on it, on both
+// front doors:
 // HTTP/1.1 kept alive or closed by the client, HTTP/1.0 with and without
 // keep-alive, pipelined requests before and after a stream, a stream
 // answered with an error before its first chunk, an id of the router's
-// own, an Anthropic stream.
+// own, an Anthropic stream; the same for unary answers, with a worker's
+// 400 passed through and a 500 retried into the router's 502.
 func TestStreamHeadAsFasthttp(t *testing.T) {
 	const id = "X-Request-Id: req-head-1"
 	stream := headRequest("HTTP/1.1", "/v1/chat/completions", headStreamBody, id)
+	unary := headRequest("HTTP/1.1", "/v1/chat/completions", headUnaryBody, id)
+	unary10 := headRequest("HTTP/1.0", "/v1/chat/completions", headUnaryBody, id)
+	anthropicUnary := headRequest("HTTP/1.1", "/v1/messages", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hello"}]}`, id)
 	cases := []headCase{
 		{name: "keep-alive", reqs: []string{stream}},
 		{name: "client close", reqs: []string{headRequest("HTTP/1.1", "/v1/chat/completions", headStreamBody, id, "Connection: close")}},
@@ -79,6 +89,23 @@ func TestStreamHeadAsFasthttp(t *testing.T) {
 		{name: "wrong method", reqs: []string{"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: req-get\r\n\r\n", stream}},
 		{name: "bad body", reqs: []string{headRequest("HTTP/1.1", "/v1/chat/completions", `{"model":`, id), stream}},
 		{name: "unknown model", reqs: []string{headRequest("HTTP/1.1", "/v1/chat/completions", `{"model":"x","stream":true}`, id), stream}},
+		// Unary answers, whose head lines the relay writes too.
+		{name: "unary keep-alive", reqs: []string{unary, unary}},
+		{name: "unary client close", reqs: []string{headRequest("HTTP/1.1", "/v1/chat/completions", headUnaryBody, id, "Connection: close")}},
+		{name: "unary http/1.0 keep-alive", reqs: []string{headRequest("HTTP/1.0", "/v1/chat/completions", headUnaryBody, id, "Connection: keep-alive"), unary10}},
+		{name: "unary http/1.0", reqs: []string{unary10}},
+		{name: "unary pipelined", reqs: []string{unary, headRequest("HTTP/1.1", "/v1/completions", headUnaryBody), unary, stream, unary,
+			"GET /nowhere HTTP/1.1\r\nHost: x\r\nX-Request-Id: req-404\r\n\r\n", unary}},
+		{name: "unary pipelined before a stream", reqs: []string{unary, stream}},
+		{name: "unary pipelined, closed", reqs: []string{unary, headRequest("HTTP/1.1", "/v1/chat/completions", headUnaryBody, id, "Connection: close")}},
+		{name: "unary engine error", reqs: []string{unary, unary}, engine: "unary 400"},
+		{name: "unary engine failure", reqs: []string{unary, unary}, engine: "unary 500"},
+		{name: "unary larger than the relay writes", reqs: []string{unary, unary}, engine: "unary large"},
+		{name: "unary router's id", reqs: []string{headRequest("HTTP/1.1", "/v1/chat/completions", headUnaryBody)}},
+		{name: "unary anthropic", reqs: []string{anthropicUnary, anthropicUnary}},
+		{name: "unary after wrong method", reqs: []string{"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: req-get\r\n\r\n", unary}},
+		{name: "unary after bad body", reqs: []string{headRequest("HTTP/1.1", "/v1/chat/completions", `{"model":`, id), unary}},
+		{name: "unary after unknown model", reqs: []string{headRequest("HTTP/1.1", "/v1/chat/completions", `{"model":"x"}`, id), unary}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,8 +113,8 @@ func TestStreamHeadAsFasthttp(t *testing.T) {
 			engine := headEngine(t, tc.engine)
 			for i, direct := range []bool{false, true} {
 				t.Run(map[bool]string{false: "fasthttp", true: "relay"}[direct], func(t *testing.T) {
-					was := router.SetStreamHeadDirect(direct)
-					t.Cleanup(func() { router.SetStreamHeadDirect(was) }) // after the routers are stopped
+					was, wasUnary := router.SetStreamHeadDirect(direct), router.SetUnaryHeadDirect(direct)
+					t.Cleanup(func() { router.SetStreamHeadDirect(was); router.SetUnaryHeadDirect(wasUnary) }) // after the routers are stopped
 					cfg := router.DefaultConfig()
 					cfg.MaxRetries = 0
 					fd := startFrontDoorsOver(t, cfg, engine)
@@ -128,6 +155,19 @@ func headEngine(t *testing.T, mode string) discovery.Record {
 		defer c.Close()
 		serveRequests(c, func(stream bool) bool {
 			if !stream {
+				switch mode {
+				case "unary 400":
+					const e = `{"error":{"message":"bad","type":"invalid_request_error"}}`
+					_, _ = io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(e))+"\r\n\r\n"+e)
+					return true
+				case "unary large":
+					large := `{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("x", 20<<10) + `"},"finish_reason":"stop"}]}`
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(large))+"\r\n\r\n"+large)
+					return true
+				case "unary 500":
+					_, _ = io.WriteString(c, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\noops")
+					return true
+				}
 				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(unary))+"\r\n\r\n"+unary)
 				return true
 			}
