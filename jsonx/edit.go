@@ -8,14 +8,37 @@ var ErrNotObject = errors.New("not a JSON object")
 // ErrEmptyValue: SetField was given no value.
 var ErrEmptyValue = errors.New("empty JSON value")
 
+// Field is one top-level edit of SetFields: Key set to Value, a raw JSON
+// value the caller has made valid, or deleted when Value is nil. With
+// Existing only the members already there are set: none is added.
+type Field struct {
+	Key      string
+	Value    []byte
+	Existing bool
+}
+
+// MaxFields is the most edits SetFields applies in one pass.
+const MaxFields = 64
+
 // editor walks the members of a top-level object and copies the kept ones.
 type editor struct {
-	s     Scanner
-	dst   []byte
-	key   string
-	value []byte // nil: delete
-	n     int    // members written
-	found bool
+	s   Scanner
+	dst []byte
+	// one is SetField's and DeleteField's edit; SetFields' are in fields
+	// (one edit kept in the editor itself does not make its caller's
+	// escape: the editor's content leaks through the scanner's errors).
+	one    [1]Field
+	fields []Field
+	n      int    // members written
+	found  uint64 // bit i: a member named edit i's key was met
+}
+
+// edits returns the editor's edits.
+func (e *editor) edits() []Field {
+	if e.fields == nil {
+		return e.one[:]
+	}
+	return e.fields
 }
 
 func (e *editor) member(ks, ke int, kesc bool) error {
@@ -24,14 +47,19 @@ func (e *editor) member(ks, ke int, kesc bool) error {
 		return err
 	}
 	b := e.s.B
-	if Equal(b[ks:ke], kesc, e.key) {
-		e.found = true
-		if e.value == nil {
+	fields := e.edits()
+	for i := range fields {
+		f := &fields[i]
+		if !Equal(b[ks:ke], kesc, f.Key) {
+			continue
+		}
+		e.found |= 1 << i
+		if f.Value == nil {
 			return nil
 		}
 		e.sep()
 		e.dst = append(e.dst, b[ks-1:vs]...)
-		e.dst = append(e.dst, e.value...)
+		e.dst = append(e.dst, f.Value...)
 		return nil
 	}
 	e.sep()
@@ -62,11 +90,13 @@ func (e *editor) run(dst, body []byte, maxDepth int) ([]byte, error) {
 	if err := e.s.End(); err != nil {
 		return dst, err
 	}
-	if !e.found && e.value != nil {
-		e.sep()
-		e.dst = AppendQuoted(e.dst, e.key)
-		e.dst = append(e.dst, ':')
-		e.dst = append(e.dst, e.value...)
+	for i, f := range e.edits() {
+		if e.found&(1<<i) == 0 && f.Value != nil && !f.Existing {
+			e.sep()
+			e.dst = AppendQuoted(e.dst, f.Key)
+			e.dst = append(e.dst, ':')
+			e.dst = append(e.dst, f.Value...)
+		}
 	}
 	return append(e.dst, '}'), nil
 }
@@ -81,13 +111,45 @@ func SetField(dst, body []byte, key string, value []byte, maxDepth int) ([]byte,
 	if len(value) == 0 {
 		return dst, ErrEmptyValue
 	}
-	e := editor{key: key, value: value}
+	e := editor{one: [1]Field{{Key: key, Value: value}}}
 	return e.run(dst, body, maxDepth)
 }
 
 // DeleteField appends to dst the object body without its top-level
 // members named key (unchanged when there is none); see SetField.
 func DeleteField(dst, body []byte, key string, maxDepth int) ([]byte, error) {
-	e := editor{key: key}
+	e := editor{one: [1]Field{{Key: key}}}
+	return e.run(dst, body, maxDepth)
+}
+
+// ErrFieldsRepeat: SetFields was given a key twice, or more than MaxFields
+// edits.
+var ErrFieldsRepeat = errors.New("a key edited twice, or too many edits")
+
+// SetFields appends to dst the object body with every edit of fields
+// applied in one pass: the bytes SetField and DeleteField would give
+// applied one after the other in the order of fields (members set in
+// place, those not found added at the end in that order; an Existing
+// field's SetField only when body has the member). Keys must be
+// distinct (ErrFieldsRepeat), values non-empty or nil (ErrEmptyValue). It
+// does not allocate when dst has room; on error dst is returned unchanged.
+func SetFields(dst, body []byte, fields []Field, maxDepth int) ([]byte, error) {
+	if len(fields) > MaxFields {
+		return dst, ErrFieldsRepeat
+	}
+	for i, f := range fields {
+		if f.Value != nil && len(f.Value) == 0 {
+			return dst, ErrEmptyValue
+		}
+		for _, g := range fields[:i] {
+			if g.Key == f.Key {
+				return dst, ErrFieldsRepeat
+			}
+		}
+	}
+	if fields == nil {
+		fields = []Field{}
+	}
+	e := editor{fields: fields}
 	return e.run(dst, body, maxDepth)
 }

@@ -138,12 +138,102 @@ func TestSetDeleteField(t *testing.T) {
 	}
 }
 
+// sequentialFields is SetFields' reference: SetField and DeleteField one
+// after the other.
+func sequentialFields(body []byte, fields []jsonx.Field) ([]byte, error) {
+	cur := body
+	for _, f := range fields {
+		var err error
+		if f.Existing && !hasMember(cur, f.Key) {
+			continue
+		}
+		if f.Value == nil {
+			cur, err = jsonx.DeleteField(nil, cur, f.Key, 16)
+		} else {
+			cur, err = jsonx.SetField(nil, cur, f.Key, f.Value, 16)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return cur, nil
+}
+
+// hasMember reports whether the object body has a top-level member key.
+func hasMember(body []byte, key string) bool {
+	s := jsonx.Scanner{B: body, MaxDepth: 16}
+	s.SkipWS()
+	found := false
+	err := s.Object(func(ks, ke int, kesc bool) error {
+		found = found || jsonx.Equal(body[ks:ke], kesc, key)
+		return s.Value()
+	})
+	return err == nil && found
+}
+
+// setFieldsCases are edit lists of the PD legs' shapes: deletes, sets in
+// place and added, escaped and repeated keys in the body.
+var setFieldsCases = [][]jsonx.Field{
+	{{Key: "max_tokens", Value: []byte(`1`)}, {Key: "stream", Value: []byte(`false`)}, {Key: "stream_options"}, {Key: "kv_transfer_params", Value: []byte(`{"a":[1,2]}`)}},
+	{{Key: "max_tokens", Value: []byte(`1`), Existing: true}, {Key: "max_completion_tokens", Value: []byte(`1`), Existing: true}, {Key: "kv_transfer_params", Value: []byte(`{}`)}},
+	{{Key: "model"}, {Key: "stream"}},
+	{{Key: "new", Value: []byte(`"x"`)}, {Key: "model", Value: []byte(`null`)}, {Key: "other", Value: []byte(`[]`)}},
+}
+
+func TestSetFieldsIsSequential(t *testing.T) {
+	bodies := [][]byte{
+		[]byte(` { "model" : "m", "stream":true, "m\u006fdel":"dup", "stream_options" : {"include_usage":true}, "max_tokens":16 , "messages":[{"role":"user"}] } `),
+		[]byte(`{}`),
+		[]byte(`{"kv_transfer_params":{"x":1},"kv_transfer_params":2}`),
+	}
+	for _, body := range bodies {
+		for _, fields := range setFieldsCases {
+			want, err := sequentialFields(body, fields)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := jsonx.SetFields([]byte("prefix"), body, fields, 16)
+			if err != nil || string(got) != "prefix"+string(want) {
+				t.Errorf("SetFields(%s, %v) = %s, %v; want %s", body, fields, got, err, want)
+			}
+		}
+	}
+	two := []jsonx.Field{{Key: "a", Value: []byte(`1`)}, {Key: "a"}}
+	if _, err := jsonx.SetFields(nil, []byte(`{}`), two, 16); !errors.Is(err, jsonx.ErrFieldsRepeat) {
+		t.Errorf("a key twice: %v", err)
+	}
+	if _, err := jsonx.SetFields(nil, []byte(`{}`), []jsonx.Field{{Key: "a", Value: []byte{}}}, 16); !errors.Is(err, jsonx.ErrEmptyValue) {
+		t.Errorf("empty value: %v", err)
+	}
+	if _, err := jsonx.SetFields(nil, []byte(`{"a":}`), setFieldsCases[0], 16); !errors.Is(err, jsonx.ErrSyntax) {
+		t.Errorf("bad body: %v", err)
+	}
+}
+
+// FuzzSetFields: one pass gives the bytes (and the failure) of the edits
+// applied one after the other.
+func FuzzSetFields(f *testing.F) {
+	f.Add([]byte(`{"model":"m","stream":true,"max_tokens":3,"stream_options":{}}`), 0)
+	f.Add([]byte(` {"a" : 1 , "max_tokens":[1,2]} `), 1)
+	f.Add([]byte(`[]`), 2)
+	f.Add([]byte(`{"max_completion_tokens":null,"max_tokens":5}`), 3)
+	f.Fuzz(func(t *testing.T, body []byte, which int) {
+		fields := setFieldsCases[uint(which)%uint(len(setFieldsCases))]
+		want, werr := sequentialFields(body, fields)
+		got, err := jsonx.SetFields(nil, body, fields, 16)
+		if (werr == nil) != (err == nil) || string(got) != string(want) {
+			t.Fatalf("SetFields(%q) = %q, %v; one after the other %q, %v", body, got, err, want, werr)
+		}
+	})
+}
+
 var benchBody = []byte(`{"model":"llama","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hello there, how are you today? \u00e9"}],"stream":true,"max_tokens":128,"temperature":0.7}`)
 
 func TestEditAllocs(t *testing.T) {
 	dst := make([]byte, 0, 4096)
 	raw := []byte(`a\"b\u00e9 plain text`)
 	x := []byte(`"x"`)
+	fields := []jsonx.Field{{Key: "stream"}, {Key: "model", Value: x}, {Key: "n", Value: x}}
 	n := testing.AllocsPerRun(200, func() {
 		var err error
 		if dst, err = jsonx.SetField(dst[:0], benchBody, "model", x, 128); err != nil {
@@ -155,6 +245,9 @@ func TestEditAllocs(t *testing.T) {
 		dst = jsonx.AppendUnescaped(dst[:0], raw)
 		dst = jsonx.AppendQuoted(dst[:0], "quote \"me\" é")
 		dst = jsonx.AppendQuoted(dst[:0], raw)
+		if dst, err = jsonx.SetFields(dst[:0], benchBody, fields, 128); err != nil {
+			t.Fatal(err)
+		}
 		_ = jsonx.Equal(raw, true, "model")
 		if err := jsonx.Valid(benchBody, 128); err != nil {
 			t.Fatal(err)
@@ -230,4 +323,15 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestIntegerArrays: the array's inline integer read accepts and refuses
+// what Number does.
+func TestIntegerArrays(t *testing.T) {
+	for _, c := range []string{`[0,1,23,456]`, `[ 7 , 8 ]`, `[1.5,2e3,-1,0E1]`, `[01]`, `[1.]`, `[1e]`, `[1`, `[1,]`, `[0x1]`, `[1 2]`, `[[1],[2,3]]`, `[12345678901234567890]`} {
+		want := json.Valid([]byte(c))
+		if got := jsonx.Valid([]byte(c), 8) == nil; got != want {
+			t.Errorf("Valid(%s) = %v, want %v", c, got, want)
+		}
+	}
 }

@@ -213,6 +213,17 @@ func (s *Scanner) Array(elem func() error) error {
 				return s.Fail("unexpected end of input, expected a value")
 			}
 			err = elem()
+		} else if j, ok := shortInteger(b, i); ok {
+			// A run of integers (token ids, block ids), compact: read in
+			// registers, no call, s.I stored once.
+			for j < len(b) && b[j] == ',' {
+				k, ok := shortInteger(b, j+1)
+				if !ok {
+					break
+				}
+				j = k
+			}
+			s.I = j
 		} else {
 			err = s.Value()
 		}
@@ -228,6 +239,25 @@ func (s *Scanner) Array(elem func() error) error {
 		}
 		i = SkipSpace(b, i)
 	}
+}
+
+// shortInteger reads a non-negative integer without fraction or exponent
+// at b[i] (Number's reading: a leading 0 ends it), ok when a byte follows
+// it that is not part of a number; j is its end. Others are Number's.
+func shortInteger(b []byte, i int) (j int, ok bool) {
+	if i >= len(b) || b[i] < '0' || b[i] > '9' {
+		return i, false
+	}
+	j = i + 1
+	if b[i] != '0' {
+		for j < len(b) && b[j] >= '0' && b[j] <= '9' {
+			j++
+		}
+	}
+	if j >= len(b) || b[j] == '.' || b[j] == 'e' || b[j] == 'E' {
+		return i, false
+	}
+	return j, true
 }
 
 // separator reads what follows a member or element at s.I, inline in

@@ -108,8 +108,10 @@
 // it can be aborted at any moment. On the mixed path, unary or stream, the
 // request writes itself into the connection's writer (ownrequest.go: the
 // worker's request and Host lines rendered once, the client's body as it
-// lies); continuations, traced requests, NATS and PD legs build a
-// fasthttp.Request instead (attempt.go). A worker that takes its requests over
+// lies), and so do a disaggregated pair's legs sent from the request's
+// goroutine (their shaped bodies); continuations, traced requests, NATS
+// legs and a concurrent prefill build a fasthttp.Request instead
+// (attempt.go). A worker that takes its requests over
 // NATS (its record says so, and Config.NATSRequests is set) gets the same
 // attempt with a NATS leg held by its exchange (natsleg.go): the frames are
 // shaped as an HTTP answer, timeouts and error frames fail over as HTTP
@@ -199,7 +201,9 @@
 // relayed decode attempt, each an exchange of its own so that either can be
 // aborted; bodies are shaped per protocol (vllm-nixl, vllm-mori-read and
 // atom-mooncake serial; sglang-bootstrap, vllm-mooncake and vllm-mori-write
-// concurrent) as shared/protocols/pd.md describes. A concurrent prefill
+// concurrent) as shared/protocols/pd.md describes, each leg's in one pass
+// over the client's body with its worker's cache hints folded in
+// (jsonx.SetFields, pdLegs.shape). A concurrent prefill
 // runs on a goroutine of its own, which only sends and reads its leg and
 // reports on a channel; its attempt ends on the request's goroutine.
 //

@@ -20,9 +20,13 @@ import (
 // (a stream's with the field between its first byte and the rest). The
 // answer is read into the relay's own response as before. The bytes the
 // engine receives are fasthttp's: the same lines in the same order
-// (TestOwnRequestBytes). Requests it does not cover — a continuation's
-// body, a traced request (the tracer sets its own headers), a leg over
-// NATS or of a disaggregated pair — are fasthttp's as before.
+// (TestOwnRequestBytes). A disaggregated pair's legs write themselves too
+// (sendLeg: their shaped bodies as they are, X-Request-Id the legs' own
+// when the protocol forges one; TestPDLegRequestBytes), except a
+// concurrent prefill, sent from a goroutine of its own. Requests it does not cover —
+// a continuation's body, a traced request (the tracer sets its own
+// headers), a leg over NATS, a concurrent prefill — are fasthttp's as
+// before.
 
 // upstreamUserAgent is the User-Agent a worker gets when the client sent
 // none (the worker pools' Name: upstream.Pool sets it on fasthttp's).
@@ -38,6 +42,9 @@ type ownRequest struct {
 	// field: `"return_token_ids":true` (with its comma), asked for at
 	// body[at]; empty: the body goes as it is.
 	field string
+	// id is a PD leg's X-Request-Id when its protocol forges one (pdLegs);
+	// empty: the request's.
+	id string
 }
 
 // writesRequest: a's request can write itself (ownRequest).
@@ -49,9 +56,30 @@ func (rel *relay) writesRequest(a *attempt) bool {
 // ownRequest readies rel.oreq as a's request.
 func (rel *relay) ownRequest(a *attempt) *ownRequest {
 	s := &rel.oreq
-	s.rel, s.a = rel, a
+	s.rel, s.a, s.id = rel, a, ""
 	s.body = rel.hintedBody(a)
 	s.at, s.field = rel.askIDsAt(a, s.body) // migrate.go
+	return s
+}
+
+// writesLeg: PD leg a's request, sent from the request's goroutine, can
+// write itself (ownRequest; its body is shaped: a.body).
+func (rel *relay) writesLeg(a *attempt) bool {
+	return !a.exact && !a.nats && !a.span.On()
+}
+
+// ownLeg readies rel.oreq as PD leg a's request: its shaped body as it is
+// (none: a decode-only leg's, the mixed path's body), the legs'
+// X-Request-Id.
+func (rel *relay) ownLeg(a *attempt) *ownRequest {
+	if a.body == nil {
+		s := rel.ownRequest(a)
+		s.id = rel.pd.legs.requestID
+		return s
+	}
+	s := &rel.oreq
+	s.rel, s.a, s.id = rel, a, rel.pd.legs.requestID
+	s.body, s.at, s.field = a.body, 0, ""
 	return s
 }
 
@@ -90,11 +118,23 @@ func (s *ownRequest) WriteRequest(bw *bufio.Writer) error {
 			b = appendHeaderLine(b, ": ", v)
 		}
 	}
-	// The id is the router's own or a client's it checked (appendRequestID):
-	// no line break in it.
-	b = append(b, "X-Request-Id: "...)
-	b = append(b, rel.id...)
-	b = append(b, '\r', '\n')
+	if s.id == "" {
+		// The id is the router's own or a client's it checked
+		// (appendRequestID): no line break in it.
+		b = append(b, "X-Request-Id: "...)
+		b = append(b, rel.id...)
+		b = append(b, '\r', '\n')
+	} else {
+		b = appendHeaderLine(b, "X-Request-Id: ", s.id)
+	}
+	// Tracing off, the client's trace context passes through (traceInject;
+	// a traced request builds fasthttp's, writesRequest).
+	if tp := h.PeekCanonical(traceparentKey); len(tp) > 0 {
+		b = appendHeaderLine(b, "Traceparent: ", tp)
+		if ts := h.PeekCanonical(tracestateKey); len(ts) > 0 {
+			b = appendHeaderLine(b, "Tracestate: ", ts)
+		}
+	}
 	if a.ticket.PinRank {
 		b = append(b, "X-Data-Parallel-Rank: "...)
 		b = strconv.AppendInt(b, int64(a.ticket.DPRank), 10)
@@ -114,11 +154,11 @@ func (s *ownRequest) WriteRequest(bw *bufio.Writer) error {
 
 // appendHeaderLine appends name (with its ": ") and a client's value, its
 // line breaks turned into spaces as fasthttp's setters turn them.
-func appendHeaderLine(b []byte, name string, v []byte) []byte {
+func appendHeaderLine[V string | []byte](b []byte, name string, v V) []byte {
 	b = append(b, name...)
 	n := len(b)
 	b = append(b, v...)
-	if bytes.IndexByte(v, '\r') >= 0 || bytes.IndexByte(v, '\n') >= 0 {
+	if bytes.IndexByte(b[n:], '\r') >= 0 || bytes.IndexByte(b[n:], '\n') >= 0 {
 		for i, c := range b[n:] {
 			if c == '\r' || c == '\n' {
 				b[n+i] = ' '

@@ -30,6 +30,8 @@ func TestOwnRequestBytes(t *testing.T) {
 		{name: "vllm chat, bare client", engine: "vllm", body: chat, route: RouteChatCompletions},
 		{name: "vllm chat, every forwarded header", engine: "vllm", body: chat, route: RouteChatCompletions,
 			headers: "User-Agent: OpenAI/Python 1.0\r\nAccept: text/event-stream\r\nAuthorization: Bearer k\r\nOpenai-Organization: o\r\nOpenai-Project: p\r\nX-Request-Id: client-id-1\r\nContent-Type: application/json; charset=utf-8\r\n"},
+		{name: "the client's trace context, tracing off", engine: "vllm", body: chat, route: RouteChatCompletions,
+			headers: "Traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\nTracestate: a=b\r\n", pin: true},
 		{name: "keys: Authorization stays", engine: "vllm", body: chat, route: RouteChatCompletions, keys: true,
 			headers: "Authorization: Bearer k\r\nAccept: */*\r\n"},
 		{name: "spaces before members", engine: "vllm", body: " {  \"model\":\"m\",\"prompt\":\"p\",\"stream\":true}", route: RouteCompletions},
@@ -53,24 +55,11 @@ func TestOwnRequestBytes(t *testing.T) {
 				a.ticket.PinRank, a.ticket.DPRank = c.pin, 3
 				req := rel.upstreamRequest(a)
 				defer fasthttp.ReleaseRequest(req)
-				if len(req.Header.UserAgent()) == 0 {
-					req.Header.SetUserAgent(upstreamUserAgent) // as Exchange.Do sets it
-				}
-				var want, got bytes.Buffer
-				bw := bufio.NewWriter(&want)
-				if err := req.Write(bw); err != nil {
-					t.Fatal(err)
-				}
-				_ = bw.Flush()
+				want := fasthttpRequestBytes(t, req)
 				strip := rel.mig.track.Strip
 				rel.mig.track.Strip = false
-				bw = bufio.NewWriterSize(&got, 64) // smaller than the request: written in pieces
-				if err := rel.ownRequest(a).WriteRequest(bw); err != nil {
-					t.Fatal(err)
-				}
-				_ = bw.Flush()
-				if got.String() != want.String() {
-					t.Errorf("request\n%q\nwant fasthttp's\n%q", got.String(), want.String())
+				if got := ownRequestBytes(t, rel.ownRequest(a)); got != want {
+					t.Errorf("request\n%q\nwant fasthttp's\n%q", got, want)
 				}
 				if rel.mig.track.Strip != strip {
 					t.Errorf("ids stripped from the client's stream: %v, want %v", rel.mig.track.Strip, strip)
@@ -78,6 +67,35 @@ func TestOwnRequestBytes(t *testing.T) {
 			})
 		}
 	}
+}
+
+// fasthttpRequestBytes is what Exchange.Do puts on the wire for req (its
+// User-Agent set when the client sent none).
+func fasthttpRequestBytes(t *testing.T, req *fasthttp.Request) string {
+	t.Helper()
+	if len(req.Header.UserAgent()) == 0 {
+		req.Header.SetUserAgent(upstreamUserAgent) // as Exchange.Do sets it
+	}
+	var b bytes.Buffer
+	bw := bufio.NewWriter(&b)
+	if err := req.Write(bw); err != nil {
+		t.Fatal(err)
+	}
+	_ = bw.Flush()
+	return b.String()
+}
+
+// ownRequestBytes is what s writes, through a writer smaller than the
+// request (written in pieces).
+func ownRequestBytes(t *testing.T, s *ownRequest) string {
+	t.Helper()
+	var b bytes.Buffer
+	bw := bufio.NewWriterSize(&b, 64)
+	if err := s.WriteRequest(bw); err != nil {
+		t.Fatal(err)
+	}
+	_ = bw.Flush()
+	return b.String()
 }
 
 // ownRequestRelay is a relay of a request (its route, body and client

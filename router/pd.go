@@ -150,15 +150,12 @@ func (rel *relay) pdTry() (bool, error) {
 		}
 	}
 	rel.ctx.Response.Header.Set("X-Infera-PD", "disaggregated")
-	r.metrics.pd.requests.WithLabelValues(proto.name, "disaggregated").Inc()
+	r.metrics.pd.disaggregated(proto)
 	if err := rel.shapeLegs(); err != nil {
 		rel.endLegs(verdictNeutral)
 		return false, err
 	}
 	pbody, err := proto.prefillBody(&pd.legs)
-	if err == nil {
-		pbody, err = rel.pdHinted(&pd.pre, pbody)
-	}
 	if err != nil {
 		rel.endLegs(verdictNeutral)
 		return false, err
@@ -168,9 +165,6 @@ func (rel *relay) pdTry() (bool, error) {
 		return rel.pdSerial()
 	}
 	dbody, err := proto.decodeBody(&pd.legs, nil)
-	if err == nil {
-		dbody, err = rel.pdHinted(&rel.att, dbody)
-	}
 	if err != nil {
 		rel.endLegs(verdictNeutral)
 		return false, err
@@ -190,7 +184,11 @@ func (rel *relay) shapeLegs() error {
 	pd := rel.pd
 	prec := pd.pre.ticket.Worker.Record()
 	l := pdLegs{body: rel.body, prefill: prec, decode: rel.att.ticket.Worker.Record(), prefillDPSize: prec.EffectiveDPSize()}
-	l.hasMaxComplete = topLevelField(rel.body, "max_completion_tokens") != nil
+	if rel.route.generates() {
+		// Each leg's body gets its worker's cache hints, as the mixed
+		// path gives them (upstreamRequest), in the protocol's pass.
+		l.hints = &rel.scan
+	}
 	l.prefillHost, _, _ = net.SplitHostPort(pd.pre.ticket.Worker.addr)
 	l.decodeHost, _, _ = net.SplitHostPort(rel.att.ticket.Worker.addr)
 	room := rand.Uint64() >> 1 // [0, 2^63)
@@ -215,24 +213,31 @@ func (rel *relay) shapeLegs() error {
 	return nil
 }
 
-// pdHinted returns leg a's shaped body with its worker's cache hints,
-// as the mixed path gives them (upstreamRequest).
-func (rel *relay) pdHinted(a *attempt, body []byte) ([]byte, error) {
-	if !rel.route.generates() {
-		return body, nil
-	}
-	rec := a.ticket.Worker.Record()
-	if rec == nil {
-		return body, nil
-	}
-	return pdCacheHints(body, rel.body, &rel.scan, rec.Engine)
-}
-
 // setRequestID gives req the legs' forged X-Request-Id, if any.
 func (l *pdLegs) setRequestID(req *fasthttp.Request) {
 	if l.requestID != "" {
 		req.Header.Set("X-Request-Id", l.requestID)
 	}
+}
+
+// sendLeg sends PD leg a's request (its body shaped, a.body) from the
+// request's goroutine and returns its answer, as exchange does (no owner):
+// written by the relay into the worker connection (ownLeg) unless it goes
+// over NATS or is traced.
+func (rel *relay) sendLeg(a *attempt, deadline time.Time, stream bool) (*fasthttp.Response, error) {
+	if !rel.writesLeg(a) {
+		req := rel.upstreamRequest(a)
+		rel.pd.legs.setRequestID(req)
+		defer fasthttp.ReleaseRequest(req)
+		return a.exchange(req, deadline, stream, nil)
+	}
+	resp := a.acquireResponse()
+	resp.StreamBody = stream
+	if err := a.x.DoWriter(a.ticket.Worker.pool, rel.ownLeg(a), resp, deadline, nil); err != nil {
+		rel.releaseResponse(resp)
+		return nil, err
+	}
+	return resp, nil
 }
 
 // prefillDeadline is the prefill leg's: --pd-prefill-timeout from now,
@@ -250,10 +255,7 @@ func (rel *relay) prefillDeadline() time.Time {
 func (rel *relay) pdSerial() (bool, error) {
 	r, pd := rel.r, rel.pd
 	p, d := pd.pre.ticket.Worker, rel.att.ticket.Worker
-	req := rel.upstreamRequest(&pd.pre)
-	pd.legs.setRequestID(req)
-	resp, err := pd.pre.exchange(req, rel.prefillDeadline(), false, nil)
-	fasthttp.ReleaseRequest(req)
+	resp, err := rel.sendLeg(&pd.pre, rel.prefillDeadline(), false)
 	if err != nil {
 		res := prefillError(p, err)
 		rel.endPrefill(res)
@@ -297,10 +299,8 @@ func (rel *relay) pdSerial() (bool, error) {
 		rel.forget(d)
 		return false, res.err
 	}
+	pd.legs.handoffValid = true // topLevelField validated it
 	dbody, err := pd.proto.decodeBody(&pd.legs, handoff)
-	if err == nil {
-		dbody, err = rel.pdHinted(&rel.att, dbody)
-	}
 	if err != nil {
 		rel.endAttempt(&rel.att, 0, nil, verdictNeutral)
 		return false, err
@@ -416,7 +416,7 @@ func (rel *relay) endPrefill(res pdResult) {
 	m := rel.r.metrics.pd
 	switch {
 	case res.err == nil:
-		m.legs.WithLabelValues("prefill", pd.proto.name, "ok").Inc()
+		m.prefillOK(pd.proto)
 		rel.endAttempt(&pd.pre, res.status, nil, verdictSuccess)
 	case res.why == "aborted" || res.why == "status_4xx":
 		m.legs.WithLabelValues("prefill", pd.proto.name, res.why).Inc()
@@ -448,14 +448,11 @@ func (rel *relay) endLegs(v verdict) {
 func (rel *relay) pdDecode() (bool, error) {
 	r, pd, a := rel.r, rel.pd, &rel.att
 	d := a.ticket.Worker
-	req := rel.upstreamRequest(a)
-	pd.legs.setRequestID(req)
 	deadline := a.start.Add(r.cfg.TTFTTimeout)
 	if rel.deadline.Before(deadline) {
 		deadline = rel.deadline
 	}
-	resp, err := a.exchange(req, deadline, rel.scan.Stream, nil)
-	fasthttp.ReleaseRequest(req)
+	resp, err := rel.sendLeg(a, deadline, rel.scan.Stream)
 	if err == nil && resp.StatusCode() >= 500 {
 		err = fmt.Errorf("decode worker %s answered %d: %s", d.id, resp.StatusCode(), clip(leadBody(resp, a.x)))
 		a.status = resp.StatusCode()

@@ -18,6 +18,10 @@ func FuzzPDBodies(f *testing.F) {
 	f.Add([]byte(`{"max_tokens":1e3}`), []byte(`{}`), uint64(0))
 	f.Add([]byte(`[1,2]`), []byte(`{`), uint64(7))
 	f.Add([]byte(`{"model":"m","prompt":"p"}`), []byte(`{"transfer_id":"t","dp_rank":2,"tp_size":4}`), uint64(9))
+	f.Add([]byte(`{"model":"m","prompt":"p","priority":3,"infera_retention":"short","_infera_retention":"short","kv_transfer_params":{"infera_retention":"short"},"max_tokens":4}`),
+		[]byte(`{"remote_block_ids":[1,2],"infera_retention":"x","transfer_id":"t"}`), uint64(10))
+	f.Add([]byte(` { "model" : "m" , "stream" : true, "stream_options" : {}, "max_completion_tokens" : 9 , "kv_transfer_param\u0073":1, "kv_transfer_params":2 } `),
+		[]byte(` { "transfer_id" : "t" , "remote_block_ids" : [ 1 , 2 ] } `), uint64(11))
 	prefill := &discovery.Record{WorkerID: "p:1", DisaggMeta: discovery.DisaggMeta{Params: map[string]any{
 		"bootstrap_addr": "[::1]:8998", "engine_id": "eid", "host": "10.0.0.1", "http_port": 8000.0, "handshake_port": 6301.0, "tp_size": 2.0,
 		"kv_connector_extra_config": map[string]any{"handshake_port": 7000.0, "notify_port": 7001.0},
@@ -28,7 +32,6 @@ func FuzzPDBodies(f *testing.F) {
 		}
 		l := pdLegs{body: body, prefill: prefill, decode: prefill, room: room >> 1, prefillDPSize: 3, prefillDPRank: int(room % 3),
 			prefillHost: "10.0.0.1", decodeHost: "10.0.0.2"}
-		l.hasMaxComplete = topLevelField(body, "max_completion_tokens") != nil
 		var scan openai.Request
 		scanned := openai.Scan(body, &scan) == nil
 		for name, proto := range pdProtocols {
@@ -37,11 +40,11 @@ func FuzzPDBodies(f *testing.F) {
 					t.Fatalf("%s prepare: %v", name, err)
 				}
 			}
-			for leg, shape := range map[string]func() ([]byte, error){
-				"prefill": func() ([]byte, error) { return proto.prefillBody(&l) },
-				"decode":  func() ([]byte, error) { return proto.decodeBody(&l, handoff) },
+			for leg, shape := range map[string]func(l *pdLegs) ([]byte, error){
+				"prefill": func(l *pdLegs) ([]byte, error) { return proto.prefillBody(l) },
+				"decode":  func(l *pdLegs) ([]byte, error) { return proto.decodeBody(l, handoff) },
 			} {
-				out, err := shape()
+				out, err := shape(&l)
 				if err != nil {
 					continue
 				}
@@ -72,6 +75,16 @@ func FuzzPDBodies(f *testing.F) {
 					var hm map[string]json.RawMessage
 					if jsonx.Valid(hinted, maxEditDepth) != nil || json.Unmarshal(hinted, &hm) != nil || hm[want] == nil {
 						t.Fatalf("%s %s hints for %s: %q (from %q)", name, leg, engine, hinted, out)
+					}
+					// The hints folded into the protocol's pass (the
+					// relay's way) give the same bytes.
+					hl := l
+					rec := *prefill
+					rec.Engine = engine
+					hl.prefill, hl.decode, hl.hints = &rec, &rec, &scan
+					folded, err := shape(&hl)
+					if err != nil || string(folded) != string(hinted) {
+						t.Fatalf("%s %s hints for %s folded: %q, %v; want %q", name, leg, engine, folded, err, hinted)
 					}
 				}
 			}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,13 +36,12 @@ const (
 
 // pdLegs is what a protocol needs to shape one request's two bodies.
 type pdLegs struct {
-	body           []byte            // the client's body (or the dialect's translation)
-	prefill        *discovery.Record // the picked workers' records
-	decode         *discovery.Record
-	room           uint64 // bootstrap room / transfer id, DP-aligned
-	prefillDPRank  int    // the prefill DP rank the room is aligned to
-	prefillDPSize  int
-	hasMaxComplete bool // the body has max_completion_tokens
+	body          []byte            // the client's body (or the dialect's translation)
+	prefill       *discovery.Record // the picked workers' records
+	decode        *discovery.Record
+	room          uint64 // bootstrap room / transfer id, DP-aligned
+	prefillDPRank int    // the prefill DP rank the room is aligned to
+	prefillDPSize int
 	// requestID is the X-Request-Id both legs get instead of the
 	// request's own ("": keep it); MoRIIO forges one naming both peers.
 	requestID string
@@ -49,11 +49,24 @@ type pdLegs struct {
 	transferID string
 	// prefillHost and decodeHost are the workers' URL hosts.
 	prefillHost, decodeHost string
+	// hints, when set, is the client's request as scanned: each leg's body
+	// gets its worker's cache hints (pdCacheHints) in the protocol's pass.
+	hints *openai.Request
+	// handoffValid says the hand-off was read from the prefill's answer,
+	// which validated it (topLevelField): the decode leg need not again.
+	handoffValid bool
+}
+
+// badHandoff reports whether a serial prefill's hand-off is not a JSON
+// object.
+func (l *pdLegs) badHandoff(handoff []byte) bool {
+	return len(handoff) == 0 || handoff[0] != '{' || (!l.handoffValid && jsonx.Valid(handoff, maxEditDepth) != nil)
 }
 
 // pdProtocol shapes the legs of one protocol.
 type pdProtocol struct {
 	name     string
+	index    int // in pdProtocols' order: its cached series (pdMetrics.served)
 	topology pdTopology
 	// prefillBody returns the prefill leg's body.
 	prefillBody func(l *pdLegs) ([]byte, error)
@@ -67,13 +80,16 @@ type pdProtocol struct {
 
 // pdProtocols are the protocols built so far, by disagg_meta.protocol.
 var pdProtocols = map[string]*pdProtocol{
-	discovery.ProtocolVLLMNixl:        {name: discovery.ProtocolVLLMNixl, topology: pdSerial, prefillBody: nixlPrefill, decodeBody: nixlDecode},
-	discovery.ProtocolSGLangBootstrap: {name: discovery.ProtocolSGLangBootstrap, topology: pdConcurrent, prefillBody: sglangPrefill, decodeBody: sglangDecode},
-	discovery.ProtocolVLLMMooncake:    {name: discovery.ProtocolVLLMMooncake, topology: pdConcurrent, prefillBody: mooncakePrefill, decodeBody: mooncakeDecode},
-	discovery.ProtocolATOMMooncake:    {name: discovery.ProtocolATOMMooncake, topology: pdSerial, prefillBody: atomPrefill, decodeBody: atomDecode},
-	discovery.ProtocolVLLMMoriRead:    {name: discovery.ProtocolVLLMMoriRead, topology: pdSerial, prefillBody: moriPrefill, decodeBody: moriReadDecode, prepare: moriPrepareRead},
-	discovery.ProtocolVLLMMoriWrite:   {name: discovery.ProtocolVLLMMoriWrite, topology: pdConcurrent, prefillBody: moriPrefill, decodeBody: moriWriteDecode, prepare: moriPrepareWrite},
+	discovery.ProtocolVLLMNixl:        {name: discovery.ProtocolVLLMNixl, index: 0, topology: pdSerial, prefillBody: nixlPrefill, decodeBody: nixlDecode},
+	discovery.ProtocolSGLangBootstrap: {name: discovery.ProtocolSGLangBootstrap, index: 1, topology: pdConcurrent, prefillBody: sglangPrefill, decodeBody: sglangDecode},
+	discovery.ProtocolVLLMMooncake:    {name: discovery.ProtocolVLLMMooncake, index: 2, topology: pdConcurrent, prefillBody: mooncakePrefill, decodeBody: mooncakeDecode},
+	discovery.ProtocolATOMMooncake:    {name: discovery.ProtocolATOMMooncake, index: 3, topology: pdSerial, prefillBody: atomPrefill, decodeBody: atomDecode},
+	discovery.ProtocolVLLMMoriRead:    {name: discovery.ProtocolVLLMMoriRead, index: 4, topology: pdSerial, prefillBody: moriPrefill, decodeBody: moriReadDecode, prepare: moriPrepareRead},
+	discovery.ProtocolVLLMMoriWrite:   {name: discovery.ProtocolVLLMMoriWrite, index: 5, topology: pdConcurrent, prefillBody: moriPrefill, decodeBody: moriWriteDecode, prepare: moriPrepareWrite},
 }
+
+// numPDProtocols is len(pdProtocols).
+const numPDProtocols = 6
 
 // pdSupported lists the protocols built, for error messages.
 const pdSupported = discovery.ProtocolVLLMNixl + ", " + discovery.ProtocolSGLangBootstrap + ", " + discovery.ProtocolVLLMMooncake + ", " +
@@ -110,43 +126,95 @@ func resolvePDProtocol(p, d *Worker) (*pdProtocol, error) {
 // maxEditDepth bounds the JSON nesting the body editor accepts.
 const maxEditDepth = 64
 
-// setFields applies kv pairs of top-level edits in order; a nil value
-// deletes the key.
+// setFields applies kv pairs of top-level edits in one pass (keys
+// distinct); a nil value deletes the key.
 func setFields(body []byte, kv ...any) ([]byte, error) {
-	cur := body
+	var buf [pdMaxFields]jsonx.Field
+	fields, err := appendFields(buf[:0], kv)
+	if err != nil {
+		return nil, err
+	}
+	return editFields(body, fields)
+}
+
+// existing is a setFields value (raw JSON) set only where the body has the
+// member already: none is added (jsonx.Field.Existing).
+type existing string
+
+// pdMaxFields bounds the edits of one leg's body: a protocol's and the
+// cache hints'.
+const pdMaxFields = 12
+
+// appendFields appends kv pairs to fields as jsonx edits.
+func appendFields(fields []jsonx.Field, kv []any) ([]jsonx.Field, error) {
 	for i := 0; i+1 < len(kv); i += 2 {
 		key := kv[i].(string)
-		var err error
-		var next []byte
 		switch v := kv[i+1].(type) {
 		case nil:
-			next, err = jsonx.DeleteField(nil, cur, key, maxEditDepth)
+			fields = append(fields, jsonx.Field{Key: key})
 		case []byte:
-			next, err = jsonx.SetField(nil, cur, key, v, maxEditDepth)
+			fields = append(fields, jsonx.Field{Key: key, Value: v})
 		case string:
-			next, err = jsonx.SetField(nil, cur, key, []byte(v), maxEditDepth)
+			fields = append(fields, jsonx.Field{Key: key, Value: []byte(v)})
+		case existing:
+			fields = append(fields, jsonx.Field{Key: key, Value: []byte(v), Existing: true})
 		default:
 			// Every caller is in this package and passes literal pairs;
 			// another type is a programming error, not an input.
-			panic("router: setFields invariant broken: the value for field " + key + " must be nil (delete), []byte (raw JSON) or string (raw JSON)")
+			panic("router: setFields invariant broken: the value for field " + key + " must be nil (delete), []byte, string or existing (raw JSON)")
 		}
-		if err != nil {
-			return nil, fmt.Errorf("edit %s: %w", key, err)
-		}
-		cur = next
 	}
-	return cur, nil
+	return fields, nil
+}
+
+// editFields applies fields to body in one pass (body as is when there
+// are none); an error names the first key, which the edits one after the
+// other would have failed on.
+func editFields(body []byte, fields []jsonx.Field) ([]byte, error) {
+	if len(fields) == 0 {
+		return body, nil
+	}
+	out, err := jsonx.SetFields(nil, body, fields, maxEditDepth)
+	if err != nil {
+		return nil, fmt.Errorf("edit %s: %w", fields[0].Key, err)
+	}
+	return out, nil
+}
+
+// shape applies a leg's top-level edits (kv pairs, as setFields) to body
+// for the worker rec, with its engine's cache hints (pdCacheHints) folded
+// into the same pass when l.hints is set.
+func (l *pdLegs) shape(body []byte, rec *discovery.Record, kv ...any) ([]byte, error) {
+	var buf [pdMaxFields]jsonx.Field
+	fields, err := appendFields(buf[:0], kv)
+	if err != nil {
+		return nil, err
+	}
+	if l.hints == nil || rec == nil {
+		return editFields(body, fields)
+	}
+	var hbuf [pdMaxFields]jsonx.Field
+	hinted, ok, err := pdHintFields(append(hbuf[:0], fields...), l.body, l.hints, rec.Engine)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		return editFields(body, hinted)
+	}
+	// The hints edit a member the protocol left as it was (or set twice):
+	// the body first, then the hints on it.
+	out, err := editFields(body, fields)
+	if err != nil {
+		return nil, err
+	}
+	return pdCacheHints(out, l.body, l.hints, rec.Engine)
 }
 
 // vllmPrefillBody is vLLM's single-token prefill body: max_tokens 1,
 // stream false, no stream_options, max_completion_tokens 1 if present.
 func vllmPrefillBody(l *pdLegs, kvParams string) ([]byte, error) {
-	kv := []any{"max_tokens", "1", "stream", "false", "stream_options", nil}
-	if l.hasMaxComplete {
-		kv = append(kv, "max_completion_tokens", "1")
-	}
-	kv = append(kv, "kv_transfer_params", kvParams)
-	return setFields(l.body, kv...)
+	return l.shape(l.body, l.prefill, "max_tokens", "1", "stream", "false", "stream_options", nil,
+		"max_completion_tokens", existing("1"), "kv_transfer_params", kvParams)
 }
 
 const nixlPrefillParams = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
@@ -156,10 +224,10 @@ func nixlPrefill(l *pdLegs) ([]byte, error) { return vllmPrefillBody(l, nixlPref
 // nixlDecode: the client's body (max_tokens as sent) plus the prefill's
 // kv_transfer_params verbatim.
 func nixlDecode(l *pdLegs, handoff []byte) ([]byte, error) {
-	if len(handoff) == 0 || handoff[0] != '{' || jsonx.Valid(handoff, maxEditDepth) != nil {
+	if l.badHandoff(handoff) {
 		return nil, ErrPDHandoff
 	}
-	return setFields(l.body, "kv_transfer_params", handoff)
+	return l.shape(l.body, l.decode, "kv_transfer_params", handoff)
 }
 
 // mooncakeTransferID is "xfer-" + the room as 32 lowercase hex digits.
@@ -189,7 +257,7 @@ func mooncakeDecode(l *pdLegs, _ []byte) ([]byte, error) {
 	}
 	kv := `{"do_remote_decode":false,"do_remote_prefill":true,"remote_bootstrap_addr":` + string(jsonx.AppendQuoted(nil, addr)) +
 		`,"remote_engine_id":` + string(jsonx.AppendQuoted(nil, engineID)) + `,"transfer_id":"` + mooncakeTransferID(l.room) + `"}`
-	return setFields(body, "kv_transfer_params", kv)
+	return l.shape(body, l.decode, "kv_transfer_params", kv)
 }
 
 // decrementTokens lowers integer max_tokens and max_completion_tokens by
@@ -240,7 +308,7 @@ func atomPrefill(l *pdLegs) ([]byte, error) {
 // atomDecode: the client's body unchanged (ATOM re-predicts the first
 // token) with the prefill's hand-off plus the prefill's DP and TP sizes.
 func atomDecode(l *pdLegs, handoff []byte) ([]byte, error) {
-	if len(handoff) == 0 || handoff[0] != '{' || jsonx.Valid(handoff, maxEditDepth) != nil || topLevelField(handoff, "transfer_id") == nil {
+	if l.badHandoff(handoff) || topLevelField(handoff, "transfer_id") == nil {
 		return nil, fmt.Errorf("%w (or it has no transfer_id)", ErrPDHandoff)
 	}
 	p := l.prefill
@@ -261,7 +329,7 @@ func atomDecode(l *pdLegs, handoff []byte) ([]byte, error) {
 			}
 		}
 	}
-	return setFields(l.body, "kv_transfer_params", kv)
+	return l.shape(l.body, l.decode, "kv_transfer_params", kv)
 }
 
 // moriPorts returns a MoRIIO worker's handshake and notify ports and TP
@@ -339,7 +407,7 @@ func moriDecode(l *pdLegs, transferID, engineID, blockIDs []byte) ([]byte, error
 	}
 	kv := `{"do_remote_decode":false,"do_remote_prefill":true,"transfer_id":` + string(transferID) + `,"remote_engine_id":` + string(engineID) +
 		`,"remote_block_ids":` + string(blockIDs) + `,"remote_dp_size":` + strconv.Itoa(l.prefill.EffectiveDPSize()) + `,"tp_size":` + ptp + `,"remote_tp_size":` + ptp + `}`
-	return setFields(body, "kv_transfer_params", kv)
+	return l.shape(body, l.decode, "kv_transfer_params", kv)
 }
 
 func moriWriteDecode(l *pdLegs, _ []byte) ([]byte, error) {
@@ -349,7 +417,7 @@ func moriWriteDecode(l *pdLegs, _ []byte) ([]byte, error) {
 // moriReadDecode copies transfer_id, remote_engine_id and
 // remote_block_ids from the prefill's hand-off.
 func moriReadDecode(l *pdLegs, handoff []byte) ([]byte, error) {
-	if len(handoff) == 0 || handoff[0] != '{' || jsonx.Valid(handoff, maxEditDepth) != nil {
+	if l.badHandoff(handoff) {
 		return nil, ErrPDHandoff
 	}
 	field := func(k string) []byte {
@@ -391,10 +459,14 @@ func sglangBody(l *pdLegs, decode bool) ([]byte, error) {
 		"bootstrap_port", strconv.Itoa(port),
 		"bootstrap_room", strconv.FormatUint(l.room, 10),
 	}
-	if decode && l.prefillDPSize > 1 {
-		kv = append(kv, "disagg_prefill_dp_rank", strconv.Itoa(l.prefillDPRank))
+	rec := l.prefill
+	if decode {
+		rec = l.decode
+		if l.prefillDPSize > 1 {
+			kv = append(kv, "disagg_prefill_dp_rank", strconv.Itoa(l.prefillDPRank))
+		}
 	}
-	return setFields(l.body, kv...)
+	return l.shape(l.body, rec, kv...)
 }
 
 func sglangPrefill(l *pdLegs) ([]byte, error) { return sglangBody(l, false) }
@@ -483,4 +555,56 @@ func pdCacheHints(body, client []byte, scan *openai.Request, engine string) ([]b
 		}
 	}
 	return body, nil
+}
+
+// pdHintFields returns a leg's edits with the cache hints pdCacheHints
+// would give the body they make (engine's), folded in: the same bytes in
+// one pass. ok is false when they cannot be (a hint on a member the edits
+// do not set: vLLM's kv_transfer_params left as the client sent it, or a
+// hint's key among the edits).
+func pdHintFields(fields []jsonx.Field, client []byte, scan *openai.Request, engine string) (_ []jsonx.Field, ok bool, _ error) {
+	ret := scan.Retention
+	if ret == openai.RetentionUnset {
+		ret = openai.RetentionLong
+	}
+	add := func(key, value string) bool {
+		if slices.ContainsFunc(fields, func(f jsonx.Field) bool { return f.Key == key }) {
+			return false
+		}
+		fields = append(fields, jsonx.Field{Key: key, Value: []byte(value)})
+		return true
+	}
+	switch engine {
+	case discovery.EngineSGLang:
+		if !scan.HasPriority && !add("priority", sglangPriority[ret]) {
+			return nil, false, nil
+		}
+		if !scan.HasInferaRetention && !add("infera_retention", retentionJSON[ret]) {
+			return nil, false, nil
+		}
+	case discovery.EngineVLLM:
+		i := slices.IndexFunc(fields, func(f jsonx.Field) bool { return f.Key == "kv_transfer_params" })
+		if i < 0 || fields[i].Value == nil {
+			return nil, false, nil
+		}
+		if kv := fields[i].Value; kv[0] == '{' {
+			value := retentionValue[ret]
+			if scan.KVTransferRetention {
+				if ckv := topLevelField(client, "kv_transfer_params"); ckv != nil {
+					if v := topLevelField(ckv, "infera_retention"); v != nil {
+						value = v
+					}
+				}
+			}
+			nkv, err := jsonx.SetField(nil, kv, "infera_retention", value, maxEditDepth)
+			if err != nil {
+				return nil, false, fmt.Errorf("edit kv_transfer_params: %w", err)
+			}
+			fields[i].Value = nkv
+		}
+		if !scan.HasLegacyRetention && !add("_infera_retention", retentionJSON[ret]) {
+			return nil, false, nil
+		}
+	}
+	return fields, true, nil
 }

@@ -1,0 +1,96 @@
+package router
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/discovery"
+)
+
+// TestPDLegRequestBytes: a PD leg that writes itself (sendLeg, ownLeg)
+// puts on the wire the bytes of the fasthttp request the legs were sent
+// as before (upstreamRequest with the legs' X-Request-Id, as Exchange.Do
+// completes it), for both legs of every protocol of shared/protocols/pd.md,
+// streamed and unary, with and without a pinned DP rank and the client's
+// headers, and for a decode-only leg (its body the mixed path's).
+func TestPDLegRequestBytes(t *testing.T) {
+	const chat = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true}`
+	params := map[string]any{
+		"bootstrap_addr": "10.0.0.1:8998", "engine_id": "eid", "host": "10.0.0.1", "http_port": 8000.0, "handshake_port": 6301.0, "tp_size": 2.0,
+		"kv_connector_extra_config": map[string]any{"handshake_port": 7000.0, "notify_port": 7001.0},
+	}
+	handoff := []byte(`{"do_remote_prefill":true,"remote_block_ids":[0,1,2],"remote_engine_id":"e","transfer_id":"t","dp_rank":0}`)
+	names := make([]string, 0, len(pdProtocols))
+	for name := range pdProtocols {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range append(names, "decode-only") {
+		for _, engine := range []string{"vllm", "sglang"} {
+			for _, stream := range []string{"true", "false"} {
+				for _, headers := range []string{"", "User-Agent: OpenAI/Python 1.0\r\nAccept: text/event-stream\r\nX-Request-Id: client-1\r\nContent-Type: application/json; charset=utf-8\r\nTraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\nTracestate: a=b\r\n"} {
+					for _, pin := range []bool{false, true} {
+						body := strings.Replace(chat, `"stream":true`, `"stream":`+stream, 1)
+						t.Run(name+"/"+engine+"/stream="+stream+"/headers="+itoa(len(headers))+"/pin="+map[bool]string{true: "yes", false: "no"}[pin], func(t *testing.T) {
+							rel, a := ownRequestRelay(t, engine, RouteChatCompletions, body, headers, false)
+							rec := *a.ticket.Worker.Record()
+							rec.DisaggMeta = discovery.DisaggMeta{Protocol: name, Params: params}
+							rel.pd = &pdRequest{legs: pdLegs{body: rel.body, prefill: &rec, decode: &rec, room: 42,
+								prefillHost: "10.0.0.1", decodeHost: "10.0.0.2", hints: &rel.scan}}
+							defer func() { rel.pd = nil }()
+							a.ticket.PinRank, a.ticket.DPRank = pin, 3
+							legs := [][]byte{nil} // decode-only: the mixed path's body
+							if proto := pdProtocols[name]; proto != nil {
+								if proto.prepare != nil {
+									if err := proto.prepare(&rel.pd.legs); err != nil {
+										t.Fatal(err)
+									}
+								}
+								pre, err := proto.prefillBody(&rel.pd.legs)
+								if err != nil {
+									t.Fatal(err)
+								}
+								dec, err := proto.decodeBody(&rel.pd.legs, handoff)
+								if err != nil {
+									t.Fatal(err)
+								}
+								legs = [][]byte{pre, dec}
+							}
+							for _, leg := range legs {
+								a.body = leg
+								req := rel.upstreamRequest(a)
+								rel.pd.legs.setRequestID(req)
+								want := fasthttpRequestBytes(t, req)
+								fasthttp.ReleaseRequest(req)
+								if !rel.writesLeg(a) {
+									t.Fatal("the leg does not write itself")
+								}
+								if got := ownRequestBytes(t, rel.ownLeg(a)); got != want {
+									t.Errorf("leg request\n%q\nwant fasthttp's\n%q", got, want)
+								}
+							}
+						})
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestPDProtocolIndexes: each protocol has its own slot of the cached
+// series (pdMetrics.served).
+func TestPDProtocolIndexes(t *testing.T) {
+	if len(pdProtocols) != numPDProtocols {
+		t.Fatalf("%d protocols, numPDProtocols %d", len(pdProtocols), numPDProtocols)
+	}
+	seen := map[int]string{}
+	for name, p := range pdProtocols {
+		if p.index < 0 || p.index >= numPDProtocols || seen[p.index] != "" {
+			t.Errorf("%s: index %d (taken by %q)", name, p.index, seen[p.index])
+		}
+		seen[p.index] = name
+	}
+}
