@@ -85,7 +85,7 @@ func (r *Router) noteUsage(rel *relay, o outcome) {
 		prompt, cached = u.prompt, u.cached
 	case rel.dialect.response == nil && rel.ctx != nil:
 		// The engine's own answer (a translated one no longer is).
-		if prompt, cached, ok = parseUsage(rel.ctx.Response.Body()); !ok {
+		if prompt, cached, ok = parseUsage(answerBody(&rel.ctx.Response)); !ok {
 			return
 		}
 	default:

@@ -54,7 +54,9 @@ func divergenceRun(t *testing.T, tok tokenizer.Tokenizer, requests int) (*testRo
 		msgs := `[{"role":"system","content":"` + system + `"},{"role":"user","content":"` + user + `"}]`
 		if i%2 == 0 {
 			resp, body := tr.do(t, http.MethodPost, "/v1/chat/completions", `{"model":"sim-model","max_tokens":2,"messages":`+msgs+`}`)
-			if resp.StatusCode != 200 {
+			// The usage is read from the answer the client gets: its body
+			// must still be the engine's.
+			if resp.StatusCode != 200 || !strings.Contains(string(body), `"object":"chat.completion"`) {
 				t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
 			}
 			continue

@@ -193,6 +193,18 @@ func (rel *relay) ownUnaryHead(ctx *fasthttp.RequestCtx, fc *frontConn, src *fas
 	return true
 }
 
+// answerBody returns the body of the answer resp holds for the client
+// without draining a unary answer's body stream: Body() would copy it
+// through WriteTo before fasthttp writes the head, which then finds no
+// head held and sends errUnaryHeadLost as the answer (every kv-aware unary
+// answer did: the divergence alarm reads the usage in finish).
+func answerBody(resp *fasthttp.Response) []byte {
+	if u, ok := resp.BodyStream().(*unaryAnswer); ok {
+		return u.body
+	}
+	return resp.Body()
+}
+
 // Read is never called: fasthttp writes the body with WriteTo.
 func (u *unaryAnswer) Read([]byte) (int, error) { return 0, io.EOF }
 
