@@ -26,6 +26,9 @@ func TestAppendUnescapedMatchesEncodingJSON(t *testing.T) {
 		`"plain"`, `"a\"b\\c\/d\b\f\n\r\t"`, `"\u00e9\u20ac"`, `"\ud83d\ude00"`,
 		`"\ud83d"`, `"\ude00x"`, `"\ud83dx\ude00"`, "\"caf\xc3\xa9\"", "\"bad\xff\xfe\"",
 		"\"\xe2\x82\"", `""`,
+		// Plain runs past whole 32-byte blocks and eight-byte words, ended
+		// by an escape, a non-ASCII byte and the end (plainEnd).
+		`"` + strings.Repeat("abcdefgh", 5) + `x\n` + strings.Repeat("y", 33) + "\xc3\xa9" + strings.Repeat("z", 9) + `"`,
 	} {
 		s := jsonx.Scanner{B: []byte(lit), Lenient: true}
 		st, en, esc, err := s.String()

@@ -1,6 +1,10 @@
 package jsonx
 
-import "unicode/utf8"
+import (
+	"encoding/binary"
+	"math/bits"
+	"unicode/utf8"
+)
 
 // AppendUnescaped appends the decoded form of a validated JSON string's raw
 // content (without its quotes) to dst, exactly as encoding/json decodes it:
@@ -20,7 +24,7 @@ func AppendUnescaped(dst, raw []byte) []byte {
 			continue
 		}
 		if c != '\\' {
-			j := i + 1
+			j := plainEnd(raw, i+1)
 			for j < len(raw) && raw[j] != '\\' && raw[j] < utf8.RuneSelf {
 				j++
 			}
@@ -79,4 +83,28 @@ func Equal(raw []byte, escaped bool, s string) bool {
 	}
 	var buf [256]byte
 	return string(AppendUnescaped(buf[:0], raw)) == s
+}
+
+// plainEnd skips the plain string content (String's sense) of b from i on,
+// 32 bytes at a time where the CPU can and else eight, and returns where it
+// stopped: at the first byte that is not plain or short of the last eight.
+// A prompt's text is mostly plain: byte by byte, its copy was ~9
+// instructions a byte of a kv-aware pick's chat rendering (issue 36,
+// docs/performance.md).
+func plainEnd(b []byte, i int) int {
+	if haveStrScan && len(b)-i >= 32 {
+		n := len(b) - i
+		j := plainBlocks(&b[i], n)
+		i += j
+		if j != n&^31 {
+			return i
+		}
+	}
+	for i+8 <= len(b) {
+		if m := nonPlain8(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		i += 8
+	}
+	return i
 }

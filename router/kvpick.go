@@ -25,6 +25,7 @@ type kvScratch struct {
 	targets []*kvTarget
 	setOf   []int     // per target: its hash set
 	hits    []int     // per target: cached prefix (index or placements)
+	indexed []int     // per target: the prefix the index lists (provisional hits not counted)
 	effs    []int     // per target: hits or the prefix in flight there
 	costs   []float64 // per target: its cost
 	uncs    []float64 // per target: uncached prompt tokens (--kv-cost ttft)
@@ -138,6 +139,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	// Hashes and cached prefixes per target.
 	sc.setOf = grow(sc.setOf, nt)
 	sc.hits = grow(sc.hits, nt)
+	sc.indexed = grow(sc.indexed, nt)
 	for i, t := range sc.targets {
 		if kind == keyTokens {
 			sc.setOf[i] = sc.set(t.blockSize())
@@ -145,6 +147,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			sc.setOf[i] = 0
 		}
 		sc.hits[i] = 0
+		sc.indexed[i] = 0
 	}
 	if kind == keyTokens {
 		p.matchIndex(sc)
@@ -156,8 +159,11 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			sc.hits[i] = max(sc.hits[i], t.place.Match(hs, now), t.keep.Match(hs, now))
 		case t.prov != nil:
 			// Provisional hits: what this router placed there within the
-			// event-latency window counts as cached until events land.
-			sc.hits[i] = max(sc.hits[i], t.prov.Match(hs, now))
+			// event-latency window counts as cached until events land. It
+			// holds only the blocks beyond what the index listed at each
+			// pick (commit), so it is matched from the indexed prefix on.
+			sc.indexed[i] = sc.hits[i]
+			sc.hits[i] += t.prov.Match(hs[sc.hits[i]:], now)
 		}
 	}
 
@@ -355,7 +361,12 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 		}
 	} else {
 		if t.prov != nil && ret != openai.RetentionNone {
-			t.prov.Record(hs, now)
+			// Only the blocks the index does not list there: recording the
+			// whole prompt at every pick was ~190 instructions a block
+			// (issue 36, docs/performance.md), for blocks already indexed.
+			// Provisional ones are recorded again, which keeps a prefix
+			// newer than the blocks that hang from it.
+			t.prov.Record(hs[sc.indexed[best]:], now)
 		}
 		// Engines report no event on a cache hit; the prefix the router
 		// just relied on is kept from being the index's first eviction

@@ -93,3 +93,24 @@ func FuzzEncode(f *testing.F) {
 		}
 	})
 }
+
+// TestAppendByteIDs: one id a byte, its value, after what dst held, for
+// every length around the eight-byte steps, from a string and from bytes.
+func TestAppendByteIDs(t *testing.T) {
+	var text [27]byte
+	for i := range text {
+		text[i] = byte(250 - 9*i)
+	}
+	for n := range len(text) + 1 {
+		want := []uint32{7}
+		for _, c := range text[:n] {
+			want = append(want, uint32(c))
+		}
+		if got := AppendByteIDs([]uint32{7}, string(text[:n])); !slices.Equal(got, want) {
+			t.Fatalf("string of %d: %v, want %v", n, got, want)
+		}
+		if got := AppendByteIDs([]uint32{7}, text[:n]); !slices.Equal(got, want) {
+			t.Fatalf("bytes of %d: %v, want %v", n, got, want)
+		}
+	}
+}
