@@ -72,6 +72,12 @@ type relay struct {
 	id     []byte    // request id (pooled backing array)
 	reqBuf []byte    // the translated body's pooled buffer
 	tried  []*Worker // workers already tried (pooled)
+	// legs and handoff are a PD request's pooled buffers (pd.go): the
+	// prefill leg's body and edits, the decode leg's, and a serial
+	// prefill's hand-off. Each lives while its pair does; a later pair's
+	// overwrites the ended pair's.
+	legs    [2]pdScratch
+	handoff []byte
 	// scan: the client body's fields (openai.Scan); reset empties it and
 	// keeps its scratch buffer (an escaped model name).
 	scan openai.Request
