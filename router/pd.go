@@ -155,6 +155,7 @@ func (rel *relay) pdTry() (bool, error) {
 		rel.endLegs(verdictNeutral)
 		return false, err
 	}
+	pd.legs.out = &rel.legs[0]
 	pbody, err := proto.prefillBody(&pd.legs)
 	if err != nil {
 		rel.endLegs(verdictNeutral)
@@ -164,6 +165,7 @@ func (rel *relay) pdTry() (bool, error) {
 	if proto.topology == pdSerial {
 		return rel.pdSerial()
 	}
+	pd.legs.out = &rel.legs[1]
 	dbody, err := proto.decodeBody(&pd.legs, nil)
 	if err != nil {
 		rel.endLegs(verdictNeutral)
@@ -282,7 +284,8 @@ func (rel *relay) pdSerial() (bool, error) {
 	var handoff []byte
 	if status < 300 {
 		if v := topLevelField(resp.Body(), "kv_transfer_params"); len(v) > 0 && v[0] == '{' {
-			handoff = append([]byte(nil), v...)
+			rel.handoff = append(rel.handoff[:0], v...)
+			handoff = rel.handoff
 		}
 	}
 	var res pdResult
@@ -300,6 +303,7 @@ func (rel *relay) pdSerial() (bool, error) {
 		return false, res.err
 	}
 	pd.legs.handoffValid = true // topLevelField validated it
+	pd.legs.out = &rel.legs[1]
 	dbody, err := pd.proto.decodeBody(&pd.legs, handoff)
 	if err != nil {
 		rel.endAttempt(&rel.att, 0, nil, verdictNeutral)

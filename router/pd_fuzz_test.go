@@ -34,6 +34,9 @@ func FuzzPDBodies(f *testing.F) {
 			prefillHost: "10.0.0.1", decodeHost: "10.0.0.2"}
 		var scan openai.Request
 		scanned := openai.Scan(body, &scan) == nil
+		// The folded legs are shaped into one pooled scratch (as the
+		// relay's), reused leg after leg.
+		var scratch pdScratch
 		for name, proto := range pdProtocols {
 			if proto.prepare != nil {
 				if err := proto.prepare(&l); err != nil {
@@ -81,7 +84,7 @@ func FuzzPDBodies(f *testing.F) {
 					hl := l
 					rec := *prefill
 					rec.Engine = engine
-					hl.prefill, hl.decode, hl.hints = &rec, &rec, &scan
+					hl.prefill, hl.decode, hl.hints, hl.out = &rec, &rec, &scan, &scratch
 					folded, err := shape(&hl)
 					if err != nil || string(folded) != string(hinted) {
 						t.Fatalf("%s %s hints for %s folded: %q, %v; want %q", name, leg, engine, folded, err, hinted)

@@ -45,6 +45,9 @@ func TestPDBodiesAsBefore(t *testing.T) {
 		Out, Err              string
 	}
 	var rows []row
+	// The legs are shaped into pooled buffers (pdLegs.out) as pdTry does,
+	// reused row after row: a longer body before must leave no trace.
+	var bufs [2]pdScratch
 	for _, name := range names {
 		proto := pdProtocols[name]
 		for _, engine := range []string{"vllm", "sglang"} {
@@ -76,8 +79,10 @@ func TestPDBodiesAsBefore(t *testing.T) {
 								if hi > 0 {
 									continue
 								}
+								l.out = &bufs[0]
 								out, err = proto.prefillBody(&l)
 							} else {
+								l.out = &bufs[1]
 								out, err = proto.decodeBody(&l, []byte(handoff))
 							}
 
@@ -109,5 +114,44 @@ func TestPDBodiesAsBefore(t *testing.T) {
 			t.Errorf("%s %s leg (%s, body %d, hand-off %d):\n%q (%s)\nwant\n%q (%s)", want.Protocol, want.Leg, want.Engine, want.Body, want.Handoff,
 				rows[i].Out, rows[i].Err, want.Out, want.Err)
 		}
+	}
+}
+
+// TestPDLegBodiesAlloc: a request's leg bodies, shaped with their cache
+// hints into the relay's pooled buffers (pdLegs.out), allocate nothing once
+// the buffers have grown (a serial protocol, both legs, and a concurrent
+// one's).
+func TestPDLegBodiesAlloc(t *testing.T) {
+	body := []byte(goldenBodies[0])
+	handoff := []byte(goldenHandoffs[0])
+	var scan openai.Request
+	if err := openai.Scan(body, &scan); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ protocol, engine string }{
+		{discovery.ProtocolVLLMNixl, "vllm"},
+		{discovery.ProtocolSGLangBootstrap, "sglang"},
+	} {
+		t.Run(c.protocol, func(t *testing.T) {
+			params := map[string]any{"bootstrap_addr": "10.0.0.1:8998", "bootstrap_port": 8998.0}
+			rec := &discovery.Record{WorkerID: "w", Engine: c.engine, DisaggMeta: discovery.DisaggMeta{Protocol: c.protocol, Params: params}}
+			proto := pdProtocols[c.protocol]
+			var bufs [2]pdScratch
+			l := pdLegs{body: body, prefill: rec, decode: rec, room: 12345, prefillDPSize: 1, hints: &scan}
+			run := func() {
+				l.out = &bufs[0]
+				if _, err := proto.prefillBody(&l); err != nil {
+					t.Fatal(err)
+				}
+				l.out = &bufs[1]
+				if _, err := proto.decodeBody(&l, handoff); err != nil {
+					t.Fatal(err)
+				}
+			}
+			run()
+			if n := testing.AllocsPerRun(100, run); n != 0 {
+				t.Fatalf("shaping both legs allocates %.1f times, want 0", n)
+			}
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/jsonx"
@@ -55,6 +56,27 @@ type pdLegs struct {
 	// handoffValid says the hand-off was read from the prefill's answer,
 	// which validated it (topLevelField): the decode leg need not again.
 	handoffValid bool
+	// out, when set, is the relay's pooled scratch the leg being shaped is
+	// written into, so that a request's bodies allocate nothing once its
+	// buffers have grown; nil: new ones.
+	out *pdScratch
+}
+
+// pdScratch is one leg's pooled body buffer and edit lists (relay.legs):
+// an edit list handed to the body editor escapes, so one on the stack
+// would be allocated every leg.
+type pdScratch struct {
+	body           []byte
+	kv             []byte // the leg's kv_transfer_params with its hint (vLLM)
+	values         []byte // the leg's edits' values written out (SGLang's)
+	fields, hinted [pdMaxFields]jsonx.Field
+}
+
+// rawString is s's bytes as a slice, without a copy, for a jsonx.Field
+// value: the body editor only reads them (a []byte(s) conversion there
+// allocates, the fields escaping).
+func rawString(s string) []byte {
+	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
 // badHandoff reports whether a serial prefill's hand-off is not a JSON
@@ -155,9 +177,9 @@ func appendFields(fields []jsonx.Field, kv []any) ([]jsonx.Field, error) {
 		case []byte:
 			fields = append(fields, jsonx.Field{Key: key, Value: v})
 		case string:
-			fields = append(fields, jsonx.Field{Key: key, Value: []byte(v)})
+			fields = append(fields, jsonx.Field{Key: key, Value: rawString(v)})
 		case existing:
-			fields = append(fields, jsonx.Field{Key: key, Value: []byte(v), Existing: true})
+			fields = append(fields, jsonx.Field{Key: key, Value: rawString(string(v)), Existing: true})
 		default:
 			// Every caller is in this package and passes literal pairs;
 			// another type is a programming error, not an input.
@@ -171,35 +193,55 @@ func appendFields(fields []jsonx.Field, kv []any) ([]jsonx.Field, error) {
 // are none); an error names the first key, which the edits one after the
 // other would have failed on.
 func editFields(body []byte, fields []jsonx.Field) ([]byte, error) {
+	return appendEdited(nil, body, fields)
+}
+
+// appendEdited is editFields writing into dst (its bytes overwritten).
+func appendEdited(dst, body []byte, fields []jsonx.Field) ([]byte, error) {
 	if len(fields) == 0 {
 		return body, nil
 	}
-	out, err := jsonx.SetFields(nil, body, fields, maxEditDepth)
+	out, err := jsonx.SetFields(dst[:0], body, fields, maxEditDepth)
 	if err != nil {
 		return nil, fmt.Errorf("edit %s: %w", fields[0].Key, err)
 	}
 	return out, nil
 }
 
+// edit is editFields into the leg's pooled buffer, when it has one.
+func (l *pdLegs) edit(body []byte, fields []jsonx.Field) ([]byte, error) {
+	if l.out == nil {
+		return editFields(body, fields)
+	}
+	out, err := appendEdited(l.out.body, body, fields)
+	if err == nil && len(fields) > 0 {
+		l.out.body = out
+	}
+	return out, err
+}
+
 // shape applies a leg's top-level edits (kv pairs, as setFields) to body
 // for the worker rec, with its engine's cache hints (pdCacheHints) folded
 // into the same pass when l.hints is set.
 func (l *pdLegs) shape(body []byte, rec *discovery.Record, kv ...any) ([]byte, error) {
-	var buf [pdMaxFields]jsonx.Field
-	fields, err := appendFields(buf[:0], kv)
+	var fbuf, hbuf []jsonx.Field
+	var kvBuf *[]byte
+	if l.out != nil {
+		fbuf, hbuf, kvBuf = l.out.fields[:0], l.out.hinted[:0], &l.out.kv
+	}
+	fields, err := appendFields(fbuf, kv)
 	if err != nil {
 		return nil, err
 	}
 	if l.hints == nil || rec == nil {
-		return editFields(body, fields)
+		return l.edit(body, fields)
 	}
-	var hbuf [pdMaxFields]jsonx.Field
-	hinted, ok, err := pdHintFields(append(hbuf[:0], fields...), l.body, l.hints, rec.Engine)
+	hinted, ok, err := pdHintFields(append(hbuf, fields...), l.body, l.hints, rec.Engine, kvBuf)
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		return editFields(body, hinted)
+		return l.edit(body, hinted)
 	}
 	// The hints edit a member the protocol left as it was (or set twice):
 	// the body first, then the hints on it.
@@ -454,19 +496,36 @@ func sglangBody(l *pdLegs, decode bool) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	kv := []any{
-		"bootstrap_host", string(jsonx.AppendQuoted(nil, host)),
-		"bootstrap_port", strconv.Itoa(port),
-		"bootstrap_room", strconv.FormatUint(l.room, 10),
+	// The values are written one after the other into one buffer (the
+	// leg's pooled one when it has it) and the edits slice it once it is
+	// complete; the edit list is an array: neither is allocated a leg.
+	var v []byte
+	if l.out != nil {
+		v = l.out.values[:0]
 	}
+	v = jsonx.AppendQuoted(v, host)
+	h := len(v)
+	v = strconv.AppendInt(v, int64(port), 10)
+	p := len(v)
+	v = strconv.AppendUint(v, l.room, 10)
+	r := len(v)
+	if l.out != nil {
+		l.out.values = v
+	}
+	kv := [...]any{"bootstrap_host", v[:h], "bootstrap_port", v[h:p], "bootstrap_room", v[p:r], "disagg_prefill_dp_rank", nil}
+	n := 6
 	rec := l.prefill
 	if decode {
 		rec = l.decode
 		if l.prefillDPSize > 1 {
-			kv = append(kv, "disagg_prefill_dp_rank", strconv.Itoa(l.prefillDPRank))
+			v = strconv.AppendInt(v, int64(l.prefillDPRank), 10)
+			if l.out != nil {
+				l.out.values = v
+			}
+			kv[7], n = v[r:], 8
 		}
 	}
-	return l.shape(l.body, rec, kv...)
+	return l.shape(l.body, rec, kv[:n]...)
 }
 
 func sglangPrefill(l *pdLegs) ([]byte, error) { return sglangBody(l, false) }
@@ -561,8 +620,9 @@ func pdCacheHints(body, client []byte, scan *openai.Request, engine string) ([]b
 // would give the body they make (engine's), folded in: the same bytes in
 // one pass. ok is false when they cannot be (a hint on a member the edits
 // do not set: vLLM's kv_transfer_params left as the client sent it, or a
-// hint's key among the edits).
-func pdHintFields(fields []jsonx.Field, client []byte, scan *openai.Request, engine string) (_ []jsonx.Field, ok bool, _ error) {
+// hint's key among the edits). The hinted kv_transfer_params is written
+// into *kvBuf when it is set (pooled), else into a new slice.
+func pdHintFields(fields []jsonx.Field, client []byte, scan *openai.Request, engine string, kvBuf *[]byte) (_ []jsonx.Field, ok bool, _ error) {
 	ret := scan.Retention
 	if ret == openai.RetentionUnset {
 		ret = openai.RetentionLong
@@ -571,7 +631,7 @@ func pdHintFields(fields []jsonx.Field, client []byte, scan *openai.Request, eng
 		if slices.ContainsFunc(fields, func(f jsonx.Field) bool { return f.Key == key }) {
 			return false
 		}
-		fields = append(fields, jsonx.Field{Key: key, Value: []byte(value)})
+		fields = append(fields, jsonx.Field{Key: key, Value: rawString(value)})
 		return true
 	}
 	switch engine {
@@ -596,9 +656,16 @@ func pdHintFields(fields []jsonx.Field, client []byte, scan *openai.Request, eng
 					}
 				}
 			}
-			nkv, err := jsonx.SetField(nil, kv, "infera_retention", value, maxEditDepth)
+			var dst []byte
+			if kvBuf != nil {
+				dst = (*kvBuf)[:0]
+			}
+			nkv, err := jsonx.SetField(dst, kv, "infera_retention", value, maxEditDepth)
 			if err != nil {
 				return nil, false, fmt.Errorf("edit kv_transfer_params: %w", err)
+			}
+			if kvBuf != nil {
+				*kvBuf = nkv
 			}
 			fields[i].Value = nkv
 		}

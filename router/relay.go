@@ -72,6 +72,14 @@ type relay struct {
 	id     []byte    // request id (pooled backing array)
 	reqBuf []byte    // the translated body's pooled buffer
 	tried  []*Worker // workers already tried (pooled)
+	// legs and handoff are a PD request's pooled buffers (pd.go): the
+	// prefill leg's body and edits, the decode leg's, and a serial
+	// prefill's hand-off. Each lives while its pair does; a later pair's
+	// overwrites the ended pair's. Reset leaves legs as they are (each
+	// part is written before it is read: clearing them would cost every
+	// request ~2 KB of stores).
+	legs    [2]pdScratch
+	handoff []byte
 	// scan: the client body's fields (openai.Scan); reset empties it and
 	// keeps its scratch buffer (an escaped model name).
 	scan openai.Request
@@ -231,7 +239,7 @@ func (rel *relay) reset() {
 	// their exchange. A response still out (never released) stays out:
 	// not handed again.
 	dropWorkers(rel.tried)
-	rel.id, rel.reqBuf, rel.tried = rel.id[:0], rel.reqBuf[:0], rel.tried[:0]
+	rel.id, rel.reqBuf, rel.tried, rel.handoff = rel.id[:0], rel.reqBuf[:0], rel.tried[:0], rel.handoff[:0]
 	rel.scan.Reset()
 	rel.pump.reset()
 	// The request's part in one clear, in place (a literal with fields

@@ -17,10 +17,11 @@ import (
 
 // relayKept are the relay's parts that reset keeps for the next request:
 // slices kept as empty buffers (their backing arrays) but for the pump's
-// read buffer (kept whole), the rest as they are. Every other part must
-// be as in a new relay after reset.
+// read buffer (kept whole), the rest as they are (a PD request's leg
+// scratches: each part is written before it is read). Every other part
+// must be as in a new relay after reset.
 var relayKept = map[string]bool{
-	"id": true, "reqBuf": true, "tried": true, "scan.scratch": true,
+	"id": true, "reqBuf": true, "tried": true, "scan.scratch": true, "legs": true, "handoff": true,
 	"pump.buf": true, "pump.out": true,
 	"xlate": true, "xlateEvent": true, "mig": true, "trackEvent": true,
 	"ureq": true, "uresp": true, "urespOut": true,
