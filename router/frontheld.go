@@ -107,6 +107,29 @@ func (fc *frontConn) putOff(rel *relay) bool {
 	return true
 }
 
+// finishAnswered finishes a unary request whose answer is made, for
+// fasthttp to write after the handler. Where the connection holds that
+// answer for its next read (holdAnswer, the goroutine door), the
+// bookkeeping waits until it has gone out (putOff), as a stream's does:
+// it ran between the answer's read from the engine and the client's
+// first byte (issue 36). What reads the answer runs now: its ids' lines
+// (echoID) and the divergence alarm's usage (noteUsage), since fasthttp
+// resets the response before that read.
+func (rel *relay) finishAnswered(o outcome) {
+	if fc, ok := rel.clientConn(); ok {
+		holdAnswer(rel.ctx) // (Handle's own call finds it done)
+		if fc.ans.on {
+			rel.echoID()
+			rel.r.noteUsage(rel, o)
+			rel.noted, rel.outcome = true, o
+			if fc.putOff(rel) {
+				return
+			}
+		}
+	}
+	rel.r.finish(rel, o, rel.status)
+}
+
 // runAfter runs the bookkeeping putOff kept, once: after the held bytes
 // went out (the read's wait, a write that sent them, Close), or before a
 // read that found nothing held.

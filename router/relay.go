@@ -156,6 +156,7 @@ type relayRequest struct {
 	streaming bool // a stream's status line went out: only a stream may replace it
 	firstByte bool // an event reached the client
 	done      bool // the stream reached its end (or failed) in WriteTo/Read
+	noted     bool // the divergence alarm has its usage (finishAnswered)
 	outcome   outcome
 	err       error
 	trace     reqTrace // tracing.go
@@ -419,7 +420,7 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		if fc, ok := rel.clientConn(); ok && rel.ownUnaryHead(ctx, fc, resp) {
 			a.dropResponse(resp)
 			rel.watch.stop(ctx)
-			rel.r.finish(rel, outcomeOK, rel.status)
+			rel.finishAnswered(outcomeOK) // frontheld.go
 			return true, nil
 		}
 	}
@@ -435,7 +436,7 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 				rel.ownUnaryHead(ctx, fc, &ctx.Response) // relayhead.go
 			}
 		}
-		rel.r.finish(rel, statusOutcome(rel.status), rel.status)
+		rel.finishAnswered(statusOutcome(rel.status)) // frontheld.go
 		return true, nil
 	}
 	// Nothing has been sent yet: the answer is only buffered.
@@ -548,7 +549,9 @@ func (r *Router) finish(rel *relay, o outcome, status int) {
 	if rel.pd != nil {
 		rel.endPD()
 	}
-	r.noteUsage(rel, o) // the divergence alarm (kvdivergence.go)
+	if !rel.noted {
+		r.noteUsage(rel, o) // the divergence alarm (kvdivergence.go)
+	}
 	rel.endAttemptAt(&rel.att, status, rel.err, verdictOf(o, status), end)
 	r.traceFinish(rel, o, status) // tracing.go
 	rel.reset()
