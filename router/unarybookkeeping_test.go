@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,13 +15,14 @@ import (
 )
 
 // TestUnaryAnswerBeforeBookkeeping: on the goroutine front door a unary
-// answer, held for the connection's next read, reaches the client before
-// the request's bookkeeping runs (the relay's finish: the attempt's end,
-// metrics), which that read runs once the answer has gone (putOff, as for
-// a stream's end; issue 36). Without it the answer waits for the policy's
-// Release held up here, and the read times out. The connection goes on as
-// before once the bookkeeping is free: answers with a request id and the
-// worker's name, a stream, pipelined requests.
+// answer, held for the connection's next read, goes out before the
+// request's own bookkeeping (metrics, tracing, the relay's reset), which
+// that read runs once the answer has gone and before it waits (putOff, as
+// for a stream's end; issue 36), and the attempt's end before the answer
+// (the policy's Release: the first answer arrives only once it is free).
+// The connection goes on as before (a stream, pipelined requests), and
+// every request is counted once, none left in flight, by the time the
+// next request on the connection is read.
 func TestUnaryAnswerBeforeBookkeeping(t *testing.T) {
 	up := rawUpstream(t, func(c net.Conn, _ <-chan struct{}) {
 		serveRequests(c, func(stream bool) bool {
@@ -57,13 +59,24 @@ func TestUnaryAnswerBeforeBookkeeping(t *testing.T) {
 		}
 	}
 
-	// The answer arrives while its attempt's end is held up.
+	// The answer waits for its attempt's end, held up.
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.WriteString(c, unary); err != nil {
 		t.Fatal(err)
 	}
-	wantUnary()
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, _ = br.Peek(1)
+	}()
+	<-got
+	if br.Buffered() != 0 {
+		t.Fatal("the answer went out before its attempt ended")
+	}
 	openGate()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	wantUnary()
 
 	for _, req := range []string{unary, stream, unary + unary + stream + unary} {
 		if _, err := io.WriteString(c, req); err != nil {
@@ -83,5 +96,18 @@ func TestUnaryAnswerBeforeBookkeeping(t *testing.T) {
 	}
 	if br.Buffered() != 0 {
 		t.Fatalf("bytes after the last answer: %d", br.Buffered())
+	}
+	// 5 unary requests and 2 streams, each counted once by now.
+	if _, err := io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_, metrics := readAnswer(t, br)
+	for _, want := range []string{
+		`infera_requests_total{outcome="ok",route="chat_completions"} 7`,
+		`infera_requests_in_flight 0`,
+	} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("metrics lack %q", want)
+		}
 	}
 }
