@@ -45,24 +45,14 @@ type heldAnswer struct {
 // body (a stream's writes go out as they come; a unary answer whose head
 // lines the relay writes is whole too).
 func holdAnswer(ctx *fasthttp.RequestCtx) {
-	if fc, ok := ctx.Conn().(*frontConn); ok {
-		fc.holdAnswer(ctx)
-	}
-}
-
-// holdAnswer is the package's holdAnswer on fc, the connection of ctx;
-// false: the answer is not held.
-func (fc *frontConn) holdAnswer(ctx *fasthttp.RequestCtx) bool {
-	if fc.ans.on {
-		return true // (finishAnswered's, then Handle's)
-	}
-	if ctx.Hijacked() {
-		return false
+	fc, ok := ctx.Conn().(*frontConn)
+	if !ok || ctx.Hijacked() {
+		return
 	}
 	if s := ctx.Response.BodyStream(); s != nil && s != io.Reader(&fc.una) {
-		return false
+		return
 	}
-	return fc.holdForRead()
+	fc.holdForRead()
 }
 
 // sendHeldFirst sends an answer held for a read that a pipelined request
@@ -115,33 +105,6 @@ func (fc *frontConn) putOff(rel *relay) bool {
 	}
 	fc.ans.after.Store(rel)
 	return true
-}
-
-// finishAnswered finishes a unary request whose answer is made, for
-// fasthttp to write after the handler. Where the connection holds that
-// answer for its next read (holdAnswer, the goroutine door), the
-// request's own bookkeeping (metrics, tracing, the relay's reset) waits
-// until it has gone out (putOff), as a stream's does: it ran between the
-// answer's read from the engine and the client's first byte (issue 36).
-// What reads the answer runs now: its ids' lines (echoID) and the
-// divergence alarm's usage (noteUsage), since fasthttp resets the
-// response before that read; and what other requests see, the attempt's
-// end.
-func (rel *relay) finishAnswered(o outcome) {
-	if fc, ok := rel.clientConn(); ok && fc.holdAnswer(rel.ctx) {
-		rel.echoID()
-		rel.r.noteUsage(rel, o) // (reads the attempt's ticket: before its end)
-		// The attempt's end stays before the answer too: the policy's
-		// Release, the admission slot, the breaker. The client's next
-		// request, on another connection, finds the worker as free as
-		// the answer says (least-load's load, a full worker's slot).
-		rel.endAttempt(&rel.att, rel.status, rel.err, verdictOf(o, rel.status))
-		rel.noted, rel.outcome = true, o
-		if fc.putOff(rel) {
-			return
-		}
-	}
-	rel.r.finish(rel, o, rel.status)
 }
 
 // runAfter runs the bookkeeping putOff kept, once: after the held bytes

@@ -156,7 +156,6 @@ type relayRequest struct {
 	streaming bool // a stream's status line went out: only a stream may replace it
 	firstByte bool // an event reached the client
 	done      bool // the stream reached its end (or failed) in WriteTo/Read
-	noted     bool // the divergence alarm has its usage (finishAnswered)
 	outcome   outcome
 	err       error
 	trace     reqTrace // tracing.go
@@ -420,7 +419,7 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		if fc, ok := rel.clientConn(); ok && rel.ownUnaryHead(ctx, fc, resp) {
 			a.dropResponse(resp)
 			rel.watch.stop(ctx)
-			rel.finishAnswered(outcomeOK) // frontheld.go
+			rel.r.finish(rel, outcomeOK, rel.status)
 			return true, nil
 		}
 	}
@@ -436,7 +435,7 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 				rel.ownUnaryHead(ctx, fc, &ctx.Response) // relayhead.go
 			}
 		}
-		rel.finishAnswered(statusOutcome(rel.status)) // frontheld.go
+		rel.r.finish(rel, statusOutcome(rel.status), rel.status)
 		return true, nil
 	}
 	// Nothing has been sent yet: the answer is only buffered.
@@ -549,9 +548,7 @@ func (r *Router) finish(rel *relay, o outcome, status int) {
 	if rel.pd != nil {
 		rel.endPD()
 	}
-	if !rel.noted {
-		r.noteUsage(rel, o) // the divergence alarm (kvdivergence.go)
-	}
+	r.noteUsage(rel, o) // the divergence alarm (kvdivergence.go)
 	rel.endAttemptAt(&rel.att, status, rel.err, verdictOf(o, status), end)
 	r.traceFinish(rel, o, status) // tracing.go
 	rel.reset()
