@@ -232,8 +232,7 @@ func (u *unaryAnswer) WriteTo(io.Writer) (int64, error) {
 	}
 	b := *bp
 	if len(b) < len(unaryKeepAlive) {
-		*bp = b[:0]
-		holdBufs.Put(bp)
+		c.putHoldBuf(bp, b)
 		return 0, errUnaryHeadLost
 	}
 	// Most heads end with Content-Length's digits and the empty line; the
@@ -256,10 +255,7 @@ func (u *unaryAnswer) WriteTo(io.Writer) (int64, error) {
 		// once: an idle keep-alive connection does not keep that much.
 		u.body = nil
 	}
-	if cap(b) <= maxKeptHold {
-		*bp = b[:0]
-		holdBufs.Put(bp)
-	}
+	c.putHoldBuf(bp, b)
 	if err != nil {
 		return 0, err
 	}

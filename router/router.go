@@ -569,13 +569,18 @@ func (r *Router) appendRequestID(dst, fromClient []byte) []byte {
 	if validRequestID(fromClient) {
 		return append(dst, fromClient...)
 	}
-	dst = append(dst, r.idPrefix[:]...)
+	// Built in an array and appended once: an append a digit checked
+	// dst's capacity sixteen times (~280 instructions a request, callgrind,
+	// docs/performance.md; ~90 so).
+	var id [len(r.idPrefix) + 16]byte
+	copy(id[:], r.idPrefix[:])
 	n := r.idSeq.Add(1)
 	const hexDigits = "0123456789abcdef"
-	for shift := 60; shift >= 0; shift -= 4 {
-		dst = append(dst, hexDigits[(n>>uint(shift))&0xf])
+	for i := len(id) - 1; i >= len(r.idPrefix); i-- {
+		id[i] = hexDigits[n&0xf]
+		n >>= 4
 	}
-	return dst
+	return append(dst, id[:]...)
 }
 
 // validRequestID accepts 1..128 visible ASCII characters, so that a client's
