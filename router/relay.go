@@ -429,24 +429,13 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 	// response: not a NATS leg's, not PD's, whose ids are set) has its
 	// head lines written by the relay (relayhead.go); any other gets the
 	// body in ctx's response, its buffer handed over.
-	if !rel.ownUnary(ctx, resp, body) && body == resp {
+	if !rel.ownUnaryHead(ctx, resp, body) && body == resp {
 		_ = readUnary(ctx, resp, nil, nil)
 	}
 	a.dropResponse(resp)
 	rel.watch.stop(ctx)
 	rel.r.finish(rel, statusOutcome(rel.status), rel.status)
 	return true, nil
-}
-
-// ownUnary hands a unary answer whose body lies whole in body to the
-// client connection with the relay's head lines (ownUnaryHead), where it
-// may: false, nothing was done.
-func (rel *relay) ownUnary(ctx *fasthttp.RequestCtx, resp, body *fasthttp.Response) bool {
-	if rel.late == nil || resp != rel.uresp || !streamDirect || ctx.Response.StatusCode() != fasthttp.StatusOK {
-		return false
-	}
-	fc, ok := rel.clientConn()
-	return ok && rel.ownUnaryHead(ctx, fc, body)
 }
 
 var (
