@@ -827,3 +827,90 @@ func TestKVEstimateWarmBoundAllowsOnePick(t *testing.T) {
 		})
 	}
 }
+
+// chatMax is chat(content) with max_tokens out.
+func chatMax(content string, out int) string {
+	return `{"model":"m","max_tokens":` + fmt.Sprint(out) + `,"messages":[{"role":"user","content":"` + content + `"}]}`
+}
+
+// TestKVEstimateWaitsForAdmission is acceptance 2 of issue 37 for the
+// engine's admission, a warm request on a holder out of blocks: worker a
+// holds the whole 1,200-token prompt and has no prefill queued, but a
+// 5,500-token request past its first token holds 377 of its 400 blocks
+// while it decodes; b is idle and holds nothing. The engine admits the
+// request on a only once the long one ends: with 500 output tokens to go
+// (2.5 s at the prior time per token) b answers first even after
+// prefilling the prompt again; with one token to go a does. By the
+// prefill queue alone the request stayed on a both ways.
+func TestKVEstimateWaitsForAdmission(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	for _, tc := range []struct {
+		name    string
+		longOut int
+		want    string
+	}{
+		{"blocks held for seconds: the idle worker", 500, b},
+		{"blocks freed within a token: the holder", 2, a},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+			e.makePrecise()
+			e.learnCapacity(a, 400)
+			e.learnCapacity(b, 400)
+			long, short := unique(1, 5500), unique(2, 1200)
+			e.store(a, chatTokens(t, long))
+			e.store(a, chatTokens(t, short))
+			lt := e.pick(chatMax(long, tc.longOut))
+			defer e.p.Release(lt, Result{Status: 200})
+			if lt.Worker.id != a {
+				t.Fatalf("the long request went to %s, want its holder %s", lt.Worker.id, a)
+			}
+			lt.Worker.stall.noteServed(time.Now().UnixNano(), lt.State)
+			tk := e.pick(chatMax(short, 16))
+			defer e.p.Release(tk, Result{Status: 200})
+			kt := tk.State.(*kvTicket)
+			if tk.Worker.id != tc.want {
+				t.Fatalf("picked %s, want %s (%d blocks, predicted first token in %.3f s)", tk.Worker.id, tc.want, kt.need, float64(kt.eta-kt.wall)/1e9)
+			}
+		})
+	}
+}
+
+// TestKVEstimateAdmissionReplaysPickOrder: admissionWait against a cache
+// of 100 blocks: a request past its first token holding 60 until 1 s from
+// now, one before its first token needing 50 (admitted when the first
+// ends, its prefill and 10 output tokens after), then the request of 40
+// blocks, which fits beside the second only once the first has ended, and
+// a request of 60, which waits for the second too, and one of 30, which
+// would fit beside the second but is behind it (head of line); a prefix
+// computed by the first is shared, one still prefilling is not.
+func TestKVEstimateAdmissionReplaysPickOrder(t *testing.T) {
+	var m ttftModel
+	m.init()
+	m.tpot = 0.01
+	now := time.Now().UnixNano()
+	hs := []uint64{1, 2, 3, 4, 5, 6}
+	first := &kvTicket{hashes: hs[:4], first: true, firstAt: now, outTok: 101, need: 60, wall: now - 2e9}
+	second := &kvTicket{hashes: []uint64{1, 2, 9}, uncached: 1000, outTok: 11, need: 50, wall: now - 1e9, eta: now}
+	m.flight = []*kvTicket{second, first} // swap-removed: not in pick order
+	var a admitScratch
+	own := m.base + m.perKTok
+	for _, c := range []struct {
+		need int
+		want float64
+	}{{40, 1}, {60, 1 + own + 0.1}, {30, 1}} {
+		if got := m.admissionWait(now, c.need, 100, &a); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("need %d: wait %.4f s, want %.4f", c.need, got, c.want)
+		}
+	}
+	if got := m.admissionWait(now, 60, 0, &a); got != 0 {
+		t.Errorf("unknown capacity: wait %.4f s, want 0", got)
+	}
+	if got := m.computedShare(hs); got != 4 {
+		t.Errorf("computed share %d, want the first's 4 blocks", got)
+	}
+	first.first = false
+	if got := m.computedShare(hs); got != 0 {
+		t.Errorf("computed share %d while prefilling, want 0", got)
+	}
+}
