@@ -738,11 +738,6 @@ type kvTicket struct {
 	wall     int64   // unix ns of the pick: its TTFT counts from here (firstToken)
 	slot     int     // index in target.est.flight; -1 when not there
 	first    bool    // past its first token
-	// The engine's admission (kvestimate.go, "Admission"): its output
-	// tokens, blocks it needs beyond a prefix computed there at the pick,
-	// the predicted first token and the observed one (unix ns).
-	outTok, need int
-	eta, firstAt int64
 }
 
 var ticketPool = sync.Pool{New: func() any { return new(kvTicket) }}

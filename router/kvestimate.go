@@ -39,10 +39,7 @@ const (
 // of the prompt than the best holder the extra tokens it would prefill again
 // (redoCost). A warm request (some target holds a quarter of its prompt)
 // goes to the lowest cost: it keeps the target holding its prefix unless
-// another one answers first even after redoing it. Its estimate on each
-// target includes the wait for the blocks the engine there must admit it
-// with (Admission, below), so that it leaves a holder out of blocks only
-// for a target predicted to answer first. A cold request has no
+// another one answers first even after redoing it. A cold request has no
 // home to keep: it goes to the target furthest below its fair shares (the
 // cumulative deficit, with a memory of deficitHalfLife picks per target) of
 // the picks, of the uncached tokens its cache took in, of the prompt
@@ -126,7 +123,6 @@ type ttftModel struct {
 
 	queued   float64     // uncached prompt tokens of tickets before their first token
 	decoding int         // tickets past their first token
-	tpot     float64     // seconds per output token past the first (noteTPOT)
 	flight   []*kvTicket // tickets in flight here, in pick order
 	picks    float64     // picks, decayed by the fleet's picks since picksAt (pickCount)
 	picksAt  int64       // KVAware.seq at the last update of picks and fills
@@ -256,141 +252,8 @@ func (m *ttftModel) evictLoss(uncached, capacity float64, bs int, seq int64, hal
 	return loss
 }
 
-// Admission. An engine admits a request (in arrival order, head of line
-// first: sim/scheduler.go's admit and reserve, as vLLM) only once the
-// blocks of its whole prompt and output fit beside those the requests it
-// admitted before hold; a prefix counts as shared only once another
-// running request has computed it, and blocks are freed only when their
-// request ends. The prefill queue (estimate) does not see that wait: on
-// the trace (session 19) 4–26 requests a run waited 110–740 ms for blocks
-// while they were predicted to start at once, behind long prompts still
-// prefilling and then decoding. admissionWait replays the target's
-// requests in flight in pick order against its capacity: those past their
-// first token hold their blocks until their first token plus their
-// output at the learnt time per output token (tpot); each one before it
-// is admitted once enough of those ahead have ended, and ends after its
-// own prefill and output; the request is admitted at the end of the last
-// that it must wait for. Only warm picks' costs take the wait (kvpick.go):
-// in every cost (session 20) it moved cold placement too, for no gain at
-// the trace's p90 and a loss of hits.
-
-const (
-	// priorTPOT is the time per output token before a target has ended
-	// a stream: the simulator's 2 ms step plus the relay.
-	priorTPOT = 0.005
-	// tpotStep is the EWMA step of the learnt time per output token.
-	tpotStep = 0.1
-	// defaultOutTokens is a request's output where it sets no max_tokens.
-	defaultOutTokens = 16
-)
-
-// admitScratch is a pick's working memory for admissionWait.
-type admitScratch struct {
-	order []*kvTicket
-	ends  []float64 // seconds from now: when an admitted request frees its blocks
-	needs []int     // its blocks
-}
-
-// blocksNeeded is the blocks a request of prompt and out tokens takes of
-// a cache of bs-token blocks (KV for all but the last output token, as the
-// engine reserves) beyond the share blocks of its prompt computed there.
-func blocksNeeded(prompt, out, bs, share int) int {
-	return max(0, (prompt+max(out, 1)-1+bs-1)/bs-share)
-}
-
-// computedShare is the longest prefix of hs (block hashes chain) that a
-// request in flight here past its first token has computed: the engine
-// shares it; a prefix still prefilling it does not.
-func (m *ttftModel) computedShare(hs []uint64) int {
-	best := 0
-	for _, kt := range m.flight {
-		n := min(len(hs), len(kt.hashes))
-		if !kt.first || n <= best || kt.hashes[best] != hs[best] {
-			continue
-		}
-		lo, hi := best+1, n+1 // shares lo blocks, not hi
-		for hi-lo > 1 {
-			if mid := (lo + hi) / 2; kt.hashes[mid-1] == hs[mid-1] {
-				lo = mid
-			} else {
-				hi = mid
-			}
-		}
-		best = lo
-	}
-	return best
-}
-
-// admissionWait is the predicted wait, in seconds from now (unix ns), of a
-// request that needs need blocks here before a cache of capacity blocks
-// admits it (0: unknown capacity, no wait modelled).
-func (m *ttftModel) admissionWait(now int64, need, capacity int, a *admitScratch) float64 {
-	if capacity <= 0 || len(m.flight) == 0 {
-		return 0
-	}
-	a.order = append(a.order[:0], m.flight...)
-	for i := 1; i < len(a.order); i++ { // pick order: flight is swap-removed
-		for j := i; j > 0 && a.order[j].wall < a.order[j-1].wall; j-- {
-			a.order[j], a.order[j-1] = a.order[j-1], a.order[j]
-		}
-	}
-	a.ends, a.needs = a.ends[:0], a.needs[:0]
-	used := 0
-	for _, kt := range a.order {
-		if kt.first {
-			end := float64(kt.firstAt-now)/1e9 + float64(kt.outTok-1)*m.tpot
-			a.ends = append(a.ends, max(end, m.tpot)) // overdue: ends any token now
-			a.needs = append(a.needs, kt.need)
-			used += kt.need
-		}
-	}
-	at := 0.0
-	for _, kt := range a.order {
-		if kt.first {
-			continue
-		}
-		at = a.fit(at, &used, kt.need, capacity)
-		own := m.base + m.perKTok*kt.uncached/1000
-		a.ends = append(a.ends, max(float64(kt.eta-now)/1e9, at+own)+float64(kt.outTok-1)*m.tpot)
-		a.needs = append(a.needs, kt.need)
-		used += kt.need
-	}
-	return a.fit(at, &used, need, capacity)
-}
-
-// fit returns when need more blocks fit beside the used ones, admitting at
-// at the earliest (head of line): the admitted requests end in the order
-// of their ends until they do, or until none is left.
-func (a *admitScratch) fit(at float64, used *int, need, capacity int) float64 {
-	for *used+need > capacity && len(a.ends) > 0 {
-		k := 0
-		for i := 1; i < len(a.ends); i++ {
-			if a.ends[i] < a.ends[k] {
-				k = i
-			}
-		}
-		at = max(at, a.ends[k])
-		*used -= a.needs[k]
-		last := len(a.ends) - 1
-		a.ends[k], a.needs[k] = a.ends[last], a.needs[last]
-		a.ends, a.needs = a.ends[:last], a.needs[:last]
-	}
-	return at
-}
-
-// noteTPOT learns the time per output token of a ticket released at now
-// (unix ns) that had its first token at kt.firstAt.
-func (m *ttftModel) noteTPOT(kt *kvTicket, now int64) {
-	if kt.firstAt <= 0 || now <= kt.firstAt || kt.outTok < 2 {
-		return
-	}
-	d := float64(now-kt.firstAt) / 1e9 / float64(kt.outTok-1)
-	m.tpot += tpotStep * (d - m.tpot)
-}
-
 func (m *ttftModel) init() {
 	m.base, m.perKTok, m.perDecode = priorBase, priorPerKTok, priorPerDecode
-	m.tpot = priorTPOT
 }
 
 // estimate is the modelled TTFT of a request with uncached prompt tokens
@@ -452,7 +315,6 @@ func (m *ttftModel) enter(kt *kvTicket, uncached float64, seq int64, halfLife fl
 	kt.work = m.queued + uncached
 	kt.dec = m.decoding
 	kt.first = false
-	kt.firstAt = 0
 	kt.wall = time.Now().UnixNano()
 	kt.slot = len(m.flight)
 	m.flight = append(m.flight, kt)
@@ -493,7 +355,6 @@ func (m *ttftModel) leave(kt *kvTicket) {
 	m.flight = m.flight[:last]
 	kt.slot = -1
 	if kt.first {
-		m.noteTPOT(kt, time.Now().UnixNano())
 		m.decoding--
 	} else {
 		m.queued = max(0, m.queued-kt.uncached)
@@ -528,7 +389,6 @@ func (kw *kvWorker) firstToken(state any, now int64) {
 		return
 	}
 	kt.first = true
-	kt.firstAt = now
 	m.queued = max(0, m.queued-kt.uncached)
 	m.decoding++
 	if ttft := float64(now-kt.wall) / float64(time.Second); ttft > 0 {

@@ -37,10 +37,6 @@ type kvScratch struct {
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	filling []bool    // per target: prefilling the prompt's held prefix for an earlier request (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
-	ests    []float64 // per target: the TTFT estimate, admission wait included (--kv-cost ttft)
-	waits   []float64 // per target: the predicted wait for admission (--kv-cost ttft)
-	needs   []int     // per target: the blocks the engine must admit the request with (--kv-cost ttft)
-	adm     admitScratch
 	handles []*kvcache.Worker
 	out     []int
 	pos     []int // target positions of handles
@@ -65,7 +61,6 @@ const maxRetainTokens = 1 << 18
 func (sc *kvScratch) release() {
 	clear(sc.targets)
 	clear(sc.handles)
-	clear(sc.adm.order)
 	if cap(sc.tokens) > maxRetainTokens {
 		sc.tokens = nil
 	}
@@ -184,15 +179,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.colds = growF(sc.colds, nt)
 		sc.listed = grow(sc.listed, nt)
 		sc.filling = growB(sc.filling, nt)
-		sc.ests = growF(sc.ests, nt)
-		sc.waits = growF(sc.waits, nt)
-		sc.needs = grow(sc.needs, nt)
 	}
-	out := defaultOutTokens
-	if in.Request != nil && in.Request.MaxTokens > 0 {
-		out = int(min(in.Request.MaxTokens, 1<<24))
-	}
-	wallNow := time.Now().UnixNano() // the clock of the tickets' pick and first token
 	total := 0.0
 	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
 	for i, t := range sc.targets {
@@ -239,22 +226,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		if p.ttft {
 			u := promptUncached(sc, kind, t, len(hs), eff, p.cfg.DefaultBlockSize)
 			t.mu.RLock()
-			est := t.est.estimate(u)
-			sc.waits[i], sc.needs[i] = 0, 0
-			if kind == keyTokens && t.idx != nil {
-				// The engine admits the request only once its blocks
-				// fit (kvestimate.go, "Admission"); then it prefills
-				// alone, or behind the queue if that is longer. Only a
-				// warm pick's cost takes the wait (below); every ticket
-				// keeps its blocks and predicted first token for the
-				// replay of the picks after it.
-				sc.needs[i] = blocksNeeded(len(sc.tokens), out, t.blockSize(), t.est.computedShare(hs))
-				if w := t.est.admissionWait(wallNow, sc.needs[i], t.idx.Capacity(), &sc.adm); w > 0 {
-					sc.waits[i] = w
-					est = max(est, w+t.est.base+t.est.perKTok*u/1000)
-				}
-			}
-			sc.costs[i], sc.ests[i] = t.est.estimate(u), est
+			sc.costs[i] = t.est.estimate(u)
 			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
 			sc.fills[i] = t.est.fillCount(seq, halfLife)
@@ -292,17 +264,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			// busiest worker 1.08–1.29× fair from repeat to repeat).
 			warm = false
 		}
-		if warm {
-			// A warm request waits on its holder for the blocks the
-			// requests admitted there before it hold (the replayed
-			// admission) like anywhere else: with the wait in each cost
-			// and the redo charge on top (pickByEstimate), it leaves a
-			// holder out of blocks only for a target predicted to answer
-			// first even after prefilling its prefix again. Cold costs
-			// leave the wait out: in every cost (session 20, f058a78) it
-			// moved cold placement and the hits with it.
-			copy(sc.costs[:nt], sc.ests[:nt])
-		} else {
+		if !warm {
 			p.coldLoss(sc, nt, kind, seq)
 		}
 		b := p.pickByEstimate(sc, nt, start, warm)
@@ -315,7 +277,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			t.est.enterCold(seq, coldHL)
 			t.mu.Unlock()
 		}
-		return p.commit(in, sc, kind, now, b, seq, halfLife, out)
+		return p.commit(in, sc, kind, now, b, seq, halfLife)
 	}
 	share := p.cfg.MaxShare
 	if warm {
@@ -339,7 +301,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		}
 	}
 
-	return p.commit(in, sc, kind, now, best, 0, 0, 0)
+	return p.commit(in, sc, kind, now, best, 0, 0)
 }
 
 // pickDone pools the scratch and observes the pick's duration.
@@ -349,9 +311,8 @@ func (p *KVAware) pickDone(sc *kvScratch, began time.Time) {
 }
 
 // commit charges the request to target best and returns its ticket.
-// seq and halfLife are the deficit's clock, out the request's output
-// tokens (--kv-cost ttft).
-func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, best int, seq int64, halfLife float64, out int) (Ticket, error) {
+// seq and halfLife are the deficit's clock (--kv-cost ttft).
+func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, best int, seq int64, halfLife float64) (Ticket, error) {
 	t := sc.targets[best]
 	hs := sc.sets[sc.setOf[best]].hashes
 	bestEff := sc.effs[best]
@@ -371,8 +332,6 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	t.picksAt = now
 	if p.ttft {
 		t.est.enter(kt, promptUncached(sc, kind, t, len(hs), bestEff, p.cfg.DefaultBlockSize), seq, halfLife)
-		kt.outTok, kt.need = out, sc.needs[best]
-		kt.eta = kt.wall + int64(sc.ests[best]*float64(time.Second))
 		if kind == keyTokens {
 			t.est.useLive(hs, seq)
 		}
@@ -600,7 +559,6 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
 		Floats64("all_colds", sc.colds[:nt]).Floats64("all_fills", sc.fills[:nt]).Floats64("all_held", sc.held[:nt]).Uint64("prompt_key", key).Int("blocks", len(hs)).
 		Str("worker_id", tb.worker.id).Int("dp_rank", tb.key.DPRank).
 		Int("listed", sc.listed[b]).Int("eff", sc.effs[b]).Float64("cost_seconds", sc.costs[b]).
-		Floats64("waits_seconds", sc.waits[:nt]).Int("need", sc.needs[b]).
 		Float64("picks", sc.picks[b]).Float64("colds", sc.colds[b]).Float64("uncached", sc.uncs[b]).
 		Str("holder_id", th.worker.id).Int("holder_listed", sc.listed[h]).Int("holder_eff", sc.effs[h]).
 		Float64("holder_cost_seconds", sc.costs[h]).Float64("holder_picks", sc.picks[h]).
