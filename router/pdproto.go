@@ -660,7 +660,10 @@ func pdHintFields(fields []jsonx.Field, client []byte, scan *openai.Request, eng
 			if kvBuf != nil {
 				dst = (*kvBuf)[:0]
 			}
-			nkv, err := jsonx.SetField(dst, kv, "infera_retention", value, maxEditDepth)
+			// kv is the protocol's: built valid, or a hand-off the answer's
+			// scan or badHandoff validated; a compact one (an engine's) is
+			// not walked again.
+			nkv, err := jsonx.SetFieldValid(dst, kv, "infera_retention", value, maxEditDepth)
 			if err != nil {
 				return nil, false, fmt.Errorf("edit kv_transfer_params: %w", err)
 			}
