@@ -272,8 +272,16 @@ func nixlDecode(l *pdLegs, handoff []byte) ([]byte, error) {
 	return l.shape(l.body, l.decode, "kv_transfer_params", handoff)
 }
 
-// mooncakeTransferID is "xfer-" + the room as 32 lowercase hex digits.
-func mooncakeTransferID(room uint64) string { return fmt.Sprintf("xfer-%032x", room) }
+// mooncakeTransferID is "xfer-" + the room as 32 lowercase hex digits
+// (fmt's %032x, without fmt's boxing and verb parsing: one allocation).
+func mooncakeTransferID(room uint64) string {
+	var b [5 + 32]byte
+	copy(b[:], "xfer-00000000000000000000000000000000")
+	var d [16]byte
+	digits := strconv.AppendUint(d[:0], room, 16)
+	copy(b[len(b)-len(digits):], digits)
+	return string(b[:])
+}
 
 func mooncakePrefill(l *pdLegs) ([]byte, error) {
 	kv := `{"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":"` + mooncakeTransferID(l.room) + `"}`
