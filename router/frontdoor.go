@@ -358,6 +358,12 @@ func (fd *frontDoor) connState(c net.Conn, st fasthttp.ConnState) {
 		}
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
 		fd.release(c)
+		if fc != nil && fc.lc == nil && st == fasthttp.StateClosed {
+			// The serving goroutine's last word on the connection (the
+			// loop door's may be served again, by another goroutine: its
+			// spare stays with it).
+			fc.releaseHoldBuf()
+		}
 	}
 }
 

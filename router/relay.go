@@ -406,41 +406,36 @@ func (rel *relay) answer(resp *fasthttp.Response) (bool, error) {
 		ctx.SetBodyStream(rel, -1)
 		return true, nil // Close finishes the request
 	}
-	// A 200 answer of the mixed path's HTTP exchange (the relay's own
-	// response: not a NATS leg's, not PD's, whose ids are set) has its
-	// head lines written by the relay (relayhead.go).
-	ownHead := rel.late != nil && resp == rel.uresp && streamDirect
-	var src io.Reader
-	if resp.BodyStream() != nil {
-		src = a.x // read through the exchange, which notes the end
-	} else if ownHead && rel.status == fasthttp.StatusOK && rel.dialect.response == nil {
-		// Its head lines written by the relay (relayhead.go), its body
-		// taken from resp as it lies.
-		if fc, ok := rel.clientConn(); ok && rel.ownUnaryHead(ctx, fc, resp) {
-			a.dropResponse(resp)
-			rel.watch.stop(ctx)
-			rel.r.finish(rel, outcomeOK, rel.status)
-			return true, nil
+	// The answer's body, whole: in resp as fasthttp read it, or in ctx's
+	// response once read through the exchange (which notes the end) or
+	// translated by the dialect.
+	body := resp
+	if src := resp.BodyStream(); src != nil || rel.dialect.response != nil {
+		if src != nil {
+			src = a.x
 		}
-	}
-	err := readUnary(ctx, resp, src, rel.pump.buf)
-	a.dropResponse(resp)
-	if err == nil {
-		rel.watch.stop(ctx)
+		if err := readUnary(ctx, resp, src, rel.pump.buf); err != nil {
+			a.dropResponse(resp)
+			// Nothing has been sent yet: the answer is only buffered.
+			ctx.Response.ResetBody()
+			return false, err
+		}
+		body = &ctx.Response
 		if rel.dialect.response != nil {
 			rel.dialect.response(ctx, rel)
 		}
-		if ownHead && ctx.Response.StatusCode() == fasthttp.StatusOK {
-			if fc, ok := rel.clientConn(); ok {
-				rel.ownUnaryHead(ctx, fc, &ctx.Response) // relayhead.go
-			}
-		}
-		rel.r.finish(rel, statusOutcome(rel.status), rel.status)
-		return true, nil
 	}
-	// Nothing has been sent yet: the answer is only buffered.
-	ctx.Response.ResetBody()
-	return false, err
+	// A 200 answer of the mixed path's HTTP exchange (the relay's own
+	// response: not a NATS leg's, not PD's, whose ids are set) has its
+	// head lines written by the relay (relayhead.go); any other gets the
+	// body in ctx's response, its buffer handed over.
+	if !rel.ownUnaryHead(ctx, resp, body) && body == resp {
+		_ = readUnary(ctx, resp, nil, nil)
+	}
+	a.dropResponse(resp)
+	rel.watch.stop(ctx)
+	rel.r.finish(rel, statusOutcome(rel.status), rel.status)
+	return true, nil
 }
 
 var (

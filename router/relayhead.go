@@ -169,11 +169,18 @@ type unaryAnswer struct {
 const maxOwnUnaryBody = 16 << 10
 
 // ownUnaryHead hands the 200 answer whose body src holds whole (the
-// worker's response, or ctx's own after a translation) to the client
-// connection, which writes it with rel's head lines into fasthttp's head
-// (see above). false: the body is too large; nothing was done.
-func (rel *relay) ownUnaryHead(ctx *fasthttp.RequestCtx, fc *frontConn, src *fasthttp.Response) bool {
-	if len(src.Body()) > maxOwnUnaryBody {
+// worker's response resp, or ctx's own after a read through the exchange
+// or a translation) to the client connection, which writes it with rel's
+// head lines into fasthttp's head (see above). false: the answer's head is
+// fasthttp's (its ids not yet set, resp not the relay's own, a status not
+// 200, a connection not the front door's, a body too large); nothing was
+// done.
+func (rel *relay) ownUnaryHead(ctx *fasthttp.RequestCtx, resp, src *fasthttp.Response) bool {
+	if rel.late == nil || resp != rel.uresp || !streamDirect || ctx.Response.StatusCode() != fasthttp.StatusOK || len(src.Body()) > maxOwnUnaryBody {
+		return false
+	}
+	fc, ok := rel.clientConn()
+	if !ok {
 		return false
 	}
 	u := &fc.una
@@ -232,8 +239,7 @@ func (u *unaryAnswer) WriteTo(io.Writer) (int64, error) {
 	}
 	b := *bp
 	if len(b) < len(unaryKeepAlive) {
-		*bp = b[:0]
-		holdBufs.Put(bp)
+		c.putHoldBuf(bp, b)
 		return 0, errUnaryHeadLost
 	}
 	// Most heads end with Content-Length's digits and the empty line; the
@@ -256,10 +262,7 @@ func (u *unaryAnswer) WriteTo(io.Writer) (int64, error) {
 		// once: an idle keep-alive connection does not keep that much.
 		u.body = nil
 	}
-	if cap(b) <= maxKeptHold {
-		*bp = b[:0]
-		holdBufs.Put(bp)
-	}
+	c.putHoldBuf(bp, b)
 	if err != nil {
 		return 0, err
 	}

@@ -52,7 +52,7 @@ func TestGeneratedRequestIDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, seq := range []uint64{0, 1, 0xabcdef, 1<<63 + 5, ^uint64(0) - 1} {
+	for _, seq := range []uint64{0, 1, 0xabcdef, 1<<63 + 5, 0x0123456789abcdee, 0xfedcba987654320f, 0x9a9a9a9a9a9a9a9a, ^uint64(0) - 1} {
 		r.idSeq.Store(seq)
 		got := r.appendRequestID([]byte("x"), nil)
 		digits := strconv.FormatUint(seq+1, 16)

@@ -50,6 +50,9 @@ type writeHold struct {
 	// head: what is held is a stream's headers (holdHead), waiting for
 	// its first chunk.
 	head bool
+	// spare: the connection's own buffer for its next held write, given
+	// back by every write that sent what was held (putHoldBuf).
+	spare *[]byte
 }
 
 // holdBufs are the buffers of held writes. One holds a stream's last
@@ -62,11 +65,52 @@ var holdBufs = sync.Pool{New: func() any {
 
 const maxKeptHold = 64 << 10
 
+// A connection keeps the buffer of its held writes between answers
+// (writeHold.spare) rather than take one from holdBufs and put it back
+// each time: a sync.Pool Get and Put a unary answer (~140 instructions,
+// callgrind, docs/performance.md). Every write that sends what was held
+// gives the buffer back here; one that outgrew maxKeptHold is dropped.
+// The pool serves a connection's first held write, a second buffer while
+// the first is held, and takes the spare back when the connection ends
+// (releaseHoldBuf).
+
+// holdBuf returns an empty buffer for the connection's held writes.
+func (c *frontConn) holdBuf() *[]byte {
+	if bp := c.hold.spare; bp != nil {
+		c.hold.spare = nil
+		return bp
+	}
+	return holdBufs.Get().(*[]byte)
+}
+
+// putHoldBuf gives bp back, emptied, b its last contents, unless b grew
+// past maxKeptHold.
+func (c *frontConn) putHoldBuf(bp *[]byte, b []byte) {
+	if cap(b) > maxKeptHold {
+		return
+	}
+	*bp = b[:0]
+	if c.hold.spare == nil {
+		c.hold.spare = bp
+		return
+	}
+	holdBufs.Put(bp)
+}
+
+// releaseHoldBuf gives the connection's spare buffer back to the pool, once
+// its serving goroutine is done with it (the connection closed).
+func (c *frontConn) releaseHoldBuf() {
+	if bp := c.hold.spare; bp != nil {
+		c.hold.spare = nil
+		holdBufs.Put(bp)
+	}
+}
+
 // holdWrites holds the connection's writes until releaseHold; headers
 // held by holdHead are held with them.
 func (c *frontConn) holdWrites() {
 	if c.hold.buf == nil {
-		c.hold.buf = holdBufs.Get().(*[]byte)
+		c.hold.buf = c.holdBuf()
 	}
 	c.hold.on, c.hold.head = true, false
 }
@@ -125,7 +169,7 @@ func (c *frontConn) writeChunk(p []byte) (int, error) {
 	h := &c.hold
 	bp := h.buf
 	if bp == nil {
-		bp = holdBufs.Get().(*[]byte)
+		bp = c.holdBuf()
 	}
 	b := appendChunk(*bp, p)
 	if h.buf != nil {
@@ -139,10 +183,7 @@ func (c *frontConn) writeChunk(p []byte) (int, error) {
 		h.buf = nil
 	}
 	_, err := c.writeAnswer(b)
-	if cap(b) <= maxKeptHold {
-		*bp = b[:0]
-		holdBufs.Put(bp)
-	}
+	c.putHoldBuf(bp, b)
 	if err != nil {
 		return 0, err
 	}
@@ -175,10 +216,7 @@ func (c *frontConn) writeHeld(p []byte) (int, error) {
 	h.buf = nil
 	n, err := c.write(b)
 	held := len(b) - len(p)
-	if cap(b) <= maxKeptHold {
-		*bp = b[:0]
-		holdBufs.Put(bp)
-	}
+	c.putHoldBuf(bp, b)
 	if n < held {
 		return 0, err
 	}
@@ -193,7 +231,7 @@ func (c *frontConn) sendHeld() error {
 		return nil
 	}
 	if len(*h.buf) == 0 {
-		holdBufs.Put(h.buf)
+		c.putHoldBuf(h.buf, *h.buf)
 		h.buf = nil
 		return nil
 	}
@@ -210,10 +248,7 @@ func (c *frontConn) sendEnd() error {
 	b := append(*bp, lastChunk...)
 	h.on, h.buf, h.endLeft = false, nil, len(lastChunk)
 	_, err := c.write(b)
-	if cap(b) <= maxKeptHold {
-		*bp = b[:0]
-		holdBufs.Put(bp)
-	}
+	c.putHoldBuf(bp, b)
 	return err
 }
 
