@@ -1,6 +1,11 @@
 package jsonx
 
-import "errors"
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"unsafe"
+)
 
 // ErrNotObject: the document edited is not a JSON object.
 var ErrNotObject = errors.New("not a JSON object")
@@ -113,6 +118,40 @@ func SetField(dst, body []byte, key string, value []byte, maxDepth int) ([]byte,
 	}
 	e := editor{one: [1]Field{{Key: key, Value: value}}}
 	return e.run(dst, body, maxDepth)
+}
+
+// SetFieldValid is SetField for an object obj the caller has made valid
+// (built so, or checked by Valid or a Scanner with the same maxDepth): the
+// same bytes and errors. Where obj has no white space, no escape and no
+// occurrence of key's bytes (a compact object without that member: an
+// engine's kv_transfer_params hand-off, a constant) SetField would copy it
+// whole and add the member at the end, so that is done without walking
+// obj; otherwise SetField walks it.
+func SetFieldValid(dst, obj []byte, key string, value []byte, maxDepth int) ([]byte, error) {
+	n := len(obj)
+	if len(value) == 0 || n < 2 || obj[0] != '{' || obj[n-1] != '}' || !compactUnescaped(obj) || strings.Contains(unsafe.String(unsafe.SliceData(obj), n), key) {
+		return SetField(dst, obj, key, value, maxDepth)
+	}
+	dst = append(dst, obj[:n-1]...)
+	if n > 2 {
+		dst = append(dst, ',')
+	}
+	dst = AppendQuoted(dst, key)
+	dst = append(dst, ':')
+	dst = append(dst, value...)
+	return append(dst, '}'), nil
+}
+
+// compactUnescaped reports whether b has no JSON white space and no
+// backslash: a valid object's members then lie as SetField writes them,
+// and a member's key is its bytes between quotes.
+func compactUnescaped(b []byte) bool {
+	for _, c := range [...]byte{' ', '\\', '\n', '\t', '\r'} {
+		if bytes.IndexByte(b, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // DeleteField appends to dst the object body without its top-level

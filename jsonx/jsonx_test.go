@@ -230,6 +230,53 @@ func FuzzSetFields(f *testing.F) {
 	})
 }
 
+// setFieldValidObjects are valid objects, compact and not: SetFieldValid
+// must give SetField's bytes for each, with and without the member.
+var setFieldValidObjects = []string{
+	`{}`,
+	`{ }`,
+	`{"do_remote_prefill":true,"remote_block_ids":[1,2,3],"remote_engine_id":"e-1","remote_host":"127.0.0.1","remote_port":5600}`,
+	`{"a":1,"infera_retention":"short"}`,
+	`{"a":1,"b":{"infera_retention":2}}`,
+	`{"a":"x infera_retention y"}`,
+	`{"infera\u005fretention":1,"a":2}`,
+	`{"a" : 1 , "b":[ 1 ]}`,
+	"{\"a\":1,\n\"b\":2}",
+	`{"a":"has space","b":2}`,
+	`{"a":"tab\there"}`,
+	`{"a":{"b":{"c":[{}]}}}`,
+}
+
+func TestSetFieldValidAsSetField(t *testing.T) {
+	for _, obj := range setFieldValidObjects {
+		for _, key := range []string{"infera_retention", "a", "new \"key\""} {
+			for _, value := range []string{`"long"`, `{"x":1}`, ``} {
+				want, werr := jsonx.SetField([]byte("pre"), []byte(obj), key, []byte(value), 16)
+				got, err := jsonx.SetFieldValid([]byte("pre"), []byte(obj), key, []byte(value), 16)
+				if !errors.Is(err, werr) || string(got) != string(want) {
+					t.Errorf("SetFieldValid(%s, %q, %s) = %q, %v; SetField %q, %v", obj, key, value, got, err, want, werr)
+				}
+			}
+		}
+	}
+}
+
+func FuzzSetFieldValid(f *testing.F) {
+	for _, obj := range setFieldValidObjects {
+		f.Add([]byte(obj), "infera_retention")
+	}
+	f.Fuzz(func(t *testing.T, obj []byte, key string) {
+		if jsonx.Valid(obj, 16) != nil {
+			return // the caller's promise
+		}
+		want, werr := jsonx.SetField(nil, obj, key, []byte(`"v"`), 16)
+		got, err := jsonx.SetFieldValid(nil, obj, key, []byte(`"v"`), 16)
+		if !errors.Is(err, werr) || string(got) != string(want) {
+			t.Fatalf("SetFieldValid(%q, %q) = %q, %v; SetField %q, %v", obj, key, got, err, want, werr)
+		}
+	})
+}
+
 var benchBody = []byte(`{"model":"llama","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hello there, how are you today? \u00e9"}],"stream":true,"max_tokens":128,"temperature":0.7}`)
 
 func TestEditAllocs(t *testing.T) {
@@ -237,9 +284,13 @@ func TestEditAllocs(t *testing.T) {
 	raw := []byte(`a\"b\u00e9 plain text`)
 	x := []byte(`"x"`)
 	fields := []jsonx.Field{{Key: "stream"}, {Key: "model", Value: x}, {Key: "n", Value: x}}
+	compactObj := []byte(setFieldValidObjects[2])
 	n := testing.AllocsPerRun(200, func() {
 		var err error
 		if dst, err = jsonx.SetField(dst[:0], benchBody, "model", x, 128); err != nil {
+			t.Fatal(err)
+		}
+		if dst, err = jsonx.SetFieldValid(dst[:0], compactObj, "infera_retention", x, 128); err != nil {
 			t.Fatal(err)
 		}
 		if dst, err = jsonx.DeleteField(dst[:0], benchBody, "stream", 128); err != nil {

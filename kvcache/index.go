@@ -564,6 +564,10 @@ func findGroup(qs []groupQuery, gi uint16) *groupQuery {
 // matchGroups walks hashes until no queried worker still matches, recording
 // in res the prefix length at which each worker dropped out.
 func matchGroups(qs []groupQuery, hashes []uint64) {
+	if len(qs) == 1 {
+		matchGroup(&qs[0], hashes)
+		return
+	}
 	remaining := 0
 	for i := range qs {
 		qs[i].active = qs[i].live
@@ -596,6 +600,28 @@ func matchGroups(qs []groupQuery, hashes []uint64) {
 			qs[i].res[bits.TrailingZeros64(a)] = int32(j)
 		}
 	}
+}
+
+// matchGroup is matchGroups for one group (a fleet of at most 64 workers,
+// the common case): its mask kept in a register, no loop over groups.
+func matchGroup(q *groupQuery, hashes []uint64) {
+	g, active := q.g, q.live
+	j := 0
+	for ; j < len(hashes) && active != 0; j++ {
+		h := hashes[j]
+		sh := g.shardOf(h)
+		sh.mu.RLock()
+		mask := sh.m[h].mask
+		sh.mu.RUnlock()
+		for dropped := active &^ mask; dropped != 0; dropped &= dropped - 1 {
+			q.res[bits.TrailingZeros64(dropped)] = int32(j)
+		}
+		active &= mask
+	}
+	for a := active; a != 0; a &= a - 1 {
+		q.res[bits.TrailingZeros64(a)] = int32(j)
+	}
+	q.active = active
 }
 
 // ApplyResult counts what Apply did with a batch.

@@ -149,7 +149,7 @@ func (rel *relay) pdTry() (bool, error) {
 			return rel.pdDecode()
 		}
 	}
-	rel.ctx.Response.Header.Set("X-Infera-PD", "disaggregated")
+	rel.ctx.Response.Header.SetCanonical(inferaPDKey, pdDisaggregated)
 	r.metrics.pd.disaggregated(proto)
 	if err := rel.shapeLegs(); err != nil {
 		rel.endLegs(verdictNeutral)
@@ -602,9 +602,9 @@ func (rel *relay) beginLeg(a *attempt, prefill bool) error {
 		return errNoCandidate
 	}
 	c := rel.model
-	pool, hdr, cursor := c.Decode, "X-Infera-Worker", c.decodeCursor
+	pool, hdr, cursor := c.Decode, inferaWorkerKey, c.decodeCursor
 	if prefill {
-		pool, hdr, cursor = c.Prefill, "X-Infera-Prefill-Worker", c.prefillCursor
+		pool, hdr, cursor = c.Prefill, inferaPrefillWorkerKey, c.prefillCursor
 	}
 	if cursor == nil {
 		cursor = c.cursor
@@ -657,9 +657,19 @@ func (rel *relay) beginLeg(a *attempt, prefill bool) error {
 	a.probe = t.Worker.breaker.admit(now)
 	rel.tried = append(rel.tried, t.Worker)
 	t.Worker.picks.Inc()
-	rel.ctx.Response.Header.Set(hdr, t.Worker.id)
+	// Canonical key, and an id that is a host:port (discovery validates
+	// it): Set's normalizing and new-line removal would change nothing.
+	rel.ctx.Response.Header.SetCanonical(hdr, t.Worker.idHeader)
 	return nil
 }
+
+// The PD answer's headers as Set writes them (fasthttp's normalized form:
+// X-Infera-PD goes out as X-Infera-Pd), for SetCanonical.
+var (
+	inferaPrefillWorkerKey = []byte("X-Infera-Prefill-Worker")
+	inferaPDKey            = []byte("X-Infera-Pd")
+	pdDisaggregated        = []byte("disaggregated")
+)
 
 // uncachedTokens estimates the prompt tokens the prefill worker of t
 // would compute: the kv-aware policy's uncached blocks × block size.

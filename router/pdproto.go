@@ -272,8 +272,16 @@ func nixlDecode(l *pdLegs, handoff []byte) ([]byte, error) {
 	return l.shape(l.body, l.decode, "kv_transfer_params", handoff)
 }
 
-// mooncakeTransferID is "xfer-" + the room as 32 lowercase hex digits.
-func mooncakeTransferID(room uint64) string { return fmt.Sprintf("xfer-%032x", room) }
+// mooncakeTransferID is "xfer-" + the room as 32 lowercase hex digits
+// (fmt's %032x, without fmt's boxing and verb parsing: one allocation).
+func mooncakeTransferID(room uint64) string {
+	var b [5 + 32]byte
+	copy(b[:], "xfer-00000000000000000000000000000000")
+	var d [16]byte
+	digits := strconv.AppendUint(d[:0], room, 16)
+	copy(b[len(b)-len(digits):], digits)
+	return string(b[:])
+}
 
 func mooncakePrefill(l *pdLegs) ([]byte, error) {
 	kv := `{"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":"` + mooncakeTransferID(l.room) + `"}`
@@ -660,7 +668,10 @@ func pdHintFields(fields []jsonx.Field, client []byte, scan *openai.Request, eng
 			if kvBuf != nil {
 				dst = (*kvBuf)[:0]
 			}
-			nkv, err := jsonx.SetField(dst, kv, "infera_retention", value, maxEditDepth)
+			// kv is the protocol's: built valid, or a hand-off the answer's
+			// scan or badHandoff validated; a compact one (an engine's) is
+			// not walked again.
+			nkv, err := jsonx.SetFieldValid(dst, kv, "infera_retention", value, maxEditDepth)
 			if err != nil {
 				return nil, false, fmt.Errorf("edit kv_transfer_params: %w", err)
 			}

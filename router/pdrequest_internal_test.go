@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -92,5 +93,20 @@ func TestPDProtocolIndexes(t *testing.T) {
 			t.Errorf("%s: index %d (taken by %q)", name, p.index, seen[p.index])
 		}
 		seen[p.index] = name
+	}
+}
+
+func TestMooncakeTransferIDAsSprintf(t *testing.T) {
+	for _, room := range []uint64{0, 1, 15, 16, 0xdeadbeef, 1<<63 - 1, 1 << 63, ^uint64(0)} {
+		if got, want := mooncakeTransferID(room), fmt.Sprintf("xfer-%032x", room); got != want {
+			t.Errorf("mooncakeTransferID(%d) = %q, want %q", room, got, want)
+		}
+	}
+}
+
+func BenchmarkMooncakeTransferID(b *testing.B) {
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		_ = mooncakeTransferID(uint64(i) * 0x9e3779b97f4a7c15)
 	}
 }
