@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -381,6 +382,21 @@ func TestFrontConnHeldChunk(t *testing.T) {
 	}
 	if fc.ans.on || fc.ans.pending.Load() || fc.ans.h.Holding() {
 		t.Fatal("an answer still held after a chunk too large to hold")
+	}
+}
+
+// appendHexLen writes what strconv.AppendUint(b, n, 16) writes, every
+// digit count and digit included.
+func TestAppendHexLen(t *testing.T) {
+	ns := []uint64{0, 1, 9, 10, 15, 16, 0x12c, 0xabcdef, 0x0123_4567, 0x89ab_cdef, 0xffff_ffff, 1 << 32, 0xfedc_ba98_7654_3210}
+	for sh := range 64 {
+		ns = append(ns, 1<<sh, 1<<sh-1)
+	}
+	for _, n := range ns {
+		got := string(appendHexLen([]byte("x"), n))
+		if want := string(strconv.AppendUint([]byte("x"), n, 16)); got != want {
+			t.Fatalf("%#x: %q, want %q", n, got, want)
+		}
 	}
 }
 
