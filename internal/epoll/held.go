@@ -76,7 +76,7 @@ func (h *Held) Hold(p []byte) bool {
 }
 
 // HoldSpace returns the held bytes' buffer for the caller to append at
-// most n bytes to, and then pass to Held: the bytes are framed where they
+// most n bytes to, and then pass to SetHeld: the bytes are framed where they
 // are held, not built elsewhere and copied by Hold. false: they would not
 // be held (as Hold).
 func (h *Held) HoldSpace(n int) ([]byte, bool) {
