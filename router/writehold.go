@@ -1,7 +1,9 @@
 package router
 
 import (
+	"encoding/binary"
 	"errors"
+	"math/bits"
 	"strconv"
 	"sync"
 )
@@ -167,6 +169,9 @@ func (c *frontConn) writeChunk(p []byte) (int, error) {
 		return 0, nil // an empty chunk would end the body
 	}
 	h := &c.hold
+	if c.ans.on && (h.buf == nil || h.head || !h.on) && c.heldChunk(p) {
+		return len(p), nil
+	}
 	bp := h.buf
 	if bp == nil {
 		bp = c.holdBuf()
@@ -190,13 +195,60 @@ func (c *frontConn) writeChunk(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// heldChunk is writeChunk for a chunk the connection will send with its
+// held answer (frontheld.go: the stream's end has been read): what writeChunk
+// would pass to writeAnswer — the stream's headers held by holdHead or
+// writes held before, then the chunk — is framed straight into the
+// answer's held bytes, where writeAnswer would have framed it in the hold
+// buffer and copied it there: the chunk's bytes copied once, not twice
+// (a batch's few KiB). false, having written nothing: they would not be
+// held (too large), writeChunk goes its usual way.
+func (c *frontConn) heldChunk(p []byte) bool {
+	h := &c.hold
+	var held []byte
+	if h.buf != nil {
+		held = *h.buf
+	}
+	dst, ok := c.ans.h.HoldSpace(len(held) + len(p) + maxChunkFraming)
+	if !ok {
+		return false
+	}
+	if h.buf != nil {
+		dst = append(dst, held...)
+		c.putHoldBuf(h.buf, held)
+		h.buf, h.on, h.head = nil, false, false
+	}
+	c.ans.h.SetHeld(appendChunk(dst, p))
+	c.ans.pending.Store(true)
+	return true
+}
+
+// maxChunkFraming bounds appendChunk's bytes around p: sixteen hex digits
+// and two CRLFs.
+const maxChunkFraming = 16 + 4
+
 // appendChunk appends p framed as a chunk of a chunked body, as fasthttp
 // frames it: its length in lower-case hex, CRLF, p, CRLF.
 func appendChunk(b, p []byte) []byte {
-	b = strconv.AppendUint(b, uint64(len(p)), 16)
+	b = appendHexLen(b, uint64(len(p)))
 	b = append(b, '\r', '\n')
 	b = append(b, p...)
 	return append(b, '\r', '\n')
+}
+
+// appendHexLen appends n in lower-case hex without leading zeros, as
+// strconv.AppendUint(b, n, 16) does, by words (hexWord) below 1<<32:
+// strconv's digit loop costs ~140 instructions a chunk (callgrind,
+// docs/performance.md).
+func appendHexLen(b []byte, n uint64) []byte {
+	if n>>32 != 0 {
+		return strconv.AppendUint(b, n, 16)
+	}
+	// All eight digits appended, the leading zeros shifted out at the
+	// end and cut: one append, no copy.
+	zeros := bits.LeadingZeros32(uint32(n)|1) / 4
+	b = binary.BigEndian.AppendUint64(b, hexWord(uint32(n))<<(8*zeros))
+	return b[:len(b)-zeros]
 }
 
 // releaseHold ends holding: the next write sends what was held with its

@@ -5,7 +5,12 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/infera/infera/internal/epoll"
+	"github.com/infera/infera/internal/testkit"
 )
 
 // recordConn records the writes made to it (a connection's socket end for
@@ -323,6 +328,75 @@ func TestFrontConnWriteChunk(t *testing.T) {
 	chunk("data: 1\n\n") // (no socket: Hold refuses, written at once)
 	if len(rc.writes) != 1 || rc.writes[0] != "headers\r\n\r\n9\r\ndata: 1\n\n\r\n" {
 		t.Fatalf("writes %q", rc.writes)
+	}
+}
+
+// On the goroutine door's hold for the next read (ans.on, a socket
+// beneath), writeChunk frames each chunk straight into the held answer
+// (heldChunk), after the headers held by holdHead: the held bytes are
+// fasthttp's, in order. A chunk too large to hold goes its usual way, what
+// was held first.
+func TestFrontConnHeldChunk(t *testing.T) {
+	a, b := testkit.TCPPair(t)
+	fc := &frontConn{Conn: &lfGuardConn{Conn: a, checked: true}}
+	if fc.socket() == nil {
+		t.Fatal("no socket beneath a TCP connection")
+	}
+	w := (*chunkWriter)(fc)
+	chunk := func(s string) {
+		t.Helper()
+		if n, err := w.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatalf("chunk: %d, %v", n, err)
+		}
+	}
+	fc.ans.on = true
+	fc.holdHead()
+	mustWrite(t, fc, "headers\r\n\r\n")
+	chunk("data: 1\n\n")
+	chunk(strings.Repeat("x", 300))
+	mustWrite(t, fc, lastChunk) // fasthttp's closing chunk, held after them
+	if fc.hold.buf != nil || fc.hold.on || fc.hold.head || !fc.ans.pending.Load() {
+		t.Fatalf("hold %+v, pending %v", fc.hold, fc.ans.pending.Load())
+	}
+	want := "headers\r\n\r\n9\r\ndata: 1\n\n\r\n12c\r\n" + strings.Repeat("x", 300) + "\r\n" + lastChunk
+	if got := string(fc.ans.h.Take()); got != want {
+		t.Fatalf("held %q, want %q", got, want)
+	}
+
+	// Too large to hold: the headers and the first chunk, held, go first.
+	fc.ans.pending.Store(false)
+	fc.holdHead()
+	mustWrite(t, fc, "headers\r\n\r\n")
+	chunk("data: 1\n\n")
+	big := strings.Repeat("y", epoll.MaxHeld)
+	want = "headers\r\n\r\n9\r\ndata: 1\n\n\r\n10000\r\n" + big + "\r\n"
+	got := make(chan string, 1)
+	go func() {
+		buf := make([]byte, len(want))
+		n, _ := io.ReadFull(b, buf)
+		got <- string(buf[:n])
+	}()
+	chunk(big)
+	if s := <-got; s != want {
+		t.Fatalf("peer read %d bytes, want %d (%.40q)", len(s), len(want), s)
+	}
+	if fc.ans.on || fc.ans.pending.Load() || fc.ans.h.Holding() {
+		t.Fatal("an answer still held after a chunk too large to hold")
+	}
+}
+
+// appendHexLen writes what strconv.AppendUint(b, n, 16) writes, every
+// digit count and digit included.
+func TestAppendHexLen(t *testing.T) {
+	ns := []uint64{0, 1, 9, 10, 15, 16, 0x12c, 0xabcdef, 0x0123_4567, 0x89ab_cdef, 0xffff_ffff, 1 << 32, 0xfedc_ba98_7654_3210}
+	for sh := range 64 {
+		ns = append(ns, 1<<sh, 1<<sh-1)
+	}
+	for _, n := range ns {
+		got := string(appendHexLen([]byte("x"), n))
+		if want := string(strconv.AppendUint([]byte("x"), n, 16)); got != want {
+			t.Fatalf("%#x: %q, want %q", n, got, want)
+		}
 	}
 }
 

@@ -75,6 +75,21 @@ func (h *Held) Hold(p []byte) bool {
 	return true
 }
 
+// HoldSpace returns the held bytes' buffer for the caller to append at
+// most n bytes to, and then pass to SetHeld: the bytes are framed where they
+// are held, not built elsewhere and copied by Hold. false: they would not
+// be held (as Hold).
+func (h *Held) HoldSpace(n int) ([]byte, bool) {
+	if h.raw == nil || len(h.buf)-h.off+n > MaxHeld {
+		return nil, false
+	}
+	return h.buf, true
+}
+
+// SetHeld keeps b, HoldSpace's buffer with the caller's bytes appended, as
+// what is held.
+func (h *Held) SetHeld(b []byte) { h.buf = b }
+
 // Then makes every Read that sends held bytes call f once they have gone,
 // before it waits for the socket: work the caller put off until its
 // answer was out (the router's bookkeeping of a stream) is done while the

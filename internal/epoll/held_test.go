@@ -173,6 +173,31 @@ func TestHeldRest(t *testing.T) {
 	}
 }
 
+// HoldSpace lends the held bytes' buffer where Hold would hold, and
+// SetHeld keeps what was appended to it; over MaxHeld, or without a socket,
+// it refuses as Hold does.
+func TestHeldSpace(t *testing.T) {
+	var none epoll.Held
+	if _, ok := none.HoldSpace(1); ok {
+		t.Fatal("space without a socket")
+	}
+	a, _ := testkit.TCPPair(t)
+	var h epoll.Held
+	h.Init(a)
+	h.Hold([]byte("held "))
+	dst, ok := h.HoldSpace(epoll.MaxHeld - len("held "))
+	if !ok {
+		t.Fatal("space up to MaxHeld refused")
+	}
+	h.SetHeld(append(dst, "appended"...))
+	if _, ok := h.HoldSpace(epoll.MaxHeld); ok {
+		t.Fatal("space past MaxHeld")
+	}
+	if got := string(h.Take()); got != "held appended" {
+		t.Fatalf("held %q", got)
+	}
+}
+
 // Without a socket nothing is held; a failed write is a syscall error.
 func TestHeldNoSocketAndErrors(t *testing.T) {
 	var h epoll.Held
