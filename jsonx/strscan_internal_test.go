@@ -158,3 +158,47 @@ func FuzzString(f *testing.F) {
 		stringsAgree(t, append([]byte{'"'}, b...))
 	})
 }
+
+// TestCompactUnescapedBytes: compactUnescaped finds a byte up to ' ' or a
+// backslash at every offset of every length to 40 (the sixteen- and
+// eight-byte rounds, the bytes after them and their edges), among bytes
+// next to the ones it looks for (0x21, '[', ']', 0x80, 0xa0, 0xdc, 0xff).
+func TestCompactUnescapedBytes(t *testing.T) {
+	for _, fill := range []byte{'a', 0x21, '[', ']', 0x80, 0xa0, 0xdc, 0xff} {
+		for n := 0; n <= 40; n++ {
+			b := bytes.Repeat([]byte{fill}, n)
+			if !compactUnescaped(b) {
+				t.Fatalf("compactUnescaped(%q) = false", b)
+			}
+			for i := range n {
+				for _, c := range []byte{' ', '\\', '\n', '\t', '\r', 0} {
+					b[i] = c
+					if compactUnescaped(b) {
+						t.Fatalf("compactUnescaped(%q) = true", b)
+					}
+					b[i] = fill
+				}
+			}
+		}
+	}
+}
+
+// TestPlainStringAsAppendQuoted: plainString says AppendQuoted writes s
+// unchanged between quotes, at every offset of lengths to 40.
+func TestPlainStringAsAppendQuoted(t *testing.T) {
+	for n := 0; n <= 40; n++ {
+		for i := -1; i < n; i++ {
+			for _, c := range []byte{'"', '\\', 0x1f, 0x7f, 0x80, 0xe2, 'z'} {
+				b := bytes.Repeat([]byte{'k'}, n)
+				if i >= 0 {
+					b[i] = c
+				}
+				s := string(b)
+				same := string(AppendQuoted(nil, s)) == `"`+s+`"`
+				if got := plainString(s); got && !same || !got && c < 0x80 && i >= 0 && same {
+					t.Fatalf("plainString(%q) = %v; AppendQuoted unchanged: %v", s, got, same)
+				}
+			}
+		}
+	}
+}
