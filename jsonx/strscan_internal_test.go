@@ -159,30 +159,6 @@ func FuzzString(f *testing.F) {
 	})
 }
 
-// TestCompactUnescapedBytes: compactUnescaped finds a byte up to ' ' or a
-// backslash at every offset of every length to 40 (the sixteen- and
-// eight-byte rounds, the bytes after them and their edges), among bytes
-// next to the ones it looks for (0x21, '[', ']', 0x80, 0xa0, 0xdc, 0xff).
-func TestCompactUnescapedBytes(t *testing.T) {
-	for _, fill := range []byte{'a', 0x21, '[', ']', 0x80, 0xa0, 0xdc, 0xff} {
-		for n := 0; n <= 40; n++ {
-			b := bytes.Repeat([]byte{fill}, n)
-			if !compactUnescaped(b) {
-				t.Fatalf("compactUnescaped(%q) = false", b)
-			}
-			for i := range n {
-				for _, c := range []byte{' ', '\\', '\n', '\t', '\r', 0} {
-					b[i] = c
-					if compactUnescaped(b) {
-						t.Fatalf("compactUnescaped(%q) = true", b)
-					}
-					b[i] = fill
-				}
-			}
-		}
-	}
-}
-
 // TestPlainStringAsAppendQuoted: plainString says AppendQuoted writes s
 // unchanged between quotes, at every offset of lengths to 40.
 func TestPlainStringAsAppendQuoted(t *testing.T) {

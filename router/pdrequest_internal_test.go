@@ -206,3 +206,11 @@ func BenchmarkMoriRequestID(b *testing.B) {
 		_, _ = moriRequestID(l)
 	}
 }
+
+func BenchmarkMoriPrepareRead(b *testing.B) {
+	b.ReportAllocs()
+	l := moriTestLegs()
+	for b.Loop() {
+		_ = moriPrepareRead(l)
+	}
+}
