@@ -136,10 +136,31 @@ func SetFieldValid(dst, obj []byte, key string, value []byte, maxDepth int) ([]b
 	if n > 2 {
 		dst = append(dst, ',')
 	}
-	dst = AppendQuoted(dst, key)
-	dst = append(dst, ':')
+	if plainString(key) {
+		// AppendQuoted's bytes for a key with nothing to escape, without
+		// its byte-by-byte look at each character.
+		dst = append(dst, '"')
+		dst = append(dst, key...)
+		dst = append(dst, '"', ':')
+	} else {
+		dst = AppendQuoted(dst, key)
+		dst = append(dst, ':')
+	}
 	dst = append(dst, value...)
 	return append(dst, '}'), nil
+}
+
+// plainString reports whether s is all plain string content (String's
+// sense: no control character, '"', '\\' or byte from 0x80), so that
+// AppendQuoted would write it between quotes unchanged.
+func plainString(s string) bool {
+	b := unsafe.Slice(unsafe.StringData(s), len(s))
+	for _, c := range b[plainEnd(b, 0):] {
+		if c >= 0x80 || !strSafe[c] {
+			return false
+		}
+	}
+	return true
 }
 
 // compactUnescaped reports whether b has no JSON white space and no

@@ -158,3 +158,23 @@ func FuzzString(f *testing.F) {
 		stringsAgree(t, append([]byte{'"'}, b...))
 	})
 }
+
+// TestPlainStringAsAppendQuoted: plainString says AppendQuoted writes s
+// unchanged between quotes, at every offset of lengths to 40.
+func TestPlainStringAsAppendQuoted(t *testing.T) {
+	for n := 0; n <= 40; n++ {
+		for i := -1; i < n; i++ {
+			for _, c := range []byte{'"', '\\', 0x1f, 0x7f, 0x80, 0xe2, 'z'} {
+				b := bytes.Repeat([]byte{'k'}, n)
+				if i >= 0 {
+					b[i] = c
+				}
+				s := string(b)
+				same := string(AppendQuoted(nil, s)) == `"`+s+`"`
+				if got := plainString(s); got && !same || !got && c < 0x80 && i >= 0 && same {
+					t.Fatalf("plainString(%q) = %v; AppendQuoted unchanged: %v", s, got, same)
+				}
+			}
+		}
+	}
+}

@@ -2,7 +2,6 @@ package router
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -272,15 +271,19 @@ func nixlDecode(l *pdLegs, handoff []byte) ([]byte, error) {
 	return l.shape(l.body, l.decode, "kv_transfer_params", handoff)
 }
 
-// mooncakeTransferID is "xfer-" + the room as 32 lowercase hex digits
-// (fmt's %032x, without fmt's boxing and verb parsing: one allocation).
-func mooncakeTransferID(room uint64) string {
-	var b [5 + 32]byte
-	copy(b[:], "xfer-00000000000000000000000000000000")
+// mooncakeTransferID is "xfer-" + the room as 32 lowercase hex digits.
+func mooncakeTransferID(room uint64) string { return roomTransferID("xfer-", room) }
+
+// roomTransferID is prefix + the room as 32 lowercase hex digits (fmt's
+// %032x, without fmt's boxing and verb parsing: one allocation).
+func roomTransferID(prefix string, room uint64) string {
+	var buf [8 + 32]byte
+	b := append(buf[:0], prefix...)
+	b = append(b, "00000000000000000000000000000000"...)
 	var d [16]byte
 	digits := strconv.AppendUint(d[:0], room, 16)
 	copy(b[len(b)-len(digits):], digits)
-	return string(b[:])
+	return string(b)
 }
 
 func mooncakePrefill(l *pdLegs) ([]byte, error) {
@@ -330,15 +333,22 @@ func decrementTokens(body []byte) ([]byte, error) {
 // intParam renders an integer parameter of a record's disagg_meta (JSON
 // numbers decode as float64), def when absent.
 func intParam(rec *discovery.Record, key string, def int) string {
+	var b [24]byte
+	return string(appendIntParam(b[:0], rec, key, def))
+}
+
+// appendIntParam appends intParam's digits to dst (no allocation when dst
+// has room).
+func appendIntParam(dst []byte, rec *discovery.Record, key string, def int) []byte {
 	switch v := rec.DisaggMeta.Params[key].(type) {
 	case float64:
-		return strconv.FormatInt(int64(v), 10)
+		return strconv.AppendInt(dst, int64(v), 10)
 	case int:
-		return strconv.Itoa(v)
+		return strconv.AppendInt(dst, int64(v), 10)
 	case json.Number:
-		return v.String()
+		return append(dst, v...)
 	}
-	return strconv.Itoa(def)
+	return strconv.AppendInt(dst, int64(def), 10)
 }
 
 // atomPrefill: ATOM's single-token prefill, told where the decode is.
@@ -385,51 +395,84 @@ func atomDecode(l *pdLegs, handoff []byte) ([]byte, error) {
 // moriPorts returns a MoRIIO worker's handshake and notify ports and TP
 // size from params.kv_connector_extra_config.
 func moriPorts(rec *discovery.Record) (hp, np string, tp string, err error) {
-	extra, _ := rec.DisaggMeta.Params["kv_connector_extra_config"].(map[string]any)
-	sub := &discovery.Record{DisaggMeta: discovery.DisaggMeta{Params: extra}}
-	if extra["handshake_port"] == nil || extra["notify_port"] == nil {
-		return "", "", "", fmt.Errorf("%w: worker %s needs kv_connector_extra_config.handshake_port and notify_port for MoRIIO", ErrPDMeta, rec.WorkerID)
+	sub, err := moriExtra(rec)
+	if err != nil {
+		return "", "", "", err
 	}
-	return intParam(sub, "handshake_port", 0), intParam(sub, "notify_port", 0), intParam(sub, "tp_size", 1), nil
+	return intParam(&sub, "handshake_port", 0), intParam(&sub, "notify_port", 0), intParam(&sub, "tp_size", 1), nil
+}
+
+// moriExtra returns a MoRIIO worker's params.kv_connector_extra_config as
+// a record of its own (for intParam), checked for the two ports.
+func moriExtra(rec *discovery.Record) (discovery.Record, error) {
+	extra, _ := rec.DisaggMeta.Params["kv_connector_extra_config"].(map[string]any)
+	if extra["handshake_port"] == nil || extra["notify_port"] == nil {
+		return discovery.Record{}, fmt.Errorf("%w: worker %s needs kv_connector_extra_config.handshake_port and notify_port for MoRIIO", ErrPDMeta, rec.WorkerID)
+	}
+	return discovery.Record{DisaggMeta: discovery.DisaggMeta{Params: extra}}, nil
 }
 
 // moriRequestID forges the X-Request-Id vLLM's MoRIIO connector parses
-// both peers' addresses from.
+// both peers' addresses from; the id is built in one buffer, so its string
+// is the one allocation (hosts permitting).
 func moriRequestID(l *pdLegs) (string, error) {
-	php, pnp, _, err := moriPorts(l.prefill)
+	p, err := moriExtra(l.prefill)
 	if err != nil {
 		return "", err
 	}
-	dhp, dnp, _, err := moriPorts(l.decode)
+	d, err := moriExtra(l.decode)
 	if err != nil {
 		return "", err
 	}
-	u := uuid4()
-	return "___prefill_addr_host:" + l.prefillHost + ",handshake:" + php + ",notify:" + pnp +
-		"___decode_addr_host:" + l.decodeHost + ",handshake:" + dhp + ",notify:" + dnp + "_" + strings.ReplaceAll(u, "-", ""), nil
+	var buf [192]byte
+	b := append(buf[:0], "___prefill_addr_host:"...)
+	b = appendMoriAddr(b, l.prefillHost, &p)
+	b = append(b, "___decode_addr_host:"...)
+	b = appendMoriAddr(b, l.decodeHost, &d)
+	b = append(b, '_')
+	b = appendUUID4(b, false)
+	return string(b), nil
 }
 
-// uuid4 returns a random (version 4) UUID in its canonical dashed form.
-func uuid4() string {
-	var b [16]byte
-	for i := 0; i < 16; i += 8 {
-		binary.LittleEndian.PutUint64(b[i:], rand.Uint64())
-	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+// appendMoriAddr appends "host,handshake:port,notify:port" from a MoRIIO
+// worker's extra config (moriExtra).
+func appendMoriAddr(b []byte, host string, extra *discovery.Record) []byte {
+	b = append(b, host...)
+	b = append(b, ",handshake:"...)
+	b = appendIntParam(b, extra, "handshake_port", 0)
+	b = append(b, ",notify:"...)
+	return appendIntParam(b, extra, "notify_port", 0)
 }
+
+// appendUUID4 appends a random (version 4) UUID in lowercase hex, in its
+// canonical dashed form (8-4-4-4-12) when dashed, else its 32 digits.
+func appendUUID4(b []byte, dashed bool) []byte {
+	var u [16]byte
+	binary.LittleEndian.PutUint64(u[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(u[8:], rand.Uint64())
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	for i, c := range u {
+		if dashed && (i == 4 || i == 6 || i == 8 || i == 10) {
+			b = append(b, '-')
+		}
+		b = append(b, hexDigits[c>>4], hexDigits[c&0x0f])
+	}
+	return b
+}
+
+const hexDigits = "0123456789abcdef"
 
 func moriPrepareRead(l *pdLegs) error {
 	id, err := moriRequestID(l)
-	l.requestID, l.transferID = id, "tx-"+uuid4()
+	var tx [3 + 36]byte
+	l.requestID, l.transferID = id, string(appendUUID4(append(tx[:0], "tx-"...), true))
 	return err
 }
 
 func moriPrepareWrite(l *pdLegs) error {
 	id, err := moriRequestID(l)
-	l.requestID, l.transferID = id, fmt.Sprintf("tx-%032x", l.room)
+	l.requestID, l.transferID = id, roomTransferID("tx-", l.room)
 	return err
 }
 

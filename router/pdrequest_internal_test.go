@@ -1,6 +1,8 @@
 package router
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -108,5 +110,107 @@ func BenchmarkMooncakeTransferID(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		_ = mooncakeTransferID(uint64(i) * 0x9e3779b97f4a7c15)
+	}
+}
+
+// moriTestLegs are two MoRIIO workers' legs, the ports as discovery
+// decodes them (float64) and as json.Number.
+func moriTestLegs() *pdLegs {
+	rec := func(id string, hp, np any) *discovery.Record {
+		return &discovery.Record{WorkerID: id, DisaggMeta: discovery.DisaggMeta{Params: map[string]any{
+			"kv_connector_extra_config": map[string]any{"handshake_port": hp, "notify_port": np}}}}
+	}
+	return &pdLegs{
+		prefill: rec("p:1", float64(61234), json.Number("61235")), decode: rec("d:1", float64(7000), float64(7001)),
+		prefillHost: "10.0.0.17", decodeHost: "decode-host.example", room: 0xdeadbeef,
+	}
+}
+
+// checkUUID4 holds a UUID to the old uuid4's shape (hex.EncodeToString
+// of 16 random bytes, version and variant set): lowercase hex, the version
+// nibble 4 and the variant nibble 8–b, dashes at 8-4-4-4-12 when dashed.
+func checkUUID4(t *testing.T, u string, dashed bool) {
+	t.Helper()
+	hexs := u
+	if dashed {
+		if len(u) != 36 || u[8] != '-' || u[13] != '-' || u[18] != '-' || u[23] != '-' {
+			t.Fatalf("dashed uuid %q: not 8-4-4-4-12", u)
+		}
+		hexs = strings.ReplaceAll(u, "-", "")
+	}
+	if len(hexs) != 32 || strings.Trim(hexs, "0123456789abcdef") != "" {
+		t.Fatalf("uuid %q: not 32 lowercase hex digits", u)
+	}
+	if hexs[12] != '4' || !strings.ContainsRune("89ab", rune(hexs[16])) {
+		t.Fatalf("uuid %q: version %c, variant %c; want 4 and one of 89ab", u, hexs[12], hexs[16])
+	}
+}
+
+func TestMoriIDsShape(t *testing.T) {
+	l := moriTestLegs()
+	php, pnp, _, err := moriPorts(l.prefill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dhp, dnp, _, err := moriPorts(l.decode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old moriRequestID's concatenation, less its uuid.
+	prefix := "___prefill_addr_host:" + l.prefillHost + ",handshake:" + php + ",notify:" + pnp +
+		"___decode_addr_host:" + l.decodeHost + ",handshake:" + dhp + ",notify:" + dnp + "_"
+	if prefix != "___prefill_addr_host:10.0.0.17,handshake:61234,notify:61235___decode_addr_host:decode-host.example,handshake:7000,notify:7001_" {
+		t.Fatalf("moriPorts: %q", prefix)
+	}
+	seen := map[string]bool{}
+	for range 64 {
+		id, err := moriRequestID(l)
+		if err != nil || !strings.HasPrefix(id, prefix) {
+			t.Fatalf("moriRequestID = %q, %v; want the prefix %q", id, err, prefix)
+		}
+		checkUUID4(t, id[len(prefix):], false)
+		if err := moriPrepareRead(l); err != nil || !strings.HasPrefix(l.transferID, "tx-") {
+			t.Fatalf("moriPrepareRead: transfer id %q, %v", l.transferID, err)
+		}
+		checkUUID4(t, l.transferID[3:], true)
+		seen[id[len(prefix):]], seen[l.transferID[3:]] = true, true
+	}
+	if len(seen) != 128 {
+		t.Errorf("%d distinct uuids of 128", len(seen))
+	}
+	if err := moriPrepareWrite(l); err != nil || l.transferID != fmt.Sprintf("tx-%032x", l.room) {
+		t.Errorf("moriPrepareWrite: transfer id %q, %v; want %q", l.transferID, err, fmt.Sprintf("tx-%032x", l.room))
+	}
+	l.decode = &discovery.Record{WorkerID: "d:2"}
+	if _, err := moriRequestID(l); !errors.Is(err, ErrPDMeta) {
+		t.Errorf("moriRequestID without the decode's ports: %v, want ErrPDMeta", err)
+	}
+}
+
+// TestMoriRequestIDAlloc: the forged id is built in one buffer, its string
+// the only allocation.
+func TestMoriRequestIDAlloc(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	l := moriTestLegs()
+	if n := testing.AllocsPerRun(100, func() { _, _ = moriRequestID(l) }); n != 1 {
+		t.Errorf("moriRequestID: %v allocations, want 1", n)
+	}
+}
+
+func BenchmarkMoriRequestID(b *testing.B) {
+	b.ReportAllocs()
+	l := moriTestLegs()
+	for b.Loop() {
+		_, _ = moriRequestID(l)
+	}
+}
+
+func BenchmarkMoriPrepareRead(b *testing.B) {
+	b.ReportAllocs()
+	l := moriTestLegs()
+	for b.Loop() {
+		_ = moriPrepareRead(l)
 	}
 }
