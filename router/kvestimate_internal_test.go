@@ -827,3 +827,47 @@ func TestKVEstimateWarmBoundAllowsOnePick(t *testing.T) {
 		})
 	}
 }
+
+// TestKVEstimateSharedPrefixInUseSpillsAboveFair: a new conversation on a
+// system prompt that only a holds, and that a conversation in flight on a
+// also runs on, leaves a once a is above its fair share of picks (11
+// decayed picks against 9 on each of three others: fair 9.75 with this
+// request), though a is within the share bound (1.15× fair plus a pick):
+// the next target prefills the system prompt once and becomes a second
+// holder. A conversation's own history (the same prompt with nothing in
+// flight on it) stays, as below the bound before. Without the rule both
+// stayed, and the new conversations of a popular system prompt, with their
+// later turns, kept its one holder above fair (conversation: busiest
+// 1.12–1.23× fair).
+func TestKVEstimateSharedPrefixInUseSpillsAboveFair(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		inFlight bool
+	}{{"shared system prompt", true}, {"own history", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newKVEnv(t, ttftConfig(), fleet(4)...)
+			e.makePrecise()
+			system := unique(41, 400)
+			holder := kvRecord(0, nil).WorkerID
+			e.store(holder, chatTokens(t, system))
+			running := e.pick(chat(system + unique(42, 60)))
+			if running.Worker.id != holder {
+				t.Fatalf("the first conversation went to %s, not the holder %s", running.Worker.id, holder)
+			}
+			if !tc.inFlight {
+				e.p.Release(running, Result{Status: 200})
+			}
+			for i := range 4 {
+				e.setPast(kvRecord(i, nil).WorkerID, 9, 0)
+			}
+			e.setPast(holder, 11, 0)
+			got := e.serial(chat(system + unique(43, 60)))
+			if tc.inFlight {
+				e.p.Release(running, Result{Status: 200})
+			}
+			if (got == holder) == tc.inFlight {
+				t.Fatalf("holder at 11 picks, others at 9, a conversation in flight on its prefix %v: the request went to %s (holder %s)", tc.inFlight, got, holder)
+			}
+		})
+	}
+}
