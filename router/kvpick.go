@@ -36,7 +36,6 @@ type kvScratch struct {
 	listed  []int     // per target: the prefix the index lists, before the eviction cut (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	filling []bool    // per target: prefilling the prompt's held prefix for an earlier request (--kv-cost ttft)
-	inUse   []bool    // per target: its whole cached prefix in flight there for requests already picked (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
 	handles []*kvcache.Worker
 	out     []int
@@ -180,7 +179,6 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.colds = growF(sc.colds, nt)
 		sc.listed = grow(sc.listed, nt)
 		sc.filling = growB(sc.filling, nt)
-		sc.inUse = growB(sc.inUse, nt)
 	}
 	total := 0.0
 	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
@@ -236,7 +234,6 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			sc.colds[i] = t.est.coldCount(seq, coldHL)
 			sc.filling[i] = t.est.prefilling(hs[:eff])
 			t.mu.RUnlock()
-			sc.inUse[i] = sc.hits[i] >= minWarmBlocks && flight >= sc.hits[i] && !sc.filling[i]
 		}
 		sc.effs[i] = eff
 		total += picks
@@ -495,28 +492,6 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	// evicted the prefixes the caches held (TestKVRouterRestart: hit ratio
 	// 0.76–0.77 against 0.81–0.84 in the runs without such spills).
 	bound := share*fair + 1
-	if share > 0 && fair >= minShareFair && sc.inUse[best] && sc.picks[best]+1 > fair+1 {
-		// A prefix that requests in flight on its holder also start from
-		// (a system prompt that several conversations are running on, not
-		// a conversation's own history: its turns come one at a time) is
-		// no reason to go above the fair share: the request goes to the
-		// lowest cost among the targets within it (one pick of allowance),
-		// which prefills the prefix once and is then a second holder that
-		// sharedHome splits the next ones with. Only above the share bound
-		// the new conversations of a popular system prompt stayed on its
-		// one holder, and their later turns after them (conversation: the
-		// busiest worker 1.12–1.23× fair, 1.15 the bound).
-		alt := -1
-		for k := range nt {
-			i := (start + k) % nt
-			if sc.picks[i]+1 <= fair+1 && (alt < 0 || sc.costs[i] < sc.costs[alt]) {
-				alt = i
-			}
-		}
-		if alt >= 0 {
-			return alt
-		}
-	}
 	if share <= 0 || fair < minShareFair || sc.picks[best]+1 <= bound {
 		return best
 	}
