@@ -15,6 +15,8 @@ import (
 	"github.com/rs/zerolog"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/infera/infera/internal/freeport"
 )
 
 // ErrEmbedded is wrapped by errors starting the embedded etcd.
@@ -173,13 +175,14 @@ func listenURLs(hostPort string) (listen, advertise url.URL, err error) {
 	return listen, advertise, nil
 }
 
-// freePort asks the kernel for a free port on host. Another process could
-// take it before etcd binds it; etcd then fails to start with a clear error.
+// freePort asks the kernel for a free port on host that this process has
+// not handed out moments ago (freeport.Pick: the client and the peer port
+// must not come out equal). Another process could take it before etcd
+// binds it; etcd then fails to start with a clear error.
 func freePort(host string) (uint64, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	p, err := freeport.Pick(host)
 	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
+		return 0, err
 	}
-	defer l.Close()
-	return uint64(l.Addr().(*net.TCPAddr).Port), nil
+	return uint64(p), nil
 }

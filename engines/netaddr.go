@@ -9,10 +9,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/internal/freeport"
 )
 
 // portBlockAttempts bounds the search for n consecutive free ports.
@@ -93,45 +93,6 @@ func freePortBlock(host string, n int) (int, error) {
 	return freePortBlockOutside(host, n, os.LookupEnv)
 }
 
-// handedOut remembers the port blocks this process handed out recently. A
-// port the worker chose is free only until its engine binds it, seconds
-// later, and the kernel may give the same port to the worker's next
-// request for a free one in between: an engine's HTTP port and its
-// KV-event replay port came out equal once (the engine then failed to
-// bind). Each block is kept for handedOutFor, longer than an engine takes
-// to bind its ports, and not handed out again meanwhile.
-var handedOut = portLedger{blocks: map[int]portLease{}}
-
-const handedOutFor = 5 * time.Minute
-
-type portLease struct {
-	n     int
-	until time.Time
-}
-
-type portLedger struct {
-	mu     sync.Mutex
-	blocks map[int]portLease // base port → its block
-}
-
-// claim records base..base+n-1 as handed out at now, unless it overlaps a
-// block handed out within handedOutFor (false).
-func (l *portLedger) claim(base, n int, now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for b, lease := range l.blocks {
-		if now.After(lease.until) {
-			delete(l.blocks, b)
-			continue
-		}
-		if base < b+lease.n && b < base+n {
-			return false
-		}
-	}
-	l.blocks[base] = portLease{n: n, until: now.Add(handedOutFor)}
-	return true
-}
-
 func freePortBlockOutside(host string, n int, lookup func(string) (string, bool)) (int, error) {
 	if n < 1 {
 		return 0, fmt.Errorf("find free ports on %q: want at least one, got %d", host, n)
@@ -151,7 +112,7 @@ func freePortBlockOutside(host string, n int, lookup func(string) (string, bool)
 			break
 		}
 		if ok, err := holdBlock(host, base, n, l); ok {
-			if handedOut.claim(base, n, time.Now()) {
+			if freeport.Claim(base, n) {
 				return base, nil
 			}
 			lastErr = fmt.Errorf("port %d was handed out to an engine moments ago", base)
@@ -164,7 +125,7 @@ func freePortBlockOutside(host string, n int, lookup func(string) (string, bool)
 			var r [2]byte
 			_, _ = rand.Read(r[:])
 			base := 1024 + int(uint16(r[0])<<8|uint16(r[1]))%(lo-n-1024+1)
-			if ok, err := holdBlock(host, base, n, nil); ok && handedOut.claim(base, n, time.Now()) {
+			if ok, err := holdBlock(host, base, n, nil); ok && freeport.Claim(base, n) {
 				return base, nil
 			} else if err != nil {
 				lastErr = err
