@@ -124,6 +124,10 @@ func TestKVRoutingComparison(t *testing.T) {
 			}
 			for _, wl := range workloads {
 				runs[label][wl.name] = append(runs[label][wl.name], res[wl.name])
+				// The simulators' modelled mean is kept only in memory (not in
+				// the report file): logged, so that an INFERA_KV_BENCH_ONLY run,
+				// which prints no table, still has it.
+				t.Logf("%s on %s, repeat %d: modelled TTFT mean %.2f ms", wl.name, label, r+1, res[wl.name].ModelTTFTMs)
 				sorted := ttftSamples(t, filepath.Join(dir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(label, " ", "-"))))
 				at := make([]float64, len(kvPercentiles))
 				for k, q := range kvPercentiles {

@@ -34,9 +34,30 @@ type kvWorkload struct {
 var simTiming = []string{"--time-scale", "1", "--prefill-tokens-per-s", "20000", "--step-overhead-ms", "2",
 	"--decode-ms-per-token", "0.2", "--max-model-len", "6400"}
 
-// runKVFleet starts serve with the fleet's policy and workers, runs every
-// workload against it and returns the reports by workload name.
+// runKVFleet runs every workload on its own fresh fleet of the given
+// policy and workers (serve, its embedded etcd and every simulator started
+// anew) and returns the reports by workload name. A fleet shared by the
+// workloads carried the previous workload's picks and caches into the
+// next one's figures (issue 37, h3b: the conversation workload's busiest
+// worker at 1.20× fair came from multi-turn's 780 picks before it); a
+// fresh fleet costs a few seconds of start, against minutes of workload.
 func runKVFleet(t *testing.T, fl kvFleet, workloads []kvWorkload, outDir string) map[string]benchReport {
+	t.Helper()
+	if outDir != "" {
+		if err := os.MkdirAll(outDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := map[string]benchReport{}
+	for _, wl := range workloads {
+		out[wl.name] = runKVWorkload(t, fl, wl, outDir)
+	}
+	return out
+}
+
+// runKVWorkload starts a fleet, checks that nothing has been picked or
+// served on it yet, runs one workload against it and stops it.
+func runKVWorkload(t *testing.T, fl kvFleet, wl kvWorkload, outDir string) benchReport {
 	t.Helper()
 	f := startServe(t, append([]string{"--router-policy", fl.policy, "--tokenizer", "bytes"}, fl.serveArgs...)...)
 	ids := map[string]bool{}
@@ -71,27 +92,30 @@ func runKVFleet(t *testing.T, fl kvFleet, workloads []kvWorkload, outDir string)
 	if fl.policy == "kv-aware" {
 		f.waitPrecise(ids, 20*time.Second)
 	}
-	out := map[string]benchReport{}
-	if outDir != "" {
-		if err := os.MkdirAll(outDir, 0o755); err != nil {
-			t.Fatal(err)
-		}
+	// The workload's figures are its own only if the fleet starts empty:
+	// no pick in the router's counts, no first token on any simulator.
+	routerText := scrapeText(t, f.base+"/metrics")
+	if routerText == "" {
+		t.Fatalf("%s on %s: the router's /metrics could not be read to check that the fleet is fresh", wl.name, fl.label())
 	}
-	for _, wl := range workloads {
-		args := append([]string{"--url", f.base, "--model", "sim-model", "--label", fl.label()}, wl.args...)
-		report := filepath.Join(t.TempDir(), "report.json")
-		if outDir != "" {
-			report = filepath.Join(outDir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(fl.label(), " ", "-")))
-		}
-		sec0, n0 := modelled()
-		rep, err := runBenchTo(t, 15*time.Minute, report, args...)
-		if err != nil {
-			t.Fatalf("%s on %s: %v", wl.name, fl.policy, err)
-		}
-		if sec, n := modelled(); n > n0 {
-			rep.ModelTTFTMs = 1e3 * (sec - sec0) / (n - n0)
-		}
-		out[wl.name] = rep
+	if picks := metricValue(routerText, "infera_router_picks_total"); picks != 0 {
+		t.Fatalf("%s on %s: the router has %v picks before the workload starts: state carried over", wl.name, fl.label(), picks)
+	}
+	sec0, n0 := modelled()
+	if n0 != 0 {
+		t.Fatalf("%s on %s: the simulators served %v first tokens before the workload starts: state carried over", wl.name, fl.label(), n0)
+	}
+	args := append([]string{"--url", f.base, "--model", "sim-model", "--label", fl.label()}, wl.args...)
+	report := filepath.Join(t.TempDir(), "report.json")
+	if outDir != "" {
+		report = filepath.Join(outDir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(fl.label(), " ", "-")))
+	}
+	rep, err := runBenchTo(t, 15*time.Minute, report, args...)
+	if err != nil {
+		t.Fatalf("%s on %s: %v", wl.name, fl.policy, err)
+	}
+	if sec, n := modelled(); n > n0 {
+		rep.ModelTTFTMs = 1e3 * (sec - sec0) / (n - n0)
 	}
 	for _, p := range procs {
 		p.stop(syscall.SIGTERM)
@@ -99,15 +123,16 @@ func runKVFleet(t *testing.T, fl kvFleet, workloads []kvWorkload, outDir string)
 	f.serve.stop(syscall.SIGTERM)
 	if outDir != "" && fl.policy == "kv-aware" {
 		// The router's log (debug level: one "kv pick" line per pick of
-		// --kv-cost ttft and one "kv answer" per answer) for pick analyses.
+		// --kv-cost ttft and one "kv answer" per answer) for pick analyses,
+		// one per workload now that each has its own router.
 		f.serve.mu.Lock()
 		raw := strings.Join(f.serve.raw, "\n")
 		f.serve.mu.Unlock()
-		if err := os.WriteFile(filepath.Join(outDir, "kv-aware-serve.log"), []byte(raw), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(outDir, wl.name+"-kv-aware-serve.log"), []byte(raw), 0o644); err != nil {
 			t.Errorf("write serve log: %v", err)
 		}
 	}
-	return out
+	return rep
 }
 
 // scrapeText GETs a Prometheus exposition ("" on failure: a missing
