@@ -42,7 +42,8 @@
 # (CLIENTS): `infera bench` and `wrk` (a C client with a Lua POST script);
 # fixed-rate cells (RATES) use `infera bench --rate`. Per cell it records
 # requests/s, p50/p99 latency, the proxy's CPU (utime+stime from
-# /proc/PID/stat; nginx: master and workers) per 1,000 requests, and the whole
+# /proc/PID/stat; nginx: master and workers; its kernel part, stime, apart)
+# per 1,000 requests, and the whole
 # box's busy CPU (/proc/stat) per 1,000 requests; "box − direct" subtracts the
 # same repeat's direct cell, so the load generator's and the engines' costs
 # cancel and what is left is what the proxy costs the machine (kernel work
@@ -483,20 +484,25 @@ wrk_run() {
   rm -f "$WORK/$tag"-*.json
 }
 
-# proc_ticks target: utime+stime (clock ticks) of the proxy process(es).
+# proc_ticks target: utime+stime and stime alone (clock ticks) of the proxy
+# process(es): the kernel's part (reads, writes, epoll, loopback delivery)
+# apart from the process's own code, which is where two proxies that make the
+# same system calls differ.
 TICKS=$(getconf CLK_TCK)
 proc_ticks() {
-  if is_direct "$1"; then echo 0; return; fi
+  if is_direct "$1"; then echo 0 0; return; fi
   local pids=("${PID_OF[$1]}")
   is_nginx "$1" && pids+=($(pgrep -P "${PID_OF[$1]}" || true))
-  local total=0 p rest
+  local total=0 sys=0 p rest
   for p in "${pids[@]}"; do
     [[ -r /proc/$p/stat ]] || continue
     rest=$(sed 's/^.*) //' "/proc/$p/stat")
     # after "comm) ": field 3 is state, so utime/stime (14, 15) are 12, 13 here
-    total=$((total + $(awk '{print $12 + $13}' <<<"$rest")))
+    read -r u k <<<"$(awk '{print $12, $13}' <<<"$rest")"
+    total=$((total + u + k))
+    sys=$((sys + k))
   done
-  echo "$total"
+  echo "$total $sys"
 }
 # box_ticks: the whole machine's busy clock ticks (/proc/stat: user nice
 # system irq softirq steal; not idle or iowait).
@@ -516,13 +522,13 @@ done
 
 LOAD_BEFORE=$(cat /proc/loadavg)
 RESULTS=$OUT/results.tsv
-printf 'client\tmode\tconc\trep\ttarget\trequests\treq_s\tp50_ms\tp99_ms\terrors\tcpu_s\tbox_s\n' >"$RESULTS"
+printf 'client\tmode\tconc\trep\ttarget\trequests\treq_s\tp50_ms\tp99_ms\terrors\tcpu_s\tbox_s\tsys_s\n' >"$RESULTS"
 for rep in $(seq 1 "$REPEATS"); do
   for cell in "${CELLS[@]}"; do
     read -r client mode conc <<<"$cell"
     for target in $TARGETS; do
       log "run $rep/$REPEATS: $client, $mode, $conc, $target, $DURATION"
-      t0=$(proc_ticks "$target")
+      read -r t0 k0 <<<"$(proc_ticks "$target")"
       b0=$(box_ticks)
       if [[ $client == bench ]]; then
         f="$OUT/$mode-$conc-$target-r$rep.json"
@@ -535,11 +541,12 @@ for rep in $(seq 1 "$REPEATS"); do
       else
         line=$(wrk_run "$target" "$mode" "$conc" "wrk-$mode-c$conc-$target-r$rep")
       fi
-      t1=$(proc_ticks "$target")
+      read -r t1 k1 <<<"$(proc_ticks "$target")"
       b1=$(box_ticks)
       cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$TICKS" 'BEGIN { printf "%.3f", (b - a) / hz }')
       box=$(awk -v a="$b0" -v b="$b1" -v hz="$TICKS" 'BEGIN { printf "%.3f", (b - a) / hz }')
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$client" "$mode" "$conc" "$rep" "$target" "$line" "$cpu" "$box" >>"$RESULTS"
+      sys=$(awk -v a="$k0" -v b="$k1" -v hz="$TICKS" 'BEGIN { printf "%.3f", (b - a) / hz }')
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$client" "$mode" "$conc" "$rep" "$target" "$line" "$cpu" "$box" "$sys" >>"$RESULTS"
     done
   done
 done
@@ -566,14 +573,14 @@ NR > 1 {
   if (!(cell in seen)) { seen[cell] = 1; order[++nc] = cell }
   if (!((r) in repseen)) { repseen[r] = 1; reps[cell] = reps[cell] " " $4 }
   rps[k] = rps[k] " " $7; p50[k] = p50[k] " " $8; p99[k] = p99[k] " " $9
-  if ($6 > 0) { cpu[k] = cpu[k] " " ($11 * 1000 / $6); box[k] = box[k] " " ($12 * 1000 / $6) }
+  if ($6 > 0) { cpu[k] = cpu[k] " " ($11 * 1000 / $6); box[k] = box[k] " " ($12 * 1000 / $6); sys[k] = sys[k] " " ($13 * 1000 / $6) }
   err[k] += $10
   R[r SUBSEP $5] = $7; B[r SUBSEP $5] = ($6 > 0 ? $12 * 1000 / $6 : 0)
 }
 END {
   nt = split(targets, T, " ")
-  print "| client | mode | conc | target | req/s (min–max) | × direct | × nginx | p50 ms | p99 ms | proxy CPU s / 1k req (min–max) | box CPU s / 1k req | box − direct | errors |"
-  print "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  print "| client | mode | conc | target | req/s (min–max) | × direct | × nginx | p50 ms | p99 ms | proxy CPU s / 1k req (min–max) | box CPU s / 1k req | box − direct | errors | of proxy CPU, kernel s / 1k req |"
+  print "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   for (c = 1; c <= nc; c++) {
     cell = order[c]; split(cell, parts, SUBSEP)
     nr = split(reps[cell], RP, " ")
@@ -587,11 +594,12 @@ END {
         if ((r SUBSEP "direct") in R && R[r SUBSEP "direct"] > 0) { xd = xd " " (R[r SUBSEP T[t]] / R[r SUBSEP "direct"]); bd = bd " " (B[r SUBSEP T[t]] - B[r SUBSEP "direct"]) }
         if ((r SUBSEP "nginx") in R && R[r SUBSEP "nginx"] > 0) xg = xg " " (R[r SUBSEP T[t]] / R[r SUBSEP "nginx"])
       }
-      printf "| %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %s | %d |\n", parts[1], parts[2], parts[3], T[t],
+      printf "| %s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %s | %d | %s |\n", parts[1], parts[2], parts[3], T[t],
         spread(rps[k], "%.0f"), (xd != "" ? spread(xd, "%.2f") : "–"), (xg != "" ? spread(xg, "%.2f") : "–"),
         med(p50[k]), med(p99[k]),
         (T[t] ~ /^direct/ ? "–" : spread(cpu[k], "%.4f")), spread(box[k], "%.4f"),
-        (T[t] == "direct" || bd == "" ? "–" : spread(bd, "%.4f")), err[k]
+        (T[t] == "direct" || bd == "" ? "–" : spread(bd, "%.4f")), err[k],
+        (T[t] ~ /^direct/ ? "–" : spread(sys[k], "%.4f"))
     }
   }
 }' "$RESULTS" >"$OUT/overhead.md"
@@ -600,16 +608,16 @@ END {
 awk -F'|' '
 function num(s) { sub(/ *\(.*/, "", s); gsub(/ /, "", s); return s }
 { for (i = 2; i <= 5; i++) gsub(/ /, "", $i) }
-$5 ~ /^infera/ { k = $2 " " $3 " " $4 " " $5; cell[k] = $2 " " $3 " " $4; keys[++n] = k; xg[k] = num($8); xd[k] = num($7); c[k] = num($11); b[k] = num($13); p50[k] = $9; p99[k] = $10 }
-$5 == "nginx" { g = $2 " " $3 " " $4; gc[g] = num($11); gb[g] = num($13); gp50[g] = $9; gp99[g] = $10 }
+$5 ~ /^infera/ { k = $2 " " $3 " " $4 " " $5; cell[k] = $2 " " $3 " " $4; keys[++n] = k; xg[k] = num($8); xd[k] = num($7); c[k] = num($11); b[k] = num($13); p50[k] = $9; p99[k] = $10; ks[k] = num($15) }
+$5 == "nginx" { g = $2 " " $3 " " $4; gc[g] = num($11); gb[g] = num($13); gp50[g] = $9; gp99[g] = $10; gk[g] = num($15) }
 END {
   if (!n) exit
   print ""
-  print "| cell | target | req/s × nginx | req/s × direct | proxy CPU / 1k: target / nginx (ratio) | box − direct / 1k: target / nginx | p50 ms target / nginx | p99 ms target / nginx |"
-  print "|---|---|---:|---:|---:|---:|---:|---:|"
+  print "| cell | target | req/s × nginx | req/s × direct | proxy CPU / 1k: target / nginx (ratio) | of it user / kernel: target; nginx | box − direct / 1k: target / nginx | p50 ms target / nginx | p99 ms target / nginx |"
+  print "|---|---|---:|---:|---:|---:|---:|---:|---:|"
   for (i = 1; i <= n; i++) { k = keys[i]; g = cell[k]; split(k, kk, " ")
-    printf "| %s | %s | %s | %s | %s / %s (%s) | %s / %s | %s / %s | %s / %s |\n", g, kk[4], xg[k], xd[k], c[k], gc[g],
-      (gc[g] > 0 ? sprintf("%.2f", c[k] / gc[g]) : "–"), b[k], gb[g], p50[k], gp50[g], p99[k], gp99[g] }
+    printf "| %s | %s | %s | %s | %s / %s (%s) | %.4f / %s; %.4f / %s | %s / %s | %s / %s | %s / %s |\n", g, kk[4], xg[k], xd[k], c[k], gc[g],
+      (gc[g] > 0 ? sprintf("%.2f", c[k] / gc[g]) : "–"), c[k] - ks[k], ks[k], gc[g] - gk[g], gk[g], b[k], gb[g], p50[k], gp50[g], p99[k], gp99[g] }
 }' "$OUT/overhead.md" >"$OUT/verdict.md"
 
 # --- added latency at concurrency 1 (acceptance: every infera* ≤ nginx) -----
@@ -679,7 +687,8 @@ load (1/5/15 min, /proc/loadavg): before $LOAD_BEFORE; after $LOAD_AFTER
 etcd: $ETCD; random workload, $INPUT_LEN-word prompts, $OUTPUT_LEN output tokens, $DURATION per cell, $REPEATS interleaved repeat(s),
 medians (min–max); conc r<N>: \`infera bench --rate N\` (open loop); $SIMS × \`infera sim $SIM_ARGS\`;
 direct = the client spreads requests over them itself (wrk: one wrk per simulator, connections split, req/s summed,
-latency averaged); latency = end-to-end (ms); proxy CPU = utime+stime of the proxy (nginx: master + workers);
+latency averaged); latency = end-to-end (ms); proxy CPU = utime+stime of the proxy (nginx: master + workers),
+its kernel part = stime (the user part in the verdict is the medians' difference);
 box CPU = the machine's busy time (/proc/stat); box − direct = that minus the same repeat's direct cell.
 SUMMARY
 if [[ " $TARGETS " == *" infera-pd "* ]]; then
