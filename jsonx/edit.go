@@ -98,8 +98,7 @@ func (e *editor) run(dst, body []byte, maxDepth int) ([]byte, error) {
 	for i, f := range e.edits() {
 		if e.found&(1<<i) == 0 && f.Value != nil && !f.Existing {
 			e.sep()
-			e.dst = AppendQuoted(e.dst, f.Key)
-			e.dst = append(e.dst, ':')
+			e.dst = appendKey(e.dst, f.Key)
 			e.dst = append(e.dst, f.Value...)
 		}
 	}
@@ -136,18 +135,23 @@ func SetFieldValid(dst, obj []byte, key string, value []byte, maxDepth int) ([]b
 	if n > 2 {
 		dst = append(dst, ',')
 	}
-	if plainString(key) {
-		// AppendQuoted's bytes for a key with nothing to escape, without
-		// its byte-by-byte look at each character.
-		dst = append(dst, '"')
-		dst = append(dst, key...)
-		dst = append(dst, '"', ':')
-	} else {
-		dst = AppendQuoted(dst, key)
-		dst = append(dst, ':')
-	}
+	dst = appendKey(dst, key)
 	dst = append(dst, value...)
 	return append(dst, '}'), nil
+}
+
+// appendKey appends key as a member's key: AppendQuoted's bytes and a
+// colon. A key with nothing to escape (every key the router adds) is
+// copied between quotes, without AppendQuoted's byte-by-byte look (~100
+// instructions a key of 18 bytes).
+func appendKey(dst []byte, key string) []byte {
+	if plainString(key) {
+		dst = append(dst, '"')
+		dst = append(dst, key...)
+		return append(dst, '"', ':')
+	}
+	dst = AppendQuoted(dst, key)
+	return append(dst, ':')
 }
 
 // plainString reports whether s is all plain string content (String's

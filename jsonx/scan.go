@@ -93,7 +93,11 @@ func (s *Scanner) Value() error {
 	case '[':
 		return s.Array(nil)
 	case '"':
-		if end, ok := shortString(s.B, s.I); ok {
+		end, ok := shortString(s.B, s.I)
+		if !ok && end == s.I+9 {
+			end, ok = shortString(s.B, s.I+8) // see Object
+		}
+		if ok {
 			s.I = end + 1
 			return nil
 		}
@@ -153,7 +157,15 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 		}
 		var ks, ke int
 		var kesc bool
-		if end, ok := shortString(b, i); ok {
+		end, ok := shortString(b, i)
+		if !ok && end == i+9 {
+			// Eight plain bytes and no quote after them: the next eight
+			// read as the content of a string whose quote is eight bytes
+			// on. Keys of up to sixteen bytes ("finish_reason",
+			// "remote_block_ids") are found without String's call.
+			end, ok = shortString(b, i+8)
+		}
+		if ok {
 			ks, ke, i = i+1, end, end+1
 		} else {
 			s.I = i
@@ -521,7 +533,10 @@ func (s *Scanner) String() (start, end int, escaped bool, err error) {
 // and the nine bytes after the quote are in b: end is the offset of its
 // closing quote, and String would return (q+1, end, false, nil). Most keys
 // and many short values are such strings; ok false leaves them to String,
-// whose call costs more than their bytes (the callers inline this).
+// whose call costs more than their bytes (the callers inline this). When
+// the eight bytes are plain and no quote follows, end is q+9: a caller
+// may then call it at q+8 for a string of up to sixteen bytes (one
+// function reading both words does not inline).
 func shortString(b []byte, q int) (end int, ok bool) {
 	if len(b)-q < 10 {
 		return 0, false

@@ -74,6 +74,13 @@ func stringsAgree(t *testing.T, b []byte) {
 			t.Fatalf("lenient %v, %q: shortString ends at %d, want (%d, %d, %v, %v)",
 				lenient, b, end, s2, e2, esc2, err2)
 		}
+		// Their second step, for a string of up to sixteen bytes.
+		if end, ok := shortString(b, 0); !ok && end == 9 {
+			if end, ok := shortString(b, 8); ok && (err2 != nil || s2 != 1 || e2 != end || esc2) {
+				t.Fatalf("lenient %v, %q: shortString at 8 ends at %d, want (%d, %d, %v, %v)",
+					lenient, b, end, s2, e2, esc2, err2)
+			}
+		}
 	}
 }
 
