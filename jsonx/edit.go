@@ -36,6 +36,8 @@ type editor struct {
 	fields []Field
 	n      int    // members written
 	found  uint64 // bit i: a member named edit i's key was met
+	// walk, when set, records each member's spans (SetFieldsWalk).
+	walk *Walk
 }
 
 // edits returns the editor's edits.
@@ -51,25 +53,38 @@ func (e *editor) member(ks, ke int, kesc bool) error {
 	if err := e.s.Value(); err != nil {
 		return err
 	}
-	b := e.s.B
+	m := walkMember{ks: ks, ke: ke, vs: vs, ve: e.s.I, kesc: kesc}
+	if w := e.walk; w != nil {
+		if len(w.members) < maxWalkMembers {
+			w.members = append(w.members, m)
+		} else {
+			w.over = true
+		}
+	}
+	e.place(e.s.B, &m)
+	return nil
+}
+
+// place writes the member m of b as the edits make it: set, deleted or
+// copied.
+func (e *editor) place(b []byte, m *walkMember) {
 	fields := e.edits()
 	for i := range fields {
 		f := &fields[i]
-		if !Equal(b[ks:ke], kesc, f.Key) {
+		if !Equal(b[m.ks:m.ke], m.kesc, f.Key) {
 			continue
 		}
 		e.found |= 1 << i
 		if f.Value == nil {
-			return nil
+			return
 		}
 		e.sep()
-		e.dst = append(e.dst, b[ks-1:vs]...)
+		e.dst = append(e.dst, b[m.ks-1:m.vs]...)
 		e.dst = append(e.dst, f.Value...)
-		return nil
+		return
 	}
 	e.sep()
-	e.dst = append(e.dst, b[ks-1:e.s.I]...)
-	return nil
+	e.dst = append(e.dst, b[m.ks-1:m.ve]...)
 }
 
 func (e *editor) sep() {
@@ -95,6 +110,12 @@ func (e *editor) run(dst, body []byte, maxDepth int) ([]byte, error) {
 	if err := e.s.End(); err != nil {
 		return dst, err
 	}
+	return e.added(), nil
+}
+
+// added appends the edits' members that were not met and closes the
+// object.
+func (e *editor) added() []byte {
 	for i, f := range e.edits() {
 		if e.found&(1<<i) == 0 && f.Value != nil && !f.Existing {
 			e.sep()
@@ -102,7 +123,7 @@ func (e *editor) run(dst, body []byte, maxDepth int) ([]byte, error) {
 			e.dst = append(e.dst, f.Value...)
 		}
 	}
-	return append(e.dst, '}'), nil
+	return append(e.dst, '}')
 }
 
 // SetField appends to dst the object body with its top-level member key
@@ -198,22 +219,91 @@ var ErrFieldsRepeat = errors.New("a key edited twice, or too many edits")
 // distinct (ErrFieldsRepeat), values non-empty or nil (ErrEmptyValue). It
 // does not allocate when dst has room; on error dst is returned unchanged.
 func SetFields(dst, body []byte, fields []Field, maxDepth int) ([]byte, error) {
+	return SetFieldsWalk(dst, body, fields, maxDepth, nil)
+}
+
+// checkFields is SetFields' check of its edits.
+func checkFields(fields []Field) error {
 	if len(fields) > MaxFields {
-		return dst, ErrFieldsRepeat
+		return ErrFieldsRepeat
 	}
 	for i, f := range fields {
 		if f.Value != nil && len(f.Value) == 0 {
-			return dst, ErrEmptyValue
+			return ErrEmptyValue
 		}
 		for _, g := range fields[:i] {
 			if g.Key == f.Key {
-				return dst, ErrFieldsRepeat
+				return ErrFieldsRepeat
 			}
 		}
+	}
+	return nil
+}
+
+// Walk is an object's top-level members as a SetFieldsWalk found them
+// (each key's and value's span), so that the same body can be edited
+// again without walking it: one request's two PD legs are both edits of
+// the client's body. Its buffer is kept across Resets (no allocation once
+// grown); Reset it before a new body, which a pooled buffer may put at
+// the same address.
+type Walk struct {
+	body     []byte
+	maxDepth int
+	members  []walkMember
+	done     bool // members hold body's whole walk, which validated it
+	over     bool // more than maxWalkMembers: not recorded
+}
+
+// walkMember is one member's spans: the key's raw content [ks, ke) (with
+// escapes: kesc), the value [vs, ve).
+type walkMember struct {
+	ks, ke, vs, ve int
+	kesc           bool
+}
+
+// maxWalkMembers bounds what a Walk records (and keeps): a body with
+// more members is walked every time.
+const maxWalkMembers = 64
+
+// Reset empties w for a new body.
+func (w *Walk) Reset() {
+	*w = Walk{members: w.members[:0]}
+}
+
+// holds reports whether w has body's whole walk at maxDepth.
+func (w *Walk) holds(body []byte, maxDepth int) bool {
+	return w.done && len(body) == len(w.body) && len(body) > 0 && &body[0] == &w.body[0] && maxDepth == w.maxDepth
+}
+
+// SetFieldsWalk is SetFields, the same bytes and errors, with the walk of
+// body kept in w (nil: none): where w holds body's walk (the same slice
+// and maxDepth since w's Reset) the members are spliced from its spans
+// without walking body again; where w holds none, this walk is recorded
+// in it. The caller must not change body's bytes while w holds its walk.
+func SetFieldsWalk(dst, body []byte, fields []Field, maxDepth int, w *Walk) ([]byte, error) {
+	if err := checkFields(fields); err != nil {
+		return dst, err
 	}
 	if fields == nil {
 		fields = []Field{}
 	}
 	e := editor{fields: fields}
-	return e.run(dst, body, maxDepth)
+	if w != nil && w.holds(body, maxDepth) {
+		e.dst = append(dst, '{')
+		for i := range w.members {
+			e.place(body, &w.members[i])
+		}
+		return e.added(), nil
+	}
+	if w == nil || w.done || w.over || len(w.members) > 0 {
+		return e.run(dst, body, maxDepth)
+	}
+	e.walk = w
+	out, err := e.run(dst, body, maxDepth)
+	if err == nil && !w.over {
+		w.body, w.maxDepth, w.done = body, maxDepth, true
+	} else {
+		w.members = w.members[:0]
+	}
+	return out, err
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -200,6 +202,58 @@ func TestSetFieldsIsSequential(t *testing.T) {
 				t.Errorf("SetFields(%s, %v) = %s, %v; want %s", body, fields, got, err, want)
 			}
 		}
+		// One walk kept for every edit list after the first (the PD
+		// legs' way): each the same bytes.
+		var w jsonx.Walk
+		for round := range 2 {
+			for _, fields := range setFieldsCases {
+				want, _ := sequentialFields(body, fields)
+				got, err := jsonx.SetFieldsWalk([]byte("prefix"), body, fields, 16, &w)
+				if err != nil || string(got) != "prefix"+string(want) {
+					t.Errorf("round %d: SetFieldsWalk(%s, %v) = %s, %v; want %s", round, body, fields, got, err, want)
+				}
+			}
+		}
+	}
+	// A walk held is not used for another body, nor for the same one at
+	// another depth bound, nor after Reset for new bytes at its address.
+	var w jsonx.Walk
+	buf := []byte(`{"a":1,"b":[[2]]}`)
+	set := []jsonx.Field{{Key: "a", Value: []byte(`3`)}}
+	if got, err := jsonx.SetFieldsWalk(nil, buf, set, 16, &w); err != nil || string(got) != `{"a":3,"b":[[2]]}` {
+		t.Fatalf("recorded: %s, %v", got, err)
+	}
+	if got, err := jsonx.SetFieldsWalk(nil, []byte(`{"a":1}`), set, 16, &w); err != nil || string(got) != `{"a":3}` {
+		t.Errorf("another body: %s, %v", got, err)
+	}
+	if _, err := jsonx.SetFieldsWalk(nil, buf, set, 2, &w); !errors.Is(err, jsonx.ErrTooDeep) {
+		t.Errorf("another depth: %v, want ErrTooDeep", err)
+	}
+	copy(buf, `{"b":1,"a":[[2]]}`)
+	w.Reset()
+	if got, err := jsonx.SetFieldsWalk(nil, buf, set, 16, &w); err != nil || string(got) != `{"b":1,"a":3}` {
+		t.Errorf("after Reset: %s, %v", got, err)
+	}
+	// A body that fails is not held: the next call walks (and fails) too.
+	w.Reset()
+	bad := []byte(`{"a":1,"b":}`)
+	for range 2 {
+		if _, err := jsonx.SetFieldsWalk(nil, bad, set, 16, &w); !errors.Is(err, jsonx.ErrSyntax) {
+			t.Errorf("bad body: %v", err)
+		}
+	}
+	// More members than a walk records: walked every time, the same bytes.
+	w.Reset()
+	many := []byte(`{"m0":0`)
+	for i := 1; i < 70; i++ {
+		many = append(many, `,"m`+strconv.Itoa(i)+`":0`...)
+	}
+	many = append(many, '}')
+	want, _ := jsonx.SetFields(nil, many, set, 16)
+	for range 2 {
+		if got, err := jsonx.SetFieldsWalk(nil, many, set, 16, &w); err != nil || string(got) != string(want) {
+			t.Errorf("70 members: %s, %v", got, err)
+		}
 	}
 	two := []jsonx.Field{{Key: "a", Value: []byte(`1`)}, {Key: "a"}}
 	if _, err := jsonx.SetFields(nil, []byte(`{}`), two, 16); !errors.Is(err, jsonx.ErrFieldsRepeat) {
@@ -227,6 +281,16 @@ func FuzzSetFields(f *testing.F) {
 		if (werr == nil) != (err == nil) || string(got) != string(want) {
 			t.Fatalf("SetFields(%q) = %q, %v; one after the other %q, %v", body, got, err, want, werr)
 		}
+		// The walk recorded by one edit list, spliced for every list.
+		var w jsonx.Walk
+		_, _ = jsonx.SetFieldsWalk(nil, body, setFieldsCases[(uint(which)+1)%uint(len(setFieldsCases))], 16, &w)
+		for _, fields := range setFieldsCases {
+			want, werr := jsonx.SetFields(nil, body, fields, 16)
+			got, err := jsonx.SetFieldsWalk(nil, body, fields, 16, &w)
+			if fmt.Sprint(err) != fmt.Sprint(werr) || string(got) != string(want) {
+				t.Fatalf("SetFieldsWalk(%q, %v) = %q, %v; SetFields %q, %v", body, fields, got, err, want, werr)
+			}
+		}
 	})
 }
 
@@ -253,7 +317,7 @@ func TestSetFieldValidAsSetField(t *testing.T) {
 			for _, value := range []string{`"long"`, `{"x":1}`, ``} {
 				want, werr := jsonx.SetField([]byte("pre"), []byte(obj), key, []byte(value), 16)
 				got, err := jsonx.SetFieldValid([]byte("pre"), []byte(obj), key, []byte(value), 16)
-				if !errors.Is(err, werr) || string(got) != string(want) {
+				if fmt.Sprint(err) != fmt.Sprint(werr) || string(got) != string(want) {
 					t.Errorf("SetFieldValid(%s, %q, %s) = %q, %v; SetField %q, %v", obj, key, value, got, err, want, werr)
 				}
 			}
@@ -285,6 +349,7 @@ func TestEditAllocs(t *testing.T) {
 	x := []byte(`"x"`)
 	fields := []jsonx.Field{{Key: "stream"}, {Key: "model", Value: x}, {Key: "n", Value: x}}
 	compactObj := []byte(setFieldValidObjects[2])
+	var walk jsonx.Walk
 	n := testing.AllocsPerRun(200, func() {
 		var err error
 		if dst, err = jsonx.SetField(dst[:0], benchBody, "model", x, 128); err != nil {
@@ -301,6 +366,12 @@ func TestEditAllocs(t *testing.T) {
 		dst = jsonx.AppendQuoted(dst[:0], raw)
 		if dst, err = jsonx.SetFields(dst[:0], benchBody, fields, 128); err != nil {
 			t.Fatal(err)
+		}
+		walk.Reset()
+		for range 2 { // recorded, then spliced
+			if dst, err = jsonx.SetFieldsWalk(dst[:0], benchBody, fields, 128, &walk); err != nil {
+				t.Fatal(err)
+			}
 		}
 		_ = jsonx.Equal(raw, true, "model")
 		if err := jsonx.Valid(benchBody, 128); err != nil {
@@ -386,6 +457,23 @@ func TestIntegerArrays(t *testing.T) {
 		want := json.Valid([]byte(c))
 		if got := jsonx.Valid([]byte(c), 8) == nil; got != want {
 			t.Errorf("Valid(%s) = %v, want %v", c, got, want)
+		}
+	}
+	// Elements after the first are read a word at a time where the word is
+	// in the body: each kind of element, at each place in a run, with and
+	// without room after the array.
+	elems := []string{"0", "7", "01", "00", "10", "1234567", "12345678", "123456789", "1.5", "0.5", "2e3", "1E2", "1.", "-1", "0x1", "1a", "1:", "1/", " 1", "1 ", "", "9999999,", `"1"`}
+	for _, a := range elems {
+		for _, b := range elems {
+			for _, pad := range []string{"", "          "} {
+				for _, c := range []string{`[5,` + a + `]`, `[5,` + a + `,` + b + `]`, `[5,6,` + a + `,77,` + b + `,8]`, `{"k":[5,` + a + `,` + b + `]}`} {
+					c += pad
+					want := json.Valid([]byte(c))
+					if got := jsonx.Valid([]byte(c), 8) == nil; got != want {
+						t.Errorf("Valid(%q) = %v, want %v", c, got, want)
+					}
+				}
+			}
 		}
 	}
 }

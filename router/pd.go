@@ -208,6 +208,8 @@ func (rel *relay) shapeLegs() error {
 	} else {
 		l.room = alignRoom(room, *prec.DPRank, max(l.prefillDPSize, *prec.DPRank+1))
 	}
+	rel.pdWalk.Reset()
+	l.walk = &rel.pdWalk
 	pd.legs = l
 	if pd.proto.prepare != nil {
 		return pd.proto.prepare(&pd.legs)

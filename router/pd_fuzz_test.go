@@ -37,6 +37,9 @@ func FuzzPDBodies(f *testing.F) {
 		// The folded legs are shaped into one pooled scratch (as the
 		// relay's), reused leg after leg.
 		var scratch pdScratch
+		// The client body's walk, kept across every leg shaped from it
+		// (the relay's pdWalk, Reset for each pair).
+		var walk jsonx.Walk
 		for name, proto := range pdProtocols {
 			if proto.prepare != nil {
 				if err := proto.prepare(&l); err != nil {
@@ -84,7 +87,7 @@ func FuzzPDBodies(f *testing.F) {
 					hl := l
 					rec := *prefill
 					rec.Engine = engine
-					hl.prefill, hl.decode, hl.hints, hl.out = &rec, &rec, &scan, &scratch
+					hl.prefill, hl.decode, hl.hints, hl.out, hl.walk = &rec, &rec, &scan, &scratch, &walk
 					folded, err := shape(&hl)
 					if err != nil || string(folded) != string(hinted) {
 						t.Fatalf("%s %s hints for %s folded: %q, %v; want %q", name, leg, engine, folded, err, hinted)

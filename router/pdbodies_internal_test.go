@@ -3,11 +3,13 @@ package router
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"slices"
 	"testing"
 
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/jsonx"
 	"github.com/infera/infera/openai"
 )
 
@@ -117,6 +119,57 @@ func TestPDBodiesAsBefore(t *testing.T) {
 	}
 }
 
+// TestPDBodiesWalkedOnce: the legs shaped as pdTry does, the client
+// body's walk kept from the first leg edited (pdLegs.walk), are the bytes
+// and errors of the legs each walking it, for every protocol, engine,
+// golden body and hand-off, a walk kept across a pair's failover too.
+func TestPDBodiesWalkedOnce(t *testing.T) {
+	params := map[string]any{
+		"bootstrap_addr": "10.0.0.1:8998", "engine_id": "eid", "host": "10.0.0.1", "http_port": 8000.0, "handshake_port": 6301.0, "tp_size": 2.0, "dp_size": 2.0,
+		"kv_connector_extra_config": map[string]any{"handshake_port": 7000.0, "notify_port": 7001.0},
+	}
+	var walk jsonx.Walk
+	var bufs, walkedBufs [2]pdScratch
+	for name, proto := range pdProtocols {
+		for _, engine := range []string{"vllm", "sglang", "atom"} {
+			for bi, body := range goldenBodies {
+				for hi, handoff := range goldenHandoffs {
+					var scan openai.Request
+					if err := openai.Scan([]byte(body), &scan); err != nil {
+						t.Fatal(err)
+					}
+					rec := &discovery.Record{WorkerID: "w", Engine: engine, DisaggMeta: discovery.DisaggMeta{Protocol: name, Params: params}}
+					l := pdLegs{body: []byte(body), prefill: rec, decode: rec, room: 12345, prefillDPRank: 1, prefillDPSize: 2, prefillHost: "10.0.0.1", decodeHost: "10.0.0.2", hints: &scan}
+					if proto.prepare != nil {
+						_ = proto.prepare(&l)
+					}
+					walk.Reset()
+					for pair := range 2 {
+						w := l
+						w.walk = &walk
+						for leg := range 2 {
+							var want, got []byte
+							var werr, err error
+							if leg == 0 {
+								l.out, w.out = &bufs[0], &walkedBufs[0]
+								want, werr = proto.prefillBody(&l)
+								got, err = proto.prefillBody(&w)
+							} else {
+								l.out, w.out = &bufs[1], &walkedBufs[1]
+								want, werr = proto.decodeBody(&l, []byte(handoff))
+								got, err = proto.decodeBody(&w, []byte(handoff))
+							}
+							if string(got) != string(want) || fmt.Sprint(err) != fmt.Sprint(werr) {
+								t.Errorf("%s %s body %d hand-off %d pair %d leg %d: %q, %v; want %q, %v", name, engine, bi, hi, pair, leg, got, err, want, werr)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestPDLegBodiesAlloc: a request's leg bodies, shaped with their cache
 // hints into the relay's pooled buffers (pdLegs.out), allocate nothing once
 // the buffers have grown (a serial protocol, both legs, and a concurrent
@@ -137,8 +190,10 @@ func TestPDLegBodiesAlloc(t *testing.T) {
 			rec := &discovery.Record{WorkerID: "w", Engine: c.engine, DisaggMeta: discovery.DisaggMeta{Protocol: c.protocol, Params: params}}
 			proto := pdProtocols[c.protocol]
 			var bufs [2]pdScratch
-			l := pdLegs{body: body, prefill: rec, decode: rec, room: 12345, prefillDPSize: 1, hints: &scan}
+			var walk jsonx.Walk
+			l := pdLegs{body: body, prefill: rec, decode: rec, room: 12345, prefillDPSize: 1, hints: &scan, walk: &walk}
 			run := func() {
+				walk.Reset()
 				l.out = &bufs[0]
 				if _, err := proto.prefillBody(&l); err != nil {
 					t.Fatal(err)

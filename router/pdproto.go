@@ -59,6 +59,12 @@ type pdLegs struct {
 	// written into, so that a request's bodies allocate nothing once its
 	// buffers have grown; nil: new ones.
 	out *pdScratch
+	// walk, when set, keeps the walk of the first leg body edited in the
+	// pooled scratch (the client's body, for most protocols), so that the
+	// other leg's edits of the same body are spliced from its members'
+	// spans without walking it again (jsonx.SetFieldsWalk). It is Reset
+	// for each pair's legs (shapeLegs).
+	walk *jsonx.Walk
 }
 
 // pdScratch is one leg's pooled body buffer and edit lists (relay.legs):
@@ -192,15 +198,16 @@ func appendFields(fields []jsonx.Field, kv []any) ([]jsonx.Field, error) {
 // are none); an error names the first key, which the edits one after the
 // other would have failed on.
 func editFields(body []byte, fields []jsonx.Field) ([]byte, error) {
-	return appendEdited(nil, body, fields)
+	return appendEdited(nil, body, fields, nil)
 }
 
-// appendEdited is editFields writing into dst (its bytes overwritten).
-func appendEdited(dst, body []byte, fields []jsonx.Field) ([]byte, error) {
+// appendEdited is editFields writing into dst (its bytes overwritten),
+// with body's walk kept in walk (nil: none; jsonx.SetFieldsWalk).
+func appendEdited(dst, body []byte, fields []jsonx.Field, walk *jsonx.Walk) ([]byte, error) {
 	if len(fields) == 0 {
 		return body, nil
 	}
-	out, err := jsonx.SetFields(dst[:0], body, fields, maxEditDepth)
+	out, err := jsonx.SetFieldsWalk(dst[:0], body, fields, maxEditDepth, walk)
 	if err != nil {
 		return nil, fmt.Errorf("edit %s: %w", fields[0].Key, err)
 	}
@@ -212,7 +219,7 @@ func (l *pdLegs) edit(body []byte, fields []jsonx.Field) ([]byte, error) {
 	if l.out == nil {
 		return editFields(body, fields)
 	}
-	out, err := appendEdited(l.out.body, body, fields)
+	out, err := appendEdited(l.out.body, body, fields, l.walk)
 	if err == nil && len(fields) > 0 {
 		l.out.body = out
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/infera/infera/anthropic"
 	"github.com/infera/infera/continuation"
+	"github.com/infera/infera/jsonx"
 	"github.com/infera/infera/openai"
 	"github.com/infera/infera/router/upstream"
 )
@@ -80,6 +81,9 @@ type relay struct {
 	// request ~2 KB of stores).
 	legs    [2]pdScratch
 	handoff []byte
+	// pdWalk is the legs' walk of the client's body (pdLegs.walk), its
+	// buffer pooled likewise.
+	pdWalk jsonx.Walk
 	// scan: the client body's fields (openai.Scan); reset empties it and
 	// keeps its scratch buffer (an escaped model name).
 	scan openai.Request
