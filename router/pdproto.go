@@ -269,6 +269,25 @@ const nixlPrefillParams = `{"do_remote_decode":true,"do_remote_prefill":false,"r
 
 func nixlPrefill(l *pdLegs) ([]byte, error) { return vllmPrefillBody(l, nixlPrefillParams) }
 
+// nixlPrefillHinted is nixlPrefillParams with each retention class's
+// infera_retention added, as pdHintFields' SetFieldValid writes it: the
+// protocol's constant hinted once here, not on every request (~1,600
+// instructions a request).
+var nixlPrefillHinted = func() (h [len(retentionValue)][]byte) {
+	for r, v := range retentionValue {
+		if v != nil {
+			h[r], _ = jsonx.SetFieldValid(nil, rawString(nixlPrefillParams), "infera_retention", v, maxEditDepth)
+		}
+	}
+	return h
+}()
+
+// isConst reports whether b is s's own bytes (rawString(s)): a field
+// value that is a protocol's constant.
+func isConst(b []byte, s string) bool {
+	return len(b) == len(s) && unsafe.SliceData(b) == unsafe.StringData(s)
+}
+
 // nixlDecode: the client's body (max_tokens as sent) plus the prefill's
 // kv_transfer_params verbatim.
 func nixlDecode(l *pdLegs, handoff []byte) ([]byte, error) {
@@ -704,7 +723,12 @@ func pdHintFields(fields []jsonx.Field, client []byte, scan *openai.Request, eng
 		if i < 0 || fields[i].Value == nil {
 			return nil, false, nil
 		}
-		if kv := fields[i].Value; kv[0] == '{' {
+		switch kv := fields[i].Value; {
+		case kv[0] != '{':
+		case !scan.KVTransferRetention && isConst(kv, nixlPrefillParams):
+			// The protocol's constant, hinted once (nixlPrefillHinted).
+			fields[i].Value = nixlPrefillHinted[ret]
+		default:
 			value := retentionValue[ret]
 			if scan.KVTransferRetention {
 				if ckv := topLevelField(client, "kv_transfer_params"); ckv != nil {
