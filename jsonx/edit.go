@@ -163,8 +163,8 @@ func SetFieldValid(dst, obj []byte, key string, value []byte, maxDepth int) ([]b
 
 // appendKey appends key as a member's key: AppendQuoted's bytes and a
 // colon. A key with nothing to escape (every key the router adds) is
-// copied between quotes, without AppendQuoted's byte-by-byte look (~100
-// instructions a key of 18 bytes).
+// copied between quotes, without AppendQuoted's byte-by-byte look (~380
+// instructions for an 18-byte key, against ~220 this way).
 func appendKey(dst []byte, key string) []byte {
 	if plainString(key) {
 		dst = append(dst, '"')

@@ -271,7 +271,7 @@ func nixlPrefill(l *pdLegs) ([]byte, error) { return vllmPrefillBody(l, nixlPref
 
 // nixlPrefillHinted is nixlPrefillParams with each retention class's
 // infera_retention added, as pdHintFields' SetFieldValid writes it: the
-// protocol's constant hinted once here, not on every request (~1,600
+// protocol's constant hinted once here, not on every request (~1,300
 // instructions a request).
 var nixlPrefillHinted = func() (h [len(retentionValue)][]byte) {
 	for r, v := range retentionValue {
