@@ -20,7 +20,9 @@ import (
 // (make bench-kv): shared-prefix, multi-turn, conversation and trace workloads against
 // kv-aware, round-robin and least-load, plus one simulator holding the whole
 // fleet's cache. It is built only with -tags kvbench and writes the reports, plots
-// and the markdown table into INFERA_KV_BENCH_OUT.
+// and the markdown table into INFERA_KV_BENCH_OUT. Every TTFT figure and check is
+// given twice: measured by infera bench, and modelled by the simulators' step
+// model (--model-ttft-log), which the box's load does not move.
 func TestKVRoutingComparison(t *testing.T) {
 	outDir := os.Getenv("INFERA_KV_BENCH_OUT")
 	if outDir == "" {
