@@ -30,7 +30,8 @@ func simCommand() *cli.Command {
 			"(--step-overhead-ms + uncached prefill tokens / --prefill-tokens-per-s + decoding sequences ×\n" +
 			"--decode-ms-per-token) × --time-scale; --time-scale 0 never sleeps (zero-latency baseline).\n" +
 			"--kv-events-endpoint publishes the prefix cache's KV events over ZMQ in vLLM or SGLang encoding,\n" +
-			"with a replay socket (--kv-events-replay-endpoint).\n\n" +
+			"with a replay socket (--kv-events-replay-endpoint). --model-ttft-log FILE writes each request's\n" +
+			"modelled TTFT (the step model's, independent of the box's load) as a JSON line at its first token.\n\n" +
 			"--flavor must be the last sim flag: what follows is an engine command line, flags it does not\n" +
 			"model are accepted and ignored, and its --kv-events-config drives the publisher:\n" +
 			"  infera sim --flavor vllm serve MODEL --port 8000 --block-size 16 --kv-events-config '{...}'\n" +

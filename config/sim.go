@@ -3,6 +3,8 @@ package config
 import (
 	"math"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -90,6 +92,10 @@ type Sim struct {
 	// RecordRequests appends every completion request received (path,
 	// PD headers, traceparent, body) as one JSON line to this file; "" = off.
 	RecordRequests string
+	// ModelTTFTLog writes one JSON line per request at its first token
+	// (request id, prompt and cached tokens, modelled TTFT and the model
+	// clock, sim/modelttft.go) to this file, created or truncated; "" = off.
+	ModelTTFTLog string
 
 	// KVD is kvd as a second-level cache (--kvd-*).
 	KVD SimKVD
@@ -169,6 +175,7 @@ func (s *Sim) Flags() []cli.Flag {
 		String("pd-engine-id", "engine id a vLLM-flavoured prefill hands off (kv_transfer_params.remote_engine_id)", &s.PDEngineID, "sim-engine"),
 		Int("pd-dp-size", "data-parallel ranks of an sglang-bootstrap PD role: the prefill serves KV per rank (X-Data-Parallel-Rank, else bootstrap_room % size) and refuses rooms not aligned to it", &s.PDDPSize, 1),
 		String("record-requests", "append every completion request received (path, PD headers, W3C traceparent, body) as a JSON line to this file", &s.RecordRequests, ""),
+		modelTTFTLogFlag(&s.ModelTTFTLog),
 		String("flavor", "imitate an engine's command line, metrics and events: vllm, sglang or atom; must be the last sim flag, the engine's own arguments follow it (e.g. --flavor vllm serve MODEL --port 8000)", &s.Flavor, ""),
 	)
 }
@@ -250,6 +257,11 @@ func (s *Sim) Validate() error {
 	}
 	s.validatePD(&p)
 	s.KVD.validate(&p)
+	if s.ModelTTFTLog != "" {
+		if st, err := os.Stat(filepath.Dir(s.ModelTTFTLog)); err != nil || !st.IsDir() {
+			p.Addf("--model-ttft-log %q: its directory must exist", s.ModelTTFTLog)
+		}
+	}
 	return p.Err()
 }
 
@@ -315,6 +327,15 @@ func simFraction(p *Problems, flag string, v float64) {
 	if !simFinite(v) || v < 0 || v > 1 {
 		p.Addf("%s %v: want a fraction in [0, 1]", flag, v)
 	}
+}
+
+// modelTTFTLogFlag is --model-ttft-log, read from INFERA_MODEL_TTFT_LOG as
+// every flag is, and from INFERA_SIM_MODEL_TTFT_LOG, the name issue 37
+// gives it (the sim's output, not a setting shared with serve or worker).
+func modelTTFTLogFlag(dest *string) cli.Flag {
+	f := String("model-ttft-log", "write one JSON line per request at its first token to this file (created or truncated): request_id, prompt_tokens, cached_tokens, model_ttft_s (the step model's time to first token, before --time-scale, independent of the box's load) and model_clock_s", dest, "")
+	f.EnvVars = append(f.EnvVars, "INFERA_SIM_MODEL_TTFT_LOG")
+	return f
 }
 
 // PD roles and protocols the simulator models.

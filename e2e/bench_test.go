@@ -26,6 +26,10 @@ type benchReport struct {
 	// ModelTTFTMs is the simulators' own mean TTFT over the run (their
 	// step model, independent of the box's load): filled by runKVFleet.
 	ModelTTFTMs float64 `json:"-"`
+	// ModelTTFTsMs are the simulators' modelled TTFTs of every request,
+	// sorted (their --model-ttft-log lines): filled by runKVFleet when it
+	// writes its reports to a directory.
+	ModelTTFTsMs []float64 `json:"-"`
 }
 
 // runBench runs `infera bench` to completion and decodes its --json report.

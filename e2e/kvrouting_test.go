@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -63,8 +66,16 @@ func runKVWorkload(t *testing.T, fl kvFleet, wl kvWorkload, outDir string) bench
 	ids := map[string]bool{}
 	var procs []*proc
 	var urls []string
+	// With a report directory every simulator logs each request's
+	// modelled TTFT (--model-ttft-log), read back once they stopped.
+	var ttftLogs []string
 	for i := 0; i < fl.workers; i++ {
 		args := append([]string{"--kv-blocks", fmt.Sprint(fl.kvBlocks)}, simTiming...)
+		if outDir != "" {
+			log := filepath.Join(outDir, fmt.Sprintf("%s-%s-w%d-model-ttft.jsonl", wl.name, strings.ReplaceAll(fl.label(), " ", "-"), i))
+			ttftLogs = append(ttftLogs, log)
+			args = append(args, "--model-ttft-log", log)
+		}
 		p, id, url := f.startWorkerURL(fmt.Sprintf("%s-worker-%d", fl.policy, i), args...)
 		procs = append(procs, p)
 		urls = append(urls, url)
@@ -114,11 +125,20 @@ func runKVWorkload(t *testing.T, fl kvFleet, wl kvWorkload, outDir string) bench
 	if err != nil {
 		t.Fatalf("%s on %s: %v", wl.name, fl.policy, err)
 	}
+	firsts := 0.0
 	if sec, n := modelled(); n > n0 {
 		rep.ModelTTFTMs = 1e3 * (sec - sec0) / (n - n0)
+		firsts = n - n0
 	}
 	for _, p := range procs {
 		p.stop(syscall.SIGTERM)
+	}
+	if len(ttftLogs) > 0 {
+		// Written at shutdown: read after every simulator stopped.
+		rep.ModelTTFTsMs = readModelTTFTs(t, ttftLogs)
+		if float64(len(rep.ModelTTFTsMs)) != firsts {
+			t.Errorf("%s on %s: %d modelled TTFTs logged, the simulators counted %v first tokens", wl.name, fl.label(), len(rep.ModelTTFTsMs), firsts)
+		}
 	}
 	f.serve.stop(syscall.SIGTERM)
 	if outDir != "" && fl.policy == "kv-aware" {
@@ -133,6 +153,30 @@ func runKVWorkload(t *testing.T, fl kvFleet, wl kvWorkload, outDir string) bench
 		}
 	}
 	return rep
+}
+
+// readModelTTFTs returns the model_ttft_s of every line of the simulators'
+// --model-ttft-log files, in milliseconds, sorted.
+func readModelTTFTs(t *testing.T, paths []string) []float64 {
+	t.Helper()
+	var ms []float64
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("model ttft log: %v", err)
+		}
+		for line := range bytes.Lines(b) {
+			var l struct {
+				TTFT *float64 `json:"model_ttft_s"`
+			}
+			if err := json.Unmarshal(line, &l); err != nil || l.TTFT == nil {
+				t.Fatalf("%s: line %q: no model_ttft_s (%v)", path, line, err)
+			}
+			ms = append(ms, *l.TTFT*1e3)
+		}
+	}
+	slices.Sort(ms)
+	return ms
 }
 
 // scrapeText GETs a Prometheus exposition ("" on failure: a missing

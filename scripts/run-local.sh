@@ -27,9 +27,18 @@ set -m
 server=
 natsd=
 workers_pids=()
-stop() {
+# A second Ctrl-C (or TERM) while the fleet stops in order kills what is left
+# at once, rather than ending this script and leaving the server running.
+force() {
   trap - INT TERM EXIT
-  echo "stopping the local fleet..." >&2
+  echo "stopping the local fleet at once..." >&2
+  for pid in "${workers_pids[@]}" $server $natsd; do kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; done
+  exit 130
+}
+stop() {
+  trap force INT TERM
+  trap - EXIT
+  echo "stopping the local fleet (Ctrl-C again: at once)..." >&2
   # Workers first, so they drain and deregister while the server (and its
   # embedded etcd) still runs; then the server.
   for pid in "${workers_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done

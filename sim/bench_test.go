@@ -74,10 +74,23 @@ func handlerSim(tb testing.TB, edits ...func(*config.Sim)) *Server {
 		tb.Fatal(err)
 	}
 	s.readyAt.Store(1)
+	if cfg.ModelTTFTLog != "" { // Serve's work, which is not called
+		if s.ttftLog, err = openModelTTFTLog(cfg.ModelTTFTLog, cfg.TimeScale); err != nil {
+			tb.Fatal(err)
+		}
+		s.sched.ttftLog = s.ttftLog
+		s.ttftLog.start()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); s.sched.run(ctx) }()
-	tb.Cleanup(func() { cancel(); <-done })
+	tb.Cleanup(func() {
+		cancel()
+		<-done
+		if err := s.ttftLog.close(); err != nil {
+			tb.Error(err)
+		}
+	})
 	return s
 }
 

@@ -240,6 +240,10 @@ func (s *Server) completion(ctx *fasthttp.RequestCtx, chat bool) {
 		s.hang(ctx, q, r.stream)
 		return
 	}
+	if s.ttftLog != nil {
+		q.logTTFT = true
+		q.requestID = append(q.requestID[:0], ctx.Request.Header.Peek("X-Request-Id")...)
+	}
 	if r.n > 1 {
 		s.addChoices(q, int(r.n), maxTokens, body, r.stop)
 	}

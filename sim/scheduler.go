@@ -35,6 +35,11 @@ type seq struct {
 	// kvParams is the kv_transfer_params of the answer (a vLLM prefill's
 	// hand-off); nil: null.
 	kvParams []byte
+	// logTTFT: write the request's line to --model-ttft-log at its first
+	// token (set on a first choice only, so n > 1 choices are one line);
+	// requestID is its X-Request-Id.
+	logTTFT   bool
+	requestID []byte
 
 	// Scheduler-owned.
 	blocks    []int32
@@ -100,6 +105,7 @@ func getSeq() *seq {
 	q.promptLen, q.maxTokens, q.stream = 0, 0, false
 	q.tool, q.visible, q.stopRaw = q.tool[:0], -1, q.stopRaw[:0]
 	q.remote, q.kvParams = false, nil
+	q.logTTFT, q.requestID = false, q.requestID[:0]
 	q.computed, q.committed, q.reserve, q.gen = 0, 0, 0, 0
 	q.stepFill, q.stepDec, q.queued, q.running = 0, false, false, false
 	q.kvdChecked, q.kvdFrom, q.kvdUpTo, q.kvdLoad, q.stepLoad, q.arrived = false, 0, 0, 0, 0, 0
@@ -164,9 +170,10 @@ type scheduler struct {
 	maxSeqs    int
 	maxBatched int
 	timing     timing
-	instant    bool      // time scale 0: run each sequence to the end on admission
-	events     *kvEvents // nil when KV events are off
-	kvd        *kvdTier  // nil without --kvd-socket
+	instant    bool          // time scale 0: run each sequence to the end on admission
+	events     *kvEvents     // nil when KV events are off
+	kvd        *kvdTier      // nil without --kvd-socket
+	ttftLog    *modelTTFTLog // nil without --model-ttft-log
 	// The model clock: the sum of the simulated steps' durations; stepNs
 	// is the planned step's.
 	modelNs, stepNs int64
@@ -571,6 +578,9 @@ func (sc *scheduler) runInstant(q *seq) {
 	q.kvdLoad = 0
 	sc.compute(q, q.promptLen+q.maxTokens-1)
 	sc.firsts++
+	if q.logTTFT && sc.ttftLog != nil {
+		sc.ttftLog.record(q, 0, sc.modelNs)
+	}
 	q.gen = q.maxTokens
 	sc.genTokens += uint64(q.maxTokens)
 	q.generated.Store(int32(q.maxTokens))
@@ -641,7 +651,11 @@ func (sc *scheduler) apply() {
 				q.gen = 1 // the prefill step samples the first token
 				progressed = true
 				sc.firsts++
-				sc.ttftNs += uint64(sc.modelNs + sc.stepNs - q.arrived)
+				at := sc.modelNs + sc.stepNs
+				sc.ttftNs += uint64(at - q.arrived)
+				if q.logTTFT && sc.ttftLog != nil {
+					sc.ttftLog.record(q, at-q.arrived, at)
+				}
 			}
 		}
 		q.stepFill, q.stepDec, q.stepLoad = 0, false, 0

@@ -100,6 +100,9 @@ type Server struct {
 	pd     *pdSide
 	pdp    atomic.Pointer[pdSide]
 	reqLog *requestLog
+	// ttftLog is --model-ttft-log (modelttft.go), opened by Serve before
+	// the engine and the handlers start.
+	ttftLog *modelTTFTLog
 }
 
 // New builds a sim server from a validated configuration.
@@ -273,6 +276,24 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	defer s.reqLog.close()
+	if s.ttftLog, err = openModelTTFTLog(s.cfg.ModelTTFTLog, s.cfg.TimeScale); err != nil {
+		_ = ln.Close()
+		if sockets != nil {
+			sockets.close()
+		}
+		return err
+	}
+	if s.ttftLog != nil {
+		s.sched.ttftLog = s.ttftLog
+		s.ttftLog.start()
+		// Runs once the body below has waited for the scheduler, the
+		// log's only writer.
+		defer func() {
+			if cerr := s.ttftLog.close(); cerr != nil {
+				s.log.Error().Err(cerr).Str("path", s.cfg.ModelTTFTLog).Msg("model ttft log incomplete")
+			}
+		}()
+	}
 	if s.kvd != nil {
 		s.kvd.start()
 		// Runs once the body below has waited for the scheduler.

@@ -1,0 +1,171 @@
+package sim
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/infera/infera/config"
+)
+
+type modelTTFTLine struct {
+	RequestID    string  `json:"request_id"`
+	PromptTokens int     `json:"prompt_tokens"`
+	CachedTokens int     `json:"cached_tokens"`
+	ModelTTFTS   float64 `json:"model_ttft_s"`
+	ModelClockS  float64 `json:"model_clock_s"`
+}
+
+func readModelTTFTLog(t *testing.T, path string) []modelTTFTLine {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var lines []modelTTFTLine
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var l modelTTFTLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatalf("line %q: %v", sc.Bytes(), err)
+		}
+		lines = append(lines, l)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return lines
+}
+
+// postID sends a completion with an X-Request-Id.
+func (ts *testSim) postID(t *testing.T, id, body string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, ts.url+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", id)
+	resp, err := ts.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+}
+
+// The line of each request holds the TTFT the step model gives it: on an
+// idle engine, one prefill step of its uncached tokens (the step overhead
+// plus those tokens at --prefill-tokens-per-s), in model seconds whatever
+// --time-scale; a request with two choices is one line.
+func TestModelTTFTLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ttft.jsonl")
+	var cfg config.Sim
+	ts := startSim(t, func(c *config.Sim) {
+		c.TimeScale = 0.01
+		c.ModelTTFTLog = path
+		cfg = *c
+	})
+	prompt := strings.Repeat("x", 400) // 400 byte tokens, 25 blocks
+	ts.postID(t, "first", `{"model":"sim-model","max_tokens":4,"prompt":"`+prompt+`"}`)
+	ts.postID(t, "again", `{"model":"sim-model","max_tokens":4,"prompt":"`+prompt+`"}`)
+	ts.postID(t, "two-choices", `{"model":"sim-model","max_tokens":4,"n":2,"prompt":"`+strings.Repeat("y", 100)+`"}`)
+	if err := ts.stop(); err != nil {
+		t.Fatal(err)
+	}
+	lines := readModelTTFTLog(t, path)
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want 3: %+v", len(lines), lines)
+	}
+	prefill := func(uncached int) float64 {
+		return cfg.StepOverheadMs/1e3 + float64(uncached)/cfg.PrefillTokensPerS
+	}
+	// The last prompt token is always computed: 24 of the 25 blocks hit.
+	hit := (400 - 1) / cfg.BlockSize * cfg.BlockSize
+	want := []modelTTFTLine{
+		{RequestID: "first", PromptTokens: 400, CachedTokens: 0, ModelTTFTS: prefill(400)},
+		{RequestID: "again", PromptTokens: 400, CachedTokens: hit, ModelTTFTS: prefill(400 - hit)},
+	}
+	// The choices are submitted one after the other: the second may join
+	// the first one's prefill step or wait for the next.
+	if l := lines[2]; l.RequestID != "two-choices" || l.PromptTokens != 100 || l.CachedTokens != 0 ||
+		l.ModelTTFTS < prefill(100)-1e-6 || l.ModelTTFTS > prefill(200)+1e-6 {
+		t.Errorf("line 2 = %+v, want two-choices, 100 prompt tokens, none cached, TTFT %v..%v", l, prefill(100), prefill(200))
+	}
+	for i, w := range want {
+		got := lines[i]
+		if got.RequestID != w.RequestID || got.PromptTokens != w.PromptTokens || got.CachedTokens != w.CachedTokens ||
+			math.Abs(got.ModelTTFTS-w.ModelTTFTS) > 1e-6 {
+			t.Errorf("line %d = %+v, want %+v", i, got, w)
+		}
+	}
+	// The engine's clock starts at 0 and only moves forward.
+	if math.Abs(lines[0].ModelClockS-lines[0].ModelTTFTS) > 1e-6 {
+		t.Errorf("first request's model clock %v, want its TTFT %v", lines[0].ModelClockS, lines[0].ModelTTFTS)
+	}
+	for i := 1; i < len(lines); i++ {
+		if lines[i].ModelClockS-lines[i].ModelTTFTS < lines[i-1].ModelClockS-1e-9 {
+			t.Errorf("line %d submitted at model time %v, before line %d's first token at %v",
+				i, lines[i].ModelClockS-lines[i].ModelTTFTS, i-1, lines[i-1].ModelClockS)
+		}
+	}
+}
+
+// Without the flag the engine has no log and marks no request for one.
+func TestModelTTFTLogOff(t *testing.T) {
+	ts := startSim(t, func(c *config.Sim) { c.TimeScale = 0.01 })
+	ts.postID(t, "r", `{"model":"sim-model","max_tokens":2,"prompt":"hello"}`)
+	if ts.srv.ttftLog != nil || ts.srv.sched.ttftLog != nil {
+		t.Error("a model TTFT log is open without --model-ttft-log")
+	}
+	q := getSeq()
+	defer putSeq(q)
+	if q.logTTFT {
+		t.Error("a recycled sequence is marked for the model TTFT log")
+	}
+}
+
+func TestModelTTFTLogNeedsDirectory(t *testing.T) {
+	cfg := config.DefaultSim()
+	cfg.ModelTTFTLog = filepath.Join(t.TempDir(), "missing", "ttft.jsonl")
+	_, err := New(cfg, zerolog.Nop())
+	if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "--model-ttft-log") {
+		t.Fatalf("New: %v, want an invalid --model-ttft-log", err)
+	}
+}
+
+// A request's line costs the zero-latency handler no allocation: it is
+// appended to the log's buffer, which the writer swaps with its own.
+func TestHandleUnaryModelTTFTLogAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under -race")
+	}
+	path := filepath.Join(t.TempDir(), "ttft.jsonl")
+	s := handlerSim(t, func(c *config.Sim) { c.ModelTTFTLog = path })
+	ctx := newCtx(benchChat)
+	run := func() {
+		ctx.Response.Reset()
+		s.handle(ctx)
+	}
+	for range 64 {
+		run()
+	}
+	allocs := testing.AllocsPerRun(200, run)
+	if ctx.Response.StatusCode() != 200 {
+		t.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if allocs > 0 {
+		t.Errorf("unary handler with --model-ttft-log allocates %v times per request", allocs)
+	}
+}
