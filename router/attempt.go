@@ -163,6 +163,11 @@ func (rel *relay) beginPicked(a *attempt, queue bool, q *queueWait) error {
 		cands := rel.sub.Workers[:0]
 		untried, open, backlogged := 0, 0, 0
 		var full *Worker
+		// A retry's start: it shuns the workers silent since then.
+		var retryOf int64
+		if rel.attempts > 0 {
+			retryOf = rel.start.UnixNano()
+		}
 		for _, w := range c.Workers {
 			if slices.Contains(rel.tried, w) {
 				continue
@@ -175,9 +180,10 @@ func (rel *relay) beginPicked(a *attempt, queue bool, q *queueWait) error {
 				backlogged, full = backlogged+1, w
 				continue
 			}
-			if !w.breaker.available(now) || r.skipStalled(w, nowNano) {
+			if !w.breaker.available(now) || r.skipStalled(w, nowNano) || (retryOf != 0 && r.silentSince(w, retryOf)) {
 				// A stalled worker is as good as an open breaker: skipped
-				// while others are left.
+				// while others are left; so is, for a retry, a worker that
+				// has answered nothing since the request arrived.
 				open++
 				continue
 			}

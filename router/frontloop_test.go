@@ -109,10 +109,12 @@ func exchange(t testing.TB, addr string, req []byte, splits []int, closeWrite bo
 }
 
 // What differs between two routers by design: the date, the generated
-// request ids, the models' creation times (the clock's second).
+// request ids (a random prefix, then the sequence number in sixteen hex
+// digits: a door that answered one request more than the other is one
+// ahead from then on), the models' creation times (the clock's second).
 var (
 	dateRE    = regexp.MustCompile(`(?m)^Date: [^\r\n]*`)
-	reqIDRE   = regexp.MustCompile(`[0-9a-f]{16}-[0-9]+`)
+	reqIDRE   = regexp.MustCompile(`[0-9a-f]{16}-[0-9a-f]{16}`)
 	createdRE = regexp.MustCompile(`"created":[0-9]+`)
 )
 
@@ -162,12 +164,7 @@ func FuzzFrontDoorsAgree(f *testing.F) {
 		f.Add([]byte(s), uint16(0), uint16(0))
 		f.Add([]byte(s), uint16(len(s)/2), uint16(0))
 	}
-	cfg := router.DefaultConfig()
-	cfg.MaxBodyBytes = 1 << 20
-	cfg.MaxHeaderBytes = 4096
-	cfg.ClientHeaderTimeout = time.Second
-	cfg.ClientReadTimeout = time.Second
-	fd := startFrontDoors(f, cfg)
+	fd := startFrontDoorsAgree(f)
 	f.Fuzz(func(t *testing.T, req []byte, split1, split2 uint16) {
 		if len(req) > 64<<10 {
 			return
@@ -176,12 +173,28 @@ func FuzzFrontDoorsAgree(f *testing.F) {
 		if split2 <= split1 {
 			splits = splits[:1]
 		}
-		a := normalise(exchange(t, fd.goroutine, req, splits, true, 5*time.Second))
-		b := normalise(exchange(t, fd.loop, req, splits, true, 5*time.Second))
-		if a != b {
+		if a, b := fd.agree(t, req, splits); a != b {
 			t.Fatalf("front doors disagree on %q:\ngoroutine: %q\nloop:      %q", req, a, b)
 		}
 	})
+}
+
+// startFrontDoorsAgree starts the front doors that FuzzFrontDoorsAgree
+// and TestFrontDoorsAgreeMutated compare.
+func startFrontDoorsAgree(t testing.TB) frontDoors {
+	cfg := router.DefaultConfig()
+	cfg.MaxBodyBytes = 1 << 20
+	cfg.MaxHeaderBytes = 4096
+	cfg.ClientHeaderTimeout = time.Second
+	cfg.ClientReadTimeout = time.Second
+	return startFrontDoors(t, cfg)
+}
+
+// agree sends req the same way to both doors and returns their answers,
+// normalised.
+func (fd frontDoors) agree(t testing.TB, req []byte, splits []int) (goroutine, loop string) {
+	return normalise(exchange(t, fd.goroutine, req, splits, true, 5*time.Second)),
+		normalise(exchange(t, fd.loop, req, splits, true, 5*time.Second))
 }
 
 // TestFrontLoopKeepAlive: one connection carries many requests one after
@@ -400,12 +413,7 @@ func TestFrontLoopDrain(t *testing.T) {
 // set of mutations of its seeds (flipped bytes, cut requests, split
 // writes), in every test run.
 func TestFrontDoorsAgreeMutated(t *testing.T) {
-	cfg := router.DefaultConfig()
-	cfg.MaxBodyBytes = 1 << 20
-	cfg.MaxHeaderBytes = 4096
-	cfg.ClientHeaderTimeout = time.Second
-	cfg.ClientReadTimeout = time.Second
-	fd := startFrontDoors(t, cfg)
+	fd := startFrontDoorsAgree(t)
 	rng := rand.New(rand.NewPCG(36, 1))
 	for range 120 {
 		s := []byte(frontDoorSeeds[rng.IntN(len(frontDoorSeeds))])
@@ -416,9 +424,7 @@ func TestFrontDoorsAgreeMutated(t *testing.T) {
 			s = s[:rng.IntN(len(s))]
 		}
 		splits := []int{rng.IntN(len(s) + 1)}
-		a := normalise(exchange(t, fd.goroutine, s, splits, true, 5*time.Second))
-		b := normalise(exchange(t, fd.loop, s, splits, true, 5*time.Second))
-		if a != b {
+		if a, b := fd.agree(t, s, splits); a != b {
 			t.Errorf("front doors disagree on %q (split %v):\ngoroutine: %q\nloop:      %q", s, splits, a, b)
 		}
 	}

@@ -91,6 +91,48 @@ func TestFailoverUnaryConnectError(t *testing.T) {
 	}
 }
 
+// TestRetryShunsSilentWorker: a retry does not go to a worker that has a
+// request in flight and has answered nothing since the retried request
+// arrived (an engine hung before its first token, not yet suspected: its
+// stall window has not run out) while another worker is free. It went
+// there before, and the request's last attempt waited for --ttft-timeout
+// and failed: in TestChaosUnary, requests from the killed engine.
+func TestRetryShunsSilentWorker(t *testing.T) {
+	down := downUpstream(t)
+	hung, _ := frozenUpstream(t) // accepts, reads, never answers
+	good := jsonUpstream(t)
+	tr := startRouter(t, prefer{down.addr, hung.addr}, withConfig(func(c *router.Config) {
+		c.MaxRetries = 1
+		c.StallWindow = time.Hour // never suspected within the test
+		c.TTFTTimeout = time.Minute
+	}), record(down, "m", discovery.StatusActive), record(hung, "m", discovery.StatusActive), record(good, "m", discovery.StatusActive))
+
+	// The first request fails on the down worker and its retry goes to
+	// the hung one, idle until then: it waits there until we leave.
+	ctx, cancel := context.WithCancel(t.Context())
+	waiting := make(chan struct{})
+	go func() {
+		defer close(waiting)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, tr.url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[]}`))
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := tr.client.Do(req); err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	defer func() { cancel(); <-waiting }()
+	testkit.Eventually(t, "the first request on the hung worker", func() bool { return len(hung.seen()) == 1 })
+
+	// The second fails on the down worker too; its retry has the hung
+	// worker, silent since before it arrived, and the good one.
+	resp, body := tr.chat(t, "m")
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Worker") != good.addr {
+		t.Fatalf("status %d from %s, body %s: want the good worker's answer", resp.StatusCode, resp.Header.Get("X-Infera-Worker"), body)
+	}
+	if n := len(hung.seen()); n != 1 {
+		t.Fatalf("the hung worker got %d requests, want 1 (the retry shuns it)", n)
+	}
+}
+
 // TestFailover5xxOpensBreaker: a worker answering 500 is retried around
 // and, after the threshold, skipped entirely until its cooldown ends.
 func TestFailover5xxOpensBreaker(t *testing.T) {

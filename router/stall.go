@@ -130,6 +130,23 @@ func (r *Router) skipStalled(w *Worker, now int64) bool {
 	return true
 }
 
+// silentSince reports whether w has requests in flight and has sent no
+// answer byte since start (unix ns), the arrival of a request about to be
+// retried: such a worker gets the retry only when no other is left (begin).
+// Stall suspicion waits a whole StallWindow of silence, and a first attempt
+// may go there meanwhile; a retry, whose request already lost an attempt,
+// should not bet on a worker that has answered nobody for as long as the
+// request has lived. An engine hung before its first token is silent from
+// the start of its busy spell: in TestChaosUnary (e2e) retries of the
+// requests broken by the engine kill went to the hung engine before its
+// window ran out and waited there for --ttft-timeout; a retry that is the
+// request's last attempt fails there (504) while a healthy worker is free. A worker answering others stamps progress every progressGrain or
+// sooner; one with nothing in flight is idle, not silent. Stall detection
+// off: never.
+func (r *Router) silentSince(w *Worker, start int64) bool {
+	return r.cfg.StallWindow > 0 && w.inflight.Load() != 0 && w.stall.progress.Load() < start
+}
+
 // probeStalled starts a probe of w unless one runs or the last one started
 // less than StallProbeInterval ago.
 func (r *Router) probeStalled(w *Worker, now int64) {
