@@ -98,12 +98,7 @@ func blockHash(prev uint64, t []uint32) uint64 {
 		h ^= uint64(t[0]) * xxPrime1
 		h = bits.RotateLeft64(h, 23)*xxPrime2 + xxPrime3
 	}
-	h ^= h >> 33
-	h *= xxPrime2
-	h ^= h >> 29
-	h *= xxPrime3
-	h ^= h >> 32
-	return h
+	return xxAvalanche(h)
 }
 
 // chain16 writes out[i] = blockHash(out[i-1], the i-th 16 tokens), with
@@ -127,14 +122,19 @@ func chain16(out []uint64, prev uint64, tokens []uint32) {
 		h += 72
 		h ^= xxRound(0, tokenPair(t[14], t[15]))
 		h = bits.RotateLeft64(h, 27)*xxPrime1 + xxPrime4
-		h ^= h >> 33
-		h *= xxPrime2
-		h ^= h >> 29
-		h *= xxPrime3
-		h ^= h >> 32
-		out[i] = h
-		prev = h
+		prev = xxAvalanche(h)
+		out[i] = prev
 	}
+}
+
+// xxAvalanche is XXH64's final mix.
+func xxAvalanche(h uint64) uint64 {
+	h ^= h >> 33
+	h *= xxPrime2
+	h ^= h >> 29
+	h *= xxPrime3
+	h ^= h >> 32
+	return h
 }
 
 func tokenPair(lo, hi uint32) uint64 { return uint64(lo) | uint64(hi)<<32 }
