@@ -11,9 +11,9 @@ import (
 // so a lookup costs two loads of ver and the probe, and concurrent readers
 // write no shared cache line (a read lock's count was one store per block
 // per reader). Writers are serialised by Index.mu already; each change of
-// the table is bracketed by ver going odd and back to even, under mu, so
-// that a reader that keeps meeting changes can wait on mu instead of
-// spinning on a writer that is not running.
+// the table is bracketed by ver going odd and back to even with the
+// shard's mu held, so that a reader that keeps meeting changes can wait on
+// mu instead of spinning on a writer that is not running.
 type shard struct {
 	mu  sync.Mutex
 	ver atomic.Uint64 // odd while a writer changes tab or its slots
