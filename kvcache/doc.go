@@ -14,8 +14,8 @@
 //     the most blocks loses its least recently used one). Match answers one
 //     worker; MatchMany answers many in one pass over the prompt's hashes.
 //     Workers are packed into groups of 64 slots and each group maps a
-//     router hash to a 64-bit membership mask, so a lookup costs one map
-//     read and one AND per hash per group the query touches (one group for
+//     router hash to a 64-bit membership mask, so a lookup costs one table
+//     probe and one AND per hash per group the query touches (one group for
 //     fleets of up to 64 workers and ranks).
 //   - placements (placements.go): the router's own record of the block
 //     hashes it sent to a worker, with a TTL and a capacity bound, matched
@@ -45,10 +45,14 @@
 // # Concurrency
 //
 // Index readers (Match, MatchMany, Worker getters) never block each other and
-// never allocate; they take one shard read lock per hash for the instant it
-// takes to walk that hash's short list. Writers (Apply, Touch, Clear,
-// Register, Unregister) serialise on one index mutex; in practice there is
-// one writer per worker, the subscriber stream that owns it. A Subscriber
+// never allocate; they take no lock: a group's table is split in 256 shards,
+// each an open-addressing table of (hash, mask) slots read through atomics,
+// and a reader retries a hash whose shard a writer changed meanwhile (the
+// shard's version moved), waiting on the shard's lock only after a few such
+// retries. Writers (Apply, Touch, Clear, Register, Unregister) serialise on
+// one index mutex and hold a shard's lock, its version odd, for the instant
+// they change one hash's slot (or swap in a grown table); in practice there
+// is one writer per worker, the subscriber stream that owns it. A Subscriber
 // owns one goroutine per Source and stops and waits for it on Remove/Close.
 // A Decoder and a Batch belong to one goroutine.
 //

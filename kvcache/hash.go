@@ -32,6 +32,11 @@ func appendChainedHashes(dst []uint64, prev uint64, tokens []uint32, blockSize i
 		return dst
 	}
 	dst = slices.Grow(dst, n)
+	if blockSize == 16 {
+		// vLLM's and SGLang's default: no call a block (chain16).
+		chain16(dst[len(dst):len(dst)+n], prev, tokens)
+		return dst[:len(dst)+n]
+	}
 	for i := range n {
 		prev = blockHash(prev, tokens[i*blockSize:(i+1)*blockSize])
 		dst = append(dst, prev)
@@ -93,6 +98,37 @@ func blockHash(prev uint64, t []uint32) uint64 {
 		h ^= uint64(t[0]) * xxPrime1
 		h = bits.RotateLeft64(h, 23)*xxPrime2 + xxPrime3
 	}
+	return xxAvalanche(h)
+}
+
+// chain16 writes out[i] = blockHash(out[i-1], the i-th 16 tokens), with
+// out[-1] = prev: blockHash of 16 tokens (72 bytes: two stripes, one lane
+// left) straight-line in one loop, so a block costs no call and no length
+// tests. tokens holds at least 16·len(out).
+func chain16(out []uint64, prev uint64, tokens []uint32) {
+	tokens = tokens[:16*len(out)]
+	for i := range out {
+		t := (*[16]uint32)(tokens[16*i:])
+		p1, p2 := xxPrime1, xxPrime2 // wrapping sums, not constants
+		v1 := xxRound(xxRound(p1+p2, prev), tokenPair(t[6], t[7]))
+		v2 := xxRound(xxRound(xxPrime2, tokenPair(t[0], t[1])), tokenPair(t[8], t[9]))
+		v3 := xxRound(xxRound(0, tokenPair(t[2], t[3])), tokenPair(t[10], t[11]))
+		v4 := xxRound(xxRound(-p1, tokenPair(t[4], t[5])), tokenPair(t[12], t[13]))
+		h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+		h = xxMerge(h, v1)
+		h = xxMerge(h, v2)
+		h = xxMerge(h, v3)
+		h = xxMerge(h, v4)
+		h += 72
+		h ^= xxRound(0, tokenPair(t[14], t[15]))
+		h = bits.RotateLeft64(h, 27)*xxPrime1 + xxPrime4
+		prev = xxAvalanche(h)
+		out[i] = prev
+	}
+}
+
+// xxAvalanche is XXH64's final mix.
+func xxAvalanche(h uint64) uint64 {
 	h ^= h >> 33
 	h *= xxPrime2
 	h ^= h >> 29

@@ -105,6 +105,10 @@ func TestAppendBlockHashesEdges(t *testing.T) {
 	if !slices.Equal(full[:2], half) {
 		t.Fatalf("prefix property broken")
 	}
+	// Block 16 (chain16) appends after what dst holds too.
+	if got := AppendBlockHashes([]uint64{42}, tokens[:40], 16); !slices.Equal(got, []uint64{42, full[0], full[1]}) {
+		t.Fatalf("block 16 append: %#x, want 42 then %#x", got, full[:2])
+	}
 	// A change in block 0 changes every later hash (chaining).
 	tokens2 := slices.Clone(tokens)
 	tokens2[0] = 999
@@ -148,6 +152,13 @@ func checkBlockHash(t *testing.T, prev uint64, toks []uint32) {
 	}
 	if got, want := blockHash(prev, toks), xxhash.Sum64(b); got != want {
 		t.Fatalf("%d tokens, prev %#x: got %#x, want %#x", len(toks), prev, got, want)
+	}
+	if len(toks) >= 16 {
+		// chain16, the 16-token block's straight-line form.
+		var out [1]uint64
+		if chain16(out[:], prev, toks); out[0] != xxhash.Sum64(b[:8+4*16]) {
+			t.Fatalf("chain16 of the first 16 of %d tokens, prev %#x: got %#x, want %#x", len(toks), prev, out[0], xxhash.Sum64(b[:8+4*16]))
+		}
 	}
 }
 

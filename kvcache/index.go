@@ -51,7 +51,8 @@ const (
 	shardShift = 64 - shardBits
 
 	// Workers are grouped by slot in groups of 64; each group has its own
-	// router-hash map whose values carry a 64-bit membership mask.
+	// router-hash table (masktable.go) whose slots carry a 64-bit
+	// membership mask.
 	groupShift = 6
 	maxGroups  = (maxSlots + 63) >> groupShift
 )
@@ -79,22 +80,6 @@ type block struct {
 	slot   uint16
 }
 
-// entry is a group's router-hash map value: which of the group's 64
-// workers hold the hash (bit = slot mod 64), which is all a lookup reads,
-// and the list of their blocks, which only writers walk.
-type entry struct {
-	head uint32
-	mask uint64
-}
-
-// shard guards the part of a group's map whose top hash bits match its
-// index. Readers hold the read lock for one map lookup.
-type shard struct {
-	mu sync.RWMutex
-	m  map[uint64]entry
-	_  [32]byte // keep neighbouring shard locks off one cache line
-}
-
 // group indexes the blocks of slots [64g, 64g+64).
 type group struct {
 	shards [numShards]shard
@@ -103,7 +88,7 @@ type group struct {
 func newGroup() *group {
 	g := new(group)
 	for i := range g.shards {
-		g.shards[i].m = make(map[uint64]entry)
+		g.shards[i].init()
 	}
 	return g
 }
@@ -180,9 +165,9 @@ func (w *Worker) BlockSize() int { return int(w.blockSize.Load()) }
 //
 // Concurrency: any number of goroutines may call Match/MatchMany/Worker
 // methods concurrently with writers. Writers (Apply, Touch, Clear,
-// Register, Unregister) serialise on one mutex and take a shard's write lock
-// only for the instant they relink one hash, so a lookup waits at most for
-// one such update, never for a whole batch.
+// Register, Unregister) serialise on one mutex and change one hash's shard
+// at a time (shard: its lock held, its version odd), so a lookup, which
+// takes no lock, retries at most around such updates, never a whole batch.
 type Index struct {
 	mu sync.Mutex
 
@@ -191,7 +176,7 @@ type Index struct {
 	groups [maxGroups]atomic.Pointer[group]
 	// chunks is sized once in NewIndex and never re-sliced, so readers may
 	// index it without a lock; an element is set (under mu) before any block
-	// in it is published through a shard lock.
+	// in it is used. Only writers read blocks: readers see shard masks.
 	chunks [][]block
 
 	maxBlocks int
@@ -387,7 +372,7 @@ func (x *Index) Touch(w *Worker, hashes []uint64) {
 //     last one touched or stored): nothing moves;
 //   - otherwise a block's hash is looked for first among the LRU
 //     neighbours of the block of the next deeper hash (a chain stored or
-//     touched together lies adjacent, root first) before the shard map. A
+//     touched together lies adjacent, root first) before the shard table. A
 //     worker holds at most one block per hash, so a neighbour with the
 //     hash is the block findLocked returns.
 func (x *Index) touchLocked(w *Worker, hashes []uint64) {
@@ -470,9 +455,10 @@ func (x *Index) Match(w *Worker, hashes []uint64) int {
 	g, bit := x.groups[w.slot>>groupShift].Load(), slotBit(w.slot)
 	for j, h := range hashes {
 		sh := g.shardOf(h)
-		sh.mu.RLock()
-		mask := sh.m[h].mask
-		sh.mu.RUnlock()
+		mask, ok := sh.homeMask(h)
+		if !ok {
+			mask = sh.maskOf(h)
+		}
 		if mask&bit == 0 {
 			return j
 		}
@@ -482,7 +468,7 @@ func (x *Index) Match(w *Worker, hashes []uint64) int {
 
 // MatchMany writes to out[k] the longest cached prefix (in blocks) of hashes
 // on ws[k], in one pass over hashes that stops at the first block no queried
-// worker still matching holds. Per hash it costs one map lookup and one
+// worker still matching holds. Per hash it costs one table probe and one
 // 64-bit AND for each group of 64 slots the query touches (one, while the
 // index has had at most 64 workers at once). out must have room for len(ws)
 // results (extra entries are left alone); nil, foreign or unregistered
@@ -584,9 +570,10 @@ func matchGroups(qs []groupQuery, hashes []uint64) {
 				continue
 			}
 			sh := q.g.shardOf(h)
-			sh.mu.RLock()
-			mask := sh.m[h].mask
-			sh.mu.RUnlock()
+			mask, ok := sh.homeMask(h)
+			if !ok {
+				mask = sh.maskOf(h)
+			}
 			for dropped := q.active &^ mask; dropped != 0; dropped &= dropped - 1 {
 				q.res[bits.TrailingZeros64(dropped)] = int32(j)
 			}
@@ -610,9 +597,10 @@ func matchGroup(q *groupQuery, hashes []uint64) {
 	for ; j < len(hashes) && active != 0; j++ {
 		h := hashes[j]
 		sh := g.shardOf(h)
-		sh.mu.RLock()
-		mask := sh.m[h].mask
-		sh.mu.RUnlock()
+		mask, ok := sh.homeMask(h)
+		if !ok {
+			mask = sh.maskOf(h)
+		}
 		for dropped := active &^ mask; dropped != 0; dropped &= dropped - 1 {
 			q.res[bits.TrailingZeros64(dropped)] = int32(j)
 		}
@@ -811,9 +799,10 @@ func (x *Index) applyRemovedLocked(w *Worker, ev *Event, res *ApplyResult) {
 }
 
 // findLocked returns w's block for router hash h, or 0. Writers read the
-// shard map without its lock: only writers (serialised by mu) modify it.
+// shard without its lock or version: only writers (serialised by mu)
+// modify it.
 func (x *Index) findLocked(h uint64, w *Worker) uint32 {
-	e := x.shardOf(w.slot, h).m[h]
+	e := x.shardOf(w.slot, h).get(h)
 	if e.mask&slotBit(w.slot) == 0 {
 		return 0
 	}
@@ -853,11 +842,9 @@ func (x *Index) storeEngineLocked(w *Worker, h, e uint64, hasEngine bool) bool {
 	b := x.at(i)
 	*b = block{hash: h, engine: e, slot: w.slot}
 	sh := x.shardOf(w.slot, h)
-	sh.mu.Lock()
-	en := sh.m[h]
+	en := sh.get(h)
 	b.same = en.head
-	sh.m[h] = entry{head: i, mask: en.mask | slotBit(w.slot)}
-	sh.mu.Unlock()
+	sh.set(h, entry{head: i, mask: en.mask | slotBit(w.slot)})
 	x.lruPushFrontLocked(w, i)
 	if hasEngine {
 		w.engine[e] = h
@@ -911,7 +898,7 @@ func (x *Index) allocLocked() uint32 {
 func (x *Index) freeBlockLocked(i uint32) {
 	b := x.at(i)
 	sh := x.shardOf(b.slot, b.hash)
-	en := sh.m[b.hash]
+	en := sh.get(b.hash)
 	var mask uint64
 	var prev uint32
 	for p := en.head; p != 0; p = x.at(p).same {
@@ -928,16 +915,16 @@ func (x *Index) freeBlockLocked(i uint32) {
 	if head == i {
 		head = b.same
 	}
-	sh.mu.Lock()
+	// Readers see masks only, never the same-hash lists, so the list is
+	// relinked before the entry changes.
 	if prev != 0 {
 		x.at(prev).same = b.same
 	}
 	if head == 0 {
-		delete(sh.m, b.hash)
+		sh.del(b.hash)
 	} else {
-		sh.m[b.hash] = entry{head: head, mask: mask}
+		sh.set(b.hash, entry{head: head, mask: mask})
 	}
-	sh.mu.Unlock()
 	w := x.workers[b.slot]
 	x.lruUnlinkLocked(w, i)
 	if w.engine[b.engine] == b.hash {

@@ -7,10 +7,15 @@ import "github.com/infera/infera/internal/u64map"
 // release removes them, so a 32k-token prompt is 2,048 increments and
 // 2,048 decrements (issue 37's scale point, 512 workers, pick p99 ≤ 1 ms);
 // with Go's map those were a quarter of the pick, hence u64map's
-// open-addressing table. It is not safe for concurrent use (kvTarget.mu
-// guards it).
+// open-addressing table, a prompt's blocks a call. It is not safe for
+// concurrent use (kvTarget.mu guards it).
 type blockCounts struct {
 	m u64map.Map[int32]
+	// held is the sum of the counts: the blocks of every request in
+	// flight, so a release whose blocks are all of them (the target's one
+	// request in flight) empties the table with one Reset instead of a
+	// delete a block.
+	held int
 }
 
 // Len is the number of distinct blocks held.
@@ -22,22 +27,21 @@ func (b *blockCounts) Has(h uint64) bool {
 	return ok
 }
 
-// Add counts one more request holding block h.
-func (b *blockCounts) Add(h uint64) {
-	n, _ := b.m.Ref(h)
-	*n++
+// AddAll counts one more request holding each of hs.
+func (b *blockCounts) AddAll(hs []uint64) {
+	u64map.AddCounts(&b.m, hs)
+	b.held += len(hs)
 }
 
-// Remove counts one request fewer holding block h (a block not held is
-// ignored).
-func (b *blockCounts) Remove(h uint64) {
-	i, ok := b.m.Find(h)
-	if !ok {
+// RemoveAll undoes an AddAll(hs) not undone yet: one request fewer holds
+// each of hs.
+func (b *blockCounts) RemoveAll(hs []uint64) {
+	if b.held == len(hs) {
+		// hs's counts are all there are (the target's one request in
+		// flight): removing them leaves nothing.
+		b.m.Reset()
+		b.held = 0
 		return
 	}
-	if n := b.m.At(i); *n > 1 {
-		*n--
-		return
-	}
-	b.m.DeleteSlot(i)
+	b.held -= u64map.RemoveCounts(&b.m, hs)
 }

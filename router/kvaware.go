@@ -689,9 +689,7 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 	tg := kt.target
 	now := p.cfg.Now().UnixNano()
 	tg.mu.Lock()
-	for _, h := range kt.hashes {
-		tg.active.Remove(h)
-	}
+	tg.active.RemoveAll(kt.hashes)
 	stamp := int64(-1)
 	if p.ttft {
 		tg.est.leave(kt)

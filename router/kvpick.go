@@ -325,9 +325,7 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	kt.hashes = append(kt.hashes[:0], hs...)
 	kt.predTokens, kt.promptTokens = divergenceTokens(sc, kind, best)
 	t.mu.Lock()
-	for _, h := range hs {
-		t.active.Add(h)
-	}
+	t.active.AddAll(hs)
 	t.picks = decayedFor(t.picks, t.picksAt, now, shareHalfLife) + 1
 	t.picksAt = now
 	if p.ttft {

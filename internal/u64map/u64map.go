@@ -31,8 +31,11 @@ func (m *Map[V]) Len() int {
 	return m.n
 }
 
+// fib is 2^64 / φ, the Fibonacci multiplier that places a key.
+const fib = 0x9e3779b97f4a7c15
+
 func (m *Map[V]) home(k uint64) int {
-	return int((k * 0x9e3779b97f4a7c15) >> m.shift)
+	return int((k * fib) >> m.shift)
 }
 
 // Find returns k's slot (for At and DeleteSlot) and whether k is held.
