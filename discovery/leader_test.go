@@ -120,8 +120,19 @@ func seenByAll(t *testing.T, ws []*discovery.Watcher, what string, cond func(*di
 // and on SIGCONT etcd expires the lease whose keepalives it missed and
 // deletes the record before the worker re-registers: the watch resumes at
 // the same term, so that delete is held and the worker never leaves the
-// view; the registrar re-registers it and the hold ends.
+// view; the registrar re-registers it and the hold ends. The outage is
+// found either by the probe or, first, by the watch stream's watchdog,
+// whose reads then fail as well (an outage, not one member's stall).
 func TestWatcherHoldsRemovalsAfterStalledLeader(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		stall time.Duration
+	}{{"probe first", time.Minute}, {"watchdog first", 100 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) { holdsRemovalsAfterStall(t, tc.stall) })
+	}
+}
+
+func holdsRemovalsAfterStall(t *testing.T, stall time.Duration) {
 	c := etcdtest.StartCluster(t, 1)
 	cli := etcdtest.Client(t, c.Endpoints())
 	var logs testkit.LogSink
@@ -144,6 +155,7 @@ func TestWatcherHoldsRemovalsAfterStalledLeader(t *testing.T) {
 	})
 	w.SetOutageGrace(time.Minute)
 	discovery.SetProbeInterval(w, 300*time.Millisecond)
+	discovery.SetStallInterval(w, stall)
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
 

@@ -299,8 +299,8 @@ func (w *watchLoop) session(ctx context.Context) (time.Duration, error) {
 	// So does the watchdog, when the member that holds the stream stops
 	// answering on it.
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	// failed carries the first error of the probe (wrapped as
-	// errEtcdUnreachable) or of the watchdog (errWatchStalled).
+	// failed carries the first error of the probe or of the watchdog
+	// (errEtcdUnreachable, or errWatchStalled: see watchdog).
 	failed := make(chan error, 2)
 	var heard stallClock
 	var guards sync.WaitGroup
@@ -553,7 +553,8 @@ func (c *stallClock) answered(now time.Time, created bool) {
 // stream for a progress notification, which a live member answers at once
 // (etcd 3.4+), and it returns errWatchStalled when that question got no
 // answer at all by the next tick, or the watch was not created within two
-// intervals; the session then ends and the watch resumes on whichever
+// intervals (or errEtcdUnreachable when etcd cannot serve a read either,
+// see stalled); the session then ends and the watch resumes on whichever
 // member answers. The first request waits half an interval after the
 // watch's creation: etcd servers before 3.4.24 and 3.5.8 answer one even
 // while the watch still catches up, with a revision the catch-up has not
@@ -575,7 +576,7 @@ func (w *watchLoop) watchdog(ctx context.Context, wc clientv3.Watcher, c *stallC
 				if now.Before(overdue) {
 					continue
 				}
-				return fmt.Errorf("%w: no answer on it for %v", errWatchStalled, now.Sub(asked).Round(time.Millisecond))
+				return w.stalled(ctx, now.Sub(asked))
 			}
 			created := c.createdAt.Load()
 			if pending = created != 0 && now.Sub(time.Unix(0, created)) >= w.stallInterval/2; !pending {
@@ -588,6 +589,41 @@ func (w *watchLoop) watchdog(ctx context.Context, wc clientv3.Watcher, c *stallC
 		_ = wc.RequestProgress(rctx)
 		cancel()
 	}
+}
+
+// stalled decides what a silent watch stream (silent for silence) means:
+// the member that holds it stopped answering (errWatchStalled), or etcd is
+// away as a whole (errEtcdUnreachable), which is what the probe would find
+// a few seconds later, and then the resumed watch may hold removals (see
+// resumed). It reads as the probe does, probeFailures linearizable reads
+// each bounded by probeInterval, but at once and side by side: the
+// client sends them to different members, and one answer is enough to
+// call it one member's stall. A member alone, frozen, answers none.
+func (w *watchLoop) stalled(ctx context.Context, silence time.Duration) error {
+	rctx, cancel := context.WithTimeout(ctx, w.probeInterval)
+	errs := make(chan error, probeFailures)
+	var reads sync.WaitGroup
+	for range probeFailures {
+		reads.Add(1)
+		go func() {
+			defer reads.Done()
+			_, err := w.cli.Get(rctx, w.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+			errs <- err
+		}()
+	}
+	var err error
+	for range probeFailures {
+		if err = <-errs; err == nil {
+			break
+		}
+	}
+	cancel() // the other read, if one answered
+	reads.Wait()
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("%w: the watch stream was silent for %v and %d reads failed: %w",
+			errEtcdUnreachable, silence.Round(time.Millisecond), probeFailures, err)
+	}
+	return fmt.Errorf("%w: no answer on it for %v", errWatchStalled, silence.Round(time.Millisecond))
 }
 
 // rebuild replaces the view with the listed records.
