@@ -40,3 +40,7 @@ func RegistrarInterval(r *Registrar) (ttl, interval int64) {
 // SetProbeInterval changes how often a watcher checks that etcd is
 // reachable, and bounds each list by the same time.
 func SetProbeInterval(w *Watcher, d time.Duration) { w.probeInterval, w.listTimeout = d, d }
+
+// SetStallInterval changes how often a watcher's watchdog asks its watch
+// stream for progress (and so how soon it gives up a silent one).
+func SetStallInterval(w *Watcher, d time.Duration) { w.stallInterval = d }

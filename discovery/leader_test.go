@@ -107,25 +107,11 @@ func TestWatcherResumesAcrossLeaderKill(t *testing.T) {
 	t.Logf("sessions per watcher: %v; failed probes: %d", sessions, failedProbes)
 }
 
-// seenByAll polls the watchers until cond holds on each one's snapshot and
-// returns, per watcher, how long that took; it fails the test after 10 s
-// (far above the 1 s asked, far below the grace a held removal waits).
+// seenByAll is seenWithin with a 10 s bound (far above the 1 s asked, far
+// below the grace a held removal waits).
 func seenByAll(t *testing.T, ws []*discovery.Watcher, what string, cond func(*discovery.Snapshot) bool) []time.Duration {
 	t.Helper()
-	began := time.Now()
-	took := make([]time.Duration, len(ws))
-	for left := len(ws); left > 0; time.Sleep(2 * time.Millisecond) {
-		if time.Since(began) > 10*time.Second {
-			t.Fatalf("%s not seen by every watcher within 10 s (0: not seen): %v", what, took)
-		}
-		for i, w := range ws {
-			if took[i] == 0 && cond(w.Snapshot()) {
-				took[i] = max(time.Since(began), time.Nanosecond)
-				left--
-			}
-		}
-	}
-	return took
+	return seenWithin(t, ws, 10*time.Second, what, cond)
 }
 
 // TestWatcherHoldsRemovalsAfterStalledLeader (issue 12's case, on the
@@ -134,8 +120,19 @@ func seenByAll(t *testing.T, ws []*discovery.Watcher, what string, cond func(*di
 // and on SIGCONT etcd expires the lease whose keepalives it missed and
 // deletes the record before the worker re-registers: the watch resumes at
 // the same term, so that delete is held and the worker never leaves the
-// view; the registrar re-registers it and the hold ends.
+// view; the registrar re-registers it and the hold ends. The outage is
+// found either by the probe or, first, by the watch stream's watchdog,
+// whose reads then fail as well (an outage, not one member's stall).
 func TestWatcherHoldsRemovalsAfterStalledLeader(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		stall time.Duration
+	}{{"probe first", time.Minute}, {"watchdog first", 100 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) { holdsRemovalsAfterStall(t, tc.stall) })
+	}
+}
+
+func holdsRemovalsAfterStall(t *testing.T, stall time.Duration) {
 	c := etcdtest.StartCluster(t, 1)
 	cli := etcdtest.Client(t, c.Endpoints())
 	var logs testkit.LogSink
@@ -158,6 +155,7 @@ func TestWatcherHoldsRemovalsAfterStalledLeader(t *testing.T) {
 	})
 	w.SetOutageGrace(time.Minute)
 	discovery.SetProbeInterval(w, 300*time.Millisecond)
+	discovery.SetStallInterval(w, stall)
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
 
@@ -201,6 +199,9 @@ func TestWatcherSlowProbeHoldsNothing(t *testing.T) {
 	// Long enough that the probe after the failed one has a whole second
 	// to be answered by the resumed member on a loaded machine.
 	discovery.SetProbeInterval(w, time.Second)
+	// The stream's watchdog would rightly give up the watch on the paused
+	// member (not an outage, nothing held); this test is about the probe.
+	discovery.SetStallInterval(w, time.Minute)
 	startWatcher(t, w)
 	waitIDs(t, w, "a:1", "b:1")
 
@@ -224,4 +225,108 @@ func TestWatcherSlowProbeHoldsNothing(t *testing.T) {
 	if n := discovery.Sessions(w); n != 1 {
 		t.Errorf("%d sessions, want 1: one slow probe does not break the watch\n%s", n, logs.String())
 	}
+}
+
+// TestWatcherLeavesStoppedMember (issue 37, acceptance 3): a watch held by
+// an etcd member that stops answering without closing its connections (a
+// SIGSTOPped process here; a hung host or a dead link alike) gets no event
+// and no error until gRPC keepalive gives the connection up, 10 s after
+// the last traffic and 5 s more, and the watcher's probe misses it (its
+// reads go to every member in turn). Six watchers on a 3-member cluster,
+// two listing each member first; the member that serves the most of their
+// watch streams is stopped (when it leads, the other two elect a leader).
+// A record put afterwards must reach every watcher before keepalive could
+// have moved any watch: each watcher's own watchdog finds its stream
+// silent, and the watch resumes on a member that answers, from the
+// revision it had, without a re-list. (Without the watchdog the stopped
+// member's watchers saw the put 14 s later.)
+func TestWatcherLeavesStoppedMember(t *testing.T) {
+	// A silent stream is one member's stall, or an outage when etcd could
+	// not serve a read either (the stopped member led: an election).
+	const errStalled, errSilent = "etcd watch stream stalled", "the watch stream was silent"
+	const watchers = 6
+	c := etcdtest.StartCluster(t, 3)
+	eps := c.Endpoints()
+	admin := etcdtest.Client(t, eps)
+	put(t, admin, record("a:1"))
+	ws := make([]*discovery.Watcher, watchers)
+	logs := make([]testkit.LogSink, watchers)
+	for i := range ws {
+		k := i % len(eps)
+		cli := etcdtest.Client(t, append(slices.Clone(eps[k:]), eps[:k]...))
+		ws[i] = discovery.NewWatcher(cli, testPrefix, debugLogger(&logs[i]), nil)
+		ws[i].SetOutageGrace(time.Minute)
+		startWatcher(t, ws[i])
+	}
+	for _, w := range ws {
+		waitIDs(t, w, "a:1")
+	}
+	// Every watch stream is open once every watcher has listed and
+	// watched; the gauges then count all six.
+	streams := make([]int, len(eps))
+	testkit.Eventually(t, "six watch streams", func() bool {
+		total := 0
+		for i := range eps {
+			streams[i] = c.WatchStreams(i)
+			total += streams[i]
+		}
+		return total == watchers
+	})
+	stopped := slices.Index(streams, slices.Max(streams))
+	lead := -1
+	testkit.Eventually(t, "a leader", func() bool { lead = c.Leader(admin); return lead >= 0 })
+	c.Pause(stopped)
+	t.Cleanup(func() { c.Resume(stopped) })
+	t.Logf("stopped member %d (watch streams per member %v; member %d led)", stopped, streams, lead)
+
+	// The admin client's requests go to every member in turn too: each
+	// try is bounded so that one sent to the stopped member is retried.
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := admin.Put(ctx, testPrefix+"c:1", encode(t, record("c:1")))
+		cancel()
+		if err == nil {
+			break
+		}
+		t.Logf("put c:1: %v (retrying)", err)
+	}
+	// 9 s: below the 10 s without traffic after which gRPC keepalive
+	// would close the stopped member's connection and move its watches
+	// anyway, far above the watchdog's 1–2 s.
+	join := seenWithin(t, ws, 9*time.Second, "the put of c:1", func(s *discovery.Snapshot) bool { _, ok := s.Get("c:1"); return ok })
+	t.Logf("a put after the stop, seen per watcher after %v (from the commit)", join)
+
+	stalled := 0
+	for i, w := range ws {
+		stalled += strings.Count(logs[i].String(), errStalled) + strings.Count(logs[i].String(), errSilent)
+		if n := discovery.Lists(w); n != 1 {
+			t.Errorf("watcher %d listed %d times, want once (a stalled watch resumes)", i, n)
+		}
+		if n := logs[i].Count("kept while it may re-register"); n != 0 {
+			t.Errorf("watcher %d held %d removals:\n%s", i, n, logs[i].String())
+		}
+	}
+	if stalled < streams[stopped] {
+		t.Errorf("%d watches found their stream silent, want at least the %d the stopped member held", stalled, streams[stopped])
+	}
+}
+
+// seenWithin polls the watchers until cond holds on each one's snapshot and
+// returns, per watcher, how long that took; it fails the test after bound.
+func seenWithin(t *testing.T, ws []*discovery.Watcher, bound time.Duration, what string, cond func(*discovery.Snapshot) bool) []time.Duration {
+	t.Helper()
+	began := time.Now()
+	took := make([]time.Duration, len(ws))
+	for left := len(ws); left > 0; time.Sleep(2 * time.Millisecond) {
+		if time.Since(began) > bound {
+			t.Fatalf("%s not seen by every watcher within %v (0: not seen): %v", what, bound, took)
+		}
+		for i, w := range ws {
+			if took[i] == 0 && cond(w.Snapshot()) {
+				took[i] = max(time.Since(began), time.Nanosecond)
+				left--
+			}
+		}
+	}
+	return took
 }

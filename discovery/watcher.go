@@ -30,11 +30,18 @@ const (
 	// probeFailures is how many failed probes in a row end a session as
 	// an outage (see probe).
 	probeFailures = 2
+	// defaultStallInterval paces the watchdog of a session's own watch
+	// stream (see watchdog): a stream that answers nothing for one to two
+	// intervals is given up and the watch resumed on another member.
+	defaultStallInterval = time.Second
 )
 
 var (
-	errWatchClosed     = errors.New("watch channel closed")
-	errWatchCanceled   = errors.New("watch canceled by server")
+	errWatchClosed   = errors.New("watch channel closed")
+	errWatchCanceled = errors.New("watch canceled by server")
+	// errWatchStalled: the member that holds the watch stopped answering
+	// on it (see watchdog); not an outage, the other members may be fine.
+	errWatchStalled    = errors.New("etcd watch stream stalled")
 	errEtcdUnreachable = errors.New("etcd unreachable")
 	// errStoreReset: the watch reached an etcd whose store is behind the
 	// revision the view reflects, or another cluster: its history is not
@@ -101,9 +108,11 @@ type watchLoop struct {
 	current clientv3.Watcher // watch stream of the running session
 
 	// probeInterval paces the liveness probe (and bounds each probe);
-	// listTimeout bounds one list. Fields so tests can shorten them.
+	// listTimeout bounds one list; stallInterval paces the watch stream's
+	// watchdog. Fields so tests can change them.
 	probeInterval time.Duration
 	listTimeout   time.Duration
+	stallInterval time.Duration
 	// outage is set from the first failure to reach etcd until etcd
 	// answers again (a list, or a resumed watch), so an outage is logged
 	// once when it starts and once when it ends. Owned by the Run goroutine.
@@ -131,7 +140,8 @@ type watchLoop struct {
 func newWatchLoop(cli *clientv3.Client, prefix string, log zerolog.Logger, what, countField, invalidMsg string, view registryView) watchLoop {
 	return watchLoop{cli: cli, prefix: prefix, log: log, view: view, what: what, countField: countField,
 		invalidMsg: invalidMsg, invalid: make(map[string]int64),
-		synced: make(chan struct{}), probeInterval: defaultProbeInterval, listTimeout: listTimeout}
+		synced: make(chan struct{}), probeInterval: defaultProbeInterval, listTimeout: listTimeout,
+		stallInterval: defaultStallInterval}
 }
 
 // Synced is closed once the first list has been published, so a server can
@@ -286,27 +296,40 @@ func (w *watchLoop) session(ctx context.Context) (time.Duration, error) {
 	// refuse a new one, so the watch goes to a member with a leader.
 	// A failed probe also cancels the watch: clientv3's Watch waits until
 	// a member has created it, which no member does while etcd is away.
+	// So does the watchdog, when the member that holds the stream stops
+	// answering on it.
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	probeFailed := make(chan error, 1)
-	var probing sync.WaitGroup
-	probing.Add(1)
+	// failed carries the first error of the probe or of the watchdog
+	// (errEtcdUnreachable, or errWatchStalled: see watchdog).
+	failed := make(chan error, 2)
+	var heard stallClock
+	var guards sync.WaitGroup
+	guards.Add(2)
 	go func() {
-		defer probing.Done()
+		defer guards.Done()
 		if err := w.probe(wctx); err != nil {
-			probeFailed <- err
+			failed <- fmt.Errorf("%w: %w", errEtcdUnreachable, err)
+			wcancel()
+		}
+	}()
+	go func() {
+		defer guards.Done()
+		if err := w.watchdog(wctx, wc, &heard); err != nil {
+			failed <- err
 			wcancel()
 		}
 	}()
 	defer func() {
 		wcancel()
-		probing.Wait()
+		guards.Wait()
 	}()
-	// ended says why the session ends: the probe's failure when there was
-	// one (it cancels the watch, which then ends too), else err.
+	// ended says why the session ends: the probe's or the watchdog's
+	// failure when there was one (it cancels the watch, which then ends
+	// too), else err.
 	ended := func(err error) error {
 		select {
-		case perr := <-probeFailed:
-			return fmt.Errorf("%w: %w", errEtcdUnreachable, perr)
+		case ferr := <-failed:
+			return ferr
 		default:
 			return err
 		}
@@ -329,6 +352,7 @@ func (w *watchLoop) session(ctx context.Context) (time.Duration, error) {
 			if !ok {
 				return time.Since(start), ended(errWatchClosed)
 			}
+			heard.answered(time.Now(), wr.Created)
 			if err := wr.Err(); err != nil {
 				return time.Since(start), ended(fmt.Errorf("watch %s from revision %d: %w", w.prefix, from, err))
 			}
@@ -360,8 +384,8 @@ func (w *watchLoop) session(ctx context.Context) (time.Duration, error) {
 			} else if wr.IsProgressNotify() {
 				w.rev = max(w.rev, wr.Header.Revision)
 			}
-		case err := <-probeFailed:
-			return time.Since(start), fmt.Errorf("%w: %w", errEtcdUnreachable, err)
+		case err := <-failed:
+			return time.Since(start), err
 		}
 	}
 }
@@ -504,6 +528,102 @@ func (w *watchLoop) probe(ctx context.Context) error {
 			Msg("etcd probe failed: reading again before calling it an outage")
 		t.Reset(0)
 	}
+}
+
+// stallClock is what a session's loop tells its watchdog about the watch
+// stream: when it last answered anything, and when the watch was created
+// (0: not yet). Unix nanoseconds.
+type stallClock struct {
+	answeredAt, createdAt atomic.Int64
+}
+
+func (c *stallClock) answered(now time.Time, created bool) {
+	c.answeredAt.Store(now.UnixNano())
+	if created {
+		c.createdAt.Store(now.UnixNano())
+	}
+}
+
+// watchdog guards the session's watch stream (wc's, under ctx) against a
+// member that stops answering without closing the connection: a process
+// stopped or stalled, a host or a link that died. Such a watch gets no
+// event and no error until gRPC keepalive gives the connection up (10 s
+// and 5 s), and the probe does not notice (its reads go to every member in
+// turn, so two in a row rarely both fail). Every stallInterval it asks the
+// stream for a progress notification, which a live member answers at once
+// (etcd 3.4+), and it returns errWatchStalled when that question got no
+// answer at all by the next tick, or the watch was not created within two
+// intervals (or errEtcdUnreachable when etcd cannot serve a read either,
+// see stalled); the session then ends and the watch resumes on whichever
+// member answers. The first request waits half an interval after the
+// watch's creation: etcd servers before 3.4.24 and 3.5.8 answer one even
+// while the watch still catches up, with a revision the catch-up has not
+// reached. Returns nil when ctx ends.
+func (w *watchLoop) watchdog(ctx context.Context, wc clientv3.Watcher, c *stallClock) error {
+	t := time.NewTicker(w.stallInterval)
+	defer t.Stop()
+	// The question outstanding (first, the watch's creation) and when it
+	// is overdue; a quarter interval of slack for the ticker's jitter.
+	asked := time.Now()
+	overdue := asked.Add(2*w.stallInterval - w.stallInterval/4)
+	pending := true
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			if pending && c.answeredAt.Load() < asked.UnixNano() {
+				if now.Before(overdue) {
+					continue
+				}
+				return w.stalled(ctx, now.Sub(asked))
+			}
+			created := c.createdAt.Load()
+			if pending = created != 0 && now.Sub(time.Unix(0, created)) >= w.stallInterval/2; !pending {
+				continue
+			}
+			asked, overdue = now, now.Add(w.stallInterval-w.stallInterval/4)
+		}
+		rctx, cancel := context.WithTimeout(ctx, w.stallInterval)
+		// An error means the stream is going away; the next tick decides.
+		_ = wc.RequestProgress(rctx)
+		cancel()
+	}
+}
+
+// stalled decides what a silent watch stream (silent for silence) means:
+// the member that holds it stopped answering (errWatchStalled), or etcd is
+// away as a whole (errEtcdUnreachable), which is what the probe would find
+// a few seconds later, and then the resumed watch may hold removals (see
+// resumed). It reads as the probe does, probeFailures linearizable reads
+// each bounded by probeInterval, but at once and side by side: the
+// client sends them to different members, and one answer is enough to
+// call it one member's stall. A member alone, frozen, answers none.
+func (w *watchLoop) stalled(ctx context.Context, silence time.Duration) error {
+	rctx, cancel := context.WithTimeout(ctx, w.probeInterval)
+	errs := make(chan error, probeFailures)
+	var reads sync.WaitGroup
+	for range probeFailures {
+		reads.Add(1)
+		go func() {
+			defer reads.Done()
+			_, err := w.cli.Get(rctx, w.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+			errs <- err
+		}()
+	}
+	var err error
+	for range probeFailures {
+		if err = <-errs; err == nil {
+			break
+		}
+	}
+	cancel() // the other read, if one answered
+	reads.Wait()
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("%w: the watch stream was silent for %v and %d reads failed: %w",
+			errEtcdUnreachable, silence.Round(time.Millisecond), probeFailures, err)
+	}
+	return fmt.Errorf("%w: no answer on it for %v", errWatchStalled, silence.Round(time.Millisecond))
 }
 
 // rebuild replaces the view with the listed records.

@@ -1,12 +1,14 @@
 package etcdtest
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -161,6 +163,28 @@ func (c *Cluster) Leader(cli *clientv3.Client) int {
 		cancel()
 		if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
 			return i
+		}
+	}
+	return -1
+}
+
+// WatchStreams returns how many watch streams member i serves (its
+// etcd_debugging_mvcc_watch_stream_total gauge), or -1 when it does not
+// answer.
+func (c *Cluster) WatchStreams(i int) int {
+	cl := http.Client{Timeout: 5 * time.Second}
+	resp, err := cl.Get(c.members[i].clientURL + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "etcd_debugging_mvcc_watch_stream_total "); ok {
+			if n, err := strconv.ParseFloat(v, 64); err == nil {
+				return int(n)
+			}
 		}
 	}
 	return -1
