@@ -365,3 +365,45 @@ func TestHeldWaited(t *testing.T) {
 	}
 	<-got
 }
+
+// A peer that sends before it has the held bytes (PeerSendsEarly): the
+// Read that sends them finds what came before it began, whose readiness
+// edge the netpoller's reset dropped, instead of waiting for more.
+func TestHeldPeerSendsEarly(t *testing.T) {
+	a, b := testkit.TCPPair(t)
+	var h epoll.Held
+	h.Init(a)
+	h.PeerSendsEarly()
+	if _, err := b.Write([]byte("next")); err != nil {
+		t.Fatal(err)
+	}
+	// The bytes are in a's receive queue before the read begins.
+	sc, err := a.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var n int
+		var perr error
+		_ = sc.Control(func(fd uintptr) { n, perr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		if n == 4 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Without PeerSendsEarly the read would park after its send and
+	// wait for more, here until this deadline.
+	_ = a.SetReadDeadline(time.Now().Add(10 * time.Second))
+	h.Hold([]byte("answer"))
+	buf := make([]byte, 8)
+	if n, _, err := h.Read(buf); err != nil || string(buf[:n]) != "next" {
+		t.Fatalf("held read with bytes already in: %q %v", buf[:n], err)
+	}
+	got := make([]byte, 6)
+	if _, err := io.ReadFull(b, got); err != nil || string(got) != "answer" {
+		t.Fatalf("the peer got %q %v", got, err)
+	}
+}
