@@ -334,20 +334,7 @@ func TestHeldWaited(t *testing.T) {
 	if _, err := b.Write([]byte("here")); err != nil {
 		t.Fatal(err)
 	}
-	// The bytes are in a's receive queue once a raw read can see them.
-	for {
-		var n int
-		var perr error
-		sc, _ := a.SyscallConn()
-		_ = sc.Control(func(fd uintptr) { n, perr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-		if perr != nil {
-			t.Fatal(perr)
-		}
-		if n == 4 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitQueued(t, a, 4)
 	if n, _, err := h.Read(buf); err != nil || string(buf[:n]) != "here" || h.Waited() {
 		t.Fatalf("read of bytes already there: %q %v, waited %v", buf[:n], err, h.Waited())
 	}
@@ -377,23 +364,7 @@ func TestHeldPeerSendsEarly(t *testing.T) {
 	if _, err := b.Write([]byte("next")); err != nil {
 		t.Fatal(err)
 	}
-	// The bytes are in a's receive queue before the read begins.
-	sc, err := a.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		var n int
-		var perr error
-		_ = sc.Control(func(fd uintptr) { n, perr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-		if perr != nil {
-			t.Fatal(perr)
-		}
-		if n == 4 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitQueued(t, a, 4) // before the read begins
 	// Without PeerSendsEarly the read would park after its send and
 	// wait for more, here until this deadline.
 	_ = a.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -405,5 +376,27 @@ func TestHeldPeerSendsEarly(t *testing.T) {
 	got := make([]byte, 6)
 	if _, err := io.ReadFull(b, got); err != nil || string(got) != "answer" {
 		t.Fatalf("the peer got %q %v", got, err)
+	}
+}
+
+// waitQueued waits until c's receive queue holds n bytes: a raw read can
+// see them.
+func waitQueued(t *testing.T, c *net.TCPConn, n int) {
+	t.Helper()
+	sc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var q int
+		var qerr error
+		_ = sc.Control(func(fd uintptr) { q, qerr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		if qerr != nil {
+			t.Fatal(qerr)
+		}
+		if q == n {
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
