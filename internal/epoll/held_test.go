@@ -365,6 +365,17 @@ func TestHeldPeerSendsEarly(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitQueued(t, a, 4) // before the read begins
+	// ... and the netpoller has seen them (an idle scheduler polls while
+	// some goroutine waits on a socket), so that the read's reset drops
+	// their edge, as for a client's next request that came while its
+	// answer was worked on.
+	idle, _ := testkit.TCPPair(t)
+	waiting := make(chan struct{})
+	go func() {
+		defer close(waiting)
+		_, _ = idle.Read(make([]byte, 1))
+	}()
+	time.Sleep(20 * time.Millisecond)
 	// Without PeerSendsEarly the read would park after its send and
 	// wait for more, here until this deadline.
 	_ = a.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -377,6 +388,8 @@ func TestHeldPeerSendsEarly(t *testing.T) {
 	if _, err := io.ReadFull(b, got); err != nil || string(got) != "answer" {
 		t.Fatalf("the peer got %q %v", got, err)
 	}
+	_ = idle.Close()
+	<-waiting
 }
 
 // waitQueued waits until c's receive queue holds n bytes: a raw read can
