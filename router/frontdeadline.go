@@ -25,7 +25,7 @@ import (
 //
 // The client watch (unary.go) reads from another goroutine while the
 // serving one waits for the answer, and must be stopped by a deadline set
-// at once: it reads and sets deadlines on the connection beneath
+// at once: it peeks and sets deadlines on the connection beneath
 // (frontConn.watched), and forgets the read deadline set through frontConn
 // once it has stopped. The loop front door's connection (loopConn) keeps
 // its deadlines itself: frontConn passes them on.

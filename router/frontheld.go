@@ -133,6 +133,9 @@ func (fc *frontConn) socket() *epoll.Held {
 		fc.ans.init = true
 		fc.ans.h.Init(g.Conn)
 		fc.ans.h.Then(fc.runAfter)
+		// A client's next request, or its half-close, may be in before
+		// the answer goes (pipelined, or sent while the engine works).
+		fc.ans.h.PeerSendsEarly()
 	}
 	if !fc.ans.h.Ready() {
 		return nil

@@ -892,6 +892,42 @@ func (lc *loopConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// peek is the client watch's look at lc (clientWatch.look): buffered at
+// once when the loop read bytes that fasthttp has not (they stay for it),
+// else the socket's RawConn.Read with fn, which peeks and leaves what it
+// finds; the read deadline applies, as to Read.
+func (lc *loopConn) peek(fn func(fd uintptr) bool) (buffered bool, err error) {
+	lc.dmu.Lock()
+	if lc.r < lc.w {
+		lc.dmu.Unlock()
+		return true, nil
+	}
+	if err := lc.failErr; err != nil {
+		lc.dmu.Unlock()
+		return false, err
+	}
+	lc.rArmed = true
+	slow, err := lc.slowConn()
+	if err == nil {
+		err = slow.SetReadDeadline(lc.rd)
+	}
+	lc.dmu.Unlock()
+	if err == nil {
+		if raw := rawConn(slow); raw != nil {
+			err = raw.Read(fn)
+		} else {
+			err = errNoPeek
+		}
+	}
+	lc.dmu.Lock()
+	lc.rArmed = false
+	lc.dmu.Unlock()
+	return false, err
+}
+
+// errNoPeek: a socket without a RawConn (not a TCP or Unix socket).
+var errNoPeek = errors.New("router: client socket cannot be peeked")
+
 func (lc *loopConn) Write(p []byte) (int, error) {
 	done := 0
 	for done < len(p) {

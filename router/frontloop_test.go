@@ -36,8 +36,15 @@ type frontDoors struct {
 }
 
 func startFrontDoors(t testing.TB, cfg router.Config) frontDoors {
+	return startFrontDoorsAfter(t, cfg, 0)
+}
+
+// startFrontDoorsAfter is startFrontDoors over an upstream that answers
+// after delay.
+func startFrontDoorsAfter(t testing.TB, cfg router.Config, delay time.Duration) frontDoors {
 	t.Helper()
 	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		time.Sleep(delay)
 		if bytes.Contains(ctx.PostBody(), []byte(`"stream":true`)) {
 			ctx.SetContentType("text/event-stream")
 			ctx.SetBodyString("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
@@ -176,25 +183,58 @@ func FuzzFrontDoorsAgree(f *testing.F) {
 		if a, b := fd.agree(t, req, splits); a != b {
 			t.Fatalf("front doors disagree on %q:\ngoroutine: %q\nloop:      %q", req, a, b)
 		}
+		if (split1+split2)%4 != 0 {
+			return // a quarter of the inputs: the slow pair's exchanges take the idle timeout
+		}
+		if a, b := fd.agreeSlow(t, req, splits); a != b {
+			t.Fatalf("front doors over the slow upstream disagree on %q:\ngoroutine: %q\nloop:      %q", req, a, b)
+		}
 	})
 }
 
+// agreeSlowDelay is how long the agreement tests' slow upstream takes to
+// answer: within the span in which a unary request's client watch starts
+// (clientWatchDelay/2 to clientWatchDelay after the request), and longer
+// than exchange's pause between two pieces (5 ms), so that a pipelined
+// request's second piece is in before the first answer goes.
+const agreeSlowDelay = 15 * time.Millisecond
+
+// agreeDoors is the front doors FuzzFrontDoorsAgree and
+// TestFrontDoorsAgreeMutated compare: over an upstream that answers at
+// once, and over one that answers after agreeSlowDelay.
+type agreeDoors struct{ fast, slow frontDoors }
+
 // startFrontDoorsAgree starts the front doors that FuzzFrontDoorsAgree
 // and TestFrontDoorsAgreeMutated compare.
-func startFrontDoorsAgree(t testing.TB) frontDoors {
+func startFrontDoorsAgree(t testing.TB) agreeDoors {
 	cfg := router.DefaultConfig()
 	cfg.MaxBodyBytes = 1 << 20
 	cfg.MaxHeaderBytes = 4096
 	cfg.ClientHeaderTimeout = time.Second
 	cfg.ClientReadTimeout = time.Second
-	return startFrontDoors(t, cfg)
+	fast := startFrontDoors(t, cfg)
+	// The slow pair's exchanges end when the router closes: a
+	// keep-alive connection after its idle timeout.
+	cfg.ClientIdleTimeout = 200 * time.Millisecond
+	return agreeDoors{fast: fast, slow: startFrontDoorsAfter(t, cfg, agreeSlowDelay)}
 }
 
-// agree sends req the same way to both doors and returns their answers,
-// normalised.
-func (fd frontDoors) agree(t testing.TB, req []byte, splits []int) (goroutine, loop string) {
-	return normalise(exchange(t, fd.goroutine, req, splits, true, 5*time.Second)),
-		normalise(exchange(t, fd.loop, req, splits, true, 5*time.Second))
+// agree sends req the same way to both doors over the instant upstream,
+// half-closing after it, and returns their answers, normalised.
+func (fd agreeDoors) agree(t testing.TB, req []byte, splits []int) (goroutine, loop string) {
+	return normalise(exchange(t, fd.fast.goroutine, req, splits, true, 5*time.Second)),
+		normalise(exchange(t, fd.fast.loop, req, splits, true, 5*time.Second))
+}
+
+// agreeSlow is agree over the slow upstream, without the half-close: a
+// client watch that has started takes the end of its client's side for
+// the client leaving (clientWatch.look), so whether a half-closing
+// client is answered depends on which of its request's watch and answer
+// comes first, by design; what the watch finds of a pipelined request
+// must not change the answers.
+func (fd agreeDoors) agreeSlow(t testing.TB, req []byte, splits []int) (goroutine, loop string) {
+	return normalise(exchange(t, fd.slow.goroutine, req, splits, false, 5*time.Second)),
+		normalise(exchange(t, fd.slow.loop, req, splits, false, 5*time.Second))
 }
 
 // TestFrontLoopKeepAlive: one connection carries many requests one after
@@ -414,8 +454,16 @@ func TestFrontLoopDrain(t *testing.T) {
 // writes), in every test run.
 func TestFrontDoorsAgreeMutated(t *testing.T) {
 	fd := startFrontDoorsAgree(t)
+	// Each seed whole, its second half sent a pause after the first
+	// (in while the slow upstream works on a pipelined request).
+	for _, s := range frontDoorSeeds {
+		splits := []int{len(s) / 2}
+		if a, b := fd.agreeSlow(t, []byte(s), splits); a != b {
+			t.Errorf("front doors over the slow upstream disagree on %q (split %v):\ngoroutine: %q\nloop:      %q", s, splits, a, b)
+		}
+	}
 	rng := rand.New(rand.NewPCG(36, 1))
-	for range 120 {
+	for i := range 120 {
 		s := []byte(frontDoorSeeds[rng.IntN(len(frontDoorSeeds))])
 		for k := rng.IntN(4); k >= 0; k-- {
 			s[rng.IntN(len(s))] = byte(rng.IntN(256))
@@ -426,6 +474,12 @@ func TestFrontDoorsAgreeMutated(t *testing.T) {
 		splits := []int{rng.IntN(len(s) + 1)}
 		if a, b := fd.agree(t, s, splits); a != b {
 			t.Errorf("front doors disagree on %q (split %v):\ngoroutine: %q\nloop:      %q", s, splits, a, b)
+		}
+		if i%4 != 0 {
+			continue // a quarter of the cases: the slow pair's exchanges take the idle timeout
+		}
+		if a, b := fd.agreeSlow(t, s, splits); a != b {
+			t.Errorf("front doors over the slow upstream disagree on %q (split %v):\ngoroutine: %q\nloop:      %q", s, splits, a, b)
 		}
 	}
 }

@@ -250,10 +250,10 @@ func (rel *relay) reset() {
 	// The request's part in one clear, in place (a literal with fields
 	// would be built aside and copied), then its buffers put back.
 	dropWorkers(rel.sub.Workers)
-	cands, slot := rel.sub.Workers[:0], rel.watch.slot
+	cands, slot, peek := rel.sub.Workers[:0], rel.watch.slot, rel.watch.peek.fn
 	hintBuf, hintTmp, x := rel.att.hintBuf[:0], rel.att.hintTmp[:0], rel.att.x
 	rel.relayRequest = relayRequest{}
-	rel.sub.Workers, rel.watch.slot = cands, slot
+	rel.sub.Workers, rel.watch.slot, rel.watch.peek.fn = cands, slot, peek
 	rel.att.hintBuf, rel.att.hintTmp, rel.att.x = hintBuf, hintTmp, x
 }
 

@@ -25,7 +25,7 @@ var relayKept = map[string]bool{
 	"pump.buf": true, "pump.out": true,
 	"xlate": true, "xlateEvent": true, "mig": true, "trackEvent": true,
 	"ureq": true, "uresp": true, "urespOut": true,
-	"relayRequest.sub.Workers": true, "relayRequest.watch.slot": true,
+	"relayRequest.sub.Workers": true, "relayRequest.watch.slot": true, "relayRequest.watch.peek.fn": true,
 	"relayRequest.att.hintBuf": true, "relayRequest.att.hintTmp": true, "relayRequest.att.x": true,
 }
 

@@ -2,10 +2,14 @@ package router
 
 import (
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/infera/infera/router/upstream"
 	"github.com/valyala/fasthttp"
@@ -14,8 +18,9 @@ import (
 // Unary cancellation (issue 12). A unary answer writes nothing to its client
 // until it is complete, so a client that leaves is not noticed by a failed
 // write, as a stream's is. While a unary request waits for its worker, the
-// relay reads the idle client connection on a goroutine of its own
-// (clientWatch): EOF or an error means the client left, and the attempt's
+// relay looks at the idle client connection on a goroutine of its own
+// (clientWatch), peeking, so that a pipelined request's bytes stay for
+// fasthttp: EOF or an error means the client left, and the attempt's
 // upstream connection is closed at once, which is how an engine (vLLM, the
 // simulator) learns to abort the request and free its slot. The request
 // ends as a disconnect, and is not retried.
@@ -49,8 +54,17 @@ type clientWatch struct {
 	slot     *watchSlot  // what the sweeper sees; made with the relay, kept across its reuse
 	gone     atomic.Bool // the client left
 	stopping atomic.Bool
-	byte     bool // a byte arrived (a pipelined request): the connection closes after the answer
-	wg       sync.WaitGroup
+	// byte: a byte was read (a pipelined request), where the connection
+	// could not be peeked: it closes after the answer.
+	byte bool
+	wg   sync.WaitGroup
+	// peek is peekFD, made once; n and err are its result, in buf.
+	peek struct {
+		fn  func(fd uintptr) bool
+		buf [1]byte
+		n   int
+		err error
+	}
 	// legs are the request's exchanges, aborted when the client leaves
 	// (nil: none). A leg that begins an exchange after that sees gone
 	// (relay.beginExchange).
@@ -167,6 +181,7 @@ func (s *watchSlot) visit() bool {
 // relay).
 func (w *clientWatch) init() {
 	w.slot = &watchSlot{w: w}
+	w.peek.fn = w.peekFD
 }
 
 // start begins watching c after clientWatchDelay at most (nil: nothing to
@@ -186,8 +201,9 @@ func (w *clientWatch) start(c net.Conn, legs ...*upstream.Exchange) {
 	}
 }
 
-// run is the watch's goroutine (the sweeper starts it): it reads the client connection until the
-// client leaves, sends a byte, or stop ends the read.
+// run is the watch's goroutine (the sweeper starts it): it looks at the
+// client connection until the client leaves, sends a byte, or stop ends
+// the wait.
 func (w *clientWatch) run() {
 	defer w.wg.Done()
 	// The server's read deadline would end the read as if the client had
@@ -196,13 +212,7 @@ func (w *clientWatch) run() {
 	if w.conn.SetReadDeadline(time.Time{}) != nil || w.stopping.Load() {
 		return
 	}
-	var b [1]byte
-	n, _ := w.conn.Read(b[:])
-	if n > 0 {
-		w.byte = true
-		return
-	}
-	if w.stopping.Load() {
+	if w.look() || w.stopping.Load() {
 		return
 	}
 	w.gone.Store(true)
@@ -211,6 +221,73 @@ func (w *clientWatch) run() {
 			x.Abort()
 		}
 	}
+}
+
+// look waits until the client sends a byte, ends its side or fails, or
+// stop ends the wait; it reports whether a byte came (a pipelined
+// request). The byte is peeked, not read: it stays for fasthttp's next
+// read, as a byte the loop front door read for its connection does
+// (loopConn.peek), and the request after the answer is served. The end of
+// the client's side is taken for the client leaving (as nginx does): a
+// half-close cannot be told from a close without writing to the client.
+func (w *clientWatch) look() bool {
+	var err error
+	if fc, ok := w.conn.(*frontConn); ok && fc.lc != nil {
+		var buffered bool
+		if buffered, err = fc.lc.peek(w.peek.fn); buffered {
+			return true
+		}
+	} else if raw := rawConn(w.conn); raw != nil {
+		err = raw.Read(w.peek.fn)
+	} else {
+		// No socket to peek (a test's pipe): a byte read is gone, so
+		// the connection closes after the answer.
+		n, _ := w.conn.Read(w.peek.buf[:])
+		w.byte = n > 0
+		return w.byte
+	}
+	n := w.peek.n
+	w.peek.n, w.peek.err = 0, nil
+	return err == nil && n > 0
+}
+
+// peekFD is look's RawConn.Read callback: it peeks a byte of the
+// client's socket, asking to wait while there is none.
+func (w *clientWatch) peekFD(fd uintptr) bool {
+	for {
+		n, _, err := unix.Recvfrom(int(fd), w.peek.buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch err {
+		case nil:
+			w.peek.n = n
+			if n == 0 {
+				w.peek.err = io.EOF
+			}
+			return true
+		case unix.EINTR:
+		case unix.EAGAIN:
+			return false
+		default:
+			w.peek.err = err
+			return true
+		}
+	}
+}
+
+// rawConn returns the socket beneath c (through the bare-LF guard), nil
+// where there is none.
+func rawConn(c net.Conn) syscall.RawConn {
+	if g, ok := c.(*lfGuardConn); ok {
+		c = g.Conn
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return raw
 }
 
 // stop ends the watch and waits for its goroutine, so that fasthttp has

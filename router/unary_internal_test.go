@@ -49,3 +49,30 @@ func TestClientWatchStartedBySweeper(t *testing.T) {
 		t.Fatal("the next request's client counted as gone")
 	}
 }
+
+// A watched client that pipelines its next request: the watch sees the
+// byte without taking it, so the next read finds the request whole and
+// the connection stays open for it.
+func TestClientWatchLeavesPipelinedByte(t *testing.T) {
+	c, peer := testkit.TCPPair(t)
+	var w clientWatch
+	w.init()
+	w.start(c)
+	if _, err := peer.Write([]byte("G")); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the sweeper to start the watch", func() bool { return w.slot.state.Load() == watchRunning })
+	w.wg.Wait() // the watch ends at the byte
+	var ctx fasthttp.RequestCtx
+	if w.stop(&ctx) {
+		t.Fatal("a client that pipelined counted as gone")
+	}
+	if ctx.Response.ConnectionClose() {
+		t.Fatal("the connection closes after the answer")
+	}
+	var b [1]byte
+	if n, err := c.Read(b[:]); n != 1 || b[0] != 'G' || err != nil {
+		t.Fatalf("the next read got %q %v", b[:n], err)
+	}
+	testkit.Eventually(t, "the sweeper to end with no watch armed", func() bool { return !watchSweeper.running.Load() })
+}

@@ -42,6 +42,10 @@ type Held struct {
 	// then, when set (Then), runs once a Read has sent the held bytes,
 	// before it waits for the socket.
 	then func()
+	// early: the peer may send before it has the held bytes (a client
+	// that pipelines, or half-closes): a Read tries the socket after
+	// sending them (PeerSendsEarly).
+	early bool
 
 	wfn func(fd uintptr) bool // sendNow, made once
 	wp  []byte                // Send's bytes ...
@@ -97,6 +101,14 @@ func (h *Held) SetHeld(b []byte) { h.buf = b }
 // next request. f runs on the reading goroutine, within the read; it must
 // not use the socket.
 func (h *Held) Then(f func()) { h.then = f }
+
+// PeerSendsEarly makes every Read that sends held bytes try the socket
+// before it waits: bytes (or the end of the stream) that came before the
+// Read began left their readiness edge to the netpoller's reset, and a
+// Read that parked at once would wait for them until its deadline. A
+// client may send its next request, or half-close, before it has its
+// answer; an upstream answers only what it was sent.
+func (h *Held) PeerSendsEarly() { h.early = true }
 
 // Ready reports whether h has its socket (Init found one): only then does
 // Hold hold.
@@ -183,7 +195,7 @@ func (h *Held) sendNow(fd uintptr) bool {
 }
 
 // sendThenRead is Read's RawConn.Read callback: its first call writes the
-// held bytes and asks to wait; later calls read into h.p, asking to wait
+// held bytes and asks to wait (PeerSendsEarly: reads first); later calls read into h.p, asking to wait
 // again while there is nothing. The socket is non-blocking: raw system
 // calls, as the loops make them.
 func (h *Held) sendThenRead(fd uintptr) bool {
@@ -206,7 +218,9 @@ func (h *Held) sendThenRead(fd uintptr) bool {
 			h.then()
 		}
 		h.waited = true
-		return false
+		if !h.early {
+			return false
+		}
 	}
 	for {
 		n, err := Read(int(fd), h.p)

@@ -334,20 +334,7 @@ func TestHeldWaited(t *testing.T) {
 	if _, err := b.Write([]byte("here")); err != nil {
 		t.Fatal(err)
 	}
-	// The bytes are in a's receive queue once a raw read can see them.
-	for {
-		var n int
-		var perr error
-		sc, _ := a.SyscallConn()
-		_ = sc.Control(func(fd uintptr) { n, perr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-		if perr != nil {
-			t.Fatal(perr)
-		}
-		if n == 4 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitQueued(t, a, 4)
 	if n, _, err := h.Read(buf); err != nil || string(buf[:n]) != "here" || h.Waited() {
 		t.Fatalf("read of bytes already there: %q %v, waited %v", buf[:n], err, h.Waited())
 	}
@@ -364,4 +351,65 @@ func TestHeldWaited(t *testing.T) {
 		t.Fatalf("held read: %q %v, waited %v", buf[:n], err, h.Waited())
 	}
 	<-got
+}
+
+// A peer that sends before it has the held bytes (PeerSendsEarly): the
+// Read that sends them finds what came before it began, whose readiness
+// edge the netpoller's reset dropped, instead of waiting for more.
+func TestHeldPeerSendsEarly(t *testing.T) {
+	a, b := testkit.TCPPair(t)
+	var h epoll.Held
+	h.Init(a)
+	h.PeerSendsEarly()
+	if _, err := b.Write([]byte("next")); err != nil {
+		t.Fatal(err)
+	}
+	waitQueued(t, a, 4) // before the read begins
+	// ... and the netpoller has seen them (an idle scheduler polls while
+	// some goroutine waits on a socket), so that the read's reset drops
+	// their edge, as for a client's next request that came while its
+	// answer was worked on.
+	idle, _ := testkit.TCPPair(t)
+	waiting := make(chan struct{})
+	go func() {
+		defer close(waiting)
+		_, _ = idle.Read(make([]byte, 1))
+	}()
+	time.Sleep(20 * time.Millisecond)
+	// Without PeerSendsEarly the read would park after its send and
+	// wait for more, here until this deadline.
+	_ = a.SetReadDeadline(time.Now().Add(10 * time.Second))
+	h.Hold([]byte("answer"))
+	buf := make([]byte, 8)
+	if n, _, err := h.Read(buf); err != nil || string(buf[:n]) != "next" {
+		t.Fatalf("held read with bytes already in: %q %v", buf[:n], err)
+	}
+	got := make([]byte, 6)
+	if _, err := io.ReadFull(b, got); err != nil || string(got) != "answer" {
+		t.Fatalf("the peer got %q %v", got, err)
+	}
+	_ = idle.Close()
+	<-waiting
+}
+
+// waitQueued waits until c's receive queue holds n bytes: a raw read can
+// see them.
+func waitQueued(t *testing.T, c *net.TCPConn, n int) {
+	t.Helper()
+	sc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var q int
+		var qerr error
+		_ = sc.Control(func(fd uintptr) { q, qerr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		if qerr != nil {
+			t.Fatal(qerr)
+		}
+		if q == n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
