@@ -140,9 +140,10 @@ func (r *Router) skipStalled(w *Worker, now int64) bool {
 // the start of its busy spell: in TestChaosUnary (e2e) retries of the
 // requests broken by the engine kill went to the hung engine before its
 // window ran out and waited there for --ttft-timeout; a retry that is the
-// request's last attempt fails there (504) while a healthy worker is free. A worker answering others stamps progress every progressGrain or
-// sooner; one with nothing in flight is idle, not silent. Stall detection
-// off: never.
+// request's last attempt fails there (504) while a healthy worker is free.
+// A worker answering others stamps progress every progressGrain or sooner;
+// one with nothing in flight is idle, not silent. Stall detection off:
+// never.
 func (r *Router) silentSince(w *Worker, start int64) bool {
 	return r.cfg.StallWindow > 0 && w.inflight.Load() != 0 && w.stall.progress.Load() < start
 }
