@@ -53,6 +53,8 @@
 # and nginx-ids run, the same with the baseline whose engines send the same
 # bytes: a tracked stream (every infera* stream but infera-nomig's) and every
 # *-ids target against nginx-ids − direct-ids, the rest against nginx − direct.
+# A last table sets every target whose engines send token ids (tracked streams,
+# *-ids targets) against nginx-ids: req/s and proxy CPU with the same bytes.
 # Every process it started is stopped on exit.
 #
 # Needs: go, curl, jq; installs nginx and wrk (Debian packages) when missing.
@@ -619,6 +621,51 @@ END {
     printf "| %s | %s | %s | %s | %s / %s (%s) | %.4f / %s; %.4f / %s | %s / %s | %s / %s | %s / %s |\n", g, kk[4], xg[k], xd[k], c[k], gc[g],
       (gc[g] > 0 ? sprintf("%.2f", c[k] / gc[g]) : "–"), c[k] - ks[k], ks[k], gc[g] - gk[g], gk[g], b[k], gb[g], p50[k], gp50[g], p99[k], gp99[g] }
 }' "$OUT/overhead.md" >"$OUT/verdict.md"
+
+# --- the same against the baseline whose engines send the same bytes ---------
+# A tracked stream (every infera* stream but infera-nomig's) and every *-ids
+# target ask the engines for token ids: their engines send more bytes (6,744
+# against 3,888 a 16-token stream) and work more for it. nginx-ids is nginx
+# with its client asking for the same ids, so against it only the proxy
+# differs. Per cell: req/s × nginx-ids (per repeat, medians), proxy CPU a
+# request against nginx-ids' (medians), and the user / kernel split.
+awk -F'\t' -v targets="$TARGETS" "$stats_awk"'
+function spread(s, fmt,   a, n) { n = sortv(s, a); if (!n) return "–"; return sprintf(fmt " (" fmt "–" fmt ")", med(s), a[1], a[n]) }
+NR > 1 && $3 !~ /^r/ {
+  cell = $1 SUBSEP $2 SUBSEP $3; k = cell SUBSEP $5; r = cell SUBSEP $4
+  if (!(cell in seen)) { seen[cell] = 1; order[++nc] = cell }
+  if (!(r in repseen)) { repseen[r] = 1; reps[cell] = reps[cell] " " $4 }
+  if ($6 > 0) { cpu[k] = cpu[k] " " ($11 * 1000 / $6); sys[k] = sys[k] " " ($13 * 1000 / $6) }
+  R[r SUBSEP $5] = $7; ran[$5] = 1
+}
+END {
+  if (!("nginx-ids" in ran)) exit
+  nt = split(targets, T, " "); rows = 0
+  for (c = 1; c <= nc; c++) {
+    cell = order[c]; split(cell, parts, SUBSEP); g = cell SUBSEP "nginx-ids"
+    if (!(g in cpu)) continue
+    nr = split(reps[cell], RP, " ")
+    for (t = 1; t <= nt; t++) {
+      if (T[t] !~ /^infera/) continue
+      if (!(T[t] ~ /-ids$/ || (parts[2] == "stream" && T[t] !~ /^infera-nomig/))) continue
+      k = cell SUBSEP T[t]
+      if (!(k in cpu)) continue
+      xg = ""
+      for (i = 1; i <= nr; i++) { r = cell SUBSEP RP[i]
+        if ((r SUBSEP T[t]) in R && (r SUBSEP "nginx-ids") in R && R[r SUBSEP "nginx-ids"] > 0) xg = xg " " (R[r SUBSEP T[t]] / R[r SUBSEP "nginx-ids"]) }
+      if (!rows++) {
+        print ""
+        print "Against the same engine bytes (targets whose engines send token ids, against nginx-ids; medians, min–max):"
+        print ""
+        print "| cell | target | req/s × nginx-ids | proxy CPU / 1k: target / nginx-ids (ratio) | of it user / kernel: target; nginx-ids |"
+        print "|---|---|---:|---:|---:|"
+      }
+      c1 = med(cpu[k]); g1 = med(cpu[g]); s1 = med(sys[k]); gs = med(sys[g])
+      printf "| %s %s %s | %s | %s | %.4f / %.4f (%s) | %.4f / %.4f; %.4f / %.4f |\n", parts[1], parts[2], parts[3], T[t],
+        (xg != "" ? spread(xg, "%.2f") : "–"), c1, g1, (g1 > 0 ? sprintf("%.2f", c1 / g1) : "–"), c1 - s1, s1, g1 - gs, gs
+    }
+  }
+}' "$RESULTS" >>"$OUT/verdict.md"
 
 # --- added latency at concurrency 1 (acceptance: every infera* ≤ nginx) -----
 # Per repeat, a target's p50/p99 minus the same repeat's baseline cell;
