@@ -146,7 +146,12 @@
 // wait (frontConn.putOff). The relay writes
 // each batch of events as one chunk straight into the client connection
 // (writeChunk), not through fasthttp's 4 KiB response writer: one write
-// whatever its size, the headers with the first when they were held.
+// whatever its size, the headers with the first when they were held. A
+// batch that ends where the engine's chunk does not (the rest of the
+// chunk's data has not arrived: its size said it is on its way) waits for
+// the next write, which sends it with the rest (frontConn.holdOnce): an
+// engine that writes one chunk in two pieces reaches the client in one
+// write; a heartbeat sends it at the latest.
 // Such a stream's own header lines (the request ids, X-Infera-Worker,
 // Cache-Control) are not set on fasthttp's header: the connection holds
 // the head fasthttp writes and the relay writes them into it

@@ -109,6 +109,11 @@ func (rel *relay) heartbeat() error {
 	return nil
 }
 
+// holdBatch holds the events about to be written until the next write
+// (frontConn.holdOnce, writehold.go): the engine's chunk they came in has
+// not all arrived.
+func (rel *relay) holdBatch() { rel.chunks.holdOnce() }
+
 // keepWriting pushes the client connection's write deadline forward while a
 // stream runs, so that ClientWriteTimeout bounds one stalled write rather
 // than the whole stream. It runs at most every quarter of the timeout.
@@ -141,6 +146,11 @@ func (rel *relay) WriteTo(w io.Writer) (int64, error) {
 	rel.done = true // every return below ends the stream and sets the outcome
 	if rel.chunks != nil {
 		w = (*chunkWriter)(rel.chunks)
+		if rel.r.cfg.HeartbeatInterval > 0 {
+			// A batch held for the rest of its chunk goes out with the
+			// next heartbeat at the latest (writehold.go).
+			rel.pump.hold = rel
+		}
 		if rel.ownHead {
 			rel.addHeadLines(rel.chunks)
 			if rel.headNow {
@@ -406,7 +416,19 @@ type eventPump struct {
 	// end, if not nil, is told when a read met the end of the stream,
 	// before the events that read completed are written.
 	end streamEnd
+	// hold, if not nil, is told before a write of events whose engine
+	// chunk has not all arrived (midChunker): it may hold them for the
+	// next write (relay.holdBatch).
+	hold batchHolder
 }
+
+// batchHolder holds the events about to be written for the next write
+// (the relay: holdBatch).
+type batchHolder interface{ holdBatch() }
+
+// midChunker is a stream source that says whether the chunk it is
+// reading has data still to arrive (upstream.Exchange.MidChunk).
+type midChunker interface{ MidChunk() bool }
 
 // leader is an eventPump's lead: AppendNext transforms the event at the
 // start of buf (see eventPump.lead). A tracked stream's is its
@@ -652,6 +674,11 @@ func (p *eventPump) stepInPlace(dst io.Writer, src inPlaceSource) (written int, 
 	}
 	if len(out) == 0 {
 		return 0, readErr, nil, true
+	}
+	if readErr == nil && p.hold != nil {
+		if m, ok := src.(midChunker); ok && m.MidChunk() {
+			p.hold.holdBatch() // the rest of the chunk is on its way
+		}
 	}
 	written, writeErr = p.send(dst, out, readErr)
 	return written, readErr, writeErr, true

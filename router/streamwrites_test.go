@@ -510,3 +510,115 @@ func TestStreamEndAloneHeldForTheNextRead(t *testing.T) {
 		t.Fatalf("%d reads through the connection, want 1 (the first request's; the next one's held)", n)
 	}
 }
+
+// splitChunkEngine answers one stream with a single chunk of events that
+// it sends in two writes, the first ending inside the chunk's data (after
+// the first event, inside the second), as a zero-latency engine whose
+// answer outgrows its 4 KiB writer does; between them it waits for
+// resume.
+func splitChunkEngine(t *testing.T, resume <-chan struct{}) *upstream {
+	t.Helper()
+	ev0, _, _ := strings.Cut(shortStream, "\n\n")
+	cut := len(ev0) + 2 + 20 // the first event and part of the second
+	return rawUpstream(t, func(c net.Conn, stop <-chan struct{}) {
+		readRequest(c)
+		whole := oneChunkStream(shortStream)
+		head := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+		at := strings.Index(whole, "\r\n") + 2 + cut
+		_, _ = io.WriteString(c, head+whole[:at])
+		select {
+		case <-resume:
+		case <-stop:
+			return
+		}
+		_, _ = io.WriteString(c, whole[at:])
+	})
+}
+
+// TestStreamChunkInTwoPiecesOneWrite: events whose engine chunk comes in
+// two pieces (the engine's writer full before the chunk's end) reach the
+// client in one write with the rest of the chunk, not one write a piece
+// (issue 36): the first piece's events wait for the rest, which is on its
+// way. The engine pauses between its pieces, so that the relay reads the
+// first alone.
+func TestStreamChunkInTwoPiecesOneWrite(t *testing.T) {
+	resume := make(chan struct{})
+	up := splitChunkEngine(t, resume)
+	addr, wc := startCountedRouter(t, record(up, "m", discovery.StatusActive))
+	go func() {
+		// Long enough for the relay to read, relay and wait on the
+		// first piece alone; the count, not the time, is checked.
+		time.Sleep(100 * time.Millisecond)
+		close(resume)
+	}()
+	got := rawPost(t, addr, "/v1/chat/completions", `{"model":"m","stream":true}`)
+	if events := chunkedEvents(t, got); events != shortStream {
+		t.Fatalf("events %q, want %q", events, shortStream)
+	}
+	if n := wc.writes.Load(); n != 1 {
+		t.Fatalf("stream in %d writes, want 1 (headers, both pieces' events and the closing chunk)", n)
+	}
+}
+
+// TestStreamChunkPieceHeldNoLongerThanABeat: when the rest of an engine's
+// chunk does not come, the events of its first piece, held for it, reach
+// the client with the next heartbeat; the rest follows when it comes.
+func TestStreamChunkPieceHeldNoLongerThanABeat(t *testing.T) {
+	resume := make(chan struct{})
+	up := splitChunkEngine(t, resume)
+	cfg := router.DefaultConfig()
+	cfg.IdleConnTimeout = 50 * time.Millisecond
+	cfg.HeartbeatInterval = 20 * time.Millisecond
+	r, err := router.New(cfg, router.RoundRobin{}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.UpdateFleet(&discovery.Snapshot{Revision: 1, Workers: []discovery.Record{record(up, "m", discovery.StatusActive)}})
+	addr := servetest.Loopback(t, "router", func(ctx context.Context, ln net.Listener) error { return r.Serve(ctx, ln) })
+	c := dialClient(t, addr)
+	defer c.Close()
+	body := `{"model":"m","stream":true}`
+	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+		t.Fatal(err)
+	}
+	ev0, _, _ := strings.Cut(shortStream, "\n\n")
+	var got []byte
+	buf := make([]byte, 4096)
+	for !strings.Contains(string(got), ev0+"\n\n") { // the engine waits: only a beat sends it
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			t.Fatalf("reading the first event: %v (got %q)", err, got)
+		}
+	}
+	close(resume)
+	for !strings.HasSuffix(string(got), "\r\n0\r\n\r\n") {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			t.Fatalf("reading the rest: %v (got %q)", err, got)
+		}
+	}
+	events := chunkedEvents(t, string(got))
+	if want := ev0 + "\n\n"; !strings.HasPrefix(events, want) ||
+		strings.ReplaceAll(events, ": keep-alive\n\n", "") != shortStream {
+		t.Fatalf("events %q, want %q (heartbeats aside)", events, shortStream)
+	}
+}
+
+// chunkedEvents returns the body of the chunked answer got (a response
+// read to its end), its chunks joined.
+func chunkedEvents(t *testing.T, got string) string {
+	t.Helper()
+	resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(got)), nil)
+	if err != nil {
+		t.Fatalf("answer %q: %v", got, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("answer %q: %v", got, err)
+	}
+	return string(b)
+}

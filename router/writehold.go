@@ -55,6 +55,9 @@ type writeHold struct {
 	// spare: the connection's own buffer for its next held write, given
 	// back by every write that sent what was held (putHoldBuf).
 	spare *[]byte
+	// once: the next chunk is held alone, to go out with the write after
+	// it (holdOnce).
+	once bool
 }
 
 // holdBufs are the buffers of held writes. One holds a stream's last
@@ -169,6 +172,18 @@ func (c *frontConn) writeChunk(p []byte) (int, error) {
 		return 0, nil // an empty chunk would end the body
 	}
 	h := &c.hold
+	if h.once {
+		h.once = false
+		if !h.on || h.head {
+			bp := h.buf
+			if bp == nil {
+				bp = c.holdBuf()
+			}
+			*bp = appendChunk(*bp, p)
+			h.buf, h.on, h.head = bp, false, false
+			return len(p), nil
+		}
+	}
 	if c.ans.on && (h.buf == nil || h.head || !h.on) && c.heldChunk(p) {
 		return len(p), nil
 	}
@@ -194,6 +209,23 @@ func (c *frontConn) writeChunk(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// A batch of events that ends where the engine's chunk does not (its
+// data has not all arrived: upstream.Exchange.MidChunk) is held for the
+// connection's next write (holdOnce), which sends it with its own bytes,
+// the rest of the chunk's events, in one write (issue 36). A chunk's size
+// is written before its data, so the engine had all of it when it began
+// the chunk: the rest is in flight, not waiting for tokens. A zero-latency
+// engine whose answer is larger than its 4 KiB writer sends it in two
+// writes; a relay that reads between them wrote the client twice, and
+// woke it for a part of the stream it cannot finish with. Nothing waits
+// for long: every write sends what is held first, a heartbeat's too (a
+// stream holds only where heartbeats are on), an error event's, the
+// closing chunk's.
+
+// holdOnce holds the connection's next chunk (writeChunk) for the write
+// after it, unless writes are held already (holdWrites).
+func (c *frontConn) holdOnce() { c.hold.once = true }
 
 // heldChunk is writeChunk for a chunk the connection will send with its
 // held answer (frontheld.go: the stream's end has been read): what writeChunk

@@ -278,6 +278,13 @@ func (x *Exchange) Next(wait bool) ([]byte, error) {
 	return b, err
 }
 
+// MidChunk reports whether the streamed answer's current chunk has data
+// that has not arrived yet (a chunked answer read by the exchange's own
+// decoder): the engine framed the chunk whole, so the rest is on its way.
+func (x *Exchange) MidChunk() bool {
+	return x.leg == nil && x.body == io.Reader(&x.chunked) && x.chunked.left > 0
+}
+
 // Release ends a streamed exchange (a no-op otherwise): the body stream is
 // closed, and the connection goes back to the pool if the stream was read
 // to its end, else it is closed (the engine learns the answer is not
