@@ -39,10 +39,10 @@ import (
 // serves its connection with no hand-off on the critical path. A
 // goroutine that has answered takes the loop's turn when no one else runs
 // it (proc): it adopts its connection at once and, while other requests
-// are in flight, polls the loop's set (epoll_wait 0) for the next
-// connection whose request is in and serves that one itself: under load
-// most requests then start without a hand-off (no loop wake-up, no
-// goroutine park and wake).
+// are in flight, polls the loop's set (epoll_wait 0; while such polls
+// pay: turnPolls) for the next connection whose request is in and serves
+// that one itself: under load most requests then start without a
+// hand-off (no loop wake-up, no goroutine park and wake).
 //
 // Deadlines of connections in a loop (header, idle keep-alive) live in a
 // timer wheel ticking on a timerfd; a served connection's reads and writes
