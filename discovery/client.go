@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
 
 	"github.com/infera/infera/config"
 )
@@ -61,6 +64,12 @@ func NewClient(cfg config.Etcd, log zerolog.Logger) (*clientv3.Client, error) {
 		Username:             cfg.Username,
 		Password:             cfg.Password,
 		Logger:               newZapLogger(log.With().Str("component", "etcd_client").Logger(), zapcore.ErrorLevel, nil),
+		// Chained inside the client's own retry interceptors, so they see
+		// each attempt and the member it went to.
+		DialOptions: []grpc.DialOption{
+			grpc.WithChainUnaryInterceptor(notePeerUnary),
+			grpc.WithChainStreamInterceptor(notePeerStream),
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to etcd %v: %w", cfg.Endpoints, err)
@@ -97,4 +106,48 @@ func clientTLS(cfg config.Etcd) (*tls.Config, error) {
 		tc.RootCAs = pool
 	}
 	return tc, nil
+}
+
+// memberNoteKey marks a context whose etcd calls note the member they were
+// sent to (withMemberNote), so that a call that timed out on a member that
+// stopped answering can name it. Only clients built by NewClient note it.
+type memberNoteKey struct{}
+
+// withMemberNote returns ctx marked so that the etcd calls made under it
+// record their member's address in the returned peer, which the caller
+// reads once the call has returned (the interceptors write it on the
+// calling goroutine, before the call returns).
+func withMemberNote(ctx context.Context) (context.Context, *peer.Peer) {
+	p := new(peer.Peer)
+	return context.WithValue(ctx, memberNoteKey{}, p), p
+}
+
+// memberOf is the address a noted call went to, "" when it reached none.
+func memberOf(p *peer.Peer) string {
+	if p == nil || p.Addr == nil {
+		return ""
+	}
+	return p.Addr.String()
+}
+
+// notePeerUnary asks gRPC for the peer of a unary call made under
+// withMemberNote; other calls pass through untouched.
+func notePeerUnary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if p, ok := ctx.Value(memberNoteKey{}).(*peer.Peer); ok {
+		opts = append(opts[:len(opts):len(opts)], grpc.Peer(p))
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// notePeerStream records the peer of a stream opened under withMemberNote
+// (a lease keepalive) as soon as the stream is open: a stream to a stopped
+// member opens, and then nothing answers on it.
+func notePeerStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if p, ok := ctx.Value(memberNoteKey{}).(*peer.Peer); ok && err == nil {
+		if got, ok := peer.FromContext(cs.Context()); ok {
+			*p = *got
+		}
+	}
+	return cs, err
 }

@@ -1,6 +1,8 @@
 // Package discovery owns the fleet registry in etcd: the worker record (wire
 // compatible with Infera fleets), the registrar that keeps a worker's record
-// alive under a lease, the fleet watcher that turns etcd state into immutable
+// alive under a lease (each etcd call in short tries, so that one sent to a
+// member that stopped answering is sent again, to the next member, well
+// within the TTL), the fleet watcher that turns etcd state into immutable
 // snapshots (resuming a broken watch, or one whose member stopped answering
 // on it, from its last revision on another member, and holding, for
 // Watcher.SetOutageGrace, the removals that an etcd outage may have caused

@@ -3,7 +3,12 @@ package discovery
 // Test-only access to the watcher's and registrar's internals, for the
 // external test package (which can import etcdtest; this package cannot).
 
-import "time"
+import (
+	"context"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
 
 // SetWatcherHooks installs hooks; call before Run.
 func SetWatcherHooks(w *Watcher, beforeList func(n int), afterList func(n int, rev int64)) {
@@ -44,3 +49,11 @@ func SetProbeInterval(w *Watcher, d time.Duration) { w.probeInterval, w.listTime
 // SetStallInterval changes how often a watcher's watchdog asks its watch
 // stream for progress (and so how soon it gives up a silent one).
 func SetStallInterval(w *Watcher, d time.Duration) { w.stallInterval = d }
+
+// GetMember reads key through cli and returns the address of the member
+// the client sent the read to, as a registrar notes its calls.
+func GetMember(ctx context.Context, cli *clientv3.Client, key string) (string, error) {
+	ctx, p := withMemberNote(ctx)
+	_, err := cli.Get(ctx, key)
+	return memberOf(p), err
+}

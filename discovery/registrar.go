@@ -54,7 +54,10 @@ type Registrar struct {
 	ttlSeconds int64
 	interval   time.Duration
 	rpcTimeout time.Duration
+	// tryTimeout bounds the first try of each etcd call (see try).
+	tryTimeout time.Duration
 	log        zerolog.Logger
+	stalls     stallLog
 
 	mu  sync.Mutex
 	rec Record
@@ -106,14 +109,16 @@ func newRegistrar(cli *clientv3.Client, key, what string, opts RegistrarOptions,
 		// A keepalive that has not answered within one interval is treated
 		// as failed so that retries start while the lease still has time.
 		rpcTimeout: max(interval, 500*time.Millisecond),
+		tryTimeout: tryTimeoutFor(ttl),
 		log:        log,
 		revokedCh:  make(chan struct{}),
 	}
 }
 
 // Register writes the record under a fresh lease. Call it once the engine is
-// ready. Every etcd call is bounded by the TTL; if Register fails, Run keeps
-// trying.
+// ready. It is bounded by the TTL, and each etcd call in it by a short try
+// that is repeated on another member when the one it went to does not
+// answer (see try); if Register fails, Run keeps trying.
 func (r *Registrar) Register(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -200,7 +205,10 @@ func (r *Registrar) step(ctx context.Context, bo *backoff) (time.Duration, bool)
 	// The keepalive itself runs unlocked: SetStatus must not wait behind a
 	// keepalive to an unreachable etcd.
 	kctx, cancel := context.WithTimeout(ctx, r.rpcTimeout)
-	_, err := r.cli.KeepAliveOnce(kctx, id)
+	err := r.try(kctx, "lease keepalive", func(ctx context.Context) error {
+		_, err := r.cli.KeepAliveOnce(ctx, id)
+		return err
+	})
 	cancel()
 
 	r.mu.Lock()
@@ -277,7 +285,13 @@ func (r *Registrar) repairLocked(ctx context.Context) error {
 // the record never disappears on the way.
 func (r *Registrar) registerLocked(ctx context.Context) error {
 	old := r.lease
-	g, err := r.cli.Grant(ctx, r.ttlSeconds)
+	// A try that timed out may still have granted a lease on a slow
+	// member; unused, it expires after one TTL.
+	var g *clientv3.LeaseGrantResponse
+	err := r.try(ctx, "lease grant", func(ctx context.Context) (err error) {
+		g, err = r.cli.Grant(ctx, r.ttlSeconds)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("grant lease: %w", err)
 	}
@@ -290,7 +304,10 @@ func (r *Registrar) registerLocked(ctx context.Context) error {
 	}
 	if old != 0 && old != r.lease {
 		// Best effort: a lease that still exists would only expire later.
-		_, _ = r.cli.Revoke(ctx, old)
+		_ = r.try(ctx, "lease revoke", func(ctx context.Context) error {
+			_, err := r.cli.Revoke(ctx, old)
+			return err
+		})
 	}
 	return nil
 }
@@ -301,7 +318,11 @@ func (r *Registrar) putLocked(ctx context.Context) error {
 		return err
 	}
 	r.needPut = true
-	if _, err := r.cli.Put(ctx, r.key, string(value), clientv3.WithLease(r.lease)); err != nil {
+	err = r.try(ctx, "put", func(ctx context.Context) error {
+		_, err := r.cli.Put(ctx, r.key, string(value), clientv3.WithLease(r.lease))
+		return err
+	})
+	if err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			r.stale = true
 		}
@@ -350,10 +371,84 @@ func (r *Registrar) Revoke(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.ttl)
 	defer cancel()
-	if _, err := r.cli.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+	err := r.try(ctx, "lease revoke", func(ctx context.Context) error {
+		_, err := r.cli.Revoke(ctx, id)
+		return err
+	})
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return fmt.Errorf("revoke lease %x of %s: %w", int64(id), r.key, err)
 	}
 	return nil
+}
+
+// Bounds of a registrar's first try of an etcd call: a tenth of the TTL,
+// at least minTry (an answer from a loaded etcd takes hundreds of ms) and
+// at most maxTry (a stopped member costs no more than that).
+const (
+	minTry = 500 * time.Millisecond
+	maxTry = 2 * time.Second
+)
+
+func tryTimeoutFor(ttl time.Duration) time.Duration { return min(max(ttl/10, minTry), maxTry) }
+
+// try runs one etcd call (op: grant, put, keepalive, revoke; each is
+// repeatable: a repeated grant at worst leaves an unused lease to expire)
+// under ctx, each try bounded by tryTimeout and then twice the last. A
+// member that stops answering without closing its connection (a stopped
+// process, a hung host, a dead link) holds a call sent to it until gRPC
+// keepalive gives the connection up (~15 s), while the client's round
+// robin sends the next call to the next member: so a try that times out
+// is repeated at once, and lands elsewhere. The growing bound keeps a
+// slow but live etcd answering: only the first tries are short. Other
+// errors are returned as they are (the client retries the ones that
+// allow it).
+func (r *Registrar) try(ctx context.Context, op string, call func(context.Context) error) error {
+	bound := r.tryTimeout
+	for {
+		tctx, cancel := context.WithTimeout(ctx, bound)
+		tctx, member := withMemberNote(tctx)
+		err := call(tctx)
+		timedOut := err != nil && tctx.Err() != nil
+		cancel()
+		if !timedOut || ctx.Err() != nil {
+			return err
+		}
+		r.stalls.note(r.log, op, memberOf(member), bound, err)
+		bound *= 2
+	}
+}
+
+// stallLogEvery is how often a registrar logs an etcd call that timed out
+// on a member; the ones between are counted in the next line.
+const stallLogEvery = 30 * time.Second
+
+// stallLog rate-limits the warning that names a member that did not answer
+// (a stopped member gets a third of the calls until gRPC drops it).
+type stallLog struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int64
+}
+
+func (s *stallLog) note(log zerolog.Logger, op, member string, bound time.Duration, err error) {
+	if member == "" {
+		// The call reached no member: etcd is unreachable as a whole,
+		// which the registrar's own state logs report.
+		return
+	}
+	s.mu.Lock()
+	now := time.Now()
+	if !s.last.IsZero() && now.Sub(s.last) < stallLogEvery {
+		s.suppressed++
+		s.mu.Unlock()
+		return
+	}
+	s.last = now
+	n := s.suppressed
+	s.suppressed = 0
+	s.mu.Unlock()
+	log.Warn().Err(err).Str("etcd_member", member).Str("op", op).Float64("timeout_seconds", bound.Seconds()).
+		Int64("not_logged_since_last", n).Msg("etcd member did not answer in time, retrying on another")
 }
 
 // Record returns the record as last written or to be written.

@@ -3,10 +3,14 @@ package discovery_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/discovery/etcdtest"
@@ -231,5 +235,119 @@ func TestRegistrarReGrantsAfterOutageLongerThanTTL(t *testing.T) {
 		if n := logs.Count(msg); n != 1 {
 			t.Errorf("%q logged %d times, want 1", msg, n)
 		}
+	}
+}
+
+// TestRegistrarLeavesStoppedMember (session 24): a member that stops
+// answering without closing its connections (SIGSTOP here; a hung host or
+// a dead link alike) holds every call the client's round robin sends it
+// until gRPC keepalive drops the connection (~15 s). Three registrars on
+// one client of a 3-member cluster, one follower stopped (so no election
+// is part of the fault). Their Register calls run one after the other, so
+// their six grants and puts go to each member twice: each Register must
+// complete well within the TTL (before: the first whose call went to the
+// stopped member waited the whole TTL and failed). Then the leases must be
+// kept alive for a TTL, a third of the keepalives going to the stopped
+// member; and, the registrars stopped, three Revokes one after the other
+// (one goes to the stopped member), each bounded as the worker bounds it
+// (3 s), must each delete its record. The stall is logged naming the
+// stopped member.
+func TestRegistrarLeavesStoppedMember(t *testing.T) {
+	const ttl = 6 * time.Second
+	// A bound that only a call held by the stopped member breaks: the
+	// first try of each call is bounded by 600 ms (a tenth of the TTL).
+	const bound = ttl / 2
+	c := etcdtest.StartCluster(t, 3)
+	eps := c.Endpoints()
+	boot := etcdtest.Client(t, eps)
+	lead := -1
+	testkit.Eventually(t, "a leader", func() bool { lead = c.Leader(boot); return lead >= 0 })
+	stopped := (lead + 1) % len(eps)
+	// The test's own reads go to the members that answer.
+	admin := etcdtest.Client(t, slices.Delete(slices.Clone(eps), stopped, stopped+1))
+	cli := etcdtest.Client(t, eps)
+	// Every member connected, so that the round robin counts each as
+	// ready and sends it every third call (a member still connecting is
+	// skipped): reads until each has answered one.
+	seen := map[string]bool{}
+	testkit.Eventually(t, "a read answered by every member", func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), waitDeadline)
+		m, err := discovery.GetMember(ctx, cli, "/infera-test/warm")
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[m] = true
+		return len(seen) == len(eps)
+	})
+	var logs testkit.LogSink
+	c.Pause(stopped)
+	t.Cleanup(func() { c.Resume(stopped) })
+	t.Logf("stopped member %d (%s), a follower of member %d", stopped, eps[stopped], lead)
+
+	regs := make([]*discovery.Registrar, 3)
+	leases := make([]clientv3.LeaseID, len(regs))
+	for i := range regs {
+		id := "a:" + strconv.Itoa(i+1)
+		regs[i] = discovery.NewRegistrar(cli, testPrefix, record(id),
+			discovery.RegistrarOptions{TTL: ttl, KeepAliveInterval: time.Second}, debugLogger(&logs))
+		began := time.Now()
+		err := regs[i].Register(t.Context())
+		took := time.Since(began)
+		t.Logf("Register %s took %v", id, took.Round(time.Millisecond))
+		if err != nil {
+			t.Fatalf("Register %s with one member stopped: %v (after %v)\n%s", id, err, took, logs.String())
+		}
+		if took > bound {
+			t.Errorf("Register %s took %v, want at most %v (TTL %v)\n%s", id, took, bound, ttl, logs.String())
+		}
+		if leases[i] = leaseOf(t, admin, id); leases[i] == 0 {
+			t.Fatalf("%s not registered", id)
+		}
+	}
+
+	// The fault lasts a TTL while the registrars keep their leases alive.
+	stops := make([]func(), len(regs))
+	for i, r := range regs {
+		stops[i] = startRegistrar(t, r)
+	}
+	time.Sleep(ttl)
+	for _, stop := range stops {
+		stop()
+	}
+	for i := range regs {
+		id := "a:" + strconv.Itoa(i+1)
+		if got := leaseOf(t, admin, id); got != leases[i] {
+			t.Errorf("%s under lease %x after a TTL with one member stopped, want %x kept alive", id, got, leases[i])
+		}
+	}
+	if n := logs.Count("etcd lease lost, re-registering"); n != 0 {
+		t.Errorf("%d leases lost with one member stopped:\n%s", n, logs.String())
+	}
+
+	for i, r := range regs {
+		id := "a:" + strconv.Itoa(i+1)
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		began := time.Now()
+		err := r.Revoke(ctx)
+		cancel()
+		t.Logf("Revoke %s took %v", id, time.Since(began).Round(time.Millisecond))
+		if err != nil {
+			t.Errorf("Revoke %s with one member stopped: %v", id, err)
+		}
+		if leaseOf(t, admin, id) != 0 {
+			t.Errorf("%s still registered after Revoke", id)
+		}
+	}
+
+	member := strings.TrimPrefix(eps[stopped], "http://")
+	named := 0
+	for _, e := range logs.Find(t, "etcd member did not answer in time, retrying on another") {
+		if e["etcd_member"] == member {
+			named++
+		}
+	}
+	if named == 0 {
+		t.Errorf("no stall logged naming the stopped member %s:\n%s", member, logs.String())
 	}
 }
