@@ -154,6 +154,10 @@ type loopConn struct {
 	nmarks int
 	scan   int  // in[r:scan] holds no header end
 	served bool // a request was answered (keep-alive)
+	// hup: an event said the client shut its side down (or the
+	// connection is gone): reads go on past a short read, to the end
+	// (see readable). Loop-owned (proc), as the wheel fields.
+	hup bool
 
 	// Who has it: the loop, a serving goroutine, or back from one and
 	// not yet adopted; pending: the loop saw an event it could not act
@@ -356,7 +360,7 @@ func (l *frontLoop) take(fc *frontConn) error {
 	lc.pending.Store(true) // read it once in the loop: edge-triggered
 	l.returned = append(l.returned, lc)
 	l.mu.Unlock()
-	if err := l.p.Add(fd, epoll.In|epoll.Edge); err != nil {
+	if err := l.p.Add(fd, epoll.In|epoll.RDHup|epoll.Edge); err != nil {
 		l.mu.Lock()
 		delete(l.conns, int32(fd))
 		l.mu.Unlock()
@@ -422,6 +426,9 @@ func (l *frontLoop) work(evs []unix.EpollEvent, ticked bool) bool {
 		l.mu.Unlock()
 		if lc == nil {
 			continue
+		}
+		if evs[i].Events&(epoll.RDHup|epoll.Hup|epoll.Err) != 0 {
+			lc.hup = true
 		}
 		if lc.state.Load() == stLoop {
 			l.readable(lc)
@@ -554,6 +561,12 @@ func (l *frontLoop) expire() {
 
 // readable reads what lc's socket has and serves lc once a request's
 // header block is in (or cannot be: too large, bare LF, EOF, an error).
+// A read that fills less than the buffer has emptied the socket, so
+// readable stops there (no read that finds nothing), unless the client
+// has shut its side down (hup): the end of its stream, when it came with
+// or just after the bytes before the loop looked, brings no edge of its
+// own, and it would be taken only at the header timeout (a 408 where the
+// goroutine door reads the end at once and answers what came).
 func (l *frontLoop) readable(lc *loopConn) {
 	maxHead := l.d.r.cfg.MaxHeaderBytes
 	wasEmpty := lc.r == lc.w
@@ -596,7 +609,7 @@ func (l *frontLoop) readable(lc *loopConn) {
 		}
 		lc.w += n
 		lc.mark()
-		if lc.w < len(lc.in) {
+		if lc.w < len(lc.in) && !lc.hup {
 			break
 		}
 	}

@@ -387,6 +387,77 @@ func TestFrontLoopSlowHeaders(t *testing.T) {
 	}
 }
 
+// TestFrontDoorsAgreeEndWithBytes: a cut request whose end of stream (the
+// client's half-close) reaches the router in the same segment as its last
+// bytes, as a busy loop finds them, is answered alike by both doors: the
+// goroutine door reads the end at once (fasthttp: 400); the loop door once
+// stopped at its short read, had no edge left for the end and answered 408
+// at the header timeout (the agreement tests' rare 408 under load). On a
+// new connection, and on a keep-alive one after an answer.
+func TestFrontDoorsAgreeEndWithBytes(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.ClientHeaderTimeout = time.Second
+	cfg.ClientReadTimeout = time.Second
+	fd := startFrontDoors(t, cfg)
+	for _, keepAlive := range []bool{false, true} {
+		for _, cut := range []string{"GET /v1/models HTTP/1.0\r", "GET /v", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"} {
+			var got [2]string
+			for i, addr := range []string{fd.goroutine, fd.loop} {
+				got[i] = normalise(endWithBytes(t, addr, keepAlive, cut))
+			}
+			if got[0] != got[1] || strings.Contains(got[1], " 408 ") {
+				t.Errorf("%q (keep-alive %v) with the end of stream:\ngoroutine: %q\nloop:      %q", cut, keepAlive, got[0], got[1])
+			}
+		}
+	}
+}
+
+// endWithBytes sends cut and the end of the client's side in one TCP
+// segment (TCP_CORK holds cut back until the FIN joins it) on a new
+// connection of addr, after a request answered when keepAlive, each after
+// a pause (in which the loop door takes the connection back), and returns
+// what the router sends after that answer until it closes.
+func endWithBytes(t *testing.T, addr string, keepAlive bool, cut string) []byte {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	if keepAlive {
+		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	time.Sleep(20 * time.Millisecond)
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CORK, 1)
+	}); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	if _, err := io.WriteString(c, cut); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(br)
+	return got
+}
+
 // TestFrontLoopDrain: at shutdown a request in flight is answered (with
 // Connection: close) and idle connections are closed.
 func TestFrontLoopDrain(t *testing.T) {
