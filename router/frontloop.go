@@ -124,8 +124,9 @@ type frontLoop struct {
 
 	// Guarded by proc.
 	wheel   [wheelSlots]*loopConn
-	now     int64 // ticks since the loop started
-	done    int64 // the last tick expire handled
+	at      time.Duration // the loop's clock: time since it started, as last read (clock)
+	now     int64         // at in whole ticks
+	done    int64         // the last tick expire handled
 	started time.Time
 }
 
@@ -288,11 +289,14 @@ func (d *loopDoor) newLoop() (*frontLoop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: loop front door: %w", err)
 	}
+	// The clock starts before the timerfd, so that each tick comes after
+	// the tick boundary it stands for (see schedule).
+	started := time.Now()
 	if err := p.SetTick(d.tick); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("router: loop front door: %w", err)
 	}
-	return &frontLoop{d: d, p: p, conns: map[int32]*loopConn{}, started: time.Now()}, nil
+	return &frontLoop{d: d, p: p, conns: map[int32]*loopConn{}, started: started}, nil
 }
 
 // handle is the router's handler; while draining, answers close their
@@ -444,9 +448,10 @@ func (l *frontLoop) work(evs []unix.EpollEvent, ticked bool) bool {
 	return false
 }
 
-// tickNow is the loop's clock in ticks.
-func (l *frontLoop) tickNow() int64 {
-	return int64(time.Since(l.started) / l.d.tick)
+// clock reads the loop's clock (at, now).
+func (l *frontLoop) clock() {
+	l.at = time.Since(l.started)
+	l.now = int64(l.at / l.d.tick)
 }
 
 // adopt takes back the connections their goroutines returned, each with
@@ -463,7 +468,7 @@ func (l *frontLoop) adopt() bool {
 	}
 	stopping := l.stopping
 	l.mu.Unlock()
-	l.now = l.tickNow()
+	l.clock()
 	draining := l.d.draining.Load()
 	cfg := &l.d.r.cfg
 	for _, lc := range ret {
@@ -506,10 +511,16 @@ func (l *frontLoop) snapshot() []*loopConn {
 	return out
 }
 
-// schedule (re)places lc in the wheel, due d from now.
+// schedule (re)places lc in the wheel, due d from now (the clock as last
+// read): at the first tick boundary at or after it, never before. expire
+// takes a connection once the clock has passed its tick's boundary, so
+// rounding up makes a timeout end up to a tick late, as the goroutine
+// door's socket deadlines end up to epoll.SlackDiv of theirs late; rounded
+// from the tick now begun instead it would end up to a tick early (a 1 s
+// header timeout at 875 ms, with its 125 ms tick).
 func (l *frontLoop) schedule(lc *loopConn, d time.Duration) {
 	l.unschedule(lc)
-	lc.deadline = max(l.now+int64((d+l.d.tick-1)/l.d.tick), l.done+1)
+	lc.deadline = max(int64((l.at+d+l.d.tick-1)/l.d.tick), l.done+1)
 	slot := &l.wheel[lc.deadline%wheelSlots]
 	lc.prev, lc.next = nil, *slot
 	if *slot != nil {
@@ -539,7 +550,7 @@ func (l *frontLoop) unschedule(lc *loopConn) {
 // timeout); any other is served with the timeout as its read error, so
 // that fasthttp answers it as it answers its own read deadline.
 func (l *frontLoop) expire() {
-	l.now = l.tickNow()
+	l.clock()
 	from := max(l.done+1, l.now-wheelSlots+1)
 	for t := from; t <= l.now; t++ {
 		for lc := l.wheel[t%wheelSlots]; lc != nil; {

@@ -458,6 +458,91 @@ func endWithBytes(t *testing.T, addr string, keepAlive bool, cut string) []byte 
 	return got
 }
 
+// TestFrontDoorsTimeoutsNotEarly: neither door cuts a request's headers
+// before the header timeout, nor closes a keep-alive connection before the
+// idle timeout (the loop door's wheel once rounded a deadline down to the
+// tick: a 1 s header timeout could end at 875 ms, and a request whose
+// rest came in time got 408 where the goroutine door answered it).
+// Connections open across a tick, so that the loop sees them at every
+// phase of its clock. One-sided: a busy machine can only make a cut come
+// later after the client's dial.
+func TestFrontDoorsTimeoutsNotEarly(t *testing.T) {
+	const timeout = 400 * time.Millisecond // the loop's tick: 50 ms
+	cfg := router.DefaultConfig()
+	cfg.ClientHeaderTimeout = timeout
+	cfg.ClientReadTimeout = timeout
+	cfg.ClientIdleTimeout = timeout
+	fd := startFrontDoors(t, cfg)
+	const conns = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, 4*conns)
+	for _, addr := range []string{fd.goroutine, fd.loop} {
+		for i := range conns {
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Duration(i) * timeout / 8 / conns)
+				errs <- cutNotEarly(addr, "GET /health HTTP/1.1\r\nHost: x\r\n", false, timeout)
+			}()
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Duration(i) * timeout / 8 / conns)
+				errs <- cutNotEarly(addr, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", true, timeout)
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// cutNotEarly sends req on a new connection of addr and reads until the
+// router closes it: a request timeout (408) when the headers are cut, else
+// an answer (200) and then the idle close; either no sooner than timeout
+// after the client dialled (the router's clock starts later: at the
+// opening, or once the answer is out).
+func cutNotEarly(addr, req string, answered bool, timeout time.Duration) error {
+	start := time.Now()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		return err
+	}
+	br := bufio.NewReader(c)
+	if answered {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: answer %d, want 200", addr, resp.StatusCode)
+		}
+	}
+	got, err := io.ReadAll(br)
+	el := time.Since(start)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: %w", addr, err)
+	case answered && len(got) > 0:
+		return fmt.Errorf("%s: idle connection sent %q", addr, got)
+	case !answered && !bytes.HasPrefix(got, []byte("HTTP/1.1 408 ")):
+		return fmt.Errorf("%s: cut headers answered %q, want 408", addr, got)
+	case el < timeout:
+		return fmt.Errorf("%s: closed %v after the dial, before its timeout (%v); answer %v", addr, el, timeout, answered)
+	}
+	return nil
+}
+
 // TestFrontLoopDrain: at shutdown a request in flight is answered (with
 // Connection: close) and idle connections are closed.
 func TestFrontLoopDrain(t *testing.T) {
