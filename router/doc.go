@@ -30,7 +30,10 @@
 // serving goroutine that has just answered (its turn: it adopts its
 // connection and, while others are in flight, polls for the next ready
 // request and serves it itself). Header and keep-alive deadlines live in a per-loop timer wheel
-// ticking on a timerfd; a read or write that has to wait (a trickling body,
+// ticking on a timerfd (each ends at the first tick at or after it); a
+// loop stops reading a socket at a short read, unless the client has shut
+// its side down (EPOLLRDHUP: its end of stream is read with its last
+// bytes); a read or write that has to wait (a trickling body,
 // the client watch, a full socket) falls back to a netpoller duplicate of
 // the socket with the runtime deadline fasthttp asked for.
 //

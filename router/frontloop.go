@@ -126,8 +126,9 @@ type frontLoop struct {
 	pollScore int // whether a turn's poll pays (see turnPolls)
 	pollSkips int // turns that skipped their poll since the last one
 	wheel     [wheelSlots]*loopConn
-	now       int64 // ticks since the loop started
-	done      int64 // the last tick expire handled
+	at        time.Duration // the loop's clock: time since it started, as last read (clock)
+	now       int64         // at in whole ticks
+	done      int64         // the last tick expire handled
 	started   time.Time
 }
 
@@ -156,6 +157,10 @@ type loopConn struct {
 	nmarks int
 	scan   int  // in[r:scan] holds no header end
 	served bool // a request was answered (keep-alive)
+	// hup: an event said the client shut its side down (or the
+	// connection is gone): reads go on past a short read, to the end
+	// (see readable). Loop-owned (proc), as the wheel fields.
+	hup bool
 
 	// Who has it: the loop, a serving goroutine, or back from one and
 	// not yet adopted; pending: the loop saw an event it could not act
@@ -286,11 +291,14 @@ func (d *loopDoor) newLoop() (*frontLoop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: loop front door: %w", err)
 	}
+	// The clock starts before the timerfd, so that each tick comes after
+	// the tick boundary it stands for (see schedule).
+	started := time.Now()
 	if err := p.SetTick(d.tick); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("router: loop front door: %w", err)
 	}
-	return &frontLoop{d: d, p: p, conns: map[int32]*loopConn{}, started: time.Now()}, nil
+	return &frontLoop{d: d, p: p, conns: map[int32]*loopConn{}, started: started}, nil
 }
 
 // handle is the router's handler; while draining, answers close their
@@ -358,7 +366,7 @@ func (l *frontLoop) take(fc *frontConn) error {
 	lc.pending.Store(true) // read it once in the loop: edge-triggered
 	l.returned = append(l.returned, lc)
 	l.mu.Unlock()
-	if err := l.p.Add(fd, epoll.In|epoll.Edge); err != nil {
+	if err := l.p.Add(fd, epoll.In|epoll.RDHup|epoll.Edge); err != nil {
 		l.mu.Lock()
 		delete(l.conns, int32(fd))
 		l.mu.Unlock()
@@ -425,6 +433,9 @@ func (l *frontLoop) work(evs []unix.EpollEvent, ticked bool) bool {
 		if lc == nil {
 			continue
 		}
+		if evs[i].Events&(epoll.RDHup|epoll.Hup|epoll.Err) != 0 {
+			lc.hup = true
+		}
 		if lc.state.Load() == stLoop {
 			l.readable(lc)
 			continue
@@ -439,9 +450,10 @@ func (l *frontLoop) work(evs []unix.EpollEvent, ticked bool) bool {
 	return false
 }
 
-// tickNow is the loop's clock in ticks.
-func (l *frontLoop) tickNow() int64 {
-	return int64(time.Since(l.started) / l.d.tick)
+// clock reads the loop's clock (at, now).
+func (l *frontLoop) clock() {
+	l.at = time.Since(l.started)
+	l.now = int64(l.at / l.d.tick)
 }
 
 // adopt takes back the connections their goroutines returned, each with
@@ -458,7 +470,7 @@ func (l *frontLoop) adopt() bool {
 	}
 	stopping := l.stopping
 	l.mu.Unlock()
-	l.now = l.tickNow()
+	l.clock()
 	draining := l.d.draining.Load()
 	cfg := &l.d.r.cfg
 	for _, lc := range ret {
@@ -501,10 +513,16 @@ func (l *frontLoop) snapshot() []*loopConn {
 	return out
 }
 
-// schedule (re)places lc in the wheel, due d from now.
+// schedule (re)places lc in the wheel, due d from now (the clock as last
+// read): at the first tick boundary at or after it, never before. expire
+// takes a connection once the clock has passed its tick's boundary, so
+// rounding up makes a timeout end up to a tick late, as the goroutine
+// door's socket deadlines end up to epoll.SlackDiv of theirs late; rounded
+// from the tick now begun instead it would end up to a tick early (a 1 s
+// header timeout at 875 ms, with its 125 ms tick).
 func (l *frontLoop) schedule(lc *loopConn, d time.Duration) {
 	l.unschedule(lc)
-	lc.deadline = max(l.now+int64((d+l.d.tick-1)/l.d.tick), l.done+1)
+	lc.deadline = max(int64((l.at+d+l.d.tick-1)/l.d.tick), l.done+1)
 	slot := &l.wheel[lc.deadline%wheelSlots]
 	lc.prev, lc.next = nil, *slot
 	if *slot != nil {
@@ -534,7 +552,7 @@ func (l *frontLoop) unschedule(lc *loopConn) {
 // timeout); any other is served with the timeout as its read error, so
 // that fasthttp answers it as it answers its own read deadline.
 func (l *frontLoop) expire() {
-	l.now = l.tickNow()
+	l.clock()
 	from := max(l.done+1, l.now-wheelSlots+1)
 	for t := from; t <= l.now; t++ {
 		for lc := l.wheel[t%wheelSlots]; lc != nil; {
@@ -556,6 +574,12 @@ func (l *frontLoop) expire() {
 
 // readable reads what lc's socket has and serves lc once a request's
 // header block is in (or cannot be: too large, bare LF, EOF, an error).
+// A read that fills less than the buffer has emptied the socket, so
+// readable stops there (no read that finds nothing), unless the client
+// has shut its side down (hup): the end of its stream, when it came with
+// or just after the bytes before the loop looked, brings no edge of its
+// own, and it would be taken only at the header timeout (a 408 where the
+// goroutine door reads the end at once and answers what came).
 func (l *frontLoop) readable(lc *loopConn) {
 	maxHead := l.d.r.cfg.MaxHeaderBytes
 	wasEmpty := lc.r == lc.w
@@ -598,7 +622,7 @@ func (l *frontLoop) readable(lc *loopConn) {
 		}
 		lc.w += n
 		lc.mark()
-		if lc.w < len(lc.in) {
+		if lc.w < len(lc.in) && !lc.hup {
 			break
 		}
 	}

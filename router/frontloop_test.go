@@ -387,6 +387,162 @@ func TestFrontLoopSlowHeaders(t *testing.T) {
 	}
 }
 
+// TestFrontDoorsAgreeEndWithBytes: a cut request whose end of stream (the
+// client's half-close) reaches the router in the same segment as its last
+// bytes, as a busy loop finds them, is answered alike by both doors: the
+// goroutine door reads the end at once (fasthttp: 400); the loop door once
+// stopped at its short read, had no edge left for the end and answered 408
+// at the header timeout (the agreement tests' rare 408 under load). On a
+// new connection, and on a keep-alive one after an answer.
+func TestFrontDoorsAgreeEndWithBytes(t *testing.T) {
+	cfg := router.DefaultConfig()
+	cfg.ClientHeaderTimeout = time.Second
+	cfg.ClientReadTimeout = time.Second
+	fd := startFrontDoors(t, cfg)
+	for _, keepAlive := range []bool{false, true} {
+		for _, cut := range []string{"GET /v1/models HTTP/1.0\r", "GET /v", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"} {
+			var got [2]string
+			for i, addr := range []string{fd.goroutine, fd.loop} {
+				got[i] = normalise(endWithBytes(t, addr, keepAlive, cut))
+			}
+			if got[0] != got[1] || strings.Contains(got[1], " 408 ") {
+				t.Errorf("%q (keep-alive %v) with the end of stream:\ngoroutine: %q\nloop:      %q", cut, keepAlive, got[0], got[1])
+			}
+		}
+	}
+}
+
+// endWithBytes sends cut and the end of the client's side in one TCP
+// segment (TCP_CORK holds cut back until the FIN joins it) on a new
+// connection of addr, after a request answered when keepAlive, each after
+// a pause (in which the loop door takes the connection back), and returns
+// what the router sends after that answer until it closes.
+func endWithBytes(t *testing.T, addr string, keepAlive bool, cut string) []byte {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	if keepAlive {
+		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	time.Sleep(20 * time.Millisecond)
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CORK, 1)
+	}); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	if _, err := io.WriteString(c, cut); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(br)
+	return got
+}
+
+// TestFrontDoorsTimeoutsNotEarly: neither door cuts a request's headers
+// before the header timeout, nor closes a keep-alive connection before the
+// idle timeout (the loop door's wheel once rounded a deadline down to the
+// tick: a 1 s header timeout could end at 875 ms, and a request whose
+// rest came in time got 408 where the goroutine door answered it).
+// Connections open across a tick, so that the loop sees them at every
+// phase of its clock. One-sided: a busy machine can only make a cut come
+// later after the client's dial.
+func TestFrontDoorsTimeoutsNotEarly(t *testing.T) {
+	const timeout = 400 * time.Millisecond // the loop's tick: 50 ms
+	cfg := router.DefaultConfig()
+	cfg.ClientHeaderTimeout = timeout
+	cfg.ClientReadTimeout = timeout
+	cfg.ClientIdleTimeout = timeout
+	fd := startFrontDoors(t, cfg)
+	const conns = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, 4*conns)
+	for _, addr := range []string{fd.goroutine, fd.loop} {
+		for i := range conns {
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Duration(i) * timeout / 8 / conns)
+				errs <- cutNotEarly(addr, "GET /health HTTP/1.1\r\nHost: x\r\n", false, timeout)
+			}()
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Duration(i) * timeout / 8 / conns)
+				errs <- cutNotEarly(addr, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", true, timeout)
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// cutNotEarly sends req on a new connection of addr and reads until the
+// router closes it: a request timeout (408) when the headers are cut, else
+// an answer (200) and then the idle close; either no sooner than timeout
+// after the client dialled (the router's clock starts later: at the
+// opening, or once the answer is out).
+func cutNotEarly(addr, req string, answered bool, timeout time.Duration) error {
+	start := time.Now()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		return err
+	}
+	br := bufio.NewReader(c)
+	if answered {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: answer %d, want 200", addr, resp.StatusCode)
+		}
+	}
+	got, err := io.ReadAll(br)
+	el := time.Since(start)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: %w", addr, err)
+	case answered && len(got) > 0:
+		return fmt.Errorf("%s: idle connection sent %q", addr, got)
+	case !answered && !bytes.HasPrefix(got, []byte("HTTP/1.1 408 ")):
+		return fmt.Errorf("%s: cut headers answered %q, want 408", addr, got)
+	case el < timeout:
+		return fmt.Errorf("%s: closed %v after the dial, before its timeout (%v); answer %v", addr, el, timeout, answered)
+	}
+	return nil
+}
+
 // TestFrontLoopDrain: at shutdown a request in flight is answered (with
 // Connection: close) and idle connections are closed.
 func TestFrontLoopDrain(t *testing.T) {

@@ -17,6 +17,16 @@ const (
 	Out     = unix.EPOLLOUT
 	OneShot = unix.EPOLLONESHOT
 	Edge    = unix.EPOLLET
+	// RDHup: the peer shut its side down. An edge-triggered loop that
+	// stops reading at a short read (the socket is then empty of bytes)
+	// must read on to the end when it is reported: a FIN that came with
+	// or just after the bytes, before the loop looked, makes no edge of
+	// its own.
+	RDHup = unix.EPOLLRDHUP
+	// Reported whether asked for or not: the connection is gone (Hup) or
+	// failed (Err).
+	Hup = unix.EPOLLHUP
+	Err = unix.EPOLLERR
 )
 
 // ErrPoller wraps a failure to make or use an epoll set.
