@@ -127,8 +127,14 @@ func (w *chatWalk) appendContent(dst []byte, v jsonSpan) []byte {
 }
 
 // jsonSpan is a value's byte range; start 0 means absent (a value never
-// starts at byte 0 inside an array).
-type jsonSpan struct{ start, end int }
+// starts at byte 0 inside an array). plain marks a string whose content
+// decodes to its raw bytes (no escape, every byte ASCII: String's escaped
+// false), which is then copied and compared as is rather than scanned
+// again (issue 36, docs/performance.md); false decodes.
+type jsonSpan struct {
+	start, end int
+	plain      bool
+}
 
 // chatWalk reads a messages (or tools, or kwargs) document with jsonx's
 // scanner: validate checks it as encoding/json's decoder would (invalid
@@ -161,8 +167,12 @@ func (w *chatWalk) validate() error {
 func (w *chatWalk) span() jsonSpan {
 	w.SkipWS()
 	start := w.I
+	if w.I < len(w.B) && w.B[w.I] == '"' {
+		_, _, esc, _ := w.String()
+		return jsonSpan{start: start, end: w.I, plain: !esc}
+	}
 	w.skip()
-	return jsonSpan{start, w.I}
+	return jsonSpan{start: start, end: w.I}
 }
 
 func (w *chatWalk) skip() { _ = w.Value() }
@@ -170,8 +180,8 @@ func (w *chatWalk) skip() { _ = w.Value() }
 // members calls fn for each key (a span with its quotes) of the object at
 // w.I with w.I on the value; fn must consume the value.
 func (w *chatWalk) members(fn func(key jsonSpan)) {
-	_ = w.Object(func(ks, ke int, _ bool) error {
-		fn(jsonSpan{ks - 1, ke + 1})
+	_ = w.Object(func(ks, ke int, kesc bool) error {
+		fn(jsonSpan{start: ks - 1, end: ke + 1, plain: !kesc})
 		return nil
 	})
 }
@@ -180,9 +190,12 @@ func (w *chatWalk) members(fn func(key jsonSpan)) {
 func (w *chatWalk) keyIs(s jsonSpan, name string) bool { return w.stringIs(s, name) }
 
 func (w *chatWalk) stringIs(s jsonSpan, name string) bool {
-	return jsonx.Equal(w.B[s.start+1:s.end-1], true, name)
+	return jsonx.Equal(w.B[s.start+1:s.end-1], !s.plain, name)
 }
 
 func (w *chatWalk) appendString(dst []byte, s jsonSpan) []byte {
+	if s.plain {
+		return append(dst, w.B[s.start+1:s.end-1]...)
+	}
 	return jsonx.AppendUnescaped(dst, w.B[s.start+1:s.end-1])
 }

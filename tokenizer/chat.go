@@ -354,7 +354,7 @@ func (w *chatWalk) build() jinja.Value {
 	case '"':
 		start := w.I
 		_, _, _, _ = w.String()
-		return jinja.NewString(string(w.appendString(nil, jsonSpan{start, w.I})))
+		return jinja.NewString(string(w.appendString(nil, jsonSpan{start: start, end: w.I})))
 	case 't':
 		w.I += 4
 		return jinja.NewBool(true)

@@ -95,22 +95,75 @@ func FuzzEncode(f *testing.F) {
 }
 
 // TestAppendByteIDs: one id a byte, its value, after what dst held, for
-// every length around the eight-byte steps, from a string and from bytes.
+// every length around the eight-byte steps and the vector rounds of 32
+// (widen_amd64.s), from a string and from bytes, every byte value among
+// them (a sign-extending widen would turn 0x80 and up into ids above 255),
+// nothing written past the ids.
 func TestAppendByteIDs(t *testing.T) {
-	var text [27]byte
+	var text [300]byte
 	for i := range text {
 		text[i] = byte(250 - 9*i)
+	}
+	for i := range 256 {
+		text[30+i] = byte(i)
 	}
 	for n := range len(text) + 1 {
 		want := []uint32{7}
 		for _, c := range text[:n] {
 			want = append(want, uint32(c))
 		}
-		if got := AppendByteIDs([]uint32{7}, string(text[:n])); !slices.Equal(got, want) {
-			t.Fatalf("string of %d: %v, want %v", n, got, want)
+		for _, from := range []string{"string", "bytes"} {
+			dst := make([]uint32, 1, n+9)
+			dst[0] = 7
+			spare := dst[1 : n+9 : n+9]
+			for i := range spare {
+				spare[i] = 0xdead
+			}
+			var got []uint32
+			if from == "string" {
+				got = AppendByteIDs(dst, string(text[:n]))
+			} else {
+				got = AppendByteIDs(dst, text[:n])
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s of %d: %v, want %v", from, n, got, want)
+			}
+			if &got[0] != &dst[0] {
+				t.Fatalf("%s of %d: grew a slice with room", from, n)
+			}
+			for i, v := range spare[n:] {
+				if v != 0xdead {
+					t.Fatalf("%s of %d: id %d past the end written (%#x)", from, n, n+i, v)
+				}
+			}
 		}
-		if got := AppendByteIDs([]uint32{7}, text[:n]); !slices.Equal(got, want) {
-			t.Fatalf("bytes of %d: %v, want %v", n, got, want)
+	}
+}
+
+// TestWidenBytes holds the build's widenBytes (the assembly where
+// haveWiden, else its Go contract) to a byte-by-byte widen over every
+// byte value, at each multiple of 32 it takes.
+func TestWidenBytes(t *testing.T) {
+	if !haveWiden && !widenInGo {
+		// The assembly needs AVX2, and AppendByteIDs does not call it
+		// without: TestAppendByteIDs covered the portable loop.
+		return
+	}
+	src := make([]byte, 512)
+	for i := range src {
+		src[i] = byte(i*7 + 3)
+	}
+	for n := 32; n <= len(src); n += 32 {
+		dst := make([]uint32, n+1)
+		dst[n] = 0xdead
+		widenBytes(&dst[0], &src[0], n)
+		for i := range n {
+			if dst[i] != uint32(src[i]) {
+				t.Fatalf("n %d: id %d = %#x, want %#x", n, i, dst[i], src[i])
+			}
+		}
+		if dst[n] != 0xdead {
+			t.Fatalf("n %d: wrote past n", n)
 		}
 	}
 }

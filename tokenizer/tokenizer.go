@@ -1,6 +1,9 @@
 package tokenizer
 
-import "slices"
+import (
+	"slices"
+	"unsafe"
+)
 
 // Tokenizer turns prompt text into the token ids an engine would compute.
 // Implementations are safe for concurrent use.
@@ -58,6 +61,13 @@ func AppendByteIDs[S ~string | ~[]byte](dst []uint32, text S) []uint32 {
 	dst = slices.Grow(dst, len(text))[:n+len(text)]
 	out := dst[n:]
 	i := 0
+	if haveWiden && len(out) >= 32 {
+		// 32 bytes a round in vector registers (widen_amd64.s): the
+		// eight-byte loop below was 3.3 instructions a byte, a tenth of
+		// a kv-aware pick's own (issue 36, docs/performance.md).
+		i = len(out) &^ 31
+		widenBytes(&out[0], textData(text), i)
+	}
 	// Eight at a time, on fixed-length windows the compiler checks once:
 	// byte by byte, the bounds checks were most of a kv-aware pick's
 	// encode (issue 36, docs/performance.md).
@@ -70,6 +80,13 @@ func AppendByteIDs[S ~string | ~[]byte](dst []uint32, text S) []uint32 {
 		out[i] = uint32(text[i])
 	}
 	return dst
+}
+
+// textData is the first byte of text, which must not be empty: a string's
+// and a slice's headers both start with their data pointer, so one read
+// serves both of S's kinds without converting (a conversion could copy).
+func textData[S ~string | ~[]byte](text S) *byte {
+	return *(**byte)(unsafe.Pointer(&text))
 }
 
 // Decode returns the bytes of ids; an id above 255 is an error.
