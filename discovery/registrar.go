@@ -11,6 +11,8 @@ import (
 	"github.com/rs/zerolog"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/infera/infera/internal/logpace"
 )
 
 // ErrRevoked is returned by Register after Revoke: a deregistered worker
@@ -424,11 +426,7 @@ const stallLogEvery = 30 * time.Second
 
 // stallLog rate-limits the warning that names a member that did not answer
 // (a stopped member gets a third of the calls until gRPC drops it).
-type stallLog struct {
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int64
-}
+type stallLog struct{ pace logpace.Pacer }
 
 func (s *stallLog) note(log zerolog.Logger, op, member string, bound time.Duration, err error) {
 	if member == "" {
@@ -436,17 +434,10 @@ func (s *stallLog) note(log zerolog.Logger, op, member string, bound time.Durati
 		// which the registrar's own state logs report.
 		return
 	}
-	s.mu.Lock()
-	now := time.Now()
-	if !s.last.IsZero() && now.Sub(s.last) < stallLogEvery {
-		s.suppressed++
-		s.mu.Unlock()
+	ok, n := s.pace.Allow(stallLogEvery)
+	if !ok {
 		return
 	}
-	s.last = now
-	n := s.suppressed
-	s.suppressed = 0
-	s.mu.Unlock()
 	log.Warn().Err(err).Str("etcd_member", member).Str("op", op).Float64("timeout_seconds", bound.Seconds()).
 		Int64("not_logged_since_last", n).Msg("etcd member did not answer in time, retrying on another")
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/infera/infera/internal/logpace"
 	"github.com/infera/infera/kvd"
 	"github.com/infera/infera/transport"
 )
@@ -74,23 +75,13 @@ const refusalLogEvery = 10 * time.Second
 
 // refusalLog logs refused connections at most once per refusalLogEvery,
 // saying how many went unlogged since.
-type refusalLog struct {
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int64
-}
+type refusalLog struct{ pace logpace.Pacer }
 
 func (l *refusalLog) log(log zerolog.Logger, peer net.Addr, registry bool) {
-	l.mu.Lock()
-	now := time.Now()
-	if !l.last.IsZero() && now.Sub(l.last) < refusalLogEvery {
-		l.suppressed++
-		l.mu.Unlock()
+	ok, n := l.pace.Allow(refusalLogEvery)
+	if !ok {
 		return
 	}
-	n := l.suppressed
-	l.last, l.suppressed = now, 0
-	l.mu.Unlock()
 	msg := "kvd peer: connection refused: source outside --peer-allow"
 	if registry {
 		msg = "kvd peer: connection refused: source is not a registered kvd's host nor in --peer-allow"
