@@ -77,15 +77,7 @@ func TestFrontDoorKeepAliveSlowHeaders(t *testing.T) {
 		}
 		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 		br := bufio.NewReader(c)
-		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		askHealth(t, c, br)
 		start := time.Now()
 		trickle(c, "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: "+strings.Repeat("a", 200), 20*time.Millisecond, 5*time.Second)
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))

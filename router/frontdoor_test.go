@@ -66,14 +66,7 @@ func TestFrontDoorConnectionLimits(t *testing.T) {
 	a, b := dial(), dial()
 	for _, c := range []net.Conn{a, b} {
 		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil || resp.StatusCode != 200 {
-			t.Fatalf("served connection: %v %v", resp, err)
-		}
-		resp.Body.Close()
+		askHealth(t, c, bufio.NewReader(c))
 	}
 	refusal(t, dial(), http.StatusTooManyRequests, "too_many_connections")
 
@@ -90,12 +83,7 @@ func TestFrontDoorConnectionLimits(t *testing.T) {
 	}
 	c3 := other()
 	_ = c3.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c3, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	if resp, err := http.ReadResponse(bufio.NewReader(c3), nil); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("third connection: %v %v", resp, err)
-	}
+	askHealth(t, c3, bufio.NewReader(c3))
 	refusal(t, other(), http.StatusServiceUnavailable, "too_many_connections")
 
 	// Closing one frees its place.

@@ -366,15 +366,8 @@ func TestFrontLoopSlowHeaders(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			t.Fatal(err)
-		}
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+		askHealth(t, c, bufio.NewReader(c))
 		start = time.Now()
 		var b [1]byte
 		if _, err := c.Read(b[:]); err != io.EOF {
@@ -427,15 +420,7 @@ func endWithBytes(t *testing.T, addr string, keepAlive bool, cut string) []byte 
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	br := bufio.NewReader(c)
 	if keepAlive {
-		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		askHealth(t, c, br)
 	}
 	time.Sleep(20 * time.Millisecond)
 	raw, err := c.(*net.TCPConn).SyscallConn()

@@ -244,3 +244,21 @@ func testServe(r *router.Router) func(context.Context, net.Listener) error {
 	}
 	return r.Serve
 }
+
+// askHealth sends GET /health on c and reads its answer through br (a
+// reader of c), failing the test unless it is 200.
+func askHealth(t *testing.T, c net.Conn, br *bufio.Reader) {
+	t.Helper()
+	if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /health: %s", resp.Status)
+	}
+}
