@@ -1,6 +1,9 @@
 package router
 
-import "testing"
+import (
+	"bytes"
+	"testing"
+)
 
 func TestParseUsage(t *testing.T) {
 	for _, c := range []struct {
@@ -37,13 +40,122 @@ func TestUsageTapAllocs(t *testing.T) {
 	}
 }
 
+// parseUsageRef is parseUsage as it was before its searches were anchored
+// on a key's rarer byte (session 24): bytes.Index for each key. The
+// differential test and fuzz hold the anchored one to its values.
+func parseUsageRef(b []byte) (prompt, cached int64, ok bool) {
+	i := jsonKeyRef(b, []byte(`"usage"`))
+	if i < 0 {
+		return 0, 0, false
+	}
+	b = b[i:]
+	if len(b) == 0 || b[0] != '{' {
+		return 0, 0, false
+	}
+	prompt, ok = jsonIntRef(b, []byte(`"prompt_tokens"`))
+	if !ok {
+		return 0, 0, false
+	}
+	cached, found := jsonIntRef(b, []byte(`"cached_tokens"`))
+	if !found {
+		cached = -1
+	}
+	return prompt, cached, true
+}
+
+func jsonKeyRef(b, key []byte) int {
+	off := 0
+	for {
+		i := bytes.Index(b[off:], key)
+		if i < 0 {
+			return -1
+		}
+		j := off + i + len(key)
+		for j < len(b) && isJSONSpace(b[j]) {
+			j++
+		}
+		if j < len(b) && b[j] == ':' {
+			j++
+			for j < len(b) && isJSONSpace(b[j]) {
+				j++
+			}
+			return j
+		}
+		off = j
+	}
+}
+
+func jsonIntRef(b, key []byte) (int64, bool) {
+	i := jsonKeyRef(b, key)
+	if i < 0 || i >= len(b) || b[i] < '0' || b[i] > '9' {
+		return 0, false
+	}
+	var v int64
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		if v > (1<<62)/10 {
+			return 0, false
+		}
+		v = v*10 + int64(b[i]-'0')
+	}
+	return v, true
+}
+
+// usageCorpus is the differential test's inputs and the fuzz seeds: the
+// keys where the anchor byte sits near an edge, keys that overlap, a key
+// not followed by a colon, the anchor bytes in other keys and strings.
+var usageCorpus = []string{
+	`{"usage":{"prompt_tokens":120,"prompt_tokens_details":{"cached_tokens":96}}}`,
+	`{"usage":null}`,
+	`{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"a big egg"},"logprobs":null,"finish_reason":"length"}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":796,"total_tokens":812,"completion_tokens":16,"prompt_tokens_details":{"cached_tokens":0}},"prompt_logprobs":null,"kv_transfer_params":null}`,
+	`"usage"usage":{"prompt_tokens":1}`,
+	`"usage""usage":{"prompt_tokens":1}`,
+	`"usage" x "usage" : {"prompt_tokens"` + "\t:\n" + `2,"cached_tokens""cached_tokens":3}`,
+	`{"usage":{"prompt_tokens"`,
+	`{"usage":{"prompt_tokens":`,
+	`{"usage":{"prompt_tokens":5,"cached_tokens"`,
+	`{"usage":{"prompt_tokens":5,"cached_tokens":`,
+	`{"usage":{"prompt_tokens":5,"cached_tokens":-1}}`,
+	`{"usage":{"prompt_tokens":5},"x":{"cached_tokens":7}}`,
+	`{"usage":{"x":1},"prompt_tokens":9}`,
+	`{"usage":{"prompt_tokens":"5"}}`,
+	`{"usage":{"prompt_tokens":4611686018427387904}}`,
+	`{"usage":{"prompt_tokens":461168601842738790}}`,
+	`"usag"usage":{"prompt_tokens":1}`,
+	`ggggg"usage"g:{"prompt_tokens":1,"hhhh":2,"cached_token":3,"cached_tokens":4}`,
+	`pppp"usage":{ppp"prompt_token"prompt_tokens":8}`,
+	`"usagex:{"prompt_tokens":1}`,
+	`{"usage":{"prompt_tokensx:3,"prompt_tokens":4,"cached_tokensx:5}`,
+	`"usage":`,
+	`"usage"`,
+	`g`,
+	``,
+}
+
+func TestParseUsageMatchesReference(t *testing.T) {
+	for _, c := range usageCorpus {
+		b := []byte(c)
+		// Every prefix too: a key or a value cut short at each byte.
+		for n := 0; n <= len(b); n++ {
+			p, cached, ok := parseUsage(b[:n])
+			rp, rc, rok := parseUsageRef(b[:n])
+			if p != rp || cached != rc || ok != rok {
+				t.Errorf("%q: %d %d %v, reference %d %d %v", b[:n], p, cached, ok, rp, rc, rok)
+			}
+		}
+	}
+}
+
 func FuzzParseUsage(f *testing.F) {
-	f.Add([]byte(`{"usage":{"prompt_tokens":120,"prompt_tokens_details":{"cached_tokens":96}}}`))
-	f.Add([]byte(`{"usage":null}`))
+	for _, c := range usageCorpus {
+		f.Add([]byte(c))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, c, ok := parseUsage(b)
 		if ok && (p < 0 || c < -1) {
 			t.Fatalf("%q: %d %d", b, p, c)
+		}
+		if rp, rc, rok := parseUsageRef(b); p != rp || c != rc || ok != rok {
+			t.Fatalf("%q: %d %d %v, reference %d %d %v", b, p, c, ok, rp, rc, rok)
 		}
 	})
 }
