@@ -950,19 +950,13 @@ func (lc *loopConn) Read(p []byte) (int, error) {
 		lc.dmu.Unlock()
 		return 0, io.EOF
 	}
-	lc.rArmed = true
-	slow, err := lc.slowConn()
-	if err == nil {
-		err = slow.SetReadDeadline(lc.rd)
-	}
+	slow, err := lc.armSlow(true)
 	lc.dmu.Unlock()
 	n := 0
 	if err == nil {
 		n, err = slow.Read(p)
 	}
-	lc.dmu.Lock()
-	lc.rArmed = false
-	lc.dmu.Unlock()
+	lc.disarmSlow(true)
 	return n, err
 }
 
@@ -980,11 +974,7 @@ func (lc *loopConn) peek(fn func(fd uintptr) bool) (buffered bool, err error) {
 		lc.dmu.Unlock()
 		return false, err
 	}
-	lc.rArmed = true
-	slow, err := lc.slowConn()
-	if err == nil {
-		err = slow.SetReadDeadline(lc.rd)
-	}
+	slow, err := lc.armSlow(true)
 	lc.dmu.Unlock()
 	if err == nil {
 		if raw := rawConn(slow); raw != nil {
@@ -993,9 +983,7 @@ func (lc *loopConn) peek(fn func(fd uintptr) bool) (buffered bool, err error) {
 			err = errNoPeek
 		}
 	}
-	lc.dmu.Lock()
-	lc.rArmed = false
-	lc.dmu.Unlock()
+	lc.disarmSlow(true)
 	return false, err
 }
 
@@ -1018,19 +1006,13 @@ func (lc *loopConn) Write(p []byte) (int, error) {
 		}
 		// The socket is full: wait for it through the netpoller.
 		lc.dmu.Lock()
-		lc.wArmed = true
-		slow, err := lc.slowConn()
-		if err == nil {
-			err = slow.SetWriteDeadline(lc.wd)
-		}
+		slow, err := lc.armSlow(false)
 		lc.dmu.Unlock()
 		if err == nil {
 			n, err = slow.Write(p[done:])
 			done += n
 		}
-		lc.dmu.Lock()
-		lc.wArmed = false
-		lc.dmu.Unlock()
+		lc.disarmSlow(false)
 		if err != nil {
 			return done, err
 		}
@@ -1055,6 +1037,38 @@ func (lc *loopConn) Close() error {
 	l.mu.Unlock()
 	lc.dropSlow()
 	return unix.Close(lc.fd) // also leaves the epoll set
+}
+
+// armSlow readies the netpoller duplicate for a read (read) or a write
+// that must wait, under the deadline fasthttp set for it, and marks it
+// armed so that a deadline set meanwhile reaches it; dmu held.
+func (lc *loopConn) armSlow(read bool) (net.Conn, error) {
+	if read {
+		lc.rArmed = true
+	} else {
+		lc.wArmed = true
+	}
+	slow, err := lc.slowConn()
+	if err != nil {
+		return nil, err
+	}
+	if read {
+		err = slow.SetReadDeadline(lc.rd)
+	} else {
+		err = slow.SetWriteDeadline(lc.wd)
+	}
+	return slow, err
+}
+
+// disarmSlow ends what armSlow began.
+func (lc *loopConn) disarmSlow(read bool) {
+	lc.dmu.Lock()
+	if read {
+		lc.rArmed = false
+	} else {
+		lc.wArmed = false
+	}
+	lc.dmu.Unlock()
 }
 
 // slowConn returns lc.slow, made when missing; dmu is held.
