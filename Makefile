@@ -8,12 +8,12 @@ FUZZTIME       ?= 5m
 FUZZTIME_SMOKE ?= 5s
 STATICCHECK    ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: help build build-gpu test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-kvd bench-kvd-sim bench-overhead fuzz fuzz-smoke lint run run-nats tokenizers sdks clean
+.PHONY: help build build-gpu test test-race test-allocs test-cgo e2e bench bench-smoke bench-kv bench-kvd bench-kvd-sim bench-overhead pgo fuzz fuzz-smoke lint run run-nats tokenizers sdks clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
 
-build: ## static, cgo-free binary at bin/infera
+build: ## static, cgo-free binary at bin/infera (profile-guided: default.pgo)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) .
 
 GPU_BIN ?= bin/infera-gpu
@@ -55,6 +55,9 @@ bench-kvd: ## kvd arena GET/SET through the Go client vs memcpy, single and batc
 
 bench-kvd-sim: ## TTFT of an evicted prefix with kvd as the sim's second-level cache vs without (real kvd, serve, workers; modelled and wall; a line for docs/performance.md)
 	INFERA_KVD_SIM_ROUNDS=$${ROUNDS:-20} INFERA_KVD_SIM_TIME_SCALE=$${TIME_SCALE:-1} $(GO) test -count=1 -timeout 10m -run 'TestKVDSimSecondLevelCache' -v ./e2e/ | grep -E 'kvd-sim bench|^(ok|FAIL|---)'
+
+pgo: ## regenerate default.pgo, the CPU profile builds optimise with (serve under the overhead script's load)
+	bash scripts/pgo-profile.sh
 
 bench-overhead: build ## router overhead vs the engine directly vs nginx (installs nginx)
 	bash scripts/bench-overhead.sh

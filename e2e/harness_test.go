@@ -32,7 +32,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "infera")
-	build := exec.Command("go", "build", "-o", binary, "..")
+	// As `make build` builds it (-trimpath, cgo off, default.pgo by -pgo=auto):
+	// the binary tested is the one that ships, and TestStaticBuild's build of
+	// the same flags shares its compiled packages.
+	build := exec.Command("go", "build", "-trimpath", "-o", binary, "..")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

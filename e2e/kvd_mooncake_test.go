@@ -35,7 +35,10 @@ func gpuBuild(t *testing.T) (bin, mooncakeLib, hipStub string) {
 		dir := filepath.Dir(binary)
 		gpuBin, mcsLib, hipLib = filepath.Join(dir, "infera-gpu"), filepath.Join(dir, "libmooncake_store.so"), filepath.Join(dir, "libhipstub.so")
 		teLib = filepath.Join(dir, "libtransfer_engine.so")
-		build := exec.Command("go", "build", "-tags", "mooncake,mori,rocm", "-o", gpuBin, "..")
+		// -pgo=off: the shims' behaviour is what is tested here, and a
+		// profile-guided build of every package with cgo would cost minutes
+		// more (the default binary above is built as it ships, with default.pgo).
+		build := exec.Command("go", "build", "-pgo=off", "-tags", "mooncake,mori,rocm", "-o", gpuBin, "..")
 		build.Env = append(os.Environ(), "CGO_ENABLED=1")
 		if out, err := build.CombinedOutput(); err != nil {
 			gpuErr = fmt.Errorf("go build -tags mooncake,mori,rocm: %v\n%s", err, out)

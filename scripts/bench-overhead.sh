@@ -73,6 +73,10 @@
 #   SIM_ARGS="--time-scale 0" the simulators' model flags (e.g. "--time-scale 1
 #     --decode-ms-per-token 2": tokens paced as an engine paces them, one event per read)
 #   PD_PAIRS=1 PD_PROTOCOL=vllm-nixl PD_PREFIX=/infera-pd/workers/  (infera-pd)
+#   PROFILE_DIR=""  when set, every serve runs with --enable-profiling on an
+#     admin port of its own, and each of its wrk cells writes the CPU profile
+#     of its measured time (DURATION less one second) to
+#     PROFILE_DIR/<target>-<mode>-c<conc>-r<rep>.pprof (scripts/pgo-profile.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -95,6 +99,7 @@ SIM_ARGS=${SIM_ARGS:-"--time-scale 0"}
 PD_PAIRS=${PD_PAIRS:-1}
 PD_PROTOCOL=${PD_PROTOCOL:-vllm-nixl}
 PD_PREFIX=${PD_PREFIX:-/infera-pd/workers/}
+PROFILE_DIR=${PROFILE_DIR:-}
 BIN=${BIN:-bin/infera}
 COMMAND="SIM_ARGS=\"$SIM_ARGS\" LEVELS=\"$LEVELS\" MODES=\"$MODES\" RATES=\"$RATES\" CLIENTS=\"$CLIENTS\" REPEATS=$REPEATS DURATION=$DURATION TARGETS=\"$TARGETS\" ETCD=$ETCD bash scripts/bench-overhead.sh"
 if [[ " $TARGETS " == *" infera-pd "* ]]; then
@@ -104,6 +109,11 @@ MODEL=sim-model
 
 log() { printf '[bench-overhead] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+if [[ -n $PROFILE_DIR ]]; then
+  [[ $DURATION =~ ^([0-9]+)s$ ]] || die "PROFILE_DIR needs DURATION in whole seconds (e.g. 10s), not $DURATION"
+  PROFILE_SECONDS=$((BASH_REMATCH[1] > 2 ? BASH_REMATCH[1] - 1 : 1))
+  mkdir -p "$PROFILE_DIR"
+fi
 
 for tool in curl jq; do
   command -v "$tool" >/dev/null || die "$tool is required"
@@ -240,7 +250,7 @@ ETCD_PORT=$(free_port)
 ETCD_URL="http://127.0.0.1:$ETCD_PORT"
 SIM_PORTS=()
 for _ in $(seq 1 "$SIMS"); do SIM_PORTS+=("$(free_port)"); done
-declare -A PORT=() PID_OF=()
+declare -A PORT=() PID_OF=() ADMIN_PORT=()
 
 if [[ -n $needs_fleet && $ETCD == external ]]; then
   command -v etcd >/dev/null || die "etcd is missing (apt-get install etcd-server, or ETCD=embedded)"
@@ -266,6 +276,10 @@ start_serve() {
     infera-loop) flags=(--front-door loop) ;;
     infera-nomig | infera-nomig-ids) env=(INFERA_MIGRATION_LIMIT=0) ;;
   esac
+  if [[ -n $PROFILE_DIR ]]; then
+    ADMIN_PORT[$t]=$(free_port)
+    flags+=(--enable-profiling --admin-listen "127.0.0.1:${ADMIN_PORT[$t]}")
+  fi
   if [[ $ETCD == external || -n ${EMBEDDED_UP:-} ]]; then
     flags+=(--etcd-endpoints "$ETCD_URL")
   else
@@ -541,7 +555,14 @@ for rep in $(seq 1 "$REPEATS"); do
         fi
         line=$(jq -r '[.requests, .throughput.req_per_s, .e2e_ms.p50, .e2e_ms.p99, ([.errors[]] | add // 0)] | @tsv' "$f")
       else
+        prof=""
+        if [[ -n $PROFILE_DIR && -n ${ADMIN_PORT[$target]:-} ]]; then
+          curl -fsS -o "$PROFILE_DIR/$target-$mode-c$conc-r$rep.pprof" \
+            "http://127.0.0.1:${ADMIN_PORT[$target]}/debug/pprof/profile?seconds=$PROFILE_SECONDS" &
+          prof=$!
+        fi
         line=$(wrk_run "$target" "$mode" "$conc" "wrk-$mode-c$conc-$target-r$rep")
+        if [[ -n $prof ]]; then wait "$prof" || die "no CPU profile from $target (see $WORK/serve-$target.log)"; fi
       fi
       read -r t1 k1 <<<"$(proc_ticks "$target")"
       b1=$(box_ticks)
