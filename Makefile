@@ -47,7 +47,7 @@ bench: ## all Go benchmarks with allocations
 bench-smoke: ## every benchmark once, briefly (CI)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 50x -timeout 15m ./...
 
-bench-kv: ## kv-aware vs round-robin vs least-load vs one big cache on 4 simulated workers, interleaved over INFERA_KV_BENCH_REPEATS (3), TTFT p10…p99 ratios with ε from round-robin vs itself, floored at the percentile's 95% interval (reports in .run/bench-kv)
+bench-kv: ## kv-aware vs round-robin vs least-load vs one big cache on 4 simulated workers, interleaved over INFERA_KV_BENCH_REPEATS (3), TTFT p10…p99 ratios with ε from round-robin vs itself, floored at the percentile's 95% interval (reports in .run/bench-kv; INFERA_KV_BENCH_WORKLOADS=shared-prefix,… runs only those workloads, INFERA_KV_BENCH_ONLY=kv-aware only that fleet without the checks, INFERA_KV_BENCH_KV_ARGS adds serve flags to kv-aware)
 	INFERA_KV_BENCH_OUT=$(CURDIR)/.run/bench-kv $(GO) test -count=1 -timeout 60m -tags kvbench -run 'TestKVRoutingComparison' -v ./e2e/
 
 bench-kvd: ## kvd arena GET/SET through the Go client vs memcpy, single and batched, and the UDS round trip vs a raw ping-pong (a table for docs/performance.md)

@@ -77,9 +77,12 @@
 // a long cold prompt goes where it evicts the least recently used prompts.
 // There a request without a home (cold, or warm on a prefix several
 // targets hold alike, such as a shared system prompt) goes by a deficit of
-// picks, intake, blocks in flight and recent new conversations; only a
-// target above MaxShareWarm sits out. A warm request whose prefix a target
-// is still prefilling for an earlier one follows that prefill.
+// picks, intake, blocks in flight and recent new conversations (only a
+// request no target holds counts as one); only a target above
+// MaxShareWarm sits out. A warm request whose prefix a target is still
+// prefilling for an earlier one follows that prefill; one whose prefix is
+// in use on its holder by other requests in flight (a shared prompt) leaves
+// a holder above the bound whatever the cost.
 // It serves GET /v1/admin/cache-view/{worker_id} (admin.go)
 // and exports its series with the router's /metrics. Its divergence alarm
 // (kvdivergence.go) compares each worker's engine-reported usage with the

@@ -60,7 +60,11 @@ const (
 // bound and the slack; if there is none and the target is above twice the
 // bound's excess (1.3× fair for 1.15, plus the pick), to the lowest cost
 // within the bound wherever it is: a hot prefix gets a second holder, which
-// the bound within the slack then uses. Before the bound, a warm request
+// the bound within the slack then uses. A warm request whose held prefix is
+// in use on its holder by other requests in flight (a shared prompt, not a
+// conversation's own history) goes there already at the bound. Only a
+// request that no target holds counts in the cold picks: one on a prefix
+// several targets hold is placed by the deficit but is no new home. Before the bound, a warm request
 // whose prefix a holder is still prefilling for an earlier request follows
 // that prefill (followPrefill) rather than a shorter queue elsewhere.
 //

@@ -827,3 +827,80 @@ func TestKVEstimateWarmBoundAllowsOnePick(t *testing.T) {
 		})
 	}
 }
+
+// TestKVEstimateSharedPrefixInUseSpillsAtBound: a request on a prefix that
+// only its holder holds and that a request in flight there also runs on
+// (a group's shared prompt) leaves a holder above the share bound (13
+// decayed picks against 9 on each of three others: fair 10.25 with this
+// request, bound 1.15× fair plus a pick) for the lowest cost within the
+// bound, though that target prefills the prefix again: the copy serves the
+// group's next requests too. The same prompt with nothing in flight on it
+// (a conversation's own history) stays, as TestKVEstimateWarmBoundAllowsOnePick
+// has it. Without the rule both stayed until 1.3× fair, and on the
+// shared-prefix workload the worker whose groups drew most requests ended
+// the run at 1.12–1.18× fair.
+func TestKVEstimateSharedPrefixInUseSpillsAtBound(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		inFlight bool
+	}{{"group prefix in use", true}, {"own history", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newKVEnv(t, ttftConfig(), fleet(4)...)
+			e.makePrecise()
+			prefix := unique(41, 1000)
+			holder := kvRecord(0, nil).WorkerID
+			e.store(holder, chatTokens(t, prefix))
+			running := e.pick(chat(prefix + unique(42, 60)))
+			if running.Worker.id != holder {
+				t.Fatalf("the first request went to %s, not the holder %s", running.Worker.id, holder)
+			}
+			if !tc.inFlight {
+				e.p.Release(running, Result{Status: 200})
+			}
+			for i := range 4 {
+				e.setPast(kvRecord(i, nil).WorkerID, 9, 0)
+			}
+			e.setPast(holder, 13, 0)
+			got := e.serial(chat(prefix + unique(43, 60)))
+			if tc.inFlight {
+				e.p.Release(running, Result{Status: 200})
+			}
+			if (got == holder) == tc.inFlight {
+				t.Fatalf("holder at 13 picks, others at 9, a request in flight on the prefix %v: the request went to %s (holder %s)", tc.inFlight, got, holder)
+			}
+		})
+	}
+}
+
+// TestKVEstimateSharedHomeIsNoNewHome: requests on a prefix both targets
+// hold are placed by the deficit, but not counted as new homes in the cold
+// count. a is behind b on picks and intake (22 and 28 decayed picks, the
+// tokens in proportion) and gets the next requests until it has caught up.
+// Counted as cold picks, each one on a weighed coldWeight times a fair
+// share of the cold count against b, and they alternated 4/4 whatever
+// the past (shared-prefix: the holder that served shared groups beside
+// few of its own at 0.64× fair on picks, its cold term the largest).
+func TestKVEstimateSharedHomeIsNoNewHome(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	system := unique(44, 600)
+	e.store(a, chatTokens(t, system))
+	e.store(b, chatTokens(t, system))
+	for id, picks := range map[string]float64{a: 22, b: 28} {
+		e.setPast(id, picks, 0)
+		tg := e.target0(id)
+		tg.mu.Lock()
+		tg.est.fills = picks * 200 // about a request's uncached tokens each
+		tg.mu.Unlock()
+	}
+	n := e.newConversations(system, 1000, 8, 150)
+	if n[a] < 6 {
+		t.Fatalf("8 requests on a prefix both hold, a 6 picks behind b, went %v: a did not catch up", n)
+	}
+	for _, id := range []string{a, b} {
+		if c := e.target0(id).est.coldCount(e.p.seq.Load(), coldHalfLife*2); c != 0 {
+			t.Errorf("%s: cold count %.2f after requests on a shared prefix, want 0", id, c)
+		}
+	}
+}
