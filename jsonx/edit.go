@@ -246,12 +246,16 @@ func checkFields(fields []Field) error {
 // the client's body. Its buffer is kept across Resets (no allocation once
 // grown); Reset it before a new body, which a pooled buffer may put at
 // the same address.
+//
+// A walk may also be recorded by another validating scan of the body
+// (openai.Scan: the router's first, which the legs' edits then need not
+// repeat): Reset, Add each top-level member, Finish.
 type Walk struct {
-	body     []byte
-	maxDepth int
-	members  []walkMember
-	done     bool // members hold body's whole walk, which validated it
-	over     bool // more than maxWalkMembers: not recorded
+	body    []byte
+	deepest int // the most containers nested in body (Scanner.Deepest)
+	members []walkMember
+	done    bool // members hold body's whole walk, which validated it
+	over    bool // more than maxWalkMembers: not recorded
 }
 
 // walkMember is one member's spans: the key's raw content [ks, ke) (with
@@ -270,16 +274,41 @@ func (w *Walk) Reset() {
 	*w = Walk{members: w.members[:0]}
 }
 
-// holds reports whether w has body's whole walk at maxDepth.
+// Add records one member of the top-level object being walked: its key's
+// raw content [ks, ke) with whether it has escapes, its value [vs, ve)
+// (Scanner.Object's member arguments, and the value's span).
+func (w *Walk) Add(ks, ke int, kesc bool, vs, ve int) {
+	if len(w.members) < maxWalkMembers {
+		w.members = append(w.members, walkMember{ks: ks, ke: ke, vs: vs, ve: ve, kesc: kesc})
+	} else {
+		w.over = true
+	}
+}
+
+// Finish marks the members added since Reset as the whole walk of body:
+// every top-level member in order, body a JSON object validated as
+// Scanner does without Lenient (white space after it included), whose
+// deepest nesting was deepest (the Scanner's Deepest). Edits of body
+// under a bound of at least deepest then splice from the walk.
+func (w *Walk) Finish(body []byte, deepest int) {
+	if w.over || len(w.body) != 0 || w.done {
+		w.members = w.members[:0]
+		return
+	}
+	w.body, w.deepest, w.done = body, deepest, true
+}
+
+// holds reports whether w has body's whole walk and a walk under maxDepth
+// would have passed too.
 func (w *Walk) holds(body []byte, maxDepth int) bool {
-	return w.done && len(body) == len(w.body) && len(body) > 0 && &body[0] == &w.body[0] && maxDepth == w.maxDepth
+	return w.done && len(body) == len(w.body) && len(body) > 0 && &body[0] == &w.body[0] && (maxDepth <= 0 || w.deepest <= maxDepth)
 }
 
 // SetFieldsWalk is SetFields, the same bytes and errors, with the walk of
 // body kept in w (nil: none): where w holds body's walk (the same slice
-// and maxDepth since w's Reset) the members are spliced from its spans
-// without walking body again; where w holds none, this walk is recorded
-// in it. The caller must not change body's bytes while w holds its walk.
+// since w's Reset, nested no deeper than maxDepth) the members are spliced
+// from its spans without walking body again; where w holds none, this
+// walk is recorded in it. The caller must not change body's bytes while w holds its walk.
 func SetFieldsWalk(dst, body []byte, fields []Field, maxDepth int, w *Walk) ([]byte, error) {
 	if err := checkFields(fields); err != nil {
 		return dst, err
@@ -301,7 +330,7 @@ func SetFieldsWalk(dst, body []byte, fields []Field, maxDepth int, w *Walk) ([]b
 	e.walk = w
 	out, err := e.run(dst, body, maxDepth)
 	if err == nil && !w.over {
-		w.body, w.maxDepth, w.done = body, maxDepth, true
+		w.body, w.deepest, w.done = body, e.s.Deepest, true
 	} else {
 		w.members = w.members[:0]
 	}

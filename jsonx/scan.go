@@ -47,6 +47,10 @@ type Scanner struct {
 	Depth    int
 	MaxDepth int
 	Lenient  bool
+	// Deepest is the most containers that have enclosed I at once: a walk
+	// that passed under one bound says whether another would have (a
+	// Walk's Finish).
+	Deepest int
 }
 
 // Fail returns a *SyntaxError at the current offset.
@@ -128,6 +132,7 @@ func (s *Scanner) Literal(lit string) error {
 
 func (s *Scanner) enter() error {
 	s.Depth++
+	s.Deepest = max(s.Deepest, s.Depth)
 	if s.MaxDepth > 0 && s.Depth > s.MaxDepth {
 		return &SyntaxError{Offset: s.I, Msg: "nested too deeply", TooDeep: true}
 	}

@@ -82,14 +82,21 @@ type Request struct {
 	N, BestOf         int64
 	HasReturnTokenIDs bool
 
+	// Walk, when set, receives the body's top-level members as Scan
+	// walks them (Reset, then Finished when Scan accepts the body), so
+	// that edits of the same body (jsonx.SetFieldsWalk: the router's PD
+	// legs) splice from it without walking it again. It is the caller's,
+	// and kept by Reset.
+	Walk *jsonx.Walk
+
 	scratch []byte
 }
 
-// Reset empties r as a new Request, keeping its scratch buffer.
+// Reset empties r as a new Request, keeping its scratch buffer and Walk.
 func (r *Request) Reset() {
-	scratch := r.scratch[:0]
+	scratch, walk := r.scratch[:0], r.Walk
 	*r = Request{}
-	r.scratch = scratch
+	r.scratch, r.Walk = scratch, walk
 }
 
 // Retention is a request's cache-retention class.
@@ -190,6 +197,9 @@ func Scan(body []byte, r *Request) error {
 	r.KVTransferParams, r.KVTransferRetention = Span{}, false
 	r.N, r.BestOf, r.HasReturnTokenIDs = 1, 1, false
 	r.scratch = r.scratch[:0]
+	if r.Walk != nil {
+		r.Walk.Reset()
+	}
 
 	s := newScanner(body)
 	s.SkipWS()
@@ -206,7 +216,11 @@ func Scan(body []byte, r *Request) error {
 		return ErrNotObject
 	}
 	st := topState{maxTokens: -1, maxCompletion: -1}
-	if err := s.topObject(r, &st); err != nil {
+	if r.Walk != nil {
+		if err := s.topObjectWalk(r, &st); err != nil {
+			return err
+		}
+	} else if err := s.topObject(r, &st); err != nil {
 		return err
 	}
 	if err := s.End(); err != nil {
@@ -231,6 +245,9 @@ func Scan(body []byte, r *Request) error {
 	}
 	if len(r.Model) == 0 {
 		return ErrMissingModel
+	}
+	if r.Walk != nil {
+		r.Walk.Finish(body, s.Deepest)
 	}
 	r.Retention = st.retention
 	if r.Retention == RetentionUnset && st.cacheKey {
@@ -275,6 +292,19 @@ func newScanner(b []byte) scanner { return scanner{jsonx.Scanner{B: b, MaxDepth:
 func (s *scanner) topObject(r *Request, st *topState) error {
 	return s.Object(func(ks, ke int, kesc bool) error {
 		return s.topField(lookupField(s.B[ks:ke], kesc), r, st)
+	})
+}
+
+// topObjectWalk is topObject recording each member into r.Walk: a second
+// closure rather than a test in topObject's, which every request runs.
+func (s *scanner) topObjectWalk(r *Request, st *topState) error {
+	return s.Object(func(ks, ke int, kesc bool) error {
+		vs := s.I
+		if err := s.topField(lookupField(s.B[ks:ke], kesc), r, st); err != nil {
+			return err
+		}
+		r.Walk.Add(ks, ke, kesc, vs, s.I)
+		return nil
 	})
 }
 

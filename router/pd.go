@@ -90,6 +90,18 @@ func (rel *relay) servePD() {
 		r.finish(rel, outcomeNoWorker, fasthttp.StatusServiceUnavailable)
 		return
 	}
+	if rel.scan.Walk == nil {
+		// From the next request on, this pooled relay's Scan records the
+		// client body's top-level walk for the legs' edits (jsonx.Walk),
+		// which then splice from it instead of walking the body again
+		// (the prefill edit ~2,200 instructions cheaper a unary PD
+		// request: docs/performance.md, session 25); a relay that never
+		// served PD never records. This request's Scan recorded nothing:
+		// its prefill edit records the walk, as before. The walk is Reset
+		// here, and by each Scan after, so none outlives its body.
+		rel.pdWalk.Reset()
+		rel.scan.Walk = &rel.pdWalk
+	}
 	rel.pd = &pdRequest{preDone: make(chan pdResult, 1), pre: attempt{x: new(upstream.Exchange)}}
 	if !rel.scan.Stream {
 		// A unary answer writes nothing until it is complete: a client
@@ -208,7 +220,8 @@ func (rel *relay) shapeLegs() error {
 	} else {
 		l.room = alignRoom(room, *prec.DPRank, max(l.prefillDPSize, *prec.DPRank+1))
 	}
-	rel.pdWalk.Reset()
+	// The client body's walk (see servePD): Scan's, or the first pair's
+	// prefill edit records it; every pair of the request splices from it.
 	l.walk = &rel.pdWalk
 	pd.legs = l
 	if pd.proto.prepare != nil {

@@ -82,8 +82,8 @@ type relay struct {
 	legs    [2]pdScratch
 	handoff []byte
 	// pdWalk is the legs' walk of the client's body (pdLegs.walk), its
-	// buffer pooled likewise; reset leaves it too (shapeLegs Resets it
-	// before each pair's legs).
+	// buffer pooled likewise; reset leaves it too (once a PD request set
+	// scan.Walk to it, each Scan Resets and records it: servePD).
 	pdWalk jsonx.Walk
 	// scan: the client body's fields (openai.Scan); reset empties it and
 	// keeps its scratch buffer (an escaped model name).

@@ -21,7 +21,7 @@ import (
 // scratches: each part is written before it is read). Every other part
 // must be as in a new relay after reset.
 var relayKept = map[string]bool{
-	"id": true, "reqBuf": true, "tried": true, "scan.scratch": true, "legs": true, "handoff": true, "pdWalk": true,
+	"id": true, "reqBuf": true, "tried": true, "scan.scratch": true, "scan.Walk": true, "legs": true, "handoff": true, "pdWalk": true,
 	"pump.buf": true, "pump.out": true,
 	"xlate": true, "xlateEvent": true, "mig": true, "trackEvent": true,
 	"ureq": true, "uresp": true, "urespOut": true,

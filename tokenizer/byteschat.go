@@ -21,47 +21,58 @@ var _ ChatAppender = Bytes{}
 // RenderChat) to dst. It walks the raw JSON once and allocates nothing
 // unless dst must grow (or an error is returned). It accepts and rejects
 // exactly the documents RenderChat does, decoding strings as encoding/json
-// does (invalid UTF-8 becomes U+FFFD); error messages may differ.
+// does (invalid UTF-8 becomes U+FFFD); error messages may differ. On an
+// error dst is returned as it was given.
 func (Bytes) AppendRenderChat(dst []byte, c Chat) ([]byte, error) {
 	w := newChatWalk(c.Messages)
 	w.SkipWS()
 	if w.I >= len(w.B) {
 		return dst, fmt.Errorf("%w: empty messages", ErrInvalidMessages)
 	}
-	isArray := w.B[w.I] == '['
-	// First pass: validate the whole document as the decoder of
-	// RenderChat would, so that the result (success or failure) agrees.
-	// Still a syntax error first if the value is not even JSON.
-	if err := w.validate(); err != nil {
-		return dst, err
-	}
-	if !isArray {
+	if w.B[w.I] != '[' {
+		// Still a syntax error first if the value is not even JSON.
+		if err := w.validate(); err != nil {
+			return dst, err
+		}
 		return dst, fmt.Errorf("messages is not an array: %w", ErrInvalidMessages)
 	}
-	// Second pass: render.
-	w.I = 0
-	w.SkipWS()
-	idx := 0
-	var err error
-	_ = w.Array(func() error {
+	// One pass renders and validates: jsonx's Array, Object and String
+	// check every byte they pass, and a value the render does not read is
+	// checked by Value. The first message that is not one is remembered
+	// (bad) and what follows it only validated, so that a syntax error
+	// anywhere in the document still wins over it, as in RenderChat's
+	// decoder. (A validating pass before the render cost ~1,100
+	// instructions of a kv-aware pick: docs/performance.md, session 25.)
+	n0 := len(dst)
+	bad, badIdx, idx := chatOK, 0, 0
+	err := w.Array(func() error {
+		if bad != chatOK {
+			return w.Value()
+		}
 		if w.B[w.I] != '{' {
-			err = fmt.Errorf("message %d is not an object: %w", idx, ErrInvalidMessages)
-			return err
+			bad, badIdx = chatNotObject, idx
+			return w.Value()
 		}
 		var role, content jsonSpan
-		w.members(func(key jsonSpan) {
+		err := w.Object(func(ks, ke int, kesc bool) error {
+			key := jsonSpan{start: ks - 1, end: ke + 1, plain: !kesc}
+			var err error
 			switch {
 			case w.keyIs(key, "role"):
-				role = w.span()
+				role, err = w.checkedSpan()
 			case w.keyIs(key, "content"):
-				content = w.span()
+				content, err = w.checkedSpan()
 			default:
-				w.skip()
+				err = w.Value()
 			}
-		})
-		if role.start == 0 || w.B[role.start] != '"' {
-			err = fmt.Errorf("message %d has no string role: %w", idx, ErrInvalidMessages)
 			return err
+		})
+		if err != nil {
+			return err
+		}
+		if role.start == 0 || w.B[role.start] != '"' {
+			bad, badIdx = chatNoRole, idx
+			return nil
 		}
 		dst = append(dst, "<|im_start|>"...)
 		dst = w.appendString(dst, role)
@@ -74,10 +85,26 @@ func (Bytes) AppendRenderChat(dst []byte, c Chat) ([]byte, error) {
 		return nil
 	})
 	if err != nil {
-		return dst, err
+		return dst[:n0], fmt.Errorf("%w: %w", ErrInvalidMessages, err)
+	}
+	if w.SkipWS(); w.I != len(w.B) {
+		return dst[:n0], fmt.Errorf("trailing data after JSON value: %w", ErrInvalidMessages)
+	}
+	switch bad {
+	case chatNotObject:
+		return dst[:n0], fmt.Errorf("message %d is not an object: %w", badIdx, ErrInvalidMessages)
+	case chatNoRole:
+		return dst[:n0], fmt.Errorf("message %d has no string role: %w", badIdx, ErrInvalidMessages)
 	}
 	return append(dst, "<|im_start|>assistant\n"...), nil
 }
+
+// What AppendRenderChat's walk found wrong with a message (chatOK: nothing).
+const (
+	chatOK = iota
+	chatNotObject
+	chatNoRole
+)
 
 // appendContent renders a content value: a string as is, a list of parts as
 // its text parts joined with "\n" (a text part without a string text adds
@@ -139,7 +166,8 @@ type jsonSpan struct {
 // chatWalk reads a messages (or tools, or kwargs) document with jsonx's
 // scanner: validate checks it as encoding/json's decoder would (invalid
 // UTF-8 accepted, nesting bounded by maxJSONDepth containers), the rest
-// walk a document validate has accepted.
+// walk a document validate has accepted, but checkedSpan and
+// AppendRenderChat's walk, which check as they go.
 type chatWalk struct {
 	jsonx.Scanner
 }
@@ -176,6 +204,18 @@ func (w *chatWalk) span() jsonSpan {
 }
 
 func (w *chatWalk) skip() { _ = w.Value() }
+
+// checkedSpan is span for a document not yet validated: it checks the
+// value at w.I (no leading white space) as it moves past it.
+func (w *chatWalk) checkedSpan() (jsonSpan, error) {
+	start := w.I
+	if w.B[w.I] == '"' {
+		_, _, esc, err := w.String()
+		return jsonSpan{start: start, end: w.I, plain: !esc}, err
+	}
+	err := w.Value()
+	return jsonSpan{start: start, end: w.I}, err
+}
 
 // members calls fn for each key (a span with its quotes) of the object at
 // w.I with w.I on the value; fn must consume the value.

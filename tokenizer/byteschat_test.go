@@ -44,6 +44,21 @@ var bytesChatCases = []string{
 	`[` + strings.Repeat(`[`, 70) + strings.Repeat(`]`, 70) + `]`,
 	`[{"role":"u","content":` + strings.Repeat(`[`, 62) + strings.Repeat(`]`, 62) + `}]`,
 	`[{"role":"u","content":` + strings.Repeat(`[`, 63) + `1` + strings.Repeat(`]`, 63) + `}]`,
+	// A message's fault before a syntax error, a nesting error or
+	// trailing data: the latter is what is reported.
+	`[1,01]`, `[{"content":"x"},{"role":"u","content":"\x"}]`, `[{"role":1},{"role":"u"}] x`,
+	`[{"role":"u"},2,{"role":"u","content":"bad` + "\t" + `"}]`, `[{"role":"u"},{"x":1},{"role":"u",}]`,
+	`[{"role":"u"},"m",` + strings.Repeat(`[`, 70) + strings.Repeat(`]`, 70) + `]`,
+	`[{"content":[{"type":"text","text":"a"}]},{"role":"u","content":[{"type":"text","text":"b\q"}]}]`,
+	`[{"role":"u","content":"a"},{"role":"u","content":"b"},{"role":null},{"role":"u"`,
+}
+
+// chatMessageError reports whether err is one of the errors of well-formed
+// JSON that is not a chat.
+func chatMessageError(err error) bool {
+	m := err.Error()
+	return strings.Contains(m, "is not an object") || strings.Contains(m, "has no string role") ||
+		strings.Contains(m, "is not an array")
 }
 
 func TestBytesAppendRenderChatMatchesReference(t *testing.T) {
@@ -62,6 +77,15 @@ func checkBytesChat(t *testing.T, msgs []byte) {
 	if gerr != nil {
 		if !errors.Is(gerr, ErrInvalidMessages) {
 			t.Fatalf("%q: err %v does not wrap ErrInvalidMessages", msgs, gerr)
+		}
+		if string(got) != "prefix:" {
+			t.Fatalf("%q: err %v with dst %q, want it as given", msgs, gerr, got)
+		}
+		// A document that is not JSON is reported as such even where a
+		// message before the fault is not one (the one-pass walk keeps
+		// the message's error until the end).
+		if _, perr := parseJSONValueDecoder(msgs); perr != nil && chatMessageError(gerr) {
+			t.Fatalf("%q: err %v, want the syntax error (%v)", msgs, gerr, perr)
 		}
 		return
 	}
