@@ -64,9 +64,10 @@ const (
 // in use on its holder by other requests in flight (a shared prompt, not a
 // conversation's own history) goes there already at the bound. Only a
 // request that no target holds counts in the cold picks: one on a prefix
-// several targets hold is placed by the deficit but is no new home. Before the bound, a warm request
-// whose prefix a holder is still prefilling for an earlier request follows
-// that prefill (followPrefill) rather than a shorter queue elsewhere.
+// several targets hold is placed by the deficit but is no new home. Before
+// the bound, a warm request whose prefix a holder is still prefilling for an
+// earlier request follows that prefill (followPrefill) rather than a shorter
+// queue elsewhere.
 //
 // The state lives in the target under its mutex, which Pick takes anyway;
 // nothing here allocates once a target's flight slice has grown.
