@@ -73,6 +73,9 @@ func appendHintTail(dst, tmp, body []byte, scan *openai.Request, engine string) 
 			return dst, tmp, 0, false
 		}
 		end = objectEnd(body)
+		if !scan.HasPriority && !scan.HasInferaRetention {
+			return append(dst, sglangHintTails[ret]...), tmp, end, true
+		}
 		if !scan.HasPriority {
 			dst = appendMember(dst, "priority", sglangPriority[ret])
 		}
@@ -87,10 +90,11 @@ func appendHintTail(dst, tmp, body []byte, scan *openai.Request, engine string) 
 		}
 		start := len(dst)
 		switch {
+		case kv.Empty() && !scan.HasLegacyRetention:
+			return append(dst, vllmHintTails[ret]...), tmp, objectEnd(body), true
 		case kv.Empty():
 			end = objectEnd(body)
-			dst = append(appendMember(dst, "kv_transfer_params", `{"infera_retention":`), retentionJSON[ret]...)
-			dst = append(dst, '}')
+			dst = appendVLLMHint(dst, ret)
 		case scan.KVTransferRetention:
 			end = objectEnd(body)
 		default:
@@ -116,6 +120,36 @@ func appendHintTail(dst, tmp, body []byte, scan *openai.Request, engine string) 
 		return append(dst, '}'), tmp, end, true
 	}
 	return dst, tmp, 0, false
+}
+
+// appendVLLMHint appends vLLM's kv_transfer_params member of class ret.
+func appendVLLMHint(dst []byte, ret openai.Retention) []byte {
+	dst = append(appendMember(dst, "kv_transfer_params", `{"infera_retention":`), retentionJSON[ret]...)
+	return append(dst, '}')
+}
+
+// The tails of the common bodies, where the client set no hint: every
+// hint and the closing brace, made once (a request appends one string
+// where it appended each member in pieces).
+var (
+	sglangHintTails = hintTails(func(b []byte, ret openai.Retention) []byte {
+		b = appendMember(b, "priority", sglangPriority[ret])
+		return appendMember(b, "infera_retention", retentionJSON[ret])
+	})
+	vllmHintTails = hintTails(func(b []byte, ret openai.Retention) []byte {
+		return appendMember(appendVLLMHint(b, ret), "_infera_retention", retentionJSON[ret])
+	})
+)
+
+// hintTails makes a tail for each retention class from members, which
+// appends its hints.
+func hintTails(members func(b []byte, ret openai.Retention) []byte) (t [len(retentionJSON)]string) {
+	for r := range t {
+		if retentionJSON[r] != "" {
+			t[r] = string(append(members(nil, openai.Retention(r)), '}'))
+		}
+	}
+	return t
 }
 
 // objectEnd is where body, an object, ends without its closing brace (and
