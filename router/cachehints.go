@@ -42,6 +42,27 @@ var retentionValue = [...][]byte{
 // is a scratch buffer, returned for reuse. body is a valid object with at
 // least one member (Scan accepted it).
 func appendCacheHints(dst, tmp, body []byte, scan *openai.Request, engine string) (out, tmpOut []byte, ok bool) {
+	start := len(dst)
+	out, tmp, end, ok := appendHintTail(dst, tmp, body, scan, engine)
+	if !ok || end == 0 {
+		return out, tmp, ok
+	}
+	// body[:end] goes before the tail: the tail moves up to make room.
+	n := len(out) - start
+	out = append(out, body[:end]...)
+	copy(out[start+end:], out[start:start+n])
+	copy(out[start:], body[:end])
+	return out, tmp, true
+}
+
+// appendHintTail is appendCacheHints without the copy of the body: the
+// body for the worker is body[:end] followed by what it appends to dst
+// (the hints and the closing brace), so that a request that writes
+// itself copies the client's body once, into what goes out
+// (ownRequest). end is 0 where the body itself changes (a
+// kv_transfer_params of the client's gains a member): what it appends is
+// then the whole body. ok false: as appendCacheHints's, dst as it was.
+func appendHintTail(dst, tmp, body []byte, scan *openai.Request, engine string) (out, tmpOut []byte, end int, ok bool) {
 	ret := scan.Retention
 	if ret == openai.RetentionUnset {
 		ret = openai.RetentionLong
@@ -49,57 +70,91 @@ func appendCacheHints(dst, tmp, body []byte, scan *openai.Request, engine string
 	switch engine {
 	case discovery.EngineSGLang:
 		if scan.HasPriority && scan.HasInferaRetention {
-			return dst, tmp, false
+			return dst, tmp, 0, false
 		}
-		dst = openObject(dst, body)
+		end = objectEnd(body)
+		if !scan.HasPriority && !scan.HasInferaRetention {
+			return append(dst, sglangHintTails[ret]...), tmp, end, true
+		}
 		if !scan.HasPriority {
 			dst = appendMember(dst, "priority", sglangPriority[ret])
 		}
 		if !scan.HasInferaRetention {
 			dst = appendMember(dst, "infera_retention", retentionJSON[ret])
 		}
-		return append(dst, '}'), tmp, true
+		return append(dst, '}'), tmp, end, true
 	case discovery.EngineVLLM:
 		kv := scan.KVTransferParams
 		if !kv.Empty() && scan.KVTransferRetention && scan.HasLegacyRetention {
-			return dst, tmp, false
+			return dst, tmp, 0, false
 		}
 		start := len(dst)
 		switch {
+		case kv.Empty() && !scan.HasLegacyRetention:
+			return append(dst, vllmHintTails[ret]...), tmp, objectEnd(body), true
 		case kv.Empty():
-			dst = openObject(dst, body)
-			dst = append(appendMember(dst, "kv_transfer_params", `{"infera_retention":`), retentionJSON[ret]...)
-			dst = append(dst, '}')
+			end = objectEnd(body)
+			dst = appendVLLMHint(dst, ret)
 		case scan.KVTransferRetention:
-			dst = openObject(dst, body)
+			end = objectEnd(body)
 		default:
 			// An object gains the member; another value (null) is replaced.
 			tmp = tmp[:0]
 			if v := body[kv.Start:kv.End]; v[0] == '{' {
 				var err error
 				if tmp, err = jsonx.SetField(tmp, v, "infera_retention", retentionValue[ret], openai.MaxDepth); err != nil {
-					return dst[:start], tmp, false // unreachable: Scan validated it
+					return dst[:start], tmp, 0, false // unreachable: Scan validated it
 				}
 			} else {
 				tmp = append(append(append(tmp, `{"infera_retention":`...), retentionJSON[ret]...), '}')
 			}
 			var err error
 			if dst, err = jsonx.SetField(dst, body, "kv_transfer_params", tmp, openai.MaxDepth); err != nil {
-				return dst[:start], tmp, false // unreachable: Scan validated it
+				return dst[:start], tmp, 0, false // unreachable: Scan validated it
 			}
 			dst = dst[:len(dst)-1] // reopen the object
 		}
 		if !scan.HasLegacyRetention {
 			dst = appendMember(dst, "_infera_retention", retentionJSON[ret])
 		}
-		return append(dst, '}'), tmp, true
+		return append(dst, '}'), tmp, end, true
 	}
-	return dst, tmp, false
+	return dst, tmp, 0, false
 }
 
-// openObject appends body without its closing brace (and the white space
-// around it): members can follow, each after a comma.
-func openObject(dst, body []byte) []byte {
+// appendVLLMHint appends vLLM's kv_transfer_params member of class ret.
+func appendVLLMHint(dst []byte, ret openai.Retention) []byte {
+	dst = append(appendMember(dst, "kv_transfer_params", `{"infera_retention":`), retentionJSON[ret]...)
+	return append(dst, '}')
+}
+
+// The tails of the common bodies, where the client set no hint: every
+// hint and the closing brace, made once (a request appends one string
+// where it appended each member in pieces).
+var (
+	sglangHintTails = hintTails(func(b []byte, ret openai.Retention) []byte {
+		b = appendMember(b, "priority", sglangPriority[ret])
+		return appendMember(b, "infera_retention", retentionJSON[ret])
+	})
+	vllmHintTails = hintTails(func(b []byte, ret openai.Retention) []byte {
+		return appendMember(appendVLLMHint(b, ret), "_infera_retention", retentionJSON[ret])
+	})
+)
+
+// hintTails makes a tail for each retention class from members, which
+// appends its hints.
+func hintTails(members func(b []byte, ret openai.Retention) []byte) (t [len(retentionJSON)]string) {
+	for r := range t {
+		if retentionJSON[r] != "" {
+			t[r] = string(append(members(nil, openai.Retention(r)), '}'))
+		}
+	}
+	return t
+}
+
+// objectEnd is where body, an object, ends without its closing brace (and
+// the white space before it): members can follow it, each after a comma.
+func objectEnd(body []byte) int {
 	end := len(body)
 	for end > 0 && body[end-1] != '}' {
 		end--
@@ -108,7 +163,7 @@ func openObject(dst, body []byte) []byte {
 	for end > 0 && isSpace(body[end-1]) {
 		end--
 	}
-	return append(dst, body[:end]...)
+	return end
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

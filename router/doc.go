@@ -112,7 +112,8 @@
 // one place an attempt ends and its outcome is recorded; each exchanges its
 // request as an upstream.Exchange on a pooled connection it holds, so that
 // it can be aborted at any moment. On the mixed path, unary or stream, the
-// request writes itself into the connection's writer (ownrequest.go: the
+// request writes itself where the connection holds it for the answer's
+// first read, or into the connection's writer (ownrequest.go: the
 // worker's request and Host lines rendered once, the client's body as it
 // lies), and so do a disaggregated pair's legs sent from the request's
 // goroutine (their shaped bodies); continuations, traced requests, NATS

@@ -38,7 +38,12 @@ type ownRequest struct {
 	rel  *relay
 	a    *attempt
 	body []byte // the body, cache hints in, before the ids are asked for
-	at   int    // where field goes in body
+	// tail, when set, is what follows body: the cache hints and the
+	// closing brace (appendHintTail), body the client's as it lies up to
+	// them: the client's body is copied once, into what goes out. Set
+	// only where no field is asked for.
+	tail []byte
+	at   int // where field goes in body
 	// field: `"return_token_ids":true` (with its comma), asked for at
 	// body[at]; empty: the body goes as it is.
 	field string
@@ -57,9 +62,30 @@ func (rel *relay) writesRequest(a *attempt) bool {
 func (rel *relay) ownRequest(a *attempt) *ownRequest {
 	s := &rel.oreq
 	s.rel, s.a, s.id = rel, a, ""
-	s.body = rel.hintedBody(a)
+	if !rel.asksIDs(a) {
+		s.body, s.tail = rel.hintedTail(a)
+		s.at, s.field = 0, ""
+		return s
+	}
+	s.body, s.tail = rel.hintedBody(a), nil
 	s.at, s.field = rel.askIDsAt(a, s.body) // migrate.go
 	return s
+}
+
+// hintedTail is hintedBody in two parts, the client's body up to the
+// cache hints and the hints after it (appendHintTail; nil: the body goes
+// as it is), so that the body is not copied aside first.
+func (rel *relay) hintedTail(a *attempt) (body, tail []byte) {
+	body = rel.body
+	if rec := a.ticket.Worker.Record(); rec != nil && rel.route.generates() {
+		var end int
+		var ok bool
+		a.hintBuf, a.hintTmp, end, ok = appendHintTail(a.hintBuf[:0], a.hintTmp, body, &rel.scan, rec.Engine)
+		if ok {
+			return body[:end], a.hintBuf
+		}
+	}
+	return body, nil
 }
 
 // writesLeg: PD leg a's request, sent from the request's goroutine, can
@@ -79,21 +105,63 @@ func (rel *relay) ownLeg(a *attempt) *ownRequest {
 	}
 	s := &rel.oreq
 	s.rel, s.a, s.id = rel, a, rel.pd.legs.requestID
-	s.body, s.at, s.field = a.body, 0, ""
+	s.body, s.tail, s.at, s.field = a.body, nil, 0, ""
 	return s
 }
 
 // WriteRequest writes the request into the worker connection's writer as
-// fasthttp's Request.Write would (RequestHeader.AppendBytes: the request
-// line, User-Agent, Host, Content-Type, Content-Length, then the headers in
-// the order upstreamRequest sets them), then the body. The head is
-// appended where the writer's free space begins and written in place
-// (bufio.Writer.AvailableBuffer); bufio's errors stick: the last write's
-// is every write's.
+// fasthttp's Request.Write would: the head (appendHead), then the body.
+// The head is appended where the writer's free space begins and written
+// in place (bufio.Writer.AvailableBuffer); bufio's errors stick: the last
+// write's is every write's.
 func (s *ownRequest) WriteRequest(bw *bufio.Writer) error {
+	bw.Write(s.appendHead(bw.AvailableBuffer()))
+	if len(s.field) == 0 { // a unary request, a stream not tracked
+		bw.Write(s.body)
+		_, err := bw.Write(s.tail)
+		return err
+	}
+	bw.Write(s.body[:s.at])
+	bw.WriteString(s.field)
+	_, err := bw.Write(s.body[s.at:])
+	return err
+}
+
+// AppendRequest appends the request as WriteRequest writes it: on a
+// worker connection that holds its writes the request is framed where it
+// waits for the read that sends it (upstream.Conn.holdRequest), and the
+// body is copied once, not into the connection's writer and then again
+// into what is held.
+func (s *ownRequest) AppendRequest(b []byte) []byte {
+	b = append(s.appendHead(b), s.body[:s.at]...)
+	b = append(b, s.field...)
+	return append(append(b, s.body[s.at:]...), s.tail...)
+}
+
+// MaxRequestLen bounds what AppendRequest appends: the body, the worker's
+// request and Host lines, the ids, what the client's header block can
+// give the forwarded values (each one of its lines at most), and
+// ownHeadSlack for the names and the lines the router writes itself.
+func (s *ownRequest) MaxRequestLen() int {
+	w := s.a.ticket.Worker
+	return len(s.body) + len(s.tail) + len(s.field) + len(w.reqLine[s.rel.route]) + len(w.hostLine) +
+		len(s.rel.id) + len(s.id) + len(s.rel.ctx.Request.Header.RawHeaders()) + ownHeadSlack
+}
+
+// ownHeadSlack is more than the header names and the router's own lines
+// of an upstream request take (the longest values aside): User-Agent,
+// Content-Type, Content-Length, the forwarded headers' names, X-Request-Id,
+// Traceparent, Tracestate, X-Data-Parallel-Rank and the head's end.
+const ownHeadSlack = 512
+
+// appendHead appends the request's head, as fasthttp's
+// RequestHeader.AppendBytes would (the request line, User-Agent, Host,
+// Content-Type, Content-Length, then the headers in the order
+// upstreamRequest sets them), its empty line included.
+func (s *ownRequest) appendHead(b []byte) []byte {
 	rel, a := s.rel, s.a
 	w, h := a.ticket.Worker, &rel.ctx.Request.Header
-	b := append(bw.AvailableBuffer(), w.reqLine[rel.route]...)
+	b = append(b, w.reqLine[rel.route]...)
 	if ua := h.UserAgent(); len(ua) > 0 {
 		b = appendHeaderLine(b, "User-Agent: ", ua)
 	} else {
@@ -106,7 +174,7 @@ func (s *ownRequest) WriteRequest(bw *bufio.Writer) error {
 		b = append(b, "Content-Type: application/json\r\n"...)
 	}
 	b = append(b, "Content-Length: "...)
-	b = strconv.AppendUint(b, uint64(len(s.body)+len(s.field)), 10)
+	b = strconv.AppendUint(b, uint64(len(s.body)+len(s.tail)+len(s.field)), 10)
 	b = append(b, '\r', '\n')
 	for _, k := range forwardHeaders {
 		if string(k) == fasthttp.HeaderUserAgent ||
@@ -141,15 +209,7 @@ func (s *ownRequest) WriteRequest(bw *bufio.Writer) error {
 		b = append(b, '\r', '\n')
 	}
 	b = append(b, '\r', '\n')
-	bw.Write(b)
-	if len(s.field) == 0 { // a unary request, a stream not tracked
-		_, err := bw.Write(s.body)
-		return err
-	}
-	bw.Write(s.body[:s.at])
-	bw.WriteString(s.field)
-	_, err := bw.Write(s.body[s.at:])
-	return err
+	return b
 }
 
 // appendHeaderLine appends name (with its ": ") and a client's value, its

@@ -86,7 +86,8 @@ func fasthttpRequestBytes(t *testing.T, req *fasthttp.Request) string {
 }
 
 // ownRequestBytes is what s writes, through a writer smaller than the
-// request (written in pieces).
+// request (written in pieces). It fails t unless s appends the same bytes
+// (AppendRequest, after bytes already held), within its MaxRequestLen.
 func ownRequestBytes(t *testing.T, s *ownRequest) string {
 	t.Helper()
 	var b bytes.Buffer
@@ -95,6 +96,14 @@ func ownRequestBytes(t *testing.T, s *ownRequest) string {
 		t.Fatal(err)
 	}
 	_ = bw.Flush()
+	const before = "held before "
+	appended := s.AppendRequest([]byte(before))
+	if string(appended) != before+b.String() {
+		t.Errorf("appended request:\n%q\nwritten:\n%q", appended[len(before):], b.String())
+	}
+	if n, most := len(appended)-len(before), s.MaxRequestLen(); n > most {
+		t.Errorf("appended %d bytes, over MaxRequestLen %d", n, most)
+	}
 	return b.String()
 }
 
@@ -158,6 +167,12 @@ func TestOwnRequestWriteAllocs(t *testing.T) {
 			_ = bw.Flush()
 		}); n != 0 {
 			t.Errorf("stream %s: %v allocations a request, want 0", stream, n)
+		}
+		held := make([]byte, 0, 4096)
+		if n := testing.AllocsPerRun(100, func() {
+			held = rel.ownRequest(a).AppendRequest(held[:0])
+		}); n != 0 {
+			t.Errorf("stream %s: %v allocations a request appended, want 0", stream, n)
 		}
 	}
 }

@@ -154,6 +154,24 @@ func bufSize(size, def int) int {
 // Read must follow (Exchange.Do's answer).
 func (c *Conn) HoldWrites() { c.hold = true }
 
+// holdRequest appends req where c holds its writes (epoll.Held.HoldSpace),
+// where Exchange.do would write it into c's writer and Hold copy it from
+// there again: the request is framed once, where it waits for the Read
+// that sends it. false: nothing was appended (req only writes itself, c
+// does not hold, or it would not be held): req is written as before.
+func (c *Conn) holdRequest(req RequestWriter) bool {
+	n := req.MaxRequestLen()
+	if n == 0 || !c.hold {
+		return false
+	}
+	b, ok := c.held.HoldSpace(n)
+	if !ok {
+		return false
+	}
+	c.held.SetHeld(req.AppendRequest(b))
+	return true
+}
+
 // Holding reports whether c holds written bytes not sent yet.
 func (c *Conn) Holding() bool { return c.held.Holding() }
 

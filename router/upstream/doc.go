@@ -52,7 +52,8 @@
 //
 // A request goes out with the first read of its answer (Conn.HoldWrites,
 // epoll.Held): the read then finds the answer there instead of trying the
-// socket once for nothing. Every read is Held's, a raw system call (no
+// socket once for nothing. A RequestWriter that appends itself is framed
+// where it is held (Conn.holdRequest), its body copied once. Every read is Held's, a raw system call (no
 // wake of the runtime's monitor thread after an idle spell).
 //
 // Concurrency: a Conn is used by one goroutine at a time for reads and one

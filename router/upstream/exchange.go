@@ -135,6 +135,14 @@ func (x *Exchange) Do(p *Pool, req *fasthttp.Request, resp *fasthttp.Response, d
 // connection's writer, with nothing built aside first.
 type RequestWriter interface {
 	WriteRequest(bw *bufio.Writer) error
+	// MaxRequestLen bounds what AppendRequest appends; 0: the request
+	// only writes itself (WriteRequest).
+	MaxRequestLen() int
+	// AppendRequest appends the request, head and body, to b: on a
+	// connection that holds its writes (Conn.HoldWrites) it is framed
+	// where it is held, not written into the connection's writer and
+	// copied from there again (Conn.holdRequest).
+	AppendRequest(b []byte) []byte
 }
 
 // DoWriter is Do for a request that writes itself (RequestWriter); it
@@ -147,6 +155,10 @@ func (x *Exchange) DoWriter(p *Pool, req RequestWriter, resp *fasthttp.Response,
 type fastRequest fasthttp.Request
 
 func (r *fastRequest) WriteRequest(bw *bufio.Writer) error { return (*fasthttp.Request)(r).Write(bw) }
+
+// MaxRequestLen and AppendRequest: fasthttp's request only writes itself.
+func (r *fastRequest) MaxRequestLen() int            { return 0 }
+func (r *fastRequest) AppendRequest(b []byte) []byte { return b }
 
 // do is Do and DoWriter: req written on a connection of p, its answer read
 // into resp; reqClose: the request asked for the connection's close.
@@ -195,8 +207,10 @@ func (x *Exchange) do(p *Pool, req RequestWriter, reqClose bool, resp *fasthttp.
 		} else {
 			bw = p.acquireWriter(conn)
 		}
-		if err = req.WriteRequest(bw); err == nil {
-			err = bw.Flush()
+		if uc == nil || !uc.holdRequest(req) {
+			if err = req.WriteRequest(bw); err == nil {
+				err = bw.Flush()
+			}
 		}
 		if uc == nil {
 			p.releaseWriter(bw)

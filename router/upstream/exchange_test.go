@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/internal/epoll"
 	"github.com/valyala/fasthttp"
 )
 
@@ -368,5 +369,69 @@ func TestExchangeUnaryAllocs(t *testing.T) {
 	}
 	if n := accepted.Load(); n != 1 {
 		t.Fatalf("worker accepted %d connections, want 1 (pooled)", n)
+	}
+}
+
+// appendedRequest is a RequestWriter that appends itself (a POST of {}
+// to /whole) where its connection holds its writes, and counts how it
+// went out.
+type appendedRequest struct {
+	max             int // MaxRequestLen
+	appends, writes int
+}
+
+const appendedRequestBytes = "POST /whole HTTP/1.1\r\nHost: upstream\r\nContent-Length: 2\r\n\r\n{}"
+
+func (r *appendedRequest) MaxRequestLen() int { return r.max }
+
+func (r *appendedRequest) AppendRequest(b []byte) []byte {
+	r.appends++
+	return append(b, appendedRequestBytes...)
+}
+
+func (r *appendedRequest) WriteRequest(bw *bufio.Writer) error {
+	r.writes++
+	_, err := bw.WriteString(appendedRequestBytes)
+	return err
+}
+
+// TestExchangeAppendedRequestHeld: a request that appends itself is
+// framed where a Dial connection holds its writes (Conn.holdRequest), not
+// written into the connection's writer and copied again; one that would
+// not be held (over epoll.MaxHeld), or on a connection that holds nothing
+// (not Dial's), is written as before. Every one gets its answer.
+func TestExchangeAppendedRequestHeld(t *testing.T) {
+	var accepted atomic.Int64
+	addr := answerServer(t, &accepted)
+	var set Set
+	held := exchangeClient(&set, addr)
+	defer held.Close()
+	plain := exchangeClient(&set, addr, func(c *PoolConfig) {
+		c.Dial = func(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }
+	})
+	defer plain.Close()
+	for _, tc := range []struct {
+		name            string
+		pool            *Pool
+		max             int
+		appends, writes int
+	}{
+		{"held", held, len(appendedRequestBytes), 1, 0},
+		{"over MaxHeld", held, epoll.MaxHeld + 1, 0, 1},
+		{"only writes itself", held, 0, 0, 1},
+		{"not Dial's", plain, len(appendedRequestBytes), 0, 1},
+	} {
+		req := &appendedRequest{max: tc.max}
+		resp := fasthttp.AcquireResponse()
+		var x Exchange
+		x.Begin()
+		err := x.DoWriter(tc.pool, req, resp, time.Now().Add(5*time.Second), nil)
+		if err != nil || string(resp.Body()) != "whole" {
+			t.Errorf("%s: answer %q, %v; want whole", tc.name, resp.Body(), err)
+		}
+		fasthttp.ReleaseResponse(resp)
+		if req.appends != tc.appends || req.writes != tc.writes {
+			t.Errorf("%s: appended %d times, written %d; want %d, %d", tc.name, req.appends, req.writes, tc.appends, tc.writes)
+		}
 	}
 }
