@@ -274,7 +274,7 @@ func shortInteger(b []byte, i int) (j int, ok bool) {
 // from j (the end of the run's first, which shortInteger read): before the
 // first comma not followed by an integer shortInteger reads, or after the
 // last integer. It reads the run 32 bytes at a time while they are in b
-// (intRun32; a word a integer cost more than the byte loop for block ids
+// (intRun32; a word an integer cost more than the byte loop for block ids
 // of one or two digits, docs/performance.md), then one integer at a time.
 func intRun(b []byte, j int) int {
 	for j+32 <= len(b) && b[j] == ',' {
