@@ -232,15 +232,8 @@ func (s *Scanner) Array(elem func() error) error {
 			err = elem()
 		} else if j, ok := shortInteger(b, i); ok {
 			// A run of integers (token ids, block ids), compact: read in
-			// registers, no call, s.I stored once.
-			for j < len(b) && b[j] == ',' {
-				k, ok := shortInteger(b, j+1)
-				if !ok {
-					break
-				}
-				j = k
-			}
-			s.I = j
+			// registers (intRun), s.I stored once.
+			s.I = intRun(b, j)
 		} else {
 			err = s.Value()
 		}
@@ -276,6 +269,69 @@ func shortInteger(b []byte, i int) (j int, ok bool) {
 	}
 	return j, true
 }
+
+// intRun returns the end of a compact run of integers, each after a comma,
+// from j (the end of the run's first, which shortInteger read): before the
+// first comma not followed by an integer shortInteger reads, or after the
+// last integer. It reads the run 32 bytes at a time while they are in b
+// (intRun32; a word an integer cost more than the byte loop for block ids
+// of one or two digits, docs/performance.md), then one integer at a time.
+func intRun(b []byte, j int) int {
+	for j+32 <= len(b) && b[j] == ',' {
+		m, whole := intRun32((*[32]byte)(b[j:]))
+		j += m
+		if !whole || m == 0 {
+			break // the run ends in this block (or an integer fills it)
+		}
+	}
+	for j < len(b) && b[j] == ',' {
+		k, ok := shortInteger(b, j+1)
+		if !ok {
+			break
+		}
+		j = k
+	}
+	return j
+}
+
+// intRun32 classifies p, 32 bytes from a comma that follows an integer of
+// an array's compact run, as one block. Its first fault is a byte that is
+// neither a digit nor a comma, a comma after a comma, or a 0 that starts
+// an integer and is followed by a digit; m is the offset of the last comma
+// before it (each integer before that comma is whole and one shortInteger
+// reads, ended by a comma), and whole is true when p has no fault (the
+// run may go on past it). After a fault the run ends in p: the caller
+// reads on from m one integer at a time, as before.
+func intRun32(p *[32]byte) (m int, whole bool) {
+	var d, c, z uint32 // a bit a byte: digit, comma, '0'
+	for k := 0; k < 32; k += 8 {
+		dk, ck, zk := intClass8(binary.LittleEndian.Uint64(p[k:]))
+		d |= gather8(dk) << k
+		c |= gather8(ck) << k
+		z |= gather8(zk) << k
+	}
+	fault := ^(d | c) | c<<1&(c|z&(d>>1))
+	if fault != 0 {
+		c &= 1<<bits.TrailingZeros32(fault) - 1
+	}
+	return 31 - bits.LeadingZeros32(c), fault == 0
+}
+
+// intClass8 marks (0x80 in its byte) x's digits, commas and '0's. A byte
+// from 0x80 is none of them (for d, its first sum's high bit is clear from
+// 0xb0 and its second's set below; | x for c and z), and the lowest of them
+// gets no carry from below, so it is a fault before any wrong mark above.
+func intClass8(x uint64) (d, c, z uint64) {
+	d = (x + lsb*0x50) &^ (x + lsb*0x46) & msb // '0' (0x30) to '9' (0x39)
+	c = ^((x ^ lsb*',') + lsb*0x7f | x) & msb
+	z = ^((x ^ lsb*'0') + lsb*0x7f | x) & msb
+	return d, c, z
+}
+
+// gather8 packs the marks of a (0x80 in a byte) into a byte, bit k for
+// byte k: each mark's product lands on its own bit of the top byte, and no
+// two products share a bit, so nothing carries.
+func gather8(m uint64) uint32 { return uint32((m >> 7) * 0x0102040810204080 >> 56) }
 
 // separator reads what follows a member or element at s.I, inline in
 // Object and Array (a call of its own cost ~40 instructions a member):
