@@ -20,7 +20,7 @@ func TestTopLevelFieldBlockIDs(t *testing.T) {
 		t.Fatalf("kv_transfer_params = %s, want %s", got, kv)
 	}
 	for _, fault := range []struct{ from, to string }{
-		{",7,", ",07,"}, {",7,", ",,"}, {",30,", ",3.,"}, {",40,", ",40e,"}, {",45,", ",4 5,"}, {",48,", ",+48,"}, {",49]", ",49,]"}, {"[0,", "[00,"}, {",12,", ",12,"},
+		{",7,", ",07,"}, {",7,", ",,"}, {",30,", ",3.,"}, {",40,", ",40e,"}, {",45,", ",4 5,"}, {",48,", ",+48,"}, {",49]", ",49,]"}, {"[0,", "[00,"}, {",12,", ",1\u00802,"},
 	} {
 		bad := strings.Replace(vllmPrefillAnswer, fault.from, fault.to, 1)
 		if bad == vllmPrefillAnswer {
