@@ -7,19 +7,6 @@ import (
 	"testing"
 )
 
-// intRunBytewise is intRun read one integer at a time (Array's loop before
-// intRun8, session 25): the reference intRun is held to.
-func intRunBytewise(b []byte, j int) int {
-	for j < len(b) && b[j] == ',' {
-		k, ok := shortInteger(b, j+1)
-		if !ok {
-			break
-		}
-		j = k
-	}
-	return j
-}
-
 // intRunAlphabet is what a run's bytes are drawn from: digits and commas
 // mostly, and each byte that ends or spoils a run.
 const intRunAlphabet = "0123456789,,,,000.eE] -+x\"\x80\xb0\xb9\xff"

@@ -284,6 +284,12 @@ func intRun(b []byte, j int) int {
 			break // the run ends in this block (or an integer fills it)
 		}
 	}
+	return intRunBytewise(b, j)
+}
+
+// intRunBytewise is intRun one integer at a time: the rest of a run that
+// no longer fills a block, and the reference intRun's tests hold it to.
+func intRunBytewise(b []byte, j int) int {
 	for j < len(b) && b[j] == ',' {
 		k, ok := shortInteger(b, j+1)
 		if !ok {
