@@ -42,16 +42,20 @@ var retentionValue = [...][]byte{
 // is a scratch buffer, returned for reuse. body is a valid object with at
 // least one member (Scan accepted it).
 func appendCacheHints(dst, tmp, body []byte, scan *openai.Request, engine string) (out, tmpOut []byte, ok bool) {
+	// The body's open object first, the tail after it: the common bodies'
+	// tails follow it as they are (the body copied once). Where the body
+	// itself changes (end 0), the tail is the whole body, moved down over
+	// the prefix.
 	start := len(dst)
-	out, tmp, end, ok := appendHintTail(dst, tmp, body, scan, engine)
-	if !ok || end == 0 {
-		return out, tmp, ok
+	open := objectEnd(body)
+	out, tmp, end, ok := appendHintTail(append(dst, body[:open]...), tmp, body, scan, engine)
+	if !ok {
+		return dst[:start], tmp, false
 	}
-	// body[:end] goes before the tail: the tail moves up to make room.
-	n := len(out) - start
-	out = append(out, body[:end]...)
-	copy(out[start+end:], out[start:start+n])
-	copy(out[start:], body[:end])
+	if end == 0 {
+		n := copy(out[start:], out[start+open:])
+		out = out[:start+n]
+	}
 	return out, tmp, true
 }
 
