@@ -77,6 +77,13 @@
 #     admin port of its own, and each of its wrk cells writes the CPU profile
 #     of its measured time (DURATION less one second) to
 #     PROFILE_DIR/<target>-<mode>-c<conc>-r<rep>.pprof (scripts/pgo-profile.sh)
+#   SYSCALLS=1  every wrk cell of a proxy (infera*, nginx*) runs once more,
+#     right after its measured run, under `perf stat` on the proxy's
+#     process(es) (nginx: its workers): a last table gives system calls,
+#     context switches, wake-ups and CPU migrations a request, by kind
+#     (medians over the repeats). A run of its own, because every traced
+#     system call costs CPU: the measured cells stay as they were. Needs perf
+#     and the syscalls/sched tracepoints (root, or perf_event_paranoid -1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -100,6 +107,7 @@ PD_PAIRS=${PD_PAIRS:-1}
 PD_PROTOCOL=${PD_PROTOCOL:-vllm-nixl}
 PD_PREFIX=${PD_PREFIX:-/infera-pd/workers/}
 PROFILE_DIR=${PROFILE_DIR:-}
+SYSCALLS=${SYSCALLS:-}
 BIN=${BIN:-bin/infera}
 COMMAND="SIM_ARGS=\"$SIM_ARGS\" LEVELS=\"$LEVELS\" MODES=\"$MODES\" RATES=\"$RATES\" CLIENTS=\"$CLIENTS\" REPEATS=$REPEATS DURATION=$DURATION TARGETS=\"$TARGETS\" ETCD=$ETCD bash scripts/bench-overhead.sh"
 if [[ " $TARGETS " == *" infera-pd "* ]]; then
@@ -118,6 +126,26 @@ fi
 for tool in curl jq; do
   command -v "$tool" >/dev/null || die "$tool is required"
 done
+
+# --- SYSCALLS=1: the events perf stat counts on the proxy --------------------
+# Per request: every system call (raw_syscalls), each kind a proxy makes per
+# request (Go: read/write/epoll_pwait/futex; nginx: recvfrom/writev/
+# epoll_wait/getsockopt), the reads that found nothing (EAGAIN: -11) and the
+# polls that brought no event (0), connects (new upstream connections), and
+# the scheduler's side: context switches, CPU migrations and the wake-ups the
+# proxy's threads made (sched_wakeup counts in the waker: a write that wakes
+# the reader on the other end counts too).
+SC_KINDS="read recvfrom write writev epoll_pwait epoll_wait futex getsockopt connect"
+SC_EVENTS=(-e raw_syscalls:sys_enter -e context-switches -e cpu-migrations -e sched:sched_wakeup)
+for s in $SC_KINDS; do SC_EVENTS+=(-e "syscalls:sys_enter_$s"); done
+SC_EVENTS+=(-e syscalls:sys_exit_read --filter 'ret == -11' -e syscalls:sys_exit_recvfrom --filter 'ret == -11'
+  -e syscalls:sys_exit_epoll_pwait --filter 'ret == 0' -e syscalls:sys_exit_epoll_wait --filter 'ret == 0')
+if [[ -n $SYSCALLS ]]; then
+  command -v perf >/dev/null || die "SYSCALLS=1 needs perf"
+  [[ $CLIENTS == *wrk* ]] || die "SYSCALLS=1 counts the wrk cells: CLIENTS must include wrk"
+  perf stat -x, -o /dev/null "${SC_EVENTS[@]}" -- true 2>/dev/null ||
+    die "perf stat cannot count the syscalls/sched tracepoints (root, or kernel.perf_event_paranoid=-1)"
+fi
 
 # --- nginx, from Debian packages -------------------------------------------
 NGINX=$(command -v nginx || true)
@@ -524,6 +552,30 @@ proc_ticks() {
 # system irq softirq steal; not idle or iowait).
 box_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat; }
 
+# syscall_run target mode conc rep: the cell once more, perf stat counting on
+# the proxy's process(es) (nginx: its workers, where the requests are served)
+# while wrk runs; one row of per-request counts into $SC_RESULTS.
+SC_RESULTS=$OUT/syscalls.tsv
+syscall_run() {
+  local target=$1 mode=$2 conc=$3 rep=$4 pids f line sp
+  pids=${PID_OF[$1]}
+  is_nginx "$target" && pids=$(pgrep -P "${PID_OF[$target]}" | paste -sd, -)
+  f="$WORK/perf-$mode-c$conc-$target-r$rep.csv"
+  log "run $rep/$REPEATS: wrk, $mode, $conc, $target, $DURATION, under perf stat (SYSCALLS=1)"
+  perf stat -x, -o "$f" "${SC_EVENTS[@]}" -p "$pids" 2>"$f.log" &
+  sp=$!
+  sleep 0.5 # perf attaches before the first request
+  line=$(wrk_run "$target" "$mode" "$conc" "wrk-sc-$mode-c$conc-$target-r$rep")
+  kill -INT "$sp"
+  wait "$sp" || true
+  [[ -s $f ]] || die "perf stat wrote nothing for $target (see $f.log)"
+  # requests, then one count per event (enter_X as X, exit_X as X_empty: the filtered ones)
+  awk -F, -v req="${line%%$'\t'*}" -v cell="wrk\t$mode\t$conc\t$rep\t$target" '
+    $1 ~ /^[0-9]/ { n = $3; sub(/^raw_syscalls:sys_enter$/, "all", n); sub(/^syscalls:sys_enter_/, "", n)
+      if (sub(/^syscalls:sys_exit_/, "", n)) n = n "_empty"; sub(/^sched:sched_/, "", n); c[n] += $1 }
+    END { printf "%s\t%d", cell, req; for (k in c) printf "\t%s=%s", k, c[k]; print "" }' "$f" >>"$SC_RESULTS"
+}
+
 for target in $TARGETS; do
   log "warming up $target"
   bench "$target" stream 16 "$WORK/warmup-$target.json" --requests "$WARMUP"
@@ -566,6 +618,9 @@ for rep in $(seq 1 "$REPEATS"); do
       fi
       read -r t1 k1 <<<"$(proc_ticks "$target")"
       b1=$(box_ticks)
+      if [[ -n $SYSCALLS && $client == wrk ]] && ! is_direct "$target"; then
+        syscall_run "$target" "$mode" "$conc" "$rep"
+      fi
       cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$TICKS" 'BEGIN { printf "%.3f", (b - a) / hz }')
       box=$(awk -v a="$b0" -v b="$b1" -v hz="$TICKS" 'BEGIN { printf "%.3f", (b - a) / hz }')
       sys=$(awk -v a="$k0" -v b="$k1" -v hz="$TICKS" 'BEGIN { printf "%.3f", (b - a) / hz }')
@@ -745,6 +800,38 @@ END {
     }
   }
 }' "$RESULTS" >>"$OUT/verdict.md"
+
+# --- SYSCALLS=1: system calls a request, by kind ------------------------------
+# Medians over the repeats of each kind's count a request (the runs under perf
+# stat, not the measured ones). read / write: Go's read and write, nginx's
+# recvfrom and writev; "found nothing": reads that returned EAGAIN; polls:
+# epoll_pwait (Go) or epoll_wait (nginx), of them the ones that brought no
+# event; other: every other system call.
+if [[ -n $SYSCALLS && -s $SC_RESULTS ]]; then
+  awk -F'\t' "$stats_awk"'
+  function get(name,   i, kv) { for (i = 7; i <= NF; i++) { split($i, kv, "="); if (kv[1] == name) return kv[2] + 0 } return 0 }
+  function add(k, name, v) { if (!((k, name) in V)) V[k, name] = ""; V[k, name] = V[k, name] " " v }
+  $6 > 0 {
+    k = $2 " " $3 SUBSEP $5; if (!(k in seen)) { seen[k] = 1; order[++n] = k }
+    r = $6; rd = get("read") + get("recvfrom"); wr = get("write") + get("writev"); po = get("epoll_pwait") + get("epoll_wait")
+    add(k, "all", get("all") / r); add(k, "read", rd / r); add(k, "eagain", (get("read_empty") + get("recvfrom_empty")) / r)
+    add(k, "write", wr / r); add(k, "poll", po / r); add(k, "pollempty", (get("epoll_pwait_empty") + get("epoll_wait_empty")) / r)
+    add(k, "futex", get("futex") / r); add(k, "getsockopt", get("getsockopt") / r); add(k, "connect", get("connect") / r)
+    add(k, "other", (get("all") - rd - wr - po - get("futex") - get("getsockopt") - get("connect")) / r)
+    add(k, "cs", get("context-switches") / r); add(k, "wake", get("wakeup") / r); add(k, "mig", get("cpu-migrations") / r)
+  }
+  END {
+    print ""
+    print "System calls a request (SYSCALLS=1: each wrk cell once more under perf stat, on the proxy'"'"'s process(es); medians over the repeats):"
+    print ""
+    print "| cell | target | all | read (found nothing) | write | epoll (brought nothing) | futex | getsockopt | connect | other | context switches | wake-ups made | CPU migrations |"
+    print "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for (i = 1; i <= n; i++) { k = order[i]; split(k, kk, SUBSEP)
+      printf "| wrk %s | %s | %.2f | %.2f (%.2f) | %.2f | %.2f (%.2f) | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", kk[1], kk[2],
+        med(V[k, "all"]), med(V[k, "read"]), med(V[k, "eagain"]), med(V[k, "write"]), med(V[k, "poll"]), med(V[k, "pollempty"]),
+        med(V[k, "futex"]), med(V[k, "getsockopt"]), med(V[k, "connect"]), med(V[k, "other"]), med(V[k, "cs"]), med(V[k, "wake"]), med(V[k, "mig"]) }
+  }' "$SC_RESULTS" >>"$OUT/verdict.md"
+fi
 
 cpus=$(nproc)
 cat <<SUMMARY
