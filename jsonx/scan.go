@@ -51,6 +51,14 @@ type Scanner struct {
 	// that passed under one bound says whether another would have (a
 	// Walk's Finish).
 	Deepest int
+
+	// Field's walk: the object at depth fieldDepth (0: none) compares its
+	// keys with fieldKey and keeps the first match's value span. In the
+	// Scanner, not in Object's parameters: the loop's registers are the
+	// nested objects' as well (docs/performance.md, session 26).
+	fieldDepth           int
+	fieldKey             string
+	fieldStart, fieldEnd int
 }
 
 // Fail returns a *SyntaxError at the current offset.
@@ -193,8 +201,15 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 				return s.Fail("unexpected end of input, expected a value")
 			}
 			err = member(ks, ke, kesc)
-		} else {
+		} else if s.fieldDepth != s.Depth {
 			err = s.Value()
+		} else {
+			// Field's object: the key is compared where it was read, its
+			// length first (an escaped key's raw length is not its own).
+			found := s.fieldStart < 0 && (kesc || ke-ks == len(s.fieldKey)) && Equal(b[ks:ke], kesc, s.fieldKey)
+			if err = s.Value(); found {
+				s.fieldStart, s.fieldEnd = i, s.I
+			}
 		}
 		if err != nil {
 			return err
@@ -208,6 +223,26 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 		}
 		i = SkipSpace(b, i)
 	}
+}
+
+// Field validates the object at s.I (a *SyntaxError when there is none)
+// as Object(nil) does, the same errors at the same offsets, and returns
+// the span of the value of its first member named key, start -1 when it
+// has none. The key is compared where it is read, without a callback (a
+// closure call and an Equal a member cost the PD prefill answer's scan
+// ~800 instructions; docs/performance.md, session 26).
+func (s *Scanner) Field(key string) (start, end int, err error) {
+	if s.I >= len(s.B) || s.B[s.I] != '{' {
+		return -1, -1, s.Fail("expected an object")
+	}
+	s.fieldDepth, s.fieldKey, s.fieldStart, s.fieldEnd = s.Depth+1, key, -1, -1
+	err = s.Object(nil)
+	start, end = s.fieldStart, s.fieldEnd
+	s.fieldDepth, s.fieldKey = 0, ""
+	if err != nil {
+		return -1, -1, err
+	}
+	return start, end, nil
 }
 
 // Array validates the array at s.I. When elem is not nil it is called with
