@@ -116,3 +116,41 @@ func FuzzField(f *testing.F) {
 		checkField(t, b, key, int(depth%8))
 	})
 }
+
+// TestObjectWhiteSpace: white space at each place of a member (before and
+// after the colon, before and after the comma, before the closing brace)
+// is skipped, and a fault next to it is reported with the message and at
+// the offset the scanner gave before the walk read the compact case with
+// one compare (session 26; the want strings are its output).
+func TestObjectWhiteSpace(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"{\"a\" :1}", ""},
+		{"{\"a\": 1}", ""},
+		{"{\"a\" : 1 , \"b\" : 2 }", ""},
+		{"{\"a\":1 ,\"b\":2}", ""},
+		{"{\"a\":1, \"b\":2}", ""},
+		{"{\"a\":1,\n\t\"b\":2}", ""},
+		{"{\"a\" x:1}", "invalid JSON at byte 5: expected ':' after object key"},
+		{"{\"a\" : x}", "invalid JSON at byte 7: invalid character at start of value"},
+		{"{\"a\"\n", "invalid JSON at byte 5: expected ':' after object key"},
+		{"{\"a\":1, x}", "invalid JSON at byte 8: expected a string key"},
+		{"{\"a\":1,  }", "invalid JSON at byte 9: expected a string key"},
+		{"{\"a\":1 x}", "invalid JSON at byte 7: expected ',' or '}' in object"},
+		{"{\"a\":1 ", "invalid JSON at byte 7: unexpected end of input in object"},
+		{"{\"a\":1,\t", "invalid JSON at byte 8: expected a string key"},
+		{"{ }", ""},
+		{"{ \"a\":[ 1 , 2 ] }", ""},
+		{"{\"a\":[1 ,2 ]}", ""},
+		{"{\"a\":\"x\" , }", "invalid JSON at byte 11: expected a string key"},
+		{"{\"a\" :", "invalid JSON at byte 6: unexpected end of input, expected a value"},
+		{"{\"a\":1,\"b\"\r :null}", ""},
+	} {
+		got := ""
+		if err := jsonx.Valid([]byte(tc.in), 0); err != nil {
+			got = err.Error()
+		}
+		if got != tc.want {
+			t.Errorf("Valid(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
