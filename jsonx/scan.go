@@ -51,6 +51,14 @@ type Scanner struct {
 	// that passed under one bound says whether another would have (a
 	// Walk's Finish).
 	Deepest int
+
+	// Field's walk: the object at depth fieldDepth (0: none) compares its
+	// keys with fieldKey and keeps the first match's value span. In the
+	// Scanner, not in Object's parameters: the loop's registers are the
+	// nested objects' as well (docs/performance.md, session 26).
+	fieldDepth           int
+	fieldKey             string
+	fieldStart, fieldEnd int
 }
 
 // Fail returns a *SyntaxError at the current offset.
@@ -157,8 +165,12 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
-			s.I = i
-			return s.Fail("expected a string key")
+			// White space after a comma (compact JSON has none there:
+			// one compare).
+			if i = SkipSpace(b, i); i >= len(b) || b[i] != '"' {
+				s.I = i
+				return s.Fail("expected a string key")
+			}
 		}
 		var ks, ke int
 		var kesc bool
@@ -180,12 +192,19 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 			}
 			i = s.I
 		}
-		i = SkipSpace(b, i)
-		if i >= len(b) || b[i] != ':' {
-			s.I = i
-			return s.Fail("expected ':' after object key")
+		// Compact JSON: the colon follows the key, one compare; SkipSpace
+		// only where it does not.
+		if i < len(b) && b[i] == ':' {
+			i++
+		} else {
+			i = SkipSpace(b, i)
+			if i >= len(b) || b[i] != ':' {
+				s.I = i
+				return s.Fail("expected ':' after object key")
+			}
+			i++
 		}
-		i = SkipSpace(b, i+1)
+		i = SkipSpace(b, i)
 		s.I = i
 		var err error
 		if member != nil {
@@ -193,8 +212,15 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 				return s.Fail("unexpected end of input, expected a value")
 			}
 			err = member(ks, ke, kesc)
-		} else {
+		} else if s.fieldDepth != s.Depth {
 			err = s.Value()
+		} else {
+			// Field's object: the key is compared where it was read, its
+			// length first (an escaped key's raw length is not its own).
+			found := s.fieldStart < 0 && (kesc || ke-ks == len(s.fieldKey)) && Equal(b[ks:ke], kesc, s.fieldKey)
+			if err = s.Value(); found {
+				s.fieldStart, s.fieldEnd = i, s.I
+			}
 		}
 		if err != nil {
 			return err
@@ -206,8 +232,27 @@ func (s *Scanner) Object(member func(kStart, kEnd int, kEsc bool) error) error {
 			}
 			return s.sepError('}')
 		}
-		i = SkipSpace(b, i)
 	}
+}
+
+// Field validates the object at s.I (a *SyntaxError when there is none)
+// as Object(nil) does, the same errors at the same offsets, and returns
+// the span of the value of its first member named key, start -1 when it
+// has none. The key is compared where it is read, without a callback (a
+// closure call and an Equal a member cost the PD prefill answer's scan
+// ~800 instructions; docs/performance.md, session 26).
+func (s *Scanner) Field(key string) (start, end int, err error) {
+	if s.I >= len(s.B) || s.B[s.I] != '{' {
+		return -1, -1, s.Fail("expected an object")
+	}
+	s.fieldDepth, s.fieldKey, s.fieldStart, s.fieldEnd = s.Depth+1, key, -1, -1
+	err = s.Object(nil)
+	start, end = s.fieldStart, s.fieldEnd
+	s.fieldDepth, s.fieldKey = 0, ""
+	if err != nil {
+		return -1, -1, err
+	}
+	return start, end, nil
 }
 
 // Array validates the array at s.I. When elem is not nil it is called with
@@ -344,7 +389,12 @@ func gather8(m uint64) uint32 { return uint32((m >> 7) * 0x0102040810204080 >> 5
 // past a comma, comma is true and i is the offset after it; otherwise i is
 // where closes ends the container.
 func (s *Scanner) separator() (i int, comma bool) {
-	i = SkipSpace(s.B, s.I)
+	i = s.I
+	if i >= len(s.B) || s.B[i] <= ' ' {
+		// White space (compact JSON has none): SkipSpace's loop only
+		// here, out of the member's path (~2 instructions a member).
+		i = SkipSpace(s.B, i)
+	}
 	if i < len(s.B) && s.B[i] == ',' {
 		return i + 1, true
 	}

@@ -624,25 +624,17 @@ func alignRoom(room uint64, rank, dpSize int) uint64 {
 }
 
 // topLevelField returns the raw value of body's top-level member key
-// (nil when absent or body is not an object).
+// (nil when absent or body is not an object). The whole object is
+// validated (the prefill answer is outside input); the key is compared
+// where the walk reads it (jsonx's Field).
 func topLevelField(body []byte, key string) []byte {
 	s := jsonx.Scanner{B: body, MaxDepth: maxEditDepth}
 	s.SkipWS()
-	var val []byte
-	err := s.Object(func(ks, ke int, kesc bool) error {
-		start := jsonx.SkipSpace(s.B, s.I)
-		if err := s.Value(); err != nil {
-			return err
-		}
-		if val == nil && jsonx.Equal(body[ks:ke], kesc, key) {
-			val = body[start:s.I]
-		}
-		return nil
-	})
-	if err != nil {
+	start, end, err := s.Field(key)
+	if err != nil || start < 0 {
 		return nil
 	}
-	return val
+	return body[start:end]
 }
 
 // pdCacheHints returns a shaped leg body with the cache hints the mixed

@@ -42,3 +42,17 @@ func BenchmarkTopLevelField(b *testing.B) {
 		}
 	}
 }
+
+// TestTopLevelFieldNotObject: a body that does not open an object has no
+// top-level member, though what follows its first byte reads as one (the
+// callback walk skipped that byte unread).
+func TestTopLevelFieldNotObject(t *testing.T) {
+	for _, body := range []string{`x"kv_transfer_params":1}`, ` ["kv_transfer_params":1}`, `"kv_transfer_params":1}`, ``, `  `} {
+		if got := topLevelField([]byte(body), "kv_transfer_params"); got != nil {
+			t.Errorf("topLevelField(%q) = %s, want none", body, got)
+		}
+	}
+	if got := topLevelField([]byte(" {\"a\":{\"kv_transfer_params\":0},\n\"kv_transfer_params\" : {\"b\":[1]} } "), "kv_transfer_params"); string(got) != `{"b":[1]}` {
+		t.Errorf("kv_transfer_params = %s, want {\"b\":[1]}", got)
+	}
+}
