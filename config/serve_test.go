@@ -74,13 +74,13 @@ func TestServeKVFlags(t *testing.T) {
 	s := parseServe(t)
 	k := s.KV
 	if k.Tokenizer != "" || k.OverlapWeight != 4 || k.PrefillOverlapWeight != 4 || k.DecodeOverlapWeight != 4 ||
-		k.BlockSize != 16 || k.IndexMaxBlocks != 4<<20 || k.RecentDecay <= 0 || k.ApproxTTL <= 0 || k.ApproxMaxBlocks <= 0 {
+		k.BlockSize != 16 || k.IndexMaxBlocks != 4<<20 || k.RecentDecay <= 0 || k.ApproxTTL <= 0 || k.ApproxMaxBlocks <= 0 || k.Cost != "ttft" {
 		t.Fatalf("kv defaults: %+v", k)
 	}
 	// The per-role weights follow --kv-overlap-weight unless set.
 	t.Setenv("INFERA_KV_DECODE_OVERLAP_WEIGHT", "0.25")
-	s = parseServe(t, "--kv-overlap-weight", "2", "--tokenizer", "bytes", "--kv-cost", "ttft")
-	if s.KV.Cost != "ttft" || s.KV.OverlapWeight != 2 || s.KV.PrefillOverlapWeight != 2 || s.KV.DecodeOverlapWeight != 0.25 || s.KV.Tokenizer != "bytes" {
+	s = parseServe(t, "--kv-overlap-weight", "2", "--tokenizer", "bytes", "--kv-cost", "blocks")
+	if s.KV.Cost != "blocks" || s.KV.OverlapWeight != 2 || s.KV.PrefillOverlapWeight != 2 || s.KV.DecodeOverlapWeight != 0.25 || s.KV.Tokenizer != "bytes" {
 		t.Fatalf("kv weights: %+v", s.KV)
 	}
 	if err := s.Validate(); err != nil {

@@ -46,7 +46,12 @@ func TestKVDPeerPullRouted(t *testing.T) {
 	type host struct {
 		ip, sock, admin, peer string
 	}
-	f := startServe(t, "--router-policy", "kv-aware", "--tokenizer", "bytes", "--kv-overlap-weight", "1",
+	// The block cost with a low overlap weight, so that a busy G loses the
+	// prompt it holds to an idle H: what this test needs is the pull, not
+	// the pick. (Under --kv-cost ttft, serve's default, the estimate kept
+	// the prompt on G in session 26's run: it judged G's two decoding
+	// streams a shorter wait than H's prefill of the 20 blocks again.)
+	f := startServe(t, "--router-policy", "kv-aware", "--kv-cost", "blocks", "--tokenizer", "bytes", "--kv-overlap-weight", "1",
 		"--kvd-peer-hints", "--kvd-peer-secret", secret, "--kvd-peer-wait", "3s")
 	startKVD := func(name, ip string) host {
 		port := testkit.FreePortPair(t)

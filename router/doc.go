@@ -71,8 +71,9 @@
 // workers within their recent share of picks, KVAwareConfig.MaxShare). Its
 // approximate view follows the request's retention class (a prompt marked
 // long, e.g. by cache_control, is remembered for keepTTL; one marked none
-// not at all). With --kv-cost ttft it picks by an estimated time to first
-// token instead (kvestimate.go), and follows each cache's LRU on its intake:
+// not at all). With --kv-cost ttft (serve's default; KVAwareConfig's zero
+// Cost is blocks) it picks by an estimated time to first token instead
+// (kvestimate.go), and follows each cache's LRU on its intake:
 // a listed prefix the target has had to evict since is priced as cold, and
 // a long cold prompt goes where it evicts the least recently used prompts.
 // There a request without a home (cold, or warm on a prefix several

@@ -8,7 +8,8 @@ import (
 // Cost modes of the kv-aware policy (KVAwareConfig.Cost, --kv-cost).
 const (
 	// KVCostBlocks is the block cost w×(blocks−hits) + active + recent,
-	// with the MaxShare bounds (the default).
+	// with the MaxShare bounds (KVAwareConfig's zero Cost; `infera serve`
+	// defaults to KVCostTTFT since session 26).
 	KVCostBlocks = "blocks"
 	// KVCostTTFT minimises an estimated time to first token (issue 37).
 	KVCostTTFT = "ttft"
