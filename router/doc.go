@@ -74,8 +74,7 @@
 // not at all). With --kv-cost ttft (serve's default; KVAwareConfig's zero
 // Cost is blocks) it picks by an estimated time to first token instead
 // (kvestimate.go), and follows each cache's LRU on its intake:
-// a listed prefix the target has had to evict since is priced as cold (a
-// cold request goes back to such a target when it is a candidate), and
+// a listed prefix the target has had to evict since is priced as cold, and
 // a long cold prompt goes where it evicts the least recently used prompts.
 // There a request without a home (cold, or warm on a prefix several
 // targets hold alike, such as a shared system prompt) goes by a deficit of

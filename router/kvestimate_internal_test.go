@@ -904,35 +904,3 @@ func TestKVEstimateSharedHomeIsNoNewHome(t *testing.T) {
 		}
 	}
 }
-
-// TestKVEstimateLostPrefixGoesHome: a prompt whose holder still lists it
-// but has taken in more than its cache since the prompt's last use there
-// (the eviction cut prices it cold) goes back to that holder when the
-// holder is among the cold request's candidates, not by the deficit to
-// another target (lostHome). By the deficit alone it went to b: a had the
-// pick and the intake.
-func TestKVEstimateLostPrefixGoesHome(t *testing.T) {
-	a := kvRecord(0, nil).WorkerID
-	long := unique(30, 3500)
-	tokens := chatTokens(t, long)
-	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
-	e.makePrecise()
-	e.learnCapacity(a, 400)
-	e.store(a, tokens)
-	if got := e.serial(chat(long)); got != a {
-		t.Fatalf("first turn went to %s", got)
-	}
-	tg := e.target0(a)
-	tg.mu.Lock()
-	tg.est.intake += 7000 // cold prompts taken in since: more than the cache
-	tg.mu.Unlock()
-	tk := e.pick(chat(long))
-	kt := tk.State.(*kvTicket)
-	if kt.predTokens != 0 {
-		t.Fatalf("predicted %d cached tokens on %s, want the prefix priced cold (0)", kt.predTokens, tk.Worker.id)
-	}
-	if tk.Worker.id != a {
-		t.Errorf("a prompt its holder lost went to %s, not back to the holder %s", tk.Worker.id, a)
-	}
-	e.p.Release(tk, Result{Status: 200})
-}

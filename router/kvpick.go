@@ -416,9 +416,8 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // A warm choice that would take its target above the bound goes
 // instead to the lowest cost within the bound and the slack, or within the
 // bound alone when the target is above twice the bound's excess
-// (kvestimate.go). A cold request that a target lists but has lost
-// (lostHome) goes back there if that target is eligible. Scans start at
-// the rotating cursor and keep the first minimum.
+// (kvestimate.go). Scans start at the rotating cursor and keep the first
+// minimum.
 func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	redoCost(sc, nt)
 	best := start
@@ -483,9 +482,6 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		eligible := func(i int, pass int) bool {
 			return sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] &&
 				(pass > 0 || sc.picks[i]+1 <= bound)
-		}
-		if h := lostHome(sc, nt); h >= 0 && eligible(h, 0) {
-			return h
 		}
 		cold, low := -1, math.Inf(1)
 		for pass := 0; cold < 0 && pass < 2; pass++ {
@@ -629,31 +625,6 @@ func followPrefill(sc *kvScratch, nt, start, best int) int {
 		return best
 	}
 	return follow
-}
-
-// lostHome returns the target whose index lists the longest prefix of the
-// prompt, a quarter of it and minWarmBlocks at least, where the eviction
-// cut priced that prefix lost (sc.listed against sc.effs); -1 if there is
-// none. A cold request that such a target lists goes back to it when the
-// target is among its candidates (pickByEstimate), not by the deficit to
-// another one. The cut is right about the blocks (on the trace workload,
-// 58 of 60 such requests that landed there found no more cached than it
-// kept); what differs is where the recurring prompt lives next. Placed by
-// the deficit, the trace's hit ratio was 0.293–0.349 over 14 runs (median
-// 0.318, one big cache's about 0.333), back home 0.309–0.331 over 6
-// (median 0.326) (issue 37, session 27; docs/performance.md).
-func lostHome(sc *kvScratch, nt int) int {
-	h := 0
-	for i := 1; i < nt; i++ {
-		if sc.listed[i] > sc.listed[h] {
-			h = i
-		}
-	}
-	n := len(sc.sets[sc.setOf[h]].hashes)
-	if sc.listed[h] < minWarmBlocks || 4*sc.listed[h] < n || sc.effs[h] >= sc.listed[h] {
-		return -1
-	}
-	return h
 }
 
 // sharedHome reports whether more than one target holds the longest
