@@ -1018,7 +1018,8 @@ func plainStringEnd(b []byte, i int) int {
 }
 
 // sameFixed reports whether a and b, of one length (the callers slice
-// the chunk to the layout's run), hold the same bytes: a layout's fixed
+// the chunk to the layout's run; vecEqual reads len(a) bytes of both, and
+// a length check here would cost the inlining), hold the same bytes: a layout's fixed
 // bytes against a chunk's. A steady chunk has two runs of them,
 // ~150 and ~50 bytes in vLLM's and the simulator's chat chunks, which are
 // most of what tracking reads of it; 32 bytes or more are compared by
