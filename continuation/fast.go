@@ -1017,14 +1017,14 @@ func plainStringEnd(b []byte, i int) int {
 	return -1
 }
 
-// sameFixed reports whether a and b, of one length (the callers slice
-// the chunk to the layout's run; vecEqual reads len(a) bytes of both, and
-// a length check here would cost the inlining), hold the same bytes: a layout's fixed
-// bytes against a chunk's. A steady chunk has two runs of them,
-// ~150 and ~50 bytes in vLLM's and the simulator's chat chunks, which are
-// most of what tracking reads of it; 32 bytes or more are compared by
-// vecEqual, 32 bytes a step (memequal's 64-byte rounds end in an 8-byte
-// loop: about twice the instructions at these lengths).
+// sameFixed reports whether a and b hold the same bytes: a layout's fixed
+// bytes against a chunk's. A steady chunk has two runs of them, ~150 and
+// ~50 bytes in vLLM's and the simulator's chat chunks, which are most of
+// what tracking reads of it; 32 bytes or more are compared by vecEqual, 32
+// bytes a step (memequal's 64-byte rounds end in an 8-byte loop: about
+// twice the instructions at these lengths). a and b are of one length: the
+// callers slice the chunk to the layout's run, and vecEqual reads len(a)
+// bytes of both (a length check here would cost the inlining).
 func sameFixed(a, b []byte) bool {
 	if haveVecEqual && len(a) >= 32 {
 		return vecEqual(unsafe.SliceData(a), unsafe.SliceData(b), len(a))
