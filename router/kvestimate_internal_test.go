@@ -626,6 +626,19 @@ func TestKVEstimatePickLog(t *testing.T) {
 	if _, ok := cold["loss"]; !ok || cold["warm"] != false {
 		t.Fatalf("cold pick line: %s", lines[1])
 	}
+	// The chosen target's learnt coefficients, so that a run's picks can
+	// be read against what its measured TTFTs taught the estimate: the
+	// priors here, nothing returned yet.
+	for _, l := range []map[string]any{warm, cold} {
+		rates, _ := l["all_per_ktok_seconds"].([]any)
+		if l["base_seconds"] != priorBase || l["per_decode_seconds"] != priorPerDecode ||
+			len(rates) != 2 || rates[0] != priorPerKTok {
+			t.Fatalf("pick line without the coefficients: %v", l)
+		}
+		if _, ok := l["queued_tokens"]; !ok {
+			t.Fatalf("pick line without the target's queued tokens: %v", l)
+		}
+	}
 }
 
 // coldBurst picks n new conversations one after another, each its own

@@ -583,6 +583,14 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
 	if !warm {
 		e.Float64("loss", sc.loss[b])
 	}
+	// The chosen target's learnt coefficients and queue: what the measured
+	// TTFTs had taught the estimate when it chose, so that runs on a quiet
+	// and a loaded box can be told apart by more than their outcome.
+	tb.mu.RLock()
+	base, perDecode, queued, decoding := tb.est.base, tb.est.perDecode, tb.est.queued, tb.est.decoding
+	tb.mu.RUnlock()
+	e.Float64("base_seconds", base).Float64("per_decode_seconds", perDecode).
+		Floats64("all_per_ktok_seconds", sc.rates[:nt]).Float64("queued_tokens", queued).Int("decoding", decoding)
 	e.Int64("pick_seq", seq).Bool("warm", warm).Int("target", b).Int("holder", h).
 		Floats64("costs_seconds", sc.costs[:nt]).Floats64("all_picks", sc.picks[:nt]).
 		Floats64("all_colds", sc.colds[:nt]).Floats64("all_fills", sc.fills[:nt]).Floats64("all_held", sc.held[:nt]).Uint64("prompt_key", key).Int("blocks", len(hs)).
