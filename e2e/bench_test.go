@@ -30,6 +30,10 @@ type benchReport struct {
 	// sorted (their --model-ttft-log lines): filled by runKVFleet when it
 	// writes its reports to a directory.
 	ModelTTFTsMs []float64 `json:"-"`
+	// ModelIdleTTFTsMs are the same requests' TTFTs alone on an idle
+	// engine (model_idle_ttft_s), sorted: the floor the fleet's cache hits
+	// leave, which no queueing or placement goes under.
+	ModelIdleTTFTsMs []float64 `json:"-"`
 }
 
 // runBench runs `infera bench` to completion and decodes its --json report.

@@ -113,6 +113,9 @@ func TestKVRoutingComparison(t *testing.T) {
 	// --model-ttft-log lines; the load does not move it).
 	runs := map[string]map[string][]benchReport{} // fleet label → workload → report per repeat
 	measured, modelled := ttftRepeats{}, ttftRepeats{}
+	// Each request's TTFT alone on an idle engine (the simulators'
+	// model_idle_ttft_s): the floor a fleet's cache hits leave.
+	floors := ttftRepeats{}
 	all := true
 	for r := range repeats {
 		dir := filepath.Join(outDir, fmt.Sprintf("r%d", r+1))
@@ -134,6 +137,7 @@ func TestKVRoutingComparison(t *testing.T) {
 				t.Logf("%s on %s, repeat %d: modelled TTFT mean %.2f ms", wl.name, label, r+1, res[wl.name].ModelTTFTMs)
 				measured.add(label, wl.name, ttftSamples(t, filepath.Join(dir, fmt.Sprintf("%s-%s.json", wl.name, strings.ReplaceAll(label, " ", "-")))))
 				modelled.add(label, wl.name, res[wl.name].ModelTTFTsMs)
+				floors.add(label, wl.name, res[wl.name].ModelIdleTTFTsMs)
 			}
 		}
 	}
@@ -263,19 +267,23 @@ func TestKVRoutingComparison(t *testing.T) {
 				continue
 			}
 			for _, kind := range kinds {
-				// One big cache beside it: the ideal cache's own ratio says
-				// whether routing could reach 0.8× on this workload at all
-				// (the trace's p90 is its cold long prefills, which no
-				// cache avoids). Reported, not a change of the check.
+				// Beside it, reported, not a change of the check: one big
+				// cache (all the blocks, a quarter of the compute, so its
+				// TTFT is no bound for four workers), and kv-aware's own
+				// floor: the same percentile of its requests' TTFTs alone on
+				// idle engines, given the hits it got. Above the line, no
+				// placement or queueing reaches 0.8× without more hits;
+				// below it, what is over the line is waiting.
 				kvp, rrp := kind.r.medians("kv-aware", wl.name), kind.r.medians("round-robin", wl.name)
 				big := kind.r.medians("one big cache", wl.name)[k]
-				ideal := ""
-				if big > 0.8*rrp[k] {
-					ideal = "; not reachable by routing here"
+				floor := floors.medians("kv-aware", wl.name)[k]
+				reach := "below the line: the rest is waiting"
+				if floor > 0.8*rrp[k] {
+					reach = "above the line: not reachable without more hits"
 				}
 				checks = append(checks, check{kvp[k] <= 0.8*rrp[k],
-					fmt.Sprintf("%s: kv-aware TTFT p%g %s %.1f ms ≤ 0.8 × round-robin %.1f ms (one big cache %.1f ms = %.2f× round-robin%s)",
-						wl.name, q, kind.name, kvp[k], rrp[k], big, big/rrp[k], ideal)})
+					fmt.Sprintf("%s: kv-aware TTFT p%g %s %.1f ms ≤ 0.8 × round-robin %.1f ms (one big cache %.1f ms = %.2f× round-robin; kv-aware's requests alone on idle engines %.1f ms = %.2f×, %s)",
+						wl.name, q, kind.name, kvp[k], rrp[k], big, big/rrp[k], floor, floor/rrp[k], reach)})
 			}
 		}
 		kvh, bigh := med("kv-aware", wl.name, hitRatio), med("one big cache", wl.name, hitRatio)

@@ -135,7 +135,7 @@ func runKVWorkload(t *testing.T, fl kvFleet, wl kvWorkload, outDir string) bench
 	}
 	if len(ttftLogs) > 0 {
 		// Written at shutdown: read after every simulator stopped.
-		rep.ModelTTFTsMs = readModelTTFTs(t, ttftLogs)
+		rep.ModelTTFTsMs, rep.ModelIdleTTFTsMs = readModelTTFTs(t, ttftLogs)
 		if float64(len(rep.ModelTTFTsMs)) != firsts {
 			t.Errorf("%s on %s: %d modelled TTFTs logged, the simulators counted %v first tokens", wl.name, fl.label(), len(rep.ModelTTFTsMs), firsts)
 		}
@@ -155,11 +155,11 @@ func runKVWorkload(t *testing.T, fl kvFleet, wl kvWorkload, outDir string) bench
 	return rep
 }
 
-// readModelTTFTs returns the model_ttft_s of every line of the simulators'
-// --model-ttft-log files, in milliseconds, sorted.
-func readModelTTFTs(t *testing.T, paths []string) []float64 {
+// readModelTTFTs returns the model_ttft_s and the model_idle_ttft_s of
+// every line of the simulators' --model-ttft-log files, in milliseconds,
+// each sorted.
+func readModelTTFTs(t *testing.T, paths []string) (ttfts, idles []float64) {
 	t.Helper()
-	var ms []float64
 	for _, path := range paths {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -168,15 +168,18 @@ func readModelTTFTs(t *testing.T, paths []string) []float64 {
 		for line := range bytes.Lines(b) {
 			var l struct {
 				TTFT *float64 `json:"model_ttft_s"`
+				Idle *float64 `json:"model_idle_ttft_s"`
 			}
-			if err := json.Unmarshal(line, &l); err != nil || l.TTFT == nil {
-				t.Fatalf("%s: line %q: no model_ttft_s (%v)", path, line, err)
+			if err := json.Unmarshal(line, &l); err != nil || l.TTFT == nil || l.Idle == nil {
+				t.Fatalf("%s: line %q: no model_ttft_s or model_idle_ttft_s (%v)", path, line, err)
 			}
-			ms = append(ms, *l.TTFT*1e3)
+			ttfts = append(ttfts, *l.TTFT*1e3)
+			idles = append(idles, *l.Idle*1e3)
 		}
 	}
-	slices.Sort(ms)
-	return ms
+	slices.Sort(ttfts)
+	slices.Sort(idles)
+	return ttfts, idles
 }
 
 // scrapeText GETs a Prometheus exposition ("" on failure: a missing

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testkit"
 )
 
 type modelTTFTLine struct {
@@ -21,6 +22,7 @@ type modelTTFTLine struct {
 	PromptTokens int     `json:"prompt_tokens"`
 	CachedTokens int     `json:"cached_tokens"`
 	ModelTTFTS   float64 `json:"model_ttft_s"`
+	ModelIdleS   float64 `json:"model_idle_ttft_s"`
 	ModelClockS  float64 `json:"model_clock_s"`
 }
 
@@ -94,8 +96,8 @@ func TestModelTTFTLog(t *testing.T) {
 	// The last prompt token is always computed: 24 of the 25 blocks hit.
 	hit := (400 - 1) / cfg.BlockSize * cfg.BlockSize
 	want := []modelTTFTLine{
-		{RequestID: "first", PromptTokens: 400, CachedTokens: 0, ModelTTFTS: prefill(400)},
-		{RequestID: "again", PromptTokens: 400, CachedTokens: hit, ModelTTFTS: prefill(400 - hit)},
+		{RequestID: "first", PromptTokens: 400, CachedTokens: 0, ModelTTFTS: prefill(400), ModelIdleS: prefill(400)},
+		{RequestID: "again", PromptTokens: 400, CachedTokens: hit, ModelTTFTS: prefill(400 - hit), ModelIdleS: prefill(400 - hit)},
 	}
 	// The choices are submitted one after the other: the second may join
 	// the first one's prefill step or wait for the next.
@@ -103,10 +105,13 @@ func TestModelTTFTLog(t *testing.T) {
 		l.ModelTTFTS < prefill(100)-1e-6 || l.ModelTTFTS > prefill(200)+1e-6 {
 		t.Errorf("line 2 = %+v, want two-choices, 100 prompt tokens, none cached, TTFT %v..%v", l, prefill(100), prefill(200))
 	}
+	if l := lines[2]; math.Abs(l.ModelIdleS-prefill(100)) > 1e-6 {
+		t.Errorf("line 2's idle TTFT %v, want its own prefill alone %v", l.ModelIdleS, prefill(100))
+	}
 	for i, w := range want {
 		got := lines[i]
 		if got.RequestID != w.RequestID || got.PromptTokens != w.PromptTokens || got.CachedTokens != w.CachedTokens ||
-			math.Abs(got.ModelTTFTS-w.ModelTTFTS) > 1e-6 {
+			math.Abs(got.ModelTTFTS-w.ModelTTFTS) > 1e-6 || math.Abs(got.ModelIdleS-w.ModelIdleS) > 1e-6 {
 			t.Errorf("line %d = %+v, want %+v", i, got, w)
 		}
 	}
@@ -118,6 +123,51 @@ func TestModelTTFTLog(t *testing.T) {
 		if lines[i].ModelClockS-lines[i].ModelTTFTS < lines[i-1].ModelClockS-1e-9 {
 			t.Errorf("line %d submitted at model time %v, before line %d's first token at %v",
 				i, lines[i].ModelClockS-lines[i].ModelTTFTS, i-1, lines[i-1].ModelClockS)
+		}
+	}
+}
+
+// model_idle_ttft_s is a request's TTFT alone on an idle engine, a step
+// budget at a time, whatever the engine was doing: a prompt of three
+// budgets' worth is three steps, and a prompt that arrives while another
+// request runs keeps its own floor while its TTFT grows.
+func TestModelTTFTLogIdleFloor(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ttft.jsonl")
+	var cfg config.Sim
+	ts := startSim(t, func(c *config.Sim) {
+		// Real time: the long request below runs for about half a second,
+		// so the short one surely arrives while it does.
+		c.TimeScale = 1
+		c.ModelTTFTLog = path
+		c.MaxNumBatchedTokens = 128
+		cfg = *c
+	})
+	idle := func(uncached int) float64 {
+		steps := (uncached + 127) / 128
+		return float64(steps)*cfg.StepOverheadMs/1e3 + float64(uncached)/cfg.PrefillTokensPerS
+	}
+	ts.postID(t, "alone", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("a", 384)+`"}`)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ts.postID(t, "long", `{"model":"sim-model","max_tokens":64,"prompt":"`+strings.Repeat("b", 1024)+`"}`)
+	}()
+	testkit.Eventually(t, "the long request running", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
+	ts.postID(t, "short", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("c", 256)+`"}`)
+	<-done
+	if err := ts.stop(); err != nil {
+		t.Fatal(err)
+	}
+	lines := readModelTTFTLog(t, path)
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want 3: %+v", len(lines), lines)
+	}
+	if l := lines[0]; l.RequestID != "alone" || math.Abs(l.ModelIdleS-idle(384)) > 1e-6 || math.Abs(l.ModelTTFTS-l.ModelIdleS) > 1e-6 {
+		t.Errorf("line 0 = %+v, want alone, idle = TTFT = three steps %v", l, idle(384))
+	}
+	for _, l := range lines[1:] {
+		if l.RequestID == "short" && (math.Abs(l.ModelIdleS-idle(256)) > 1e-6 || l.ModelTTFTS <= l.ModelIdleS+1e-6) {
+			t.Errorf("line %+v: want idle TTFT %v, below its TTFT beside the long request", l, idle(256))
 		}
 	}
 }

@@ -153,6 +153,21 @@ func (t timing) step(prefillTokens, decodeSeqs int) time.Duration {
 	return time.Duration(min(t.overhead+float64(prefillTokens)*t.perPrefill+float64(decodeSeqs)*t.perDecodeSeq, float64(time.Hour)))
 }
 
+// idleTTFTNs is the step model's time to first token for q alone on an
+// idle engine: its uncached prompt (at least the one token every prefill
+// computes) prefilled a step budget at a time, no decode beside it, kvd
+// loads not counted. The floor of q's TTFT once its cache hits are given.
+func (sc *scheduler) idleTTFTNs(q *seq) int64 {
+	n := max(q.promptLen-int(q.cached.Load()), 1)
+	var d time.Duration
+	for n > 0 {
+		c := min(n, max(sc.maxBatched, 1))
+		d += sc.timing.step(c, 0)
+		n -= c
+	}
+	return int64(d)
+}
+
 // maxLag bounds how far the step clock may fall behind the wall clock
 // before it stops catching up (after a GC pause or a descheduled process).
 const maxLag = 20 * time.Millisecond
@@ -579,7 +594,7 @@ func (sc *scheduler) runInstant(q *seq) {
 	sc.compute(q, q.promptLen+q.maxTokens-1)
 	sc.firsts++
 	if q.logTTFT && sc.ttftLog != nil {
-		sc.ttftLog.record(q, 0, sc.modelNs)
+		sc.ttftLog.record(q, 0, 0, sc.modelNs)
 	}
 	q.gen = q.maxTokens
 	sc.genTokens += uint64(q.maxTokens)
@@ -654,7 +669,7 @@ func (sc *scheduler) apply() {
 				at := sc.modelNs + sc.stepNs
 				sc.ttftNs += uint64(at - q.arrived)
 				if q.logTTFT && sc.ttftLog != nil {
-					sc.ttftLog.record(q, at-q.arrived, at)
+					sc.ttftLog.record(q, at-q.arrived, sc.idleTTFTNs(q), at)
 				}
 			}
 		}
