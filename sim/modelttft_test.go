@@ -48,6 +48,21 @@ func readModelTTFTLog(t *testing.T, path string) []modelTTFTLine {
 	return lines
 }
 
+// startTTFTLogSim starts a simulator that writes --model-ttft-log to a
+// fresh file, edit adjusting its configuration first; it returns the
+// configuration it runs with and the file's path.
+func startTTFTLogSim(t *testing.T, edit func(*config.Sim)) (*testSim, config.Sim, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ttft.jsonl")
+	var cfg config.Sim
+	ts := startSim(t, func(c *config.Sim) {
+		c.ModelTTFTLog = path
+		edit(c)
+		cfg = *c
+	})
+	return ts, cfg, path
+}
+
 // postID sends a completion with an X-Request-Id.
 func (ts *testSim) postID(t *testing.T, id, body string) {
 	t.Helper()
@@ -72,13 +87,7 @@ func (ts *testSim) postID(t *testing.T, id, body string) {
 // plus those tokens at --prefill-tokens-per-s), in model seconds whatever
 // --time-scale; a request with two choices is one line.
 func TestModelTTFTLog(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "ttft.jsonl")
-	var cfg config.Sim
-	ts := startSim(t, func(c *config.Sim) {
-		c.TimeScale = 0.01
-		c.ModelTTFTLog = path
-		cfg = *c
-	})
+	ts, cfg, path := startTTFTLogSim(t, func(c *config.Sim) { c.TimeScale = 0.01 })
 	prompt := strings.Repeat("x", 400) // 400 byte tokens, 25 blocks
 	ts.postID(t, "first", `{"model":"sim-model","max_tokens":4,"prompt":"`+prompt+`"}`)
 	ts.postID(t, "again", `{"model":"sim-model","max_tokens":4,"prompt":"`+prompt+`"}`)
@@ -132,15 +141,11 @@ func TestModelTTFTLog(t *testing.T) {
 // budgets' worth is three steps, and a prompt that arrives while another
 // request runs keeps its own floor while its TTFT grows.
 func TestModelTTFTLogIdleFloor(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "ttft.jsonl")
-	var cfg config.Sim
-	ts := startSim(t, func(c *config.Sim) {
+	ts, cfg, path := startTTFTLogSim(t, func(c *config.Sim) {
 		// Real time: the long request below runs for about half a second,
 		// so the short one surely arrives while it does.
 		c.TimeScale = 1
-		c.ModelTTFTLog = path
 		c.MaxNumBatchedTokens = 128
-		cfg = *c
 	})
 	idle := func(uncached int) float64 {
 		steps := (uncached + 127) / 128
