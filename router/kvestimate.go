@@ -46,7 +46,9 @@ const (
 // the picks, of the uncached tokens its cache took in, of the prompt
 // blocks its requests in flight hold, and (weighted coldWeight) of the
 // recent cold picks, among those whose cost is within the cold slack of the
-// best (coldSlackFactor, plus about two of its own prefills): cold traffic,
+// best (coldSlackFactor, plus about two of its own prefills; for a prompt
+// above longColdShare of a cache only a tenth of its own prefill,
+// longColdSlack, as such a prompt's wait is the tail's): cold traffic,
 // new conversations, what the caches take in and what they must keep
 // spread evenly without a request being sent into a long queue. Only the
 // targets above the share bound of warm requests (MaxShareWarm × the fair
@@ -120,6 +122,15 @@ const (
 	// coldSlackOwn widens the cold slack by this many times the
 	// request's own prefill at the best target's rate.
 	coldSlackOwn = 2
+	// longColdSlack: a cold prompt above longColdShare of the best
+	// target's cache waits at most this many times its own prefill
+	// beyond the best estimate (no factor, no coldSlackOwn). The wide
+	// slack admitted about half a second of queue for a 3,000-token
+	// prompt, and such prompts made a good part of the trace's tail:
+	// requests over 0.8× round-robin's p90 that their own prefill would
+	// not have put there, 33.5 → 25 a run, modelled p90 182.6 → 179.8
+	// ms (docs/performance.md, session 28, h2).
+	longColdSlack = 0.1
 )
 
 // ttftModel is a target's estimate state, guarded by kvTarget.mu.

@@ -917,3 +917,27 @@ func TestKVEstimateSharedHomeIsNoNewHome(t *testing.T) {
 		}
 	}
 }
+
+// TestKVEstimateLongColdWaitsLittle: a long cold prompt (above
+// longColdShare of the cache) is not sent into a queue while another target
+// would start it sooner. a has 500 tokens of prefill queued, b none, and
+// the deficit prefers a (b had more picks and new conversations). A short
+// cold request still goes by the deficit within the wide slack; a
+// 3,000-token one went to a too (its slack, 1.5× the best plus two of its
+// own prefills, ≈ 1 s, took in a's 50 ms queue), and now goes to b.
+func TestKVEstimateLongColdWaitsLittle(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	e.learnCapacity(a, 400)
+	e.learnCapacity(b, 400)
+	e.setPast(a, 20, 0)
+	e.setPast(b, 30, 4)
+	e.queue(a, 500)
+	if got := e.serial(chat(unique(30, 300))); got != a {
+		t.Fatalf("a short cold request went to %s, not %s, the deficit's choice within the slack", got, a)
+	}
+	if got := e.serial(chat(unique(31, 3000))); got != b {
+		t.Fatalf("a 3,000-token cold prompt went to %s behind 500 queued tokens, not to the idle %s", got, b)
+	}
+}

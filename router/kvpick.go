@@ -34,6 +34,7 @@ type kvScratch struct {
 	held    []float64 // per target: distinct prompt blocks in flight (--kv-cost ttft)
 	colds   []float64 // per target: decayed cold picks (--kv-cost ttft)
 	loss    []float64 // per target: what a long cold prompt would evict there (--kv-cost ttft)
+	longs   []bool    // per target: the cold prompt is long there (longColdShare; --kv-cost ttft)
 	listed  []int     // per target: the prefix the index lists, before the eviction cut (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	filling []bool    // per target: prefilling the prompt's held prefix for an earlier request (--kv-cost ttft)
@@ -430,7 +431,12 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		best = followPrefill(sc, nt, start, best)
 	}
 	limit := sc.costs[best]*coldSlackFactor + coldSlackSeconds
-	if !warm {
+	switch {
+	case !warm && sc.longs[best]:
+		// A long cold prompt is most of its own TTFT already: it goes
+		// where it starts soonest, give or take a tenth of its prefill.
+		limit = sc.costs[best] + coldSlackSeconds + longColdSlack*sc.rates[best]*sc.uncs[best]/1000
+	case !warm:
 		// A cold request may also wait behind about two requests of its
 		// own size: a new conversation stays where it starts, and one
 		// short queue must not send a whole burst of them elsewhere.
@@ -656,9 +662,10 @@ func sharedHome(sc *kvScratch, nt int) bool {
 // (ttftModel.evictLoss); 0 elsewhere.
 func (p *KVAware) coldLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
 	sc.loss = growF(sc.loss, nt)
+	sc.longs = growB(sc.longs, nt)
 	hl := liveHalfLife * float64(nt)
 	for i, t := range sc.targets {
-		sc.loss[i] = 0
+		sc.loss[i], sc.longs[i] = 0, false
 		if kind != keyTokens || !t.precise() {
 			continue
 		}
@@ -667,6 +674,7 @@ func (p *KVAware) coldLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
 		if c <= 0 || sc.uncs[i] <= longColdShare*c {
 			continue
 		}
+		sc.longs[i] = true
 		t.mu.RLock()
 		sc.loss[i] = t.est.evictLoss(sc.uncs[i], c, bs, seq, hl)
 		t.mu.RUnlock()
