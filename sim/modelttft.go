@@ -21,7 +21,7 @@ import (
 // prefilled a step budget at a time: the part of its TTFT that no routing
 // or queueing removes once its cache hits are given; kvd loads not counted)
 // and model_clock_s the model clock at
-// the first token, both in seconds of the model before --time-scale (0 at
+// the first token, all three in seconds of the model before --time-scale (0 at
 // --time-scale 0). infera_sim_model_ttft_seconds_total is the sum of the
 // lines' model_ttft_s; the lines give its distribution, which a benchmark
 // on a loaded box reads instead of the measured TTFT's (the model's clock
