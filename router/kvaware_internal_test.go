@@ -101,7 +101,7 @@ func (e *kvEnv) pick(body string) Ticket {
 	if !req.Messages.Empty() {
 		rt = RouteChatCompletions
 	}
-	tk, err := e.p.Pick(&PickInput{Route: rt, Body: []byte(body), Request: &req}, e.cands())
+	tk, err := e.p.Pick(&PickInput{Route: rt, Body: []byte(body), Request: &req, RequestID: []byte("test-request")}, e.cands())
 	if err != nil || tk.Worker == nil {
 		e.t.Fatalf("pick: %v", err)
 	}

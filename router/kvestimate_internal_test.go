@@ -619,7 +619,7 @@ func TestKVEstimatePickLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	blocks := float64(len(tokens) / 16)
-	if warm["message"] != "kv pick" || warm["warm"] != true || warm["worker_id"] != a || warm["holder_id"] != a ||
+	if warm["message"] != "kv pick" || warm["request_id"] != "test-request" || warm["warm"] != true || warm["worker_id"] != a || warm["holder_id"] != a ||
 		warm["holder_listed"] != blocks || len(warm["costs_seconds"].([]any)) != 2 {
 		t.Fatalf("warm pick line: %s", lines[0])
 	}

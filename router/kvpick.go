@@ -276,7 +276,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		}
 		b := p.pickByEstimate(sc, nt, start, warm)
 		if e := p.log.Debug(); e.Enabled() {
-			logPick(e, sc, nt, b, warm, seq)
+			logPick(e.Bytes("request_id", in.RequestID), sc, nt, b, warm, seq)
 		}
 		if newHome {
 			// The cold count alternates the new homes of a burst, which
@@ -570,7 +570,9 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 // logPick writes one debug line per --kv-cost ttft pick (chosen target b):
 // the chosen target's and the best holder's view, so that a run's log shows
 // where a conversation left the worker holding it and why (the listed
-// prefix against the one the eviction cut kept, costs, shares). The prompt
+// prefix against the one the eviction cut kept, costs, shares). Its
+// request_id joins it to the engine's own record of the request (the
+// simulator's model TTFT log). The prompt
 // is named by its 4th block hash (a conversation's turns share it) and its
 // last one.
 func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
