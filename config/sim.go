@@ -333,7 +333,7 @@ func simFraction(p *Problems, flag string, v float64) {
 // every flag is, and from INFERA_SIM_MODEL_TTFT_LOG, the name issue 37
 // gives it (the sim's output, not a setting shared with serve or worker).
 func modelTTFTLogFlag(dest *string) cli.Flag {
-	f := String("model-ttft-log", "write one JSON line per request at its first token to this file (created or truncated): request_id, prompt_tokens, cached_tokens, model_ttft_s (the step model's time to first token, before --time-scale, independent of the box's load), model_idle_ttft_s (the same request's alone on an idle engine: its floor given its cache hits) and model_clock_s", dest, "")
+	f := String("model-ttft-log", "write one JSON line per request at its first token to this file (created or truncated): request_id, prompt_tokens, cached_tokens, model_ttft_s (the step model's time to first token, before --time-scale, independent of the box's load), model_admit_wait_s (the part of it spent waiting for blocks or a batch slot), model_idle_ttft_s (the same request's alone on an idle engine: its floor given its cache hits) and model_clock_s", dest, "")
 	f.EnvVars = append(f.EnvVars, "INFERA_SIM_MODEL_TTFT_LOG")
 	return f
 }

@@ -11,12 +11,16 @@ import (
 // --model-ttft-log PATH: one JSON line per request at its first token, with
 // the modelled time to first token the step model gave it,
 //
-//	{"request_id":"…","prompt_tokens":N,"cached_tokens":N,"model_ttft_s":F,"model_idle_ttft_s":F,"model_clock_s":F}
+//	{"request_id":"…","prompt_tokens":N,"cached_tokens":N,"model_ttft_s":F,"model_admit_wait_s":F,"model_idle_ttft_s":F,"model_clock_s":F}
 //
 // request_id is the X-Request-Id the request came with ("" without one),
 // cached_tokens the prompt tokens served from the prefix cache or loaded
 // from kvd (the answer's cached_tokens), model_ttft_s the model-clock time
-// from submission to the first token, model_idle_ttft_s what the step model
+// from submission to the first token, model_admit_wait_s the part of it
+// spent waiting to enter the batch (for free blocks or a batch slot, behind
+// the requests before it: head-of-line, as vLLM admits), so that the rest,
+// model_ttft_s − model_admit_wait_s, is the prefill queue the request sat in
+// plus its own prefill; model_idle_ttft_s what the step model
 // gives the same request alone on an idle engine (its uncached prompt
 // prefilled a step budget at a time: the part of its TTFT that no routing
 // or queueing removes once its cache hits are given; kvd loads not counted)
@@ -125,12 +129,13 @@ func (l *modelTTFTLog) close() error {
 }
 
 // record appends q's line: its first token came at the model clock
-// clockNs, ttftNs after it was submitted, and alone on an idle engine it
-// would have come idleNs after (all scaled nanoseconds).
-func (l *modelTTFTLog) record(q *seq, ttftNs, idleNs, clockNs int64) {
-	ttft, idle, clock := 0.0, 0.0, 0.0
+// clockNs, ttftNs after it was submitted, of which it waited admitNs to
+// enter the batch, and alone on an idle engine it would have come idleNs
+// after (all scaled nanoseconds).
+func (l *modelTTFTLog) record(q *seq, ttftNs, admitNs, idleNs, clockNs int64) {
+	ttft, admit, idle, clock := 0.0, 0.0, 0.0, 0.0
 	if l.scale > 0 {
-		ttft, idle, clock = float64(ttftNs)/1e9/l.scale, float64(idleNs)/1e9/l.scale, float64(clockNs)/1e9/l.scale
+		ttft, admit, idle, clock = float64(ttftNs)/1e9/l.scale, float64(admitNs)/1e9/l.scale, float64(idleNs)/1e9/l.scale, float64(clockNs)/1e9/l.scale
 	}
 	l.mu.Lock()
 	b := append(l.buf, `{"request_id":`...)
@@ -141,6 +146,8 @@ func (l *modelTTFTLog) record(q *seq, ttftNs, idleNs, clockNs int64) {
 	b = strconv.AppendInt(b, int64(q.cached.Load()), 10)
 	b = append(b, `,"model_ttft_s":`...)
 	b = strconv.AppendFloat(b, ttft, 'f', 9, 64)
+	b = append(b, `,"model_admit_wait_s":`...)
+	b = strconv.AppendFloat(b, admit, 'f', 9, 64)
 	b = append(b, `,"model_idle_ttft_s":`...)
 	b = strconv.AppendFloat(b, idle, 'f', 9, 64)
 	b = append(b, `,"model_clock_s":`...)

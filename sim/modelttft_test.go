@@ -22,6 +22,7 @@ type modelTTFTLine struct {
 	PromptTokens int     `json:"prompt_tokens"`
 	CachedTokens int     `json:"cached_tokens"`
 	ModelTTFTS   float64 `json:"model_ttft_s"`
+	ModelAdmitS  float64 `json:"model_admit_wait_s"`
 	ModelIdleS   float64 `json:"model_idle_ttft_s"`
 	ModelClockS  float64 `json:"model_clock_s"`
 }
@@ -174,6 +175,51 @@ func TestModelTTFTLogIdleFloor(t *testing.T) {
 		if l.RequestID == "short" && (math.Abs(l.ModelIdleS-idle(256)) > 1e-6 || l.ModelTTFTS <= l.ModelIdleS+1e-6) {
 			t.Errorf("line %+v: want idle TTFT %v, below its TTFT beside the long request", l, idle(256))
 		}
+	}
+}
+
+// model_admit_wait_s is the part of a request's TTFT spent waiting to
+// enter the batch: none on an idle engine; until the request before it
+// ends when that one holds the blocks it needs (the engine reserves a
+// request's prompt and output at admission).
+func TestModelTTFTLogAdmitWait(t *testing.T) {
+	ts, cfg, path := startTTFTLogSim(t, func(c *config.Sim) {
+		c.TimeScale = 1
+		c.KVBlocks, c.MaxModelLen = 40, 640 // 640 tokens of cache
+	})
+	ts.postID(t, "alone", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("a", 100)+`"}`)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// 400 + 200 tokens: 38 of the 40 blocks, for 200 decode steps.
+		ts.postID(t, "long", `{"model":"sim-model","max_tokens":200,"prompt":"`+strings.Repeat("b", 400)+`"}`)
+	}()
+	testkit.Eventually(t, "the long request running", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
+	ts.postID(t, "short", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("c", 100)+`"}`)
+	<-done
+	if err := ts.stop(); err != nil {
+		t.Fatal(err)
+	}
+	lines := readModelTTFTLog(t, path)
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want 3: %+v", len(lines), lines)
+	}
+	by := map[string]modelTTFTLine{}
+	for _, l := range lines {
+		by[l.RequestID] = l
+	}
+	if l := by["alone"]; l.ModelAdmitS != 0 {
+		t.Errorf("alone on an idle engine: %+v, want no admission wait", l)
+	}
+	long, short := by["long"], by["short"]
+	// The short request enters once the long one ended: after its 200
+	// decode steps, which follow its first token.
+	decode := 199 * cfg.StepOverheadMs / 1e3
+	if short.ModelAdmitS < decode || short.ModelAdmitS > short.ModelTTFTS-short.ModelIdleS+1e-6 {
+		t.Errorf("short behind the long request's blocks: %+v, want an admission wait of at least %v s (the long one's decode), within its TTFT less its floor", short, decode)
+	}
+	if short.ModelClockS < long.ModelClockS+decode {
+		t.Errorf("short's first token at %v, before the long request (first token at %v) could have ended", short.ModelClockS, long.ModelClockS)
 	}
 }
 

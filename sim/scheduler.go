@@ -59,6 +59,7 @@ type seq struct {
 	kvdLoad          int
 	stepLoad         int
 	arrived          int64 // the model clock when it was submitted
+	admitted         int64 // the model clock when it entered the batch
 
 	// Shared.
 	generated atomic.Int32 // output tokens the handler may send
@@ -108,7 +109,7 @@ func getSeq() *seq {
 	q.logTTFT, q.requestID = false, q.requestID[:0]
 	q.computed, q.committed, q.reserve, q.gen = 0, 0, 0, 0
 	q.stepFill, q.stepDec, q.queued, q.running = 0, false, false, false
-	q.kvdChecked, q.kvdFrom, q.kvdUpTo, q.kvdLoad, q.stepLoad, q.arrived = false, 0, 0, 0, 0, 0
+	q.kvdChecked, q.kvdFrom, q.kvdUpTo, q.kvdLoad, q.stepLoad, q.arrived, q.admitted = false, 0, 0, 0, 0, 0, 0
 	q.generated.Store(0)
 	q.cached.Store(0)
 	q.done.Store(seqRunning)
@@ -449,6 +450,7 @@ func (sc *scheduler) admit() {
 		sc.waiting[sc.whead] = nil
 		sc.whead++
 		q.queued, q.running = false, true
+		q.admitted = sc.modelNs
 		sc.running = append(sc.running, q)
 	}
 	if sc.whead > 0 && sc.whead*2 >= len(sc.waiting) {
@@ -594,7 +596,7 @@ func (sc *scheduler) runInstant(q *seq) {
 	sc.compute(q, q.promptLen+q.maxTokens-1)
 	sc.firsts++
 	if q.logTTFT && sc.ttftLog != nil {
-		sc.ttftLog.record(q, 0, 0, sc.modelNs)
+		sc.ttftLog.record(q, 0, 0, 0, sc.modelNs)
 	}
 	q.gen = q.maxTokens
 	sc.genTokens += uint64(q.maxTokens)
@@ -669,7 +671,7 @@ func (sc *scheduler) apply() {
 				at := sc.modelNs + sc.stepNs
 				sc.ttftNs += uint64(at - q.arrived)
 				if q.logTTFT && sc.ttftLog != nil {
-					sc.ttftLog.record(q, at-q.arrived, sc.idleTTFTNs(q), at)
+					sc.ttftLog.record(q, at-q.arrived, q.admitted-q.arrived, sc.idleTTFTNs(q), at)
 				}
 			}
 		}
