@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -220,6 +221,37 @@ func TestModelTTFTLogAdmitWait(t *testing.T) {
 	}
 	if short.ModelClockS < long.ModelClockS+decode {
 		t.Errorf("short's first token at %v, before the long request (first token at %v) could have ended", short.ModelClockS, long.ModelClockS)
+	}
+}
+
+// A request that arrives while a step runs waits for the next step, but
+// its TTFT counts from its arrival, not from the start of the step it
+// missed: here a one-second prefill step is under way for 300 ms or more
+// when the short request comes, so its TTFT is the rest of that step and
+// its own prefill, at least 300 ms less than both whole.
+func TestModelTTFTLogCountsFromArrival(t *testing.T) {
+	ts, cfg, path := startTTFTLogSim(t, func(c *config.Sim) {
+		c.TimeScale = 1
+		c.PrefillTokensPerS = 1000
+		c.MaxNumBatchedTokens = 1024
+	})
+	step := func(tokens int) float64 { return cfg.StepOverheadMs/1e3 + float64(tokens)/cfg.PrefillTokensPerS }
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ts.postID(t, "long", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("a", 1000)+`"}`)
+	}()
+	testkit.Eventually(t, "the long request running", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
+	time.Sleep(300 * time.Millisecond)
+	ts.postID(t, "short", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("b", 16)+`"}`)
+	<-done
+	if err := ts.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range readModelTTFTLog(t, path) {
+		if l.RequestID == "short" && l.ModelTTFTS > step(1000)+step(16)-0.3+1e-6 {
+			t.Errorf("short, 300 ms or more into a %v s step: %+v, want a TTFT of at most %v s", step(1000), l, step(1000)+step(16)-0.3)
+		}
 	}
 }
 

@@ -191,8 +191,9 @@ type scheduler struct {
 	kvd        *kvdTier      // nil without --kvd-socket
 	ttftLog    *modelTTFTLog // nil without --model-ttft-log
 	// The model clock: the sum of the simulated steps' durations; stepNs
-	// is the planned step's.
+	// is the planned step's, which ends at the wall time stepEnd.
 	modelNs, stepNs int64
+	stepEnd         time.Time
 
 	waiting  []*seq
 	whead    int
@@ -352,6 +353,7 @@ func (sc *scheduler) run(ctx context.Context) {
 			clock = now
 		}
 		clock = clock.Add(d)
+		sc.stepEnd = clock
 		if !sc.sleep(ctx, timer, clock.Sub(now)) {
 			return
 		}
@@ -381,6 +383,18 @@ func (sc *scheduler) sleep(ctx context.Context, timer *time.Timer, d time.Durati
 	}
 }
 
+// intoStep is how far into the running step the model clock is now: a
+// request that arrives while a step runs waits for the next one, as in
+// vLLM, but its time to first token counts from when it came, not from the
+// step's start (which put up to a whole step of time before it arrived
+// into its TTFT: a 2,048-token prefill step is 104 ms at 20,000 tokens/s).
+func (sc *scheduler) intoStep() int64 {
+	if sc.stepNs <= 0 || sc.stepEnd.IsZero() {
+		return 0
+	}
+	return min(sc.stepNs, max(0, sc.stepNs-int64(time.Until(sc.stepEnd))))
+}
+
 // drain handles queued messages without blocking.
 func (sc *scheduler) drain() {
 	for range cap(sc.in) {
@@ -405,7 +419,7 @@ func (sc *scheduler) handle(m msg) {
 		return
 	}
 	q.queued = true
-	q.arrived = sc.modelNs
+	q.arrived = sc.modelNs + sc.intoStep()
 	sc.waiting = append(sc.waiting, q)
 }
 
