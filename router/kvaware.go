@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -681,7 +682,7 @@ func (p *KVAware) CacheView(workerID string, dpRank int, hasRank bool) (CacheVie
 
 // Release implements Policy: the request's blocks leave its target's
 // in-flight set.
-func (p *KVAware) Release(t Ticket, _ Result) {
+func (p *KVAware) Release(t Ticket, res Result) {
 	kt, ok := t.State.(*kvTicket)
 	if !ok {
 		return
@@ -692,6 +693,9 @@ func (p *KVAware) Release(t Ticket, _ Result) {
 	tg.active.RemoveAll(kt.hashes)
 	stamp := int64(-1)
 	if p.ttft {
+		if res.Err == nil && res.Status == http.StatusOK {
+			tg.est.noteEnd(kt, time.Now().UnixNano())
+		}
 		tg.est.leave(kt)
 		if kt.promptTokens > 0 {
 			// The blocks go back to the engine's LRU now: their last use.
@@ -736,6 +740,10 @@ type kvTicket struct {
 	wall     int64   // unix ns of the pick: its TTFT counts from here (firstToken)
 	slot     int     // index in target.est.flight; -1 when not there
 	first    bool    // past its first token
+	firstAt  int64   // unix ns of its first token
+	out      float64 // max_tokens (0 when not given): output room the engine keeps
+	pred     float64 // estimated TTFT at the pick, seconds
+	wait     float64 // of it, the estimated wait for room in the cache
 }
 
 var ticketPool = sync.Pool{New: func() any { return new(kvTicket) }}

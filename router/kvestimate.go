@@ -141,6 +141,8 @@ type ttftModel struct {
 	queued   float64     // uncached prompt tokens of tickets before their first token
 	decoding int         // tickets past their first token
 	flight   []*kvTicket // tickets in flight here, in pick order
+	outs     float64     // the max_tokens of the tickets in flight: output the engine keeps room for
+	perOut   float64     // seconds from the first token to the end, per max_tokens (learnt at release)
 	picks    float64     // picks, decayed by the fleet's picks since picksAt (pickCount)
 	picksAt  int64       // KVAware.seq at the last update of picks and fills
 	fills    float64     // uncached prompt tokens charged here, decayed as picks
@@ -270,7 +272,101 @@ func (m *ttftModel) evictLoss(uncached, capacity float64, bs int, seq int64, hal
 }
 
 func (m *ttftModel) init() {
-	m.base, m.perKTok, m.perDecode = priorBase, priorPerKTok, priorPerDecode
+	m.base, m.perKTok, m.perDecode, m.perOut = priorBase, priorPerKTok, priorPerDecode, priorPerOut
+}
+
+// Admission. An engine starts a request only when its cache has room for
+// it: the simulator reserves the prompt and max_tokens at admission, vLLM
+// allocates as it goes and preempts a running request when it runs out,
+// and either way a request behind a full cache waits for requests there
+// to end, in arrival order. The TTFT estimate alone did not see it: on the
+// trace (400-block caches, prompts of 2,000–3,500 tokens) 14 of 16 and 19
+// of 24 requests that waited over 0.8× round-robin's p90 would have been
+// under it without their admission wait (the simulator's
+// model_admit_wait_s; docs/performance.md, session 29), and the pick had
+// priced them at 11–250 ms.
+//
+// So a target whose tickets in flight hold, with this request, more than
+// its cache (its prompt blocks in flight, shared prefixes once, plus their
+// max_tokens; the capacity its removal events revealed) makes the request
+// wait until enough of them end: each ends at its first token (its pick's
+// estimate, or the one it had) plus its max_tokens at the target's learnt
+// decode pace (perOut). The estimate is then at least that wait plus the
+// request's own prefill.
+
+// priorPerOut is the decode pace before a target has ended a stream: 10 ms
+// per output token, a loaded GPU's; the simulators of the benchmarks run at
+// about 2.5 ms, learnt within a few requests.
+const (
+	priorPerOut = 0.01
+	// perOutStep is the weight of one ended stream in perOut.
+	perOutStep = 0.1
+)
+
+// remaining is how long ticket kt is expected to stay at now (unix ns):
+// until its first token (its pick's estimate) and then its max_tokens at
+// the decode pace, which the prefill queued here stretches (a step that
+// prefills a chunk decodes one token of each running request too), and at
+// least one token's time while it has not ended.
+func (m *ttftModel) remaining(kt *kvTicket, now int64) float64 {
+	stretch := m.perKTok * m.queued / 1000
+	if kt.first {
+		return max(m.perOut, float64(kt.firstAt-now)/1e9+kt.out*m.perOut+stretch)
+	}
+	return max(0, float64(kt.wall-now)/1e9+kt.pred) + kt.out*m.perOut + stretch
+}
+
+// admitWait is how long a request waits here until excess tokens of the
+// cache are freed: the tickets in flight end in order of their remaining
+// time, each freeing its prompt (bs-token blocks) and max_tokens. Tickets
+// that end together free together. When all of them together do not free
+// enough the wait is the last one's: the engine is then empty.
+func (m *ttftModel) admitWait(excess float64, now int64, bs float64) float64 {
+	last, freed := -1.0, 0.0
+	for freed < excess {
+		next := math.Inf(1)
+		for _, kt := range m.flight {
+			if r := m.remaining(kt, now); r > last && r < next {
+				next = r
+			}
+		}
+		if math.IsInf(next, 1) {
+			break
+		}
+		for _, kt := range m.flight {
+			if m.remaining(kt, now) == next {
+				freed += float64(len(kt.hashes))*bs + kt.out
+			}
+		}
+		last = next
+	}
+	return max(0, last)
+}
+
+// admitEstimate is estimate with the admission wait: need tokens of room
+// for this request (its prompt beyond the prefix running requests hold,
+// and its max_tokens) against held tokens in use by the tickets in flight
+// and a capacity of capTokens (0: unknown, no wait). It returns the
+// estimate and the wait in it.
+func (m *ttftModel) admitEstimate(uncached, need, held, capTokens float64, now int64, bs float64) (est, wait float64) {
+	est = m.estimate(uncached)
+	if capTokens <= 0 {
+		return est, 0
+	}
+	if excess := held + m.outs + need - capTokens; excess > 0 && len(m.flight) > 0 {
+		wait = m.admitWait(excess, now, bs)
+		est = max(est, wait+m.base+m.perKTok*uncached/1000)
+	}
+	return est, wait
+}
+
+// noteEnd learns the decode pace from a ticket that ended well at now:
+// its time from first token to end, per max_tokens.
+func (m *ttftModel) noteEnd(kt *kvTicket, now int64) {
+	if !kt.first || kt.out < 1 || now <= kt.firstAt {
+		return
+	}
+	m.perOut += perOutStep * (float64(now-kt.firstAt)/1e9/kt.out - m.perOut)
 }
 
 // estimate is the modelled TTFT of a request with uncached prompt tokens
@@ -325,17 +421,20 @@ func (m *ttftModel) enterCold(seq int64, halfLife float64) {
 	m.coldsAt = seq
 }
 
-// enter charges a picked ticket to the target; seq is the fleet's pick
-// count before this pick.
-func (m *ttftModel) enter(kt *kvTicket, uncached float64, seq int64, halfLife float64) {
+// enter charges a picked ticket to the target: uncached prompt tokens, out
+// max_tokens (0 when not given), an estimated TTFT of pred seconds of
+// which wait for admission; seq is the fleet's pick count before this pick.
+func (m *ttftModel) enter(kt *kvTicket, uncached, out, pred, wait float64, seq int64, halfLife float64) {
 	kt.uncached = uncached
 	kt.work = m.queued + uncached
 	kt.dec = m.decoding
+	kt.out, kt.pred, kt.wait = out, pred, wait
 	kt.first = false
 	kt.wall = time.Now().UnixNano()
 	kt.slot = len(m.flight)
 	m.flight = append(m.flight, kt)
 	m.queued += uncached
+	m.outs += out
 	m.intake += uncached
 	m.picks = m.pickCount(seq, halfLife) + 1
 	m.fills = m.fillCount(seq, halfLife) + uncached
@@ -371,6 +470,7 @@ func (m *ttftModel) leave(kt *kvTicket) {
 	m.flight[last] = nil
 	m.flight = m.flight[:last]
 	kt.slot = -1
+	m.outs = max(0, m.outs-kt.out)
 	if kt.first {
 		m.decoding--
 	} else {
@@ -406,9 +506,12 @@ func (kw *kvWorker) firstToken(state any, now int64) {
 		return
 	}
 	kt.first = true
+	kt.firstAt = now
 	m.queued = max(0, m.queued-kt.uncached)
 	m.decoding++
-	if ttft := float64(now-kt.wall) / float64(time.Second); ttft > 0 {
+	// A request priced to wait for room in the cache measures mostly that
+	// wait, not the prefill and decode rates the coefficients stand for.
+	if ttft := float64(now-kt.wall) / float64(time.Second); ttft > 0 && kt.wait == 0 {
 		m.learn(kt.work, kt.dec, ttft)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -363,7 +364,7 @@ func TestKVEstimateDeficitDecays(t *testing.T) {
 	const hl = deficitHalfLife * 4.0
 	var kt kvTicket
 	for i := range 10 {
-		m.enter(&kt, 100, int64(i), hl)
+		m.enter(&kt, 100, 0, 0, 0, int64(i), hl)
 		m.leave(&kt)
 	}
 	at := m.pickCount(9, hl)
@@ -637,6 +638,10 @@ func TestKVEstimatePickLog(t *testing.T) {
 		}
 		if _, ok := l["queued_tokens"]; !ok {
 			t.Fatalf("pick line without the target's queued tokens: %v", l)
+		}
+		// The admission view: no room learnt yet, no wait.
+		if l["admit_wait_seconds"] != 0.0 || l["capacity_blocks"] != 0.0 || l["per_out_seconds"] != priorPerOut {
+			t.Fatalf("pick line without the admission view: %v", l)
 		}
 	}
 }
@@ -939,5 +944,42 @@ func TestKVEstimateLongColdWaitsLittle(t *testing.T) {
 	}
 	if got := e.serial(chat(unique(31, 3000))); got != b {
 		t.Fatalf("a 3,000-token cold prompt went to %s behind 500 queued tokens, not to the idle %s", got, b)
+	}
+}
+
+// TestKVEstimateWaitsForRoom: a request whose holder's cache is taken by a
+// request in flight there (its prompt and max_tokens) waits for that one to
+// end before it starts (kvestimate.go, "Admission"). Two 400-block targets;
+// a holds two 3,000-token prompts, one of them running with max_tokens
+// out. With 500 tokens still to come (5 s at the prior decode pace) the
+// other prompt's turn does not fit beside it and goes to the idle b, where
+// it is cold; with 10 (0.1 s) it waits on a for its cache.
+func TestKVEstimateWaitsForRoom(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	maxTokens := func(n int, content string) string {
+		return `{"model":"m","max_tokens":` + strconv.Itoa(n) + `,"messages":[{"role":"user","content":"` + content + `"}]}`
+	}
+	for _, tc := range []struct {
+		out  int
+		want string
+	}{{500, b}, {10, a}} {
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		e.learnCapacity(a, 400)
+		e.learnCapacity(b, 400)
+		running, next := unique(40, 3000), unique(41, 3000)
+		e.store(a, chatTokens(t, running))
+		e.store(a, chatTokens(t, next))
+		tk := e.pick(maxTokens(tc.out, running))
+		if tk.Worker.id != a {
+			t.Fatalf("the running prompt went to %s, not its holder %s", tk.Worker.id, a)
+		}
+		tk.Worker.stall.noteServed(time.Now().UnixNano(), tk.State)
+		got := e.pick(maxTokens(100, next))
+		e.p.Release(got, Result{Status: 200})
+		e.p.Release(tk, Result{Status: 200})
+		if got.Worker.id != tc.want {
+			t.Errorf("beside a request with %d tokens to come, the next prompt went to %s, want %s", tc.out, got.Worker.id, tc.want)
+		}
 	}
 }

@@ -37,6 +37,8 @@ type kvScratch struct {
 	longs   []bool    // per target: the cold prompt is long there (longColdShare; --kv-cost ttft)
 	listed  []int     // per target: the prefix the index lists, before the eviction cut (--kv-cost ttft)
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
+	preds   []float64 // per target: the estimated TTFT, before redoCost (--kv-cost ttft)
+	waits   []float64 // per target: of it, the wait for room in the cache (--kv-cost ttft)
 	filling []bool    // per target: prefilling the prompt's held prefix for an earlier request (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
 	handles []*kvcache.Worker
@@ -182,7 +184,15 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.listed = grow(sc.listed, nt)
 		sc.filling = growB(sc.filling, nt)
 		sc.flights = grow(sc.flights, nt)
+		sc.preds = growF(sc.preds, nt)
+		sc.waits = growF(sc.waits, nt)
 	}
+	// The output room the engine keeps for this request (admission).
+	out := 0.0
+	if in.Request != nil && in.Request.MaxTokens > 0 {
+		out = float64(in.Request.MaxTokens)
+	}
+	wallNow := time.Now().UnixNano()
 	total := 0.0
 	warm := false // some target holds a quarter of the prompt, minWarmBlocks at least
 	for i, t := range sc.targets {
@@ -228,8 +238,16 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.picks[i] = picks
 		if p.ttft {
 			u := promptUncached(sc, kind, t, len(hs), eff, p.cfg.DefaultBlockSize)
+			// Room in the cache: the blocks in flight there (a prefix
+			// shared with them once) and their outputs against what its
+			// removal events revealed (kvestimate.go, "Admission").
+			bs, capTokens := float64(t.blockSize()), 0.0
+			if t.idx != nil {
+				capTokens = float64(t.idx.Capacity()) * bs
+			}
 			t.mu.RLock()
-			sc.costs[i] = t.est.estimate(u)
+			sc.costs[i], sc.waits[i] = t.est.admitEstimate(u, float64(len(hs)-flight)*bs+out, float64(active)*bs, capTokens, wallNow, bs)
+			sc.preds[i] = sc.costs[i]
 			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
 			sc.fills[i] = t.est.fillCount(seq, halfLife)
@@ -346,7 +364,11 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	t.picks = decayedFor(t.picks, t.picksAt, now, shareHalfLife) + 1
 	t.picksAt = now
 	if p.ttft {
-		t.est.enter(kt, promptUncached(sc, kind, t, len(hs), bestEff, p.cfg.DefaultBlockSize), seq, halfLife)
+		out := 0.0
+		if in.Request != nil && in.Request.MaxTokens > 0 {
+			out = float64(in.Request.MaxTokens)
+		}
+		t.est.enter(kt, promptUncached(sc, kind, t, len(hs), bestEff, p.cfg.DefaultBlockSize), out, sc.preds[best], sc.waits[best], seq, halfLife)
 		if kind == keyTokens {
 			t.est.useLive(hs, seq)
 		}
@@ -596,7 +618,17 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
 	// and a loaded box can be told apart by more than their outcome.
 	tb.mu.RLock()
 	base, perDecode, queued, decoding := tb.est.base, tb.est.perDecode, tb.est.queued, tb.est.decoding
+	outs, perOut, inFlight := tb.est.outs, tb.est.perOut, len(tb.est.flight)
+	active := tb.active.Len()
 	tb.mu.RUnlock()
+	capBlocks := 0
+	if tb.idx != nil {
+		capBlocks = tb.idx.Capacity()
+	}
+	// The admission view: what the chosen target's cache holds for the
+	// requests in flight there against what its events revealed.
+	e.Float64("admit_wait_seconds", sc.waits[b]).Int("capacity_blocks", capBlocks).Int("active_blocks", active).
+		Float64("flight_outs", outs).Float64("per_out_seconds", perOut).Int("in_flight", inFlight)
 	e.Float64("base_seconds", base).Float64("per_decode_seconds", perDecode).
 		Floats64("all_per_ktok_seconds", sc.rates[:nt]).Float64("queued_tokens", queued).Int("decoding", decoding)
 	e.Int64("pick_seq", seq).Bool("warm", warm).Int("target", b).Int("holder", h).
