@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +85,31 @@ func (ts *testSim) postID(t *testing.T, id, body string) {
 	}
 }
 
+// completion is a completion body of maxTokens on prompt.
+func completion(maxTokens int, prompt string) string {
+	return `{"model":"sim-model","max_tokens":` + strconv.Itoa(maxTokens) + `,"prompt":"` + prompt + `"}`
+}
+
+// runBeside posts long (X-Request-Id "long") in the background and, once
+// the engine runs it and pause has passed, short ("short"); then it stops
+// the simulator and returns its log's lines.
+func runBeside(t *testing.T, ts *testSim, path, long, short string, pause time.Duration) []modelTTFTLine {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ts.postID(t, "long", long)
+	}()
+	testkit.Eventually(t, "the long request running", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
+	time.Sleep(pause)
+	ts.postID(t, "short", short)
+	<-done
+	if err := ts.stop(); err != nil {
+		t.Fatal(err)
+	}
+	return readModelTTFTLog(t, path)
+}
+
 // The line of each request holds the TTFT the step model gives it: on an
 // idle engine, one prefill step of its uncached tokens (the step overhead
 // plus those tokens at --prefill-tokens-per-s), in model seconds whatever
@@ -153,19 +179,8 @@ func TestModelTTFTLogIdleFloor(t *testing.T) {
 		steps := (uncached + 127) / 128
 		return float64(steps)*cfg.StepOverheadMs/1e3 + float64(uncached)/cfg.PrefillTokensPerS
 	}
-	ts.postID(t, "alone", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("a", 384)+`"}`)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ts.postID(t, "long", `{"model":"sim-model","max_tokens":64,"prompt":"`+strings.Repeat("b", 1024)+`"}`)
-	}()
-	testkit.Eventually(t, "the long request running", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
-	ts.postID(t, "short", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("c", 256)+`"}`)
-	<-done
-	if err := ts.stop(); err != nil {
-		t.Fatal(err)
-	}
-	lines := readModelTTFTLog(t, path)
+	ts.postID(t, "alone", completion(1, strings.Repeat("a", 384)))
+	lines := runBeside(t, ts, path, completion(64, strings.Repeat("b", 1024)), completion(1, strings.Repeat("c", 256)), 0)
 	if len(lines) != 3 {
 		t.Fatalf("%d lines, want 3: %+v", len(lines), lines)
 	}
@@ -188,20 +203,9 @@ func TestModelTTFTLogAdmitWait(t *testing.T) {
 		c.TimeScale = 1
 		c.KVBlocks, c.MaxModelLen = 40, 640 // 640 tokens of cache
 	})
-	ts.postID(t, "alone", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("a", 100)+`"}`)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// 400 + 200 tokens: 38 of the 40 blocks, for 200 decode steps.
-		ts.postID(t, "long", `{"model":"sim-model","max_tokens":200,"prompt":"`+strings.Repeat("b", 400)+`"}`)
-	}()
-	testkit.Eventually(t, "the long request running", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
-	ts.postID(t, "short", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("c", 100)+`"}`)
-	<-done
-	if err := ts.stop(); err != nil {
-		t.Fatal(err)
-	}
-	lines := readModelTTFTLog(t, path)
+	ts.postID(t, "alone", completion(1, strings.Repeat("a", 100)))
+	// 400 + 200 tokens: 38 of the 40 blocks, for 200 decode steps.
+	lines := runBeside(t, ts, path, completion(200, strings.Repeat("b", 400)), completion(1, strings.Repeat("c", 100)), 0)
 	if len(lines) != 3 {
 		t.Fatalf("%d lines, want 3: %+v", len(lines), lines)
 	}
@@ -236,19 +240,8 @@ func TestModelTTFTLogCountsFromArrival(t *testing.T) {
 		c.MaxNumBatchedTokens = 1024
 	})
 	step := func(tokens int) float64 { return cfg.StepOverheadMs/1e3 + float64(tokens)/cfg.PrefillTokensPerS }
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ts.postID(t, "long", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("a", 1000)+`"}`)
-	}()
-	testkit.Eventually(t, "the long request running", func() bool { return ts.gauge(t, "vllm:num_requests_running") == 1 })
-	time.Sleep(300 * time.Millisecond)
-	ts.postID(t, "short", `{"model":"sim-model","max_tokens":1,"prompt":"`+strings.Repeat("b", 16)+`"}`)
-	<-done
-	if err := ts.stop(); err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range readModelTTFTLog(t, path) {
+	lines := runBeside(t, ts, path, completion(1, strings.Repeat("a", 1000)), completion(1, strings.Repeat("b", 16)), 300*time.Millisecond)
+	for _, l := range lines {
 		if l.RequestID == "short" && l.ModelTTFTS > step(1000)+step(16)-0.3+1e-6 {
 			t.Errorf("short, 300 ms or more into a %v s step: %+v, want a TTFT of at most %v s", step(1000), l, step(1000)+step(16)-0.3)
 		}
