@@ -39,6 +39,7 @@ func divergenceTokens(sc *kvScratch, kind keyKind, best int) (predicted, prompt 
 type usageTap struct {
 	want, seen     bool
 	prompt, cached int64 // cached < 0: the engine reported no cached tokens
+	completion     int64 // < 0: the engine reported no completion tokens
 }
 
 // note looks for a usage object in one SSE event.
@@ -46,8 +47,8 @@ func (u *usageTap) note(ev []byte) {
 	if !u.want {
 		return
 	}
-	if prompt, cached, ok := parseUsage(ev); ok {
-		u.seen, u.prompt, u.cached = true, prompt, cached
+	if prompt, cached, completion, ok := parseUsage(ev); ok {
+		u.seen, u.prompt, u.cached, u.completion = true, prompt, cached, completion
 	}
 }
 
@@ -75,27 +76,31 @@ func (r *Router) noteUsage(rel *relay, o outcome) {
 	if !ok || (p.div == nil && !p.ttft) {
 		return
 	}
-	var prompt, cached int64
+	var prompt, cached, completion int64
 	switch {
 	case rel.scan.Stream:
 		u := &rel.pump.usage
 		if !u.seen {
 			return
 		}
-		prompt, cached = u.prompt, u.cached
+		prompt, cached, completion = u.prompt, u.cached, u.completion
 	case rel.dialect.response == nil && rel.ctx != nil:
 		// The engine's own answer (a translated one no longer is).
-		if prompt, cached, ok = parseUsage(answerBody(&rel.ctx.Response)); !ok {
+		if prompt, cached, completion, ok = parseUsage(answerBody(&rel.ctx.Response)); !ok {
 			return
 		}
 	default:
 		return
 	}
-	p.observeUsage(kt, prompt, cached)
+	p.observeUsage(kt, prompt, cached, completion)
 }
 
-// observeUsage records one answered request of kt's worker.
-func (p *KVAware) observeUsage(kt *kvTicket, prompt, cached int64) {
+// observeUsage records one answered request of kt's worker (cached and
+// completion < 0: not reported).
+func (p *KVAware) observeUsage(kt *kvTicket, prompt, cached, completion int64) {
+	if p.ttft && completion >= 0 {
+		p.noteOutput(kt, completion)
+	}
 	if p.ttft && cached >= 0 {
 		p.noteIntake(kt, cached)
 		if e := p.log.Debug(); e.Enabled() && len(kt.hashes) >= minWarmBlocks {
@@ -242,6 +247,9 @@ var (
 	usageKey        = anchoredKey{[]byte(`"usage"`), 0}
 	promptTokensKey = anchoredKey{[]byte(`"prompt_tokens"`), 1}
 	cachedTokensKey = anchoredKey{[]byte(`"cached_tokens"`), 4}
+	// 'l' of "completion_tokens": in a usage object only "total_tokens"
+	// and the details' keys share it.
+	completionTokensKey = anchoredKey{[]byte(`"completion_tokens"`), 5}
 )
 
 // anchoredKey is a quoted JSON key and the offset of the byte in it that
@@ -252,28 +260,33 @@ type anchoredKey struct {
 }
 
 // parseUsage finds the usage object of an OpenAI answer or stream chunk
-// and returns its prompt_tokens and prompt_tokens_details.cached_tokens
-// (cached -1 when absent or null); ok is false without a usage object
+// and returns its prompt_tokens, prompt_tokens_details.cached_tokens
+// (cached -1 when absent or null) and completion_tokens (-1 when absent);
+// ok is false without a usage object
 // carrying prompt_tokens. JSON strings cannot hold these keys unescaped,
 // so a byte search is exact.
-func parseUsage(b []byte) (prompt, cached int64, ok bool) {
+func parseUsage(b []byte) (prompt, cached, completion int64, ok bool) {
 	i := jsonKey(b, usageKey)
 	if i < 0 {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	b = b[i:]
 	if len(b) == 0 || b[0] != '{' {
-		return 0, 0, false // "usage":null
+		return 0, 0, 0, false // "usage":null
 	}
 	prompt, ok = jsonInt(b, promptTokensKey)
 	if !ok {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	cached, found := jsonInt(b, cachedTokensKey)
 	if !found {
 		cached = -1
 	}
-	return prompt, cached, true
+	completion, found = jsonInt(b, completionTokensKey)
+	if !found {
+		completion = -1
+	}
+	return prompt, cached, completion, true
 }
 
 // jsonKey returns the index of the value after the first "key": in b

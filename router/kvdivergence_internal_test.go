@@ -7,23 +7,25 @@ import (
 
 func TestParseUsage(t *testing.T) {
 	for _, c := range []struct {
-		in             string
-		prompt, cached int64
-		ok             bool
+		in                         string
+		prompt, cached, completion int64
+		ok                         bool
 	}{
-		{`{"id":"x","usage":{"prompt_tokens":120,"total_tokens":130,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":96}}}`, 120, 96, true},
-		{"data: {\"choices\":[],\"usage\": {\"prompt_tokens\" : 7, \"prompt_tokens_details\": {\"cached_tokens\": 0}}}\n\n", 7, 0, true},
+		{`{"id":"x","usage":{"prompt_tokens":120,"total_tokens":130,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":96}}}`, 120, 96, 10, true},
+		{"data: {\"choices\":[],\"usage\": {\"prompt_tokens\" : 7, \"prompt_tokens_details\": {\"cached_tokens\": 0}}}\n\n", 7, 0, -1, true},
 		// vLLM without --enable-prompt-tokens-details: no cached count.
-		{`{"usage":{"prompt_tokens":5,"completion_tokens":1,"prompt_tokens_details":null}}`, 5, -1, true},
-		{`{"choices":[{"delta":{"content":"\"usage\":{\"prompt_tokens\":3}"}}],"usage":null}`, 0, 0, false},
-		{`{"choices":[]}`, 0, 0, false},
-		{`{"usage":{"completion_tokens":1}}`, 0, 0, false},
-		{`{"usage":{"prompt_tokens":99999999999999999999}}`, 0, 0, false},
-		{`"usage"`, 0, 0, false},
+		{`{"usage":{"prompt_tokens":5,"completion_tokens":1,"prompt_tokens_details":null}}`, 5, -1, 1, true},
+		// The details' key is not the count.
+		{`{"usage":{"prompt_tokens":5,"completion_tokens_details":{"reasoning_tokens":3},"completion_tokens":4}}`, 5, -1, 4, true},
+		{`{"choices":[{"delta":{"content":"\"usage\":{\"prompt_tokens\":3}"}}],"usage":null}`, 0, 0, 0, false},
+		{`{"choices":[]}`, 0, 0, 0, false},
+		{`{"usage":{"completion_tokens":1}}`, 0, 0, 0, false},
+		{`{"usage":{"prompt_tokens":99999999999999999999}}`, 0, 0, 0, false},
+		{`"usage"`, 0, 0, 0, false},
 	} {
-		p, cached, ok := parseUsage([]byte(c.in))
-		if p != c.prompt || cached != c.cached || ok != c.ok {
-			t.Errorf("%s: %d %d %v, want %d %d %v", c.in, p, cached, ok, c.prompt, c.cached, c.ok)
+		p, cached, completion, ok := parseUsage([]byte(c.in))
+		if p != c.prompt || cached != c.cached || completion != c.completion || ok != c.ok {
+			t.Errorf("%s: %d %d %d %v, want %d %d %d %v", c.in, p, cached, completion, ok, c.prompt, c.cached, c.completion, c.ok)
 		}
 	}
 }
@@ -43,24 +45,28 @@ func TestUsageTapAllocs(t *testing.T) {
 // parseUsageRef is parseUsage as it was before its searches were anchored
 // on a key's rarer byte (session 24): bytes.Index for each key. The
 // differential test and fuzz hold the anchored one to its values.
-func parseUsageRef(b []byte) (prompt, cached int64, ok bool) {
+func parseUsageRef(b []byte) (prompt, cached, completion int64, ok bool) {
 	i := jsonKeyRef(b, []byte(`"usage"`))
 	if i < 0 {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	b = b[i:]
 	if len(b) == 0 || b[0] != '{' {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	prompt, ok = jsonIntRef(b, []byte(`"prompt_tokens"`))
 	if !ok {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	cached, found := jsonIntRef(b, []byte(`"cached_tokens"`))
 	if !found {
 		cached = -1
 	}
-	return prompt, cached, true
+	completion, found = jsonIntRef(b, []byte(`"completion_tokens"`))
+	if !found {
+		completion = -1
+	}
+	return prompt, cached, completion, true
 }
 
 func jsonKeyRef(b, key []byte) int {
@@ -136,10 +142,10 @@ func TestParseUsageMatchesReference(t *testing.T) {
 		b := []byte(c)
 		// Every prefix too: a key or a value cut short at each byte.
 		for n := 0; n <= len(b); n++ {
-			p, cached, ok := parseUsage(b[:n])
-			rp, rc, rok := parseUsageRef(b[:n])
-			if p != rp || cached != rc || ok != rok {
-				t.Errorf("%q: %d %d %v, reference %d %d %v", b[:n], p, cached, ok, rp, rc, rok)
+			p, cached, completion, ok := parseUsage(b[:n])
+			rp, rc, rcomp, rok := parseUsageRef(b[:n])
+			if p != rp || cached != rc || completion != rcomp || ok != rok {
+				t.Errorf("%q: %d %d %d %v, reference %d %d %d %v", b[:n], p, cached, completion, ok, rp, rc, rcomp, rok)
 			}
 		}
 	}
@@ -150,12 +156,12 @@ func FuzzParseUsage(f *testing.F) {
 		f.Add([]byte(c))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		p, c, ok := parseUsage(b)
-		if ok && (p < 0 || c < -1) {
-			t.Fatalf("%q: %d %d", b, p, c)
+		p, c, comp, ok := parseUsage(b)
+		if ok && (p < 0 || c < -1 || comp < -1) {
+			t.Fatalf("%q: %d %d %d", b, p, c, comp)
 		}
-		if rp, rc, rok := parseUsageRef(b); p != rp || c != rc || ok != rok {
-			t.Fatalf("%q: %d %d %v, reference %d %d %v", b, p, c, ok, rp, rc, rok)
+		if rp, rc, rcomp, rok := parseUsageRef(b); p != rp || c != rc || comp != rcomp || ok != rok {
+			t.Fatalf("%q: %d %d %d %v, reference %d %d %d %v", b, p, c, comp, ok, rp, rc, rcomp, rok)
 		}
 	})
 }

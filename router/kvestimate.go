@@ -141,7 +141,8 @@ type ttftModel struct {
 	queued   float64     // uncached prompt tokens of tickets before their first token
 	decoding int         // tickets past their first token
 	flight   []*kvTicket // tickets in flight here, in pick order
-	outs     float64     // the max_tokens of the tickets in flight: output the engine keeps room for
+	outs     float64     // the max_tokens of the tickets in flight
+	outFrac  float64     // the share of max_tokens answers used (learnt from their usage)
 	perOut   float64     // seconds from the first token to the end, per max_tokens (learnt at release)
 	picks    float64     // picks, decayed by the fleet's picks since picksAt (pickCount)
 	picksAt  int64       // KVAware.seq at the last update of picks and fills
@@ -272,7 +273,7 @@ func (m *ttftModel) evictLoss(uncached, capacity float64, bs int, seq int64, hal
 }
 
 func (m *ttftModel) init() {
-	m.base, m.perKTok, m.perDecode, m.perOut = priorBase, priorPerKTok, priorPerDecode, priorPerOut
+	m.base, m.perKTok, m.perDecode, m.perOut, m.outFrac = priorBase, priorPerKTok, priorPerDecode, priorPerOut, 1
 }
 
 // Admission. An engine starts a request only when its cache has room for
@@ -287,13 +288,22 @@ func (m *ttftModel) init() {
 // priced them at 11–250 ms.
 //
 // So a target whose tickets in flight hold, with this request, more than
-// its cache (its prompt blocks in flight, shared prefixes once, plus their
-// max_tokens; the capacity its removal events revealed) makes the request
+// its cache (its prompt blocks in flight, shared prefixes once, plus the
+// output their max_tokens let them write; the capacity its removal events
+// revealed) makes the request
 // wait until enough of them end: each ends at its first token (its pick's
 // estimate, or the one it had) plus its max_tokens at the target's learnt
 // decode pace (perOut). The estimate is then at least that wait plus the
 // request's own prefill.
 
+// The output a request writes is its max_tokens times the share of
+// max_tokens the target's answers have used (outFrac, from their usage's
+// completion_tokens; all of it before the first): an engine that stops at
+// end of sequence writes less than a client's max_tokens of 4,096, and
+// counting all of it would price waits for room that vLLM, which
+// allocates as it goes, never makes. Answers without usage (a stream that
+// did not ask for it) teach nothing.
+//
 // priorPerOut is the decode pace before a target has ended a stream: 10 ms
 // per output token, a loaded GPU's; the simulators of the benchmarks run at
 // about 2.5 ms, learnt within a few requests.
@@ -301,6 +311,8 @@ const (
 	priorPerOut = 0.01
 	// perOutStep is the weight of one ended stream in perOut.
 	perOutStep = 0.1
+	// outFracStep is the weight of one answer's usage in outFrac.
+	outFracStep = 0.1
 )
 
 // remaining is how long ticket kt is expected to stay at now (unix ns):
@@ -335,7 +347,7 @@ func (m *ttftModel) admitWait(excess float64, now int64, bs float64) float64 {
 		}
 		for _, kt := range m.flight {
 			if m.remaining(kt, now) == next {
-				freed += float64(len(kt.hashes))*bs + kt.out
+				freed += float64(len(kt.hashes))*bs + kt.out*m.outFrac
 			}
 		}
 		last = next
@@ -343,21 +355,33 @@ func (m *ttftModel) admitWait(excess float64, now int64, bs float64) float64 {
 	return max(0, last)
 }
 
-// admitEstimate is estimate with the admission wait: need tokens of room
-// for this request (its prompt beyond the prefix running requests hold,
-// and its max_tokens) against held tokens in use by the tickets in flight
-// and a capacity of capTokens (0: unknown, no wait). It returns the
+// admitEstimate is estimate with the admission wait: room for this
+// request's prompt tokens beyond the prefix running requests hold and its
+// out max_tokens, against held prompt tokens in flight, the tickets'
+// outputs and a capacity of capTokens (0: unknown, no wait). It returns the
 // estimate and the wait in it.
-func (m *ttftModel) admitEstimate(uncached, need, held, capTokens float64, now int64, bs float64) (est, wait float64) {
+func (m *ttftModel) admitEstimate(uncached, prompt, out, held, capTokens float64, now int64, bs float64) (est, wait float64) {
 	est = m.estimate(uncached)
 	if capTokens <= 0 {
 		return est, 0
 	}
-	if excess := held + m.outs + need - capTokens; excess > 0 && len(m.flight) > 0 {
+	if excess := held + (m.outs+out)*m.outFrac + prompt - capTokens; excess > 0 && len(m.flight) > 0 {
 		wait = m.admitWait(excess, now, bs)
 		est = max(est, wait+m.base+m.perKTok*uncached/1000)
 	}
 	return est, wait
+}
+
+// noteOutput learns the share of max_tokens the target's answers use from
+// one answer's completion tokens.
+func (p *KVAware) noteOutput(kt *kvTicket, completion int64) {
+	if kt.out < 1 {
+		return
+	}
+	t := kt.target
+	t.mu.Lock()
+	t.est.outFrac += outFracStep * (min(1, float64(completion)/kt.out) - t.est.outFrac)
+	t.mu.Unlock()
 }
 
 // noteEnd learns the decode pace from a ticket that ended well at now:

@@ -572,7 +572,7 @@ func TestKVEstimateReportedMissAdvancesIntake(t *testing.T) {
 			t.Fatalf("p went to %s predicting %d cached tokens", tk.Worker.id, kt.predTokens)
 		}
 		if reported {
-			e.p.observeUsage(kt, int64(len(pt)), 0) // the engine found none of it
+			e.p.observeUsage(kt, int64(len(pt)), 0, -1) // the engine found none of it
 		}
 		e.p.Release(tk, Result{Status: 200})
 		tk = e.pick(chat(q))
@@ -953,7 +953,8 @@ func TestKVEstimateLongColdWaitsLittle(t *testing.T) {
 // a holds two 3,000-token prompts, one of them running with max_tokens
 // out. With 500 tokens still to come (5 s at the prior decode pace) the
 // other prompt's turn does not fit beside it and goes to the idle b, where
-// it is cold; with 10 (0.1 s) it waits on a for its cache.
+// it is cold; with 10 (0.1 s) it waits on a for its cache; with 500 on a
+// target whose answers use 4% of their max_tokens it fits beside it.
 func TestKVEstimateWaitsForRoom(t *testing.T) {
 	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
 	maxTokens := func(n int, content string) string {
@@ -961,8 +962,9 @@ func TestKVEstimateWaitsForRoom(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		out  int
+		used int64 // completion tokens the target's answers report (-1: none)
 		want string
-	}{{500, b}, {10, a}} {
+	}{{500, -1, b}, {10, -1, a}, {500, 20, a}} {
 		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
 		e.makePrecise()
 		e.learnCapacity(a, 400)
@@ -975,11 +977,19 @@ func TestKVEstimateWaitsForRoom(t *testing.T) {
 			t.Fatalf("the running prompt went to %s, not its holder %s", tk.Worker.id, a)
 		}
 		tk.Worker.stall.noteServed(time.Now().UnixNano(), tk.State)
+		if tc.used >= 0 {
+			// Earlier answers there used 20 of their 500 tokens: the
+			// running one is expected to write as little, and the next
+			// prompt fits beside it.
+			for range 40 {
+				e.p.noteOutput(tk.State.(*kvTicket), tc.used)
+			}
+		}
 		got := e.pick(maxTokens(100, next))
 		e.p.Release(got, Result{Status: 200})
 		e.p.Release(tk, Result{Status: 200})
 		if got.Worker.id != tc.want {
-			t.Errorf("beside a request with %d tokens to come, the next prompt went to %s, want %s", tc.out, got.Worker.id, tc.want)
+			t.Errorf("beside a request with %d tokens to come (answers using %d), the next prompt went to %s, want %s", tc.out, tc.used, got.Worker.id, tc.want)
 		}
 	}
 }

@@ -246,7 +246,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 				capTokens = float64(t.idx.Capacity()) * bs
 			}
 			t.mu.RLock()
-			sc.costs[i], sc.waits[i] = t.est.admitEstimate(u, float64(len(hs)-flight)*bs+out, float64(active)*bs, capTokens, wallNow, bs)
+			sc.costs[i], sc.waits[i] = t.est.admitEstimate(u, float64(len(hs)-flight)*bs, out, float64(active)*bs, capTokens, wallNow, bs)
 			sc.preds[i] = sc.costs[i]
 			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
@@ -618,7 +618,7 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
 	// and a loaded box can be told apart by more than their outcome.
 	tb.mu.RLock()
 	base, perDecode, queued, decoding := tb.est.base, tb.est.perDecode, tb.est.queued, tb.est.decoding
-	outs, perOut, inFlight := tb.est.outs, tb.est.perOut, len(tb.est.flight)
+	outs, outFrac, perOut, inFlight := tb.est.outs, tb.est.outFrac, tb.est.perOut, len(tb.est.flight)
 	active := tb.active.Len()
 	tb.mu.RUnlock()
 	capBlocks := 0
@@ -628,7 +628,7 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
 	// The admission view: what the chosen target's cache holds for the
 	// requests in flight there against what its events revealed.
 	e.Float64("admit_wait_seconds", sc.waits[b]).Int("capacity_blocks", capBlocks).Int("active_blocks", active).
-		Float64("flight_outs", outs).Float64("per_out_seconds", perOut).Int("in_flight", inFlight)
+		Float64("flight_outs", outs).Float64("out_frac", outFrac).Float64("per_out_seconds", perOut).Int("in_flight", inFlight)
 	e.Float64("base_seconds", base).Float64("per_decode_seconds", perDecode).
 		Floats64("all_per_ktok_seconds", sc.rates[:nt]).Float64("queued_tokens", queued).Int("decoding", decoding)
 	e.Int64("pick_seq", seq).Bool("warm", warm).Int("target", b).Int("holder", h).
