@@ -75,7 +75,9 @@
 // Cost is blocks) it picks by an estimated time to first token instead
 // (kvestimate.go), and follows each cache's LRU on its intake:
 // a listed prefix the target has had to evict since is priced as cold, and
-// a long cold prompt goes where it evicts the least recently used prompts.
+// a long cold prompt goes where it evicts the least recently used prompts;
+// a target whose requests in flight leave no room in its cache adds the
+// wait until enough of them end.
 // There a request without a home (cold, or warm on a prefix several
 // targets hold alike, such as a shared system prompt) goes by a deficit of
 // picks, intake, blocks in flight and recent new conversations (only a

@@ -34,7 +34,9 @@ const (
 // calls the worker's firstTokenHook) and the observed TTFT, with the queued
 // work and decode load the request found at its pick, updates the
 // coefficients by normalised least mean squares. Unary answers have no
-// first event: their prompt counts as queued until they end.
+// first event: their prompt counts as queued until they end. A target whose
+// cache has no room for the request adds the wait for it ("Admission"
+// below).
 //
 // The pick compares costs: the estimate, plus on a target that holds less
 // of the prompt than the best holder the extra tokens it would prefill again
@@ -290,11 +292,10 @@ func (m *ttftModel) init() {
 // So a target whose tickets in flight hold, with this request, more than
 // its cache (its prompt blocks in flight, shared prefixes once, plus the
 // output their max_tokens let them write; the capacity its removal events
-// revealed) makes the request
-// wait until enough of them end: each ends at its first token (its pick's
-// estimate, or the one it had) plus its max_tokens at the target's learnt
-// decode pace (perOut). The estimate is then at least that wait plus the
-// request's own prefill.
+// revealed) makes the request wait until enough of them end: each ends at
+// its first token (its pick's estimate, or the one it had) plus its
+// max_tokens at the target's learnt decode pace (perOut). The estimate is
+// then at least that wait plus the request's own prefill.
 
 // The output a request writes is its max_tokens times the share of
 // max_tokens the target's answers have used (outFrac, from their usage's
