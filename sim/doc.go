@@ -102,8 +102,10 @@
 // and --disaggregation-mode): a prefill serves each request's KV over
 // transport TCP, a decode fetches and checksums it before decoding, and
 // fails with 500 when it cannot; --record-requests logs every body received.
-// --model-ttft-log writes each request's modelled TTFT at its first token,
-// beside the TTFT it would have had alone on an idle engine (modelttft.go).
+// --model-ttft-log writes each request's modelled TTFT at its first token
+// (counted from its arrival, also mid-step), the part of it spent waiting to
+// enter the batch, and the TTFT it would have had alone on an idle engine
+// (modelttft.go).
 // An sglang-bootstrap role with --pd-dp-size N (SGLang --dp-size) keeps KV
 // per data-parallel rank and refuses bootstrap rooms not aligned to it.
 package sim
