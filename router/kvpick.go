@@ -39,6 +39,7 @@ type kvScratch struct {
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	preds   []float64 // per target: the estimated TTFT, before redoCost (--kv-cost ttft)
 	waits   []float64 // per target: of it, the wait for room in the cache (--kv-cost ttft)
+	maxOut  float64   // the request's max_tokens, 0 when not given (--kv-cost ttft)
 	filling []bool    // per target: prefilling the prompt's held prefix for an earlier request (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
 	handles []*kvcache.Worker
@@ -188,9 +189,9 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		sc.waits = growF(sc.waits, nt)
 	}
 	// The output room the engine keeps for this request (admission).
-	out := 0.0
+	sc.maxOut = 0
 	if in.Request != nil && in.Request.MaxTokens > 0 {
-		out = float64(in.Request.MaxTokens)
+		sc.maxOut = float64(in.Request.MaxTokens)
 	}
 	wallNow := time.Now().UnixNano()
 	total := 0.0
@@ -246,7 +247,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 				capTokens = float64(t.idx.Capacity()) * bs
 			}
 			t.mu.RLock()
-			sc.costs[i], sc.waits[i] = t.est.admitEstimate(u, float64(len(hs)-flight)*bs, out, float64(active)*bs, capTokens, wallNow, bs)
+			sc.costs[i], sc.waits[i] = t.est.admitEstimate(u, float64(len(hs)-flight)*bs, sc.maxOut, float64(active)*bs, capTokens, wallNow, bs)
 			sc.preds[i] = sc.costs[i]
 			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
@@ -364,11 +365,7 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	t.picks = decayedFor(t.picks, t.picksAt, now, shareHalfLife) + 1
 	t.picksAt = now
 	if p.ttft {
-		out := 0.0
-		if in.Request != nil && in.Request.MaxTokens > 0 {
-			out = float64(in.Request.MaxTokens)
-		}
-		t.est.enter(kt, promptUncached(sc, kind, t, len(hs), bestEff, p.cfg.DefaultBlockSize), out, sc.preds[best], sc.waits[best], seq, halfLife)
+		t.est.enter(kt, promptUncached(sc, kind, t, len(hs), bestEff, p.cfg.DefaultBlockSize), sc.maxOut, sc.preds[best], sc.waits[best], seq, halfLife)
 		if kind == keyTokens {
 			t.est.useLive(hs, seq)
 		}

@@ -20,12 +20,12 @@ import (
 // spent waiting to enter the batch (for free blocks or a batch slot, behind
 // the requests before it: head-of-line, as vLLM admits), so that the rest,
 // model_ttft_s − model_admit_wait_s, is the prefill queue the request sat in
-// plus its own prefill; model_idle_ttft_s what the step model
-// gives the same request alone on an idle engine (its uncached prompt
-// prefilled a step budget at a time: the part of its TTFT that no routing
-// or queueing removes once its cache hits are given; kvd loads not counted)
-// and model_clock_s the model clock at
-// the first token, all three in seconds of the model before --time-scale (0 at
+// plus its own prefill; model_idle_ttft_s what the step model gives the
+// same request alone on an idle engine (its uncached prompt prefilled a
+// step budget at a time: the part of its TTFT that no routing or queueing
+// removes once its cache hits are given; kvd loads not counted) and
+// model_clock_s the model clock at the first token, all four in seconds of
+// the model before --time-scale (0 at
 // --time-scale 0). infera_sim_model_ttft_seconds_total is the sum of the
 // lines' model_ttft_s; the lines give its distribution, which a benchmark
 // on a loaded box reads instead of the measured TTFT's (the model's clock
