@@ -220,8 +220,14 @@ func TestCachedTokensRise(t *testing.T) {
 	p := len("Q: why?\nA:") + 64 + len("\nQ: and?")
 	checkUsage(t, turn2["usage"], p, 4, (len("Q: why?\nA:")+64-1)/16*16)
 
+	// The counters are published when the scheduler ends its round, which
+	// may come just after the last answer reached the client.
+	wantQ := float64(280 + 280 + 288 + 10 + p)
+	testkit.Eventually(t, "the last request counted", func() bool {
+		return ts.metrics(t)["vllm:prefix_cache_queries_total"].value >= wantQ
+	})
 	m := ts.metrics(t)
-	if q, h := m["vllm:prefix_cache_queries_total"].value, m["vllm:prefix_cache_hits_total"].value; q != float64(280+280+288+10+p) ||
+	if q, h := m["vllm:prefix_cache_queries_total"].value, m["vllm:prefix_cache_hits_total"].value; q != wantQ ||
 		h != float64((280-1)/16*16+280/16*16+(len("Q: why?\nA:")+64-1)/16*16) {
 		t.Errorf("queries %v hits %v", q, h)
 	}
