@@ -75,11 +75,32 @@ func newEtcdServer(t *testing.T) *etcdServer {
 
 func (e *etcdServer) endpoint() string { return fmt.Sprintf("http://127.0.0.1:%d", e.clientPort) }
 
-// start launches etcd and waits until it answers /health.
+// start launches etcd and waits until it answers /health. On its first
+// start a port picked for it may be taken by another process before etcd
+// binds it (testkit.FreePort closes the port it found; seen in CI): etcd
+// exits, and start tries again on other ports, up to three times. A
+// restart keeps its ports, as a restarted member must.
 func (e *etcdServer) start(timeout time.Duration) {
 	e.t.Helper()
-	e.launch()
-	e.waitHealthy(timeout)
+	first := e.p == nil
+	for try := 1; ; try++ {
+		e.launch()
+		if e.awaitHealthy(timeout) {
+			return
+		}
+		if !first || try == 3 || !e.portTaken() {
+			e.t.Fatalf("etcd exited before it was healthy; log:\n%s", e.p.logText())
+		}
+		e.t.Logf("etcd: a port picked for it was taken before it bound it; starting it again on others")
+		e.clientPort, e.peerPort = testkit.FreePort(e.t), testkit.FreePort(e.t)
+		e.dir = filepath.Join(e.t.TempDir(), "etcd")
+	}
+}
+
+// portTaken reports whether etcd's log says a port it was to listen on was
+// already bound.
+func (e *etcdServer) portTaken() bool {
+	return strings.Contains(e.p.logText(), "address already in use")
 }
 
 func (e *etcdServer) peerURL() string { return fmt.Sprintf("http://127.0.0.1:%d", e.peerPort) }
@@ -104,27 +125,33 @@ func (e *etcdServer) launch() {
 		"--logger", "zap", "--log-outputs", "stderr")
 }
 
-// waitHealthy waits until etcd answers /health.
-func (e *etcdServer) waitHealthy(timeout time.Duration) {
+// awaitHealthy waits until etcd answers /health (true) or exits (false);
+// it fails the test when etcd neither answers nor exits within timeout.
+func (e *etcdServer) awaitHealthy(timeout time.Duration) bool {
 	e.t.Helper()
 	deadline := time.Now().Add(timeout)
 	var lastErr error
 	for time.Now().Before(deadline) {
 		select {
 		case <-e.p.done:
-			e.t.Fatalf("etcd exited before it was healthy; log:\n%s", e.p.logText())
+			return false
 		default:
 		}
 		if lastErr = e.healthy(); lastErr == nil {
-			return
+			return true
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	e.t.Fatalf("etcd not healthy within %v (%v); log:\n%s", timeout, lastErr, e.p.logText())
+	return false
 }
 
+// healthClient bounds a /health probe: the port may belong to another
+// process's listener that never answers (see start).
+var healthClient = &http.Client{Timeout: 2 * time.Second}
+
 func (e *etcdServer) healthy() error {
-	resp, err := http.Get(e.endpoint() + "/health")
+	resp, err := healthClient.Get(e.endpoint() + "/health")
 	if err != nil {
 		return err
 	}

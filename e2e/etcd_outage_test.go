@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"syscall"
@@ -220,4 +221,25 @@ func grepLines(text string, words ...string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestEtcdStartsAgainWhenPortTaken: the harness's etcd whose client port
+// another process bound after it was picked (as an outgoing connection or
+// another test's server can) starts again on other ports instead of
+// failing the test (startEtcdCluster does the same for a whole cluster).
+func TestEtcdStartsAgainWhenPortTaken(t *testing.T) {
+	etcd := newEtcdServer(t)
+	taken := etcd.clientPort
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", taken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	etcd.start(30 * time.Second)
+	if etcd.clientPort == taken {
+		t.Fatalf("etcd healthy on the taken port %d", taken)
+	}
+	if err := etcd.healthy(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -27,23 +27,42 @@ import (
 // loopback ports and waits until every member is healthy.
 func startEtcdCluster(t *testing.T, n int) []*etcdServer {
 	t.Helper()
-	members := make([]*etcdServer, n)
-	var cluster []string
-	for i := range members {
-		e := newEtcdServer(t)
-		e.name = fmt.Sprintf("m%d", i)
-		e.dir = filepath.Join(t.TempDir(), e.name)
-		members[i] = e
-		cluster = append(cluster, e.name+"="+e.peerURL())
+	for try := 1; ; try++ {
+		members := make([]*etcdServer, n)
+		var cluster []string
+		for i := range members {
+			e := newEtcdServer(t)
+			e.name = fmt.Sprintf("m%d", i)
+			e.dir = filepath.Join(t.TempDir(), e.name)
+			members[i] = e
+			cluster = append(cluster, e.name+"="+e.peerURL())
+		}
+		for _, e := range members {
+			e.cluster = strings.Join(cluster, ",")
+			e.launch()
+		}
+		taken := false
+		for _, e := range members {
+			if e.awaitHealthy(60 * time.Second) {
+				continue
+			}
+			// A member's port was taken before it bound it (see
+			// etcdServer.start): the cluster starts again on other ports,
+			// since its members name each other's peer URLs.
+			if try == 3 || !e.portTaken() {
+				t.Fatalf("etcd %s exited before it was healthy; log:\n%s", e.name, e.p.logText())
+			}
+			taken = true
+			break
+		}
+		if !taken {
+			return members
+		}
+		t.Logf("etcd cluster: a port picked for a member was taken before it bound it; starting the cluster again on others")
+		for _, e := range members {
+			e.p.stop(syscall.SIGKILL)
+		}
 	}
-	for _, e := range members {
-		e.cluster = strings.Join(cluster, ",")
-		e.launch()
-	}
-	for _, e := range members {
-		e.waitHealthy(60 * time.Second)
-	}
-	return members
 }
 
 // etcdStatus is the part of etcd's /v3/maintenance/status answer (its JSON

@@ -3,12 +3,16 @@ package testkit
 import (
 	"bytes"
 	"encoding/json"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/freeport"
 )
 
 // EventuallyTimeout is how long Eventually waits. It is generous: tests
@@ -29,16 +33,57 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 	}
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago (another
-// process may take it before the caller listens on it).
+// FreePort returns a loopback TCP port that was free a moment ago and that
+// this process has not handed out before (freeport's ledger).
+//
+// It is drawn at random from below the kernel's ephemeral range, not from
+// a listen on port 0: the kernel gives ephemeral ports to every outgoing
+// connection on the box, so one picked from that range could be taken by
+// any test's client before the server it was picked for binds it (seen in
+// CI: etcd's "bind: address already in use"). Below that range only
+// another process picking the same way at the same moment can take it.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	lo, hi := freePortRange()
+	for i := 0; i < 200 && hi > lo; i++ {
+		p := lo + rand.IntN(hi-lo)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		if freeport.Claim(p, 1) {
+			return p
+		}
+	}
+	// The range is crowded or too small: let the kernel choose.
+	p, err := freeport.Pick("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return p
+}
+
+// freePortFloor is the lowest port FreePort draws: well-known services'
+// ports (etcd, NATS, Redis, Prometheus) lie below it.
+const freePortFloor = 20000
+
+// freePortRange is [freePortFloor, the first ephemeral port), from
+// /proc/sys/net/ipv4/ip_local_port_range (Linux's default 32768 when
+// unreadable).
+func freePortRange() (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 0 {
+				hi = n
+			}
+		}
+	}
+	if hi < freePortFloor+1000 {
+		return hi, hi // empty: FreePort falls back to the kernel's choice
+	}
+	return freePortFloor, hi
 }
 
 // TCPPair returns both ends of a loopback TCP connection, closed when the

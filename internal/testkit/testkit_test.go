@@ -1,6 +1,8 @@
 package testkit
 
 import (
+	"net"
+	"strconv"
 	"sync"
 	"testing"
 )
@@ -33,5 +35,31 @@ func TestLogSinkEntries(t *testing.T) {
 	}
 	if n := len(s.Entries(t)); n != 2 {
 		t.Fatalf("%d entries, want 2", n)
+	}
+}
+
+// TestFreePortBelowEphemeral: FreePort's ports lie below the kernel's
+// ephemeral range (where outgoing connections cannot take them), are
+// bindable, and are not handed out twice by one process.
+func TestFreePortBelowEphemeral(t *testing.T) {
+	lo, hi := freePortRange()
+	if hi <= lo {
+		t.Fatalf("no room below the ephemeral range [%d, %d) on this machine", lo, hi)
+	}
+	seen := map[int]bool{}
+	for range 50 {
+		p := FreePort(t)
+		if p < lo || p >= hi {
+			t.Fatalf("FreePort = %d, outside [%d, %d)", p, lo, hi)
+		}
+		if seen[p] {
+			t.Fatalf("FreePort handed out %d twice", p)
+		}
+		seen[p] = true
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			t.Fatalf("FreePort = %d, not bindable: %v", p, err)
+		}
+		ln.Close()
 	}
 }
