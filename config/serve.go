@@ -213,6 +213,9 @@ type ServeKV struct {
 	// of precisely routed workers (0 disables them).
 	ProvisionalTTL       time.Duration
 	ProvisionalMaxBlocks int
+	// CoalesceWait is the longest a request waits for another request in
+	// flight on its worker that is prefilling its prefix (0: never).
+	CoalesceWait time.Duration
 	// DivergenceCheck turns the kv divergence alarm on (router/kvdivergence.go).
 	DivergenceCheck bool
 	// RebuildAfter: a worker whose event stream joined a running engine
@@ -267,6 +270,7 @@ func (k *ServeKV) flags() []cli.Flag {
 		String("kv-cost", "kv-aware cost: \"ttft\" (the default: an estimated time to first token from each worker's queued prefill and decode load, learned from the first tokens it returns; cold requests spread evenly) or \"blocks\" (uncached blocks weighed against load, with the --kv-max-share bounds)", &k.Cost, "ttft"),
 		Duration("kv-provisional-ttl", "how long a prompt the router just placed on a precisely routed worker counts as cached there before its KV events land (0 disables provisional hits)", &k.ProvisionalTTL, 2*time.Second),
 		Int("kv-provisional-max-blocks", "most provisional blocks per worker (and DP rank)", &k.ProvisionalMaxBlocks, 16384),
+		Duration("kv-coalesce-wait", "kv-aware --kv-cost ttft: a request whose prompt prefix another request on the same worker is still prefilling is held until that request's first token (the prefix is then cached whole, and is not prefilled a second time beside it), until its estimated first token, or this long at most (0: send it at once)", &k.CoalesceWait, time.Second),
 		Bool("kv-divergence-check", "compare each worker's engine-reported usage (prompt_tokens, cached_tokens) with the kv-aware prediction and warn once when they diverge (a tokenizer or chat-template mismatch); =false turns the alarm off", &k.DivergenceCheck, true),
 		Duration("kv-rebuild-after", "after a KV-event stream joined a running engine or resynced, route the worker precisely again this long later (0: only once its engine clears its cache)", &k.RebuildAfter, 5*time.Second),
 		String("kv-events-listen", "bind one ZMQ SUB socket, tcp://HOST:PORT, that workers' engines connect to and publish KV events on (worker --kv-events-router); empty = subscribe to each worker's own endpoint only", &k.EventsListen, ""),
@@ -335,6 +339,9 @@ func (k *ServeKV) validate(p *Problems) {
 	}
 	if k.ProvisionalTTL < 0 || k.ProvisionalMaxBlocks < 0 {
 		p.Addf("--kv-provisional-ttl and --kv-provisional-max-blocks must not be negative")
+	}
+	if k.CoalesceWait < 0 || k.CoalesceWait > 30*time.Second {
+		p.Addf("--kv-coalesce-wait %v: want 0 (off) to 30s", k.CoalesceWait)
 	}
 	if k.MaxShare != 0 && !(k.MaxShare >= 1 && k.MaxShare <= 1e6) {
 		p.Addf("--kv-max-share must be 0 (off) or from 1 to 1e6")

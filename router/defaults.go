@@ -91,6 +91,7 @@ func ServeKVAwareConfig(k config.ServeKV) KVAwareConfig {
 		EventsListen:          k.EventsListen,
 		ProvisionalTTL:        k.ProvisionalTTL,
 		ProvisionalMaxBlocks:  k.ProvisionalMaxBlocks,
+		CoalesceWait:          k.CoalesceWait,
 		DivergenceOff:         !k.DivergenceCheck,
 		Subscriber:            sub,
 		EventTransport:        k.EventTransport,

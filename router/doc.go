@@ -63,7 +63,8 @@
 // # Picking a worker
 //
 // Policies: round-robin, least-load and kv-aware (kvaware.go, kvpick.go,
-// kvprompt.go, kvestimate.go, kvactive.go, kvmetrics.go; DESIGN §5). kv-aware tokenizes each prompt as
+// kvprompt.go, kvestimate.go, kvcoalesce.go, kvactive.go, kvmetrics.go;
+// DESIGN §5). kv-aware tokenizes each prompt as
 // the engine does, hashes its KV blocks, matches them against the prefix
 // index its KV-event subscriber keeps (or, for a worker it cannot follow
 // precisely, against its own recorded placements) and picks the lowest
@@ -83,7 +84,10 @@
 // picks, intake, blocks in flight and recent new conversations (only a
 // request no target holds counts as one); only a target above
 // MaxShareWarm sits out. A warm request whose prefix a target is still
-// prefilling for an earlier one follows that prefill; one whose prefix is
+// prefilling for an earlier one follows that prefill, and the pick holds it
+// until that prefill's first token (at most KVAwareConfig.CoalesceWait,
+// kvcoalesce.go), so that the engine finds the prefix cached whole instead
+// of prefilling its tail a second time beside it; one whose prefix is
 // in use on its holder by other requests in flight (a shared prompt) leaves
 // a holder above the bound whatever the cost.
 // It serves GET /v1/admin/cache-view/{worker_id} (admin.go)

@@ -95,6 +95,12 @@ type KVAwareConfig struct {
 	ProvisionalTTL       time.Duration
 	ProvisionalMaxBlocks int
 
+	// CoalesceWait (Cost KVCostTTFT) is the longest a pick holds a request
+	// whose prompt prefix a request in flight on its target is still
+	// prefilling, waiting for that request's first token (kvcoalesce.go);
+	// 0 sends it at once.
+	CoalesceWait time.Duration
+
 	// Divergence tunes the divergence alarm (kvdivergence.go; Window 0:
 	// kvcache.DefaultDivergenceConfig); DivergenceOff turns it off.
 	Divergence    kvcache.DivergenceConfig
@@ -146,6 +152,8 @@ func (c KVAwareConfig) validate() (KVAwareConfig, error) {
 		return c, fmt.Errorf("%w: block bounds must be positive", ErrKVConfig)
 	case c.ProvisionalTTL < 0 || c.ProvisionalMaxBlocks < 0:
 		return c, fmt.Errorf("%w: provisional hit bounds must not be negative", ErrKVConfig)
+	case c.CoalesceWait < 0:
+		return c, fmt.Errorf("%w: coalesce wait %s", ErrKVConfig, c.CoalesceWait)
 	case c.ApproxTTL <= 0:
 		return c, fmt.Errorf("%w: approximate ttl %s", ErrKVConfig, c.ApproxTTL)
 	case c.RecentHalfLife < 0:
@@ -744,6 +752,9 @@ type kvTicket struct {
 	out      float64 // max_tokens (0 when not given): output room the engine keeps
 	pred     float64 // estimated TTFT at the pick, seconds
 	wait     float64 // of it, the estimated wait for room in the cache
+	// firstCh is closed at its first token or release; made when a
+	// follower waits for its prefill (kvcoalesce.go).
+	firstCh chan struct{}
 }
 
 var ticketPool = sync.Pool{New: func() any { return new(kvTicket) }}

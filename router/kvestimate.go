@@ -466,23 +466,6 @@ func (m *ttftModel) enter(kt *kvTicket, uncached, out, pred, wait float64, seq i
 	m.picksAt = seq
 }
 
-// prefilling reports whether a ticket in flight here, not yet past its first
-// token, is prefilling part of the prefix hs: its prompt holds the whole
-// prefix (block hashes chain: its hash at len(hs)-1 is hs's last) and it
-// found less of it cached at its pick.
-func (m *ttftModel) prefilling(hs []uint64) bool {
-	if len(hs) == 0 {
-		return false
-	}
-	n, last := len(hs), hs[len(hs)-1]
-	for _, kt := range m.flight {
-		if !kt.first && len(kt.hashes) >= n && kt.hashes[n-1] == last && len(kt.hashes)-kt.miss < n {
-			return true
-		}
-	}
-	return false
-}
-
 // leave removes a ticket at its release.
 func (m *ttftModel) leave(kt *kvTicket) {
 	i := kt.slot
@@ -495,6 +478,7 @@ func (m *ttftModel) leave(kt *kvTicket) {
 	m.flight[last] = nil
 	m.flight = m.flight[:last]
 	kt.slot = -1
+	kt.signalFirst()
 	m.outs = max(0, m.outs-kt.out)
 	if kt.first {
 		m.decoding--
@@ -532,6 +516,7 @@ func (kw *kvWorker) firstToken(state any, now int64) {
 	}
 	kt.first = true
 	kt.firstAt = now
+	kt.signalFirst()
 	m.queued = max(0, m.queued-kt.uncached)
 	m.decoding++
 	// A request priced to wait for room in the cache measures mostly that

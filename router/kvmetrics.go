@@ -22,6 +22,7 @@ type kvMetrics struct {
 	approxGauge    *prometheus.GaugeVec // set at scrape time
 	divWarnings    prometheus.Counter
 	div            divergenceMetrics
+	coalesce       coalesceMetrics
 
 	indexBlocks, indexMax *prometheus.Desc
 	workerBlocks          *prometheus.Desc
@@ -77,6 +78,7 @@ func newKVMetrics() kvMetrics {
 		Help: "Warnings that a worker's engine-reported prompt cache diverges from the kv-aware prediction (one per worker per hour at most).",
 	})
 	m.div = newDivergenceMetrics()
+	m.coalesce = newCoalesceMetrics()
 	for k, key := range []string{"tokens", "text", "images"} {
 		for prec, mode := range []string{"approximate", "precise"} {
 			m.picks[k][prec] = picks.WithLabelValues(key, mode)
@@ -131,6 +133,8 @@ func (p *KVAware) Describe(ch chan<- *prometheus.Desc) {
 	m.approxGauge.Describe(ch)
 	m.divWarnings.Describe(ch)
 	m.div.describe(ch)
+	m.coalesce.holds.Describe(ch)
+	m.coalesce.seconds.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.indexBlocks, m.indexMax, m.workerBlocks, m.connected, m.batches, m.events,
 		m.blocksStored, m.blocksRemoved, m.blocksDropped, m.batchesDropped, m.gaps, m.replays, m.replayFailures, m.resyncs, m.joins, m.rebuilds, m.learned} {
 		ch <- d
@@ -173,6 +177,8 @@ func (p *KVAware) Collect(ch chan<- prometheus.Metric) {
 	m.approxGauge.Collect(ch)
 	m.divWarnings.Collect(ch)
 	m.div.collect(ch, p.div)
+	m.coalesce.holds.Collect(ch)
+	m.coalesce.seconds.Collect(ch)
 	ch <- prometheus.MustNewConstMetric(m.indexBlocks, prometheus.GaugeValue, float64(p.idx.Len()))
 	ch <- prometheus.MustNewConstMetric(m.indexMax, prometheus.GaugeValue, float64(p.idx.MaxBlocks()))
 	for _, t := range targets {

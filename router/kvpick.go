@@ -112,8 +112,20 @@ func (sc *kvScratch) set(bs int) int {
 	return i
 }
 
-// Pick implements Policy.
+// Pick implements Policy. A hold on a leader's prefill (kvcoalesce.go) is
+// waited out after the pick, which infera_router_kv_pick_seconds times
+// without it.
 func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
+	var hold coalesceHold
+	tk, err := p.pick(in, c, &hold)
+	if hold.first != nil {
+		p.await(hold)
+	}
+	return tk, err
+}
+
+// pick is Pick but for the hold, which it sets in *hold.
+func (p *KVAware) pick(in *PickInput, c *Candidates, hold *coalesceHold) (Ticket, error) {
 	n := len(c.Workers)
 	if n == 0 {
 		return Ticket{}, ErrNoWorker
@@ -313,7 +325,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 			t.est.enterCold(seq, coldHL)
 			t.mu.Unlock()
 		}
-		return p.commit(in, sc, kind, now, b, seq, halfLife)
+		return p.commit(in, sc, kind, now, b, seq, halfLife, hold)
 	}
 	share := p.cfg.MaxShare
 	if warm {
@@ -337,7 +349,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 		}
 	}
 
-	return p.commit(in, sc, kind, now, best, 0, 0)
+	return p.commit(in, sc, kind, now, best, 0, 0, hold)
 }
 
 // pickDone pools the scratch and observes the pick's duration.
@@ -348,7 +360,7 @@ func (p *KVAware) pickDone(sc *kvScratch, began time.Time) {
 
 // commit charges the request to target best and returns its ticket.
 // seq and halfLife are the deficit's clock (--kv-cost ttft).
-func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, best int, seq int64, halfLife float64) (Ticket, error) {
+func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, best int, seq int64, halfLife float64, hold *coalesceHold) (Ticket, error) {
 	t := sc.targets[best]
 	hs := sc.sets[sc.setOf[best]].hashes
 	bestEff := sc.effs[best]
@@ -360,7 +372,16 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	kt.touch = 0
 	kt.hashes = append(kt.hashes[:0], hs...)
 	kt.predTokens, kt.promptTokens = divergenceTokens(sc, kind, best)
+	precise := kind == keyTokens && t.precise()
 	t.mu.Lock()
+	if p.ttft && precise {
+		// Before this ticket enters: it must not find itself.
+		confirmed := sc.listed[best]
+		if t.prov != nil {
+			confirmed = sc.indexed[best]
+		}
+		*hold = p.holdFor(t, hs, sc.flights[best], confirmed)
+	}
 	t.active.AddAll(hs)
 	t.picks = decayedFor(t.picks, t.picksAt, now, shareHalfLife) + 1
 	t.picksAt = now
@@ -375,7 +396,6 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 		p.seq.Add(1)
 	}
 
-	precise := kind == keyTokens && t.precise()
 	// The retention class the engine is told (cachehints.go) decides what
 	// the router expects it to keep: nothing for none; a prompt marked
 	// long (prompt_cache_retention, Anthropic cache_control) is also
