@@ -125,9 +125,13 @@ func runKVWorkload(t *testing.T, fl kvFleet, wl kvWorkload, outDir string) bench
 	if err != nil {
 		t.Fatalf("%s on %s: %v", wl.name, fl.policy, err)
 	}
+	// The time kv-aware held requests before sending them
+	// (--kv-coalesce-wait) is part of their TTFT that no simulator sees:
+	// it is added to their modelled TTFT.
+	holds, held := coalesceHolds(f.serve)
 	firsts := 0.0
 	if sec, n := modelled(); n > n0 {
-		rep.ModelTTFTMs = 1e3 * (sec - sec0) / (n - n0)
+		rep.ModelTTFTMs = 1e3 * (sec - sec0 + held) / (n - n0)
 		firsts = n - n0
 	}
 	for _, p := range procs {
@@ -135,7 +139,7 @@ func runKVWorkload(t *testing.T, fl kvFleet, wl kvWorkload, outDir string) bench
 	}
 	if len(ttftLogs) > 0 {
 		// Written at shutdown: read after every simulator stopped.
-		rep.ModelTTFTsMs, rep.ModelIdleTTFTsMs = readModelTTFTs(t, ttftLogs)
+		rep.ModelTTFTsMs, rep.ModelIdleTTFTsMs = readModelTTFTs(t, ttftLogs, holds)
 		if float64(len(rep.ModelTTFTsMs)) != firsts {
 			t.Errorf("%s on %s: %d modelled TTFTs logged, the simulators counted %v first tokens", wl.name, fl.label(), len(rep.ModelTTFTsMs), firsts)
 		}
@@ -155,10 +159,33 @@ func runKVWorkload(t *testing.T, fl kvFleet, wl kvWorkload, outDir string) bench
 	return rep
 }
 
+// coalesceHolds returns the seconds the router held each request
+// ("kv coalesce hold" debug lines, by request id) and their sum.
+func coalesceHolds(serve *proc) (map[string]float64, float64) {
+	serve.mu.Lock()
+	defer serve.mu.Unlock()
+	holds, sum := map[string]float64{}, 0.0
+	for _, line := range serve.raw {
+		if !strings.Contains(line, `"kv coalesce hold"`) {
+			continue
+		}
+		var l struct {
+			ID   string  `json:"request_id"`
+			Held float64 `json:"hold_seconds"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.ID != "" {
+			holds[l.ID] += l.Held
+			sum += l.Held
+		}
+	}
+	return holds, sum
+}
+
 // readModelTTFTs returns the model_ttft_s and the model_idle_ttft_s of
 // every line of the simulators' --model-ttft-log files, in milliseconds,
-// each sorted.
-func readModelTTFTs(t *testing.T, paths []string) (ttfts, idles []float64) {
+// each sorted; a request's hold in the router (holds, seconds by request
+// id) is added to its TTFT, not to its idle one.
+func readModelTTFTs(t *testing.T, paths []string, holds map[string]float64) (ttfts, idles []float64) {
 	t.Helper()
 	for _, path := range paths {
 		b, err := os.ReadFile(path)
@@ -167,13 +194,14 @@ func readModelTTFTs(t *testing.T, paths []string) (ttfts, idles []float64) {
 		}
 		for line := range bytes.Lines(b) {
 			var l struct {
+				ID   string   `json:"request_id"`
 				TTFT *float64 `json:"model_ttft_s"`
 				Idle *float64 `json:"model_idle_ttft_s"`
 			}
 			if err := json.Unmarshal(line, &l); err != nil || l.TTFT == nil || l.Idle == nil {
 				t.Fatalf("%s: line %q: no model_ttft_s or model_idle_ttft_s (%v)", path, line, err)
 			}
-			ttfts = append(ttfts, *l.TTFT*1e3)
+			ttfts = append(ttfts, (*l.TTFT+holds[l.ID])*1e3)
 			idles = append(idles, *l.Idle*1e3)
 		}
 	}

@@ -119,31 +119,43 @@ func (p *KVAware) holdFor(t *kvTarget, hs []uint64, shared, confirmed int) coale
 	return coalesceHold{first: l.firstSignal(), until: l.wall + int64(l.pred*float64(time.Second)) + int64(coalesceSlack)}
 }
 
-// await holds the pick until the leader's first token, its estimated first
-// token, or CoalesceWait, whichever comes first.
-func (p *KVAware) await(h coalesceHold) {
+// await holds the pick of request id until the leader's first token, its
+// estimated first token, or CoalesceWait, whichever comes first. The hold
+// is logged at debug level by request id: it is part of the request's
+// time to first token that no engine sees (make bench-kv adds it to the
+// simulators' modelled TTFT).
+func (p *KVAware) await(h coalesceHold, id []byte) {
 	began := time.Now()
-	d := min(time.Duration(h.until-began.UnixNano()), p.cfg.CoalesceWait)
-	if d <= 0 {
+	outcome := "first_token"
+	if d := min(time.Duration(h.until-began.UnixNano()), p.cfg.CoalesceWait); d <= 0 {
 		select {
 		case <-h.first:
-			p.m.coalesce.first.Inc()
 		default:
-			p.m.coalesce.late.Inc()
+			outcome = "estimate"
 		}
-		return
+	} else {
+		timer := time.NewTimer(d)
+		select {
+		case <-h.first:
+		case <-timer.C:
+			outcome = "estimate"
+			if d == p.cfg.CoalesceWait {
+				outcome = "limit"
+			}
+		}
+		timer.Stop()
 	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-h.first:
+	held := time.Since(began).Seconds()
+	switch outcome {
+	case "first_token":
 		p.m.coalesce.first.Inc()
-	case <-timer.C:
-		if d == p.cfg.CoalesceWait {
-			p.m.coalesce.holds.WithLabelValues("limit").Inc()
-		} else {
-			p.m.coalesce.late.Inc()
-		}
+	case "estimate":
+		p.m.coalesce.late.Inc()
+	default:
+		p.m.coalesce.holds.WithLabelValues(outcome).Inc()
 	}
-	p.m.coalesce.seconds.Add(time.Since(began).Seconds())
+	p.m.coalesce.seconds.Add(held)
+	if e := p.log.Debug(); e.Enabled() {
+		e.Bytes("request_id", id).Float64("hold_seconds", held).Str("outcome", outcome).Msg("kv coalesce hold")
+	}
 }

@@ -119,7 +119,7 @@ func (p *KVAware) Pick(in *PickInput, c *Candidates) (Ticket, error) {
 	var hold coalesceHold
 	tk, err := p.pick(in, c, &hold)
 	if hold.first != nil {
-		p.await(hold)
+		p.await(hold, in.RequestID)
 	}
 	return tk, err
 }
