@@ -27,7 +27,8 @@ import (
 // The hold happens in Pick after the ticket is charged (as a kvd peer
 // pull's wait does), so the target's estimate already counts the
 // follower, and only in --kv-cost ttft, whose tickets know their first
-// tokens.
+// tokens. A hold allocates its leader's channel (once a leader) and a
+// timer; a pick that holds nothing allocates nothing more than before.
 
 // coalesceSlack is added to a leader's estimated first token before a
 // follower stops waiting for it: estimates are means, and a leader a few
