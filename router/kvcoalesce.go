@@ -35,28 +35,39 @@ import (
 // milliseconds late still saves its follower the prefix.
 const coalesceSlack = 20 * time.Millisecond
 
-// coalesceMetrics count the holds by how they ended.
+// How a hold ended: the leader's first token (or end), its estimated first
+// token, or CoalesceWait. The names are the metric's outcome labels.
+const (
+	holdFirstToken = iota
+	holdEstimate
+	holdLimit
+)
+
+var holdOutcomes = [...]string{holdFirstToken: "first_token", holdEstimate: "estimate", holdLimit: "limit"}
+
+// coalesceMetrics count the holds by how they ended (each outcome's series
+// resolved once) and their time.
 type coalesceMetrics struct {
 	holds   *prometheus.CounterVec
+	ended   [len(holdOutcomes)]prometheus.Counter
 	seconds prometheus.Counter
-	first   prometheus.Counter // resolved once: the hot outcomes
-	late    prometheus.Counter
 }
 
 func newCoalesceMetrics() coalesceMetrics {
-	holds := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "infera_router_kv_coalesce_holds_total",
-		Help: "Requests the kv-aware pick held until a request in flight on the same worker had prefilled their prompt prefix (--kv-coalesce-wait), by how the hold ended: first_token (the leader's first token or end), estimate (its estimated first token passed), limit (--kv-coalesce-wait passed).",
-	}, []string{"outcome"})
-	return coalesceMetrics{
-		holds: holds,
+	m := coalesceMetrics{
+		holds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "infera_router_kv_coalesce_holds_total",
+			Help: "Requests the kv-aware pick held until a request in flight on the same worker had prefilled their prompt prefix (--kv-coalesce-wait), by how the hold ended: first_token (the leader's first token or end), estimate (its estimated first token passed), limit (--kv-coalesce-wait passed).",
+		}, []string{"outcome"}),
 		seconds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "infera_router_kv_coalesce_hold_seconds_total",
 			Help: "Time requests spent held for a leader's prefill (--kv-coalesce-wait); divide by infera_router_kv_coalesce_holds_total for the mean hold.",
 		}),
-		first: holds.WithLabelValues("first_token"),
-		late:  holds.WithLabelValues("estimate"),
 	}
+	for i, name := range holdOutcomes {
+		m.ended[i] = m.holds.WithLabelValues(name)
+	}
+	return m
 }
 
 // leader returns a ticket in flight here, not yet past its first token,
@@ -127,36 +138,29 @@ func (p *KVAware) holdFor(t *kvTarget, hs []uint64, shared, confirmed int) coale
 // simulators' modelled TTFT).
 func (p *KVAware) await(h coalesceHold, id []byte) {
 	began := time.Now()
-	outcome := "first_token"
+	outcome := holdFirstToken
 	if d := min(time.Duration(h.until-began.UnixNano()), p.cfg.CoalesceWait); d <= 0 {
 		select {
 		case <-h.first:
 		default:
-			outcome = "estimate"
+			outcome = holdEstimate
 		}
 	} else {
 		timer := time.NewTimer(d)
 		select {
 		case <-h.first:
 		case <-timer.C:
-			outcome = "estimate"
+			outcome = holdEstimate
 			if d == p.cfg.CoalesceWait {
-				outcome = "limit"
+				outcome = holdLimit
 			}
 		}
 		timer.Stop()
 	}
 	held := time.Since(began).Seconds()
-	switch outcome {
-	case "first_token":
-		p.m.coalesce.first.Inc()
-	case "estimate":
-		p.m.coalesce.late.Inc()
-	default:
-		p.m.coalesce.holds.WithLabelValues(outcome).Inc()
-	}
+	p.m.coalesce.ended[outcome].Inc()
 	p.m.coalesce.seconds.Add(held)
 	if e := p.log.Debug(); e.Enabled() {
-		e.Bytes("request_id", id).Float64("hold_seconds", held).Str("outcome", outcome).Msg("kv coalesce hold")
+		e.Bytes("request_id", id).Float64("hold_seconds", held).Str("outcome", holdOutcomes[outcome]).Msg("kv coalesce hold")
 	}
 }
