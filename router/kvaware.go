@@ -750,6 +750,7 @@ type kvTicket struct {
 	first    bool    // past its first token
 	firstAt  int64   // unix ns of its first token
 	out      float64 // max_tokens (0 when not given): output room the engine keeps
+	stream   bool    // a stream: its first token is seen (firstToken)
 	pred     float64 // estimated TTFT at the pick, seconds
 	wait     float64 // of it, the estimated wait for room in the cache
 	// firstCh is closed at its first token or release; made when a

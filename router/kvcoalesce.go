@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +24,9 @@ import (
 // CoalesceWait. The follower then prefills only its own tail. A leader
 // waiting in the engine's queue is waited for too: sent at once, the
 // follower would be admitted right behind it and find none of the prefix.
+// A stream leader is waited for until its first token however late it is
+// on its estimate (a late leader is mostly one waiting for room), at most
+// CoalesceWait.
 //
 // The hold happens in Pick after the ticket is charged (as a kvd peer
 // pull's wait does), so the target's estimate already counts the
@@ -128,11 +132,21 @@ func (p *KVAware) holdFor(t *kvTarget, hs []uint64, shared, confirmed int) coale
 	if l == nil {
 		return coalesceHold{}
 	}
+	if l.stream {
+		// A stream's first token is seen (noteServed): wait for it. A
+		// leader late on its estimate is mostly one waiting for room in
+		// the engine's cache; released at the estimate, the follower was
+		// admitted beside it mid-prefill, found a part of the prefix, and
+		// took room for the rest again (the trace, session 31: 30–100 ms
+		// more waiting for room, a hold in four ending at the estimate).
+		return coalesceHold{first: l.firstSignal(), until: math.MaxInt64}
+	}
 	return coalesceHold{first: l.firstSignal(), until: l.wall + int64(l.pred*float64(time.Second)) + int64(coalesceSlack)}
 }
 
 // await holds the pick of request id until the leader's first token, its
-// estimated first token, or CoalesceWait, whichever comes first. The hold
+// estimated first token (a unary leader), or CoalesceWait, whichever comes
+// first. The hold
 // is logged at debug level by request id: it is part of the request's
 // time to first token that no engine sees (make bench-kv adds it to the
 // simulators' modelled TTFT).

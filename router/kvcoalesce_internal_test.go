@@ -173,3 +173,28 @@ func TestKVCoalesceNoHold(t *testing.T) {
 		})
 	}
 }
+
+// TestKVCoalesceStreamLeaderLate: a stream leader late on its estimate
+// (waiting for room in its engine, mostly) still holds its follower until
+// its first token, which the router sees.
+func TestKVCoalesceStreamLeaderLate(t *testing.T) {
+	e := coalesceEnv(t, time.Minute)
+	prefix := unique(69, 3000)
+	leader := e.pick(`{"model":"m","stream":true,"messages":[{"role":"user","content":"` + prefix + `"}]}`)
+	setPred(leader, 0.001) // its estimated first token has passed
+	ch := e.pickAsync(chat(prefix + unique(70, 64)))
+	if _, ok := held(ch); !ok {
+		t.Fatal("the follower was sent at the estimate of a stream leader still prefilling its prefix")
+	}
+	leader.Worker.stall.noteServed(time.Now().UnixNano(), leader.State)
+	select {
+	case follower := <-ch:
+		e.p.Release(follower, Result{Status: 200})
+	case <-time.After(testkit.EventuallyTimeout):
+		t.Fatal("the follower was still held after the leader's first token")
+	}
+	if got := e.coalesced("first_token"); got != 1 {
+		t.Errorf("holds ended by a first token: %v, want 1", got)
+	}
+	e.p.Release(leader, Result{Status: 200})
+}
