@@ -88,10 +88,8 @@
 // until that prefill's first token (at most KVAwareConfig.CoalesceWait,
 // kvcoalesce.go), so that the engine finds the prefix cached whole instead
 // of prefilling its tail a second time beside it; one whose prefix is
-// in use on its holder by other requests in flight (a shared prompt, not
-// longer than a quarter of the cache) leaves a holder above the bound
-// whatever the cost. A cold request goes first where the cache has room
-// for it now (kvestimate.go, "Admission").
+// in use on its holder by other requests in flight (a shared prompt) leaves
+// a holder above the bound whatever the cost.
 // It serves GET /v1/admin/cache-view/{worker_id} (admin.go)
 // and exports its series with the router's /metrics. Its divergence alarm
 // (kvdivergence.go) compares each worker's engine-reported usage with the

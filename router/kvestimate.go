@@ -360,31 +360,18 @@ func (m *ttftModel) admitWait(excess float64, now int64, bs float64) float64 {
 // request's prompt tokens beyond the prefix running requests hold and its
 // out max_tokens, against held prompt tokens in flight, the tickets'
 // outputs and a capacity of capTokens (0: unknown, no wait). It returns the
-// estimate, the wait in it and the tokens by which the cache is short of
-// room now (≤ 0: it has room; 0 as well when the capacity is unknown).
-//
-// Prompts are counted in full blocks (their hashes) and outputs in tokens,
-// but an engine allocates whole blocks: a request's last prompt block and
-// the last block of its output are partial, about one block a request
-// (roundingBlocks). Without it a target a few blocks short of room in
-// whole blocks was priced as having room.
-func (m *ttftModel) admitEstimate(uncached, prompt, out, held, capTokens float64, now int64, bs float64) (est, wait, excess float64) {
+// estimate and the wait in it.
+func (m *ttftModel) admitEstimate(uncached, prompt, out, held, capTokens float64, now int64, bs float64) (est, wait float64) {
 	est = m.estimate(uncached)
 	if capTokens <= 0 {
-		return est, 0, 0
+		return est, 0
 	}
-	rounding := roundingBlocks * bs * float64(len(m.flight)+1)
-	excess = held + (m.outs+out)*m.outFrac + prompt + rounding - capTokens
-	if excess > 0 && len(m.flight) > 0 {
+	if excess := held + (m.outs+out)*m.outFrac + prompt - capTokens; excess > 0 && len(m.flight) > 0 {
 		wait = m.admitWait(excess, now, bs)
 		est = max(est, wait+m.base+m.perKTok*uncached/1000)
 	}
-	return est, wait, excess
+	return est, wait
 }
-
-// roundingBlocks is the room a request takes beyond its counted tokens:
-// its partial blocks (admitEstimate).
-const roundingBlocks = 1
 
 // noteOutput learns the share of max_tokens the target's answers use from
 // one answer's completion tokens.

@@ -39,7 +39,6 @@ type kvScratch struct {
 	rates   []float64 // per target: learned seconds per 1000 prefill tokens (--kv-cost ttft)
 	preds   []float64 // per target: the estimated TTFT, before redoCost (--kv-cost ttft)
 	waits   []float64 // per target: of it, the wait for room in the cache (--kv-cost ttft)
-	short   []float64 // per target: tokens the cache lacks for this request now, ≤ 0 with room (--kv-cost ttft)
 	maxOut  float64   // the request's max_tokens, 0 when not given (--kv-cost ttft)
 	filling []bool    // per target: prefilling the prompt's held prefix for an earlier request (--kv-cost ttft)
 	picks   []float64 // per target: its recent picks (shareHalfLife)
@@ -47,15 +46,6 @@ type kvScratch struct {
 	out     []int
 	pos     []int // target positions of handles
 	img     xxhash.Digest
-}
-
-// confirmed is the prefix of the prompt that target i's engine has
-// reported cached: what its index listed, provisional hits not counted.
-func (sc *kvScratch) confirmed(i int) int {
-	if sc.targets[i].prov != nil {
-		return sc.indexed[i]
-	}
-	return sc.listed[i]
 }
 
 // hashSet is the prompt's block hashes for one block size (a fleet mostly
@@ -209,7 +199,6 @@ func (p *KVAware) pick(in *PickInput, c *Candidates, hold *coalesceHold) (Ticket
 		sc.flights = grow(sc.flights, nt)
 		sc.preds = growF(sc.preds, nt)
 		sc.waits = growF(sc.waits, nt)
-		sc.short = growF(sc.short, nt)
 	}
 	// The output room the engine keeps for this request (admission).
 	sc.maxOut = 0
@@ -270,7 +259,7 @@ func (p *KVAware) pick(in *PickInput, c *Candidates, hold *coalesceHold) (Ticket
 				capTokens = float64(t.idx.Capacity()) * bs
 			}
 			t.mu.RLock()
-			sc.costs[i], sc.waits[i], sc.short[i] = t.est.admitEstimate(u, float64(len(hs)-flight)*bs, sc.maxOut, float64(active)*bs, capTokens, wallNow, bs)
+			sc.costs[i], sc.waits[i] = t.est.admitEstimate(u, float64(len(hs)-flight)*bs, sc.maxOut, float64(active)*bs, capTokens, wallNow, bs)
 			sc.preds[i] = sc.costs[i]
 			sc.uncs[i], sc.rates[i] = u, t.est.perKTok
 			sc.picks[i] = t.est.pickCount(seq, halfLife)
@@ -388,7 +377,11 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 	t.mu.Lock()
 	if p.ttft && precise {
 		// Before this ticket enters: it must not find itself.
-		*hold = p.holdFor(t, hs, sc.flights[best], sc.confirmed(best))
+		confirmed := sc.listed[best]
+		if t.prov != nil {
+			confirmed = sc.indexed[best]
+		}
+		*hold = p.holdFor(t, hs, sc.flights[best], confirmed)
 	}
 	t.active.AddAll(hs)
 	t.picks = decayedFor(t.picks, t.picksAt, now, shareHalfLife) + 1
@@ -532,20 +525,12 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		if share > 0 && fair >= minShareFair {
 			bound = share * fair
 		}
-		// A target whose cache has room for the request now comes first:
-		// the wait for room is the least certain part of an estimate (it
-		// rests on when the requests there end), and a cold request loses
-		// nothing by starting where it need not wait for any. Priced by
-		// the estimate alone, cold prompts went where it said room would
-		// come within a few ms and waited 30–170 ms for it (the trace,
-		// session 31), the largest share of the requests over its p90 that
-		// their own prefill would have kept under it.
 		eligible := func(i int, pass int) bool {
 			return sc.costs[i] <= limit && sc.loss[i] <= least+lossSlack*sc.uncs[i] &&
-				(pass > 1 || sc.picks[i]+1 <= bound) && (pass > 0 || sc.short[i] <= 0)
+				(pass > 0 || sc.picks[i]+1 <= bound)
 		}
 		cold, low := -1, math.Inf(1)
-		for pass := 0; cold < 0 && pass < 3; pass++ {
+		for pass := 0; cold < 0 && pass < 2; pass++ {
 			if eligible(best, pass) {
 				cold, low = best, score(best)
 			}
@@ -606,13 +591,8 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	// (shared-prefix: busiest 1.12–1.18× fair over the run, against
 	// 1.04–1.07× with this). Tried at the fair share instead of the bound
 	// (session 22, h3b): the trace's hot prefixes were copied until its
-	// hit ratio was 0.86× of one big cache's. A prefix longer than a
-	// quarter of the cache (longColdShare) is no group's prompt: a copy of
-	// it evicts a good part of another cache and costs its request a long
-	// prefill (the trace: 1–3 requests a run of 2,200–3,500 tokens moved
-	// this way, each 250–420 ms slower than on its holder; session 31).
-	shared := sc.effs[best] >= minWarmBlocks && sc.flights[best] >= sc.effs[best] && !sc.filling[best] &&
-		!longPrefix(sc, best, sc.effs[best])
+	// hit ratio was 0.86× of one big cache's.
+	shared := sc.effs[best] >= minWarmBlocks && sc.flights[best] >= sc.effs[best] && !sc.filling[best]
 	if alt < 0 && (shared || sc.picks[best]+1 > (2*share-1)*fair+1) {
 		for k := range nt {
 			i := (start + k) % nt
@@ -671,7 +651,7 @@ func logPick(e *zerolog.Event, sc *kvScratch, nt, b int, warm bool, seq int64) {
 		Floats64("all_per_ktok_seconds", sc.rates[:nt]).Float64("queued_tokens", queued).Int("decoding", decoding)
 	e.Int64("pick_seq", seq).Bool("warm", warm).Int("target", b).Int("holder", h).
 		Floats64("costs_seconds", sc.costs[:nt]).Floats64("all_picks", sc.picks[:nt]).
-		Floats64("all_colds", sc.colds[:nt]).Floats64("all_fills", sc.fills[:nt]).Floats64("all_held", sc.held[:nt]).Floats64("all_short_tokens", sc.short[:nt]).Uint64("prompt_key", key).Int("blocks", len(hs)).
+		Floats64("all_colds", sc.colds[:nt]).Floats64("all_fills", sc.fills[:nt]).Floats64("all_held", sc.held[:nt]).Uint64("prompt_key", key).Int("blocks", len(hs)).
 		Str("worker_id", tb.worker.id).Int("dp_rank", tb.key.DPRank).
 		Int("listed", sc.listed[b]).Int("eff", sc.effs[b]).Float64("cost_seconds", sc.costs[b]).
 		Float64("picks", sc.picks[b]).Float64("colds", sc.colds[b]).Float64("uncached", sc.uncs[b]).
@@ -751,17 +731,6 @@ func (p *KVAware) coldLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
 		sc.loss[i] = t.est.evictLoss(sc.uncs[i], c, bs, seq, hl)
 		t.mu.RUnlock()
 	}
-}
-
-// longPrefix reports whether blocks blocks of the prompt are more than
-// longColdShare of target i's cache (false when its capacity is unknown).
-func longPrefix(sc *kvScratch, i, blocks int) bool {
-	t := sc.targets[i]
-	if t.idx == nil {
-		return false
-	}
-	c := t.idx.Capacity()
-	return c > 0 && float64(blocks) > longColdShare*float64(c)
 }
 
 // redoCost adds to each target's estimate the prefill it would redo against
