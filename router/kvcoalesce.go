@@ -146,10 +146,9 @@ func (p *KVAware) holdFor(t *kvTarget, hs []uint64, shared, confirmed int) coale
 
 // await holds the pick of request id until the leader's first token, its
 // estimated first token (a unary leader), or CoalesceWait, whichever comes
-// first. The hold
-// is logged at debug level by request id: it is part of the request's
-// time to first token that no engine sees (make bench-kv adds it to the
-// simulators' modelled TTFT).
+// first. The hold is logged at debug level by request id: it is part of
+// the request's time to first token that no engine sees (make bench-kv adds
+// it to the simulators' modelled TTFT).
 func (p *KVAware) await(h coalesceHold, id []byte) {
 	began := time.Now()
 	outcome := holdFirstToken
