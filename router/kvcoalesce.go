@@ -132,16 +132,17 @@ func (p *KVAware) holdFor(t *kvTarget, hs []uint64, shared, confirmed int) coale
 	if l == nil {
 		return coalesceHold{}
 	}
-	if l.stream {
-		// A stream's first token is seen (noteServed): wait for it. A
-		// leader late on its estimate is mostly one waiting for room in
-		// the engine's cache; released at the estimate, the follower was
-		// admitted beside it mid-prefill, found a part of the prefix, and
-		// took room for the rest again (the trace, session 31: 30–100 ms
-		// more waiting for room, a hold in four ending at the estimate).
-		return coalesceHold{first: l.firstSignal(), until: math.MaxInt64}
+	// A stream's first token is seen (noteServed): no estimate bounds the
+	// wait for it. A leader late on its estimate is mostly one waiting for
+	// room in the engine's cache; released at the estimate, the follower
+	// was admitted beside it mid-prefill, found a part of the prefix, and
+	// took room for the rest again (the trace, session 31: 30–100 ms more
+	// waiting for room, a hold in four ending at the estimate).
+	until := int64(math.MaxInt64)
+	if !l.stream {
+		until = l.wall + int64(l.pred*float64(time.Second)) + int64(coalesceSlack)
 	}
-	return coalesceHold{first: l.firstSignal(), until: l.wall + int64(l.pred*float64(time.Second)) + int64(coalesceSlack)}
+	return coalesceHold{first: l.firstSignal(), until: until}
 }
 
 // await holds the pick of request id until the leader's first token, its
