@@ -267,14 +267,15 @@ func (s *Server) handle(c net.Conn) {
 
 // logClosed logs why a connection ended, unless the client ended it.
 func (s *Server) logClosed(cn *conn, err error) {
+	// Logged before counted: whoever sees the counter move finds the line.
 	switch {
 	case errors.Is(err, ErrOutputTooLarge):
-		s.C.OutputLimit.Add(1)
 		s.outLog.log(s.opt.Log, cn, err, "limit", int64(s.opt.MaxOutputBytes))
+		s.C.OutputLimit.Add(1)
 		return
 	case errors.Is(err, ErrOutputStalled):
-		s.C.OutputStalled.Add(1)
 		s.outLog.log(s.opt.Log, cn, err, "stalled", int64(len(cn.out)-cn.outOff))
+		s.C.OutputStalled.Add(1)
 		return
 	}
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, errEOF) && !errors.Is(err, errQuit) && !errors.Is(err, net.ErrClosed) &&
