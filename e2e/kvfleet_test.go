@@ -586,6 +586,7 @@ func TestKVFleet512Replicas(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("%v; trying again, as a worker does", err)
+			time.Sleep(250 * time.Millisecond) // pacing: a worker's first retry pause
 		}
 		wg.Add(1)
 		go func() {
