@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"net"
 	"os/exec"
@@ -51,6 +52,8 @@ func Start(t testing.TB, extra ...string) *Server {
 func (s *Server) start() {
 	s.t.Helper()
 	s.cmd = exec.Command("redis-server", s.args...)
+	var out bytes.Buffer // why it exited, if it does at start
+	s.cmd.Stdout, s.cmd.Stderr = &out, &out
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
@@ -70,7 +73,7 @@ func (s *Server) start() {
 		}
 		select {
 		case <-s.done:
-			s.t.Fatalf("redis-server %v exited at start", s.args)
+			s.t.Fatalf("redis-server %v exited at start:\n%s", s.args, out.String())
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -113,7 +116,12 @@ func StartCluster(t testing.TB, n int) []*Server {
 	args := []string{"--cluster", "create"}
 	for i := range nodes {
 		dir := t.TempDir()
-		nodes[i] = Start(t, "--cluster-enabled", "yes", "--cluster-config-file", dir+"/nodes.conf", "--cluster-node-timeout", "2000")
+		// The cluster bus port is chosen as well: by default it is the
+		// client port + 10000, which from FreePort's range lands in the
+		// kernel's ephemeral one, where any outgoing connection on the box
+		// may hold it (a node "exited at start" in CI).
+		nodes[i] = Start(t, "--cluster-enabled", "yes", "--cluster-config-file", dir+"/nodes.conf", "--cluster-node-timeout", "2000",
+			"--cluster-port", strconv.Itoa(testkit.FreePort(t)))
 		args = append(args, nodes[i].Addr)
 	}
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
