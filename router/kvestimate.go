@@ -310,6 +310,9 @@ func (m *ttftModel) init() {
 // about 2.5 ms, learnt within a few requests.
 const (
 	priorPerOut = 0.01
+	// lateShare: a ticket still decoding is expected to stay at least
+	// this share of its modelled decode yet (remaining).
+	lateShare = 0.25
 	// perOutStep is the weight of one ended stream in perOut.
 	perOutStep = 0.1
 	// outFracStep is the weight of one answer's usage in outFrac.
@@ -320,11 +323,16 @@ const (
 // until its first token (its pick's estimate) and then its max_tokens at
 // the decode pace, which the prefill queued here stretches (a step that
 // prefills a chunk decodes one token of each running request too), and at
-// least one token's time while it has not ended.
+// least lateShare of that decode while it has not ended: the pace is an
+// average, and the tickets past their modelled end are the ones the
+// prefills beside them slowed. Priced to end with their next token, they
+// made the trace's requests that needed their room look free to start: of
+// those that then waited over 50 ms for room, a third had been priced at
+// 25 ms or more, half with the floor (docs/performance.md, session 32).
 func (m *ttftModel) remaining(kt *kvTicket, now int64) float64 {
 	stretch := m.perKTok * m.queued / 1000
 	if kt.first {
-		return max(m.perOut, float64(kt.firstAt-now)/1e9+kt.out*m.perOut+stretch)
+		return max(m.perOut, lateShare*kt.out*m.perOut, float64(kt.firstAt-now)/1e9+kt.out*m.perOut+stretch)
 	}
 	return max(0, float64(kt.wall-now)/1e9+kt.pred) + kt.out*m.perOut + stretch
 }

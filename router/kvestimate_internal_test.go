@@ -993,3 +993,48 @@ func TestKVEstimateWaitsForRoom(t *testing.T) {
 		}
 	}
 }
+
+// TestKVEstimateLateTicketStillHoldsRoom: a request decoding past the end
+// its max_tokens and the learnt decode pace give it (slowed by the prefills
+// beside it) has not ended, so it is not expected to free its blocks with
+// its next token: a prompt that needs its room waits for part of its
+// modelled decode yet (lateShare) and goes to an idle worker instead, where
+// by the modelled end alone it stayed, to wait for room behind it.
+func TestKVEstimateLateTicketStillHoldsRoom(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	maxTokens := func(n int, content string) string {
+		return `{"model":"m","max_tokens":` + strconv.Itoa(n) + `,"messages":[{"role":"user","content":"` + content + `"}]}`
+	}
+	for _, tc := range []struct {
+		out  int           // the running request's max_tokens
+		late time.Duration // past the modelled end of its decode
+		want string
+	}{{500, -4 * time.Second, b}, {500, 0, b}, {500, 10 * time.Second, b}, {10, 10 * time.Second, a}} {
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		e.learnCapacity(a, 400)
+		e.learnCapacity(b, 400)
+		running, next := unique(42, 3000), unique(43, 3000)
+		e.store(a, chatTokens(t, running))
+		e.store(a, chatTokens(t, next))
+		tk := e.pick(maxTokens(tc.out, running))
+		if tk.Worker.id != a {
+			t.Fatalf("the running prompt went to %s, not its holder %s", tk.Worker.id, a)
+		}
+		// Its first token came long enough ago that its modelled decode
+		// (tc.out tokens at the prior pace) ended tc.late ago.
+		tk.Worker.stall.noteServed(time.Now().UnixNano(), tk.State)
+		kt := tk.State.(*kvTicket)
+		tg := e.target0(a)
+		tg.mu.Lock()
+		decode := time.Duration(kt.out * tg.est.perOut * float64(time.Second))
+		kt.firstAt = time.Now().Add(-decode - tc.late).UnixNano()
+		tg.mu.Unlock()
+		got := e.pick(maxTokens(100, next))
+		e.p.Release(got, Result{Status: 200})
+		e.p.Release(tk, Result{Status: 200})
+		if got.Worker.id != tc.want {
+			t.Errorf("beside a request of %d tokens %v past its modelled decode, the next prompt went to %s, want %s", tc.out, tc.late, got.Worker.id, tc.want)
+		}
+	}
+}
