@@ -13,7 +13,7 @@ import (
 func FuzzDecodeRecord(f *testing.F) {
 	for _, s := range []string{
 		`{"worker_id": "192.168.1.20:8000", "url": "http://192.168.1.20:8000", "model_name": "m", "engine": "vllm", "disagg_mode": "mixed", "disagg_meta": {}, "kv_events_endpoint": null, "kv_block_size": null, "dp_rank": null, "dp_size": 1, "request_transport": "http"}`,
-		`{"worker_id":"[::1]:30000","url":"https://[::1]:30000/","model_name":"x","engine":"sglang","disagg_mode":"decode","disagg_meta":{"protocol":"vllm-nixl","params":{"a":[1,{"b":null}],"c":"d"}},"kv_events_endpoint":"tcp://h:1","kv_events_replay_endpoint":"tcp://h:2","kv_block_size":16,"dp_rank":0,"dp_size":2,"request_transport":"http","status":"draining"}`,
+		`{"worker_id":"[::1]:30000","url":"https://[::1]:30000/","model_name":"x","engine":"sglang","disagg_mode":"decode","disagg_meta":{"protocol":"vllm-nixl","params":{"a":[1,{"b":null}],"c":"d"}},"kv_events_endpoint":"tcp://h:1","kv_events_replay_endpoint":"tcp://h:2","kv_block_size":16,"kv_capacity_blocks":400,"dp_rank":0,"dp_size":2,"request_transport":"http","status":"draining"}`,
 		`{"worker_id":"h:1","url":"http://h:1","model_name":"m","engine":"sim","dp_size":0,"kv_events_endpoint":"","kv_events_replay_endpoint":""}`,
 		`{"worker_id":"h:1","url":"http://h:1","model_name":"m","engine":"sim","disagg_meta":{"params":{}}}`,
 		`{"WORKER_ID":"h:1","url":"http://h:1","model_name":"m","engine":"sim","model_name":"n"}`,

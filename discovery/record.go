@@ -25,6 +25,9 @@ const (
 	MaxModelNameBytes = 1024
 	// MaxKVBlockSize caps kv_block_size; engines use 1..1024 tokens per block.
 	MaxKVBlockSize = 1 << 16
+	// MaxKVCapacityBlocks caps kv_capacity_blocks (a GPU's cache is at
+	// most some millions of blocks).
+	MaxKVCapacityBlocks = 1 << 30
 	// MaxDPSize caps dp_size; a worker with dp_size N and no dp_rank becomes N
 	// routing targets, so an absurd value must not reach the router.
 	MaxDPSize = 1024
@@ -119,6 +122,13 @@ type Record struct {
 	// and other hosts' kvds locate its blocks (kvd/peer). Absent when the
 	// worker runs without one; Infera's Python readers ignore it.
 	KVDPeer string `json:"kvd_peer,omitempty"`
+	// KVCapacityBlocks is ours: the engine's KV cache size in blocks of
+	// kv_block_size (per data-parallel rank), as the engine reports it
+	// (vLLM's and the simulator's cache_config_info num_gpu_blocks); 0 or
+	// absent when unknown. The kv-aware router prices room in the cache
+	// with it before the engine's removal events have revealed as much.
+	// Infera's Python readers ignore it.
+	KVCapacityBlocks int `json:"kv_capacity_blocks,omitempty"`
 }
 
 // DecodeRecord parses and validates an etcd value. Unknown fields are ignored
@@ -258,6 +268,9 @@ func (r *Record) Validate() error {
 	}
 	if bs := r.KVBlockSize; bs != nil && (*bs <= 0 || *bs > MaxKVBlockSize) {
 		return invalidf("kv_block_size %d: want 1..%d", *bs, MaxKVBlockSize)
+	}
+	if r.KVCapacityBlocks < 0 || r.KVCapacityBlocks > MaxKVCapacityBlocks {
+		return invalidf("kv_capacity_blocks %d: want 0..%d", r.KVCapacityBlocks, MaxKVCapacityBlocks)
 	}
 	if r.DPSize < 0 || r.DPSize > MaxDPSize {
 		return invalidf("dp_size %d: want 1..%d", r.DPSize, MaxDPSize)

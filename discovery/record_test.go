@@ -58,6 +58,7 @@ func TestRecordRoundTrip(t *testing.T) {
 		RequestTransport:       "http",
 		Status:                 discovery.StatusDraining,
 		KVDPeer:                "10.0.0.7:7070",
+		KVCapacityBlocks:       123456,
 	}
 	for _, r := range []discovery.Record{validRecord(), full} {
 		b, err := r.Encode()
@@ -179,6 +180,9 @@ func TestDecodeRecordRejects(t *testing.T) {
 		{"kv_block_size negative", set("kv_block_size", -16), "kv_block_size"},
 		{"kv_block_size huge", set("kv_block_size", discovery.MaxKVBlockSize+1), "kv_block_size"},
 		{"kv_block_size float", set("kv_block_size", 16.5), "json"},
+		{"kv_capacity_blocks negative", set("kv_capacity_blocks", -1), "kv_capacity_blocks"},
+		{"kv_capacity_blocks huge", set("kv_capacity_blocks", discovery.MaxKVCapacityBlocks+1), "kv_capacity_blocks"},
+		{"kv_capacity_blocks float", set("kv_capacity_blocks", 400.5), "json"},
 		{"dp_size negative", set("dp_size", -1), "dp_size"},
 		{"dp_size huge", set("dp_size", discovery.MaxDPSize+1), "dp_size"},
 		{"dp_rank equal size", set("dp_rank", 2), "dp_rank"},

@@ -140,6 +140,9 @@ type Endpoint struct {
 	// BlockSize is the KV block (page) size in tokens; 0 when unknown until
 	// the engine reports it.
 	BlockSize int
+	// KVBlocks is the engine's KV cache size in blocks (per rank), as it
+	// reports it; 0 when unknown.
+	KVBlocks int
 	// KVEvents and KVEventsReplay are the advertised tcp://host:port of the
 	// KV-event publisher and its replay socket (for a rank-multiplexed
 	// worker: rank 0's, rank r being on port + r); empty when none.
@@ -183,6 +186,9 @@ func (e *Endpoint) Record(engine string) discovery.Record {
 		bs := e.BlockSize
 		rec.KVBlockSize = &bs
 	}
+	if e.BlockSize > 0 {
+		rec.KVCapacityBlocks = e.KVBlocks
+	}
 	if e.KVEvents != "" {
 		ep := e.KVEvents
 		rec.KVEventsEndpoint = &ep
@@ -205,6 +211,9 @@ type Stats struct {
 	Running, Waiting float64
 	// BlockSize is the block size the engine reports; 0 when it does not.
 	BlockSize int
+	// KVBlocks is the cache size in blocks the engine reports (its
+	// cache_config_info's num_gpu_blocks); 0 when it does not.
+	KVBlocks int
 }
 
 // Idle reports whether the engine has no running or waiting request.

@@ -94,7 +94,8 @@ func (atomAdapter) Inspect(metrics io.Reader) (Stats, error) {
 	running, okR := sumFamily(families["atom:requests_running"])
 	waiting, okW := sumFamily(families["atom:requests_waiting"])
 	if okR && okW {
-		return Stats{Running: running, Waiting: waiting, BlockSize: cacheConfigBlockSize(families["atom:cache_config_info"])}, nil
+		return Stats{Running: running, Waiting: waiting, BlockSize: cacheConfigLabel(families["atom:cache_config_info"], "block_size"),
+			KVBlocks: cacheConfigLabel(families["atom:cache_config_info"], "num_gpu_blocks")}, nil
 	}
 	return vllmFamilies(families)
 }
@@ -116,15 +117,16 @@ func vllmFamilies(families map[string]*dto.MetricFamily) (Stats, error) {
 		// Missing gauges must not read as "idle": that would cut a drain short.
 		return Stats{}, fmt.Errorf("%w: vllm:num_requests_running or vllm:num_requests_waiting missing", ErrMetrics)
 	}
-	return Stats{Running: running, Waiting: waiting, BlockSize: cacheConfigBlockSize(families["vllm:cache_config_info"])}, nil
+	return Stats{Running: running, Waiting: waiting, BlockSize: cacheConfigLabel(families["vllm:cache_config_info"], "block_size"),
+		KVBlocks: cacheConfigLabel(families["vllm:cache_config_info"], "num_gpu_blocks")}, nil
 }
 
-// cacheConfigBlockSize reads the block_size label of a cache_config_info
-// gauge; 0 when absent or not a positive integer.
-func cacheConfigBlockSize(f *dto.MetricFamily) int {
+// cacheConfigLabel reads an integer label (block_size, num_gpu_blocks) of
+// a cache_config_info gauge; 0 when absent or not a positive integer.
+func cacheConfigLabel(f *dto.MetricFamily, name string) int {
 	for _, m := range f.GetMetric() {
 		for _, l := range m.GetLabel() {
-			if l.GetName() != "block_size" {
+			if l.GetName() != name {
 				continue
 			}
 			if n, err := strconv.Atoi(l.GetValue()); err == nil && n > 0 {

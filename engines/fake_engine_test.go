@@ -21,7 +21,8 @@ const fakeEngineEnv = "INFERA_ENGINES_TEST_FAKE_ENGINE"
 // start; /health answers 503 while "unhealthy" exists; /metrics reports the
 // integer in "running" as vllm:num_requests_running and prints one stdout
 // line per scrape (which the worker captures into its log). Its
-// vllm:cache_config_info reports --metrics-block-size, else --block-size.
+// vllm:cache_config_info reports --metrics-block-size, else --block-size,
+// and num_gpu_blocks --metrics-kv-blocks when given.
 // The mode (the value of fakeEngineEnv) says how it is invoked: "1" as the
 // sim (`sim` first), "vllm" as `vllm serve`, "sglang" with SGLang's
 // arguments only; in that mode it reports SGLang's metric names and answers
@@ -36,7 +37,7 @@ func runFakeEngine(mode string, args []string) int {
 		}
 		args = args[1:]
 	}
-	flags, err := parseEngineFlags(args, "host", "port", "state-dir", "block-size", "metrics-block-size")
+	flags, err := parseEngineFlags(args, "host", "port", "state-dir", "block-size", "metrics-block-size", "metrics-kv-blocks")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fake engine:", err)
 		return 2
@@ -50,6 +51,10 @@ func runFakeEngine(mode string, args []string) int {
 	}
 	if v := flags["metrics-block-size"]; v != "" {
 		blockSize = v // an engine that resolves its block size itself
+	}
+	kvBlocks := ""
+	if v := flags["metrics-kv-blocks"]; v != "" {
+		kvBlocks = `,num_gpu_blocks="` + v + `"`
 	}
 	if dir == "" {
 		fmt.Fprintln(os.Stderr, "fake engine: --state-dir is required")
@@ -102,7 +107,7 @@ func runFakeEngine(mode string, args []string) int {
 			"vllm:num_requests_waiting{engine=\"0\",model_name=\"fake\"} 0\n"+
 			"# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"+
 			"# TYPE vllm:cache_config_info gauge\n"+
-			"vllm:cache_config_info{block_size=\"%s\",engine=\"0\"} 1.0\n", running, blockSize)
+			"vllm:cache_config_info{block_size=\"%s\",engine=\"0\"%s} 1.0\n", running, blockSize, kvBlocks)
 	})
 	srv := &http.Server{Handler: mux}
 	sig := make(chan os.Signal, 1)

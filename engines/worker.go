@@ -232,6 +232,9 @@ func (w *worker) serve(ctx context.Context, newKeeper func(discovery.Record) rec
 	if rec.KVBlockSize != nil {
 		ev = ev.Int("kv_block_size", *rec.KVBlockSize)
 	}
+	if rec.KVCapacityBlocks > 0 {
+		ev = ev.Int("kv_capacity_blocks", rec.KVCapacityBlocks)
+	}
 	if rec.KVEventsEndpoint != nil {
 		ev = ev.Str("kv_events_endpoint", *rec.KVEventsEndpoint)
 	}
@@ -364,7 +367,8 @@ func (w *worker) drain(reg recordKeeper) {
 // hybrid models, SGLang per attention backend), and a router hashing with
 // another size than the engine's events would match nothing. It asks a few
 // times: the value is read once, and one slow answer right after readiness
-// must not leave the worker without it.
+// must not leave the worker without it. The cache size in blocks comes
+// with it where the engine reports one (kv_capacity_blocks).
 func (w *worker) resolveBlockSize(ctx context.Context) {
 	var lastErr error
 	for attempt := range blockSizeAttempts {
@@ -380,11 +384,14 @@ func (w *worker) resolveBlockSize(ctx context.Context) {
 			case <-timer.C:
 			}
 		}
-		size, err := w.reportedBlockSize(ctx)
+		size, blocks, err := w.reportedBlockSize(ctx)
 		if err == nil {
 			if size > 0 && size != w.ep.BlockSize {
 				w.log.Info().Int("block_size", size).Int("args_block_size", w.ep.BlockSize).Msg("engine reports another block size, using it")
 				w.ep.BlockSize = size
+			}
+			if size > 0 && blocks > 0 {
+				w.ep.KVBlocks = blocks
 			}
 			return
 		}
@@ -398,30 +405,32 @@ func (w *worker) resolveBlockSize(ctx context.Context) {
 	ev.Msg("engine does not report its block size, keeping the one from its arguments")
 }
 
-// reportedBlockSize asks the engine for its block size: from /metrics, or
-// from the adapter's own endpoint where the engine reports it elsewhere.
-// 0 with a nil error means the engine answered without one.
-func (w *worker) reportedBlockSize(ctx context.Context) (int, error) {
+// reportedBlockSize asks the engine for its block size and, from /metrics,
+// its cache size in blocks (0 where the engine reports the size elsewhere:
+// the adapter's own endpoint). 0 with a nil error means the engine answered
+// without one.
+func (w *worker) reportedBlockSize(ctx context.Context) (size, blocks int, err error) {
 	p, ok := w.adapter.(blockSizeProber)
 	if !ok {
 		st, err := w.stats(ctx)
-		return st.BlockSize, err
+		return st.BlockSize, st.KVBlocks, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, maxProbeTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.local+p.blockSizePath(), nil)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrMetrics, err)
+		return 0, 0, fmt.Errorf("%w: %w", ErrMetrics, err)
 	}
 	resp, err := probeClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrMetrics, err)
+		return 0, 0, fmt.Errorf("%w: %w", ErrMetrics, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("%w: %s: status %d", ErrMetrics, p.blockSizePath(), resp.StatusCode)
+		return 0, 0, fmt.Errorf("%w: %s: status %d", ErrMetrics, p.blockSizePath(), resp.StatusCode)
 	}
-	return p.parseBlockSize(resp.Body)
+	size, err = p.parseBlockSize(resp.Body)
+	return size, 0, err
 }
 
 // stats reads the engine's /metrics once.

@@ -281,11 +281,14 @@ func TestWorkerDrainTimeout(t *testing.T) {
 
 func TestWorkerBlockSizeFromMetrics(t *testing.T) {
 	w := startWorker(t, func(c *config.Worker) {
-		c.EngineArgs = []string{"--state-dir", c.EngineArgs[1], "--metrics-block-size", "64"}
+		c.EngineArgs = []string{"--state-dir", c.EngineArgs[1], "--metrics-block-size", "64", "--metrics-kv-blocks", "4096"}
 	})
 	rec, _ := w.waitRecord(nil)
 	if rec.KVBlockSize == nil || *rec.KVBlockSize != 64 {
 		t.Fatalf("kv_block_size %v, want 64 as the engine reports", rec.KVBlockSize)
+	}
+	if rec.KVCapacityBlocks != 4096 {
+		t.Fatalf("kv_capacity_blocks %d, want 4096 as the engine reports (num_gpu_blocks)", rec.KVCapacityBlocks)
 	}
 	if rec.ModelName != "sim-model" {
 		t.Fatalf("model_name %q, want the sim default", rec.ModelName)
@@ -297,6 +300,9 @@ func TestWorkerAdvertiseHost(t *testing.T) {
 	rec, _ := w.waitRecord(nil)
 	if !strings.HasPrefix(rec.WorkerID, "node-7.example:") || rec.URL != "http://"+rec.WorkerID {
 		t.Fatalf("worker_id %q url %q: want the advertised host", rec.WorkerID, rec.URL)
+	}
+	if rec.KVCapacityBlocks != 0 {
+		t.Fatalf("kv_capacity_blocks %d from an engine that reports no num_gpu_blocks, want 0 (absent)", rec.KVCapacityBlocks)
 	}
 }
 

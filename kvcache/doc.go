@@ -23,8 +23,10 @@
 //     tokenizer, multimodal prompts), and, stamped with a cache's intake
 //     instead of wall time, what of a prefix an LRU of that capacity still
 //     holds (Held: the kv-aware policy's eviction-aware prediction). A
-//     worker's capacity is learnt from its removal events (Worker.Capacity:
-//     the blocks held when its engine first had to evict). AppendByteHashes and
+//     worker's capacity is the cache size its engine reports (its record's
+//     kv_capacity_blocks, Worker.ReportCapacity) or what its removal events
+//     reveal (the most blocks held when its engine had to evict), whichever
+//     is more (Worker.Capacity). AppendByteHashes and
 //     AppendChainHashes (hash.go) key prompts that have no tokens.
 //   - the KV-event decoder (event.go): vLLM (map and msgspec array form),
 //     SGLang (array) and ATOM (map) batches, msgpack, zero-allocation with a

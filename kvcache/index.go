@@ -131,12 +131,30 @@ func (w *Worker) Key() Key { return w.key }
 // Blocks returns how many blocks the index holds for the worker.
 func (w *Worker) Blocks() int { return int(w.blocks.Load()) }
 
-// Capacity returns the worker's cache capacity in blocks as its events
-// reveal it: the most blocks the index held for it when its engine removed
-// one (an engine evicts only when its cache is full), 0 until the first
-// removal. Blocks of running sequences not yet full are not reported, so it
-// is the room for cached prefixes, a little below the engine's own count.
+// Capacity returns the worker's cache capacity in blocks: the cache size
+// its engine reports (ReportCapacity), or as its events reveal it, the
+// most blocks the index held for it when its engine removed one (an engine
+// evicts only when its cache is full), whichever is more; 0 while neither
+// is known. Blocks of running sequences not yet full are not reported, so
+// the learnt one is the room for cached prefixes, a little below the
+// engine's own count, and reaches it only once the cache has turned over.
 func (w *Worker) Capacity() int { return int(w.capacity.Load()) }
+
+// ReportCapacity raises the capacity to blocks, the cache size the engine
+// reports (its worker record's kv_capacity_blocks): a router that starts
+// beside a running fleet knows the room in each cache before its young
+// index has seen it fill.
+func (w *Worker) ReportCapacity(blocks int) { w.raiseCapacity(int64(blocks)) }
+
+// raiseCapacity sets the capacity to b unless it is already that much.
+func (w *Worker) raiseCapacity(b int64) {
+	for {
+		cur := w.capacity.Load()
+		if b <= cur || w.capacity.CompareAndSwap(cur, b) {
+			return
+		}
+	}
+}
 
 // Mode returns whether the worker's entry mirrors its engine (ModePrecise).
 func (w *Worker) Mode() Mode {
@@ -787,9 +805,7 @@ func (x *Index) applyRemovedLocked(w *Worker, ev *Event, res *ApplyResult) {
 			res.UnknownRemove++
 			continue
 		}
-		if b := w.blocks.Load(); b > w.capacity.Load() {
-			w.capacity.Store(b)
-		}
+		w.raiseCapacity(w.blocks.Load())
 		delete(w.engine, e)
 		if i := x.findLocked(r, w); i != 0 {
 			x.freeBlockLocked(i)

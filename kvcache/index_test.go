@@ -504,3 +504,31 @@ func TestIndexCapacityLearnedFromRemovals(t *testing.T) {
 		t.Fatalf("after a clear: capacity %d, want 10", w.Capacity())
 	}
 }
+
+// TestIndexCapacityReported: the cache size the engine reports stands from
+// the start; removals raise it further only when the index held more, and
+// neither a smaller report nor a removal lowers it.
+func TestIndexCapacityReported(t *testing.T) {
+	x := NewIndex(IndexConfig{MaxBlocks: 1000})
+	w := mustRegister(t, x, "w1", 4)
+	w.ReportCapacity(6)
+	if w.Capacity() != 6 {
+		t.Fatalf("reported 6: capacity %d", w.Capacity())
+	}
+	tokens := seqTokens(40, func(i int) uint32 { return uint32(7 + i) })
+	engine := []uint64{11, 12, 13, 14, 15, 16, 17, 18, 19, 20}
+	x.Apply(w, batchOf(stored(engine[:4], nil, tokens[:16], 4)))
+	x.Apply(w, batchOf(removed(14)))
+	if w.Capacity() != 6 {
+		t.Fatalf("a removal at 4 blocks held: capacity %d, want the reported 6", w.Capacity())
+	}
+	x.Apply(w, batchOf(stored(engine, nil, tokens, 4)))
+	x.Apply(w, batchOf(removed(20)))
+	if w.Capacity() != 10 {
+		t.Fatalf("a removal at 10 blocks held: capacity %d, want 10", w.Capacity())
+	}
+	w.ReportCapacity(8)
+	if w.Capacity() != 10 {
+		t.Fatalf("a smaller report: capacity %d, want 10 kept", w.Capacity())
+	}
+}

@@ -488,6 +488,14 @@ func (p *KVAware) Update(w *Worker) {
 	defer p.mu.Unlock()
 	s := shapeOf(w.Record())
 	if s == kw.shape {
+		// The cache size its engine reports (kv_capacity_blocks, which
+		// the worker reads once the engine is up) needs no new
+		// subscription.
+		for _, t := range *kw.targets.Load() {
+			if t.idx != nil {
+				t.idx.ReportCapacity(w.Record().KVCapacityBlocks)
+			}
+		}
 		return
 	}
 	p.log.Info().Str("worker_id", w.id).Msg("kv layout of worker changed; resubscribing")
@@ -584,6 +592,7 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 					Msg("cannot follow kv events over nats; worker routed approximately")
 			} else {
 				t.idx = h
+				h.ReportCapacity(kw.w.Record().KVCapacityBlocks)
 			}
 			ts = append(ts, t)
 			continue
@@ -600,6 +609,7 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 					Msg("cannot follow kv events; worker routed approximately")
 			} else {
 				t.idx = h
+				h.ReportCapacity(kw.w.Record().KVCapacityBlocks)
 			}
 		}
 		ts = append(ts, t)

@@ -364,3 +364,26 @@ func TestKVChatTextPartsMatchSimulator(t *testing.T) {
 		t.Fatalf("second identical chat hit %v tokens, want %d", got, full*bs)
 	}
 }
+
+// TestKVRecordCapacityStandsAtOnce: the cache size a worker's record
+// reports (kv_capacity_blocks) is its target's capacity from the start,
+// before the engine has evicted anything; without one, nothing is known
+// until the first removal.
+func TestKVRecordCapacityStandsAtOnce(t *testing.T) {
+	for _, reported := range []int{0, 64} {
+		s, ev, rep := startKVSim(t, 64)
+		rec := simRecord(s)
+		bs := 16
+		rec.KVEventsEndpoint, rec.KVEventsReplayEndpoint, rec.KVBlockSize = ev, rep, &bs
+		rec.KVCapacityBlocks = reported
+		p := newKV(t, kvConfig(func(c *router.KVAwareConfig) { c.TokenizerSpec = router.TokenizerBytes }))
+		startRouter(t, p, router.DefaultConfig(), rec)
+		h, ok := p.Index().Lookup(kvcache.Key{Worker: rec.WorkerID})
+		if !ok {
+			t.Fatalf("reported %d: no index entry for %s", reported, rec.WorkerID)
+		}
+		if got := h.Capacity(); got != reported {
+			t.Fatalf("reported %d: capacity %d before any eviction", reported, got)
+		}
+	}
+}
