@@ -208,7 +208,7 @@ func TestSimInspect(t *testing.T) {
 		want      Stats
 		wantError bool
 	}{
-		{name: "vllm busy", text: vllmMetrics, want: Stats{Running: 3, Waiting: 4, BlockSize: 16}},
+		{name: "vllm busy", text: vllmMetrics, want: Stats{Running: 3, Waiting: 4, BlockSize: 16, KVBlocks: 27008}},
 		{
 			name: "idle, no cache info",
 			text: "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n",
@@ -281,11 +281,11 @@ func TestEngineInspect(t *testing.T) {
 		{engine: "sglang", text: sglangMetrics, want: Stats{Running: 4, Waiting: 7}},
 		{engine: "sglang", text: "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\n", wantError: true},
 		{engine: "sglang", text: vllmMetrics, wantError: true},
-		{engine: "atom", text: atomMetrics, want: Stats{Running: 2, Waiting: 1, BlockSize: 16}},
+		{engine: "atom", text: atomMetrics, want: Stats{Running: 2, Waiting: 1, BlockSize: 16, KVBlocks: 40000}},
 		// The simulator's ATOM facade (and older ATOM builds) speak vLLM's names.
-		{engine: "atom", text: vllmMetrics, want: Stats{Running: 3, Waiting: 4, BlockSize: 16}},
+		{engine: "atom", text: vllmMetrics, want: Stats{Running: 3, Waiting: 4, BlockSize: 16, KVBlocks: 27008}},
 		{engine: "atom", text: "atom:requests_running 1\n", wantError: true},
-		{engine: "vllm", text: vllmMetrics, want: Stats{Running: 3, Waiting: 4, BlockSize: 16}},
+		{engine: "vllm", text: vllmMetrics, want: Stats{Running: 3, Waiting: 4, BlockSize: 16, KVBlocks: 27008}},
 		{engine: "vllm", text: "vllm:num_requests_running 0\n", wantError: true},
 	}
 	for _, tc := range cases {
