@@ -957,25 +957,12 @@ func TestKVEstimateLongColdWaitsLittle(t *testing.T) {
 // target whose answers use 4% of their max_tokens it fits beside it.
 func TestKVEstimateWaitsForRoom(t *testing.T) {
 	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
-	maxTokens := func(n int, content string) string {
-		return `{"model":"m","max_tokens":` + strconv.Itoa(n) + `,"messages":[{"role":"user","content":"` + content + `"}]}`
-	}
 	for _, tc := range []struct {
 		out  int
 		used int64 // completion tokens the target's answers report (-1: none)
 		want string
 	}{{500, -1, b}, {10, -1, a}, {500, 20, a}} {
-		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
-		e.makePrecise()
-		e.learnCapacity(a, 400)
-		e.learnCapacity(b, 400)
-		running, next := unique(40, 3000), unique(41, 3000)
-		e.store(a, chatTokens(t, running))
-		e.store(a, chatTokens(t, next))
-		tk := e.pick(maxTokens(tc.out, running))
-		if tk.Worker.id != a {
-			t.Fatalf("the running prompt went to %s, not its holder %s", tk.Worker.id, a)
-		}
+		e, tk, next := runningOnHolder(t, tc.out, 40)
 		tk.Worker.stall.noteServed(time.Now().UnixNano(), tk.State)
 		if tc.used >= 0 {
 			// Earlier answers there used 20 of their 500 tokens: the
@@ -985,7 +972,7 @@ func TestKVEstimateWaitsForRoom(t *testing.T) {
 				e.p.noteOutput(tk.State.(*kvTicket), tc.used)
 			}
 		}
-		got := e.pick(maxTokens(100, next))
+		got := e.pick(maxTokensChat(100, next))
 		e.p.Release(got, Result{Status: 200})
 		e.p.Release(tk, Result{Status: 200})
 		if got.Worker.id != tc.want {
@@ -1002,25 +989,12 @@ func TestKVEstimateWaitsForRoom(t *testing.T) {
 // by the modelled end alone it stayed, to wait for room behind it.
 func TestKVEstimateLateTicketStillHoldsRoom(t *testing.T) {
 	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
-	maxTokens := func(n int, content string) string {
-		return `{"model":"m","max_tokens":` + strconv.Itoa(n) + `,"messages":[{"role":"user","content":"` + content + `"}]}`
-	}
 	for _, tc := range []struct {
 		out  int           // the running request's max_tokens
 		late time.Duration // past the modelled end of its decode
 		want string
 	}{{500, -4 * time.Second, b}, {500, 0, b}, {500, 10 * time.Second, b}, {10, 10 * time.Second, a}} {
-		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
-		e.makePrecise()
-		e.learnCapacity(a, 400)
-		e.learnCapacity(b, 400)
-		running, next := unique(42, 3000), unique(43, 3000)
-		e.store(a, chatTokens(t, running))
-		e.store(a, chatTokens(t, next))
-		tk := e.pick(maxTokens(tc.out, running))
-		if tk.Worker.id != a {
-			t.Fatalf("the running prompt went to %s, not its holder %s", tk.Worker.id, a)
-		}
+		e, tk, next := runningOnHolder(t, tc.out, 42)
 		// Its first token came long enough ago that its modelled decode
 		// (tc.out tokens at the prior pace) ended tc.late ago.
 		tk.Worker.stall.noteServed(time.Now().UnixNano(), tk.State)
@@ -1030,11 +1004,38 @@ func TestKVEstimateLateTicketStillHoldsRoom(t *testing.T) {
 		decode := time.Duration(kt.out * tg.est.perOut * float64(time.Second))
 		kt.firstAt = time.Now().Add(-decode - tc.late).UnixNano()
 		tg.mu.Unlock()
-		got := e.pick(maxTokens(100, next))
+		got := e.pick(maxTokensChat(100, next))
 		e.p.Release(got, Result{Status: 200})
 		e.p.Release(tk, Result{Status: 200})
 		if got.Worker.id != tc.want {
 			t.Errorf("beside a request of %d tokens %v past its modelled decode, the next prompt went to %s, want %s", tc.out, tc.late, got.Worker.id, tc.want)
 		}
 	}
+}
+
+// maxTokensChat is a chat request for content with max_tokens n.
+func maxTokensChat(n int, content string) string {
+	return `{"model":"m","max_tokens":` + strconv.Itoa(n) + `,"messages":[{"role":"user","content":"` + content + `"}]}`
+}
+
+// runningOnHolder sets up two workers of 400-block caches, the first
+// holding a 3,000-token prompt and the next one (unique(seed) and
+// unique(seed+1)), and picks the first, with max_tokens out, onto its
+// holder. It returns the fleet, the running request's ticket and the next
+// prompt.
+func runningOnHolder(t *testing.T, out int, seed int) (*kvEnv, Ticket, string) {
+	t.Helper()
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+	e.makePrecise()
+	e.learnCapacity(a, 400)
+	e.learnCapacity(b, 400)
+	running, next := unique(seed, 3000), unique(seed+1, 3000)
+	e.store(a, chatTokens(t, running))
+	e.store(a, chatTokens(t, next))
+	tk := e.pick(maxTokensChat(out, running))
+	if tk.Worker.id != a {
+		t.Fatalf("the running prompt went to %s, not its holder %s", tk.Worker.id, a)
+	}
+	return e, tk, next
 }
