@@ -185,8 +185,6 @@ func (e *Endpoint) Record(engine string) discovery.Record {
 	if e.BlockSize > 0 {
 		bs := e.BlockSize
 		rec.KVBlockSize = &bs
-	}
-	if e.BlockSize > 0 {
 		rec.KVCapacityBlocks = e.KVBlocks
 	}
 	if e.KVEvents != "" {

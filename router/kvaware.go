@@ -491,11 +491,7 @@ func (p *KVAware) Update(w *Worker) {
 		// The cache size its engine reports (kv_capacity_blocks, which
 		// the worker reads once the engine is up) needs no new
 		// subscription.
-		for _, t := range *kw.targets.Load() {
-			if t.idx != nil {
-				t.idx.ReportCapacity(w.Record().KVCapacityBlocks)
-			}
-		}
+		kw.reportCapacity()
 		return
 	}
 	p.log.Info().Str("worker_id", w.id).Msg("kv layout of worker changed; resubscribing")
@@ -592,7 +588,6 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 					Msg("cannot follow kv events over nats; worker routed approximately")
 			} else {
 				t.idx = h
-				h.ReportCapacity(kw.w.Record().KVCapacityBlocks)
 			}
 			ts = append(ts, t)
 			continue
@@ -609,12 +604,23 @@ func (p *KVAware) buildTargets(kw *kvWorker) {
 					Msg("cannot follow kv events; worker routed approximately")
 			} else {
 				t.idx = h
-				h.ReportCapacity(kw.w.Record().KVCapacityBlocks)
 			}
 		}
 		ts = append(ts, t)
 	}
 	kw.targets.Store(&ts)
+	kw.reportCapacity()
+}
+
+// reportCapacity gives kw's indexed targets the cache size its record
+// reports (kv_capacity_blocks; 0 leaves them as they are).
+func (kw *kvWorker) reportCapacity() {
+	blocks := kw.w.Record().KVCapacityBlocks
+	for _, t := range *kw.targets.Load() {
+		if t.idx != nil {
+			t.idx.ReportCapacity(blocks)
+		}
+	}
 }
 
 func (p *KVAware) rankEndpoint(id, ep string, rank int) string {
