@@ -45,11 +45,14 @@ type Adapter interface {
 }
 
 // blockSizeProber is implemented by adapters whose engine reports its
-// resolved block size on an HTTP endpoint other than /metrics (SGLang's
-// /get_server_info). The worker asks it once the engine is healthy.
+// resolved block size, and its cache size, on an HTTP endpoint other than
+// /metrics (SGLang's /get_server_info). The worker asks it once the engine
+// is healthy.
 type blockSizeProber interface {
 	blockSizePath() string
-	parseBlockSize(body io.Reader) (int, error)
+	// parseBlockSize returns the block size and the cache size in blocks
+	// (0 when the body does not give it).
+	parseBlockSize(body io.Reader) (size, blocks int, err error)
 }
 
 // Options are the worker settings an adapter may use when preparing a launch.

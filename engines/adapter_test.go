@@ -308,17 +308,29 @@ func TestEngineInspect(t *testing.T) {
 
 func TestSGLangServerInfoPageSize(t *testing.T) {
 	p := sglangAdapter{}
-	for body, want := range map[string]int{
-		`{"page_size": 64, "model_path": "m"}`:               64,
-		`{"server_args": {"page_size": 1}, "version": "x"}`:  1,
-		`{"page_size": 32, "server_args": {"page_size": 1}}`: 32,
+	type sizes struct{ page, blocks int }
+	for body, want := range map[string]sizes{
+		`{"page_size": 64, "model_path": "m"}`:                               {64, 0},
+		`{"server_args": {"page_size": 1}, "version": "x"}`:                  {1, 0},
+		`{"page_size": 32, "server_args": {"page_size": 1}}`:                 {32, 0},
+		`{"page_size": 16, "max_total_num_tokens": 270336}`:                  {16, 16896},
+		`{"page_size": 16, "max_total_num_tokens": 270340}`:                  {16, 16896},
+		`{"server_args": {"page_size": 128}, "max_total_num_tokens": 65536}`: {128, 512},
+		`{"page_size": 16, "max_total_num_tokens": 0}`:                       {16, 0},
+		`{"page_size": 16, "max_total_num_tokens": -4096}`:                   {16, 0},
+		`{"page_size": 16, "max_total_num_tokens": 8}`:                       {16, 0},
+		`{"page_size": 1, "max_total_num_tokens": 2147483648}`:               {1, 0},
+		`{"page_size": 16, "max_total_num_tokens": "4096"}`:                  {16, 0},
+		`{"page_size": 16, "max_total_num_tokens": 1e400}`:                   {16, 0},
+		`{"page_size": 16, "max_total_num_tokens": 4096.0}`:                  {16, 256},
 	} {
-		if got, err := p.parseBlockSize(strings.NewReader(body)); err != nil || got != want {
-			t.Errorf("parseBlockSize(%s) = %d, %v; want %d", body, got, err, want)
+		page, blocks, err := p.parseBlockSize(strings.NewReader(body))
+		if err != nil || page != want.page || blocks != want.blocks {
+			t.Errorf("parseBlockSize(%s) = %d, %d, %v; want %d, %d", body, page, blocks, err, want.page, want.blocks)
 		}
 	}
 	for _, body := range []string{`{"page_size": null}`, `{"page_size": 0}`, `{}`, `<html>`, `{"page_size": "64"}`} {
-		if got, err := p.parseBlockSize(strings.NewReader(body)); err == nil {
+		if got, _, err := p.parseBlockSize(strings.NewReader(body)); err == nil {
 			t.Errorf("parseBlockSize(%s) = %d, want an error", body, got)
 		}
 	}

@@ -26,7 +26,8 @@ const fakeEngineEnv = "INFERA_ENGINES_TEST_FAKE_ENGINE"
 // The mode (the value of fakeEngineEnv) says how it is invoked: "1" as the
 // sim (`sim` first), "vllm" as `vllm serve`, "sglang" with SGLang's
 // arguments only; in that mode it reports SGLang's metric names and answers
-// /get_server_info with page_size --metrics-block-size (else 1).
+// /get_server_info with page_size --metrics-block-size (else 1) and a
+// token pool of --metrics-kv-blocks pages.
 func runFakeEngine(mode string, args []string) int {
 	sglang := mode == "sglang"
 	first := map[string]string{"1": "sim", "vllm": "serve"}[mode]
@@ -82,7 +83,12 @@ func runFakeEngine(mode string, args []string) int {
 		if page == "" {
 			page = "1"
 		}
-		fmt.Fprintf(w, `{"model_path":"m","server_args":{"page_size":%s},"version":"fake"}`, page)
+		pool := 0
+		if n, err := strconv.Atoi(flags["metrics-kv-blocks"]); err == nil {
+			size, _ := strconv.Atoi(page)
+			pool = n * size
+		}
+		fmt.Fprintf(w, `{"model_path":"m","server_args":{"page_size":%s},"max_total_num_tokens":%d,"version":"fake"}`, page, pool)
 	})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
 		running := 0

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/infera/infera/discovery"
 )
 
 // FuzzPrepare: no engine command line panics an adapter; a refused one is
@@ -48,6 +50,28 @@ func FuzzPrepare(f *testing.F) {
 		}
 		if l.Command.Path == "" {
 			t.Fatalf("Prepare(%q): no executable", args)
+		}
+	})
+}
+
+// FuzzSGLangServerInfo: no /get_server_info body panics the SGLang probe;
+// an accepted one gives a page size of at least 1 and a cache size a
+// router accepts (0..discovery.MaxKVCapacityBlocks blocks).
+func FuzzSGLangServerInfo(f *testing.F) {
+	f.Add(`{"page_size": 16, "max_total_num_tokens": 270336}`)
+	f.Add(`{"server_args": {"page_size": 128}, "max_total_num_tokens": 65536}`)
+	f.Add(`{"page_size": 1, "max_total_num_tokens": 9223372036854775807}`)
+	f.Add(`{"page_size": 3, "max_total_num_tokens": -1}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		page, blocks, err := sglangAdapter{}.parseBlockSize(strings.NewReader(body))
+		if err != nil {
+			if !errors.Is(err, ErrMetrics) {
+				t.Fatalf("error %v, want ErrMetrics", err)
+			}
+			return
+		}
+		if page < 1 || blocks < 0 || blocks > discovery.MaxKVCapacityBlocks {
+			t.Fatalf("page_size %d, %d blocks from %q", page, blocks, body)
 		}
 	})
 }

@@ -8,6 +8,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/infera/infera/discovery"
 )
 
 // sglangAdapter runs `<python> -m sglang.launch_server [flags]`; the
@@ -122,25 +124,37 @@ func (sglangAdapter) blockSizePath() string { return "/get_server_info" }
 
 // parseBlockSize reads page_size from /get_server_info, which carries the
 // resolved server arguments at its top level or, in some versions, under
-// "server_args".
-func (sglangAdapter) parseBlockSize(body io.Reader) (int, error) {
+// "server_args", and the cache size from max_total_num_tokens (the
+// scheduler's token pool, per data-parallel rank), in whole pages. A pool
+// size that is absent, not a positive number or beyond
+// discovery.MaxKVCapacityBlocks pages leaves the capacity unknown (0) and
+// the page size standing: the router then learns the capacity from the
+// engine's removal events.
+func (sglangAdapter) parseBlockSize(body io.Reader) (size, blocks int, err error) {
 	var info struct {
-		PageSize   *int `json:"page_size"`
-		ServerArgs *struct {
+		PageSize          *int            `json:"page_size"`
+		MaxTotalNumTokens json.RawMessage `json:"max_total_num_tokens"`
+		ServerArgs        *struct {
 			PageSize *int `json:"page_size"`
 		} `json:"server_args"`
 	}
 	if err := json.NewDecoder(io.LimitReader(body, maxServerInfoBytes)).Decode(&info); err != nil {
-		return 0, fmt.Errorf("%w: /get_server_info: %w", ErrMetrics, err)
+		return 0, 0, fmt.Errorf("%w: /get_server_info: %w", ErrMetrics, err)
 	}
-	size := info.PageSize
-	if size == nil && info.ServerArgs != nil {
-		size = info.ServerArgs.PageSize
+	page := info.PageSize
+	if page == nil && info.ServerArgs != nil {
+		page = info.ServerArgs.PageSize
 	}
-	if size == nil || *size < 1 {
-		return 0, fmt.Errorf("%w: /get_server_info carries no page_size", ErrMetrics)
+	if page == nil || *page < 1 {
+		return 0, 0, fmt.Errorf("%w: /get_server_info carries no page_size", ErrMetrics)
 	}
-	return *size, nil
+	var pool float64
+	if json.Unmarshal(info.MaxTotalNumTokens, &pool) == nil {
+		if n := pool / float64(*page); n >= 1 && n <= discovery.MaxKVCapacityBlocks {
+			blocks = int(n)
+		}
+	}
+	return *page, blocks, nil
 }
 
 // moduleFlags reads a Python engine's value flags (see parseEngineFlags)

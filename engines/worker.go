@@ -405,10 +405,10 @@ func (w *worker) resolveBlockSize(ctx context.Context) {
 	ev.Msg("engine does not report its block size, keeping the one from its arguments")
 }
 
-// reportedBlockSize asks the engine for its block size and, from /metrics,
-// its cache size in blocks (0 where the engine reports the size elsewhere:
-// the adapter's own endpoint). 0 with a nil error means the engine answered
-// without one.
+// reportedBlockSize asks the engine for its block size and its cache size
+// in blocks, from /metrics or the adapter's own endpoint (0 blocks where
+// the engine does not say). 0 with a nil error means the engine answered
+// without a block size.
 func (w *worker) reportedBlockSize(ctx context.Context) (size, blocks int, err error) {
 	p, ok := w.adapter.(blockSizeProber)
 	if !ok {
@@ -429,8 +429,7 @@ func (w *worker) reportedBlockSize(ctx context.Context) (size, blocks int, err e
 	if resp.StatusCode != http.StatusOK {
 		return 0, 0, fmt.Errorf("%w: %s: status %d", ErrMetrics, p.blockSizePath(), resp.StatusCode)
 	}
-	size, err = p.parseBlockSize(resp.Body)
-	return size, 0, err
+	return p.parseBlockSize(resp.Body)
 }
 
 // stats reads the engine's /metrics once.

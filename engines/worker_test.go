@@ -455,18 +455,18 @@ func ptrValue[T any](p *T) T {
 
 // TestWorkerSGLang runs the SGLang adapter against a process that answers
 // like SGLang: the worker adds --enable-metrics and a KV-event publisher,
-// takes the page size from /get_server_info and drains on SGLang's metric
+// takes the page size and the cache size from /get_server_info and drains on SGLang's metric
 // names.
 func TestWorkerSGLang(t *testing.T) {
 	w := startWorker(t, func(c *config.Worker) {
 		t.Setenv(fakeEngineEnv, "sglang")
 		c.Engine = "sglang"
 		c.EngineArgs = []string{"--model-path", "/models/qwen3", "--served-model-name", "qwen3", "--host", "127.0.0.1",
-			"--state-dir", c.EngineArgs[1], "--metrics-block-size", "64"}
+			"--state-dir", c.EngineArgs[1], "--metrics-block-size", "64", "--metrics-kv-blocks", "2048"}
 	})
 	rec, raw := w.waitRecord(nil)
-	if rec.Engine != "sglang" || rec.ModelName != "qwen3" || ptrValue(rec.KVBlockSize) != 64 {
-		t.Fatalf("record %s: want engine sglang, model qwen3, kv_block_size 64 from /get_server_info", raw)
+	if rec.Engine != "sglang" || rec.ModelName != "qwen3" || ptrValue(rec.KVBlockSize) != 64 || rec.KVCapacityBlocks != 2048 {
+		t.Fatalf("record %s: want engine sglang, model qwen3, kv_block_size 64 and kv_capacity_blocks 2048 (max_total_num_tokens ÷ page_size) from /get_server_info", raw)
 	}
 	if !strings.HasPrefix(ptrValue(rec.KVEventsEndpoint), "tcp://127.0.0.1:") || rec.KVEventsReplayEndpoint == nil {
 		t.Fatalf("record %s: want the KV-event endpoints the worker configured", raw)

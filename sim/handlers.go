@@ -602,7 +602,8 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 }
 
 // renderSGLangInfo builds SGLang's /get_server_info (the resolved server
-// arguments; the worker reads page_size from it) and /get_model_info.
+// arguments and the scheduler's token pool; the worker reads page_size
+// and max_total_num_tokens from it) and /get_model_info.
 func (s *Server) renderSGLangInfo() {
 	info := map[string]any{
 		"model_path":           s.cfg.Model,
@@ -611,6 +612,7 @@ func (s *Server) renderSGLangInfo() {
 		"host":                 s.cfg.Host,
 		"port":                 s.cfg.Port,
 		"page_size":            s.cfg.BlockSize,
+		"max_total_num_tokens": s.cfg.KVBlocks * s.cfg.BlockSize,
 		"context_length":       s.cfg.MaxModelLen,
 		"max_running_requests": s.cfg.MaxNumSeqs,
 		"chunked_prefill_size": s.cfg.MaxNumBatchedTokens,
