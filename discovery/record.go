@@ -124,7 +124,8 @@ type Record struct {
 	KVDPeer string `json:"kvd_peer,omitempty"`
 	// KVCapacityBlocks is ours: the engine's KV cache size in blocks of
 	// kv_block_size (per data-parallel rank), as the engine reports it
-	// (vLLM's and the simulator's cache_config_info num_gpu_blocks); 0 or
+	// (the cache_config_info num_gpu_blocks of vLLM, ATOM and the
+	// simulator; SGLang's max_total_num_tokens over its page size); 0 or
 	// absent when unknown. The kv-aware router prices room in the cache
 	// with it before the engine's removal events have revealed as much.
 	// Infera's Python readers ignore it.

@@ -217,6 +217,18 @@ type Stats struct {
 	KVBlocks int
 }
 
+// kvCapacity is a cache size the engine reports, in blocks, as the worker
+// registers it: whole blocks within what a router accepts
+// (1..discovery.MaxKVCapacityBlocks), else 0, unknown — an absurd report
+// must leave the capacity to the router's own learning, not fail the
+// registration.
+func kvCapacity(blocks float64) int {
+	if blocks >= 1 && blocks <= discovery.MaxKVCapacityBlocks {
+		return int(blocks)
+	}
+	return 0
+}
+
 // Idle reports whether the engine has no running or waiting request.
 func (s Stats) Idle() bool { return s.Running+s.Waiting == 0 }
 

@@ -210,6 +210,14 @@ func TestSimInspect(t *testing.T) {
 	}{
 		{name: "vllm busy", text: vllmMetrics, want: Stats{Running: 3, Waiting: 4, BlockSize: 16, KVBlocks: 27008}},
 		{
+			// An absurd cache size is left unknown rather than registered
+			// (a router would reject the record).
+			name: "cache size beyond what a router accepts",
+			text: "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n" +
+				"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"2147483648\"} 1.0\n",
+			want: Stats{BlockSize: 16},
+		},
+		{
 			name: "idle, no cache info",
 			text: "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n",
 			want: Stats{},

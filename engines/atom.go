@@ -95,7 +95,7 @@ func (atomAdapter) Inspect(metrics io.Reader) (Stats, error) {
 	waiting, okW := sumFamily(families["atom:requests_waiting"])
 	if okR && okW {
 		return Stats{Running: running, Waiting: waiting, BlockSize: cacheConfigLabel(families["atom:cache_config_info"], "block_size"),
-			KVBlocks: cacheConfigLabel(families["atom:cache_config_info"], "num_gpu_blocks")}, nil
+			KVBlocks: kvCapacity(float64(cacheConfigLabel(families["atom:cache_config_info"], "num_gpu_blocks")))}, nil
 	}
 	return vllmFamilies(families)
 }
@@ -118,7 +118,7 @@ func vllmFamilies(families map[string]*dto.MetricFamily) (Stats, error) {
 		return Stats{}, fmt.Errorf("%w: vllm:num_requests_running or vllm:num_requests_waiting missing", ErrMetrics)
 	}
 	return Stats{Running: running, Waiting: waiting, BlockSize: cacheConfigLabel(families["vllm:cache_config_info"], "block_size"),
-		KVBlocks: cacheConfigLabel(families["vllm:cache_config_info"], "num_gpu_blocks")}, nil
+		KVBlocks: kvCapacity(float64(cacheConfigLabel(families["vllm:cache_config_info"], "num_gpu_blocks")))}, nil
 }
 
 // cacheConfigLabel reads an integer label (block_size, num_gpu_blocks) of

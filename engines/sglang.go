@@ -8,8 +8,6 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
-
-	"github.com/infera/infera/discovery"
 )
 
 // sglangAdapter runs `<python> -m sglang.launch_server [flags]`; the
@@ -126,9 +124,8 @@ func (sglangAdapter) blockSizePath() string { return "/get_server_info" }
 // resolved server arguments at its top level or, in some versions, under
 // "server_args", and the cache size from max_total_num_tokens (the
 // scheduler's token pool, per data-parallel rank), in whole pages. A pool
-// size that is absent, not a positive number or beyond
-// discovery.MaxKVCapacityBlocks pages leaves the capacity unknown (0) and
-// the page size standing: the router then learns the capacity from the
+// size that is absent, not a number or out of range (kvCapacity) leaves the
+// capacity unknown (0) and the page size standing: the router then learns the capacity from the
 // engine's removal events.
 func (sglangAdapter) parseBlockSize(body io.Reader) (size, blocks int, err error) {
 	var info struct {
@@ -150,9 +147,7 @@ func (sglangAdapter) parseBlockSize(body io.Reader) (size, blocks int, err error
 	}
 	var pool float64
 	if json.Unmarshal(info.MaxTotalNumTokens, &pool) == nil {
-		if n := pool / float64(*page); n >= 1 && n <= discovery.MaxKVCapacityBlocks {
-			blocks = int(n)
-		}
+		blocks = kvCapacity(pool / float64(*page))
 	}
 	return *page, blocks, nil
 }
