@@ -164,7 +164,7 @@ func readTokens(body []byte) (tokenizeRequest, error) {
 	var bad bool
 	s := jsonx.Scanner{B: body, MaxDepth: openai.MaxDepth}
 	s.SkipWS()
-	s.Members(func(ks, ke int, kesc bool) bool {
+	complete := s.Members(func(ks, ke int, kesc bool) bool {
 		if !jsonx.Equal(body[ks:ke], kesc, "tokens") {
 			return s.Value() == nil
 		}
@@ -190,6 +190,11 @@ func readTokens(body []byte) (tokenizeRequest, error) {
 	})
 	if bad {
 		return tokenizeRequest{}, errBadTokens
+	}
+	if !complete {
+		// openai.Scan accepted the body, so this is a broken invariant of
+		// the two scanners; answer 400 rather than a half-read request.
+		return tokenizeRequest{}, jsonx.ErrSyntax
 	}
 	return tr, nil
 }
