@@ -381,15 +381,17 @@ func (m *ttftModel) admitEstimate(uncached, prompt, out, held, capTokens float64
 	return est, wait
 }
 
-// noteOutput learns the share of max_tokens the target's answers use from
-// one answer's completion tokens.
+// noteOutput learns from one answer's completion tokens the share of
+// max_tokens the target's answers use, and advances its intake clock by
+// them: what a request writes goes into the cache as well, and evicts as
+// much as a prompt would.
 func (p *KVAware) noteOutput(kt *kvTicket, completion int64) {
-	if kt.out < 1 {
-		return
-	}
 	t := kt.target
 	t.mu.Lock()
-	t.est.outFrac += outFracStep * (min(1, float64(completion)/kt.out) - t.est.outFrac)
+	t.est.intake += float64(completion)
+	if kt.out >= 1 {
+		t.est.outFrac += outFracStep * (min(1, float64(completion)/kt.out) - t.est.outFrac)
+	}
 	t.mu.Unlock()
 }
 
