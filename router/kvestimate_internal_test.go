@@ -588,6 +588,43 @@ func TestKVEstimateReportedMissAdvancesIntake(t *testing.T) {
 	}
 }
 
+// TestKVEstimateOutputAdvancesIntake: what a request writes goes into its
+// target's cache as well, and evicts as much as a prompt would. q (3,000
+// tokens) was used on a, whose cache holds 6,400; then requests with short
+// prompts ran there and reported 2,000 completion tokens each. After one, q
+// still fits beside what the cache took in; after two, only the head of it
+// that the cache keeps beside their 4,000 output tokens counts (about 2,300
+// tokens: an LRU evicts a prompt's tail first). An answer without usage
+// teaches nothing.
+func TestKVEstimateOutputAdvancesIntake(t *testing.T) {
+	a := kvRecord(0, nil).WorkerID
+	q := unique(41, 3000)
+	qt := chatTokens(t, q)
+	full := int64(len(qt) / 16 * 16)
+	for _, tc := range []struct {
+		writers    int
+		completion int64 // reported; -1: no usage
+		max        int64
+	}{{0, 0, full}, {1, 2000, full}, {2, 2000, 2300}, {2, -1, full}} {
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil))
+		e.makePrecise()
+		e.learnCapacity(a, 400)
+		e.store(a, qt)
+		e.serial(chat(q))
+		for i := range tc.writers {
+			tk := e.pick(maxTokensChat(2000, unique(50+i, 40)))
+			e.p.observeUsage(tk.State.(*kvTicket), 60, -1, tc.completion)
+			e.p.Release(tk, Result{Status: 200})
+		}
+		tk := e.pick(chat(q))
+		got := tk.State.(*kvTicket).predTokens
+		e.p.Release(tk, Result{Status: 200})
+		if got > tc.max || (tc.max == full && got != full) {
+			t.Errorf("after %d writers reporting %d completion tokens q counts %d of %d tokens cached, want %d at most", tc.writers, tc.completion, got, full, tc.max)
+		}
+	}
+}
+
 // TestKVEstimatePickLog checks the debug line of a --kv-cost ttft pick (the
 // pick analyses of docs/performance.md read it): a warm request names the
 // holder and the prefix the index lists there; a cold one its eviction
