@@ -166,9 +166,9 @@ type ttftModel struct {
 // the tokens each target's cache took in: the uncached prompt tokens
 // (charged at the pick, corrected by the cached tokens the answer reports:
 // noteIntake) and the completion tokens the answer reports (noteOutput:
-// without them the trace's holders, whose 400-block caches see 2,000-token
-// answers, counted as held prefixes the engine had evicted, 0.030–0.045 of
-// all prompt tokens a run),
+// without them the trace's holders, whose 400-block caches see answers of
+// ~300 tokens, counted as held prefixes the engine had evicted, 0.030–0.045
+// of all prompt tokens a run),
 // kvTarget.used stamps
 // every block of a prompt with it when the request ends, and a prefix the
 // index lists counts as held only while the intake since its last use
