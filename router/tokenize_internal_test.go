@@ -41,7 +41,7 @@ func FuzzReadTokens(f *testing.F) {
 		if has != tr.hasTokens {
 			t.Fatalf("%s: has tokens %v, encoding/json %v", body, tr.hasTokens, has)
 		}
-		if has && jerr == nil && string(raw) != "null" && !slices.Equal(want, tr.tokens) && len(want)+len(tr.tokens) > 0 {
+		if has && jerr == nil && !slices.Equal(want, tr.tokens) {
 			t.Fatalf("%s: read %v, encoding/json %v", body, tr.tokens, want)
 		}
 	})
