@@ -1076,3 +1076,36 @@ func runningOnHolder(t *testing.T, out int, seed int) (*kvEnv, Ticket, string) {
 	}
 	return e, tk, next
 }
+
+// TestKVEstimateLongWarmCopyPaysForEviction: a warm request whose holder
+// is busy moves only if its copy on the idle target leaves that target's
+// recent prompts in place. Two 400-block targets (6,400 tokens); a holds
+// the 3,000-token prompt and 2.5 of its prefills queued, so by time alone
+// (the queue against a prefill and the redo charge on b) it moves to b. On
+// b a 3,500-token prompt was just used: the 3,000-token copy would evict
+// it, and the copy is charged its prefill, so the request stays; beside a
+// 1,000-token prompt the copy fits, evicts nothing, and the request moves.
+func TestKVEstimateLongWarmCopyPaysForEviction(t *testing.T) {
+	a, b := kvRecord(0, nil).WorkerID, kvRecord(1, nil).WorkerID
+	for _, tc := range []struct {
+		recent int // tokens of the prompt just used on b
+		want   string
+	}{{3500, a}, {1000, b}} {
+		e := newKVEnv(t, ttftConfig(), kvRecord(0, nil), kvRecord(1, nil))
+		e.makePrecise()
+		e.learnCapacity(a, 400)
+		e.learnCapacity(b, 400)
+		recent := unique(60, tc.recent)
+		e.store(b, chatTokens(t, recent))
+		if got := e.serial(chat(recent)); got != b {
+			t.Fatalf("the %d-token prompt went to %s, not its holder %s", tc.recent, got, b)
+		}
+		warm := unique(61, 3000)
+		tokens := chatTokens(t, warm)
+		e.store(a, tokens)
+		e.queue(a, 2.5*float64(len(tokens)))
+		if got := e.serial(chat(warm)); got != tc.want {
+			t.Errorf("beside a %d-token prompt just used on %s, the warm prompt went to %s, want %s", tc.recent, b, got, tc.want)
+		}
+	}
+}

@@ -302,9 +302,7 @@ func (p *KVAware) pick(in *PickInput, c *Candidates, hold *coalesceHold) (Ticket
 			// busiest worker 1.08–1.29× fair from repeat to repeat).
 			warm = false
 		}
-		if !warm {
-			p.coldLoss(sc, nt, kind, seq)
-		}
+		p.coldLoss(sc, nt, kind, seq)
 		b := p.pickByEstimate(sc, nt, start, warm)
 		if e := p.log.Debug(); e.Enabled() {
 			logPick(e.Bytes("request_id", in.RequestID), sc, nt, b, warm, seq)
@@ -448,8 +446,9 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 
 // pickByEstimate returns the target of the lowest cost (sc.costs: the
 // estimated TTFT, plus the prefill a target that holds less of the prompt
-// than the best holder makes the fleet redo) for a warm request; for a cold
-// one, the target furthest below its fair shares of the decayed picks
+// than the best holder makes the fleet redo, plus what a long copy evicts
+// there) for a warm request; for a cold one, the target furthest below its
+// fair shares of the decayed picks
 // (sc.picks), cache intake (sc.fills), blocks in flight (sc.held) and cold
 // picks (sc.colds, weighted coldWeight) among those whose cost is within
 // the cold slack of the best and (when any is) within the share bound
@@ -461,6 +460,23 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // minimum.
 func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	redoCost(sc, nt)
+	if warm {
+		// A warm request moved off its holder is copied into its target's
+		// cache; where the copy is long (coldLoss) it also pays, at the
+		// target's rate, for the recent prompts it would evict there, which
+		// their next turns prefill again. Without it the moves left behind
+		// prefixes their holders still held, 0.011 of the trace's prompt
+		// tokens a run against 0.006 with it (hit ratio 0.315 against
+		// 0.321; medians of 10 alternated pairs). Short copies price as
+		// before: the unrestricted charge pushed shared-prefix's busiest
+		// worker above 1.15× fair (docs/performance.md, issue 37, sessions
+		// 16 and 36).
+		for i := range nt {
+			if sc.longs[i] {
+				sc.costs[i] += sc.rates[i] * sc.loss[i] / 1000
+			}
+		}
+	}
 	best := start
 	for k := 1; k < nt; k++ {
 		if i := (start + k) % nt; sc.costs[i] < sc.costs[best] {
@@ -708,10 +724,11 @@ func sharedHome(sc *kvScratch, nt int) bool {
 	return top > 0 && n > 1
 }
 
-// coldLoss fills sc.loss for a cold request: on each target whose learnt
-// capacity it takes more than longColdShare of, the recency-weighted tokens
-// of the latest prompts there that its uncached tokens would evict
-// (ttftModel.evictLoss); 0 elsewhere.
+// coldLoss fills sc.loss and sc.longs: on each target whose learnt
+// capacity the request's uncached tokens there take more than
+// longColdShare of (a long cold prompt, or a long copy of a warm one off
+// its holder), the recency-weighted tokens of the latest prompts there that
+// they would evict (ttftModel.evictLoss); 0 elsewhere.
 func (p *KVAware) coldLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
 	sc.loss = growF(sc.loss, nt)
 	sc.longs = growB(sc.longs, nt)
