@@ -302,7 +302,7 @@ func (p *KVAware) pick(in *PickInput, c *Candidates, hold *coalesceHold) (Ticket
 			// busiest worker 1.08–1.29× fair from repeat to repeat).
 			warm = false
 		}
-		p.coldLoss(sc, nt, kind, seq)
+		p.longCopyLoss(sc, nt, kind, seq)
 		b := p.pickByEstimate(sc, nt, start, warm)
 		if e := p.log.Debug(); e.Enabled() {
 			logPick(e.Bytes("request_id", in.RequestID), sc, nt, b, warm, seq)
@@ -448,10 +448,10 @@ func (p *KVAware) commit(in *PickInput, sc *kvScratch, kind keyKind, now int64, 
 // estimated TTFT, plus the prefill a target that holds less of the prompt
 // than the best holder makes the fleet redo, plus what a long copy evicts
 // there) for a warm request; for a cold one, the target furthest below its
-// fair shares of the decayed picks
-// (sc.picks), cache intake (sc.fills), blocks in flight (sc.held) and cold
-// picks (sc.colds, weighted coldWeight) among those whose cost is within
-// the cold slack of the best and (when any is) within the share bound
+// fair shares of the decayed picks (sc.picks), cache intake (sc.fills),
+// blocks in flight (sc.held) and cold picks (sc.colds, weighted
+// coldWeight) among those whose cost is within the cold slack of the best
+// and (when any is) within the share bound
 // (MaxShareWarm × the fair share of the decayed picks, this one counted).
 // A warm choice that would take its target above the bound goes
 // instead to the lowest cost within the bound and the slack, or within the
@@ -462,7 +462,7 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 	redoCost(sc, nt)
 	if warm {
 		// A warm request moved off its holder is copied into its target's
-		// cache; where the copy is long (coldLoss) it also pays, at the
+		// cache; where the copy is long (longCopyLoss) it also pays, at the
 		// target's rate, for the recent prompts it would evict there, which
 		// their next turns prefill again. Without it the moves left behind
 		// prefixes their holders still held, 0.011 of the trace's prompt
@@ -528,7 +528,7 @@ func (p *KVAware) pickByEstimate(sc *kvScratch, nt, start int, warm bool) int {
 		score := func(i int) float64 {
 			return sc.picks[i]/fair + sc.fills[i]/fairFill + sc.held[i]/fairHeld + sc.colds[i]/fairCold
 		}
-		// A long cold prompt goes where it evicts least (coldLoss).
+		// A long cold prompt goes where it evicts least (longCopyLoss).
 		least := math.Inf(1)
 		for i := range nt {
 			if sc.costs[i] <= limit {
@@ -724,12 +724,12 @@ func sharedHome(sc *kvScratch, nt int) bool {
 	return top > 0 && n > 1
 }
 
-// coldLoss fills sc.loss and sc.longs: on each target whose learnt
+// longCopyLoss fills sc.loss and sc.longs: on each target whose learnt
 // capacity the request's uncached tokens there take more than
 // longColdShare of (a long cold prompt, or a long copy of a warm one off
 // its holder), the recency-weighted tokens of the latest prompts there that
 // they would evict (ttftModel.evictLoss); 0 elsewhere.
-func (p *KVAware) coldLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
+func (p *KVAware) longCopyLoss(sc *kvScratch, nt int, kind keyKind, seq int64) {
 	sc.loss = growF(sc.loss, nt)
 	sc.longs = growB(sc.longs, nt)
 	hl := liveHalfLife * float64(nt)

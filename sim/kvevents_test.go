@@ -246,10 +246,10 @@ func TestKVEventsDroppedBatchIsReplayed(t *testing.T) {
 			// The replayed batch is applied before the replay's end marker
 			// comes in and counts the replay: the index can be in step
 			// while the count is not yet.
-			for deadline := time.Now().Add(10 * time.Second); st.Replays < st0.Replays+1 && time.Now().Before(deadline); {
-				time.Sleep(5 * time.Millisecond)
+			testkit.Eventually(t, "the replay counted", func() bool {
 				st = r.stats(t)
-			}
+				return st.Replays >= st0.Replays+1
+			})
 			if st.Gaps != st0.Gaps+1 || st.Replays < st0.Replays+1 || st.ReplayFailures != 0 {
 				t.Errorf("before %+v\nafter %+v", st0, st)
 			}
